@@ -1,0 +1,43 @@
+/* kvplan: offline profiler and KV-cache budget planner for decoder-only LLMs. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+
+typedef struct command {
+    const char *name;
+    int (*fn)(int argc, char **argv);
+    const char *summary;
+} command;
+
+static const command commands[] = {
+    {"tokenize", kv_cmd_tokenize, "print the token ids of a text"},
+};
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: kvplan COMMAND [options]   (kvplan COMMAND --help for each)\n\n"
+               "kvplan profiles a model's attention heads and hardware, plans per-head KV-cache\n"
+               "budgets for a memory target, and runs the plan.\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].summary);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        usage(stderr);
+        return 1;
+    }
+    if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        usage(stdout);
+        return 0;
+    }
+    if (!strcmp(argv[1], "--version")) {
+        printf("kvplan %s\n", KVPLAN_VERSION_STRING);
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (!strcmp(argv[1], commands[i].name)) return commands[i].fn(argc - 1, argv + 1);
+    fprintf(stderr, "kvplan: unknown command '%s'\n\n", argv[1]);
+    usage(stderr);
+    return 1;
+}

@@ -1,0 +1,31 @@
+/* Shared helpers of the kvplan commands (cli/cli.h). */
+#include "cli.h"
+
+#include <stdio.h>
+#include <string.h>
+
+int kv_cli_report(const char *cmd, const kv_error *err) {
+    fprintf(stderr, "kvplan %s: %s\n", cmd, err->msg[0] ? err->msg : "failed");
+    return err->code == KV_EINPUT ? 1 : 2;
+}
+
+void kv_cli_command_line(int argc, char **argv, char *buf, size_t cap) {
+    size_t len = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < argc && len + 1 < cap; i++) {
+        int n = snprintf(buf + len, cap - len, "%s%s", i ? " " : "", argv[i]);
+        if (n < 0) break;
+        len += (size_t)n;
+        if (len >= cap) len = cap - 1;
+    }
+}
+
+int kv_cli_opt(int argc, char **argv, int *i, const char *name, const char **val, kv_error *err) {
+    if (strcmp(argv[*i], name) != 0) return 0;
+    if (*i + 1 >= argc) {
+        kv_fail(err, KV_EINPUT, "%s needs a value (see --help)", name);
+        return -1;
+    }
+    *val = argv[++*i];
+    return 1;
+}

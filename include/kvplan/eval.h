@@ -1,0 +1,83 @@
+/* kvplan evaluation: perplexity under a (possibly budgeted) KV cache, and generation.
+ *
+ * Perplexity (DESIGN.md Runtime, "Budgeted perplexity"; BaKlaVa §4 uses the same measure for
+ * its search): the token stream is cut into consecutive non-overlapping chunks of C tokens, a
+ * final partial chunk is dropped, each chunk gets a fresh cache, and the C - 1 next-token
+ * predictions of each chunk are scored. With budgets, the chunk is processed in blocks of p
+ * tokens and every head evicts before each block so that no query attends to more than its
+ * budget (Batch-Max Alg. 1). Reported: mean NLL (nats/token), perplexity = exp(mean NLL).
+ */
+#ifndef KVPLAN_EVAL_H
+#define KVPLAN_EVAL_H
+
+#include "kvplan/common.h"
+#include "kvplan/forward.h"
+#include "kvplan/kvcache.h"
+#include "kvplan/model.h"
+#include "kvplan/tokenizer.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct kv_eval_opts {
+    int context;        /* C tokens per chunk (<= model seq_len) */
+    const int *budget;  /* [L * H_kv] tokens per head, NULL = full cache */
+    kv_policy policy;
+    int evict_block;    /* p (Batch-Max); 1 = token-by-token streaming */
+    int block_size;     /* b_s tokens per KV block */
+    int max_chunks;     /* 0 = all full chunks */
+    kv_progress *progress; /* NULL = silent */
+} kv_eval_opts;
+
+typedef struct kv_eval_result {
+    double nll;          /* mean negative log-likelihood, nats per scored token */
+    double perplexity;   /* exp(nll) */
+    long tokens_scored;  /* chunks * (C - 1) */
+    int chunks;
+    double seconds;      /* wall time of the forward passes */
+    double tokens_per_s; /* tokens processed / seconds */
+    size_t kv_bytes_peak;/* most bytes of K/V blocks in use at once */
+    size_t kv_bytes_full;/* K/V bytes the full cache of one chunk takes */
+} kv_eval_result;
+
+/* Defaults: context = model seq_len, budget NULL, policy sink, p = 16, b_s = 16. */
+void kv_eval_opts_default(kv_eval_opts *o, const kv_model *m);
+
+/* Check budgets against the policy and context: every budget >= fixed part + p (and >= 1).
+ * KV_EINPUT says which (layer, head) fails and by how much. */
+int kv_eval_check_budget(const kv_model *m, const kv_eval_opts *o, kv_error *err);
+
+/* Perplexity of tokens[0..n_tokens) (see the header comment). KV_EINPUT when there is not a
+ * single full chunk, a token id is out of range, or the budget is invalid. */
+int kv_eval_perplexity(const kv_model *m, const int *tokens, long n_tokens,
+                       const kv_eval_opts *o, kv_eval_result *res, kv_error *err);
+
+/* Sum of next-token NLL over one chunk's n - 1 predictions, with the given options, using
+ * `ws` (rows >= block, ctx >= n) and a fresh cache on `pool`. *peak_bytes gets the chunk's peak
+ * K/V bytes. Exposed for tests and the search. */
+int kv_eval_chunk(const kv_model *m, kv_workspace *ws, kv_pool *pool, const int *tokens, int n,
+                  const kv_eval_opts *o, double *nll_sum, size_t *peak_bytes, kv_error *err);
+
+/* Uniform budgets (DESIGN.md Planning 1 with equal heads): every head gets
+ * floor(R * C / b_s) * b_s tokens (at least one block), so sum(B) <= R * L * H_kv * C.
+ * budget: [L * H_kv] written by the function. KV_EINPUT for R outside (0, 1]. */
+int kv_budget_uniform(const kv_model *m, double ratio, int context, int block_size, int *budget,
+                      kv_error *err);
+
+/* ---- sampling and generation ---- */
+typedef struct kv_sampler {
+    float temperature; /* 0 = greedy (argmax) */
+    float top_p;       /* nucleus threshold in (0, 1]; 1 = off */
+    uint64_t rng;      /* xorshift64* state, seeded from --seed */
+} kv_sampler;
+
+void kv_sampler_init(kv_sampler *s, float temperature, float top_p, uint64_t seed);
+/* Sample an id from logits [vocab] (modified in place by softmax when temperature > 0).
+ * `scratch` holds at least 2 * vocab ints worth of space (vocab floats + vocab ints). */
+int kv_sample(kv_sampler *s, float *logits, int vocab, void *scratch);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,108 @@
+/* kvplan HDF5 I/O: the one place that reads and writes kvplan's HDF5 files (schema v1,
+ * DESIGN.md "Files"). Every module uses these helpers.
+ *
+ * Writing is atomic: kv_h5_create opens a temporary file beside the target; kv_h5_commit
+ * closes it and renames it into place; kv_h5_abort removes it. A crash or an error never
+ * leaves a half-written file under the final name, and never replaces a good file.
+ * Datasets are float64 unless they count something (int32); a `units` attribute is written
+ * when `units` is not NULL. Dataset paths are absolute ("/heads/similarity"); missing
+ * intermediate groups are created.
+ */
+#ifndef KVPLAN_H5IO_H
+#define KVPLAN_H5IO_H
+
+#include "kvplan/common.h"
+#include "kvplan/model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KV_SCHEMA_VERSION 1
+#define KV_H5_MAX_RANK 8
+
+typedef struct kv_h5 kv_h5;
+
+/* Open a temporary file for `final_path` (checked writable first). Caller owns *out and must
+ * end it with kv_h5_commit or kv_h5_abort. */
+int kv_h5_create(const char *final_path, kv_h5 **out, kv_error *err);
+/* Flush, close, rename into place, free. On failure the temporary is removed. */
+int kv_h5_commit(kv_h5 *f, kv_error *err);
+/* Close and remove the temporary file, free. Safe on NULL. */
+void kv_h5_abort(kv_h5 *f);
+
+/* Open an existing kvplan file read-only. KV_EINPUT when it is not HDF5, not a kvplan file
+ * (no kvplan_version / schema_version attributes), or of a newer schema than this build. */
+int kv_h5_open_read(const char *path, kv_h5 **out, kv_error *err);
+void kv_h5_close(kv_h5 *f);
+const char *kv_h5_path(const kv_h5 *f); /* the final (user-visible) path */
+
+/* Root provenance: kvplan_version, schema_version, created (UTC ISO-8601), command (the
+ * command line), model_sha256; and the model's config as attributes model_* (format, path,
+ * dim, hidden_dim, n_layers, n_heads, n_kv_heads, head_dim, vocab_size, seq_len). */
+int kv_h5_write_provenance(kv_h5 *f, const char *command, const kv_model *m, kv_error *err);
+
+/* Datasets. dims has `rank` entries (rank 1..KV_H5_MAX_RANK). */
+int kv_h5_write_f64(kv_h5 *f, const char *path, int rank, const long *dims, const double *data,
+                    const char *units, kv_error *err);
+int kv_h5_write_i32(kv_h5 *f, const char *path, int rank, const long *dims, const int *data,
+                    const char *units, kv_error *err);
+/* Read a whole dataset, converting to the requested type; caller frees *data. rank and dims
+ * receive the shape. KV_EINPUT names the file and the dataset when it is missing. */
+int kv_h5_read_f64(kv_h5 *f, const char *path, int *rank, long dims[KV_H5_MAX_RANK],
+                   double **data, kv_error *err);
+int kv_h5_read_i32(kv_h5 *f, const char *path, int *rank, long dims[KV_H5_MAX_RANK], int **data,
+                   kv_error *err);
+/* 1 when the object (group or dataset) exists, else 0. */
+int kv_h5_exists(kv_h5 *f, const char *path);
+
+/* Attributes on an object ("/" for the root, a group or a dataset path). */
+int kv_h5_attr_str(kv_h5 *f, const char *obj, const char *name, const char *value,
+                   kv_error *err);
+int kv_h5_attr_f64(kv_h5 *f, const char *obj, const char *name, double value, kv_error *err);
+int kv_h5_attr_i64(kv_h5 *f, const char *obj, const char *name, long value, kv_error *err);
+/* Readers: caller frees *value for strings. KV_EINPUT when missing. */
+int kv_h5_read_attr_str(kv_h5 *f, const char *obj, const char *name, char **value,
+                        kv_error *err);
+int kv_h5_read_attr_f64(kv_h5 *f, const char *obj, const char *name, double *value,
+                        kv_error *err);
+int kv_h5_read_attr_i64(kv_h5 *f, const char *obj, const char *name, long *value,
+                        kv_error *err);
+int kv_h5_attr_exists(kv_h5 *f, const char *obj, const char *name);
+
+/* Visit every dataset (depth-first, name order): callback gets its absolute path. */
+int kv_h5_list_datasets(kv_h5 *f, void (*fn)(void *user, const char *path), void *user,
+                        kv_error *err);
+
+/* ---- the plan's budget part (plan.h5, schema v1) ---- */
+typedef struct kv_plan_budget {
+    int n_layers, n_kv_heads; /* L, H_kv */
+    int context_length;       /* C */
+    int block_size;           /* b_s */
+    double ratio;             /* R */
+    char policy[16];          /* kv_policy_name */
+    char allocation[32];      /* "uniform", "squeeze", "baklava" */
+    double t, r, p;           /* BaKlaVa threshold / reduction, SqueezeAttention p (NaN if unused) */
+    int *tokens;              /* [L * H_kv] budget B[l][j] in tokens, owned */
+    int *blocks;              /* [L * H_kv] blocks per head, owned */
+    char model_sha256[65];
+    /* model config the plan was made for (root attributes model_*) */
+    int model_dim, model_n_heads, model_head_dim, model_vocab_size;
+} kv_plan_budget;
+
+/* Write root attributes ratio, context_length, block_size, policy, allocation, t, r, p and
+ * /budget/tokens [L,H_kv], /budget/blocks [L,H_kv] (int32). Provenance is written separately
+ * by kv_h5_write_provenance. */
+int kv_plan_budget_write(kv_h5 *f, const kv_plan_budget *b, kv_error *err);
+/* Read the budget part of a plan file. KV_EINPUT names the file and the missing or malformed
+ * dataset/attribute. Caller frees with kv_plan_budget_free. */
+int kv_plan_budget_read(const char *path, kv_plan_budget *out, kv_error *err);
+void kv_plan_budget_free(kv_plan_budget *b);
+/* Refuse a plan made for another model: config mismatch or model_sha256 mismatch. */
+int kv_plan_check_model(const kv_plan_budget *b, const kv_model *m, const char *plan_path,
+                        kv_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

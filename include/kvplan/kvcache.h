@@ -1,0 +1,127 @@
+/* kvplan paged KV cache: one block pool, a block table per (layer, KV head) per sequence,
+ * per-head token budgets, eviction with compaction. (KV-Compress §3: per-head block tables
+ * and MoveCache; Batch-Max §3.1: eviction during prefill and decode.)
+ *
+ * A block holds K and V of one (layer, KV head) for `block_size` tokens:
+ *   data[block][0][slot][d_h] = K, data[block][1][slot][d_h] = V, fp32.
+ * A head owns ceil(len / block_size) blocks; eviction keeps the survivors in their original
+ * order, moves them to the front (MoveCache) and returns the trailing whole blocks to the
+ * pool, so bytes in use follow the retained entries, not the evicted ones.
+ */
+#ifndef KVPLAN_KVCACHE_H
+#define KVPLAN_KVCACHE_H
+
+#include "kvplan/common.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Eviction policies (DESIGN.md Runtime). */
+typedef enum {
+    KV_POLICY_SINK = 0,    /* StreamingLLM: first KV_SINK_TOKENS positions + most recent */
+    KV_POLICY_H2O = 1,     /* H2O: recent half of the budget + largest accumulated attention */
+    KV_POLICY_AVGATTN = 2, /* Batch-Max §3.2: lowest sum_weights / (curr_id + 1 - kv_id) */
+    KV_POLICY_L2ATTN = 3,  /* KV-Compress: lowest accumulated squared attention */
+} kv_policy;
+
+#define KV_SINK_TOKENS 4
+#define KV_DEFAULT_BLOCK_SIZE 16
+#define KV_DEFAULT_EVICT_BLOCK 16
+#define KV_BUDGET_UNBOUNDED 0x3fffffff
+
+const char *kv_policy_name(kv_policy p);
+/* Parse "sink", "h2o", "avgattn", "l2attn"; KV_EINPUT names the bad value. */
+int kv_policy_parse(const char *s, kv_policy *out, kv_error *err);
+/* Entries a policy always keeps (sink: 4 sinks; others 0). A budget must be at least this
+ * plus the eviction block p (Batch-Max Alg. 1). */
+int kv_policy_fixed_tokens(kv_policy p);
+/* Whether the policy needs attention statistics accumulated by the attention step. */
+int kv_policy_needs_stats(kv_policy p);
+
+/* ---- block pool ---- */
+typedef struct kv_pool {
+    int block_size; /* b_s tokens */
+    int head_dim;   /* d_h */
+    int n_blocks;
+    float *data;    /* [n_blocks][2][block_size][head_dim], one allocation, owned */
+    int *free_stack;/* [n_blocks] ids of free blocks, owned */
+    int n_free;
+    long peak_in_use; /* most blocks in use at once since init or kv_pool_reset_peak */
+} kv_pool;
+
+/* One allocation of n_blocks blocks. KV_EINTERNAL when memory runs out. */
+int kv_pool_init(kv_pool *p, int n_blocks, int block_size, int head_dim, kv_error *err);
+void kv_pool_destroy(kv_pool *p);
+/* Bytes of one block: 2 * block_size * head_dim * sizeof(float). */
+size_t kv_pool_block_bytes(const kv_pool *p);
+long kv_pool_blocks_in_use(const kv_pool *p);
+size_t kv_pool_bytes_in_use(const kv_pool *p);
+size_t kv_pool_peak_bytes(const kv_pool *p);
+void kv_pool_reset_peak(kv_pool *p);
+
+/* ---- one (layer, KV head) of one sequence ---- */
+typedef struct kv_head {
+    int *table;     /* block ids, [cap_blocks] */
+    int n_blocks, cap_blocks;
+    int len;        /* retained entries */
+    int budget;     /* max retained entries after a step (tokens) */
+    int cap;        /* capacity of the per-entry arrays */
+    int *pos;       /* [cap] position id each entry came from */
+    float *acc;     /* [cap] sum of attention weights (summed over the GQA group) */
+    float *acc2;    /* [cap] sum of squared attention weights */
+} kv_head;
+
+/* ---- one sequence's cache ---- */
+typedef struct kv_cache {
+    kv_pool *pool; /* shared, not owned */
+    int n_layers, n_kv_heads;
+    kv_policy policy;
+    int track_stats; /* accumulate acc/acc2 in attention */
+    kv_head *heads;  /* [n_layers * n_kv_heads], owned */
+    int n_past;      /* tokens processed so far (next position id) */
+} kv_cache;
+
+/* Initialise a sequence cache on `pool` with budgets [L * H_kv] tokens (NULL: unbounded, the
+ * full cache). The budgets are copied. KV_EINPUT when a budget is below 1. */
+int kv_cache_init(kv_cache *c, kv_pool *pool, int n_layers, int n_kv_heads, const int *budget,
+                  kv_policy policy, kv_error *err);
+/* Return every block to the pool and free the tables. */
+void kv_cache_destroy(kv_cache *c);
+/* Drop all entries (blocks back to the pool), n_past = 0; budgets and policy stay. */
+void kv_cache_clear(kv_cache *c);
+
+static inline kv_head *kv_cache_head(kv_cache *c, int layer, int kv_head_idx) {
+    return &c->heads[(size_t)layer * (size_t)c->n_kv_heads + (size_t)kv_head_idx];
+}
+/* Pointers to K and V of entry `i` of head `h` (valid until the next append or eviction). */
+float *kv_head_k(const kv_pool *p, const kv_head *h, int i);
+float *kv_head_v(const kv_pool *p, const kv_head *h, int i);
+
+/* Batch-Max Alg. 1 step: before `n_new` tokens arrive at position `curr_pos` (the last new
+ * token's id), evict from head `h` until len + n_new <= budget. KV_EINPUT when
+ * budget < fixed part + n_new. */
+int kv_head_make_room(kv_cache *c, kv_head *h, int n_new, int curr_pos, kv_error *err);
+/* Append one entry (K, V each [d_h]) at position `pos`; takes a new block from the pool when
+ * the last block is full. KV_EINTERNAL when the pool is exhausted. */
+int kv_head_append(kv_cache *c, kv_head *h, const float *k, const float *v, int pos,
+                   kv_error *err);
+/* Keep exactly the entries listed in `keep` (ascending indices, n_keep of them): compact
+ * K, V and metadata to the front (MoveCache) and release the emptied trailing blocks. */
+void kv_head_compact(kv_cache *c, kv_head *h, const int *keep, int n_keep);
+
+/* Policy selection (pure, on a head's metadata): choose `n_keep` of the head's `len` entries
+ * to keep at current position `curr_pos`, written ascending into keep[]. (KV_SINK: StreamingLLM;
+ * H2O: Zhang et al. 2023; AVGATTN: Batch-Max Eq. in §3.2; L2ATTN: KV-Compress §3.3.) */
+void kv_policy_select(kv_policy p, const int *pos, const float *acc, const float *acc2, int len,
+                      int n_keep, int curr_pos, int *keep);
+
+/* Blocks a sequence needs at most with these budgets: per head ceil(min(budget + p, ctx) / b_s)
+ * (the budget plus one eviction block p as it arrives), summed over heads. */
+long kv_cache_blocks_needed(int n_layers, int n_kv_heads, const int *budget, int context,
+                            int evict_block, int block_size);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,103 @@
+/* kvplan model: configuration and fp32 weights of a decoder-only Llama-family model.
+ *
+ * Loaders (llama2.c `.bin`, GGUF, Hugging Face safetensors directories) all produce the same
+ * in-memory form: every weight matrix is fp32, row-major [out_features, in_features] (the
+ * PyTorch nn.Linear layout), so y = W x is cblas_sgemv(RowMajor, NoTrans, out, in, W, x).
+ * Quantised and half-precision tensors are dequantised on load into buffers the model owns.
+ *
+ * RoPE layout: KV_ROPE_ADJACENT rotates pairs (2i, 2i+1) of each head (llama2.c, GGUF);
+ * KV_ROPE_HALF rotates pairs (i, i + d_h/2) ("rotate_half", Hugging Face checkpoints).
+ */
+#ifndef KVPLAN_MODEL_H
+#define KVPLAN_MODEL_H
+
+#include "kvplan/common.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum { KV_ROPE_ADJACENT = 0, KV_ROPE_HALF = 1 } kv_rope_layout;
+
+typedef struct kv_config {
+    int dim;        /* hidden size h */
+    int hidden_dim; /* FFN intermediate size */
+    int n_layers;   /* L */
+    int n_heads;    /* H, query heads */
+    int n_kv_heads; /* H_kv */
+    int head_dim;   /* d_h = dim / H */
+    int vocab_size;
+    int seq_len;    /* trained context length */
+    float norm_eps;
+    float rope_theta;
+    kv_rope_layout rope_layout;
+    int tied_embeddings; /* classifier == token embedding */
+    int attn_bias;       /* q/k/v projections carry a bias (qwen2) */
+    int bos_id;          /* -1 when unknown */
+    int eos_id;          /* -1 when unknown */
+    char arch[32];       /* "llama", "mistral", "qwen2" */
+} kv_config;
+
+typedef struct kv_layer_weights {
+    const float *attn_norm;   /* [dim] */
+    const float *wq;          /* [H*d_h, dim] */
+    const float *wk;          /* [H_kv*d_h, dim] */
+    const float *wv;          /* [H_kv*d_h, dim] */
+    const float *wo;          /* [dim, H*d_h] */
+    const float *bq, *bk, *bv;/* [H*d_h], [H_kv*d_h], [H_kv*d_h] or NULL */
+    const float *ffn_norm;    /* [dim] */
+    const float *w_gate;      /* [hidden, dim]  (llama2.c w1) */
+    const float *w_down;      /* [dim, hidden]  (llama2.c w2) */
+    const float *w_up;        /* [hidden, dim]  (llama2.c w3) */
+} kv_layer_weights;
+
+typedef struct kv_model {
+    kv_config cfg;
+    const float *tok_emb;      /* [vocab, dim] */
+    kv_layer_weights *layers;  /* [n_layers], owned */
+    const float *final_norm;   /* [dim] */
+    const float *classifier;   /* [vocab, dim]; aliases tok_emb when tied */
+    char format[16];           /* "llama2c", "gguf", "safetensors" */
+    char path[4096];           /* what the user passed */
+    char sha256[65];           /* model_sha256: hash of the weight file(s), see kv_model_load */
+    /* ownership (internal): a memory map and a list of owned heap buffers */
+    void *map;
+    size_t map_len;
+    void **owned;
+    int n_owned, cap_owned;
+    void *gguf; /* GGUF metadata kept for the embedded tokenizer, owned, or NULL */
+} kv_model;
+
+/* Load a model, detecting the format from the content: a directory with config.json
+ * (Hugging Face safetensors), a file starting with "GGUF", else a llama2.c legacy checkpoint.
+ * `model_sha256` is the SHA-256 of the file (GGUF, llama2.c) or of config.json followed by the
+ * safetensors shards in order (Hugging Face). On success *out is owned by the caller
+ * (kv_model_free). Errors (KV_EINPUT) name the file and what is wrong with it. */
+int kv_model_load(const char *path, kv_model **out, kv_error *err);
+void kv_model_free(kv_model *m);
+
+/* Format loaders used by kv_model_load. */
+int kv_model_load_llama2c(const char *path, kv_model **out, kv_error *err);
+int kv_model_load_gguf(const char *path, kv_model **out, kv_error *err);
+int kv_model_load_hf(const char *dir, kv_model **out, kv_error *err);
+
+/* Internal helpers for loaders: a zeroed model, and adopting a heap buffer so that
+ * kv_model_free releases it. kv_model_adopt frees `p` itself when it fails. */
+kv_model *kv_model_alloc(int n_layers, kv_error *err);
+int kv_model_adopt(kv_model *m, void *p, kv_error *err);
+
+/* Validate a filled config: positive sizes, H divisible by H_kv, dim == H * d_h (or d_h given),
+ * even d_h. `what` names the file in the message. */
+int kv_config_check(const kv_config *c, const char *what, kv_error *err);
+
+/* Bytes of fp32 weights the forward pass reads per decoded token (all matrices + norms +
+ * classifier; the embedding row is one row). */
+size_t kv_model_weight_bytes(const kv_model *m);
+
+/* Parameter count (embedding counted once when tied). */
+size_t kv_model_param_count(const kv_model *m);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,117 @@
+/* kvplan model: format detection, ownership, config checks. See include/kvplan/model.h. */
+#include "kvplan/model.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+
+kv_model *kv_model_alloc(int n_layers, kv_error *err) {
+    kv_model *m = kv_calloc(1, sizeof *m, "model", err);
+    if (!m) return NULL;
+    m->layers = kv_calloc((size_t)(n_layers > 0 ? n_layers : 1), sizeof *m->layers,
+                          "layer table", err);
+    if (!m->layers) {
+        free(m);
+        return NULL;
+    }
+    m->cfg.bos_id = -1;
+    m->cfg.eos_id = -1;
+    return m;
+}
+
+int kv_model_adopt(kv_model *m, void *p, kv_error *err) {
+    if (m->n_owned == m->cap_owned) {
+        int cap = m->cap_owned ? 2 * m->cap_owned : 16;
+        void **nw = realloc(m->owned, (size_t)cap * sizeof *nw);
+        if (!nw) {
+            free(p);
+            return kv_fail(err, KV_EINTERNAL, "out of memory (model buffers)");
+        }
+        m->owned = nw;
+        m->cap_owned = cap;
+    }
+    m->owned[m->n_owned++] = p;
+    return KV_OK;
+}
+
+/* Implemented by the GGUF loader: releases the kept GGUF metadata. */
+void kv_gguf_meta_free(void *meta);
+
+void kv_model_free(kv_model *m) {
+    if (!m) return;
+    for (int i = 0; i < m->n_owned; i++) free(m->owned[i]);
+    free(m->owned);
+    if (m->map) munmap(m->map, m->map_len);
+    if (m->gguf) kv_gguf_meta_free(m->gguf);
+    free(m->layers);
+    free(m);
+}
+
+int kv_config_check(const kv_config *c, const char *what, kv_error *err) {
+#define BAD(...) return kv_fail(err, KV_EINPUT, __VA_ARGS__)
+    if (c->dim <= 0 || c->dim > (1 << 16)) BAD("%s: dim %d is not a sensible model width", what, c->dim);
+    if (c->hidden_dim <= 0 || c->hidden_dim > (1 << 18))
+        BAD("%s: hidden_dim %d is not sensible", what, c->hidden_dim);
+    if (c->n_layers <= 0 || c->n_layers > 1024) BAD("%s: n_layers %d is not sensible", what, c->n_layers);
+    if (c->n_heads <= 0 || c->n_heads > 1024) BAD("%s: n_heads %d is not sensible", what, c->n_heads);
+    if (c->n_kv_heads <= 0 || c->n_kv_heads > c->n_heads)
+        BAD("%s: n_kv_heads %d must be in [1, n_heads = %d]", what, c->n_kv_heads, c->n_heads);
+    if (c->n_heads % c->n_kv_heads)
+        BAD("%s: n_heads %d is not a multiple of n_kv_heads %d (GQA groups must be equal)", what,
+            c->n_heads, c->n_kv_heads);
+    if (c->head_dim <= 0 || c->head_dim % 2)
+        BAD("%s: head_dim %d must be positive and even (RoPE rotates pairs)", what, c->head_dim);
+    if (c->vocab_size <= 0 || c->vocab_size > (1 << 22))
+        BAD("%s: vocab_size %d is not sensible", what, c->vocab_size);
+    if (c->seq_len <= 0 || c->seq_len > (1 << 22)) BAD("%s: seq_len %d is not sensible", what, c->seq_len);
+    if (!(c->norm_eps > 0.0f && c->norm_eps < 1.0f)) BAD("%s: norm eps %g is not sensible", what, c->norm_eps);
+    if (!(c->rope_theta > 1.0f)) BAD("%s: rope theta %g is not sensible", what, c->rope_theta);
+#undef BAD
+    return KV_OK;
+}
+
+static size_t layer_params(const kv_config *c) {
+    size_t d = (size_t)c->dim, q = (size_t)c->n_heads * c->head_dim,
+           kv = (size_t)c->n_kv_heads * c->head_dim, hid = (size_t)c->hidden_dim;
+    size_t n = 2 * d + q * d + 2 * kv * d + d * q + 3 * hid * d;
+    if (c->attn_bias) n += q + 2 * kv;
+    return n;
+}
+
+size_t kv_model_param_count(const kv_model *m) {
+    const kv_config *c = &m->cfg;
+    size_t n = (size_t)c->n_layers * layer_params(c) + (size_t)c->dim;
+    n += (size_t)c->vocab_size * c->dim * (c->tied_embeddings ? 1 : 2);
+    return n;
+}
+
+size_t kv_model_weight_bytes(const kv_model *m) {
+    const kv_config *c = &m->cfg;
+    size_t n = (size_t)c->n_layers * layer_params(c) + (size_t)c->dim;
+    n += (size_t)c->vocab_size * c->dim + (size_t)c->dim; /* classifier + one embedding row */
+    return n * sizeof(float);
+}
+
+int kv_model_load(const char *path, kv_model **out, kv_error *err) {
+    *out = NULL;
+    struct stat st;
+    if (stat(path, &st) != 0)
+        return kv_fail(err, KV_EINPUT, "%s: cannot open model: %s", path, strerror(errno));
+    int rc;
+    if (S_ISDIR(st.st_mode)) {
+        rc = kv_model_load_hf(path, out, err);
+    } else {
+        FILE *f = fopen(path, "rb");
+        if (!f) return kv_fail(err, KV_EINPUT, "%s: cannot open model: %s", path, strerror(errno));
+        char magic[4] = {0};
+        size_t got = fread(magic, 1, 4, f);
+        fclose(f);
+        if (got == 4 && memcmp(magic, "GGUF", 4) == 0) rc = kv_model_load_gguf(path, out, err);
+        else rc = kv_model_load_llama2c(path, out, err);
+    }
+    if (rc == KV_OK) snprintf((*out)->path, sizeof (*out)->path, "%s", path);
+    return rc;
+}

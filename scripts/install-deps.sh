@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Installs the Debian packages kvplan builds and tests with, only when some are missing.
+# Usage: scripts/install-deps.sh   (root, or sudo available)
+set -euo pipefail
+pkgs=(build-essential cmake pkg-config
+      libopenblas-dev libhdf5-dev hdf5-tools libgsl-dev libglpk-dev libcunit1-dev
+      libcjson-dev libpcre2-dev libpng-dev libcairo2-dev libssl-dev)
+missing=()
+for p in "${pkgs[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+    exit 0
+fi
+echo "install-deps: installing ${missing[*]}" >&2
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

@@ -1,0 +1,73 @@
+#include "testutil.h"
+
+#include <CUnit/Basic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "kvplan/common.h"
+
+const char *tu_shared(const char *rel) {
+    static char buf[8][4096];
+    static int slot;
+    char *b = buf[slot++ & 7];
+    snprintf(b, 4096, "%s/%s", kv_shared_dir(), rel);
+    return b;
+}
+
+const char *tu_tmpdir(void) {
+    static char dir[256];
+    if (!dir[0]) {
+        snprintf(dir, sizeof dir, "/tmp/kvplan-test-XXXXXX");
+        if (!mkdtemp(dir)) {
+            perror("mkdtemp");
+            abort();
+        }
+    }
+    return dir;
+}
+
+const char *tu_tmp(const char *name) {
+    static char buf[8][512];
+    static int slot;
+    char *b = buf[slot++ & 7];
+    snprintf(b, 512, "%s/%s", tu_tmpdir(), name);
+    return b;
+}
+
+int tu_run_kvplan(const char *args, char **out, int merge_stderr) {
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd, "'%s' %s%s", KVPLAN_BINARY, args, merge_stderr ? " 2>&1" : "");
+    FILE *p = popen(cmd, "r");
+    if (!p) return -1;
+    size_t cap = 4096, len = 0;
+    char *buf = malloc(cap);
+    size_t got;
+    while (buf && (got = fread(buf + len, 1, cap - len - 1, p)) > 0) {
+        len += got;
+        if (len + 1 >= cap) {
+            char *nb = realloc(buf, cap * 2);
+            if (!nb) break;
+            buf = nb;
+            cap *= 2;
+        }
+    }
+    if (buf) buf[len] = '\0';
+    int st = pclose(p);
+    if (out) *out = buf;
+    else free(buf);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+int tu_main(const char *suite_name, const tu_test *tests, size_t n) {
+    if (CU_initialize_registry() != CUE_SUCCESS) return 2;
+    CU_pSuite s = CU_add_suite(suite_name, NULL, NULL);
+    for (size_t i = 0; i < n; i++) CU_add_test(s, tests[i].name, tests[i].fn);
+    CU_basic_set_mode(CU_BRM_VERBOSE);
+    CU_basic_run_tests();
+    unsigned failed = CU_get_number_of_failures() + CU_get_number_of_tests_failed();
+    unsigned run = CU_get_number_of_tests_run();
+    CU_cleanup_registry();
+    return (failed || run == 0) ? 1 : 0;
+}

@@ -1,0 +1,26 @@
+/* Helpers shared by the CUnit suites: locating ../shared data, running the kvplan binary,
+ * and a main() that runs one suite and exits non-zero on any failure. */
+#ifndef KVPLAN_TESTUTIL_H
+#define KVPLAN_TESTUTIL_H
+
+#include <CUnit/CUnit.h>
+#include <stddef.h>
+
+/* Path under the shared data directory (KVPLAN_SHARED or ../shared), in a static buffer
+ * rotated among 8 slots. */
+const char *tu_shared(const char *rel);
+/* A fresh temporary directory for this test process (created once). */
+const char *tu_tmpdir(void);
+/* Path inside tu_tmpdir(), rotated static buffers. */
+const char *tu_tmp(const char *name);
+/* Run `kvplan <args>` through the shell; stdout (and stderr when merge_stderr) captured into a
+ * malloc'ed string (*out, may be NULL). Returns the exit code. */
+int tu_run_kvplan(const char *args, char **out, int merge_stderr);
+/* Run a whole suite: registers the tests, runs them, returns 0 when all passed. */
+typedef struct tu_test {
+    const char *name;
+    void (*fn)(void);
+} tu_test;
+int tu_main(const char *suite, const tu_test *tests, size_t n);
+
+#endif
