@@ -1,0 +1,859 @@
+/* kvplan HDF5 I/O (include/kvplan/h5io.h): atomic writes through a temporary file, validated
+ * reads, provenance, datasets with units, attributes and the plan's budget part.
+ *
+ * HDF5 prints its error stack to stderr by default. Every public function here saves the
+ * current automatic error handler, disables it for the duration of the call and restores it
+ * before returning (h5_quiet_begin / h5_quiet_end), so kvplan's own messages are the only
+ * output and no state of ours outlives a call. */
+#include "kvplan/h5io.h"
+
+#include <errno.h>
+#include <hdf5.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#ifndef KVPLAN_VERSION_STRING
+#define KVPLAN_VERSION_STRING "unknown"
+#endif
+
+struct kv_h5 {
+    hid_t fid;
+    int writing;          /* 1 for a file opened by kv_h5_create */
+    char path[4096];      /* the final, user-visible path */
+    char tmp[4200];       /* the temporary file being written (writing only) */
+};
+
+/* ---- silencing HDF5's automatic error printing for the duration of one call ---- */
+typedef struct h5_quiet {
+    H5E_auto2_t fn;
+    void *data;
+} h5_quiet;
+
+static void h5_quiet_begin(h5_quiet *q) {
+    q->fn = NULL;
+    q->data = NULL;
+    H5Eget_auto2(H5E_DEFAULT, &q->fn, &q->data);
+    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+}
+
+static void h5_quiet_end(const h5_quiet *q) { H5Eset_auto2(H5E_DEFAULT, q->fn, q->data); }
+
+/* ---- helpers ---- */
+
+/* 1 when every component of the absolute `path` exists as a link (and resolves), else 0. */
+static int path_exists(hid_t fid, const char *path) {
+    if (!path || path[0] != '/') return 0;
+    if (path[1] == '\0') return 1;
+    char buf[1024];
+    size_t n = strlen(path);
+    if (n >= sizeof buf) return 0;
+    memcpy(buf, path, n + 1);
+    while (n > 1 && buf[n - 1] == '/') buf[--n] = '\0';
+    for (size_t i = 1; i <= n; i++) {
+        if (buf[i] == '/' || buf[i] == '\0') {
+            char saved = buf[i];
+            buf[i] = '\0';
+            htri_t e = H5Lexists(fid, buf, H5P_DEFAULT);
+            if (e <= 0) return 0;
+            htri_t o = H5Oexists_by_name(fid, buf, H5P_DEFAULT);
+            buf[i] = saved;
+            if (o <= 0) return 0;
+        }
+    }
+    return 1;
+}
+
+/* Create the groups along absolute path `grp` that are missing (the last component too). */
+static int ensure_groups(kv_h5 *f, const char *grp, kv_error *err) {
+    if (!grp || grp[0] != '/')
+        return kv_fail(err, KV_EINTERNAL, "%s: object path '%s' is not absolute", f->path,
+                       grp ? grp : "(null)");
+    char buf[1024];
+    size_t n = strlen(grp);
+    if (n >= sizeof buf) return kv_fail(err, KV_EINTERNAL, "%s: path too long: %s", f->path, grp);
+    memcpy(buf, grp, n + 1);
+    for (size_t i = 1; i <= n; i++) {
+        if (buf[i] != '/' && buf[i] != '\0') continue;
+        if (buf[i - 1] == '/') continue; /* "//" or trailing slash */
+        char saved = buf[i];
+        buf[i] = '\0';
+        if (!path_exists(f->fid, buf)) {
+            hid_t g = H5Gcreate2(f->fid, buf, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+            if (g < 0)
+                return kv_fail(err, KV_EINTERNAL, "%s: cannot create group %s", f->path, buf);
+            H5Gclose(g);
+        }
+        buf[i] = saved;
+    }
+    return KV_OK;
+}
+
+/* Create the parent groups of dataset path `path`. */
+static int ensure_parent(kv_h5 *f, const char *path, kv_error *err) {
+    const char *slash = strrchr(path, '/');
+    if (!slash || slash == path) return KV_OK;
+    char parent[1024];
+    size_t n = (size_t)(slash - path);
+    if (n >= sizeof parent)
+        return kv_fail(err, KV_EINTERNAL, "%s: path too long: %s", f->path, path);
+    memcpy(parent, path, n);
+    parent[n] = '\0';
+    return ensure_groups(f, parent, err);
+}
+
+static int check_writer(kv_h5 *f, const char *what, kv_error *err) {
+    if (!f) return kv_fail(err, KV_EINTERNAL, "%s: no file", what);
+    if (!f->writing)
+        return kv_fail(err, KV_EINTERNAL, "%s: %s: file is open read-only", f->path, what);
+    return KV_OK;
+}
+
+static int check_dset_args(kv_h5 *f, const char *path, int rank, const long *dims,
+                           hsize_t hd[KV_H5_MAX_RANK], size_t *count, kv_error *err) {
+    if (!path || path[0] != '/' || path[1] == '\0')
+        return kv_fail(err, KV_EINTERNAL, "%s: dataset path '%s' must be absolute", f->path,
+                       path ? path : "(null)");
+    if (rank < 1 || rank > KV_H5_MAX_RANK || !dims)
+        return kv_fail(err, KV_EINTERNAL, "%s: dataset %s: rank %d out of range 1..%d", f->path,
+                       path, rank, KV_H5_MAX_RANK);
+    size_t c = 1;
+    for (int i = 0; i < rank; i++) {
+        if (dims[i] < 0)
+            return kv_fail(err, KV_EINTERNAL, "%s: dataset %s: negative dimension %ld", f->path,
+                           path, dims[i]);
+        hd[i] = (hsize_t)dims[i];
+        if (dims[i] && c > SIZE_MAX / (size_t)dims[i])
+            return kv_fail(err, KV_EINTERNAL, "%s: dataset %s is too large", f->path, path);
+        c *= (size_t)dims[i];
+    }
+    *count = c;
+    return KV_OK;
+}
+
+static int write_dataset(kv_h5 *f, const char *path, int rank, const long *dims,
+                         hid_t file_type, hid_t mem_type, const void *data, const char *units,
+                         kv_error *err) {
+    int rc = check_writer(f, path ? path : "dataset", err);
+    if (rc) return rc;
+    hsize_t hd[KV_H5_MAX_RANK];
+    size_t count = 0;
+    if ((rc = check_dset_args(f, path, rank, dims, hd, &count, err))) return rc;
+    if (count > 0 && !data)
+        return kv_fail(err, KV_EINTERNAL, "%s: dataset %s: no data", f->path, path);
+    if ((rc = ensure_parent(f, path, err))) return rc;
+    if (path_exists(f->fid, path) && H5Ldelete(f->fid, path, H5P_DEFAULT) < 0)
+        return kv_fail(err, KV_EINTERNAL, "%s: cannot replace dataset %s", f->path, path);
+    hid_t space = H5Screate_simple(rank, hd, NULL);
+    if (space < 0) return kv_fail(err, KV_EINTERNAL, "%s: dataset %s: bad shape", f->path, path);
+    hid_t ds = H5Dcreate2(f->fid, path, file_type, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    if (ds < 0) {
+        H5Sclose(space);
+        return kv_fail(err, KV_EINTERNAL, "%s: cannot create dataset %s", f->path, path);
+    }
+    herr_t w = 0;
+    if (count > 0) w = H5Dwrite(ds, mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data);
+    H5Dclose(ds);
+    H5Sclose(space);
+    if (w < 0) return kv_fail(err, KV_EINTERNAL, "%s: cannot write dataset %s", f->path, path);
+    if (units) return kv_h5_attr_str(f, path, "units", units, err);
+    return KV_OK;
+}
+
+static int read_dataset(kv_h5 *f, const char *path, hid_t mem_type, size_t elem, int *rank,
+                        long dims[KV_H5_MAX_RANK], void **data, kv_error *err) {
+    *data = NULL;
+    if (!path_exists(f->fid, path))
+        return kv_fail(err, KV_EINPUT, "%s: missing dataset %s", f->path, path);
+    hid_t ds = H5Dopen2(f->fid, path, H5P_DEFAULT);
+    if (ds < 0) return kv_fail(err, KV_EINPUT, "%s: %s is not a dataset", f->path, path);
+    hid_t space = H5Dget_space(ds);
+    int r = space >= 0 ? H5Sget_simple_extent_ndims(space) : -1;
+    if (r < 0 || r > KV_H5_MAX_RANK) {
+        if (space >= 0) H5Sclose(space);
+        H5Dclose(ds);
+        return kv_fail(err, KV_EINPUT, "%s: dataset %s has an unsupported shape (rank %d)",
+                       f->path, path, r);
+    }
+    hsize_t hd[KV_H5_MAX_RANK];
+    H5Sget_simple_extent_dims(space, hd, NULL);
+    H5Sclose(space);
+    size_t count = 1;
+    for (int i = 0; i < r; i++) {
+        if (hd[i] > (hsize_t)LONG_MAX || (hd[i] && count > SIZE_MAX / elem / (size_t)hd[i])) {
+            H5Dclose(ds);
+            return kv_fail(err, KV_EINPUT, "%s: dataset %s is too large", f->path, path);
+        }
+        count *= (size_t)hd[i];
+        dims[i] = (long)hd[i];
+    }
+    void *buf = kv_malloc(count ? count * elem : elem, path, err);
+    if (!buf) {
+        H5Dclose(ds);
+        return KV_EINTERNAL;
+    }
+    herr_t rr = count ? H5Dread(ds, mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf) : 0;
+    H5Dclose(ds);
+    if (rr < 0) {
+        free(buf);
+        return kv_fail(err, KV_EINPUT, "%s: cannot read dataset %s as numbers", f->path, path);
+    }
+    /* a scalar dataset reads as rank 1 of length 1 */
+    if (r == 0) {
+        r = 1;
+        dims[0] = 1;
+    }
+    *rank = r;
+    *data = buf;
+    return KV_OK;
+}
+
+/* Open attribute `name` on `obj` for writing, replacing an existing one. */
+static hid_t attr_create(kv_h5 *f, const char *obj, const char *name, hid_t type, hid_t space,
+                         kv_error *err) {
+    if (check_writer(f, name ? name : "attribute", err)) return -1;
+    if (!obj || !name) {
+        kv_fail(err, KV_EINTERNAL, "%s: attribute needs an object and a name", f->path);
+        return -1;
+    }
+    if (!path_exists(f->fid, obj) && ensure_groups(f, obj, err)) return -1;
+    hid_t o = H5Oopen(f->fid, obj, H5P_DEFAULT);
+    if (o < 0) {
+        kv_fail(err, KV_EINTERNAL, "%s: cannot open %s for attribute %s", f->path, obj, name);
+        return -1;
+    }
+    if (H5Aexists(o, name) > 0) H5Adelete(o, name);
+    hid_t a = H5Acreate2(o, name, type, space, H5P_DEFAULT, H5P_DEFAULT);
+    H5Oclose(o);
+    if (a < 0) kv_fail(err, KV_EINTERNAL, "%s: cannot create attribute %s on %s", f->path, name, obj);
+    return a;
+}
+
+static int attr_write_scalar(kv_h5 *f, const char *obj, const char *name, hid_t file_type,
+                             hid_t mem_type, const void *value, kv_error *err) {
+    hid_t space = H5Screate(H5S_SCALAR);
+    if (space < 0) return kv_fail(err, KV_EINTERNAL, "%s: HDF5 dataspace failed", f->path);
+    hid_t a = attr_create(f, obj, name, file_type, space, err);
+    H5Sclose(space);
+    if (a < 0) return err ? err->code : KV_EINTERNAL;
+    herr_t w = H5Awrite(a, mem_type, value);
+    H5Aclose(a);
+    if (w < 0)
+        return kv_fail(err, KV_EINTERNAL, "%s: cannot write attribute %s on %s", f->path, name,
+                       obj);
+    return KV_OK;
+}
+
+static hid_t attr_open(kv_h5 *f, const char *obj, const char *name, kv_error *err) {
+    if (!path_exists(f->fid, obj)) {
+        kv_fail(err, KV_EINPUT, "%s: missing object %s (looking for its attribute %s)", f->path,
+                obj, name);
+        return -1;
+    }
+    hid_t o = H5Oopen(f->fid, obj, H5P_DEFAULT);
+    if (o < 0) {
+        kv_fail(err, KV_EINPUT, "%s: cannot open %s", f->path, obj);
+        return -1;
+    }
+    if (H5Aexists(o, name) <= 0) {
+        H5Oclose(o);
+        kv_fail(err, KV_EINPUT, "%s: missing attribute %s on %s", f->path, name, obj);
+        return -1;
+    }
+    hid_t a = H5Aopen(o, name, H5P_DEFAULT);
+    H5Oclose(o);
+    if (a < 0) kv_fail(err, KV_EINPUT, "%s: cannot open attribute %s on %s", f->path, name, obj);
+    return a;
+}
+
+static int attr_read_num(kv_h5 *f, const char *obj, const char *name, hid_t mem_type,
+                         void *value, kv_error *err) {
+    hid_t a = attr_open(f, obj, name, err);
+    if (a < 0) return KV_EINPUT;
+    hid_t space = H5Aget_space(a);
+    hssize_t n = space >= 0 ? H5Sget_simple_extent_npoints(space) : -1;
+    if (space >= 0) H5Sclose(space);
+    hid_t ft = H5Aget_type(a);
+    H5T_class_t cls = ft >= 0 ? H5Tget_class(ft) : H5T_NO_CLASS;
+    if (ft >= 0) H5Tclose(ft);
+    herr_t r = -1;
+    if (n == 1 && (cls == H5T_INTEGER || cls == H5T_FLOAT)) r = H5Aread(a, mem_type, value);
+    H5Aclose(a);
+    if (r < 0)
+        return kv_fail(err, KV_EINPUT, "%s: attribute %s on %s is not a single number", f->path,
+                       name, obj);
+    return KV_OK;
+}
+
+/* ---- files ---- */
+
+int kv_h5_create(const char *final_path, kv_h5 **out, kv_error *err) {
+    *out = NULL;
+    if (!final_path || !*final_path) return kv_fail(err, KV_EINPUT, "no output file name given");
+    int rc = kv_check_writable(final_path, err);
+    if (rc) return rc;
+    kv_h5 *f = kv_calloc(1, sizeof *f, "HDF5 file handle", err);
+    if (!f) return KV_EINTERNAL;
+    if (strlen(final_path) >= sizeof f->path) {
+        free(f);
+        return kv_fail(err, KV_EINPUT, "%s: path too long", final_path);
+    }
+    snprintf(f->path, sizeof f->path, "%s", final_path);
+    if ((rc = kv_temp_path(final_path, f->tmp, sizeof f->tmp, err))) {
+        free(f);
+        return rc;
+    }
+    h5_quiet q;
+    h5_quiet_begin(&q);
+    errno = 0;
+    f->fid = H5Fcreate(f->tmp, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    h5_quiet_end(&q);
+    if (f->fid < 0) {
+        int e = errno;
+        remove(f->tmp);
+        rc = kv_fail(err, KV_EINPUT, "%s: cannot create the temporary file %s (%s)", final_path,
+                     f->tmp, e ? strerror(e) : "HDF5 error");
+        free(f);
+        return rc;
+    }
+    f->writing = 1;
+    *out = f;
+    return KV_OK;
+}
+
+int kv_h5_commit(kv_h5 *f, kv_error *err) {
+    if (!f) return kv_fail(err, KV_EINTERNAL, "commit of no file");
+    if (!f->writing) {
+        kv_h5_close(f);
+        return kv_fail(err, KV_EINTERNAL, "commit of a file opened read-only");
+    }
+    h5_quiet q;
+    h5_quiet_begin(&q);
+    herr_t fl = H5Fflush(f->fid, H5F_SCOPE_GLOBAL);
+    herr_t cl = H5Fclose(f->fid);
+    h5_quiet_end(&q);
+    int rc;
+    if (fl < 0 || cl < 0) {
+        remove(f->tmp);
+        rc = kv_fail(err, KV_EINTERNAL, "%s: writing the temporary file %s failed (disk full?)",
+                     f->path, f->tmp);
+    } else {
+        rc = kv_commit_file(f->tmp, f->path, err);
+    }
+    free(f);
+    return rc;
+}
+
+void kv_h5_abort(kv_h5 *f) {
+    if (!f) return;
+    h5_quiet q;
+    h5_quiet_begin(&q);
+    if (f->fid >= 0) H5Fclose(f->fid);
+    h5_quiet_end(&q);
+    if (f->writing) remove(f->tmp);
+    free(f);
+}
+
+int kv_h5_open_read(const char *path, kv_h5 **out, kv_error *err) {
+    *out = NULL;
+    if (!path || !*path) return kv_fail(err, KV_EINPUT, "no input file name given");
+    FILE *probe = fopen(path, "rb");
+    if (!probe) return kv_fail(err, KV_EINPUT, "%s: cannot open: %s", path, strerror(errno));
+    fclose(probe);
+    h5_quiet q;
+    h5_quiet_begin(&q);
+    int rc = KV_OK;
+    kv_h5 *f = NULL;
+    htri_t is = H5Fis_hdf5(path);
+    if (is <= 0) {
+        rc = kv_fail(err, KV_EINPUT, "%s: not an HDF5 file (kvplan reads profile.h5 / plan.h5 "
+                     "files written by kvplan profile and kvplan search)", path);
+        goto done;
+    }
+    f = kv_calloc(1, sizeof *f, "HDF5 file handle", err);
+    if (!f) {
+        rc = KV_EINTERNAL;
+        goto done;
+    }
+    snprintf(f->path, sizeof f->path, "%s", path);
+    f->fid = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+    if (f->fid < 0) {
+        free(f);
+        f = NULL;
+        rc = kv_fail(err, KV_EINPUT, "%s: cannot open the HDF5 file (damaged or locked?)", path);
+        goto done;
+    }
+    if (H5Aexists(f->fid, "kvplan_version") <= 0 || H5Aexists(f->fid, "schema_version") <= 0) {
+        rc = kv_fail(err, KV_EINPUT, "%s: an HDF5 file, but not one of kvplan's (no "
+                     "kvplan_version / schema_version attribute at its root)", path);
+        goto done;
+    }
+    long schema = 0;
+    if ((rc = attr_read_num(f, "/", "schema_version", H5T_NATIVE_LONG, &schema, err))) {
+        rc = kv_fail(err, KV_EINPUT, "%s: its schema_version attribute is not a number", path);
+        goto done;
+    }
+    if (schema > KV_SCHEMA_VERSION) {
+        rc = kv_fail(err, KV_EINPUT, "%s: written with file schema version %ld, newer than this "
+                     "kvplan %s understands (schema %d); upgrade kvplan to read it", path, schema,
+                     KVPLAN_VERSION_STRING, KV_SCHEMA_VERSION);
+        goto done;
+    }
+    if (schema < 1) {
+        rc = kv_fail(err, KV_EINPUT, "%s: invalid schema_version %ld", path, schema);
+        goto done;
+    }
+done:
+    h5_quiet_end(&q);
+    if (rc) {
+        kv_h5_close(f);
+        return rc;
+    }
+    *out = f;
+    return KV_OK;
+}
+
+void kv_h5_close(kv_h5 *f) {
+    if (!f) return;
+    if (f->writing) {
+        kv_h5_abort(f);
+        return;
+    }
+    h5_quiet q;
+    h5_quiet_begin(&q);
+    if (f->fid >= 0) H5Fclose(f->fid);
+    h5_quiet_end(&q);
+    free(f);
+}
+
+const char *kv_h5_path(const kv_h5 *f) { return f ? f->path : "(no file)"; }
+
+/* ---- provenance ---- */
+
+int kv_h5_write_provenance(kv_h5 *f, const char *command, const kv_model *m, kv_error *err) {
+    char created[32];
+    time_t now = time(NULL);
+    struct tm tmv;
+    if (!gmtime_r(&now, &tmv) || !strftime(created, sizeof created, "%Y-%m-%dT%H:%M:%SZ", &tmv))
+        snprintf(created, sizeof created, "1970-01-01T00:00:00Z");
+    int rc;
+    if ((rc = kv_h5_attr_str(f, "/", "kvplan_version", KVPLAN_VERSION_STRING, err))) return rc;
+    if ((rc = kv_h5_attr_i64(f, "/", "schema_version", KV_SCHEMA_VERSION, err))) return rc;
+    if ((rc = kv_h5_attr_str(f, "/", "created", created, err))) return rc;
+    if ((rc = kv_h5_attr_str(f, "/", "command", command ? command : "", err))) return rc;
+    if ((rc = kv_h5_attr_str(f, "/", "model_sha256", m ? m->sha256 : "", err))) return rc;
+    if (!m) return KV_OK;
+    const kv_config *c = &m->cfg;
+    if ((rc = kv_h5_attr_str(f, "/", "model_format", m->format, err))) return rc;
+    if ((rc = kv_h5_attr_str(f, "/", "model_path", m->path, err))) return rc;
+    const struct {
+        const char *name;
+        long v;
+    } ints[] = {
+        {"model_dim", c->dim},           {"model_hidden_dim", c->hidden_dim},
+        {"model_n_layers", c->n_layers}, {"model_n_heads", c->n_heads},
+        {"model_n_kv_heads", c->n_kv_heads}, {"model_head_dim", c->head_dim},
+        {"model_vocab_size", c->vocab_size}, {"model_seq_len", c->seq_len},
+    };
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++)
+        if ((rc = kv_h5_attr_i64(f, "/", ints[i].name, ints[i].v, err))) return rc;
+    return KV_OK;
+}
+
+/* ---- datasets ---- */
+
+int kv_h5_write_f64(kv_h5 *f, const char *path, int rank, const long *dims, const double *data,
+                    const char *units, kv_error *err) {
+    h5_quiet q;
+    h5_quiet_begin(&q);
+    int rc = write_dataset(f, path, rank, dims, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, data, units,
+                           err);
+    h5_quiet_end(&q);
+    return rc;
+}
+
+int kv_h5_write_i32(kv_h5 *f, const char *path, int rank, const long *dims, const int *data,
+                    const char *units, kv_error *err) {
+    h5_quiet q;
+    h5_quiet_begin(&q);
+    int rc = write_dataset(f, path, rank, dims, H5T_STD_I32LE, H5T_NATIVE_INT, data, units, err);
+    h5_quiet_end(&q);
+    return rc;
+}
+
+int kv_h5_read_f64(kv_h5 *f, const char *path, int *rank, long dims[KV_H5_MAX_RANK],
+                   double **data, kv_error *err) {
+    *data = NULL;
+    if (!f) return kv_fail(err, KV_EINTERNAL, "read of %s from no file", path);
+    h5_quiet q;
+    h5_quiet_begin(&q);
+    void *buf = NULL;
+    int rc = read_dataset(f, path, H5T_NATIVE_DOUBLE, sizeof(double), rank, dims, &buf, err);
+    h5_quiet_end(&q);
+    *data = buf;
+    return rc;
+}
+
+int kv_h5_read_i32(kv_h5 *f, const char *path, int *rank, long dims[KV_H5_MAX_RANK], int **data,
+                   kv_error *err) {
+    *data = NULL;
+    if (!f) return kv_fail(err, KV_EINTERNAL, "read of %s from no file", path);
+    h5_quiet q;
+    h5_quiet_begin(&q);
+    void *buf = NULL;
+    int rc = read_dataset(f, path, H5T_NATIVE_INT, sizeof(int), rank, dims, &buf, err);
+    h5_quiet_end(&q);
+    *data = buf;
+    return rc;
+}
+
+int kv_h5_exists(kv_h5 *f, const char *path) {
+    if (!f) return 0;
+    h5_quiet q;
+    h5_quiet_begin(&q);
+    int e = path_exists(f->fid, path);
+    h5_quiet_end(&q);
+    return e;
+}
+
+/* ---- attributes ---- */
+
+int kv_h5_attr_str(kv_h5 *f, const char *obj, const char *name, const char *value,
+                   kv_error *err) {
+    if (!value) value = "";
+    h5_quiet q;
+    h5_quiet_begin(&q);
+    int rc = KV_OK;
+    hid_t t = H5Tcopy(H5T_C_S1);
+    if (t < 0 || H5Tset_size(t, strlen(value) + 1) < 0 || H5Tset_strpad(t, H5T_STR_NULLTERM) < 0 ||
+        H5Tset_cset(t, H5T_CSET_UTF8) < 0)
+        rc = kv_fail(err, KV_EINTERNAL, "%s: HDF5 string type failed", kv_h5_path(f));
+    else
+        rc = attr_write_scalar(f, obj, name, t, t, value, err);
+    if (t >= 0) H5Tclose(t);
+    h5_quiet_end(&q);
+    return rc;
+}
+
+int kv_h5_attr_f64(kv_h5 *f, const char *obj, const char *name, double value, kv_error *err) {
+    h5_quiet q;
+    h5_quiet_begin(&q);
+    int rc = attr_write_scalar(f, obj, name, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, &value, err);
+    h5_quiet_end(&q);
+    return rc;
+}
+
+int kv_h5_attr_i64(kv_h5 *f, const char *obj, const char *name, long value, kv_error *err) {
+    h5_quiet q;
+    h5_quiet_begin(&q);
+    int rc = attr_write_scalar(f, obj, name, H5T_STD_I64LE, H5T_NATIVE_LONG, &value, err);
+    h5_quiet_end(&q);
+    return rc;
+}
+
+static int read_attr_str(kv_h5 *f, const char *obj, const char *name, char **value,
+                         kv_error *err) {
+    hid_t a = attr_open(f, obj, name, err);
+    if (a < 0) return KV_EINPUT;
+    int rc = KV_OK;
+    hid_t ft = H5Aget_type(a);
+    hid_t space = H5Aget_space(a);
+    hssize_t npts = space >= 0 ? H5Sget_simple_extent_npoints(space) : -1;
+    if (ft < 0 || H5Tget_class(ft) != H5T_STRING || npts != 1) {
+        rc = kv_fail(err, KV_EINPUT, "%s: attribute %s on %s is not a string", f->path, name, obj);
+    } else if (H5Tis_variable_str(ft) > 0) {
+        hid_t mt = H5Tcopy(ft);
+        char *s = NULL;
+        if (H5Aread(a, mt, &s) < 0 || !s) {
+            rc = kv_fail(err, KV_EINPUT, "%s: cannot read attribute %s on %s", f->path, name, obj);
+        } else {
+            size_t n = strlen(s);
+            *value = kv_malloc(n + 1, name, err);
+            if (!*value) rc = KV_EINTERNAL;
+            else memcpy(*value, s, n + 1);
+        }
+        if (s) H5free_memory(s);
+        H5Tclose(mt);
+    } else {
+        size_t n = H5Tget_size(ft);
+        char *s = kv_malloc(n + 1, name, err);
+        if (!s) {
+            rc = KV_EINTERNAL;
+        } else {
+            hid_t mt = H5Tcopy(ft); /* same character set: HDF5 does not convert between them */
+            H5Tset_size(mt, n + 1);
+            H5Tset_strpad(mt, H5T_STR_NULLTERM);
+            if (H5Aread(a, mt, s) < 0) {
+                free(s);
+                rc = kv_fail(err, KV_EINPUT, "%s: cannot read attribute %s on %s", f->path, name,
+                             obj);
+            } else {
+                s[n] = '\0';
+                *value = s;
+            }
+            H5Tclose(mt);
+        }
+    }
+    if (space >= 0) H5Sclose(space);
+    if (ft >= 0) H5Tclose(ft);
+    H5Aclose(a);
+    return rc;
+}
+
+int kv_h5_read_attr_str(kv_h5 *f, const char *obj, const char *name, char **value,
+                        kv_error *err) {
+    *value = NULL;
+    if (!f) return kv_fail(err, KV_EINTERNAL, "attribute %s of no file", name);
+    h5_quiet q;
+    h5_quiet_begin(&q);
+    int rc = read_attr_str(f, obj, name, value, err);
+    h5_quiet_end(&q);
+    return rc;
+}
+
+int kv_h5_read_attr_f64(kv_h5 *f, const char *obj, const char *name, double *value,
+                        kv_error *err) {
+    if (!f) return kv_fail(err, KV_EINTERNAL, "attribute %s of no file", name);
+    h5_quiet q;
+    h5_quiet_begin(&q);
+    int rc = attr_read_num(f, obj, name, H5T_NATIVE_DOUBLE, value, err);
+    h5_quiet_end(&q);
+    return rc;
+}
+
+int kv_h5_read_attr_i64(kv_h5 *f, const char *obj, const char *name, long *value,
+                        kv_error *err) {
+    if (!f) return kv_fail(err, KV_EINTERNAL, "attribute %s of no file", name);
+    h5_quiet q;
+    h5_quiet_begin(&q);
+    int rc = attr_read_num(f, obj, name, H5T_NATIVE_LONG, value, err);
+    h5_quiet_end(&q);
+    return rc;
+}
+
+int kv_h5_attr_exists(kv_h5 *f, const char *obj, const char *name) {
+    if (!f || !obj || !name) return 0;
+    h5_quiet q;
+    h5_quiet_begin(&q);
+    int e = 0;
+    if (path_exists(f->fid, obj)) {
+        hid_t o = H5Oopen(f->fid, obj, H5P_DEFAULT);
+        if (o >= 0) {
+            e = H5Aexists(o, name) > 0;
+            H5Oclose(o);
+        }
+    }
+    h5_quiet_end(&q);
+    return e;
+}
+
+/* ---- listing ---- */
+
+typedef struct list_ctx {
+    void (*fn)(void *user, const char *path);
+    void *user;
+} list_ctx;
+
+static herr_t list_cb(hid_t group, const char *name, const H5L_info_t *info, void *op) {
+    list_ctx *c = op;
+    if (info->type != H5L_TYPE_HARD) return 0;
+    hid_t o = H5Oopen(group, name, H5P_DEFAULT);
+    if (o < 0) return 0;
+    int is_ds = H5Iget_type(o) == H5I_DATASET;
+    H5Oclose(o);
+    if (is_ds) {
+        char path[1100];
+        snprintf(path, sizeof path, "/%s", name);
+        c->fn(c->user, path);
+    }
+    return 0;
+}
+
+int kv_h5_list_datasets(kv_h5 *f, void (*fn)(void *user, const char *path), void *user,
+                        kv_error *err) {
+    if (!f || !fn) return kv_fail(err, KV_EINTERNAL, "list of datasets: no file or callback");
+    list_ctx c = {fn, user};
+    h5_quiet q;
+    h5_quiet_begin(&q);
+    herr_t r = H5Lvisit(f->fid, H5_INDEX_NAME, H5_ITER_INC, list_cb, &c);
+    h5_quiet_end(&q);
+    if (r < 0) return kv_fail(err, KV_EINPUT, "%s: cannot list its datasets", f->path);
+    return KV_OK;
+}
+
+/* ---- the plan's budget part ---- */
+
+int kv_plan_budget_write(kv_h5 *f, const kv_plan_budget *b, kv_error *err) {
+    if (!b || !b->tokens || !b->blocks || b->n_layers <= 0 || b->n_kv_heads <= 0)
+        return kv_fail(err, KV_EINTERNAL, "%s: empty plan budget", kv_h5_path(f));
+    int rc;
+    if ((rc = kv_h5_attr_f64(f, "/", "ratio", b->ratio, err))) return rc;
+    if ((rc = kv_h5_attr_i64(f, "/", "context_length", b->context_length, err))) return rc;
+    if ((rc = kv_h5_attr_i64(f, "/", "block_size", b->block_size, err))) return rc;
+    if ((rc = kv_h5_attr_str(f, "/", "policy", b->policy, err))) return rc;
+    if ((rc = kv_h5_attr_str(f, "/", "allocation", b->allocation, err))) return rc;
+    if ((rc = kv_h5_attr_f64(f, "/", "t", b->t, err))) return rc;
+    if ((rc = kv_h5_attr_f64(f, "/", "r", b->r, err))) return rc;
+    if ((rc = kv_h5_attr_f64(f, "/", "p", b->p, err))) return rc;
+    long dims[2] = {b->n_layers, b->n_kv_heads};
+    if ((rc = kv_h5_write_i32(f, "/budget/tokens", 2, dims, b->tokens, "tokens", err))) return rc;
+    if ((rc = kv_h5_write_i32(f, "/budget/blocks", 2, dims, b->blocks, "blocks", err))) return rc;
+    return KV_OK;
+}
+
+void kv_plan_budget_free(kv_plan_budget *b) {
+    if (!b) return;
+    free(b->tokens);
+    free(b->blocks);
+    b->tokens = NULL;
+    b->blocks = NULL;
+}
+
+static int read_int_attr(kv_h5 *f, const char *name, long lo, long hi, int *out, kv_error *err) {
+    long v = 0;
+    int rc = kv_h5_read_attr_i64(f, "/", name, &v, err);
+    if (rc) return rc;
+    if (v < lo || v > hi)
+        return kv_fail(err, KV_EINPUT, "%s: attribute %s = %ld is out of range [%ld, %ld]",
+                       kv_h5_path(f), name, v, lo, hi);
+    *out = (int)v;
+    return KV_OK;
+}
+
+static int read_str_attr_into(kv_h5 *f, const char *name, char *dst, size_t cap, kv_error *err) {
+    char *s = NULL;
+    int rc = kv_h5_read_attr_str(f, "/", name, &s, err);
+    if (rc) return rc;
+    if (strlen(s) >= cap) {
+        rc = kv_fail(err, KV_EINPUT, "%s: attribute %s ('%s') is too long", kv_h5_path(f), name,
+                     s);
+    } else {
+        memcpy(dst, s, strlen(s) + 1);
+    }
+    free(s);
+    return rc;
+}
+
+static int read_budget_matrix(kv_h5 *f, const char *path, kv_plan_budget *b, int **out,
+                              kv_error *err) {
+    int rank = 0;
+    long dims[KV_H5_MAX_RANK];
+    int *data = NULL;
+    int rc = kv_h5_read_i32(f, path, &rank, dims, &data, err);
+    if (rc) return rc;
+    if (rank != 2 || dims[0] <= 0 || dims[1] <= 0 || dims[0] > INT_MAX || dims[1] > INT_MAX) {
+        free(data);
+        return kv_fail(err, KV_EINPUT, "%s: dataset %s must have shape [L, H_kv]", kv_h5_path(f),
+                       path);
+    }
+    if (b->n_layers == 0) {
+        b->n_layers = (int)dims[0];
+        b->n_kv_heads = (int)dims[1];
+    } else if (dims[0] != b->n_layers || dims[1] != b->n_kv_heads) {
+        free(data);
+        return kv_fail(err, KV_EINPUT, "%s: dataset %s has shape [%ld, %ld], expected [%d, %d]",
+                       kv_h5_path(f), path, dims[0], dims[1], b->n_layers, b->n_kv_heads);
+    }
+    for (long i = 0; i < dims[0] * dims[1]; i++)
+        if (data[i] < 0) {
+            free(data);
+            return kv_fail(err, KV_EINPUT, "%s: dataset %s holds a negative budget",
+                           kv_h5_path(f), path);
+        }
+    *out = data;
+    return KV_OK;
+}
+
+int kv_plan_budget_read(const char *path, kv_plan_budget *out, kv_error *err) {
+    memset(out, 0, sizeof *out);
+    kv_h5 *f = NULL;
+    int rc = kv_h5_open_read(path, &f, err);
+    if (rc) return rc;
+    if (!kv_h5_exists(f, "/budget")) {
+        rc = kv_fail(err, KV_EINPUT, "%s: not a plan file (no /budget group; was it written by "
+                     "kvplan search?)", path);
+        goto fail;
+    }
+    if ((rc = kv_h5_read_attr_f64(f, "/", "ratio", &out->ratio, err))) goto fail;
+    if (!(out->ratio > 0.0 && out->ratio <= 1.0)) {
+        rc = kv_fail(err, KV_EINPUT, "%s: attribute ratio = %g is outside (0, 1]", path,
+                     out->ratio);
+        goto fail;
+    }
+    if ((rc = read_int_attr(f, "context_length", 1, INT_MAX, &out->context_length, err)))
+        goto fail;
+    if ((rc = read_int_attr(f, "block_size", 1, INT_MAX, &out->block_size, err))) goto fail;
+    if ((rc = read_str_attr_into(f, "policy", out->policy, sizeof out->policy, err))) goto fail;
+    if ((rc = read_str_attr_into(f, "allocation", out->allocation, sizeof out->allocation, err)))
+        goto fail;
+    if ((rc = kv_h5_read_attr_f64(f, "/", "t", &out->t, err))) goto fail;
+    if ((rc = kv_h5_read_attr_f64(f, "/", "r", &out->r, err))) goto fail;
+    out->p = NAN;
+    if (kv_h5_attr_exists(f, "/", "p") && (rc = kv_h5_read_attr_f64(f, "/", "p", &out->p, err)))
+        goto fail;
+    if ((rc = read_str_attr_into(f, "model_sha256", out->model_sha256, sizeof out->model_sha256,
+                                 err)))
+        goto fail;
+    if ((rc = read_int_attr(f, "model_dim", 1, INT_MAX, &out->model_dim, err))) goto fail;
+    if ((rc = read_int_attr(f, "model_n_heads", 1, INT_MAX, &out->model_n_heads, err))) goto fail;
+    if ((rc = read_int_attr(f, "model_head_dim", 1, INT_MAX, &out->model_head_dim, err)))
+        goto fail;
+    if ((rc = read_int_attr(f, "model_vocab_size", 1, INT_MAX, &out->model_vocab_size, err)))
+        goto fail;
+    if ((rc = read_budget_matrix(f, "/budget/tokens", out, &out->tokens, err))) goto fail;
+    if ((rc = read_budget_matrix(f, "/budget/blocks", out, &out->blocks, err))) goto fail;
+    /* the model's layer / KV-head counts, when recorded, must agree with the budget's shape */
+    const struct {
+        const char *name;
+        int want;
+    } shape[] = {{"model_n_layers", out->n_layers}, {"model_n_kv_heads", out->n_kv_heads}};
+    for (int i = 0; i < 2; i++) {
+        int v = 0;
+        if (!kv_h5_attr_exists(f, "/", shape[i].name)) continue;
+        if ((rc = read_int_attr(f, shape[i].name, 1, INT_MAX, &v, err))) goto fail;
+        if (v != shape[i].want) {
+            rc = kv_fail(err, KV_EINPUT, "%s: attribute %s = %d disagrees with /budget/tokens "
+                         "(%d)", path, shape[i].name, v, shape[i].want);
+            goto fail;
+        }
+    }
+    kv_h5_close(f);
+    return KV_OK;
+fail:
+    kv_h5_close(f);
+    kv_plan_budget_free(out);
+    return rc;
+}
+
+int kv_plan_check_model(const kv_plan_budget *b, const kv_model *m, const char *plan_path,
+                        kv_error *err) {
+    if (!b || !m) return kv_fail(err, KV_EINTERNAL, "plan check without a plan or a model");
+    const char *pp = plan_path ? plan_path : "(plan)";
+    const kv_config *c = &m->cfg;
+    const struct {
+        const char *what;
+        int plan, model;
+    } cmp[] = {
+        {"n_layers", b->n_layers, c->n_layers},
+        {"n_kv_heads", b->n_kv_heads, c->n_kv_heads},
+        {"dim", b->model_dim, c->dim},
+        {"n_heads", b->model_n_heads, c->n_heads},
+        {"head_dim", b->model_head_dim, c->head_dim},
+        {"vocab_size", b->model_vocab_size, c->vocab_size},
+    };
+    for (size_t i = 0; i < sizeof cmp / sizeof cmp[0]; i++)
+        if (cmp[i].plan != cmp[i].model)
+            return kv_fail(err, KV_EINPUT, "%s: this plan was made for another model: %s is %d "
+                           "in the plan but %d in %s; run kvplan search for this model",
+                           pp, cmp[i].what, cmp[i].plan, cmp[i].model, m->path);
+    if (b->model_sha256[0] && m->sha256[0] && strcmp(b->model_sha256, m->sha256) != 0)
+        return kv_fail(err, KV_EINPUT, "%s: this plan was made for another model file: "
+                       "model_sha256 %.12s... in the plan, %.12s... for %s (same shape, "
+                       "different weights); run kvplan search for this model",
+                       pp, b->model_sha256, m->sha256, m->path);
+    return KV_OK;
+}

@@ -1,0 +1,492 @@
+/* Tests of runtime/h5io.c: round trips, atomic writes, provenance, rejection of bad files, and
+ * the plan budget part. */
+#include <CUnit/CUnit.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <hdf5.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "kvplan/h5io.h"
+#include "testutil.h"
+
+/* A stories260K-shaped model description (no weights: only what provenance reads). */
+static void fake_model(kv_model *m, int n_layers, const char *sha) {
+    memset(m, 0, sizeof *m);
+    m->cfg.dim = 64;
+    m->cfg.hidden_dim = 172;
+    m->cfg.n_layers = n_layers;
+    m->cfg.n_heads = 8;
+    m->cfg.n_kv_heads = 4;
+    m->cfg.head_dim = 8;
+    m->cfg.vocab_size = 512;
+    m->cfg.seq_len = 512;
+    snprintf(m->format, sizeof m->format, "llama2c");
+    snprintf(m->path, sizeof m->path, "models/stories260K.bin");
+    snprintf(m->sha256, sizeof m->sha256, "%s", sha);
+}
+
+static const char *SHA_A = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+static const char *SHA_B = "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb";
+
+/* Number of entries in tu_tmpdir() whose name contains ".tmp.". */
+static int count_temporaries(void) {
+    DIR *d = opendir(tu_tmpdir());
+    int n = 0;
+    if (!d) return -1;
+    struct dirent *e;
+    while ((e = readdir(d)))
+        if (strstr(e->d_name, ".tmp.")) n++;
+    closedir(d);
+    return n;
+}
+
+static void test_roundtrip(void) {
+    const char *path = tu_tmp("rt.h5");
+    kv_error err = {0};
+    kv_h5 *f = NULL;
+    CU_ASSERT_EQUAL_FATAL(kv_h5_create(path, &f, &err), KV_OK);
+    kv_model m;
+    fake_model(&m, 5, SHA_A);
+    CU_ASSERT_EQUAL(kv_h5_write_provenance(f, "kvplan test --x 1", &m, &err), KV_OK);
+    double a[2 * 3 * 4];
+    for (int i = 0; i < 24; i++) a[i] = i * 0.5 - 3.0;
+    a[7] = NAN;
+    long d3[3] = {2, 3, 4};
+    CU_ASSERT_EQUAL(kv_h5_write_f64(f, "/deep/er/cube", 3, d3, a, "seconds", &err), KV_OK);
+    int b[5] = {1, -2, 3, 2147483647, 0};
+    long d1[1] = {5};
+    CU_ASSERT_EQUAL(kv_h5_write_i32(f, "/ints", 1, d1, b, NULL, &err), KV_OK);
+    /* replacing a dataset keeps only the new content */
+    int b2[2] = {9, 8};
+    long d1b[1] = {2};
+    CU_ASSERT_EQUAL(kv_h5_write_i32(f, "/deep/replaced", 1, d1, b, NULL, &err), KV_OK);
+    CU_ASSERT_EQUAL(kv_h5_write_i32(f, "/deep/replaced", 1, d1b, b2, "blocks", &err), KV_OK);
+    CU_ASSERT_EQUAL(kv_h5_attr_str(f, "/deep", "note", "héllo", &err), KV_OK);
+    CU_ASSERT_EQUAL(kv_h5_attr_f64(f, "/deep/er/cube", "scale", 0.125, &err), KV_OK);
+    CU_ASSERT_EQUAL(kv_h5_attr_i64(f, "/", "big", 1L << 40, &err), KV_OK);
+    CU_ASSERT_EQUAL(kv_h5_attr_i64(f, "/", "big", 77, &err), KV_OK); /* overwrite */
+    CU_ASSERT_EQUAL(kv_h5_attr_str(f, "/newgroup/sub", "kind", "cpu", &err), KV_OK);
+    CU_ASSERT_EQUAL(kv_h5_attr_str(f, "/", "empty", "", &err), KV_OK);
+    /* not visible under the final name before commit */
+    CU_ASSERT_NOT_EQUAL(access(path, F_OK), 0);
+    CU_ASSERT_EQUAL_FATAL(kv_h5_commit(f, &err), KV_OK);
+    CU_ASSERT_EQUAL(access(path, F_OK), 0);
+    CU_ASSERT_EQUAL(count_temporaries(), 0);
+
+    CU_ASSERT_EQUAL_FATAL(kv_h5_open_read(path, &f, &err), KV_OK);
+    CU_ASSERT_STRING_EQUAL(kv_h5_path(f), path);
+    int rank = 0;
+    long dims[KV_H5_MAX_RANK];
+    double *ra = NULL;
+    CU_ASSERT_EQUAL_FATAL(kv_h5_read_f64(f, "/deep/er/cube", &rank, dims, &ra, &err), KV_OK);
+    CU_ASSERT_EQUAL(rank, 3);
+    CU_ASSERT_EQUAL(dims[0], 2);
+    CU_ASSERT_EQUAL(dims[1], 3);
+    CU_ASSERT_EQUAL(dims[2], 4);
+    for (int i = 0; i < 24; i++) {
+        if (i == 7) {
+            CU_ASSERT(isnan(ra[i]));
+        } else {
+            CU_ASSERT_DOUBLE_EQUAL(ra[i], a[i], 0.0);
+        }
+    }
+    free(ra);
+    int *ri = NULL;
+    CU_ASSERT_EQUAL_FATAL(kv_h5_read_i32(f, "/ints", &rank, dims, &ri, &err), KV_OK);
+    CU_ASSERT_EQUAL(rank, 1);
+    CU_ASSERT_EQUAL(dims[0], 5);
+    CU_ASSERT_EQUAL(memcmp(ri, b, sizeof b), 0);
+    free(ri);
+    /* int32 read as float64 converts */
+    CU_ASSERT_EQUAL_FATAL(kv_h5_read_f64(f, "/ints", &rank, dims, &ra, &err), KV_OK);
+    CU_ASSERT_DOUBLE_EQUAL(ra[1], -2.0, 0.0);
+    CU_ASSERT_DOUBLE_EQUAL(ra[3], 2147483647.0, 0.0);
+    free(ra);
+    CU_ASSERT_EQUAL_FATAL(kv_h5_read_i32(f, "/deep/replaced", &rank, dims, &ri, &err), KV_OK);
+    CU_ASSERT_EQUAL(dims[0], 2);
+    CU_ASSERT_EQUAL(ri[0], 9);
+    CU_ASSERT_EQUAL(ri[1], 8);
+    free(ri);
+
+    char *s = NULL;
+    CU_ASSERT_EQUAL(kv_h5_read_attr_str(f, "/deep/er/cube", "units", &s, &err), KV_OK);
+    CU_ASSERT_STRING_EQUAL(s ? s : "", "seconds");
+    free(s);
+    CU_ASSERT_EQUAL(kv_h5_read_attr_str(f, "/deep/replaced", "units", &s, &err), KV_OK);
+    CU_ASSERT_STRING_EQUAL(s ? s : "", "blocks");
+    free(s);
+    CU_ASSERT_FALSE(kv_h5_attr_exists(f, "/ints", "units"));
+    CU_ASSERT_EQUAL(kv_h5_read_attr_str(f, "/deep", "note", &s, &err), KV_OK);
+    CU_ASSERT_STRING_EQUAL(s ? s : "", "héllo");
+    free(s);
+    CU_ASSERT_EQUAL(kv_h5_read_attr_str(f, "/", "empty", &s, &err), KV_OK);
+    CU_ASSERT_STRING_EQUAL(s ? s : "x", "");
+    free(s);
+    CU_ASSERT_EQUAL(kv_h5_read_attr_str(f, "/newgroup/sub", "kind", &s, &err), KV_OK);
+    CU_ASSERT_STRING_EQUAL(s ? s : "", "cpu");
+    free(s);
+    double dv = 0;
+    CU_ASSERT_EQUAL(kv_h5_read_attr_f64(f, "/deep/er/cube", "scale", &dv, &err), KV_OK);
+    CU_ASSERT_DOUBLE_EQUAL(dv, 0.125, 0.0);
+    long lv = 0;
+    CU_ASSERT_EQUAL(kv_h5_read_attr_i64(f, "/", "big", &lv, &err), KV_OK);
+    CU_ASSERT_EQUAL(lv, 77);
+    /* a string attribute is not a number */
+    CU_ASSERT_EQUAL(kv_h5_read_attr_f64(f, "/deep", "note", &dv, &err), KV_EINPUT);
+
+    CU_ASSERT_TRUE(kv_h5_exists(f, "/"));
+    CU_ASSERT_TRUE(kv_h5_exists(f, "/deep/er"));
+    CU_ASSERT_TRUE(kv_h5_exists(f, "/deep/er/cube"));
+    CU_ASSERT_FALSE(kv_h5_exists(f, "/deep/nope/cube"));
+    CU_ASSERT_FALSE(kv_h5_exists(f, "/nope"));
+    CU_ASSERT_TRUE(kv_h5_attr_exists(f, "/", "created"));
+    CU_ASSERT_FALSE(kv_h5_attr_exists(f, "/", "nope"));
+    CU_ASSERT_FALSE(kv_h5_attr_exists(f, "/nope", "x"));
+    kv_h5_close(f);
+}
+
+static void test_provenance(void) {
+    const char *path = tu_tmp("prov.h5");
+    kv_error err = {0};
+    kv_h5 *f = NULL;
+    kv_model m;
+    fake_model(&m, 5, SHA_A);
+    CU_ASSERT_EQUAL_FATAL(kv_h5_create(path, &f, &err), KV_OK);
+    CU_ASSERT_EQUAL(kv_h5_write_provenance(f, "kvplan profile m.bin", &m, &err), KV_OK);
+    CU_ASSERT_EQUAL_FATAL(kv_h5_commit(f, &err), KV_OK);
+    CU_ASSERT_EQUAL_FATAL(kv_h5_open_read(path, &f, &err), KV_OK);
+    char *s = NULL;
+    CU_ASSERT_EQUAL(kv_h5_read_attr_str(f, "/", "kvplan_version", &s, &err), KV_OK);
+    CU_ASSERT_STRING_EQUAL(s ? s : "", KVPLAN_VERSION_STRING);
+    free(s);
+    long v = 0;
+    CU_ASSERT_EQUAL(kv_h5_read_attr_i64(f, "/", "schema_version", &v, &err), KV_OK);
+    CU_ASSERT_EQUAL(v, KV_SCHEMA_VERSION);
+    CU_ASSERT_EQUAL(kv_h5_read_attr_str(f, "/", "created", &s, &err), KV_OK);
+    /* 2026-11-22T02:45:27Z */
+    CU_ASSERT_EQUAL(strlen(s), 20);
+    CU_ASSERT_EQUAL(s[4], '-');
+    CU_ASSERT_EQUAL(s[10], 'T');
+    CU_ASSERT_EQUAL(s[19], 'Z');
+    free(s);
+    CU_ASSERT_EQUAL(kv_h5_read_attr_str(f, "/", "command", &s, &err), KV_OK);
+    CU_ASSERT_STRING_EQUAL(s, "kvplan profile m.bin");
+    free(s);
+    CU_ASSERT_EQUAL(kv_h5_read_attr_str(f, "/", "model_sha256", &s, &err), KV_OK);
+    CU_ASSERT_STRING_EQUAL(s, SHA_A);
+    free(s);
+    CU_ASSERT_EQUAL(kv_h5_read_attr_str(f, "/", "model_format", &s, &err), KV_OK);
+    CU_ASSERT_STRING_EQUAL(s, "llama2c");
+    free(s);
+    const char *names[] = {"model_dim", "model_hidden_dim", "model_n_layers", "model_n_heads",
+                           "model_n_kv_heads", "model_head_dim", "model_vocab_size",
+                           "model_seq_len"};
+    const long want[] = {64, 172, 5, 8, 4, 8, 512, 512};
+    for (int i = 0; i < 8; i++) {
+        CU_ASSERT_EQUAL(kv_h5_read_attr_i64(f, "/", names[i], &v, &err), KV_OK);
+        CU_ASSERT_EQUAL(v, want[i]);
+    }
+    kv_h5_close(f);
+}
+
+static void test_abort_keeps_good_file(void) {
+    const char *path = tu_tmp("keep.h5");
+    kv_error err = {0};
+    kv_h5 *f = NULL;
+    double one = 1.0, two = 2.0;
+    long d[1] = {1};
+    CU_ASSERT_EQUAL_FATAL(kv_h5_create(path, &f, &err), KV_OK);
+    CU_ASSERT_EQUAL(kv_h5_write_provenance(f, "first", NULL, &err), KV_OK);
+    CU_ASSERT_EQUAL(kv_h5_write_f64(f, "/x", 1, d, &one, NULL, &err), KV_OK);
+    CU_ASSERT_EQUAL_FATAL(kv_h5_commit(f, &err), KV_OK);
+    struct stat st0;
+    CU_ASSERT_EQUAL_FATAL(stat(path, &st0), 0);
+
+    /* a second write that is aborted half-way */
+    CU_ASSERT_EQUAL_FATAL(kv_h5_create(path, &f, &err), KV_OK);
+    CU_ASSERT_EQUAL(kv_h5_write_provenance(f, "second", NULL, &err), KV_OK);
+    CU_ASSERT_EQUAL(kv_h5_write_f64(f, "/x", 1, d, &two, NULL, &err), KV_OK);
+    CU_ASSERT_EQUAL(count_temporaries(), 1);
+    kv_h5_abort(f);
+    CU_ASSERT_EQUAL(count_temporaries(), 0);
+    kv_h5_abort(NULL);
+
+    struct stat st1;
+    CU_ASSERT_EQUAL_FATAL(stat(path, &st1), 0);
+    CU_ASSERT_EQUAL(st0.st_ino, st1.st_ino);
+    CU_ASSERT_EQUAL(st0.st_size, st1.st_size);
+    CU_ASSERT_EQUAL_FATAL(kv_h5_open_read(path, &f, &err), KV_OK);
+    int rank;
+    long dims[KV_H5_MAX_RANK];
+    double *x = NULL;
+    CU_ASSERT_EQUAL_FATAL(kv_h5_read_f64(f, "/x", &rank, dims, &x, &err), KV_OK);
+    CU_ASSERT_DOUBLE_EQUAL(x[0], 1.0, 0.0);
+    free(x);
+    char *s = NULL;
+    CU_ASSERT_EQUAL(kv_h5_read_attr_str(f, "/", "command", &s, &err), KV_OK);
+    CU_ASSERT_STRING_EQUAL(s ? s : "", "first");
+    free(s);
+    CU_ASSERT_STRING_EQUAL(kv_h5_read_attr_str(f, "/", "model_sha256", &s, &err) ? "" : s, "");
+    free(s);
+    kv_h5_close(f);
+
+    /* a committed rewrite replaces it */
+    CU_ASSERT_EQUAL_FATAL(kv_h5_create(path, &f, &err), KV_OK);
+    CU_ASSERT_EQUAL(kv_h5_write_provenance(f, "third", NULL, &err), KV_OK);
+    CU_ASSERT_EQUAL(kv_h5_write_f64(f, "/x", 1, d, &two, NULL, &err), KV_OK);
+    CU_ASSERT_EQUAL_FATAL(kv_h5_commit(f, &err), KV_OK);
+    CU_ASSERT_EQUAL_FATAL(kv_h5_open_read(path, &f, &err), KV_OK);
+    CU_ASSERT_EQUAL_FATAL(kv_h5_read_f64(f, "/x", &rank, dims, &x, &err), KV_OK);
+    CU_ASSERT_DOUBLE_EQUAL(x[0], 2.0, 0.0);
+    free(x);
+    kv_h5_close(f);
+}
+
+static void test_create_unwritable(void) {
+    kv_error err = {0};
+    kv_h5 *f = NULL;
+    CU_ASSERT_EQUAL(kv_h5_create("/nonexistent-dir-kvplan/x.h5", &f, &err), KV_EINPUT);
+    CU_ASSERT_PTR_NULL(f);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, "/nonexistent-dir-kvplan/x.h5"));
+}
+
+static void test_bad_files(void) {
+    kv_error err = {0};
+    kv_h5 *f = NULL;
+    /* missing */
+    CU_ASSERT_EQUAL(kv_h5_open_read(tu_tmp("missing.h5"), &f, &err), KV_EINPUT);
+    CU_ASSERT_PTR_NULL(f);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, "missing.h5"));
+    /* not HDF5 */
+    const char *txt = tu_tmp("text.h5");
+    FILE *fp = fopen(txt, "w");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(fp);
+    fputs("this is not an HDF5 file\n", fp);
+    fclose(fp);
+    CU_ASSERT_EQUAL(kv_h5_open_read(txt, &f, &err), KV_EINPUT);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, "text.h5"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, "not an HDF5 file"));
+    /* HDF5, but not kvplan's */
+    const char *foreign = tu_tmp("foreign.h5");
+    hid_t fid = H5Fcreate(foreign, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    CU_ASSERT_FATAL(fid >= 0);
+    hid_t g = H5Gcreate2(fid, "/data", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    H5Gclose(g);
+    H5Fclose(fid);
+    CU_ASSERT_EQUAL(kv_h5_open_read(foreign, &f, &err), KV_EINPUT);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, "foreign.h5"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, "not one of kvplan's"));
+    /* newer schema */
+    const char *newer = tu_tmp("newer.h5");
+    CU_ASSERT_EQUAL_FATAL(kv_h5_create(newer, &f, &err), KV_OK);
+    CU_ASSERT_EQUAL(kv_h5_write_provenance(f, "future", NULL, &err), KV_OK);
+    CU_ASSERT_EQUAL(kv_h5_attr_i64(f, "/", "schema_version", KV_SCHEMA_VERSION + 1, &err), KV_OK);
+    CU_ASSERT_EQUAL_FATAL(kv_h5_commit(f, &err), KV_OK);
+    CU_ASSERT_EQUAL(kv_h5_open_read(newer, &f, &err), KV_EINPUT);
+    CU_ASSERT_PTR_NULL(f);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, "newer.h5"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, "schema version 2"));
+    /* missing dataset / attribute in a good file */
+    const char *good = tu_tmp("good.h5");
+    CU_ASSERT_EQUAL_FATAL(kv_h5_create(good, &f, &err), KV_OK);
+    CU_ASSERT_EQUAL(kv_h5_write_provenance(f, "good", NULL, &err), KV_OK);
+    CU_ASSERT_EQUAL_FATAL(kv_h5_commit(f, &err), KV_OK);
+    CU_ASSERT_EQUAL_FATAL(kv_h5_open_read(good, &f, &err), KV_OK);
+    int rank;
+    long dims[KV_H5_MAX_RANK];
+    double *x = (double *)&rank;
+    CU_ASSERT_EQUAL(kv_h5_read_f64(f, "/heads/importance", &rank, dims, &x, &err), KV_EINPUT);
+    CU_ASSERT_PTR_NULL(x);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, "good.h5"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, "/heads/importance"));
+    /* a group is not a dataset */
+    long lv;
+    CU_ASSERT_EQUAL(kv_h5_read_attr_i64(f, "/", "ratio", &lv, &err), KV_EINPUT);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, "ratio"));
+    /* writing to a read-only file is refused */
+    double one = 1;
+    long d[1] = {1};
+    CU_ASSERT_NOT_EQUAL(kv_h5_write_f64(f, "/x", 1, d, &one, NULL, &err), KV_OK);
+    kv_h5_close(f);
+}
+
+/* HDF5 must not print its own error stack when kvplan reports an error. */
+static void test_quiet_errors(void) {
+    const char *log = tu_tmp("stderr.txt");
+    fflush(stderr);
+    int saved = dup(2);
+    int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    CU_ASSERT_FATAL(saved >= 0 && fd >= 0);
+    dup2(fd, 2);
+    close(fd);
+    kv_error err = {0};
+    kv_h5 *f = NULL;
+    int rc1 = kv_h5_open_read(tu_tmp("foreign.h5"), &f, &err);
+    int rc2 = kv_h5_open_read(tu_tmp("good.h5"), &f, &err);
+    int rank;
+    long dims[KV_H5_MAX_RANK];
+    double *x = NULL;
+    int rc3 = f ? kv_h5_read_f64(f, "/no/such", &rank, dims, &x, &err) : -1;
+    char *s = NULL;
+    int rc4 = f ? kv_h5_read_attr_str(f, "/", "nothing", &s, &err) : -1;
+    kv_h5_close(f);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    CU_ASSERT_EQUAL(rc1, KV_EINPUT);
+    CU_ASSERT_EQUAL(rc2, KV_OK);
+    CU_ASSERT_EQUAL(rc3, KV_EINPUT);
+    CU_ASSERT_EQUAL(rc4, KV_EINPUT);
+    struct stat st;
+    CU_ASSERT_EQUAL(stat(log, &st), 0);
+    CU_ASSERT_EQUAL(st.st_size, 0);
+}
+
+static void append(void *user, const char *p) {
+    char *buf = user;
+    strncat(buf, p, 255 - strlen(buf));
+    strncat(buf, ";", 255 - strlen(buf));
+}
+
+static void test_list(void) {
+    const char *path = tu_tmp("list.h5");
+    kv_error err = {0};
+    kv_h5 *f = NULL;
+    double v = 1;
+    long d[1] = {1};
+    CU_ASSERT_EQUAL_FATAL(kv_h5_create(path, &f, &err), KV_OK);
+    CU_ASSERT_EQUAL(kv_h5_write_provenance(f, "list", NULL, &err), KV_OK);
+    CU_ASSERT_EQUAL(kv_h5_write_f64(f, "/b/y", 1, d, &v, NULL, &err), KV_OK);
+    CU_ASSERT_EQUAL(kv_h5_write_f64(f, "/a", 1, d, &v, NULL, &err), KV_OK);
+    CU_ASSERT_EQUAL(kv_h5_write_f64(f, "/b/x/z", 1, d, &v, NULL, &err), KV_OK);
+    CU_ASSERT_EQUAL(kv_h5_attr_str(f, "/emptygroup", "k", "v", &err), KV_OK);
+    CU_ASSERT_EQUAL_FATAL(kv_h5_commit(f, &err), KV_OK);
+    CU_ASSERT_EQUAL_FATAL(kv_h5_open_read(path, &f, &err), KV_OK);
+    char got[256] = "";
+    CU_ASSERT_EQUAL(kv_h5_list_datasets(f, append, got, &err), KV_OK);
+    CU_ASSERT_STRING_EQUAL(got, "/a;/b/x/z;/b/y;");
+    kv_h5_close(f);
+}
+
+/* A plan for a 5-layer, 4-KV-head model (stories260K's shape). */
+static int write_plan(const char *path, const kv_model *m, int with_blocks, kv_error *err) {
+    enum { L = 5, HKV = 4 };
+    int tokens[L * HKV], blocks[L * HKV];
+    for (int i = 0; i < L * HKV; i++) {
+        blocks[i] = 2 + i % 3;
+        tokens[i] = blocks[i] * 16;
+    }
+    kv_plan_budget b;
+    memset(&b, 0, sizeof b);
+    b.n_layers = L;
+    b.n_kv_heads = HKV;
+    b.context_length = 256;
+    b.block_size = 16;
+    b.ratio = 0.25;
+    snprintf(b.policy, sizeof b.policy, "h2o");
+    snprintf(b.allocation, sizeof b.allocation, "baklava");
+    b.t = 0.7;
+    b.r = 0.35;
+    b.p = NAN;
+    b.tokens = tokens;
+    b.blocks = blocks;
+    kv_h5 *f = NULL;
+    int rc = kv_h5_create(path, &f, err);
+    if (rc) return rc;
+    if ((rc = kv_h5_write_provenance(f, "kvplan search", m, err))) goto fail;
+    if ((rc = kv_plan_budget_write(f, &b, err))) goto fail;
+    if (!with_blocks) {
+        /* an incomplete plan: drop /budget/blocks by writing tokens only */
+        kv_h5_abort(f);
+        if ((rc = kv_h5_create(path, &f, err))) return rc;
+        if ((rc = kv_h5_write_provenance(f, "kvplan search", m, err))) goto fail;
+        if ((rc = kv_plan_budget_write(f, &b, err))) goto fail;
+        long dims[1] = {1};
+        int z = 0;
+        /* replace blocks by a wrongly shaped dataset */
+        if ((rc = kv_h5_write_i32(f, "/budget/blocks", 1, dims, &z, NULL, err))) goto fail;
+    }
+    return kv_h5_commit(f, err);
+fail:
+    kv_h5_abort(f);
+    return rc;
+}
+
+static void test_plan_budget(void) {
+    const char *path = tu_tmp("plan.h5");
+    kv_error err = {0};
+    kv_model m;
+    fake_model(&m, 5, SHA_A);
+    CU_ASSERT_EQUAL_FATAL(write_plan(path, &m, 1, &err), KV_OK);
+    kv_plan_budget b;
+    CU_ASSERT_EQUAL_FATAL(kv_plan_budget_read(path, &b, &err), KV_OK);
+    CU_ASSERT_EQUAL(b.n_layers, 5);
+    CU_ASSERT_EQUAL(b.n_kv_heads, 4);
+    CU_ASSERT_EQUAL(b.context_length, 256);
+    CU_ASSERT_EQUAL(b.block_size, 16);
+    CU_ASSERT_DOUBLE_EQUAL(b.ratio, 0.25, 0.0);
+    CU_ASSERT_STRING_EQUAL(b.policy, "h2o");
+    CU_ASSERT_STRING_EQUAL(b.allocation, "baklava");
+    CU_ASSERT_DOUBLE_EQUAL(b.t, 0.7, 0.0);
+    CU_ASSERT_DOUBLE_EQUAL(b.r, 0.35, 0.0);
+    CU_ASSERT(isnan(b.p));
+    CU_ASSERT_STRING_EQUAL(b.model_sha256, SHA_A);
+    CU_ASSERT_EQUAL(b.model_dim, 64);
+    CU_ASSERT_EQUAL(b.model_n_heads, 8);
+    CU_ASSERT_EQUAL(b.model_head_dim, 8);
+    CU_ASSERT_EQUAL(b.model_vocab_size, 512);
+    for (int i = 0; i < 20; i++) {
+        CU_ASSERT_EQUAL(b.blocks[i], 2 + i % 3);
+        CU_ASSERT_EQUAL(b.tokens[i], 16 * (2 + i % 3));
+    }
+    /* the same model passes */
+    CU_ASSERT_EQUAL(kv_plan_check_model(&b, &m, path, &err), KV_OK);
+    /* another shape is refused, naming the plan and the mismatch */
+    kv_model other;
+    fake_model(&other, 6, SHA_A);
+    CU_ASSERT_EQUAL(kv_plan_check_model(&b, &other, path, &err), KV_EINPUT);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, "plan.h5"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, "n_layers"));
+    fake_model(&other, 5, SHA_A);
+    other.cfg.vocab_size = 32000;
+    CU_ASSERT_EQUAL(kv_plan_check_model(&b, &other, path, &err), KV_EINPUT);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, "vocab_size"));
+    /* same shape, other weights */
+    fake_model(&other, 5, SHA_B);
+    CU_ASSERT_EQUAL(kv_plan_check_model(&b, &other, path, &err), KV_EINPUT);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, "plan.h5"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, "model_sha256"));
+    kv_plan_budget_free(&b);
+    CU_ASSERT_PTR_NULL(b.tokens);
+    kv_plan_budget_free(&b); /* twice is harmless */
+
+    /* a malformed plan */
+    const char *bad = tu_tmp("badplan.h5");
+    CU_ASSERT_EQUAL_FATAL(write_plan(bad, &m, 0, &err), KV_OK);
+    CU_ASSERT_EQUAL(kv_plan_budget_read(bad, &b, &err), KV_EINPUT);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, "badplan.h5"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, "/budget/blocks"));
+    CU_ASSERT_PTR_NULL(b.tokens);
+    /* a kvplan file that is not a plan */
+    CU_ASSERT_EQUAL(kv_plan_budget_read(tu_tmp("prov.h5"), &b, &err), KV_EINPUT);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, "/budget"));
+}
+
+int main(void) {
+    const tu_test tests[] = {
+        {"round trip of datasets and attributes", test_roundtrip},
+        {"provenance attributes", test_provenance},
+        {"aborted write keeps the good file", test_abort_keeps_good_file},
+        {"create in an unwritable place", test_create_unwritable},
+        {"bad files are rejected", test_bad_files},
+        {"HDF5 prints nothing itself", test_quiet_errors},
+        {"list datasets", test_list},
+        {"plan budget round trip and model check", test_plan_budget},
+    };
+    return tu_main("h5io", tests, sizeof tests / sizeof tests[0]);
+}
