@@ -12,6 +12,8 @@ typedef struct command {
 
 static const command commands[] = {
     {"tokenize", kv_cmd_tokenize, "print the token ids of a text"},
+    {"kvpr", kv_cmd_kvpr, "KVPR split point: recompute vs transfer an offloaded KV cache"},
+    {"batch", kv_cmd_batch, "largest batch for a memory budget (full / compressed KV cache)"},
 };
 
 static void usage(FILE *f) {
