@@ -1,0 +1,889 @@
+/* Merge-ranked BPE tokenizer (KV_TOK_BPE) and the Hugging Face tokenizer.json reader.
+ * See runtime/tokenizer_bpe.h for the two styles and the merge algorithm.
+ *
+ * tokenizer.json (Hugging Face `tokenizers` serialisation) fields read:
+ *   model: {type "BPE", vocab {token: id}, merges ["a b", ...] or [["a","b"], ...],
+ *           byte_fallback, unk_token, fuse_unk, ignore_merges}
+ *   added_tokens: [{id, content, special}] (matched verbatim before anything else)
+ *   normalizer: null | Prepend{prepend "▁"} | Replace{pattern {String " "}, content "▁"} |
+ *               NFC/NFKC (accepted as a no-op: the input is expected in NFC) | Sequence
+ *   pre_tokenizer: null | ByteLevel{add_prefix_space, use_regex} | Split{pattern {Regex|String},
+ *               behavior "Isolated"} | Metaspace{replacement "▁", prepend_scheme} | Sequence
+ *   post_processor: TemplateProcessing whose single template starts with the BOS (add_bos
+ *               default when tokenizer_config.json does not say)
+ * tokenizer_config.json beside it: add_bos_token, bos_token, eos_token.
+ */
+#include "tokenizer_bpe.h"
+
+#include <cjson/cJSON.h>
+#include <pcre2.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "strmap.h"
+
+typedef struct bpe_impl {
+    int n;                 /* ids 0..n-1 */
+    kv_bpe_style style;
+    kv_strmap vocab;       /* token string (as spelled in the file) -> id */
+    kv_strmap merges;      /* 8-byte key (left id, right id) -> rank */
+    int *merge_new;        /* [n_merges] id of the merged token */
+    int n_merges;
+    char **dec;            /* [n] bytes each id decodes to, owned (NULL = nothing) */
+    int *dec_len;          /* [n] */
+    unsigned char *silent; /* [n] 1 = special token, decodes to nothing */
+    char **special;        /* [n_special] strings matched verbatim, owned */
+    int *special_len, *special_id, n_special;
+    pcre2_code *re;        /* NULL = no split */
+    int add_prefix_space, prepend_space, replace_space, byte_fallback, unk_id, fuse_unk, ignore_merges;
+    int byte_id[256];      /* SPM: id of "<0xXX>" or -1 */
+    char byte_char[256][3];/* byte-level: UTF-8 of each byte's code point */
+    int byte_char_len[256];
+} bpe_impl;
+
+static void bpe_free(void *p) {
+    bpe_impl *b = p;
+    if (!b) return;
+    kv_strmap_free(&b->vocab);
+    kv_strmap_free(&b->merges);
+    free(b->merge_new);
+    if (b->dec)
+        for (int i = 0; i < b->n; i++) free(b->dec[i]);
+    free(b->dec);
+    free(b->dec_len);
+    free(b->silent);
+    if (b->special)
+        for (int i = 0; i < b->n_special; i++) free(b->special[i]);
+    free(b->special);
+    free(b->special_len);
+    free(b->special_id);
+    if (b->re) pcre2_code_free(b->re);
+    free(b);
+}
+
+/* GPT-2 bytes_to_unicode: printable Latin-1 bytes map to themselves, the other 68 bytes to
+ * U+0100.. in byte order. */
+static int byte_to_cp(int byte) {
+    if ((byte >= '!' && byte <= '~') || (byte >= 0xA1 && byte <= 0xAC) || (byte >= 0xAE && byte <= 0xFF))
+        return byte;
+    int n = 0;
+    for (int b = 0; b < byte; b++)
+        if (!((b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF))) n++;
+    return 256 + n;
+}
+
+static int utf8_put(int cp, char *out) {
+    if (cp < 0x80) {
+        out[0] = (char)cp;
+        return 1;
+    }
+    if (cp < 0x800) {
+        out[0] = (char)(0xC0 | (cp >> 6));
+        out[1] = (char)(0x80 | (cp & 0x3F));
+        return 2;
+    }
+    out[0] = (char)(0xE0 | (cp >> 12));
+    out[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
+    out[2] = (char)(0x80 | (cp & 0x3F));
+    return 3;
+}
+
+/* Length of the UTF-8 sequence starting at s (1 for invalid lead bytes), clipped to n. */
+static size_t utf8_len(const unsigned char *s, size_t n) {
+    size_t l = 1;
+    if (s[0] >= 0xF0) l = 4;
+    else if (s[0] >= 0xE0) l = 3;
+    else if (s[0] >= 0xC0) l = 2;
+    if (l > n) l = n;
+    for (size_t i = 1; i < l; i++)
+        if ((s[i] & 0xC0) != 0x80) return i;
+    return l;
+}
+
+static int push_id(int **ids, int *n, int *cap, int id, kv_error *err) {
+    if (*n == *cap) {
+        int nc = *cap ? 2 * *cap : 256;
+        int *nw = realloc(*ids, (size_t)nc * sizeof *nw);
+        if (!nw) return kv_fail(err, KV_EINTERNAL, "out of memory (token ids)");
+        *ids = nw;
+        *cap = nc;
+    }
+    (*ids)[(*n)++] = id;
+    return KV_OK;
+}
+
+/* ---- the merge loop ---- */
+typedef struct bsym {
+    int id, prev, next;
+} bsym;
+typedef struct bmerge {
+    int rank, pos, lid, rid;
+} bmerge;
+typedef struct bheap {
+    bmerge *v;
+    int n, cap;
+} bheap;
+
+static int bm_before(const bmerge *a, const bmerge *b) {
+    return a->rank != b->rank ? a->rank < b->rank : a->pos < b->pos;
+}
+
+static int bheap_push(bheap *h, bmerge m) {
+    if (h->n == h->cap) {
+        int nc = h->cap ? 2 * h->cap : 256;
+        bmerge *nv = realloc(h->v, (size_t)nc * sizeof *nv);
+        if (!nv) return -1;
+        h->v = nv;
+        h->cap = nc;
+    }
+    int i = h->n++;
+    while (i > 0) {
+        int p = (i - 1) / 2;
+        if (!bm_before(&m, &h->v[p])) break;
+        h->v[i] = h->v[p];
+        i = p;
+    }
+    h->v[i] = m;
+    return 0;
+}
+
+static bmerge bheap_pop(bheap *h) {
+    bmerge top = h->v[0], last = h->v[--h->n];
+    int i = 0;
+    for (;;) {
+        int l = 2 * i + 1, r = l + 1, b = -1;
+        if (l < h->n) b = l;
+        if (r < h->n && bm_before(&h->v[r], &h->v[l])) b = r;
+        if (b < 0 || !bm_before(&h->v[b], &last)) break;
+        h->v[i] = h->v[b];
+        i = b;
+    }
+    if (h->n > 0) h->v[i] = last;
+    return top;
+}
+
+static int merge_rank(const bpe_impl *b, int l, int r) {
+    int key[2] = {l, r};
+    return kv_strmap_get(&b->merges, (const char *)key, sizeof key);
+}
+
+static int push_pair(const bpe_impl *b, bheap *h, const bsym *s, int pos) {
+    int nx = s[pos].next;
+    if (nx < 0) return 0;
+    int rank = merge_rank(b, s[pos].id, s[nx].id);
+    if (rank < 0) return 0;
+    bmerge m = {rank, pos, s[pos].id, s[nx].id};
+    return bheap_push(h, m);
+}
+
+typedef struct scratch {
+    bsym *syms;
+    size_t cap;
+    bheap heap;
+} scratch;
+
+/* BPE on one word (bytes w[0..len)): initial symbols per code point (byte fallback, unknown),
+ * then merges lowest rank first, leftmost on ties (tokenizers models/bpe/word.rs merge_all). */
+static int bpe_word(const bpe_impl *b, scratch *sc, const char *w, size_t len, int **ids, int *n,
+                    int *cap, kv_error *err) {
+    if (len == 0) return KV_OK;
+    if (b->ignore_merges) {
+        int id = kv_strmap_get(&b->vocab, w, len);
+        if (id >= 0) return push_id(ids, n, cap, id, err);
+    }
+    if (sc->cap < len + 1) {
+        bsym *ns = realloc(sc->syms, (len + 1) * sizeof *ns);
+        if (!ns) return kv_fail(err, KV_EINTERNAL, "out of memory (tokenizer)");
+        sc->syms = ns;
+        sc->cap = len + 1;
+    }
+    bsym *s = sc->syms;
+    int ns = 0, prev_unk = 0;
+    for (size_t i = 0; i < len;) {
+        size_t cl = utf8_len((const unsigned char *)w + i, len - i);
+        int id = kv_strmap_get(&b->vocab, w + i, cl);
+        if (id >= 0) {
+            s[ns++].id = id;
+            prev_unk = 0;
+        } else {
+            int ok = b->byte_fallback;
+            for (size_t k = 0; k < cl && ok; k++) ok = b->byte_id[(unsigned char)w[i + k]] >= 0;
+            if (ok) {
+                for (size_t k = 0; k < cl; k++) s[ns++].id = b->byte_id[(unsigned char)w[i + k]];
+                prev_unk = 0;
+            } else if (b->unk_id >= 0) {
+                if (!(b->fuse_unk && prev_unk)) s[ns++].id = b->unk_id;
+                prev_unk = 1;
+            } /* no unknown token: the code point is dropped, as tokenizers does */
+        }
+        i += cl;
+    }
+    for (int i = 0; i < ns; i++) {
+        s[i].prev = i - 1;
+        s[i].next = i + 1 < ns ? i + 1 : -1;
+    }
+    bheap *h = &sc->heap;
+    h->n = 0;
+    for (int i = 0; i < ns; i++)
+        if (push_pair(b, h, s, i)) return kv_fail(err, KV_EINTERNAL, "out of memory (tokenizer)");
+    while (h->n > 0) {
+        bmerge m = bheap_pop(h);
+        int l = m.pos, r = s[l].next;
+        if (s[l].id != m.lid || r < 0 || s[r].id != m.rid) continue; /* stale */
+        s[l].id = b->merge_new[m.rank];
+        s[l].next = s[r].next;
+        if (s[r].next >= 0) s[s[r].next].prev = l;
+        s[r].id = -1;
+        s[r].next = -1;
+        if ((s[l].prev >= 0 && push_pair(b, h, s, s[l].prev)) || push_pair(b, h, s, l))
+            return kv_fail(err, KV_EINTERNAL, "out of memory (tokenizer)");
+    }
+    for (int i = ns > 0 ? 0 : -1; i >= 0; i = s[i].next)
+        if (push_id(ids, n, cap, s[i].id, err)) return KV_EINTERNAL;
+    return KV_OK;
+}
+
+/* Growable byte buffer. */
+typedef struct bbuf {
+    char *p;
+    size_t n, cap;
+} bbuf;
+static int bb_put(bbuf *b, const char *s, size_t n) {
+    if (b->n + n + 1 > b->cap) {
+        size_t nc = b->cap ? b->cap : 256;
+        while (b->n + n + 1 > nc) nc *= 2;
+        char *np = realloc(b->p, nc);
+        if (!np) return -1;
+        b->p = np;
+        b->cap = nc;
+    }
+    memcpy(b->p + b->n, s, n);
+    b->n += n;
+    b->p[b->n] = '\0';
+    return 0;
+}
+
+/* One piece of pre-tokenised text: byte-level mapping (if that style), then BPE. */
+static int encode_piece(const bpe_impl *b, scratch *sc, bbuf *tmp, const char *p, size_t len,
+                        int **ids, int *n, int *cap, kv_error *err) {
+    if (b->style != KV_BPE_BYTELEVEL) return bpe_word(b, sc, p, len, ids, n, cap, err);
+    tmp->n = 0;
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)p[i];
+        if (bb_put(tmp, b->byte_char[c], (size_t)b->byte_char_len[c]))
+            return kv_fail(err, KV_EINTERNAL, "out of memory (tokenizer)");
+    }
+    return bpe_word(b, sc, tmp->p, tmp->n, ids, n, cap, err);
+}
+
+/* A segment between special tokens: normalise, split with the regex, encode each piece. */
+static int encode_segment(const bpe_impl *b, scratch *sc, bbuf *norm, bbuf *tmp,
+                          pcre2_match_data *md, const char *text, size_t len, int **ids, int *n,
+                          int *cap, kv_error *err) {
+    static const char meta[] = "\xe2\x96\x81"; /* "▁" */
+    norm->n = 0;
+    int oom = 0;
+    if (b->style == KV_BPE_SPM) {
+        if (b->prepend_space) oom |= bb_put(norm, meta, 3);
+        size_t run = 0;
+        for (size_t i = 0; i < len && !oom; i++) {
+            if (text[i] == ' ' && b->replace_space) {
+                oom |= bb_put(norm, text + run, i - run) | bb_put(norm, meta, 3);
+                run = i + 1;
+            }
+        }
+        if (!oom) oom |= bb_put(norm, text + run, len - run);
+    } else {
+        if (b->add_prefix_space && text[0] != ' ') oom |= bb_put(norm, " ", 1);
+        if (!oom) oom |= bb_put(norm, text, len);
+    }
+    if (oom || !norm->p) return kv_fail(err, KV_EINTERNAL, "out of memory (tokenizer)");
+    if (!b->re) return encode_piece(b, sc, tmp, norm->p, norm->n, ids, n, cap, err);
+    size_t off = 0, last = 0;
+    while (off <= norm->n) {
+        int rc = pcre2_match(b->re, (PCRE2_SPTR)norm->p, norm->n, off, 0, md, NULL);
+        if (rc == PCRE2_ERROR_NOMATCH) break;
+        if (rc < 0) {
+            PCRE2_UCHAR msg[256];
+            pcre2_get_error_message(rc, msg, sizeof msg);
+            return kv_fail(err, KV_EINPUT, "tokenizer pre-tokenizer regex failed at byte %zu: %s",
+                           off, (const char *)msg);
+        }
+        PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
+        size_t s = ov[0], e = ov[1];
+        if (s > last && encode_piece(b, sc, tmp, norm->p + last, s - last, ids, n, cap, err))
+            return err ? err->code : KV_EINTERNAL; /* gap: Isolated keeps it as a piece */
+        if (e > s && encode_piece(b, sc, tmp, norm->p + s, e - s, ids, n, cap, err))
+            return err ? err->code : KV_EINTERNAL;
+        last = e;
+        if (e == s) { /* empty match: step one code point */
+            if (e >= norm->n) break;
+            off = e + utf8_len((const unsigned char *)norm->p + e, norm->n - e);
+        } else {
+            off = e;
+        }
+    }
+    if (last < norm->n && encode_piece(b, sc, tmp, norm->p + last, norm->n - last, ids, n, cap, err))
+        return err ? err->code : KV_EINTERNAL;
+    return KV_OK;
+}
+
+static int bpe_encode(const kv_tokenizer *t, const char *text, size_t len, int **ids, int *n,
+                      int *cap, kv_error *err) {
+    const bpe_impl *b = t->impl;
+    scratch sc = {0};
+    bbuf norm = {0}, tmp = {0};
+    pcre2_match_data *md = b->re ? pcre2_match_data_create_from_pattern(b->re, NULL) : NULL;
+    int rc = KV_OK;
+    if (b->re && !md) rc = kv_fail(err, KV_EINTERNAL, "out of memory (regex match data)");
+    size_t pos = 0;
+    while (!rc && pos < len) {
+        /* the earliest special token, the longest at that position */
+        size_t best = len;
+        int best_k = -1;
+        for (int k = 0; k < b->n_special; k++) {
+            const char *f = NULL;
+            size_t sl = (size_t)b->special_len[k];
+            for (const char *q = text + pos; (size_t)(q - text) + sl <= len;) {
+                const char *c = memchr(q, b->special[k][0], len - (size_t)(q - text));
+                if (!c || (size_t)(c - text) + sl > len || (size_t)(c - text) > best) break;
+                if (memcmp(c, b->special[k], sl) == 0) {
+                    f = c;
+                    break;
+                }
+                q = c + 1;
+            }
+            if (f && ((size_t)(f - text) < best ||
+                      ((size_t)(f - text) == best && sl > (size_t)b->special_len[best_k]))) {
+                best = (size_t)(f - text);
+                best_k = k;
+            }
+        }
+        if (best > pos)
+            rc = encode_segment(b, &sc, &norm, &tmp, md, text + pos, best - pos, ids, n, cap, err);
+        if (!rc && best_k >= 0) {
+            rc = push_id(ids, n, cap, b->special_id[best_k], err);
+            pos = best + (size_t)b->special_len[best_k];
+        } else {
+            pos = best;
+        }
+    }
+    if (md) pcre2_match_data_free(md);
+    free(sc.syms);
+    free(sc.heap.v);
+    free(norm.p);
+    free(tmp.p);
+    return rc;
+}
+
+static int bpe_piece(const kv_tokenizer *t, int prev_id, int id, char *out, int cap) {
+    const bpe_impl *b = t->impl;
+    if (cap <= 0) return 0;
+    out[0] = '\0';
+    if (id < 0 || id >= b->n || b->silent[id] || !b->dec[id]) return 0;
+    const char *p = b->dec[id];
+    int len = b->dec_len[id];
+    /* SentencePiece decoder Strip(start 1): the text's first token loses its leading space */
+    if (b->style == KV_BPE_SPM && b->prepend_space && (prev_id < 0 || prev_id == t->bos_id) &&
+        len > 0 && p[0] == ' ') {
+        p++;
+        len--;
+    }
+    if (len > cap - 1) len = cap - 1;
+    memcpy(out, p, (size_t)len);
+    out[len] = '\0';
+    return len;
+}
+
+static const kv_tokenizer_ops bpe_ops = {bpe_encode, bpe_piece, bpe_free};
+
+/* The bytes token string `s` decodes to, in a new buffer. */
+static char *decode_token(const bpe_impl *b, const char *s, int *out_len) {
+    size_t n = strlen(s);
+    char *o = malloc(n + 1);
+    if (!o) return NULL;
+    size_t k = 0;
+    unsigned int byte;
+    if (b->style == KV_BPE_SPM) {
+        if (b->byte_fallback && n == 6 && sscanf(s, "<0x%02X>", &byte) == 1 && byte < 256) {
+            o[0] = (char)byte;
+            *out_len = 1;
+            return o;
+        }
+        for (size_t i = 0; i < n;) {
+            if (i + 3 <= n && memcmp(s + i, "\xe2\x96\x81", 3) == 0) {
+                o[k++] = ' ';
+                i += 3;
+            } else {
+                o[k++] = s[i++];
+            }
+        }
+    } else {
+        for (size_t i = 0; i < n;) {
+            size_t cl = utf8_len((const unsigned char *)s + i, n - i);
+            int found = -1;
+            for (int c = 0; c < 256 && found < 0; c++)
+                if ((size_t)b->byte_char_len[c] == cl && memcmp(b->byte_char[c], s + i, cl) == 0)
+                    found = c;
+            if (found >= 0) o[k++] = (char)found;
+            else {
+                memcpy(o + k, s + i, cl); /* not a byte-level code point: keep it */
+                k += cl;
+            }
+            i += cl;
+        }
+    }
+    o[k] = '\0';
+    *out_len = (int)k;
+    return o;
+}
+
+int kv_tokenizer_bpe_new(const kv_bpe_spec *sp, const char *what, kv_tokenizer **out,
+                         kv_error *err) {
+    *out = NULL;
+    if (sp->n_vocab <= 0)
+        return kv_fail(err, KV_EINPUT, "%s: the tokenizer vocabulary is empty", what);
+    bpe_impl *b = kv_calloc(1, sizeof *b, "tokenizer", err);
+    kv_tokenizer *t = kv_calloc(1, sizeof *t, "tokenizer", err);
+    if (!b || !t) {
+        free(b);
+        free(t);
+        return KV_EINTERNAL;
+    }
+    int rc = KV_OK;
+    b->n = sp->n_vocab;
+    b->style = sp->style;
+    b->add_prefix_space = sp->add_prefix_space;
+    b->prepend_space = sp->prepend_space;
+    b->replace_space = sp->replace_space;
+    b->byte_fallback = sp->byte_fallback;
+    b->unk_id = sp->unk_id;
+    b->fuse_unk = sp->fuse_unk;
+    b->ignore_merges = sp->ignore_merges;
+    b->n_merges = sp->n_merges;
+    for (int c = 0; c < 256; c++) {
+        b->byte_id[c] = -1;
+        b->byte_char_len[c] = utf8_put(byte_to_cp(c), b->byte_char[c]);
+    }
+    b->dec = calloc((size_t)b->n, sizeof *b->dec);
+    b->dec_len = calloc((size_t)b->n, sizeof *b->dec_len);
+    b->silent = calloc((size_t)b->n, 1);
+    b->merge_new = calloc((size_t)sp->n_merges + 1, sizeof *b->merge_new);
+    b->special = calloc((size_t)sp->n_special + 1, sizeof *b->special);
+    b->special_len = calloc((size_t)sp->n_special + 1, sizeof *b->special_len);
+    b->special_id = calloc((size_t)sp->n_special + 1, sizeof *b->special_id);
+    if (!b->dec || !b->dec_len || !b->silent || !b->merge_new || !b->special ||
+        !b->special_len || !b->special_id || kv_strmap_init(&b->vocab, (size_t)b->n) ||
+        kv_strmap_init(&b->merges, (size_t)sp->n_merges))
+        rc = kv_fail(err, KV_EINTERNAL, "out of memory (tokenizer)");
+    for (int i = 0; i < b->n && !rc; i++) {
+        const char *s = sp->tokens[i];
+        if (!s) continue;
+        size_t l = strlen(s);
+        if (kv_strmap_get(&b->vocab, s, l) >= 0) continue; /* first id wins */
+        if (kv_strmap_put(&b->vocab, s, l, i)) rc = kv_fail(err, KV_EINTERNAL, "out of memory");
+        unsigned int byte;
+        if (!rc && l == 6 && sscanf(s, "<0x%02X>", &byte) == 1 && byte < 256) b->byte_id[byte] = i;
+        if (!rc && !(b->dec[i] = decode_token(b, s, &b->dec_len[i])))
+            rc = kv_fail(err, KV_EINTERNAL, "out of memory (tokenizer)");
+    }
+    char *cat = NULL;
+    size_t cat_cap = 0;
+    for (int r = 0; r < sp->n_merges && !rc; r++) {
+        const char *l = sp->merge_left[r], *rt = sp->merge_right[r];
+        size_t ll = strlen(l), rl = strlen(rt);
+        int li = kv_strmap_get(&b->vocab, l, ll), ri = kv_strmap_get(&b->vocab, rt, rl);
+        if (ll + rl + 1 > cat_cap) {
+            cat_cap = 2 * (ll + rl + 1);
+            char *nc = realloc(cat, cat_cap);
+            if (!nc) {
+                rc = kv_fail(err, KV_EINTERNAL, "out of memory (tokenizer)");
+                break;
+            }
+            cat = nc;
+        }
+        memcpy(cat, l, ll);
+        memcpy(cat + ll, rt, rl);
+        int m = kv_strmap_get(&b->vocab, cat, ll + rl);
+        if (li < 0 || ri < 0 || m < 0) {
+            rc = kv_fail(err, KV_EINPUT, "%s: merges[%d] = \"%.40s %.40s\" names a token that is "
+                         "not in the vocabulary (%s)", what, r, l, rt,
+                         li < 0 ? "left part" : ri < 0 ? "right part" : "merged result");
+            break;
+        }
+        int key[2] = {li, ri};
+        if (kv_strmap_get(&b->merges, (const char *)key, sizeof key) >= 0) continue;
+        if (kv_strmap_put(&b->merges, (const char *)key, sizeof key, r))
+            rc = kv_fail(err, KV_EINTERNAL, "out of memory (tokenizer)");
+        b->merge_new[r] = m;
+    }
+    free(cat);
+    for (int k = 0; k < sp->n_special && !rc; k++) {
+        int id = sp->special[k];
+        if (id < 0 || id >= b->n || !sp->tokens[id] || !sp->tokens[id][0]) continue;
+        size_t l = strlen(sp->tokens[id]);
+        b->special[b->n_special] = malloc(l + 1);
+        if (!b->special[b->n_special]) {
+            rc = kv_fail(err, KV_EINTERNAL, "out of memory (tokenizer)");
+            break;
+        }
+        memcpy(b->special[b->n_special], sp->tokens[id], l + 1);
+        b->special_len[b->n_special] = (int)l;
+        b->special_id[b->n_special] = id;
+        b->n_special++;
+        if (b->dec[id]) { /* an added token decodes to its content as written */
+            free(b->dec[id]);
+            b->dec[id] = malloc(l + 1);
+            if (!b->dec[id]) rc = kv_fail(err, KV_EINTERNAL, "out of memory (tokenizer)");
+            else {
+                memcpy(b->dec[id], sp->tokens[id], l + 1);
+                b->dec_len[id] = (int)l;
+            }
+        }
+    }
+    for (int k = 0; sp->silent && k < b->n; k++) b->silent[k] = sp->silent[k];
+    if (sp->bos_id >= 0 && sp->bos_id < b->n) b->silent[sp->bos_id] = 1;
+    if (sp->eos_id >= 0 && sp->eos_id < b->n) b->silent[sp->eos_id] = 1;
+    if (!rc && sp->regex) {
+        int ec;
+        PCRE2_SIZE eo;
+        b->re = pcre2_compile((PCRE2_SPTR)sp->regex, PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP,
+                              &ec, &eo, NULL);
+        if (!b->re) {
+            PCRE2_UCHAR msg[256];
+            pcre2_get_error_message(ec, msg, sizeof msg);
+            rc = kv_fail(err, KV_EINPUT, "%s: pre-tokenizer regex does not compile at offset "
+                         "%zu: %s", what, (size_t)eo, (const char *)msg);
+        } else {
+            pcre2_jit_compile(b->re, PCRE2_JIT_COMPLETE); /* optional speed-up */
+        }
+    }
+    if (rc) {
+        bpe_free(b);
+        free(t);
+        return rc;
+    }
+    t->kind = KV_TOK_BPE;
+    t->vocab_size = b->n;
+    t->bos_id = sp->bos_id < b->n ? sp->bos_id : -1;
+    t->eos_id = sp->eos_id < b->n ? sp->eos_id : -1;
+    t->add_bos = sp->add_bos;
+    t->ops = &bpe_ops;
+    t->impl = b;
+    *out = t;
+    return KV_OK;
+}
+
+/* ---- tokenizer.json ---- */
+
+static int parse_json_file(const char *path, cJSON **out, kv_error *err) {
+    *out = NULL;
+    char *data = NULL;
+    size_t len = 0;
+    int rc = kv_read_file(path, &data, &len, err);
+    if (rc) return rc;
+    const char *end = NULL;
+    cJSON *j = cJSON_ParseWithLengthOpts(data, len, &end, 0);
+    if (!j) {
+        size_t at = end && end >= data ? (size_t)(end - data) : 0;
+        size_t line = 1;
+        for (size_t i = 0; i < at && i < len; i++) line += data[i] == '\n';
+        free(data);
+        return kv_fail(err, KV_EINPUT, "%s: invalid JSON at byte %zu (line %zu)", path, at, line);
+    }
+    free(data);
+    *out = j;
+    return KV_OK;
+}
+
+/* The content of a special-token field: a string or {"content": string}. */
+static const char *token_content(const cJSON *v) {
+    if (cJSON_IsString(v)) return v->valuestring;
+    const cJSON *c = cJSON_GetObjectItemCaseSensitive(v, "content");
+    return cJSON_IsString(c) ? c->valuestring : NULL;
+}
+
+typedef struct json_style {
+    int bytelevel, add_prefix_space, prepend, replace_space, metaspace_split;
+    const char *regex;
+} json_style;
+
+static int read_normalizer(const char *path, const cJSON *n, json_style *st, kv_error *err) {
+    if (!n || cJSON_IsNull(n)) return KV_OK;
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(n, "type");
+    if (!cJSON_IsString(type))
+        return kv_fail(err, KV_EINPUT, "%s: normalizer has no \"type\" string", path);
+    const char *t = type->valuestring;
+    if (!strcmp(t, "Sequence")) {
+        const cJSON *list = cJSON_GetObjectItemCaseSensitive(n, "normalizers"), *it;
+        if (!cJSON_IsArray(list))
+            return kv_fail(err, KV_EINPUT, "%s: normalizer.normalizers is not an array", path);
+        cJSON_ArrayForEach(it, list) if (read_normalizer(path, it, st, err)) return KV_EINPUT;
+        return KV_OK;
+    }
+    if (!strcmp(t, "Prepend")) {
+        const cJSON *p = cJSON_GetObjectItemCaseSensitive(n, "prepend");
+        if (!cJSON_IsString(p) || strcmp(p->valuestring, "\xe2\x96\x81"))
+            return kv_fail(err, KV_EINPUT, "%s: normalizer Prepend.prepend must be \"\xe2\x96\x81\"",
+                           path);
+        st->prepend = 1;
+        return KV_OK;
+    }
+    if (!strcmp(t, "Replace")) {
+        const cJSON *pat = cJSON_GetObjectItemCaseSensitive(n, "pattern");
+        const cJSON *s = cJSON_GetObjectItemCaseSensitive(pat, "String");
+        const cJSON *c = cJSON_GetObjectItemCaseSensitive(n, "content");
+        if (!cJSON_IsString(s) || strcmp(s->valuestring, " ") || !cJSON_IsString(c) ||
+            strcmp(c->valuestring, "\xe2\x96\x81"))
+            return kv_fail(err, KV_EINPUT, "%s: normalizer Replace is only supported for "
+                           "pattern.String \" \" -> content \"\xe2\x96\x81\"", path);
+        st->replace_space = 1;
+        return KV_OK;
+    }
+    if (!strcmp(t, "NFC") || !strcmp(t, "NFKC")) return KV_OK; /* input expected in NFC */
+    return kv_fail(err, KV_EINPUT, "%s: normalizer.type \"%s\" is not supported (Prepend, Replace, "
+                   "NFC, Sequence)", path, t);
+}
+
+static int read_pretok(const char *path, const cJSON *p, json_style *st, kv_error *err) {
+    if (!p || cJSON_IsNull(p)) return KV_OK;
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(p, "type");
+    if (!cJSON_IsString(type))
+        return kv_fail(err, KV_EINPUT, "%s: pre_tokenizer has no \"type\" string", path);
+    const char *t = type->valuestring;
+    if (!strcmp(t, "Sequence")) {
+        const cJSON *list = cJSON_GetObjectItemCaseSensitive(p, "pretokenizers"), *it;
+        if (!cJSON_IsArray(list))
+            return kv_fail(err, KV_EINPUT, "%s: pre_tokenizer.pretokenizers is not an array", path);
+        cJSON_ArrayForEach(it, list) if (read_pretok(path, it, st, err)) return KV_EINPUT;
+        return KV_OK;
+    }
+    if (!strcmp(t, "ByteLevel")) {
+        st->bytelevel = 1;
+        st->add_prefix_space = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(p, "add_prefix_space"));
+        const cJSON *ur = cJSON_GetObjectItemCaseSensitive(p, "use_regex");
+        if (!ur || cJSON_IsTrue(ur)) {
+            if (st->regex)
+                return kv_fail(err, KV_EINPUT, "%s: pre_tokenizer: a Split followed by a ByteLevel "
+                               "with use_regex is not supported", path);
+            st->regex = KV_BPE_GPT2_REGEX;
+        }
+        return KV_OK;
+    }
+    if (!strcmp(t, "Split")) {
+        const cJSON *pat = cJSON_GetObjectItemCaseSensitive(p, "pattern");
+        const cJSON *re = cJSON_GetObjectItemCaseSensitive(pat, "Regex");
+        const cJSON *beh = cJSON_GetObjectItemCaseSensitive(p, "behavior");
+        if (!cJSON_IsString(re))
+            return kv_fail(err, KV_EINPUT, "%s: pre_tokenizer Split needs pattern.Regex", path);
+        if (!cJSON_IsString(beh) || strcmp(beh->valuestring, "Isolated"))
+            return kv_fail(err, KV_EINPUT, "%s: pre_tokenizer Split.behavior must be \"Isolated\"",
+                           path);
+        if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(p, "invert")))
+            return kv_fail(err, KV_EINPUT, "%s: pre_tokenizer Split.invert is not supported", path);
+        if (st->regex)
+            return kv_fail(err, KV_EINPUT, "%s: pre_tokenizer: two regex splits are not supported",
+                           path);
+        st->regex = re->valuestring;
+        return KV_OK;
+    }
+    if (!strcmp(t, "Metaspace")) {
+        const cJSON *r = cJSON_GetObjectItemCaseSensitive(p, "replacement");
+        if (r && (!cJSON_IsString(r) || strcmp(r->valuestring, "\xe2\x96\x81")))
+            return kv_fail(err, KV_EINPUT, "%s: pre_tokenizer Metaspace.replacement must be "
+                           "\"\xe2\x96\x81\"", path);
+        const cJSON *ps = cJSON_GetObjectItemCaseSensitive(p, "prepend_scheme");
+        const cJSON *aps = cJSON_GetObjectItemCaseSensitive(p, "add_prefix_space");
+        st->replace_space = 1;
+        if ((cJSON_IsString(ps) && strcmp(ps->valuestring, "never")) || cJSON_IsTrue(aps))
+            st->prepend = 1;
+        const cJSON *split = cJSON_GetObjectItemCaseSensitive(p, "split");
+        if (!split || cJSON_IsTrue(split)) st->metaspace_split = 1;
+        return KV_OK;
+    }
+    return kv_fail(err, KV_EINPUT, "%s: pre_tokenizer.type \"%s\" is not supported (ByteLevel, "
+                   "Split, Metaspace, Sequence)", path, t);
+}
+
+int kv_tokenizer_load_json(const char *path, const kv_model *m, kv_tokenizer **out, kv_error *err);
+int kv_tokenizer_load_json(const char *path, const kv_model *m, kv_tokenizer **out, kv_error *err) {
+    *out = NULL;
+    cJSON *j = NULL, *cfg = NULL;
+    int rc = parse_json_file(path, &j, err);
+    if (rc) return rc;
+    /* tokenizer_config.json beside it (optional) */
+    char cfg_path[4200];
+    snprintf(cfg_path, sizeof cfg_path, "%s", path);
+    char *slash = strrchr(cfg_path, '/');
+    if (slash) snprintf(slash + 1, sizeof cfg_path - (size_t)(slash + 1 - cfg_path), "tokenizer_config.json");
+    else snprintf(cfg_path, sizeof cfg_path, "tokenizer_config.json");
+    FILE *f = fopen(cfg_path, "rb");
+    if (f) {
+        fclose(f);
+        rc = parse_json_file(cfg_path, &cfg, err);
+    }
+    const cJSON *model = cJSON_GetObjectItemCaseSensitive(j, "model");
+    const cJSON *vocab = cJSON_GetObjectItemCaseSensitive(model, "vocab");
+    const cJSON *merges = cJSON_GetObjectItemCaseSensitive(model, "merges");
+    const cJSON *mtype = cJSON_GetObjectItemCaseSensitive(model, "type");
+    const cJSON *added = cJSON_GetObjectItemCaseSensitive(j, "added_tokens");
+    if (!rc && !cJSON_IsObject(model))
+        rc = kv_fail(err, KV_EINPUT, "%s: field \"model\" is missing or not an object", path);
+    if (!rc && mtype && (!cJSON_IsString(mtype) || strcmp(mtype->valuestring, "BPE")))
+        rc = kv_fail(err, KV_EINPUT, "%s: model.type \"%s\" is not supported (kvplan reads BPE)",
+                     path, cJSON_IsString(mtype) ? mtype->valuestring : "?");
+    if (!rc && !cJSON_IsObject(vocab))
+        rc = kv_fail(err, KV_EINPUT, "%s: field \"model.vocab\" is missing or not an object", path);
+    if (!rc && !cJSON_IsArray(merges))
+        rc = kv_fail(err, KV_EINPUT, "%s: field \"model.merges\" is missing or not an array", path);
+    if (!rc && added && !cJSON_IsArray(added))
+        rc = kv_fail(err, KV_EINPUT, "%s: field \"added_tokens\" is not an array", path);
+    /* ids */
+    int n = 0;
+    const cJSON *it;
+    if (!rc) {
+        cJSON_ArrayForEach(it, vocab) {
+            if (!cJSON_IsNumber(it) || it->valuedouble < 0 || it->valuedouble >= (1 << 24)) {
+                rc = kv_fail(err, KV_EINPUT, "%s: model.vocab[\"%.60s\"] is not a valid id", path,
+                             it->string);
+                break;
+            }
+            if (it->valueint + 1 > n) n = it->valueint + 1;
+        }
+    }
+    if (!rc && added) {
+        cJSON_ArrayForEach(it, added) {
+            const cJSON *id = cJSON_GetObjectItemCaseSensitive(it, "id");
+            const cJSON *c = cJSON_GetObjectItemCaseSensitive(it, "content");
+            if (!cJSON_IsNumber(id) || id->valuedouble < 0 || id->valuedouble >= (1 << 24) ||
+                !cJSON_IsString(c)) {
+                rc = kv_fail(err, KV_EINPUT, "%s: an added_tokens entry lacks a valid \"id\" or "
+                             "\"content\"", path);
+                break;
+            }
+            if (id->valueint + 1 > n) n = id->valueint + 1;
+        }
+    }
+    if (!rc && m && n > m->cfg.vocab_size)
+        rc = kv_fail(err, KV_EINPUT, "%s: token ids reach %d but the model %s has a vocabulary "
+                     "of %d: they do not belong together", path, n - 1, m->path,
+                     m->cfg.vocab_size);
+    if (!rc && m) n = m->cfg.vocab_size; /* ids past the tokenizer's are padding */
+    int n_merges = rc ? 0 : cJSON_GetArraySize(merges);
+    const char **tokens = calloc((size_t)n + 1, sizeof *tokens);
+    char **left = calloc((size_t)n_merges + 1, sizeof *left);
+    char **right = calloc((size_t)n_merges + 1, sizeof *right);
+    int *special = calloc((size_t)cJSON_GetArraySize(added) + 1, sizeof *special);
+    unsigned char *silent = calloc((size_t)n + 1, 1);
+    int n_special = 0;
+    if (!rc && (!tokens || !left || !right || !special || !silent))
+        rc = kv_fail(err, KV_EINTERNAL, "out of memory (tokenizer.json)");
+    if (!rc) cJSON_ArrayForEach(it, vocab) tokens[it->valueint] = it->string;
+    if (!rc && added) {
+        cJSON_ArrayForEach(it, added) {
+            int id = cJSON_GetObjectItemCaseSensitive(it, "id")->valueint;
+            tokens[id] = cJSON_GetObjectItemCaseSensitive(it, "content")->valuestring;
+            special[n_special++] = id;
+            if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(it, "special"))) silent[id] = 1;
+        }
+    }
+    int r = 0;
+    if (!rc) {
+        cJSON_ArrayForEach(it, merges) {
+            if (cJSON_IsString(it)) {
+                const char *s = it->valuestring, *sp = strchr(s, ' ');
+                if (!sp || sp == s || !sp[1] || strchr(sp + 1, ' ')) {
+                    rc = kv_fail(err, KV_EINPUT, "%s: model.merges[%d] = \"%.60s\" is not two "
+                                 "tokens separated by one space", path, r, s);
+                    break;
+                }
+                left[r] = strndup(s, (size_t)(sp - s));
+                right[r] = strdup(sp + 1);
+            } else if (cJSON_IsArray(it) && cJSON_GetArraySize(it) == 2 &&
+                       cJSON_IsString(cJSON_GetArrayItem(it, 0)) &&
+                       cJSON_IsString(cJSON_GetArrayItem(it, 1))) {
+                left[r] = strdup(cJSON_GetArrayItem(it, 0)->valuestring);
+                right[r] = strdup(cJSON_GetArrayItem(it, 1)->valuestring);
+            } else {
+                rc = kv_fail(err, KV_EINPUT, "%s: model.merges[%d] is neither \"a b\" nor "
+                             "[\"a\", \"b\"]", path, r);
+                break;
+            }
+            r++;
+            if (!left[r - 1] || !right[r - 1]) {
+                rc = kv_fail(err, KV_EINTERNAL, "out of memory (merges)");
+                break;
+            }
+        }
+    }
+    json_style st = {0};
+    if (!rc) rc = read_normalizer(path, cJSON_GetObjectItemCaseSensitive(j, "normalizer"), &st, err);
+    if (!rc) rc = read_pretok(path, cJSON_GetObjectItemCaseSensitive(j, "pre_tokenizer"), &st, err);
+    if (!rc && st.bytelevel && (st.prepend || st.replace_space))
+        rc = kv_fail(err, KV_EINPUT, "%s: a ByteLevel pre_tokenizer combined with a \"\xe2\x96\x81\" "
+                     "normaliser is not supported", path);
+    if (!rc && !st.bytelevel && st.prepend != st.replace_space && st.prepend)
+        rc = kv_fail(err, KV_EINPUT, "%s: normalizer prepends \"\xe2\x96\x81\" but does not "
+                     "replace spaces, which kvplan does not support", path);
+    /* special ids and add_bos */
+    int bos = m ? m->cfg.bos_id : -1, eos = m ? m->cfg.eos_id : -1, add_bos = -1, unk = -1;
+    const cJSON *unk_tok = cJSON_GetObjectItemCaseSensitive(model, "unk_token");
+    for (int i = 0; i < n && !rc; i++) {
+        if (!tokens[i]) continue;
+        const char *bt = cfg ? token_content(cJSON_GetObjectItemCaseSensitive(cfg, "bos_token")) : NULL;
+        const char *et = cfg ? token_content(cJSON_GetObjectItemCaseSensitive(cfg, "eos_token")) : NULL;
+        if (bt && !strcmp(bt, tokens[i])) bos = i;
+        if (et && !strcmp(et, tokens[i])) eos = i;
+        if (cJSON_IsString(unk_tok) && !strcmp(unk_tok->valuestring, tokens[i]) && unk < 0) unk = i;
+    }
+    if (!rc && cfg) {
+        const cJSON *ab = cJSON_GetObjectItemCaseSensitive(cfg, "add_bos_token");
+        if (cJSON_IsBool(ab)) add_bos = cJSON_IsTrue(ab);
+    }
+    if (!rc && add_bos < 0) { /* post_processor TemplateProcessing starting with the BOS */
+        const cJSON *pp = cJSON_GetObjectItemCaseSensitive(j, "post_processor");
+        const cJSON *single = cJSON_GetObjectItemCaseSensitive(pp, "single");
+        const cJSON *first = cJSON_GetArrayItem(single, 0);
+        const cJSON *stok = cJSON_GetObjectItemCaseSensitive(first, "SpecialToken");
+        const cJSON *sid = cJSON_GetObjectItemCaseSensitive(stok, "id");
+        add_bos = cJSON_IsString(sid) && bos >= 0 && tokens[bos] && !strcmp(sid->valuestring, tokens[bos]);
+    }
+    if (!rc) {
+        kv_bpe_spec s;
+        memset(&s, 0, sizeof s);
+        s.n_vocab = n;
+        s.tokens = tokens;
+        s.n_merges = r;
+        s.merge_left = (const char *const *)left;
+        s.merge_right = (const char *const *)right;
+        s.style = st.bytelevel ? KV_BPE_BYTELEVEL : KV_BPE_SPM;
+        s.regex = st.metaspace_split ? "\xe2\x96\x81[^\xe2\x96\x81]*|[^\xe2\x96\x81]+" : st.regex;
+        s.add_prefix_space = st.add_prefix_space;
+        s.prepend_space = st.prepend;
+        s.replace_space = st.replace_space;
+        s.byte_fallback = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(model, "byte_fallback"));
+        s.unk_id = unk;
+        s.fuse_unk = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(model, "fuse_unk"));
+        s.ignore_merges = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(model, "ignore_merges"));
+        s.special = special;
+        s.n_special = n_special;
+        s.silent = silent;
+        s.bos_id = bos;
+        s.eos_id = eos;
+        s.add_bos = add_bos > 0;
+        rc = kv_tokenizer_bpe_new(&s, path, out, err);
+    }
+    for (int i = 0; i < n_merges && left && right; i++) {
+        free(left[i]);
+        free(right[i]);
+    }
+    free(left);
+    free(right);
+    free(tokens);
+    free(special);
+    free(silent);
+    cJSON_Delete(j);
+    cJSON_Delete(cfg);
+    return rc;
+}

@@ -1,0 +1,57 @@
+/* Internal to runtime/: the merge-ranked BPE tokenizer (KV_TOK_BPE) shared by the
+ * tokenizer.json reader (runtime/tokenizer_bpe.c) and the GGUF "gpt2" vocabulary reader
+ * (runtime/gguf.c). Both readers fill a kv_bpe_spec and call kv_tokenizer_bpe_new.
+ *
+ * Two styles (Hugging Face `tokenizers` semantics, models/bpe/model.rs and word.rs):
+ *  - KV_BPE_SPM: SentencePiece-style. The normaliser prepends "▁" to each text segment and
+ *    replaces ' ' by "▁"; words are split into UTF-8 code points; a code point absent from the
+ *    vocabulary becomes its bytes "<0xXX>" (byte_fallback) or the unknown token. Decoding maps
+ *    "▁" to ' ', byte tokens to their byte, and drops the leading space of the first token
+ *    (decoder Strip(start = 1)).
+ *  - KV_BPE_BYTELEVEL: GPT-2 byte-level. The text is split by a regular expression (PCRE2,
+ *    UTF + UCP) and each piece's bytes are mapped to the printable code points of GPT-2's
+ *    bytes_to_unicode table before BPE; decoding maps them back to bytes.
+ * Merges are applied per word in rank order (lowest rank first, leftmost on ties) with a heap,
+ * O(n log n) in the word length. Special (added) tokens are matched verbatim in the text first
+ * and never take part in merges.
+ */
+#ifndef KVPLAN_RUNTIME_TOKENIZER_BPE_H
+#define KVPLAN_RUNTIME_TOKENIZER_BPE_H
+
+#include "kvplan/tokenizer.h"
+
+typedef enum { KV_BPE_SPM = 0, KV_BPE_BYTELEVEL = 1 } kv_bpe_style;
+
+/* GPT-2's pre-tokenizer pattern (tokenizers pre_tokenizers/byte_level.rs). */
+#define KV_BPE_GPT2_REGEX \
+    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"
+
+typedef struct kv_bpe_spec {
+    int n_vocab;
+    const char *const *tokens; /* [n_vocab] NUL-terminated token strings as the file spells
+                                  them (with "▁" or byte-level code points); NULL = unused id */
+    int n_merges;
+    const char *const *merge_left;  /* [n_merges] first part of merge r (rank r) */
+    const char *const *merge_right; /* [n_merges] second part */
+    kv_bpe_style style;
+    const char *regex;     /* pre-tokenizer split pattern (PCRE2), NULL = no split */
+    int add_prefix_space;  /* byte-level: prepend ' ' when a segment does not start with one */
+    int prepend_space;     /* SPM: prepend "▁" to each segment (normaliser Prepend) */
+    int replace_space;     /* SPM: replace ' ' by "▁" (normaliser Replace / Metaspace) */
+    int byte_fallback;
+    int unk_id;            /* -1 = none */
+    int fuse_unk;
+    int ignore_merges;     /* a word that is itself a token skips the merges */
+    const int *special;    /* [n_special] ids matched verbatim in the text (added tokens) */
+    int n_special;
+    const unsigned char *silent; /* [n_vocab] 1 = decodes to no text (special), or NULL */
+    int bos_id, eos_id, add_bos;
+} kv_bpe_spec;
+
+/* Build a BPE tokenizer from `spec` (inputs are copied). `what` names the source file in
+ * errors: KV_EINPUT for a merge naming an unknown token, a bad regex, duplicate ids.
+ * Caller owns *out (kv_tokenizer_free). */
+int kv_tokenizer_bpe_new(const kv_bpe_spec *spec, const char *what, kv_tokenizer **out,
+                         kv_error *err);
+
+#endif
