@@ -18,3 +18,31 @@ int kv_cuda_device_info(int dev, kv_cuda_device *out, kv_error *err) {
     (void)out;
     return kv_fail(err, KV_EINPUT, "no CUDA backend in this build (no CUDA toolkit was found)");
 }
+
+int kv_cuda_probe_copy(int dev, kv_cuda_copy_kind kind, const size_t *bytes, int n_sizes,
+                       int repeats, double *times, kv_progress *p, kv_error *err) {
+    (void)dev;
+    (void)kind;
+    (void)bytes;
+    (void)n_sizes;
+    (void)repeats;
+    (void)times;
+    (void)p;
+    return kv_fail(err, KV_EINPUT,
+                   "CUDA copy probe: no CUDA backend in this build (no CUDA toolkit was found)");
+}
+
+int kv_cuda_probe_gemm(int dev, kv_cuda_dtype dtype, const int *m, const int *n, const int *k,
+                       int n_shapes, int repeats, double *times, kv_progress *p, kv_error *err) {
+    (void)dev;
+    (void)dtype;
+    (void)m;
+    (void)n;
+    (void)k;
+    (void)n_shapes;
+    (void)repeats;
+    (void)times;
+    (void)p;
+    return kv_fail(err, KV_EINPUT,
+                   "CUDA GEMM probe: no CUDA backend in this build (no CUDA toolkit was found)");
+}

@@ -14,10 +14,10 @@ extern "C" {
 
 typedef struct kv_cuda_device {
     char name[256];
-    size_t total_mem;      /* bytes */
+    size_t total_mem; /* bytes */
     int cc_major, cc_minor;
     int multiprocessors;
-    double mem_bus_bw;     /* theoretical device memory bandwidth, bytes/s (0 if unknown) */
+    double mem_bus_bw; /* theoretical device memory bandwidth, bytes/s (0 if unknown) */
 } kv_cuda_device;
 
 /* 1 when this build contains the CUDA backend. */
@@ -26,6 +26,43 @@ int kv_cuda_built(void);
  * a driver without devices counts as 0 and `why` (may be NULL, 256 bytes) says why. */
 int kv_cuda_device_count(char *why);
 int kv_cuda_device_info(int dev, kv_cuda_device *out, kv_error *err);
+
+/* ---- hardware probes (called by profiler/hwprobe.c) ---- */
+
+/* Copy directions timed by kv_cuda_probe_copy. */
+typedef enum kv_cuda_copy_kind {
+    KV_CUDA_H2D_PINNED = 0,   /* host (cudaHostAlloc) -> device */
+    KV_CUDA_H2D_PAGEABLE = 1, /* host (malloc) -> device */
+    KV_CUDA_D2H_PINNED = 2,   /* device -> host (cudaHostAlloc) */
+    KV_CUDA_D2H_PAGEABLE = 3, /* device -> host (malloc) */
+    KV_CUDA_D2D = 4,          /* device -> device (bytes copied; traffic is twice that) */
+} kv_cuda_copy_kind;
+
+/* Element types of kv_cuda_probe_gemm: A, B and C all of this type, FP32 accumulation. */
+typedef enum kv_cuda_dtype {
+    KV_CUDA_FP32 = 0,
+    KV_CUDA_FP16 = 1,
+    KV_CUDA_BF16 = 2,
+} kv_cuda_dtype;
+
+/* Time copies of each size bytes[0..n_sizes-1] (bytes, > 0), `repeats` times each, on device
+ * `dev`: cudaMemcpyAsync on a dedicated stream between two CUDA events, one copy per sample,
+ * after one untimed warm-up copy per size. Buffers of max(bytes) are allocated once and freed
+ * before returning. times (caller-owned, n_sizes * repeats doubles) receives seconds,
+ * row-major [size][repeat]. `p` (may be NULL) gets progress. Errors: KV_EINPUT for bad
+ * arguments or no CUDA backend, KV_EINTERNAL for CUDA failures (message names the call and
+ * the size). */
+int kv_cuda_probe_copy(int dev, kv_cuda_copy_kind kind, const size_t *bytes, int n_sizes,
+                       int repeats, double *times, kv_progress *p, kv_error *err);
+
+/* Time cublasGemmEx C[m,n] = A[m,k] B[k,n] (row-major; alpha 1, beta 0, compute
+ * CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) for each shape i of m, n, k (n_shapes > 0, all
+ * > 0), `repeats` times, one GEMM per sample between CUDA events after one warm-up. Inputs are
+ * filled with small values on the device. times (caller-owned, n_shapes * repeats) receives
+ * seconds, row-major [shape][repeat]. Errors as kv_cuda_probe_copy; a data type the device
+ * does not support (e.g. BF16 before sm_80) is a KV_EINTERNAL naming the type. */
+int kv_cuda_probe_gemm(int dev, kv_cuda_dtype dtype, const int *m, const int *n, const int *k,
+                       int n_shapes, int repeats, double *times, kv_progress *p, kv_error *err);
 
 #ifdef __cplusplus
 }
