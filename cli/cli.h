@@ -27,3 +27,30 @@ void kv_cli_command_line(int argc, char **argv, char *buf, size_t cap);
 int kv_cli_opt(int argc, char **argv, int *i, const char *name, const char **val, kv_error *err);
 
 #endif
+
+/* ---- KV budget options shared by run and eval ----
+ * --plan PLAN | --ratio R [--allocation uniform], --policy P, --evict-block p, --block-size b */
+#include "kvplan/kvcache.h"
+#include "kvplan/model.h"
+
+typedef struct kv_budget_args {
+    const char *plan;       /* plan.h5 path or NULL */
+    double ratio;           /* 0 = not given */
+    const char *allocation; /* "uniform" */
+    const char *policy;     /* NULL = the plan's, else sink */
+    long evict_block;       /* 0 = default 16 */
+    long block_size;        /* 0 = the plan's or 16 */
+} kv_budget_args;
+
+/* Take one budget option at argv[*i]: 1 taken, 0 not a budget option, -1 error. */
+int kv_budget_args_take(kv_budget_args *a, int argc, char **argv, int *i, kv_error *err);
+
+/* Resolve to per-head budgets [L*H_kv] (NULL when neither --plan nor --ratio: the full cache;
+ * caller frees), the policy, p and b_s; context C is the chunk length the ratio refers to.
+ * A plan is checked against the model (kv_plan_check_model). */
+int kv_budget_args_resolve(const kv_budget_args *a, const kv_model *m, int context,
+                           int **budget, kv_policy *policy, int *evict_block, int *block_size,
+                           double *ratio_out, kv_error *err);
+
+/* Usage text of the budget options. */
+extern const char kv_budget_args_help[];

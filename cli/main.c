@@ -11,6 +11,8 @@ typedef struct command {
 } command;
 
 static const command commands[] = {
+    {"run", kv_cmd_run, "generate text (optionally batched, under a plan's KV budgets)"},
+    {"eval", kv_cmd_eval, "perplexity of a text, full or budgeted KV cache"},
     {"tokenize", kv_cmd_tokenize, "print the token ids of a text"},
     {"kvpr", kv_cmd_kvpr, "KVPR split point: recompute vs transfer an offloaded KV cache"},
     {"batch", kv_cmd_batch, "largest batch for a memory budget (full / compressed KV cache)"},

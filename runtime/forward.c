@@ -1,0 +1,304 @@
+/* kvplan CPU forward pass for Llama-family models over the paged per-head KV cache.
+ * See include/kvplan/forward.h. Architecture: Llama (Touvron et al. 2023) — RMSNorm,
+ * RoPE (Su et al. 2021), SwiGLU FFN, grouped-query attention (Ainslie et al. 2023). */
+#include "kvplan/forward.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct kv_workspace {
+    int max_rows, max_ctx;
+    float *x, *xb, *xb2, *xin; /* [rows, dim] */
+    float *q;                  /* [rows, H*d_h] */
+    float *k, *v;              /* [rows, H_kv*d_h] */
+    float *o;                  /* [rows, H*d_h] attention output before W_o */
+    float *hb, *hb2;           /* [rows, hidden] */
+    float *rope_cos, *rope_sin;/* [max_ctx, d_h/2] */
+    int n_threads;
+    float *scores;             /* [n_threads, max_ctx] */
+    float *gather;             /* [rows, dim] rows selected for logits */
+};
+
+void kv_workspace_free(kv_workspace *ws) {
+    if (!ws) return;
+    free(ws->x);
+    free(ws->xb);
+    free(ws->xb2);
+    free(ws->xin);
+    free(ws->q);
+    free(ws->k);
+    free(ws->v);
+    free(ws->o);
+    free(ws->hb);
+    free(ws->hb2);
+    free(ws->rope_cos);
+    free(ws->rope_sin);
+    free(ws->scores);
+    free(ws->gather);
+    free(ws);
+}
+
+int kv_workspace_new(const kv_model *m, int max_rows, int max_ctx, kv_workspace **out,
+                     kv_error *err) {
+    *out = NULL;
+    const kv_config *c = &m->cfg;
+    if (max_rows < 1 || max_ctx < 1)
+        return kv_fail(err, KV_EINPUT, "workspace needs at least one row and one position");
+    kv_workspace *ws = kv_calloc(1, sizeof *ws, "workspace", err);
+    if (!ws) return KV_EINTERNAL;
+    ws->max_rows = max_rows;
+    ws->max_ctx = max_ctx;
+    ws->n_threads = omp_get_max_threads();
+    size_t R = (size_t)max_rows, d = (size_t)c->dim, qd = (size_t)c->n_heads * c->head_dim,
+           kvd = (size_t)c->n_kv_heads * c->head_dim, hid = (size_t)c->hidden_dim,
+           half = (size_t)c->head_dim / 2;
+    ws->x = malloc(R * d * sizeof(float));
+    ws->xb = malloc(R * d * sizeof(float));
+    ws->xb2 = malloc(R * d * sizeof(float));
+    ws->xin = malloc(R * d * sizeof(float));
+    ws->gather = malloc(R * d * sizeof(float));
+    ws->q = malloc(R * qd * sizeof(float));
+    ws->o = malloc(R * qd * sizeof(float));
+    ws->k = malloc(R * kvd * sizeof(float));
+    ws->v = malloc(R * kvd * sizeof(float));
+    ws->hb = malloc(R * hid * sizeof(float));
+    ws->hb2 = malloc(R * hid * sizeof(float));
+    ws->rope_cos = malloc((size_t)max_ctx * half * sizeof(float));
+    ws->rope_sin = malloc((size_t)max_ctx * half * sizeof(float));
+    ws->scores = malloc((size_t)ws->n_threads * (size_t)max_ctx * sizeof(float));
+    if (!ws->x || !ws->xb || !ws->xb2 || !ws->xin || !ws->gather || !ws->q || !ws->o || !ws->k ||
+        !ws->v || !ws->hb || !ws->hb2 || !ws->rope_cos || !ws->rope_sin || !ws->scores) {
+        kv_workspace_free(ws);
+        return kv_fail(err, KV_EINTERNAL, "out of memory (forward workspace, %d rows)", max_rows);
+    }
+    /* RoPE: theta_i = base^(-2i/d_h), angle = pos * theta_i (computed in double) */
+    for (int p = 0; p < max_ctx; p++)
+        for (size_t i = 0; i < half; i++) {
+            double freq = pow((double)c->rope_theta, -2.0 * (double)i / (double)c->head_dim);
+            double a = (double)p * freq;
+            ws->rope_cos[(size_t)p * half + i] = (float)cos(a);
+            ws->rope_sin[(size_t)p * half + i] = (float)sin(a);
+        }
+    *out = ws;
+    return KV_OK;
+}
+
+/* out[r] = x[r] / rms(x[r]) * w, rows x dim */
+static void rmsnorm(float *out, const float *x, const float *w, int rows, int dim, float eps) {
+    for (int r = 0; r < rows; r++) {
+        const float *xr = x + (size_t)r * dim;
+        float *o = out + (size_t)r * dim;
+        double ss = 0.0;
+        for (int i = 0; i < dim; i++) ss += (double)xr[i] * xr[i];
+        float scale = (float)(1.0 / sqrt(ss / dim + (double)eps));
+        for (int i = 0; i < dim; i++) o[i] = xr[i] * scale * w[i];
+    }
+}
+
+/* y[rows, out] = x[rows, in] W^T with W [out, in] row-major */
+static void matmul(float *y, const float *x, const float *w, int rows, int in, int out) {
+    if (rows == 1)
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, out, in, 1.0f, w, in, x, 1, 0.0f, y, 1);
+    else
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, out, in, 1.0f, x, in, w, in,
+                    0.0f, y, out);
+}
+
+static void add_bias(float *y, const float *b, int rows, int n) {
+    if (!b) return;
+    for (int r = 0; r < rows; r++)
+        for (int i = 0; i < n; i++) y[(size_t)r * n + i] += b[i];
+}
+
+/* Rotate each head of one row at position pos. */
+static void rope_row(float *v, int n_heads, int hd, const float *cs, const float *sn,
+                     kv_rope_layout layout) {
+    int half = hd / 2;
+    for (int h = 0; h < n_heads; h++) {
+        float *x = v + (size_t)h * hd;
+        for (int i = 0; i < half; i++) {
+            int a = layout == KV_ROPE_ADJACENT ? 2 * i : i;
+            int b = layout == KV_ROPE_ADJACENT ? 2 * i + 1 : i + half;
+            float x0 = x[a], x1 = x[b];
+            x[a] = x0 * cs[i] - x1 * sn[i];
+            x[b] = x0 * sn[i] + x1 * cs[i];
+        }
+    }
+}
+
+#define KV_L2_EXCLUDED_WINDOW 10 /* KV-Compress KVC-full: v = 10 (kvcache.c) */
+
+/* Attention of one (sequence, KV head): n new queries per query head of the group over the
+ * head's first `base + i + 1` entries for query i (retained + causal new). */
+static inline __attribute__((always_inline)) void
+attend_head_hd(const kv_model *m, kv_workspace *ws, kv_cache *c, int j, int layer, int n,
+               int row0, float *scores, const int hd) {
+    const kv_config *cfg = &m->cfg;
+    int g = cfg->n_heads / cfg->n_kv_heads, qd = cfg->n_heads * hd;
+    kv_head *h = kv_cache_head(c, layer, j);
+    const kv_pool *p = c->pool;
+    int base = h->len - n;
+    float inv = 1.0f / sqrtf((float)hd);
+    int bs = p->block_size;
+    for (int i = 0; i < n; i++) {
+        int n_ent = base + i + 1;
+        int qpos = h->pos[base + i];
+        for (int gh = 0; gh < g; gh++) {
+            int qh = j * g + gh;
+            const float *q = ws->q + (size_t)(row0 + i) * qd + (size_t)qh * hd;
+            float *o = ws->o + (size_t)(row0 + i) * qd + (size_t)qh * hd;
+            float mx = -INFINITY;
+            for (int e0 = 0; e0 < n_ent; e0 += bs) {
+                const float *kb = kv_head_k(p, h, e0);
+                int cnt = n_ent - e0 < bs ? n_ent - e0 : bs;
+                for (int e = 0; e < cnt; e++) {
+                    const float *kk = kb + (size_t)e * hd;
+                    float dot = 0.0f;
+                    for (int d = 0; d < hd; d++) dot += q[d] * kk[d];
+                    dot *= inv;
+                    scores[e0 + e] = dot;
+                    if (dot > mx) mx = dot;
+                }
+            }
+            float sum = 0.0f;
+            for (int e = 0; e < n_ent; e++) {
+                scores[e] = expf(scores[e] - mx);
+                sum += scores[e];
+            }
+            float rs = 1.0f / sum;
+            for (int d = 0; d < hd; d++) o[d] = 0.0f;
+            for (int e0 = 0; e0 < n_ent; e0 += bs) {
+                const float *vb = kv_head_v(p, h, e0);
+                int cnt = n_ent - e0 < bs ? n_ent - e0 : bs;
+                for (int e = 0; e < cnt; e++) {
+                    float w = scores[e0 + e] * rs;
+                    scores[e0 + e] = w;
+                    const float *vv = vb + (size_t)e * hd;
+                    for (int d = 0; d < hd; d++) o[d] += w * vv[d];
+                }
+            }
+            if (c->track_stats) {
+                for (int e = 0; e < n_ent; e++) {
+                    float w = scores[e];
+                    h->acc[e] += w;
+                    if (qpos - h->pos[e] >= KV_L2_EXCLUDED_WINDOW) h->acc2[e] += w * w;
+                }
+            }
+        }
+    }
+}
+
+/* One specialisation per common head size so the d_h loops unroll and vectorise. */
+static void attend_head(const kv_model *m, kv_workspace *ws, kv_cache *c, int j, int layer, int n,
+                        int row0, float *scores) {
+    switch (m->cfg.head_dim) {
+    case 8: attend_head_hd(m, ws, c, j, layer, n, row0, scores, 8); break;
+    case 16: attend_head_hd(m, ws, c, j, layer, n, row0, scores, 16); break;
+    case 32: attend_head_hd(m, ws, c, j, layer, n, row0, scores, 32); break;
+    case 64: attend_head_hd(m, ws, c, j, layer, n, row0, scores, 64); break;
+    case 128: attend_head_hd(m, ws, c, j, layer, n, row0, scores, 128); break;
+    default: attend_head_hd(m, ws, c, j, layer, n, row0, scores, m->cfg.head_dim); break;
+    }
+}
+
+int kv_forward(const kv_model *m, kv_workspace *ws, kv_cache *const *seqs, int n_seqs,
+               const int *tokens, int n, kv_logits_mode mode, float *logits,
+               const kv_hooks *hooks, kv_error *err) {
+    const kv_config *cfg = &m->cfg;
+    int rows = n_seqs * n;
+    if (n < 1 || n_seqs < 1) return kv_fail(err, KV_EINPUT, "forward: nothing to process");
+    if (rows > ws->max_rows)
+        return kv_fail(err, KV_EINTERNAL, "forward: %d rows exceed the workspace's %d", rows,
+                       ws->max_rows);
+    int dim = cfg->dim, hd = cfg->head_dim, H = cfg->n_heads, Hkv = cfg->n_kv_heads;
+    int qd = H * hd, kvd = Hkv * hd, hid = cfg->hidden_dim, half = hd / 2;
+    for (int s = 0; s < n_seqs; s++) {
+        if (seqs[s]->n_past + n > ws->max_ctx)
+            return kv_fail(err, KV_EINPUT,
+                           "sequence %d would reach position %d, beyond the context of %d", s,
+                           seqs[s]->n_past + n, ws->max_ctx);
+        for (int i = 0; i < n; i++) {
+            int t = tokens[s * n + i];
+            if (t < 0 || t >= cfg->vocab_size)
+                return kv_fail(err, KV_EINPUT, "token id %d is outside the vocabulary [0, %d)", t,
+                               cfg->vocab_size);
+        }
+    }
+    for (int r = 0; r < rows; r++)
+        memcpy(ws->x + (size_t)r * dim, m->tok_emb + (size_t)tokens[r] * dim,
+               (size_t)dim * sizeof(float));
+
+    for (int l = 0; l < cfg->n_layers; l++) {
+        const kv_layer_weights *w = &m->layers[l];
+        rmsnorm(ws->xb, ws->x, w->attn_norm, rows, dim, cfg->norm_eps);
+        matmul(ws->q, ws->xb, w->wq, rows, dim, qd);
+        matmul(ws->k, ws->xb, w->wk, rows, dim, kvd);
+        matmul(ws->v, ws->xb, w->wv, rows, dim, kvd);
+        add_bias(ws->q, w->bq, rows, qd);
+        add_bias(ws->k, w->bk, rows, kvd);
+        add_bias(ws->v, w->bv, rows, kvd);
+        for (int s = 0; s < n_seqs; s++)
+            for (int i = 0; i < n; i++) {
+                int r = s * n + i, pos = seqs[s]->n_past + i;
+                const float *cs = ws->rope_cos + (size_t)pos * half;
+                const float *sn = ws->rope_sin + (size_t)pos * half;
+                rope_row(ws->q + (size_t)r * qd, H, hd, cs, sn, cfg->rope_layout);
+                rope_row(ws->k + (size_t)r * kvd, Hkv, hd, cs, sn, cfg->rope_layout);
+            }
+        /* Batch-Max Alg. 1: make room, then append the block's K/V (serial: the pool is shared) */
+        for (int s = 0; s < n_seqs; s++) {
+            kv_cache *c = seqs[s];
+            for (int j = 0; j < Hkv; j++) {
+                kv_head *h = kv_cache_head(c, l, j);
+                int rc = kv_head_make_room(c, h, n, c->n_past + n - 1, err);
+                if (rc) return kv_fail_context(err, "layer %d KV head %d", l, j);
+                for (int i = 0; i < n; i++) {
+                    int r = s * n + i;
+                    rc = kv_head_append(c, h, ws->k + (size_t)r * kvd + (size_t)j * hd,
+                                        ws->v + (size_t)r * kvd + (size_t)j * hd, c->n_past + i,
+                                        err);
+                    if (rc) return rc;
+                }
+            }
+        }
+        int tasks = n_seqs * Hkv;
+#pragma omp parallel for schedule(static)
+        for (int task = 0; task < tasks; task++) {
+            int s = task / Hkv, j = task % Hkv;
+            float *scores = ws->scores + (size_t)omp_get_thread_num() * (size_t)ws->max_ctx;
+            attend_head(m, ws, seqs[s], j, l, n, s * n, scores);
+        }
+        matmul(ws->xb2, ws->o, w->wo, rows, qd, dim);
+        if (hooks && hooks->after_attn) {
+            memcpy(ws->xin, ws->x, (size_t)rows * dim * sizeof(float));
+            hooks->after_attn(hooks->user, l, rows, ws->xin, ws->o, ws->v, ws->xb2);
+        }
+        for (size_t i = 0; i < (size_t)rows * dim; i++) ws->x[i] += ws->xb2[i];
+        /* SwiGLU FFN */
+        rmsnorm(ws->xb, ws->x, w->ffn_norm, rows, dim, cfg->norm_eps);
+        matmul(ws->hb, ws->xb, w->w_gate, rows, dim, hid);
+        matmul(ws->hb2, ws->xb, w->w_up, rows, dim, hid);
+        for (size_t i = 0; i < (size_t)rows * hid; i++) {
+            float a = ws->hb[i];
+            ws->hb[i] = a / (1.0f + expf(-a)) * ws->hb2[i];
+        }
+        matmul(ws->xb, ws->hb, w->w_down, rows, hid, dim);
+        for (size_t i = 0; i < (size_t)rows * dim; i++) ws->x[i] += ws->xb[i];
+        if (hooks && hooks->after_block) hooks->after_block(hooks->user, l, rows, ws->x);
+    }
+    for (int s = 0; s < n_seqs; s++) seqs[s]->n_past += n;
+    if (mode == KV_LOGITS_NONE) return KV_OK;
+    int out_rows = mode == KV_LOGITS_ALL ? rows : n_seqs;
+    if (mode == KV_LOGITS_ALL) {
+        rmsnorm(ws->gather, ws->x, m->final_norm, rows, dim, cfg->norm_eps);
+    } else {
+        for (int s = 0; s < n_seqs; s++)
+            rmsnorm(ws->gather + (size_t)s * dim, ws->x + (size_t)(s * n + n - 1) * dim,
+                    m->final_norm, 1, dim, cfg->norm_eps);
+    }
+    matmul(logits, ws->gather, m->classifier, out_rows, dim, cfg->vocab_size);
+    return KV_OK;
+}

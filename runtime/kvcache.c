@@ -1,0 +1,323 @@
+/* kvplan paged KV cache and eviction policies: see include/kvplan/kvcache.h.
+ * Sources: KV-Compress (paged blocks per (layer, KV head), MoveCache compaction, squared
+ * attention metric with an excluded query window), Batch-Max (Alg. 1 eviction before each
+ * block of p tokens; average-attention rule §3.2), H2O (heavy hitters + recent window),
+ * StreamingLLM (attention sinks + recent window). */
+#include "kvplan/kvcache.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+const char *kv_policy_name(kv_policy p) {
+    switch (p) {
+    case KV_POLICY_SINK: return "sink";
+    case KV_POLICY_H2O: return "h2o";
+    case KV_POLICY_AVGATTN: return "avgattn";
+    case KV_POLICY_L2ATTN: return "l2attn";
+    }
+    return "?";
+}
+
+int kv_policy_parse(const char *s, kv_policy *out, kv_error *err) {
+    static const kv_policy all[] = {KV_POLICY_SINK, KV_POLICY_H2O, KV_POLICY_AVGATTN,
+                                    KV_POLICY_L2ATTN};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        if (s && !strcmp(s, kv_policy_name(all[i]))) {
+            *out = all[i];
+            return KV_OK;
+        }
+    return kv_fail(err, KV_EINPUT, "unknown policy '%s' (choose sink, h2o, avgattn or l2attn)",
+                   s ? s : "");
+}
+
+int kv_policy_fixed_tokens(kv_policy p) {
+    return p == KV_POLICY_SINK ? KV_SINK_TOKENS : 0;
+}
+
+int kv_policy_needs_stats(kv_policy p) {
+    return p != KV_POLICY_SINK;
+}
+
+/* ---- pool ---- */
+int kv_pool_init(kv_pool *p, int n_blocks, int block_size, int head_dim, kv_error *err) {
+    memset(p, 0, sizeof *p);
+    if (n_blocks <= 0 || block_size <= 0 || head_dim <= 0)
+        return kv_fail(err, KV_EINPUT, "KV pool: %d blocks of %d tokens x %d dims is empty",
+                       n_blocks, block_size, head_dim);
+    size_t floats = (size_t)n_blocks * 2 * (size_t)block_size * (size_t)head_dim;
+    p->data = kv_malloc(floats * sizeof(float), "KV block pool", err);
+    p->free_stack = kv_malloc((size_t)n_blocks * sizeof(int), "KV block pool free list", err);
+    if (!p->data || !p->free_stack) {
+        kv_pool_destroy(p);
+        return KV_EINTERNAL;
+    }
+    p->n_blocks = n_blocks;
+    p->block_size = block_size;
+    p->head_dim = head_dim;
+    /* pop order: block 0 first */
+    for (int i = 0; i < n_blocks; i++) p->free_stack[i] = n_blocks - 1 - i;
+    p->n_free = n_blocks;
+    p->peak_in_use = 0;
+    return KV_OK;
+}
+
+void kv_pool_destroy(kv_pool *p) {
+    free(p->data);
+    free(p->free_stack);
+    memset(p, 0, sizeof *p);
+}
+
+size_t kv_pool_block_bytes(const kv_pool *p) {
+    return 2 * (size_t)p->block_size * (size_t)p->head_dim * sizeof(float);
+}
+long kv_pool_blocks_in_use(const kv_pool *p) {
+    return (long)p->n_blocks - p->n_free;
+}
+size_t kv_pool_bytes_in_use(const kv_pool *p) {
+    return (size_t)kv_pool_blocks_in_use(p) * kv_pool_block_bytes(p);
+}
+size_t kv_pool_peak_bytes(const kv_pool *p) {
+    return (size_t)p->peak_in_use * kv_pool_block_bytes(p);
+}
+void kv_pool_reset_peak(kv_pool *p) {
+    p->peak_in_use = kv_pool_blocks_in_use(p);
+}
+
+static int pool_take(kv_pool *p) {
+    if (p->n_free == 0) return -1;
+    int id = p->free_stack[--p->n_free];
+    long used = kv_pool_blocks_in_use(p);
+    if (used > p->peak_in_use) p->peak_in_use = used;
+    return id;
+}
+
+static void pool_give(kv_pool *p, int id) {
+    p->free_stack[p->n_free++] = id;
+}
+
+/* ---- cache ---- */
+int kv_cache_init(kv_cache *c, kv_pool *pool, int n_layers, int n_kv_heads, const int *budget,
+                  kv_policy policy, kv_error *err) {
+    memset(c, 0, sizeof *c);
+    size_t nh = (size_t)n_layers * (size_t)n_kv_heads;
+    c->heads = kv_calloc(nh, sizeof *c->heads, "KV cache heads", err);
+    if (!c->heads) return KV_EINTERNAL;
+    c->pool = pool;
+    c->n_layers = n_layers;
+    c->n_kv_heads = n_kv_heads;
+    c->policy = policy;
+    c->track_stats = budget != NULL && kv_policy_needs_stats(policy);
+    for (size_t i = 0; i < nh; i++) {
+        int b = budget ? budget[i] : KV_BUDGET_UNBOUNDED;
+        if (b < 1) {
+            free(c->heads);
+            c->heads = NULL;
+            return kv_fail(err, KV_EINPUT, "budget of layer %zu KV head %zu is %d tokens; it must "
+                           "be at least 1", i / (size_t)n_kv_heads, i % (size_t)n_kv_heads, b);
+        }
+        c->heads[i].budget = b;
+    }
+    return KV_OK;
+}
+
+static void head_release_blocks(kv_pool *p, kv_head *h, int keep_blocks) {
+    while (h->n_blocks > keep_blocks) pool_give(p, h->table[--h->n_blocks]);
+}
+
+void kv_cache_clear(kv_cache *c) {
+    if (!c->heads) return;
+    size_t nh = (size_t)c->n_layers * (size_t)c->n_kv_heads;
+    for (size_t i = 0; i < nh; i++) {
+        head_release_blocks(c->pool, &c->heads[i], 0);
+        c->heads[i].len = 0;
+    }
+    c->n_past = 0;
+}
+
+void kv_cache_destroy(kv_cache *c) {
+    if (!c->heads) return;
+    kv_cache_clear(c);
+    size_t nh = (size_t)c->n_layers * (size_t)c->n_kv_heads;
+    for (size_t i = 0; i < nh; i++) {
+        free(c->heads[i].table);
+        free(c->heads[i].pos);
+        free(c->heads[i].acc);
+        free(c->heads[i].acc2);
+    }
+    free(c->heads);
+    memset(c, 0, sizeof *c);
+}
+
+float *kv_head_k(const kv_pool *p, const kv_head *h, int i) {
+    int b = h->table[i / p->block_size], s = i % p->block_size;
+    return p->data + ((size_t)b * 2 * (size_t)p->block_size + (size_t)s) * (size_t)p->head_dim;
+}
+
+float *kv_head_v(const kv_pool *p, const kv_head *h, int i) {
+    int b = h->table[i / p->block_size], s = i % p->block_size;
+    return p->data +
+           ((size_t)b * 2 * (size_t)p->block_size + (size_t)p->block_size + (size_t)s) *
+               (size_t)p->head_dim;
+}
+
+static int head_grow(kv_head *h, int need, kv_error *err) {
+    if (need <= h->cap) return KV_OK;
+    int cap = h->cap ? h->cap : 64;
+    while (cap < need) cap *= 2;
+    int *pos = realloc(h->pos, (size_t)cap * sizeof *pos);
+    if (pos) h->pos = pos;
+    float *acc = realloc(h->acc, (size_t)cap * sizeof *acc);
+    if (acc) h->acc = acc;
+    float *acc2 = realloc(h->acc2, (size_t)cap * sizeof *acc2);
+    if (acc2) h->acc2 = acc2;
+    if (!pos || !acc || !acc2) return kv_fail(err, KV_EINTERNAL, "out of memory (KV metadata)");
+    h->cap = cap;
+    return KV_OK;
+}
+
+int kv_head_append(kv_cache *c, kv_head *h, const float *k, const float *v, int pos,
+                   kv_error *err) {
+    kv_pool *p = c->pool;
+    int rc = head_grow(h, h->len + 1, err);
+    if (rc) return rc;
+    if (h->len == h->n_blocks * p->block_size) {
+        if (h->n_blocks == h->cap_blocks) {
+            int nc = h->cap_blocks ? 2 * h->cap_blocks : 8;
+            int *t = realloc(h->table, (size_t)nc * sizeof *t);
+            if (!t) return kv_fail(err, KV_EINTERNAL, "out of memory (block table)");
+            h->table = t;
+            h->cap_blocks = nc;
+        }
+        int b = pool_take(p);
+        if (b < 0)
+            return kv_fail(err, KV_EINTERNAL,
+                           "KV block pool exhausted (%d blocks of %d tokens): the budgets need "
+                           "more blocks than were reserved",
+                           p->n_blocks, p->block_size);
+        h->table[h->n_blocks++] = b;
+    }
+    int i = h->len++;
+    memcpy(kv_head_k(p, h, i), k, (size_t)p->head_dim * sizeof(float));
+    memcpy(kv_head_v(p, h, i), v, (size_t)p->head_dim * sizeof(float));
+    h->pos[i] = pos;
+    h->acc[i] = 0.0f;
+    h->acc2[i] = 0.0f;
+    return KV_OK;
+}
+
+void kv_head_compact(kv_cache *c, kv_head *h, const int *keep, int n_keep) {
+    kv_pool *p = c->pool;
+    size_t row = (size_t)p->head_dim * sizeof(float);
+    for (int dst = 0; dst < n_keep; dst++) {
+        int src = keep[dst];
+        if (src == dst) continue;
+        memcpy(kv_head_k(p, h, dst), kv_head_k(p, h, src), row);
+        memcpy(kv_head_v(p, h, dst), kv_head_v(p, h, src), row);
+        h->pos[dst] = h->pos[src];
+        h->acc[dst] = h->acc[src];
+        h->acc2[dst] = h->acc2[src];
+    }
+    h->len = n_keep;
+    head_release_blocks(p, h, (n_keep + p->block_size - 1) / p->block_size);
+}
+
+/* ---- policies ---- */
+
+/* Keep the n best entries by score (higher is better; ties: the more recent entry), among
+ * candidates [lo, hi), marking keep_mask. */
+static void keep_top(const float *score, int lo, int hi, int n, unsigned char *mask) {
+    for (int picked = 0; picked < n; picked++) {
+        int best = -1;
+        for (int i = hi - 1; i >= lo; i--) {
+            if (mask[i]) continue;
+            if (best < 0 || score[i] > score[best]) best = i;
+        }
+        if (best < 0) return;
+        mask[best] = 1;
+    }
+}
+
+#define KV_L2_EXCLUDED_WINDOW 10 /* KV-Compress KVC-full: v = 10 */
+
+void kv_policy_select(kv_policy p, const int *pos, const float *acc, const float *acc2, int len,
+                      int n_keep, int curr_pos, int *keep) {
+    if (n_keep >= len) {
+        for (int i = 0; i < len; i++) keep[i] = i;
+        return;
+    }
+    if (n_keep <= 0) return;
+    unsigned char *mask = calloc((size_t)len, 1);
+    float *score = calloc((size_t)len, sizeof *score);
+    if (!mask || !score) { /* fall back to the most recent entries */
+        for (int i = 0; i < n_keep; i++) keep[i] = len - n_keep + i;
+        free(mask);
+        free(score);
+        return;
+    }
+    switch (p) {
+    case KV_POLICY_SINK: {
+        int sinks = 0;
+        for (int i = 0; i < len && sinks < n_keep && pos[i] < KV_SINK_TOKENS; i++, sinks++)
+            mask[i] = 1;
+        for (int i = len - 1, left = n_keep - sinks; i >= 0 && left > 0; i--)
+            if (!mask[i]) {
+                mask[i] = 1;
+                left--;
+            }
+        break;
+    }
+    case KV_POLICY_H2O: {
+        int recent = n_keep / 2;
+        for (int i = len - recent; i < len; i++) mask[i] = 1;
+        keep_top(acc, 0, len - recent, n_keep - recent, mask);
+        break;
+    }
+    case KV_POLICY_AVGATTN:
+        for (int i = 0; i < len; i++) score[i] = acc[i] / (float)(curr_pos + 1 - pos[i]);
+        keep_top(score, 0, len, n_keep, mask);
+        break;
+    case KV_POLICY_L2ATTN: {
+        /* keys younger than the excluded query window have no metric yet: protected */
+        int kept = 0;
+        for (int i = len - 1; i >= 0 && kept < n_keep; i--)
+            if (curr_pos - pos[i] < KV_L2_EXCLUDED_WINDOW) {
+                mask[i] = 1;
+                kept++;
+            }
+        keep_top(acc2, 0, len, n_keep - kept, mask);
+        break;
+    }
+    }
+    for (int i = 0, k = 0; i < len; i++)
+        if (mask[i]) keep[k++] = i;
+    free(mask);
+    free(score);
+}
+
+int kv_head_make_room(kv_cache *c, kv_head *h, int n_new, int curr_pos, kv_error *err) {
+    if (h->len + n_new <= h->budget) return KV_OK;
+    int fixed = kv_policy_fixed_tokens(c->policy);
+    if (h->budget < n_new || (curr_pos >= fixed && h->budget < fixed + n_new))
+        return kv_fail(err, KV_EINPUT,
+                       "a budget of %d tokens cannot hold the policy's fixed part (%d for %s) "
+                       "plus a block of %d new tokens; raise the budget or lower --evict-block",
+                       h->budget, fixed, kv_policy_name(c->policy), n_new);
+    int n_keep = h->budget - n_new;
+    int *keep = malloc((size_t)(n_keep > 0 ? n_keep : 1) * sizeof *keep);
+    if (!keep) return kv_fail(err, KV_EINTERNAL, "out of memory (eviction)");
+    kv_policy_select(c->policy, h->pos, h->acc, h->acc2, h->len, n_keep, curr_pos, keep);
+    kv_head_compact(c, h, keep, n_keep);
+    free(keep);
+    return KV_OK;
+}
+
+long kv_cache_blocks_needed(int n_layers, int n_kv_heads, const int *budget, int context,
+                            int evict_block, int block_size) {
+    long total = 0;
+    for (int i = 0; i < n_layers * n_kv_heads; i++) {
+        long t = budget ? (long)budget[i] + evict_block : context;
+        if (t > context) t = context;
+        total += (t + block_size - 1) / block_size;
+    }
+    return total;
+}
