@@ -86,12 +86,18 @@ static void explain(const kv_kvpr_shape *sh, double v_com, double v_gpu, kv_sche
                  2.0 * (double)sh->batch * (double)sh->kv_width * sh->dtype_bytes / v_com);
     } else {
         double saved = r->time_no_recompute > 0 ? 1.0 - r->time / r->time_no_recompute : 0.0;
+        /* per-token costs of the two overlapped terms: within one token of each other the
+         * split sits at their crossing (l0 of kv_kvpr_closed_form) */
+        double c = 4.0 * (double)sh->batch * (double)sh->hidden * (double)sh->kv_width / v_gpu;
+        double k = 2.0 * (double)sh->batch * (double)sh->kv_width * sh->dtype_bytes / v_com;
+        int balanced = fabs(r->t_recompute - r->t_transfer) <= c + k;
         snprintf(r->note, sizeof r->note,
-                 "recompute %ld of %ld tokens (%s schedule); bound by %s; %.1f%% faster than "
+                 "recompute %ld of %ld tokens (%s schedule); bound by %s%s; %.1f%% faster than "
                  "transferring the whole cache",
                  r->split, sh->seq, kv_schedule_name(sched),
                  r->bound == KV_BOUND_COMPUTE ? "device recomputation (v_gpu)"
                                               : "the host-device link (v_com)",
+                 balanced ? " (recomputation and transfer balanced to within one token)" : "",
                  100.0 * saved);
     }
 }
