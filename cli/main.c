@@ -16,6 +16,7 @@ static const command commands[] = {
     {"tokenize", kv_cmd_tokenize, "print the token ids of a text"},
     {"kvpr", kv_cmd_kvpr, "KVPR split point: recompute vs transfer an offloaded KV cache"},
     {"batch", kv_cmd_batch, "largest batch for a memory budget (full / compressed KV cache)"},
+    {"inspect", kv_cmd_inspect, "summarise, draw (--png) or export a profile / plan .h5 file"},
 };
 
 static void usage(FILE *f) {

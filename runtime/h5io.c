@@ -685,6 +685,80 @@ int kv_h5_list_datasets(kv_h5 *f, void (*fn)(void *user, const char *path), void
     return KV_OK;
 }
 
+static herr_t group_cb(hid_t group, const char *name, const H5L_info_t *info, void *op) {
+    list_ctx *c = op;
+    if (info->type != H5L_TYPE_HARD) return 0;
+    hid_t o = H5Oopen(group, name, H5P_DEFAULT);
+    if (o < 0) return 0;
+    int is_grp = H5Iget_type(o) == H5I_GROUP;
+    H5Oclose(o);
+    if (is_grp) {
+        char path[1100];
+        snprintf(path, sizeof path, "/%s", name);
+        c->fn(c->user, path);
+    }
+    return 0;
+}
+
+int kv_h5_list_groups(kv_h5 *f, void (*fn)(void *user, const char *path), void *user,
+                      kv_error *err) {
+    if (!f || !fn) return kv_fail(err, KV_EINTERNAL, "list of groups: no file or callback");
+    list_ctx c = {fn, user};
+    h5_quiet q;
+    h5_quiet_begin(&q);
+    herr_t r = H5Lvisit(f->fid, H5_INDEX_NAME, H5_ITER_INC, group_cb, &c);
+    h5_quiet_end(&q);
+    if (r < 0) return kv_fail(err, KV_EINPUT, "%s: cannot list its groups", f->path);
+    return KV_OK;
+}
+
+typedef struct attr_ctx {
+    void (*fn)(void *user, const char *name, char kind);
+    void *user;
+} attr_ctx;
+
+static herr_t attr_cb(hid_t loc, const char *name, const H5A_info_t *info, void *op) {
+    (void)info;
+    attr_ctx *c = op;
+    char kind = '?';
+    hid_t a = H5Aopen(loc, name, H5P_DEFAULT);
+    if (a >= 0) {
+        hid_t t = H5Aget_type(a), s = H5Aget_space(a);
+        hssize_t n = s >= 0 ? H5Sget_simple_extent_npoints(s) : -1;
+        H5T_class_t cls = t >= 0 ? H5Tget_class(t) : H5T_NO_CLASS;
+        if (n == 1 && cls == H5T_STRING) kind = 's';
+        else if (n == 1 && cls == H5T_INTEGER) kind = 'i';
+        else if (n == 1 && cls == H5T_FLOAT) kind = 'f';
+        if (t >= 0) H5Tclose(t);
+        if (s >= 0) H5Sclose(s);
+        H5Aclose(a);
+    }
+    c->fn(c->user, name, kind);
+    return 0;
+}
+
+int kv_h5_list_attrs(kv_h5 *f, const char *obj,
+                     void (*fn)(void *user, const char *name, char kind), void *user,
+                     kv_error *err) {
+    if (!f || !fn || !obj)
+        return kv_fail(err, KV_EINTERNAL, "list of attributes: no file, object or callback");
+    attr_ctx c = {fn, user};
+    h5_quiet q;
+    h5_quiet_begin(&q);
+    int rc = KV_OK;
+    hid_t o = path_exists(f->fid, obj) ? H5Oopen(f->fid, obj, H5P_DEFAULT) : -1;
+    if (o < 0) {
+        rc = kv_fail(err, KV_EINPUT, "%s: missing object %s", f->path, obj);
+    } else {
+        hsize_t idx = 0;
+        if (H5Aiterate2(o, H5_INDEX_NAME, H5_ITER_INC, &idx, attr_cb, &c) < 0)
+            rc = kv_fail(err, KV_EINPUT, "%s: cannot list the attributes of %s", f->path, obj);
+        H5Oclose(o);
+    }
+    h5_quiet_end(&q);
+    return rc;
+}
+
 /* ---- the plan's budget part ---- */
 
 int kv_plan_budget_write(kv_h5 *f, const kv_plan_budget *b, kv_error *err) {

@@ -353,6 +353,12 @@ static void append(void *user, const char *p) {
     strncat(buf, ";", 255 - strlen(buf));
 }
 
+static void append_attr(void *user, const char *name, char kind) {
+    char *buf = user;
+    size_t n = strlen(buf);
+    snprintf(buf + n, 256 - n, "%s=%c;", name, kind);
+}
+
 static void test_list(void) {
     const char *path = tu_tmp("list.h5");
     kv_error err = {0};
@@ -370,6 +376,18 @@ static void test_list(void) {
     char got[256] = "";
     CU_ASSERT_EQUAL(kv_h5_list_datasets(f, append, got, &err), KV_OK);
     CU_ASSERT_STRING_EQUAL(got, "/a;/b/x/z;/b/y;");
+    got[0] = '\0';
+    CU_ASSERT_EQUAL(kv_h5_list_groups(f, append, got, &err), KV_OK);
+    CU_ASSERT_STRING_EQUAL(got, "/b;/b/x;/emptygroup;");
+    got[0] = '\0';
+    CU_ASSERT_EQUAL(kv_h5_list_attrs(f, "/", append_attr, got, &err), KV_OK);
+    CU_ASSERT_STRING_EQUAL(got, "command=s;created=s;kvplan_version=s;model_sha256=s;"
+                                "schema_version=i;");
+    got[0] = '\0';
+    CU_ASSERT_EQUAL(kv_h5_list_attrs(f, "/emptygroup", append_attr, got, &err), KV_OK);
+    CU_ASSERT_STRING_EQUAL(got, "k=s;");
+    CU_ASSERT_EQUAL(kv_h5_list_attrs(f, "/nothing", append_attr, got, &err), KV_EINPUT);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, "/nothing"));
     kv_h5_close(f);
 }
 
@@ -485,7 +503,7 @@ int main(void) {
         {"create in an unwritable place", test_create_unwritable},
         {"bad files are rejected", test_bad_files},
         {"HDF5 prints nothing itself", test_quiet_errors},
-        {"list datasets", test_list},
+        {"list datasets, groups and attributes", test_list},
         {"plan budget round trip and model check", test_plan_budget},
     };
     return tu_main("h5io", tests, sizeof tests / sizeof tests[0]);

@@ -74,6 +74,17 @@ int kv_h5_attr_exists(kv_h5 *f, const char *obj, const char *name);
 int kv_h5_list_datasets(kv_h5 *f, void (*fn)(void *user, const char *path), void *user,
                         kv_error *err);
 
+/* Visit every group below the root (depth-first, name order): callback gets its absolute
+ * path. */
+int kv_h5_list_groups(kv_h5 *f, void (*fn)(void *user, const char *path), void *user,
+                      kv_error *err);
+/* Visit the attributes of object `obj` in name order. `kind` is 's' for a string, 'i' for a
+ * single integer, 'f' for a single floating-point number and '?' for anything else (arrays,
+ * compound types), which the typed readers above refuse. KV_EINPUT when obj is missing. */
+int kv_h5_list_attrs(kv_h5 *f, const char *obj,
+                     void (*fn)(void *user, const char *name, char kind), void *user,
+                     kv_error *err);
+
 /* ---- the plan's budget part (plan.h5, schema v1) ---- */
 typedef struct kv_plan_budget {
     int n_layers, n_kv_heads; /* L, H_kv */

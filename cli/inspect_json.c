@@ -1,0 +1,192 @@
+/* kvplan inspect --json: the same content as the text summary, as one JSON document
+ * (cli/inspect.h). Layout:
+ *   { "file", "kind": "profile" | "plan" | "kvplan",
+ *     "attributes": {root attributes},
+ *     "summary": { profile: "heads" [{layer, order, importance}], "layer_similarity",
+ *                  "consistency" {prompts, pairs, mean_tau, min_tau, max_tau},
+ *                  "hardware" {kind, device_name, device_mem_bytes, fits {group: {...}}};
+ *                  plan: "plan" {ratio, context_length, block_size, policy, allocation, t, r, p,
+ *                  total_tokens, target_tokens, layer_fractions}, "search" {nt, nr, evaluated,
+ *                  best {t, r, perplexity}, worst {...}} },
+ *     "groups": {path: {attributes}},
+ *     "datasets": {path: {"shape": [..], "units", "attributes": {..}, "data": nested lists}} }
+ * NaN values are written as null (cJSON's convention). */
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "inspect.h"
+
+/* Nested lists for dims[k..rank) of v. */
+static cJSON *nested(const double *v, const long *dims, int rank, int k, size_t *pos) {
+    cJSON *a = cJSON_CreateArray();
+    if (!a) return NULL;
+    for (long i = 0; i < dims[k]; i++) {
+        cJSON *item = k + 1 == rank ? cJSON_CreateNumber(v[(*pos)++])
+                                    : nested(v, dims, rank, k + 1, pos);
+        if (!item) {
+            cJSON_Delete(a);
+            return NULL;
+        }
+        cJSON_AddItemToArray(a, item);
+    }
+    return a;
+}
+
+static cJSON *attrs_of(const ki_file *f, const char *obj) {
+    cJSON *o = cJSON_CreateObject();
+    if (!o) return NULL;
+    for (int i = 0; i < f->n_attrs; i++) {
+        const ki_attr *a = &f->attrs[i];
+        if (strcmp(a->obj, obj) != 0) continue;
+        cJSON *it = a->kind == 's' ? cJSON_CreateString(a->str)
+                    : (a->kind == 'i' || a->kind == 'f') ? cJSON_CreateNumber(a->num)
+                                                         : cJSON_CreateNull();
+        if (!it) {
+            cJSON_Delete(o);
+            return NULL;
+        }
+        cJSON_AddItemToObject(o, a->name, it);
+    }
+    return o;
+}
+
+static cJSON *num_array(const double *v, int n) {
+    cJSON *a = cJSON_CreateArray();
+    for (int i = 0; a && i < n; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber(v[i]));
+    return a;
+}
+
+static void profile_summary(cJSON *s, const ki_file *f) {
+    int L = 0, hkv = 0;
+    double *imp = ki_head_importance(f, &L, &hkv);
+    if (imp) {
+        cJSON *heads = cJSON_AddArrayToObject(s, "heads");
+        int *order = malloc((size_t)hkv * sizeof *order);
+        double *sorted = malloc((size_t)hkv * sizeof *sorted);
+        for (int l = 0; heads && order && sorted && l < L; l++) {
+            const double *row = imp + (size_t)l * hkv;
+            ki_order_desc(row, hkv, order);
+            cJSON *e = cJSON_CreateObject();
+            cJSON_AddNumberToObject(e, "layer", l);
+            cJSON *ord = cJSON_AddArrayToObject(e, "order");
+            for (int k = 0; k < hkv; k++) {
+                cJSON_AddItemToArray(ord, cJSON_CreateNumber(order[k]));
+                sorted[k] = row[order[k]];
+            }
+            cJSON_AddItemToObject(e, "importance", num_array(sorted, hkv));
+            cJSON_AddItemToArray(heads, e);
+        }
+        free(order);
+        free(sorted);
+        free(imp);
+    }
+    int r = 0, n = 0;
+    const double *sim = ki_matrix(f, "/layers/similarity", 1, &r, &n);
+    if (sim) cJSON_AddItemToObject(s, "layer_similarity", num_array(sim, n));
+    ki_tau t;
+    if (ki_dset_find(f, "/consistency/kendall_tau")) {
+        ki_tau_summary(f, &t);
+        cJSON *c = cJSON_AddObjectToObject(s, "consistency");
+        cJSON_AddNumberToObject(c, "prompts", t.prompts);
+        cJSON_AddNumberToObject(c, "pairs", t.pairs);
+        cJSON_AddNumberToObject(c, "mean_tau", t.mean);
+        cJSON_AddNumberToObject(c, "min_tau", t.min);
+        cJSON_AddNumberToObject(c, "max_tau", t.max);
+    }
+    int hw = 0;
+    for (int g = 0; g < f->n_groups; g++)
+        if (!strcmp(f->groups[g], "/hardware")) hw = 1;
+    if (hw) {
+        cJSON *h = attrs_of(f, "/hardware");
+        cJSON *fits = cJSON_AddObjectToObject(h, "fits");
+        for (int g = 0; g < f->n_groups; g++)
+            if (!strncmp(f->groups[g], "/hardware/", 10))
+                cJSON_AddItemToObject(fits, f->groups[g] + 10, attrs_of(f, f->groups[g]));
+        cJSON_AddItemToObject(s, "hardware", h);
+    }
+}
+
+static void plan_summary(cJSON *s, const ki_file *f) {
+    cJSON *p = cJSON_AddObjectToObject(s, "plan");
+    const char *num[] = {"ratio", "context_length", "block_size", "t", "r", "p"};
+    for (int i = 0; i < 6; i++)
+        cJSON_AddNumberToObject(p, num[i], ki_attr_num(f, "/", num[i], NAN));
+    const char *str[] = {"policy", "allocation"};
+    for (int i = 0; i < 2; i++) {
+        const char *v = ki_attr_str(f, "/", str[i]);
+        if (v) cJSON_AddStringToObject(p, str[i], v);
+        else cJSON_AddNullToObject(p, str[i]);
+    }
+    int L = 0, hkv = 0;
+    const double *tok = ki_matrix(f, "/budget/tokens", 0, &L, &hkv);
+    if (tok) {
+        double total = 0;
+        for (int i = 0; i < L * hkv; i++) total += tok[i];
+        cJSON_AddNumberToObject(p, "total_tokens", total);
+        cJSON_AddNumberToObject(p, "target_tokens", ki_attr_num(f, "/", "ratio", NAN) * L * hkv *
+                                                        ki_attr_num(f, "/", "context_length", NAN));
+    }
+    kv_error e = {0};
+    int n = 0;
+    double *fr = ki_layer_fractions(f, &n, &e);
+    if (fr) cJSON_AddItemToObject(p, "layer_fractions", num_array(fr, n));
+    free(fr);
+    ki_grid g;
+    if (ki_search_grid(f, &g)) {
+        cJSON *sr = cJSON_AddObjectToObject(s, "search");
+        cJSON_AddNumberToObject(sr, "nt", g.nt);
+        cJSON_AddNumberToObject(sr, "nr", g.nr);
+        cJSON_AddNumberToObject(sr, "evaluated", g.evaluated);
+        if (g.evaluated) {
+            const char *lbl[2] = {"best", "worst"};
+            int ci[2] = {g.best_i, g.worst_i}, cj[2] = {g.best_j, g.worst_j};
+            for (int k = 0; k < 2; k++) {
+                cJSON *c = cJSON_AddObjectToObject(sr, lbl[k]);
+                cJSON_AddNumberToObject(c, "t", g.t ? g.t[ci[k]] : NAN);
+                cJSON_AddNumberToObject(c, "r", g.r ? g.r[cj[k]] : NAN);
+                cJSON_AddNumberToObject(c, "perplexity", g.ppl[(size_t)ci[k] * g.nr + cj[k]]);
+            }
+        }
+    }
+}
+
+int ki_print_json(FILE *out, const ki_file *f, kv_error *err) {
+    cJSON *root = cJSON_CreateObject();
+    if (!root) return kv_fail(err, KV_EINTERNAL, "out of memory: JSON");
+    cJSON_AddStringToObject(root, "file", f->path);
+    cJSON_AddStringToObject(root, "kind", f->is_plan ? "plan" : f->is_profile ? "profile"
+                                                                              : "kvplan");
+    cJSON_AddItemToObject(root, "attributes", attrs_of(f, "/"));
+    cJSON *s = cJSON_AddObjectToObject(root, "summary");
+    if (f->is_profile) profile_summary(s, f);
+    if (f->is_plan) plan_summary(s, f);
+    if (!f->is_profile && !f->is_plan) profile_summary(s, f); /* hardware-only files */
+    cJSON *groups = cJSON_AddObjectToObject(root, "groups");
+    for (int g = 0; groups && g < f->n_groups; g++)
+        cJSON_AddItemToObject(groups, f->groups[g], attrs_of(f, f->groups[g]));
+    cJSON *ds = cJSON_AddObjectToObject(root, "datasets");
+    for (int i = 0; ds && i < f->n_dsets; i++) {
+        const ki_dset *d = &f->dsets[i];
+        cJSON *o = cJSON_CreateObject();
+        cJSON *shape = cJSON_AddArrayToObject(o, "shape");
+        for (int k = 0; k < d->rank; k++)
+            cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)d->dims[k]));
+        const char *u = ki_units(f, d->path);
+        if (u) cJSON_AddStringToObject(o, "units", u);
+        cJSON_AddStringToObject(o, "type", d->v ? (d->is_int ? "int" : "float") : "other");
+        cJSON_AddItemToObject(o, "attributes", attrs_of(f, d->path));
+        size_t pos = 0;
+        if (d->v && d->rank > 0) cJSON_AddItemToObject(o, "data", nested(d->v, d->dims, d->rank, 0, &pos));
+        else cJSON_AddNullToObject(o, "data");
+        cJSON_AddItemToObject(ds, d->path, o);
+    }
+    char *text = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    if (!text) return kv_fail(err, KV_EINTERNAL, "out of memory: JSON text");
+    fputs(text, out);
+    fputc('\n', out);
+    cJSON_free(text);
+    return KV_OK;
+}

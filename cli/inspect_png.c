@@ -1,0 +1,525 @@
+/* kvplan inspect --png: heatmaps with labelled axes, a title and a colour bar, drawn with cairo
+ * (cli/inspect.h). One generic renderer (one or more panels sharing a colour scale) serves
+ * every picture:
+ *   head_importance.png   /heads/importance [L, H_kv]       rows layers, columns KV heads
+ *   token_cos.png         /heads/token_cos [L, H, T0]       one panel per layer (BaKlaVa Fig. 2)
+ *   layer_similarity.png  /layers/cos_attn, cos_block [P, L] rows prompts, columns layers
+ *   search_perplexity.png /search/perplexity [NT, NR]       x = t, y = r (BaKlaVa Fig. 7)
+ *   budget_tokens.png     /budget/tokens [L, H_kv]          rows layers, columns KV heads */
+#include <cairo.h>
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "inspect.h"
+
+enum { CMAP_VIRIDIS = 0, CMAP_DIVERGING = 1, CMAP_GOOD_BAD = 2 };
+
+typedef struct hm_panel {
+    const double *v; /* [rows * cols] row-major */
+    int rows, cols;
+    char title[64];
+    int good_col, bad_col; /* columns outlined green / red, -1 for none */
+    int mark_r, mark_c;    /* one cell outlined in black, -1 for none */
+} hm_panel;
+
+typedef struct hm_spec {
+    const char *title, *subtitle, *xlabel, *ylabel, *cbar_label;
+    const hm_panel *panels;
+    int n_panels;
+    const double *xvals, *yvals; /* tick values (NULL: the index) */
+    double xscale, yscale;       /* tick value multiplier (e.g. 100 for percent) */
+    const char *xfmt, *yfmt;     /* printf format of a tick value */
+    int y_up;                    /* row 0 at the bottom */
+    int cmap;
+    int logscale;
+    int annotate;
+    const char *ann_fmt;
+    const char *legend; /* extra line under the colour bar, or NULL */
+} hm_spec;
+
+/* ---- colours ---- */
+
+typedef struct rgb {
+    double r, g, b;
+} rgb;
+
+static rgb lerp_anchors(const rgb *a, int n, double x) {
+    if (!(x >= 0)) x = 0;
+    if (x > 1) x = 1;
+    double pos = x * (n - 1);
+    int i = (int)floor(pos);
+    if (i >= n - 1) return a[n - 1];
+    double t = pos - i;
+    rgb c = {a[i].r + t * (a[i + 1].r - a[i].r), a[i].g + t * (a[i + 1].g - a[i].g),
+             a[i].b + t * (a[i + 1].b - a[i].b)};
+    return c;
+}
+
+static rgb colour(int cmap, double x) {
+    static const rgb viridis[] = {{0.267, 0.005, 0.329}, {0.283, 0.141, 0.458},
+                                  {0.254, 0.265, 0.530}, {0.207, 0.372, 0.553},
+                                  {0.164, 0.471, 0.558}, {0.128, 0.567, 0.551},
+                                  {0.135, 0.659, 0.518}, {0.267, 0.749, 0.441},
+                                  {0.478, 0.821, 0.318}, {0.741, 0.873, 0.150},
+                                  {0.993, 0.906, 0.144}};
+    static const rgb diverging[] = {{0.230, 0.299, 0.754}, {0.552, 0.690, 0.996},
+                                    {0.865, 0.865, 0.865}, {0.958, 0.603, 0.482},
+                                    {0.706, 0.016, 0.150}};
+    static const rgb goodbad[] = {{0.102, 0.596, 0.314}, {0.569, 0.812, 0.376},
+                                  {1.000, 1.000, 0.749}, {0.988, 0.553, 0.349},
+                                  {0.843, 0.188, 0.153}};
+    if (cmap == CMAP_DIVERGING) return lerp_anchors(diverging, 5, x);
+    if (cmap == CMAP_GOOD_BAD) return lerp_anchors(goodbad, 5, x);
+    return lerp_anchors(viridis, 11, x);
+}
+
+/* ---- drawing helpers ---- */
+
+static void text_at(cairo_t *cr, double x, double y, double size, int bold, double align,
+                    const char *s) {
+    cairo_select_font_face(cr, "sans-serif", CAIRO_FONT_SLANT_NORMAL,
+                           bold ? CAIRO_FONT_WEIGHT_BOLD : CAIRO_FONT_WEIGHT_NORMAL);
+    cairo_set_font_size(cr, size);
+    cairo_text_extents_t e;
+    cairo_text_extents(cr, s, &e);
+    cairo_move_to(cr, x - align * e.x_advance, y);
+    cairo_show_text(cr, s);
+}
+
+static void text_vertical(cairo_t *cr, double x, double y, double size, const char *s) {
+    cairo_save(cr);
+    cairo_translate(cr, x, y);
+    cairo_rotate(cr, -M_PI / 2);
+    text_at(cr, 0, 0, size, 0, 0.5, s);
+    cairo_restore(cr);
+}
+
+/* Scale of a value into [0, 1]. */
+static double norm(const hm_spec *s, double v, double lo, double hi) {
+    if (s->logscale) {
+        v = log(v);
+        lo = log(lo);
+        hi = log(hi);
+    }
+    return hi > lo ? (v - lo) / (hi - lo) : 0.5;
+}
+
+static int tick_step(int n, double px_per_cell, double min_px) {
+    static const int steps[] = {1, 2, 5, 10, 20, 25, 50, 100, 200, 250, 500, 1000, 2000, 5000};
+    for (size_t i = 0; i < sizeof steps / sizeof steps[0]; i++)
+        if (steps[i] * px_per_cell >= min_px) return steps[i];
+    return n > 0 ? n : 1;
+}
+
+static void tick_label(char *buf, size_t cap, const double *vals, double scale, const char *fmt,
+                       int i) {
+    if (vals) snprintf(buf, cap, fmt ? fmt : "%g", vals[i] * (scale ? scale : 1));
+    else snprintf(buf, cap, "%d", i);
+}
+
+/* Draw the heatmap(s) of `s` onto a KI_PNG_W x KI_PNG_H surface and save it to `path`. */
+static int render(const hm_spec *s, const char *path, kv_error *err) {
+    const double W = KI_PNG_W, H = KI_PNG_H;
+    cairo_surface_t *surf = cairo_image_surface_create(CAIRO_FORMAT_RGB24, KI_PNG_W, KI_PNG_H);
+    if (cairo_surface_status(surf) != CAIRO_STATUS_SUCCESS) {
+        cairo_surface_destroy(surf);
+        return kv_fail(err, KV_EINTERNAL, "%s: cairo cannot create an image", path);
+    }
+    cairo_t *cr = cairo_create(surf);
+    cairo_set_source_rgb(cr, 1, 1, 1);
+    cairo_paint(cr);
+
+    /* value range over every panel */
+    double lo = INFINITY, hi = -INFINITY;
+    int any_nan = 0;
+    for (int p = 0; p < s->n_panels; p++)
+        for (int i = 0; i < s->panels[p].rows * s->panels[p].cols; i++) {
+            double v = s->panels[p].v[i];
+            if (!isfinite(v) || (s->logscale && v <= 0)) {
+                any_nan = 1;
+                continue;
+            }
+            lo = fmin(lo, v);
+            hi = fmax(hi, v);
+        }
+    if (!isfinite(lo)) lo = 0, hi = 1;
+    if (s->cmap == CMAP_DIVERGING) {
+        double m = fmax(fabs(lo), fabs(hi));
+        if (m <= 1.0) m = 1.0;
+        lo = -m;
+        hi = m;
+    }
+    if (hi == lo) hi = lo + (lo ? fabs(lo) * 0.01 : 1.0);
+
+    /* title */
+    cairo_set_source_rgb(cr, 0, 0, 0);
+    text_at(cr, W / 2, 34, 22, 1, 0.5, s->title);
+    if (s->subtitle) {
+        cairo_set_source_rgb(cr, 0.25, 0.25, 0.25);
+        text_at(cr, W / 2, 58, 13, 0, 0.5, s->subtitle);
+    }
+
+    /* panel grid */
+    const double left = 95, right = 150, top = 80, bottom = 75;
+    int prow = (s->n_panels + 7) / 8, pcol = (s->n_panels + prow - 1) / prow;
+    double gapx = s->n_panels > 1 ? 45 : 0, gapy = s->n_panels > 1 ? 55 : 0;
+    double head = s->n_panels > 1 ? 18 : 0; /* panel title space */
+    double pw = (W - left - right - gapx * (pcol - 1)) / pcol;
+    double ph = (H - top - bottom - gapy * (prow - 1)) / prow - head;
+    for (int p = 0; p < s->n_panels; p++) {
+        const hm_panel *pn = &s->panels[p];
+        double x0 = left + (p % pcol) * (pw + gapx);
+        double y0 = top + (p / pcol) * (ph + gapy + head) + head;
+        double cw = pw / pn->cols, ch = ph / pn->rows;
+        if (head > 0) {
+            cairo_set_source_rgb(cr, 0, 0, 0);
+            text_at(cr, x0 + pw / 2, y0 - 6, 13, 1, 0.5, pn->title);
+        }
+        for (int r = 0; r < pn->rows; r++) {
+            double y = s->y_up ? y0 + (pn->rows - 1 - r) * ch : y0 + r * ch;
+            for (int c = 0; c < pn->cols; c++) {
+                double v = pn->v[(size_t)r * pn->cols + c];
+                double x = x0 + c * cw;
+                cairo_rectangle(cr, x, y, cw + 0.5, ch + 0.5);
+                if (!isfinite(v) || (s->logscale && v <= 0)) {
+                    cairo_set_source_rgb(cr, 0.9, 0.9, 0.9);
+                    cairo_fill(cr);
+                    /* hatch: not evaluated */
+                    cairo_save(cr);
+                    cairo_rectangle(cr, x, y, cw, ch);
+                    cairo_clip(cr);
+                    cairo_set_source_rgb(cr, 0.6, 0.6, 0.6);
+                    cairo_set_line_width(cr, 1);
+                    for (double d = -ch; d < cw; d += 8) {
+                        cairo_move_to(cr, x + d, y + ch);
+                        cairo_line_to(cr, x + d + ch, y);
+                    }
+                    cairo_stroke(cr);
+                    cairo_restore(cr);
+                    continue;
+                }
+                rgb col = colour(s->cmap, norm(s, v, lo, hi));
+                cairo_set_source_rgb(cr, col.r, col.g, col.b);
+                cairo_fill(cr);
+                if (s->annotate && cw >= 38 && ch >= 15) {
+                    char buf[32];
+                    snprintf(buf, sizeof buf, s->ann_fmt ? s->ann_fmt : "%.3g", v);
+                    double lum = 0.299 * col.r + 0.587 * col.g + 0.114 * col.b;
+                    cairo_set_source_rgb(cr, lum < 0.5 ? 1 : 0, lum < 0.5 ? 1 : 0,
+                                         lum < 0.5 ? 1 : 0);
+                    text_at(cr, x + cw / 2, y + ch / 2 + 4, fmin(12, ch * 0.6), 0, 0.5, buf);
+                }
+            }
+        }
+        /* outlines */
+        cairo_set_line_width(cr, 2.5);
+        if (pn->good_col >= 0) {
+            cairo_set_source_rgb(cr, 0.0, 0.75, 0.0);
+            cairo_rectangle(cr, x0 + pn->good_col * cw + 1.25, y0 + 1.25, cw - 2.5, ph - 2.5);
+            cairo_stroke(cr);
+        }
+        if (pn->bad_col >= 0) {
+            cairo_set_source_rgb(cr, 0.9, 0.0, 0.0);
+            cairo_rectangle(cr, x0 + pn->bad_col * cw + 1.25, y0 + 1.25, cw - 2.5, ph - 2.5);
+            cairo_stroke(cr);
+        }
+        if (pn->mark_r >= 0 && pn->mark_c >= 0) {
+            double y = s->y_up ? y0 + (pn->rows - 1 - pn->mark_r) * ch : y0 + pn->mark_r * ch;
+            cairo_set_source_rgb(cr, 0, 0, 0);
+            cairo_set_line_width(cr, 3);
+            cairo_rectangle(cr, x0 + pn->mark_c * cw + 1.5, y + 1.5, cw - 3, ch - 3);
+            cairo_stroke(cr);
+        }
+        /* frame and ticks */
+        cairo_set_source_rgb(cr, 0, 0, 0);
+        cairo_set_line_width(cr, 1);
+        cairo_rectangle(cr, x0, y0, pw, ph);
+        cairo_stroke(cr);
+        char buf[48];
+        double fs = pn->cols > 40 || s->n_panels > 4 ? 10 : 12;
+        int xs = tick_step(pn->cols, cw, s->xvals ? 42 : 22);
+        for (int c = 0; c < pn->cols; c += xs) {
+            double x = x0 + (c + 0.5) * cw;
+            cairo_move_to(cr, x, y0 + ph);
+            cairo_line_to(cr, x, y0 + ph + 4);
+            cairo_stroke(cr);
+            tick_label(buf, sizeof buf, s->xvals, s->xscale, s->xfmt, c);
+            text_at(cr, x, y0 + ph + 17, fs, 0, 0.5, buf);
+        }
+        if (p % pcol == 0) {
+            int ys = tick_step(pn->rows, ch, 16);
+            for (int r = 0; r < pn->rows; r += ys) {
+                double y = s->y_up ? y0 + (pn->rows - 1 - r + 0.5) * ch : y0 + (r + 0.5) * ch;
+                cairo_move_to(cr, x0 - 4, y);
+                cairo_line_to(cr, x0, y);
+                cairo_stroke(cr);
+                tick_label(buf, sizeof buf, s->yvals, s->yscale, s->yfmt, r);
+                text_at(cr, x0 - 7, y + 4, fs, 0, 1.0, buf);
+            }
+        }
+    }
+    /* axis labels */
+    cairo_set_source_rgb(cr, 0, 0, 0);
+    double plot_w = pcol * pw + (pcol - 1) * gapx;
+    text_at(cr, left + plot_w / 2, H - 28, 15, 0, 0.5, s->xlabel);
+    text_vertical(cr, 28, top + (H - top - bottom) / 2, 15, s->ylabel);
+
+    /* colour bar */
+    double bx = W - right + 35, bw = 22, by = top + 10, bh = H - top - bottom - 60;
+    for (int i = 0; i < (int)bh; i++) {
+        rgb col = colour(s->cmap, 1.0 - (double)i / (bh - 1));
+        cairo_set_source_rgb(cr, col.r, col.g, col.b);
+        cairo_rectangle(cr, bx, by + i, bw, 1.5);
+        cairo_fill(cr);
+    }
+    cairo_set_source_rgb(cr, 0, 0, 0);
+    cairo_rectangle(cr, bx, by, bw, bh);
+    cairo_stroke(cr);
+    for (int k = 0; k <= 4; k++) {
+        double frac = k / 4.0;
+        double v = s->logscale ? exp(log(lo) + frac * (log(hi) - log(lo))) : lo + frac * (hi - lo);
+        double y = by + bh - frac * bh;
+        cairo_move_to(cr, bx + bw, y);
+        cairo_line_to(cr, bx + bw + 4, y);
+        cairo_stroke(cr);
+        char buf[32];
+        snprintf(buf, sizeof buf, "%.4g", v);
+        text_at(cr, bx + bw + 7, y + 4, 11, 0, 0, buf);
+    }
+    text_vertical(cr, bx - 10, by + bh / 2, 13, s->cbar_label);
+    if (s->legend || any_nan) {
+        double ly = by + bh + 22;
+        if (any_nan) {
+            cairo_set_source_rgb(cr, 0.9, 0.9, 0.9);
+            cairo_rectangle(cr, bx - 20, ly - 10, 12, 12);
+            cairo_fill(cr);
+            cairo_set_source_rgb(cr, 0.6, 0.6, 0.6);
+            cairo_move_to(cr, bx - 20, ly + 2);
+            cairo_line_to(cr, bx - 8, ly - 10);
+            cairo_stroke(cr);
+            cairo_set_source_rgb(cr, 0, 0, 0);
+            text_at(cr, bx - 4, ly, 11, 0, 0, "not evaluated");
+            ly += 18;
+        }
+        if (s->legend) text_at(cr, bx - 20, ly, 11, 0, 0, s->legend);
+    }
+    cairo_destroy(cr);
+    cairo_surface_flush(surf);
+    cairo_status_t st = cairo_surface_write_to_png(surf, path);
+    cairo_surface_destroy(surf);
+    if (st != CAIRO_STATUS_SUCCESS)
+        return kv_fail(err, KV_EINPUT, "%s: cannot write the PNG: %s", path,
+                       cairo_status_to_string(st));
+    return KV_OK;
+}
+
+static hm_panel panel(const double *v, int rows, int cols, const char *title) {
+    hm_panel p;
+    memset(&p, 0, sizeof p);
+    p.v = v;
+    p.rows = rows;
+    p.cols = cols;
+    snprintf(p.title, sizeof p.title, "%s", title ? title : "");
+    p.good_col = p.bad_col = p.mark_r = p.mark_c = -1;
+    return p;
+}
+
+static hm_spec spec(const char *title, const char *xlabel, const char *ylabel, const char *cbar,
+                    const hm_panel *p, int n, int cmap) {
+    hm_spec s;
+    memset(&s, 0, sizeof s);
+    s.title = title;
+    s.xlabel = xlabel;
+    s.ylabel = ylabel;
+    s.cbar_label = cbar;
+    s.panels = p;
+    s.n_panels = n;
+    s.cmap = cmap;
+    return s;
+}
+
+/* ---- the pictures ---- */
+
+static int png_importance(const ki_file *f, const char *path, kv_error *err) {
+    int L = 0, hkv = 0;
+    double *imp = ki_head_importance(f, &L, &hkv);
+    if (!imp) return kv_fail(err, KV_EINTERNAL, "out of memory: importance");
+    hm_panel p = panel(imp, L, hkv, NULL);
+    hm_spec s = spec("KV head importance", "KV head j", "layer l", "importance = 1 - similarity",
+                     &p, 1, CMAP_VIRIDIS);
+    s.subtitle = "importance of each (layer, KV head): 1 - (mean cos(V, O) + 1) / 2, averaged "
+                 "over prompts and the query heads of the group";
+    s.annotate = 1;
+    s.ann_fmt = "%.3f";
+    int rc = render(&s, path, err);
+    free(imp);
+    return rc;
+}
+
+static int png_token_cos(const ki_file *f, const char *path, kv_error *err) {
+    const ki_dset *d = ki_dset_find(f, "/heads/token_cos");
+    int L = (int)d->dims[0], H = (int)d->dims[1], T = (int)d->dims[2];
+    int n = L > 64 ? 64 : L; /* at most 64 panels */
+    double *buf = kv_malloc((size_t)n * H * T * sizeof *buf, "token_cos picture", err);
+    hm_panel *ps = kv_calloc((size_t)n, sizeof *ps, "token_cos panels", err);
+    if (!buf || !ps) {
+        free(buf);
+        free(ps);
+        return KV_EINTERNAL;
+    }
+    for (int l = 0; l < n; l++) {
+        double *v = buf + (size_t)l * H * T;
+        double best = INFINITY, worst = -INFINITY;
+        int good = -1, bad = -1;
+        for (int h = 0; h < H; h++) {
+            double s = 0;
+            int cnt = 0;
+            for (int t = 0; t < T; t++) {
+                double x = d->v[((size_t)l * H + h) * T + t];
+                v[(size_t)t * H + h] = x;
+                if (isfinite(x)) s += x, cnt++;
+            }
+            double m = cnt ? s / cnt : NAN;
+            if (cnt && m < best) best = m, good = h;
+            if (cnt && m > worst) worst = m, bad = h;
+        }
+        char title[32];
+        snprintf(title, sizeof title, "layer %d", l);
+        ps[l] = panel(v, T, H, title);
+        ps[l].good_col = good; /* lowest mean similarity: most important */
+        ps[l].bad_col = bad;   /* highest: least important */
+    }
+    hm_spec s = spec("Per-token head similarity, first prompt", "query head h",
+                     "token position t", "cos(V[t, j], O[t, h])", ps, n, CMAP_DIVERGING);
+    s.subtitle = "green outline: head with the lowest mean (most important); red: the highest "
+                 "mean (least important)";
+    int rc = render(&s, path, err);
+    free(ps);
+    free(buf);
+    return rc;
+}
+
+static int png_layers(const ki_file *f, const char *path, kv_error *err) {
+    hm_panel ps[3];
+    int n = 0, r = 0, c = 0;
+    const double *v;
+    if ((v = ki_matrix(f, "/layers/cos_attn", 0, &r, &c)))
+        ps[n++] = panel(v, r, c, "attention: cos(x, x + Attn(x))");
+    if ((v = ki_matrix(f, "/layers/cos_block", 0, &r, &c)))
+        ps[n++] = panel(v, r, c, "whole block: cos(x_l, x_l+1)");
+    int only_sim = n == 0;
+    if (only_sim && (v = ki_matrix(f, "/layers/similarity", 1, &r, &c)))
+        ps[n++] = panel(v, r, c, "profile similarity");
+    if (!n) return KV_OK;
+    hm_spec s = spec("Layer similarity (SqueezeAttention)", "layer l",
+                     only_sim ? "" : "prompt", "cosine similarity", ps, n, CMAP_VIRIDIS);
+    s.subtitle = "cosine between the residual stream before and after each layer, per prompt; "
+                 "high = the layer changes the stream little";
+    s.annotate = 1;
+    s.ann_fmt = "%.3f";
+    return render(&s, path, err);
+}
+
+static int png_search(const ki_file *f, const char *path, kv_error *err) {
+    ki_grid g;
+    if (!ki_search_grid(f, &g)) return KV_OK;
+    /* panel rows are r (y), columns t (x) */
+    double *v = kv_malloc((size_t)g.nt * g.nr * sizeof *v, "search picture", err);
+    if (!v) return KV_EINTERNAL;
+    for (int i = 0; i < g.nt; i++)
+        for (int j = 0; j < g.nr; j++) v[(size_t)j * g.nt + i] = g.ppl[(size_t)i * g.nr + j];
+    hm_panel p = panel(v, g.nr, g.nt, NULL);
+    if (g.evaluated) {
+        p.mark_r = g.best_j;
+        p.mark_c = g.best_i;
+    }
+    char sub[200];
+    double R = ki_attr_num(f, "/", "ratio", NAN);
+    if (g.evaluated)
+        snprintf(sub, sizeof sub, "ratio R = %.3g; %d of %d cells evaluated; black outline: best, "
+                 "perplexity %.4g at t = %.3g, r = %.3g", R, g.evaluated, g.nt * g.nr,
+                 g.ppl[(size_t)g.best_i * g.nr + g.best_j], g.t ? g.t[g.best_i] : g.best_i,
+                 g.r ? g.r[g.best_j] : g.best_j);
+    else snprintf(sub, sizeof sub, "ratio R = %.3g; no cell evaluated", R);
+    hm_spec s = spec("Budget search: perplexity over (t, r)", "similarity threshold t",
+                     "reduction r of low-importance heads (%)", "perplexity (lower is better)",
+                     &p, 1, CMAP_GOOD_BAD);
+    s.subtitle = sub;
+    s.xvals = g.t;
+    s.xfmt = "%.2f";
+    s.yvals = g.r;
+    s.yscale = 100;
+    s.yfmt = "%.0f";
+    s.y_up = 1;
+    s.annotate = 1;
+    s.ann_fmt = "%.2f";
+    double lo = INFINITY, hi = 0;
+    for (int i = 0; i < g.nt * g.nr; i++)
+        if (isfinite(v[i]) && v[i] > 0) lo = fmin(lo, v[i]), hi = fmax(hi, v[i]);
+    s.logscale = isfinite(lo) && hi / lo > 2.0;
+    if (s.logscale) s.legend = "log colour scale";
+    int rc = render(&s, path, err);
+    free(v);
+    return rc;
+}
+
+static int png_budget(const ki_file *f, const char *path, kv_error *err) {
+    int L = 0, hkv = 0;
+    const double *v = ki_matrix(f, "/budget/tokens", 0, &L, &hkv);
+    hm_panel p = panel(v, L, hkv, NULL);
+    char sub[200];
+    const char *alloc = ki_attr_str(f, "/", "allocation"), *pol = ki_attr_str(f, "/", "policy");
+    snprintf(sub, sizeof sub, "tokens each KV head keeps: ratio R = %.3g, context C = %.0f, "
+             "allocation %s, policy %s", ki_attr_num(f, "/", "ratio", NAN),
+             ki_attr_num(f, "/", "context_length", NAN), alloc ? alloc : "?", pol ? pol : "?");
+    hm_spec s = spec("Plan budgets B[l][j]", "KV head j", "layer l", "budget (tokens)", &p, 1,
+                     CMAP_VIRIDIS);
+    s.subtitle = sub;
+    s.annotate = 1;
+    s.ann_fmt = "%.0f";
+    return render(&s, path, err);
+}
+
+int ki_write_pngs(const ki_file *f, const char *dir, FILE *log, int *n_written, kv_error *err) {
+    *n_written = 0;
+    if (mkdir(dir, 0777) != 0 && errno != EEXIST)
+        return kv_fail(err, KV_EINPUT, "%s: cannot create the directory: %s", dir,
+                       strerror(errno));
+    struct stat st;
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
+        return kv_fail(err, KV_EINPUT, "%s: not a directory", dir);
+    int L = 0, hkv = 0;
+    const ki_dset *tc = ki_dset_find(f, "/heads/token_cos");
+    ki_grid g;
+    const struct {
+        const char *name;
+        int ok;
+        int (*fn)(const ki_file *, const char *, kv_error *);
+    } pics[] = {
+        {"head_importance.png",
+         ki_matrix(f, "/heads/importance", 0, &L, &hkv) != NULL ||
+             ki_matrix(f, "/heads/similarity", 0, &L, &hkv) != NULL,
+         png_importance},
+        {"token_cos.png", tc && tc->v && tc->rank == 3 && tc->count > 0, png_token_cos},
+        {"layer_similarity.png",
+         ki_matrix(f, "/layers/cos_attn", 0, &L, &hkv) || ki_matrix(f, "/layers/cos_block", 0, &L,
+                                                                    &hkv) ||
+             ki_matrix(f, "/layers/similarity", 1, &L, &hkv),
+         png_layers},
+        {"search_perplexity.png", ki_search_grid(f, &g), png_search},
+        {"budget_tokens.png", ki_matrix(f, "/budget/tokens", 0, &L, &hkv) != NULL, png_budget},
+    };
+    for (size_t i = 0; i < sizeof pics / sizeof pics[0]; i++) {
+        if (!pics[i].ok) continue;
+        char path[4200];
+        snprintf(path, sizeof path, "%s/%s", dir, pics[i].name);
+        int rc = pics[i].fn(f, path, err);
+        if (rc) return rc;
+        (*n_written)++;
+        if (log) fprintf(log, "wrote %s\n", path);
+    }
+    return KV_OK;
+}

@@ -1,0 +1,408 @@
+/* kvplan inspect: the human-readable summary (cli/inspect.h). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "inspect.h"
+
+/* A bar of `width` cells for value/maxv in [0, 1] using eighth blocks (UTF-8). */
+static void bar(FILE *out, double value, double maxv, int width) {
+    static const char *eighth[] = {"", "▏", "▎", "▍", "▌", "▋", "▊", "▉"};
+    double frac = (maxv > 0 && isfinite(value)) ? value / maxv : 0;
+    if (frac < 0) frac = 0;
+    if (frac > 1) frac = 1;
+    int units = (int)lround(frac * width * 8);
+    int cells = 0;
+    for (; units >= 8; units -= 8, cells++) fputs("█", out);
+    if (units > 0) {
+        fputs(eighth[units], out);
+        cells++;
+    }
+    for (; cells < width; cells++) fputc(' ', out);
+}
+
+static int starts_with(const char *s, const char *prefix) {
+    return strncmp(s, prefix, strlen(prefix)) == 0;
+}
+
+static void print_shape(FILE *out, const ki_dset *d) {
+    fputc('[', out);
+    for (int i = 0; i < d->rank; i++) fprintf(out, "%s%ld", i ? ", " : "", d->dims[i]);
+    fputc(']', out);
+}
+
+static void print_num(FILE *out, double v, int is_int) {
+    if (isnan(v)) fputs("nan", out);
+    else if (is_int && fabs(v) < 1e15) fprintf(out, "%.0f", v);
+    else fprintf(out, "%.6g", v);
+}
+
+/* Attributes of `obj` (except units), one line "  name = value" each, with `indent`. */
+static void print_attrs(FILE *out, const ki_file *f, const char *obj, const char *indent,
+                        const char *const *skip) {
+    for (int i = 0; i < f->n_attrs; i++) {
+        const ki_attr *a = &f->attrs[i];
+        if (strcmp(a->obj, obj) != 0 || !strcmp(a->name, "units")) continue;
+        int skipped = 0;
+        for (int k = 0; skip && skip[k]; k++)
+            if (!strcmp(skip[k], a->name)) skipped = 1;
+        if (skipped) continue;
+        fprintf(out, "%s%s = ", indent, a->name);
+        if (a->kind == 's') fprintf(out, "%s", a->str);
+        else if (a->kind == 'i') print_num(out, a->num, 1);
+        else if (a->kind == 'f') print_num(out, a->num, 0);
+        else fputs("(array or unsupported type)", out);
+        fputc('\n', out);
+    }
+}
+
+/* A dataset's values: inline when short, a table for a small matrix, else a summary. */
+static void print_values(FILE *out, const ki_dset *d, const char *indent) {
+    if (!d->v) {
+        fprintf(out, "%s(not numeric)\n", indent);
+        return;
+    }
+    if (d->rank == 1 && d->count <= 24) {
+        fputs(indent, out);
+        for (size_t i = 0; i < d->count; i++) {
+            if (i) fputs("  ", out);
+            print_num(out, d->v[i], d->is_int);
+        }
+        fputc('\n', out);
+        return;
+    }
+    if (d->rank == 2 && d->dims[0] <= 40 && d->dims[1] <= 12) {
+        for (long i = 0; i < d->dims[0]; i++) {
+            fprintf(out, "%s%3ld |", indent, i);
+            for (long j = 0; j < d->dims[1]; j++) {
+                double v = d->v[i * d->dims[1] + j];
+                if (isnan(v)) fprintf(out, " %10s", "nan");
+                else if (d->is_int) fprintf(out, " %10.0f", v);
+                else fprintf(out, " %10.5g", v);
+            }
+            fputc('\n', out);
+        }
+        return;
+    }
+    double mn = INFINITY, mx = -INFINITY, s = 0;
+    size_t n = 0;
+    for (size_t i = 0; i < d->count; i++)
+        if (isfinite(d->v[i])) {
+            mn = fmin(mn, d->v[i]);
+            mx = fmax(mx, d->v[i]);
+            s += d->v[i];
+            n++;
+        }
+    if (n)
+        fprintf(out, "%s%zu values: min %.6g, mean %.6g, max %.6g%s\n", indent, d->count, mn,
+                s / n, mx, n < d->count ? " (non-finite skipped)" : "");
+    else fprintf(out, "%s%zu values, none finite\n", indent, d->count);
+}
+
+/* Every dataset and group attribute under `prefix`, generically. Returns the number shown. */
+static int print_generic(FILE *out, const ki_file *f, const char *prefix,
+                         const char *const *skip_paths) {
+    int shown = 0;
+    for (int g = 0; g < f->n_groups; g++) {
+        if (!starts_with(f->groups[g], prefix)) continue;
+        int has = 0;
+        for (int i = 0; i < f->n_attrs; i++)
+            if (!strcmp(f->attrs[i].obj, f->groups[g])) has = 1;
+        if (!has) continue;
+        fprintf(out, "  %s:\n", f->groups[g]);
+        print_attrs(out, f, f->groups[g], "      ", NULL);
+        shown++;
+    }
+    for (int i = 0; i < f->n_dsets; i++) {
+        const ki_dset *d = &f->dsets[i];
+        if (!starts_with(d->path, prefix)) continue;
+        int skip = 0;
+        for (int k = 0; skip_paths && skip_paths[k]; k++)
+            if (!strcmp(skip_paths[k], d->path)) skip = 1;
+        if (skip) continue;
+        const char *u = ki_units(f, d->path);
+        fprintf(out, "  %s ", d->path);
+        print_shape(out, d);
+        if (u) fprintf(out, " (%s)", u);
+        fputc('\n', out);
+        print_attrs(out, f, d->path, "      @", NULL);
+        print_values(out, d, "      ");
+        shown++;
+    }
+    return shown;
+}
+
+static void print_header(FILE *out, const ki_file *f) {
+    const char *kind = f->is_plan ? "plan" : f->is_profile ? "profile" : "kvplan file";
+    fprintf(out, "%s: kvplan %s (schema %.0f, written by kvplan %s, created %s)\n", f->path, kind,
+            ki_attr_num(f, "/", "schema_version", NAN),
+            ki_attr_str(f, "/", "kvplan_version") ? ki_attr_str(f, "/", "kvplan_version") : "?",
+            ki_attr_str(f, "/", "created") ? ki_attr_str(f, "/", "created") : "?");
+    const char *cmd = ki_attr_str(f, "/", "command");
+    if (cmd) fprintf(out, "command: %s\n", cmd);
+    const char *mp = ki_attr_str(f, "/", "model_path"), *mf = ki_attr_str(f, "/", "model_format");
+    const char *sha = ki_attr_str(f, "/", "model_sha256");
+    fprintf(out, "model: %s%s%s%s  sha256 %s\n", mp ? mp : "(unknown)", mf ? " (" : "",
+            mf ? mf : "", mf ? ")" : "", sha && *sha ? sha : "(none)");
+    if (ki_attr_find(f, "/", "model_n_layers"))
+        fprintf(out, "  L %.0f layers, H %.0f query heads, H_kv %.0f KV heads, d_h %.0f, dim %.0f, "
+                "FFN %.0f, vocab %.0f, trained context %.0f\n",
+                ki_attr_num(f, "/", "model_n_layers", NAN), ki_attr_num(f, "/", "model_n_heads", NAN),
+                ki_attr_num(f, "/", "model_n_kv_heads", NAN),
+                ki_attr_num(f, "/", "model_head_dim", NAN), ki_attr_num(f, "/", "model_dim", NAN),
+                ki_attr_num(f, "/", "model_hidden_dim", NAN),
+                ki_attr_num(f, "/", "model_vocab_size", NAN),
+                ki_attr_num(f, "/", "model_seq_len", NAN));
+}
+
+static void print_heads(FILE *out, const ki_file *f) {
+    int L = 0, hkv = 0;
+    double *imp = ki_head_importance(f, &L, &hkv);
+    if (!imp) return;
+    double mx = 0;
+    for (int i = 0; i < L * hkv; i++)
+        if (isfinite(imp[i]) && imp[i] > mx) mx = imp[i];
+    fprintf(out, "\nKV head importance (1 - similarity; bars relative to the largest, %.4f), "
+            "most important first:\n", mx);
+    int *order = malloc((size_t)hkv * sizeof *order);
+    if (!order) {
+        free(imp);
+        return;
+    }
+    for (int l = 0; l < L; l++) {
+        const double *row = imp + (size_t)l * hkv;
+        ki_order_desc(row, hkv, order);
+        fprintf(out, "  layer %2d ", l);
+        for (int k = 0; k < hkv; k++) {
+            if (k && k % 6 == 0) fprintf(out, "\n           ");
+            fprintf(out, " kv%-2d %.4f ", order[k], row[order[k]]);
+            bar(out, row[order[k]], mx, 5);
+        }
+        fputc('\n', out);
+    }
+    free(order);
+    free(imp);
+}
+
+static void print_layers(FILE *out, const ki_file *f) {
+    int r1 = 0, c1 = 0, r2 = 0, c2 = 0, r3 = 0, L = 0;
+    const double *sim = ki_matrix(f, "/layers/similarity", 1, &r3, &L);
+    const double *ca = ki_matrix(f, "/layers/cos_attn", 0, &r1, &c1);
+    const double *cb = ki_matrix(f, "/layers/cos_block", 0, &r2, &c2);
+    if (!sim && !ca && !cb) return;
+    if (!sim) L = ca ? c1 : c2;
+    fprintf(out, "\nlayer similarity (cosine of the residual stream before and after; higher = "
+            "the layer changes less):\n  layer  similarity              attn (mean over prompts)"
+            "  block (mean)\n");
+    for (int l = 0; l < L; l++) {
+        fprintf(out, "  %5d  ", l);
+        if (sim) {
+            fprintf(out, "%.4f ", sim[l]);
+            bar(out, sim[l], 1.0, 14);
+        } else {
+            fprintf(out, "%21s", "");
+        }
+        double ma = NAN, mb = NAN;
+        if (ca && l < c1) {
+            ma = 0;
+            for (int p = 0; p < r1; p++) ma += ca[(size_t)p * c1 + l] / r1;
+        }
+        if (cb && l < c2) {
+            mb = 0;
+            for (int p = 0; p < r2; p++) mb += cb[(size_t)p * c2 + l] / r2;
+        }
+        fprintf(out, "  %8.4f                  %8.4f\n", ma, mb);
+    }
+}
+
+static void print_consistency(FILE *out, const ki_file *f) {
+    ki_tau t;
+    const ki_dset *d = ki_dset_find(f, "/consistency/kendall_tau");
+    if (!d) return;
+    ki_tau_summary(f, &t);
+    fprintf(out, "\nprompt consistency (Kendall tau between the head rankings of prompt pairs):\n");
+    if (t.pairs)
+        fprintf(out, "  %d prompts, %d pairs: mean tau %.4f, min %.4f, max %.4f\n", t.prompts,
+                t.pairs, t.mean, t.min, t.max);
+    else fprintf(out, "  %d prompt(s): no pairs to compare\n", t.prompts);
+    int p = 0, L = 0;
+    const double *len = ki_matrix(f, "/prompts/lengths", 1, &p, &L);
+    if (len) {
+        fprintf(out, "  prompt lengths (tokens):");
+        for (int i = 0; i < L && i < 16; i++) fprintf(out, " %.0f", len[i]);
+        fprintf(out, "%s\n", L > 16 ? " ..." : "");
+    }
+}
+
+static void print_hardware(FILE *out, const ki_file *f) {
+    int any = 0;
+    for (int g = 0; g < f->n_groups; g++)
+        if (!strcmp(f->groups[g], "/hardware")) any = 1;
+    if (!any) return;
+    const char *kind = ki_attr_str(f, "/hardware", "kind");
+    const char *dev = ki_attr_str(f, "/hardware", "device_name");
+    double mem = ki_attr_num(f, "/hardware", "device_mem_bytes", NAN);
+    fprintf(out, "\nhardware (%s%s): %s, memory %.2f GiB\n",
+            kind ? kind : "?", kind && !strcmp(kind, "cpu") ? ": host memcpy and BLAS stand in "
+            "for the device" : "", dev ? dev : "?", mem / (1024.0 * 1024 * 1024));
+    for (int g = 0; g < f->n_groups; g++) {
+        const char *grp = f->groups[g];
+        if (!starts_with(grp, "/hardware/")) continue;
+        const char *name = grp + strlen("/hardware/");
+        double bw = ki_attr_num(f, grp, "bandwidth", NAN);
+        double peak = ki_attr_num(f, grp, "peak_flops_per_s", NAN);
+        char med[300];
+        snprintf(med, sizeof med, "%s/median", grp);
+        const ki_dset *d = ki_dset_find(f, med);
+        if (!isnan(bw)) {
+            fprintf(out, "  %-20s bandwidth %9.3f GB/s   latency %9.3f us   R^2 %.4f   "
+                    "(%zu sizes; fit time = latency + bytes / bandwidth)\n", name, bw / 1e9,
+                    ki_attr_num(f, grp, "latency", NAN) * 1e6, ki_attr_num(f, grp, "r2", NAN),
+                    d ? d->count : (size_t)0);
+        } else if (!isnan(peak)) {
+            fprintf(out, "  %-20s peak %10.3f GFLOP/s   (%zu GEMM shapes)\n", name, peak / 1e9,
+                    d ? d->count : (size_t)0);
+        } else {
+            fprintf(out, "  %s:\n", name);
+            print_attrs(out, f, grp, "      ", NULL);
+        }
+    }
+}
+
+static void print_plan(FILE *out, const ki_file *f) {
+    double R = ki_attr_num(f, "/", "ratio", NAN), C = ki_attr_num(f, "/", "context_length", NAN);
+    double bs = ki_attr_num(f, "/", "block_size", NAN);
+    const char *pol = ki_attr_str(f, "/", "policy"), *alloc = ki_attr_str(f, "/", "allocation");
+    fprintf(out, "\nplan: ratio R %.4g, context length C %.0f tokens, block size %.0f tokens, "
+            "policy %s, allocation %s\n", R, C, bs, pol ? pol : "?", alloc ? alloc : "?");
+    fprintf(out, "  parameters: t %.4g (similarity threshold), r %.4g (reduction of low heads), "
+            "p %.4g (SqueezeAttention fraction)\n", ki_attr_num(f, "/", "t", NAN),
+            ki_attr_num(f, "/", "r", NAN), ki_attr_num(f, "/", "p", NAN));
+    int L = 0, hkv = 0, L2 = 0, h2 = 0;
+    const double *tok = ki_matrix(f, "/budget/tokens", 0, &L, &hkv);
+    const double *blk = ki_matrix(f, "/budget/blocks", 0, &L2, &h2);
+    if (blk && (L2 != L || h2 != hkv)) blk = NULL;
+    if (tok) {
+        double total = 0, tb = 0, mx = 0;
+        for (int i = 0; i < L * hkv; i++) {
+            total += tok[i];
+            if (tok[i] > mx) mx = tok[i];
+            if (blk) tb += blk[i];
+        }
+        fprintf(out, "\nbudgets B[l][j] in tokens (per layer, per KV head; kept = layer sum / "
+                "(H_kv * C)):\n  layer |");
+        for (int j = 0; j < hkv; j++) fprintf(out, " %6s%-2d", "kv", j);
+        fprintf(out, " |    sum   kept\n");
+        for (int l = 0; l < L; l++) {
+            double s = 0;
+            fprintf(out, "  %5d |", l);
+            for (int j = 0; j < hkv; j++) {
+                fprintf(out, " %8.0f", tok[(size_t)l * hkv + j]);
+                s += tok[(size_t)l * hkv + j];
+            }
+            fprintf(out, " | %6.0f  %5.3f ", s, C > 0 ? s / (hkv * C) : NAN);
+            bar(out, C > 0 ? s / (hkv * C) : 0, 1.0, 10);
+            fputc('\n', out);
+        }
+        double target = R * L * hkv * C;
+        fprintf(out, "  total %.0f tokens", total);
+        if (blk) fprintf(out, " in %.0f blocks", tb);
+        fprintf(out, "; target R * L * H_kv * C = %.0f (kept fraction %.4f of the full cache)\n",
+                target, C > 0 ? total / (L * hkv * C) : NAN);
+    }
+}
+
+static void print_search(FILE *out, const ki_file *f) {
+    int has = 0;
+    for (int g = 0; g < f->n_groups; g++)
+        if (!strcmp(f->groups[g], "/search")) has = 1;
+    if (!has) return;
+    fprintf(out, "\nsearch:\n");
+    ki_grid g;
+    if (ki_search_grid(f, &g)) {
+        fprintf(out, "  perplexity grid %d (t) x %d (r): %d of %d cells evaluated\n", g.nt, g.nr,
+                g.evaluated, g.nt * g.nr);
+        if (g.evaluated) {
+            const char *lbl[2] = {"best ", "worst"};
+            int ci[2] = {g.best_i, g.worst_i}, cj[2] = {g.best_j, g.worst_j};
+            for (int k = 0; k < 2; k++)
+                fprintf(out, "  %s  t %.4g  r %.4g  perplexity %.4f\n", lbl[k],
+                        g.t ? g.t[ci[k]] : ci[k], g.r ? g.r[cj[k]] : cj[k],
+                        g.ppl[(size_t)ci[k] * g.nr + cj[k]]);
+        }
+    }
+    const ki_dset *bl = ki_dset_find(f, "/search/baselines");
+    if (bl && bl->v && bl->rank == 1 && bl->count == 3) {
+        fprintf(out, "  baselines (perplexity at the same ratio): full %.4f, uniform %.4f, "
+                "squeeze %.4f\n", bl->v[0], bl->v[1], bl->v[2]);
+    }
+    static const char *const skip[] = {"/search/perplexity", "/search/t_values",
+                                       "/search/r_values", NULL};
+    const char *const *sk = skip;
+    static const char *const skip_bl[] = {"/search/perplexity", "/search/t_values",
+                                          "/search/r_values", "/search/baselines", NULL};
+    if (bl && bl->v && bl->rank == 1 && bl->count == 3) sk = skip_bl;
+    print_generic(out, f, "/search", sk);
+}
+
+static void print_section(FILE *out, const ki_file *f, const char *grp, const char *title) {
+    int has = 0;
+    for (int g = 0; g < f->n_groups; g++)
+        if (!strcmp(f->groups[g], grp)) has = 1;
+    if (!has) return;
+    fprintf(out, "\n%s:\n", title);
+    print_attrs(out, f, grp, "  ", NULL);
+    char prefix[64];
+    snprintf(prefix, sizeof prefix, "%s/", grp);
+    print_generic(out, f, prefix, NULL);
+}
+
+static const char *const root_known[] = {
+    "kvplan_version", "schema_version", "created", "command", "model_sha256", "model_path",
+    "model_format", "model_dim", "model_hidden_dim", "model_n_layers", "model_n_heads",
+    "model_n_kv_heads", "model_head_dim", "model_vocab_size", "model_seq_len", "ratio",
+    "context_length", "block_size", "policy", "allocation", "t", "r", "p", NULL};
+
+void ki_print_text(FILE *out, const ki_file *f) {
+    print_header(out, f);
+    if (f->is_profile) {
+        print_heads(out, f);
+        print_layers(out, f);
+        print_consistency(out, f);
+        print_hardware(out, f);
+    }
+    if (f->is_plan) {
+        print_plan(out, f);
+        print_search(out, f);
+        print_section(out, f, "/kvpr", "KVPR split (recompute vs transfer)");
+        print_section(out, f, "/batch", "batch sizing");
+    } else if (!f->is_profile) {
+        print_hardware(out, f);
+    }
+    /* anything else at the root */
+    int other = 0;
+    for (int i = 0; i < f->n_attrs; i++) {
+        if (strcmp(f->attrs[i].obj, "/") != 0) continue;
+        int known = 0;
+        for (int k = 0; root_known[k]; k++)
+            if (!strcmp(root_known[k], f->attrs[i].name)) known = 1;
+        if (!known) other = 1;
+    }
+    if (other) {
+        fprintf(out, "\nother root attributes:\n");
+        print_attrs(out, f, "/", "  ", root_known);
+    }
+    fprintf(out, "\ndatasets:\n");
+    for (int i = 0; i < f->n_dsets; i++) {
+        const ki_dset *d = &f->dsets[i];
+        const char *u = ki_units(f, d->path);
+        fprintf(out, "  %-32s ", d->path);
+        print_shape(out, d);
+        fprintf(out, "%s%s%s%s\n", d->v ? (d->is_int ? " int" : " float") : " (not numeric)",
+                u ? " (" : "", u ? u : "", u ? ")" : "");
+    }
+    if (!f->is_profile && !f->is_plan) {
+        fprintf(out, "\ncontent (neither a profile nor a plan):\n");
+        print_generic(out, f, "/", NULL);
+    }
+}

@@ -1,0 +1,519 @@
+/* Tests of `kvplan inspect` (issue 8): profile and plan files built here with the h5io API in
+ * the DESIGN.md schema (stories260K's shape: L = 5, H = 8, H_kv = 4), then the text summary,
+ * the JSON round trip, the PNGs (decoded with libpng), the exports and every bad-file case. */
+#include <CUnit/CUnit.h>
+#include <cjson/cJSON.h>
+#include <hdf5.h>
+#include <math.h>
+#include <png.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvplan/h5io.h"
+#include "testutil.h"
+
+enum { L = 5, H = 8, HKV = 4, P = 3, T0 = 48, NT = 10, NR = 19, CTX = 128, BS = 16 };
+
+static double importance[L][HKV];
+static double layer_sim[L];
+static int tokens[L][HKV];
+static double ppl[NT][NR];
+static double t_values[NT], r_values[NR];
+static const int best_t = 4, best_r = 6, worst_t = 9, worst_r = 18;
+
+static void fake_model(kv_model *m) {
+    memset(m, 0, sizeof *m);
+    m->cfg.dim = 64;
+    m->cfg.hidden_dim = 172;
+    m->cfg.n_layers = L;
+    m->cfg.n_heads = H;
+    m->cfg.n_kv_heads = HKV;
+    m->cfg.head_dim = 8;
+    m->cfg.vocab_size = 512;
+    m->cfg.seq_len = 512;
+    snprintf(m->format, sizeof m->format, "llama2c");
+    snprintf(m->path, sizeof m->path, "stories260K.bin");
+    snprintf(m->sha256, sizeof m->sha256, "%064d", 7);
+}
+
+#define OK(call) CU_ASSERT_EQUAL_FATAL((call), KV_OK)
+
+static void make_profile(const char *path) {
+    kv_error err = {0};
+    kv_h5 *f = NULL;
+    kv_model m;
+    fake_model(&m);
+    OK(kv_h5_create(path, &f, &err));
+    OK(kv_h5_write_provenance(f, "kvplan profile stories260K.bin", &m, &err));
+    static double cos_mean[P][L][H], cos_var[P][L][H], sim[L][HKV], token_cos[L][H][T0];
+    for (int p = 0; p < P; p++)
+        for (int l = 0; l < L; l++)
+            for (int h = 0; h < H; h++) {
+                cos_mean[p][l][h] = 0.2 + 0.07 * ((h * 3 + l) % H) + 0.01 * p;
+                cos_var[p][l][h] = 0.01 * (h + 1);
+            }
+    for (int l = 0; l < L; l++)
+        for (int j = 0; j < HKV; j++) {
+            double s = 0;
+            for (int p = 0; p < P; p++)
+                for (int h = 2 * j; h < 2 * j + 2; h++) s += (cos_mean[p][l][h] + 1) / 2;
+            sim[l][j] = s / (2 * P);
+            importance[l][j] = 1 - sim[l][j];
+        }
+    for (int l = 0; l < L; l++)
+        for (int h = 0; h < H; h++)
+            for (int t = 0; t < T0; t++)
+                token_cos[l][h][t] = cos_mean[0][l][h] + 0.25 * sin(0.3 * t + h + l);
+    long d3[3] = {P, L, H}, d2[2] = {L, HKV}, dt[3] = {L, H, T0};
+    OK(kv_h5_write_f64(f, "/heads/cos_mean", 3, d3, &cos_mean[0][0][0], "cosine", &err));
+    OK(kv_h5_write_f64(f, "/heads/cos_var", 3, d3, &cos_var[0][0][0], "cosine^2", &err));
+    OK(kv_h5_write_f64(f, "/heads/similarity", 2, d2, &sim[0][0], NULL, &err));
+    OK(kv_h5_write_f64(f, "/heads/importance", 2, d2, &importance[0][0], NULL, &err));
+    OK(kv_h5_write_f64(f, "/heads/token_cos", 3, dt, &token_cos[0][0][0], "cosine", &err));
+    double cos_attn[P][L], cos_block[P][L];
+    for (int p = 0; p < P; p++)
+        for (int l = 0; l < L; l++) {
+            cos_attn[p][l] = 0.6 + 0.07 * l + 0.01 * p;
+            cos_block[p][l] = 0.5 + 0.08 * l - 0.01 * p;
+        }
+    for (int l = 0; l < L; l++) layer_sim[l] = 0.61 + 0.07 * l;
+    long dpl[2] = {P, L}, dl[1] = {L}, dpp[2] = {P, P}, dp[1] = {P};
+    OK(kv_h5_write_f64(f, "/layers/cos_attn", 2, dpl, &cos_attn[0][0], "cosine", &err));
+    OK(kv_h5_write_f64(f, "/layers/cos_block", 2, dpl, &cos_block[0][0], "cosine", &err));
+    OK(kv_h5_write_f64(f, "/layers/similarity", 1, dl, layer_sim, "cosine", &err));
+    double tau[P][P] = {{1, 0.8, 0.6}, {0.8, 1, 0.7}, {0.6, 0.7, 1}};
+    OK(kv_h5_write_f64(f, "/consistency/kendall_tau", 2, dpp, &tau[0][0], NULL, &err));
+    int lengths[P] = {48, 40, 44};
+    OK(kv_h5_write_i32(f, "/prompts/lengths", 1, dp, lengths, "tokens", &err));
+    int toks[132];
+    for (int i = 0; i < 132; i++) toks[i] = (i * 37) % 512;
+    long dtk[1] = {132};
+    OK(kv_h5_write_i32(f, "/prompts/tokens", 1, dtk, toks, NULL, &err));
+    /* /hardware as docs/hardware-schema.md */
+    OK(kv_h5_attr_str(f, "/hardware", "kind", "cpu", &err));
+    OK(kv_h5_attr_str(f, "/hardware", "device_name", "test host", &err));
+    OK(kv_h5_attr_i64(f, "/hardware", "device_mem_bytes", 8L << 30, &err));
+    double bytes[4] = {4096, 65536, 1048576, 16777216}, med[4], samples[4][2];
+    for (int i = 0; i < 4; i++) {
+        med[i] = 2e-6 + bytes[i] / 10e9;
+        samples[i][0] = med[i];
+        samples[i][1] = med[i] * 1.01;
+    }
+    long ds[1] = {4}, dsr[2] = {4, 2};
+    OK(kv_h5_write_f64(f, "/hardware/copy_h2d/bytes", 1, ds, bytes, "bytes", &err));
+    OK(kv_h5_write_f64(f, "/hardware/copy_h2d/median", 1, ds, med, "s", &err));
+    OK(kv_h5_write_f64(f, "/hardware/copy_h2d/samples", 2, dsr, &samples[0][0], "s", &err));
+    OK(kv_h5_attr_f64(f, "/hardware/copy_h2d", "bandwidth", 10e9, &err));
+    OK(kv_h5_attr_f64(f, "/hardware/copy_h2d", "latency", 2e-6, &err));
+    OK(kv_h5_attr_f64(f, "/hardware/copy_h2d", "r2", 0.9991, &err));
+    int mm[2] = {64, 128}, nn[2] = {32, 32}, kk[2] = {64, 64};
+    double fl[2] = {2e9, 4e9};
+    long dg[1] = {2};
+    OK(kv_h5_write_i32(f, "/hardware/gemm/m", 1, dg, mm, NULL, &err));
+    OK(kv_h5_write_i32(f, "/hardware/gemm/n", 1, dg, nn, NULL, &err));
+    OK(kv_h5_write_i32(f, "/hardware/gemm/k", 1, dg, kk, NULL, &err));
+    OK(kv_h5_write_f64(f, "/hardware/gemm/flops_per_s", 1, dg, fl, "FLOP/s", &err));
+    OK(kv_h5_write_f64(f, "/hardware/gemm/median", 1, dg, fl, "s", &err));
+    OK(kv_h5_attr_f64(f, "/hardware/gemm", "peak_flops_per_s", 4e9, &err));
+    OK(kv_h5_commit(f, &err));
+}
+
+static void make_plan(const char *path) {
+    kv_error err = {0};
+    kv_h5 *f = NULL;
+    kv_model m;
+    fake_model(&m);
+    int blocks[L][HKV];
+    for (int l = 0; l < L; l++)
+        for (int j = 0; j < HKV; j++) {
+            blocks[l][j] = 1 + (l + j) % 4;
+            tokens[l][j] = blocks[l][j] * BS;
+        }
+    kv_plan_budget b;
+    memset(&b, 0, sizeof b);
+    b.n_layers = L;
+    b.n_kv_heads = HKV;
+    b.context_length = CTX;
+    b.block_size = BS;
+    b.ratio = 0.25;
+    snprintf(b.policy, sizeof b.policy, "h2o");
+    snprintf(b.allocation, sizeof b.allocation, "baklava");
+    b.t = 0.7;
+    b.r = 0.35;
+    b.p = NAN;
+    b.tokens = &tokens[0][0];
+    b.blocks = &blocks[0][0];
+    OK(kv_h5_create(path, &f, &err));
+    OK(kv_h5_write_provenance(f, "kvplan search --ratio 0.25", &m, &err));
+    OK(kv_plan_budget_write(f, &b, &err));
+    for (int i = 0; i < NT; i++) t_values[i] = 0.5 + 0.05 * i;
+    for (int j = 0; j < NR; j++) r_values[j] = 0.05 + 0.05 * j;
+    for (int i = 0; i < NT; i++)
+        for (int j = 0; j < NR; j++)
+            ppl[i][j] = 20 + 0.5 * (i - best_t) * (i - best_t) + 0.2 * (j - best_r) * (j - best_r);
+    ppl[worst_t][worst_r] = 200;
+    ppl[0][0] = NAN;
+    ppl[1][5] = NAN;
+    long dt[1] = {NT}, dr[1] = {NR}, dg[2] = {NT, NR}, d3[1] = {3};
+    OK(kv_h5_write_f64(f, "/search/t_values", 1, dt, t_values, NULL, &err));
+    OK(kv_h5_write_f64(f, "/search/r_values", 1, dr, r_values, NULL, &err));
+    OK(kv_h5_write_f64(f, "/search/perplexity", 2, dg, &ppl[0][0], "perplexity", &err));
+    double base[3] = {18.5, 24.25, 22.75};
+    OK(kv_h5_write_f64(f, "/search/baselines", 1, d3, base, "perplexity", &err));
+    OK(kv_h5_attr_f64(f, "/search", "heldout_perplexity", 21.125, &err));
+    double kv[3] = {0, 0, 12};
+    OK(kv_h5_write_f64(f, "/kvpr/split", 1, d3, kv, "tokens", &err));
+    OK(kv_h5_attr_str(f, "/kvpr", "schedule", "column", &err));
+    int bt[3] = {7, 13, 21};
+    OK(kv_h5_write_i32(f, "/batch/max_batch", 1, d3, bt, "sequences", &err));
+    OK(kv_h5_commit(f, &err));
+}
+
+static const char *profile_path(void) {
+    static int made;
+    const char *p = tu_tmp("profile.h5");
+    if (!made) {
+        make_profile(p);
+        made = 1;
+    }
+    return p;
+}
+
+static const char *plan_path(void) {
+    static int made;
+    const char *p = tu_tmp("plan.h5");
+    if (!made) {
+        make_plan(p);
+        made = 1;
+    }
+    return p;
+}
+
+static int run(char **out, const char *fmt, const char *a, const char *b) {
+    char args[2048];
+    snprintf(args, sizeof args, fmt, a, b);
+    return tu_run_kvplan(args, out, 0);
+}
+
+static void test_text_profile(void) {
+    char *out = NULL;
+    int rc = run(&out, "inspect '%s'%s", profile_path(), "");
+    CU_ASSERT_EQUAL(rc, 0);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(out);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "kvplan profile"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "stories260K.bin"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "H_kv 4 KV heads"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "3 prompts, 3 pairs: mean tau 0.7000, min 0.6000, max 0.8000"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "bandwidth    10.000 GB/s"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "peak      4.000 GFLOP/s"));
+    /* layer 0: the most important KV head comes first */
+    int order0 = 0;
+    for (int j = 1; j < HKV; j++)
+        if (importance[0][j] > importance[0][order0]) order0 = j;
+    char want[64];
+    snprintf(want, sizeof want, "layer  0  kv%-2d %.4f", order0, importance[0][order0]);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, want));
+    free(out);
+}
+
+static void test_text_plan(void) {
+    char *out = NULL;
+    int rc = run(&out, "inspect '%s'%s", plan_path(), "");
+    CU_ASSERT_EQUAL(rc, 0);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(out);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "policy h2o, allocation baklava"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "188 of 190 cells evaluated"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "best   t 0.7  r 0.35  perplexity 20.0000"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "worst  t 0.95  r 0.95  perplexity 200.0000"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "full 18.5000, uniform 24.2500, squeeze 22.7500"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "heldout_perplexity = 21.125"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "schedule = column"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "/batch/max_batch"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "7  13  21"));
+    free(out);
+}
+
+static const cJSON *jpath(const cJSON *o, const char *a, const char *b, const char *c) {
+    o = cJSON_GetObjectItemCaseSensitive(o, a);
+    if (o && b) o = cJSON_GetObjectItemCaseSensitive(o, b);
+    if (o && c) o = cJSON_GetObjectItemCaseSensitive(o, c);
+    return o;
+}
+
+static void test_json_profile(void) {
+    char *out = NULL;
+    CU_ASSERT_EQUAL(run(&out, "inspect '%s' --json%s", profile_path(), ""), 0);
+    cJSON *j = cJSON_Parse(out ? out : "");
+    free(out);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(j);
+    CU_ASSERT_STRING_EQUAL(cJSON_GetStringValue(jpath(j, "kind", NULL, NULL)), "profile");
+    CU_ASSERT_DOUBLE_EQUAL(jpath(j, "attributes", "model_n_layers", NULL)->valuedouble, L, 0);
+    CU_ASSERT_DOUBLE_EQUAL(jpath(j, "attributes", "schema_version", NULL)->valuedouble, 1, 0);
+    const cJSON *imp = jpath(j, "datasets", "/heads/importance", "data");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(imp);
+    CU_ASSERT_EQUAL(cJSON_GetArraySize(imp), L);
+    for (int l = 0; l < L; l++) {
+        const cJSON *row = cJSON_GetArrayItem(imp, l);
+        CU_ASSERT_EQUAL(cJSON_GetArraySize(row), HKV);
+        for (int k = 0; k < HKV; k++)
+            CU_ASSERT_DOUBLE_EQUAL(cJSON_GetArrayItem(row, k)->valuedouble, importance[l][k],
+                                   1e-12);
+    }
+    const cJSON *tc = jpath(j, "datasets", "/heads/token_cos", "shape");
+    CU_ASSERT_EQUAL(cJSON_GetArraySize(tc), 3);
+    CU_ASSERT_DOUBLE_EQUAL(cJSON_GetArrayItem(tc, 2)->valuedouble, T0, 0);
+    CU_ASSERT_STRING_EQUAL(
+        cJSON_GetStringValue(jpath(j, "datasets", "/heads/token_cos", "units")), "cosine");
+    /* summary: head order of every layer is by importance, descending */
+    const cJSON *heads = jpath(j, "summary", "heads", NULL);
+    CU_ASSERT_EQUAL_FATAL(cJSON_GetArraySize(heads), L);
+    for (int l = 0; l < L; l++) {
+        const cJSON *e = cJSON_GetArrayItem(heads, l);
+        const cJSON *ord = cJSON_GetObjectItem(e, "order");
+        CU_ASSERT_EQUAL(cJSON_GetArraySize(ord), HKV);
+        for (int k = 1; k < HKV; k++) {
+            int a = cJSON_GetArrayItem(ord, k - 1)->valueint, b = cJSON_GetArrayItem(ord, k)->valueint;
+            CU_ASSERT(importance[l][a] >= importance[l][b]);
+        }
+    }
+    CU_ASSERT_DOUBLE_EQUAL(jpath(j, "summary", "consistency", "mean_tau")->valuedouble, 0.7, 1e-12);
+    CU_ASSERT_DOUBLE_EQUAL(
+        cJSON_GetArrayItem(jpath(j, "summary", "layer_similarity", NULL), 3)->valuedouble,
+        layer_sim[3], 1e-12);
+    const cJSON *fit = jpath(j, "summary", "hardware", "fits");
+    CU_ASSERT_DOUBLE_EQUAL(jpath(fit, "copy_h2d", "bandwidth", NULL)->valuedouble, 10e9, 1);
+    CU_ASSERT_STRING_EQUAL(cJSON_GetStringValue(jpath(j, "summary", "hardware", "kind")), "cpu");
+    cJSON_Delete(j);
+}
+
+static void test_json_plan(void) {
+    char *out = NULL;
+    CU_ASSERT_EQUAL(run(&out, "inspect '%s' --json%s", plan_path(), ""), 0);
+    cJSON *j = cJSON_Parse(out ? out : "");
+    free(out);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(j);
+    CU_ASSERT_STRING_EQUAL(cJSON_GetStringValue(jpath(j, "kind", NULL, NULL)), "plan");
+    CU_ASSERT_DOUBLE_EQUAL(jpath(j, "summary", "plan", "ratio")->valuedouble, 0.25, 0);
+    CU_ASSERT_STRING_EQUAL(cJSON_GetStringValue(jpath(j, "summary", "plan", "policy")), "h2o");
+    const cJSON *tk = jpath(j, "datasets", "/budget/tokens", "data");
+    CU_ASSERT_EQUAL_FATAL(cJSON_GetArraySize(tk), L);
+    for (int l = 0; l < L; l++)
+        for (int k = 0; k < HKV; k++)
+            CU_ASSERT_EQUAL(cJSON_GetArrayItem(cJSON_GetArrayItem(tk, l), k)->valueint,
+                            tokens[l][k]);
+    const cJSON *fr = jpath(j, "summary", "plan", "layer_fractions");
+    CU_ASSERT_EQUAL_FATAL(cJSON_GetArraySize(fr), L);
+    for (int l = 0; l < L; l++) {
+        double s = 0;
+        for (int k = 0; k < HKV; k++) s += tokens[l][k];
+        CU_ASSERT_DOUBLE_EQUAL(cJSON_GetArrayItem(fr, l)->valuedouble, s / (HKV * CTX), 1e-12);
+    }
+    CU_ASSERT_DOUBLE_EQUAL(jpath(j, "summary", "search", "evaluated")->valuedouble, NT * NR - 2, 0);
+    const cJSON *best = jpath(j, "summary", "search", "best");
+    CU_ASSERT_DOUBLE_EQUAL(cJSON_GetObjectItem(best, "t")->valuedouble, t_values[best_t], 1e-12);
+    CU_ASSERT_DOUBLE_EQUAL(cJSON_GetObjectItem(best, "r")->valuedouble, r_values[best_r], 1e-12);
+    CU_ASSERT_DOUBLE_EQUAL(cJSON_GetObjectItem(best, "perplexity")->valuedouble, 20, 1e-12);
+    const cJSON *worst = jpath(j, "summary", "search", "worst");
+    CU_ASSERT_DOUBLE_EQUAL(cJSON_GetObjectItem(worst, "perplexity")->valuedouble, 200, 1e-12);
+    /* NaN cells are null */
+    const cJSON *grid = jpath(j, "datasets", "/search/perplexity", "data");
+    CU_ASSERT(cJSON_IsNull(cJSON_GetArrayItem(cJSON_GetArrayItem(grid, 0), 0)));
+    CU_ASSERT(cJSON_IsNull(cJSON_GetArrayItem(cJSON_GetArrayItem(grid, 1), 5)));
+    CU_ASSERT_DOUBLE_EQUAL(cJSON_GetArrayItem(cJSON_GetArrayItem(grid, 2), 3)->valuedouble,
+                           ppl[2][3], 1e-12);
+    CU_ASSERT_STRING_EQUAL(cJSON_GetStringValue(jpath(j, "groups", "/kvpr", "schedule")),
+                           "column");
+    CU_ASSERT_DOUBLE_EQUAL(jpath(j, "groups", "/search", "heldout_perplexity")->valuedouble,
+                           21.125, 0);
+    CU_ASSERT_STRING_EQUAL(cJSON_GetStringValue(jpath(j, "attributes", "model_sha256", NULL)),
+                           "0000000000000000000000000000000000000000000000000000000000000007");
+    cJSON_Delete(j);
+}
+
+/* Decode a PNG; returns 1 when it decodes with the given size and shows more than a few
+ * colours (a real picture, not a blank canvas). */
+static int check_png(const char *path, unsigned w, unsigned h) {
+    png_image img;
+    memset(&img, 0, sizeof img);
+    img.version = PNG_IMAGE_VERSION;
+    if (!png_image_begin_read_from_file(&img, path)) return 0;
+    img.format = PNG_FORMAT_RGB;
+    size_t n = PNG_IMAGE_SIZE(img);
+    unsigned char *px = malloc(n);
+    int ok = px && png_image_finish_read(&img, NULL, px, 0, NULL);
+    if (!ok) {
+        png_image_free(&img);
+        free(px);
+        return 0;
+    }
+    ok = img.width == w && img.height == h;
+    /* count distinct colours among a sample */
+    unsigned seen[64];
+    int ns = 0;
+    for (size_t i = 0; i + 2 < n && ns < 64; i += 3 * 97) {
+        unsigned c = (unsigned)px[i] << 16 | (unsigned)px[i + 1] << 8 | px[i + 2];
+        int dup = 0;
+        for (int k = 0; k < ns; k++)
+            if (seen[k] == c) dup = 1;
+        if (!dup) seen[ns++] = c;
+    }
+    free(px);
+    return ok && ns > 8;
+}
+
+static void test_png(void) {
+    char *out = NULL;
+    const char *dir = tu_tmp("png");
+    CU_ASSERT_EQUAL(run(&out, "inspect '%s' --png '%s' > /dev/null 2>&1", profile_path(), dir), 0);
+    free(out);
+    CU_ASSERT_EQUAL(run(&out, "inspect '%s' --png '%s' > /dev/null 2>&1", plan_path(), dir), 0);
+    free(out);
+    const char *names[] = {"head_importance.png", "token_cos.png", "layer_similarity.png",
+                           "search_perplexity.png", "budget_tokens.png"};
+    for (int i = 0; i < 5; i++) {
+        char p[600];
+        snprintf(p, sizeof p, "%s/%s", dir, names[i]);
+        if (!check_png(p, 1200, 800)) fprintf(stderr, "bad picture %s\n", p);
+        CU_ASSERT_TRUE(check_png(p, 1200, 800));
+    }
+}
+
+static void test_export(void) {
+    char *out = NULL;
+    CU_ASSERT_EQUAL(run(&out, "inspect '%s' --export budgets-tsv%s", plan_path(), ""), 0);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(out);
+    int rows = 0;
+    char *save = NULL;
+    for (char *line = strtok_r(out, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        int cols = 0;
+        char *s2 = NULL;
+        for (char *c = strtok_r(line, "\t", &s2); c; c = strtok_r(NULL, "\t", &s2)) {
+            if (rows < L && cols < HKV) CU_ASSERT_EQUAL(atoi(c), tokens[rows][cols]);
+            cols++;
+        }
+        CU_ASSERT_EQUAL(cols, HKV);
+        rows++;
+    }
+    CU_ASSERT_EQUAL(rows, L);
+    free(out);
+
+    CU_ASSERT_EQUAL(run(&out, "inspect '%s' --export importance-tsv%s", profile_path(), ""), 0);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(out);
+    rows = 0;
+    for (char *line = strtok_r(out, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        int cols = 0;
+        char *s2 = NULL;
+        for (char *c = strtok_r(line, "\t", &s2); c; c = strtok_r(NULL, "\t", &s2)) {
+            if (rows < L && cols < HKV) CU_ASSERT_DOUBLE_EQUAL(atof(c), importance[rows][cols], 1e-6);
+            cols++;
+        }
+        CU_ASSERT_EQUAL(cols, HKV);
+        rows++;
+    }
+    CU_ASSERT_EQUAL(rows, L);
+    free(out);
+
+    CU_ASSERT_EQUAL(run(&out, "inspect '%s' --export layer-fractions%s", plan_path(), ""), 0);
+    cJSON *a = cJSON_Parse(out ? out : "");
+    free(out);
+    CU_ASSERT_FATAL(cJSON_IsArray(a));
+    CU_ASSERT_EQUAL(cJSON_GetArraySize(a), L);
+    for (int l = 0; l < L && l < cJSON_GetArraySize(a); l++) {
+        double s = 0;
+        for (int k = 0; k < HKV; k++) s += tokens[l][k];
+        CU_ASSERT_DOUBLE_EQUAL(cJSON_GetArrayItem(a, l)->valuedouble, s / (HKV * CTX), 1e-6);
+    }
+    cJSON_Delete(a);
+
+    /* a profile has no budgets; a plan has no importance; unknown formats */
+    CU_ASSERT_EQUAL(run(&out, "inspect '%s' --export budgets-tsv%s 2>&1", profile_path(), ""), 1);
+    CU_ASSERT_PTR_NOT_NULL(out && strstr(out, "/budget/tokens"));
+    free(out);
+    CU_ASSERT_EQUAL(run(&out, "inspect '%s' --export importance-tsv%s 2>&1", plan_path(), ""), 1);
+    free(out);
+    CU_ASSERT_EQUAL(run(&out, "inspect '%s' --export csv%s 2>&1", plan_path(), ""), 1);
+    free(out);
+}
+
+static void test_bad_files(void) {
+    char *out = NULL;
+    /* missing */
+    CU_ASSERT_EQUAL(run(&out, "inspect '%s'%s 2>&1", tu_tmp("nothing.h5"), ""), 1);
+    CU_ASSERT_PTR_NOT_NULL(out && strstr(out, "nothing.h5"));
+    free(out);
+    /* not HDF5 */
+    const char *txt = tu_tmp("notes.h5");
+    FILE *fp = fopen(txt, "w");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(fp);
+    fputs("plain text\n", fp);
+    fclose(fp);
+    CU_ASSERT_EQUAL(run(&out, "inspect '%s'%s 2>&1", txt, ""), 1);
+    CU_ASSERT_PTR_NOT_NULL(out && strstr(out, "notes.h5") && strstr(out, "not an HDF5 file"));
+    free(out);
+    /* HDF5 of somebody else */
+    const char *foreign = tu_tmp("foreign.h5");
+    hid_t fid = H5Fcreate(foreign, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    CU_ASSERT_FATAL(fid >= 0);
+    hsize_t d = 3;
+    hid_t sp = H5Screate_simple(1, &d, NULL);
+    hid_t ds = H5Dcreate2(fid, "/x", H5T_IEEE_F64LE, sp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    H5Dclose(ds);
+    H5Sclose(sp);
+    H5Fclose(fid);
+    CU_ASSERT_EQUAL(run(&out, "inspect '%s' --json%s 2>&1", foreign, ""), 1);
+    CU_ASSERT_PTR_NOT_NULL(out && strstr(out, "foreign.h5") && strstr(out, "not one of kvplan"));
+    free(out);
+    /* newer schema */
+    const char *newer = tu_tmp("newer.h5");
+    kv_error err = {0};
+    kv_h5 *f = NULL;
+    OK(kv_h5_create(newer, &f, &err));
+    OK(kv_h5_write_provenance(f, "future", NULL, &err));
+    OK(kv_h5_attr_i64(f, "/", "schema_version", KV_SCHEMA_VERSION + 1, &err));
+    OK(kv_h5_commit(f, &err));
+    CU_ASSERT_EQUAL(run(&out, "inspect '%s' --png '%s' 2>&1", newer, tu_tmp("png-newer")), 1);
+    CU_ASSERT_PTR_NOT_NULL(out && strstr(out, "newer.h5") && strstr(out, "newer"));
+    free(out);
+    /* usage errors */
+    CU_ASSERT_EQUAL(run(&out, "inspect%s%s 2>&1", "", ""), 1);
+    free(out);
+    CU_ASSERT_EQUAL(run(&out, "inspect '%s' --json --export budgets-tsv%s 2>&1", plan_path(), ""),
+                    1);
+    free(out);
+    CU_ASSERT_EQUAL(run(&out, "inspect --help%s%s", "", ""), 0);
+    CU_ASSERT_PTR_NOT_NULL(out && strstr(out, "budgets-tsv"));
+    free(out);
+}
+
+/* A kvplan file that is neither a profile nor a plan is shown generically. */
+static void test_generic_file(void) {
+    const char *path = tu_tmp("other.h5");
+    kv_error err = {0};
+    kv_h5 *f = NULL;
+    OK(kv_h5_create(path, &f, &err));
+    OK(kv_h5_write_provenance(f, "something", NULL, &err));
+    double v[2] = {1.5, 2.5};
+    long d[1] = {2};
+    OK(kv_h5_write_f64(f, "/misc/values", 1, d, v, "widgets", &err));
+    OK(kv_h5_commit(f, &err));
+    char *out = NULL;
+    CU_ASSERT_EQUAL(run(&out, "inspect '%s'%s", path, ""), 0);
+    CU_ASSERT_PTR_NOT_NULL(out && strstr(out, "/misc/values [2] (widgets)"));
+    CU_ASSERT_PTR_NOT_NULL(out && strstr(out, "1.5  2.5"));
+    free(out);
+}
+
+int main(void) {
+    const tu_test tests[] = {
+        {"text summary of a profile", test_text_profile},
+        {"text summary of a plan", test_text_plan},
+        {"JSON round trip of a profile", test_json_profile},
+        {"JSON round trip of a plan", test_json_plan},
+        {"PNG pictures decode with the expected size", test_png},
+        {"exports: budgets and importance TSV, layer fractions", test_export},
+        {"bad files and usage errors", test_bad_files},
+        {"a generic kvplan file", test_generic_file},
+    };
+    return tu_main("inspect", tests, sizeof tests / sizeof tests[0]);
+}
