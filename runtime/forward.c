@@ -151,16 +151,20 @@ attend_head_hd(const kv_model *m, kv_workspace *ws, kv_cache *c, int j, int laye
             const float *q = ws->q + (size_t)(row0 + i) * qd + (size_t)qh * hd;
             float *o = ws->o + (size_t)(row0 + i) * qd + (size_t)qh * hd;
             float mx = -INFINITY;
+            float qv[hd];
+            for (int d = 0; d < hd; d++) qv[d] = q[d] * inv;
             for (int e0 = 0; e0 < n_ent; e0 += bs) {
                 const float *kb = kv_head_k(p, h, e0);
                 int cnt = n_ent - e0 < bs ? n_ent - e0 : bs;
                 for (int e = 0; e < cnt; e++) {
                     const float *kk = kb + (size_t)e * hd;
-                    float dot = 0.0f;
-                    for (int d = 0; d < hd; d++) dot += q[d] * kk[d];
-                    dot *= inv;
+                    /* 8 partial sums: a fixed association order, vectorisable */
+                    float part[8] = {0};
+                    for (int d = 0; d < hd; d++) part[d & 7] += qv[d] * kk[d];
+                    float dot = ((part[0] + part[4]) + (part[1] + part[5])) +
+                                ((part[2] + part[6]) + (part[3] + part[7]));
                     scores[e0 + e] = dot;
-                    if (dot > mx) mx = dot;
+                    mx = dot > mx ? dot : mx;
                 }
             }
             float sum = 0.0f;
@@ -169,7 +173,8 @@ attend_head_hd(const kv_model *m, kv_workspace *ws, kv_cache *c, int j, int laye
                 sum += scores[e];
             }
             float rs = 1.0f / sum;
-            for (int d = 0; d < hd; d++) o[d] = 0.0f;
+            float acc[hd];
+            for (int d = 0; d < hd; d++) acc[d] = 0.0f;
             for (int e0 = 0; e0 < n_ent; e0 += bs) {
                 const float *vb = kv_head_v(p, h, e0);
                 int cnt = n_ent - e0 < bs ? n_ent - e0 : bs;
@@ -177,9 +182,10 @@ attend_head_hd(const kv_model *m, kv_workspace *ws, kv_cache *c, int j, int laye
                     float w = scores[e0 + e] * rs;
                     scores[e0 + e] = w;
                     const float *vv = vb + (size_t)e * hd;
-                    for (int d = 0; d < hd; d++) o[d] += w * vv[d];
+                    for (int d = 0; d < hd; d++) acc[d] += w * vv[d];
                 }
             }
+            for (int d = 0; d < hd; d++) o[d] = acc[d];
             if (c->track_stats) {
                 for (int e = 0; e < n_ent; e++) {
                     float w = scores[e];
