@@ -197,13 +197,9 @@ static int copy_alloc(kv_hw_copy *c, const char *name, int n, int repeats, kv_er
 /* Medians of every size, then the fit over the linear part (o->fit_min_bytes, else
  * kv_hw_linear_start when `knee`, else all sizes). */
 static int copy_finish(kv_hw_copy *c, const kv_hw_opts *o, int knee, kv_error *err) {
-    double scratch[KV_HW_MAX_SIZES > 64 ? KV_HW_MAX_SIZES : 64];
-    double *w =
-        c->repeats > 64 ? kv_malloc((size_t)c->repeats * sizeof(double), "median", err) : scratch;
-    if (!w) return KV_EINTERNAL;
+    double scratch[KV_HW_MAX_REPEATS];
     for (int s = 0; s < c->n_sizes; s++)
-        c->median[s] = kv_hw_median(c->samples + (size_t)s * c->repeats, c->repeats, w);
-    if (w != scratch) free(w);
+        c->median[s] = kv_hw_median(c->samples + (size_t)s * c->repeats, c->repeats, scratch);
     int start = 0;
     if (o->fit_min_bytes > 0) {
         while (start < c->n_sizes - 2 && c->bytes[start] < (double)o->fit_min_bytes) start++;
@@ -310,7 +306,7 @@ static int gemm_alloc(kv_hw_gemm *g, const char *name, const kv_hw_opts *o, int 
 }
 
 static void gemm_finish(kv_hw_gemm *g) {
-    double scratch[64];
+    double scratch[KV_HW_MAX_REPEATS];
     g->peak_flops_per_s = 0;
     for (int s = 0; s < g->n_shapes; s++) {
         g->median[s] = kv_hw_median(g->samples + (size_t)s * g->repeats, g->repeats, scratch);
@@ -466,9 +462,10 @@ int kv_hw_probe(const kv_config *cfg, const kv_hw_opts *o_in, kv_hw_result *r, k
     }
     if (h <= 0 || h_kv <= 0)
         return kv_fail(err, KV_EINPUT, "hardware probe: bad GEMM shape h = %d, h_kv = %d", h, h_kv);
-    if (o.repeats < 1 || o.repeats > 1000 || o.gemm_repeats < 1 || o.gemm_repeats > 1000)
-        return kv_fail(err, KV_EINPUT, "hardware probe: repeats must be 1..1000 (got %d, %d)",
-                       o.repeats, o.gemm_repeats);
+    if (o.repeats < 1 || o.repeats > KV_HW_MAX_REPEATS || o.gemm_repeats < 1 ||
+        o.gemm_repeats > KV_HW_MAX_REPEATS)
+        return kv_fail(err, KV_EINPUT, "hardware probe: repeats must be 1..%d (got %d, %d)",
+                       KV_HW_MAX_REPEATS, o.repeats, o.gemm_repeats);
     if (o.n_bl < 1 || o.n_bl > KV_HW_MAX_SHAPES)
         return kv_fail(err, KV_EINPUT, "hardware probe: %d b*l values; need 1..%d", o.n_bl,
                        KV_HW_MAX_SHAPES);

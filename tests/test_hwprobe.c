@@ -225,6 +225,10 @@ static void test_bad_options(void) {
     o.h_kv = 16;
     o.repeats = 0;
     CU_ASSERT_EQUAL(kv_hw_probe(NULL, &o, &r, NULL, &err), KV_EINPUT);
+    o.repeats = 3;
+    o.gemm_repeats = KV_HW_MAX_REPEATS + 1;
+    CU_ASSERT_EQUAL(kv_hw_probe(NULL, &o, &r, NULL, &err), KV_EINPUT);
+    CU_ASSERT(strstr(err.msg, "repeats must be 1..64") != NULL);
     CU_ASSERT_EQUAL(r.n_copy, 0);
 }
 

@@ -31,18 +31,19 @@
 extern "C" {
 #endif
 
-#define KV_HW_MAX_SIZES 48  /* copy sizes per sweep */
-#define KV_HW_MAX_SHAPES 16 /* GEMM shapes (b*l values) */
-#define KV_HW_MAX_COPY 6    /* copy groups in one result */
-#define KV_HW_MAX_GEMM 4    /* GEMM groups in one result */
+#define KV_HW_MAX_SIZES 48   /* copy sizes per sweep */
+#define KV_HW_MAX_SHAPES 16  /* GEMM shapes (b*l values) */
+#define KV_HW_MAX_COPY 6     /* copy groups in one result */
+#define KV_HW_MAX_GEMM 4     /* GEMM groups in one result */
+#define KV_HW_MAX_REPEATS 64 /* samples per size or shape */
 
 /* Probe options. Fill with kv_hw_opts_default, then adjust. Sizes are powers of two from
  * min_bytes to max_bytes (both rounded to powers of two). */
 typedef struct kv_hw_opts {
     size_t min_bytes;         /* smallest copy, bytes (default 4 KiB) */
     size_t max_bytes;         /* largest copy, bytes (default 1 GiB; quick: 4 MiB) */
-    int repeats;              /* samples per copy size (default 9; quick: 3) */
-    int gemm_repeats;         /* samples per GEMM shape (default 5; quick: 3) */
+    int repeats;              /* samples per copy size, 1..64 (default 9; quick: 3) */
+    int gemm_repeats;         /* samples per GEMM shape, 1..64 (default 5; quick: 3) */
     int n_bl;                 /* number of b*l values (GEMM row counts m) */
     int bl[KV_HW_MAX_SHAPES]; /* b*l values: default 16, 64, 256, 1024, 2048; quick: 16, 64 */
     int h, h_kv;              /* GEMM k and n; 0 = take h = dim and h_kv = n_kv_heads*head_dim
