@@ -147,10 +147,12 @@ int kv_hw_linear_start(const double *bytes, const double *median, int n, double 
  * copy_h2d, copy_d2h, copy_d2d holding the same samples), CBLAS sgemm (gemm). CUDA, when
  * kv_cuda_device_count() > 0 and !o->no_cuda: copy_h2d, copy_h2d_pageable, copy_d2h,
  * copy_d2h_pageable, copy_d2d (device sizes capped at a quarter of device memory), gemm_fp32,
- * gemm_fp16, gemm_bf16. `cfg` gives h and h_kv unless o->h/o->h_kv are set (may be NULL then);
- * `o` NULL = defaults. `p` (may be NULL) gets progress lines on stderr. `r` must be zeroed;
- * on error it is freed. Errors: KV_EINPUT for bad options, KV_EINTERNAL for allocation or
- * CUDA failures (the message names the probe). */
+ * gemm_fp16, gemm_bf16 (a type the device cannot run is left out with a warning). Host sizes
+ * are capped at a quarter of host RAM (two buffers of the largest size are allocated).
+ * `cfg` gives h and h_kv unless o->h/o->h_kv are set (may be NULL then); `o` NULL = defaults.
+ * `p` (may be NULL) gets progress lines on stderr. `r` is overwritten (any previous contents
+ * are not freed); on error it is left freed and zeroed. Errors: KV_EINPUT for bad options,
+ * KV_EINTERNAL for allocation or CUDA failures (the message names the probe). */
 int kv_hw_probe(const kv_config *cfg, const kv_hw_opts *o, kv_hw_result *r, kv_progress *p,
                 kv_error *err);
 
