@@ -20,7 +20,7 @@ void kv_hw_opts_default(kv_hw_opts *o, int quick) {
     o->quick = quick ? 1 : 0;
     o->min_bytes = (size_t)4 << 10;
     o->max_bytes = quick ? (size_t)4 << 20 : (size_t)1 << 30;
-    o->repeats = quick ? 3 : 9;
+    o->repeats = quick ? 5 : 9;
     o->gemm_repeats = quick ? 3 : 5;
     static const int bl_full[] = {16, 64, 256, 1024, 2048};
     static const int bl_quick[] = {16, 64};

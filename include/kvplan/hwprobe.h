@@ -42,7 +42,7 @@ extern "C" {
 typedef struct kv_hw_opts {
     size_t min_bytes;         /* smallest copy, bytes (default 4 KiB) */
     size_t max_bytes;         /* largest copy, bytes (default 1 GiB; quick: 4 MiB) */
-    int repeats;              /* samples per copy size, 1..64 (default 9; quick: 3) */
+    int repeats;              /* samples per copy size, 1..64 (default 9; quick: 5) */
     int gemm_repeats;         /* samples per GEMM shape, 1..64 (default 5; quick: 3) */
     int n_bl;                 /* number of b*l values (GEMM row counts m) */
     int bl[KV_HW_MAX_SHAPES]; /* b*l values: default 16, 64, 256, 1024, 2048; quick: 16, 64 */
