@@ -161,12 +161,15 @@ static int run_intopt(glp_prob *P, const char *what, int *status, kv_error *err)
     parm.msg_lev = GLP_MSG_OFF;
     int ret = glp_intopt(P, &parm);
     *status = glp_mip_status(P);
-    if (ret != 0 || *status != GLP_OPT)
-        return kv_fail(err, KV_EINTERNAL,
-                       "GLPK could not solve the KVPR split (%s): glp_intopt returned %s, "
-                       "glp_mip_status is %s", what, glpk_ret_name(ret),
-                       glpk_status_name(*status));
+    if (ret != 0 || *status != GLP_OPT) return kv_kvpr_glpk_fail(ret, *status, what, err);
     return KV_OK;
+}
+
+int kv_kvpr_glpk_fail(int intopt_ret, int mip_status, const char *what, kv_error *err) {
+    return kv_fail(err, KV_EINTERNAL,
+                   "GLPK could not solve the KVPR split (%s): glp_intopt returned %s, "
+                   "glp_mip_status is %s", what ? what : "", glpk_ret_name(intopt_ret),
+                   glpk_status_name(mip_status));
 }
 
 int kv_kvpr_solve(const kv_kvpr_shape *sh, double v_com, double v_gpu, kv_schedule sched,

@@ -172,6 +172,19 @@ static void test_bad_inputs(void) {
     CU_ASSERT_EQUAL(s, KV_SCHED_COLUMN);
 }
 
+static void test_glpk_failure_message(void) {
+    /* the codes glpk.h defines: GLP_ENOPFS 0x0A, GLP_NOFEAS 4; GLP_ETMLIM 0x09, GLP_FEAS 2 */
+    kv_error err = {0};
+    CU_ASSERT_EQUAL(kv_kvpr_glpk_fail(0x0A, 4, "minimum step time", &err), KV_EINTERNAL);
+    CU_ASSERT_EQUAL(err.code, KV_EINTERNAL);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, "GLP_ENOPFS"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, "GLP_NOFEAS"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, "minimum step time"));
+    CU_ASSERT_EQUAL(kv_kvpr_glpk_fail(0x09, 2, "x", &err), KV_EINTERNAL);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, "GLP_ETMLIM"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, "GLP_FEAS"));
+}
+
 static void test_slow_device_no_recompute(void) {
     /* MHA, row schedule, a device so slow that one recomputed token costs more than it saves */
     kv_kvpr_shape sh = {1, 10, 4096, 4096, 2.0};
@@ -387,6 +400,7 @@ int main(void) {
         {"closed form sits at the crossing", test_closed_form_interior},
         {"bad inputs are refused", test_bad_inputs},
         {"slow device: l = 0 with a reason", test_slow_device_no_recompute},
+        {"GLPK failures name glp_intopt's code and glp_mip_status", test_glpk_failure_message},
         {"hardware presets", test_presets},
         {"hardware figures from a profile", test_hw_from_profile},
         {"CLI: shape flags, Table 1 figures, JSON", test_cli_shape_table1},

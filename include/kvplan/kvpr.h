@@ -91,6 +91,11 @@ int kv_kvpr_eval(const kv_kvpr_shape *sh, double v_com, double v_gpu, kv_schedul
 int kv_kvpr_solve(const kv_kvpr_shape *sh, double v_com, double v_gpu, kv_schedule sched,
                   kv_kvpr_result *out, kv_error *err);
 
+/* The error kv_kvpr_solve reports when GLPK fails: KV_EINTERNAL with glp_intopt's return code
+ * (e.g. "GLP_ENOPFS (no primal feasible solution)") and glp_mip_status (e.g. "GLP_NOFEAS")
+ * spelled out, and `what` naming the solve stage. Returns KV_EINTERNAL. */
+int kv_kvpr_glpk_fail(int intopt_ret, int mip_status, const char *what, kv_error *err);
+
 /* The same optimum in closed form, used as a cross-check of the solver. With per-token costs
  * a = b h p / v_com (0 for row), c = 4 b h h_kv / v_gpu, k = 2 b h_kv p / v_com, t(l) =
  * a l + max(c l, k (s' - l)) is piecewise linear and convex: if a >= k it never decreases and
