@@ -10,6 +10,7 @@
 #include "kvplan/forward.h"
 #include "kvplan/model.h"
 #include "kvplan/tokenizer.h"
+#include "naive_ref.h"
 #include "testutil.h"
 
 #define MODEL "models/stories260K/stories260K.bin"
@@ -204,113 +205,6 @@ static void test_tokenizer(void) {
     kv_model_free(m);
 }
 
-/* ---- a slow, naive forward pass written from the Llama definition ---- */
-static void naive_logits(const kv_model *m, const int *tokens, int T, float *out /* [T, V] */) {
-    const kv_config *c = &m->cfg;
-    int D = c->dim, H = c->n_heads, Hk = c->n_kv_heads, hd = c->head_dim, F = c->hidden_dim;
-    int g = H / Hk, V = c->vocab_size;
-    double *x = calloc((size_t)T * D, sizeof *x);
-    double *K = calloc((size_t)c->n_layers * T * Hk * hd, sizeof *K);
-    double *Vv = calloc((size_t)c->n_layers * T * Hk * hd, sizeof *Vv);
-    double *xn = malloc((size_t)D * sizeof *xn), *q = malloc((size_t)H * hd * sizeof *q);
-    double *att = malloc((size_t)H * hd * sizeof *att), *hb = malloc((size_t)F * sizeof *hb);
-    double *sc = malloc((size_t)T * sizeof *sc), *kvtmp = malloc((size_t)2 * Hk * hd * sizeof(double));
-    for (int t = 0; t < T; t++)
-        for (int i = 0; i < D; i++) x[t * D + i] = m->tok_emb[(size_t)tokens[t] * D + i];
-    for (int l = 0; l < c->n_layers; l++) {
-        const kv_layer_weights *w = &m->layers[l];
-        for (int t = 0; t < T; t++) { /* token by token, causal */
-            double *xt = x + (size_t)t * D, ss = 0;
-            for (int i = 0; i < D; i++) ss += xt[i] * xt[i];
-            double r = 1.0 / sqrt(ss / D + c->norm_eps);
-            for (int i = 0; i < D; i++) xn[i] = xt[i] * r * w->attn_norm[i];
-            for (int o = 0; o < H * hd; o++) {
-                double a = 0;
-                for (int i = 0; i < D; i++) a += w->wq[(size_t)o * D + i] * xn[i];
-                q[o] = a;
-            }
-            double *kt = K + ((size_t)l * T + t) * Hk * hd, *vt = Vv + ((size_t)l * T + t) * Hk * hd;
-            for (int o = 0; o < Hk * hd; o++) {
-                double a = 0, b = 0;
-                for (int i = 0; i < D; i++) {
-                    a += w->wk[(size_t)o * D + i] * xn[i];
-                    b += w->wv[(size_t)o * D + i] * xn[i];
-                }
-                kt[o] = a;
-                vt[o] = b;
-            }
-            /* RoPE on adjacent pairs */
-            for (int o = 0; o < H * hd; o += 2) {
-                int i = o % hd;
-                double fr = pow(c->rope_theta, -(double)i / hd), ang = t * fr;
-                double a = q[o], b = q[o + 1];
-                q[o] = a * cos(ang) - b * sin(ang);
-                q[o + 1] = a * sin(ang) + b * cos(ang);
-                if (o < Hk * hd) {
-                    a = kt[o];
-                    b = kt[o + 1];
-                    kt[o] = a * cos(ang) - b * sin(ang);
-                    kt[o + 1] = a * sin(ang) + b * cos(ang);
-                }
-            }
-            for (int h = 0; h < H; h++) {
-                int j = h / g;
-                double mx = -1e300;
-                for (int u = 0; u <= t; u++) {
-                    double d = 0;
-                    for (int i = 0; i < hd; i++)
-                        d += q[h * hd + i] * K[((size_t)l * T + u) * Hk * hd + j * hd + i];
-                    sc[u] = d / sqrt((double)hd);
-                    if (sc[u] > mx) mx = sc[u];
-                }
-                double sum = 0;
-                for (int u = 0; u <= t; u++) sum += (sc[u] = exp(sc[u] - mx));
-                for (int i = 0; i < hd; i++) {
-                    double a = 0;
-                    for (int u = 0; u <= t; u++)
-                        a += sc[u] / sum * Vv[((size_t)l * T + u) * Hk * hd + j * hd + i];
-                    att[h * hd + i] = a;
-                }
-            }
-            for (int o = 0; o < D; o++) {
-                double a = 0;
-                for (int i = 0; i < H * hd; i++) a += w->wo[(size_t)o * H * hd + i] * att[i];
-                kvtmp[0] = a;
-                xt[o] += a;
-            }
-            ss = 0;
-            for (int i = 0; i < D; i++) ss += xt[i] * xt[i];
-            r = 1.0 / sqrt(ss / D + c->norm_eps);
-            for (int i = 0; i < D; i++) xn[i] = xt[i] * r * w->ffn_norm[i];
-            for (int f = 0; f < F; f++) {
-                double a = 0, b = 0;
-                for (int i = 0; i < D; i++) {
-                    a += w->w_gate[(size_t)f * D + i] * xn[i];
-                    b += w->w_up[(size_t)f * D + i] * xn[i];
-                }
-                hb[f] = a / (1 + exp(-a)) * b;
-            }
-            for (int o = 0; o < D; o++) {
-                double a = 0;
-                for (int f = 0; f < F; f++) a += w->w_down[(size_t)o * F + f] * hb[f];
-                xt[o] += a;
-            }
-        }
-    }
-    for (int t = 0; t < T; t++) {
-        double *xt = x + (size_t)t * D, ss = 0;
-        for (int i = 0; i < D; i++) ss += xt[i] * xt[i];
-        double r = 1.0 / sqrt(ss / D + c->norm_eps);
-        for (int i = 0; i < D; i++) xn[i] = xt[i] * r * m->final_norm[i];
-        for (int v = 0; v < V; v++) {
-            double a = 0;
-            for (int i = 0; i < D; i++) a += m->classifier[(size_t)v * D + i] * xn[i];
-            out[(size_t)t * V + v] = (float)a;
-        }
-    }
-    free(x), free(K), free(Vv), free(xn), free(q), free(att), free(hb), free(sc), free(kvtmp);
-}
-
 static int *text_tokens(kv_model *m, int *n) {
     kv_tokenizer *t = load_tok(m);
     kv_error err = {0};
@@ -356,7 +250,7 @@ static void test_forward_vs_naive(void) {
     int *ids = text_tokens(m, &n);
     int T = 96, V = m->cfg.vocab_size;
     float *a = malloc((size_t)T * V * sizeof *a), *b = malloc((size_t)T * V * sizeof *b);
-    naive_logits(m, ids, T, a);
+    tu_naive_forward(m, ids, T, a, NULL);
     run_forward(m, ids, T, 0, b);
     double maxerr = 0;
     for (size_t i = 0; i < (size_t)T * V; i++)

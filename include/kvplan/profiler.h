@@ -1,0 +1,71 @@
+/* kvplan profiler: per-head and per-layer similarity of a model on real prompts, prompt
+ * consistency, and (through hwprobe.h) hardware speeds, written to profile.h5.
+ *
+ * Definitions (DESIGN.md "Profiling"; BaKlaVa Alg. 1; SqueezeAttention §3):
+ *  - head cos: for layer l, query head h, KV head j = h / g and token t,
+ *      c[t] = cos(V[t, j], O[t, h]),  O = softmax(Q K^T / sqrt(d_h) + causal mask) V,
+ *    before the output projection; per prompt its mean and (population) variance over t.
+ *  - head similarity s = (mean + 1) / 2, averaged over prompts, then over the g query heads of
+ *    each KV head -> [L, H_kv]; importance = 1 - s.
+ *  - layer similarity: mean over tokens of cos(x_l, x_l + Attn_l(RMSNorm(x_l)))
+ *    (SqueezeAttention, the default) and of cos(x_l, x_{l+1}) (the whole block), [P, L].
+ *  - consistency: Kendall's tau-b and Spearman's rho (GSL) between the per-prompt rankings of
+ *    the L*H query heads by cos mean, [P, P].
+ */
+#ifndef KVPLAN_PROFILER_H
+#define KVPLAN_PROFILER_H
+
+#include "kvplan/common.h"
+#include "kvplan/h5io.h"
+#include "kvplan/hwprobe.h"
+#include "kvplan/model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct kv_profile {
+    int P, L, H, H_kv, T;   /* prompts, layers, query heads, KV heads, tokens per prompt */
+    int *tokens;            /* [P, T] prompt token ids (BOS first), owned */
+    int *lengths;           /* [P] */
+    double *cos_mean;       /* [P, L, H] */
+    double *cos_var;        /* [P, L, H] */
+    double *similarity;     /* [L, H_kv] */
+    double *importance;     /* [L, H_kv] */
+    double *token_cos;      /* [L, H, T] first prompt, per token */
+    double *cos_attn;       /* [P, L] */
+    double *cos_block;      /* [P, L] */
+    double *layer_similarity; /* [L] mean over prompts of cos_attn */
+    double *kendall_tau;    /* [P, P] */
+    double *spearman_rho;   /* [P, P] */
+    double seconds;         /* wall time of the forward passes with collectors */
+    double tokens_per_s;
+} kv_profile;
+
+/* Pick `n_prompts` prompts of `prompt_len` tokens from a token stream (the tokenized text,
+ * BOS first) deterministically: stratified start offsets, window i starting in the i-th
+ * equal stretch of the stream at a position drawn from a xorshift generator seeded by `seed`.
+ * Each prompt is BOS followed by prompt_len - 1 consecutive stream tokens (never starting on
+ * the stream's own BOS). out: [n_prompts, prompt_len], caller-allocated. KV_EINPUT when the
+ * stream is shorter than one prompt. */
+int kv_profile_pick_prompts(const int *stream, long n, int bos_id, int n_prompts, int prompt_len,
+                            uint64_t seed, int *out, kv_error *err);
+
+/* Run the collectors over the prompts (full cache, one prefill per prompt). `tokens`
+ * [P, T] is copied into the profile. The caller owns `out` (kv_profile_free). Progress
+ * ("prompt i of N, tokens/s") goes to `p` when not NULL. */
+int kv_profile_run(const kv_model *m, const int *tokens, int P, int T, kv_profile *out,
+                   kv_progress *p, kv_error *err);
+void kv_profile_free(kv_profile *pr);
+
+/* Write the profile's datasets (DESIGN.md "Files": /heads, /layers, /consistency, /prompts)
+ * into an open file. Provenance and /hardware are written by the caller. */
+int kv_profile_write(kv_h5 *f, const kv_profile *pr, kv_error *err);
+
+/* Kendall's tau-b between two score vectors of length n (ties handled), O(n^2). */
+double kv_kendall_tau(const double *a, const double *b, int n);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,269 @@
+/* kvplan profiler: similarity collectors hooked into the forward pass and the profile.h5
+ * writer. See include/kvplan/profiler.h for the definitions and their sources. */
+#include "kvplan/profiler.h"
+
+#include <gsl/gsl_statistics_double.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvplan/forward.h"
+#include "kvplan/kvcache.h"
+
+int kv_profile_pick_prompts(const int *stream, long n, int bos_id, int n_prompts, int prompt_len,
+                            uint64_t seed, int *out, kv_error *err) {
+    if (n_prompts < 1) return kv_fail(err, KV_EINPUT, "the number of prompts must be at least 1");
+    if (prompt_len < 2) return kv_fail(err, KV_EINPUT, "prompt length %d is below 2", prompt_len);
+    long body = prompt_len - 1;
+    /* the stream starts with its own BOS: windows are taken from stream[1..n) */
+    long avail = n - 1 - body;
+    if (avail < 0)
+        return kv_fail(err, KV_EINPUT,
+                       "the text has %ld tokens, too few for one prompt of %d tokens", n - 1,
+                       prompt_len);
+    uint64_t x = seed * 0x9E3779B97F4A7C15ull + 0x632BE59BD9B4E019ull;
+    for (int i = 0; i < n_prompts; i++) {
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        double u = (double)((x * 0x2545F4914F6CDD1Dull) >> 11) / 9007199254740992.0;
+        long lo = (long)((double)avail * i / n_prompts);
+        long hi = (long)((double)avail * (i + 1) / n_prompts);
+        long start = 1 + lo + (long)(u * (double)(hi - lo + 1));
+        if (start > 1 + avail) start = 1 + avail;
+        int *dst = out + (size_t)i * prompt_len;
+        dst[0] = bos_id;
+        memcpy(dst + 1, stream + start, (size_t)body * sizeof *dst);
+    }
+    return KV_OK;
+}
+
+void kv_profile_free(kv_profile *pr) {
+    if (!pr) return;
+    free(pr->tokens);
+    free(pr->lengths);
+    free(pr->cos_mean);
+    free(pr->cos_var);
+    free(pr->similarity);
+    free(pr->importance);
+    free(pr->token_cos);
+    free(pr->cos_attn);
+    free(pr->cos_block);
+    free(pr->layer_similarity);
+    free(pr->kendall_tau);
+    free(pr->spearman_rho);
+    memset(pr, 0, sizeof *pr);
+}
+
+/* Collector state for one prompt. */
+typedef struct collector {
+    const kv_config *cfg;
+    kv_profile *pr;
+    int prompt;
+    float *x_in; /* [L, T, dim] residual entering each layer (for the block cosine) */
+} collector;
+
+static double cosine(const float *a, const float *b, int n) {
+    double ab = 0, aa = 0, bb = 0;
+    for (int i = 0; i < n; i++) {
+        ab += (double)a[i] * b[i];
+        aa += (double)a[i] * a[i];
+        bb += (double)b[i] * b[i];
+    }
+    if (aa == 0.0 || bb == 0.0) return 0.0;
+    return ab / sqrt(aa * bb);
+}
+
+static void on_attn(void *user, int layer, int rows, const float *x_in, const float *o_heads,
+                    const float *v_new, const float *attn_out) {
+    collector *c = user;
+    const kv_config *cfg = c->cfg;
+    kv_profile *pr = c->pr;
+    int H = cfg->n_heads, hd = cfg->head_dim, g = H / cfg->n_kv_heads, dim = cfg->dim;
+    int qd = H * hd, kvd = cfg->n_kv_heads * hd;
+    size_t ph = ((size_t)c->prompt * pr->L + layer) * H;
+    for (int h = 0; h < H; h++) {
+        int j = h / g;
+        double sum = 0, sum2 = 0;
+        for (int t = 0; t < rows; t++) {
+            double cs = cosine(v_new + (size_t)t * kvd + (size_t)j * hd,
+                               o_heads + (size_t)t * qd + (size_t)h * hd, hd);
+            sum += cs;
+            sum2 += cs * cs;
+            if (c->prompt == 0) pr->token_cos[((size_t)layer * H + h) * pr->T + t] = cs;
+        }
+        double mean = sum / rows, var = sum2 / rows - mean * mean;
+        pr->cos_mean[ph + h] = mean;
+        pr->cos_var[ph + h] = var > 0 ? var : 0.0;
+    }
+    /* SqueezeAttention: cos(x_l, x_l + Attn_l(RMSNorm(x_l))) */
+    double acc = 0;
+    float *tmp = malloc((size_t)dim * sizeof *tmp);
+    for (int t = 0; t < rows && tmp; t++) {
+        const float *x = x_in + (size_t)t * dim, *a = attn_out + (size_t)t * dim;
+        for (int i = 0; i < dim; i++) tmp[i] = x[i] + a[i];
+        acc += cosine(x, tmp, dim);
+    }
+    free(tmp);
+    pr->cos_attn[(size_t)c->prompt * pr->L + layer] = acc / rows;
+    memcpy(c->x_in + (size_t)layer * rows * dim, x_in, (size_t)rows * dim * sizeof(float));
+}
+
+static void on_block(void *user, int layer, int rows, const float *x_out) {
+    collector *c = user;
+    int dim = c->cfg->dim;
+    double acc = 0;
+    for (int t = 0; t < rows; t++)
+        acc += cosine(c->x_in + ((size_t)layer * rows + t) * dim, x_out + (size_t)t * dim, dim);
+    c->pr->cos_block[(size_t)c->prompt * c->pr->L + layer] = acc / rows;
+}
+
+double kv_kendall_tau(const double *a, const double *b, int n) {
+    long conc = 0, disc = 0, ta = 0, tb = 0;
+    for (int i = 0; i < n; i++)
+        for (int k = i + 1; k < n; k++) {
+            double da = a[i] - a[k], db = b[i] - b[k];
+            if (da == 0 && db == 0) continue;
+            if (da == 0) ta++;
+            else if (db == 0) tb++;
+            else if ((da > 0) == (db > 0)) conc++;
+            else disc++;
+        }
+    double den = sqrt((double)(conc + disc + ta) * (double)(conc + disc + tb));
+    return den > 0 ? (double)(conc - disc) / den : 0.0;
+}
+
+int kv_profile_run(const kv_model *m, const int *tokens, int P, int T, kv_profile *out,
+                   kv_progress *p, kv_error *err) {
+    memset(out, 0, sizeof *out);
+    const kv_config *cfg = &m->cfg;
+    if (P < 1) return kv_fail(err, KV_EINPUT, "no prompts to profile (--prompts must be >= 1)");
+    if (T < 2 || T > cfg->seq_len)
+        return kv_fail(err, KV_EINPUT,
+                       "prompt length %d must be in [2, %d] (the model's context length)", T,
+                       cfg->seq_len);
+    int L = cfg->n_layers, H = cfg->n_heads, Hkv = cfg->n_kv_heads, g = H / Hkv;
+    out->P = P;
+    out->L = L;
+    out->H = H;
+    out->H_kv = Hkv;
+    out->T = T;
+    size_t plh = (size_t)P * L * H;
+    out->tokens = malloc((size_t)P * T * sizeof(int));
+    out->lengths = malloc((size_t)P * sizeof(int));
+    out->cos_mean = calloc(plh, sizeof(double));
+    out->cos_var = calloc(plh, sizeof(double));
+    out->similarity = calloc((size_t)L * Hkv, sizeof(double));
+    out->importance = calloc((size_t)L * Hkv, sizeof(double));
+    out->token_cos = calloc((size_t)L * H * T, sizeof(double));
+    out->cos_attn = calloc((size_t)P * L, sizeof(double));
+    out->cos_block = calloc((size_t)P * L, sizeof(double));
+    out->layer_similarity = calloc((size_t)L, sizeof(double));
+    out->kendall_tau = calloc((size_t)P * P, sizeof(double));
+    out->spearman_rho = calloc((size_t)P * P, sizeof(double));
+    collector col = {cfg, out, 0, malloc((size_t)L * T * cfg->dim * sizeof(float))};
+    kv_pool pool = {0};
+    kv_workspace *ws = NULL;
+    int rc = KV_OK;
+    if (!out->tokens || !out->lengths || !out->cos_mean || !out->cos_var || !out->similarity ||
+        !out->importance || !out->token_cos || !out->cos_attn || !out->cos_block ||
+        !out->layer_similarity || !out->kendall_tau || !out->spearman_rho || !col.x_in)
+        rc = kv_fail(err, KV_EINTERNAL, "out of memory (profile of %d prompts x %d tokens)", P, T);
+    if (!rc) {
+        memcpy(out->tokens, tokens, (size_t)P * T * sizeof(int));
+        for (int i = 0; i < P; i++) out->lengths[i] = T;
+        rc = kv_pool_init(&pool, L * Hkv * ((T + 15) / 16), 16, cfg->head_dim, err);
+    }
+    if (!rc) rc = kv_workspace_new(m, T, T, &ws, err);
+    kv_hooks hooks = {&col, on_attn, on_block};
+    double t0 = kv_now();
+    for (int i = 0; i < P && !rc; i++) {
+        kv_cache c;
+        rc = kv_cache_init(&c, &pool, L, Hkv, NULL, KV_POLICY_SINK, err);
+        if (rc) break;
+        col.prompt = i;
+        kv_cache *cp = &c;
+        rc = kv_forward(m, ws, &cp, 1, tokens + (size_t)i * T, T, KV_LOGITS_NONE, NULL, &hooks,
+                        err);
+        kv_cache_destroy(&c);
+        double el = kv_now() - t0;
+        if (p)
+            kv_progress_print(p, i + 1 == P, "profile: prompt %d of %d, %.0f tokens/s", i + 1, P,
+                              (double)(i + 1) * T / (el > 0 ? el : 1e-9));
+    }
+    out->seconds = kv_now() - t0;
+    out->tokens_per_s = (double)P * T / (out->seconds > 0 ? out->seconds : 1e-9);
+    kv_workspace_free(ws);
+    if (pool.data) kv_pool_destroy(&pool);
+    free(col.x_in);
+    if (rc) {
+        kv_profile_free(out);
+        return rc;
+    }
+    /* non-finite activations mean a broken model: refuse rather than write NaNs */
+    for (size_t i = 0; i < plh; i++)
+        if (!isfinite(out->cos_mean[i])) {
+            kv_profile_free(out);
+            return kv_fail(err, KV_EINPUT,
+                           "%s: the forward pass produced non-finite values (NaN/Inf) in layer "
+                           "%zu: the weights are corrupt",
+                           m->path, (i / (size_t)H) % (size_t)L);
+        }
+    for (int l = 0; l < L; l++) {
+        for (int j = 0; j < Hkv; j++) {
+            double s = 0;
+            for (int i = 0; i < P; i++)
+                for (int k = 0; k < g; k++)
+                    s += (out->cos_mean[((size_t)i * L + l) * H + j * g + k] + 1.0) / 2.0;
+            s /= (double)P * g;
+            out->similarity[l * Hkv + j] = s;
+            out->importance[l * Hkv + j] = 1.0 - s;
+        }
+        double ls = 0;
+        for (int i = 0; i < P; i++) ls += out->cos_attn[(size_t)i * L + l];
+        out->layer_similarity[l] = ls / P;
+    }
+    int n = L * H;
+    for (int a = 0; a < P; a++)
+        for (int b = 0; b < P; b++) {
+            const double *va = out->cos_mean + (size_t)a * n, *vb = out->cos_mean + (size_t)b * n;
+            double work[2 * 1024];
+            double *wk = n <= 1024 ? work : malloc((size_t)2 * n * sizeof *wk);
+            out->kendall_tau[a * P + b] = a == b ? 1.0 : kv_kendall_tau(va, vb, n);
+            out->spearman_rho[a * P + b] =
+                a == b ? 1.0 : (wk ? gsl_stats_spearman(va, 1, vb, 1, (size_t)n, wk) : NAN);
+            if (wk != work) free(wk);
+        }
+    return KV_OK;
+}
+
+int kv_profile_write(kv_h5 *f, const kv_profile *pr, kv_error *err) {
+    long plh[3] = {pr->P, pr->L, pr->H}, lk[2] = {pr->L, pr->H_kv}, lht[3] = {pr->L, pr->H, pr->T};
+    long pl[2] = {pr->P, pr->L}, l1[1] = {pr->L}, pp[2] = {pr->P, pr->P}, pt[2] = {pr->P, pr->T},
+         p1[1] = {pr->P};
+    int rc = kv_h5_write_f64(f, "/heads/cos_mean", 3, plh, pr->cos_mean, "cosine", err);
+    if (!rc) rc = kv_h5_write_f64(f, "/heads/cos_var", 3, plh, pr->cos_var, "cosine^2", err);
+    if (!rc) rc = kv_h5_write_f64(f, "/heads/similarity", 2, lk, pr->similarity, "1", err);
+    if (!rc) rc = kv_h5_write_f64(f, "/heads/importance", 2, lk, pr->importance, "1", err);
+    if (!rc) rc = kv_h5_write_f64(f, "/heads/token_cos", 3, lht, pr->token_cos, "cosine", err);
+    if (!rc) rc = kv_h5_write_f64(f, "/layers/cos_attn", 2, pl, pr->cos_attn, "cosine", err);
+    if (!rc) rc = kv_h5_write_f64(f, "/layers/cos_block", 2, pl, pr->cos_block, "cosine", err);
+    if (!rc)
+        rc = kv_h5_write_f64(f, "/layers/similarity", 1, l1, pr->layer_similarity, "cosine", err);
+    if (!rc)
+        rc = kv_h5_write_f64(f, "/consistency/kendall_tau", 2, pp, pr->kendall_tau, "1", err);
+    if (!rc)
+        rc = kv_h5_write_f64(f, "/consistency/spearman_rho", 2, pp, pr->spearman_rho, "1", err);
+    if (!rc) rc = kv_h5_write_i32(f, "/prompts/tokens", 2, pt, pr->tokens, "token id", err);
+    if (!rc) rc = kv_h5_write_i32(f, "/prompts/lengths", 1, p1, pr->lengths, "tokens", err);
+    if (!rc) rc = kv_h5_attr_str(f, "/heads", "definition",
+                                 "c[t] = cos(V[t, h/g], O[t, h]) before W_o (BaKlaVa Alg. 1); "
+                                 "similarity = mean over prompts and the GQA group of (mean_t c + 1)/2; "
+                                 "importance = 1 - similarity", err);
+    if (!rc) rc = kv_h5_attr_str(f, "/layers", "definition",
+                                 "cos_attn: mean_t cos(x_l, x_l + Attn_l(RMSNorm(x_l))) "
+                                 "(SqueezeAttention); cos_block: mean_t cos(x_l, x_{l+1}); "
+                                 "similarity = mean over prompts of cos_attn", err);
+    if (!rc) rc = kv_h5_attr_f64(f, "/prompts", "profile_tokens_per_s", pr->tokens_per_s, err);
+    return rc;
+}
