@@ -1,0 +1,132 @@
+/* kvplan search: perplexity-driven choice of the allocation parameters (planner/search.c).
+ *
+ * BaKlaVa Alg. 3 (DESIGN.md Planning 4): for every grid point (t, r[, p]) build the budgets
+ * (kv_plan_budgets, include/kvplan/alloc.h), run budgeted perplexity on the first
+ * `eval_tokens` tokens of the evaluation text (chunks of C tokens, a fresh cache per chunk,
+ * kv_eval_chunk), keep the minimum. The baselines `full`, `uniform` and `squeeze` are
+ * evaluated at the same ratio, and the winner and the baselines once more on held-out tokens
+ * that follow the search tokens. Optionally successive halving (kv_successive_halving) replaces
+ * the exhaustive grid.
+ *
+ * Evaluation is cached per distinct budget matrix and chunk: grid points whose rounded budgets
+ * are identical (e.g. every t above the largest head similarity) share one evaluation, and a
+ * config evaluated on n chunks and later on n' > n chunks only runs the n' - n new chunks.
+ * Token-evaluation counts are what actually ran (chunks evaluated x C).
+ */
+#ifndef KVPLAN_SEARCH_H
+#define KVPLAN_SEARCH_H
+
+#include "kvplan/alloc.h"
+#include "kvplan/common.h"
+#include "kvplan/h5io.h"
+#include "kvplan/kvcache.h"
+#include "kvplan/model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The profile inputs of the planner (profile.h5, DESIGN.md Files). */
+typedef struct kv_profile_inputs {
+    int n_layers, n_kv_heads; /* L, H_kv */
+    double *head_sim;         /* [L * H_kv] /heads/similarity, owned */
+    double *head_imp;         /* [L * H_kv] /heads/importance (or 1 - similarity), owned */
+    double *layer_sim;        /* [L] /layers/similarity, owned */
+    char model_sha256[65];    /* root attribute of the profile */
+} kv_profile_inputs;
+
+/* Read /heads/similarity [L,H_kv], /heads/importance [L,H_kv] (optional: 1 - similarity) and
+ * /layers/similarity [L] from `path`, and check that the profile belongs to `m`: its root
+ * model_sha256 must equal m->sha256 and the shapes must be [m.L, m.H_kv] / [m.L].
+ * Errors (KV_EINPUT) name the file and the mismatch. Free with kv_profile_inputs_free. */
+int kv_profile_inputs_read(const char *path, const kv_model *m, kv_profile_inputs *out,
+                           kv_error *err);
+void kv_profile_inputs_free(kv_profile_inputs *p);
+
+/* A grid "a:b:step" (inclusive of b within step/1000) or a single value "a", or a comma list
+ * "a,b,c". Values must lie in [lo, hi]. *vals is owned by the caller (free()).
+ * KV_EINPUT names the option and what is wrong. */
+int kv_grid_parse(const char *s, const char *opt, double lo, double hi, double **vals, int *n,
+                  kv_error *err);
+
+typedef struct kv_search_opts {
+    kv_alloc_kind allocation; /* baklava (grid t x r [x p]), squeeze (grid p) or uniform */
+    double ratio;             /* R in (0, 1] */
+    int context;              /* C tokens per chunk (<= model seq_len) */
+    int block_size;           /* b_s */
+    int evict_block;          /* Batch-Max p */
+    kv_policy policy;
+    const double *t_values; int n_t; /* baklava thresholds (>= 1 value) */
+    const double *r_values; int n_r; /* baklava reductions in [0, 1] */
+    const double *p_values; int n_p; /* SqueezeAttention p (>= 1 value) */
+    long eval_tokens;         /* search tokens from the start of the text (default 8192) */
+    long heldout_tokens;      /* held-out tokens after them (default 4096; 0 = none) */
+    int halving_eta;          /* 0 = exhaustive grid, else successive halving with this eta */
+    int halving_min_chunks;   /* first-round chunks of successive halving (default 1) */
+    kv_progress *progress;    /* NULL = silent; prints progress with an ETA */
+} kv_search_opts;
+
+/* Defaults: baklava, R = 0.5, C = model seq_len, b_s = 16, p = 16, sink, t and r grids NULL
+ * (the caller supplies them; the CLI default is t 0.50:0.95:0.05, r 0.05:0.95:0.05), p = 0.5,
+ * eval 8192, held-out 4096, exhaustive. */
+void kv_search_opts_default(kv_search_opts *o, const kv_model *m);
+
+/* Names of the baselines, in the order of kv_search_result.base_ppl. */
+#define KV_SEARCH_N_BASE 3
+extern const char *const kv_search_base_names[KV_SEARCH_N_BASE]; /* full, uniform, squeeze */
+
+typedef struct kv_search_result {
+    int n_p, n_t, n_r;      /* grid shape (squeeze: n_t = n_r = 1; uniform: all 1) */
+    double *perplexity;     /* [n_p * n_t * n_r] last perplexity of each point, NaN if never
+                               evaluated; owned */
+    int *chunks;            /* [n_p * n_t * n_r] chunks that perplexity used (0 = none); owned */
+    int best;               /* index of the winner in the grid */
+    double best_t, best_r, best_p; /* its parameters (NaN when not used by the allocation) */
+    double best_ppl;        /* on best_chunks search chunks */
+    int best_chunks;
+    double base_ppl[KV_SEARCH_N_BASE];     /* on all search chunks */
+    double heldout_ppl[1 + KV_SEARCH_N_BASE]; /* winner, full, uniform, squeeze; NaN if none */
+    int search_chunks, heldout_chunks;
+    int distinct_budgets;   /* distinct rounded budget matrices among the grid points */
+    long token_evals;       /* tokens actually evaluated for the grid (not baselines/held-out) */
+    long token_evals_exhaustive; /* what the exhaustive grid costs: distinct x chunks x C */
+    int halving_rounds;
+    double seconds;
+    int *tokens, *blocks;   /* [L * H_kv] winner budgets, owned */
+} kv_search_result;
+
+/* Run the search on ids[0..n_ids) (tokenized text, BOS first). Needs at least one chunk of
+ * search tokens (min(eval_tokens, n_ids) >= C) and, when heldout_tokens > 0, at least one
+ * held-out chunk after them. prof must come from kv_profile_inputs_read for m (may be NULL for
+ * allocation uniform; then the squeeze baseline is NaN).
+ * Errors: KV_EINPUT for bad options, too little text, a ratio too small for the policy;
+ * KV_EINTERNAL from the engine or GLPK. Free the result with kv_search_result_free. */
+int kv_search_run(const kv_model *m, const kv_profile_inputs *prof, const int *ids, long n_ids,
+                  const kv_search_opts *o, kv_search_result *res, kv_error *err);
+void kv_search_result_free(kv_search_result *r);
+
+/* Write the search part of plan.h5: /search/t_values [n_t], /search/r_values [n_r],
+ * /search/p_values [n_p], /search/perplexity ([n_t, n_r] for a baklava grid with one p,
+ * [n_p, n_t, n_r] with several, [n_p] for squeeze; NaN where not evaluated),
+ * /search/chunks (same shape, int32), /search/baselines [3] (full, uniform, squeeze on the
+ * search tokens), /search/heldout [4] (winner, full, uniform, squeeze on the held-out tokens),
+ * with attributes naming the entries, and /search attributes method, eta, eval_tokens,
+ * heldout_tokens, token_evals, token_evals_exhaustive, best_perplexity, seconds. */
+int kv_search_write(kv_h5 *f, const kv_search_opts *o, const kv_search_result *r,
+                    kv_error *err);
+
+/* Write a whole plan.h5 atomically (kv_h5_create ... kv_h5_commit): provenance (`command`,
+ * model m), the budget part (kv_plan_budget_write: ratio, context_length, block_size, policy,
+ * allocation, t, r, p — NaN where the allocation does not use them — /budget/tokens and
+ * /budget/blocks [L, H_kv]), root attributes evict_block and min_tokens, and, when `so` and
+ * `sr` are not NULL, the search part (kv_search_write). tokens/blocks: [L * H_kv].
+ * On any error the target file is left untouched. */
+int kv_plan_file_write(const char *path, const char *command, const kv_model *m,
+                       const kv_alloc_params *a, kv_policy policy, int evict_block,
+                       const int *tokens, const int *blocks, const kv_search_opts *so,
+                       const kv_search_result *sr, kv_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

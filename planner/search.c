@@ -1,0 +1,684 @@
+/* kvplan search: BaKlaVa Alg. 3 over a (t, r[, p]) grid, exhaustive or by successive halving,
+ * with baselines and held-out checks; profile reading and plan writing.
+ * See include/kvplan/search.h. */
+#include "kvplan/search.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvplan/eval.h"
+#include "kvplan/forward.h"
+
+const char *const kv_search_base_names[KV_SEARCH_N_BASE] = {"full", "uniform", "squeeze"};
+
+/* ---------------------------------------------------------------- profile ---- */
+
+void kv_profile_inputs_free(kv_profile_inputs *p) {
+    if (!p) return;
+    free(p->head_sim);
+    free(p->head_imp);
+    free(p->layer_sim);
+    memset(p, 0, sizeof *p);
+}
+
+static int read_matrix(kv_h5 *f, const char *path, int want_rank, long d0, long d1,
+                       double **out, kv_error *err) {
+    int rank = 0;
+    long dims[KV_H5_MAX_RANK];
+    int rc = kv_h5_read_f64(f, path, &rank, dims, out, err);
+    if (rc) return rc;
+    if (rank != want_rank || dims[0] != d0 || (want_rank == 2 && dims[1] != d1)) {
+        free(*out);
+        *out = NULL;
+        if (want_rank == 2)
+            return kv_fail(err, KV_EINPUT, "%s: %s has shape %s%ld%s, expected [%ld, %ld] for "
+                                           "this model (L, H_kv)",
+                           kv_h5_path(f), path, rank >= 1 ? "[" : "", rank >= 1 ? dims[0] : 0,
+                           rank == 2 ? (dims[1] == d1 ? ", ..]" : ", ?]") : "]", d0, d1);
+        return kv_fail(err, KV_EINPUT, "%s: %s has %d dimension(s) (first %ld), expected [%ld]",
+                       kv_h5_path(f), path, rank, rank >= 1 ? dims[0] : 0, d0);
+    }
+    return KV_OK;
+}
+
+int kv_profile_inputs_read(const char *path, const kv_model *m, kv_profile_inputs *out,
+                           kv_error *err) {
+    memset(out, 0, sizeof *out);
+    kv_h5 *f = NULL;
+    int rc = kv_h5_open_read(path, &f, err);
+    if (rc) return rc;
+    char *sha = NULL;
+    rc = kv_h5_read_attr_str(f, "/", "model_sha256", &sha, err);
+    if (!rc && strcmp(sha, m->sha256) != 0)
+        rc = kv_fail(err, KV_EINPUT,
+                     "%s: the profile belongs to another model (model_sha256 %.16s..., but %s "
+                     "has %.16s...); run `kvplan profile %s` first",
+                     path, sha, m->path, m->sha256, m->path);
+    if (!rc && strlen(sha) < sizeof out->model_sha256) strcpy(out->model_sha256, sha);
+    free(sha);
+    int L = m->cfg.n_layers, H = m->cfg.n_kv_heads;
+    out->n_layers = L;
+    out->n_kv_heads = H;
+    if (!rc) rc = read_matrix(f, "/heads/similarity", 2, L, H, &out->head_sim, err);
+    if (!rc) rc = read_matrix(f, "/layers/similarity", 1, L, 0, &out->layer_sim, err);
+    if (!rc && kv_h5_exists(f, "/heads/importance")) {
+        rc = read_matrix(f, "/heads/importance", 2, L, H, &out->head_imp, err);
+    } else if (!rc) {
+        out->head_imp = kv_malloc((size_t)L * H * sizeof *out->head_imp, "importance", err);
+        if (!out->head_imp) rc = KV_EINTERNAL;
+        for (int i = 0; !rc && i < L * H; i++) out->head_imp[i] = 1.0 - out->head_sim[i];
+    }
+    for (int i = 0; !rc && i < L * H; i++)
+        if (!isfinite(out->head_sim[i]) || !isfinite(out->head_imp[i]))
+            rc = kv_fail(err, KV_EINPUT, "%s: head similarity/importance of layer %d head %d is "
+                                         "not finite", path, i / H, i % H);
+    for (int l = 0; !rc && l < L; l++)
+        if (!isfinite(out->layer_sim[l]))
+            rc = kv_fail(err, KV_EINPUT, "%s: layer similarity of layer %d is not finite", path,
+                         l);
+    kv_h5_close(f);
+    if (rc) kv_profile_inputs_free(out);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- grids ---- */
+
+int kv_grid_parse(const char *s, const char *opt, double lo, double hi, double **vals, int *n,
+                  kv_error *err) {
+    *vals = NULL;
+    *n = 0;
+    if (!s || !*s) return kv_fail(err, KV_EINPUT, "%s: empty grid", opt);
+    double a, b, step;
+    char tail;
+    int cnt = 0;
+    double *v = NULL;
+    if (sscanf(s, "%lf:%lf:%lf%c", &a, &b, &step, &tail) == 3) {
+        if (!(step > 0) || !(b >= a) || !isfinite(a) || !isfinite(b))
+            return kv_fail(err, KV_EINPUT, "%s '%s': need a <= b and step > 0 in a:b:step", opt,
+                           s);
+        double nn = floor((b - a) / step + 1e-3) + 1;
+        if (nn > 100000) return kv_fail(err, KV_EINPUT, "%s '%s': too many points", opt, s);
+        cnt = (int)nn;
+        v = kv_malloc((size_t)cnt * sizeof *v, "grid", err);
+        if (!v) return KV_EINTERNAL;
+        for (int i = 0; i < cnt; i++) {
+            v[i] = a + i * step;
+            /* snap to the step's decimal grid: 0.05 * 3 prints as 0.15 */
+            v[i] = round(v[i] * 1e9) / 1e9;
+        }
+    } else {
+        int commas = 1;
+        for (const char *p = s; *p; p++) commas += *p == ',';
+        v = kv_malloc((size_t)commas * sizeof *v, "grid", err);
+        if (!v) return KV_EINTERNAL;
+        const char *p = s;
+        while (*p) {
+            char *end;
+            double x = strtod(p, &end);
+            if (end == p || (*end && *end != ',')) {
+                free(v);
+                return kv_fail(err, KV_EINPUT, "%s '%s': expected a:b:step, a value or a comma "
+                                               "list of values", opt, s);
+            }
+            v[cnt++] = x;
+            p = *end ? end + 1 : end;
+        }
+    }
+    for (int i = 0; i < cnt; i++)
+        if (!(v[i] >= lo - 1e-12 && v[i] <= hi + 1e-12)) {
+            double bad = v[i];
+            free(v);
+            return kv_fail(err, KV_EINPUT, "%s: value %g is outside [%g, %g]", opt, bad, lo, hi);
+        }
+    if (cnt < 1) {
+        free(v);
+        return kv_fail(err, KV_EINPUT, "%s: empty grid", opt);
+    }
+    *vals = v;
+    *n = cnt;
+    return KV_OK;
+}
+
+/* ---------------------------------------------------------------- search state ---- */
+
+void kv_search_opts_default(kv_search_opts *o, const kv_model *m) {
+    memset(o, 0, sizeof *o);
+    static const double default_p = KV_SQUEEZE_DEFAULT_P;
+    o->allocation = KV_ALLOC_BAKLAVA;
+    o->ratio = 0.5;
+    o->context = m ? m->cfg.seq_len : 256;
+    o->block_size = KV_DEFAULT_BLOCK_SIZE;
+    o->evict_block = KV_DEFAULT_EVICT_BLOCK;
+    o->policy = KV_POLICY_SINK;
+    o->p_values = &default_p;
+    o->n_p = 1;
+    o->eval_tokens = 8192;
+    o->heldout_tokens = 4096;
+    o->halving_min_chunks = 1;
+}
+
+void kv_search_result_free(kv_search_result *r) {
+    if (!r) return;
+    free(r->perplexity);
+    free(r->chunks);
+    free(r->tokens);
+    free(r->blocks);
+    memset(r, 0, sizeof *r);
+}
+
+/* One distinct budget matrix ("arm") and its per-chunk NLL sums on the search tokens. */
+typedef struct arm {
+    int *tokens; /* [L*H] or NULL for the full cache, owned */
+    int *blocks; /* [L*H] or NULL, owned */
+    double *nll; /* [search chunks] NLL sum of each chunk, valid for chunk < done */
+    int done;
+    int first_config; /* lowest grid index using it, -1 for baselines only */
+} arm;
+
+typedef struct search_ctx {
+    const kv_model *m;
+    const kv_search_opts *o;
+    const int *ids;
+    kv_workspace *ws;
+    kv_pool pool;
+    int pool_ok;
+    arm *arms;
+    int n_arms, cap_arms;
+    int nh, S, HC; /* heads, search chunks, held-out chunks */
+    long grid_chunk_evals;
+    long work_done, work_total; /* chunk evaluations, for the progress ETA */
+    double t0, best_seen;
+    kv_error *err;
+} search_ctx;
+
+/* Find or add the arm with these budgets (NULL = full cache). Takes ownership of tokens and
+ * blocks (freed when an equal arm exists). Returns the arm index or -1 on error. */
+static int arm_get(search_ctx *c, int *tokens, int *blocks) {
+    for (int a = 0; a < c->n_arms; a++) {
+        const arm *x = &c->arms[a];
+        if ((!x->tokens && !tokens) ||
+            (x->tokens && tokens &&
+             !memcmp(x->tokens, tokens, (size_t)c->nh * sizeof *tokens))) {
+            free(tokens);
+            free(blocks);
+            return a;
+        }
+    }
+    if (c->n_arms == c->cap_arms) {
+        int nc = c->cap_arms ? 2 * c->cap_arms : 16;
+        arm *na = realloc(c->arms, (size_t)nc * sizeof *na);
+        if (!na) {
+            free(tokens);
+            free(blocks);
+            kv_fail(c->err, KV_EINTERNAL, "out of memory: search arms");
+            return -1;
+        }
+        c->arms = na;
+        c->cap_arms = nc;
+    }
+    arm *x = &c->arms[c->n_arms];
+    memset(x, 0, sizeof *x);
+    x->tokens = tokens;
+    x->blocks = blocks;
+    x->first_config = -1;
+    x->nll = kv_calloc((size_t)(c->S > 0 ? c->S : 1), sizeof *x->nll, "chunk losses", c->err);
+    if (!x->nll) {
+        free(tokens);
+        free(blocks);
+        return -1;
+    }
+    return c->n_arms++;
+}
+
+static void fill_eval_opts(const search_ctx *c, const int *budget, kv_eval_opts *eo) {
+    kv_eval_opts_default(eo, c->m);
+    eo->context = c->o->context;
+    eo->budget = budget;
+    eo->policy = c->o->policy;
+    eo->evict_block = c->o->evict_block;
+    eo->block_size = c->o->block_size;
+}
+
+static void progress(search_ctx *c, const char *what) {
+    kv_progress *p = c->o->progress;
+    if (!p || p->quiet) return;
+    double el = kv_now() - c->t0;
+    double eta = c->work_done > 0
+                     ? el / (double)c->work_done * (double)(c->work_total - c->work_done)
+                     : 0.0;
+    if (eta < 0) eta = 0;
+    char best[32] = "-";
+    if (isfinite(c->best_seen)) snprintf(best, sizeof best, "%.4f", c->best_seen);
+    kv_progress_print(p, 0, "search: %s %ld/%ld chunk evals, best ppl %s, %.0fs elapsed, "
+                            "ETA %.0fs",
+                      what, c->work_done, c->work_total, best, el, eta);
+}
+
+/* Chunk `chunk` of the text starting at token `start` (chunks of C) under `budget`. */
+static int eval_one(search_ctx *c, const int *budget, long start, int chunk, double *nll) {
+    kv_eval_opts eo;
+    fill_eval_opts(c, budget, &eo);
+    size_t peak = 0;
+    int rc = kv_eval_chunk(c->m, c->ws, &c->pool, c->ids + start + (long)chunk * eo.context,
+                           eo.context, &eo, nll, &peak, c->err);
+    c->work_done++;
+    return rc;
+}
+
+/* Perplexity of arm `a` on the first n search chunks, evaluating only the missing chunks. */
+static int arm_ppl(search_ctx *c, int a, int n, double *ppl, int grid) {
+    arm *x = &c->arms[a];
+    for (int ch = x->done; ch < n; ch++) {
+        int rc = eval_one(c, x->tokens, 0, ch, &x->nll[ch]);
+        if (rc) return rc;
+        x->done = ch + 1;
+        if (grid) c->grid_chunk_evals++;
+    }
+    double s = 0.0;
+    for (int ch = 0; ch < n; ch++) s += x->nll[ch];
+    *ppl = exp(s / ((double)n * (c->o->context - 1)));
+    if (grid && n == c->S && *ppl < c->best_seen) c->best_seen = *ppl;
+    return KV_OK;
+}
+
+/* Held-out perplexity of a budget (NULL = full) on the HC chunks after the search tokens. */
+static int heldout_ppl(search_ctx *c, const int *budget, double *ppl) {
+    double s = 0.0;
+    long start = (long)c->S * c->o->context;
+    for (int ch = 0; ch < c->HC; ch++) {
+        double v = 0.0;
+        int rc = eval_one(c, budget, start, ch, &v);
+        if (rc) return rc;
+        s += v;
+        progress(c, "held-out");
+    }
+    *ppl = exp(s / ((double)c->HC * (c->o->context - 1)));
+    return KV_OK;
+}
+
+typedef struct halving_user {
+    search_ctx *c;
+    const int *arm_of_unique; /* unique grid arm -> arm index */
+} halving_user;
+
+static int halving_eval(void *user, int config, int n_chunks, double *ppl, kv_error *err) {
+    halving_user *h = user;
+    (void)err;
+    int rc = arm_ppl(h->c, h->arm_of_unique[config], n_chunks, ppl, 1);
+    if (!rc) progress(h->c, "halving");
+    return rc;
+}
+
+/* Chunk evaluations successive halving will run (with prefix reuse), for the ETA. */
+static long halving_plan(int n, int eta, int c0, int cmax) {
+    long total = 0;
+    int prev = 0, c = c0;
+    for (;;) {
+        total += (long)n * (c - prev);
+        int keep = (n + eta - 1) / eta;
+        if (n == 1 || keep == 1 || c == cmax) break;
+        n = keep;
+        prev = c;
+        c = (long)c * eta > cmax ? cmax : c * eta;
+    }
+    return total;
+}
+
+static int make_budget(const search_ctx *c, const kv_profile_inputs *prof, kv_alloc_kind kind,
+                       double t, double r, double p, int **tokens, int **blocks) {
+    kv_alloc_params a;
+    kv_alloc_params_default(&a);
+    a.kind = kind;
+    a.layer_kind = KV_ALLOC_SQUEEZE;
+    a.ratio = c->o->ratio;
+    a.context = c->o->context;
+    a.block_size = c->o->block_size;
+    a.min_tokens = kv_policy_fixed_tokens(c->o->policy) + c->o->evict_block;
+    a.t = t;
+    a.r = r;
+    a.p = p;
+    *tokens = kv_malloc((size_t)c->nh * sizeof **tokens, "budgets", c->err);
+    *blocks = kv_malloc((size_t)c->nh * sizeof **blocks, "blocks", c->err);
+    if (!*tokens || !*blocks) {
+        free(*tokens);
+        free(*blocks);
+        return KV_EINTERNAL;
+    }
+    int rc = kv_plan_budgets(&a, c->m->cfg.n_layers, c->m->cfg.n_kv_heads,
+                             prof ? prof->layer_sim : NULL, prof ? prof->head_sim : NULL,
+                             prof ? prof->head_imp : NULL, *tokens, *blocks, NULL, c->err);
+    if (rc) {
+        free(*tokens);
+        free(*blocks);
+        *tokens = *blocks = NULL;
+    }
+    return rc;
+}
+
+static void config_params(const kv_search_opts *o, const kv_search_result *r, int cfg,
+                          double *t, double *rr, double *p) {
+    int ir = cfg % r->n_r, it = (cfg / r->n_r) % r->n_t, ip = cfg / (r->n_r * r->n_t);
+    *t = o->allocation == KV_ALLOC_BAKLAVA ? o->t_values[it] : NAN;
+    *rr = o->allocation == KV_ALLOC_BAKLAVA ? o->r_values[ir] : NAN;
+    *p = o->allocation == KV_ALLOC_UNIFORM ? NAN : o->p_values[ip];
+}
+
+int kv_search_run(const kv_model *m, const kv_profile_inputs *prof, const int *ids, long n_ids,
+                  const kv_search_opts *o, kv_search_result *res, kv_error *err) {
+    memset(res, 0, sizeof *res);
+    const int C = o->context;
+    if (C < 2 || C > m->cfg.seq_len)
+        return kv_fail(err, KV_EINPUT, "context %d must be in [2, %d] (the model's context)", C,
+                       m->cfg.seq_len);
+    if (o->allocation != KV_ALLOC_UNIFORM && !prof)
+        return kv_fail(err, KV_EINPUT, "allocation %s needs a profile",
+                       kv_alloc_name(o->allocation));
+    if (o->allocation == KV_ALLOC_BAKLAVA && (o->n_t < 1 || o->n_r < 1 || !o->t_values ||
+                                              !o->r_values))
+        return kv_fail(err, KV_EINPUT, "the baklava search needs t and r grids");
+    if (o->n_p < 1 || !o->p_values)
+        return kv_fail(err, KV_EINPUT, "the search needs at least one SqueezeAttention p");
+    if (o->halving_eta == 1 || o->halving_eta < 0)
+        return kv_fail(err, KV_EINPUT, "--halving ETA must be at least 2 (got %d)",
+                       o->halving_eta);
+    if (o->eval_tokens < C)
+        return kv_fail(err, KV_EINPUT, "--eval-tokens %ld is less than one chunk of %d tokens",
+                       o->eval_tokens, C);
+    long search_tokens = o->eval_tokens < n_ids ? o->eval_tokens : n_ids;
+    search_ctx c;
+    memset(&c, 0, sizeof c);
+    c.m = m;
+    c.o = o;
+    c.ids = ids;
+    c.err = err;
+    c.nh = m->cfg.n_layers * m->cfg.n_kv_heads;
+    c.S = (int)(search_tokens / C);
+    if (c.S < 1)
+        return kv_fail(err, KV_EINPUT, "the text has %ld tokens, fewer than one chunk of %d",
+                       n_ids, C);
+    long left = n_ids - (long)c.S * C;
+    long ho = o->heldout_tokens < left ? o->heldout_tokens : left;
+    c.HC = o->heldout_tokens > 0 ? (int)(ho / C) : 0;
+    if (o->heldout_tokens > 0 && c.HC < 1)
+        return kv_fail(err, KV_EINPUT,
+                       "the text has %ld tokens: %d search chunks of %d use %ld and the %ld "
+                       "left are less than one held-out chunk; use a longer text, fewer "
+                       "--eval-tokens or --heldout-tokens 0",
+                       n_ids, c.S, C, (long)c.S * C, left);
+    for (long i = 0; i < (long)(c.S + c.HC) * C; i++)
+        if (ids[i] < 0 || ids[i] >= m->cfg.vocab_size)
+            return kv_fail(err, KV_EINPUT, "token %ld has id %d outside the vocabulary", i,
+                           ids[i]);
+    res->n_p = o->allocation == KV_ALLOC_UNIFORM ? 1 : o->n_p;
+    res->n_t = o->allocation == KV_ALLOC_BAKLAVA ? o->n_t : 1;
+    res->n_r = o->allocation == KV_ALLOC_BAKLAVA ? o->n_r : 1;
+    res->search_chunks = c.S;
+    res->heldout_chunks = c.HC;
+    int n_cfg = res->n_p * res->n_t * res->n_r;
+    int rc = KV_OK;
+    int *cfg_arm = kv_malloc((size_t)n_cfg * sizeof *cfg_arm, "grid arms", err);
+    int *uniq = kv_malloc((size_t)n_cfg * sizeof *uniq, "grid arms", err);
+    res->perplexity = kv_malloc((size_t)n_cfg * sizeof *res->perplexity, "grid", err);
+    res->chunks = kv_calloc((size_t)n_cfg, sizeof *res->chunks, "grid", err);
+    if (!cfg_arm || !uniq || !res->perplexity || !res->chunks) rc = KV_EINTERNAL;
+    c.t0 = kv_now();
+    c.best_seen = HUGE_VAL;
+    /* 1. budgets of every grid point, deduplicated */
+    int n_uniq = 0;
+    for (int g = 0; g < n_cfg && !rc; g++) {
+        double t, r, p;
+        config_params(o, res, g, &t, &r, &p);
+        int *tok = NULL, *blk = NULL;
+        rc = make_budget(&c, prof, o->allocation, t, r, p, &tok, &blk);
+        if (rc) {
+            if (o->allocation == KV_ALLOC_BAKLAVA)
+                kv_fail_context(err, "budgets for t = %g, r = %g, p = %g", t, r, p);
+            break;
+        }
+        int a = arm_get(&c, tok, blk);
+        if (a < 0) {
+            rc = err ? err->code : KV_EINTERNAL;
+            break;
+        }
+        cfg_arm[g] = a;
+        if (c.arms[a].first_config < 0) {
+            c.arms[a].first_config = g;
+            uniq[n_uniq++] = a;
+        }
+    }
+    res->distinct_budgets = n_uniq;
+    /* 2. baselines' budgets */
+    int base_arm[KV_SEARCH_N_BASE] = {-1, -1, -1};
+    if (!rc) base_arm[0] = arm_get(&c, NULL, NULL);
+    if (!rc && base_arm[0] >= 0) {
+        int *tok = NULL, *blk = NULL;
+        rc = make_budget(&c, prof, KV_ALLOC_UNIFORM, NAN, NAN, NAN, &tok, &blk);
+        if (!rc) base_arm[1] = arm_get(&c, tok, blk);
+        if (!rc && prof) {
+            rc = make_budget(&c, prof, KV_ALLOC_SQUEEZE, NAN, NAN, KV_SQUEEZE_DEFAULT_P, &tok,
+                             &blk);
+            if (!rc) base_arm[2] = arm_get(&c, tok, blk);
+        }
+        if (!rc && (base_arm[1] < 0 || (prof && base_arm[2] < 0)))
+            rc = err ? err->code : KV_EINTERNAL;
+    } else if (!rc) {
+        rc = err ? err->code : KV_EINTERNAL;
+    }
+    /* every budget must suit the policy */
+    for (int a = 0; a < c.n_arms && !rc; a++) {
+        kv_eval_opts eo;
+        fill_eval_opts(&c, c.arms[a].tokens, &eo);
+        rc = kv_eval_check_budget(m, &eo, err);
+    }
+    /* 3. engine: one pool large enough for the full cache, one workspace */
+    if (!rc) {
+        long nb = kv_cache_blocks_needed(m->cfg.n_layers, m->cfg.n_kv_heads, NULL, C,
+                                         o->evict_block, o->block_size);
+        rc = kv_pool_init(&c.pool, (int)nb, o->block_size, m->cfg.head_dim, err);
+        c.pool_ok = !rc;
+    }
+    if (!rc) rc = kv_workspace_new(m, C, C, &c.ws, err);
+    /* 4. the grid */
+    int win_arm = -1;
+    if (!rc) {
+        long plan_grid = o->halving_eta >= 2
+                             ? halving_plan(n_uniq, o->halving_eta,
+                                            o->halving_min_chunks > 0 ? o->halving_min_chunks : 1,
+                                            c.S)
+                             : (long)n_uniq * c.S;
+        c.work_total = plan_grid + (long)KV_SEARCH_N_BASE * c.S +
+                       (long)(1 + KV_SEARCH_N_BASE) * c.HC;
+        if (o->halving_eta >= 2 && n_uniq > 1) {
+            kv_sh_opts sh = {.eta = o->halving_eta,
+                             .min_chunks = o->halving_min_chunks > 0
+                                               ? (o->halving_min_chunks < c.S
+                                                      ? o->halving_min_chunks
+                                                      : c.S)
+                                               : 1,
+                             .max_chunks = c.S,
+                             .tokens_per_chunk = C,
+                             .prefix_reuse = 1};
+            halving_user hu = {&c, uniq};
+            kv_sh_result shr;
+            rc = kv_successive_halving(n_uniq, &sh, halving_eval, &hu, &shr, NULL, err);
+            if (!rc) {
+                win_arm = uniq[shr.winner];
+                res->halving_rounds = shr.rounds;
+            }
+        } else {
+            double best = HUGE_VAL;
+            for (int u = 0; u < n_uniq && !rc; u++) {
+                double ppl = NAN;
+                for (int ch = 1; ch <= c.S && !rc; ch++) { /* chunk by chunk for progress */
+                    rc = arm_ppl(&c, uniq[u], ch, &ppl, 1);
+                    if (!rc) progress(&c, "grid");
+                }
+                if (!rc && (win_arm < 0 || ppl < best)) {
+                    best = ppl;
+                    win_arm = uniq[u];
+                }
+            }
+        }
+    }
+    /* 5. grid values, winner */
+    if (!rc) {
+        for (int g = 0; g < n_cfg; g++) {
+            const arm *x = &c.arms[cfg_arm[g]];
+            res->chunks[g] = x->done;
+            if (x->done > 0) {
+                double s = 0;
+                for (int ch = 0; ch < x->done; ch++) s += x->nll[ch];
+                res->perplexity[g] = exp(s / ((double)x->done * (C - 1)));
+            } else {
+                res->perplexity[g] = NAN;
+            }
+        }
+        res->best = c.arms[win_arm].first_config;
+        config_params(o, res, res->best, &res->best_t, &res->best_r, &res->best_p);
+        res->best_ppl = res->perplexity[res->best];
+        res->best_chunks = res->chunks[res->best];
+        res->token_evals = c.grid_chunk_evals * C;
+        res->token_evals_exhaustive = (long)n_uniq * c.S * C;
+        res->tokens = kv_malloc((size_t)c.nh * sizeof *res->tokens, "winner", err);
+        res->blocks = kv_malloc((size_t)c.nh * sizeof *res->blocks, "winner", err);
+        if (!res->tokens || !res->blocks) rc = KV_EINTERNAL;
+        else {
+            memcpy(res->tokens, c.arms[win_arm].tokens, (size_t)c.nh * sizeof *res->tokens);
+            memcpy(res->blocks, c.arms[win_arm].blocks, (size_t)c.nh * sizeof *res->blocks);
+        }
+    }
+    /* 6. baselines on the search tokens, then winner and baselines on held-out tokens */
+    for (int b = 0; b < KV_SEARCH_N_BASE && !rc; b++) {
+        res->base_ppl[b] = NAN;
+        if (base_arm[b] < 0) continue;
+        for (int ch = 1; ch <= c.S && !rc; ch++) {
+            rc = arm_ppl(&c, base_arm[b], ch, &res->base_ppl[b], 0);
+            if (!rc) progress(&c, "baselines");
+        }
+    }
+    for (int b = 0; b < 1 + KV_SEARCH_N_BASE && !rc; b++) {
+        res->heldout_ppl[b] = NAN;
+        int a = b == 0 ? win_arm : base_arm[b - 1];
+        if (a < 0 || c.HC < 1) continue;
+        rc = heldout_ppl(&c, c.arms[a].tokens, &res->heldout_ppl[b]);
+    }
+    res->seconds = kv_now() - c.t0;
+    if (o->progress && !o->progress->quiet) {
+        kv_progress_print(o->progress, 1, "search: done, %ld chunk evals in %.1fs",
+                          c.work_done, res->seconds);
+        kv_progress_done(o->progress);
+    }
+    kv_workspace_free(c.ws);
+    if (c.pool_ok) kv_pool_destroy(&c.pool);
+    for (int a = 0; a < c.n_arms; a++) {
+        free(c.arms[a].tokens);
+        free(c.arms[a].blocks);
+        free(c.arms[a].nll);
+    }
+    free(c.arms);
+    free(cfg_arm);
+    free(uniq);
+    if (rc) kv_search_result_free(res);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- writing ---- */
+
+int kv_search_write(kv_h5 *f, const kv_search_opts *o, const kv_search_result *r,
+                    kv_error *err) {
+    int rc = KV_OK;
+    long n_cfg = (long)r->n_p * r->n_t * r->n_r;
+    if (o->allocation == KV_ALLOC_BAKLAVA) {
+        long dt = r->n_t, dr = r->n_r;
+        rc = kv_h5_write_f64(f, "/search/t_values", 1, &dt, o->t_values, "similarity", err);
+        if (!rc) rc = kv_h5_write_f64(f, "/search/r_values", 1, &dr, o->r_values, "fraction",
+                                      err);
+    }
+    if (!rc && o->allocation != KV_ALLOC_UNIFORM) {
+        long dp = r->n_p;
+        rc = kv_h5_write_f64(f, "/search/p_values", 1, &dp, o->p_values, "fraction", err);
+    }
+    if (!rc) {
+        long dims[3];
+        int rank;
+        const char *names;
+        if (o->allocation == KV_ALLOC_BAKLAVA && r->n_p == 1) {
+            rank = 2, dims[0] = r->n_t, dims[1] = r->n_r, names = "t,r";
+        } else if (o->allocation == KV_ALLOC_BAKLAVA) {
+            rank = 3, dims[0] = r->n_p, dims[1] = r->n_t, dims[2] = r->n_r, names = "p,t,r";
+        } else {
+            rank = 1, dims[0] = n_cfg, names = o->allocation == KV_ALLOC_SQUEEZE ? "p" : "-";
+        }
+        rc = kv_h5_write_f64(f, "/search/perplexity", rank, dims, r->perplexity, "perplexity",
+                             err);
+        if (!rc) rc = kv_h5_attr_str(f, "/search/perplexity", "dims", names, err);
+        if (!rc) rc = kv_h5_write_i32(f, "/search/chunks", rank, dims, r->chunks, "chunks", err);
+    }
+    if (!rc) {
+        long d = KV_SEARCH_N_BASE;
+        rc = kv_h5_write_f64(f, "/search/baselines", 1, &d, r->base_ppl, "perplexity", err);
+        if (!rc) rc = kv_h5_attr_str(f, "/search/baselines", "names", "full,uniform,squeeze",
+                                     err);
+        d = 1 + KV_SEARCH_N_BASE;
+        if (!rc) rc = kv_h5_write_f64(f, "/search/heldout", 1, &d, r->heldout_ppl, "perplexity",
+                                      err);
+        if (!rc) rc = kv_h5_attr_str(f, "/search/heldout", "names",
+                                     "winner,full,uniform,squeeze", err);
+    }
+    if (!rc) rc = kv_h5_attr_str(f, "/search", "method",
+                                 o->halving_eta >= 2 ? "successive_halving" : "exhaustive", err);
+    if (!rc) rc = kv_h5_attr_i64(f, "/search", "eta", o->halving_eta, err);
+    if (!rc) rc = kv_h5_attr_i64(f, "/search", "eval_tokens",
+                                 (long)r->search_chunks * o->context, err);
+    if (!rc) rc = kv_h5_attr_i64(f, "/search", "heldout_tokens",
+                                 (long)r->heldout_chunks * o->context, err);
+    if (!rc) rc = kv_h5_attr_i64(f, "/search", "token_evals", r->token_evals, err);
+    if (!rc) rc = kv_h5_attr_i64(f, "/search", "token_evals_exhaustive",
+                                 r->token_evals_exhaustive, err);
+    if (!rc) rc = kv_h5_attr_i64(f, "/search", "distinct_budgets", r->distinct_budgets, err);
+    if (!rc) rc = kv_h5_attr_f64(f, "/search", "best_perplexity", r->best_ppl, err);
+    if (!rc) rc = kv_h5_attr_i64(f, "/search", "best_chunks", r->best_chunks, err);
+    if (!rc) rc = kv_h5_attr_f64(f, "/search", "seconds", r->seconds, err);
+    return rc;
+}
+
+int kv_plan_file_write(const char *path, const char *command, const kv_model *m,
+                       const kv_alloc_params *a, kv_policy policy, int evict_block,
+                       const int *tokens, const int *blocks, const kv_search_opts *so,
+                       const kv_search_result *sr, kv_error *err) {
+    int nh = m->cfg.n_layers * m->cfg.n_kv_heads;
+    kv_plan_budget b;
+    memset(&b, 0, sizeof b);
+    b.n_layers = m->cfg.n_layers;
+    b.n_kv_heads = m->cfg.n_kv_heads;
+    b.context_length = a->context;
+    b.block_size = a->block_size;
+    b.ratio = a->ratio;
+    snprintf(b.policy, sizeof b.policy, "%s", kv_policy_name(policy));
+    snprintf(b.allocation, sizeof b.allocation, "%s", kv_alloc_name(a->kind));
+    b.t = a->kind == KV_ALLOC_BAKLAVA ? a->t : NAN;
+    b.r = a->kind == KV_ALLOC_BAKLAVA ? a->r : NAN;
+    b.p = a->kind == KV_ALLOC_UNIFORM ? NAN : a->p;
+    b.tokens = kv_malloc((size_t)nh * sizeof *b.tokens, "plan tokens", err);
+    b.blocks = kv_malloc((size_t)nh * sizeof *b.blocks, "plan blocks", err);
+    if (!b.tokens || !b.blocks) {
+        kv_plan_budget_free(&b);
+        return KV_EINTERNAL;
+    }
+    memcpy(b.tokens, tokens, (size_t)nh * sizeof *b.tokens);
+    memcpy(b.blocks, blocks, (size_t)nh * sizeof *b.blocks);
+    snprintf(b.model_sha256, sizeof b.model_sha256, "%s", m->sha256);
+    kv_h5 *f = NULL;
+    int rc = kv_h5_create(path, &f, err);
+    if (!rc) rc = kv_h5_write_provenance(f, command, m, err);
+    if (!rc) rc = kv_plan_budget_write(f, &b, err);
+    if (!rc) rc = kv_h5_attr_i64(f, "/", "evict_block", evict_block, err);
+    if (!rc) rc = kv_h5_attr_i64(f, "/", "min_tokens", a->min_tokens, err);
+    if (!rc && so && sr) rc = kv_search_write(f, so, sr, err);
+    if (!rc) rc = kv_h5_commit(f, err);
+    else kv_h5_abort(f);
+    kv_plan_budget_free(&b);
+    return rc;
+}

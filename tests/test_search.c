@@ -1,0 +1,299 @@
+/* Tests of planner/search.c and the `kvplan plan` / `kvplan search` commands on the real
+ * stories260K model with a synthetic profile (the profiler writes the same datasets). */
+#include <CUnit/CUnit.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvplan/alloc.h"
+#include "kvplan/eval.h"
+#include "kvplan/h5io.h"
+#include "kvplan/model.h"
+#include "kvplan/search.h"
+#include "testutil.h"
+
+enum { L = 5, HKV = 4 };
+
+/* Similarities shaped like a real profile: varied heads, layers 3-4 most similar. */
+static const double HEAD_SIM[L * HKV] = {0.42, 0.61, 0.77, 0.55, 0.48, 0.83, 0.66, 0.71,
+                                         0.58, 0.62, 0.91, 0.52, 0.73, 0.69, 0.64, 0.87,
+                                         0.79, 0.81, 0.57, 0.93};
+static const double LAYER_SIM[L] = {0.55, 0.71, 0.74, 0.93, 0.95};
+
+static const char *model_path(void) {
+    return tu_shared("models/stories260K/stories260K.bin");
+}
+static const char *text_path(void) { return tu_shared("text/tinystories_val_head.txt"); }
+
+/* Write a profile for `m`, with its sha256 replaced by `sha` when not NULL. */
+static int write_profile(const char *path, const kv_model *m, const char *sha) {
+    kv_model fake = *m; /* shallow copy: only read by the provenance writer, never freed */
+    if (sha) snprintf(fake.sha256, sizeof fake.sha256, "%s", sha);
+    kv_error e;
+    kv_h5 *f = NULL;
+    if (kv_h5_create(path, &f, &e)) return 1;
+    double imp[L * HKV];
+    for (int i = 0; i < L * HKV; i++) imp[i] = 1.0 - HEAD_SIM[i];
+    long d2[2] = {L, HKV}, d1 = L;
+    int rc = kv_h5_write_provenance(f, "kvplan profile (test)", &fake, &e);
+    if (!rc) rc = kv_h5_write_f64(f, "/heads/similarity", 2, d2, HEAD_SIM, NULL, &e);
+    if (!rc) rc = kv_h5_write_f64(f, "/heads/importance", 2, d2, imp, NULL, &e);
+    if (!rc) rc = kv_h5_write_f64(f, "/layers/similarity", 1, &d1, LAYER_SIM, NULL, &e);
+    if (!rc) return kv_h5_commit(f, &e);
+    kv_h5_abort(f);
+    return rc;
+}
+
+static kv_model *model;
+
+static void test_profile_inputs(void) {
+    kv_error e;
+    CU_ASSERT_EQUAL_FATAL(kv_model_load(model_path(), &model, &e), KV_OK);
+    CU_ASSERT_EQUAL_FATAL(write_profile(tu_tmp("profile.h5"), model, NULL), KV_OK);
+    CU_ASSERT_EQUAL_FATAL(write_profile(tu_tmp("other.h5"), model,
+                                        "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"),
+                          KV_OK);
+    kv_profile_inputs p;
+    CU_ASSERT_EQUAL_FATAL(kv_profile_inputs_read(tu_tmp("profile.h5"), model, &p, &e), KV_OK);
+    CU_ASSERT_EQUAL(p.n_layers, L);
+    CU_ASSERT_EQUAL(p.n_kv_heads, HKV);
+    CU_ASSERT_DOUBLE_EQUAL(p.head_sim[10], 0.91, 0);
+    CU_ASSERT_DOUBLE_EQUAL(p.head_imp[10], 0.09, 1e-15);
+    CU_ASSERT_DOUBLE_EQUAL(p.layer_sim[4], 0.95, 0);
+    kv_profile_inputs_free(&p);
+    CU_ASSERT_EQUAL(kv_profile_inputs_read(tu_tmp("other.h5"), model, &p, &e), KV_EINPUT);
+    CU_ASSERT_PTR_NOT_NULL(strstr(e.msg, "another model"));
+}
+
+static void test_grid_parse(void) {
+    double *v = NULL;
+    int n = 0;
+    kv_error e;
+    CU_ASSERT_EQUAL_FATAL(kv_grid_parse("0.50:0.95:0.05", "--t-grid", 0, 1, &v, &n, &e), KV_OK);
+    CU_ASSERT_EQUAL(n, 10);
+    CU_ASSERT_DOUBLE_EQUAL(v[0], 0.5, 1e-12);
+    CU_ASSERT_DOUBLE_EQUAL(v[9], 0.95, 1e-12);
+    CU_ASSERT_DOUBLE_EQUAL(v[3], 0.65, 1e-12);
+    free(v);
+    CU_ASSERT_EQUAL_FATAL(kv_grid_parse("0.05:0.95:0.05", "--r-grid", 0, 1, &v, &n, &e), KV_OK);
+    CU_ASSERT_EQUAL(n, 19);
+    free(v);
+    CU_ASSERT_EQUAL_FATAL(kv_grid_parse("0.3,0.7", "--p-grid", 0, 1, &v, &n, &e), KV_OK);
+    CU_ASSERT_EQUAL(n, 2);
+    CU_ASSERT_DOUBLE_EQUAL(v[1], 0.7, 0);
+    free(v);
+    CU_ASSERT_EQUAL(kv_grid_parse("0.5:1.5:0.5", "--t-grid", 0, 1, &v, &n, &e), KV_EINPUT);
+    CU_ASSERT_PTR_NOT_NULL(strstr(e.msg, "--t-grid"));
+    CU_ASSERT_EQUAL(kv_grid_parse("a:b", "--t-grid", 0, 1, &v, &n, &e), KV_EINPUT);
+    CU_ASSERT_EQUAL(kv_grid_parse("0.9:0.1:0.1", "--t-grid", 0, 1, &v, &n, &e), KV_EINPUT);
+}
+
+static void test_plan_command(void) {
+    char args[4096], *out = NULL;
+    snprintf(args, sizeof args,
+             "plan --profile %s --model %s --ratio 0.3 --allocation baklava --t 0.6 --r 0.5 "
+             "-o %s",
+             tu_tmp("profile.h5"), model_path(), tu_tmp("plan.h5"));
+    int rc = tu_run_kvplan(args, &out, 1);
+    CU_ASSERT_EQUAL(rc, 0);
+    if (rc) fprintf(stderr, "%s\n", out);
+    free(out);
+    kv_plan_budget b;
+    kv_error e;
+    CU_ASSERT_EQUAL_FATAL(kv_plan_budget_read(tu_tmp("plan.h5"), &b, &e), KV_OK);
+    CU_ASSERT_STRING_EQUAL(b.allocation, "baklava");
+    CU_ASSERT_STRING_EQUAL(b.policy, "sink");
+    CU_ASSERT_DOUBLE_EQUAL(b.t, 0.6, 0);
+    CU_ASSERT_DOUBLE_EQUAL(b.r, 0.5, 0);
+    CU_ASSERT_DOUBLE_EQUAL(b.p, KV_SQUEEZE_DEFAULT_P, 0);
+    CU_ASSERT_EQUAL(b.context_length, 512);
+    CU_ASSERT_EQUAL(kv_plan_check_model(&b, model, tu_tmp("plan.h5"), &e), KV_OK);
+    /* same budgets as the library computes, and the total is R * L * H_kv * C in blocks */
+    kv_alloc_params a;
+    kv_alloc_params_default(&a);
+    a.ratio = 0.3;
+    a.context = 512;
+    a.min_tokens = 4 + 16;
+    a.t = 0.6;
+    a.r = 0.5;
+    double imp[L * HKV];
+    for (int i = 0; i < L * HKV; i++) imp[i] = 1.0 - HEAD_SIM[i];
+    int tok[L * HKV], blk[L * HKV];
+    CU_ASSERT_EQUAL_FATAL(kv_plan_budgets(&a, L, HKV, LAYER_SIM, HEAD_SIM, imp, tok, blk, NULL,
+                                          &e), KV_OK);
+    long sum = 0;
+    for (int i = 0; i < L * HKV; i++) {
+        CU_ASSERT_EQUAL(b.tokens[i], tok[i]);
+        CU_ASSERT_EQUAL(b.blocks[i] * 16, b.tokens[i]);
+        sum += b.tokens[i];
+    }
+    CU_ASSERT_EQUAL(sum, 3072); /* 0.3 * 5 * 4 * 512 */
+    kv_plan_budget_free(&b);
+
+    /* wrong model's profile, ratio too small, baklava without t: clear input errors */
+    snprintf(args, sizeof args,
+             "plan --profile %s --model %s --ratio 0.3 --allocation squeeze -o %s",
+             tu_tmp("other.h5"), model_path(), tu_tmp("bad.h5"));
+    CU_ASSERT_EQUAL(tu_run_kvplan(args, &out, 1), 1);
+    CU_ASSERT_PTR_NOT_NULL(out && strstr(out, "another model"));
+    free(out);
+    snprintf(args, sizeof args,
+             "plan --profile %s --model %s --ratio 0.02 --allocation squeeze -o %s",
+             tu_tmp("profile.h5"), model_path(), tu_tmp("bad.h5"));
+    CU_ASSERT_EQUAL(tu_run_kvplan(args, &out, 1), 1);
+    CU_ASSERT_PTR_NOT_NULL(out && strstr(out, "too small"));
+    free(out);
+    snprintf(args, sizeof args, "plan --profile %s --model %s --ratio 0.3 -o %s",
+             tu_tmp("profile.h5"), model_path(), tu_tmp("bad.h5"));
+    CU_ASSERT_EQUAL(tu_run_kvplan(args, &out, 1), 1);
+    CU_ASSERT_PTR_NOT_NULL(out && strstr(out, "--t T"));
+    free(out);
+    FILE *f = fopen(tu_tmp("bad.h5"), "rb");
+    CU_ASSERT_PTR_NULL(f); /* nothing written on errors */
+    if (f) fclose(f);
+    /* uniform needs no profile */
+    snprintf(args, sizeof args, "plan --model %s --ratio 0.5 --allocation uniform -o %s",
+             model_path(), tu_tmp("uni.h5"));
+    CU_ASSERT_EQUAL(tu_run_kvplan(args, NULL, 1), 0);
+    CU_ASSERT_EQUAL_FATAL(kv_plan_budget_read(tu_tmp("uni.h5"), &b, &e), KV_OK);
+    for (int i = 0; i < L * HKV; i++) CU_ASSERT_EQUAL(b.tokens[i], 256);
+    CU_ASSERT(isnan(b.t));
+    kv_plan_budget_free(&b);
+}
+
+static double *read_f64(kv_h5 *f, const char *path, int *rank, long *dims) {
+    double *d = NULL;
+    kv_error e;
+    if (kv_h5_read_f64(f, path, rank, dims, &d, &e)) return NULL;
+    return d;
+}
+
+/* Exhaustive search on a small grid, then check the file against the engine. */
+static void test_search_command(void) {
+    char args[4096], *out = NULL;
+    const char *common =
+        "--ratio 0.25 --context 256 --t-grid 0.5:0.9:0.2 --r-grid 0.2,0.6 --eval-tokens 2048 "
+        "--heldout-tokens 1024";
+    snprintf(args, sizeof args, "search --profile %s --model %s --text %s %s -o %s",
+             tu_tmp("profile.h5"), model_path(), text_path(), common, tu_tmp("search.h5"));
+    int rc = tu_run_kvplan(args, &out, 1);
+    CU_ASSERT_EQUAL_FATAL(rc, 0);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "ETA")); /* progress on stderr */
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "held-out"));
+    free(out);
+    kv_error e;
+    kv_h5 *f = NULL;
+    CU_ASSERT_EQUAL_FATAL(kv_h5_open_read(tu_tmp("search.h5"), &f, &e), KV_OK);
+    int rank = 0;
+    long dims[KV_H5_MAX_RANK];
+    double *ppl = read_f64(f, "/search/perplexity", &rank, dims);
+    double *tv = read_f64(f, "/search/t_values", &rank, dims);
+    double *rv = read_f64(f, "/search/r_values", &rank, dims);
+    double *base = read_f64(f, "/search/baselines", &rank, dims);
+    double *held = read_f64(f, "/search/heldout", &rank, dims);
+    CU_ASSERT_FATAL(ppl && tv && rv && base && held);
+    double best = HUGE_VAL, bt = 0, br = 0, bestp = 0;
+    for (int i = 0; i < 3 * 2; i++) {
+        CU_ASSERT(isfinite(ppl[i]) && ppl[i] > 1.0);
+        if (ppl[i] < best) {
+            best = ppl[i];
+            bt = tv[i / 2];
+            br = rv[i % 2];
+        }
+    }
+    CU_ASSERT_DOUBLE_EQUAL(tv[1], 0.7, 1e-12);
+    CU_ASSERT_EQUAL(kv_h5_read_attr_f64(f, "/search", "best_perplexity", &bestp, &e), KV_OK);
+    CU_ASSERT_DOUBLE_EQUAL(bestp, best, 1e-12);
+    double t = 0, r = 0;
+    kv_h5_read_attr_f64(f, "/", "t", &t, &e);
+    kv_h5_read_attr_f64(f, "/", "r", &r, &e);
+    CU_ASSERT_DOUBLE_EQUAL(t, bt, 0);
+    CU_ASSERT_DOUBLE_EQUAL(r, br, 0);
+    for (int i = 0; i < 3; i++) CU_ASSERT(isfinite(base[i]));
+    for (int i = 0; i < 4; i++) CU_ASSERT(isfinite(held[i]));
+    CU_ASSERT(base[0] < base[1]); /* the full cache beats uniform at R = 0.25 */
+    CU_ASSERT(held[1] < held[2]);
+    long te = 0, tex = 0;
+    kv_h5_read_attr_i64(f, "/search", "token_evals", &te, &e);
+    kv_h5_read_attr_i64(f, "/search", "token_evals_exhaustive", &tex, &e);
+    CU_ASSERT_EQUAL(te, tex);
+    CU_ASSERT(te > 0 && te % (8 * 256) == 0);
+    free(ppl), free(tv), free(rv), free(base), free(held);
+    kv_h5_close(f);
+
+    /* The plan reproduces its search perplexity through `kvplan eval` (same chunks). */
+    kv_plan_budget b;
+    CU_ASSERT_EQUAL_FATAL(kv_plan_budget_read(tu_tmp("search.h5"), &b, &e), KV_OK);
+    CU_ASSERT_EQUAL(b.context_length, 256);
+    long sum = 0;
+    for (int i = 0; i < L * HKV; i++) sum += b.tokens[i];
+    CU_ASSERT_EQUAL(sum, 5 * 4 * 64); /* 0.25 * 256 per head on average */
+    kv_plan_budget_free(&b);
+    snprintf(args, sizeof args,
+             "eval %s --text %s --plan %s --context 256 --max-tokens 2048 --quiet --json",
+             model_path(), text_path(), tu_tmp("search.h5"));
+    CU_ASSERT_EQUAL_FATAL(tu_run_kvplan(args, &out, 0), 0);
+    const char *pp = out ? strstr(out, "\"perplexity\":") : NULL;
+    CU_ASSERT_PTR_NOT_NULL_FATAL(pp);
+    double ev = atof(pp + 13);
+    CU_ASSERT_DOUBLE_EQUAL(ev, best, 1e-9 * best);
+    free(out);
+
+    /* successive halving on the same grid: same winner or within 0.5%, fewer evaluations;
+     * --quiet silences the progress */
+    snprintf(args, sizeof args, "search --profile %s --model %s --text %s %s --halving 2 "
+                                "--quiet -o %s",
+             tu_tmp("profile.h5"), model_path(), text_path(), common, tu_tmp("halving.h5"));
+    CU_ASSERT_EQUAL_FATAL(tu_run_kvplan(args, &out, 1), 0);
+    CU_ASSERT_PTR_NULL(strstr(out, "ETA"));
+    free(out);
+    CU_ASSERT_EQUAL_FATAL(kv_h5_open_read(tu_tmp("halving.h5"), &f, &e), KV_OK);
+    double hb = 0;
+    char *method = NULL;
+    long hte = 0;
+    kv_h5_read_attr_i64(f, "/search", "token_evals", &hte, &e);
+    CU_ASSERT_EQUAL(kv_h5_read_attr_str(f, "/search", "method", &method, &e), KV_OK);
+    CU_ASSERT_STRING_EQUAL(method, "successive_halving");
+    free(method);
+    kv_h5_close(f);
+    CU_ASSERT(hte > 0 && hte < te);
+    CU_ASSERT_EQUAL_FATAL(kv_plan_budget_read(tu_tmp("halving.h5"), &b, &e), KV_OK);
+    /* the halving winner's perplexity on all search chunks, from the exhaustive grid */
+    int it = -1, ir = -1;
+    for (int i = 0; i < 3; i++)
+        if (fabs(b.t - (0.5 + 0.2 * i)) < 1e-9) it = i;
+    ir = fabs(b.r - 0.2) < 1e-9 ? 0 : (fabs(b.r - 0.6) < 1e-9 ? 1 : -1);
+    CU_ASSERT_FATAL(it >= 0 && ir >= 0);
+    kv_plan_budget_free(&b);
+    CU_ASSERT_EQUAL_FATAL(kv_h5_open_read(tu_tmp("search.h5"), &f, &e), KV_OK);
+    ppl = read_f64(f, "/search/perplexity", &rank, dims);
+    kv_h5_close(f);
+    CU_ASSERT_FATAL(ppl != NULL);
+    hb = ppl[it * 2 + ir];
+    CU_ASSERT(hb <= best * 1.005);
+    free(ppl);
+
+    /* text too short for search + held-out: clear error */
+    snprintf(args, sizeof args, "search --profile %s --model %s --text %s --ratio 0.25 "
+                                "--eval-tokens 100000000 --quiet -o %s",
+             tu_tmp("profile.h5"), model_path(), text_path(), tu_tmp("bad.h5"));
+    CU_ASSERT_EQUAL(tu_run_kvplan(args, &out, 1), 1);
+    CU_ASSERT_PTR_NOT_NULL(out && strstr(out, "held-out"));
+    free(out);
+    kv_model_free(model);
+    model = NULL;
+}
+
+int main(void) {
+    /* the tiny model runs fastest single-threaded */
+    setenv("OMP_NUM_THREADS", "1", 0);
+    setenv("OPENBLAS_NUM_THREADS", "1", 1);
+    static const tu_test tests[] = {
+        {"profile_inputs", test_profile_inputs},
+        {"grid_parse", test_grid_parse},
+        {"plan_command", test_plan_command},
+        {"search_command", test_search_command},
+    };
+    return tu_main("search", tests, sizeof tests / sizeof tests[0]);
+}
