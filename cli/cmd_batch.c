@@ -26,7 +26,7 @@ static const char *help =
     "and the decode tokens/s each predicts when decode is memory-bandwidth bound.\n"
     "  --plan PLAN        a plan.h5 whose /budget/tokens give the per-head budgets (without it\n"
     "                     only the full-cache row is computed)\n"
-    "  --profile P        device memory and memory bandwidth from a profile's /hardware\n"
+    "  --profile P        device memory and memory bandwidth (2 x copy_d2d) from a profile\n"
     "  --hardware NAME    published figures: h100-sxm, h200, a100-40g-pcie4, l4\n"
     "  --device-mem, --mem-bw  explicit figures (override the above)\n"
     "  --dtype-bytes p    bytes per K, V and activation element (default 2, fp16)\n"
@@ -101,13 +101,7 @@ int kv_cmd_batch(int argc, char **argv) {
     memset(&hw, 0, sizeof hw);
     snprintf(hw.source, sizeof hw.source, "command line");
     int rc = KV_OK;
-    if (profile) {
-        /* only memory figures are needed here: read them even when v_com/v_gpu are absent */
-        rc = kv_hw_from_profile(profile, &hw, &err);
-        if (rc && !(hw.device_mem > 0 || hw.mem_bw > 0)) return kv_cli_report("batch", &err);
-        rc = KV_OK;
-        kv_error_clear(&err);
-    }
+    if (profile && kv_hw_from_profile(profile, &hw, &err)) return kv_cli_report("batch", &err);
     if (preset && kv_hw_from_preset(preset, &hw, &err)) return kv_cli_report("batch", &err);
     if (mem_s && parse_qty(mem_s, "--device-mem", &hw.device_mem, &err))
         return kv_cli_report("batch", &err);

@@ -21,10 +21,10 @@
 #include "kvplan/kvpr.h"
 
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "kvplan/h5io.h"
+#include "kvplan/hwprobe.h"
 
 #define GIB (1024.0 * 1024.0 * 1024.0)
 
@@ -68,58 +68,22 @@ int kv_hw_from_preset(const char *key, kv_hw *out, kv_error *err) {
                    known);
 }
 
-/* An optional float attribute: 0 when absent or unreadable. */
-static double attr_or_zero(kv_h5 *f, const char *obj, const char *name) {
-    double v = 0.0;
-    if (!kv_h5_exists(f, obj) || !kv_h5_attr_exists(f, obj, name)) return 0.0;
-    kv_error e = {0};
-    if (kv_h5_read_attr_f64(f, obj, name, &v, &e)) return 0.0;
-    return v;
-}
-
 int kv_hw_from_profile(const char *profile_path, kv_hw *out, kv_error *err) {
     memset(out, 0, sizeof *out);
     kv_h5 *f = NULL;
     int rc = kv_h5_open_read(profile_path, &f, err);
     if (rc) return rc;
-    if (!kv_h5_exists(f, "/hardware")) {
-        kv_h5_close(f);
-        return kv_fail(err, KV_EINPUT,
-                       "%s: no /hardware group (profile without hardware figures); pass "
-                       "--v-com/--v-gpu or --hardware PRESET", profile_path);
-    }
-    out->v_com = attr_or_zero(f, "/hardware/copy_h2d", "bandwidth");
-    out->v_gpu = attr_or_zero(f, "/hardware/gemm_fp16", "peak_flops_per_s");
-    const char *gemm = "/hardware/gemm_fp16";
-    if (!(out->v_gpu > 0)) {
-        out->v_gpu = attr_or_zero(f, "/hardware/gemm", "peak_flops_per_s");
-        gemm = "/hardware/gemm";
-    }
-    out->mem_bw = attr_or_zero(f, "/hardware/copy_d2d", "bandwidth");
-    if (kv_h5_attr_exists(f, "/hardware", "device_mem_bytes")) {
-        long mem = 0;
-        kv_error e = {0};
-        if (!kv_h5_read_attr_i64(f, "/hardware", "device_mem_bytes", &mem, &e) && mem > 0)
-            out->device_mem = (double)mem;
-    }
-    char *name = NULL, *kind = NULL;
-    kv_error e = {0};
-    if (kv_h5_attr_exists(f, "/hardware", "device_name"))
-        (void)kv_h5_read_attr_str(f, "/hardware", "device_name", &name, &e);
-    if (kv_h5_attr_exists(f, "/hardware", "kind"))
-        (void)kv_h5_read_attr_str(f, "/hardware", "kind", &kind, &e);
-    snprintf(out->name, sizeof out->name, "%s%s%s%s", name ? name : "profiled device",
-             kind ? " (" : "", kind ? kind : "", kind ? ")" : "");
-    snprintf(out->source, sizeof out->source, "profile %s (/hardware/copy_h2d, %s)",
-             profile_path, gemm);
-    free(name);
-    free(kind);
+    kv_hw_rates r;
+    rc = kv_hw_read_rates(f, &r, err); /* the profiler's reader of /hardware */
     kv_h5_close(f);
-    if (!(out->v_com > 0))
-        return kv_fail(err, KV_EINPUT, "%s: /hardware/copy_h2d has no positive bandwidth "
-                       "attribute (v_com)", profile_path);
-    if (!(out->v_gpu > 0))
-        return kv_fail(err, KV_EINPUT, "%s: neither /hardware/gemm_fp16 nor /hardware/gemm has a "
-                       "positive peak_flops_per_s (v_gpu)", profile_path);
+    if (rc) return rc;
+    snprintf(out->name, sizeof out->name, "%.50s (%s)", r.device_name, r.kind);
+    out->v_com = r.v_com;
+    out->v_gpu = r.v_gpu;
+    out->mem_bw = r.mem_bw; /* memory traffic: 2 x copy_d2d@bandwidth */
+    out->device_mem = r.device_mem_bytes > 0 ? (double)r.device_mem_bytes : 0.0;
+    snprintf(out->source, sizeof out->source,
+             "profile %.90s (/hardware/copy_h2d, /hardware/%.9s, 2 x copy_d2d)", profile_path,
+             r.v_gpu_source);
     return KV_OK;
 }

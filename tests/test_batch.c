@@ -276,6 +276,33 @@ static double jget(const cJSON *j, const char *row, const char *k) {
     return cJSON_IsNumber(v) ? v->valuedouble : NAN;
 }
 
+/* A profile.h5 with the /hardware figures kv_hw_read_rates needs (docs/hardware-schema.md). */
+static int write_profile(const char *path) {
+    kv_error err = {0};
+    kv_model *m = NULL;
+    kv_h5 *f = NULL;
+    if (kv_model_load(model_path(), &m, &err)) return -1;
+    long d[1] = {2};
+    double bytes[2] = {4096, 1 << 30};
+    int rc = kv_h5_create(path, &f, &err);
+    if (!rc) rc = kv_h5_write_provenance(f, "test_batch", m, &err);
+    if (!rc) rc = kv_h5_write_f64(f, "/hardware/copy_h2d/bytes", 1, d, bytes, "bytes", &err);
+    if (!rc) rc = kv_h5_attr_f64(f, "/hardware/copy_h2d", "bandwidth", 25e9, &err);
+    if (!rc) rc = kv_h5_attr_f64(f, "/hardware/copy_h2d", "latency", 1e-5, &err);
+    if (!rc) rc = kv_h5_write_f64(f, "/hardware/copy_d2d/bytes", 1, d, bytes, "bytes", &err);
+    if (!rc) rc = kv_h5_attr_f64(f, "/hardware/copy_d2d", "bandwidth", 400e9, &err);
+    if (!rc) rc = kv_h5_write_f64(f, "/hardware/gemm/median", 1, d, bytes, "s", &err);
+    if (!rc) rc = kv_h5_attr_f64(f, "/hardware/gemm", "peak_flops_per_s", 50e12, &err);
+    if (!rc) rc = kv_h5_attr_str(f, "/hardware", "kind", "cuda", &err);
+    if (!rc) rc = kv_h5_attr_str(f, "/hardware", "device_name", "Test GPU", &err);
+    if (!rc) rc = kv_h5_attr_i64(f, "/hardware", "device_mem_bytes", 2000000, &err);
+    if (!rc) rc = kv_h5_commit(f, &err);
+    else kv_h5_abort(f);
+    if (rc) fprintf(stderr, "write_profile: %s\n", err.msg);
+    kv_model_free(m);
+    return rc;
+}
+
 static void test_cli(void) {
     const char *plan = tu_tmp("plan_cli.h5");
     CU_ASSERT_EQUAL_FATAL(write_plan(plan, 32, NULL), 0);
@@ -316,6 +343,19 @@ static void test_cli(void) {
     CU_ASSERT_DOUBLE_EQUAL(jget(j, NULL, "device_mem"), 24 * GIB, 0);
     CU_ASSERT(jget(j, "full", "max_batch") > 1000);
     CU_ASSERT(cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(j, "decode_only")));
+    cJSON_Delete(j);
+    free(out);
+    /* profiled figures: device memory and 2 x copy_d2d as the memory traffic rate */
+    const char *prof = tu_tmp("profile_batch.h5");
+    CU_ASSERT_EQUAL_FATAL(write_profile(prof), 0);
+    snprintf(args, sizeof args, "batch --model %s --profile %s --prompt-len 256 --gen-len 64 "
+             "--json", model_path(), prof);
+    CU_ASSERT_EQUAL(tu_run_kvplan(args, &out, 0), 0);
+    j = last_json(out);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(j);
+    CU_ASSERT_DOUBLE_EQUAL(jget(j, NULL, "device_mem"), 2e6, 0);
+    CU_ASSERT_DOUBLE_EQUAL(jget(j, NULL, "mem_bw"), 800e9, 0);
+    CU_ASSERT(jget(j, "full", "tokens_per_s") > 0);
     cJSON_Delete(j);
     free(out);
     /* memory below the weights, missing memory, zero prompt: exit 1 with a message */

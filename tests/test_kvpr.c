@@ -234,6 +234,7 @@ static int write_profile(const char *path, int with_fp16, int with_hw) {
     if (with_hw) {
         if (!rc) rc = kv_h5_write_f64(f, "/hardware/copy_h2d/bytes", 1, d, bytes, "bytes", &err);
         if (!rc) rc = kv_h5_attr_f64(f, "/hardware/copy_h2d", "bandwidth", 24e9, &err);
+        if (!rc) rc = kv_h5_attr_f64(f, "/hardware/copy_h2d", "latency", 1e-5, &err);
         if (!rc) rc = kv_h5_write_f64(f, "/hardware/copy_d2d/bytes", 1, d, bytes, "bytes", &err);
         if (!rc) rc = kv_h5_attr_f64(f, "/hardware/copy_d2d", "bandwidth", 900e9, &err);
         if (!rc) rc = kv_h5_write_f64(f, "/hardware/gemm/median", 1, d, bytes, "s", &err);
@@ -266,7 +267,7 @@ static void test_hw_from_profile(void) {
     CU_ASSERT_EQUAL(kv_hw_from_profile(p16, &hw, &err), KV_OK);
     CU_ASSERT_DOUBLE_EQUAL(hw.v_com, 24e9, 0);
     CU_ASSERT_DOUBLE_EQUAL(hw.v_gpu, 150e12, 0); /* gemm_fp16 preferred */
-    CU_ASSERT_DOUBLE_EQUAL(hw.mem_bw, 900e9, 0);
+    CU_ASSERT_DOUBLE_EQUAL(hw.mem_bw, 2 * 900e9, 0); /* traffic: a copy reads and writes */
     CU_ASSERT_DOUBLE_EQUAL(hw.device_mem, 16.0 * GIB, 0);
     CU_ASSERT_PTR_NOT_NULL(strstr(hw.name, "Test GPU"));
     CU_ASSERT_EQUAL(kv_hw_from_profile(p32, &hw, &err), KV_OK);

@@ -133,12 +133,12 @@ typedef struct kv_hw_preset {
 const kv_hw_preset *kv_hw_presets(int *n);
 /* Fill *out from the preset named `key`. KV_EINPUT lists the known keys when it is unknown. */
 int kv_hw_from_preset(const char *key, kv_hw *out, kv_error *err);
-/* Read the planner's figures from a profile's /hardware group (docs/hardware-schema.md):
- * v_com = /hardware/copy_h2d@bandwidth, v_gpu = /hardware/gemm_fp16@peak_flops_per_s when
- * present else /hardware/gemm@peak_flops_per_s, mem_bw = /hardware/copy_d2d@bandwidth,
- * device_mem = /hardware@device_mem_bytes, name = /hardware@device_name (+ kind).
- * Missing optional figures stay 0. KV_EINPUT names the file when it has no /hardware group or
- * no usable v_com / v_gpu. */
+/* Read the planner's figures from a profile's /hardware group through the profiler's
+ * kv_hw_read_rates (docs/hardware-schema.md): v_com = /hardware/copy_h2d@bandwidth, v_gpu =
+ * peak_flops_per_s of /hardware/gemm_fp16 when present else /hardware/gemm, mem_bw = the memory
+ * traffic rate 2 x /hardware/copy_d2d@bandwidth (a copy reads and writes every byte),
+ * device_mem = /hardware@device_mem_bytes, name = device_name (kind). KV_EINPUT names the file
+ * when it is not a kvplan file, has no /hardware group or lacks a figure. */
 int kv_hw_from_profile(const char *profile_path, kv_hw *out, kv_error *err);
 
 #ifdef __cplusplus
