@@ -26,7 +26,9 @@ static const char *help =
     "  --gen-len g        also tabulate the g decode steps, s' = s .. s + g - 1\n"
     "  --dtype-bytes p    bytes per element of X, K, V (default 2, fp16)\n"
     "  --schedule         column (default, activations are transferred too) or row\n"
-    "  --json             one JSON object on the last line (split, time, time_no_recompute, ...)\n"
+    "  --json             one JSON object on the last line: split (tokens), time and\n"
+    "                     time_no_recompute (seconds per layer), bound, ...; with --gen-len\n"
+    "                     also decode.steps and decode.total_time (all layers)\n"
     "Numbers accept suffixes K, M, G, T (powers of 1000) and Ki, Mi, Gi, Ti (powers of 1024).\n";
 
 /* A positive quantity with an optional SI or binary suffix ("32Gi", "312e12", "1.5T"). */

@@ -276,3 +276,21 @@ int kv_plan_write_kvpr_batch(kv_h5 *plan, const kv_model *m, const kv_hw *hw,
     if (rc) return kv_fail_context(err, "writing /batch");
     return KV_OK;
 }
+
+int kv_plan_write_kvpr_batch_from_profile(kv_h5 *plan, const char *profile_path,
+                                          const kv_model *m, const kv_plan_budget *b,
+                                          int *written, kv_error *err) {
+    if (written) *written = 0;
+    kv_h5 *f = NULL;
+    int rc = kv_h5_open_read(profile_path, &f, err);
+    if (rc) return rc;
+    int has_hw = kv_h5_exists(f, "/hardware");
+    kv_h5_close(f);
+    if (!has_hw) return KV_OK;
+    kv_hw hw;
+    kv_error local = {0};
+    if (kv_hw_from_profile(profile_path, &hw, &local)) return KV_OK; /* incomplete figures */
+    rc = kv_plan_write_kvpr_batch(plan, m, &hw, b, err);
+    if (!rc && written) *written = 1;
+    return rc;
+}

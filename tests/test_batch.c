@@ -186,6 +186,8 @@ static int write_plan(const char *path, int tokens, const kv_hw *hw) {
     return rc;
 }
 
+static int write_profile(const char *path);
+
 static void test_plan_groups(void) {
     kv_hw hw;
     kv_error err = {0};
@@ -256,6 +258,44 @@ static void test_plan_groups(void) {
     }
     free(batches), free(lens), free(sc), free(sr), free(tc), free(mb), free(tps);
     kv_h5_close(f);
+}
+
+static void test_plan_from_profile(void) {
+    kv_error err = {0};
+    kv_model *m = NULL;
+    CU_ASSERT_EQUAL_FATAL(kv_model_load(model_path(), &m, &err), KV_OK);
+    const char *prof = tu_tmp("profile_for_plan.h5");
+    CU_ASSERT_EQUAL_FATAL(write_profile(prof), 0);
+    /* a profile without /hardware: a plan made from a search profile with --no-hw */
+    const char *nohw = tu_tmp("plan_nohw_src.h5");
+    CU_ASSERT_EQUAL_FATAL(write_plan(nohw, 32, NULL), 0);
+    int budget[20], blocks[20];
+    for (int i = 0; i < 20; i++) budget[i] = 32, blocks[i] = 2;
+    kv_plan_budget b;
+    memset(&b, 0, sizeof b);
+    b.n_layers = 5, b.n_kv_heads = 4, b.context_length = 512, b.block_size = 16;
+    b.tokens = budget, b.blocks = blocks;
+    for (int k = 0; k < 2; k++) {
+        const char *out = tu_tmp(k ? "plan_wrap_nohw.h5" : "plan_wrap.h5");
+        kv_h5 *f = NULL;
+        int written = -1;
+        CU_ASSERT_EQUAL_FATAL(kv_h5_create(out, &f, &err), KV_OK);
+        CU_ASSERT_EQUAL(kv_h5_write_provenance(f, "test_batch", m, &err), KV_OK);
+        CU_ASSERT_EQUAL(kv_plan_write_kvpr_batch_from_profile(f, k ? nohw : prof, m, &b,
+                                                              &written, &err), KV_OK);
+        CU_ASSERT_EQUAL(written, k ? 0 : 1);
+        CU_ASSERT_EQUAL(kv_h5_commit(f, &err), KV_OK);
+        CU_ASSERT_EQUAL_FATAL(kv_h5_open_read(out, &f, &err), KV_OK);
+        CU_ASSERT_EQUAL(kv_h5_exists(f, "/kvpr/split_row"), k ? 0 : 1);
+        CU_ASSERT_EQUAL(kv_h5_exists(f, "/batch/max_batch"), k ? 0 : 1);
+        if (!k) {
+            double bw = 0;
+            CU_ASSERT_EQUAL(kv_h5_read_attr_f64(f, "/batch", "mem_bw", &bw, &err), KV_OK);
+            CU_ASSERT_DOUBLE_EQUAL(bw, 800e9, 0);
+        }
+        kv_h5_close(f);
+    }
+    kv_model_free(m);
 }
 
 static cJSON *last_json(const char *out) {
@@ -383,6 +423,7 @@ int main(void) {
         {"Batch-Max shape: P&D > decode-only >= full", test_batch_max_shape},
         {"bad inputs are refused", test_bad_inputs},
         {"plan /kvpr and /batch groups", test_plan_groups},
+        {"plan groups from a profile (and none without /hardware)", test_plan_from_profile},
         {"CLI kvplan batch", test_cli},
     };
     return tu_main("batch", tests, sizeof tests / sizeof tests[0]);

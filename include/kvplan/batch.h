@@ -128,6 +128,15 @@ int kv_batch_size(const kv_batch_config *c, kv_batch_result *out, kv_error *err)
 int kv_plan_write_kvpr_batch(kv_h5 *plan, const kv_model *m, const kv_hw *hw,
                              const kv_plan_budget *b, kv_error *err);
 
+/* The one call for `kvplan search`: read the hardware figures of the profile at
+ * `profile_path` (kv_hw_from_profile) and, when it has them, write /kvpr and /batch with
+ * kv_plan_write_kvpr_batch; *written (may be NULL) is 1 then. A profile without usable
+ * /hardware figures (made with --no-hw) is not an error: nothing is written, *written = 0.
+ * Errors: those of kv_plan_write_kvpr_batch, and an unreadable profile (KV_EINPUT). */
+int kv_plan_write_kvpr_batch_from_profile(kv_h5 *plan, const char *profile_path,
+                                          const kv_model *m, const kv_plan_budget *b,
+                                          int *written, kv_error *err);
+
 #ifdef __cplusplus
 }
 #endif
