@@ -20,6 +20,7 @@ static const char *help =
     "generalised to GQA: K/V width h_kv = kv-heads x head-dim), solved with GLPK's MIP solver.\n"
     "  --profile P        v_com and v_gpu from a profile's /hardware fits\n"
     "  --hardware NAME    published figures: h100-sxm, h200, a100-40g-pcie4, l4\n"
+    "                     (--hardware list prints them with their sources)\n"
     "  --v-com, --v-gpu   host->device bytes/s and device FLOP/s (override the above)\n"
     "  --layers L         number of layers (default 1, or the model's): totals are L x per layer\n"
     "  --seq-len s        current length s' (tokens whose K, V are in host memory)\n"
@@ -104,6 +105,16 @@ int kv_cmd_kvpr(int argc, char **argv) {
         return 1;
     }
 
+    if (preset && !strcmp(preset, "list")) {
+        int n = 0;
+        const kv_hw_preset *t = kv_hw_presets(&n);
+        printf("%-16s %10s %12s %14s %14s  %s\n", "preset", "memory GiB", "mem GB/s",
+               "v_com GB/s", "v_gpu TFLOP/s", "source");
+        for (int k = 0; k < n; k++)
+            printf("%-16s %10.0f %12.0f %14.0f %14.1f  %s\n", t[k].key, t[k].device_mem / 1073741824.0,
+                   t[k].mem_bw / 1e9, t[k].v_com / 1e9, t[k].v_gpu / 1e12, t[k].source);
+        return 0;
+    }
     /* hardware figures */
     kv_hw hw;
     memset(&hw, 0, sizeof hw);

@@ -388,6 +388,10 @@ static void test_cli_profile_and_errors(void) {
                                   "--batch 1 --seq-len 10", &out, 1), 1);
     CU_ASSERT_PTR_NOT_NULL(out && strstr(out, "unknown hardware preset"));
     free(out);
+    CU_ASSERT_EQUAL(tu_run_kvplan("kvpr --hardware list", &out, 0), 0);
+    CU_ASSERT_PTR_NOT_NULL(out && strstr(out, "a100-40g-pcie4"));
+    CU_ASSERT_PTR_NOT_NULL(out && strstr(out, "datasheet"));
+    free(out);
     CU_ASSERT_EQUAL(tu_run_kvplan("kvpr --help", &out, 0), 0);
     CU_ASSERT_PTR_NOT_NULL(out && strstr(out, "--schedule"));
     free(out);
