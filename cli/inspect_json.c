@@ -134,8 +134,33 @@ static void plan_summary(cJSON *s, const ki_file *f) {
     if (fr) cJSON_AddItemToObject(p, "layer_fractions", num_array(fr, n));
     free(fr);
     ki_grid g;
-    if (ki_search_grid(f, &g)) {
-        cJSON *sr = cJSON_AddObjectToObject(s, "search");
+    int has_grid = ki_search_grid(f, &g);
+    cJSON *sr = NULL;
+    if (has_grid || ki_dset_find(f, "/search/baselines") || ki_dset_find(f, "/search/heldout"))
+        sr = cJSON_AddObjectToObject(s, "search");
+    /* named figures: baselines (full, uniform, squeeze) and held-out perplexities */
+    const struct {
+        const char *path, *key, *names;
+    } named[] = {{"/search/baselines", "baselines", "full,uniform,squeeze"},
+                 {"/search/heldout", "heldout", NULL}};
+    for (int k = 0; sr && k < 2; k++) {
+        const ki_dset *d = ki_dset_find(f, named[k].path);
+        const char *names = d ? ki_attr_str(f, d->path, "names") : NULL;
+        if (!names) names = named[k].names;
+        if (!d || !d->v || d->rank != 1 || !names) continue;
+        cJSON *o = cJSON_AddObjectToObject(sr, named[k].key);
+        const char *q = names;
+        for (size_t i = 0; i < d->count && q && *q; i++) {
+            char nm[64];
+            size_t n = strcspn(q, ",");
+            if (n >= sizeof nm) n = sizeof nm - 1;
+            memcpy(nm, q, n);
+            nm[n] = '\0';
+            cJSON_AddNumberToObject(o, nm, d->v[i]);
+            q = q[strcspn(q, ",")] ? q + strcspn(q, ",") + 1 : NULL;
+        }
+    }
+    if (has_grid) {
         cJSON_AddNumberToObject(sr, "nt", g.nt);
         cJSON_AddNumberToObject(sr, "nr", g.nr);
         cJSON_AddNumberToObject(sr, "evaluated", g.evaluated);

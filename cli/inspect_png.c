@@ -455,7 +455,7 @@ static int png_search(const ki_file *f, const char *path, kv_error *err) {
     s.yfmt = "%.0f";
     s.y_up = 1;
     s.annotate = 1;
-    s.ann_fmt = "%.2f";
+    s.ann_fmt = "%.4g";
     double lo = INFINITY, hi = 0;
     for (int i = 0; i < g.nt * g.nr; i++)
         if (isfinite(v[i]) && v[i] > 0) lo = fmin(lo, v[i]), hi = fmax(hi, v[i]);

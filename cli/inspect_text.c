@@ -56,10 +56,38 @@ static void print_attrs(FILE *out, const ki_file *f, const char *obj, const char
     }
 }
 
-/* A dataset's values: inline when short, a table for a small matrix, else a summary. */
-static void print_values(FILE *out, const ki_dset *d, const char *indent) {
+/* The i-th comma-separated name of `list` into buf; 0 when there are not that many. */
+static int nth_name(const char *list, int i, char *buf, size_t cap) {
+    if (!list) return 0;
+    for (int k = 0; k < i; k++) {
+        list = strchr(list, ',');
+        if (!list) return 0;
+        list++;
+    }
+    size_t n = strcspn(list, ",");
+    if (n >= cap) n = cap - 1;
+    memcpy(buf, list, n);
+    buf[n] = '\0';
+    return 1;
+}
+
+/* A dataset's values: inline when short (labelled by a `names` attribute when it has one), a
+ * table for a small matrix, else a summary. */
+static void print_values(FILE *out, const ki_file *f, const ki_dset *d, const char *indent) {
     if (!d->v) {
         fprintf(out, "%s(not numeric)\n", indent);
+        return;
+    }
+    const char *names = ki_attr_str(f, d->path, "names");
+    char nm[64];
+    if (d->rank == 1 && names && nth_name(names, (int)d->count - 1, nm, sizeof nm)) {
+        fputs(indent, out);
+        for (size_t i = 0; i < d->count; i++) {
+            nth_name(names, (int)i, nm, sizeof nm);
+            fprintf(out, "%s%s ", i ? ", " : "", nm);
+            print_num(out, d->v[i], d->is_int);
+        }
+        fputc('\n', out);
         return;
     }
     if (d->rank == 1 && d->count <= 24) {
@@ -126,14 +154,14 @@ static int print_generic(FILE *out, const ki_file *f, const char *prefix,
         if (u) fprintf(out, " (%s)", u);
         fputc('\n', out);
         print_attrs(out, f, d->path, "      @", NULL);
-        print_values(out, d, "      ");
+        print_values(out, f, d, "      ");
         shown++;
     }
     return shown;
 }
 
 static void print_header(FILE *out, const ki_file *f) {
-    const char *kind = f->is_plan ? "plan" : f->is_profile ? "profile" : "kvplan file";
+    const char *kind = f->is_plan ? "plan" : f->is_profile ? "profile" : "file";
     fprintf(out, "%s: kvplan %s (schema %.0f, written by kvplan %s, created %s)\n", f->path, kind,
             ki_attr_num(f, "/", "schema_version", NAN),
             ki_attr_str(f, "/", "kvplan_version") ? ki_attr_str(f, "/", "kvplan_version") : "?",
@@ -174,7 +202,7 @@ static void print_heads(FILE *out, const ki_file *f) {
         ki_order_desc(row, hkv, order);
         fprintf(out, "  layer %2d ", l);
         for (int k = 0; k < hkv; k++) {
-            if (k && k % 6 == 0) fprintf(out, "\n           ");
+            if (k && k % 8 == 0) fprintf(out, "\n           ");
             fprintf(out, " kv%-2d %.4f ", order[k], row[order[k]]);
             bar(out, row[order[k]], mx, 5);
         }
@@ -192,8 +220,8 @@ static void print_layers(FILE *out, const ki_file *f) {
     if (!sim && !ca && !cb) return;
     if (!sim) L = ca ? c1 : c2;
     fprintf(out, "\nlayer similarity (cosine of the residual stream before and after; higher = "
-            "the layer changes less):\n  layer  similarity              attn (mean over prompts)"
-            "  block (mean)\n");
+            "the layer changes less):\n  layer  %-21s%s%s\n", sim ? "similarity" : "",
+            ca ? "  attn (mean of prompts)" : "", cb ? "  block (mean of prompts)" : "");
     for (int l = 0; l < L; l++) {
         fprintf(out, "  %5d  ", l);
         if (sim) {
@@ -202,16 +230,17 @@ static void print_layers(FILE *out, const ki_file *f) {
         } else {
             fprintf(out, "%21s", "");
         }
-        double ma = NAN, mb = NAN;
         if (ca && l < c1) {
-            ma = 0;
-            for (int p = 0; p < r1; p++) ma += ca[(size_t)p * c1 + l] / r1;
+            double m = 0;
+            for (int p = 0; p < r1; p++) m += ca[(size_t)p * c1 + l] / r1;
+            fprintf(out, "  %22.4f", m);
         }
         if (cb && l < c2) {
-            mb = 0;
-            for (int p = 0; p < r2; p++) mb += cb[(size_t)p * c2 + l] / r2;
+            double m = 0;
+            for (int p = 0; p < r2; p++) m += cb[(size_t)p * c2 + l] / r2;
+            fprintf(out, "  %23.4f", m);
         }
-        fprintf(out, "  %8.4f                  %8.4f\n", ma, mb);
+        fputc('\n', out);
     }
 }
 
@@ -331,17 +360,30 @@ static void print_search(FILE *out, const ki_file *f) {
                         g.ppl[(size_t)ci[k] * g.nr + cj[k]]);
         }
     }
-    const ki_dset *bl = ki_dset_find(f, "/search/baselines");
-    if (bl && bl->v && bl->rank == 1 && bl->count == 3) {
-        fprintf(out, "  baselines (perplexity at the same ratio): full %.4f, uniform %.4f, "
-                "squeeze %.4f\n", bl->v[0], bl->v[1], bl->v[2]);
+    const char *skip[8] = {"/search/perplexity", "/search/t_values", "/search/r_values"};
+    int ns = 3;
+    static const char *const def_bl = "full,uniform,squeeze";
+    const struct {
+        const char *path, *title, *names;
+    } named[] = {{"/search/baselines", "baselines (perplexity at the same ratio)", def_bl},
+                 {"/search/heldout", "held-out perplexity (text the search did not see)", NULL}};
+    for (int k = 0; k < 2; k++) {
+        const ki_dset *d = ki_dset_find(f, named[k].path);
+        const char *names = d ? ki_attr_str(f, d->path, "names") : NULL;
+        if (!names) names = named[k].names;
+        char nm[64];
+        if (!d || !d->v || d->rank != 1 || !names || !nth_name(names, (int)d->count - 1, nm, sizeof nm))
+            continue;
+        fprintf(out, "  %s:", named[k].title);
+        for (size_t i = 0; i < d->count; i++) {
+            nth_name(names, (int)i, nm, sizeof nm);
+            fprintf(out, "%s %s %.4f", i ? "," : "", nm, d->v[i]);
+        }
+        fputc('\n', out);
+        skip[ns++] = named[k].path;
     }
-    static const char *const skip[] = {"/search/perplexity", "/search/t_values",
-                                       "/search/r_values", NULL};
+    skip[ns] = NULL;
     const char *const *sk = skip;
-    static const char *const skip_bl[] = {"/search/perplexity", "/search/t_values",
-                                          "/search/r_values", "/search/baselines", NULL};
-    if (bl && bl->v && bl->rank == 1 && bl->count == 3) sk = skip_bl;
     print_generic(out, f, "/search", sk);
 }
 
@@ -355,6 +397,91 @@ static void print_section(FILE *out, const ki_file *f, const char *grp, const ch
     char prefix[64];
     snprintf(prefix, sizeof prefix, "%s/", grp);
     print_generic(out, f, prefix, NULL);
+}
+
+/* /kvpr (docs/batch-sizing.md): split point and time per layer for every (batch, s'). */
+static void print_kvpr(FILE *out, const ki_file *f) {
+    int r = 0, nb = 0, ns = 0, a = 0, b = 0;
+    const double *bt = ki_matrix(f, "/kvpr/batch", 1, &r, &nb);
+    const double *sq = ki_matrix(f, "/kvpr/seq_len", 1, &r, &ns);
+    static const char *const cols[] = {"/kvpr/split_column", "/kvpr/time_column",
+                                       "/kvpr/split_row", "/kvpr/time_row",
+                                       "/kvpr/time_no_recompute", NULL};
+    const double *m[5] = {0};
+    int ok = bt && sq;
+    for (int k = 0; ok && k < 5; k++) {
+        m[k] = ki_matrix(f, cols[k], 0, &a, &b);
+        if (!m[k] || a != nb || b != ns) ok = 0;
+    }
+    if (!ok) {
+        print_section(out, f, "/kvpr", "KVPR split (recompute vs transfer)");
+        return;
+    }
+    fprintf(out, "\nKVPR split (recompute the first l tokens' K, V from activations, transfer the "
+            "rest), per layer:\n");
+    static const char *const skip_attrs[] = {"v_com", "v_gpu", NULL};
+    fprintf(out, "  link v_com %.3f GB/s, device v_gpu %.3f TFLOP/s\n",
+            ki_attr_num(f, "/kvpr", "v_com", NAN) / 1e9,
+            ki_attr_num(f, "/kvpr", "v_gpu", NAN) / 1e12);
+    print_attrs(out, f, "/kvpr", "  ", skip_attrs);
+    fprintf(out, "  %6s %8s | %18s %12s | %14s %12s | %14s\n", "batch", "s'", "l column-by-column",
+            "time (us)", "l row-by-row", "time (us)", "no recompute");
+    for (int i = 0; i < nb; i++)
+        for (int j = 0; j < ns; j++) {
+            size_t k = (size_t)i * ns + j;
+            fprintf(out, "  %6.0f %8.0f | %18.0f %12.3f | %14.0f %12.3f | %11.3f us\n", bt[i],
+                    sq[j], m[0][k], m[1][k] * 1e6, m[2][k], m[3][k] * 1e6, m[4][k] * 1e6);
+        }
+    static const char *const skip[] = {"/kvpr/batch", "/kvpr/seq_len", "/kvpr/split_column",
+                                       "/kvpr/time_column", "/kvpr/split_row", "/kvpr/time_row",
+                                       "/kvpr/time_no_recompute", NULL};
+    print_generic(out, f, "/kvpr/", skip);
+}
+
+/* /batch (docs/batch-sizing.md): one row per case named by the `rows` attribute. */
+static void print_batch(FILE *out, const ki_file *f) {
+    const char *rows = ki_attr_str(f, "/batch", "rows");
+    char nm[64];
+    int n = 0;
+    while (rows && nth_name(rows, n, nm, sizeof nm)) n++;
+    int cnt = 0;
+    const ki_dset *cols[16];
+    for (int i = 0; i < f->n_dsets && cnt < 16; i++) {
+        const ki_dset *d = &f->dsets[i];
+        if (starts_with(d->path, "/batch/") && d->v && d->rank == 1 && d->count == (size_t)n)
+            cols[cnt++] = d;
+    }
+    if (!n || !cnt) {
+        print_section(out, f, "/batch", "batch sizing");
+        return;
+    }
+    fprintf(out, "\nbatch sizing (Batch-Max):\n");
+    static const char *const skip_attrs[] = {"rows", NULL};
+    print_attrs(out, f, "/batch", "  ", skip_attrs);
+    int width[16];
+    fprintf(out, "  %-16s", "");
+    for (int c = 0; c < cnt; c++) {
+        const char *u = ki_units(f, cols[c]->path);
+        char head[96];
+        snprintf(head, sizeof head, "%s%s%s%s", cols[c]->path + 7, u ? " (" : "", u ? u : "",
+                 u ? ")" : "");
+        width[c] = (int)strlen(head) < 12 ? 12 : (int)strlen(head);
+        fprintf(out, "  %*s", width[c], head);
+    }
+    fputc('\n', out);
+    for (int r = 0; r < n; r++) {
+        nth_name(rows, r, nm, sizeof nm);
+        fprintf(out, "  %-16s", nm);
+        for (int c = 0; c < cnt; c++) {
+            if (cols[c]->is_int) fprintf(out, "  %*.0f", width[c], cols[c]->v[r]);
+            else fprintf(out, "  %*.6g", width[c], cols[c]->v[r]);
+        }
+        fputc('\n', out);
+    }
+    const char *skip[17];
+    for (int c = 0; c < cnt; c++) skip[c] = cols[c]->path;
+    skip[cnt] = NULL;
+    print_generic(out, f, "/batch/", skip);
 }
 
 static const char *const root_known[] = {
@@ -374,8 +501,13 @@ void ki_print_text(FILE *out, const ki_file *f) {
     if (f->is_plan) {
         print_plan(out, f);
         print_search(out, f);
-        print_section(out, f, "/kvpr", "KVPR split (recompute vs transfer)");
-        print_section(out, f, "/batch", "batch sizing");
+        int has_kvpr = 0, has_batch = 0;
+        for (int g = 0; g < f->n_groups; g++) {
+            if (!strcmp(f->groups[g], "/kvpr")) has_kvpr = 1;
+            if (!strcmp(f->groups[g], "/batch")) has_batch = 1;
+        }
+        if (has_kvpr) print_kvpr(out, f);
+        if (has_batch) print_batch(out, f);
     } else if (!f->is_profile) {
         print_hardware(out, f);
     }

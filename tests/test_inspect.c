@@ -162,11 +162,31 @@ static void make_plan(const char *path) {
     double base[3] = {18.5, 24.25, 22.75};
     OK(kv_h5_write_f64(f, "/search/baselines", 1, d3, base, "perplexity", &err));
     OK(kv_h5_attr_f64(f, "/search", "heldout_perplexity", 21.125, &err));
-    double kv[3] = {0, 0, 12};
-    OK(kv_h5_write_f64(f, "/kvpr/split", 1, d3, kv, "tokens", &err));
+    double held[4] = {19.5, 18.0, 23.0, 21.0};
+    long d4[1] = {4};
+    OK(kv_h5_write_f64(f, "/search/heldout", 1, d4, held, "perplexity", &err));
+    OK(kv_h5_attr_str(f, "/search/heldout", "names", "winner,full,uniform,squeeze", &err));
+    /* /kvpr and /batch as docs/batch-sizing.md */
+    OK(kv_h5_attr_f64(f, "/kvpr", "v_com", 32e9, &err));
+    OK(kv_h5_attr_f64(f, "/kvpr", "v_gpu", 121e12, &err));
     OK(kv_h5_attr_str(f, "/kvpr", "schedule", "column", &err));
+    int kb[2] = {1, 4}, ks[2] = {64, 128}, split_col[2][2] = {{0, 0}, {0, 0}},
+        split_row[2][2] = {{64, 127}, {64, 127}};
+    double tcol[2][2] = {{1e-6, 2e-6}, {4e-6, 8e-6}}, trow[2][2] = {{1e-8, 2e-8}, {4e-8, 8e-8}};
+    long d2[1] = {2}, d22[2] = {2, 2};
+    OK(kv_h5_write_i32(f, "/kvpr/batch", 1, d2, kb, "sequences", &err));
+    OK(kv_h5_write_i32(f, "/kvpr/seq_len", 1, d2, ks, "tokens", &err));
+    OK(kv_h5_write_i32(f, "/kvpr/split_column", 2, d22, &split_col[0][0], "tokens", &err));
+    OK(kv_h5_write_i32(f, "/kvpr/split_row", 2, d22, &split_row[0][0], "tokens", &err));
+    OK(kv_h5_write_f64(f, "/kvpr/time_column", 2, d22, &tcol[0][0], "s", &err));
+    OK(kv_h5_write_f64(f, "/kvpr/time_row", 2, d22, &trow[0][0], "s", &err));
+    OK(kv_h5_write_f64(f, "/kvpr/time_no_recompute", 2, d22, &tcol[0][0], "s", &err));
+    OK(kv_h5_attr_str(f, "/batch", "rows", "full,decode_only,prefill_decode", &err));
+    OK(kv_h5_attr_f64(f, "/batch", "mem_bw", 3e11, &err));
     int bt[3] = {7, 13, 21};
+    double tps[3] = {1000.5, 2000.25, 4000.125};
     OK(kv_h5_write_i32(f, "/batch/max_batch", 1, d3, bt, "sequences", &err));
+    OK(kv_h5_write_f64(f, "/batch/tokens_per_s", 1, d3, tps, "tokens/s", &err));
     OK(kv_h5_commit(f, &err));
 }
 
@@ -228,9 +248,34 @@ static void test_text_plan(void) {
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "worst  t 0.95  r 0.95  perplexity 200.0000"));
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "full 18.5000, uniform 24.2500, squeeze 22.7500"));
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "heldout_perplexity = 21.125"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "held-out perplexity (text the search did not see): "
+                                       "winner 19.5000, full 18.0000, uniform 23.0000, "
+                                       "squeeze 21.0000"));
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "schedule = column"));
-    CU_ASSERT_PTR_NOT_NULL(strstr(out, "/batch/max_batch"));
-    CU_ASSERT_PTR_NOT_NULL(strstr(out, "7  13  21"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "link v_com 32.000 GB/s, device v_gpu 121.000 TFLOP/s"));
+    /* the KVPR table row for batch 4, s' = 128 */
+    int found = 0;
+    for (const char *line = out; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
+        double b, sq, lc, tc, lr, tr, tn;
+        if (sscanf(line, " %lf %lf | %lf %lf | %lf %lf | %lf us", &b, &sq, &lc, &tc, &lr, &tr,
+                   &tn) == 7 && b == 4 && sq == 128) {
+            found = 1;
+            CU_ASSERT_DOUBLE_EQUAL(lc, 0, 0);
+            CU_ASSERT_DOUBLE_EQUAL(tc, 8.0, 1e-9); /* microseconds */
+            CU_ASSERT_DOUBLE_EQUAL(lr, 127, 0);
+            CU_ASSERT_DOUBLE_EQUAL(tr, 0.08, 1e-9);
+            CU_ASSERT_DOUBLE_EQUAL(tn, 8.0, 1e-9);
+        }
+    }
+    CU_ASSERT_TRUE(found);
+    /* the batch table: one row per case */
+    const char *row = strstr(out, "  decode_only ");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(row);
+    double mb = 0, tp = 0;
+    CU_ASSERT_EQUAL(sscanf(row, " decode_only %lf %lf", &mb, &tp), 2);
+    CU_ASSERT_DOUBLE_EQUAL(mb, 13, 0);
+    CU_ASSERT_DOUBLE_EQUAL(tp, 2000.25, 1e-9);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "mem_bw = 3e+11"));
     free(out);
 }
 
@@ -324,6 +369,15 @@ static void test_json_plan(void) {
                            ppl[2][3], 1e-12);
     CU_ASSERT_STRING_EQUAL(cJSON_GetStringValue(jpath(j, "groups", "/kvpr", "schedule")),
                            "column");
+    CU_ASSERT_DOUBLE_EQUAL(jpath(j, "summary", "search", "heldout")->child->valuedouble, 19.5, 0);
+    CU_ASSERT_DOUBLE_EQUAL(
+        jpath(jpath(j, "summary", "search", "heldout"), "squeeze", NULL, NULL)->valuedouble, 21,
+        0);
+    CU_ASSERT_DOUBLE_EQUAL(
+        jpath(jpath(j, "summary", "search", "baselines"), "uniform", NULL, NULL)->valuedouble,
+        24.25, 0);
+    const cJSON *mbj = jpath(j, "datasets", "/batch/max_batch", "data");
+    CU_ASSERT_EQUAL(cJSON_GetArrayItem(mbj, 2)->valueint, 21);
     CU_ASSERT_DOUBLE_EQUAL(jpath(j, "groups", "/search", "heldout_perplexity")->valuedouble,
                            21.125, 0);
     CU_ASSERT_STRING_EQUAL(cJSON_GetStringValue(jpath(j, "attributes", "model_sha256", NULL)),
