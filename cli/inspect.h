@@ -74,8 +74,10 @@ int ki_tau_summary(const ki_file *f, ki_tau *out);
  * (caller frees). NULL (err set, KV_EINPUT) when the file has no /budget/tokens or no
  * context_length. */
 double *ki_layer_fractions(const ki_file *f, int *L, kv_error *err);
-/* The search grid's best (lowest) and worst (highest) evaluated cells. 0 when there is no grid
- * (no /search/perplexity [NT, NR] with matching t_values / r_values) or no finite cell. */
+/* The search grid /search/perplexity [NT, NR] and its best (lowest) and worst (highest)
+ * finite cells. Returns 0 when there is no such grid; t / r are NULL when /search/t_values or
+ * r_values is missing or of another length; `evaluated` counts the finite cells (best / worst
+ * are meaningful only when it is > 0). */
 typedef struct ki_grid {
     int nt, nr, evaluated;
     const double *t, *r, *ppl; /* borrowed from the file */
@@ -88,8 +90,10 @@ int ki_search_grid(const ki_file *f, ki_grid *out);
 void ki_print_text(FILE *out, const ki_file *f);
 /* JSON document (cJSON) printed to `out`; KV_EINTERNAL on allocation failure. */
 int ki_print_json(FILE *out, const ki_file *f, kv_error *err);
-/* PNG pictures into directory `dir` (created if missing). The names written are printed, one
- * per line, on `log` (may be NULL). Sizes: KI_PNG_W x KI_PNG_H pixels each.
+/* PNG pictures into directory `dir` (created if missing), those the file has data for:
+ * head_importance, token_cos, layer_similarity, consistency (profile); search_perplexity,
+ * budget_tokens (plan). The paths written are printed, one per line, on `log` (may be NULL)
+ * and counted in *n_written. Sizes: KI_PNG_W x KI_PNG_H pixels each.
  * KV_EINPUT when dir cannot be created; KV_EINTERNAL when cairo fails. */
 #define KI_PNG_W 1200
 #define KI_PNG_H 800

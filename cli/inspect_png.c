@@ -5,6 +5,7 @@
  *   token_cos.png         /heads/token_cos [L, H, T0]       one panel per layer (BaKlaVa Fig. 2)
  *   layer_similarity.png  /layers/cos_attn, cos_block [P, L] rows prompts, columns layers
  *   search_perplexity.png /search/perplexity [NT, NR]       x = t, y = r (BaKlaVa Fig. 7)
+ *   consistency.png       /consistency/kendall_tau [P, P]   prompt x prompt
  *   budget_tokens.png     /budget/tokens [L, H_kv]          rows layers, columns KV heads */
 #include <cairo.h>
 #include <errno.h>
@@ -423,6 +424,25 @@ static int png_layers(const ki_file *f, const char *path, kv_error *err) {
     return render(&s, path, err);
 }
 
+static int png_consistency(const ki_file *f, const char *path, kv_error *err) {
+    int p = 0, q = 0;
+    const double *v = ki_matrix(f, "/consistency/kendall_tau", 0, &p, &q);
+    hm_panel pn = panel(v, p, q, NULL);
+    ki_tau t;
+    char sub[200];
+    if (ki_tau_summary(f, &t))
+        snprintf(sub, sizeof sub, "Kendall tau between the KV-head importance rankings of two "
+                 "prompts; %d pairs: mean %.3f, min %.3f, max %.3f", t.pairs, t.mean, t.min,
+                 t.max);
+    else snprintf(sub, sizeof sub, "Kendall tau between head rankings (one prompt: no pairs)");
+    hm_spec s = spec("Prompt consistency of the head ranking", "prompt", "prompt",
+                     "Kendall tau", &pn, 1, CMAP_VIRIDIS);
+    s.subtitle = sub;
+    s.annotate = 1;
+    s.ann_fmt = "%.2f";
+    return render(&s, path, err);
+}
+
 static int png_search(const ki_file *f, const char *path, kv_error *err) {
     ki_grid g;
     if (!ki_search_grid(f, &g)) return KV_OK;
@@ -509,6 +529,9 @@ int ki_write_pngs(const ki_file *f, const char *dir, FILE *log, int *n_written, 
                                                                     &hkv) ||
              ki_matrix(f, "/layers/similarity", 1, &L, &hkv),
          png_layers},
+        {"consistency.png",
+         ki_matrix(f, "/consistency/kendall_tau", 0, &L, &hkv) != NULL && L == hkv,
+         png_consistency},
         {"search_perplexity.png", ki_search_grid(f, &g), png_search},
         {"budget_tokens.png", ki_matrix(f, "/budget/tokens", 0, &L, &hkv) != NULL, png_budget},
     };

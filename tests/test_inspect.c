@@ -424,8 +424,8 @@ static void test_png(void) {
     CU_ASSERT_EQUAL(run(&out, "inspect '%s' --png '%s' > /dev/null 2>&1", plan_path(), dir), 0);
     free(out);
     const char *names[] = {"head_importance.png", "token_cos.png", "layer_similarity.png",
-                           "search_perplexity.png", "budget_tokens.png"};
-    for (int i = 0; i < 5; i++) {
+                           "consistency.png", "search_perplexity.png", "budget_tokens.png"};
+    for (int i = 0; i < 6; i++) {
         char p[600];
         snprintf(p, sizeof p, "%s/%s", dir, names[i]);
         if (!check_png(p, 1200, 800)) fprintf(stderr, "bad picture %s\n", p);
