@@ -315,6 +315,64 @@ static void test_bad_files(void) {
     kv_h5_close(f);
 }
 
+/* A kvplan file touched by another tool (h5py style): variable-length string attributes, an
+ * int32 schema_version, a float32 dataset. The readers convert. */
+static void test_other_writers(void) {
+    const char *path = tu_tmp("h5py_style.h5");
+    hid_t fid = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    CU_ASSERT_FATAL(fid >= 0);
+    hid_t scalar = H5Screate(H5S_SCALAR);
+    hid_t vstr = H5Tcopy(H5T_C_S1);
+    H5Tset_size(vstr, H5T_VARIABLE);
+    H5Tset_cset(vstr, H5T_CSET_UTF8);
+    const char *ver = "0.0.9";
+    hid_t a = H5Acreate2(fid, "kvplan_version", vstr, scalar, H5P_DEFAULT, H5P_DEFAULT);
+    H5Awrite(a, vstr, &ver);
+    H5Aclose(a);
+    int schema = 1;
+    a = H5Acreate2(fid, "schema_version", H5T_STD_I32LE, scalar, H5P_DEFAULT, H5P_DEFAULT);
+    H5Awrite(a, H5T_NATIVE_INT, &schema);
+    H5Aclose(a);
+    hsize_t d[2] = {2, 3};
+    hid_t sp = H5Screate_simple(2, d, NULL);
+    hid_t ds = H5Dcreate2(fid, "/x", H5T_IEEE_F32LE, sp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    float v[6] = {0.5f, 1.5f, -2.0f, 3.25f, 4.0f, 5.0f};
+    H5Dwrite(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, v);
+    const char *units = "tokens";
+    a = H5Acreate2(ds, "units", vstr, scalar, H5P_DEFAULT, H5P_DEFAULT);
+    H5Awrite(a, vstr, &units);
+    H5Aclose(a);
+    H5Dclose(ds);
+    H5Sclose(sp);
+    H5Tclose(vstr);
+    H5Sclose(scalar);
+    H5Fclose(fid);
+
+    kv_error err = {0};
+    kv_h5 *f = NULL;
+    CU_ASSERT_EQUAL_FATAL(kv_h5_open_read(path, &f, &err), KV_OK);
+    char *s = NULL;
+    CU_ASSERT_EQUAL(kv_h5_read_attr_str(f, "/", "kvplan_version", &s, &err), KV_OK);
+    CU_ASSERT_STRING_EQUAL(s ? s : "", "0.0.9");
+    free(s);
+    CU_ASSERT_EQUAL(kv_h5_read_attr_str(f, "/x", "units", &s, &err), KV_OK);
+    CU_ASSERT_STRING_EQUAL(s ? s : "", "tokens");
+    free(s);
+    int rank = 0;
+    long dims[KV_H5_MAX_RANK];
+    double *x = NULL;
+    CU_ASSERT_EQUAL_FATAL(kv_h5_read_f64(f, "/x", &rank, dims, &x, &err), KV_OK);
+    CU_ASSERT_EQUAL(rank, 2);
+    CU_ASSERT_EQUAL(dims[1], 3);
+    CU_ASSERT_DOUBLE_EQUAL(x[3], 3.25, 0);
+    free(x);
+    int *xi = NULL;
+    CU_ASSERT_EQUAL_FATAL(kv_h5_read_i32(f, "/x", &rank, dims, &xi, &err), KV_OK);
+    CU_ASSERT_EQUAL(xi[5], 5);
+    free(xi);
+    kv_h5_close(f);
+}
+
 /* HDF5 must not print its own error stack when kvplan reports an error. */
 static void test_quiet_errors(void) {
     const char *log = tu_tmp("stderr.txt");
@@ -502,6 +560,7 @@ int main(void) {
         {"aborted write keeps the good file", test_abort_keeps_good_file},
         {"create in an unwritable place", test_create_unwritable},
         {"bad files are rejected", test_bad_files},
+        {"files touched by other HDF5 writers", test_other_writers},
         {"HDF5 prints nothing itself", test_quiet_errors},
         {"list datasets, groups and attributes", test_list},
         {"plan budget round trip and model check", test_plan_budget},
