@@ -118,8 +118,11 @@ static int rd_u64(rd *r, uint64_t *v, const char *field) {
 static int rd_str(rd *r, const char **s, size_t *n, const char *field) {
     uint64_t len;
     if (rd_u64(r, &len, field)) return KV_EINPUT;
-    if (len > r->len) return need(r, (size_t)-1, field);
-    if (need(r, (size_t)len, field)) return KV_EINPUT;
+    if (len > r->len - r->off)
+        return kv_fail(r->err, KV_EINPUT,
+                       "%s: truncated or corrupt GGUF header: %s at byte %zu is a string of "
+                       "%llu bytes but only %zu remain in the file",
+                       r->path, field, r->off - 8, (unsigned long long)len, r->len - r->off);
     *s = (const char *)r->p + r->off;
     *n = (size_t)len;
     r->off += (size_t)len;
