@@ -81,7 +81,10 @@ double *ki_layer_fractions(const ki_file *f, int *L, kv_error *err);
 typedef struct ki_grid {
     int nt, nr, evaluated;
     const double *t, *r, *ppl; /* borrowed from the file */
-    int best_i, best_j, worst_i, worst_j;
+    const double *chunks;      /* /search/chunks [NT, NR] (successive halving) or NULL */
+    int max_chunks, n_max;     /* the most chunks any cell saw, and how many cells saw it */
+    int best_i, best_j, worst_i, worst_j; /* among the cells evaluated on max_chunks when
+                                             chunks is known (comparable figures), else all */
 } ki_grid;
 int ki_search_grid(const ki_file *f, ki_grid *out);
 

@@ -293,21 +293,33 @@ int ki_search_grid(const ki_file *f, ki_grid *g) {
     if (!g->t || b != nt) g->t = NULL;
     g->r = ki_matrix(f, "/search/r_values", 1, &a, &b);
     if (!g->r || b != nr) g->r = NULL;
+    g->chunks = ki_matrix(f, "/search/chunks", 0, &a, &b);
+    if (!g->chunks || a != nt || b != nr) g->chunks = NULL;
     g->nt = nt;
     g->nr = nr;
+    for (int i = 0; i < nt * nr; i++) {
+        if (!isfinite(g->ppl[i])) continue;
+        g->evaluated++;
+        int c = g->chunks && isfinite(g->chunks[i]) ? (int)g->chunks[i] : 0;
+        if (c > g->max_chunks) g->max_chunks = c, g->n_max = 0;
+        if (c == g->max_chunks) g->n_max++;
+    }
+    int seen = 0;
     for (int i = 0; i < nt; i++)
         for (int j = 0; j < nr; j++) {
-            double v = g->ppl[(size_t)i * nr + j];
+            size_t k = (size_t)i * nr + j;
+            double v = g->ppl[k];
             if (!isfinite(v)) continue;
-            if (!g->evaluated || v < g->ppl[(size_t)g->best_i * nr + g->best_j]) {
+            if (g->chunks && (int)g->chunks[k] != g->max_chunks) continue;
+            if (!seen || v < g->ppl[(size_t)g->best_i * nr + g->best_j]) {
                 g->best_i = i;
                 g->best_j = j;
             }
-            if (!g->evaluated || v > g->ppl[(size_t)g->worst_i * nr + g->worst_j]) {
+            if (!seen || v > g->ppl[(size_t)g->worst_i * nr + g->worst_j]) {
                 g->worst_i = i;
                 g->worst_j = j;
             }
-            g->evaluated++;
+            seen++;
         }
     return 1;
 }

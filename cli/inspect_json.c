@@ -164,6 +164,10 @@ static void plan_summary(cJSON *s, const ki_file *f) {
         cJSON_AddNumberToObject(sr, "nt", g.nt);
         cJSON_AddNumberToObject(sr, "nr", g.nr);
         cJSON_AddNumberToObject(sr, "evaluated", g.evaluated);
+        if (g.chunks) {
+            cJSON_AddNumberToObject(sr, "max_chunks", g.max_chunks);
+            cJSON_AddNumberToObject(sr, "cells_at_max_chunks", g.n_max);
+        }
         if (g.evaluated) {
             const char *lbl[2] = {"best", "worst"};
             int ci[2] = {g.best_i, g.worst_i}, cj[2] = {g.best_j, g.worst_j};

@@ -24,6 +24,7 @@ typedef struct hm_panel {
     char title[64];
     int good_col, bad_col; /* columns outlined green / red, -1 for none */
     int mark_r, mark_c;    /* one cell outlined in black, -1 for none */
+    const char *dots;      /* [rows * cols]: non-zero cells get a dot in a corner, or NULL */
 } hm_panel;
 
 typedef struct hm_spec {
@@ -205,6 +206,12 @@ static int render(const hm_spec *s, const char *path, kv_error *err) {
                 rgb col = colour(s->cmap, norm(s, v, lo, hi));
                 cairo_set_source_rgb(cr, col.r, col.g, col.b);
                 cairo_fill(cr);
+                if (pn->dots && pn->dots[(size_t)r * pn->cols + c]) {
+                    double rad = fmax(1.5, fmin(4.0, fmin(cw, ch) / 6));
+                    cairo_set_source_rgb(cr, 0.1, 0.1, 0.1);
+                    cairo_arc(cr, x + rad + 2, y + rad + 2, rad, 0, 2 * M_PI);
+                    cairo_fill(cr);
+                }
                 if (s->annotate && cw >= 38 && ch >= 15) {
                     char buf[32];
                     snprintf(buf, sizeof buf, s->ann_fmt ? s->ann_fmt : "%.3g", v);
@@ -452,13 +459,32 @@ static int png_search(const ki_file *f, const char *path, kv_error *err) {
     for (int i = 0; i < g.nt; i++)
         for (int j = 0; j < g.nr; j++) v[(size_t)j * g.nt + i] = g.ppl[(size_t)i * g.nr + j];
     hm_panel p = panel(v, g.nr, g.nt, NULL);
+    char *dots = NULL;
+    if (g.chunks && g.n_max < g.evaluated) {
+        dots = kv_calloc((size_t)g.nt * g.nr, 1, "search picture", err);
+        if (!dots) {
+            free(v);
+            return KV_EINTERNAL;
+        }
+        for (int i = 0; i < g.nt; i++)
+            for (int j = 0; j < g.nr; j++)
+                dots[(size_t)j * g.nt + i] = isfinite(g.ppl[(size_t)i * g.nr + j]) &&
+                                             (int)g.chunks[(size_t)i * g.nr + j] == g.max_chunks;
+        p.dots = dots;
+    }
     if (g.evaluated) {
         p.mark_r = g.best_j;
         p.mark_c = g.best_i;
     }
     char sub[200];
     double R = ki_attr_num(f, "/", "ratio", NAN);
-    if (g.evaluated)
+    if (g.evaluated && g.chunks && g.n_max < g.evaluated)
+        snprintf(sub, sizeof sub, "ratio R = %.3g; successive halving: %d cells on %d chunks "
+                 "(dot in the corner), the rest screened on fewer; black outline: best, %.4g at t = %.3g, "
+                 "r = %.3g", R, g.n_max, g.max_chunks,
+                 g.ppl[(size_t)g.best_i * g.nr + g.best_j], g.t ? g.t[g.best_i] : g.best_i,
+                 g.r ? g.r[g.best_j] : g.best_j);
+    else if (g.evaluated)
         snprintf(sub, sizeof sub, "ratio R = %.3g; %d of %d cells evaluated; black outline: best, "
                  "perplexity %.4g at t = %.3g, r = %.3g", R, g.evaluated, g.nt * g.nr,
                  g.ppl[(size_t)g.best_i * g.nr + g.best_j], g.t ? g.t[g.best_i] : g.best_i,
@@ -482,6 +508,7 @@ static int png_search(const ki_file *f, const char *path, kv_error *err) {
     s.logscale = isfinite(lo) && hi / lo > 2.0;
     if (s.logscale) s.legend = "log colour scale";
     int rc = render(&s, path, err);
+    free(dots);
     free(v);
     return rc;
 }

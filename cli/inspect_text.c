@@ -351,6 +351,10 @@ static void print_search(FILE *out, const ki_file *f) {
     if (ki_search_grid(f, &g)) {
         fprintf(out, "  perplexity grid %d (t) x %d (r): %d of %d cells evaluated\n", g.nt, g.nr,
                 g.evaluated, g.nt * g.nr);
+        if (g.chunks && g.n_max < g.evaluated)
+            fprintf(out, "  (successive halving: %d cells reached %d chunks, the others are "
+                    "screening figures on fewer chunks; best and worst are among those %d)\n",
+                    g.n_max, g.max_chunks, g.n_max);
         if (g.evaluated) {
             const char *lbl[2] = {"best ", "worst"};
             int ci[2] = {g.best_i, g.worst_i}, cj[2] = {g.best_j, g.worst_j};

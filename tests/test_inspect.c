@@ -540,6 +540,48 @@ static void test_bad_files(void) {
     free(out);
 }
 
+/* Successive halving: cells screened on fewer chunks are not compared with the finalists. */
+static void test_halving_grid(void) {
+    const char *path = tu_tmp("halving.h5");
+    kv_error err = {0};
+    kv_h5 *f = NULL;
+    OK(kv_h5_create(path, &f, &err));
+    OK(kv_h5_write_provenance(f, "kvplan search --halving 2", NULL, &err));
+    OK(kv_h5_attr_f64(f, "/", "ratio", 0.5, &err));
+    double tv[2] = {0.6, 0.8}, rv[2] = {0.1, 0.3};
+    double pp[2][2] = {{3.0, 5.0}, {4.0, 4.5}};
+    int ch[2][2] = {{1, 4}, {4, 4}};
+    int tok[2] = {16, 32};
+    long d2[1] = {2}, d22[2] = {2, 2}, db[2] = {1, 2};
+    OK(kv_h5_write_i32(f, "/budget/tokens", 2, db, tok, "tokens", &err));
+    OK(kv_h5_write_f64(f, "/search/t_values", 1, d2, tv, NULL, &err));
+    OK(kv_h5_write_f64(f, "/search/r_values", 1, d2, rv, NULL, &err));
+    OK(kv_h5_write_f64(f, "/search/perplexity", 2, d22, &pp[0][0], NULL, &err));
+    OK(kv_h5_write_i32(f, "/search/chunks", 2, d22, &ch[0][0], "chunks", &err));
+    OK(kv_h5_commit(f, &err));
+    char *out = NULL;
+    CU_ASSERT_EQUAL(run(&out, "inspect '%s'%s", path, ""), 0);
+    CU_ASSERT_PTR_NOT_NULL(out && strstr(out, "3 cells reached 4 chunks"));
+    CU_ASSERT_PTR_NOT_NULL(out && strstr(out, "best   t 0.8  r 0.1  perplexity 4.0000"));
+    CU_ASSERT_PTR_NOT_NULL(out && strstr(out, "worst  t 0.6  r 0.3  perplexity 5.0000"));
+    free(out);
+    CU_ASSERT_EQUAL(run(&out, "inspect '%s' --json%s", path, ""), 0);
+    cJSON *j = cJSON_Parse(out ? out : "");
+    free(out);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(j);
+    CU_ASSERT_DOUBLE_EQUAL(jpath(j, "summary", "search", "cells_at_max_chunks")->valuedouble, 3, 0);
+    const cJSON *best = jpath(j, "summary", "search", "best");
+    CU_ASSERT_DOUBLE_EQUAL(cJSON_GetObjectItem(best, "perplexity")->valuedouble, 4.0, 0);
+    CU_ASSERT_DOUBLE_EQUAL(cJSON_GetObjectItem(best, "t")->valuedouble, 0.8, 0);
+    cJSON_Delete(j);
+    /* the picture is still drawn */
+    CU_ASSERT_EQUAL(run(&out, "inspect '%s' --png '%s' >/dev/null 2>&1", path, tu_tmp("png-halving")), 0);
+    free(out);
+    char png[600];
+    snprintf(png, sizeof png, "%s/search_perplexity.png", tu_tmp("png-halving"));
+    CU_ASSERT_TRUE(check_png(png, 1200, 800));
+}
+
 /* A kvplan file that is neither a profile nor a plan is shown generically. */
 static void test_generic_file(void) {
     const char *path = tu_tmp("other.h5");
@@ -567,6 +609,7 @@ int main(void) {
         {"PNG pictures decode with the expected size", test_png},
         {"exports: budgets and importance TSV, layer fractions", test_export},
         {"bad files and usage errors", test_bad_files},
+        {"successive-halving grid", test_halving_grid},
         {"a generic kvplan file", test_generic_file},
     };
     return tu_main("inspect", tests, sizeof tests / sizeof tests[0]);
