@@ -56,6 +56,7 @@ typedef struct st_set {
     st_tensor *t;
     int n_t, cap_t;
     cJSON **alias; /* __metadata__ objects per file (borrowed from json) */
+    char desc[4200]; /* model.safetensors or the index file, for messages */
 } st_set;
 
 static void st_set_free(st_set *s) {
@@ -178,15 +179,14 @@ static const st_tensor *st_find(const st_set *s, const char *name) {
 }
 
 /* fp32 [rows, cols] view (rows = 0: 1-D of length cols) of tensor `name`. */
-static int st_weight(kv_model *m, const st_set *s, const char *dir, const char *name,
+static int st_weight(kv_model *m, const st_set *s, const char *name,
                      long long rows, long long cols, int optional, const char *why,
                      const float **out, kv_error *err) {
     *out = NULL;
     const st_tensor *t = st_find(s, name);
     if (!t) {
         if (optional) return KV_OK;
-        return kv_fail(err, KV_EINPUT, "%s: tensor '%s' is missing from the safetensors weights "
-                       "(%s)", dir, name, why);
+        return kv_fail(err, KV_EINPUT, "%s: tensor '%s' is missing (%s)", s->desc, name, why);
     }
     const st_file *f = &s->files[t->file];
     int ok = rows ? (t->n_dims == 2 && t->shape[0] == rows && t->shape[1] == cols)
@@ -330,10 +330,12 @@ static int list_shards(const char *dir, st_set *s, kv_error *err) {
         s->files = calloc(1, sizeof *s->files);
         if (!s->files) return kv_fail(err, KV_EINTERNAL, "out of memory");
         snprintf(s->files[0].path, sizeof s->files[0].path, "%s", p);
+        snprintf(s->desc, sizeof s->desc, "%s", p);
         s->n_files = 1;
         return KV_OK;
     }
     snprintf(p, sizeof p, "%s/model.safetensors.index.json", dir);
+    snprintf(s->desc, sizeof s->desc, "%s", p);
     if (stat(p, &st) != 0)
         return kv_fail(err, KV_EINPUT, "%s: neither model.safetensors nor "
                        "model.safetensors.index.json is present", dir);
@@ -412,11 +414,11 @@ int kv_model_load_hf(const char *dir, kv_model **out, kv_error *err) {
     snprintf(m->format, sizeof m->format, "safetensors");
     long long d = c.dim, V = c.vocab_size, hid = c.hidden_dim, q = (long long)c.n_heads * c.head_dim,
               kvd = (long long)c.n_kv_heads * c.head_dim;
-    rc = st_weight(m, &s, dir, "model.embed_tokens.weight", V, d, 0, "vocab_size x hidden_size",
+    rc = st_weight(m, &s, "model.embed_tokens.weight", V, d, 0, "vocab_size x hidden_size",
                    &m->tok_emb, err);
-    if (!rc) rc = st_weight(m, &s, dir, "model.norm.weight", 0, d, 0, "hidden_size",
+    if (!rc) rc = st_weight(m, &s, "model.norm.weight", 0, d, 0, "hidden_size",
                             &m->final_norm, err);
-    if (!rc) rc = st_weight(m, &s, dir, "lm_head.weight", V, d, c.tied_embeddings,
+    if (!rc) rc = st_weight(m, &s, "lm_head.weight", V, d, c.tied_embeddings,
                             "vocab_size x hidden_size; tie_word_embeddings is false",
                             &m->classifier, err);
     if (!rc && !m->classifier) m->classifier = m->tok_emb;
@@ -446,7 +448,7 @@ int kv_model_load_hf(const char *dir, kv_model **out, kv_error *err) {
         for (size_t k = 0; k < sizeof spec / sizeof spec[0] && !rc; k++) {
             char name[128];
             snprintf(name, sizeof name, "model.layers.%d.%s", l, spec[k].suffix);
-            rc = st_weight(m, &s, dir, name, spec[k].rows, spec[k].cols, spec[k].optional,
+            rc = st_weight(m, &s, name, spec[k].rows, spec[k].cols, spec[k].optional,
                            spec[k].why, spec[k].dst, err);
         }
     }

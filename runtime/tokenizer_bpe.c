@@ -847,7 +847,12 @@ int kv_tokenizer_load_json(const char *path, const kv_model *m, kv_tokenizer **o
         const cJSON *first = cJSON_GetArrayItem(single, 0);
         const cJSON *stok = cJSON_GetObjectItemCaseSensitive(first, "SpecialToken");
         const cJSON *sid = cJSON_GetObjectItemCaseSensitive(stok, "id");
-        add_bos = cJSON_IsString(sid) && bos >= 0 && tokens[bos] && !strcmp(sid->valuestring, tokens[bos]);
+        add_bos = 0;
+        for (int i = 0; cJSON_IsString(sid) && i < n && !add_bos; i++)
+            if (tokens[i] && !strcmp(sid->valuestring, tokens[i]) && (bos < 0 || bos == i)) {
+                bos = i; /* the template's leading special token is the BOS */
+                add_bos = 1;
+            }
     }
     if (!rc) {
         kv_bpe_spec s;
