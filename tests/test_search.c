@@ -285,6 +285,101 @@ static void test_search_command(void) {
     model = NULL;
 }
 
+/* Library level: a p x t x r grid, exhaustive vs halving, squeeze and uniform searches. */
+static void test_search_library(void) {
+    kv_error e;
+    kv_model *m = NULL;
+    CU_ASSERT_EQUAL_FATAL(kv_model_load(model_path(), &m, &e), KV_OK);
+    kv_profile_inputs prof;
+    CU_ASSERT_EQUAL_FATAL(kv_profile_inputs_read(tu_tmp("profile.h5"), m, &prof, &e), KV_OK);
+    /* a stream of in-vocabulary ids (the engine only needs valid tokens) */
+    enum { N = 2400 };
+    int *ids = malloc(N * sizeof *ids);
+    CU_ASSERT_FATAL(ids != NULL);
+    unsigned s = 12345;
+    for (int i = 0; i < N; i++) {
+        s = s * 1103515245u + 12345u;
+        ids[i] = 1 + (int)((s >> 16) % 300);
+    }
+    static const double tv[] = {0.6, 0.7, 0.8}, rv[] = {0.2, 0.5, 0.8}, pv[] = {0.5, 1.0};
+    kv_search_opts o;
+    kv_search_opts_default(&o, m);
+    o.ratio = 0.5;
+    o.context = 128;
+    o.t_values = tv, o.n_t = 3, o.r_values = rv, o.n_r = 3, o.p_values = pv, o.n_p = 2;
+    o.eval_tokens = 2048; /* 16 chunks */
+    o.heldout_tokens = 256;
+    kv_search_result ex, h;
+    if (kv_search_run(m, &prof, ids, N, &o, &ex, &e)) fprintf(stderr, "%s\n", e.msg);
+    CU_ASSERT_EQUAL_FATAL(ex.search_chunks, 16);
+    CU_ASSERT_EQUAL(ex.heldout_chunks, 2);
+    CU_ASSERT(ex.distinct_budgets >= 2 && ex.distinct_budgets <= 18);
+    double best = HUGE_VAL;
+    for (int g = 0; g < 18; g++) {
+        CU_ASSERT(isfinite(ex.perplexity[g]));
+        CU_ASSERT_EQUAL(ex.chunks[g], 16);
+        if (ex.perplexity[g] < best) best = ex.perplexity[g];
+    }
+    CU_ASSERT_DOUBLE_EQUAL(ex.best_ppl, best, 0);
+    CU_ASSERT_DOUBLE_EQUAL(ex.perplexity[ex.best], best, 0);
+    CU_ASSERT_EQUAL(ex.token_evals, (long)ex.distinct_budgets * 16 * 128);
+    /* the winner's parameters are the grid point's: index = (p * 3 + t) * 3 + r */
+    CU_ASSERT_DOUBLE_EQUAL(ex.best_r, rv[ex.best % 3], 0);
+    CU_ASSERT_DOUBLE_EQUAL(ex.best_t, tv[(ex.best / 3) % 3], 0);
+    CU_ASSERT_DOUBLE_EQUAL(ex.best_p, pv[ex.best / 9], 0);
+    o.halving_eta = 3;
+    CU_ASSERT_EQUAL_FATAL(kv_search_run(m, &prof, ids, N, &o, &h, &e), KV_OK);
+    CU_ASSERT(h.token_evals < ex.token_evals);
+    CU_ASSERT(ex.perplexity[h.best] <= 1.005 * ex.best_ppl);
+    CU_ASSERT(h.halving_rounds >= 2);
+    int not_eval = 0;
+    for (int g = 0; g < 18; g++) not_eval += h.chunks[g] == 0;
+    CU_ASSERT_EQUAL(not_eval, 0); /* round 0 evaluates every point on one chunk */
+    for (int b = 0; b < 3; b++) CU_ASSERT_DOUBLE_EQUAL(h.base_ppl[b], ex.base_ppl[b], 0);
+    /* write: rank-3 grid with p */
+    kv_alloc_params ap;
+    kv_alloc_params_default(&ap);
+    ap.ratio = 0.5, ap.context = 128, ap.t = h.best_t, ap.r = h.best_r, ap.p = h.best_p;
+    CU_ASSERT_EQUAL(kv_plan_file_write(tu_tmp("lib.h5"), "test", m, &ap, KV_POLICY_SINK, 16,
+                                       h.tokens, h.blocks, &o, &h, &e), KV_OK);
+    kv_h5 *f = NULL;
+    CU_ASSERT_EQUAL_FATAL(kv_h5_open_read(tu_tmp("lib.h5"), &f, &e), KV_OK);
+    int rank = 0;
+    long dims[KV_H5_MAX_RANK];
+    double *d = read_f64(f, "/search/perplexity", &rank, dims);
+    CU_ASSERT_EQUAL(rank, 3);
+    CU_ASSERT(dims[0] == 2 && dims[1] == 3 && dims[2] == 3);
+    free(d);
+    kv_h5_close(f);
+    kv_search_result_free(&ex);
+    kv_search_result_free(&h);
+    /* squeeze: grid over p only */
+    o.allocation = KV_ALLOC_SQUEEZE;
+    o.halving_eta = 0;
+    o.heldout_tokens = 0;
+    CU_ASSERT_EQUAL_FATAL(kv_search_run(m, &prof, ids, N, &o, &ex, &e), KV_OK);
+    CU_ASSERT(ex.n_p == 2 && ex.n_t == 1 && ex.n_r == 1);
+    CU_ASSERT(isnan(ex.best_t) && isnan(ex.best_r));
+    CU_ASSERT(isnan(ex.heldout_ppl[0]));
+    /* p = 1 keeps every layer's share: the uniform baseline */
+    CU_ASSERT_DOUBLE_EQUAL(ex.perplexity[1], ex.base_ppl[1], 0);
+    kv_search_result_free(&ex);
+    /* errors: too little text, ratio too small for the sinks, bad eta */
+    o.heldout_tokens = 100000;
+    CU_ASSERT_EQUAL(kv_search_run(m, &prof, ids, 2100, &o, &ex, &e), KV_EINPUT);
+    CU_ASSERT_PTR_NOT_NULL(strstr(e.msg, "held-out"));
+    o.heldout_tokens = 0;
+    o.ratio = 0.1; /* 12.8 tokens per head < 4 sinks + 16 */
+    CU_ASSERT_EQUAL(kv_search_run(m, &prof, ids, N, &o, &ex, &e), KV_EINPUT);
+    CU_ASSERT_PTR_NOT_NULL(strstr(e.msg, "too small"));
+    o.ratio = 0.5;
+    o.halving_eta = 1;
+    CU_ASSERT_EQUAL(kv_search_run(m, &prof, ids, N, &o, &ex, &e), KV_EINPUT);
+    free(ids);
+    kv_profile_inputs_free(&prof);
+    kv_model_free(m);
+}
+
 int main(void) {
     /* the tiny model runs fastest single-threaded */
     setenv("OMP_NUM_THREADS", "1", 0);
@@ -294,6 +389,7 @@ int main(void) {
         {"grid_parse", test_grid_parse},
         {"plan_command", test_plan_command},
         {"search_command", test_search_command},
+        {"search_library", test_search_library},
     };
     return tu_main("search", tests, sizeof tests / sizeof tests[0]);
 }
