@@ -32,13 +32,17 @@ static int read_matrix(kv_h5 *f, const char *path, int want_rank, long d0, long 
     if (rank != want_rank || dims[0] != d0 || (want_rank == 2 && dims[1] != d1)) {
         free(*out);
         *out = NULL;
+        char shape[64] = "[";
+        for (int i = 0; i < rank && i < 3; i++) {
+            size_t l = strlen(shape);
+            snprintf(shape + l, sizeof shape - l, "%s%ld", i ? ", " : "", dims[i]);
+        }
+        strncat(shape, rank > 3 ? ", ...]" : "]", sizeof shape - strlen(shape) - 1);
         if (want_rank == 2)
-            return kv_fail(err, KV_EINPUT, "%s: %s has shape %s%ld%s, expected [%ld, %ld] for "
-                                           "this model (L, H_kv)",
-                           kv_h5_path(f), path, rank >= 1 ? "[" : "", rank >= 1 ? dims[0] : 0,
-                           rank == 2 ? (dims[1] == d1 ? ", ..]" : ", ?]") : "]", d0, d1);
-        return kv_fail(err, KV_EINPUT, "%s: %s has %d dimension(s) (first %ld), expected [%ld]",
-                       kv_h5_path(f), path, rank, rank >= 1 ? dims[0] : 0, d0);
+            return kv_fail(err, KV_EINPUT, "%s: %s has shape %s, expected [%ld, %ld] for this "
+                                           "model (L, H_kv)", kv_h5_path(f), path, shape, d0, d1);
+        return kv_fail(err, KV_EINPUT, "%s: %s has shape %s, expected [%ld] for this model (L)",
+                       kv_h5_path(f), path, shape, d0);
     }
     return KV_OK;
 }

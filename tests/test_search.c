@@ -64,6 +64,16 @@ static void test_profile_inputs(void) {
     kv_profile_inputs_free(&p);
     CU_ASSERT_EQUAL(kv_profile_inputs_read(tu_tmp("other.h5"), model, &p, &e), KV_EINPUT);
     CU_ASSERT_PTR_NOT_NULL(strstr(e.msg, "another model"));
+    /* right model, transposed head similarity: the shape error names the dataset */
+    kv_h5 *f = NULL;
+    CU_ASSERT_EQUAL_FATAL(kv_h5_create(tu_tmp("shape.h5"), &f, &e), KV_OK);
+    long dt[2] = {HKV, L}, d1 = L;
+    CU_ASSERT_EQUAL(kv_h5_write_provenance(f, "test", model, &e), KV_OK);
+    CU_ASSERT_EQUAL(kv_h5_write_f64(f, "/heads/similarity", 2, dt, HEAD_SIM, NULL, &e), KV_OK);
+    CU_ASSERT_EQUAL(kv_h5_write_f64(f, "/layers/similarity", 1, &d1, LAYER_SIM, NULL, &e), KV_OK);
+    CU_ASSERT_EQUAL_FATAL(kv_h5_commit(f, &e), KV_OK);
+    CU_ASSERT_EQUAL(kv_profile_inputs_read(tu_tmp("shape.h5"), model, &p, &e), KV_EINPUT);
+    CU_ASSERT_PTR_NOT_NULL(strstr(e.msg, "/heads/similarity has shape [4, 5], expected [5, 4]"));
 }
 
 static void test_grid_parse(void) {
