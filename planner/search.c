@@ -492,6 +492,7 @@ int kv_search_run(const kv_model *m, const kv_profile_inputs *prof, const int *i
                                             o->halving_min_chunks > 0 ? o->halving_min_chunks : 1,
                                             c.S)
                              : (long)n_uniq * c.S;
+        if (o->halving_eta >= 2) plan_grid += c.S; /* at most: finishing the winner */
         c.work_total = plan_grid + (long)KV_SEARCH_N_BASE * c.S +
                        (long)(1 + KV_SEARCH_N_BASE) * c.HC;
         if (o->halving_eta >= 2 && n_uniq > 1) {
@@ -510,6 +511,10 @@ int kv_search_run(const kv_model *m, const kv_profile_inputs *prof, const int *i
             if (!rc) {
                 win_arm = uniq[shr.winner];
                 res->halving_rounds = shr.rounds;
+                /* finish the winner on every search chunk so that its perplexity compares
+                 * with the baselines' (counted as grid work) */
+                double ppl = NAN;
+                if (shr.winner_chunks < c.S) rc = arm_ppl(&c, win_arm, c.S, &ppl, 1);
             }
         } else {
             double best = HUGE_VAL;

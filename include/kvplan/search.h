@@ -11,7 +11,9 @@
  * Evaluation is cached per distinct budget matrix and chunk: grid points whose rounded budgets
  * are identical (e.g. every t above the largest head similarity) share one evaluation, and a
  * config evaluated on n chunks and later on n' > n chunks only runs the n' - n new chunks.
- * Token-evaluation counts are what actually ran (chunks evaluated x C).
+ * Token-evaluation counts are what actually ran (chunks evaluated x C). After successive
+ * halving the winner is evaluated on every search chunk (when the last round used fewer), so
+ * its perplexity compares with the baselines'; those chunks count as search work.
  */
 #ifndef KVPLAN_SEARCH_H
 #define KVPLAN_SEARCH_H
