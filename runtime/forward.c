@@ -160,9 +160,15 @@ attend_head_hd(const kv_model *m, kv_workspace *ws, kv_cache *c, int j, int laye
                 int cnt = n_ent - e0 < bs ? n_ent - e0 : bs;
                 for (int e = 0; e < cnt; e++) {
                     const float *kk = kb + (size_t)e * hd;
-                    /* 8 partial sums: a fixed association order, vectorisable */
+                    /* 8 partial sums: a fixed association order, vectorisable. Written as
+                     * 8-lane chunks: `part[d & 7]` in one loop compiled to a scalar
+                     * store-to-load chain through the stack (perf: ~60% of prefill attention
+                     * time); this form keeps the same order of additions, so the same bits. */
                     float part[8] = {0};
-                    for (int d = 0; d < hd; d++) part[d & 7] += qv[d] * kk[d];
+                    int d = 0;
+                    for (; d + 8 <= hd; d += 8)
+                        for (int u = 0; u < 8; u++) part[u] += qv[d + u] * kk[d + u];
+                    for (; d < hd; d++) part[d & 7] += qv[d] * kk[d];
                     float dot = ((part[0] + part[4]) + (part[1] + part[5])) +
                                 ((part[2] + part[6]) + (part[3] + part[7]));
                     scores[e0 + e] = dot;
