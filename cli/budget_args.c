@@ -12,7 +12,8 @@ const char kv_budget_args_help[] =
     "  --ratio R              kept fraction of the full cache, 0 < R <= 1 ...\n"
     "  --allocation uniform   ... shared equally by every KV head (rounded down to blocks)\n"
     "  --policy P             eviction policy: sink (default), h2o, avgattn, l2attn\n"
-    "  --evict-block p        tokens processed between evictions (default 16; 1 = streaming)\n"
+    "  --evict-block p        tokens processed between evictions (default: the plan's, else\n"
+    "                         16; 1 = token-by-token streaming)\n"
     "  --block-size b         tokens per KV block (default 16, or the plan's)\n";
 
 int kv_budget_args_take(kv_budget_args *a, int argc, char **argv, int *i, kv_error *err) {
@@ -76,6 +77,7 @@ int kv_budget_args_resolve(const kv_budget_args *a, const kv_model *m, int conte
         if (!rc && a->policy) rc = kv_policy_parse(a->policy, policy, err);
         else if (!rc) rc = kv_policy_parse(pb.policy, policy, err);
         if (!rc && !a->block_size) *block_size = pb.block_size;
+        if (!rc && !a->evict_block && pb.evict_block > 0) *evict_block = pb.evict_block;
         if (!rc && pb.context_length != context)
             rc = kv_fail(err, KV_EINPUT,
                          "%s: the plan was made for context %d but this run uses %d; pass "

@@ -768,6 +768,9 @@ int kv_plan_budget_write(kv_h5 *f, const kv_plan_budget *b, kv_error *err) {
     if ((rc = kv_h5_attr_f64(f, "/", "ratio", b->ratio, err))) return rc;
     if ((rc = kv_h5_attr_i64(f, "/", "context_length", b->context_length, err))) return rc;
     if ((rc = kv_h5_attr_i64(f, "/", "block_size", b->block_size, err))) return rc;
+    if (b->evict_block > 0 &&
+        (rc = kv_h5_attr_i64(f, "/", "evict_block", b->evict_block, err)))
+        return rc;
     if ((rc = kv_h5_attr_str(f, "/", "policy", b->policy, err))) return rc;
     if ((rc = kv_h5_attr_str(f, "/", "allocation", b->allocation, err))) return rc;
     if ((rc = kv_h5_attr_f64(f, "/", "t", b->t, err))) return rc;
@@ -861,6 +864,10 @@ int kv_plan_budget_read(const char *path, kv_plan_budget *out, kv_error *err) {
     if ((rc = read_int_attr(f, "context_length", 1, INT_MAX, &out->context_length, err)))
         goto fail;
     if ((rc = read_int_attr(f, "block_size", 1, INT_MAX, &out->block_size, err))) goto fail;
+    out->evict_block = 0;
+    if (kv_h5_attr_exists(f, "/", "evict_block") &&
+        (rc = read_int_attr(f, "evict_block", 1, INT_MAX, &out->evict_block, err)))
+        goto fail;
     if ((rc = read_str_attr_into(f, "policy", out->policy, sizeof out->policy, err))) goto fail;
     if ((rc = read_str_attr_into(f, "allocation", out->allocation, sizeof out->allocation, err)))
         goto fail;

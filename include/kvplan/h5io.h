@@ -91,6 +91,7 @@ typedef struct kv_plan_budget {
     int n_layers, n_kv_heads; /* L, H_kv */
     int context_length;       /* C */
     int block_size;           /* b_s */
+    int evict_block;          /* Batch-Max p the budgets were made for (0 = unknown: 16) */
     double ratio;             /* R */
     char policy[16];          /* kv_policy_name */
     char allocation[32];      /* "uniform", "squeeze", "baklava" */
@@ -102,7 +103,8 @@ typedef struct kv_plan_budget {
     int model_dim, model_n_heads, model_head_dim, model_vocab_size;
 } kv_plan_budget;
 
-/* Write root attributes ratio, context_length, block_size, policy, allocation, t, r, p and
+/* Write root attributes ratio, context_length, block_size, evict_block (when > 0), policy,
+ * allocation, t, r, p and
  * /budget/tokens [L,H_kv], /budget/blocks [L,H_kv] (int32). Provenance is written separately
  * by kv_h5_write_provenance. */
 int kv_plan_budget_write(kv_h5 *f, const kv_plan_budget *b, kv_error *err);
