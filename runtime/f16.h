@@ -13,28 +13,19 @@
 #include <string.h>
 
 static inline float kv_f16_to_f32(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-    uint32_t exp = (h >> 10) & 0x1fu;
-    uint32_t man = h & 0x3ffu;
-    uint32_t bits;
-    if (exp == 0) {
-        if (man == 0) {
-            bits = sign; /* signed zero */
-        } else {         /* subnormal: renormalise */
-            int e = -1;
-            do {
-                man <<= 1;
-                e++;
-            } while (!(man & 0x400u));
-            man &= 0x3ffu;
-            bits = sign | ((uint32_t)(127 - 15 - e) << 23) | (man << 13);
-        }
-    } else if (exp == 0x1f) {
-        bits = sign | 0x7f800000u | (man << 13); /* inf / NaN */
-    } else {
-        bits = sign | ((exp + (127 - 15)) << 23) | (man << 13);
-    }
+    /* Branch-light: put exponent and mantissa in place and rescale by 2^(127-15); this is
+     * exact for normal and subnormal halves alike. Inf/NaN get an all-ones exponent. */
+    uint32_t bits = (uint32_t)(h & 0x7fffu) << 13;
     float f;
+    if ((h & 0x7c00u) == 0x7c00u) {
+        bits |= 0x7f800000u;
+        memcpy(&f, &bits, sizeof f);
+    } else {
+        memcpy(&f, &bits, sizeof f);
+        f *= 0x1p112f;
+    }
+    memcpy(&bits, &f, sizeof bits);
+    bits |= (uint32_t)(h & 0x8000u) << 16;
     memcpy(&f, &bits, sizeof f);
     return f;
 }

@@ -470,7 +470,7 @@ static int arch_int(const kv_gguf_meta *g, const char *arch, const char *suffix,
 
 static int load_config(kv_gguf_meta *g, kv_config *c, kv_error *err) {
     memset(c, 0, sizeof *c);
-    char arch[64] = "";
+    char arch[sizeof ((kv_config *)0)->arch] = "";
     int got = meta_str(g, "general.architecture", arch, sizeof arch, err);
     if (got < 0) return KV_EINPUT;
     if (!got) return kv_fail(err, KV_EINPUT, "%s: metadata 'general.architecture' is missing", g->path);

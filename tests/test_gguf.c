@@ -11,6 +11,7 @@
 #include "kvplan/model.h"
 #include "kvplan/tokenizer.h"
 #include "testutil.h"
+#include "../runtime/f16.h"
 
 #define G260 "models/stories260K/stories260K.gguf"
 #define B260 "models/stories260K/stories260K.bin"
@@ -457,8 +458,30 @@ static void test_bad_gguf(void) {
     orig = NULL;
 }
 
+/* Every binary16 pattern against value = (-1)^s * 2^(e-15) * (1 + m/1024) (2^-14 * m/1024 for
+ * subnormals), infinities and NaN; bfloat16 is the top half of an fp32. */
+static void test_half_conversions(void) {
+    int bad = 0;
+    for (uint32_t h = 0; h < 65536; h++) {
+        int s = (h >> 15) & 1, e = (h >> 10) & 31, m = h & 1023;
+        float got = kv_f16_to_f32((uint16_t)h);
+        if (e == 31) {
+            bad += m ? !isnan(got) : !(isinf(got) && (got < 0) == s);
+            continue;
+        }
+        double v = e ? ldexp(1.0 + m / 1024.0, e - 15) : ldexp(m / 1024.0, -14);
+        if (s) v = -v;
+        bad += (double)got != v || (signbit(got) != 0) != s;
+    }
+    CU_ASSERT_EQUAL(bad, 0);
+    CU_ASSERT_EQUAL(kv_bf16_to_f32(0x3f80), 1.0f);
+    CU_ASSERT_EQUAL(kv_bf16_to_f32(0xc040), -3.0f);
+    CU_ASSERT_EQUAL(kv_load_u16le((const unsigned char *)"\x34\x12"), 0x1234);
+}
+
 int main(void) {
     const tu_test tests[] = {
+        {"F16 / BF16 conversions, all 65536 halves", test_half_conversions},
         {"stories260K.gguf config and weights equal the .bin", test_260k_config_and_weights},
         {"embedded vocabulary tokenizes like tok512.bin", test_260k_vocab_vs_tok512},
         {"synthetic v2/v3: metadata types, F16/BF16/Q8_0, alignment", test_synthetic_types},
