@@ -766,11 +766,15 @@ static int gguf_tok_llama(const kv_gguf_meta *g, char **tokens, int n, int bos, 
     return KV_OK;
 }
 
+/* Pre-tokenizer patterns by tokenizer.ggml.pre (llama.cpp llama-vocab.cpp; the Hugging Face
+ * tokenizer.json of each family): GPT-2; Qwen2 (single digits); Llama 3 (digits in threes). */
 static const char *pre_regex(const char *pre) {
     if (!pre[0] || !strcmp(pre, "default") || !strcmp(pre, "gpt-2") || !strcmp(pre, "gpt2"))
         return KV_BPE_GPT2_REGEX;
-    if (!strcmp(pre, "qwen2") || !strcmp(pre, "llama3") || !strcmp(pre, "llama-bpe") ||
-        !strcmp(pre, "smaug-bpe"))
+    if (!strcmp(pre, "qwen2"))
+        return "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}"
+               "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+    if (!strcmp(pre, "llama3") || !strcmp(pre, "llama-bpe") || !strcmp(pre, "smaug-bpe"))
         return "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}"
                "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
     return NULL;

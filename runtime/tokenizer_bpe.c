@@ -735,6 +735,13 @@ int kv_tokenizer_load_json(const char *path, const kv_model *m, kv_tokenizer **o
                      path, cJSON_IsString(mtype) ? mtype->valuestring : "?");
     if (!rc && !cJSON_IsObject(vocab))
         rc = kv_fail(err, KV_EINPUT, "%s: field \"model.vocab\" is missing or not an object", path);
+    const char *unsup[] = {"continuing_subword_prefix", "end_of_word_suffix"};
+    for (int i = 0; i < 2 && !rc; i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(model, unsup[i]);
+        if (v && !cJSON_IsNull(v) && !(cJSON_IsString(v) && !v->valuestring[0]))
+            rc = kv_fail(err, KV_EINPUT, "%s: model.%s is set, which kvplan does not support",
+                         path, unsup[i]);
+    }
     if (!rc && !cJSON_IsArray(merges))
         rc = kv_fail(err, KV_EINPUT, "%s: field \"model.merges\" is missing or not an array", path);
     if (!rc && added && !cJSON_IsArray(added))

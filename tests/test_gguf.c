@@ -182,7 +182,7 @@ static size_t sy_bytes(const sy_tensor *t) {
     return t->type == 0 ? 4 * n : t->type == 8 ? n / 32 * 34 : 2 * n;
 }
 
-static void write_synthetic(const char *path, uint32_t version, uint32_t align) {
+static void write_synthetic(const char *path, uint32_t version, uint32_t align, const char *pre) {
     wbuf w = {0};
     put(&w, "GGUF", 4);
     u32(&w, version);
@@ -220,7 +220,7 @@ static void write_synthetic(const char *path, uint32_t version, uint32_t align) 
         nkv++;
     }
     KV(kv_str(&w, "tokenizer.ggml.model", "gpt2"));
-    KV(kv_str(&w, "tokenizer.ggml.pre", "default"));
+    KV(kv_str(&w, "tokenizer.ggml.pre", pre));
     char tok[SY_NTOK][32];
     gpt2_tokens(tok);
     str(&w, "tokenizer.ggml.tokens");
@@ -298,7 +298,7 @@ static void test_synthetic_types(void) {
     const char *path = tu_tmp("synthetic.gguf");
     uint32_t versions[] = {2, 3}, aligns[] = {32, 64};
     for (int v = 0; v < 2; v++) {
-        write_synthetic(path, versions[v], aligns[v]);
+        write_synthetic(path, versions[v], aligns[v], "default");
         kv_model *m = load_ok(path);
         CU_ASSERT_EQUAL(m->cfg.dim, SY_DIM);
         CU_ASSERT_EQUAL(m->cfg.hidden_dim, SY_HID);
@@ -322,7 +322,7 @@ static void test_synthetic_types(void) {
 
 static void test_synthetic_gpt2_vocab(void) {
     const char *path = tu_tmp("synthetic-gpt2.gguf");
-    write_synthetic(path, 3, 32);
+    write_synthetic(path, 3, 32, "default");
     kv_model *m = load_ok(path);
     kv_error err = {0};
     kv_tokenizer *t = NULL;
@@ -347,6 +347,37 @@ static void test_synthetic_gpt2_vocab(void) {
     free(ids);
     kv_tokenizer_free(t);
     kv_model_free(m);
+}
+
+/* The other pre-tokenizer patterns compile and stay lossless; an unknown one is refused. */
+static void test_synthetic_pre(void) {
+    const char *pres[] = {"qwen2", "llama-bpe", "no-such-pre"};
+    for (int i = 0; i < 3; i++) {
+        const char *path = tu_tmp("synthetic-pre.gguf");
+        write_synthetic(path, 3, 32, pres[i]);
+        kv_model *m = load_ok(path);
+        kv_error err = {0};
+        kv_tokenizer *t = NULL;
+        int rc = kv_tokenizer_load(NULL, m, &t, &err);
+        if (i == 2) {
+            CU_ASSERT_EQUAL(rc, KV_EINPUT);
+            CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, "tokenizer.ggml.pre"));
+            CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, path));
+        } else {
+            CU_ASSERT_EQUAL_FATAL(rc, KV_OK);
+            const char *u = "Hello world, it's 2024!\r\n\n  \xc3\xa9t\xc3\xa9 \xf0\x9f\x99\x82";
+            int *ids = NULL, n = 0;
+            CU_ASSERT_EQUAL_FATAL(kv_tokenizer_encode(t, u, strlen(u), 0, &ids, &n, &err), KV_OK);
+            char *back = NULL;
+            CU_ASSERT_EQUAL(kv_tokenizer_decode(t, ids, n, &back, &err), KV_OK);
+            CU_ASSERT_STRING_EQUAL(back, u);
+            CU_ASSERT_EQUAL(ids[0], 264); /* Hello */
+            free(back);
+            free(ids);
+        }
+        kv_tokenizer_free(t);
+        kv_model_free(m);
+    }
 }
 
 /* ---- bad input: corrupted copies of stories260K.gguf ---- */
@@ -486,6 +517,7 @@ int main(void) {
         {"embedded vocabulary tokenizes like tok512.bin", test_260k_vocab_vs_tok512},
         {"synthetic v2/v3: metadata types, F16/BF16/Q8_0, alignment", test_synthetic_types},
         {"synthetic gpt2 vocabulary", test_synthetic_gpt2_vocab},
+        {"synthetic gpt2 vocabulary: qwen2 / llama-bpe patterns", test_synthetic_pre},
         {"bad input: magic, version, truncation, offsets, types, tensors, shapes", test_bad_gguf},
     };
     return tu_main("gguf", tests, sizeof tests / sizeof tests[0]);
