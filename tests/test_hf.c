@@ -9,6 +9,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "kvplan/forward.h"
+#include "kvplan/kvcache.h"
 #include "kvplan/model.h"
 #include "kvplan/tokenizer.h"
 #include "testutil.h"
@@ -426,6 +428,98 @@ static void test_sharded_half(void) {
     kv_model_free(ref);
 }
 
+static void patch(const char *dir, const char *file, const char *from, const char *to);
+
+/* Logits after BOS then token 147 ("On"): [vocab] into out. */
+static void two_step_logits(const kv_model *m, float *out) {
+    kv_error err = {0};
+    kv_pool pool;
+    kv_cache c;
+    kv_workspace *ws = NULL;
+    long blocks = kv_cache_blocks_needed(m->cfg.n_layers, m->cfg.n_kv_heads, NULL, 4, 1, 16);
+    CU_ASSERT_EQUAL_FATAL(kv_pool_init(&pool, (int)blocks, 16, m->cfg.head_dim, &err), KV_OK);
+    CU_ASSERT_EQUAL_FATAL(kv_cache_init(&c, &pool, m->cfg.n_layers, m->cfg.n_kv_heads, NULL,
+                                        KV_POLICY_SINK, &err), KV_OK);
+    CU_ASSERT_EQUAL_FATAL(kv_workspace_new(m, 2, 4, &ws, &err), KV_OK);
+    int toks[2] = {1, 147};
+    kv_cache *seqs[1] = {&c};
+    CU_ASSERT_EQUAL(kv_forward(m, ws, seqs, 1, toks, 2, KV_LOGITS_LAST, out, NULL, &err), KV_OK);
+    kv_workspace_free(ws);
+    kv_cache_destroy(&c);
+    kv_pool_destroy(&pool);
+}
+
+/* qwen2: q/k/v biases. A copy of the 656K weights with zero biases must give the same logits
+ * as the llama original; a missing bias is refused. */
+static void test_qwen2_bias(void) {
+    kv_model *ref = load_ok(tu_shared(M656));
+    wt list[96];
+    int n = list_weights(ref, list);
+    int q = ref->cfg.n_heads * ref->cfg.head_dim, kv = ref->cfg.n_kv_heads * ref->cfg.head_dim;
+    float *zero = calloc((size_t)q, sizeof *zero);
+    for (int l = 0; l < ref->cfg.n_layers; l++) {
+        const char *sfx[] = {"q_proj", "k_proj", "v_proj"};
+        for (int k = 0; k < 3; k++) {
+            snprintf(list[n].name, sizeof list[n].name, "model.layers.%d.self_attn.%s.bias", l, sfx[k]);
+            list[n].data = zero;
+            list[n].rows = 0;
+            list[n].cols = k ? kv : q;
+            n++;
+        }
+    }
+    const char *dir = tu_tmp("qwen2");
+    mkdir(dir, 0755);
+    char p[700], src[4200];
+    snprintf(src, sizeof src, "%s/config.json", tu_shared(M656));
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    copy_file(src, p);
+    patch(dir, "config.json", "\"model_type\": \"llama\"", "\"model_type\": \"qwen2\"");
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    write_st(p, list, 0, n, 0);
+    kv_model *m = load_ok(dir);
+    CU_ASSERT_EQUAL(m->cfg.attn_bias, 1);
+    CU_ASSERT_STRING_EQUAL(m->cfg.arch, "qwen2");
+    CU_ASSERT_EQUAL(m->cfg.rope_layout, KV_ROPE_HALF);
+    CU_ASSERT_PTR_NOT_NULL(m->layers[1].bk);
+    CU_ASSERT(m->layers[1].bk && m->layers[1].bk[0] == 0.0f);
+    CU_ASSERT_EQUAL(memcmp(m->layers[1].wq, ref->layers[1].wq, (size_t)q * ref->cfg.dim * 4), 0);
+    float *la = malloc(2048 * sizeof *la), *lb = malloc(2048 * sizeof *lb);
+    double d;
+    two_step_logits(ref, la);
+    two_step_logits(m, lb);
+    d = 0;
+    for (int i = 0; i < 2048; i++) d = fmax(d, fabs((double)la[i] - lb[i]));
+    CU_ASSERT(d < 1e-5);
+    free(la);
+    free(lb);
+    kv_model_free(m);
+    /* a non-zero v bias must change the logits (the forward pass applies it) */
+    float *half = malloc((size_t)q * sizeof *half);
+    for (int i = 0; i < q; i++) half[i] = 0.5f;
+    list[n - 4].data = half; /* layer 0's v_proj.bias: the list ends with 3 biases per layer */
+    write_st(p, list, 0, n, 0);
+    m = load_ok(dir);
+    la = malloc(2048 * sizeof *la);
+    lb = malloc(2048 * sizeof *lb);
+    two_step_logits(ref, la);
+    two_step_logits(m, lb);
+    d = 0;
+    for (int i = 0; i < 2048; i++) d = fmax(d, fabs((double)la[i] - lb[i]));
+    CU_ASSERT(d > 1e-3);
+    free(la);
+    free(lb);
+    free(half);
+    kv_model_free(m);
+    list[n - 4].data = zero;
+    write_st(p, list, 0, n - 1, 0); /* drop the last v_proj.bias */
+    kv_error err = {0};
+    CU_ASSERT_EQUAL(kv_model_load(dir, &m, &err), KV_EINPUT);
+    printf("\n    qwen2 without a bias -> %s\n", err.msg);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, "model.layers.1.self_attn.v_proj.bias"));
+    free(zero);
+    kv_model_free(ref);
+}
+
 /* ---- bad input ---- */
 static int case_no;
 
@@ -557,6 +651,7 @@ int main(void) {
         {"SentencePiece-style tokenizer.json with byte fallback", test_spm_byte_fallback},
         {"GPT-2 byte-level tokenizer.json", test_bytelevel_json},
         {"sharded index, F16 and BF16 shards", test_sharded_half},
+        {"qwen2 attention biases", test_qwen2_bias},
         {"bad input: JSON, fields, dtype, truncation, tensors, shapes", test_bad_hf},
     };
     return tu_main("hf", tests, sizeof tests / sizeof tests[0]);
