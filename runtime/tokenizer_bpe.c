@@ -17,6 +17,7 @@
 
 #include <cjson/cJSON.h>
 #include <pcre2.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -329,6 +330,19 @@ static int encode_segment(const bpe_impl *b, scratch *sc, bbuf *norm, bbuf *tmp,
     return KV_OK;
 }
 
+/* Byte position of the first occurrence of special token k in text[from, len), or len. */
+static size_t find_special(const bpe_impl *b, int k, const char *text, size_t len, size_t from) {
+    size_t sl = (size_t)b->special_len[k];
+    for (size_t i = from; i + sl <= len;) {
+        const char *c = memchr(text + i, b->special[k][0], len - sl + 1 - i);
+        if (!c) break;
+        size_t at = (size_t)(c - text);
+        if (memcmp(c, b->special[k], sl) == 0) return at;
+        i = at + 1;
+    }
+    return len;
+}
+
 static int bpe_encode(const kv_tokenizer *t, const char *text, size_t len, int **ids, int *n,
                       int *cap, kv_error *err) {
     const bpe_impl *b = t->impl;
@@ -337,27 +351,22 @@ static int bpe_encode(const kv_tokenizer *t, const char *text, size_t len, int *
     pcre2_match_data *md = b->re ? pcre2_match_data_create_from_pattern(b->re, NULL) : NULL;
     int rc = KV_OK;
     if (b->re && !md) rc = kv_fail(err, KV_EINTERNAL, "out of memory (regex match data)");
+    size_t *next = b->n_special ? malloc((size_t)b->n_special * sizeof *next) : NULL;
+    if (b->n_special && !next) rc = kv_fail(err, KV_EINTERNAL, "out of memory (tokenizer)");
+    for (int k = 0; next && k < b->n_special; k++) next[k] = SIZE_MAX;
     size_t pos = 0;
     while (!rc && pos < len) {
-        /* the earliest special token, the longest at that position */
+        /* the earliest special token, the longest at that position; next[k] caches each
+         * token's next occurrence so the text is scanned once per special token */
         size_t best = len;
         int best_k = -1;
         for (int k = 0; k < b->n_special; k++) {
-            const char *f = NULL;
-            size_t sl = (size_t)b->special_len[k];
-            for (const char *q = text + pos; (size_t)(q - text) + sl <= len;) {
-                const char *c = memchr(q, b->special[k][0], len - (size_t)(q - text));
-                if (!c || (size_t)(c - text) + sl > len || (size_t)(c - text) > best) break;
-                if (memcmp(c, b->special[k], sl) == 0) {
-                    f = c;
-                    break;
-                }
-                q = c + 1;
-            }
-            if (f && ((size_t)(f - text) < best ||
-                      ((size_t)(f - text) == best && sl > (size_t)b->special_len[best_k]))) {
-                best = (size_t)(f - text);
-                best_k = k;
+            if (next[k] == SIZE_MAX || next[k] < pos) next[k] = find_special(b, k, text, len, pos);
+            size_t at = next[k];
+            if (at < best || (at == best && at < len && best_k >= 0 &&
+                              b->special_len[k] > b->special_len[best_k])) {
+                best = at;
+                best_k = at < len ? k : -1;
             }
         }
         if (best > pos)
@@ -370,6 +379,7 @@ static int bpe_encode(const kv_tokenizer *t, const char *text, size_t len, int *
         }
     }
     if (md) pcre2_match_data_free(md);
+    free(next);
     free(sc.syms);
     free(sc.heap.v);
     free(norm.p);
