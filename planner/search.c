@@ -665,6 +665,7 @@ int kv_plan_file_write(const char *path, const char *command, const kv_model *m,
     b.context_length = a->context;
     b.block_size = a->block_size;
     b.ratio = a->ratio;
+    b.evict_block = evict_block;
     snprintf(b.policy, sizeof b.policy, "%s", kv_policy_name(policy));
     snprintf(b.allocation, sizeof b.allocation, "%s", kv_alloc_name(a->kind));
     b.t = a->kind == KV_ALLOC_BAKLAVA ? a->t : NAN;
@@ -683,7 +684,6 @@ int kv_plan_file_write(const char *path, const char *command, const kv_model *m,
     int rc = kv_h5_create(path, &f, err);
     if (!rc) rc = kv_h5_write_provenance(f, command, m, err);
     if (!rc) rc = kv_plan_budget_write(f, &b, err);
-    if (!rc) rc = kv_h5_attr_i64(f, "/", "evict_block", evict_block, err);
     if (!rc) rc = kv_h5_attr_i64(f, "/", "min_tokens", a->min_tokens, err);
     if (!rc && so && sr) rc = kv_search_write(f, so, sr, err);
     if (!rc) rc = kv_h5_commit(f, err);

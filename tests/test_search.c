@@ -118,6 +118,7 @@ static void test_plan_command(void) {
     CU_ASSERT_DOUBLE_EQUAL(b.r, 0.5, 0);
     CU_ASSERT_DOUBLE_EQUAL(b.p, KV_SQUEEZE_DEFAULT_P, 0);
     CU_ASSERT_EQUAL(b.context_length, 512);
+    CU_ASSERT_EQUAL(b.evict_block, 16);
     CU_ASSERT_EQUAL(kv_plan_check_model(&b, model, tu_tmp("plan.h5"), &e), KV_OK);
     /* same budgets as the library computes, and the total is R * L * H_kv * C in blocks */
     kv_alloc_params a;
