@@ -159,7 +159,7 @@ int kv_cmd_plan(int argc, char **argv) {
     char cmd[4096] = "kvplan ";
     kv_cli_command_line(argc, argv, cmd + 7, sizeof cmd - 7);
     if (!rc)
-        rc = kv_plan_file_write(a.out, cmd, m, &ap, policy, evict_block, tokens, blocks, NULL,
+        rc = kv_plan_file_write(a.out, cmd, a.profile, m, &ap, policy, evict_block, tokens, blocks, NULL,
                                 NULL, &err);
     if (!rc) {
         long sum = 0;

@@ -129,7 +129,7 @@ int kv_cmd_search(int argc, char **argv) {
         ap.t = res.best_t;
         ap.r = res.best_r;
         ap.p = res.best_p;
-        rc = kv_plan_file_write(a.out, cmd, m, &ap, policy, evict_block, res.tokens, res.blocks,
+        rc = kv_plan_file_write(a.out, cmd, a.profile, m, &ap, policy, evict_block, res.tokens, res.blocks,
                                 &so, &res, &err);
     }
     if (!rc) {

@@ -3,6 +3,8 @@
  * See include/kvplan/search.h. */
 #include "kvplan/search.h"
 
+#include "kvplan/batch.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -653,7 +655,8 @@ int kv_search_write(kv_h5 *f, const kv_search_opts *o, const kv_search_result *r
     return rc;
 }
 
-int kv_plan_file_write(const char *path, const char *command, const kv_model *m,
+int kv_plan_file_write(const char *path, const char *command, const char *profile_path,
+                       const kv_model *m,
                        const kv_alloc_params *a, kv_policy policy, int evict_block,
                        const int *tokens, const int *blocks, const kv_search_opts *so,
                        const kv_search_result *sr, kv_error *err) {
@@ -686,6 +689,8 @@ int kv_plan_file_write(const char *path, const char *command, const kv_model *m,
     if (!rc) rc = kv_plan_budget_write(f, &b, err);
     if (!rc) rc = kv_h5_attr_i64(f, "/", "min_tokens", a->min_tokens, err);
     if (!rc && so && sr) rc = kv_search_write(f, so, sr, err);
+    if (!rc && profile_path)
+        rc = kv_plan_write_kvpr_batch_from_profile(f, profile_path, m, &b, NULL, err);
     if (!rc) rc = kv_h5_commit(f, err);
     else kv_h5_abort(f);
     kv_plan_budget_free(&b);

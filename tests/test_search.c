@@ -351,7 +351,7 @@ static void test_search_library(void) {
     kv_alloc_params ap;
     kv_alloc_params_default(&ap);
     ap.ratio = 0.5, ap.context = 128, ap.t = h.best_t, ap.r = h.best_r, ap.p = h.best_p;
-    CU_ASSERT_EQUAL(kv_plan_file_write(tu_tmp("lib.h5"), "test", m, &ap, KV_POLICY_SINK, 16,
+    CU_ASSERT_EQUAL(kv_plan_file_write(tu_tmp("lib.h5"), "test", NULL, m, &ap, KV_POLICY_SINK, 16,
                                        h.tokens, h.blocks, &o, &h, &e), KV_OK);
     kv_h5 *f = NULL;
     CU_ASSERT_EQUAL_FATAL(kv_h5_open_read(tu_tmp("lib.h5"), &f, &e), KV_OK);

@@ -121,9 +121,12 @@ int kv_search_write(kv_h5 *f, const kv_search_opts *o, const kv_search_result *r
  * model m), the budget part (kv_plan_budget_write: ratio, context_length, block_size, policy,
  * allocation, t, r, p — NaN where the allocation does not use them — /budget/tokens and
  * /budget/blocks [L, H_kv]), root attributes evict_block and min_tokens, and, when `so` and
- * `sr` are not NULL, the search part (kv_search_write). tokens/blocks: [L * H_kv].
+ * `sr` are not NULL, the search part (kv_search_write), and, when `profile_path` is not NULL
+ * and that profile has /hardware figures, the KVPR split and Batch-Max tables
+ * (kv_plan_write_kvpr_batch_from_profile, include/kvplan/batch.h). tokens/blocks: [L * H_kv].
  * On any error the target file is left untouched. */
-int kv_plan_file_write(const char *path, const char *command, const kv_model *m,
+int kv_plan_file_write(const char *path, const char *command, const char *profile_path,
+                       const kv_model *m,
                        const kv_alloc_params *a, kv_policy policy, int evict_block,
                        const int *tokens, const int *blocks, const kv_search_opts *so,
                        const kv_search_result *sr, kv_error *err);
