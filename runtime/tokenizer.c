@@ -25,6 +25,7 @@ typedef struct spm_impl {
     float *scores; /* [n] */
     kv_strmap map;
     int byte_id[256]; /* id of "<0xXX>" or -1 */
+    int has_bytes;    /* the vocabulary has at least one "<0xXX>" piece */
 } spm_impl;
 
 static void spm_free(void *p) {
@@ -155,7 +156,9 @@ static int spm_encode(const kv_tokenizer *t, const char *text, size_t len, int *
         } else {
             for (size_t k = 0; k < cp_len; k++) {
                 int b = s->byte_id[(unsigned char)cp[k]];
-                if (b < 0) b = (unsigned char)cp[k] + 3; /* llama2.c's fixed byte offset */
+                /* llama2.c's fixed byte offset; a vocabulary without any byte piece (e.g. the
+                 * TinyStories-656K GGUF files) maps the byte to piece 0, <unk>, as llama.cpp */
+                if (b < 0) b = s->has_bytes ? (unsigned char)cp[k] + 3 : 0;
                 if (b >= s->n) {
                     free(syms);
                     free(buf);
@@ -256,7 +259,7 @@ int kv_tokenizer_from_scored(const char *const *pieces, const float *scores, int
         s->scores[i] = scores[i];
         unsigned int byte;
         if (len == 6 && sscanf(pieces[i], "<0x%02X>", &byte) == 1 && byte < 256)
-            s->byte_id[byte] = i;
+            s->byte_id[byte] = i, s->has_bytes = 1;
         /* first occurrence wins, as llama2.c's sorted lookup finds one of equal strings */
         if (kv_strmap_get(&s->map, pieces[i], len) < 0 &&
             kv_strmap_put(&s->map, pieces[i], len, i) != 0) {

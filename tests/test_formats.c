@@ -177,6 +177,36 @@ static void test_260k_gguf_vs_bin(void) {
     kv_model_free(b);
 }
 
+/* The 656K GGUF vocabulary (all scores equal, no byte pieces; ranked by id) tokenizes the text
+ * like tokenizer.json, except that each byte of an unknown character is its own <unk> (id 0)
+ * where Hugging Face fuses them: equal after collapsing runs of 0. */
+static void test_656k_gguf_vocab(void) {
+    kv_model *g = load(M656 "/TinyStories-656K.f16.gguf");
+    kv_error err = {0};
+    kv_tokenizer *t = NULL;
+    CU_ASSERT_EQUAL_FATAL(kv_tokenizer_load(NULL, g, &t, &err), KV_OK);
+    char *text = NULL;
+    size_t len = 0;
+    CU_ASSERT_EQUAL_FATAL(kv_read_file(tu_shared(TEXT), &text, &len, &err), KV_OK);
+    int *a = NULL, na = 0, nh = 0;
+    CU_ASSERT_EQUAL_FATAL(kv_tokenizer_encode(t, text, len, 1, &a, &na, &err), KV_OK);
+    int *h = text_ids_656k(g, &nh);
+    int ka = 0, kh = 0;
+    for (int i = 0; i < na; i++)
+        if (!(a[i] == 0 && ka > 0 && a[ka - 1] == 0)) a[ka++] = a[i];
+    for (int i = 0; i < nh; i++)
+        if (!(h[i] == 0 && kh > 0 && h[kh - 1] == 0)) h[kh++] = h[i];
+    printf("\n  656K GGUF vocabulary: %d tokens (%d after fusing <unk>), tokenizer.json %d\n", na,
+           ka, nh);
+    CU_ASSERT_EQUAL(ka, kh);
+    CU_ASSERT(ka == kh && memcmp(a, h, (size_t)ka * sizeof *a) == 0);
+    free(a);
+    free(h);
+    free(text);
+    kv_tokenizer_free(t);
+    kv_model_free(g);
+}
+
 static void test_cli_all_formats(void) {
     const char *models[] = {"models/stories260K/stories260K.bin", "models/stories260K/stories260K.gguf",
                             M656, M656 "/TinyStories-656K.f16.gguf",
@@ -244,6 +274,7 @@ int main(void) {
         {"656K safetensors vs F16 GGUF: greedy 40, logits", test_656k_safetensors_vs_f16_gguf},
         {"656K Q8_0 GGUF: greedy 20, perplexity within 2%", test_656k_q8_0},
         {"260K GGUF vs llama2.c: perplexity, greedy", test_260k_gguf_vs_bin},
+        {"656K GGUF vocabulary vs tokenizer.json", test_656k_gguf_vocab},
         {"CLI tokenize/run/eval on every format", test_cli_all_formats},
         {"load times and dequantisation cost", test_load_times},
     };
