@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Build kvplan (release) and run the engine/runtime benchmark: one table with the machine,
+# stories260K and a synthetic 768d/12-layer model (built in memory, never written) — prefill and
+# decode tokens/s, bytes per decoded token, GB/s against memcpy, and decode at long context
+# for R = 1, 1/4, 1/16 with the largest batch that fits a KV memory budget.
+# Usage: scripts/bench.sh [BUILD_DIR] [bench_engine options: --long-context N --kv-mib M
+#                          --max-batch B --quick]        (default BUILD_DIR: build)
+# Timings depend on the machine's load: the table prints the load average at start and end;
+# run it on an idle machine for numbers worth comparing.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+dir=build
+if [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; then dir=$1; shift; fi
+case "$dir" in /*) out=$dir ;; *) out=$root/$dir ;; esac
+cmake -S "$root" -B "$out" -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build "$out" -j "$(nproc)" --target bench_engine
+echo "uptime: $(uptime)"
+"$out/bench_engine" --shared "${KVPLAN_SHARED:-$root/../shared}" "$@"
