@@ -126,6 +126,7 @@ int kv_cmd_search(int argc, char **argv) {
     char cmd[4096] = "kvplan ";
     kv_cli_command_line(argc, argv, cmd + 7, sizeof cmd - 7);
     if (!rc) {
+        ap.kind = res.winner_kind;
         ap.t = res.best_t;
         ap.r = res.best_r;
         ap.p = res.best_p;
@@ -138,6 +139,9 @@ int kv_cmd_search(int argc, char **argv) {
             printf(" (t %.3g, r %.3g, p %.3g)", res.best_t, res.best_r, res.best_p);
         else if (ap.kind == KV_ALLOC_SQUEEZE)
             printf(" (p %.3g)", res.best_p);
+        if (ap.kind != so.allocation)
+            printf(" -- the %s baseline beat the %s grid's best on the search tokens",
+                   kv_alloc_name(ap.kind), kv_alloc_name(so.allocation));
         printf("\nratio        %.4g, policy %s, C %d, b_s %d, p %d\n", ap.ratio,
                kv_policy_name(policy), ap.context, ap.block_size, evict_block);
         printf("search       %s over %d points (%d distinct budgets), %d chunks x %d tokens\n",

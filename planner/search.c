@@ -569,6 +569,24 @@ int kv_search_run(const kv_model *m, const kv_profile_inputs *prof, const int *i
             if (!rc) progress(&c, "baselines");
         }
     }
+    /* A plan is never worse than a budgeted baseline measured on the same search chunks: if
+     * uniform or squeeze beat the grid's best, that baseline's budgets become the plan's. */
+    res->winner_kind = o->allocation;
+    if (!rc && res->best_chunks == c.S) {
+        static const kv_alloc_kind base_kind[KV_SEARCH_N_BASE] = {0, KV_ALLOC_UNIFORM,
+                                                                  KV_ALLOC_SQUEEZE};
+        for (int b = 1; b < KV_SEARCH_N_BASE; b++) {
+            if (base_arm[b] < 0 || !(res->base_ppl[b] < res->best_ppl)) continue;
+            win_arm = base_arm[b];
+            res->best_ppl = res->base_ppl[b];
+            res->winner_kind = base_kind[b];
+            res->best_t = NAN;
+            res->best_r = NAN;
+            res->best_p = base_kind[b] == KV_ALLOC_SQUEEZE ? KV_SQUEEZE_DEFAULT_P : NAN;
+            memcpy(res->tokens, c.arms[win_arm].tokens, (size_t)c.nh * sizeof *res->tokens);
+            memcpy(res->blocks, c.arms[win_arm].blocks, (size_t)c.nh * sizeof *res->blocks);
+        }
+    }
     for (int b = 0; b < 1 + KV_SEARCH_N_BASE && !rc; b++) {
         res->heldout_ppl[b] = NAN;
         int a = b == 0 ? win_arm : base_arm[b - 1];
@@ -651,6 +669,7 @@ int kv_search_write(kv_h5 *f, const kv_search_opts *o, const kv_search_result *r
     if (!rc) rc = kv_h5_attr_i64(f, "/search", "distinct_budgets", r->distinct_budgets, err);
     if (!rc) rc = kv_h5_attr_f64(f, "/search", "best_perplexity", r->best_ppl, err);
     if (!rc) rc = kv_h5_attr_i64(f, "/search", "best_chunks", r->best_chunks, err);
+    if (!rc) rc = kv_h5_attr_str(f, "/search", "winner", kv_alloc_name(r->winner_kind), err);
     if (!rc) rc = kv_h5_attr_f64(f, "/search", "seconds", r->seconds, err);
     return rc;
 }

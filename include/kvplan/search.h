@@ -82,7 +82,10 @@ typedef struct kv_search_result {
     double *perplexity;     /* [n_p * n_t * n_r] last perplexity of each point, NaN if never
                                evaluated; owned */
     int *chunks;            /* [n_p * n_t * n_r] chunks that perplexity used (0 = none); owned */
-    int best;               /* index of the winner in the grid */
+    int best;               /* index of the grid's best point */
+    kv_alloc_kind winner_kind; /* allocation of the plan's budgets: the grid's allocation, or
+                                  uniform / squeeze when that baseline beat the grid's best on
+                                  all search chunks (then best_t/best_r are NaN) */
     double best_t, best_r, best_p; /* its parameters (NaN when not used by the allocation) */
     double best_ppl;        /* on best_chunks search chunks */
     int best_chunks;
@@ -94,7 +97,7 @@ typedef struct kv_search_result {
     long token_evals_exhaustive; /* what the exhaustive grid costs: distinct x chunks x C */
     int halving_rounds;
     double seconds;
-    int *tokens, *blocks;   /* [L * H_kv] winner budgets, owned */
+    int *tokens, *blocks;   /* [L * H_kv] winner budgets (grid best or better baseline), owned */
 } kv_search_result;
 
 /* Run the search on ids[0..n_ids) (tokenized text, BOS first). Needs at least one chunk of

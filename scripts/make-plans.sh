@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Re-make the plans shipped in plans/: for each bundled model, a profile (similarity only,
+# no hardware figures, so the plans are reproducible on any machine), then a BaKlaVa search
+# at R = 1/4, 1/8 and 1/16 with the sink policy at context 512.
+# Budgets are rounded to 8-token blocks and the Batch-Max eviction block is p = 4, so that even
+# R = 1/16 (32 tokens per head on average) leaves room to move budgets between heads above the
+# policy's fixed part (4 sinks + p).
+# Usage: scripts/make-plans.sh            (takes a few minutes on 2 cores)
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+shared=${KVPLAN_SHARED:-$root/../shared}
+text=$shared/text/tinystories_val_head.txt
+scripts/build.sh build
+kv=build/kvplan
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+for spec in "stories260K:$shared/models/stories260K/stories260K.bin" \
+            "tinystories-656k:$shared/models/tinystories-656k"; do
+    name=${spec%%:*}
+    model=${spec#*:}
+    $kv profile "$model" --text "$text" --no-hw --quiet -o "$work/$name.profile.h5"
+    for r in 4 8 16; do
+        ratio=$(awk "BEGIN { print 1 / $r }")
+        out=plans/$name.r1-$r.h5
+        echo "== $name, R = 1/$r -> $out" >&2
+        $kv search --profile "$work/$name.profile.h5" --model "$model" --text "$text" \
+            --ratio "$ratio" --policy sink --context 512 --evict-block 4 --block-size 8 \
+            --p-grid 0.5,1 --halving 3 --quiet -o "$out"
+    done
+done
