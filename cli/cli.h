@@ -5,6 +5,7 @@
 #define KVPLAN_CLI_H
 
 #include "kvplan/common.h"
+#include "kvplan/model.h"
 
 int kv_cmd_run(int argc, char **argv);
 int kv_cmd_eval(int argc, char **argv);
@@ -15,6 +16,14 @@ int kv_cmd_plan(int argc, char **argv);
 int kv_cmd_kvpr(int argc, char **argv);
 int kv_cmd_batch(int argc, char **argv);
 int kv_cmd_inspect(int argc, char **argv);
+
+/* kv_model_load, then the BLAS thread count for the model: unless the user set
+ * OPENBLAS_NUM_THREADS, models whose weights fit in KV_CLI_SMALL_MODEL_BYTES run their GEMMs
+ * on one thread. Measured on the bundled models (2-core Xeon): waking OpenBLAS's thread pool
+ * for matrices of 64 x 172 costs more than the work, e.g. stories260K budgeted eval 6.7k vs
+ * 10.3k tokens/s. A process-wide setting made by the command, not by the library. */
+#define KV_CLI_SMALL_MODEL_BYTES (16u << 20)
+int kv_cli_load_model(const char *path, kv_model **m, kv_error *err);
 
 /* Print "kvplan <cmd>: <msg>" and return the exit code for err->code (1 or 2). */
 int kv_cli_report(const char *cmd, const kv_error *err);

@@ -125,7 +125,7 @@ int kv_cmd_batch(int argc, char **argv) {
     kv_plan_budget plan;
     memset(&plan, 0, sizeof plan);
     int have_plan = 0;
-    rc = kv_model_load(model_path, &m, &err);
+    rc = kv_cli_load_model(model_path, &m, &err);
     if (!rc && plan_path) {
         rc = kv_plan_budget_read(plan_path, &plan, &err);
         have_plan = !rc;

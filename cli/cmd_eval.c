@@ -105,7 +105,7 @@ int kv_cmd_eval(int argc, char **argv) {
     kv_tokenizer *tok = NULL;
     int *ids = NULL, *budget = NULL;
     long n = 0;
-    int rc = kv_model_load(model_path, &m, &err);
+    int rc = kv_cli_load_model(model_path, &m, &err);
     if (!rc && text_path) {
         char *text = NULL;
         size_t len = 0;

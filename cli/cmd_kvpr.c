@@ -144,7 +144,7 @@ int kv_cmd_kvpr(int argc, char **argv) {
             return kv_cli_report("kvpr", &err);
         }
         kv_model *m = NULL;
-        if (kv_model_load(model_path, &m, &err)) return kv_cli_report("kvpr", &err);
+        if (kv_cli_load_model(model_path, &m, &err)) return kv_cli_report("kvpr", &err);
         sh.hidden = m->cfg.dim;
         n_kv = m->cfg.n_kv_heads;
         hd = m->cfg.head_dim;

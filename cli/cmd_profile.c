@@ -83,7 +83,7 @@ int kv_cmd_profile(int argc, char **argv) {
     kv_progress prog;
     kv_progress_init(&prog, quiet);
     int rc = kv_check_writable(out, &err);
-    if (!rc) rc = kv_model_load(model_path, &m, &err);
+    if (!rc) rc = kv_cli_load_model(model_path, &m, &err);
     if (!rc && prompt_len > m->cfg.seq_len)
         rc = kv_fail(&err, KV_EINPUT,
                      "--prompt-len %ld exceeds the context length %d of %s; choose T <= %d",

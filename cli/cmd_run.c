@@ -136,7 +136,7 @@ int kv_cmd_run(int argc, char **argv) {
     kv_pool pool = {0};
     kv_workspace *ws = NULL;
     int B = 0;
-    int rc = kv_model_load(model_path, &m, &err);
+    int rc = kv_cli_load_model(model_path, &m, &err);
     if (!rc) rc = kv_tokenizer_load(tok_path, m, &tok, &err);
     if (!rc && prompts_path) rc = read_prompts(prompts_path, &prompts, &n_prompts, &err);
     int C = m ? m->cfg.seq_len : 0;

@@ -44,7 +44,7 @@ int kv_cmd_tokenize(int argc, char **argv) {
     char *text = NULL;
     size_t len = 0;
     int *ids = NULL, n = 0;
-    int rc = kv_model_load(model_path, &m, &err);
+    int rc = kv_cli_load_model(model_path, &m, &err);
     if (!rc) rc = kv_tokenizer_load(tok_path, m, &tok, &err);
     if (!rc) rc = kv_read_file(text_path, &text, &len, &err);
     if (!rc) rc = kv_tokenizer_encode(tok, text, len, 1, &ids, &n, &err);

@@ -1,7 +1,9 @@
 /* Shared helpers of the kvplan commands (cli/cli.h). */
 #include "cli.h"
 
+#include <cblas.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 int kv_cli_report(const char *cmd, const kv_error *err) {
@@ -28,4 +30,13 @@ int kv_cli_opt(int argc, char **argv, int *i, const char *name, const char **val
     }
     *val = argv[++*i];
     return 1;
+}
+
+int kv_cli_load_model(const char *path, kv_model **m, kv_error *err) {
+    int rc = kv_model_load(path, m, err);
+    if (rc) return rc;
+    const char *env = getenv("OPENBLAS_NUM_THREADS");
+    if ((!env || !*env) && kv_model_weight_bytes(*m) <= KV_CLI_SMALL_MODEL_BYTES)
+        openblas_set_num_threads(1);
+    return KV_OK;
 }
