@@ -1,6 +1,7 @@
 #include "testutil.h"
 
 #include <CUnit/Basic.h>
+#include <cblas.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -61,6 +62,10 @@ int tu_run_kvplan(const char *args, char **out, int merge_stderr) {
 }
 
 int tu_main(const char *suite_name, const tu_test *tests, size_t n) {
+    /* One BLAS thread count for this process and the kvplan commands it runs, so results
+     * computed here and by the CLI agree bit for bit (OPENBLAS_NUM_THREADS, default 1). */
+    setenv("OPENBLAS_NUM_THREADS", "1", 0);
+    openblas_set_num_threads(atoi(getenv("OPENBLAS_NUM_THREADS")));
     if (CU_initialize_registry() != CUE_SUCCESS) return 2;
     CU_pSuite s = CU_add_suite(suite_name, NULL, NULL);
     for (size_t i = 0; i < n; i++) CU_add_test(s, tests[i].name, tests[i].fn);
