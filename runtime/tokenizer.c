@@ -17,6 +17,7 @@
 #include <sys/stat.h>
 
 #include "strmap.h"
+#include "tokenizer_bpe.h"
 
 typedef struct spm_impl {
     int n;
@@ -40,7 +41,7 @@ static void spm_free(void *p) {
     free(s);
 }
 
-static int push_id(int **ids, int *n, int *cap, int id, kv_error *err) {
+int kv_tok_push_id(int **ids, int *n, int *cap, int id, kv_error *err) {
     if (*n == *cap) {
         int nc = *cap ? 2 * *cap : 256;
         int *nw = realloc(*ids, (size_t)nc * sizeof *nw);
@@ -194,7 +195,7 @@ static int spm_encode(const kv_tokenizer *t, const char *text, size_t len, int *
     }
     if (rc) kv_fail(err, rc, "out of memory (tokenizer merges)");
     for (int i = 0; rc == KV_OK && ns > 0 && i >= 0; i = syms[i].next)
-        rc = push_id(ids, n, cap, syms[i].id, err);
+        rc = kv_tok_push_id(ids, n, cap, syms[i].id, err);
     free(h.v);
     free(syms);
     free(buf);
@@ -355,7 +356,7 @@ int kv_tokenizer_encode(const kv_tokenizer *t, const char *text, size_t len, int
     int cap = 0;
     if (add_bos < 0) add_bos = t->add_bos;
     int rc = KV_OK;
-    if (add_bos && t->bos_id >= 0) rc = push_id(ids, n, &cap, t->bos_id, err);
+    if (add_bos && t->bos_id >= 0) rc = kv_tok_push_id(ids, n, &cap, t->bos_id, err);
     if (!rc) rc = t->ops->encode(t, text, len, ids, n, &cap, err);
     if (rc) {
         free(*ids);

@@ -102,17 +102,6 @@ static size_t utf8_len(const unsigned char *s, size_t n) {
     return l;
 }
 
-static int push_id(int **ids, int *n, int *cap, int id, kv_error *err) {
-    if (*n == *cap) {
-        int nc = *cap ? 2 * *cap : 256;
-        int *nw = realloc(*ids, (size_t)nc * sizeof *nw);
-        if (!nw) return kv_fail(err, KV_EINTERNAL, "out of memory (token ids)");
-        *ids = nw;
-        *cap = nc;
-    }
-    (*ids)[(*n)++] = id;
-    return KV_OK;
-}
 
 /* ---- the merge loop ---- */
 typedef struct bsym {
@@ -191,7 +180,7 @@ static int bpe_word(const bpe_impl *b, scratch *sc, const char *w, size_t len, i
     if (len == 0) return KV_OK;
     if (b->ignore_merges) {
         int id = kv_strmap_get(&b->vocab, w, len);
-        if (id >= 0) return push_id(ids, n, cap, id, err);
+        if (id >= 0) return kv_tok_push_id(ids, n, cap, id, err);
     }
     if (sc->cap < len + 1) {
         bsym *ns = realloc(sc->syms, (len + 1) * sizeof *ns);
@@ -241,7 +230,7 @@ static int bpe_word(const bpe_impl *b, scratch *sc, const char *w, size_t len, i
             return kv_fail(err, KV_EINTERNAL, "out of memory (tokenizer)");
     }
     for (int i = ns > 0 ? 0 : -1; i >= 0; i = s[i].next)
-        if (push_id(ids, n, cap, s[i].id, err)) return KV_EINTERNAL;
+        if (kv_tok_push_id(ids, n, cap, s[i].id, err)) return KV_EINTERNAL;
     return KV_OK;
 }
 
@@ -372,7 +361,7 @@ static int bpe_encode(const kv_tokenizer *t, const char *text, size_t len, int *
         if (best > pos)
             rc = encode_segment(b, &sc, &norm, &tmp, md, text + pos, best - pos, ids, n, cap, err);
         if (!rc && best_k >= 0) {
-            rc = push_id(ids, n, cap, b->special_id[best_k], err);
+            rc = kv_tok_push_id(ids, n, cap, b->special_id[best_k], err);
             pos = best + (size_t)b->special_len[best_k];
         } else {
             pos = best;

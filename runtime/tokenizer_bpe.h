@@ -54,4 +54,8 @@ typedef struct kv_bpe_spec {
 int kv_tokenizer_bpe_new(const kv_bpe_spec *spec, const char *what, kv_tokenizer **out,
                          kv_error *err);
 
+/* Append `id` to a growing id array (*ids, *n, *cap; realloc, doubling). KV_EINTERNAL when out
+ * of memory. Shared by every tokenizer kind (runtime/tokenizer.c). */
+int kv_tok_push_id(int **ids, int *n, int *cap, int id, kv_error *err);
+
 #endif
