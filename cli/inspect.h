@@ -74,19 +74,39 @@ int ki_tau_summary(const ki_file *f, ki_tau *out);
  * (caller frees). NULL (err set, KV_EINPUT) when the file has no /budget/tokens or no
  * context_length. */
 double *ki_layer_fractions(const ki_file *f, int *L, kv_error *err);
-/* The search grid /search/perplexity [NT, NR] and its best (lowest) and worst (highest)
- * finite cells. Returns 0 when there is no such grid; t / r are NULL when /search/t_values or
- * r_values is missing or of another length; `evaluated` counts the finite cells (best / worst
- * are meaningful only when it is > 0). */
+/* The search grid /search/perplexity: [NT, NR] (baklava, one p), [NP, NT, NR] (baklava with
+ * several SqueezeAttention p, /search/p_values [NP]) or [NP] (squeeze searches p only). Every
+ * grid is seen as [np, nt, nr] row-major with 1 for an axis it does not have. Statistics over
+ * a set of cells: how many are finite, the most chunks any of them saw (/search/chunks, same
+ * shape; successive halving evaluates most cells on fewer chunks) and how many saw it, and the
+ * best (lowest) and worst (highest) finite cell among those evaluated on that many chunks
+ * (comparable figures; all finite cells when chunks is unknown). */
+typedef struct ki_grid_stats {
+    int evaluated;
+    int max_chunks, n_max;
+    long best, worst; /* flat indices into ppl, -1 when nothing was evaluated */
+} ki_grid_stats;
 typedef struct ki_grid {
-    int nt, nr, evaluated;
-    const double *t, *r, *ppl; /* borrowed from the file */
-    const double *chunks;      /* /search/chunks [NT, NR] (successive halving) or NULL */
-    int max_chunks, n_max;     /* the most chunks any cell saw, and how many cells saw it */
-    int best_i, best_j, worst_i, worst_j; /* among the cells evaluated on max_chunks when
-                                             chunks is known (comparable figures), else all */
+    int rank;       /* of /search/perplexity: 1, 2 or 3 */
+    int np, nt, nr; /* 1 for a missing axis */
+    const double *p, *t, *r;   /* axis values, borrowed; NULL when the axis is missing or its
+                                  values dataset is missing or of another length */
+    const double *ppl;         /* [np * nt * nr], borrowed */
+    const double *chunks;      /* same shape, or NULL */
+    ki_grid_stats all;         /* over every cell */
 } ki_grid;
+/* 0 when the file has no such grid. */
 int ki_search_grid(const ki_file *f, ki_grid *out);
+/* Statistics of the (t, r) map of p index k. */
+void ki_grid_slice(const ki_grid *g, int k, ki_grid_stats *out);
+/* Flat index -> (p, t, r) indices. */
+void ki_grid_cell(const ki_grid *g, long idx, int *k, int *i, int *j);
+/* The chunks of a cell (0 when unknown or not evaluated). */
+int ki_grid_chunks(const ki_grid *g, long idx);
+/* /search@winner, the allocation that won ("baklava": the grid's best cell; "uniform" or
+ * "squeeze": that baseline beat the grid on the same chunks), or NULL. *from_grid says whether
+ * the winner is the grid's (the grid's allocation) rather than a baseline. */
+const char *ki_search_winner(const ki_file *f, const ki_grid *g, int *from_grid);
 
 /* ---- renderings ---- */
 /* Human summary on `out`. */
@@ -94,8 +114,9 @@ void ki_print_text(FILE *out, const ki_file *f);
 /* JSON document (cJSON) printed to `out`; KV_EINTERNAL on allocation failure. */
 int ki_print_json(FILE *out, const ki_file *f, kv_error *err);
 /* PNG pictures into directory `dir` (created if missing), those the file has data for:
- * head_importance, token_cos, layer_similarity, consistency (profile); search_perplexity,
- * budget_tokens (plan). The paths written are printed, one per line, on `log` (may be NULL)
+ * head_importance, token_cos, layer_similarity, consistency (profile); search_perplexity
+ * (one panel per p: the (t, r) map of each SqueezeAttention p of the grid), budget_tokens
+ * (plan). The paths written are printed, one per line, on `log` (may be NULL)
  * and counted in *n_written. Sizes: KI_PNG_W x KI_PNG_H pixels each.
  * KV_EINPUT when dir cannot be created; KV_EINTERNAL when cairo fails. */
 #define KI_PNG_W 1200

@@ -284,42 +284,92 @@ double *ki_layer_fractions(const ki_file *f, int *L, kv_error *err) {
     return fr;
 }
 
+/* An axis dataset /search/<name> of exactly n values, or NULL. */
+static const double *grid_axis(const ki_file *f, const char *path, int n) {
+    int a = 0, b = 0;
+    const double *v = ki_matrix(f, path, 1, &a, &b);
+    return v && a == 1 && b == n ? v : NULL;
+}
+
+int ki_grid_chunks(const ki_grid *g, long idx) {
+    if (!g->chunks || !isfinite(g->ppl[idx]) || !isfinite(g->chunks[idx])) return 0;
+    return (int)g->chunks[idx];
+}
+
+/* Statistics of the cells [from, to). */
+static void grid_stats(const ki_grid *g, long from, long to, ki_grid_stats *s) {
+    memset(s, 0, sizeof *s);
+    s->best = s->worst = -1;
+    for (long i = from; i < to; i++) {
+        if (!isfinite(g->ppl[i])) continue;
+        s->evaluated++;
+        int c = ki_grid_chunks(g, i);
+        if (c > s->max_chunks) s->max_chunks = c, s->n_max = 0;
+        if (c == s->max_chunks) s->n_max++;
+    }
+    for (long i = from; i < to; i++) {
+        double v = g->ppl[i];
+        if (!isfinite(v) || ki_grid_chunks(g, i) != s->max_chunks) continue;
+        if (s->best < 0 || v < g->ppl[s->best]) s->best = i;
+        if (s->worst < 0 || v > g->ppl[s->worst]) s->worst = i;
+    }
+}
+
 int ki_search_grid(const ki_file *f, ki_grid *g) {
     memset(g, 0, sizeof *g);
-    int nt = 0, nr = 0, a = 0, b = 0;
-    g->ppl = ki_matrix(f, "/search/perplexity", 0, &nt, &nr);
-    if (!g->ppl) return 0;
-    g->t = ki_matrix(f, "/search/t_values", 1, &a, &b);
-    if (!g->t || b != nt) g->t = NULL;
-    g->r = ki_matrix(f, "/search/r_values", 1, &a, &b);
-    if (!g->r || b != nr) g->r = NULL;
-    g->chunks = ki_matrix(f, "/search/chunks", 0, &a, &b);
-    if (!g->chunks || a != nt || b != nr) g->chunks = NULL;
-    g->nt = nt;
-    g->nr = nr;
-    for (int i = 0; i < nt * nr; i++) {
-        if (!isfinite(g->ppl[i])) continue;
-        g->evaluated++;
-        int c = g->chunks && isfinite(g->chunks[i]) ? (int)g->chunks[i] : 0;
-        if (c > g->max_chunks) g->max_chunks = c, g->n_max = 0;
-        if (c == g->max_chunks) g->n_max++;
+    g->all.best = g->all.worst = -1;
+    const ki_dset *d = ki_dset_find(f, "/search/perplexity");
+    if (!d || !d->v || d->count == 0 || d->rank < 1 || d->rank > 3) return 0;
+    g->rank = d->rank;
+    g->np = g->nt = g->nr = 1;
+    if (d->rank == 3) {
+        g->np = (int)d->dims[0];
+        g->nt = (int)d->dims[1];
+        g->nr = (int)d->dims[2];
+    } else if (d->rank == 2) {
+        g->nt = (int)d->dims[0];
+        g->nr = (int)d->dims[1];
+    } else {
+        /* [NP]: squeeze's p search; without p values it is not a grid we can label */
+        g->np = (int)d->dims[0];
+        if (!grid_axis(f, "/search/p_values", g->np)) return 0;
     }
-    int seen = 0;
-    for (int i = 0; i < nt; i++)
-        for (int j = 0; j < nr; j++) {
-            size_t k = (size_t)i * nr + j;
-            double v = g->ppl[k];
-            if (!isfinite(v)) continue;
-            if (g->chunks && (int)g->chunks[k] != g->max_chunks) continue;
-            if (!seen || v < g->ppl[(size_t)g->best_i * nr + g->best_j]) {
-                g->best_i = i;
-                g->best_j = j;
-            }
-            if (!seen || v > g->ppl[(size_t)g->worst_i * nr + g->worst_j]) {
-                g->worst_i = i;
-                g->worst_j = j;
-            }
-            seen++;
-        }
+    g->ppl = d->v;
+    if (d->rank != 2) g->p = grid_axis(f, "/search/p_values", g->np);
+    if (d->rank != 1) {
+        g->t = grid_axis(f, "/search/t_values", g->nt);
+        g->r = grid_axis(f, "/search/r_values", g->nr);
+    }
+    const ki_dset *c = ki_dset_find(f, "/search/chunks");
+    if (c && c->v && c->rank == d->rank && c->count == d->count) {
+        int same = 1;
+        for (int k = 0; k < d->rank; k++)
+            if (c->dims[k] != d->dims[k]) same = 0;
+        if (same) g->chunks = c->v;
+    }
+    grid_stats(g, 0, (long)d->count, &g->all);
     return 1;
+}
+
+void ki_grid_slice(const ki_grid *g, int k, ki_grid_stats *out) {
+    long n = (long)g->nt * g->nr;
+    grid_stats(g, k * n, (k + 1) * n, out);
+}
+
+void ki_grid_cell(const ki_grid *g, long idx, int *k, int *i, int *j) {
+    *j = (int)(idx % g->nr);
+    *i = (int)((idx / g->nr) % g->nt);
+    *k = (int)(idx / ((long)g->nr * g->nt));
+}
+
+const char *ki_search_winner(const ki_file *f, const ki_grid *g, int *from_grid) {
+    const char *w = ki_attr_str(f, "/search", "winner");
+    *from_grid = 0;
+    if (!w) return NULL;
+    /* the grid's own allocation: baklava when it has (t, r) axes, squeeze for a p-only grid;
+     * without a grid, the plan's allocation */
+    const char *grid_kind = g && g->ppl ? (g->rank >= 2 ? "baklava" : "squeeze")
+                                        : ki_attr_str(f, "/", "allocation");
+    *from_grid = grid_kind && !strcmp(w, grid_kind);
+    return w;
 }

@@ -6,8 +6,11 @@
  *                  "consistency" {prompts, pairs, mean_tau, min_tau, max_tau},
  *                  "hardware" {kind, device_name, device_mem_bytes, fits {group: {...}}};
  *                  plan: "plan" {ratio, context_length, block_size, policy, allocation, t, r, p,
- *                  total_tokens, target_tokens, layer_fractions}, "search" {nt, nr, evaluated,
- *                  best {t, r, perplexity}, worst {...}} },
+ *                  total_tokens, target_tokens, layer_fractions}, "search" {baselines,
+ *                  heldout, rank, axes, np, nt, nr, p_values, evaluated, max_chunks,
+ *                  cells_at_max_chunks, best {p, t, r, perplexity, chunks}, worst {...},
+ *                  per_p [{p, index, evaluated, ..., best, worst}] (3-D grids),
+ *                  winner {allocation, from, p, t, r, perplexity, chunks, heldout}} },
  *     "groups": {path: {attributes}},
  *     "datasets": {path: {"shape": [..], "units", "attributes": {..}, "data": nested lists}} }
  * NaN values are written as null (cJSON's convention). */
@@ -101,11 +104,52 @@ static void profile_summary(cJSON *s, const ki_file *f) {
     if (hw) {
         cJSON *h = attrs_of(f, "/hardware");
         cJSON *fits = cJSON_AddObjectToObject(h, "fits");
-        for (int g = 0; g < f->n_groups; g++)
-            if (!strncmp(f->groups[g], "/hardware/", 10))
-                cJSON_AddItemToObject(fits, f->groups[g] + 10, attrs_of(f, f->groups[g]));
+        for (int g = 0; g < f->n_groups; g++) {
+            if (strncmp(f->groups[g], "/hardware/", 10) != 0) continue;
+            cJSON *a = attrs_of(f, f->groups[g]);
+            /* a copy fit: the sizes it used (fit_min_bytes and up, docs/hardware-schema.md) */
+            char path[300];
+            snprintf(path, sizeof path, "%s/bytes", f->groups[g]);
+            const ki_dset *b = ki_dset_find(f, path);
+            double minb = ki_attr_num(f, f->groups[g], "fit_min_bytes", NAN);
+            if (a && b && b->v && b->rank == 1 && !isnan(minb)) {
+                cJSON *fb = cJSON_AddArrayToObject(a, "fitted_bytes");
+                for (size_t i = 0; fb && i < b->count; i++)
+                    if (b->v[i] >= minb) cJSON_AddItemToArray(fb, cJSON_CreateNumber(b->v[i]));
+            }
+            cJSON_AddItemToObject(fits, f->groups[g] + 10, a);
+        }
         cJSON_AddItemToObject(s, "hardware", h);
     }
+}
+
+/* The axis values of a grid cell into o: p (3-D and p-only grids), t and r (2-D and 3-D),
+ * and with `with_ppl` its perplexity and chunks. */
+static void cell_json(cJSON *o, const ki_grid *g, long idx, int with_ppl) {
+    int k, i, j;
+    ki_grid_cell(g, idx, &k, &i, &j);
+    if (g->rank != 2) cJSON_AddNumberToObject(o, "p", g->p ? g->p[k] : NAN);
+    if (g->rank != 1) {
+        cJSON_AddNumberToObject(o, "t", g->t ? g->t[i] : NAN);
+        cJSON_AddNumberToObject(o, "r", g->r ? g->r[j] : NAN);
+    }
+    if (with_ppl) {
+        cJSON_AddNumberToObject(o, "perplexity", g->ppl[idx]);
+        if (g->chunks) cJSON_AddNumberToObject(o, "chunks", ki_grid_chunks(g, idx));
+    }
+}
+
+/* evaluated, max_chunks / cells_at_max_chunks (when chunks are known), best, worst. */
+static void grid_stats_json(cJSON *o, const ki_grid *g, const ki_grid_stats *st) {
+    cJSON_AddNumberToObject(o, "evaluated", st->evaluated);
+    if (g->chunks) {
+        cJSON_AddNumberToObject(o, "max_chunks", st->max_chunks);
+        cJSON_AddNumberToObject(o, "cells_at_max_chunks", st->n_max);
+    }
+    if (st->best < 0) return;
+    cJSON *b = cJSON_AddObjectToObject(o, "best"), *w = cJSON_AddObjectToObject(o, "worst");
+    if (b) cell_json(b, g, st->best, 1);
+    if (w) cell_json(w, g, st->worst, 1);
 }
 
 static void plan_summary(cJSON *s, const ki_file *f) {
@@ -136,7 +180,8 @@ static void plan_summary(cJSON *s, const ki_file *f) {
     ki_grid g;
     int has_grid = ki_search_grid(f, &g);
     cJSON *sr = NULL;
-    if (has_grid || ki_dset_find(f, "/search/baselines") || ki_dset_find(f, "/search/heldout"))
+    if (has_grid || ki_dset_find(f, "/search/baselines") || ki_dset_find(f, "/search/heldout") ||
+        ki_attr_find(f, "/search", "winner"))
         sr = cJSON_AddObjectToObject(s, "search");
     /* named figures: baselines (full, uniform, squeeze) and held-out perplexities */
     const struct {
@@ -161,23 +206,48 @@ static void plan_summary(cJSON *s, const ki_file *f) {
         }
     }
     if (has_grid) {
+        cJSON_AddNumberToObject(sr, "rank", g.rank);
+        cJSON *axes = cJSON_AddArrayToObject(sr, "axes");
+        if (g.rank != 2) cJSON_AddItemToArray(axes, cJSON_CreateString("p"));
+        if (g.rank != 1) {
+            cJSON_AddItemToArray(axes, cJSON_CreateString("t"));
+            cJSON_AddItemToArray(axes, cJSON_CreateString("r"));
+        }
+        cJSON_AddNumberToObject(sr, "np", g.np);
         cJSON_AddNumberToObject(sr, "nt", g.nt);
         cJSON_AddNumberToObject(sr, "nr", g.nr);
-        cJSON_AddNumberToObject(sr, "evaluated", g.evaluated);
-        if (g.chunks) {
-            cJSON_AddNumberToObject(sr, "max_chunks", g.max_chunks);
-            cJSON_AddNumberToObject(sr, "cells_at_max_chunks", g.n_max);
-        }
-        if (g.evaluated) {
-            const char *lbl[2] = {"best", "worst"};
-            int ci[2] = {g.best_i, g.worst_i}, cj[2] = {g.best_j, g.worst_j};
-            for (int k = 0; k < 2; k++) {
-                cJSON *c = cJSON_AddObjectToObject(sr, lbl[k]);
-                cJSON_AddNumberToObject(c, "t", g.t ? g.t[ci[k]] : NAN);
-                cJSON_AddNumberToObject(c, "r", g.r ? g.r[cj[k]] : NAN);
-                cJSON_AddNumberToObject(c, "perplexity", g.ppl[(size_t)ci[k] * g.nr + cj[k]]);
+        if (g.p) cJSON_AddItemToObject(sr, "p_values", num_array(g.p, g.np));
+        grid_stats_json(sr, &g, &g.all);
+        if (g.rank == 3) {
+            /* one entry per p: its (t, r) map's statistics; the map itself is
+             * datasets["/search/perplexity"].data[k] */
+            cJSON *per = cJSON_AddArrayToObject(sr, "per_p");
+            for (int k = 0; per && k < g.np; k++) {
+                ki_grid_stats st;
+                ki_grid_slice(&g, k, &st);
+                cJSON *o = cJSON_CreateObject();
+                if (!o) break;
+                cJSON_AddNumberToObject(o, "p", g.p ? g.p[k] : NAN);
+                cJSON_AddNumberToObject(o, "index", k);
+                grid_stats_json(o, &g, &st);
+                cJSON_AddItemToArray(per, o);
             }
         }
+    }
+    int from_grid = 0;
+    const char *w = ki_search_winner(f, has_grid ? &g : NULL, &from_grid);
+    if (w) {
+        if (!sr) sr = cJSON_AddObjectToObject(s, "search");
+        cJSON *o = cJSON_AddObjectToObject(sr, "winner");
+        cJSON_AddStringToObject(o, "allocation", w);
+        cJSON_AddStringToObject(o, "from", from_grid ? "grid" : "baseline");
+        if (from_grid && has_grid && g.all.best >= 0) cell_json(o, &g, g.all.best, 0);
+        cJSON_AddNumberToObject(o, "perplexity",
+                                ki_attr_num(f, "/search", "best_perplexity", NAN));
+        cJSON_AddNumberToObject(o, "chunks", ki_attr_num(f, "/search", "best_chunks", NAN));
+        const ki_dset *h = ki_dset_find(f, "/search/heldout");
+        if (h && h->v && h->rank == 1 && h->count > 0)
+            cJSON_AddNumberToObject(o, "heldout", h->v[0]);
     }
 }
 

@@ -24,11 +24,12 @@ typedef struct hm_panel {
     char title[64];
     int good_col, bad_col; /* columns outlined green / red, -1 for none */
     int mark_r, mark_c;    /* one cell outlined in black, -1 for none */
+    int mark2_r, mark2_c;  /* one cell outlined with a dashed black line, -1 for none */
     const char *dots;      /* [rows * cols]: non-zero cells get a dot in a corner, or NULL */
 } hm_panel;
 
 typedef struct hm_spec {
-    const char *title, *subtitle, *xlabel, *ylabel, *cbar_label;
+    const char *title, *subtitle, *subtitle2, *xlabel, *ylabel, *cbar_label;
     const hm_panel *panels;
     int n_panels;
     const double *xvals, *yvals; /* tick values (NULL: the index) */
@@ -40,6 +41,9 @@ typedef struct hm_spec {
     int annotate;
     const char *ann_fmt;
     const char *legend; /* extra line under the colour bar, or NULL */
+    const char *dot_legend; /* what a dot means (and a bold value), or NULL */
+    int no_yticks;          /* a single row without a y axis */
+    const char *fade_legend; /* set: cells without a dot are drawn faded; what that means */
 } hm_spec;
 
 /* ---- colours ---- */
@@ -163,9 +167,13 @@ static int render(const hm_spec *s, const char *path, kv_error *err) {
         cairo_set_source_rgb(cr, 0.25, 0.25, 0.25);
         text_at(cr, W / 2, 58, 13, 0, 0.5, s->subtitle);
     }
+    if (s->subtitle2) {
+        cairo_set_source_rgb(cr, 0.25, 0.25, 0.25);
+        text_at(cr, W / 2, 76, 13, 0, 0.5, s->subtitle2);
+    }
 
     /* panel grid */
-    const double left = 95, right = 150, top = 80, bottom = 75;
+    const double left = 95, right = 150, top = s->subtitle2 ? 96 : 80, bottom = 75;
     int prow = (s->n_panels + 7) / 8, pcol = (s->n_panels + prow - 1) / prow;
     double gapx = s->n_panels > 1 ? 45 : 0, gapy = s->n_panels > 1 ? 55 : 0;
     double head = s->n_panels > 1 ? 18 : 0; /* panel title space */
@@ -204,12 +212,17 @@ static int render(const hm_spec *s, const char *path, kv_error *err) {
                     continue;
                 }
                 rgb col = colour(s->cmap, norm(s, v, lo, hi));
+                if (s->fade_legend && pn->dots && !pn->dots[(size_t)r * pn->cols + c]) {
+                    col.r = 0.45 * col.r + 0.55;
+                    col.g = 0.45 * col.g + 0.55;
+                    col.b = 0.45 * col.b + 0.55;
+                }
                 cairo_set_source_rgb(cr, col.r, col.g, col.b);
                 cairo_fill(cr);
                 if (pn->dots && pn->dots[(size_t)r * pn->cols + c]) {
                     double rad = fmax(1.5, fmin(4.0, fmin(cw, ch) / 6));
                     cairo_set_source_rgb(cr, 0.1, 0.1, 0.1);
-                    cairo_arc(cr, x + rad + 2, y + rad + 2, rad, 0, 2 * M_PI);
+                    cairo_arc(cr, x + rad + 4, y + rad + 4, rad, 0, 2 * M_PI);
                     cairo_fill(cr);
                 }
                 if (s->annotate && cw >= 38 && ch >= 15) {
@@ -218,7 +231,8 @@ static int render(const hm_spec *s, const char *path, kv_error *err) {
                     double lum = 0.299 * col.r + 0.587 * col.g + 0.114 * col.b;
                     cairo_set_source_rgb(cr, lum < 0.5 ? 1 : 0, lum < 0.5 ? 1 : 0,
                                          lum < 0.5 ? 1 : 0);
-                    text_at(cr, x + cw / 2, y + ch / 2 + 4, fmin(12, ch * 0.6), 0, 0.5, buf);
+                    int bold = pn->dots && pn->dots[(size_t)r * pn->cols + c];
+                    text_at(cr, x + cw / 2, y + ch / 2 + 4, fmin(12, ch * 0.6), bold, 0.5, buf);
                 }
             }
         }
@@ -241,6 +255,16 @@ static int render(const hm_spec *s, const char *path, kv_error *err) {
             cairo_rectangle(cr, x0 + pn->mark_c * cw + 1.5, y + 1.5, cw - 3, ch - 3);
             cairo_stroke(cr);
         }
+        if (pn->mark2_r >= 0 && pn->mark2_c >= 0) {
+            double y = s->y_up ? y0 + (pn->rows - 1 - pn->mark2_r) * ch : y0 + pn->mark2_r * ch;
+            static const double dash[] = {5, 3};
+            cairo_set_source_rgb(cr, 0, 0, 0);
+            cairo_set_line_width(cr, 2);
+            cairo_set_dash(cr, dash, 2, 0);
+            cairo_rectangle(cr, x0 + pn->mark2_c * cw + 1.5, y + 1.5, cw - 3, ch - 3);
+            cairo_stroke(cr);
+            cairo_set_dash(cr, NULL, 0, 0);
+        }
         /* frame and ticks */
         cairo_set_source_rgb(cr, 0, 0, 0);
         cairo_set_line_width(cr, 1);
@@ -257,7 +281,7 @@ static int render(const hm_spec *s, const char *path, kv_error *err) {
             tick_label(buf, sizeof buf, s->xvals, s->xscale, s->xfmt, c);
             text_at(cr, x, y0 + ph + 17, fs, 0, 0.5, buf);
         }
-        if (p % pcol == 0) {
+        if (p % pcol == 0 && !s->no_yticks) {
             int ys = tick_step(pn->rows, ch, 16);
             for (int r = 0; r < pn->rows; r += ys) {
                 double y = s->y_up ? y0 + (pn->rows - 1 - r + 0.5) * ch : y0 + (r + 0.5) * ch;
@@ -298,8 +322,25 @@ static int render(const hm_spec *s, const char *path, kv_error *err) {
         text_at(cr, bx + bw + 7, y + 4, 11, 0, 0, buf);
     }
     text_vertical(cr, bx - 10, by + bh / 2, 13, s->cbar_label);
-    if (s->legend || any_nan) {
+    if (s->legend || s->dot_legend || s->fade_legend || any_nan) {
         double ly = by + bh + 22;
+        if (s->fade_legend) {
+            rgb col = colour(s->cmap, 0.25);
+            cairo_set_source_rgb(cr, 0.45 * col.r + 0.55, 0.45 * col.g + 0.55,
+                                 0.45 * col.b + 0.55);
+            cairo_rectangle(cr, bx - 20, ly - 10, 12, 12);
+            cairo_fill(cr);
+            cairo_set_source_rgb(cr, 0, 0, 0);
+            text_at(cr, bx - 4, ly, 11, 0, 0, s->fade_legend);
+            ly += 18;
+        }
+        if (s->dot_legend) {
+            cairo_set_source_rgb(cr, 0.1, 0.1, 0.1);
+            cairo_arc(cr, bx - 14, ly - 4, 3.5, 0, 2 * M_PI);
+            cairo_fill(cr);
+            text_at(cr, bx - 4, ly, 11, 0, 0, s->dot_legend);
+            ly += 18;
+        }
         if (any_nan) {
             cairo_set_source_rgb(cr, 0.9, 0.9, 0.9);
             cairo_rectangle(cr, bx - 20, ly - 10, 12, 12);
@@ -331,7 +372,7 @@ static hm_panel panel(const double *v, int rows, int cols, const char *title) {
     p.rows = rows;
     p.cols = cols;
     snprintf(p.title, sizeof p.title, "%s", title ? title : "");
-    p.good_col = p.bad_col = p.mark_r = p.mark_c = -1;
+    p.good_col = p.bad_col = p.mark_r = p.mark_c = p.mark2_r = p.mark2_c = -1;
     return p;
 }
 
@@ -450,64 +491,145 @@ static int png_consistency(const ki_file *f, const char *path, kv_error *err) {
     return render(&s, path, err);
 }
 
+/* "t = 0.6, r = 0.15" (and "p = 1, " first when the grid has p) of a cell. */
+static void cell_label(char *buf, size_t cap, const ki_grid *g, long idx) {
+    int k, i, j;
+    ki_grid_cell(g, idx, &k, &i, &j);
+    char ps[32] = "";
+    if (g->rank != 2) snprintf(ps, sizeof ps, "p = %.3g%s", g->p ? g->p[k] : k,
+                               g->rank == 3 ? ", " : "");
+    if (g->rank == 1) snprintf(buf, cap, "%s", ps);
+    else snprintf(buf, cap, "%st = %.3g, r = %.3g", ps, g->t ? g->t[i] : i, g->r ? g->r[j] : j);
+}
+
+/* The search grid: one panel per SqueezeAttention p, each the (t, r) map (x = t, y = r), on one
+ * colour scale; a p-only grid is one row over p. */
 static int png_search(const ki_file *f, const char *path, kv_error *err) {
     ki_grid g;
     if (!ki_search_grid(f, &g)) return KV_OK;
-    /* panel rows are r (y), columns t (x) */
-    double *v = kv_malloc((size_t)g.nt * g.nr * sizeof *v, "search picture", err);
-    if (!v) return KV_EINTERNAL;
-    for (int i = 0; i < g.nt; i++)
-        for (int j = 0; j < g.nr; j++) v[(size_t)j * g.nt + i] = g.ppl[(size_t)i * g.nr + j];
-    hm_panel p = panel(v, g.nr, g.nt, NULL);
-    char *dots = NULL;
-    if (g.chunks && g.n_max < g.evaluated) {
-        dots = kv_calloc((size_t)g.nt * g.nr, 1, "search picture", err);
-        if (!dots) {
-            free(v);
-            return KV_EINTERNAL;
+    int np = g.rank == 1 ? 1 : g.np; /* panels */
+    int rows = g.rank == 1 ? 1 : g.nr, cols = g.rank == 1 ? g.np : g.nt;
+    size_t cells = (size_t)rows * cols;
+    double *v = kv_malloc((size_t)np * cells * sizeof *v, "search picture", err);
+    char *dots = kv_calloc((size_t)np * cells, 1, "search picture", err);
+    hm_panel *ps = kv_calloc((size_t)np, sizeof *ps, "search panels", err);
+    if (!v || !dots || !ps) {
+        free(v);
+        free(dots);
+        free(ps);
+        return KV_EINTERNAL;
+    }
+    /* a dot marks the cells evaluated on the most chunks when halving left others behind:
+     * those are the comparable figures the best cell is chosen from */
+    int halving = g.chunks && g.all.n_max < g.all.evaluated;
+    for (int k = 0; k < np; k++) {
+        double *pv = v + (size_t)k * cells;
+        char *pd = dots + (size_t)k * cells;
+        for (int i = 0; i < cols; i++)
+            for (int j = 0; j < rows; j++) {
+                /* panel cell (row j, column i) */
+                long idx = g.rank == 1 ? i : ((long)k * g.nt + i) * g.nr + j;
+                pv[(size_t)j * cols + i] = g.ppl[idx];
+                pd[(size_t)j * cols + i] = halving && isfinite(g.ppl[idx]) &&
+                                           ki_grid_chunks(&g, idx) == g.all.max_chunks;
+            }
+        char title[64] = "";
+        ki_grid_stats st = {0, 0, 0, -1, -1};
+        if (g.rank == 3) {
+            ki_grid_slice(&g, k, &st);
+            if (st.best >= 0 && g.chunks)
+                snprintf(title, sizeof title, "p = %.3g: %sbest %.4g on %d chunk%s",
+                         g.p ? g.p[k] : k, st.max_chunks < g.all.max_chunks ? "screened only, "
+                                                                             : "",
+                         g.ppl[st.best], st.max_chunks, st.max_chunks == 1 ? "" : "s");
+            else if (st.best >= 0)
+                snprintf(title, sizeof title, "p = %.3g: best %.4g", g.p ? g.p[k] : k,
+                         g.ppl[st.best]);
+            else snprintf(title, sizeof title, "p = %.3g: nothing evaluated", g.p ? g.p[k] : k);
         }
-        for (int i = 0; i < g.nt; i++)
-            for (int j = 0; j < g.nr; j++)
-                dots[(size_t)j * g.nt + i] = isfinite(g.ppl[(size_t)i * g.nr + j]) &&
-                                             (int)g.chunks[(size_t)i * g.nr + j] == g.max_chunks;
-        p.dots = dots;
+        ps[k] = panel(pv, rows, cols, title);
+        if (halving) ps[k].dots = pd;
+        int bk, bi, bj;
+        if (g.all.best >= 0) {
+            ki_grid_cell(&g, g.all.best, &bk, &bi, &bj);
+            if (g.rank == 1) ps[k].mark_r = 0, ps[k].mark_c = bk;
+            else if (bk == k) ps[k].mark_r = bj, ps[k].mark_c = bi;
+        }
+        /* a panel without the overall best: its own best, dashed */
+        if (g.rank == 3 && st.best >= 0 && st.best != g.all.best) {
+            ki_grid_cell(&g, st.best, &bk, &bi, &bj);
+            ps[k].mark2_r = bj;
+            ps[k].mark2_c = bi;
+        }
     }
-    if (g.evaluated) {
-        p.mark_r = g.best_j;
-        p.mark_c = g.best_i;
-    }
-    char sub[200];
+    char sub[240], sub2[240], best[64];
     double R = ki_attr_num(f, "/", "ratio", NAN);
-    if (g.evaluated && g.chunks && g.n_max < g.evaluated)
-        snprintf(sub, sizeof sub, "ratio R = %.3g; successive halving: %d cells on %d chunks "
-                 "(dot in the corner), the rest screened on fewer; black outline: best, %.4g at t = %.3g, "
-                 "r = %.3g", R, g.n_max, g.max_chunks,
-                 g.ppl[(size_t)g.best_i * g.nr + g.best_j], g.t ? g.t[g.best_i] : g.best_i,
-                 g.r ? g.r[g.best_j] : g.best_j);
-    else if (g.evaluated)
-        snprintf(sub, sizeof sub, "ratio R = %.3g; %d of %d cells evaluated; black outline: best, "
-                 "perplexity %.4g at t = %.3g, r = %.3g", R, g.evaluated, g.nt * g.nr,
-                 g.ppl[(size_t)g.best_i * g.nr + g.best_j], g.t ? g.t[g.best_i] : g.best_i,
-                 g.r ? g.r[g.best_j] : g.best_j);
-    else snprintf(sub, sizeof sub, "ratio R = %.3g; no cell evaluated", R);
-    hm_spec s = spec("Budget search: perplexity over (t, r)", "similarity threshold t",
-                     "reduction r of low-importance heads (%)", "perplexity (lower is better)",
-                     &p, 1, CMAP_GOOD_BAD);
+    if (g.all.best >= 0) {
+        cell_label(best, sizeof best, &g, g.all.best);
+        if (halving)
+            snprintf(sub, sizeof sub, "ratio R = %.3g; successive halving: %d cells on %d chunks "
+                     "(dot, bold), the rest screened on fewer; solid outline: the grid's best, "
+                     "%.4g at %s", R, g.all.n_max, g.all.max_chunks, g.ppl[g.all.best], best);
+        else
+            snprintf(sub, sizeof sub, "ratio R = %.3g; %d of %ld cells evaluated; solid outline: "
+                     "the grid's best, perplexity %.4g at %s", R, g.all.evaluated,
+                     (long)g.np * g.nt * g.nr, g.ppl[g.all.best], best);
+    } else {
+        snprintf(sub, sizeof sub, "ratio R = %.3g; no cell evaluated", R);
+    }
+    int from_grid = 0;
+    const char *w = ki_search_winner(f, &g, &from_grid);
+    double wp = ki_attr_num(f, "/search", "best_perplexity", NAN);
+    char wps[48] = "";
+    if (!isnan(wp)) snprintf(wps, sizeof wps, ", perplexity %.4g", wp);
+    sub2[0] = '\0';
+    if (w && from_grid)
+        snprintf(sub2, sizeof sub2, "winner: %s grid cell%s%s", w, wps,
+                 g.rank == 3 ? "; dashed outline: the best of a p's own most-evaluated cells"
+                             : "");
+    else if (w)
+        snprintf(sub2, sizeof sub2, "winner: the %s baseline%s on the same chunks, beat every "
+                 "grid cell%s", w, wps, g.rank == 3 ? "; dashed: a p's own best" : "");
+    else if (g.rank == 3)
+        snprintf(sub2, sizeof sub2, "dashed outline: the best of a p's own most-evaluated cells");
+    hm_spec s;
+    if (g.rank == 1) {
+        s = spec("Budget search: perplexity over SqueezeAttention p", "SqueezeAttention p", "",
+                 "perplexity (lower is better)", ps, 1, CMAP_GOOD_BAD);
+        s.xvals = g.p;
+        s.xfmt = "%.3g";
+        s.no_yticks = 1;
+    } else {
+        s = spec(g.rank == 3 ? "Budget search: perplexity over (t, r), one panel per "
+                               "SqueezeAttention p"
+                             : "Budget search: perplexity over (t, r)",
+                 "similarity threshold t", "reduction r of low-importance heads (%)",
+                 "perplexity (lower is better)", ps, np, CMAP_GOOD_BAD);
+        s.xvals = g.t;
+        s.xfmt = "%.2f";
+        s.yvals = g.r;
+        s.yscale = 100;
+        s.yfmt = "%.0f";
+        s.y_up = 1;
+    }
     s.subtitle = sub;
-    s.xvals = g.t;
-    s.xfmt = "%.2f";
-    s.yvals = g.r;
-    s.yscale = 100;
-    s.yfmt = "%.0f";
-    s.y_up = 1;
+    s.subtitle2 = sub2[0] ? sub2 : NULL;
+    char dl[64];
+    if (halving) {
+        snprintf(dl, sizeof dl, "%d chunk%s (bold)", g.all.max_chunks,
+                 g.all.max_chunks == 1 ? "" : "s");
+        s.dot_legend = dl;
+        s.fade_legend = "pale: fewer chunks";
+    }
     s.annotate = 1;
     s.ann_fmt = "%.4g";
     double lo = INFINITY, hi = 0;
-    for (int i = 0; i < g.nt * g.nr; i++)
+    for (size_t i = 0; i < (size_t)np * cells; i++)
         if (isfinite(v[i]) && v[i] > 0) lo = fmin(lo, v[i]), hi = fmax(hi, v[i]);
     s.logscale = isfinite(lo) && hi / lo > 2.0;
     if (s.logscale) s.legend = "log colour scale";
     int rc = render(&s, path, err);
+    free(ps);
     free(dots);
     free(v);
     return rc;

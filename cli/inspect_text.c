@@ -263,6 +263,71 @@ static void print_consistency(FILE *out, const ki_file *f) {
     }
 }
 
+/* "4 KiB", "64 MiB", "1 GiB", or bytes. */
+static void fmt_bytes(char *buf, size_t cap, double b) {
+    static const char *const unit[] = {"bytes", "KiB", "MiB", "GiB", "TiB"};
+    int u = 0;
+    double v = b;
+    while (fabs(v) >= 1024 && u < 4) v /= 1024, u++;
+    if (v == floor(v)) snprintf(buf, cap, "%.0f %s", v, unit[u]);
+    else snprintf(buf, cap, "%.3g %s", v, unit[u]);
+}
+
+/* A copy group's fit (docs/hardware-schema.md): bandwidth and latency with their standard
+ * errors, R^2, and which sizes the fit used (fit_points sizes from fit_min_bytes up). */
+static void print_copy_fit(FILE *out, const ki_file *f, const char *grp, const char *name,
+                           size_t n_sizes) {
+    double bw = ki_attr_num(f, grp, "bandwidth", NAN);
+    double bw_se = ki_attr_num(f, grp, "bandwidth_stderr", NAN);
+    double lat = ki_attr_num(f, grp, "latency", NAN);
+    double lat_se = ki_attr_num(f, grp, "latency_stderr", NAN);
+    fprintf(out, "  %-20s bandwidth %9.3f GB/s", name, bw / 1e9);
+    if (!isnan(bw_se)) fprintf(out, " ± %.3g", bw_se / 1e9);
+    fprintf(out, "   latency %9.3f us", lat * 1e6);
+    if (!isnan(lat_se)) fprintf(out, " ± %.3g", lat_se * 1e6);
+    fprintf(out, "   R^2 %.4f\n", ki_attr_num(f, grp, "r2", NAN));
+    double pts = ki_attr_num(f, grp, "fit_points", NAN);
+    double minb = ki_attr_num(f, grp, "fit_min_bytes", NAN);
+    char path[300];
+    snprintf(path, sizeof path, "%s/bytes", grp);
+    const ki_dset *bytes = ki_dset_find(f, path);
+    if (isnan(pts) && isnan(minb)) {
+        fprintf(out, "  %-20s fit time = latency + bytes / bandwidth over %zu sizes\n", "",
+                n_sizes);
+        return;
+    }
+    fprintf(out, "  %-20s fit over %.0f of %zu sizes", "", pts, n_sizes);
+    if (!isnan(minb)) {
+        char lo[32];
+        fmt_bytes(lo, sizeof lo, minb);
+        fprintf(out, ", from fit_min_bytes = %s (%.0f)", lo, minb);
+    }
+    fputc('\n', out);
+    if (bytes && bytes->v && bytes->rank == 1 && !isnan(minb)) {
+        fprintf(out, "  %-20s fitted:", "");
+        int shown = 0;
+        for (size_t i = 0; i < bytes->count; i++) {
+            if (!(bytes->v[i] >= minb)) continue;
+            char b[32];
+            fmt_bytes(b, sizeof b, bytes->v[i]);
+            fprintf(out, "%s %s", shown ? "," : "", b);
+            shown++;
+        }
+        size_t below = 0;
+        for (size_t i = 0; i < bytes->count; i++)
+            if (bytes->v[i] < minb) below++;
+        if (below) {
+            char b[32];
+            fmt_bytes(b, sizeof b, bytes->v[0]);
+            fprintf(out, "; not fitted: %zu smaller size%s from %s", below, below > 1 ? "s" : "",
+                    b);
+        }
+        if (!isnan(pts) && shown != (int)pts)
+            fprintf(out, " (note: %d sizes >= fit_min_bytes, fit_points says %.0f)", shown, pts);
+        fputc('\n', out);
+    }
+}
+
 static void print_hardware(FILE *out, const ki_file *f) {
     int any = 0;
     for (int g = 0; g < f->n_groups; g++)
@@ -284,10 +349,7 @@ static void print_hardware(FILE *out, const ki_file *f) {
         snprintf(med, sizeof med, "%s/median", grp);
         const ki_dset *d = ki_dset_find(f, med);
         if (!isnan(bw)) {
-            fprintf(out, "  %-20s bandwidth %9.3f GB/s   latency %9.3f us   R^2 %.4f   "
-                    "(%zu sizes; fit time = latency + bytes / bandwidth)\n", name, bw / 1e9,
-                    ki_attr_num(f, grp, "latency", NAN) * 1e6, ki_attr_num(f, grp, "r2", NAN),
-                    d ? d->count : (size_t)0);
+            print_copy_fit(out, f, grp, name, d ? d->count : 0);
         } else if (!isnan(peak)) {
             fprintf(out, "  %-20s peak %10.3f GFLOP/s   (%zu GEMM shapes)\n", name, peak / 1e9,
                     d ? d->count : (size_t)0);
@@ -298,15 +360,27 @@ static void print_hardware(FILE *out, const ki_file *f) {
     }
 }
 
+static void print_winner(FILE *out, const ki_file *f);
+
 static void print_plan(FILE *out, const ki_file *f) {
     double R = ki_attr_num(f, "/", "ratio", NAN), C = ki_attr_num(f, "/", "context_length", NAN);
     double bs = ki_attr_num(f, "/", "block_size", NAN);
     const char *pol = ki_attr_str(f, "/", "policy"), *alloc = ki_attr_str(f, "/", "allocation");
     fprintf(out, "\nplan: ratio R %.4g, context length C %.0f tokens, block size %.0f tokens, "
             "policy %s, allocation %s\n", R, C, bs, pol ? pol : "?", alloc ? alloc : "?");
-    fprintf(out, "  parameters: t %.4g (similarity threshold), r %.4g (reduction of low heads), "
-            "p %.4g (SqueezeAttention fraction)\n", ki_attr_num(f, "/", "t", NAN),
-            ki_attr_num(f, "/", "r", NAN), ki_attr_num(f, "/", "p", NAN));
+    static const char *const par[3][2] = {{"t", "similarity threshold"},
+                                          {"r", "reduction of low heads"},
+                                          {"p", "SqueezeAttention fraction"}};
+    fprintf(out, "  parameters:");
+    for (int k = 0; k < 3; k++) {
+        double v = ki_attr_num(f, "/", par[k][0], NAN);
+        fprintf(out, "%s %s ", k ? "," : "", par[k][0]);
+        if (isnan(v)) fprintf(out, "unused");
+        else fprintf(out, "%.4g", v);
+        fprintf(out, " (%s)", par[k][1]);
+    }
+    fputc('\n', out);
+    print_winner(out, f);
     int L = 0, hkv = 0, L2 = 0, h2 = 0;
     const double *tok = ki_matrix(f, "/budget/tokens", 0, &L, &hkv);
     const double *blk = ki_matrix(f, "/budget/blocks", 0, &L2, &h2);
@@ -341,6 +415,72 @@ static void print_plan(FILE *out, const ki_file *f) {
     }
 }
 
+/* "p 0.5<sep>t 0.6<sep>r 0.15" for the axes the grid has (the index when the values are
+ * missing); without p when `no_p`. */
+static void print_cell(FILE *out, const ki_grid *g, long idx, int no_p, const char *sep) {
+    int k, i, j;
+    ki_grid_cell(g, idx, &k, &i, &j);
+    int p = g->rank != 2 && !no_p;
+    if (p) fprintf(out, "p %.4g", g->p ? g->p[k] : k);
+    if (g->rank != 1)
+        fprintf(out, "%st %.4g%sr %.4g", p ? sep : "", g->t ? g->t[i] : i, sep,
+                g->r ? g->r[j] : j);
+}
+
+static void print_best_worst(FILE *out, const ki_grid *g, const ki_grid_stats *s,
+                             const char *indent, int no_p) {
+    if (s->best < 0) return;
+    const char *lbl[2] = {"best ", "worst"};
+    long idx[2] = {s->best, s->worst};
+    for (int k = 0; k < 2; k++) {
+        fprintf(out, "%s%s  ", indent, lbl[k]);
+        print_cell(out, g, idx[k], no_p, "  ");
+        fprintf(out, "  perplexity %.4f", g->ppl[idx[k]]);
+        if (g->chunks) {
+            int c = ki_grid_chunks(g, idx[k]);
+            fprintf(out, "  (%d chunk%s)", c, c == 1 ? "" : "s");
+        }
+        fputc('\n', out);
+    }
+}
+
+/* The winner line: /search@winner with what it won with. */
+static void print_winner(FILE *out, const ki_file *f) {
+    ki_grid g;
+    int has_grid = ki_search_grid(f, &g), from_grid = 0;
+    const char *w = ki_search_winner(f, has_grid ? &g : NULL, &from_grid);
+    if (!w) return;
+    double best = ki_attr_num(f, "/search", "best_perplexity", NAN);
+    double chunks = ki_attr_num(f, "/search", "best_chunks", NAN);
+    fprintf(out, "  >> winner (/search@winner): %s", w);
+    if (from_grid && has_grid && g.all.best >= 0) {
+        fprintf(out, ", the grid's best cell (");
+        print_cell(out, &g, g.all.best, 0, ", ");
+        fprintf(out, "): ");
+    } else if (!from_grid && has_grid) {
+        fprintf(out, " baseline, which beat the grid's best cell");
+        if (g.all.best >= 0) {
+            fprintf(out, " (");
+            print_cell(out, &g, g.all.best, 0, ", ");
+            fprintf(out, ": perplexity %.4f)", g.ppl[g.all.best]);
+        }
+        fprintf(out, " on the same chunks: ");
+    } else {
+        fputs(": ", out);
+    }
+    if (!isnan(best)) {
+        fprintf(out, "search perplexity %.4f", best);
+        if (!isnan(chunks)) fprintf(out, " on %.0f chunks", chunks);
+    }
+    const ki_dset *h = ki_dset_find(f, "/search/heldout");
+    const char *names = h ? ki_attr_str(f, h->path, "names") : NULL;
+    char nm[64];
+    if (h && h->v && h->rank == 1 && h->count > 0 && (!names || (nth_name(names, 0, nm, sizeof nm)
+                                                                 && !strcmp(nm, "winner"))))
+        fprintf(out, "; held-out %.4f", h->v[0]);
+    fputc('\n', out);
+}
+
 static void print_search(FILE *out, const ki_file *f) {
     int has = 0;
     for (int g = 0; g < f->n_groups; g++)
@@ -349,23 +489,40 @@ static void print_search(FILE *out, const ki_file *f) {
     fprintf(out, "\nsearch:\n");
     ki_grid g;
     if (ki_search_grid(f, &g)) {
-        fprintf(out, "  perplexity grid %d (t) x %d (r): %d of %d cells evaluated\n", g.nt, g.nr,
-                g.evaluated, g.nt * g.nr);
-        if (g.chunks && g.n_max < g.evaluated)
+        const ki_grid_stats *a = &g.all;
+        long n = (long)g.np * g.nt * g.nr;
+        if (g.rank == 3)
+            fprintf(out, "  perplexity grid %d (p) x %d (t) x %d (r): %d of %ld cells evaluated\n",
+                    g.np, g.nt, g.nr, a->evaluated, n);
+        else if (g.rank == 2)
+            fprintf(out, "  perplexity grid %d (t) x %d (r): %d of %ld cells evaluated\n", g.nt,
+                    g.nr, a->evaluated, n);
+        else
+            fprintf(out, "  perplexity grid %d (p): %d of %ld cells evaluated\n", g.np,
+                    a->evaluated, n);
+        if (g.chunks && a->n_max < a->evaluated)
             fprintf(out, "  (successive halving: %d cells reached %d chunks, the others are "
                     "screening figures on fewer chunks; best and worst are among those %d)\n",
-                    g.n_max, g.max_chunks, g.n_max);
-        if (g.evaluated) {
-            const char *lbl[2] = {"best ", "worst"};
-            int ci[2] = {g.best_i, g.worst_i}, cj[2] = {g.best_j, g.worst_j};
-            for (int k = 0; k < 2; k++)
-                fprintf(out, "  %s  t %.4g  r %.4g  perplexity %.4f\n", lbl[k],
-                        g.t ? g.t[ci[k]] : ci[k], g.r ? g.r[cj[k]] : cj[k],
-                        g.ppl[(size_t)ci[k] * g.nr + cj[k]]);
+                    a->n_max, a->max_chunks, a->n_max);
+        print_best_worst(out, &g, a, "  ", 0);
+        if (g.rank == 3) {
+            fprintf(out, "  per p (best and worst among the cells of that p evaluated on its "
+                    "most chunks):\n");
+            for (int k = 0; k < g.np; k++) {
+                ki_grid_stats s;
+                ki_grid_slice(&g, k, &s);
+                fprintf(out, "    p %-6.4g %d of %d cells evaluated", g.p ? g.p[k] : k,
+                        s.evaluated, g.nt * g.nr);
+                if (g.chunks && s.evaluated)
+                    fprintf(out, ", %d on its most chunks (%d)", s.n_max, s.max_chunks);
+                fputc('\n', out);
+                print_best_worst(out, &g, &s, "      ", 1);
+            }
         }
     }
-    const char *skip[8] = {"/search/perplexity", "/search/t_values", "/search/r_values"};
-    int ns = 3;
+    const char *skip[8] = {"/search/perplexity", "/search/t_values", "/search/r_values",
+                           "/search/p_values", "/search/chunks"};
+    int ns = 5;
     static const char *const def_bl = "full,uniform,squeeze";
     const struct {
         const char *path, *title, *names;

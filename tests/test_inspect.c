@@ -107,6 +107,11 @@ static void make_profile(const char *path) {
     OK(kv_h5_attr_f64(f, "/hardware/copy_h2d", "bandwidth", 10e9, &err));
     OK(kv_h5_attr_f64(f, "/hardware/copy_h2d", "latency", 2e-6, &err));
     OK(kv_h5_attr_f64(f, "/hardware/copy_h2d", "r2", 0.9991, &err));
+    /* the fit used the 3 sizes from 64 KiB up (docs/hardware-schema.md) */
+    OK(kv_h5_attr_i64(f, "/hardware/copy_h2d", "fit_points", 3, &err));
+    OK(kv_h5_attr_f64(f, "/hardware/copy_h2d", "fit_min_bytes", 65536, &err));
+    OK(kv_h5_attr_f64(f, "/hardware/copy_h2d", "latency_stderr", 1.5e-7, &err));
+    OK(kv_h5_attr_f64(f, "/hardware/copy_h2d", "bandwidth_stderr", 2e7, &err));
     int mm[2] = {64, 128}, nn[2] = {32, 32}, kk[2] = {64, 64};
     double fl[2] = {2e9, 4e9};
     long dg[1] = {2};
@@ -225,7 +230,12 @@ static void test_text_profile(void) {
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "stories260K.bin"));
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "H_kv 4 KV heads"));
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "3 prompts, 3 pairs: mean tau 0.7000, min 0.6000, max 0.8000"));
-    CU_ASSERT_PTR_NOT_NULL(strstr(out, "bandwidth    10.000 GB/s"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "bandwidth    10.000 GB/s ± 0.02   latency     2.000 us "
+                                       "± 0.15   R^2 0.9991"));
+    /* which sizes the bandwidth fit used */
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "fit over 3 of 4 sizes, from fit_min_bytes = 64 KiB (65536)"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "fitted: 64 KiB, 1 MiB, 16 MiB; not fitted: 1 smaller "
+                                       "size from 4 KiB"));
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "peak      4.000 GFLOP/s"));
     /* layer 0: the most important KV head comes first */
     int order0 = 0;
@@ -328,6 +338,14 @@ static void test_json_profile(void) {
         layer_sim[3], 1e-12);
     const cJSON *fit = jpath(j, "summary", "hardware", "fits");
     CU_ASSERT_DOUBLE_EQUAL(jpath(fit, "copy_h2d", "bandwidth", NULL)->valuedouble, 10e9, 1);
+    CU_ASSERT_DOUBLE_EQUAL(jpath(fit, "copy_h2d", "fit_points", NULL)->valuedouble, 3, 0);
+    CU_ASSERT_DOUBLE_EQUAL(jpath(fit, "copy_h2d", "fit_min_bytes", NULL)->valuedouble, 65536, 0);
+    CU_ASSERT_DOUBLE_EQUAL(jpath(fit, "copy_h2d", "latency_stderr", NULL)->valuedouble, 1.5e-7,
+                           1e-20);
+    const cJSON *fb = jpath(fit, "copy_h2d", "fitted_bytes", NULL);
+    CU_ASSERT_EQUAL_FATAL(cJSON_GetArraySize(fb), 3);
+    CU_ASSERT_DOUBLE_EQUAL(cJSON_GetArrayItem(fb, 0)->valuedouble, 65536, 0);
+    CU_ASSERT_DOUBLE_EQUAL(cJSON_GetArrayItem(fb, 2)->valuedouble, 16777216, 0);
     CU_ASSERT_STRING_EQUAL(cJSON_GetStringValue(jpath(j, "summary", "hardware", "kind")), "cpu");
     cJSON_Delete(j);
 }
@@ -582,6 +600,238 @@ static void test_halving_grid(void) {
     CU_ASSERT_TRUE(check_png(png, 1200, 800));
 }
 
+
+/* A SqueezeAttention p grid [2, G3T, G3R] with successive halving (like the shipped plans): p 0.5 was
+ * screened on 1 chunk only (its cells look better, 2.x, but are not comparable); p 1 has the
+ * finalists on 8 chunks: best at (t 0.7, r 0.2), worst at (t 0.6, r 0.1); (0.8, 0.3) of p 1 was
+ * never evaluated. */
+enum { G3T = 4, G3R = 3 };
+static const double g3_t[G3T] = {0.5, 0.6, 0.7, 0.8}, g3_r[G3R] = {0.1, 0.2, 0.3};
+static const double g3_p[2] = {0.5, 1.0};
+
+static void make_grid3(const char *path, const char *winner) {
+    kv_error err = {0};
+    kv_h5 *f = NULL;
+    kv_model m;
+    fake_model(&m);
+    double pp[2][G3T][G3R];
+    int ch[2][G3T][G3R];
+    for (int i = 0; i < G3T; i++)
+        for (int j = 0; j < G3R; j++) {
+            pp[0][i][j] = 2.0 + 0.01 * (i * G3R + j);
+            ch[0][i][j] = 1;
+            pp[1][i][j] = 4.0 + 0.1 * i + 0.01 * j; /* screening figures on 3 chunks */
+            ch[1][i][j] = 3;
+        }
+    pp[1][2][1] = 3.5, ch[1][2][1] = 8; /* best finalist */
+    pp[1][1][0] = 3.75, ch[1][1][0] = 8; /* worst finalist */
+    pp[1][0][2] = 3.6, ch[1][0][2] = 8;
+    pp[1][3][2] = NAN, ch[1][3][2] = 0;
+    int tok[L][HKV], blk[L][HKV];
+    for (int l = 0; l < L; l++)
+        for (int j = 0; j < HKV; j++) blk[l][j] = 2, tok[l][j] = 2 * BS;
+    kv_plan_budget b;
+    memset(&b, 0, sizeof b);
+    b.n_layers = L;
+    b.n_kv_heads = HKV;
+    b.context_length = CTX;
+    b.block_size = BS;
+    b.ratio = 0.25;
+    snprintf(b.policy, sizeof b.policy, "sink");
+    int base = !strcmp(winner, "uniform");
+    snprintf(b.allocation, sizeof b.allocation, "%s", base ? "uniform" : "baklava");
+    b.t = base ? NAN : 0.7;
+    b.r = base ? NAN : 0.2;
+    b.p = base ? NAN : 1.0;
+    b.tokens = &tok[0][0];
+    b.blocks = &blk[0][0];
+    OK(kv_h5_create(path, &f, &err));
+    OK(kv_h5_write_provenance(f, "kvplan search --p-grid 0.5,1 --halving 3", &m, &err));
+    OK(kv_plan_budget_write(f, &b, &err));
+    long dt[1] = {G3T}, dr[1] = {G3R}, dp[1] = {2}, d3[3] = {2, G3T, G3R}, db[1] = {3},
+         dh[1] = {4};
+    OK(kv_h5_write_f64(f, "/search/t_values", 1, dt, g3_t, "similarity", &err));
+    OK(kv_h5_write_f64(f, "/search/r_values", 1, dr, g3_r, "fraction", &err));
+    OK(kv_h5_write_f64(f, "/search/p_values", 1, dp, g3_p, "fraction", &err));
+    OK(kv_h5_write_f64(f, "/search/perplexity", 3, d3, &pp[0][0][0], "perplexity", &err));
+    OK(kv_h5_attr_str(f, "/search/perplexity", "dims", "p,t,r", &err));
+    OK(kv_h5_write_i32(f, "/search/chunks", 3, d3, &ch[0][0][0], "chunks", &err));
+    double bl[3] = {3.0, base ? 3.25 : 3.8, 4.5}, held[4] = {base ? 3.3 : 3.6, 3.1, 3.3, 4.6};
+    OK(kv_h5_write_f64(f, "/search/baselines", 1, db, bl, "perplexity", &err));
+    OK(kv_h5_write_f64(f, "/search/heldout", 1, dh, held, "perplexity", &err));
+    OK(kv_h5_attr_str(f, "/search/heldout", "names", "winner,full,uniform,squeeze", &err));
+    OK(kv_h5_attr_str(f, "/search", "method", "successive_halving", &err));
+    OK(kv_h5_attr_f64(f, "/search", "best_perplexity", base ? 3.25 : 3.5, &err));
+    OK(kv_h5_attr_i64(f, "/search", "best_chunks", 8, &err));
+    OK(kv_h5_attr_str(f, "/search", "winner", winner, &err));
+    OK(kv_h5_commit(f, &err));
+}
+
+/* Decoded RGB pixels of a PNG (caller frees), with its size. */
+static unsigned char *read_png(const char *path, unsigned *w, unsigned *h) {
+    png_image img;
+    memset(&img, 0, sizeof img);
+    img.version = PNG_IMAGE_VERSION;
+    if (!png_image_begin_read_from_file(&img, path)) return NULL;
+    img.format = PNG_FORMAT_RGB;
+    unsigned char *px = malloc(PNG_IMAGE_SIZE(img));
+    if (!px || !png_image_finish_read(&img, NULL, px, 0, NULL)) {
+        png_image_free(&img);
+        free(px);
+        return NULL;
+    }
+    *w = img.width;
+    *h = img.height;
+    return px;
+}
+
+static void test_grid3(void) {
+    const char *path = tu_tmp("grid3.h5");
+    make_grid3(path, "baklava");
+    char *out = NULL;
+    CU_ASSERT_EQUAL(run(&out, "inspect '%s'%s", path, ""), 0);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(out);
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "perplexity grid 2 (p) x 4 (t) x 3 (r): 23 of 24 cells "
+                                       "evaluated"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "successive halving: 3 cells reached 8 chunks"));
+    /* best and worst among the finalists, not the lower screening figures of p 0.5 */
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "  best   p 1  t 0.7  r 0.2  perplexity 3.5000  (8 chunks)"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "  worst  p 1  t 0.6  r 0.1  perplexity 3.7500  (8 chunks)"));
+    /* per p: p 0.5's own best is a screening figure on 1 chunk */
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "p 0.5    12 of 12 cells evaluated, 12 on its most chunks (1)"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "      best   t 0.5  r 0.1  perplexity 2.0000  (1 chunk)"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "      worst  t 0.8  r 0.3  perplexity 2.1100  (1 chunk)"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(out, "p 1      11 of 12 cells evaluated, 3 on its most chunks (8)"));
+    /* the winner, in the plan block before the budgets */
+    const char *w = strstr(out, ">> winner (/search@winner): baklava, the grid's best cell "
+                                "(p 1, t 0.7, r 0.2): search perplexity 3.5000 on 8 chunks; "
+                                "held-out 3.6000");
+    CU_ASSERT_PTR_NOT_NULL(w);
+    CU_ASSERT(w && strstr(out, "budgets B[l][j]") && w < strstr(out, "budgets B[l][j]"));
+    free(out);
+
+    CU_ASSERT_EQUAL(run(&out, "inspect '%s' --json%s", path, ""), 0);
+    cJSON *j = cJSON_Parse(out ? out : "");
+    free(out);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(j);
+    const cJSON *sr = jpath(j, "summary", "search", NULL);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(sr);
+    CU_ASSERT_DOUBLE_EQUAL(jpath(sr, "np", NULL, NULL)->valuedouble, 2, 0);
+    CU_ASSERT_DOUBLE_EQUAL(jpath(sr, "evaluated", NULL, NULL)->valuedouble, 23, 0);
+    CU_ASSERT_DOUBLE_EQUAL(jpath(sr, "cells_at_max_chunks", NULL, NULL)->valuedouble, 3, 0);
+    CU_ASSERT_DOUBLE_EQUAL(jpath(sr, "best", "p", NULL)->valuedouble, 1.0, 0);
+    CU_ASSERT_DOUBLE_EQUAL(jpath(sr, "best", "t", NULL)->valuedouble, 0.7, 0);
+    CU_ASSERT_DOUBLE_EQUAL(jpath(sr, "best", "r", NULL)->valuedouble, 0.2, 0);
+    CU_ASSERT_DOUBLE_EQUAL(jpath(sr, "best", "perplexity", NULL)->valuedouble, 3.5, 0);
+    CU_ASSERT_DOUBLE_EQUAL(jpath(sr, "best", "chunks", NULL)->valuedouble, 8, 0);
+    CU_ASSERT_DOUBLE_EQUAL(jpath(sr, "worst", "perplexity", NULL)->valuedouble, 3.75, 0);
+    const cJSON *per = jpath(sr, "per_p", NULL, NULL);
+    CU_ASSERT_EQUAL_FATAL(cJSON_GetArraySize(per), 2);
+    const cJSON *p0 = cJSON_GetArrayItem(per, 0);
+    CU_ASSERT_DOUBLE_EQUAL(jpath(p0, "p", NULL, NULL)->valuedouble, 0.5, 0);
+    CU_ASSERT_DOUBLE_EQUAL(jpath(p0, "max_chunks", NULL, NULL)->valuedouble, 1, 0);
+    CU_ASSERT_DOUBLE_EQUAL(jpath(p0, "best", "perplexity", NULL)->valuedouble, 2.0, 0);
+    CU_ASSERT_DOUBLE_EQUAL(jpath(p0, "worst", "perplexity", NULL)->valuedouble, 2.11, 1e-12);
+    CU_ASSERT_DOUBLE_EQUAL(jpath(cJSON_GetArrayItem(per, 1), "evaluated", NULL, NULL)->valuedouble,
+                           11, 0);
+    CU_ASSERT_STRING_EQUAL(cJSON_GetStringValue(jpath(sr, "winner", "allocation", NULL)),
+                           "baklava");
+    CU_ASSERT_STRING_EQUAL(cJSON_GetStringValue(jpath(sr, "winner", "from", NULL)), "grid");
+    CU_ASSERT_DOUBLE_EQUAL(jpath(sr, "winner", "t", NULL)->valuedouble, 0.7, 0);
+    CU_ASSERT_DOUBLE_EQUAL(jpath(sr, "winner", "heldout", NULL)->valuedouble, 3.6, 0);
+    /* the map itself: datasets["/search/perplexity"].data[p][t][r], null where not evaluated */
+    const cJSON *grid = jpath(j, "datasets", "/search/perplexity", "data");
+    CU_ASSERT(cJSON_IsNull(cJSON_GetArrayItem(cJSON_GetArrayItem(cJSON_GetArrayItem(grid, 1), 3),
+                                              2)));
+    cJSON_Delete(j);
+
+    /* the picture: one 1200 x 800 PNG with a panel per p */
+    const char *dir = tu_tmp("png-grid3");
+    CU_ASSERT_EQUAL(run(&out, "inspect '%s' --png '%s' 2>&1 >/dev/null", path, dir), 0);
+    CU_ASSERT_PTR_NOT_NULL(out && strstr(out, "search_perplexity.png"));
+    free(out);
+    char png[600];
+    snprintf(png, sizeof png, "%s/search_perplexity.png", dir);
+    CU_ASSERT_TRUE(check_png(png, 1200, 800));
+    /* two panels side by side: the middle row of the plot area crosses colour, then the white
+     * gap between the panels, then colour again */
+    unsigned pw = 0, ph = 0;
+    unsigned char *px = read_png(png, &pw, &ph);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(px);
+    CU_ASSERT_EQUAL(pw, 1200);
+    CU_ASSERT_EQUAL(ph, 800);
+    int runs = 0, in = 0;
+    for (unsigned x = 100; x < 1040 && pw == 1200 && ph == 800; x++) {
+        const unsigned char *c = px + (400u * pw + x) * 3;
+        int white = c[0] > 250 && c[1] > 250 && c[2] > 250;
+        if (!white && !in) runs++;
+        in = !white;
+    }
+    CU_ASSERT_EQUAL(runs, 2);
+    free(px);
+}
+
+/* A baseline that beat the grid is the winner, and the summary says so. */
+static void test_grid3_baseline_winner(void) {
+    const char *path = tu_tmp("grid3-uniform.h5");
+    make_grid3(path, "uniform");
+    char *out = NULL;
+    CU_ASSERT_EQUAL(run(&out, "inspect '%s'%s", path, ""), 0);
+    CU_ASSERT_PTR_NOT_NULL(out && strstr(out, ">> winner (/search@winner): uniform baseline, which "
+                                              "beat the grid's best cell (p 1, t 0.7, r 0.2: "
+                                              "perplexity 3.5000) on the same chunks: search "
+                                              "perplexity 3.2500 on 8 chunks; held-out 3.3000"));
+    CU_ASSERT_PTR_NOT_NULL(out && strstr(out, "parameters: t unused"));
+    free(out);
+    CU_ASSERT_EQUAL(run(&out, "inspect '%s' --json%s", path, ""), 0);
+    cJSON *j = cJSON_Parse(out ? out : "");
+    free(out);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(j);
+    const cJSON *win = jpath(j, "summary", "search", "winner");
+    CU_ASSERT_STRING_EQUAL(cJSON_GetStringValue(jpath(win, "from", NULL, NULL)), "baseline");
+    CU_ASSERT_DOUBLE_EQUAL(jpath(win, "perplexity", NULL, NULL)->valuedouble, 3.25, 0);
+    CU_ASSERT_PTR_NULL(jpath(win, "t", NULL, NULL));
+    cJSON_Delete(j);
+    const char *dir = tu_tmp("png-grid3-uniform");
+    CU_ASSERT_EQUAL(run(&out, "inspect '%s' --png '%s' >/dev/null 2>&1", path, dir), 0);
+    free(out);
+    char png[600];
+    snprintf(png, sizeof png, "%s/search_perplexity.png", dir);
+    CU_ASSERT_TRUE(check_png(png, 1200, 800));
+}
+
+/* squeeze searches p only: /search/perplexity [NP]. */
+static void test_grid_p_only(void) {
+    const char *path = tu_tmp("grid-p.h5");
+    kv_error err = {0};
+    kv_h5 *f = NULL;
+    OK(kv_h5_create(path, &f, &err));
+    OK(kv_h5_write_provenance(f, "kvplan search --allocation squeeze", NULL, &err));
+    OK(kv_h5_attr_f64(f, "/", "ratio", 0.5, &err));
+    double pv[3] = {0.25, 0.5, 1.0}, pp[3] = {4.5, 4.25, 4.75};
+    int tok[2] = {16, 32};
+    long d3[1] = {3}, db[2] = {1, 2};
+    OK(kv_h5_write_i32(f, "/budget/tokens", 2, db, tok, "tokens", &err));
+    OK(kv_h5_write_f64(f, "/search/p_values", 1, d3, pv, NULL, &err));
+    OK(kv_h5_write_f64(f, "/search/perplexity", 1, d3, pp, NULL, &err));
+    OK(kv_h5_attr_str(f, "/search", "winner", "squeeze", &err));
+    OK(kv_h5_commit(f, &err));
+    char *out = NULL;
+    CU_ASSERT_EQUAL(run(&out, "inspect '%s'%s", path, ""), 0);
+    CU_ASSERT_PTR_NOT_NULL(out && strstr(out, "perplexity grid 3 (p): 3 of 3 cells evaluated"));
+    CU_ASSERT_PTR_NOT_NULL(out && strstr(out, "best   p 0.5  perplexity 4.2500"));
+    CU_ASSERT_PTR_NOT_NULL(out && strstr(out, "worst  p 1  perplexity 4.7500"));
+    CU_ASSERT_PTR_NOT_NULL(out && strstr(out, "winner (/search@winner): squeeze, the grid's best "
+                                              "cell (p 0.5)"));
+    free(out);
+    const char *dir = tu_tmp("png-grid-p");
+    CU_ASSERT_EQUAL(run(&out, "inspect '%s' --png '%s' >/dev/null 2>&1", path, dir), 0);
+    free(out);
+    char png[600];
+    snprintf(png, sizeof png, "%s/search_perplexity.png", dir);
+    CU_ASSERT_TRUE(check_png(png, 1200, 800));
+}
+
 /* A kvplan file that is neither a profile nor a plan is shown generically. */
 static void test_generic_file(void) {
     const char *path = tu_tmp("other.h5");
@@ -610,6 +860,9 @@ int main(void) {
         {"exports: budgets and importance TSV, layer fractions", test_export},
         {"bad files and usage errors", test_bad_files},
         {"successive-halving grid", test_halving_grid},
+        {"[NP, NT, NR] grid: best p/t/r, per p, winner, one panel per p", test_grid3},
+        {"a baseline that beat the grid is the winner", test_grid3_baseline_winner},
+        {"a p-only [NP] grid", test_grid_p_only},
         {"a generic kvplan file", test_generic_file},
     };
     return tu_main("inspect", tests, sizeof tests / sizeof tests[0]);
