@@ -90,7 +90,10 @@ static void test_shipped_plan(void) {
         double v = json_number(out, "perplexity");
         printf("\n    cell p %.2f t %.2f r %.2f on %d chunks: stored %.6f, re-evaluated %.6f", pv[ip],
                tv[it], rv[ir], chunks[cell], ppl[cell], v);
-        CU_ASSERT(fabs(v - ppl[cell]) <= 1e-9 * ppl[cell]);
+        /* the stored values come from scripts/make-plans.sh's release build; a build with
+         * other optimisation or BLAS threading rounds floats differently (seen: 2e-7 in the
+         * -O0 sanitizer build), far below the >1% that separates neighbouring cells */
+        CU_ASSERT(fabs(v - ppl[cell]) <= 1e-6 * ppl[cell]);
         free(out);
         done++;
     }
