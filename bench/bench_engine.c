@@ -170,7 +170,8 @@ static void prefill_decode(const kv_model *m, kv_pool *pool, kv_cache *c, const 
     for (int t = 0; t < T; t += block) {
         int n = T - t < block ? T - t : block;
         check(kv_forward(m, ws, &c, 1, tokens + t, n, t + n == T ? KV_LOGITS_LAST : KV_LOGITS_NONE,
-                         logits, NULL, &err), &err);
+                         logits, NULL, &err),
+              &err);
     }
     double t1 = kv_now();
     double kv_read = 0, *dt = malloc((size_t)(D > 0 ? D : 1) * sizeof *dt);
@@ -194,13 +195,15 @@ static void prefill_decode(const kv_model *m, kv_pool *pool, kv_cache *c, const 
 /* Copy every retained entry (K, V, position, statistics) of src into a fresh cache on pool. */
 static void clone_cache(kv_cache *dst, kv_pool *pool, const kv_cache *src, const int *budget) {
     kv_error err = {0};
-    check(kv_cache_init(dst, pool, src->n_layers, src->n_kv_heads, budget, src->policy, &err), &err);
+    check(kv_cache_init(dst, pool, src->n_layers, src->n_kv_heads, budget, src->policy, &err),
+          &err);
     for (int i = 0; i < src->n_layers * src->n_kv_heads; i++) {
         const kv_head *h = &src->heads[i];
         kv_head *d = &dst->heads[i];
         for (int e = 0; e < h->len; e++) {
             check(kv_head_append(dst, d, kv_head_k(src->pool, h, e), kv_head_v(src->pool, h, e),
-                                 h->pos[e], &err), &err);
+                                 h->pos[e], &err),
+                  &err);
             d->acc[e] = h->acc[e];
             d->acc2[e] = h->acc2[e];
         }
@@ -283,12 +286,18 @@ int main(int argc, char **argv) {
     const char *shared = NULL;
     int long_ctx = 2048, kv_mib = 256, max_batch = 64, quick = 0, part = 0;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--shared") && i + 1 < argc) shared = argv[++i];
-        else if (!strcmp(argv[i], "--long-context") && i + 1 < argc) long_ctx = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--kv-mib") && i + 1 < argc) kv_mib = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--max-batch") && i + 1 < argc) max_batch = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--quick")) quick = 1;
-        else if (!strcmp(argv[i], "--part") && i + 1 < argc) part = atoi(argv[++i]);
+        if (!strcmp(argv[i], "--shared") && i + 1 < argc)
+            shared = argv[++i];
+        else if (!strcmp(argv[i], "--long-context") && i + 1 < argc)
+            long_ctx = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--kv-mib") && i + 1 < argc)
+            kv_mib = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--max-batch") && i + 1 < argc)
+            max_batch = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--quick"))
+            quick = 1;
+        else if (!strcmp(argv[i], "--part") && i + 1 < argc)
+            part = atoi(argv[++i]);
         else {
             fprintf(stderr, "usage: bench_engine [--shared DIR] [--long-context N (>= 2048)] "
                             "[--kv-mib M] [--max-batch B] [--quick] [--part 1|2|3]\n");
@@ -315,8 +324,8 @@ int main(int argc, char **argv) {
     printf("memcpy 256 MiB, best of %d: %.2f GB/s (1 thread), %.2f GB/s (%d threads); wall = "
            "%.2f GB/s\n\n",
            quick ? 3 : 8, mc1, mcn, threads, mc);
-    printf(HDR, "workload", "ctx", "R", "B", "prefill/s", "decode/s", "MB/token", "GB/s",
-           "of mcpy", "KV MiB", "notes");
+    printf(HDR, "workload", "ctx", "R", "B", "prefill/s", "decode/s", "MB/token", "GB/s", "of mcpy",
+           "KV MiB", "notes");
     kv_error err = {0};
     kv_model *m = NULL;
     double eng_decode = 0, eng_prefill = 0, eng_frac = 0;
@@ -330,9 +339,11 @@ int main(int argc, char **argv) {
         uint64_t s = 1;
         for (int i = 0; i < 512; i++) tok[i] = i ? (int)(rng_next(&s) % (uint64_t)V) : 1;
         kv_pool pool;
-        check(kv_pool_init(&pool, (int)kv_cache_blocks_needed(m->cfg.n_layers, m->cfg.n_kv_heads,
-                                                              NULL, 512, 16, 16),
-                           16, m->cfg.head_dim, &err), &err);
+        check(kv_pool_init(&pool,
+                           (int)kv_cache_blocks_needed(m->cfg.n_layers, m->cfg.n_kv_heads, NULL,
+                                                       512, 16, 16),
+                           16, m->cfg.head_dim, &err),
+              &err);
         /* prefill: a full 512-token chunk in one call (best of 3) */
         double best_pf = 0;
         run_stat st;
@@ -371,7 +382,8 @@ int main(int argc, char **argv) {
     if (part == 0 || part == 2) {
         kv_pool pool;
         check(kv_pool_init(&pool, (int)kv_cache_blocks_needed(L, Hkv, NULL, 1024, 16, 16), 16,
-                           m->cfg.head_dim, &err), &err);
+                           m->cfg.head_dim, &err),
+              &err);
         run_stat st;
         kv_cache c;
         int D = quick ? 8 : 32;
@@ -408,7 +420,8 @@ int main(int argc, char **argv) {
             p = 16;
             pol = KV_POLICY_AVGATTN;
         }
-        long per_seq = kv_cache_blocks_needed(L, Hkv, bud, long_ctx + D + steps, p > 16 ? 16 : p, 16);
+        long per_seq =
+            kv_cache_blocks_needed(L, Hkv, bud, long_ctx + D + steps, p > 16 ? 16 : p, 16);
         kv_pool pool;
         check(kv_pool_init(&pool, (int)per_seq, 16, m->cfg.head_dim, &err), &err);
         kv_cache c;
@@ -436,9 +449,10 @@ int main(int argc, char **argv) {
     }
     for (int ri = 0; ri < 3 && (part == 0 || part == 3); ri++) {
         char note[200];
-        snprintf(note, sizeof note, "largest batch in %d MiB of KV: %d%s; aggregate decode, median "
-                 "of %d steps", kv_mib, fits[ri], ran[ri] < fits[ri] ? " (ran the --max-batch cap)" : "",
-                 steps);
+        snprintf(note, sizeof note,
+                 "largest batch in %d MiB of KV: %d%s; aggregate decode, median "
+                 "of %d steps",
+                 kv_mib, fits[ri], ran[ri] < fits[ri] ? " (ran the --max-batch cap)" : "", steps);
         printf("%-34s %6d %7.4g %4d %10s %10.2f %10s %8s %8s %10.2f  %s\n", syn, long_ctx,
                ratios[ri], ran[ri], "-", batch_tps[ri], "-", "-", "-",
                (double)bpeak[ri] / 1048576.0, note);
@@ -449,14 +463,14 @@ int main(int argc, char **argv) {
            build_s, load1);
     if (part == 0 || part == 2)
         printf("targets (synthetic, context 512): decode %.2f of memcpy GB/s (target >= 0.80): %s; "
-           "prefill/decode %.1fx (target >= 4x): %s\n",
-           eng_frac, eng_frac >= 0.8 ? "met" : "NOT met", eng_prefill / eng_decode,
-           eng_prefill >= 4 * eng_decode ? "met" : "NOT met");
+               "prefill/decode %.1fx (target >= 4x): %s\n",
+               eng_frac, eng_frac >= 0.8 ? "met" : "NOT met", eng_prefill / eng_decode,
+               eng_prefill >= 4 * eng_decode ? "met" : "NOT met");
     if (part == 0 || part == 3)
         printf("long context %d: decode tokens/s R=1 %.2f, R=1/4 %.2f, R=1/16 %.2f; batch x "
-           "tokens/s at the largest batch: %.1f, %.1f, %.1f\n",
-           long_ctx, long_decode[0], long_decode[1], long_decode[2], batch_tps[0], batch_tps[1],
-           batch_tps[2]);
+               "tokens/s at the largest batch: %.1f, %.1f, %.1f\n",
+               long_ctx, long_decode[0], long_decode[1], long_decode[2], batch_tps[0], batch_tps[1],
+               batch_tps[2]);
     free(budget);
     free(tok);
     kv_model_free(m);

@@ -58,8 +58,9 @@ int main(void) {
     const char *models[] = {"models/stories260K/stories260K.bin", "models/tinystories-656k"};
     const int P = 8, T = 256, reps = 5;
     machine();
-    printf("workload: %d prompts x %d tokens of TinyStories text, full-cache prefill, best of %d\n\n",
-           P, T, reps);
+    printf(
+        "workload: %d prompts x %d tokens of TinyStories text, full-cache prefill, best of %d\n\n",
+        P, T, reps);
     printf("%-36s %14s %14s %8s\n", "model", "prefill tok/s", "profile tok/s", "ratio");
     for (size_t k = 0; k < sizeof models / sizeof models[0]; k++) {
         char path[4200], text[4200];

@@ -105,8 +105,8 @@ int main(int argc, char **argv) {
         printf("%-6.3g %-10s (%.2f, %.2f)     %-10.5f %-16.5f %-10s %-9d %-12ld %-12ld %-7.3f %s\n",
                o.ratio, "exhaust.", ex.best_t, ex.best_r, ex.best_ppl, ex.best_ppl, "-",
                ex.distinct_budgets, ex.token_evals, ex.token_evals_exhaustive, 1.0, "-");
-        printf("%-6s %-10s baselines: full %.5f, uniform %.5f, squeeze %.5f (%.1f s)\n", "",
-               "", ex.base_ppl[0], ex.base_ppl[1], ex.base_ppl[2], ex.seconds);
+        printf("%-6s %-10s baselines: full %.5f, uniform %.5f, squeeze %.5f (%.1f s)\n", "", "",
+               ex.base_ppl[0], ex.base_ppl[1], ex.base_ppl[2], ex.seconds);
         for (int ie = 0; ie < n_eta && !rc; ie++) {
             o.halving_eta = (int)etas[ie];
             kv_search_result h;

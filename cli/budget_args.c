@@ -51,9 +51,9 @@ int kv_budget_args_take(kv_budget_args *a, int argc, char **argv, int *i, kv_err
     return 0;
 }
 
-int kv_budget_args_resolve(const kv_budget_args *a, const kv_model *m, int context,
-                           int **budget, kv_policy *policy, int *evict_block, int *block_size,
-                           double *ratio_out, kv_error *err) {
+int kv_budget_args_resolve(const kv_budget_args *a, const kv_model *m, int context, int **budget,
+                           kv_policy *policy, int *evict_block, int *block_size, double *ratio_out,
+                           kv_error *err) {
     *budget = NULL;
     *policy = KV_POLICY_SINK;
     *evict_block = a->evict_block ? (int)a->evict_block : KV_DEFAULT_EVICT_BLOCK;
@@ -74,8 +74,10 @@ int kv_budget_args_resolve(const kv_budget_args *a, const kv_model *m, int conte
         int rc = kv_plan_budget_read(a->plan, &pb, err);
         if (rc) return rc;
         rc = kv_plan_check_model(&pb, m, a->plan, err);
-        if (!rc && a->policy) rc = kv_policy_parse(a->policy, policy, err);
-        else if (!rc) rc = kv_policy_parse(pb.policy, policy, err);
+        if (!rc && a->policy)
+            rc = kv_policy_parse(a->policy, policy, err);
+        else if (!rc)
+            rc = kv_policy_parse(pb.policy, policy, err);
         if (!rc && !a->block_size) *block_size = pb.block_size;
         if (!rc && !a->evict_block && pb.evict_block > 0) *evict_block = pb.evict_block;
         if (!rc && pb.context_length != context)
@@ -85,8 +87,10 @@ int kv_budget_args_resolve(const kv_budget_args *a, const kv_model *m, int conte
                          a->plan, pb.context_length, context, pb.context_length);
         if (!rc) {
             *budget = malloc((size_t)nh * sizeof **budget);
-            if (!*budget) rc = kv_fail(err, KV_EINTERNAL, "out of memory");
-            else memcpy(*budget, pb.tokens, (size_t)nh * sizeof **budget);
+            if (!*budget)
+                rc = kv_fail(err, KV_EINTERNAL, "out of memory");
+            else
+                memcpy(*budget, pb.tokens, (size_t)nh * sizeof **budget);
             *ratio_out = pb.ratio;
         }
         kv_plan_budget_free(&pb);

@@ -57,9 +57,9 @@ int kv_budget_args_take(kv_budget_args *a, int argc, char **argv, int *i, kv_err
 /* Resolve to per-head budgets [L*H_kv] (NULL when neither --plan nor --ratio: the full cache;
  * caller frees), the policy, p and b_s; context C is the chunk length the ratio refers to.
  * A plan is checked against the model (kv_plan_check_model). */
-int kv_budget_args_resolve(const kv_budget_args *a, const kv_model *m, int context,
-                           int **budget, kv_policy *policy, int *evict_block, int *block_size,
-                           double *ratio_out, kv_error *err);
+int kv_budget_args_resolve(const kv_budget_args *a, const kv_model *m, int context, int **budget,
+                           kv_policy *policy, int *evict_block, int *block_size, double *ratio_out,
+                           kv_error *err);
 
 /* Usage text of the budget options. */
 extern const char kv_budget_args_help[];

@@ -75,11 +75,14 @@ int kv_cmd_batch(int argc, char **argv) {
             json = 1;
             continue;
         }
-        struct { const char *name; const char **val; } opts[] = {
-            {"--model", &model_path}, {"--plan", &plan_path}, {"--profile", &profile},
-            {"--hardware", &preset}, {"--device-mem", &mem_s}, {"--mem-bw", &bw_s},
-            {"--prompt-len", &s_s}, {"--gen-len", &g_s}, {"--dtype-bytes", &p_s},
-            {"--weight-bytes", &w_s}, {"--block-size", &bs_s}, {"--evict-block", &e_s},
+        struct {
+            const char *name;
+            const char **val;
+        } opts[] = {
+            {"--model", &model_path}, {"--plan", &plan_path},   {"--profile", &profile},
+            {"--hardware", &preset},  {"--device-mem", &mem_s}, {"--mem-bw", &bw_s},
+            {"--prompt-len", &s_s},   {"--gen-len", &g_s},      {"--dtype-bytes", &p_s},
+            {"--weight-bytes", &w_s}, {"--block-size", &bs_s},  {"--evict-block", &e_s},
         };
         for (size_t k = 0; k < sizeof opts / sizeof opts[0] && !r; k++)
             r = kv_cli_opt(argc, argv, &i, opts[k].name, opts[k].val, &err);
@@ -107,19 +110,26 @@ int kv_cmd_batch(int argc, char **argv) {
         return kv_cli_report("batch", &err);
     if (bw_s && parse_qty(bw_s, "--mem-bw", &hw.mem_bw, &err)) return kv_cli_report("batch", &err);
     if (!(hw.device_mem > 0)) {
-        kv_fail(&err, KV_EINPUT, mem_s ? "--device-mem must be positive (got %s)"
-                                       : "need the device memory: --device-mem BYTES, --profile P "
-                                         "or --hardware NAME%s", mem_s ? mem_s : "");
+        kv_fail(&err, KV_EINPUT,
+                mem_s ? "--device-mem must be positive (got %s)"
+                      : "need the device memory: --device-mem BYTES, --profile P "
+                        "or --hardware NAME%s",
+                mem_s ? mem_s : "");
         return kv_cli_report("batch", &err);
     }
     double p = 2.0, w = -1.0;
     long s = 0, g = 0, bs = 0, e = 0;
-    if (p_s && kv_parse_double(p_s, "--dtype-bytes", 1e-3, 64.0, &p, &err)) return kv_cli_report("batch", &err);
-    if (w_s && kv_parse_double(w_s, "--weight-bytes", 1e-3, 64.0, &w, &err)) return kv_cli_report("batch", &err);
-    if (kv_parse_int(s_s, "--prompt-len", 0, 1L << 30, &s, &err)) return kv_cli_report("batch", &err);
+    if (p_s && kv_parse_double(p_s, "--dtype-bytes", 1e-3, 64.0, &p, &err))
+        return kv_cli_report("batch", &err);
+    if (w_s && kv_parse_double(w_s, "--weight-bytes", 1e-3, 64.0, &w, &err))
+        return kv_cli_report("batch", &err);
+    if (kv_parse_int(s_s, "--prompt-len", 0, 1L << 30, &s, &err))
+        return kv_cli_report("batch", &err);
     if (kv_parse_int(g_s, "--gen-len", 0, 1L << 30, &g, &err)) return kv_cli_report("batch", &err);
-    if (bs_s && kv_parse_int(bs_s, "--block-size", 1, 1L << 20, &bs, &err)) return kv_cli_report("batch", &err);
-    if (e_s && kv_parse_int(e_s, "--evict-block", 1, 1L << 20, &e, &err)) return kv_cli_report("batch", &err);
+    if (bs_s && kv_parse_int(bs_s, "--block-size", 1, 1L << 20, &bs, &err))
+        return kv_cli_report("batch", &err);
+    if (e_s && kv_parse_int(e_s, "--evict-block", 1, 1L << 20, &e, &err))
+        return kv_cli_report("batch", &err);
 
     kv_model *m = NULL;
     kv_plan_budget plan;
@@ -140,14 +150,15 @@ int kv_cmd_batch(int argc, char **argv) {
         c.mem_bw = hw.mem_bw;
         c.prompt_len = s;
         c.gen_len = g;
-        c.block_size = (int)(bs > 0 ? bs : (have_plan && plan.block_size > 0 ? plan.block_size : 16));
+        c.block_size =
+            (int)(bs > 0 ? bs : (have_plan && plan.block_size > 0 ? plan.block_size : 16));
         c.evict_block = (int)(e > 0 ? e : c.block_size);
         c.budget = have_plan ? plan.tokens : NULL;
         rc = kv_batch_size(&c, &res, &err);
     }
     if (!rc) {
-        printf("Batch sizing (Batch-Max §3-4): %s, prompt %ld + %ld generated tokens\n",
-               model_path, s, g);
+        printf("Batch sizing (Batch-Max §3-4): %s, prompt %ld + %ld generated tokens\n", model_path,
+               s, g);
         printf("device memory: %.0f bytes (%.3f GiB, %s)\n", hw.device_mem,
                hw.device_mem / 1073741824.0, mem_s ? "--device-mem" : hw.source);
         printf("weights: %.0f parameters x %g bytes = %.0f bytes; free for the batch: %.0f bytes\n",
@@ -168,8 +179,10 @@ int kv_cmd_batch(int argc, char **argv) {
             double kvb = r->prefill_limits ? r->kv_prefill : r->kv_decode;
             double wsb = r->prefill_limits ? r->ws_prefill : r->ws_decode;
             char tps[32];
-            if (hw.mem_bw > 0) snprintf(tps, sizeof tps, "%.4g", r->tokens_per_s);
-            else snprintf(tps, sizeof tps, "n/a");
+            if (hw.mem_bw > 0)
+                snprintf(tps, sizeof tps, "%.4g", r->tokens_per_s);
+            else
+                snprintf(tps, sizeof tps, "n/a");
             printf("%-16s %10ld %16.0f %16.0f %8s %14s\n", row_label[k], r->max_batch, kvb, wsb,
                    r->prefill_limits ? "prefill" : "decode", tps);
             if (r->max_batch == 0)
@@ -180,7 +193,8 @@ int kv_cmd_batch(int argc, char **argv) {
             printf("decode tokens/s: b x g / sum of (weights read + b x KV read) / %.4g GB/s\n",
                    hw.mem_bw / 1e9);
         else
-            printf("decode tokens/s need the memory bandwidth: --mem-bw, --profile or --hardware\n");
+            printf(
+                "decode tokens/s need the memory bandwidth: --mem-bw, --profile or --hardware\n");
         if (json) {
             cJSON *root = cJSON_CreateObject();
             cJSON_AddNumberToObject(root, "device_mem", hw.device_mem);

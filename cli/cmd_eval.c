@@ -8,15 +8,16 @@
 #include "kvplan/eval.h"
 
 static void help(FILE *f) {
-    fprintf(f,
-            "usage: kvplan eval MODEL (--text FILE | --tokens FILE) [--tokenizer TOK]\n"
-            "                   [--context C] [--max-tokens N] [--json] [--quiet] [budget options]\n"
-            "Perplexity: the text is tokenized once (BOS first) or read as whitespace-separated\n"
-            "ids, cut into consecutive chunks of C tokens (default: the model's context), a\n"
-            "final partial chunk is dropped, and the C - 1 next-token predictions of each chunk\n"
-            "are scored with a fresh cache per chunk.\n%s"
-            "--json prints one JSON object on the last line.\n",
-            kv_budget_args_help);
+    fprintf(
+        f,
+        "usage: kvplan eval MODEL (--text FILE | --tokens FILE) [--tokenizer TOK]\n"
+        "                   [--context C] [--max-tokens N] [--json] [--quiet] [budget options]\n"
+        "Perplexity: the text is tokenized once (BOS first) or read as whitespace-separated\n"
+        "ids, cut into consecutive chunks of C tokens (default: the model's context), a\n"
+        "final partial chunk is dropped, and the C - 1 next-token predictions of each chunk\n"
+        "are scored with a fresh cache per chunk.\n%s"
+        "--json prints one JSON object on the last line.\n",
+        kv_budget_args_help);
 }
 
 /* Whitespace-separated token ids; caller frees *ids. */
@@ -71,8 +72,10 @@ int kv_cmd_eval(int argc, char **argv) {
             help(stdout);
             return 0;
         }
-        if (!strcmp(argv[i], "--json")) json = 1;
-        else if (!strcmp(argv[i], "--quiet")) quiet = 1;
+        if (!strcmp(argv[i], "--json"))
+            json = 1;
+        else if (!strcmp(argv[i], "--quiet"))
+            quiet = 1;
         else if ((r = kv_cli_opt(argc, argv, &i, "--tokenizer", &tok_path, &err)) ||
                  (r = kv_cli_opt(argc, argv, &i, "--text", &text_path, &err)) ||
                  (r = kv_cli_opt(argc, argv, &i, "--tokens", &ids_path, &err))) {
@@ -127,8 +130,8 @@ int kv_cmd_eval(int argc, char **argv) {
         kv_eval_opts_default(&o, m);
         if (context) o.context = (int)context;
         if (o.context > m->cfg.seq_len)
-            rc = kv_fail(&err, KV_EINPUT, "--context %d exceeds the model's context %d",
-                         o.context, m->cfg.seq_len);
+            rc = kv_fail(&err, KV_EINPUT, "--context %d exceeds the model's context %d", o.context,
+                         m->cfg.seq_len);
     }
     if (!rc)
         rc = kv_budget_args_resolve(&ba, m, o.context, &budget, &o.policy, &o.evict_block,
@@ -144,8 +147,9 @@ int kv_cmd_eval(int argc, char **argv) {
         printf("model        %s (%s, %d layers, %d heads, %d KV heads)\n", m->path, m->format,
                m->cfg.n_layers, m->cfg.n_heads, m->cfg.n_kv_heads);
         printf("cache        %s", budget ? "budgeted" : "full");
-        if (budget) printf(" (ratio %.4g, policy %s, p %d, b_s %d)", ratio, kv_policy_name(o.policy),
-                           o.evict_block, o.block_size);
+        if (budget)
+            printf(" (ratio %.4g, policy %s, p %d, b_s %d)", ratio, kv_policy_name(o.policy),
+                   o.evict_block, o.block_size);
         printf("\nperplexity   %.6f\nnll          %.6f nats/token\ntokens       %ld scored "
                "in %d chunks of %d\nspeed        %.0f tokens/s\nkv bytes     %zu peak / %zu full "
                "(%.4f)\n",

@@ -46,8 +46,10 @@ static int export_matrix(const ki_file *f, const char *path, int as_int, kv_erro
         for (int j = 0; j < hkv; j++) {
             double x = v[(size_t)l * hkv + j];
             if (j) putchar('\t');
-            if (as_int) printf("%.0f", x);
-            else printf("%.6f", x);
+            if (as_int)
+                printf("%.0f", x);
+            else
+                printf("%.6f", x);
         }
         putchar('\n');
     }
@@ -102,8 +104,10 @@ int kv_cmd_inspect(int argc, char **argv) {
     }
     if (export_fmt && strcmp(export_fmt, "budgets-tsv") && strcmp(export_fmt, "importance-tsv") &&
         strcmp(export_fmt, "layer-fractions")) {
-        fprintf(stderr, "kvplan inspect: --export '%s' is not one of budgets-tsv, "
-                "importance-tsv, layer-fractions\n", export_fmt);
+        fprintf(stderr,
+                "kvplan inspect: --export '%s' is not one of budgets-tsv, "
+                "importance-tsv, layer-fractions\n",
+                export_fmt);
         return 1;
     }
     ki_file f;
@@ -115,8 +119,7 @@ int kv_cmd_inspect(int argc, char **argv) {
          * configuration, so that leak checkers see nothing left over */
         cairo_debug_reset_static_data();
         FcFini();
-        if (!rc && n == 0)
-            fprintf(stderr, "kvplan inspect: %s holds nothing to draw\n", file);
+        if (!rc && n == 0) fprintf(stderr, "kvplan inspect: %s holds nothing to draw\n", file);
     }
     if (!rc) {
         if (export_fmt && !strcmp(export_fmt, "budgets-tsv"))

@@ -43,11 +43,21 @@ static int parse_qty(const char *s, const char *opt, double *out, kv_error *err)
         double base = (u[0] && u[1] == 'i') ? 1024.0 : 1000.0;
         int pw = 0;
         switch (u[0]) {
-        case 'K': case 'k': pw = 1; break;
-        case 'M': pw = 2; break;
-        case 'G': pw = 3; break;
-        case 'T': pw = 4; break;
-        default: pw = -1;
+        case 'K':
+        case 'k':
+            pw = 1;
+            break;
+        case 'M':
+            pw = 2;
+            break;
+        case 'G':
+            pw = 3;
+            break;
+        case 'T':
+            pw = 4;
+            break;
+        default:
+            pw = -1;
         }
         if (pw < 0) return kv_fail(err, KV_EINPUT, "%s: '%s' is not a number", opt, s);
         u += base == 1024.0 ? 2 : 1;
@@ -61,7 +71,9 @@ static int parse_qty(const char *s, const char *opt, double *out, kv_error *err)
     return KV_OK;
 }
 
-static double ms(double s) { return s * 1e3; }
+static double ms(double s) {
+    return s * 1e3;
+}
 
 static void add_result(cJSON *o, const kv_kvpr_result *r) {
     cJSON_AddNumberToObject(o, "split", (double)r->split);
@@ -89,30 +101,34 @@ int kv_cmd_kvpr(int argc, char **argv) {
             json = 1;
             continue;
         }
-        struct { const char *name; const char **val; } opts[] = {
-            {"--profile", &profile}, {"--hardware", &preset}, {"--model", &model_path},
-            {"--schedule", &sched_s}, {"--v-com", &v_com_s}, {"--v-gpu", &v_gpu_s},
-            {"--hidden", &hidden_s}, {"--kv-heads", &kvh_s}, {"--head-dim", &hd_s},
-            {"--layers", &layers_s}, {"--batch", &batch_s}, {"--seq-len", &seq_s},
-            {"--gen-len", &gen_s}, {"--dtype-bytes", &p_s},
+        struct {
+            const char *name;
+            const char **val;
+        } opts[] = {
+            {"--profile", &profile},  {"--hardware", &preset}, {"--model", &model_path},
+            {"--schedule", &sched_s}, {"--v-com", &v_com_s},   {"--v-gpu", &v_gpu_s},
+            {"--hidden", &hidden_s},  {"--kv-heads", &kvh_s},  {"--head-dim", &hd_s},
+            {"--layers", &layers_s},  {"--batch", &batch_s},   {"--seq-len", &seq_s},
+            {"--gen-len", &gen_s},    {"--dtype-bytes", &p_s},
         };
         for (size_t k = 0; k < sizeof opts / sizeof opts[0] && !r; k++)
             r = kv_cli_opt(argc, argv, &i, opts[k].name, opts[k].val, &err);
         if (r < 0) return kv_cli_report("kvpr", &err);
         if (r) continue;
-        fprintf(stderr, "kvplan kvpr: unknown %s %s\n%s",
-                argv[i][0] == '-' ? "option" : "argument", argv[i], help);
+        fprintf(stderr, "kvplan kvpr: unknown %s %s\n%s", argv[i][0] == '-' ? "option" : "argument",
+                argv[i], help);
         return 1;
     }
 
     if (preset && !strcmp(preset, "list")) {
         int n = 0;
         const kv_hw_preset *t = kv_hw_presets(&n);
-        printf("%-16s %10s %12s %14s %14s  %s\n", "preset", "memory GiB", "mem GB/s",
-               "v_com GB/s", "v_gpu TFLOP/s", "source");
+        printf("%-16s %10s %12s %14s %14s  %s\n", "preset", "memory GiB", "mem GB/s", "v_com GB/s",
+               "v_gpu TFLOP/s", "source");
         for (int k = 0; k < n; k++)
-            printf("%-16s %10.0f %12.0f %14.0f %14.1f  %s\n", t[k].key, t[k].device_mem / 1073741824.0,
-                   t[k].mem_bw / 1e9, t[k].v_com / 1e9, t[k].v_gpu / 1e12, t[k].source);
+            printf("%-16s %10.0f %12.0f %14.0f %14.1f  %s\n", t[k].key,
+                   t[k].device_mem / 1073741824.0, t[k].mem_bw / 1e9, t[k].v_com / 1e9,
+                   t[k].v_gpu / 1e12, t[k].source);
         return 0;
     }
     /* hardware figures */
@@ -126,10 +142,13 @@ int kv_cmd_kvpr(int argc, char **argv) {
     }
     if (profile && kv_hw_from_profile(profile, &hw, &err)) return kv_cli_report("kvpr", &err);
     if (preset && kv_hw_from_preset(preset, &hw, &err)) return kv_cli_report("kvpr", &err);
-    if (v_com_s && parse_qty(v_com_s, "--v-com", &hw.v_com, &err)) return kv_cli_report("kvpr", &err);
-    if (v_gpu_s && parse_qty(v_gpu_s, "--v-gpu", &hw.v_gpu, &err)) return kv_cli_report("kvpr", &err);
+    if (v_com_s && parse_qty(v_com_s, "--v-com", &hw.v_com, &err))
+        return kv_cli_report("kvpr", &err);
+    if (v_gpu_s && parse_qty(v_gpu_s, "--v-gpu", &hw.v_gpu, &err))
+        return kv_cli_report("kvpr", &err);
     if (!profile && !preset && (!v_com_s || !v_gpu_s)) {
-        kv_fail(&err, KV_EINPUT, "need the hardware: --profile P, --hardware NAME, or both "
+        kv_fail(&err, KV_EINPUT,
+                "need the hardware: --profile P, --hardware NAME, or both "
                 "--v-com BYTES_PER_S and --v-gpu FLOP_PER_S");
         return kv_cli_report("kvpr", &err);
     }
@@ -154,13 +173,17 @@ int kv_cmd_kvpr(int argc, char **argv) {
         kv_model_free(m);
     } else {
         if (!hidden_s || !kvh_s || !hd_s) {
-            kv_fail(&err, KV_EINPUT, "need --model MODEL or all of --hidden, --kv-heads, --head-dim");
+            kv_fail(&err, KV_EINPUT,
+                    "need --model MODEL or all of --hidden, --kv-heads, --head-dim");
             return kv_cli_report("kvpr", &err);
         }
-        if (kv_parse_int(hidden_s, "--hidden", 1, 1L << 30, &v, &err)) return kv_cli_report("kvpr", &err);
+        if (kv_parse_int(hidden_s, "--hidden", 1, 1L << 30, &v, &err))
+            return kv_cli_report("kvpr", &err);
         sh.hidden = v;
-        if (kv_parse_int(kvh_s, "--kv-heads", 1, 1L << 20, &n_kv, &err)) return kv_cli_report("kvpr", &err);
-        if (kv_parse_int(hd_s, "--head-dim", 1, 1L << 20, &hd, &err)) return kv_cli_report("kvpr", &err);
+        if (kv_parse_int(kvh_s, "--kv-heads", 1, 1L << 20, &n_kv, &err))
+            return kv_cli_report("kvpr", &err);
+        if (kv_parse_int(hd_s, "--head-dim", 1, 1L << 20, &hd, &err))
+            return kv_cli_report("kvpr", &err);
     }
     if (layers_s && kv_parse_int(layers_s, "--layers", 1, 1L << 20, &layers, &err))
         return kv_cli_report("kvpr", &err);
@@ -169,8 +192,10 @@ int kv_cmd_kvpr(int argc, char **argv) {
         kv_fail(&err, KV_EINPUT, "--batch b and --seq-len s are required");
         return kv_cli_report("kvpr", &err);
     }
-    if (kv_parse_int(batch_s, "--batch", 0, 1L << 40, &sh.batch, &err)) return kv_cli_report("kvpr", &err);
-    if (kv_parse_int(seq_s, "--seq-len", 0, 1L << 40, &sh.seq, &err)) return kv_cli_report("kvpr", &err);
+    if (kv_parse_int(batch_s, "--batch", 0, 1L << 40, &sh.batch, &err))
+        return kv_cli_report("kvpr", &err);
+    if (kv_parse_int(seq_s, "--seq-len", 0, 1L << 40, &sh.seq, &err))
+        return kv_cli_report("kvpr", &err);
     long gen = 0;
     if (gen_s && kv_parse_int(gen_s, "--gen-len", 1, 1L << 24, &gen, &err))
         return kv_cli_report("kvpr", &err);
@@ -188,8 +213,8 @@ int kv_cmd_kvpr(int argc, char **argv) {
     printf("shape: b %ld, s' %ld, h %ld, h_kv %ld (%ld KV heads x %ld), p %g bytes, %ld layer%s\n",
            sh.batch, sh.seq, sh.hidden, sh.kv_width, n_kv, hd, sh.dtype_bytes, layers,
            layers == 1 ? "" : "s");
-    printf("hardware: v_com %.4g GB/s, v_gpu %.4g TFLOP/s (%s)\n", hw.v_com / 1e9,
-           hw.v_gpu / 1e12, hw.source);
+    printf("hardware: v_com %.4g GB/s, v_gpu %.4g TFLOP/s (%s)\n", hw.v_com / 1e9, hw.v_gpu / 1e12,
+           hw.source);
     printf("split l = %ld of %ld tokens recomputed from activations\n", r.split, sh.seq);
     printf("time per layer: %.4g ms with recomputation, %.4g ms without (%+.1f%%)\n", ms(r.time),
            ms(r.time_no_recompute),
@@ -224,8 +249,8 @@ int kv_cmd_kvpr(int argc, char **argv) {
         long every = gen <= 64 ? 1 : (gen + 31) / 32;
         printf("\ndecode steps (s' grows by one per step; times per layer%s)\n",
                every > 1 ? ", every few steps shown" : "");
-        printf("%8s %10s %10s %14s %14s %9s\n", "step", "s'", "split l", "t (ms)",
-               "t no-rec (ms)", "bound");
+        printf("%8s %10s %10s %14s %14s %9s\n", "step", "s'", "split l", "t (ms)", "t no-rec (ms)",
+               "bound");
         cJSON *dec = cJSON_AddObjectToObject(root, "decode");
         steps = cJSON_AddArrayToObject(dec, "steps");
         for (long t = 1; t <= gen; t++) {
@@ -247,9 +272,9 @@ int kv_cmd_kvpr(int argc, char **argv) {
         }
         if (!rc) {
             printf("decode total (%ld steps x %ld layer%s): %.4g ms with recomputation, %.4g ms "
-                   "without (%+.1f%%)\n", gen, layers, layers == 1 ? "" : "s",
-                   ms(total) * (double)layers, ms(total0) * (double)layers,
-                   total0 > 0 ? 100.0 * (total / total0 - 1.0) : 0.0);
+                   "without (%+.1f%%)\n",
+                   gen, layers, layers == 1 ? "" : "s", ms(total) * (double)layers,
+                   ms(total0) * (double)layers, total0 > 0 ? 100.0 * (total / total0 - 1.0) : 0.0);
             cJSON_AddNumberToObject(dec, "gen_len", (double)gen);
             cJSON_AddNumberToObject(dec, "total_time", total * (double)layers);
             cJSON_AddNumberToObject(dec, "total_time_no_recompute", total0 * (double)layers);

@@ -43,16 +43,14 @@ int kv_plan_args_take(kv_plan_args *a, int argc, char **argv, int *i, kv_error *
     if ((r = kv_cli_opt(argc, argv, i, "--context", &v, err)))
         return r < 0 || kv_parse_int(v, "--context", 2, 1 << 22, &a->context, err) ? -1 : 1;
     if ((r = kv_cli_opt(argc, argv, i, "--evict-block", &v, err)))
-        return r < 0 || kv_parse_int(v, "--evict-block", 1, 1 << 20, &a->evict_block, err) ? -1
-                                                                                            : 1;
+        return r < 0 || kv_parse_int(v, "--evict-block", 1, 1 << 20, &a->evict_block, err) ? -1 : 1;
     if ((r = kv_cli_opt(argc, argv, i, "--block-size", &v, err)))
         return r < 0 || kv_parse_int(v, "--block-size", 1, 4096, &a->block_size, err) ? -1 : 1;
     return 0;
 }
 
-int kv_plan_args_setup(const kv_plan_args *a, kv_model **m, kv_profile_inputs *prof,
-                       int *have_prof, kv_alloc_params *ap, kv_policy *policy, int *evict_block,
-                       kv_error *err) {
+int kv_plan_args_setup(const kv_plan_args *a, kv_model **m, kv_profile_inputs *prof, int *have_prof,
+                       kv_alloc_params *ap, kv_policy *policy, int *evict_block, kv_error *err) {
     *m = NULL;
     *have_prof = 0;
     memset(prof, 0, sizeof *prof);
@@ -72,8 +70,8 @@ int kv_plan_args_setup(const kv_plan_args *a, kv_model **m, kv_profile_inputs *p
     ap->ratio = a->ratio;
     ap->context = a->context ? (int)a->context : (*m)->cfg.seq_len;
     if (ap->context > (*m)->cfg.seq_len)
-        return kv_fail(err, KV_EINPUT, "--context %d exceeds the model's context %d",
-                       ap->context, (*m)->cfg.seq_len);
+        return kv_fail(err, KV_EINPUT, "--context %d exceeds the model's context %d", ap->context,
+                       (*m)->cfg.seq_len);
     ap->block_size = a->block_size ? (int)a->block_size : KV_DEFAULT_BLOCK_SIZE;
     *evict_block = a->evict_block ? (int)a->evict_block : KV_DEFAULT_EVICT_BLOCK;
     if (*evict_block > ap->context)
@@ -140,8 +138,9 @@ int kv_cmd_plan(int argc, char **argv) {
     kv_policy policy;
     int rc = kv_plan_args_setup(&a, &m, &prof, &have_prof, &ap, &policy, &evict_block, &err);
     if (!rc && ap.kind == KV_ALLOC_BAKLAVA && (isnan(t) || isnan(r)))
-        rc = kv_fail(&err, KV_EINPUT, "allocation baklava needs --t T and --r R2 (or use "
-                                      "kvplan search to find them)");
+        rc = kv_fail(&err, KV_EINPUT,
+                     "allocation baklava needs --t T and --r R2 (or use "
+                     "kvplan search to find them)");
     ap.t = t;
     ap.r = r;
     ap.p = p;
@@ -159,14 +158,16 @@ int kv_cmd_plan(int argc, char **argv) {
     char cmd[4096] = "kvplan ";
     kv_cli_command_line(argc, argv, cmd + 7, sizeof cmd - 7);
     if (!rc)
-        rc = kv_plan_file_write(a.out, cmd, a.profile, m, &ap, policy, evict_block, tokens, blocks, NULL,
-                                NULL, &err);
+        rc = kv_plan_file_write(a.out, cmd, a.profile, m, &ap, policy, evict_block, tokens, blocks,
+                                NULL, NULL, &err);
     if (!rc) {
         long sum = 0;
         for (int i = 0; i < nh; i++) sum += tokens[i];
         printf("plan         %s\nallocation   %s", a.out, kv_alloc_name(ap.kind));
-        if (ap.kind == KV_ALLOC_BAKLAVA) printf(" (t %.3g, r %.3g, p %.3g)", t, r, p);
-        else if (ap.kind == KV_ALLOC_SQUEEZE) printf(" (p %.3g)", p);
+        if (ap.kind == KV_ALLOC_BAKLAVA)
+            printf(" (t %.3g, r %.3g, p %.3g)", t, r, p);
+        else if (ap.kind == KV_ALLOC_SQUEEZE)
+            printf(" (p %.3g)", p);
         printf("\nratio        %.4g of %d layers x %d KV heads x %d tokens\n", ap.ratio,
                m->cfg.n_layers, m->cfg.n_kv_heads, ap.context);
         printf("budget       %ld tokens in %d-token blocks (%.4f of the full cache)\n", sum,

@@ -36,9 +36,12 @@ int kv_cmd_profile(int argc, char **argv) {
             help(stdout);
             return 0;
         }
-        if (!strcmp(argv[i], "--no-hw")) no_hw = 1;
-        else if (!strcmp(argv[i], "--quick-hw")) quick_hw = 1;
-        else if (!strcmp(argv[i], "--quiet")) quiet = 1;
+        if (!strcmp(argv[i], "--no-hw"))
+            no_hw = 1;
+        else if (!strcmp(argv[i], "--quick-hw"))
+            quick_hw = 1;
+        else if (!strcmp(argv[i], "--quiet"))
+            quiet = 1;
         else if ((r = kv_cli_opt(argc, argv, &i, "--tokenizer", &tok_path, &err)) ||
                  (r = kv_cli_opt(argc, argv, &i, "--text", &text_path, &err)) ||
                  (r = kv_cli_opt(argc, argv, &i, "-o", &out, &err))) {
@@ -96,9 +99,9 @@ int kv_cmd_profile(int argc, char **argv) {
         if (!prompts) rc = kv_fail(&err, KV_EINTERNAL, "out of memory");
     }
     if (!rc) {
-        rc = kv_profile_pick_prompts(stream, n, tok->bos_id >= 0 ? tok->bos_id : stream[0],
-                                     (int)n_prompts, (int)prompt_len, (uint64_t)seed, prompts,
-                                     &err);
+        rc =
+            kv_profile_pick_prompts(stream, n, tok->bos_id >= 0 ? tok->bos_id : stream[0],
+                                    (int)n_prompts, (int)prompt_len, (uint64_t)seed, prompts, &err);
         if (rc) kv_fail_context(&err, "%s", text_path);
     }
     if (!rc) rc = kv_profile_run(m, prompts, (int)n_prompts, (int)prompt_len, &pr, &prog, &err);
@@ -135,8 +138,8 @@ int kv_cmd_profile(int argc, char **argv) {
         fprintf(stderr,
                 "kvplan profile: most important KV head: layer %d head %d (%.4f); least: layer %d "
                 "head %d (%.4f); mean Kendall tau between prompts %.3f\n",
-                best / K, best % K, pr.importance[best], worst / K, worst % K,
-                pr.importance[worst], cnt ? tau / cnt : 1.0);
+                best / K, best % K, pr.importance[best], worst / K, worst % K, pr.importance[worst],
+                cnt ? tau / cnt : 1.0);
     }
     kv_profile_free(&pr);
     free(prompts);

@@ -72,8 +72,7 @@ static int read_prompts(const char *path, char ***out, int *n, kv_error *err) {
 
 int kv_cmd_run(int argc, char **argv) {
     kv_error err = {0};
-    const char *model_path = NULL, *tok_path = NULL, *prompt = "", *prompts_path = NULL,
-               *v = NULL;
+    const char *model_path = NULL, *tok_path = NULL, *prompt = "", *prompts_path = NULL, *v = NULL;
     long n_new = 256, batch = 0, seed = 0;
     double temperature = 1.0, top_p = 0.9;
     int quiet = 0;
@@ -84,7 +83,8 @@ int kv_cmd_run(int argc, char **argv) {
             help(stdout);
             return 0;
         }
-        if (!strcmp(argv[i], "--quiet")) quiet = 1;
+        if (!strcmp(argv[i], "--quiet"))
+            quiet = 1;
         else if ((r = kv_cli_opt(argc, argv, &i, "--tokenizer", &tok_path, &err)) ||
                  (r = kv_cli_opt(argc, argv, &i, "--prompt", &prompt, &err)) ||
                  (r = kv_cli_opt(argc, argv, &i, "--prompts", &prompts_path, &err))) {
@@ -141,8 +141,8 @@ int kv_cmd_run(int argc, char **argv) {
     if (!rc && prompts_path) rc = read_prompts(prompts_path, &prompts, &n_prompts, &err);
     int C = m ? m->cfg.seq_len : 0;
     if (!rc)
-        rc = kv_budget_args_resolve(&ba, m, C, &budget, &policy, &evict_block, &block_size,
-                                    &ratio, &err);
+        rc = kv_budget_args_resolve(&ba, m, C, &budget, &policy, &evict_block, &block_size, &ratio,
+                                    &err);
     if (!rc) {
         B = batch ? (int)batch : (n_prompts ? n_prompts : 1);
         seqs = calloc((size_t)B, sizeof *seqs);
@@ -165,8 +165,8 @@ int kv_cmd_run(int argc, char **argv) {
     }
     long per_seq = 0;
     if (!rc) {
-        per_seq = kv_cache_blocks_needed(m->cfg.n_layers, m->cfg.n_kv_heads, budget, C,
-                                         evict_block, block_size);
+        per_seq = kv_cache_blocks_needed(m->cfg.n_layers, m->cfg.n_kv_heads, budget, C, evict_block,
+                                         block_size);
         rc = kv_pool_init(&pool, (int)(per_seq * B), block_size, m->cfg.head_dim, &err);
     }
     int max_rows = 0;
@@ -178,11 +178,14 @@ int kv_cmd_run(int argc, char **argv) {
         if (rc) break;
         q->ids = ids;
         q->n = q->cap = q->n_prompt = n;
-        if (n >= C) rc = kv_fail(&err, KV_EINPUT, "prompt %d has %d tokens, the context is %d", s, n, C);
+        if (n >= C)
+            rc = kv_fail(&err, KV_EINPUT, "prompt %d has %d tokens, the context is %d", s, n, C);
         if (n > max_rows) max_rows = n;
-        kv_sampler_init(&q->sampler, (float)temperature, (float)top_p, (uint64_t)seed + (uint64_t)s + 1);
-        if (!rc) rc = kv_cache_init(&q->cache, &pool, m->cfg.n_layers, m->cfg.n_kv_heads, budget,
-                                    policy, &err);
+        kv_sampler_init(&q->sampler, (float)temperature, (float)top_p,
+                        (uint64_t)seed + (uint64_t)s + 1);
+        if (!rc)
+            rc = kv_cache_init(&q->cache, &pool, m->cfg.n_layers, m->cfg.n_kv_heads, budget, policy,
+                               &err);
     }
     int prefill_block = budget ? evict_block : max_rows;
     if (!rc) rc = kv_workspace_new(m, prefill_block > B ? prefill_block : B, C, &ws, &err);

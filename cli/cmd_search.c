@@ -130,8 +130,8 @@ int kv_cmd_search(int argc, char **argv) {
         ap.t = res.best_t;
         ap.r = res.best_r;
         ap.p = res.best_p;
-        rc = kv_plan_file_write(a.out, cmd, a.profile, m, &ap, policy, evict_block, res.tokens, res.blocks,
-                                &so, &res, &err);
+        rc = kv_plan_file_write(a.out, cmd, a.profile, m, &ap, policy, evict_block, res.tokens,
+                                res.blocks, &so, &res, &err);
     }
     if (!rc) {
         printf("plan         %s\nallocation   %s", a.out, kv_alloc_name(ap.kind));
@@ -149,9 +149,8 @@ int kv_cmd_search(int argc, char **argv) {
                res.distinct_budgets, res.search_chunks, ap.context);
         printf("token evals  %ld (exhaustive: %ld, ratio %.3f), %.1f s\n", res.token_evals,
                res.token_evals_exhaustive,
-               (double)res.token_evals / (double)(res.token_evals_exhaustive
-                                                      ? res.token_evals_exhaustive
-                                                      : 1),
+               (double)res.token_evals /
+                   (double)(res.token_evals_exhaustive ? res.token_evals_exhaustive : 1),
                res.seconds);
         printf("perplexity   %-10s %-10s %-10s %-10s %-10s\n", "", "winner", "full", "uniform",
                "squeeze");
@@ -159,8 +158,7 @@ int kv_cmd_search(int argc, char **argv) {
                res.base_ppl[0], res.base_ppl[1], res.base_ppl[2]);
         if (res.heldout_chunks > 0)
             printf("             %-10s %-10.4f %-10.4f %-10.4f %-10.4f\n", "held-out",
-                   res.heldout_ppl[0], res.heldout_ppl[1], res.heldout_ppl[2],
-                   res.heldout_ppl[3]);
+                   res.heldout_ppl[0], res.heldout_ppl[1], res.heldout_ppl[2], res.heldout_ppl[3]);
         if (res.best_chunks < res.search_chunks)
             printf("note         the winner's search perplexity uses %d of %d chunks\n",
                    res.best_chunks, res.search_chunks);

@@ -7,10 +7,9 @@
 #include "kvplan/model.h"
 #include "kvplan/tokenizer.h"
 
-static const char *help =
-    "usage: kvplan tokenize MODEL [--tokenizer TOK] --text FILE\n"
-    "Print the token ids of FILE, space-separated, BOS first.\n"
-    "MODEL is a llama2.c .bin, a .gguf file or a Hugging Face directory.\n";
+static const char *help = "usage: kvplan tokenize MODEL [--tokenizer TOK] --text FILE\n"
+                          "Print the token ids of FILE, space-separated, BOS first.\n"
+                          "MODEL is a llama2.c .bin, a .gguf file or a Hugging Face directory.\n";
 
 int kv_cmd_tokenize(int argc, char **argv) {
     kv_error err = {0};

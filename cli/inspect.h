@@ -87,13 +87,13 @@ typedef struct ki_grid_stats {
     long best, worst; /* flat indices into ppl, -1 when nothing was evaluated */
 } ki_grid_stats;
 typedef struct ki_grid {
-    int rank;       /* of /search/perplexity: 1, 2 or 3 */
-    int np, nt, nr; /* 1 for a missing axis */
-    const double *p, *t, *r;   /* axis values, borrowed; NULL when the axis is missing or its
-                                  values dataset is missing or of another length */
-    const double *ppl;         /* [np * nt * nr], borrowed */
-    const double *chunks;      /* same shape, or NULL */
-    ki_grid_stats all;         /* over every cell */
+    int rank;                /* of /search/perplexity: 1, 2 or 3 */
+    int np, nt, nr;          /* 1 for a missing axis */
+    const double *p, *t, *r; /* axis values, borrowed; NULL when the axis is missing or its
+                                values dataset is missing or of another length */
+    const double *ppl;       /* [np * nt * nr], borrowed */
+    const double *chunks;    /* same shape, or NULL */
+    ki_grid_stats all;       /* over every cell */
 } ki_grid;
 /* 0 when the file has no such grid. */
 int ki_search_grid(const ki_file *f, ki_grid *out);

@@ -55,8 +55,10 @@ static void on_attr(void *user, const char *name, char kind) {
         if (kv_h5_read_attr_str(c->h, c->obj, name, &a->str, &e2)) a->kind = '?';
     } else if (kind == 'i') {
         long v = 0;
-        if (kv_h5_read_attr_i64(c->h, c->obj, name, &v, &e2)) a->kind = '?';
-        else a->num = (double)v;
+        if (kv_h5_read_attr_i64(c->h, c->obj, name, &v, &e2))
+            a->kind = '?';
+        else
+            a->num = (double)v;
     } else if (kind == 'f') {
         if (kv_h5_read_attr_f64(c->h, c->obj, name, &a->num, &e2)) a->kind = '?';
     }
@@ -190,7 +192,9 @@ const char *ki_attr_str(const ki_file *f, const char *obj, const char *name) {
     return a && a->kind == 's' ? a->str : NULL;
 }
 
-const char *ki_units(const ki_file *f, const char *path) { return ki_attr_str(f, path, "units"); }
+const char *ki_units(const ki_file *f, const char *path) {
+    return ki_attr_str(f, path, "units");
+}
 
 const double *ki_matrix(const ki_file *f, const char *path, int allow_1d, int *rows, int *cols) {
     const ki_dset *d = ki_dset_find(f, path);
@@ -368,8 +372,8 @@ const char *ki_search_winner(const ki_file *f, const ki_grid *g, int *from_grid)
     if (!w) return NULL;
     /* the grid's own allocation: baklava when it has (t, r) axes, squeeze for a p-only grid;
      * without a grid, the plan's allocation */
-    const char *grid_kind = g && g->ppl ? (g->rank >= 2 ? "baklava" : "squeeze")
-                                        : ki_attr_str(f, "/", "allocation");
+    const char *grid_kind =
+        g && g->ppl ? (g->rank >= 2 ? "baklava" : "squeeze") : ki_attr_str(f, "/", "allocation");
     *from_grid = grid_kind && !strcmp(w, grid_kind);
     return w;
 }

@@ -26,8 +26,8 @@ static cJSON *nested(const double *v, const long *dims, int rank, int k, size_t 
     cJSON *a = cJSON_CreateArray();
     if (!a) return NULL;
     for (long i = 0; i < dims[k]; i++) {
-        cJSON *item = k + 1 == rank ? cJSON_CreateNumber(v[(*pos)++])
-                                    : nested(v, dims, rank, k + 1, pos);
+        cJSON *item =
+            k + 1 == rank ? cJSON_CreateNumber(v[(*pos)++]) : nested(v, dims, rank, k + 1, pos);
         if (!item) {
             cJSON_Delete(a);
             return NULL;
@@ -43,7 +43,7 @@ static cJSON *attrs_of(const ki_file *f, const char *obj) {
     for (int i = 0; i < f->n_attrs; i++) {
         const ki_attr *a = &f->attrs[i];
         if (strcmp(a->obj, obj) != 0) continue;
-        cJSON *it = a->kind == 's' ? cJSON_CreateString(a->str)
+        cJSON *it = a->kind == 's'                       ? cJSON_CreateString(a->str)
                     : (a->kind == 'i' || a->kind == 'f') ? cJSON_CreateNumber(a->num)
                                                          : cJSON_CreateNull();
         if (!it) {
@@ -160,8 +160,10 @@ static void plan_summary(cJSON *s, const ki_file *f) {
     const char *str[] = {"policy", "allocation"};
     for (int i = 0; i < 2; i++) {
         const char *v = ki_attr_str(f, "/", str[i]);
-        if (v) cJSON_AddStringToObject(p, str[i], v);
-        else cJSON_AddNullToObject(p, str[i]);
+        if (v)
+            cJSON_AddStringToObject(p, str[i], v);
+        else
+            cJSON_AddNullToObject(p, str[i]);
     }
     int L = 0, hkv = 0;
     const double *tok = ki_matrix(f, "/budget/tokens", 0, &L, &hkv);
@@ -169,8 +171,9 @@ static void plan_summary(cJSON *s, const ki_file *f) {
         double total = 0;
         for (int i = 0; i < L * hkv; i++) total += tok[i];
         cJSON_AddNumberToObject(p, "total_tokens", total);
-        cJSON_AddNumberToObject(p, "target_tokens", ki_attr_num(f, "/", "ratio", NAN) * L * hkv *
-                                                        ki_attr_num(f, "/", "context_length", NAN));
+        cJSON_AddNumberToObject(p, "target_tokens",
+                                ki_attr_num(f, "/", "ratio", NAN) * L * hkv *
+                                    ki_attr_num(f, "/", "context_length", NAN));
     }
     kv_error e = {0};
     int n = 0;
@@ -242,8 +245,7 @@ static void plan_summary(cJSON *s, const ki_file *f) {
         cJSON_AddStringToObject(o, "allocation", w);
         cJSON_AddStringToObject(o, "from", from_grid ? "grid" : "baseline");
         if (from_grid && has_grid && g.all.best >= 0) cell_json(o, &g, g.all.best, 0);
-        cJSON_AddNumberToObject(o, "perplexity",
-                                ki_attr_num(f, "/search", "best_perplexity", NAN));
+        cJSON_AddNumberToObject(o, "perplexity", ki_attr_num(f, "/search", "best_perplexity", NAN));
         cJSON_AddNumberToObject(o, "chunks", ki_attr_num(f, "/search", "best_chunks", NAN));
         const ki_dset *h = ki_dset_find(f, "/search/heldout");
         if (h && h->v && h->rank == 1 && h->count > 0)
@@ -255,8 +257,10 @@ int ki_print_json(FILE *out, const ki_file *f, kv_error *err) {
     cJSON *root = cJSON_CreateObject();
     if (!root) return kv_fail(err, KV_EINTERNAL, "out of memory: JSON");
     cJSON_AddStringToObject(root, "file", f->path);
-    cJSON_AddStringToObject(root, "kind", f->is_plan ? "plan" : f->is_profile ? "profile"
-                                                                              : "kvplan");
+    cJSON_AddStringToObject(root, "kind",
+                            f->is_plan      ? "plan"
+                            : f->is_profile ? "profile"
+                                            : "kvplan");
     cJSON_AddItemToObject(root, "attributes", attrs_of(f, "/"));
     cJSON *s = cJSON_AddObjectToObject(root, "summary");
     if (f->is_profile) profile_summary(s, f);
@@ -277,8 +281,10 @@ int ki_print_json(FILE *out, const ki_file *f, kv_error *err) {
         cJSON_AddStringToObject(o, "type", d->v ? (d->is_int ? "int" : "float") : "other");
         cJSON_AddItemToObject(o, "attributes", attrs_of(f, d->path));
         size_t pos = 0;
-        if (d->v && d->rank > 0) cJSON_AddItemToObject(o, "data", nested(d->v, d->dims, d->rank, 0, &pos));
-        else cJSON_AddNullToObject(o, "data");
+        if (d->v && d->rank > 0)
+            cJSON_AddItemToObject(o, "data", nested(d->v, d->dims, d->rank, 0, &pos));
+        else
+            cJSON_AddNullToObject(o, "data");
         cJSON_AddItemToObject(ds, d->path, o);
     }
     char *text = cJSON_PrintUnformatted(root);

@@ -40,9 +40,9 @@ typedef struct hm_spec {
     int logscale;
     int annotate;
     const char *ann_fmt;
-    const char *legend; /* extra line under the colour bar, or NULL */
-    const char *dot_legend; /* what a dot means (and a bold value), or NULL */
-    int no_yticks;          /* a single row without a y axis */
+    const char *legend;      /* extra line under the colour bar, or NULL */
+    const char *dot_legend;  /* what a dot means (and a bold value), or NULL */
+    int no_yticks;           /* a single row without a y axis */
     const char *fade_legend; /* set: cells without a dot are drawn faded; what that means */
 } hm_spec;
 
@@ -65,17 +65,19 @@ static rgb lerp_anchors(const rgb *a, int n, double x) {
 }
 
 static rgb colour(int cmap, double x) {
-    static const rgb viridis[] = {{0.267, 0.005, 0.329}, {0.283, 0.141, 0.458},
-                                  {0.254, 0.265, 0.530}, {0.207, 0.372, 0.553},
-                                  {0.164, 0.471, 0.558}, {0.128, 0.567, 0.551},
-                                  {0.135, 0.659, 0.518}, {0.267, 0.749, 0.441},
-                                  {0.478, 0.821, 0.318}, {0.741, 0.873, 0.150},
-                                  {0.993, 0.906, 0.144}};
-    static const rgb diverging[] = {{0.230, 0.299, 0.754}, {0.552, 0.690, 0.996},
-                                    {0.865, 0.865, 0.865}, {0.958, 0.603, 0.482},
+    static const rgb viridis[] = {
+        {0.267, 0.005, 0.329}, {0.283, 0.141, 0.458}, {0.254, 0.265, 0.530}, {0.207, 0.372, 0.553},
+        {0.164, 0.471, 0.558}, {0.128, 0.567, 0.551}, {0.135, 0.659, 0.518}, {0.267, 0.749, 0.441},
+        {0.478, 0.821, 0.318}, {0.741, 0.873, 0.150}, {0.993, 0.906, 0.144}};
+    static const rgb diverging[] = {{0.230, 0.299, 0.754},
+                                    {0.552, 0.690, 0.996},
+                                    {0.865, 0.865, 0.865},
+                                    {0.958, 0.603, 0.482},
                                     {0.706, 0.016, 0.150}};
-    static const rgb goodbad[] = {{0.102, 0.596, 0.314}, {0.569, 0.812, 0.376},
-                                  {1.000, 1.000, 0.749}, {0.988, 0.553, 0.349},
+    static const rgb goodbad[] = {{0.102, 0.596, 0.314},
+                                  {0.569, 0.812, 0.376},
+                                  {1.000, 1.000, 0.749},
+                                  {0.988, 0.553, 0.349},
                                   {0.843, 0.188, 0.153}};
     if (cmap == CMAP_DIVERGING) return lerp_anchors(diverging, 5, x);
     if (cmap == CMAP_GOOD_BAD) return lerp_anchors(goodbad, 5, x);
@@ -122,8 +124,10 @@ static int tick_step(int n, double px_per_cell, double min_px) {
 
 static void tick_label(char *buf, size_t cap, const double *vals, double scale, const char *fmt,
                        int i) {
-    if (vals) snprintf(buf, cap, fmt ? fmt : "%g", vals[i] * (scale ? scale : 1));
-    else snprintf(buf, cap, "%d", i);
+    if (vals)
+        snprintf(buf, cap, fmt ? fmt : "%g", vals[i] * (scale ? scale : 1));
+    else
+        snprintf(buf, cap, "%d", i);
 }
 
 /* Draw the heatmap(s) of `s` onto a KI_PNG_W x KI_PNG_H surface and save it to `path`. */
@@ -326,8 +330,7 @@ static int render(const hm_spec *s, const char *path, kv_error *err) {
         double ly = by + bh + 22;
         if (s->fade_legend) {
             rgb col = colour(s->cmap, 0.25);
-            cairo_set_source_rgb(cr, 0.45 * col.r + 0.55, 0.45 * col.g + 0.55,
-                                 0.45 * col.b + 0.55);
+            cairo_set_source_rgb(cr, 0.45 * col.r + 0.55, 0.45 * col.g + 0.55, 0.45 * col.b + 0.55);
             cairo_rectangle(cr, bx - 20, ly - 10, 12, 12);
             cairo_fill(cr);
             cairo_set_source_rgb(cr, 0, 0, 0);
@@ -441,8 +444,8 @@ static int png_token_cos(const ki_file *f, const char *path, kv_error *err) {
         ps[l].good_col = good; /* lowest mean similarity: most important */
         ps[l].bad_col = bad;   /* highest: least important */
     }
-    hm_spec s = spec("Per-token head similarity, first prompt", "query head h",
-                     "token position t", "cos(V[t, j], O[t, h])", ps, n, CMAP_DIVERGING);
+    hm_spec s = spec("Per-token head similarity, first prompt", "query head h", "token position t",
+                     "cos(V[t, j], O[t, h])", ps, n, CMAP_DIVERGING);
     s.subtitle = "green outline: head with the lowest mean (most important); red: the highest "
                  "mean (least important)";
     int rc = render(&s, path, err);
@@ -463,8 +466,8 @@ static int png_layers(const ki_file *f, const char *path, kv_error *err) {
     if (only_sim && (v = ki_matrix(f, "/layers/similarity", 1, &r, &c)))
         ps[n++] = panel(v, r, c, "profile similarity");
     if (!n) return KV_OK;
-    hm_spec s = spec("Layer similarity (SqueezeAttention)", "layer l",
-                     only_sim ? "" : "prompt", "cosine similarity", ps, n, CMAP_VIRIDIS);
+    hm_spec s = spec("Layer similarity (SqueezeAttention)", "layer l", only_sim ? "" : "prompt",
+                     "cosine similarity", ps, n, CMAP_VIRIDIS);
     s.subtitle = "cosine between the residual stream before and after each layer, per prompt; "
                  "high = the layer changes the stream little";
     s.annotate = 1;
@@ -479,12 +482,14 @@ static int png_consistency(const ki_file *f, const char *path, kv_error *err) {
     ki_tau t;
     char sub[200];
     if (ki_tau_summary(f, &t))
-        snprintf(sub, sizeof sub, "Kendall tau between the KV-head importance rankings of two "
-                 "prompts; %d pairs: mean %.3f, min %.3f, max %.3f", t.pairs, t.mean, t.min,
-                 t.max);
-    else snprintf(sub, sizeof sub, "Kendall tau between head rankings (one prompt: no pairs)");
-    hm_spec s = spec("Prompt consistency of the head ranking", "prompt", "prompt",
-                     "Kendall tau", &pn, 1, CMAP_VIRIDIS);
+        snprintf(sub, sizeof sub,
+                 "Kendall tau between the KV-head importance rankings of two "
+                 "prompts; %d pairs: mean %.3f, min %.3f, max %.3f",
+                 t.pairs, t.mean, t.min, t.max);
+    else
+        snprintf(sub, sizeof sub, "Kendall tau between head rankings (one prompt: no pairs)");
+    hm_spec s = spec("Prompt consistency of the head ranking", "prompt", "prompt", "Kendall tau",
+                     &pn, 1, CMAP_VIRIDIS);
     s.subtitle = sub;
     s.annotate = 1;
     s.ann_fmt = "%.2f";
@@ -496,10 +501,12 @@ static void cell_label(char *buf, size_t cap, const ki_grid *g, long idx) {
     int k, i, j;
     ki_grid_cell(g, idx, &k, &i, &j);
     char ps[32] = "";
-    if (g->rank != 2) snprintf(ps, sizeof ps, "p = %.3g%s", g->p ? g->p[k] : k,
-                               g->rank == 3 ? ", " : "");
-    if (g->rank == 1) snprintf(buf, cap, "%s", ps);
-    else snprintf(buf, cap, "%st = %.3g, r = %.3g", ps, g->t ? g->t[i] : i, g->r ? g->r[j] : j);
+    if (g->rank != 2)
+        snprintf(ps, sizeof ps, "p = %.3g%s", g->p ? g->p[k] : k, g->rank == 3 ? ", " : "");
+    if (g->rank == 1)
+        snprintf(buf, cap, "%s", ps);
+    else
+        snprintf(buf, cap, "%st = %.3g, r = %.3g", ps, g->t ? g->t[i] : i, g->r ? g->r[j] : j);
 }
 
 /* The search grid: one panel per SqueezeAttention p, each the (t, r) map (x = t, y = r), on one
@@ -530,8 +537,8 @@ static int png_search(const ki_file *f, const char *path, kv_error *err) {
                 /* panel cell (row j, column i) */
                 long idx = g.rank == 1 ? i : ((long)k * g.nt + i) * g.nr + j;
                 pv[(size_t)j * cols + i] = g.ppl[idx];
-                pd[(size_t)j * cols + i] = halving && isfinite(g.ppl[idx]) &&
-                                           ki_grid_chunks(&g, idx) == g.all.max_chunks;
+                pd[(size_t)j * cols + i] =
+                    halving && isfinite(g.ppl[idx]) && ki_grid_chunks(&g, idx) == g.all.max_chunks;
             }
         char title[64] = "";
         ki_grid_stats st = {0, 0, 0, -1, -1};
@@ -539,21 +546,24 @@ static int png_search(const ki_file *f, const char *path, kv_error *err) {
             ki_grid_slice(&g, k, &st);
             if (st.best >= 0 && g.chunks)
                 snprintf(title, sizeof title, "p = %.3g: %sbest %.4g on %d chunk%s",
-                         g.p ? g.p[k] : k, st.max_chunks < g.all.max_chunks ? "screened only, "
-                                                                             : "",
-                         g.ppl[st.best], st.max_chunks, st.max_chunks == 1 ? "" : "s");
+                         g.p ? g.p[k] : k,
+                         st.max_chunks < g.all.max_chunks ? "screened only, " : "", g.ppl[st.best],
+                         st.max_chunks, st.max_chunks == 1 ? "" : "s");
             else if (st.best >= 0)
                 snprintf(title, sizeof title, "p = %.3g: best %.4g", g.p ? g.p[k] : k,
                          g.ppl[st.best]);
-            else snprintf(title, sizeof title, "p = %.3g: nothing evaluated", g.p ? g.p[k] : k);
+            else
+                snprintf(title, sizeof title, "p = %.3g: nothing evaluated", g.p ? g.p[k] : k);
         }
         ps[k] = panel(pv, rows, cols, title);
         if (halving) ps[k].dots = pd;
         int bk, bi, bj;
         if (g.all.best >= 0) {
             ki_grid_cell(&g, g.all.best, &bk, &bi, &bj);
-            if (g.rank == 1) ps[k].mark_r = 0, ps[k].mark_c = bk;
-            else if (bk == k) ps[k].mark_r = bj, ps[k].mark_c = bi;
+            if (g.rank == 1)
+                ps[k].mark_r = 0, ps[k].mark_c = bk;
+            else if (bk == k)
+                ps[k].mark_r = bj, ps[k].mark_c = bi;
         }
         /* a panel without the overall best: its own best, dashed */
         if (g.rank == 3 && st.best >= 0 && st.best != g.all.best) {
@@ -567,13 +577,16 @@ static int png_search(const ki_file *f, const char *path, kv_error *err) {
     if (g.all.best >= 0) {
         cell_label(best, sizeof best, &g, g.all.best);
         if (halving)
-            snprintf(sub, sizeof sub, "ratio R = %.3g; successive halving: %d cells on %d chunks "
+            snprintf(sub, sizeof sub,
+                     "ratio R = %.3g; successive halving: %d cells on %d chunks "
                      "(dot, bold), the rest screened on fewer; solid outline: the grid's best, "
-                     "%.4g at %s", R, g.all.n_max, g.all.max_chunks, g.ppl[g.all.best], best);
+                     "%.4g at %s",
+                     R, g.all.n_max, g.all.max_chunks, g.ppl[g.all.best], best);
         else
-            snprintf(sub, sizeof sub, "ratio R = %.3g; %d of %ld cells evaluated; solid outline: "
-                     "the grid's best, perplexity %.4g at %s", R, g.all.evaluated,
-                     (long)g.np * g.nt * g.nr, g.ppl[g.all.best], best);
+            snprintf(sub, sizeof sub,
+                     "ratio R = %.3g; %d of %ld cells evaluated; solid outline: "
+                     "the grid's best, perplexity %.4g at %s",
+                     R, g.all.evaluated, (long)g.np * g.nt * g.nr, g.ppl[g.all.best], best);
     } else {
         snprintf(sub, sizeof sub, "ratio R = %.3g; no cell evaluated", R);
     }
@@ -585,11 +598,12 @@ static int png_search(const ki_file *f, const char *path, kv_error *err) {
     sub2[0] = '\0';
     if (w && from_grid)
         snprintf(sub2, sizeof sub2, "winner: %s grid cell%s%s", w, wps,
-                 g.rank == 3 ? "; dashed outline: the best of a p's own most-evaluated cells"
-                             : "");
+                 g.rank == 3 ? "; dashed outline: the best of a p's own most-evaluated cells" : "");
     else if (w)
-        snprintf(sub2, sizeof sub2, "winner: the %s baseline%s on the same chunks, beat every "
-                 "grid cell%s", w, wps, g.rank == 3 ? "; dashed: a p's own best" : "");
+        snprintf(sub2, sizeof sub2,
+                 "winner: the %s baseline%s on the same chunks, beat every "
+                 "grid cell%s",
+                 w, wps, g.rank == 3 ? "; dashed: a p's own best" : "");
     else if (g.rank == 3)
         snprintf(sub2, sizeof sub2, "dashed outline: the best of a p's own most-evaluated cells");
     hm_spec s;
@@ -641,9 +655,11 @@ static int png_budget(const ki_file *f, const char *path, kv_error *err) {
     hm_panel p = panel(v, L, hkv, NULL);
     char sub[200];
     const char *alloc = ki_attr_str(f, "/", "allocation"), *pol = ki_attr_str(f, "/", "policy");
-    snprintf(sub, sizeof sub, "tokens each KV head keeps: ratio R = %.3g, context C = %.0f, "
-             "allocation %s, policy %s", ki_attr_num(f, "/", "ratio", NAN),
-             ki_attr_num(f, "/", "context_length", NAN), alloc ? alloc : "?", pol ? pol : "?");
+    snprintf(sub, sizeof sub,
+             "tokens each KV head keeps: ratio R = %.3g, context C = %.0f, "
+             "allocation %s, policy %s",
+             ki_attr_num(f, "/", "ratio", NAN), ki_attr_num(f, "/", "context_length", NAN),
+             alloc ? alloc : "?", pol ? pol : "?");
     hm_spec s = spec("Plan budgets B[l][j]", "KV head j", "layer l", "budget (tokens)", &p, 1,
                      CMAP_VIRIDIS);
     s.subtitle = sub;
@@ -655,8 +671,7 @@ static int png_budget(const ki_file *f, const char *path, kv_error *err) {
 int ki_write_pngs(const ki_file *f, const char *dir, FILE *log, int *n_written, kv_error *err) {
     *n_written = 0;
     if (mkdir(dir, 0777) != 0 && errno != EEXIST)
-        return kv_fail(err, KV_EINPUT, "%s: cannot create the directory: %s", dir,
-                       strerror(errno));
+        return kv_fail(err, KV_EINPUT, "%s: cannot create the directory: %s", dir, strerror(errno));
     struct stat st;
     if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
         return kv_fail(err, KV_EINPUT, "%s: not a directory", dir);
@@ -674,8 +689,8 @@ int ki_write_pngs(const ki_file *f, const char *dir, FILE *log, int *n_written, 
          png_importance},
         {"token_cos.png", tc && tc->v && tc->rank == 3 && tc->count > 0, png_token_cos},
         {"layer_similarity.png",
-         ki_matrix(f, "/layers/cos_attn", 0, &L, &hkv) || ki_matrix(f, "/layers/cos_block", 0, &L,
-                                                                    &hkv) ||
+         ki_matrix(f, "/layers/cos_attn", 0, &L, &hkv) ||
+             ki_matrix(f, "/layers/cos_block", 0, &L, &hkv) ||
              ki_matrix(f, "/layers/similarity", 1, &L, &hkv),
          png_layers},
         {"consistency.png",

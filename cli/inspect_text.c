@@ -32,9 +32,12 @@ static void print_shape(FILE *out, const ki_dset *d) {
 }
 
 static void print_num(FILE *out, double v, int is_int) {
-    if (isnan(v)) fputs("nan", out);
-    else if (is_int && fabs(v) < 1e15) fprintf(out, "%.0f", v);
-    else fprintf(out, "%.6g", v);
+    if (isnan(v))
+        fputs("nan", out);
+    else if (is_int && fabs(v) < 1e15)
+        fprintf(out, "%.0f", v);
+    else
+        fprintf(out, "%.6g", v);
 }
 
 /* Attributes of `obj` (except units), one line "  name = value" each, with `indent`. */
@@ -48,10 +51,14 @@ static void print_attrs(FILE *out, const ki_file *f, const char *obj, const char
             if (!strcmp(skip[k], a->name)) skipped = 1;
         if (skipped) continue;
         fprintf(out, "%s%s = ", indent, a->name);
-        if (a->kind == 's') fprintf(out, "%s", a->str);
-        else if (a->kind == 'i') print_num(out, a->num, 1);
-        else if (a->kind == 'f') print_num(out, a->num, 0);
-        else fputs("(array or unsupported type)", out);
+        if (a->kind == 's')
+            fprintf(out, "%s", a->str);
+        else if (a->kind == 'i')
+            print_num(out, a->num, 1);
+        else if (a->kind == 'f')
+            print_num(out, a->num, 0);
+        else
+            fputs("(array or unsupported type)", out);
         fputc('\n', out);
     }
 }
@@ -104,9 +111,12 @@ static void print_values(FILE *out, const ki_file *f, const ki_dset *d, const ch
             fprintf(out, "%s%3ld |", indent, i);
             for (long j = 0; j < d->dims[1]; j++) {
                 double v = d->v[i * d->dims[1] + j];
-                if (isnan(v)) fprintf(out, " %10s", "nan");
-                else if (d->is_int) fprintf(out, " %10.0f", v);
-                else fprintf(out, " %10.5g", v);
+                if (isnan(v))
+                    fprintf(out, " %10s", "nan");
+                else if (d->is_int)
+                    fprintf(out, " %10.0f", v);
+                else
+                    fprintf(out, " %10.5g", v);
             }
             fputc('\n', out);
         }
@@ -122,9 +132,10 @@ static void print_values(FILE *out, const ki_file *f, const ki_dset *d, const ch
             n++;
         }
     if (n)
-        fprintf(out, "%s%zu values: min %.6g, mean %.6g, max %.6g%s\n", indent, d->count, mn,
-                s / n, mx, n < d->count ? " (non-finite skipped)" : "");
-    else fprintf(out, "%s%zu values, none finite\n", indent, d->count);
+        fprintf(out, "%s%zu values: min %.6g, mean %.6g, max %.6g%s\n", indent, d->count, mn, s / n,
+                mx, n < d->count ? " (non-finite skipped)" : "");
+    else
+        fprintf(out, "%s%zu values, none finite\n", indent, d->count);
 }
 
 /* Every dataset and group attribute under `prefix`, generically. Returns the number shown. */
@@ -173,9 +184,11 @@ static void print_header(FILE *out, const ki_file *f) {
     fprintf(out, "model: %s%s%s%s  sha256 %s\n", mp ? mp : "(unknown)", mf ? " (" : "",
             mf ? mf : "", mf ? ")" : "", sha && *sha ? sha : "(none)");
     if (ki_attr_find(f, "/", "model_n_layers"))
-        fprintf(out, "  L %.0f layers, H %.0f query heads, H_kv %.0f KV heads, d_h %.0f, dim %.0f, "
+        fprintf(out,
+                "  L %.0f layers, H %.0f query heads, H_kv %.0f KV heads, d_h %.0f, dim %.0f, "
                 "FFN %.0f, vocab %.0f, trained context %.0f\n",
-                ki_attr_num(f, "/", "model_n_layers", NAN), ki_attr_num(f, "/", "model_n_heads", NAN),
+                ki_attr_num(f, "/", "model_n_layers", NAN),
+                ki_attr_num(f, "/", "model_n_heads", NAN),
                 ki_attr_num(f, "/", "model_n_kv_heads", NAN),
                 ki_attr_num(f, "/", "model_head_dim", NAN), ki_attr_num(f, "/", "model_dim", NAN),
                 ki_attr_num(f, "/", "model_hidden_dim", NAN),
@@ -190,8 +203,10 @@ static void print_heads(FILE *out, const ki_file *f) {
     double mx = 0;
     for (int i = 0; i < L * hkv; i++)
         if (isfinite(imp[i]) && imp[i] > mx) mx = imp[i];
-    fprintf(out, "\nKV head importance (1 - similarity; bars relative to the largest, %.4f), "
-            "most important first:\n", mx);
+    fprintf(out,
+            "\nKV head importance (1 - similarity; bars relative to the largest, %.4f), "
+            "most important first:\n",
+            mx);
     int *order = malloc((size_t)hkv * sizeof *order);
     if (!order) {
         free(imp);
@@ -219,9 +234,11 @@ static void print_layers(FILE *out, const ki_file *f) {
     const double *cb = ki_matrix(f, "/layers/cos_block", 0, &r2, &c2);
     if (!sim && !ca && !cb) return;
     if (!sim) L = ca ? c1 : c2;
-    fprintf(out, "\nlayer similarity (cosine of the residual stream before and after; higher = "
-            "the layer changes less):\n  layer  %-21s%s%s\n", sim ? "similarity" : "",
-            ca ? "  attn (mean of prompts)" : "", cb ? "  block (mean of prompts)" : "");
+    fprintf(out,
+            "\nlayer similarity (cosine of the residual stream before and after; higher = "
+            "the layer changes less):\n  layer  %-21s%s%s\n",
+            sim ? "similarity" : "", ca ? "  attn (mean of prompts)" : "",
+            cb ? "  block (mean of prompts)" : "");
     for (int l = 0; l < L; l++) {
         fprintf(out, "  %5d  ", l);
         if (sim) {
@@ -253,7 +270,8 @@ static void print_consistency(FILE *out, const ki_file *f) {
     if (t.pairs)
         fprintf(out, "  %d prompts, %d pairs: mean tau %.4f, min %.4f, max %.4f\n", t.prompts,
                 t.pairs, t.mean, t.min, t.max);
-    else fprintf(out, "  %d prompt(s): no pairs to compare\n", t.prompts);
+    else
+        fprintf(out, "  %d prompt(s): no pairs to compare\n", t.prompts);
     int p = 0, L = 0;
     const double *len = ki_matrix(f, "/prompts/lengths", 1, &p, &L);
     if (len) {
@@ -269,8 +287,10 @@ static void fmt_bytes(char *buf, size_t cap, double b) {
     int u = 0;
     double v = b;
     while (fabs(v) >= 1024 && u < 4) v /= 1024, u++;
-    if (v == floor(v)) snprintf(buf, cap, "%.0f %s", v, unit[u]);
-    else snprintf(buf, cap, "%.3g %s", v, unit[u]);
+    if (v == floor(v))
+        snprintf(buf, cap, "%.0f %s", v, unit[u]);
+    else
+        snprintf(buf, cap, "%.3g %s", v, unit[u]);
 }
 
 /* A copy group's fit (docs/hardware-schema.md): bandwidth and latency with their standard
@@ -336,9 +356,11 @@ static void print_hardware(FILE *out, const ki_file *f) {
     const char *kind = ki_attr_str(f, "/hardware", "kind");
     const char *dev = ki_attr_str(f, "/hardware", "device_name");
     double mem = ki_attr_num(f, "/hardware", "device_mem_bytes", NAN);
-    fprintf(out, "\nhardware (%s%s): %s, memory %.2f GiB\n",
-            kind ? kind : "?", kind && !strcmp(kind, "cpu") ? ": host memcpy and BLAS stand in "
-            "for the device" : "", dev ? dev : "?", mem / (1024.0 * 1024 * 1024));
+    fprintf(out, "\nhardware (%s%s): %s, memory %.2f GiB\n", kind ? kind : "?",
+            kind && !strcmp(kind, "cpu") ? ": host memcpy and BLAS stand in "
+                                           "for the device"
+                                         : "",
+            dev ? dev : "?", mem / (1024.0 * 1024 * 1024));
     for (int g = 0; g < f->n_groups; g++) {
         const char *grp = f->groups[g];
         if (!starts_with(grp, "/hardware/")) continue;
@@ -366,8 +388,10 @@ static void print_plan(FILE *out, const ki_file *f) {
     double R = ki_attr_num(f, "/", "ratio", NAN), C = ki_attr_num(f, "/", "context_length", NAN);
     double bs = ki_attr_num(f, "/", "block_size", NAN);
     const char *pol = ki_attr_str(f, "/", "policy"), *alloc = ki_attr_str(f, "/", "allocation");
-    fprintf(out, "\nplan: ratio R %.4g, context length C %.0f tokens, block size %.0f tokens, "
-            "policy %s, allocation %s\n", R, C, bs, pol ? pol : "?", alloc ? alloc : "?");
+    fprintf(out,
+            "\nplan: ratio R %.4g, context length C %.0f tokens, block size %.0f tokens, "
+            "policy %s, allocation %s\n",
+            R, C, bs, pol ? pol : "?", alloc ? alloc : "?");
     static const char *const par[3][2] = {{"t", "similarity threshold"},
                                           {"r", "reduction of low heads"},
                                           {"p", "SqueezeAttention fraction"}};
@@ -375,8 +399,10 @@ static void print_plan(FILE *out, const ki_file *f) {
     for (int k = 0; k < 3; k++) {
         double v = ki_attr_num(f, "/", par[k][0], NAN);
         fprintf(out, "%s %s ", k ? "," : "", par[k][0]);
-        if (isnan(v)) fprintf(out, "unused");
-        else fprintf(out, "%.4g", v);
+        if (isnan(v))
+            fprintf(out, "unused");
+        else
+            fprintf(out, "%.4g", v);
         fprintf(out, " (%s)", par[k][1]);
     }
     fputc('\n', out);
@@ -393,7 +419,7 @@ static void print_plan(FILE *out, const ki_file *f) {
             if (blk) tb += blk[i];
         }
         fprintf(out, "\nbudgets B[l][j] in tokens (per layer, per KV head; kept = layer sum / "
-                "(H_kv * C)):\n  layer |");
+                     "(H_kv * C)):\n  layer |");
         for (int j = 0; j < hkv; j++) fprintf(out, " %6s%-2d", "kv", j);
         fprintf(out, " |    sum   kept\n");
         for (int l = 0; l < L; l++) {
@@ -423,8 +449,7 @@ static void print_cell(FILE *out, const ki_grid *g, long idx, int no_p, const ch
     int p = g->rank != 2 && !no_p;
     if (p) fprintf(out, "p %.4g", g->p ? g->p[k] : k);
     if (g->rank != 1)
-        fprintf(out, "%st %.4g%sr %.4g", p ? sep : "", g->t ? g->t[i] : i, sep,
-                g->r ? g->r[j] : j);
+        fprintf(out, "%st %.4g%sr %.4g", p ? sep : "", g->t ? g->t[i] : i, sep, g->r ? g->r[j] : j);
 }
 
 static void print_best_worst(FILE *out, const ki_grid *g, const ki_grid_stats *s,
@@ -475,8 +500,8 @@ static void print_winner(FILE *out, const ki_file *f) {
     const ki_dset *h = ki_dset_find(f, "/search/heldout");
     const char *names = h ? ki_attr_str(f, h->path, "names") : NULL;
     char nm[64];
-    if (h && h->v && h->rank == 1 && h->count > 0 && (!names || (nth_name(names, 0, nm, sizeof nm)
-                                                                 && !strcmp(nm, "winner"))))
+    if (h && h->v && h->rank == 1 && h->count > 0 &&
+        (!names || (nth_name(names, 0, nm, sizeof nm) && !strcmp(nm, "winner"))))
         fprintf(out, "; held-out %.4f", h->v[0]);
     fputc('\n', out);
 }
@@ -501,18 +526,19 @@ static void print_search(FILE *out, const ki_file *f) {
             fprintf(out, "  perplexity grid %d (p): %d of %ld cells evaluated\n", g.np,
                     a->evaluated, n);
         if (g.chunks && a->n_max < a->evaluated)
-            fprintf(out, "  (successive halving: %d cells reached %d chunks, the others are "
+            fprintf(out,
+                    "  (successive halving: %d cells reached %d chunks, the others are "
                     "screening figures on fewer chunks; best and worst are among those %d)\n",
                     a->n_max, a->max_chunks, a->n_max);
         print_best_worst(out, &g, a, "  ", 0);
         if (g.rank == 3) {
             fprintf(out, "  per p (best and worst among the cells of that p evaluated on its "
-                    "most chunks):\n");
+                         "most chunks):\n");
             for (int k = 0; k < g.np; k++) {
                 ki_grid_stats s;
                 ki_grid_slice(&g, k, &s);
-                fprintf(out, "    p %-6.4g %d of %d cells evaluated", g.p ? g.p[k] : k,
-                        s.evaluated, g.nt * g.nr);
+                fprintf(out, "    p %-6.4g %d of %d cells evaluated", g.p ? g.p[k] : k, s.evaluated,
+                        g.nt * g.nr);
                 if (g.chunks && s.evaluated)
                     fprintf(out, ", %d on its most chunks (%d)", s.n_max, s.max_chunks);
                 fputc('\n', out);
@@ -533,7 +559,8 @@ static void print_search(FILE *out, const ki_file *f) {
         const char *names = d ? ki_attr_str(f, d->path, "names") : NULL;
         if (!names) names = named[k].names;
         char nm[64];
-        if (!d || !d->v || d->rank != 1 || !names || !nth_name(names, (int)d->count - 1, nm, sizeof nm))
+        if (!d || !d->v || d->rank != 1 || !names ||
+            !nth_name(names, (int)d->count - 1, nm, sizeof nm))
             continue;
         fprintf(out, "  %s:", named[k].title);
         for (size_t i = 0; i < d->count; i++) {
@@ -565,8 +592,8 @@ static void print_kvpr(FILE *out, const ki_file *f) {
     int r = 0, nb = 0, ns = 0, a = 0, b = 0;
     const double *bt = ki_matrix(f, "/kvpr/batch", 1, &r, &nb);
     const double *sq = ki_matrix(f, "/kvpr/seq_len", 1, &r, &ns);
-    static const char *const cols[] = {"/kvpr/split_column", "/kvpr/time_column",
-                                       "/kvpr/split_row", "/kvpr/time_row",
+    static const char *const cols[] = {"/kvpr/split_column",      "/kvpr/time_column",
+                                       "/kvpr/split_row",         "/kvpr/time_row",
                                        "/kvpr/time_no_recompute", NULL};
     const double *m[5] = {0};
     int ok = bt && sq;
@@ -579,7 +606,7 @@ static void print_kvpr(FILE *out, const ki_file *f) {
         return;
     }
     fprintf(out, "\nKVPR split (recompute the first l tokens' K, V from activations, transfer the "
-            "rest), per layer:\n");
+                 "rest), per layer:\n");
     static const char *const skip_attrs[] = {"v_com", "v_gpu", NULL};
     fprintf(out, "  link v_com %.3f GB/s, device v_gpu %.3f TFLOP/s\n",
             ki_attr_num(f, "/kvpr", "v_com", NAN) / 1e9,
@@ -593,9 +620,9 @@ static void print_kvpr(FILE *out, const ki_file *f) {
             fprintf(out, "  %6.0f %8.0f | %18.0f %12.3f | %14.0f %12.3f | %11.3f us\n", bt[i],
                     sq[j], m[0][k], m[1][k] * 1e6, m[2][k], m[3][k] * 1e6, m[4][k] * 1e6);
         }
-    static const char *const skip[] = {"/kvpr/batch", "/kvpr/seq_len", "/kvpr/split_column",
-                                       "/kvpr/time_column", "/kvpr/split_row", "/kvpr/time_row",
-                                       "/kvpr/time_no_recompute", NULL};
+    static const char *const skip[] = {
+        "/kvpr/batch",     "/kvpr/seq_len",  "/kvpr/split_column",      "/kvpr/time_column",
+        "/kvpr/split_row", "/kvpr/time_row", "/kvpr/time_no_recompute", NULL};
     print_generic(out, f, "/kvpr/", skip);
 }
 
@@ -634,8 +661,10 @@ static void print_batch(FILE *out, const ki_file *f) {
         nth_name(rows, r, nm, sizeof nm);
         fprintf(out, "  %-16s", nm);
         for (int c = 0; c < cnt; c++) {
-            if (cols[c]->is_int) fprintf(out, "  %*.0f", width[c], cols[c]->v[r]);
-            else fprintf(out, "  %*.6g", width[c], cols[c]->v[r]);
+            if (cols[c]->is_int)
+                fprintf(out, "  %*.0f", width[c], cols[c]->v[r]);
+            else
+                fprintf(out, "  %*.6g", width[c], cols[c]->v[r]);
         }
         fputc('\n', out);
     }
@@ -645,11 +674,30 @@ static void print_batch(FILE *out, const ki_file *f) {
     print_generic(out, f, "/batch/", skip);
 }
 
-static const char *const root_known[] = {
-    "kvplan_version", "schema_version", "created", "command", "model_sha256", "model_path",
-    "model_format", "model_dim", "model_hidden_dim", "model_n_layers", "model_n_heads",
-    "model_n_kv_heads", "model_head_dim", "model_vocab_size", "model_seq_len", "ratio",
-    "context_length", "block_size", "policy", "allocation", "t", "r", "p", NULL};
+static const char *const root_known[] = {"kvplan_version",
+                                         "schema_version",
+                                         "created",
+                                         "command",
+                                         "model_sha256",
+                                         "model_path",
+                                         "model_format",
+                                         "model_dim",
+                                         "model_hidden_dim",
+                                         "model_n_layers",
+                                         "model_n_heads",
+                                         "model_n_kv_heads",
+                                         "model_head_dim",
+                                         "model_vocab_size",
+                                         "model_seq_len",
+                                         "ratio",
+                                         "context_length",
+                                         "block_size",
+                                         "policy",
+                                         "allocation",
+                                         "t",
+                                         "r",
+                                         "p",
+                                         NULL};
 
 void ki_print_text(FILE *out, const ki_file *f) {
     print_header(out, f);

@@ -10,10 +10,10 @@
 
 typedef struct kv_plan_args {
     const char *profile, *model, *out, *policy, *allocation;
-    double ratio;      /* 0 = not given */
-    long context;      /* 0 = the model's seq_len */
-    long evict_block;  /* 0 = default 16 */
-    long block_size;   /* 0 = default 16 */
+    double ratio;     /* 0 = not given */
+    long context;     /* 0 = the model's seq_len */
+    long evict_block; /* 0 = default 16 */
+    long block_size;  /* 0 = default 16 */
     int quiet;
 } kv_plan_args;
 
@@ -26,9 +26,8 @@ int kv_plan_args_take(kv_plan_args *a, int argc, char **argv, int *i, kv_error *
  * profile (*prof, kv_profile_inputs_free; not needed and left empty for allocation uniform
  * without --profile), and fill the allocation parameters (kind, ratio, context, b_s,
  * min_tokens = policy fixed part + p), the policy and p. */
-int kv_plan_args_setup(const kv_plan_args *a, kv_model **m, kv_profile_inputs *prof,
-                       int *have_prof, kv_alloc_params *ap, kv_policy *policy, int *evict_block,
-                       kv_error *err);
+int kv_plan_args_setup(const kv_plan_args *a, kv_model **m, kv_profile_inputs *prof, int *have_prof,
+                       kv_alloc_params *ap, kv_policy *policy, int *evict_block, kv_error *err);
 
 /* Help text of the shared options. */
 extern const char kv_plan_args_help[];

@@ -9,9 +9,12 @@
 
 const char *kv_alloc_name(kv_alloc_kind k) {
     switch (k) {
-    case KV_ALLOC_UNIFORM: return "uniform";
-    case KV_ALLOC_SQUEEZE: return "squeeze";
-    case KV_ALLOC_BAKLAVA: return "baklava";
+    case KV_ALLOC_UNIFORM:
+        return "uniform";
+    case KV_ALLOC_SQUEEZE:
+        return "squeeze";
+    case KV_ALLOC_BAKLAVA:
+        return "baklava";
     }
     return "?";
 }
@@ -47,13 +50,14 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-static double clampd(double v, double lo, double hi) { return v < lo ? lo : (v > hi ? hi : v); }
+static double clampd(double v, double lo, double hi) {
+    return v < lo ? lo : (v > hi ? hi : v);
+}
 
 /* f(lambda) = sum clamp(x_i + lambda, lo_i, hi_i) */
 static double box_sum(int n, const double *x, const double *lo, const double *hi, double lam) {
     double s = 0.0;
-    for (int i = 0; i < n; i++)
-        s += clampd(x[i] + lam, lo ? lo[i] : 0.0, hi ? hi[i] : HUGE_VAL);
+    for (int i = 0; i < n; i++) s += clampd(x[i] + lam, lo ? lo[i] : 0.0, hi ? hi[i] : HUGE_VAL);
     return s;
 }
 
@@ -67,11 +71,13 @@ int kv_project_box(int n, const double *x, const double *lo, const double *hi, d
         if (!isfinite(x[i]) || !isfinite(l) || isnan(h))
             return kv_fail(err, KV_EINPUT, "budget %d is not a finite number", i);
         if (l > h)
-            return kv_fail(err, KV_EINPUT, "budget %d: lower bound %.6g above upper bound %.6g",
-                           i, l, h);
+            return kv_fail(err, KV_EINPUT, "budget %d: lower bound %.6g above upper bound %.6g", i,
+                           l, h);
         slo += l;
-        if (isinf(h)) n_unbounded++;
-        else shi += h;
+        if (isinf(h))
+            n_unbounded++;
+        else
+            shi += h;
         sx += x[i];
         if (x[i] < l || x[i] > h) inside = 0;
     }
@@ -82,8 +88,8 @@ int kv_project_box(int n, const double *x, const double *lo, const double *hi, d
                        total, slo, slo - total);
     if (!n_unbounded && total > shi + tol)
         return kv_fail(err, KV_EINPUT,
-                       "total %.6g is above the sum of the upper bounds %.6g (over by %.6g)",
-                       total, shi, total - shi);
+                       "total %.6g is above the sum of the upper bounds %.6g (over by %.6g)", total,
+                       shi, total - shi);
     if (inside && fabs(sx - total) <= tol) {
         if (y != x) memcpy(y, x, (size_t)n * sizeof *y);
         return KV_OK;
@@ -110,8 +116,7 @@ int kv_project_box(int n, const double *x, const double *lo, const double *hi, d
     }
     if (!found) /* beyond the last breakpoint only the unbounded entries still grow */
         lam = bp[nb - 1] + (total - fprev) / (double)(n_unbounded > 0 ? n_unbounded : 1);
-    for (int i = 0; i < n; i++)
-        y[i] = clampd(x[i] + lam, lo ? lo[i] : 0.0, hi ? hi[i] : HUGE_VAL);
+    for (int i = 0; i < n; i++) y[i] = clampd(x[i] + lam, lo ? lo[i] : 0.0, hi ? hi[i] : HUGE_VAL);
     free(bp);
     return KV_OK;
 }
@@ -121,8 +126,10 @@ int kv_project_box(int n, const double *x, const double *lo, const double *hi, d
 int kv_kmeans_1d(const double *x, int n, int k_req, int *labels, double *centers, int *k_out,
                  kv_error *err) {
     if (n < 1 || k_req < 1)
-        return kv_fail(err, KV_EINPUT, "k-means needs at least one value and one cluster "
-                                       "(got n = %d, k = %d)", n, k_req);
+        return kv_fail(err, KV_EINPUT,
+                       "k-means needs at least one value and one cluster "
+                       "(got n = %d, k = %d)",
+                       n, k_req);
     for (int i = 0; i < n; i++)
         if (!isfinite(x[i])) return kv_fail(err, KV_EINPUT, "k-means: value %d is not finite", i);
     double *u = kv_malloc((size_t)n * sizeof *u, "k-means values", err);
@@ -207,8 +214,7 @@ int kv_layer_budgets(kv_alloc_kind kind, const double *layer_sim, int n_layers, 
                        n_layers, n_kv_heads, context);
     if (!(ratio > 0.0 && ratio <= 1.0))
         return kv_fail(err, KV_EINPUT, "ratio %g is outside (0, 1]", ratio);
-    if (min_tokens < 0)
-        return kv_fail(err, KV_EINPUT, "min_tokens %d is negative", min_tokens);
+    if (min_tokens < 0) return kv_fail(err, KV_EINPUT, "min_tokens %d is negative", min_tokens);
     double total = ratio * (double)n_layers * n_kv_heads * context;
     double floor_l = (double)n_kv_heads * min_tokens, cap_l = (double)n_kv_heads * context;
     if (floor_l * n_layers > total * (1.0 + 1e-12))
@@ -216,11 +222,9 @@ int kv_layer_budgets(kv_alloc_kind kind, const double *layer_sim, int n_layers, 
                        "ratio %g is too small for the policy's fixed part: every head needs at "
                        "least %d tokens (%.0f in all) but the budget is %.1f tokens "
                        "(R * L * H_kv * C; short by %.1f)",
-                       ratio, min_tokens, floor_l * n_layers, total,
-                       floor_l * n_layers - total);
+                       ratio, min_tokens, floor_l * n_layers, total, floor_l * n_layers - total);
     if (min_tokens > context)
-        return kv_fail(err, KV_EINPUT, "min_tokens %d exceeds the context %d", min_tokens,
-                       context);
+        return kv_fail(err, KV_EINPUT, "min_tokens %d exceeds the context %d", min_tokens, context);
     double share = total / n_layers;
     for (int l = 0; l < n_layers; l++) out[l] = share;
     if (kind == KV_ALLOC_SQUEEZE) {
@@ -240,8 +244,7 @@ int kv_layer_budgets(kv_alloc_kind kind, const double *layer_sim, int n_layers, 
         for (int l = 0; l < n_layers; l++) n_sim += lab[l] == k - 1;
         if (k > 1 && n_sim < n_layers) {
             double give = n_sim * (1.0 - p) * share / (n_layers - n_sim);
-            for (int l = 0; l < n_layers; l++)
-                out[l] = lab[l] == k - 1 ? p * share : share + give;
+            for (int l = 0; l < n_layers; l++) out[l] = lab[l] == k - 1 ? p * share : share + give;
         }
         free(lab);
     } else if (kind != KV_ALLOC_UNIFORM) {
@@ -288,8 +291,8 @@ int kv_head_realloc(int m, const double *sim, const double *importance, double t
                 freed += r * budget[i]; /* line 6 */
                 budget[i] -= r * budget[i];
             }
-        int k = n < m - n ? n : m - n; /* line 9 */
-        double delta = freed / k;      /* line 11: n * r / k for equal budgets */
+        int k = n < m - n ? n : m - n;      /* line 9 */
+        double delta = freed / k;           /* line 11: n * r / k for equal budgets */
         for (int got = 0; got < k; got++) { /* line 10: top-k by importance, one at a time */
             int best = -1;
             double bi = -HUGE_VAL;
@@ -301,7 +304,7 @@ int kv_head_realloc(int m, const double *sim, const double *importance, double t
                     bi = imp;
                 }
             }
-            is_low[best] = 2; /* taken */
+            is_low[best] = 2;      /* taken */
             budget[best] += delta; /* line 13 */
         }
         free(is_low);
@@ -330,15 +333,20 @@ int kv_alloc_budgets(const kv_alloc_params *a, int n_layers, int n_kv_heads,
         return kv_fail(err, KV_EINPUT, "allocation needs L, H_kv >= 1");
     kv_alloc_kind lk;
     switch (a->kind) {
-    case KV_ALLOC_UNIFORM: lk = KV_ALLOC_UNIFORM; break;
-    case KV_ALLOC_SQUEEZE: lk = KV_ALLOC_SQUEEZE; break;
+    case KV_ALLOC_UNIFORM:
+        lk = KV_ALLOC_UNIFORM;
+        break;
+    case KV_ALLOC_SQUEEZE:
+        lk = KV_ALLOC_SQUEEZE;
+        break;
     case KV_ALLOC_BAKLAVA:
         lk = a->layer_kind;
         if (!head_sim) return kv_fail(err, KV_EINPUT, "baklava needs the head similarity");
         if (!(a->t >= 0.0 && a->t <= 1.0))
             return kv_fail(err, KV_EINPUT, "threshold t = %g is outside [0, 1]", a->t);
         break;
-    default: return kv_fail(err, KV_EINPUT, "unknown allocation kind %d", (int)a->kind);
+    default:
+        return kv_fail(err, KV_EINPUT, "unknown allocation kind %d", (int)a->kind);
     }
     double *lb = kv_malloc((size_t)n_layers * sizeof *lb, "layer budgets", err);
     if (!lb) return err ? err->code : KV_EINTERNAL;
@@ -362,26 +370,39 @@ int kv_alloc_budgets(const kv_alloc_params *a, int n_layers, int n_kv_heads,
 
 static const char *glp_ret_name(int ret) {
     switch (ret) {
-    case GLP_EBOUND: return "invalid bounds (GLP_EBOUND)";
-    case GLP_EROOT: return "no root LP optimum (GLP_EROOT)";
-    case GLP_ENOPFS: return "no primal feasible solution (GLP_ENOPFS)";
-    case GLP_ENODFS: return "no dual feasible solution (GLP_ENODFS)";
-    case GLP_EFAIL: return "solver failure (GLP_EFAIL)";
-    case GLP_EMIPGAP: return "MIP gap tolerance reached (GLP_EMIPGAP)";
-    case GLP_ETMLIM: return "time limit (GLP_ETMLIM)";
-    case GLP_ESTOP: return "stopped (GLP_ESTOP)";
-    default: return "unknown return code";
+    case GLP_EBOUND:
+        return "invalid bounds (GLP_EBOUND)";
+    case GLP_EROOT:
+        return "no root LP optimum (GLP_EROOT)";
+    case GLP_ENOPFS:
+        return "no primal feasible solution (GLP_ENOPFS)";
+    case GLP_ENODFS:
+        return "no dual feasible solution (GLP_ENODFS)";
+    case GLP_EFAIL:
+        return "solver failure (GLP_EFAIL)";
+    case GLP_EMIPGAP:
+        return "MIP gap tolerance reached (GLP_EMIPGAP)";
+    case GLP_ETMLIM:
+        return "time limit (GLP_ETMLIM)";
+    case GLP_ESTOP:
+        return "stopped (GLP_ESTOP)";
+    default:
+        return "unknown return code";
     }
 }
 
 int kv_round_budgets(int n, const double *x, double total, int block_size, int min_tokens,
                      int context, int *tokens, int *blocks, kv_error *err) {
     if (n < 1 || block_size < 1 || context < 1 || min_tokens < 0)
-        return kv_fail(err, KV_EINPUT, "rounding needs n, b_s, C >= 1 and min_tokens >= 0 "
-                                       "(got %d, %d, %d, %d)", n, block_size, context, min_tokens);
+        return kv_fail(err, KV_EINPUT,
+                       "rounding needs n, b_s, C >= 1 and min_tokens >= 0 "
+                       "(got %d, %d, %d, %d)",
+                       n, block_size, context, min_tokens);
     if (min_tokens > context)
-        return kv_fail(err, KV_EINPUT, "the policy's fixed part plus the eviction block (%d "
-                                       "tokens) exceeds the context %d", min_tokens, context);
+        return kv_fail(err, KV_EINPUT,
+                       "the policy's fixed part plus the eviction block (%d "
+                       "tokens) exceeds the context %d",
+                       min_tokens, context);
     if (!(total >= 0.0) || !isfinite(total))
         return kv_fail(err, KV_EINPUT, "total budget %g is not a non-negative number", total);
     const double bs = block_size;
@@ -424,8 +445,10 @@ int kv_round_budgets(int n, const double *x, double total, int block_size, int m
         int cb = 1 + i, cd = 1 + n + i;
         double y = x[i] / bs, fl = floor(y), phi = y - fl;
         glp_set_col_kind(P, cb, GLP_IV);
-        if (lo == hi) glp_set_col_bnds(P, cb, GLP_FX, (double)lo, (double)hi);
-        else glp_set_col_bnds(P, cb, GLP_DB, (double)lo, (double)hi);
+        if (lo == hi)
+            glp_set_col_bnds(P, cb, GLP_FX, (double)lo, (double)hi);
+        else
+            glp_set_col_bnds(P, cb, GLP_DB, (double)lo, (double)hi);
         glp_set_col_bnds(P, cd, GLP_LO, 0.0, 0.0);
         glp_set_obj_coef(P, cd, 1.0);
         ia[++ne] = 1, ja[ne] = cb, ar[ne] = 1.0;
@@ -471,15 +494,16 @@ int kv_round_budgets(int n, const double *x, double total, int block_size, int m
             for (int i = 0; i < n && !rc; i++) {
                 long b = lround(glp_mip_col_val(P, 1 + i));
                 if (b < lo || b > hi)
-                    rc = kv_fail(err, KV_EINTERNAL, "GLPK returned %ld blocks for head %d, "
-                                                    "outside [%ld, %ld]", b, i, lo, hi);
+                    rc = kv_fail(err, KV_EINTERNAL,
+                                 "GLPK returned %ld blocks for head %d, "
+                                 "outside [%ld, %ld]",
+                                 b, i, lo, hi);
                 sum += b;
                 tokens[i] = (int)(b * block_size);
                 if (blocks) blocks[i] = (int)b;
             }
             if (!rc && sum != N)
-                rc = kv_fail(err, KV_EINTERNAL, "GLPK returned %ld blocks in all, not %ld", sum,
-                             N);
+                rc = kv_fail(err, KV_EINTERNAL, "GLPK returned %ld blocks in all, not %ld", sum, N);
         }
     }
     glp_delete_prob(P);
@@ -487,9 +511,9 @@ int kv_round_budgets(int n, const double *x, double total, int block_size, int m
     return rc;
 }
 
-int kv_plan_budgets(const kv_alloc_params *a, int n_layers, int n_kv_heads,
-                    const double *layer_sim, const double *head_sim, const double *head_imp,
-                    int *tokens, int *blocks, double *real_out, kv_error *err) {
+int kv_plan_budgets(const kv_alloc_params *a, int n_layers, int n_kv_heads, const double *layer_sim,
+                    const double *head_sim, const double *head_imp, int *tokens, int *blocks,
+                    double *real_out, kv_error *err) {
     if (n_layers < 1 || n_kv_heads < 1)
         return kv_fail(err, KV_EINPUT, "allocation needs L, H_kv >= 1");
     size_t n = (size_t)n_layers * n_kv_heads;
@@ -524,10 +548,10 @@ int kv_successive_halving(int n_configs, const kv_sh_opts *o, kv_sh_eval_fn eval
                           kv_sh_result *res, double *last_ppl, kv_error *err) {
     if (n_configs < 1 || !eval || !o)
         return kv_fail(err, KV_EINPUT, "successive halving needs configurations and a callback");
-    if (o->eta < 2 || o->min_chunks < 1 || o->max_chunks < o->min_chunks ||
-        o->tokens_per_chunk < 0)
-        return kv_fail(err, KV_EINPUT, "successive halving: need eta >= 2 and 1 <= min_chunks "
-                                       "<= max_chunks (got %d, %d, %d)",
+    if (o->eta < 2 || o->min_chunks < 1 || o->max_chunks < o->min_chunks || o->tokens_per_chunk < 0)
+        return kv_fail(err, KV_EINPUT,
+                       "successive halving: need eta >= 2 and 1 <= min_chunks "
+                       "<= max_chunks (got %d, %d, %d)",
                        o->eta, o->min_chunks, o->max_chunks);
     memset(res, 0, sizeof *res);
     res->winner = -1;

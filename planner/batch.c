@@ -40,10 +40,14 @@ void kv_batch_config_from_model(const kv_model *m, double p, kv_batch_config *c)
 
 const char *kv_batch_mode_name(kv_batch_mode m) {
     switch (m) {
-    case KV_BATCH_FULL: return "full";
-    case KV_BATCH_DECODE_ONLY: return "decode_only";
-    case KV_BATCH_PREFILL_DECODE: return "prefill_decode";
-    default: return "?";
+    case KV_BATCH_FULL:
+        return "full";
+    case KV_BATCH_DECODE_ONLY:
+        return "decode_only";
+    case KV_BATCH_PREFILL_DECODE:
+        return "prefill_decode";
+    default:
+        return "?";
     }
 }
 
@@ -51,11 +55,13 @@ double kv_workspace_bytes_per_seq(const kv_batch_config *c, long tokens, long ct
     double per_token = 3.0 * (double)c->hidden + 2.0 * (double)c->n_heads * (double)c->head_dim +
                        2.0 * (double)c->n_kv_heads * (double)c->head_dim +
                        2.0 * (double)c->ffn_hidden;
-    return (double)tokens * per_token * c->dtype_bytes +
-           (double)c->n_heads * (double)ctx * 4.0 + (double)c->vocab * 4.0;
+    return (double)tokens * per_token * c->dtype_bytes + (double)c->n_heads * (double)ctx * 4.0 +
+           (double)c->vocab * 4.0;
 }
 
-static long ceil_div(long a, long b) { return (a + b - 1) / b; }
+static long ceil_div(long a, long b) {
+    return (a + b - 1) / b;
+}
 
 /* Bytes of one block: K and V of b_s tokens of one (layer, KV head). */
 static double block_bytes(const kv_batch_config *c) {
@@ -89,7 +95,8 @@ static long ctx_held(const kv_batch_config *c, long len, const int *budget) {
 static double kv_read(const kv_batch_config *c, long len, const int *budget) {
     long heads = c->n_layers * c->n_kv_heads;
     double entries = 0;
-    for (long i = 0; i < heads; i++) entries += (double)(budget && budget[i] < len ? budget[i] : len);
+    for (long i = 0; i < heads; i++)
+        entries += (double)(budget && budget[i] < len ? budget[i] : len);
     return entries * 2.0 * (double)c->head_dim * c->dtype_bytes;
 }
 
@@ -107,8 +114,10 @@ static int check_config(const kv_batch_config *c, kv_error *err) {
     if (c->mem_bw < 0 || !isfinite(c->mem_bw))
         return kv_fail(err, KV_EINPUT, "memory bandwidth %g bytes/s: need >= 0 (0 = unknown)",
                        c->mem_bw);
-    if (c->prompt_len < 1) return kv_fail(err, KV_EINPUT, "prompt length %ld: need >= 1", c->prompt_len);
-    if (c->gen_len < 1) return kv_fail(err, KV_EINPUT, "generation length %ld: need >= 1", c->gen_len);
+    if (c->prompt_len < 1)
+        return kv_fail(err, KV_EINPUT, "prompt length %ld: need >= 1", c->prompt_len);
+    if (c->gen_len < 1)
+        return kv_fail(err, KV_EINPUT, "generation length %ld: need >= 1", c->gen_len);
     if (c->block_size < 1 || c->evict_block < 1)
         return kv_fail(err, KV_EINPUT, "block size %d and eviction block %d must be >= 1",
                        c->block_size, c->evict_block);
@@ -116,8 +125,10 @@ static int check_config(const kv_batch_config *c, kv_error *err) {
         long heads = c->n_layers * c->n_kv_heads;
         for (long i = 0; i < heads; i++)
             if (c->budget[i] < 1)
-                return kv_fail(err, KV_EINPUT, "budget of layer %ld KV head %ld is %d tokens: "
-                               "need >= 1", i / c->n_kv_heads, i % c->n_kv_heads, c->budget[i]);
+                return kv_fail(err, KV_EINPUT,
+                               "budget of layer %ld KV head %ld is %d tokens: "
+                               "need >= 1",
+                               i / c->n_kv_heads, i % c->n_kv_heads, c->budget[i]);
     }
     return KV_OK;
 }
@@ -146,8 +157,8 @@ int kv_batch_size(const kv_batch_config *c, kv_batch_result *out, kv_error *err)
     if (out->free_for_batch <= 0)
         return kv_fail(err, KV_EINPUT,
                        "device memory %.0f bytes is below the weights %.0f bytes (%.0f parameters "
-                       "x %g bytes): no batch fits", c->device_mem, out->weights, c->n_params,
-                       c->weight_bytes);
+                       "x %g bytes): no batch fits",
+                       c->device_mem, out->weights, c->n_params, c->weight_bytes);
     long s = c->prompt_len, total = c->prompt_len + c->gen_len;
     for (int m = 0; m < KV_BATCH_NMODES; m++) {
         kv_batch_row *r = &out->row[m];
@@ -227,11 +238,16 @@ int kv_plan_write_kvpr_batch(kv_h5 *plan, const kv_model *m, const kv_hw *hw,
         if (!rc) rc = kv_h5_attr_f64(plan, "/kvpr", "v_gpu", hw->v_gpu, err);
         if (!rc) rc = kv_h5_attr_f64(plan, "/kvpr", "dtype_bytes", p, err);
         if (!rc) rc = kv_h5_attr_i64(plan, "/kvpr", "hidden", cf->dim, err);
-        if (!rc) rc = kv_h5_attr_i64(plan, "/kvpr", "kv_width", (long)cf->n_kv_heads * cf->head_dim, err);
+        if (!rc)
+            rc =
+                kv_h5_attr_i64(plan, "/kvpr", "kv_width", (long)cf->n_kv_heads * cf->head_dim, err);
         if (!rc) rc = kv_h5_attr_str(plan, "/kvpr", "hardware", hw->name, err);
         if (!rc) rc = kv_h5_attr_str(plan, "/kvpr", "source", hw->source, err);
-        if (!rc) rc = kv_h5_attr_str(plan, "/kvpr", "model", "KVPR Eq. 6-11, generalised to GQA "
-                                     "(per layer, split by GLPK MIP)", err);
+        if (!rc)
+            rc = kv_h5_attr_str(plan, "/kvpr", "model",
+                                "KVPR Eq. 6-11, generalised to GQA "
+                                "(per layer, split by GLPK MIP)",
+                                err);
         if (rc) return kv_fail_context(err, "writing /kvpr");
     }
     if (!(hw->device_mem > 0)) return KV_OK;
@@ -277,9 +293,8 @@ int kv_plan_write_kvpr_batch(kv_h5 *plan, const kv_model *m, const kv_hw *hw,
     return KV_OK;
 }
 
-int kv_plan_write_kvpr_batch_from_profile(kv_h5 *plan, const char *profile_path,
-                                          const kv_model *m, const kv_plan_budget *b,
-                                          int *written, kv_error *err) {
+int kv_plan_write_kvpr_batch_from_profile(kv_h5 *plan, const char *profile_path, const kv_model *m,
+                                          const kv_plan_budget *b, int *written, kv_error *err) {
     if (written) *written = 0;
     kv_h5 *f = NULL;
     int rc = kv_h5_open_read(profile_path, &f, err);

@@ -29,8 +29,8 @@
 #define GIB (1024.0 * 1024.0 * 1024.0)
 
 static const kv_hw_preset presets[] = {
-    {"h100-sxm", "NVIDIA H100 SXM5 80GB (HBM3, PCIe Gen5 x16 host link)", 80 * GIB, 3.35e12,
-     64e9, 989.4e12, "NVIDIA H100 Tensor Core GPU datasheet, H100 SXM column"},
+    {"h100-sxm", "NVIDIA H100 SXM5 80GB (HBM3, PCIe Gen5 x16 host link)", 80 * GIB, 3.35e12, 64e9,
+     989.4e12, "NVIDIA H100 Tensor Core GPU datasheet, H100 SXM column"},
     {"h200", "NVIDIA H200 SXM 141GB (HBM3e, PCIe Gen5 x16 host link)", 141 * GIB, 4.8e12, 64e9,
      989.4e12, "NVIDIA H200 Tensor Core GPU datasheet, H200 SXM column"},
     {"a100-40g-pcie4", "NVIDIA A100 40GB PCIe (HBM2, PCIe Gen4 x16)", 40 * GIB, 1.555e12, 32e9,

@@ -7,7 +7,9 @@
 #include <stdio.h>
 #include <string.h>
 
-const char *kv_schedule_name(kv_schedule s) { return s == KV_SCHED_ROW ? "row" : "column"; }
+const char *kv_schedule_name(kv_schedule s) {
+    return s == KV_SCHED_ROW ? "row" : "column";
+}
 
 int kv_schedule_parse(const char *s, kv_schedule *out, kv_error *err) {
     if (s && (!strcmp(s, "column") || !strcmp(s, "col") || !strcmp(s, "column-by-column"))) {
@@ -28,8 +30,10 @@ int kv_kvpr_check(const kv_kvpr_shape *sh, double v_com, double v_gpu, kv_error 
     if (sh->seq < 1)
         return kv_fail(err, KV_EINPUT,
                        "current length s' = %ld: nothing is offloaded, there is no split to "
-                       "choose (need s' >= 1)", sh->seq);
-    if (sh->hidden < 1) return kv_fail(err, KV_EINPUT, "hidden size h = %ld: need >= 1", sh->hidden);
+                       "choose (need s' >= 1)",
+                       sh->seq);
+    if (sh->hidden < 1)
+        return kv_fail(err, KV_EINPUT, "hidden size h = %ld: need >= 1", sh->hidden);
     if (sh->kv_width < 1)
         return kv_fail(err, KV_EINPUT, "KV width h_kv = H_kv * d_h = %ld: need >= 1", sh->kv_width);
     if (!(sh->dtype_bytes > 0) || !isfinite(sh->dtype_bytes))
@@ -38,15 +42,16 @@ int kv_kvpr_check(const kv_kvpr_shape *sh, double v_com, double v_gpu, kv_error 
     if (!(v_com > 0) || !isfinite(v_com))
         return kv_fail(err, KV_EINPUT,
                        "transfer bandwidth v_com = %g bytes/s: need a positive finite figure "
-                       "(a zero bandwidth never moves the cache)", v_com);
+                       "(a zero bandwidth never moves the cache)",
+                       v_com);
     if (!(v_gpu > 0) || !isfinite(v_gpu))
         return kv_fail(err, KV_EINPUT,
                        "device speed v_gpu = %g FLOP/s: need a positive finite figure", v_gpu);
     return KV_OK;
 }
 
-int kv_kvpr_eval(const kv_kvpr_shape *sh, double v_com, double v_gpu, kv_schedule sched,
-                 long l, kv_kvpr_result *out, kv_error *err) {
+int kv_kvpr_eval(const kv_kvpr_shape *sh, double v_com, double v_gpu, kv_schedule sched, long l,
+                 kv_kvpr_result *out, kv_error *err) {
     int rc = kv_kvpr_check(sh, v_com, v_gpu, err);
     if (rc) return rc;
     if (l < 0 || l > sh->seq)
@@ -55,11 +60,11 @@ int kv_kvpr_eval(const kv_kvpr_shape *sh, double v_com, double v_gpu, kv_schedul
     double b = (double)sh->batch, s = (double)sh->seq, h = (double)sh->hidden;
     double hkv = (double)sh->kv_width, p = sh->dtype_bytes, ld = (double)l;
     out->split = l;
-    out->bytes_activations = b * ld * h * p;            /* Eq. 6, M_X */
-    out->bytes_kv = 2.0 * b * (s - ld) * hkv * p;        /* Eq. 6, M_KV with h_kv */
-    out->flops = 4.0 * b * ld * h * hkv;                 /* Eq. 8 with W_K, W_V [h, h_kv] */
+    out->bytes_activations = b * ld * h * p;      /* Eq. 6, M_X */
+    out->bytes_kv = 2.0 * b * (s - ld) * hkv * p; /* Eq. 6, M_KV with h_kv */
+    out->flops = 4.0 * b * ld * h * hkv;          /* Eq. 8 with W_K, W_V [h, h_kv] */
     out->t_activations = sched == KV_SCHED_COLUMN ? out->bytes_activations / v_com : 0.0;
-    out->t_recompute = out->flops / v_gpu;               /* Eq. 9 */
+    out->t_recompute = out->flops / v_gpu; /* Eq. 9 */
     out->t_transfer = out->bytes_kv / v_com;
     out->time = out->t_activations + fmax(out->t_recompute, out->t_transfer); /* Eq. 10 */
     out->time_no_recompute = 2.0 * b * s * hkv * p / v_com;
@@ -130,26 +135,41 @@ int kv_kvpr_closed_form(const kv_kvpr_shape *sh, double v_com, double v_gpu, kv_
 
 static const char *glpk_ret_name(int ret) {
     switch (ret) {
-    case 0: return "0 (ok)";
-    case GLP_EBOUND: return "GLP_EBOUND (invalid bounds)";
-    case GLP_EROOT: return "GLP_EROOT (no optimal basis for the root LP)";
-    case GLP_ENOPFS: return "GLP_ENOPFS (no primal feasible solution)";
-    case GLP_ENODFS: return "GLP_ENODFS (no dual feasible solution)";
-    case GLP_EFAIL: return "GLP_EFAIL (solver failure)";
-    case GLP_EMIPGAP: return "GLP_EMIPGAP (relative MIP gap reached)";
-    case GLP_ETMLIM: return "GLP_ETMLIM (time limit)";
-    case GLP_ESTOP: return "GLP_ESTOP (terminated by the application)";
-    default: return "unknown glp_intopt code";
+    case 0:
+        return "0 (ok)";
+    case GLP_EBOUND:
+        return "GLP_EBOUND (invalid bounds)";
+    case GLP_EROOT:
+        return "GLP_EROOT (no optimal basis for the root LP)";
+    case GLP_ENOPFS:
+        return "GLP_ENOPFS (no primal feasible solution)";
+    case GLP_ENODFS:
+        return "GLP_ENODFS (no dual feasible solution)";
+    case GLP_EFAIL:
+        return "GLP_EFAIL (solver failure)";
+    case GLP_EMIPGAP:
+        return "GLP_EMIPGAP (relative MIP gap reached)";
+    case GLP_ETMLIM:
+        return "GLP_ETMLIM (time limit)";
+    case GLP_ESTOP:
+        return "GLP_ESTOP (terminated by the application)";
+    default:
+        return "unknown glp_intopt code";
     }
 }
 
 static const char *glpk_status_name(int st) {
     switch (st) {
-    case GLP_OPT: return "GLP_OPT";
-    case GLP_FEAS: return "GLP_FEAS (feasible, optimality not proven)";
-    case GLP_NOFEAS: return "GLP_NOFEAS (no integer feasible solution)";
-    case GLP_UNDEF: return "GLP_UNDEF (solution undefined)";
-    default: return "unknown status";
+    case GLP_OPT:
+        return "GLP_OPT";
+    case GLP_FEAS:
+        return "GLP_FEAS (feasible, optimality not proven)";
+    case GLP_NOFEAS:
+        return "GLP_NOFEAS (no integer feasible solution)";
+    case GLP_UNDEF:
+        return "GLP_UNDEF (solution undefined)";
+    default:
+        return "unknown status";
     }
 }
 
@@ -168,8 +188,8 @@ static int run_intopt(glp_prob *P, const char *what, int *status, kv_error *err)
 int kv_kvpr_glpk_fail(int intopt_ret, int mip_status, const char *what, kv_error *err) {
     return kv_fail(err, KV_EINTERNAL,
                    "GLPK could not solve the KVPR split (%s): glp_intopt returned %s, "
-                   "glp_mip_status is %s", what ? what : "", glpk_ret_name(intopt_ret),
-                   glpk_status_name(mip_status));
+                   "glp_mip_status is %s",
+                   what ? what : "", glpk_ret_name(intopt_ret), glpk_status_name(mip_status));
 }
 
 int kv_kvpr_solve(const kv_kvpr_shape *sh, double v_com, double v_gpu, kv_schedule sched,
@@ -195,7 +215,7 @@ int kv_kvpr_solve(const kv_kvpr_shape *sh, double v_com, double v_gpu, kv_schedu
     glp_set_col_bnds(P, 1, GLP_DB, 0.0, s); /* 0 <= l <= s' (Eq. 11) */
     glp_set_col_name(P, 2, "T");
     glp_set_col_bnds(P, 2, GLP_LO, 0.0, 0.0);
-    glp_set_obj_coef(P, 1, a1); /* M_X / v_com (column schedule) */
+    glp_set_obj_coef(P, 1, a1);  /* M_X / v_com (column schedule) */
     glp_set_obj_coef(P, 2, 1.0); /* + T, the overlapped part */
     /* max(N/v_gpu, M_KV/v_com) <= T as two rows:
      *   row 1: T - c' l >= 0         (recomputation)

@@ -25,8 +25,8 @@ void kv_profile_inputs_free(kv_profile_inputs *p) {
     memset(p, 0, sizeof *p);
 }
 
-static int read_matrix(kv_h5 *f, const char *path, int want_rank, long d0, long d1,
-                       double **out, kv_error *err) {
+static int read_matrix(kv_h5 *f, const char *path, int want_rank, long d0, long d1, double **out,
+                       kv_error *err) {
     int rank = 0;
     long dims[KV_H5_MAX_RANK];
     int rc = kv_h5_read_f64(f, path, &rank, dims, out, err);
@@ -41,8 +41,10 @@ static int read_matrix(kv_h5 *f, const char *path, int want_rank, long d0, long 
         }
         strncat(shape, rank > 3 ? ", ...]" : "]", sizeof shape - strlen(shape) - 1);
         if (want_rank == 2)
-            return kv_fail(err, KV_EINPUT, "%s: %s has shape %s, expected [%ld, %ld] for this "
-                                           "model (L, H_kv)", kv_h5_path(f), path, shape, d0, d1);
+            return kv_fail(err, KV_EINPUT,
+                           "%s: %s has shape %s, expected [%ld, %ld] for this "
+                           "model (L, H_kv)",
+                           kv_h5_path(f), path, shape, d0, d1);
         return kv_fail(err, KV_EINPUT, "%s: %s has shape %s, expected [%ld] for this model (L)",
                        kv_h5_path(f), path, shape, d0);
     }
@@ -78,12 +80,13 @@ int kv_profile_inputs_read(const char *path, const kv_model *m, kv_profile_input
     }
     for (int i = 0; !rc && i < L * H; i++)
         if (!isfinite(out->head_sim[i]) || !isfinite(out->head_imp[i]))
-            rc = kv_fail(err, KV_EINPUT, "%s: head similarity/importance of layer %d head %d is "
-                                         "not finite", path, i / H, i % H);
+            rc = kv_fail(err, KV_EINPUT,
+                         "%s: head similarity/importance of layer %d head %d is "
+                         "not finite",
+                         path, i / H, i % H);
     for (int l = 0; !rc && l < L; l++)
         if (!isfinite(out->layer_sim[l]))
-            rc = kv_fail(err, KV_EINPUT, "%s: layer similarity of layer %d is not finite", path,
-                         l);
+            rc = kv_fail(err, KV_EINPUT, "%s: layer similarity of layer %d is not finite", path, l);
     kv_h5_close(f);
     if (rc) kv_profile_inputs_free(out);
     return rc;
@@ -102,8 +105,7 @@ int kv_grid_parse(const char *s, const char *opt, double lo, double hi, double *
     double *v = NULL;
     if (sscanf(s, "%lf:%lf:%lf%c", &a, &b, &step, &tail) == 3) {
         if (!(step > 0) || !(b >= a) || !isfinite(a) || !isfinite(b))
-            return kv_fail(err, KV_EINPUT, "%s '%s': need a <= b and step > 0 in a:b:step", opt,
-                           s);
+            return kv_fail(err, KV_EINPUT, "%s '%s': need a <= b and step > 0 in a:b:step", opt, s);
         double nn = floor((b - a) / step + 1e-3) + 1;
         if (nn > 100000) return kv_fail(err, KV_EINPUT, "%s '%s': too many points", opt, s);
         cnt = (int)nn;
@@ -125,8 +127,10 @@ int kv_grid_parse(const char *s, const char *opt, double lo, double hi, double *
             double x = strtod(p, &end);
             if (end == p || (*end && *end != ',')) {
                 free(v);
-                return kv_fail(err, KV_EINPUT, "%s '%s': expected a:b:step, a value or a comma "
-                                               "list of values", opt, s);
+                return kv_fail(err, KV_EINPUT,
+                               "%s '%s': expected a:b:step, a value or a comma "
+                               "list of values",
+                               opt, s);
             }
             v[cnt++] = x;
             p = *end ? end + 1 : end;
@@ -205,8 +209,7 @@ static int arm_get(search_ctx *c, int *tokens, int *blocks) {
     for (int a = 0; a < c->n_arms; a++) {
         const arm *x = &c->arms[a];
         if ((!x->tokens && !tokens) ||
-            (x->tokens && tokens &&
-             !memcmp(x->tokens, tokens, (size_t)c->nh * sizeof *tokens))) {
+            (x->tokens && tokens && !memcmp(x->tokens, tokens, (size_t)c->nh * sizeof *tokens))) {
             free(tokens);
             free(blocks);
             return a;
@@ -251,14 +254,14 @@ static void progress(search_ctx *c, const char *what) {
     kv_progress *p = c->o->progress;
     if (!p || p->quiet) return;
     double el = kv_now() - c->t0;
-    double eta = c->work_done > 0
-                     ? el / (double)c->work_done * (double)(c->work_total - c->work_done)
-                     : 0.0;
+    double eta =
+        c->work_done > 0 ? el / (double)c->work_done * (double)(c->work_total - c->work_done) : 0.0;
     if (eta < 0) eta = 0;
     char best[32] = "-";
     if (isfinite(c->best_seen)) snprintf(best, sizeof best, "%.4f", c->best_seen);
-    kv_progress_print(p, 0, "search: %s %ld/%ld chunk evals, best ppl %s, %.0fs elapsed, "
-                            "ETA %.0fs",
+    kv_progress_print(p, 0,
+                      "search: %s %ld/%ld chunk evals, best ppl %s, %.0fs elapsed, "
+                      "ETA %.0fs",
                       what, c->work_done, c->work_total, best, el, eta);
 }
 
@@ -363,8 +366,8 @@ static int make_budget(const search_ctx *c, const kv_profile_inputs *prof, kv_al
     return rc;
 }
 
-static void config_params(const kv_search_opts *o, const kv_search_result *r, int cfg,
-                          double *t, double *rr, double *p) {
+static void config_params(const kv_search_opts *o, const kv_search_result *r, int cfg, double *t,
+                          double *rr, double *p) {
     int ir = cfg % r->n_r, it = (cfg / r->n_r) % r->n_t, ip = cfg / (r->n_r * r->n_t);
     *t = o->allocation == KV_ALLOC_BAKLAVA ? o->t_values[it] : NAN;
     *rr = o->allocation == KV_ALLOC_BAKLAVA ? o->r_values[ir] : NAN;
@@ -381,14 +384,13 @@ int kv_search_run(const kv_model *m, const kv_profile_inputs *prof, const int *i
     if (o->allocation != KV_ALLOC_UNIFORM && !prof)
         return kv_fail(err, KV_EINPUT, "allocation %s needs a profile",
                        kv_alloc_name(o->allocation));
-    if (o->allocation == KV_ALLOC_BAKLAVA && (o->n_t < 1 || o->n_r < 1 || !o->t_values ||
-                                              !o->r_values))
+    if (o->allocation == KV_ALLOC_BAKLAVA &&
+        (o->n_t < 1 || o->n_r < 1 || !o->t_values || !o->r_values))
         return kv_fail(err, KV_EINPUT, "the baklava search needs t and r grids");
     if (o->n_p < 1 || !o->p_values)
         return kv_fail(err, KV_EINPUT, "the search needs at least one SqueezeAttention p");
     if (o->halving_eta == 1 || o->halving_eta < 0)
-        return kv_fail(err, KV_EINPUT, "--halving ETA must be at least 2 (got %d)",
-                       o->halving_eta);
+        return kv_fail(err, KV_EINPUT, "--halving ETA must be at least 2 (got %d)", o->halving_eta);
     if (o->eval_tokens < C)
         return kv_fail(err, KV_EINPUT, "--eval-tokens %ld is less than one chunk of %d tokens",
                        o->eval_tokens, C);
@@ -402,8 +404,8 @@ int kv_search_run(const kv_model *m, const kv_profile_inputs *prof, const int *i
     c.nh = m->cfg.n_layers * m->cfg.n_kv_heads;
     c.S = (int)(search_tokens / C);
     if (c.S < 1)
-        return kv_fail(err, KV_EINPUT, "the text has %ld tokens, fewer than one chunk of %d",
-                       n_ids, C);
+        return kv_fail(err, KV_EINPUT, "the text has %ld tokens, fewer than one chunk of %d", n_ids,
+                       C);
     long left = n_ids - (long)c.S * C;
     long ho = o->heldout_tokens < left ? o->heldout_tokens : left;
     c.HC = o->heldout_tokens > 0 ? (int)(ho / C) : 0;
@@ -415,8 +417,7 @@ int kv_search_run(const kv_model *m, const kv_profile_inputs *prof, const int *i
                        n_ids, c.S, C, (long)c.S * C, left);
     for (long i = 0; i < (long)(c.S + c.HC) * C; i++)
         if (ids[i] < 0 || ids[i] >= m->cfg.vocab_size)
-            return kv_fail(err, KV_EINPUT, "token %ld has id %d outside the vocabulary", i,
-                           ids[i]);
+            return kv_fail(err, KV_EINPUT, "token %ld has id %d outside the vocabulary", i, ids[i]);
     res->n_p = o->allocation == KV_ALLOC_UNIFORM ? 1 : o->n_p;
     res->n_t = o->allocation == KV_ALLOC_BAKLAVA ? o->n_t : 1;
     res->n_r = o->allocation == KV_ALLOC_BAKLAVA ? o->n_r : 1;
@@ -463,8 +464,8 @@ int kv_search_run(const kv_model *m, const kv_profile_inputs *prof, const int *i
         rc = make_budget(&c, prof, KV_ALLOC_UNIFORM, NAN, NAN, NAN, &tok, &blk);
         if (!rc) base_arm[1] = arm_get(&c, tok, blk);
         if (!rc && prof) {
-            rc = make_budget(&c, prof, KV_ALLOC_SQUEEZE, NAN, NAN, KV_SQUEEZE_DEFAULT_P, &tok,
-                             &blk);
+            rc =
+                make_budget(&c, prof, KV_ALLOC_SQUEEZE, NAN, NAN, KV_SQUEEZE_DEFAULT_P, &tok, &blk);
             if (!rc) base_arm[2] = arm_get(&c, tok, blk);
         }
         if (!rc && (base_arm[1] < 0 || (prof && base_arm[2] < 0)))
@@ -489,21 +490,20 @@ int kv_search_run(const kv_model *m, const kv_profile_inputs *prof, const int *i
     /* 4. the grid */
     int win_arm = -1;
     if (!rc) {
-        long plan_grid = o->halving_eta >= 2
-                             ? halving_plan(n_uniq, o->halving_eta,
-                                            o->halving_min_chunks > 0 ? o->halving_min_chunks : 1,
-                                            c.S)
-                             : (long)n_uniq * c.S;
+        long plan_grid =
+            o->halving_eta >= 2
+                ? halving_plan(n_uniq, o->halving_eta,
+                               o->halving_min_chunks > 0 ? o->halving_min_chunks : 1, c.S)
+                : (long)n_uniq * c.S;
         if (o->halving_eta >= 2) plan_grid += c.S; /* at most: finishing the winner */
-        c.work_total = plan_grid + (long)KV_SEARCH_N_BASE * c.S +
-                       (long)(1 + KV_SEARCH_N_BASE) * c.HC;
+        c.work_total =
+            plan_grid + (long)KV_SEARCH_N_BASE * c.S + (long)(1 + KV_SEARCH_N_BASE) * c.HC;
         if (o->halving_eta >= 2 && n_uniq > 1) {
             kv_sh_opts sh = {.eta = o->halving_eta,
-                             .min_chunks = o->halving_min_chunks > 0
-                                               ? (o->halving_min_chunks < c.S
-                                                      ? o->halving_min_chunks
-                                                      : c.S)
-                                               : 1,
+                             .min_chunks =
+                                 o->halving_min_chunks > 0
+                                     ? (o->halving_min_chunks < c.S ? o->halving_min_chunks : c.S)
+                                     : 1,
                              .max_chunks = c.S,
                              .tokens_per_chunk = C,
                              .prefix_reuse = 1};
@@ -554,7 +554,8 @@ int kv_search_run(const kv_model *m, const kv_profile_inputs *prof, const int *i
         res->token_evals_exhaustive = (long)n_uniq * c.S * C;
         res->tokens = kv_malloc((size_t)c.nh * sizeof *res->tokens, "winner", err);
         res->blocks = kv_malloc((size_t)c.nh * sizeof *res->blocks, "winner", err);
-        if (!res->tokens || !res->blocks) rc = KV_EINTERNAL;
+        if (!res->tokens || !res->blocks)
+            rc = KV_EINTERNAL;
         else {
             memcpy(res->tokens, c.arms[win_arm].tokens, (size_t)c.nh * sizeof *res->tokens);
             memcpy(res->blocks, c.arms[win_arm].blocks, (size_t)c.nh * sizeof *res->blocks);
@@ -595,8 +596,8 @@ int kv_search_run(const kv_model *m, const kv_profile_inputs *prof, const int *i
     }
     res->seconds = kv_now() - c.t0;
     if (o->progress && !o->progress->quiet) {
-        kv_progress_print(o->progress, 1, "search: done, %ld chunk evals in %.1fs",
-                          c.work_done, res->seconds);
+        kv_progress_print(o->progress, 1, "search: done, %ld chunk evals in %.1fs", c.work_done,
+                          res->seconds);
         kv_progress_done(o->progress);
     }
     kv_workspace_free(c.ws);
@@ -615,15 +616,13 @@ int kv_search_run(const kv_model *m, const kv_profile_inputs *prof, const int *i
 
 /* ---------------------------------------------------------------- writing ---- */
 
-int kv_search_write(kv_h5 *f, const kv_search_opts *o, const kv_search_result *r,
-                    kv_error *err) {
+int kv_search_write(kv_h5 *f, const kv_search_opts *o, const kv_search_result *r, kv_error *err) {
     int rc = KV_OK;
     long n_cfg = (long)r->n_p * r->n_t * r->n_r;
     if (o->allocation == KV_ALLOC_BAKLAVA) {
         long dt = r->n_t, dr = r->n_r;
         rc = kv_h5_write_f64(f, "/search/t_values", 1, &dt, o->t_values, "similarity", err);
-        if (!rc) rc = kv_h5_write_f64(f, "/search/r_values", 1, &dr, o->r_values, "fraction",
-                                      err);
+        if (!rc) rc = kv_h5_write_f64(f, "/search/r_values", 1, &dr, o->r_values, "fraction", err);
     }
     if (!rc && o->allocation != KV_ALLOC_UNIFORM) {
         long dp = r->n_p;
@@ -640,32 +639,32 @@ int kv_search_write(kv_h5 *f, const kv_search_opts *o, const kv_search_result *r
         } else {
             rank = 1, dims[0] = n_cfg, names = o->allocation == KV_ALLOC_SQUEEZE ? "p" : "-";
         }
-        rc = kv_h5_write_f64(f, "/search/perplexity", rank, dims, r->perplexity, "perplexity",
-                             err);
+        rc = kv_h5_write_f64(f, "/search/perplexity", rank, dims, r->perplexity, "perplexity", err);
         if (!rc) rc = kv_h5_attr_str(f, "/search/perplexity", "dims", names, err);
         if (!rc) rc = kv_h5_write_i32(f, "/search/chunks", rank, dims, r->chunks, "chunks", err);
     }
     if (!rc) {
         long d = KV_SEARCH_N_BASE;
         rc = kv_h5_write_f64(f, "/search/baselines", 1, &d, r->base_ppl, "perplexity", err);
-        if (!rc) rc = kv_h5_attr_str(f, "/search/baselines", "names", "full,uniform,squeeze",
-                                     err);
+        if (!rc) rc = kv_h5_attr_str(f, "/search/baselines", "names", "full,uniform,squeeze", err);
         d = 1 + KV_SEARCH_N_BASE;
-        if (!rc) rc = kv_h5_write_f64(f, "/search/heldout", 1, &d, r->heldout_ppl, "perplexity",
-                                      err);
-        if (!rc) rc = kv_h5_attr_str(f, "/search/heldout", "names",
-                                     "winner,full,uniform,squeeze", err);
+        if (!rc)
+            rc = kv_h5_write_f64(f, "/search/heldout", 1, &d, r->heldout_ppl, "perplexity", err);
+        if (!rc)
+            rc = kv_h5_attr_str(f, "/search/heldout", "names", "winner,full,uniform,squeeze", err);
     }
-    if (!rc) rc = kv_h5_attr_str(f, "/search", "method",
-                                 o->halving_eta >= 2 ? "successive_halving" : "exhaustive", err);
+    if (!rc)
+        rc = kv_h5_attr_str(f, "/search", "method",
+                            o->halving_eta >= 2 ? "successive_halving" : "exhaustive", err);
     if (!rc) rc = kv_h5_attr_i64(f, "/search", "eta", o->halving_eta, err);
-    if (!rc) rc = kv_h5_attr_i64(f, "/search", "eval_tokens",
-                                 (long)r->search_chunks * o->context, err);
-    if (!rc) rc = kv_h5_attr_i64(f, "/search", "heldout_tokens",
-                                 (long)r->heldout_chunks * o->context, err);
+    if (!rc)
+        rc = kv_h5_attr_i64(f, "/search", "eval_tokens", (long)r->search_chunks * o->context, err);
+    if (!rc)
+        rc = kv_h5_attr_i64(f, "/search", "heldout_tokens", (long)r->heldout_chunks * o->context,
+                            err);
     if (!rc) rc = kv_h5_attr_i64(f, "/search", "token_evals", r->token_evals, err);
-    if (!rc) rc = kv_h5_attr_i64(f, "/search", "token_evals_exhaustive",
-                                 r->token_evals_exhaustive, err);
+    if (!rc)
+        rc = kv_h5_attr_i64(f, "/search", "token_evals_exhaustive", r->token_evals_exhaustive, err);
     if (!rc) rc = kv_h5_attr_i64(f, "/search", "distinct_budgets", r->distinct_budgets, err);
     if (!rc) rc = kv_h5_attr_f64(f, "/search", "best_perplexity", r->best_ppl, err);
     if (!rc) rc = kv_h5_attr_i64(f, "/search", "best_chunks", r->best_chunks, err);
@@ -675,10 +674,9 @@ int kv_search_write(kv_h5 *f, const kv_search_opts *o, const kv_search_result *r
 }
 
 int kv_plan_file_write(const char *path, const char *command, const char *profile_path,
-                       const kv_model *m,
-                       const kv_alloc_params *a, kv_policy policy, int evict_block,
-                       const int *tokens, const int *blocks, const kv_search_opts *so,
-                       const kv_search_result *sr, kv_error *err) {
+                       const kv_model *m, const kv_alloc_params *a, kv_policy policy,
+                       int evict_block, const int *tokens, const int *blocks,
+                       const kv_search_opts *so, const kv_search_result *sr, kv_error *err) {
     int nh = m->cfg.n_layers * m->cfg.n_kv_heads;
     kv_plan_budget b;
     memset(&b, 0, sizeof b);
@@ -710,8 +708,10 @@ int kv_plan_file_write(const char *path, const char *command, const char *profil
     if (!rc && so && sr) rc = kv_search_write(f, so, sr, err);
     if (!rc && profile_path)
         rc = kv_plan_write_kvpr_batch_from_profile(f, profile_path, m, &b, NULL, err);
-    if (!rc) rc = kv_h5_commit(f, err);
-    else kv_h5_abort(f);
+    if (!rc)
+        rc = kv_h5_commit(f, err);
+    else
+        kv_h5_abort(f);
     kv_plan_budget_free(&b);
     return rc;
 }

@@ -124,10 +124,14 @@ double kv_kendall_tau(const double *a, const double *b, int n) {
         for (int k = i + 1; k < n; k++) {
             double da = a[i] - a[k], db = b[i] - b[k];
             if (da == 0 && db == 0) continue;
-            if (da == 0) ta++;
-            else if (db == 0) tb++;
-            else if ((da > 0) == (db > 0)) conc++;
-            else disc++;
+            if (da == 0)
+                ta++;
+            else if (db == 0)
+                tb++;
+            else if ((da > 0) == (db > 0))
+                conc++;
+            else
+                disc++;
         }
     double den = sqrt((double)(conc + disc + ta) * (double)(conc + disc + tb));
     return den > 0 ? (double)(conc - disc) / den : 0.0;
@@ -183,8 +187,8 @@ int kv_profile_run(const kv_model *m, const int *tokens, int P, int T, kv_profil
         if (rc) break;
         col.prompt = i;
         kv_cache *cp = &c;
-        rc = kv_forward(m, ws, &cp, 1, tokens + (size_t)i * T, T, KV_LOGITS_NONE, NULL, &hooks,
-                        err);
+        rc =
+            kv_forward(m, ws, &cp, 1, tokens + (size_t)i * T, T, KV_LOGITS_NONE, NULL, &hooks, err);
         kv_cache_destroy(&c);
         double el = kv_now() - t0;
         if (p)
@@ -250,20 +254,23 @@ int kv_profile_write(kv_h5 *f, const kv_profile *pr, kv_error *err) {
     if (!rc) rc = kv_h5_write_f64(f, "/layers/cos_block", 2, pl, pr->cos_block, "cosine", err);
     if (!rc)
         rc = kv_h5_write_f64(f, "/layers/similarity", 1, l1, pr->layer_similarity, "cosine", err);
-    if (!rc)
-        rc = kv_h5_write_f64(f, "/consistency/kendall_tau", 2, pp, pr->kendall_tau, "1", err);
+    if (!rc) rc = kv_h5_write_f64(f, "/consistency/kendall_tau", 2, pp, pr->kendall_tau, "1", err);
     if (!rc)
         rc = kv_h5_write_f64(f, "/consistency/spearman_rho", 2, pp, pr->spearman_rho, "1", err);
     if (!rc) rc = kv_h5_write_i32(f, "/prompts/tokens", 2, pt, pr->tokens, "token id", err);
     if (!rc) rc = kv_h5_write_i32(f, "/prompts/lengths", 1, p1, pr->lengths, "tokens", err);
-    if (!rc) rc = kv_h5_attr_str(f, "/heads", "definition",
-                                 "c[t] = cos(V[t, h/g], O[t, h]) before W_o (BaKlaVa Alg. 1); "
-                                 "similarity = mean over prompts and the GQA group of (mean_t c + 1)/2; "
-                                 "importance = 1 - similarity", err);
-    if (!rc) rc = kv_h5_attr_str(f, "/layers", "definition",
-                                 "cos_attn: mean_t cos(x_l, x_l + Attn_l(RMSNorm(x_l))) "
-                                 "(SqueezeAttention); cos_block: mean_t cos(x_l, x_{l+1}); "
-                                 "similarity = mean over prompts of cos_attn", err);
+    if (!rc)
+        rc = kv_h5_attr_str(f, "/heads", "definition",
+                            "c[t] = cos(V[t, h/g], O[t, h]) before W_o (BaKlaVa Alg. 1); "
+                            "similarity = mean over prompts and the GQA group of (mean_t c + 1)/2; "
+                            "importance = 1 - similarity",
+                            err);
+    if (!rc)
+        rc = kv_h5_attr_str(f, "/layers", "definition",
+                            "cos_attn: mean_t cos(x_l, x_l + Attn_l(RMSNorm(x_l))) "
+                            "(SqueezeAttention); cos_block: mean_t cos(x_l, x_{l+1}); "
+                            "similarity = mean over prompts of cos_attn",
+                            err);
     if (!rc) rc = kv_h5_attr_f64(f, "/prompts", "profile_tokens_per_s", pr->tokens_per_s, err);
     return rc;
 }

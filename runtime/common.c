@@ -58,8 +58,9 @@ void *kv_malloc(size_t bytes, const char *what, kv_error *err) {
 
 void *kv_calloc(size_t n, size_t size, const char *what, kv_error *err) {
     void *p = calloc(n ? n : 1, size ? size : 1);
-    if (!p) kv_fail(err, KV_EINTERNAL, "out of memory allocating %zu x %zu bytes for %s", n, size,
-                    what);
+    if (!p)
+        kv_fail(err, KV_EINTERNAL, "out of memory allocating %zu x %zu bytes for %s", n, size,
+                what);
     return p;
 }
 
@@ -199,9 +200,12 @@ int kv_check_writable(const char *path, kv_error *err) {
     char dir[4096];
     snprintf(dir, sizeof dir, "%s", path);
     char *slash = strrchr(dir, '/');
-    if (slash == dir) dir[1] = '\0';
-    else if (slash) *slash = '\0';
-    else snprintf(dir, sizeof dir, ".");
+    if (slash == dir)
+        dir[1] = '\0';
+    else if (slash)
+        *slash = '\0';
+    else
+        snprintf(dir, sizeof dir, ".");
     if (access(dir, W_OK) != 0)
         return kv_fail(err, KV_EINPUT, "%s: cannot write here (directory %s: %s)", path, dir,
                        strerror(errno));
@@ -213,8 +217,7 @@ int kv_parse_int(const char *s, const char *opt, long lo, long hi, long *out, kv
     char *end = NULL;
     errno = 0;
     long v = strtol(s, &end, 10);
-    if (errno || *end)
-        return kv_fail(err, KV_EINPUT, "%s: '%s' is not a whole number", opt, s);
+    if (errno || *end) return kv_fail(err, KV_EINPUT, "%s: '%s' is not a whole number", opt, s);
     if (v < lo || v > hi)
         return kv_fail(err, KV_EINPUT, "%s: %ld is out of range [%ld, %ld]", opt, v, lo, hi);
     *out = v;

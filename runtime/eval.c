@@ -58,8 +58,7 @@ static int budgets_cover(const kv_model *m, const int *budget, int n) {
 int kv_eval_chunk(const kv_model *m, kv_workspace *ws, kv_pool *pool, const int *tokens, int n,
                   const kv_eval_opts *o, double *nll_sum, size_t *peak_bytes, kv_error *err) {
     kv_cache c;
-    int rc = kv_cache_init(&c, pool, m->cfg.n_layers, m->cfg.n_kv_heads, o->budget, o->policy,
-                           err);
+    int rc = kv_cache_init(&c, pool, m->cfg.n_layers, m->cfg.n_kv_heads, o->budget, o->policy, err);
     if (rc) return rc;
     kv_pool_reset_peak(pool);
     /* When no head can ever be over budget, blocking changes nothing: one pass. */
@@ -73,12 +72,13 @@ int kv_eval_chunk(const kv_model *m, kv_workspace *ws, kv_pool *pool, const int 
     double sum = 0.0;
     for (int t0 = 0; t0 < n && !rc; t0 += step) {
         int cnt = n - t0 < step ? n - t0 : step;
-        rc = kv_forward(m, ws, (kv_cache *const[]){&c}, 1, tokens + t0, cnt, KV_LOGITS_ALL,
-                        logits, NULL, err);
+        rc = kv_forward(m, ws, (kv_cache *const[]){&c}, 1, tokens + t0, cnt, KV_LOGITS_ALL, logits,
+                        NULL, err);
         for (int i = 0; i < cnt && !rc; i++)
             if (t0 + i + 1 < n) {
                 double v = token_nll(logits + (size_t)i * V, V, tokens[t0 + i + 1]);
-                if (!isfinite(v)) rc = kv_fail(err, KV_EINTERNAL, "non-finite loss at token %d", t0 + i);
+                if (!isfinite(v))
+                    rc = kv_fail(err, KV_EINTERNAL, "non-finite loss at token %d", t0 + i);
                 sum += v;
             }
     }
@@ -89,8 +89,8 @@ int kv_eval_chunk(const kv_model *m, kv_workspace *ws, kv_pool *pool, const int 
     return rc;
 }
 
-int kv_eval_perplexity(const kv_model *m, const int *tokens, long n_tokens,
-                       const kv_eval_opts *o, kv_eval_result *res, kv_error *err) {
+int kv_eval_perplexity(const kv_model *m, const int *tokens, long n_tokens, const kv_eval_opts *o,
+                       kv_eval_result *res, kv_error *err) {
     memset(res, 0, sizeof *res);
     int rc = kv_eval_check_budget(m, o, err);
     if (rc) return rc;
@@ -102,8 +102,8 @@ int kv_eval_perplexity(const kv_model *m, const int *tokens, long n_tokens,
                        n_tokens, C);
     for (long i = 0; i < chunks * C; i++)
         if (tokens[i] < 0 || tokens[i] >= m->cfg.vocab_size)
-            return kv_fail(err, KV_EINPUT, "token %ld has id %d, outside the vocabulary [0, %d)",
-                           i, tokens[i], m->cfg.vocab_size);
+            return kv_fail(err, KV_EINPUT, "token %ld has id %d, outside the vocabulary [0, %d)", i,
+                           tokens[i], m->cfg.vocab_size);
     int step = budgets_cover(m, o->budget, C) ? C : o->evict_block;
     long nblocks = kv_cache_blocks_needed(m->cfg.n_layers, m->cfg.n_kv_heads, o->budget, C,
                                           o->evict_block, o->block_size);
@@ -172,7 +172,6 @@ static float rand_f32(kv_sampler *s) { /* xorshift64* */
     s->rng ^= s->rng >> 27;
     return (float)((s->rng * 0x2545F4914F6CDD1Dull) >> 40) / 16777216.0f;
 }
-
 
 typedef struct prob_idx {
     float p;

@@ -11,15 +11,15 @@
 
 struct kv_workspace {
     int max_rows, max_ctx;
-    float *x, *xb, *xb2, *xin; /* [rows, dim] */
-    float *q;                  /* [rows, H*d_h] */
-    float *k, *v;              /* [rows, H_kv*d_h] */
-    float *o;                  /* [rows, H*d_h] attention output before W_o */
-    float *hb, *hb2;           /* [rows, hidden] */
-    float *rope_cos, *rope_sin;/* [max_ctx, d_h/2] */
+    float *x, *xb, *xb2, *xin;  /* [rows, dim] */
+    float *q;                   /* [rows, H*d_h] */
+    float *k, *v;               /* [rows, H_kv*d_h] */
+    float *o;                   /* [rows, H*d_h] attention output before W_o */
+    float *hb, *hb2;            /* [rows, hidden] */
+    float *rope_cos, *rope_sin; /* [max_ctx, d_h/2] */
     int n_threads;
-    float *scores;             /* [n_threads, max_ctx] */
-    float *gather;             /* [rows, dim] rows selected for logits */
+    float *scores; /* [n_threads, max_ctx] */
+    float *gather; /* [rows, dim] rows selected for logits */
 };
 
 void kv_workspace_free(kv_workspace *ws) {
@@ -147,9 +147,10 @@ static void rope_row(float *v, int n_heads, int hd, const float *cs, const float
 
 /* Attention of one (sequence, KV head): n new queries per query head of the group over the
  * head's first `base + i + 1` entries for query i (retained + causal new). */
-static inline __attribute__((always_inline)) void
-attend_head_hd(const kv_model *m, kv_workspace *ws, kv_cache *c, int j, int layer, int n,
-               int row0, float *scores, const int hd) {
+static inline __attribute__((always_inline)) void attend_head_hd(const kv_model *m,
+                                                                 kv_workspace *ws, kv_cache *c,
+                                                                 int j, int layer, int n, int row0,
+                                                                 float *scores, const int hd) {
     const kv_config *cfg = &m->cfg;
     int g = cfg->n_heads / cfg->n_kv_heads, qd = cfg->n_heads * hd;
     kv_head *h = kv_cache_head(c, layer, j);
@@ -221,18 +222,30 @@ attend_head_hd(const kv_model *m, kv_workspace *ws, kv_cache *c, int j, int laye
 static void attend_head(const kv_model *m, kv_workspace *ws, kv_cache *c, int j, int layer, int n,
                         int row0, float *scores) {
     switch (m->cfg.head_dim) {
-    case 8: attend_head_hd(m, ws, c, j, layer, n, row0, scores, 8); break;
-    case 16: attend_head_hd(m, ws, c, j, layer, n, row0, scores, 16); break;
-    case 32: attend_head_hd(m, ws, c, j, layer, n, row0, scores, 32); break;
-    case 64: attend_head_hd(m, ws, c, j, layer, n, row0, scores, 64); break;
-    case 128: attend_head_hd(m, ws, c, j, layer, n, row0, scores, 128); break;
-    default: attend_head_hd(m, ws, c, j, layer, n, row0, scores, m->cfg.head_dim); break;
+    case 8:
+        attend_head_hd(m, ws, c, j, layer, n, row0, scores, 8);
+        break;
+    case 16:
+        attend_head_hd(m, ws, c, j, layer, n, row0, scores, 16);
+        break;
+    case 32:
+        attend_head_hd(m, ws, c, j, layer, n, row0, scores, 32);
+        break;
+    case 64:
+        attend_head_hd(m, ws, c, j, layer, n, row0, scores, 64);
+        break;
+    case 128:
+        attend_head_hd(m, ws, c, j, layer, n, row0, scores, 128);
+        break;
+    default:
+        attend_head_hd(m, ws, c, j, layer, n, row0, scores, m->cfg.head_dim);
+        break;
     }
 }
 
 int kv_forward(const kv_model *m, kv_workspace *ws, kv_cache *const *seqs, int n_seqs,
-               const int *tokens, int n, kv_logits_mode mode, float *logits,
-               const kv_hooks *hooks, kv_error *err) {
+               const int *tokens, int n, kv_logits_mode mode, float *logits, const kv_hooks *hooks,
+               kv_error *err) {
     const kv_config *cfg = &m->cfg;
     int rows = n_seqs * n;
     if (n < 1 || n_seqs < 1) return kv_fail(err, KV_EINPUT, "forward: nothing to process");

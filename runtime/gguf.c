@@ -32,8 +32,19 @@
 #include "tokenizer_bpe.h"
 
 enum {
-    GT_U8 = 0, GT_I8 = 1, GT_U16 = 2, GT_I16 = 3, GT_U32 = 4, GT_I32 = 5, GT_F32 = 6,
-    GT_BOOL = 7, GT_STRING = 8, GT_ARRAY = 9, GT_U64 = 10, GT_I64 = 11, GT_F64 = 12,
+    GT_U8 = 0,
+    GT_I8 = 1,
+    GT_U16 = 2,
+    GT_I16 = 3,
+    GT_U32 = 4,
+    GT_I32 = 5,
+    GT_F32 = 6,
+    GT_BOOL = 7,
+    GT_STRING = 8,
+    GT_ARRAY = 9,
+    GT_U64 = 10,
+    GT_I64 = 11,
+    GT_F64 = 12,
 };
 enum { GGML_F32 = 0, GGML_F16 = 1, GGML_Q8_0 = 8, GGML_BF16 = 30 };
 
@@ -65,9 +76,9 @@ typedef struct kv_gguf_meta {
     char path[4096];
     uint32_t version;
     int n_kv;
-    gguf_kv *kv;      /* owned */
+    gguf_kv *kv; /* owned */
     int n_tensors;
-    gguf_tensor *t;   /* owned */
+    gguf_tensor *t; /* owned */
     size_t data_start;
     double dequant_s; /* seconds spent converting F16/BF16/Q8_0 to fp32 on load */
 } kv_gguf_meta;
@@ -131,11 +142,23 @@ static int rd_str(rd *r, const char **s, size_t *n, const char *field) {
 
 static size_t scalar_size(uint32_t t) {
     switch (t) {
-    case GT_U8: case GT_I8: case GT_BOOL: return 1;
-    case GT_U16: case GT_I16: return 2;
-    case GT_U32: case GT_I32: case GT_F32: return 4;
-    case GT_U64: case GT_I64: case GT_F64: return 8;
-    default: return 0;
+    case GT_U8:
+    case GT_I8:
+    case GT_BOOL:
+        return 1;
+    case GT_U16:
+    case GT_I16:
+        return 2;
+    case GT_U32:
+    case GT_I32:
+    case GT_F32:
+        return 4;
+    case GT_U64:
+    case GT_I64:
+    case GT_F64:
+        return 8;
+    default:
+        return 0;
     }
 }
 
@@ -169,14 +192,18 @@ static int parse_kv(rd *r, gguf_kv *kv) {
         snprintf(field, sizeof field, "array header of '%.120s'", key);
         if (rd_u32(r, &kv->arr_type, field) || rd_u64(r, &kv->arr_n, field)) return KV_EINPUT;
         if (kv->arr_type == GT_ARRAY)
-            return kv_fail(r->err, KV_EINPUT, "%s: metadata '%s' is an array of arrays, which "
-                           "kvplan does not read", r->path, key);
+            return kv_fail(r->err, KV_EINPUT,
+                           "%s: metadata '%s' is an array of arrays, which "
+                           "kvplan does not read",
+                           r->path, key);
         kv->off = r->off;
         if (kv->arr_type != GT_STRING) {
             size_t sz = scalar_size(kv->arr_type);
             if (!sz)
-                return kv_fail(r->err, KV_EINPUT, "%s: metadata '%s' has unknown array element "
-                               "type %u", r->path, key, kv->arr_type);
+                return kv_fail(r->err, KV_EINPUT,
+                               "%s: metadata '%s' has unknown array element "
+                               "type %u",
+                               r->path, key, kv->arr_type);
             if (kv->arr_n > (r->len / sz) + 1) return need(r, (size_t)-1, field);
             snprintf(field, sizeof field, "array data of '%.120s'", key);
             if (need(r, (size_t)kv->arr_n * sz, field)) return KV_EINPUT;
@@ -205,18 +232,54 @@ static int meta_int(const kv_gguf_meta *g, const char *key, int64_t *out, kv_err
     if (!kv) return 0;
     const unsigned char *p = g->base + kv->off;
     switch (kv->type) {
-    case GT_U8: *out = p[0]; return 1;
-    case GT_I8: *out = (int8_t)p[0]; return 1;
-    case GT_BOOL: *out = p[0] != 0; return 1;
-    case GT_U16: { uint16_t v; memcpy(&v, p, 2); *out = v; return 1; }
-    case GT_I16: { int16_t v; memcpy(&v, p, 2); *out = v; return 1; }
-    case GT_U32: { uint32_t v; memcpy(&v, p, 4); *out = v; return 1; }
-    case GT_I32: { int32_t v; memcpy(&v, p, 4); *out = v; return 1; }
-    case GT_U64: { uint64_t v; memcpy(&v, p, 8); *out = (int64_t)v; return 1; }
-    case GT_I64: { int64_t v; memcpy(&v, p, 8); *out = v; return 1; }
+    case GT_U8:
+        *out = p[0];
+        return 1;
+    case GT_I8:
+        *out = (int8_t)p[0];
+        return 1;
+    case GT_BOOL:
+        *out = p[0] != 0;
+        return 1;
+    case GT_U16: {
+        uint16_t v;
+        memcpy(&v, p, 2);
+        *out = v;
+        return 1;
+    }
+    case GT_I16: {
+        int16_t v;
+        memcpy(&v, p, 2);
+        *out = v;
+        return 1;
+    }
+    case GT_U32: {
+        uint32_t v;
+        memcpy(&v, p, 4);
+        *out = v;
+        return 1;
+    }
+    case GT_I32: {
+        int32_t v;
+        memcpy(&v, p, 4);
+        *out = v;
+        return 1;
+    }
+    case GT_U64: {
+        uint64_t v;
+        memcpy(&v, p, 8);
+        *out = (int64_t)v;
+        return 1;
+    }
+    case GT_I64: {
+        int64_t v;
+        memcpy(&v, p, 8);
+        *out = v;
+        return 1;
+    }
     default:
-        kv_fail(err, KV_EINPUT, "%s: metadata '%s' has value type %u, expected an integer",
-                g->path, key, kv->type);
+        kv_fail(err, KV_EINPUT, "%s: metadata '%s' has value type %u, expected an integer", g->path,
+                key, kv->type);
         return -1;
     }
 }
@@ -237,21 +300,21 @@ static int meta_float(const kv_gguf_meta *g, const char *key, double *out, kv_er
     }
     int64_t i;
     int rc = meta_int(g, key, &i, err);
-    if (rc == 1) *out = (double)i;
+    if (rc == 1)
+        *out = (double)i;
     else if (rc < 0)
-        kv_fail(err, KV_EINPUT, "%s: metadata '%s' has value type %u, expected a number",
-                g->path, key, kv->type);
+        kv_fail(err, KV_EINPUT, "%s: metadata '%s' has value type %u, expected a number", g->path,
+                key, kv->type);
     return rc;
 }
 
 /* String metadata copied into buf (truncated to cap-1); 1 found, 0 absent, -1 wrong type. */
-static int meta_str(const kv_gguf_meta *g, const char *key, char *buf, size_t cap,
-                    kv_error *err) {
+static int meta_str(const kv_gguf_meta *g, const char *key, char *buf, size_t cap, kv_error *err) {
     const gguf_kv *kv = find_kv(g, key);
     if (!kv) return 0;
     if (kv->type != GT_STRING) {
-        kv_fail(err, KV_EINPUT, "%s: metadata '%s' has value type %u, expected a string",
-                g->path, key, kv->type);
+        kv_fail(err, KV_EINPUT, "%s: metadata '%s' has value type %u, expected a string", g->path,
+                key, kv->type);
         return -1;
     }
     uint64_t n;
@@ -261,11 +324,12 @@ static int meta_str(const kv_gguf_meta *g, const char *key, char *buf, size_t ca
 }
 
 static const char *ggml_type_name(uint32_t t) {
-    static const char *names[] = {"F32", "F16", "Q4_0", "Q4_1", "Q4_2(removed)", "Q4_3(removed)",
-                                  "Q5_0", "Q5_1", "Q8_0", "Q8_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K",
-                                  "Q6_K", "Q8_K", "IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S",
-                                  "IQ4_NL", "IQ3_S", "IQ2_S", "IQ4_XS", "I8", "I16", "I32",
-                                  "I64", "F64", "IQ1_M", "BF16"};
+    static const char *names[] = {
+        "F32",   "F16",   "Q4_0",    "Q4_1",   "Q4_2(removed)", "Q4_3(removed)", "Q5_0",
+        "Q5_1",  "Q8_0",  "Q8_1",    "Q2_K",   "Q3_K",          "Q4_K",          "Q5_K",
+        "Q6_K",  "Q8_K",  "IQ2_XXS", "IQ2_XS", "IQ3_XXS",       "IQ1_S",         "IQ4_NL",
+        "IQ3_S", "IQ2_S", "IQ4_XS",  "I8",     "I16",           "I32",           "I64",
+        "F64",   "IQ1_M", "BF16"};
     return t < sizeof names / sizeof names[0] ? names[t] : "unknown";
 }
 
@@ -273,27 +337,34 @@ static int tensor_nbytes(const char *path, gguf_tensor *t, kv_error *err) {
     uint64_t n = 1;
     for (uint32_t d = 0; d < t->n_dims; d++) {
         if (t->ne[d] == 0 || n > ((uint64_t)1 << 40) / t->ne[d])
-            return kv_fail(err, KV_EINPUT, "%s: tensor '%.*s': dimension %u (%llu) is not "
-                           "sensible", path, (int)t->name_len, t->name, d,
-                           (unsigned long long)t->ne[d]);
+            return kv_fail(err, KV_EINPUT,
+                           "%s: tensor '%.*s': dimension %u (%llu) is not "
+                           "sensible",
+                           path, (int)t->name_len, t->name, d, (unsigned long long)t->ne[d]);
         n *= t->ne[d];
     }
     switch (t->type) {
-    case GGML_F32: t->nbytes = (size_t)n * 4; return KV_OK;
+    case GGML_F32:
+        t->nbytes = (size_t)n * 4;
+        return KV_OK;
     case GGML_F16:
-    case GGML_BF16: t->nbytes = (size_t)n * 2; return KV_OK;
+    case GGML_BF16:
+        t->nbytes = (size_t)n * 2;
+        return KV_OK;
     case GGML_Q8_0:
         if (t->ne[0] % 32)
-            return kv_fail(err, KV_EINPUT, "%s: tensor '%.*s' is Q8_0 but its row length %llu is "
-                           "not a multiple of the block size 32", path, (int)t->name_len,
-                           t->name, (unsigned long long)t->ne[0]);
+            return kv_fail(err, KV_EINPUT,
+                           "%s: tensor '%.*s' is Q8_0 but its row length %llu is "
+                           "not a multiple of the block size 32",
+                           path, (int)t->name_len, t->name, (unsigned long long)t->ne[0]);
         t->nbytes = (size_t)(n / 32) * 34;
         return KV_OK;
     default:
-        return kv_fail(err, KV_EINPUT, "%s: tensor '%.*s' has ggml type %u (%s), which kvplan "
+        return kv_fail(err, KV_EINPUT,
+                       "%s: tensor '%.*s' has ggml type %u (%s), which kvplan "
                        "does not read (supported: F32, F16, BF16, Q8_0); convert the model with "
-                       "one of those", path, (int)t->name_len, t->name, t->type,
-                       ggml_type_name(t->type));
+                       "one of those",
+                       path, (int)t->name_len, t->name, t->type, ggml_type_name(t->type));
     }
 }
 
@@ -306,10 +377,14 @@ static int parse_header(kv_gguf_meta *g, kv_error *err) {
     if (rd_u32(&r, &g->version, "version")) return KV_EINPUT;
     if (g->version != 2 && g->version != 3) {
         if ((g->version & 0xffff) == 0 && g->version != 0)
-            return kv_fail(err, KV_EINPUT, "%s: GGUF version field reads %u: a big-endian GGUF "
-                           "file, which kvplan does not read", g->path, g->version);
-        return kv_fail(err, KV_EINPUT, "%s: GGUF version %u is not supported (kvplan reads "
-                       "versions 2 and 3)%s", g->path, g->version,
+            return kv_fail(err, KV_EINPUT,
+                           "%s: GGUF version field reads %u: a big-endian GGUF "
+                           "file, which kvplan does not read",
+                           g->path, g->version);
+        return kv_fail(err, KV_EINPUT,
+                       "%s: GGUF version %u is not supported (kvplan reads "
+                       "versions 2 and 3)%s",
+                       g->path, g->version,
                        g->version == 1 ? "; re-convert this v1 file with a current llama.cpp" : "");
     }
     uint64_t n_t, n_kv;
@@ -317,9 +392,10 @@ static int parse_header(kv_gguf_meta *g, kv_error *err) {
         return KV_EINPUT;
     /* every kv needs >= 12 bytes and every tensor info >= 24 */
     if (n_kv > g->len / 12 || n_t > g->len / 24)
-        return kv_fail(err, KV_EINPUT, "%s: header counts (%llu tensors, %llu metadata pairs) "
-                       "cannot fit in a %zu-byte file: corrupt or truncated", g->path,
-                       (unsigned long long)n_t, (unsigned long long)n_kv, g->len);
+        return kv_fail(err, KV_EINPUT,
+                       "%s: header counts (%llu tensors, %llu metadata pairs) "
+                       "cannot fit in a %zu-byte file: corrupt or truncated",
+                       g->path, (unsigned long long)n_t, (unsigned long long)n_kv, g->len);
     g->kv = calloc((size_t)n_kv + 1, sizeof *g->kv);
     g->t = calloc((size_t)n_t + 1, sizeof *g->t);
     if (!g->kv || !g->t) return kv_fail(err, KV_EINTERNAL, "out of memory (GGUF header)");
@@ -341,8 +417,8 @@ static int parse_header(kv_gguf_meta *g, kv_error *err) {
         gguf_tensor *t = &g->t[i];
         if (rd_str(&r, &t->name, &t->name_len, "tensor name")) return KV_EINPUT;
         char field[160];
-        snprintf(field, sizeof field, "tensor info of '%.*s'", (int)(t->name_len < 100 ? t->name_len : 100),
-                 t->name);
+        snprintf(field, sizeof field, "tensor info of '%.*s'",
+                 (int)(t->name_len < 100 ? t->name_len : 100), t->name);
         if (rd_u32(&r, &t->n_dims, field)) return KV_EINPUT;
         if (t->n_dims == 0 || t->n_dims > GGUF_MAX_DIMS)
             return kv_fail(err, KV_EINPUT, "%s: tensor '%.*s' has %u dimensions (1..4 allowed)",
@@ -355,22 +431,29 @@ static int parse_header(kv_gguf_meta *g, kv_error *err) {
     }
     g->data_start = (r.off + align - 1) / align * align;
     if (g->data_start > g->len)
-        return kv_fail(err, KV_EINPUT, "%s: the file ends (%zu bytes) before its tensor data "
-                       "section starts (byte %zu): truncated", g->path, g->len, g->data_start);
+        return kv_fail(err, KV_EINPUT,
+                       "%s: the file ends (%zu bytes) before its tensor data "
+                       "section starts (byte %zu): truncated",
+                       g->path, g->len, g->data_start);
     size_t data_len = g->len - g->data_start;
     for (int i = 0; i < g->n_tensors; i++) {
         gguf_tensor *t = &g->t[i];
         if (tensor_nbytes(g->path, t, err)) return KV_EINPUT;
         if (t->offset % align)
-            return kv_fail(err, KV_EINPUT, "%s: tensor '%.*s': offset %llu is not a multiple of "
-                           "the alignment %llu", g->path, (int)t->name_len, t->name,
-                           (unsigned long long)t->offset, (unsigned long long)align);
+            return kv_fail(err, KV_EINPUT,
+                           "%s: tensor '%.*s': offset %llu is not a multiple of "
+                           "the alignment %llu",
+                           g->path, (int)t->name_len, t->name, (unsigned long long)t->offset,
+                           (unsigned long long)align);
         if (t->offset > data_len)
-            return kv_fail(err, KV_EINPUT, "%s: tensor '%.*s': offset %llu is past the end of "
-                           "the tensor data (%zu bytes)", g->path, (int)t->name_len, t->name,
-                           (unsigned long long)t->offset, data_len);
+            return kv_fail(err, KV_EINPUT,
+                           "%s: tensor '%.*s': offset %llu is past the end of "
+                           "the tensor data (%zu bytes)",
+                           g->path, (int)t->name_len, t->name, (unsigned long long)t->offset,
+                           data_len);
         if (t->nbytes > data_len - t->offset)
-            return kv_fail(err, KV_EINPUT, "%s: tensor '%.*s': data [%llu, %llu) extends past "
+            return kv_fail(err, KV_EINPUT,
+                           "%s: tensor '%.*s': data [%llu, %llu) extends past "
                            "the end of the tensor data (%zu bytes): the file is truncated",
                            g->path, (int)t->name_len, t->name, (unsigned long long)t->offset,
                            (unsigned long long)(t->offset + t->nbytes), data_len);
@@ -388,9 +471,8 @@ static const gguf_tensor *find_tensor(const kv_gguf_meta *g, const char *name) {
 /* fp32 view of tensor `name` expected to be [rows, cols] row-major (ne = [cols, rows]; a 1-D
  * tensor has rows = 1). F32 data is used in place; others are dequantised into a buffer the
  * model adopts. *out = NULL and KV_OK when the tensor is absent and optional. */
-static int get_weight(kv_model *m, kv_gguf_meta *g, const char *name, uint64_t rows,
-                      uint64_t cols, int optional, const char *why, const float **out,
-                      kv_error *err) {
+static int get_weight(kv_model *m, kv_gguf_meta *g, const char *name, uint64_t rows, uint64_t cols,
+                      int optional, const char *why, const float **out, kv_error *err) {
     *out = NULL;
     const gguf_tensor *t = find_tensor(g, name);
     if (!t) {
@@ -406,10 +488,14 @@ static int get_weight(kv_model *m, kv_gguf_meta *g, const char *name, uint64_t r
             k += (size_t)snprintf(shape + k, sizeof shape - k, d ? ", %llu" : "%llu",
                                   (unsigned long long)t->ne[d]);
         if (rows == 1)
-            return kv_fail(err, KV_EINPUT, "%s: tensor '%s' has ne [%s] but the config (%s) "
-                           "needs [%llu]", g->path, name, shape, why, (unsigned long long)cols);
-        return kv_fail(err, KV_EINPUT, "%s: tensor '%s' has ne [%s] but the config (%s) needs "
-                       "[%llu, %llu]", g->path, name, shape, why, (unsigned long long)cols,
+            return kv_fail(err, KV_EINPUT,
+                           "%s: tensor '%s' has ne [%s] but the config (%s) "
+                           "needs [%llu]",
+                           g->path, name, shape, why, (unsigned long long)cols);
+        return kv_fail(err, KV_EINPUT,
+                       "%s: tensor '%s' has ne [%s] but the config (%s) needs "
+                       "[%llu, %llu]",
+                       g->path, name, shape, why, (unsigned long long)cols,
                        (unsigned long long)rows);
     }
     const unsigned char *src = g->base + g->data_start + t->offset;
@@ -422,7 +508,9 @@ static int get_weight(kv_model *m, kv_gguf_meta *g, const char *name, uint64_t r
     if (!dst) return KV_EINTERNAL;
     double t0 = kv_now();
     switch (t->type) {
-    case GGML_F32: memcpy(dst, src, n * sizeof *dst); break;
+    case GGML_F32:
+        memcpy(dst, src, n * sizeof *dst);
+        break;
     case GGML_F16:
         for (size_t i = 0; i < n; i++) dst[i] = kv_f16_to_f32(kv_load_u16le(src + 2 * i));
         break;
@@ -470,13 +558,16 @@ static int arch_int(const kv_gguf_meta *g, const char *arch, const char *suffix,
 
 static int load_config(kv_gguf_meta *g, kv_config *c, kv_error *err) {
     memset(c, 0, sizeof *c);
-    char arch[sizeof ((kv_config *)0)->arch] = "";
+    char arch[sizeof((kv_config *)0)->arch] = "";
     int got = meta_str(g, "general.architecture", arch, sizeof arch, err);
     if (got < 0) return KV_EINPUT;
-    if (!got) return kv_fail(err, KV_EINPUT, "%s: metadata 'general.architecture' is missing", g->path);
+    if (!got)
+        return kv_fail(err, KV_EINPUT, "%s: metadata 'general.architecture' is missing", g->path);
     if (strcmp(arch, "llama") != 0 && strcmp(arch, "qwen2") != 0)
-        return kv_fail(err, KV_EINPUT, "%s: general.architecture '%s' is not supported (kvplan "
-                       "reads llama and qwen2)", g->path, arch);
+        return kv_fail(err, KV_EINPUT,
+                       "%s: general.architecture '%s' is not supported (kvplan "
+                       "reads llama and qwen2)",
+                       g->path, arch);
     snprintf(c->arch, sizeof c->arch, "%s", arch);
     if (arch_int(g, arch, "embedding_length", -1, &c->dim, err) ||
         arch_int(g, arch, "feed_forward_length", -1, &c->hidden_dim, err) ||
@@ -487,8 +578,10 @@ static int load_config(kv_gguf_meta *g, kv_config *c, kv_error *err) {
     if (arch_int(g, arch, "attention.head_count_kv", c->n_heads, &c->n_kv_heads, err))
         return KV_EINPUT;
     if (c->dim % c->n_heads)
-        return kv_fail(err, KV_EINPUT, "%s: %s.embedding_length %d is not a multiple of "
-                       "%s.attention.head_count %d", g->path, arch, c->dim, arch, c->n_heads);
+        return kv_fail(err, KV_EINPUT,
+                       "%s: %s.embedding_length %d is not a multiple of "
+                       "%s.attention.head_count %d",
+                       g->path, arch, c->dim, arch, c->n_heads);
     c->head_dim = c->dim / c->n_heads;
     char key[160];
     int64_t kl;
@@ -496,15 +589,17 @@ static int load_config(kv_gguf_meta *g, kv_config *c, kv_error *err) {
     got = meta_int(g, key, &kl, err);
     if (got < 0) return KV_EINPUT;
     if (got && kl != c->head_dim)
-        return kv_fail(err, KV_EINPUT, "%s: %s = %lld differs from embedding_length / head_count "
-                       "= %d, which kvplan does not support", g->path, key, (long long)kl,
-                       c->head_dim);
+        return kv_fail(err, KV_EINPUT,
+                       "%s: %s = %lld differs from embedding_length / head_count "
+                       "= %d, which kvplan does not support",
+                       g->path, key, (long long)kl, c->head_dim);
     int rot;
     if (arch_int(g, arch, "rope.dimension_count", c->head_dim, &rot, err)) return KV_EINPUT;
     if (rot != c->head_dim)
-        return kv_fail(err, KV_EINPUT, "%s: %s.rope.dimension_count %d is not the head size %d "
-                       "(partial rotary embeddings are not supported)", g->path, arch, rot,
-                       c->head_dim);
+        return kv_fail(err, KV_EINPUT,
+                       "%s: %s.rope.dimension_count %d is not the head size %d "
+                       "(partial rotary embeddings are not supported)",
+                       g->path, arch, rot, c->head_dim);
     double v;
     snprintf(key, sizeof key, "%s.attention.layer_norm_rms_epsilon", arch);
     got = meta_float(g, key, &v, err);
@@ -519,8 +614,8 @@ static int load_config(kv_gguf_meta *g, kv_config *c, kv_error *err) {
     char scaling[32] = "";
     if (meta_str(g, key, scaling, sizeof scaling, err) < 0) return KV_EINPUT;
     if (scaling[0] && strcmp(scaling, "none") != 0)
-        return kv_fail(err, KV_EINPUT, "%s: %s = '%s': RoPE scaling is not supported", g->path,
-                       key, scaling);
+        return kv_fail(err, KV_EINPUT, "%s: %s = '%s': RoPE scaling is not supported", g->path, key,
+                       scaling);
     c->rope_layout = strcmp(arch, "qwen2") == 0 ? KV_ROPE_HALF : KV_ROPE_ADJACENT;
     c->attn_bias = strcmp(arch, "qwen2") == 0;
     int64_t id;
@@ -542,12 +637,13 @@ static int map_file(const char *path, kv_gguf_meta *g, void **map, kv_error *err
     }
     if (st.st_size < 24) {
         close(fd);
-        return kv_fail(err, KV_EINPUT, "%s: %lld bytes is too short for a GGUF header (24)",
-                       path, (long long)st.st_size);
+        return kv_fail(err, KV_EINPUT, "%s: %lld bytes is too short for a GGUF header (24)", path,
+                       (long long)st.st_size);
     }
     void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
     close(fd);
-    if (p == MAP_FAILED) return kv_fail(err, KV_EINTERNAL, "%s: mmap failed: %s", path, strerror(errno));
+    if (p == MAP_FAILED)
+        return kv_fail(err, KV_EINTERNAL, "%s: mmap failed: %s", path, strerror(errno));
     *map = p;
     g->base = p;
     g->len = (size_t)st.st_size;
@@ -576,11 +672,16 @@ int kv_model_load_gguf(const char *path, kv_model **out, kv_error *err) {
         int got = meta_int(g, key, &v, err);
         const gguf_kv *toks = find_kv(g, "tokenizer.ggml.tokens");
         const gguf_tensor *emb = find_tensor(g, "token_embd.weight");
-        if (got < 0) rc = KV_EINPUT;
-        else if (got) c.vocab_size = (int)v;
-        else if (toks && toks->type == GT_ARRAY) c.vocab_size = (int)toks->arr_n;
-        else if (emb) c.vocab_size = (int)emb->ne[1];
-        else rc = kv_fail(err, KV_EINPUT, "%s: tensor 'token_embd.weight' is missing", path);
+        if (got < 0)
+            rc = KV_EINPUT;
+        else if (got)
+            c.vocab_size = (int)v;
+        else if (toks && toks->type == GT_ARRAY)
+            c.vocab_size = (int)toks->arr_n;
+        else if (emb)
+            c.vocab_size = (int)emb->ne[1];
+        else
+            rc = kv_fail(err, KV_EINPUT, "%s: tensor 'token_embd.weight' is missing", path);
     }
     if (!rc) rc = kv_config_check(&c, path, err);
     kv_model *m = NULL;
@@ -599,10 +700,12 @@ int kv_model_load_gguf(const char *path, kv_model **out, kv_error *err) {
              q = (uint64_t)c.n_heads * c.head_dim, kvd = (uint64_t)c.n_kv_heads * c.head_dim;
     rc = get_weight(m, g, "token_embd.weight", V, d, 0, "vocab_size x embedding_length",
                     &m->tok_emb, err);
-    if (!rc) rc = get_weight(m, g, "output_norm.weight", 1, d, 0, "embedding_length",
-                             &m->final_norm, err);
-    if (!rc) rc = get_weight(m, g, "output.weight", V, d, 1, "vocab_size x embedding_length",
-                             &m->classifier, err);
+    if (!rc)
+        rc = get_weight(m, g, "output_norm.weight", 1, d, 0, "embedding_length", &m->final_norm,
+                        err);
+    if (!rc)
+        rc = get_weight(m, g, "output.weight", V, d, 1, "vocab_size x embedding_length",
+                        &m->classifier, err);
     if (!rc && !m->classifier) {
         m->classifier = m->tok_emb;
         m->cfg.tied_embeddings = 1;
@@ -632,8 +735,8 @@ int kv_model_load_gguf(const char *path, kv_model **out, kv_error *err) {
         };
         for (size_t k = 0; k < sizeof spec / sizeof spec[0] && !rc; k++) {
             snprintf(name, sizeof name, "blk.%d.%s", l, spec[k].suffix);
-            rc = get_weight(m, g, name, spec[k].rows, spec[k].cols, spec[k].optional,
-                            spec[k].why, spec[k].dst, err);
+            rc = get_weight(m, g, name, spec[k].rows, spec[k].cols, spec[k].optional, spec[k].why,
+                            spec[k].dst, err);
         }
     }
     if (!rc) rc = kv_sha256_file(path, m->sha256, err);
@@ -656,10 +759,11 @@ static int meta_strings(const kv_gguf_meta *g, const char *key, char ***out, int
     const gguf_kv *kv = find_kv(g, key);
     if (!kv) return kv_fail(err, KV_EINPUT, "%s: metadata '%s' is missing", g->path, key);
     if (kv->type != GT_ARRAY || kv->arr_type != GT_STRING)
-        return kv_fail(err, KV_EINPUT, "%s: metadata '%s' is not an array of strings", g->path, key);
+        return kv_fail(err, KV_EINPUT, "%s: metadata '%s' is not an array of strings", g->path,
+                       key);
     if (kv->arr_n > (1u << 24))
-        return kv_fail(err, KV_EINPUT, "%s: metadata '%s' has %llu entries, too many", g->path,
-                       key, (unsigned long long)kv->arr_n);
+        return kv_fail(err, KV_EINPUT, "%s: metadata '%s' has %llu entries, too many", g->path, key,
+                       (unsigned long long)kv->arr_n);
     char **s = calloc((size_t)kv->arr_n + 1, sizeof *s);
     if (!s) return kv_fail(err, KV_EINTERNAL, "out of memory (%s)", key);
     size_t off = kv->off;
@@ -697,24 +801,66 @@ static int meta_floats(const kv_gguf_meta *g, const char *key, int n, float **ou
     if (!sz || kv->arr_type == GT_BOOL)
         return kv_fail(err, KV_EINPUT, "%s: metadata '%s' is not a numeric array", g->path, key);
     if (kv->arr_n != (uint64_t)n)
-        return kv_fail(err, KV_EINPUT, "%s: metadata '%s' has %llu entries but "
-                       "tokenizer.ggml.tokens has %d", g->path, key,
-                       (unsigned long long)kv->arr_n, n);
+        return kv_fail(err, KV_EINPUT,
+                       "%s: metadata '%s' has %llu entries but "
+                       "tokenizer.ggml.tokens has %d",
+                       g->path, key, (unsigned long long)kv->arr_n, n);
     float *v = kv_malloc((size_t)n * sizeof *v + 1, key, err);
     if (!v) return KV_EINTERNAL;
     const unsigned char *p = g->base + kv->off;
     for (int i = 0; i < n; i++, p += sz) {
         switch (kv->arr_type) {
-        case GT_F32: memcpy(&v[i], p, 4); break;
-        case GT_F64: { double x; memcpy(&x, p, 8); v[i] = (float)x; break; }
-        case GT_I32: { int32_t x; memcpy(&x, p, 4); v[i] = (float)x; break; }
-        case GT_U32: { uint32_t x; memcpy(&x, p, 4); v[i] = (float)x; break; }
-        case GT_I8: v[i] = (float)(int8_t)p[0]; break;
-        case GT_U8: v[i] = (float)p[0]; break;
-        case GT_I16: { int16_t x; memcpy(&x, p, 2); v[i] = (float)x; break; }
-        case GT_U16: { uint16_t x; memcpy(&x, p, 2); v[i] = (float)x; break; }
-        case GT_I64: { int64_t x; memcpy(&x, p, 8); v[i] = (float)x; break; }
-        default: { uint64_t x; memcpy(&x, p, 8); v[i] = (float)x; break; }
+        case GT_F32:
+            memcpy(&v[i], p, 4);
+            break;
+        case GT_F64: {
+            double x;
+            memcpy(&x, p, 8);
+            v[i] = (float)x;
+            break;
+        }
+        case GT_I32: {
+            int32_t x;
+            memcpy(&x, p, 4);
+            v[i] = (float)x;
+            break;
+        }
+        case GT_U32: {
+            uint32_t x;
+            memcpy(&x, p, 4);
+            v[i] = (float)x;
+            break;
+        }
+        case GT_I8:
+            v[i] = (float)(int8_t)p[0];
+            break;
+        case GT_U8:
+            v[i] = (float)p[0];
+            break;
+        case GT_I16: {
+            int16_t x;
+            memcpy(&x, p, 2);
+            v[i] = (float)x;
+            break;
+        }
+        case GT_U16: {
+            uint16_t x;
+            memcpy(&x, p, 2);
+            v[i] = (float)x;
+            break;
+        }
+        case GT_I64: {
+            int64_t x;
+            memcpy(&x, p, 8);
+            v[i] = (float)x;
+            break;
+        }
+        default: {
+            uint64_t x;
+            memcpy(&x, p, 8);
+            v[i] = (float)x;
+            break;
+        }
         }
     }
     *out = v;
@@ -725,7 +871,8 @@ static int meta_floats(const kv_gguf_meta *g, const char *key, int n, float **ou
 static void unescape_spaces(char *s) {
     char *w = s;
     for (const char *r = s; *r;) {
-        if ((unsigned char)r[0] == 0xe2 && (unsigned char)r[1] == 0x96 && (unsigned char)r[2] == 0x81) {
+        if ((unsigned char)r[0] == 0xe2 && (unsigned char)r[1] == 0x96 &&
+            (unsigned char)r[2] == 0x81) {
             *w++ = ' ';
             r += 3;
         } else {
@@ -794,8 +941,10 @@ static int gguf_tok_gpt2(const kv_gguf_meta *g, char **tokens, int n, int bos, i
     for (int i = 0; i < n_merges && !rc; i++) {
         char *sp = strchr(merges[i], ' ');
         if (!sp || sp == merges[i] || !sp[1])
-            rc = kv_fail(err, KV_EINPUT, "%s: tokenizer.ggml.merges[%d] = '%.60s' is not two "
-                         "tokens separated by one space", g->path, i, merges[i]);
+            rc = kv_fail(err, KV_EINPUT,
+                         "%s: tokenizer.ggml.merges[%d] = '%.60s' is not two "
+                         "tokens separated by one space",
+                         g->path, i, merges[i]);
         else {
             *sp = '\0';
             left[i] = merges[i];
@@ -806,8 +955,10 @@ static int gguf_tok_gpt2(const kv_gguf_meta *g, char **tokens, int n, int bos, i
     if (!rc && meta_str(g, "tokenizer.ggml.pre", pre, sizeof pre, err) < 0) rc = KV_EINPUT;
     const char *regex = pre_regex(pre);
     if (!rc && !regex)
-        rc = kv_fail(err, KV_EINPUT, "%s: tokenizer.ggml.pre '%s' is not a pre-tokenizer kvplan "
-                     "knows (default, gpt2, qwen2, llama-bpe)", g->path, pre);
+        rc = kv_fail(err, KV_EINPUT,
+                     "%s: tokenizer.ggml.pre '%s' is not a pre-tokenizer kvplan "
+                     "knows (default, gpt2, qwen2, llama-bpe)",
+                     g->path, pre);
     if (!rc) rc = meta_floats(g, "tokenizer.ggml.token_type", n, &types, err);
     int n_special = 0;
     for (int i = 0; types && i < n && !rc; i++)
@@ -850,18 +1001,24 @@ int kv_tokenizer_load_gguf(const kv_model *m, kv_tokenizer **out, kv_error *err)
     int got = meta_str(g, "tokenizer.ggml.model", model, sizeof model, err);
     if (got < 0) return KV_EINPUT;
     if (!got)
-        return kv_fail(err, KV_EINPUT, "%s: no embedded tokenizer (metadata "
-                       "'tokenizer.ggml.model' is missing); pass --tokenizer PATH", g->path);
+        return kv_fail(err, KV_EINPUT,
+                       "%s: no embedded tokenizer (metadata "
+                       "'tokenizer.ggml.model' is missing); pass --tokenizer PATH",
+                       g->path);
     char **tokens = NULL;
     int n = 0;
     int rc = meta_strings(g, "tokenizer.ggml.tokens", &tokens, &n, err);
     if (rc) return rc;
     int bos = m->cfg.bos_id < n ? m->cfg.bos_id : -1, eos = m->cfg.eos_id < n ? m->cfg.eos_id : -1;
-    if (!strcmp(model, "llama")) rc = gguf_tok_llama(g, tokens, n, bos, eos, out, err);
-    else if (!strcmp(model, "gpt2")) rc = gguf_tok_gpt2(g, tokens, n, bos, eos, out, err);
+    if (!strcmp(model, "llama"))
+        rc = gguf_tok_llama(g, tokens, n, bos, eos, out, err);
+    else if (!strcmp(model, "gpt2"))
+        rc = gguf_tok_gpt2(g, tokens, n, bos, eos, out, err);
     else
-        rc = kv_fail(err, KV_EINPUT, "%s: tokenizer.ggml.model '%s' is not supported (kvplan "
-                     "reads 'llama' and 'gpt2'); pass --tokenizer PATH", g->path, model);
+        rc = kv_fail(err, KV_EINPUT,
+                     "%s: tokenizer.ggml.model '%s' is not supported (kvplan "
+                     "reads 'llama' and 'gpt2'); pass --tokenizer PATH",
+                     g->path, model);
     free_strings(tokens, n);
     return rc;
 }

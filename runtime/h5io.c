@@ -23,9 +23,9 @@
 
 struct kv_h5 {
     hid_t fid;
-    int writing;          /* 1 for a file opened by kv_h5_create */
-    char path[4096];      /* the final, user-visible path */
-    char tmp[4200];       /* the temporary file being written (writing only) */
+    int writing;     /* 1 for a file opened by kv_h5_create */
+    char path[4096]; /* the final, user-visible path */
+    char tmp[4200];  /* the temporary file being written (writing only) */
 };
 
 /* ---- silencing HDF5's automatic error printing for the duration of one call ---- */
@@ -41,7 +41,9 @@ static void h5_quiet_begin(h5_quiet *q) {
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
 }
 
-static void h5_quiet_end(const h5_quiet *q) { H5Eset_auto2(H5E_DEFAULT, q->fn, q->data); }
+static void h5_quiet_end(const h5_quiet *q) {
+    H5Eset_auto2(H5E_DEFAULT, q->fn, q->data);
+}
 
 /* ---- helpers ---- */
 
@@ -135,9 +137,8 @@ static int check_dset_args(kv_h5 *f, const char *path, int rank, const long *dim
     return KV_OK;
 }
 
-static int write_dataset(kv_h5 *f, const char *path, int rank, const long *dims,
-                         hid_t file_type, hid_t mem_type, const void *data, const char *units,
-                         kv_error *err) {
+static int write_dataset(kv_h5 *f, const char *path, int rank, const long *dims, hid_t file_type,
+                         hid_t mem_type, const void *data, const char *units, kv_error *err) {
     int rc = check_writer(f, path ? path : "dataset", err);
     if (rc) return rc;
     hsize_t hd[KV_H5_MAX_RANK];
@@ -176,8 +177,8 @@ static int read_dataset(kv_h5 *f, const char *path, hid_t mem_type, size_t elem,
     if (r < 0 || r > KV_H5_MAX_RANK) {
         if (space >= 0) H5Sclose(space);
         H5Dclose(ds);
-        return kv_fail(err, KV_EINPUT, "%s: dataset %s has an unsupported shape (rank %d)",
-                       f->path, path, r);
+        return kv_fail(err, KV_EINPUT, "%s: dataset %s has an unsupported shape (rank %d)", f->path,
+                       path, r);
     }
     hsize_t hd[KV_H5_MAX_RANK];
     H5Sget_simple_extent_dims(space, hd, NULL);
@@ -229,7 +230,8 @@ static hid_t attr_create(kv_h5 *f, const char *obj, const char *name, hid_t type
     if (H5Aexists(o, name) > 0) H5Adelete(o, name);
     hid_t a = H5Acreate2(o, name, type, space, H5P_DEFAULT, H5P_DEFAULT);
     H5Oclose(o);
-    if (a < 0) kv_fail(err, KV_EINTERNAL, "%s: cannot create attribute %s on %s", f->path, name, obj);
+    if (a < 0)
+        kv_fail(err, KV_EINTERNAL, "%s: cannot create attribute %s on %s", f->path, name, obj);
     return a;
 }
 
@@ -270,8 +272,8 @@ static hid_t attr_open(kv_h5 *f, const char *obj, const char *name, kv_error *er
     return a;
 }
 
-static int attr_read_num(kv_h5 *f, const char *obj, const char *name, hid_t mem_type,
-                         void *value, kv_error *err) {
+static int attr_read_num(kv_h5 *f, const char *obj, const char *name, hid_t mem_type, void *value,
+                         kv_error *err) {
     hid_t a = attr_open(f, obj, name, err);
     if (a < 0) return KV_EINPUT;
     hid_t space = H5Aget_space(a);
@@ -370,8 +372,10 @@ int kv_h5_open_read(const char *path, kv_h5 **out, kv_error *err) {
     kv_h5 *f = NULL;
     htri_t is = H5Fis_hdf5(path);
     if (is <= 0) {
-        rc = kv_fail(err, KV_EINPUT, "%s: not an HDF5 file (kvplan reads profile.h5 / plan.h5 "
-                     "files written by kvplan profile and kvplan search)", path);
+        rc = kv_fail(err, KV_EINPUT,
+                     "%s: not an HDF5 file (kvplan reads profile.h5 / plan.h5 "
+                     "files written by kvplan profile and kvplan search)",
+                     path);
         goto done;
     }
     f = kv_calloc(1, sizeof *f, "HDF5 file handle", err);
@@ -388,8 +392,10 @@ int kv_h5_open_read(const char *path, kv_h5 **out, kv_error *err) {
         goto done;
     }
     if (H5Aexists(f->fid, "kvplan_version") <= 0 || H5Aexists(f->fid, "schema_version") <= 0) {
-        rc = kv_fail(err, KV_EINPUT, "%s: an HDF5 file, but not one of kvplan's (no "
-                     "kvplan_version / schema_version attribute at its root)", path);
+        rc = kv_fail(err, KV_EINPUT,
+                     "%s: an HDF5 file, but not one of kvplan's (no "
+                     "kvplan_version / schema_version attribute at its root)",
+                     path);
         goto done;
     }
     long schema = 0;
@@ -398,9 +404,10 @@ int kv_h5_open_read(const char *path, kv_h5 **out, kv_error *err) {
         goto done;
     }
     if (schema > KV_SCHEMA_VERSION) {
-        rc = kv_fail(err, KV_EINPUT, "%s: written with file schema version %ld, newer than this "
-                     "kvplan %s understands (schema %d); upgrade kvplan to read it", path, schema,
-                     KVPLAN_VERSION_STRING, KV_SCHEMA_VERSION);
+        rc = kv_fail(err, KV_EINPUT,
+                     "%s: written with file schema version %ld, newer than this "
+                     "kvplan %s understands (schema %d); upgrade kvplan to read it",
+                     path, schema, KVPLAN_VERSION_STRING, KV_SCHEMA_VERSION);
         goto done;
     }
     if (schema < 1) {
@@ -430,7 +437,9 @@ void kv_h5_close(kv_h5 *f) {
     free(f);
 }
 
-const char *kv_h5_path(const kv_h5 *f) { return f ? f->path : "(no file)"; }
+const char *kv_h5_path(const kv_h5 *f) {
+    return f ? f->path : "(no file)";
+}
 
 /* ---- provenance ---- */
 
@@ -454,10 +463,14 @@ int kv_h5_write_provenance(kv_h5 *f, const char *command, const kv_model *m, kv_
         const char *name;
         long v;
     } ints[] = {
-        {"model_dim", c->dim},           {"model_hidden_dim", c->hidden_dim},
-        {"model_n_layers", c->n_layers}, {"model_n_heads", c->n_heads},
-        {"model_n_kv_heads", c->n_kv_heads}, {"model_head_dim", c->head_dim},
-        {"model_vocab_size", c->vocab_size}, {"model_seq_len", c->seq_len},
+        {"model_dim", c->dim},
+        {"model_hidden_dim", c->hidden_dim},
+        {"model_n_layers", c->n_layers},
+        {"model_n_heads", c->n_heads},
+        {"model_n_kv_heads", c->n_kv_heads},
+        {"model_head_dim", c->head_dim},
+        {"model_vocab_size", c->vocab_size},
+        {"model_seq_len", c->seq_len},
     };
     for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++)
         if ((rc = kv_h5_attr_i64(f, "/", ints[i].name, ints[i].v, err))) return rc;
@@ -470,8 +483,8 @@ int kv_h5_write_f64(kv_h5 *f, const char *path, int rank, const long *dims, cons
                     const char *units, kv_error *err) {
     h5_quiet q;
     h5_quiet_begin(&q);
-    int rc = write_dataset(f, path, rank, dims, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, data, units,
-                           err);
+    int rc =
+        write_dataset(f, path, rank, dims, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, data, units, err);
     h5_quiet_end(&q);
     return rc;
 }
@@ -485,8 +498,8 @@ int kv_h5_write_i32(kv_h5 *f, const char *path, int rank, const long *dims, cons
     return rc;
 }
 
-int kv_h5_read_f64(kv_h5 *f, const char *path, int *rank, long dims[KV_H5_MAX_RANK],
-                   double **data, kv_error *err) {
+int kv_h5_read_f64(kv_h5 *f, const char *path, int *rank, long dims[KV_H5_MAX_RANK], double **data,
+                   kv_error *err) {
     *data = NULL;
     if (!f) return kv_fail(err, KV_EINTERNAL, "read of %s from no file", path);
     h5_quiet q;
@@ -522,8 +535,7 @@ int kv_h5_exists(kv_h5 *f, const char *path) {
 
 /* ---- attributes ---- */
 
-int kv_h5_attr_str(kv_h5 *f, const char *obj, const char *name, const char *value,
-                   kv_error *err) {
+int kv_h5_attr_str(kv_h5 *f, const char *obj, const char *name, const char *value, kv_error *err) {
     if (!value) value = "";
     h5_quiet q;
     h5_quiet_begin(&q);
@@ -555,8 +567,7 @@ int kv_h5_attr_i64(kv_h5 *f, const char *obj, const char *name, long value, kv_e
     return rc;
 }
 
-static int read_attr_str(kv_h5 *f, const char *obj, const char *name, char **value,
-                         kv_error *err) {
+static int read_attr_str(kv_h5 *f, const char *obj, const char *name, char **value, kv_error *err) {
     hid_t a = attr_open(f, obj, name, err);
     if (a < 0) return KV_EINPUT;
     int rc = KV_OK;
@@ -573,8 +584,10 @@ static int read_attr_str(kv_h5 *f, const char *obj, const char *name, char **val
         } else {
             size_t n = strlen(s);
             *value = kv_malloc(n + 1, name, err);
-            if (!*value) rc = KV_EINTERNAL;
-            else memcpy(*value, s, n + 1);
+            if (!*value)
+                rc = KV_EINTERNAL;
+            else
+                memcpy(*value, s, n + 1);
         }
         if (s) H5free_memory(s);
         H5Tclose(mt);
@@ -604,8 +617,7 @@ static int read_attr_str(kv_h5 *f, const char *obj, const char *name, char **val
     return rc;
 }
 
-int kv_h5_read_attr_str(kv_h5 *f, const char *obj, const char *name, char **value,
-                        kv_error *err) {
+int kv_h5_read_attr_str(kv_h5 *f, const char *obj, const char *name, char **value, kv_error *err) {
     *value = NULL;
     if (!f) return kv_fail(err, KV_EINTERNAL, "attribute %s of no file", name);
     h5_quiet q;
@@ -615,8 +627,7 @@ int kv_h5_read_attr_str(kv_h5 *f, const char *obj, const char *name, char **valu
     return rc;
 }
 
-int kv_h5_read_attr_f64(kv_h5 *f, const char *obj, const char *name, double *value,
-                        kv_error *err) {
+int kv_h5_read_attr_f64(kv_h5 *f, const char *obj, const char *name, double *value, kv_error *err) {
     if (!f) return kv_fail(err, KV_EINTERNAL, "attribute %s of no file", name);
     h5_quiet q;
     h5_quiet_begin(&q);
@@ -625,8 +636,7 @@ int kv_h5_read_attr_f64(kv_h5 *f, const char *obj, const char *name, double *val
     return rc;
 }
 
-int kv_h5_read_attr_i64(kv_h5 *f, const char *obj, const char *name, long *value,
-                        kv_error *err) {
+int kv_h5_read_attr_i64(kv_h5 *f, const char *obj, const char *name, long *value, kv_error *err) {
     if (!f) return kv_fail(err, KV_EINTERNAL, "attribute %s of no file", name);
     h5_quiet q;
     h5_quiet_begin(&q);
@@ -726,9 +736,12 @@ static herr_t attr_cb(hid_t loc, const char *name, const H5A_info_t *info, void 
         hid_t t = H5Aget_type(a), s = H5Aget_space(a);
         hssize_t n = s >= 0 ? H5Sget_simple_extent_npoints(s) : -1;
         H5T_class_t cls = t >= 0 ? H5Tget_class(t) : H5T_NO_CLASS;
-        if (n == 1 && cls == H5T_STRING) kind = 's';
-        else if (n == 1 && cls == H5T_INTEGER) kind = 'i';
-        else if (n == 1 && cls == H5T_FLOAT) kind = 'f';
+        if (n == 1 && cls == H5T_STRING)
+            kind = 's';
+        else if (n == 1 && cls == H5T_INTEGER)
+            kind = 'i';
+        else if (n == 1 && cls == H5T_FLOAT)
+            kind = 'f';
         if (t >= 0) H5Tclose(t);
         if (s >= 0) H5Sclose(s);
         H5Aclose(a);
@@ -737,9 +750,8 @@ static herr_t attr_cb(hid_t loc, const char *name, const H5A_info_t *info, void 
     return 0;
 }
 
-int kv_h5_list_attrs(kv_h5 *f, const char *obj,
-                     void (*fn)(void *user, const char *name, char kind), void *user,
-                     kv_error *err) {
+int kv_h5_list_attrs(kv_h5 *f, const char *obj, void (*fn)(void *user, const char *name, char kind),
+                     void *user, kv_error *err) {
     if (!f || !fn || !obj)
         return kv_fail(err, KV_EINTERNAL, "list of attributes: no file, object or callback");
     attr_ctx c = {fn, user};
@@ -768,8 +780,7 @@ int kv_plan_budget_write(kv_h5 *f, const kv_plan_budget *b, kv_error *err) {
     if ((rc = kv_h5_attr_f64(f, "/", "ratio", b->ratio, err))) return rc;
     if ((rc = kv_h5_attr_i64(f, "/", "context_length", b->context_length, err))) return rc;
     if ((rc = kv_h5_attr_i64(f, "/", "block_size", b->block_size, err))) return rc;
-    if (b->evict_block > 0 &&
-        (rc = kv_h5_attr_i64(f, "/", "evict_block", b->evict_block, err)))
+    if (b->evict_block > 0 && (rc = kv_h5_attr_i64(f, "/", "evict_block", b->evict_block, err)))
         return rc;
     if ((rc = kv_h5_attr_str(f, "/", "policy", b->policy, err))) return rc;
     if ((rc = kv_h5_attr_str(f, "/", "allocation", b->allocation, err))) return rc;
@@ -806,8 +817,7 @@ static int read_str_attr_into(kv_h5 *f, const char *name, char *dst, size_t cap,
     int rc = kv_h5_read_attr_str(f, "/", name, &s, err);
     if (rc) return rc;
     if (strlen(s) >= cap) {
-        rc = kv_fail(err, KV_EINPUT, "%s: attribute %s ('%s') is too long", kv_h5_path(f), name,
-                     s);
+        rc = kv_fail(err, KV_EINPUT, "%s: attribute %s ('%s') is too long", kv_h5_path(f), name, s);
     } else {
         memcpy(dst, s, strlen(s) + 1);
     }
@@ -838,8 +848,8 @@ static int read_budget_matrix(kv_h5 *f, const char *path, kv_plan_budget *b, int
     for (long i = 0; i < dims[0] * dims[1]; i++)
         if (data[i] < 0) {
             free(data);
-            return kv_fail(err, KV_EINPUT, "%s: dataset %s holds a negative budget",
-                           kv_h5_path(f), path);
+            return kv_fail(err, KV_EINPUT, "%s: dataset %s holds a negative budget", kv_h5_path(f),
+                           path);
         }
     *out = data;
     return KV_OK;
@@ -851,18 +861,19 @@ int kv_plan_budget_read(const char *path, kv_plan_budget *out, kv_error *err) {
     int rc = kv_h5_open_read(path, &f, err);
     if (rc) return rc;
     if (!kv_h5_exists(f, "/budget")) {
-        rc = kv_fail(err, KV_EINPUT, "%s: not a plan file (no /budget group; was it written by "
-                     "kvplan search?)", path);
+        rc = kv_fail(err, KV_EINPUT,
+                     "%s: not a plan file (no /budget group; was it written by "
+                     "kvplan search?)",
+                     path);
         goto fail;
     }
     if ((rc = kv_h5_read_attr_f64(f, "/", "ratio", &out->ratio, err))) goto fail;
     if (!(out->ratio > 0.0 && out->ratio <= 1.0)) {
-        rc = kv_fail(err, KV_EINPUT, "%s: attribute ratio = %g is outside (0, 1]", path,
-                     out->ratio);
+        rc =
+            kv_fail(err, KV_EINPUT, "%s: attribute ratio = %g is outside (0, 1]", path, out->ratio);
         goto fail;
     }
-    if ((rc = read_int_attr(f, "context_length", 1, INT_MAX, &out->context_length, err)))
-        goto fail;
+    if ((rc = read_int_attr(f, "context_length", 1, INT_MAX, &out->context_length, err))) goto fail;
     if ((rc = read_int_attr(f, "block_size", 1, INT_MAX, &out->block_size, err))) goto fail;
     out->evict_block = 0;
     if (kv_h5_attr_exists(f, "/", "evict_block") &&
@@ -881,8 +892,7 @@ int kv_plan_budget_read(const char *path, kv_plan_budget *out, kv_error *err) {
         goto fail;
     if ((rc = read_int_attr(f, "model_dim", 1, INT_MAX, &out->model_dim, err))) goto fail;
     if ((rc = read_int_attr(f, "model_n_heads", 1, INT_MAX, &out->model_n_heads, err))) goto fail;
-    if ((rc = read_int_attr(f, "model_head_dim", 1, INT_MAX, &out->model_head_dim, err)))
-        goto fail;
+    if ((rc = read_int_attr(f, "model_head_dim", 1, INT_MAX, &out->model_head_dim, err))) goto fail;
     if ((rc = read_int_attr(f, "model_vocab_size", 1, INT_MAX, &out->model_vocab_size, err)))
         goto fail;
     if ((rc = read_budget_matrix(f, "/budget/tokens", out, &out->tokens, err))) goto fail;
@@ -897,8 +907,10 @@ int kv_plan_budget_read(const char *path, kv_plan_budget *out, kv_error *err) {
         if (!kv_h5_attr_exists(f, "/", shape[i].name)) continue;
         if ((rc = read_int_attr(f, shape[i].name, 1, INT_MAX, &v, err))) goto fail;
         if (v != shape[i].want) {
-            rc = kv_fail(err, KV_EINPUT, "%s: attribute %s = %d disagrees with /budget/tokens "
-                         "(%d)", path, shape[i].name, v, shape[i].want);
+            rc = kv_fail(err, KV_EINPUT,
+                         "%s: attribute %s = %d disagrees with /budget/tokens "
+                         "(%d)",
+                         path, shape[i].name, v, shape[i].want);
             goto fail;
         }
     }
@@ -928,11 +940,13 @@ int kv_plan_check_model(const kv_plan_budget *b, const kv_model *m, const char *
     };
     for (size_t i = 0; i < sizeof cmp / sizeof cmp[0]; i++)
         if (cmp[i].plan != cmp[i].model)
-            return kv_fail(err, KV_EINPUT, "%s: this plan was made for another model: %s is %d "
+            return kv_fail(err, KV_EINPUT,
+                           "%s: this plan was made for another model: %s is %d "
                            "in the plan but %d in %s; run kvplan search for this model",
                            pp, cmp[i].what, cmp[i].plan, cmp[i].model, m->path);
     if (b->model_sha256[0] && m->sha256[0] && strcmp(b->model_sha256, m->sha256) != 0)
-        return kv_fail(err, KV_EINPUT, "%s: this plan was made for another model file: "
+        return kv_fail(err, KV_EINPUT,
+                       "%s: this plan was made for another model file: "
                        "model_sha256 %.12s... in the plan, %.12s... for %s (same shape, "
                        "different weights); run kvplan search for this model",
                        pp, b->model_sha256, m->sha256, m->path);

@@ -55,7 +55,7 @@ typedef struct st_set {
     int n_files;
     st_tensor *t;
     int n_t, cap_t;
-    cJSON **alias; /* __metadata__ objects per file (borrowed from json) */
+    cJSON **alias;   /* __metadata__ objects per file (borrowed from json) */
     char desc[4200]; /* model.safetensors or the index file, for messages */
 } st_set;
 
@@ -88,13 +88,16 @@ static int read_shard(st_set *s, int fi, kv_error *err) {
     f->len = len;
     uint64_t hn;
     if (len < 8)
-        return kv_fail(err, KV_EINPUT, "%s: %zu bytes is too short for a safetensors file (the "
-                       "header size alone is 8)", f->path, len);
+        return kv_fail(err, KV_EINPUT,
+                       "%s: %zu bytes is too short for a safetensors file (the "
+                       "header size alone is 8)",
+                       f->path, len);
     memcpy(&hn, data, 8);
     if (hn < 2 || hn > len - 8)
-        return kv_fail(err, KV_EINPUT, "%s: header size %llu does not fit in the %zu-byte file: "
-                       "not a safetensors file, or truncated", f->path, (unsigned long long)hn,
-                       len);
+        return kv_fail(err, KV_EINPUT,
+                       "%s: header size %llu does not fit in the %zu-byte file: "
+                       "not a safetensors file, or truncated",
+                       f->path, (unsigned long long)hn, len);
     char hp[4300];
     snprintf(hp, sizeof hp, "%s (safetensors header)", f->path);
     if ((rc = parse_json(hp, data + 8, (size_t)hn, &f->json, err))) return rc;
@@ -112,8 +115,10 @@ static int read_shard(st_set *s, int fi, kv_error *err) {
         const cJSON *off = cJSON_GetObjectItemCaseSensitive(it, "data_offsets");
         if (!cJSON_IsString(dt) || !cJSON_IsArray(sh) || !cJSON_IsArray(off) ||
             cJSON_GetArraySize(off) != 2)
-            return kv_fail(err, KV_EINPUT, "%s: tensor '%s' lacks \"dtype\", \"shape\" or "
-                           "\"data_offsets\"", f->path, it->string);
+            return kv_fail(err, KV_EINPUT,
+                           "%s: tensor '%s' lacks \"dtype\", \"shape\" or "
+                           "\"data_offsets\"",
+                           f->path, it->string);
         if (s->n_t == s->cap_t) {
             int nc = s->cap_t ? 2 * s->cap_t : 64;
             st_tensor *nt = realloc(s->t, (size_t)nc * sizeof *nt);
@@ -126,12 +131,17 @@ static int read_shard(st_set *s, int fi, kv_error *err) {
         t->name = it->string;
         t->file = fi;
         size_t esz;
-        if (!strcmp(dt->valuestring, "F32")) t->dtype = 0, esz = 4;
-        else if (!strcmp(dt->valuestring, "F16")) t->dtype = 1, esz = 2;
-        else if (!strcmp(dt->valuestring, "BF16")) t->dtype = 2, esz = 2;
+        if (!strcmp(dt->valuestring, "F32"))
+            t->dtype = 0, esz = 4;
+        else if (!strcmp(dt->valuestring, "F16"))
+            t->dtype = 1, esz = 2;
+        else if (!strcmp(dt->valuestring, "BF16"))
+            t->dtype = 2, esz = 2;
         else
-            return kv_fail(err, KV_EINPUT, "%s: tensor '%s' has dtype \"%s\", which kvplan does "
-                           "not read (F32, F16, BF16)", f->path, it->string, dt->valuestring);
+            return kv_fail(err, KV_EINPUT,
+                           "%s: tensor '%s' has dtype \"%s\", which kvplan does "
+                           "not read (F32, F16, BF16)",
+                           f->path, it->string, dt->valuestring);
         t->n_dims = cJSON_GetArraySize(sh);
         if (t->n_dims > 8)
             return kv_fail(err, KV_EINPUT, "%s: tensor '%s' has %d dimensions", f->path, it->string,
@@ -148,18 +158,23 @@ static int read_shard(st_set *s, int fi, kv_error *err) {
         const cJSON *b = cJSON_GetArrayItem(off, 0), *e = cJSON_GetArrayItem(off, 1);
         if (!cJSON_IsNumber(b) || !cJSON_IsNumber(e) || b->valuedouble < 0 ||
             e->valuedouble < b->valuedouble)
-            return kv_fail(err, KV_EINPUT, "%s: tensor '%s': data_offsets are not a valid "
-                           "[begin, end)", f->path, it->string);
+            return kv_fail(err, KV_EINPUT,
+                           "%s: tensor '%s': data_offsets are not a valid "
+                           "[begin, end)",
+                           f->path, it->string);
         if (e->valuedouble > (double)data_len)
-            return kv_fail(err, KV_EINPUT, "%s: tensor '%s': data_offsets [%.0f, %.0f) extend past "
-                           "the end of the data (%zu bytes): the file is truncated", f->path,
-                           it->string, b->valuedouble, e->valuedouble, data_len);
+            return kv_fail(err, KV_EINPUT,
+                           "%s: tensor '%s': data_offsets [%.0f, %.0f) extend past "
+                           "the end of the data (%zu bytes): the file is truncated",
+                           f->path, it->string, b->valuedouble, e->valuedouble, data_len);
         t->begin = base + (size_t)b->valuedouble;
         t->end = base + (size_t)e->valuedouble;
         if ((double)(t->end - t->begin) != count * (double)esz)
-            return kv_fail(err, KV_EINPUT, "%s: tensor '%s': data_offsets cover %zu bytes but "
-                           "shape and dtype %s need %.0f", f->path, it->string, t->end - t->begin,
-                           dt->valuestring, count * (double)esz);
+            return kv_fail(err, KV_EINPUT,
+                           "%s: tensor '%s': data_offsets cover %zu bytes but "
+                           "shape and dtype %s need %.0f",
+                           f->path, it->string, t->end - t->begin, dt->valuestring,
+                           count * (double)esz);
         s->n_t++;
     }
     return KV_OK;
@@ -179,9 +194,8 @@ static const st_tensor *st_find(const st_set *s, const char *name) {
 }
 
 /* fp32 [rows, cols] view (rows = 0: 1-D of length cols) of tensor `name`. */
-static int st_weight(kv_model *m, const st_set *s, const char *name,
-                     long long rows, long long cols, int optional, const char *why,
-                     const float **out, kv_error *err) {
+static int st_weight(kv_model *m, const st_set *s, const char *name, long long rows, long long cols,
+                     int optional, const char *why, const float **out, kv_error *err) {
     *out = NULL;
     const st_tensor *t = st_find(s, name);
     if (!t) {
@@ -197,10 +211,14 @@ static int st_weight(kv_model *m, const st_set *s, const char *name,
         for (int d = 0; d < t->n_dims && k < sizeof shape; d++)
             k += (size_t)snprintf(shape + k, sizeof shape - k, d ? ", %lld" : "%lld", t->shape[d]);
         if (rows)
-            return kv_fail(err, KV_EINPUT, "%s: tensor '%s' has shape [%s] but config.json (%s) "
-                           "needs [%lld, %lld]", f->path, name, shape, why, rows, cols);
-        return kv_fail(err, KV_EINPUT, "%s: tensor '%s' has shape [%s] but config.json (%s) needs "
-                       "[%lld]", f->path, name, shape, why, cols);
+            return kv_fail(err, KV_EINPUT,
+                           "%s: tensor '%s' has shape [%s] but config.json (%s) "
+                           "needs [%lld, %lld]",
+                           f->path, name, shape, why, rows, cols);
+        return kv_fail(err, KV_EINPUT,
+                       "%s: tensor '%s' has shape [%s] but config.json (%s) needs "
+                       "[%lld]",
+                       f->path, name, shape, why, cols);
     }
     size_t n = (size_t)(rows ? rows : 1) * (size_t)cols;
     const unsigned char *src = f->data + t->begin;
@@ -210,7 +228,8 @@ static int st_weight(kv_model *m, const st_set *s, const char *name,
     }
     float *dst = kv_malloc(n * sizeof *dst + 1, name, err);
     if (!dst) return KV_EINTERNAL;
-    if (t->dtype == 0) memcpy(dst, src, n * sizeof *dst);
+    if (t->dtype == 0)
+        memcpy(dst, src, n * sizeof *dst);
     else if (t->dtype == 1)
         for (size_t i = 0; i < n; i++) dst[i] = kv_f16_to_f32(kv_load_u16le(src + 2 * i));
     else
@@ -234,7 +253,8 @@ static int cfg_int(const char *path, const cJSON *j, const char *key, int dflt, 
     if (cJSON_IsArray(v) && cJSON_GetArraySize(v) > 0) v = cJSON_GetArrayItem(v, 0);
     if (!cJSON_IsNumber(v) || v->valuedouble != (double)(long long)v->valuedouble ||
         v->valuedouble < 0 || v->valuedouble > (1 << 24))
-        return kv_fail(err, KV_EINPUT, "%s: field \"%s\" must be a non-negative integer", path, key);
+        return kv_fail(err, KV_EINPUT, "%s: field \"%s\" must be a non-negative integer", path,
+                       key);
     *out = (int)v->valuedouble;
     return KV_OK;
 }
@@ -247,7 +267,8 @@ static int cfg_num(const char *path, const cJSON *j, const char *key, double dfl
         *out = dflt;
         return KV_OK;
     }
-    if (!cJSON_IsNumber(v)) return kv_fail(err, KV_EINPUT, "%s: field \"%s\" must be a number", path, key);
+    if (!cJSON_IsNumber(v))
+        return kv_fail(err, KV_EINPUT, "%s: field \"%s\" must be a number", path, key);
     *out = v->valuedouble;
     return KV_OK;
 }
@@ -263,12 +284,16 @@ static int read_config(const char *path, kv_config *c, kv_error *err) {
     free(data);
     if (rc) return rc;
     const cJSON *mt = cJSON_GetObjectItemCaseSensitive(j, "model_type");
-    if (!cJSON_IsObject(j)) rc = kv_fail(err, KV_EINPUT, "%s: not a JSON object", path);
-    else if (!cJSON_IsString(mt)) rc = kv_fail(err, KV_EINPUT, "%s: field \"model_type\" is missing", path);
+    if (!cJSON_IsObject(j))
+        rc = kv_fail(err, KV_EINPUT, "%s: not a JSON object", path);
+    else if (!cJSON_IsString(mt))
+        rc = kv_fail(err, KV_EINPUT, "%s: field \"model_type\" is missing", path);
     else if (strcmp(mt->valuestring, "llama") && strcmp(mt->valuestring, "mistral") &&
              strcmp(mt->valuestring, "qwen2"))
-        rc = kv_fail(err, KV_EINPUT, "%s: model_type \"%s\" is not supported (llama, mistral, "
-                     "qwen2)", path, mt->valuestring);
+        rc = kv_fail(err, KV_EINPUT,
+                     "%s: model_type \"%s\" is not supported (llama, mistral, "
+                     "qwen2)",
+                     path, mt->valuestring);
     if (!rc) {
         snprintf(c->arch, sizeof c->arch, "%s", mt->valuestring);
         rc = cfg_int(path, j, "hidden_size", -1, &c->dim, err);
@@ -281,13 +306,16 @@ static int read_config(const char *path, kv_config *c, kv_error *err) {
     if (!rc) rc = cfg_int(path, j, "max_position_embeddings", -1, &c->seq_len, err);
     if (!rc && c->n_heads == 0) rc = kv_fail(err, KV_EINPUT, "%s: num_attention_heads is 0", path);
     if (!rc && c->dim % c->n_heads)
-        rc = kv_fail(err, KV_EINPUT, "%s: hidden_size %d is not a multiple of num_attention_heads "
-                     "%d", path, c->dim, c->n_heads);
+        rc = kv_fail(err, KV_EINPUT,
+                     "%s: hidden_size %d is not a multiple of num_attention_heads "
+                     "%d",
+                     path, c->dim, c->n_heads);
     if (!rc) rc = cfg_int(path, j, "head_dim", c->dim / c->n_heads, &c->head_dim, err);
     if (!rc && c->head_dim != c->dim / c->n_heads)
-        rc = kv_fail(err, KV_EINPUT, "%s: head_dim %d differs from hidden_size / "
-                     "num_attention_heads = %d, which kvplan does not support", path, c->head_dim,
-                     c->dim / c->n_heads);
+        rc = kv_fail(err, KV_EINPUT,
+                     "%s: head_dim %d differs from hidden_size / "
+                     "num_attention_heads = %d, which kvplan does not support",
+                     path, c->head_dim, c->dim / c->n_heads);
     double v = 0;
     if (!rc) rc = cfg_num(path, j, "rms_norm_eps", 1e-6, 1, &v, err);
     c->norm_eps = (float)v;
@@ -295,22 +323,27 @@ static int read_config(const char *path, kv_config *c, kv_error *err) {
     c->rope_theta = (float)v;
     const cJSON *rs = cJSON_GetObjectItemCaseSensitive(j, "rope_scaling");
     if (!rc && rs && !cJSON_IsNull(rs))
-        rc = kv_fail(err, KV_EINPUT, "%s: field \"rope_scaling\" is set; RoPE scaling is not "
-                     "supported", path);
+        rc = kv_fail(err, KV_EINPUT,
+                     "%s: field \"rope_scaling\" is set; RoPE scaling is not "
+                     "supported",
+                     path);
     const cJSON *act = cJSON_GetObjectItemCaseSensitive(j, "hidden_act");
     if (!rc && act && (!cJSON_IsString(act) || strcmp(act->valuestring, "silu")))
         rc = kv_fail(err, KV_EINPUT, "%s: field \"hidden_act\" must be \"silu\"", path);
     const cJSON *tie = cJSON_GetObjectItemCaseSensitive(j, "tie_word_embeddings");
     if (!rc && tie && !cJSON_IsBool(tie))
-        rc = kv_fail(err, KV_EINPUT, "%s: field \"tie_word_embeddings\" must be true or false", path);
+        rc = kv_fail(err, KV_EINPUT, "%s: field \"tie_word_embeddings\" must be true or false",
+                     path);
     c->tied_embeddings = cJSON_IsTrue(tie);
     const cJSON *ab = cJSON_GetObjectItemCaseSensitive(j, "attention_bias");
     c->attn_bias = !strcmp(c->arch, "qwen2") || cJSON_IsTrue(ab);
     c->rope_layout = KV_ROPE_HALF;
     int id;
     c->bos_id = c->eos_id = -1;
-    if (!rc && !cfg_int(path, j, "bos_token_id", 0x7fffffff, &id, err) && id != 0x7fffffff) c->bos_id = id;
-    if (!rc && !cfg_int(path, j, "eos_token_id", 0x7fffffff, &id, err) && id != 0x7fffffff) c->eos_id = id;
+    if (!rc && !cfg_int(path, j, "bos_token_id", 0x7fffffff, &id, err) && id != 0x7fffffff)
+        c->bos_id = id;
+    if (!rc && !cfg_int(path, j, "eos_token_id", 0x7fffffff, &id, err) && id != 0x7fffffff)
+        c->eos_id = id;
     if (!rc) kv_error_clear(err); /* a malformed bos/eos id is ignored */
     cJSON_Delete(j);
     if (!rc) rc = kv_config_check(c, path, err);
@@ -337,8 +370,10 @@ static int list_shards(const char *dir, st_set *s, kv_error *err) {
     snprintf(p, sizeof p, "%s/model.safetensors.index.json", dir);
     snprintf(s->desc, sizeof s->desc, "%s", p);
     if (stat(p, &st) != 0)
-        return kv_fail(err, KV_EINPUT, "%s: neither model.safetensors nor "
-                       "model.safetensors.index.json is present", dir);
+        return kv_fail(err, KV_EINPUT,
+                       "%s: neither model.safetensors nor "
+                       "model.safetensors.index.json is present",
+                       dir);
     char *data = NULL;
     size_t len = 0;
     int rc = kv_read_file(p, &data, &len, err);
@@ -352,13 +387,16 @@ static int list_shards(const char *dir, st_set *s, kv_error *err) {
     const char **names = calloc((size_t)n + 1, sizeof *names);
     if (!cJSON_IsObject(wm) || n == 0)
         rc = kv_fail(err, KV_EINPUT, "%s: field \"weight_map\" is missing or empty", p);
-    else if (!names) rc = kv_fail(err, KV_EINTERNAL, "out of memory");
+    else if (!names)
+        rc = kv_fail(err, KV_EINTERNAL, "out of memory");
     int k = 0;
     if (!rc) {
         cJSON_ArrayForEach(it, wm) {
             if (!cJSON_IsString(it) || strchr(it->valuestring, '/')) {
-                rc = kv_fail(err, KV_EINPUT, "%s: weight_map[\"%s\"] is not a file name in the "
-                             "directory", p, it->string);
+                rc = kv_fail(err, KV_EINPUT,
+                             "%s: weight_map[\"%s\"] is not a file name in the "
+                             "directory",
+                             p, it->string);
                 break;
             }
             names[k++] = it->valuestring;
@@ -412,15 +450,16 @@ int kv_model_load_hf(const char *dir, kv_model **out, kv_error *err) {
     }
     m->cfg = c;
     snprintf(m->format, sizeof m->format, "safetensors");
-    long long d = c.dim, V = c.vocab_size, hid = c.hidden_dim, q = (long long)c.n_heads * c.head_dim,
-              kvd = (long long)c.n_kv_heads * c.head_dim;
+    long long d = c.dim, V = c.vocab_size, hid = c.hidden_dim,
+              q = (long long)c.n_heads * c.head_dim, kvd = (long long)c.n_kv_heads * c.head_dim;
     rc = st_weight(m, &s, "model.embed_tokens.weight", V, d, 0, "vocab_size x hidden_size",
                    &m->tok_emb, err);
-    if (!rc) rc = st_weight(m, &s, "model.norm.weight", 0, d, 0, "hidden_size",
-                            &m->final_norm, err);
-    if (!rc) rc = st_weight(m, &s, "lm_head.weight", V, d, c.tied_embeddings,
-                            "vocab_size x hidden_size; tie_word_embeddings is false",
-                            &m->classifier, err);
+    if (!rc)
+        rc = st_weight(m, &s, "model.norm.weight", 0, d, 0, "hidden_size", &m->final_norm, err);
+    if (!rc)
+        rc = st_weight(m, &s, "lm_head.weight", V, d, c.tied_embeddings,
+                       "vocab_size x hidden_size; tie_word_embeddings is false", &m->classifier,
+                       err);
     if (!rc && !m->classifier) m->classifier = m->tok_emb;
     if (!rc && m->classifier == m->tok_emb) m->cfg.tied_embeddings = 1;
     for (int l = 0; l < c.n_layers && !rc; l++) {
@@ -448,13 +487,14 @@ int kv_model_load_hf(const char *dir, kv_model **out, kv_error *err) {
         for (size_t k = 0; k < sizeof spec / sizeof spec[0] && !rc; k++) {
             char name[128];
             snprintf(name, sizeof name, "model.layers.%d.%s", l, spec[k].suffix);
-            rc = st_weight(m, &s, name, spec[k].rows, spec[k].cols, spec[k].optional,
-                           spec[k].why, spec[k].dst, err);
+            rc = st_weight(m, &s, name, spec[k].rows, spec[k].cols, spec[k].optional, spec[k].why,
+                           spec[k].dst, err);
         }
     }
     if (!rc) {
         const char **paths = calloc((size_t)s.n_files + 1, sizeof *paths);
-        if (!paths) rc = kv_fail(err, KV_EINTERNAL, "out of memory");
+        if (!paths)
+            rc = kv_fail(err, KV_EINTERNAL, "out of memory");
         else {
             paths[0] = cfg_path;
             for (int i = 0; i < s.n_files; i++) paths[i + 1] = s.files[i].path;

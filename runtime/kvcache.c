@@ -10,10 +10,14 @@
 
 const char *kv_policy_name(kv_policy p) {
     switch (p) {
-    case KV_POLICY_SINK: return "sink";
-    case KV_POLICY_H2O: return "h2o";
-    case KV_POLICY_AVGATTN: return "avgattn";
-    case KV_POLICY_L2ATTN: return "l2attn";
+    case KV_POLICY_SINK:
+        return "sink";
+    case KV_POLICY_H2O:
+        return "h2o";
+    case KV_POLICY_AVGATTN:
+        return "avgattn";
+    case KV_POLICY_L2ATTN:
+        return "l2attn";
     }
     return "?";
 }
@@ -112,8 +116,10 @@ int kv_cache_init(kv_cache *c, kv_pool *pool, int n_layers, int n_kv_heads, cons
         if (b < 1) {
             free(c->heads);
             c->heads = NULL;
-            return kv_fail(err, KV_EINPUT, "budget of layer %zu KV head %zu is %d tokens; it must "
-                           "be at least 1", i / (size_t)n_kv_heads, i % (size_t)n_kv_heads, b);
+            return kv_fail(err, KV_EINPUT,
+                           "budget of layer %zu KV head %zu is %d tokens; it must "
+                           "be at least 1",
+                           i / (size_t)n_kv_heads, i % (size_t)n_kv_heads, b);
         }
         c->heads[i].budget = b;
     }
@@ -155,9 +161,8 @@ float *kv_head_k(const kv_pool *p, const kv_head *h, int i) {
 
 float *kv_head_v(const kv_pool *p, const kv_head *h, int i) {
     int b = h->table[i / p->block_size], s = i % p->block_size;
-    return p->data +
-           ((size_t)b * 2 * (size_t)p->block_size + (size_t)p->block_size + (size_t)s) *
-               (size_t)p->head_dim;
+    return p->data + ((size_t)b * 2 * (size_t)p->block_size + (size_t)p->block_size + (size_t)s) *
+                         (size_t)p->head_dim;
 }
 
 static int head_grow(kv_head *h, int need, kv_error *err) {

@@ -84,7 +84,8 @@ int kv_model_load_llama2c(const char *path, kv_model **out, kv_error *err) {
     }
     void *map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
     close(fd);
-    if (map == MAP_FAILED) return kv_fail(err, KV_EINTERNAL, "%s: mmap failed: %s", path, strerror(errno));
+    if (map == MAP_FAILED)
+        return kv_fail(err, KV_EINTERNAL, "%s: mmap failed: %s", path, strerror(errno));
     kv_model *m = kv_model_alloc(c.n_layers, err);
     if (!m) {
         munmap(map, size);
@@ -97,16 +98,26 @@ int kv_model_load_llama2c(const char *path, kv_model **out, kv_error *err) {
     const float *p = (const float *)((const char *)map + sizeof hdr);
     m->tok_emb = p;
     p += V * d;
-    const float *rms_att = p; p += L * d;
-    const float *wq = p; p += L * d * d;
-    const float *wk = p; p += L * kvd * d;
-    const float *wv = p; p += L * kvd * d;
-    const float *wo = p; p += L * d * d;
-    const float *rms_ffn = p; p += L * d;
-    const float *w1 = p; p += L * hid * d;
-    const float *w2 = p; p += L * d * hid;
-    const float *w3 = p; p += L * hid * d;
-    m->final_norm = p; p += d;
+    const float *rms_att = p;
+    p += L * d;
+    const float *wq = p;
+    p += L * d * d;
+    const float *wk = p;
+    p += L * kvd * d;
+    const float *wv = p;
+    p += L * kvd * d;
+    const float *wo = p;
+    p += L * d * d;
+    const float *rms_ffn = p;
+    p += L * d;
+    const float *w1 = p;
+    p += L * hid * d;
+    const float *w2 = p;
+    p += L * d * hid;
+    const float *w3 = p;
+    p += L * hid * d;
+    m->final_norm = p;
+    p += d;
     p += (size_t)c.seq_len * hs; /* freq_cis_real, freq_cis_imag (unused: RoPE is computed) */
     m->classifier = shared ? m->tok_emb : p;
     for (size_t l = 0; l < L; l++) {

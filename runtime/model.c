@@ -11,8 +11,8 @@
 kv_model *kv_model_alloc(int n_layers, kv_error *err) {
     kv_model *m = kv_calloc(1, sizeof *m, "model", err);
     if (!m) return NULL;
-    m->layers = kv_calloc((size_t)(n_layers > 0 ? n_layers : 1), sizeof *m->layers,
-                          "layer table", err);
+    m->layers =
+        kv_calloc((size_t)(n_layers > 0 ? n_layers : 1), sizeof *m->layers, "layer table", err);
     if (!m->layers) {
         free(m);
         return NULL;
@@ -52,11 +52,14 @@ void kv_model_free(kv_model *m) {
 
 int kv_config_check(const kv_config *c, const char *what, kv_error *err) {
 #define BAD(...) return kv_fail(err, KV_EINPUT, __VA_ARGS__)
-    if (c->dim <= 0 || c->dim > (1 << 16)) BAD("%s: dim %d is not a sensible model width", what, c->dim);
+    if (c->dim <= 0 || c->dim > (1 << 16))
+        BAD("%s: dim %d is not a sensible model width", what, c->dim);
     if (c->hidden_dim <= 0 || c->hidden_dim > (1 << 18))
         BAD("%s: hidden_dim %d is not sensible", what, c->hidden_dim);
-    if (c->n_layers <= 0 || c->n_layers > 1024) BAD("%s: n_layers %d is not sensible", what, c->n_layers);
-    if (c->n_heads <= 0 || c->n_heads > 1024) BAD("%s: n_heads %d is not sensible", what, c->n_heads);
+    if (c->n_layers <= 0 || c->n_layers > 1024)
+        BAD("%s: n_layers %d is not sensible", what, c->n_layers);
+    if (c->n_heads <= 0 || c->n_heads > 1024)
+        BAD("%s: n_heads %d is not sensible", what, c->n_heads);
     if (c->n_kv_heads <= 0 || c->n_kv_heads > c->n_heads)
         BAD("%s: n_kv_heads %d must be in [1, n_heads = %d]", what, c->n_kv_heads, c->n_heads);
     if (c->n_heads % c->n_kv_heads)
@@ -66,8 +69,10 @@ int kv_config_check(const kv_config *c, const char *what, kv_error *err) {
         BAD("%s: head_dim %d must be positive and even (RoPE rotates pairs)", what, c->head_dim);
     if (c->vocab_size <= 0 || c->vocab_size > (1 << 22))
         BAD("%s: vocab_size %d is not sensible", what, c->vocab_size);
-    if (c->seq_len <= 0 || c->seq_len > (1 << 22)) BAD("%s: seq_len %d is not sensible", what, c->seq_len);
-    if (!(c->norm_eps > 0.0f && c->norm_eps < 1.0f)) BAD("%s: norm eps %g is not sensible", what, c->norm_eps);
+    if (c->seq_len <= 0 || c->seq_len > (1 << 22))
+        BAD("%s: seq_len %d is not sensible", what, c->seq_len);
+    if (!(c->norm_eps > 0.0f && c->norm_eps < 1.0f))
+        BAD("%s: norm eps %g is not sensible", what, c->norm_eps);
     if (!(c->rope_theta > 1.0f)) BAD("%s: rope theta %g is not sensible", what, c->rope_theta);
 #undef BAD
     return KV_OK;
@@ -109,9 +114,11 @@ int kv_model_load(const char *path, kv_model **out, kv_error *err) {
         char magic[4] = {0};
         size_t got = fread(magic, 1, 4, f);
         fclose(f);
-        if (got == 4 && memcmp(magic, "GGUF", 4) == 0) rc = kv_model_load_gguf(path, out, err);
-        else rc = kv_model_load_llama2c(path, out, err);
+        if (got == 4 && memcmp(magic, "GGUF", 4) == 0)
+            rc = kv_model_load_gguf(path, out, err);
+        else
+            rc = kv_model_load_llama2c(path, out, err);
     }
-    if (rc == KV_OK) snprintf((*out)->path, sizeof (*out)->path, "%s", path);
+    if (rc == KV_OK) snprintf((*out)->path, sizeof(*out)->path, "%s", path);
     return rc;
 }

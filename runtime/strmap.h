@@ -6,11 +6,11 @@
 #include <stddef.h>
 
 typedef struct kv_strmap {
-    size_t cap;      /* slots, a power of two */
+    size_t cap; /* slots, a power of two */
     size_t count;
-    char **keys;     /* [cap], NULL = empty, owned */
-    size_t *lens;    /* [cap] */
-    int *vals;       /* [cap] */
+    char **keys;  /* [cap], NULL = empty, owned */
+    size_t *lens; /* [cap] */
+    int *vals;    /* [cap] */
 } kv_strmap;
 
 /* 0 on success, -1 when out of memory. */

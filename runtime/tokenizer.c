@@ -280,8 +280,7 @@ int kv_tokenizer_from_scored(const char *const *pieces, const float *scores, int
     return KV_OK;
 }
 
-int kv_tokenizer_load_llama2c(const char *path, int vocab_size, kv_tokenizer **out,
-                              kv_error *err) {
+int kv_tokenizer_load_llama2c(const char *path, int vocab_size, kv_tokenizer **out, kv_error *err) {
     *out = NULL;
     char *data = NULL;
     size_t len = 0;
@@ -297,11 +296,15 @@ int kv_tokenizer_load_llama2c(const char *path, int vocab_size, kv_tokenizer **o
     }
     size_t off = 4;
     int32_t maxlen = 0;
-    if (len < 4) rc = kv_fail(err, KV_EINPUT, "%s: too short for a llama2.c tokenizer", path);
-    else memcpy(&maxlen, data, 4);
+    if (len < 4)
+        rc = kv_fail(err, KV_EINPUT, "%s: too short for a llama2.c tokenizer", path);
+    else
+        memcpy(&maxlen, data, 4);
     if (!rc && (maxlen <= 0 || maxlen > 4096))
-        rc = kv_fail(err, KV_EINPUT, "%s: max_token_length %d is not sensible; not a llama2.c "
-                     "tokenizer.bin", path, maxlen);
+        rc = kv_fail(err, KV_EINPUT,
+                     "%s: max_token_length %d is not sensible; not a llama2.c "
+                     "tokenizer.bin",
+                     path, maxlen);
     for (int i = 0; i < vocab_size && !rc; i++) {
         int32_t plen;
         if (off + 8 > len) {
@@ -349,8 +352,8 @@ void kv_tokenizer_free(kv_tokenizer *t) {
     free(t);
 }
 
-int kv_tokenizer_encode(const kv_tokenizer *t, const char *text, size_t len, int add_bos,
-                        int **ids, int *n, kv_error *err) {
+int kv_tokenizer_encode(const kv_tokenizer *t, const char *text, size_t len, int add_bos, int **ids,
+                        int *n, kv_error *err) {
     *ids = NULL;
     *n = 0;
     int cap = 0;
@@ -370,8 +373,7 @@ int kv_tokenizer_piece(const kv_tokenizer *t, int prev_id, int id, char *buf, in
     return t->ops->piece(t, prev_id, id, buf, cap);
 }
 
-int kv_tokenizer_decode(const kv_tokenizer *t, const int *ids, int n, char **text,
-                        kv_error *err) {
+int kv_tokenizer_decode(const kv_tokenizer *t, const int *ids, int n, char **text, kv_error *err) {
     size_t cap = 256, len = 0;
     char *out = malloc(cap);
     if (!out) return kv_fail(err, KV_EINTERNAL, "out of memory (decode)");
@@ -396,8 +398,7 @@ int kv_tokenizer_decode(const kv_tokenizer *t, const int *ids, int n, char **tex
 }
 
 /* Implemented beside the GGUF and tokenizer.json readers. */
-int kv_tokenizer_load_json(const char *path, const kv_model *m, kv_tokenizer **out,
-                           kv_error *err);
+int kv_tokenizer_load_json(const char *path, const kv_model *m, kv_tokenizer **out, kv_error *err);
 int kv_tokenizer_load_gguf(const kv_model *m, kv_tokenizer **out, kv_error *err);
 
 static int file_exists(const char *p) {
@@ -431,13 +432,17 @@ int kv_tokenizer_load(const char *path, const kv_model *m, kv_tokenizer **out, k
         char dir[4096];
         snprintf(dir, sizeof dir, "%s", m->path);
         char *slash = strrchr(dir, '/');
-        if (slash) *slash = '\0';
-        else snprintf(dir, sizeof dir, ".");
+        if (slash)
+            *slash = '\0';
+        else
+            snprintf(dir, sizeof dir, ".");
         char a[4200], b[4200];
         snprintf(a, sizeof a, "%s/tokenizer.bin", dir);
         snprintf(b, sizeof b, "%s/tok%d.bin", dir, m->cfg.vocab_size);
-        if (file_exists(a)) rc = load_path(a, m, out, err);
-        else if (file_exists(b)) rc = load_path(b, m, out, err);
+        if (file_exists(a))
+            rc = load_path(a, m, out, err);
+        else if (file_exists(b))
+            rc = load_path(b, m, out, err);
         else
             return kv_fail(err, KV_EINPUT,
                            "%s: no tokenizer found beside the model (looked for %s and %s); "

@@ -25,21 +25,22 @@
 #include "strmap.h"
 
 typedef struct bpe_impl {
-    int n;                 /* ids 0..n-1 */
+    int n; /* ids 0..n-1 */
     kv_bpe_style style;
-    kv_strmap vocab;       /* token string (as spelled in the file) -> id */
-    kv_strmap merges;      /* 8-byte key (left id, right id) -> rank */
-    int *merge_new;        /* [n_merges] id of the merged token */
+    kv_strmap vocab;  /* token string (as spelled in the file) -> id */
+    kv_strmap merges; /* 8-byte key (left id, right id) -> rank */
+    int *merge_new;   /* [n_merges] id of the merged token */
     int n_merges;
     char **dec;            /* [n] bytes each id decodes to, owned (NULL = nothing) */
     int *dec_len;          /* [n] */
     unsigned char *silent; /* [n] 1 = special token, decodes to nothing */
     char **special;        /* [n_special] strings matched verbatim, owned */
     int *special_len, *special_id, n_special;
-    pcre2_code *re;        /* NULL = no split */
-    int add_prefix_space, prepend_space, replace_space, byte_fallback, unk_id, fuse_unk, ignore_merges;
-    int byte_id[256];      /* SPM: id of "<0xXX>" or -1 */
-    char byte_char[256][3];/* byte-level: UTF-8 of each byte's code point */
+    pcre2_code *re; /* NULL = no split */
+    int add_prefix_space, prepend_space, replace_space, byte_fallback, unk_id, fuse_unk,
+        ignore_merges;
+    int byte_id[256];       /* SPM: id of "<0xXX>" or -1 */
+    char byte_char[256][3]; /* byte-level: UTF-8 of each byte's code point */
     int byte_char_len[256];
 } bpe_impl;
 
@@ -66,7 +67,8 @@ static void bpe_free(void *p) {
 /* GPT-2 bytes_to_unicode: printable Latin-1 bytes map to themselves, the other 68 bytes to
  * U+0100.. in byte order. */
 static int byte_to_cp(int byte) {
-    if ((byte >= '!' && byte <= '~') || (byte >= 0xA1 && byte <= 0xAC) || (byte >= 0xAE && byte <= 0xFF))
+    if ((byte >= '!' && byte <= '~') || (byte >= 0xA1 && byte <= 0xAC) ||
+        (byte >= 0xAE && byte <= 0xFF))
         return byte;
     int n = 0;
     for (int b = 0; b < byte; b++)
@@ -93,15 +95,17 @@ static int utf8_put(int cp, char *out) {
 /* Length of the UTF-8 sequence starting at s (1 for invalid lead bytes), clipped to n. */
 static size_t utf8_len(const unsigned char *s, size_t n) {
     size_t l = 1;
-    if (s[0] >= 0xF0) l = 4;
-    else if (s[0] >= 0xE0) l = 3;
-    else if (s[0] >= 0xC0) l = 2;
+    if (s[0] >= 0xF0)
+        l = 4;
+    else if (s[0] >= 0xE0)
+        l = 3;
+    else if (s[0] >= 0xC0)
+        l = 2;
     if (l > n) l = n;
     for (size_t i = 1; i < l; i++)
         if ((s[i] & 0xC0) != 0x80) return i;
     return l;
 }
-
 
 /* ---- the merge loop ---- */
 typedef struct bsym {
@@ -314,7 +318,8 @@ static int encode_segment(const bpe_impl *b, scratch *sc, bbuf *norm, bbuf *tmp,
             off = e;
         }
     }
-    if (last < norm->n && encode_piece(b, sc, tmp, norm->p + last, norm->n - last, ids, n, cap, err))
+    if (last < norm->n &&
+        encode_piece(b, sc, tmp, norm->p + last, norm->n - last, ids, n, cap, err))
         return err ? err->code : KV_EINTERNAL;
     return KV_OK;
 }
@@ -425,7 +430,8 @@ static char *decode_token(const bpe_impl *b, const char *s, int *out_len) {
             for (int c = 0; c < 256 && found < 0; c++)
                 if ((size_t)b->byte_char_len[c] == cl && memcmp(b->byte_char[c], s + i, cl) == 0)
                     found = c;
-            if (found >= 0) o[k++] = (char)found;
+            if (found >= 0)
+                o[k++] = (char)found;
             else {
                 memcpy(o + k, s + i, cl); /* not a byte-level code point: keep it */
                 k += cl;
@@ -472,8 +478,8 @@ int kv_tokenizer_bpe_new(const kv_bpe_spec *sp, const char *what, kv_tokenizer *
     b->special = calloc((size_t)sp->n_special + 1, sizeof *b->special);
     b->special_len = calloc((size_t)sp->n_special + 1, sizeof *b->special_len);
     b->special_id = calloc((size_t)sp->n_special + 1, sizeof *b->special_id);
-    if (!b->dec || !b->dec_len || !b->silent || !b->merge_new || !b->special ||
-        !b->special_len || !b->special_id || kv_strmap_init(&b->vocab, (size_t)b->n) ||
+    if (!b->dec || !b->dec_len || !b->silent || !b->merge_new || !b->special || !b->special_len ||
+        !b->special_id || kv_strmap_init(&b->vocab, (size_t)b->n) ||
         kv_strmap_init(&b->merges, (size_t)sp->n_merges))
         rc = kv_fail(err, KV_EINTERNAL, "out of memory (tokenizer)");
     for (int i = 0; i < b->n && !rc; i++) {
@@ -506,9 +512,13 @@ int kv_tokenizer_bpe_new(const kv_bpe_spec *sp, const char *what, kv_tokenizer *
         memcpy(cat + ll, rt, rl);
         int m = kv_strmap_get(&b->vocab, cat, ll + rl);
         if (li < 0 || ri < 0 || m < 0) {
-            rc = kv_fail(err, KV_EINPUT, "%s: merges[%d] = \"%.40s %.40s\" names a token that is "
-                         "not in the vocabulary (%s)", what, r, l, rt,
-                         li < 0 ? "left part" : ri < 0 ? "right part" : "merged result");
+            rc = kv_fail(err, KV_EINPUT,
+                         "%s: merges[%d] = \"%.40s %.40s\" names a token that is "
+                         "not in the vocabulary (%s)",
+                         what, r, l, rt,
+                         li < 0   ? "left part"
+                         : ri < 0 ? "right part"
+                                  : "merged result");
             break;
         }
         int key[2] = {li, ri};
@@ -534,7 +544,8 @@ int kv_tokenizer_bpe_new(const kv_bpe_spec *sp, const char *what, kv_tokenizer *
         if (b->dec[id]) { /* an added token decodes to its content as written */
             free(b->dec[id]);
             b->dec[id] = malloc(l + 1);
-            if (!b->dec[id]) rc = kv_fail(err, KV_EINTERNAL, "out of memory (tokenizer)");
+            if (!b->dec[id])
+                rc = kv_fail(err, KV_EINTERNAL, "out of memory (tokenizer)");
             else {
                 memcpy(b->dec[id], sp->tokens[id], l + 1);
                 b->dec_len[id] = (int)l;
@@ -552,8 +563,10 @@ int kv_tokenizer_bpe_new(const kv_bpe_spec *sp, const char *what, kv_tokenizer *
         if (!b->re) {
             PCRE2_UCHAR msg[256];
             pcre2_get_error_message(ec, msg, sizeof msg);
-            rc = kv_fail(err, KV_EINPUT, "%s: pre-tokenizer regex does not compile at offset "
-                         "%zu: %s", what, (size_t)eo, (const char *)msg);
+            rc = kv_fail(err, KV_EINPUT,
+                         "%s: pre-tokenizer regex does not compile at offset "
+                         "%zu: %s",
+                         what, (size_t)eo, (const char *)msg);
         } else {
             pcre2_jit_compile(b->re, PCRE2_JIT_COMPLETE); /* optional speed-up */
         }
@@ -624,8 +637,8 @@ static int read_normalizer(const char *path, const cJSON *n, json_style *st, kv_
     if (!strcmp(t, "Prepend")) {
         const cJSON *p = cJSON_GetObjectItemCaseSensitive(n, "prepend");
         if (!cJSON_IsString(p) || strcmp(p->valuestring, "\xe2\x96\x81"))
-            return kv_fail(err, KV_EINPUT, "%s: normalizer Prepend.prepend must be \"\xe2\x96\x81\"",
-                           path);
+            return kv_fail(err, KV_EINPUT,
+                           "%s: normalizer Prepend.prepend must be \"\xe2\x96\x81\"", path);
         st->prepend = 1;
         return KV_OK;
     }
@@ -635,14 +648,18 @@ static int read_normalizer(const char *path, const cJSON *n, json_style *st, kv_
         const cJSON *c = cJSON_GetObjectItemCaseSensitive(n, "content");
         if (!cJSON_IsString(s) || strcmp(s->valuestring, " ") || !cJSON_IsString(c) ||
             strcmp(c->valuestring, "\xe2\x96\x81"))
-            return kv_fail(err, KV_EINPUT, "%s: normalizer Replace is only supported for "
-                           "pattern.String \" \" -> content \"\xe2\x96\x81\"", path);
+            return kv_fail(err, KV_EINPUT,
+                           "%s: normalizer Replace is only supported for "
+                           "pattern.String \" \" -> content \"\xe2\x96\x81\"",
+                           path);
         st->replace_space = 1;
         return KV_OK;
     }
     if (!strcmp(t, "NFC") || !strcmp(t, "NFKC")) return KV_OK; /* input expected in NFC */
-    return kv_fail(err, KV_EINPUT, "%s: normalizer.type \"%s\" is not supported (Prepend, Replace, "
-                   "NFC, Sequence)", path, t);
+    return kv_fail(err, KV_EINPUT,
+                   "%s: normalizer.type \"%s\" is not supported (Prepend, Replace, "
+                   "NFC, Sequence)",
+                   path, t);
 }
 
 static int read_pretok(const char *path, const cJSON *p, json_style *st, kv_error *err) {
@@ -660,12 +677,15 @@ static int read_pretok(const char *path, const cJSON *p, json_style *st, kv_erro
     }
     if (!strcmp(t, "ByteLevel")) {
         st->bytelevel = 1;
-        st->add_prefix_space = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(p, "add_prefix_space"));
+        st->add_prefix_space =
+            cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(p, "add_prefix_space"));
         const cJSON *ur = cJSON_GetObjectItemCaseSensitive(p, "use_regex");
         if (!ur || cJSON_IsTrue(ur)) {
             if (st->regex)
-                return kv_fail(err, KV_EINPUT, "%s: pre_tokenizer: a Split followed by a ByteLevel "
-                               "with use_regex is not supported", path);
+                return kv_fail(err, KV_EINPUT,
+                               "%s: pre_tokenizer: a Split followed by a ByteLevel "
+                               "with use_regex is not supported",
+                               path);
             st->regex = KV_BPE_GPT2_REGEX;
         }
         return KV_OK;
@@ -690,8 +710,10 @@ static int read_pretok(const char *path, const cJSON *p, json_style *st, kv_erro
     if (!strcmp(t, "Metaspace")) {
         const cJSON *r = cJSON_GetObjectItemCaseSensitive(p, "replacement");
         if (r && (!cJSON_IsString(r) || strcmp(r->valuestring, "\xe2\x96\x81")))
-            return kv_fail(err, KV_EINPUT, "%s: pre_tokenizer Metaspace.replacement must be "
-                           "\"\xe2\x96\x81\"", path);
+            return kv_fail(err, KV_EINPUT,
+                           "%s: pre_tokenizer Metaspace.replacement must be "
+                           "\"\xe2\x96\x81\"",
+                           path);
         const cJSON *ps = cJSON_GetObjectItemCaseSensitive(p, "prepend_scheme");
         const cJSON *aps = cJSON_GetObjectItemCaseSensitive(p, "add_prefix_space");
         st->replace_space = 1;
@@ -701,8 +723,10 @@ static int read_pretok(const char *path, const cJSON *p, json_style *st, kv_erro
         if (!split || cJSON_IsTrue(split)) st->metaspace_split = 1;
         return KV_OK;
     }
-    return kv_fail(err, KV_EINPUT, "%s: pre_tokenizer.type \"%s\" is not supported (ByteLevel, "
-                   "Split, Metaspace, Sequence)", path, t);
+    return kv_fail(err, KV_EINPUT,
+                   "%s: pre_tokenizer.type \"%s\" is not supported (ByteLevel, "
+                   "Split, Metaspace, Sequence)",
+                   path, t);
 }
 
 int kv_tokenizer_load_json(const char *path, const kv_model *m, kv_tokenizer **out, kv_error *err);
@@ -715,8 +739,11 @@ int kv_tokenizer_load_json(const char *path, const kv_model *m, kv_tokenizer **o
     char cfg_path[4200];
     snprintf(cfg_path, sizeof cfg_path, "%s", path);
     char *slash = strrchr(cfg_path, '/');
-    if (slash) snprintf(slash + 1, sizeof cfg_path - (size_t)(slash + 1 - cfg_path), "tokenizer_config.json");
-    else snprintf(cfg_path, sizeof cfg_path, "tokenizer_config.json");
+    if (slash)
+        snprintf(slash + 1, sizeof cfg_path - (size_t)(slash + 1 - cfg_path),
+                 "tokenizer_config.json");
+    else
+        snprintf(cfg_path, sizeof cfg_path, "tokenizer_config.json");
     FILE *f = fopen(cfg_path, "rb");
     if (f) {
         fclose(f);
@@ -738,8 +765,8 @@ int kv_tokenizer_load_json(const char *path, const kv_model *m, kv_tokenizer **o
     for (int i = 0; i < 2 && !rc; i++) {
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(model, unsup[i]);
         if (v && !cJSON_IsNull(v) && !(cJSON_IsString(v) && !v->valuestring[0]))
-            rc = kv_fail(err, KV_EINPUT, "%s: model.%s is set, which kvplan does not support",
-                         path, unsup[i]);
+            rc = kv_fail(err, KV_EINPUT, "%s: model.%s is set, which kvplan does not support", path,
+                         unsup[i]);
     }
     if (!rc && !cJSON_IsArray(merges))
         rc = kv_fail(err, KV_EINPUT, "%s: field \"model.merges\" is missing or not an array", path);
@@ -764,17 +791,20 @@ int kv_tokenizer_load_json(const char *path, const kv_model *m, kv_tokenizer **o
             const cJSON *c = cJSON_GetObjectItemCaseSensitive(it, "content");
             if (!cJSON_IsNumber(id) || id->valuedouble < 0 || id->valuedouble >= (1 << 24) ||
                 !cJSON_IsString(c)) {
-                rc = kv_fail(err, KV_EINPUT, "%s: an added_tokens entry lacks a valid \"id\" or "
-                             "\"content\"", path);
+                rc = kv_fail(err, KV_EINPUT,
+                             "%s: an added_tokens entry lacks a valid \"id\" or "
+                             "\"content\"",
+                             path);
                 break;
             }
             if (id->valueint + 1 > n) n = id->valueint + 1;
         }
     }
     if (!rc && m && n > m->cfg.vocab_size)
-        rc = kv_fail(err, KV_EINPUT, "%s: token ids reach %d but the model %s has a vocabulary "
-                     "of %d: they do not belong together", path, n - 1, m->path,
-                     m->cfg.vocab_size);
+        rc = kv_fail(err, KV_EINPUT,
+                     "%s: token ids reach %d but the model %s has a vocabulary "
+                     "of %d: they do not belong together",
+                     path, n - 1, m->path, m->cfg.vocab_size);
     if (!rc && m) n = m->cfg.vocab_size; /* ids past the tokenizer's are padding */
     int n_merges = rc ? 0 : cJSON_GetArraySize(merges);
     const char **tokens = calloc((size_t)n + 1, sizeof *tokens);
@@ -800,8 +830,10 @@ int kv_tokenizer_load_json(const char *path, const kv_model *m, kv_tokenizer **o
             if (cJSON_IsString(it)) {
                 const char *s = it->valuestring, *sp = strchr(s, ' ');
                 if (!sp || sp == s || !sp[1] || strchr(sp + 1, ' ')) {
-                    rc = kv_fail(err, KV_EINPUT, "%s: model.merges[%d] = \"%.60s\" is not two "
-                                 "tokens separated by one space", path, r, s);
+                    rc = kv_fail(err, KV_EINPUT,
+                                 "%s: model.merges[%d] = \"%.60s\" is not two "
+                                 "tokens separated by one space",
+                                 path, r, s);
                     break;
                 }
                 left[r] = strndup(s, (size_t)(sp - s));
@@ -812,8 +844,10 @@ int kv_tokenizer_load_json(const char *path, const kv_model *m, kv_tokenizer **o
                 left[r] = strdup(cJSON_GetArrayItem(it, 0)->valuestring);
                 right[r] = strdup(cJSON_GetArrayItem(it, 1)->valuestring);
             } else {
-                rc = kv_fail(err, KV_EINPUT, "%s: model.merges[%d] is neither \"a b\" nor "
-                             "[\"a\", \"b\"]", path, r);
+                rc = kv_fail(err, KV_EINPUT,
+                             "%s: model.merges[%d] is neither \"a b\" nor "
+                             "[\"a\", \"b\"]",
+                             path, r);
                 break;
             }
             r++;
@@ -824,21 +858,28 @@ int kv_tokenizer_load_json(const char *path, const kv_model *m, kv_tokenizer **o
         }
     }
     json_style st = {0};
-    if (!rc) rc = read_normalizer(path, cJSON_GetObjectItemCaseSensitive(j, "normalizer"), &st, err);
+    if (!rc)
+        rc = read_normalizer(path, cJSON_GetObjectItemCaseSensitive(j, "normalizer"), &st, err);
     if (!rc) rc = read_pretok(path, cJSON_GetObjectItemCaseSensitive(j, "pre_tokenizer"), &st, err);
     if (!rc && st.bytelevel && (st.prepend || st.replace_space))
-        rc = kv_fail(err, KV_EINPUT, "%s: a ByteLevel pre_tokenizer combined with a \"\xe2\x96\x81\" "
-                     "normaliser is not supported", path);
+        rc = kv_fail(err, KV_EINPUT,
+                     "%s: a ByteLevel pre_tokenizer combined with a \"\xe2\x96\x81\" "
+                     "normaliser is not supported",
+                     path);
     if (!rc && !st.bytelevel && st.prepend != st.replace_space && st.prepend)
-        rc = kv_fail(err, KV_EINPUT, "%s: normalizer prepends \"\xe2\x96\x81\" but does not "
-                     "replace spaces, which kvplan does not support", path);
+        rc = kv_fail(err, KV_EINPUT,
+                     "%s: normalizer prepends \"\xe2\x96\x81\" but does not "
+                     "replace spaces, which kvplan does not support",
+                     path);
     /* special ids and add_bos */
     int bos = m ? m->cfg.bos_id : -1, eos = m ? m->cfg.eos_id : -1, add_bos = -1, unk = -1;
     const cJSON *unk_tok = cJSON_GetObjectItemCaseSensitive(model, "unk_token");
     for (int i = 0; i < n && !rc; i++) {
         if (!tokens[i]) continue;
-        const char *bt = cfg ? token_content(cJSON_GetObjectItemCaseSensitive(cfg, "bos_token")) : NULL;
-        const char *et = cfg ? token_content(cJSON_GetObjectItemCaseSensitive(cfg, "eos_token")) : NULL;
+        const char *bt =
+            cfg ? token_content(cJSON_GetObjectItemCaseSensitive(cfg, "bos_token")) : NULL;
+        const char *et =
+            cfg ? token_content(cJSON_GetObjectItemCaseSensitive(cfg, "eos_token")) : NULL;
         if (bt && !strcmp(bt, tokens[i])) bos = i;
         if (et && !strcmp(et, tokens[i])) eos = i;
         if (cJSON_IsString(unk_tok) && !strcmp(unk_tok->valuestring, tokens[i]) && unk < 0) unk = i;

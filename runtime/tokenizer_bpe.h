@@ -23,7 +23,7 @@
 typedef enum { KV_BPE_SPM = 0, KV_BPE_BYTELEVEL = 1 } kv_bpe_style;
 
 /* GPT-2's pre-tokenizer pattern (tokenizers pre_tokenizers/byte_level.rs). */
-#define KV_BPE_GPT2_REGEX \
+#define KV_BPE_GPT2_REGEX                                                                          \
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"
 
 typedef struct kv_bpe_spec {
@@ -34,15 +34,15 @@ typedef struct kv_bpe_spec {
     const char *const *merge_left;  /* [n_merges] first part of merge r (rank r) */
     const char *const *merge_right; /* [n_merges] second part */
     kv_bpe_style style;
-    const char *regex;     /* pre-tokenizer split pattern (PCRE2), NULL = no split */
-    int add_prefix_space;  /* byte-level: prepend ' ' when a segment does not start with one */
-    int prepend_space;     /* SPM: prepend "▁" to each segment (normaliser Prepend) */
-    int replace_space;     /* SPM: replace ' ' by "▁" (normaliser Replace / Metaspace) */
+    const char *regex;    /* pre-tokenizer split pattern (PCRE2), NULL = no split */
+    int add_prefix_space; /* byte-level: prepend ' ' when a segment does not start with one */
+    int prepend_space;    /* SPM: prepend "▁" to each segment (normaliser Prepend) */
+    int replace_space;    /* SPM: replace ' ' by "▁" (normaliser Replace / Metaspace) */
     int byte_fallback;
-    int unk_id;            /* -1 = none */
+    int unk_id; /* -1 = none */
     int fuse_unk;
-    int ignore_merges;     /* a word that is itself a token skips the merges */
-    const int *special;    /* [n_special] ids matched verbatim in the text (added tokens) */
+    int ignore_merges;  /* a word that is itself a token skips the merges */
+    const int *special; /* [n_special] ids matched verbatim in the text (added tokens) */
     int n_special;
     const unsigned char *silent; /* [n_vocab] 1 = decodes to no text (special), or NULL */
     int bos_id, eos_id, add_bos;

@@ -27,7 +27,8 @@ void tu_naive_forward(const kv_model *m, const int *tokens, int T, float *out, t
                 for (int i = 0; i < D; i++) a += w->wq[(size_t)o * D + i] * xn[i];
                 q[o] = a + (w->bq ? w->bq[o] : 0.0);
             }
-            double *kt = K + ((size_t)l * T + t) * Hk * hd, *vt = Vv + ((size_t)l * T + t) * Hk * hd;
+            double *kt = K + ((size_t)l * T + t) * Hk * hd,
+                   *vt = Vv + ((size_t)l * T + t) * Hk * hd;
             for (int o = 0; o < Hk * hd; o++) {
                 double a = 0, b = 0;
                 for (int i = 0; i < D; i++) {
@@ -42,7 +43,8 @@ void tu_naive_forward(const kv_model *m, const int *tokens, int T, float *out, t
                 for (int i = 0; i < hd / 2; i++) {
                     int a0 = c->rope_layout == KV_ROPE_ADJACENT ? 2 * i : i;
                     int a1 = c->rope_layout == KV_ROPE_ADJACENT ? 2 * i + 1 : i + hd / 2;
-                    double ang = t * pow(c->rope_theta, -2.0 * i / hd), cs = cos(ang), sn = sin(ang);
+                    double ang = t * pow(c->rope_theta, -2.0 * i / hd), cs = cos(ang),
+                           sn = sin(ang);
                     double *qq = q + hh * hd, a = qq[a0], b = qq[a1];
                     qq[a0] = a * cs - b * sn;
                     qq[a1] = a * sn + b * cs;
@@ -119,4 +121,3 @@ void tu_naive_forward(const kv_model *m, const int *tokens, int T, float *out, t
     }
     free(x), free(K), free(Vv), free(xn), free(q), free(att), free(hb), free(sc);
 }
-

@@ -14,7 +14,6 @@ typedef struct tu_capture {
 } tu_capture;
 
 /* logits: [T, vocab] or NULL. */
-void tu_naive_forward(const kv_model *m, const int *tokens, int T, float *logits,
-                      tu_capture *cap);
+void tu_naive_forward(const kv_model *m, const int *tokens, int T, float *logits, tu_capture *cap);
 
 #endif

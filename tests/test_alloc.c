@@ -63,14 +63,14 @@ static void test_squeeze_by_hand(void) {
     const double sim[] = {0.1, 0.2, 0.5, 0.55, 0.9, 0.95};
     double out[6];
     kv_error e;
-    CU_ASSERT_EQUAL_FATAL(
-        kv_layer_budgets(KV_ALLOC_SQUEEZE, sim, 6, 2, 0.5, 100, 0.5, 0, out, &e), KV_OK);
+    CU_ASSERT_EQUAL_FATAL(kv_layer_budgets(KV_ALLOC_SQUEEZE, sim, 6, 2, 0.5, 100, 0.5, 0, out, &e),
+                          KV_OK);
     const double want[] = {125, 125, 125, 125, 50, 50};
     assert_vec(out, want, 6, EPS);
     /* R = 0.9: share 180; 90 for layers 4, 5 and 225 for the others, above the cap
      * H_kv * C = 200: the cap removes 4 * 25, which goes back equally to the uncapped layers. */
-    CU_ASSERT_EQUAL_FATAL(
-        kv_layer_budgets(KV_ALLOC_SQUEEZE, sim, 6, 2, 0.9, 100, 0.5, 0, out, &e), KV_OK);
+    CU_ASSERT_EQUAL_FATAL(kv_layer_budgets(KV_ALLOC_SQUEEZE, sim, 6, 2, 0.9, 100, 0.5, 0, out, &e),
+                          KV_OK);
     const double want2[] = {200, 200, 200, 200, 140, 140};
     assert_vec(out, want2, 6, EPS);
     /* uniform */
@@ -78,8 +78,8 @@ static void test_squeeze_by_hand(void) {
         kv_layer_budgets(KV_ALLOC_UNIFORM, NULL, 6, 2, 0.25, 100, 0.5, 0, out, &e), KV_OK);
     for (int l = 0; l < 6; l++) CU_ASSERT_DOUBLE_EQUAL(out[l], 50.0, EPS);
     /* floor: min_tokens = 30 per head -> at least 60 per layer; p = 0.1 would give 10 */
-    CU_ASSERT_EQUAL_FATAL(
-        kv_layer_budgets(KV_ALLOC_SQUEEZE, sim, 6, 2, 0.5, 100, 0.1, 30, out, &e), KV_OK);
+    CU_ASSERT_EQUAL_FATAL(kv_layer_budgets(KV_ALLOC_SQUEEZE, sim, 6, 2, 0.5, 100, 0.1, 30, out, &e),
+                          KV_OK);
     double s = 0;
     for (int l = 0; l < 6; l++) s += out[l];
     CU_ASSERT_DOUBLE_EQUAL(s, 600.0, 1e-6);
@@ -87,8 +87,8 @@ static void test_squeeze_by_hand(void) {
     CU_ASSERT_DOUBLE_EQUAL(out[0], 120.0, 1e-9);
     /* one cluster only: nothing changes */
     const double flat[] = {0.4, 0.4, 0.4};
-    CU_ASSERT_EQUAL_FATAL(
-        kv_layer_budgets(KV_ALLOC_SQUEEZE, flat, 3, 2, 0.5, 100, 0.5, 0, out, &e), KV_OK);
+    CU_ASSERT_EQUAL_FATAL(kv_layer_budgets(KV_ALLOC_SQUEEZE, flat, 3, 2, 0.5, 100, 0.5, 0, out, &e),
+                          KV_OK);
     for (int l = 0; l < 3; l++) CU_ASSERT_DOUBLE_EQUAL(out[l], 100.0, EPS);
 }
 
@@ -141,8 +141,7 @@ static void test_alg2_k(void) {
     const double s5[] = {0.9, 0.6, 0.1, 0.2, 0.3};
     const double imp5[] = {0.1, 0.4, 0.5, 0.95, 0.6};
     double b5[] = {100, 50, 80, 60, 40};
-    CU_ASSERT_EQUAL_FATAL(kv_head_realloc(5, s5, imp5, 0.5, 0.2, 0, HUGE_VAL, b5, &n, &e),
-                          KV_OK);
+    CU_ASSERT_EQUAL_FATAL(kv_head_realloc(5, s5, imp5, 0.5, 0.2, 0, HUGE_VAL, b5, &n, &e), KV_OK);
     const double w5[] = {80, 40, 80, 75, 55};
     assert_vec(b5, w5, 5, EPS);
     /* floor: r = 0.9 would leave head 0 with 4 < lo = 20; it is lifted to 20 and the other
@@ -351,8 +350,8 @@ static void test_halving(void) {
     kv_error e;
     CU_ASSERT_EQUAL_FATAL(kv_successive_halving(27, &o, synth_eval, &u, &r, last, &e), KV_OK);
     CU_ASSERT_EQUAL(r.winner, 17);
-    CU_ASSERT_EQUAL(r.rounds, 3);         /* 27 x 1, 9 x 3, 3 x 9 chunks */
-    CU_ASSERT_EQUAL(r.chunk_evals, 81);   /* vs 27 x 27 = 729 exhaustive */
+    CU_ASSERT_EQUAL(r.rounds, 3);       /* 27 x 1, 9 x 3, 3 x 9 chunks */
+    CU_ASSERT_EQUAL(r.chunk_evals, 81); /* vs 27 x 27 = 729 exhaustive */
     CU_ASSERT_EQUAL(r.token_evals, 81 * 255);
     CU_ASSERT_EQUAL(r.winner_chunks, 9);
     CU_ASSERT_EQUAL(u.calls, 39);

@@ -15,7 +15,9 @@
 
 #define GIB 1073741824.0
 
-static const char *model_path(void) { return tu_shared("models/stories260K/stories260K.bin"); }
+static const char *model_path(void) {
+    return tu_shared("models/stories260K/stories260K.bin");
+}
 
 static void test_article_llama3_70b(void) {
     kv_error err = {0};
@@ -63,15 +65,15 @@ static void test_hand_computed(void) {
      * block = 2 * 16 * 8 * 2 = 512 bytes; 4 (layer, KV head) pairs */
     CU_ASSERT_DOUBLE_EQUAL(kv_workspace_bytes_per_seq(&c, 1, 80), 640 + 4 * 80 * 4 + 400, 0);
     const kv_batch_row *f = &r.row[KV_BATCH_FULL];
-    CU_ASSERT_DOUBLE_EQUAL(f->kv_prefill, 4 * 4 * 512, 0);          /* 64 tokens = 4 blocks */
+    CU_ASSERT_DOUBLE_EQUAL(f->kv_prefill, 4 * 4 * 512, 0); /* 64 tokens = 4 blocks */
     CU_ASSERT_DOUBLE_EQUAL(f->ws_prefill, 64 * 640 + 4 * 64 * 4 + 400, 0); /* 42384 */
-    CU_ASSERT_DOUBLE_EQUAL(f->kv_decode, 4 * 5 * 512, 0);           /* 80 tokens = 5 blocks */
+    CU_ASSERT_DOUBLE_EQUAL(f->kv_decode, 4 * 5 * 512, 0); /* 80 tokens = 5 blocks */
     CU_ASSERT_DOUBLE_EQUAL(f->ws_decode, 640 + 4 * 80 * 4 + 400, 0);
     CU_ASSERT_DOUBLE_EQUAL(f->per_seq, 50576, 0);
     CU_ASSERT_EQUAL(f->prefill_limits, 1);
     CU_ASSERT_EQUAL(f->max_batch, 19); /* floor(1e6 / 50576) */
     const kv_batch_row *d = &r.row[KV_BATCH_DECODE_ONLY];
-    CU_ASSERT_DOUBLE_EQUAL(d->per_seq, 50576, 0); /* prefill of the whole prompt limits */
+    CU_ASSERT_DOUBLE_EQUAL(d->per_seq, 50576, 0);         /* prefill of the whole prompt limits */
     CU_ASSERT_DOUBLE_EQUAL(d->kv_decode, 4 * 2 * 512, 0); /* 16 + 16 tokens = 2 blocks */
     CU_ASSERT_EQUAL(d->max_batch, 19);
     const kv_batch_row *pd = &r.row[KV_BATCH_PREFILL_DECODE];
@@ -177,8 +179,10 @@ static int write_plan(const char *path, int tokens, const kv_hw *hw) {
     if (!rc) rc = kv_h5_write_provenance(f, "test_batch", m, &err);
     if (!rc) rc = kv_plan_budget_write(f, &b, &err);
     if (!rc && hw) rc = kv_plan_write_kvpr_batch(f, m, hw, &b, &err);
-    if (!rc) rc = kv_h5_commit(f, &err);
-    else if (f) kv_h5_abort(f);
+    if (!rc)
+        rc = kv_h5_commit(f, &err);
+    else if (f)
+        kv_h5_abort(f);
     if (rc) fprintf(stderr, "write_plan: %s\n", err.msg);
     free(tok);
     free(blk);
@@ -220,8 +224,10 @@ static void test_plan_groups(void) {
                 /* stories260K: h 64, h_kv 32, fp32 runtime (p = 4) */
                 kv_kvpr_shape sh = {batches[i], lens[j], 64, 32, 4.0};
                 kv_kvpr_result rc_, rr;
-                CU_ASSERT_EQUAL(kv_kvpr_solve(&sh, hw.v_com, hw.v_gpu, KV_SCHED_COLUMN, &rc_, &err), KV_OK);
-                CU_ASSERT_EQUAL(kv_kvpr_solve(&sh, hw.v_com, hw.v_gpu, KV_SCHED_ROW, &rr, &err), KV_OK);
+                CU_ASSERT_EQUAL(kv_kvpr_solve(&sh, hw.v_com, hw.v_gpu, KV_SCHED_COLUMN, &rc_, &err),
+                                KV_OK);
+                CU_ASSERT_EQUAL(kv_kvpr_solve(&sh, hw.v_com, hw.v_gpu, KV_SCHED_ROW, &rr, &err),
+                                KV_OK);
                 CU_ASSERT_EQUAL(sc[i * 4 + j], rc_.split);
                 CU_ASSERT_EQUAL(sc[i * 4 + j], 0); /* h = 2 h_kv: X costs as much as K and V */
                 CU_ASSERT_EQUAL(sr[i * 4 + j], rr.split);
@@ -281,8 +287,9 @@ static void test_plan_from_profile(void) {
         int written = -1;
         CU_ASSERT_EQUAL_FATAL(kv_h5_create(out, &f, &err), KV_OK);
         CU_ASSERT_EQUAL(kv_h5_write_provenance(f, "test_batch", m, &err), KV_OK);
-        CU_ASSERT_EQUAL(kv_plan_write_kvpr_batch_from_profile(f, k ? nohw : prof, m, &b,
-                                                              &written, &err), KV_OK);
+        CU_ASSERT_EQUAL(
+            kv_plan_write_kvpr_batch_from_profile(f, k ? nohw : prof, m, &b, &written, &err),
+            KV_OK);
         CU_ASSERT_EQUAL(written, k ? 0 : 1);
         CU_ASSERT_EQUAL(kv_h5_commit(f, &err), KV_OK);
         CU_ASSERT_EQUAL_FATAL(kv_h5_open_read(out, &f, &err), KV_OK);
@@ -336,8 +343,10 @@ static int write_profile(const char *path) {
     if (!rc) rc = kv_h5_attr_str(f, "/hardware", "kind", "cuda", &err);
     if (!rc) rc = kv_h5_attr_str(f, "/hardware", "device_name", "Test GPU", &err);
     if (!rc) rc = kv_h5_attr_i64(f, "/hardware", "device_mem_bytes", 2000000, &err);
-    if (!rc) rc = kv_h5_commit(f, &err);
-    else kv_h5_abort(f);
+    if (!rc)
+        rc = kv_h5_commit(f, &err);
+    else
+        kv_h5_abort(f);
     if (rc) fprintf(stderr, "write_profile: %s\n", err.msg);
     kv_model_free(m);
     return rc;
@@ -347,8 +356,10 @@ static void test_cli(void) {
     const char *plan = tu_tmp("plan_cli.h5");
     CU_ASSERT_EQUAL_FATAL(write_plan(plan, 32, NULL), 0);
     char args[2048], *out = NULL;
-    snprintf(args, sizeof args, "batch --model %s --plan %s --device-mem 4M --prompt-len 448 "
-             "--gen-len 64 --mem-bw 300e9 --json", model_path(), plan);
+    snprintf(args, sizeof args,
+             "batch --model %s --plan %s --device-mem 4M --prompt-len 448 "
+             "--gen-len 64 --mem-bw 300e9 --json",
+             model_path(), plan);
     CU_ASSERT_EQUAL(tu_run_kvplan(args, &out, 0), 0);
     cJSON *j = last_json(out);
     CU_ASSERT_PTR_NOT_NULL_FATAL(j);
@@ -375,8 +386,10 @@ static void test_cli(void) {
     free(out);
     kv_model_free(m);
     /* preset figures, no plan: only the full row */
-    snprintf(args, sizeof args, "batch --model %s --hardware l4 --prompt-len 256 --gen-len 64 "
-             "--json", model_path());
+    snprintf(args, sizeof args,
+             "batch --model %s --hardware l4 --prompt-len 256 --gen-len 64 "
+             "--json",
+             model_path());
     CU_ASSERT_EQUAL(tu_run_kvplan(args, &out, 0), 0);
     j = last_json(out);
     CU_ASSERT_PTR_NOT_NULL_FATAL(j);
@@ -388,8 +401,10 @@ static void test_cli(void) {
     /* profiled figures: device memory and 2 x copy_d2d as the memory traffic rate */
     const char *prof = tu_tmp("profile_batch.h5");
     CU_ASSERT_EQUAL_FATAL(write_profile(prof), 0);
-    snprintf(args, sizeof args, "batch --model %s --profile %s --prompt-len 256 --gen-len 64 "
-             "--json", model_path(), prof);
+    snprintf(args, sizeof args,
+             "batch --model %s --profile %s --prompt-len 256 --gen-len 64 "
+             "--json",
+             model_path(), prof);
     CU_ASSERT_EQUAL(tu_run_kvplan(args, &out, 0), 0);
     j = last_json(out);
     CU_ASSERT_PTR_NOT_NULL_FATAL(j);
@@ -399,8 +414,10 @@ static void test_cli(void) {
     cJSON_Delete(j);
     free(out);
     /* memory below the weights, missing memory, zero prompt: exit 1 with a message */
-    snprintf(args, sizeof args, "batch --model %s --device-mem 100000 --prompt-len 256 "
-             "--gen-len 64", model_path());
+    snprintf(args, sizeof args,
+             "batch --model %s --device-mem 100000 --prompt-len 256 "
+             "--gen-len 64",
+             model_path());
     CU_ASSERT_EQUAL(tu_run_kvplan(args, &out, 1), 1);
     CU_ASSERT_PTR_NOT_NULL(out && strstr(out, "below the weights"));
     free(out);

@@ -234,7 +234,8 @@ static void run_forward(kv_model *m, const int *tokens, int T, int decode, float
     if (decode) {
         for (int t = 0; t < T; t++)
             CU_ASSERT_FATAL(kv_forward(m, ws, &cp, 1, tokens + t, 1, KV_LOGITS_LAST,
-                                       logits + (size_t)t * m->cfg.vocab_size, NULL, &err) == KV_OK);
+                                       logits + (size_t)t * m->cfg.vocab_size, NULL,
+                                       &err) == KV_OK);
     } else {
         CU_ASSERT_FATAL(kv_forward(m, ws, &cp, 1, tokens, T, KV_LOGITS_ALL, logits, NULL, &err) ==
                         KV_OK);

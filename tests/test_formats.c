@@ -37,8 +37,9 @@ static void greedy(const kv_model *m, int n, int *tokens, float *logits) {
     int V = m->cfg.vocab_size, ctx = n + 1;
     long blocks = kv_cache_blocks_needed(m->cfg.n_layers, m->cfg.n_kv_heads, NULL, ctx, 1, 16);
     CU_ASSERT_EQUAL_FATAL(kv_pool_init(&pool, (int)blocks, 16, m->cfg.head_dim, &err), KV_OK);
-    CU_ASSERT_EQUAL_FATAL(kv_cache_init(&c, &pool, m->cfg.n_layers, m->cfg.n_kv_heads, NULL,
-                                        KV_POLICY_SINK, &err), KV_OK);
+    CU_ASSERT_EQUAL_FATAL(
+        kv_cache_init(&c, &pool, m->cfg.n_layers, m->cfg.n_kv_heads, NULL, KV_POLICY_SINK, &err),
+        KV_OK);
     CU_ASSERT_EQUAL_FATAL(kv_workspace_new(m, 1, ctx, &ws, &err), KV_OK);
     float *lg = malloc((size_t)V * sizeof *lg);
     int tok = m->cfg.bos_id >= 0 ? m->cfg.bos_id : 1;
@@ -143,8 +144,9 @@ static void test_656k_q8_0(void) {
     int *ids = text_ids_656k(a, &n);
     /* 30 chunks of 512 = 15360 tokens keep the suite fast (also under ASan); whole text: CLI */
     double pa = ppl(a, ids, n, 512, 30), pq = ppl(q, ids, n, 512, 30);
-    printf("\n  656K perplexity (30 x 512 tokens): F32 safetensors %.5f, Q8_0 GGUF %.5f (%+.3f%%)\n",
-           pa, pq, 100.0 * (pq - pa) / pa);
+    printf(
+        "\n  656K perplexity (30 x 512 tokens): F32 safetensors %.5f, Q8_0 GGUF %.5f (%+.3f%%)\n",
+        pa, pq, 100.0 * (pq - pa) / pa);
     CU_ASSERT(fabs(pq - pa) / pa < 0.02);
     free(ids);
     kv_model_free(a);
@@ -208,9 +210,9 @@ static void test_656k_gguf_vocab(void) {
 }
 
 static void test_cli_all_formats(void) {
-    const char *models[] = {"models/stories260K/stories260K.bin", "models/stories260K/stories260K.gguf",
-                            M656, M656 "/TinyStories-656K.f16.gguf",
-                            M656 "/tinystories-656k-q8_0.gguf"};
+    const char *models[] = {"models/stories260K/stories260K.bin",
+                            "models/stories260K/stories260K.gguf", M656,
+                            M656 "/TinyStories-656K.f16.gguf", M656 "/tinystories-656k-q8_0.gguf"};
     FILE *f = fopen(tu_tmp("prompt.txt"), "w");
     CU_ASSERT_PTR_NOT_NULL_FATAL(f);
     fputs("Once upon a time, there was a little dog.", f);
@@ -229,7 +231,8 @@ static void test_cli_all_formats(void) {
         CU_ASSERT_EQUAL(rc, 0);
         if (rc) printf("\n  %s: %s\n", args, out ? out : "");
         free(out);
-        snprintf(args, sizeof args, "run '%s' --prompt 'Once upon a time' -n 8 --temperature 0 --quiet",
+        snprintf(args, sizeof args,
+                 "run '%s' --prompt 'Once upon a time' -n 8 --temperature 0 --quiet",
                  tu_shared(models[i]));
         rc = tu_run_kvplan(args, &out, 0);
         CU_ASSERT_EQUAL(rc, 0);
@@ -247,9 +250,9 @@ static void test_cli_all_formats(void) {
 }
 
 static void test_load_times(void) {
-    const char *models[] = {"models/stories260K/stories260K.bin", "models/stories260K/stories260K.gguf",
-                            M656, M656 "/TinyStories-656K.f16.gguf",
-                            M656 "/tinystories-656k-q8_0.gguf"};
+    const char *models[] = {"models/stories260K/stories260K.bin",
+                            "models/stories260K/stories260K.gguf", M656,
+                            M656 "/TinyStories-656K.f16.gguf", M656 "/tinystories-656k-q8_0.gguf"};
     printf("\n");
     for (size_t i = 0; i < sizeof models / sizeof models[0]; i++) {
         int reps = 20;

@@ -45,7 +45,8 @@ static void test_260k_config_and_weights(void) {
     CU_ASSERT_EQUAL(c->bos_id, 1);
     CU_ASSERT_EQUAL(c->eos_id, 2);
     CU_ASSERT_EQUAL(c->attn_bias, 0);
-    CU_ASSERT_STRING_EQUAL(g->sha256, "270cba1bd5109f42d03350f60406024560464db173c0e387d91f0426d3bd256d");
+    CU_ASSERT_STRING_EQUAL(g->sha256,
+                           "270cba1bd5109f42d03350f60406024560464db173c0e387d91f0426d3bd256d");
     size_t d = 64, V = 512, hid = 172, kvd = 32;
     CU_ASSERT_EQUAL(memcmp(g->tok_emb, b->tok_emb, V * d * 4), 0);
     CU_ASSERT_EQUAL(memcmp(g->final_norm, b->final_norm, d * 4), 0);
@@ -79,7 +80,8 @@ static void test_260k_vocab_vs_tok512(void) {
     CU_ASSERT_EQUAL(tg->eos_id, 2);
     char *text = NULL;
     size_t len = 0;
-    CU_ASSERT_EQUAL_FATAL(kv_read_file(tu_shared("text/tinystories_val_head.txt"), &text, &len, &err), KV_OK);
+    CU_ASSERT_EQUAL_FATAL(
+        kv_read_file(tu_shared("text/tinystories_val_head.txt"), &text, &len, &err), KV_OK);
     int *a = NULL, *c = NULL, na = 0, nc = 0;
     CU_ASSERT_EQUAL_FATAL(kv_tokenizer_encode(tg, text, len, 1, &a, &na, &err), KV_OK);
     CU_ASSERT_EQUAL_FATAL(kv_tokenizer_encode(tb, text, len, 1, &c, &nc, &err), KV_OK);
@@ -114,15 +116,31 @@ static void put(wbuf *w, const void *s, size_t n) {
     memcpy(w->p + w->n, s, n);
     w->n += n;
 }
-static void u32(wbuf *w, uint32_t v) { put(w, &v, 4); }
-static void u64(wbuf *w, uint64_t v) { put(w, &v, 8); }
+static void u32(wbuf *w, uint32_t v) {
+    put(w, &v, 4);
+}
+static void u64(wbuf *w, uint64_t v) {
+    put(w, &v, 8);
+}
 static void str(wbuf *w, const char *s) {
     u64(w, strlen(s));
     put(w, s, strlen(s));
 }
-static void kv_u32(wbuf *w, const char *k, uint32_t v) { str(w, k); u32(w, 4); u32(w, v); }
-static void kv_f32(wbuf *w, const char *k, float v) { str(w, k); u32(w, 6); put(w, &v, 4); }
-static void kv_str(wbuf *w, const char *k, const char *v) { str(w, k); u32(w, 8); str(w, v); }
+static void kv_u32(wbuf *w, const char *k, uint32_t v) {
+    str(w, k);
+    u32(w, 4);
+    u32(w, v);
+}
+static void kv_f32(wbuf *w, const char *k, float v) {
+    str(w, k);
+    u32(w, 6);
+    put(w, &v, 4);
+}
+static void kv_str(wbuf *w, const char *k, const char *v) {
+    str(w, k);
+    u32(w, 8);
+    str(w, v);
+}
 
 static uint16_t to_f16(float f) { /* exact for the small dyadic values used here */
     uint32_t b;
@@ -140,23 +158,33 @@ static uint16_t to_f16(float f) { /* exact for the small dyadic values used here
 static void gpt2_tokens(char tok[SY_NTOK][32]) {
     int n = 0;
     for (int b = 0; b < 256; b++) {
-        int printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+        int printable =
+            (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
         int cp = b;
         if (!printable) {
             cp = 256;
             for (int x = 0; x < b; x++)
-                if (!((x >= '!' && x <= '~') || (x >= 0xA1 && x <= 0xAC) || (x >= 0xAE && x <= 0xFF))) cp++;
+                if (!((x >= '!' && x <= '~') || (x >= 0xA1 && x <= 0xAC) ||
+                      (x >= 0xAE && x <= 0xFF)))
+                    cp++;
         }
         char *o = tok[n++];
-        if (cp < 0x80) { o[0] = (char)cp; o[1] = 0; }
-        else { o[0] = (char)(0xC0 | (cp >> 6)); o[1] = (char)(0x80 | (cp & 0x3F)); o[2] = 0; }
+        if (cp < 0x80) {
+            o[0] = (char)cp;
+            o[1] = 0;
+        } else {
+            o[0] = (char)(0xC0 | (cp >> 6));
+            o[1] = (char)(0x80 | (cp & 0x3F));
+            o[2] = 0;
+        }
     }
     const char *extra[] = {"\xc4\xa0w", "or", "\xc4\xa0wor", "\xc4\xa0worl", "\xc4\xa0world",
-                           "He", "ll", "Hell", "Hello", "<|endoftext|>"};
+                           "He",        "ll", "Hell",        "Hello",        "<|endoftext|>"};
     for (int i = 0; i < 10; i++) snprintf(tok[n++], 32, "%s", extra[i]);
 }
-static const char *gpt2_merges[] = {"\xc4\xa0 w", "o r", "\xc4\xa0w or", "\xc4\xa0wor l",
-                                    "\xc4\xa0worl d", "H e", "l l", "He ll", "Hell o"};
+static const char *gpt2_merges[] = {"\xc4\xa0 w",     "o r", "\xc4\xa0w or", "\xc4\xa0wor l",
+                                    "\xc4\xa0worl d", "H e", "l l",          "He ll",
+                                    "Hell o"};
 
 typedef struct sy_tensor {
     const char *name;
@@ -165,14 +193,16 @@ typedef struct sy_tensor {
 } sy_tensor;
 
 /* Value of element i of tensor k (exactly representable in F16, BF16 and Q8_0 with d = 1/64). */
-static float sy_value(int k, size_t i) { return (float)((int)((i * 7 + (size_t)k * 13) % 101) - 50) / 64.0f; }
+static float sy_value(int k, size_t i) {
+    return (float)((int)((i * 7 + (size_t)k * 13) % 101) - 50) / 64.0f;
+}
 
 static const sy_tensor sy_t[] = {
-    {"token_embd.weight", SY_DIM, SY_NTOK, 0},   {"output_norm.weight", SY_DIM, 0, 0},
-    {"blk.0.attn_norm.weight", SY_DIM, 0, 0},    {"blk.0.attn_q.weight", SY_DIM, SY_DIM, 1},
-    {"blk.0.attn_k.weight", SY_DIM, 16, 30},     {"blk.0.attn_v.weight", SY_DIM, 16, 8},
+    {"token_embd.weight", SY_DIM, SY_NTOK, 0},       {"output_norm.weight", SY_DIM, 0, 0},
+    {"blk.0.attn_norm.weight", SY_DIM, 0, 0},        {"blk.0.attn_q.weight", SY_DIM, SY_DIM, 1},
+    {"blk.0.attn_k.weight", SY_DIM, 16, 30},         {"blk.0.attn_v.weight", SY_DIM, 16, 8},
     {"blk.0.attn_output.weight", SY_DIM, SY_DIM, 0}, {"blk.0.ffn_norm.weight", SY_DIM, 0, 0},
-    {"blk.0.ffn_gate.weight", SY_DIM, SY_HID, 8}, {"blk.0.ffn_down.weight", SY_HID, SY_DIM, 1},
+    {"blk.0.ffn_gate.weight", SY_DIM, SY_HID, 8},    {"blk.0.ffn_down.weight", SY_HID, SY_DIM, 1},
     {"blk.0.ffn_up.weight", SY_DIM, SY_HID, 30},
 };
 #define SY_N (sizeof sy_t / sizeof sy_t[0])
@@ -259,9 +289,15 @@ static void write_synthetic(const char *path, uint32_t version, uint32_t align, 
     for (size_t k = 0; k < SY_N; k++) {
         size_t n = sy_t[k].ne0 * (sy_t[k].ne1 ? sy_t[k].ne1 : 1), start = w.n;
         if (sy_t[k].type == 0)
-            for (size_t i = 0; i < n; i++) { float v = sy_value((int)k, i); put(&w, &v, 4); }
+            for (size_t i = 0; i < n; i++) {
+                float v = sy_value((int)k, i);
+                put(&w, &v, 4);
+            }
         else if (sy_t[k].type == 1)
-            for (size_t i = 0; i < n; i++) { uint16_t h = to_f16(sy_value((int)k, i)); put(&w, &h, 2); }
+            for (size_t i = 0; i < n; i++) {
+                uint16_t h = to_f16(sy_value((int)k, i));
+                put(&w, &h, 2);
+            }
         else if (sy_t[k].type == 30)
             for (size_t i = 0; i < n; i++) {
                 float v = sy_value((int)k, i);
@@ -310,12 +346,12 @@ static void test_synthetic_types(void) {
         CU_ASSERT_PTR_EQUAL(m->classifier, m->tok_emb);
         const kv_layer_weights *l = &m->layers[0];
         CU_ASSERT(equal_values(m->tok_emb, 0, SY_DIM * SY_NTOK));
-        CU_ASSERT(equal_values(l->wq, 3, SY_DIM * SY_DIM));       /* F16 */
-        CU_ASSERT(equal_values(l->wk, 4, SY_DIM * 16));           /* BF16 */
-        CU_ASSERT(equal_values(l->wv, 5, SY_DIM * 16));           /* Q8_0 */
-        CU_ASSERT(equal_values(l->w_gate, 8, SY_DIM * SY_HID));   /* Q8_0 */
-        CU_ASSERT(equal_values(l->w_down, 9, SY_DIM * SY_HID));   /* F16 */
-        CU_ASSERT(equal_values(l->w_up, 10, SY_DIM * SY_HID));    /* BF16 */
+        CU_ASSERT(equal_values(l->wq, 3, SY_DIM * SY_DIM));     /* F16 */
+        CU_ASSERT(equal_values(l->wk, 4, SY_DIM * 16));         /* BF16 */
+        CU_ASSERT(equal_values(l->wv, 5, SY_DIM * 16));         /* Q8_0 */
+        CU_ASSERT(equal_values(l->w_gate, 8, SY_DIM * SY_HID)); /* Q8_0 */
+        CU_ASSERT(equal_values(l->w_down, 9, SY_DIM * SY_HID)); /* F16 */
+        CU_ASSERT(equal_values(l->w_up, 10, SY_DIM * SY_HID));  /* BF16 */
         kv_model_free(m);
     }
 }

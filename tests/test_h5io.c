@@ -183,9 +183,9 @@ static void test_provenance(void) {
     CU_ASSERT_EQUAL(kv_h5_read_attr_str(f, "/", "model_format", &s, &err), KV_OK);
     CU_ASSERT_STRING_EQUAL(s, "llama2c");
     free(s);
-    const char *names[] = {"model_dim", "model_hidden_dim", "model_n_layers", "model_n_heads",
-                           "model_n_kv_heads", "model_head_dim", "model_vocab_size",
-                           "model_seq_len"};
+    const char *names[] = {"model_dim",        "model_hidden_dim", "model_n_layers",
+                           "model_n_heads",    "model_n_kv_heads", "model_head_dim",
+                           "model_vocab_size", "model_seq_len"};
     const long want[] = {64, 172, 5, 8, 4, 8, 512, 512};
     for (int i = 0; i < 8; i++) {
         CU_ASSERT_EQUAL(kv_h5_read_attr_i64(f, "/", names[i], &v, &err), KV_OK);

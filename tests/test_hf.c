@@ -136,9 +136,12 @@ static void test_656k_round_trip(void) {
     for (size_t i = 0; i < len;) {
         size_t cl = 1;
         unsigned char c0 = (unsigned char)text[i];
-        if (c0 >= 0xF0) cl = 4;
-        else if (c0 >= 0xE0) cl = 3;
-        else if (c0 >= 0xC0) cl = 2;
+        if (c0 >= 0xF0)
+            cl = 4;
+        else if (c0 >= 0xE0)
+            cl = 3;
+        else if (c0 >= 0xC0)
+            cl = 2;
         int *ci = NULL, nci = 0, oov = 0;
         if (text[i] != ' ' && text[i] != '\n') {
             CU_ASSERT_EQUAL_FATAL(kv_tokenizer_encode(t, text + i, cl, 0, &ci, &nci, &err), KV_OK);
@@ -155,7 +158,8 @@ static void test_656k_round_trip(void) {
     }
     expect[k] = '\0';
     printf("\n  %zu bytes -> %d tokens in %.3f s; %d <unk> tokens for %zu code points the "
-           "vocabulary lacks\n", len, n, enc, unk, dropped);
+           "vocabulary lacks\n",
+           len, n, enc, unk, dropped);
     CU_ASSERT(dropped > 0 && dropped < 1000);
     CU_ASSERT_EQUAL(strlen(back), k);
     CU_ASSERT(strcmp(back, expect) == 0);
@@ -171,13 +175,25 @@ static void test_656k_round_trip(void) {
 static void test_spm_byte_fallback(void) {
     char *js = malloc(64 * 1024);
     size_t k = (size_t)sprintf(js, "{\"model\": {\"type\": \"BPE\", \"byte_fallback\": true, "
-                               "\"unk_token\": \"<unk>\", \"fuse_unk\": true, \"vocab\": {"
-                               "\"<unk>\": 0, \"<s>\": 1, \"</s>\": 2");
+                                   "\"unk_token\": \"<unk>\", \"fuse_unk\": true, \"vocab\": {"
+                                   "\"<unk>\": 0, \"<s>\": 1, \"</s>\": 2");
     for (int b = 0; b < 256; b++) k += (size_t)sprintf(js + k, ", \"<0x%02X>\": %d", b, 3 + b);
-    const char *chars[] = {"\xe2\x96\x81", "h", "e", "l", "o", "w", "r", "d", "\xe2\x96\x81h",
-                           "el", "\xe2\x96\x81hel", "lo", "\xe2\x96\x81hello"};
+    const char *chars[] = {"\xe2\x96\x81",
+                           "h",
+                           "e",
+                           "l",
+                           "o",
+                           "w",
+                           "r",
+                           "d",
+                           "\xe2\x96\x81h",
+                           "el",
+                           "\xe2\x96\x81hel",
+                           "lo",
+                           "\xe2\x96\x81hello"};
     for (int i = 0; i < 13; i++) k += (size_t)sprintf(js + k, ", \"%s\": %d", chars[i], 259 + i);
-    k += (size_t)sprintf(js + k, "}, \"merges\": [\"\xe2\x96\x81 h\", \"e l\", "
+    k += (size_t)sprintf(js + k,
+                         "}, \"merges\": [\"\xe2\x96\x81 h\", \"e l\", "
                          "\"\xe2\x96\x81h el\", \"l o\", \"\xe2\x96\x81hel lo\"]}, "
                          "\"added_tokens\": [{\"id\": 1, \"content\": \"<s>\", \"special\": true},"
                          "{\"id\": 2, \"content\": \"</s>\", \"special\": true}], "
@@ -204,8 +220,8 @@ static void test_spm_byte_fallback(void) {
     int *ids = NULL, n = 0;
     CU_ASSERT_EQUAL_FATAL(kv_tokenizer_encode(t, s, strlen(s), 0, &ids, &n, &err), KV_OK);
     /* ▁hello ▁ w <0xC3> <0xA9> r l d ▁ <0xF0> <0x9F> <0x99> <0x82> */
-    int expect[] = {271, 259, 264, 3 + 0xC3, 3 + 0xA9, 265, 262, 266, 259, 3 + 0xF0, 3 + 0x9F,
-                    3 + 0x99, 3 + 0x82};
+    int expect[] = {271, 259, 264,      3 + 0xC3, 3 + 0xA9, 265,     262,
+                    266, 259, 3 + 0xF0, 3 + 0x9F, 3 + 0x99, 3 + 0x82};
     CU_ASSERT_EQUAL(n, 13);
     CU_ASSERT(n == 13 && memcmp(ids, expect, sizeof expect) == 0);
     char *back = NULL;
@@ -222,19 +238,25 @@ static void test_bytelevel_json(void) {
     size_t k = (size_t)sprintf(js, "{\"model\": {\"type\": \"BPE\", \"vocab\": {");
     int id = 0;
     for (int b = 0; b < 256; b++) {
-        int printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+        int printable =
+            (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
         int cp = b;
         if (!printable) {
             cp = 256;
             for (int x = 0; x < b; x++)
-                if (!((x >= '!' && x <= '~') || (x >= 0xA1 && x <= 0xAC) || (x >= 0xAE && x <= 0xFF))) cp++;
+                if (!((x >= '!' && x <= '~') || (x >= 0xA1 && x <= 0xAC) ||
+                      (x >= 0xAE && x <= 0xFF)))
+                    cp++;
         }
-        if (cp == '"' || cp == '\\') k += (size_t)sprintf(js + k, "%s\"\\%c\": %d", id ? ", " : "", cp, id);
-        else k += (size_t)sprintf(js + k, "%s\"\\u%04x\": %d", id ? ", " : "", cp, id);
+        if (cp == '"' || cp == '\\')
+            k += (size_t)sprintf(js + k, "%s\"\\%c\": %d", id ? ", " : "", cp, id);
+        else
+            k += (size_t)sprintf(js + k, "%s\"\\u%04x\": %d", id ? ", " : "", cp, id);
         id++;
     }
     /* 256 Ġt, 257 he, 258 Ġthe, 259 's, 260 Ġ1, 261 12 */
-    k += (size_t)sprintf(js + k, ", \"\\u0120t\": 256, \"he\": 257, \"\\u0120the\": 258, \"'s\": 259,"
+    k += (size_t)sprintf(js + k,
+                         ", \"\\u0120t\": 256, \"he\": 257, \"\\u0120the\": 258, \"'s\": 259,"
                          " \"\\u01201\": 260, \"12\": 261, \"<|endoftext|>\": 262}, \"merges\": ["
                          "[\"\\u0120\", \"t\"], [\"h\", \"e\"], [\"\\u0120t\", \"he\"], "
                          "[\"'\", \"s\"], [\"\\u0120\", \"1\"], [\"1\", \"2\"]]}, "
@@ -306,15 +328,23 @@ static void write_st(const char *path, const wt *list, int from, int to, int dty
     for (int i = from; i < to; i++) {
         size_t n = (size_t)(list[i].rows ? list[i].rows : 1) * (size_t)list[i].cols;
         if (list[i].rows)
-            hk += (size_t)sprintf(hdr + hk, ", \"%s\": {\"dtype\": \"%s\", \"shape\": [%d, %d], "
-                                  "\"data_offsets\": [%zu, %zu]}", list[i].name,
-                                  dtype == 1 ? "F16" : dtype == 2 ? "BF16" : "F32", list[i].rows,
-                                  list[i].cols, off, off + n * es);
+            hk += (size_t)sprintf(hdr + hk,
+                                  ", \"%s\": {\"dtype\": \"%s\", \"shape\": [%d, %d], "
+                                  "\"data_offsets\": [%zu, %zu]}",
+                                  list[i].name,
+                                  dtype == 1   ? "F16"
+                                  : dtype == 2 ? "BF16"
+                                               : "F32",
+                                  list[i].rows, list[i].cols, off, off + n * es);
         else
-            hk += (size_t)sprintf(hdr + hk, ", \"%s\": {\"dtype\": \"%s\", \"shape\": [%d], "
-                                  "\"data_offsets\": [%zu, %zu]}", list[i].name,
-                                  dtype == 1 ? "F16" : dtype == 2 ? "BF16" : "F32", list[i].cols,
-                                  off, off + n * es);
+            hk += (size_t)sprintf(hdr + hk,
+                                  ", \"%s\": {\"dtype\": \"%s\", \"shape\": [%d], "
+                                  "\"data_offsets\": [%zu, %zu]}",
+                                  list[i].name,
+                                  dtype == 1   ? "F16"
+                                  : dtype == 2 ? "BF16"
+                                               : "F32",
+                                  list[i].cols, off, off + n * es);
         off += n * es;
     }
     hk += (size_t)sprintf(hdr + hk, "}");
@@ -327,7 +357,8 @@ static void write_st(const char *path, const wt *list, int from, int to, int dty
     for (int i = from; i < to; i++) {
         size_t n = (size_t)(list[i].rows ? list[i].rows : 1) * (size_t)list[i].cols;
         for (size_t j = 0; j < n; j++) {
-            if (dtype == 0) fwrite(&list[i].data[j], 4, 1, f);
+            if (dtype == 0)
+                fwrite(&list[i].data[j], 4, 1, f);
             else {
                 uint16_t h = dtype == 1 ? f16_rne(list[i].data[j]) : bf16_rne(list[i].data[j]);
                 fwrite(&h, 2, 1, f);
@@ -341,8 +372,9 @@ static void write_st(const char *path, const wt *list, int from, int to, int dty
 static int list_weights(const kv_model *m, wt *l) {
     int n = 0, d = m->cfg.dim, h = m->cfg.hidden_dim, q = m->cfg.n_heads * m->cfg.head_dim,
         kv = m->cfg.n_kv_heads * m->cfg.head_dim;
-#define ADD(nm, p, r, c) (snprintf(l[n].name, sizeof l[n].name, "%s", nm), l[n].data = (p), \
-                          l[n].rows = (r), l[n].cols = (c), n++)
+#define ADD(nm, p, r, c)                                                                           \
+    (snprintf(l[n].name, sizeof l[n].name, "%s", nm), l[n].data = (p), l[n].rows = (r),            \
+     l[n].cols = (c), n++)
     ADD("model.embed_tokens.weight", m->tok_emb, m->cfg.vocab_size, d);
     ADD("model.norm.weight", m->final_norm, 0, d);
     for (int i = 0; i < m->cfg.n_layers; i++) {
@@ -394,13 +426,13 @@ static void test_sharded_half(void) {
     snprintf(s1, sizeof s1, "%s/model-00001-of-00002.safetensors", dir);
     snprintf(s2, sizeof s2, "%s/model-00002-of-00002.safetensors", dir);
     int half = n / 2;
-    write_st(s1, list, 0, half, 1);  /* F16 */
-    write_st(s2, list, half, n, 2);  /* BF16 */
+    write_st(s1, list, 0, half, 1); /* F16 */
+    write_st(s2, list, half, n, 2); /* BF16 */
     char idx[65536];
     size_t k = (size_t)sprintf(idx, "{\"metadata\": {\"total_size\": 0}, \"weight_map\": {");
     for (int i = 0; i < n; i++)
-        k += (size_t)sprintf(idx + k, "%s\"%s\": \"model-0000%d-of-00002.safetensors\"", i ? ", " : "",
-                             list[i].name, i < half ? 1 : 2);
+        k += (size_t)sprintf(idx + k, "%s\"%s\": \"model-0000%d-of-00002.safetensors\"",
+                             i ? ", " : "", list[i].name, i < half ? 1 : 2);
     k += (size_t)sprintf(idx + k, "}}");
     snprintf(p, sizeof p, "%s/model.safetensors.index.json", dir);
     write_file(p, idx, k);
@@ -438,8 +470,9 @@ static void two_step_logits(const kv_model *m, float *out) {
     kv_workspace *ws = NULL;
     long blocks = kv_cache_blocks_needed(m->cfg.n_layers, m->cfg.n_kv_heads, NULL, 4, 1, 16);
     CU_ASSERT_EQUAL_FATAL(kv_pool_init(&pool, (int)blocks, 16, m->cfg.head_dim, &err), KV_OK);
-    CU_ASSERT_EQUAL_FATAL(kv_cache_init(&c, &pool, m->cfg.n_layers, m->cfg.n_kv_heads, NULL,
-                                        KV_POLICY_SINK, &err), KV_OK);
+    CU_ASSERT_EQUAL_FATAL(
+        kv_cache_init(&c, &pool, m->cfg.n_layers, m->cfg.n_kv_heads, NULL, KV_POLICY_SINK, &err),
+        KV_OK);
     CU_ASSERT_EQUAL_FATAL(kv_workspace_new(m, 2, 4, &ws, &err), KV_OK);
     int toks[2] = {1, 147};
     kv_cache *seqs[1] = {&c};
@@ -460,7 +493,8 @@ static void test_qwen2_bias(void) {
     for (int l = 0; l < ref->cfg.n_layers; l++) {
         const char *sfx[] = {"q_proj", "k_proj", "v_proj"};
         for (int k = 0; k < 3; k++) {
-            snprintf(list[n].name, sizeof list[n].name, "model.layers.%d.self_attn.%s.bias", l, sfx[k]);
+            snprintf(list[n].name, sizeof list[n].name, "model.layers.%d.self_attn.%s.bias", l,
+                     sfx[k]);
             list[n].data = zero;
             list[n].rows = 0;
             list[n].cols = k ? kv : q;
@@ -588,11 +622,13 @@ static void test_bad_hf(void) {
     patch(d, "config.json", "\"intermediate_size\": 384", "\"intermediate_size\": 385");
     expect_bad(d, "shape vs config", "mlp.gate_proj.weight", "intermediate_size");
     d = copy_656k();
-    patch(d, "model.safetensors", "{\"dtype\":\"F32\",\"shape\":[128]", "{\"dtype\":\"I32\",\"shape\":[128]");
+    patch(d, "model.safetensors", "{\"dtype\":\"F32\",\"shape\":[128]",
+          "{\"dtype\":\"I32\",\"shape\":[128]");
     expect_bad(d, "unknown dtype", "model.safetensors", "\"I32\"");
     d = copy_656k();
     patch(d, "model.safetensors", "\"model.norm.weight\"", "\"model.norX.weight\"");
-    expect_bad(d, "missing tensor", "model.safetensors: tensor 'model.norm.weight' is missing", NULL);
+    expect_bad(d, "missing tensor", "model.safetensors: tensor 'model.norm.weight' is missing",
+               NULL);
     d = copy_656k();
     {
         char p[700];
@@ -608,7 +644,8 @@ static void test_bad_hf(void) {
         free(data);
     }
     d = copy_656k();
-    patch(d, "model.safetensors", "\"data_offsets\":[2623488,2624000]", "\"data_offsets\":[2623488,9624000]");
+    patch(d, "model.safetensors", "\"data_offsets\":[2623488,2624000]",
+          "\"data_offsets\":[2623488,9624000]");
     expect_bad(d, "offset past the end", "model.norm.weight", "past the end");
     d = copy_656k();
     {
@@ -617,7 +654,10 @@ static void test_bad_hf(void) {
         remove(p);
         expect_bad(d, "no weights", "model.safetensors", NULL);
         snprintf(p, sizeof p, "%s/model.safetensors.index.json", d);
-        { const char *ix = "{\"weight_map\": {\"model.norm.weight\": \"nowhere.safetensors\"}}"; write_file(p, ix, strlen(ix)); }
+        {
+            const char *ix = "{\"weight_map\": {\"model.norm.weight\": \"nowhere.safetensors\"}}";
+            write_file(p, ix, strlen(ix));
+        }
         expect_bad(d, "index names a missing shard", "nowhere.safetensors", NULL);
     }
     /* tokenizer.json */

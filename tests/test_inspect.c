@@ -229,11 +229,13 @@ static void test_text_profile(void) {
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "kvplan profile"));
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "stories260K.bin"));
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "H_kv 4 KV heads"));
-    CU_ASSERT_PTR_NOT_NULL(strstr(out, "3 prompts, 3 pairs: mean tau 0.7000, min 0.6000, max 0.8000"));
+    CU_ASSERT_PTR_NOT_NULL(
+        strstr(out, "3 prompts, 3 pairs: mean tau 0.7000, min 0.6000, max 0.8000"));
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "bandwidth    10.000 GB/s ± 0.02   latency     2.000 us "
                                        "± 0.15   R^2 0.9991"));
     /* which sizes the bandwidth fit used */
-    CU_ASSERT_PTR_NOT_NULL(strstr(out, "fit over 3 of 4 sizes, from fit_min_bytes = 64 KiB (65536)"));
+    CU_ASSERT_PTR_NOT_NULL(
+        strstr(out, "fit over 3 of 4 sizes, from fit_min_bytes = 64 KiB (65536)"));
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "fitted: 64 KiB, 1 MiB, 16 MiB; not fitted: 1 smaller "
                                        "size from 4 KiB"));
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "peak      4.000 GFLOP/s"));
@@ -265,10 +267,12 @@ static void test_text_plan(void) {
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "link v_com 32.000 GB/s, device v_gpu 121.000 TFLOP/s"));
     /* the KVPR table row for batch 4, s' = 128 */
     int found = 0;
-    for (const char *line = out; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
+    for (const char *line = out; line && *line;
+         line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
         double b, sq, lc, tc, lr, tr, tn;
         if (sscanf(line, " %lf %lf | %lf %lf | %lf %lf | %lf us", &b, &sq, &lc, &tc, &lr, &tr,
-                   &tn) == 7 && b == 4 && sq == 128) {
+                   &tn) == 7 &&
+            b == 4 && sq == 128) {
             found = 1;
             CU_ASSERT_DOUBLE_EQUAL(lc, 0, 0);
             CU_ASSERT_DOUBLE_EQUAL(tc, 8.0, 1e-9); /* microseconds */
@@ -318,8 +322,8 @@ static void test_json_profile(void) {
     const cJSON *tc = jpath(j, "datasets", "/heads/token_cos", "shape");
     CU_ASSERT_EQUAL(cJSON_GetArraySize(tc), 3);
     CU_ASSERT_DOUBLE_EQUAL(cJSON_GetArrayItem(tc, 2)->valuedouble, T0, 0);
-    CU_ASSERT_STRING_EQUAL(
-        cJSON_GetStringValue(jpath(j, "datasets", "/heads/token_cos", "units")), "cosine");
+    CU_ASSERT_STRING_EQUAL(cJSON_GetStringValue(jpath(j, "datasets", "/heads/token_cos", "units")),
+                           "cosine");
     /* summary: head order of every layer is by importance, descending */
     const cJSON *heads = jpath(j, "summary", "heads", NULL);
     CU_ASSERT_EQUAL_FATAL(cJSON_GetArraySize(heads), L);
@@ -328,7 +332,8 @@ static void test_json_profile(void) {
         const cJSON *ord = cJSON_GetObjectItem(e, "order");
         CU_ASSERT_EQUAL(cJSON_GetArraySize(ord), HKV);
         for (int k = 1; k < HKV; k++) {
-            int a = cJSON_GetArrayItem(ord, k - 1)->valueint, b = cJSON_GetArrayItem(ord, k)->valueint;
+            int a = cJSON_GetArrayItem(ord, k - 1)->valueint,
+                b = cJSON_GetArrayItem(ord, k)->valueint;
             CU_ASSERT(importance[l][a] >= importance[l][b]);
         }
     }
@@ -385,19 +390,17 @@ static void test_json_plan(void) {
     CU_ASSERT(cJSON_IsNull(cJSON_GetArrayItem(cJSON_GetArrayItem(grid, 1), 5)));
     CU_ASSERT_DOUBLE_EQUAL(cJSON_GetArrayItem(cJSON_GetArrayItem(grid, 2), 3)->valuedouble,
                            ppl[2][3], 1e-12);
-    CU_ASSERT_STRING_EQUAL(cJSON_GetStringValue(jpath(j, "groups", "/kvpr", "schedule")),
-                           "column");
+    CU_ASSERT_STRING_EQUAL(cJSON_GetStringValue(jpath(j, "groups", "/kvpr", "schedule")), "column");
     CU_ASSERT_DOUBLE_EQUAL(jpath(j, "summary", "search", "heldout")->child->valuedouble, 19.5, 0);
     CU_ASSERT_DOUBLE_EQUAL(
-        jpath(jpath(j, "summary", "search", "heldout"), "squeeze", NULL, NULL)->valuedouble, 21,
-        0);
+        jpath(jpath(j, "summary", "search", "heldout"), "squeeze", NULL, NULL)->valuedouble, 21, 0);
     CU_ASSERT_DOUBLE_EQUAL(
         jpath(jpath(j, "summary", "search", "baselines"), "uniform", NULL, NULL)->valuedouble,
         24.25, 0);
     const cJSON *mbj = jpath(j, "datasets", "/batch/max_batch", "data");
     CU_ASSERT_EQUAL(cJSON_GetArrayItem(mbj, 2)->valueint, 21);
-    CU_ASSERT_DOUBLE_EQUAL(jpath(j, "groups", "/search", "heldout_perplexity")->valuedouble,
-                           21.125, 0);
+    CU_ASSERT_DOUBLE_EQUAL(jpath(j, "groups", "/search", "heldout_perplexity")->valuedouble, 21.125,
+                           0);
     CU_ASSERT_STRING_EQUAL(cJSON_GetStringValue(jpath(j, "attributes", "model_sha256", NULL)),
                            "0000000000000000000000000000000000000000000000000000000000000007");
     cJSON_Delete(j);
@@ -441,8 +444,8 @@ static void test_png(void) {
     free(out);
     CU_ASSERT_EQUAL(run(&out, "inspect '%s' --png '%s' > /dev/null 2>&1", plan_path(), dir), 0);
     free(out);
-    const char *names[] = {"head_importance.png", "token_cos.png", "layer_similarity.png",
-                           "consistency.png", "search_perplexity.png", "budget_tokens.png"};
+    const char *names[] = {"head_importance.png", "token_cos.png",         "layer_similarity.png",
+                           "consistency.png",     "search_perplexity.png", "budget_tokens.png"};
     for (int i = 0; i < 6; i++) {
         char p[600];
         snprintf(p, sizeof p, "%s/%s", dir, names[i]);
@@ -477,7 +480,8 @@ static void test_export(void) {
         int cols = 0;
         char *s2 = NULL;
         for (char *c = strtok_r(line, "\t", &s2); c; c = strtok_r(NULL, "\t", &s2)) {
-            if (rows < L && cols < HKV) CU_ASSERT_DOUBLE_EQUAL(atof(c), importance[rows][cols], 1e-6);
+            if (rows < L && cols < HKV)
+                CU_ASSERT_DOUBLE_EQUAL(atof(c), importance[rows][cols], 1e-6);
             cols++;
         }
         CU_ASSERT_EQUAL(cols, HKV);
@@ -593,16 +597,16 @@ static void test_halving_grid(void) {
     CU_ASSERT_DOUBLE_EQUAL(cJSON_GetObjectItem(best, "t")->valuedouble, 0.8, 0);
     cJSON_Delete(j);
     /* the picture is still drawn */
-    CU_ASSERT_EQUAL(run(&out, "inspect '%s' --png '%s' >/dev/null 2>&1", path, tu_tmp("png-halving")), 0);
+    CU_ASSERT_EQUAL(
+        run(&out, "inspect '%s' --png '%s' >/dev/null 2>&1", path, tu_tmp("png-halving")), 0);
     free(out);
     char png[600];
     snprintf(png, sizeof png, "%s/search_perplexity.png", tu_tmp("png-halving"));
     CU_ASSERT_TRUE(check_png(png, 1200, 800));
 }
 
-
-/* A SqueezeAttention p grid [2, G3T, G3R] with successive halving (like the shipped plans): p 0.5 was
- * screened on 1 chunk only (its cells look better, 2.x, but are not comparable); p 1 has the
+/* A SqueezeAttention p grid [2, G3T, G3R] with successive halving (like the shipped plans): p 0.5
+ * was screened on 1 chunk only (its cells look better, 2.x, but are not comparable); p 1 has the
  * finalists on 8 chunks: best at (t 0.7, r 0.2), worst at (t 0.6, r 0.1); (0.8, 0.3) of p 1 was
  * never evaluated. */
 enum { G3T = 4, G3R = 3 };
@@ -623,7 +627,7 @@ static void make_grid3(const char *path, const char *winner) {
             pp[1][i][j] = 4.0 + 0.1 * i + 0.01 * j; /* screening figures on 3 chunks */
             ch[1][i][j] = 3;
         }
-    pp[1][2][1] = 3.5, ch[1][2][1] = 8; /* best finalist */
+    pp[1][2][1] = 3.5, ch[1][2][1] = 8;  /* best finalist */
     pp[1][1][0] = 3.75, ch[1][1][0] = 8; /* worst finalist */
     pp[1][0][2] = 3.6, ch[1][0][2] = 8;
     pp[1][3][2] = NAN, ch[1][3][2] = 0;
@@ -648,8 +652,7 @@ static void make_grid3(const char *path, const char *winner) {
     OK(kv_h5_create(path, &f, &err));
     OK(kv_h5_write_provenance(f, "kvplan search --p-grid 0.5,1 --halving 3", &m, &err));
     OK(kv_plan_budget_write(f, &b, &err));
-    long dt[1] = {G3T}, dr[1] = {G3R}, dp[1] = {2}, d3[3] = {2, G3T, G3R}, db[1] = {3},
-         dh[1] = {4};
+    long dt[1] = {G3T}, dr[1] = {G3R}, dp[1] = {2}, d3[3] = {2, G3T, G3R}, db[1] = {3}, dh[1] = {4};
     OK(kv_h5_write_f64(f, "/search/t_values", 1, dt, g3_t, "similarity", &err));
     OK(kv_h5_write_f64(f, "/search/r_values", 1, dr, g3_r, "fraction", &err));
     OK(kv_h5_write_f64(f, "/search/p_values", 1, dp, g3_p, "fraction", &err));
@@ -695,13 +698,17 @@ static void test_grid3(void) {
                                        "evaluated"));
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "successive halving: 3 cells reached 8 chunks"));
     /* best and worst among the finalists, not the lower screening figures of p 0.5 */
-    CU_ASSERT_PTR_NOT_NULL(strstr(out, "  best   p 1  t 0.7  r 0.2  perplexity 3.5000  (8 chunks)"));
-    CU_ASSERT_PTR_NOT_NULL(strstr(out, "  worst  p 1  t 0.6  r 0.1  perplexity 3.7500  (8 chunks)"));
+    CU_ASSERT_PTR_NOT_NULL(
+        strstr(out, "  best   p 1  t 0.7  r 0.2  perplexity 3.5000  (8 chunks)"));
+    CU_ASSERT_PTR_NOT_NULL(
+        strstr(out, "  worst  p 1  t 0.6  r 0.1  perplexity 3.7500  (8 chunks)"));
     /* per p: p 0.5's own best is a screening figure on 1 chunk */
-    CU_ASSERT_PTR_NOT_NULL(strstr(out, "p 0.5    12 of 12 cells evaluated, 12 on its most chunks (1)"));
+    CU_ASSERT_PTR_NOT_NULL(
+        strstr(out, "p 0.5    12 of 12 cells evaluated, 12 on its most chunks (1)"));
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "      best   t 0.5  r 0.1  perplexity 2.0000  (1 chunk)"));
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "      worst  t 0.8  r 0.3  perplexity 2.1100  (1 chunk)"));
-    CU_ASSERT_PTR_NOT_NULL(strstr(out, "p 1      11 of 12 cells evaluated, 3 on its most chunks (8)"));
+    CU_ASSERT_PTR_NOT_NULL(
+        strstr(out, "p 1      11 of 12 cells evaluated, 3 on its most chunks (8)"));
     /* the winner, in the plan block before the budgets */
     const char *w = strstr(out, ">> winner (/search@winner): baklava, the grid's best cell "
                                 "(p 1, t 0.7, r 0.2): search perplexity 3.5000 on 8 chunks; "
@@ -741,8 +748,8 @@ static void test_grid3(void) {
     CU_ASSERT_DOUBLE_EQUAL(jpath(sr, "winner", "heldout", NULL)->valuedouble, 3.6, 0);
     /* the map itself: datasets["/search/perplexity"].data[p][t][r], null where not evaluated */
     const cJSON *grid = jpath(j, "datasets", "/search/perplexity", "data");
-    CU_ASSERT(cJSON_IsNull(cJSON_GetArrayItem(cJSON_GetArrayItem(cJSON_GetArrayItem(grid, 1), 3),
-                                              2)));
+    CU_ASSERT(
+        cJSON_IsNull(cJSON_GetArrayItem(cJSON_GetArrayItem(cJSON_GetArrayItem(grid, 1), 3), 2)));
     cJSON_Delete(j);
 
     /* the picture: one 1200 x 800 PNG with a panel per p */

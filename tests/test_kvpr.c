@@ -45,7 +45,8 @@ static void test_glpk_matches_brute_force(void) {
                 for (size_t d = 0; d < 3; d++)
                     for (size_t e = 0; e < 2; e++)
                         for (int sc = 0; sc < 2; sc++) {
-                            kv_kvpr_shape sh = {batches[b], seqs[c], shapes[a][0], shapes[a][1], 2.0};
+                            kv_kvpr_shape sh = {batches[b], seqs[c], shapes[a][0], shapes[a][1],
+                                                2.0};
                             kv_schedule sched = sc ? KV_SCHED_ROW : KV_SCHED_COLUMN;
                             kv_error err = {0};
                             double tmin;
@@ -54,13 +55,15 @@ static void test_glpk_matches_brute_force(void) {
                             int rc = kv_kvpr_solve(&sh, v_coms[d], v_gpus[e], sched, &g, &err);
                             CU_ASSERT_EQUAL_FATAL(rc, KV_OK);
                             CU_ASSERT_EQUAL(g.glpk_status, 5 /* GLP_OPT */);
-                            CU_ASSERT_EQUAL(kv_kvpr_closed_form(&sh, v_coms[d], v_gpus[e], sched,
-                                                                &cf, &err), KV_OK);
+                            CU_ASSERT_EQUAL(
+                                kv_kvpr_closed_form(&sh, v_coms[d], v_gpus[e], sched, &cf, &err),
+                                KV_OK);
                             if (g.split != lbf || cf.split != lbf)
-                                fprintf(stderr, "h %ld h_kv %ld b %ld s' %ld v_com %g v_gpu %g %s:"
-                                        " glpk %ld closed %ld brute %ld\n", sh.hidden, sh.kv_width,
-                                        sh.batch, sh.seq, v_coms[d], v_gpus[e],
-                                        kv_schedule_name(sched), g.split, cf.split, lbf);
+                                fprintf(stderr,
+                                        "h %ld h_kv %ld b %ld s' %ld v_com %g v_gpu %g %s:"
+                                        " glpk %ld closed %ld brute %ld\n",
+                                        sh.hidden, sh.kv_width, sh.batch, sh.seq, v_coms[d],
+                                        v_gpus[e], kv_schedule_name(sched), g.split, cf.split, lbf);
                             CU_ASSERT_EQUAL(g.split, lbf);
                             CU_ASSERT_EQUAL(cf.split, lbf);
                             CU_ASSERT_DOUBLE_EQUAL(g.time, tmin, 1e-12 * tmin);
@@ -88,8 +91,8 @@ static void test_llama3_8b_gqa_is_zero(void) {
     CU_ASSERT_DOUBLE_EQUAL(r.time, r.time_no_recompute, 1e-15);
     CU_ASSERT_PTR_NOT_NULL(strstr(r.note, "l = 0"));
     CU_ASSERT_PTR_NOT_NULL(strstr(r.note, "activation"));
-    CU_ASSERT_PTR_NOT_NULL(strstr(r.note, "8192 bytes"));  /* h * p */
-    CU_ASSERT_PTR_NOT_NULL(strstr(r.note, "4096 bytes"));  /* 2 * h_kv * p */
+    CU_ASSERT_PTR_NOT_NULL(strstr(r.note, "8192 bytes")); /* h * p */
+    CU_ASSERT_PTR_NOT_NULL(strstr(r.note, "4096 bytes")); /* 2 * h_kv * p */
     /* one token recomputed is strictly worse than none */
     kv_kvpr_result r1;
     CU_ASSERT_EQUAL(kv_kvpr_eval(&sh, 32 * GIB, 312e12, KV_SCHED_COLUMN, 1, &r1, &err), KV_OK);
@@ -211,7 +214,7 @@ static void test_presets(void) {
     kv_hw hw;
     kv_error err = {0};
     CU_ASSERT_EQUAL(kv_hw_from_preset("a100-40g-pcie4", &hw, &err), KV_OK);
-    CU_ASSERT_DOUBLE_EQUAL(hw.v_com, 32e9, 0);     /* PCIe 4.0 x16, one direction (KVPR §1) */
+    CU_ASSERT_DOUBLE_EQUAL(hw.v_com, 32e9, 0); /* PCIe 4.0 x16, one direction (KVPR §1) */
     CU_ASSERT_DOUBLE_EQUAL(hw.mem_bw, 1.555e12, 0);
     CU_ASSERT_DOUBLE_EQUAL(hw.device_mem, 40 * GIB, 0);
     CU_ASSERT_DOUBLE_EQUAL(hw.v_gpu, 312e12, 0);
@@ -249,8 +252,10 @@ static int write_profile(const char *path, int with_fp16, int with_hw) {
     } else {
         if (!rc) rc = kv_h5_write_f64(f, "/layers/similarity", 1, d, bytes, NULL, &err);
     }
-    if (!rc) rc = kv_h5_commit(f, &err);
-    else kv_h5_abort(f);
+    if (!rc)
+        rc = kv_h5_commit(f, &err);
+    else
+        kv_h5_abort(f);
     if (rc) fprintf(stderr, "write_profile: %s\n", err.msg);
     kv_model_free(m);
     return rc;
@@ -266,7 +271,7 @@ static void test_hw_from_profile(void) {
     kv_error err = {0};
     CU_ASSERT_EQUAL(kv_hw_from_profile(p16, &hw, &err), KV_OK);
     CU_ASSERT_DOUBLE_EQUAL(hw.v_com, 24e9, 0);
-    CU_ASSERT_DOUBLE_EQUAL(hw.v_gpu, 150e12, 0); /* gemm_fp16 preferred */
+    CU_ASSERT_DOUBLE_EQUAL(hw.v_gpu, 150e12, 0);     /* gemm_fp16 preferred */
     CU_ASSERT_DOUBLE_EQUAL(hw.mem_bw, 2 * 900e9, 0); /* traffic: a copy reads and writes */
     CU_ASSERT_DOUBLE_EQUAL(hw.device_mem, 16.0 * GIB, 0);
     CU_ASSERT_PTR_NOT_NULL(strstr(hw.name, "Test GPU"));
@@ -319,7 +324,8 @@ static void test_cli_shape_table1(void) {
 static void test_cli_model_gqa_and_decode(void) {
     /* stories260K: h 64, 4 KV heads of 8 -> h_kv 32 = h / 2: X costs as much as K and V */
     char args[1024], *out = NULL;
-    snprintf(args, sizeof args, "kvpr --model %s --hardware a100-40g-pcie4 --batch 16 "
+    snprintf(args, sizeof args,
+             "kvpr --model %s --hardware a100-40g-pcie4 --batch 16 "
              "--seq-len 256 --gen-len 8 --json",
              tu_shared("models/stories260K/stories260K.bin"));
     CU_ASSERT_EQUAL(tu_run_kvplan(args, &out, 0), 0);
@@ -343,7 +349,8 @@ static void test_cli_model_gqa_and_decode(void) {
     cJSON_Delete(j);
     free(out);
     /* the row schedule recomputes part of it, and the split grows with s' */
-    snprintf(args, sizeof args, "kvpr --model %s --v-com 32e9 --v-gpu 1e12 --batch 16 "
+    snprintf(args, sizeof args,
+             "kvpr --model %s --v-com 32e9 --v-gpu 1e12 --batch 16 "
              "--seq-len 256 --gen-len 40 --schedule row --json",
              tu_shared("models/stories260K/stories260K.bin"));
     CU_ASSERT_EQUAL(tu_run_kvplan(args, &out, 0), 0);
@@ -351,9 +358,11 @@ static void test_cli_model_gqa_and_decode(void) {
     CU_ASSERT_PTR_NOT_NULL_FATAL(j);
     CU_ASSERT(jnum(j, "split") > 0);
     CU_ASSERT(jnum(j, "time") < jnum(j, "time_no_recompute"));
-    steps = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(j, "decode"), "steps");
+    steps =
+        cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(j, "decode"), "steps");
     CU_ASSERT_EQUAL(cJSON_GetArraySize(steps), 40);
-    CU_ASSERT(jnum(cJSON_GetArrayItem(steps, 39), "split") > jnum(cJSON_GetArrayItem(steps, 0), "split"));
+    CU_ASSERT(jnum(cJSON_GetArrayItem(steps, 39), "split") >
+              jnum(cJSON_GetArrayItem(steps, 0), "split"));
     cJSON_Delete(j);
     free(out);
 }
@@ -362,8 +371,10 @@ static void test_cli_profile_and_errors(void) {
     const char *prof = tu_tmp("profile_cli.h5");
     CU_ASSERT_EQUAL_FATAL(write_profile(prof, 1, 1), 0);
     char args[1024], *out = NULL;
-    snprintf(args, sizeof args, "kvpr --profile %s --hidden 4096 --kv-heads 32 --head-dim 128 "
-             "--batch 8 --seq-len 512 --json", prof);
+    snprintf(args, sizeof args,
+             "kvpr --profile %s --hidden 4096 --kv-heads 32 --head-dim 128 "
+             "--batch 8 --seq-len 512 --json",
+             prof);
     CU_ASSERT_EQUAL(tu_run_kvplan(args, &out, 0), 0);
     cJSON *j = last_json(out);
     CU_ASSERT_PTR_NOT_NULL_FATAL(j);
@@ -373,19 +384,27 @@ static void test_cli_profile_and_errors(void) {
     free(out);
     /* zero bandwidth, s' = 0, missing hardware, unknown preset: exit 1 with a message */
     CU_ASSERT_EQUAL(tu_run_kvplan("kvpr --hidden 64 --kv-heads 4 --head-dim 8 --batch 1 "
-                                  "--seq-len 10 --v-com 0 --v-gpu 1e12", &out, 1), 1);
+                                  "--seq-len 10 --v-com 0 --v-gpu 1e12",
+                                  &out, 1),
+                    1);
     CU_ASSERT_PTR_NOT_NULL(out && strstr(out, "v_com = 0"));
     free(out);
     CU_ASSERT_EQUAL(tu_run_kvplan("kvpr --hidden 64 --kv-heads 4 --head-dim 8 --batch 1 "
-                                  "--seq-len 0 --v-com 1e9 --v-gpu 1e12", &out, 1), 1);
+                                  "--seq-len 0 --v-com 1e9 --v-gpu 1e12",
+                                  &out, 1),
+                    1);
     CU_ASSERT_PTR_NOT_NULL(out && strstr(out, "s' = 0"));
     free(out);
     CU_ASSERT_EQUAL(tu_run_kvplan("kvpr --hidden 64 --kv-heads 4 --head-dim 8 --batch 1 "
-                                  "--seq-len 10", &out, 1), 1);
+                                  "--seq-len 10",
+                                  &out, 1),
+                    1);
     CU_ASSERT_PTR_NOT_NULL(out && strstr(out, "--v-com"));
     free(out);
     CU_ASSERT_EQUAL(tu_run_kvplan("kvpr --hardware b200 --hidden 64 --kv-heads 4 --head-dim 8 "
-                                  "--batch 1 --seq-len 10", &out, 1), 1);
+                                  "--batch 1 --seq-len 10",
+                                  &out, 1),
+                    1);
     CU_ASSERT_PTR_NOT_NULL(out && strstr(out, "unknown hardware preset"));
     free(out);
     CU_ASSERT_EQUAL(tu_run_kvplan("kvpr --hardware list", &out, 0), 0);

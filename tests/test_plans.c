@@ -1,5 +1,5 @@
-/* The shipped plans (the .h5 files in plans/, scripts/make-plans.sh): they are reproducible from a fresh
- * profile, three pseudo-random grid cells re-evaluated independently (kvplan plan + kvplan
+/* The shipped plans (the .h5 files in plans/, scripts/make-plans.sh): they are reproducible from a
+ * fresh profile, three pseudo-random grid cells re-evaluated independently (kvplan plan + kvplan
  * eval) give the stored perplexity, the runtime's bytes in use follow the budgets, and a plan
  * is refused for the other model. */
 #include <math.h>
@@ -32,8 +32,8 @@ static void test_shipped_plan(void) {
     char args[8192], *out = NULL;
     const char *prof = tu_tmp("profile.h5");
     /* the profile scripts/make-plans.sh makes */
-    snprintf(args, sizeof args, "profile '%s' --text '%s' --no-hw --quiet -o %s",
-             tu_shared(MODEL), tu_shared(TEXT), prof);
+    snprintf(args, sizeof args, "profile '%s' --text '%s' --no-hw --quiet -o %s", tu_shared(MODEL),
+             tu_shared(TEXT), prof);
     CU_ASSERT_EQUAL_FATAL(tu_run_kvplan(args, NULL, 0), 0);
     kv_error e = {0};
     kv_plan_budget shipped;
@@ -80,16 +80,15 @@ static void test_shipped_plan(void) {
         snprintf(args, sizeof args,
                  "plan --profile %s --model '%s' --ratio %.17g --allocation baklava --t %.17g "
                  "--r %.17g --p %.17g --context 512 --evict-block 4 --block-size 8 --quiet -o %s",
-                 prof, tu_shared(MODEL), shipped.ratio, tv[it], rv[ir], pv[ip],
-                 tu_tmp("cell.h5"));
+                 prof, tu_shared(MODEL), shipped.ratio, tv[it], rv[ir], pv[ip], tu_tmp("cell.h5"));
         CU_ASSERT_EQUAL_FATAL(tu_run_kvplan(args, NULL, 0), 0);
         snprintf(args, sizeof args,
-                 "eval '%s' --text '%s' --plan %s --max-tokens %d --json --quiet",
-                 tu_shared(MODEL), tu_shared(TEXT), tu_tmp("cell.h5"), chunks[cell] * 512);
+                 "eval '%s' --text '%s' --plan %s --max-tokens %d --json --quiet", tu_shared(MODEL),
+                 tu_shared(TEXT), tu_tmp("cell.h5"), chunks[cell] * 512);
         CU_ASSERT_EQUAL_FATAL(tu_run_kvplan(args, &out, 0), 0);
         double v = json_number(out, "perplexity");
-        printf("\n    cell p %.2f t %.2f r %.2f on %d chunks: stored %.6f, re-evaluated %.6f", pv[ip],
-               tv[it], rv[ir], chunks[cell], ppl[cell], v);
+        printf("\n    cell p %.2f t %.2f r %.2f on %d chunks: stored %.6f, re-evaluated %.6f",
+               pv[ip], tv[it], rv[ir], chunks[cell], ppl[cell], v);
         /* the stored values come from scripts/make-plans.sh's release build; a build with
          * other optimisation or BLAS threading rounds floats differently (seen: 2e-7 in the
          * -O0 sanitizer build), far below the >1% that separates neighbouring cells */

@@ -87,12 +87,14 @@ static void check_model(const char *rel) {
                 sa += dcos(x, y, D);
                 sb += dcos(x, cap.x_out + ((size_t)l * T + t) * D, D);
             }
-            double e1 = fabs(sa / T - pr.cos_attn[p * L + l]), e2 = fabs(sb / T - pr.cos_block[p * L + l]);
+            double e1 = fabs(sa / T - pr.cos_attn[p * L + l]),
+                   e2 = fabs(sb / T - pr.cos_block[p * L + l]);
             if (e1 > max_lerr) max_lerr = e1;
             if (e2 > max_lerr) max_lerr = e2;
         }
     }
-    printf("\n    %s: max |naive - profiler| head cos %.2g, layer cos %.2g\n", rel, max_err, max_lerr);
+    printf("\n    %s: max |naive - profiler| head cos %.2g, layer cos %.2g\n", rel, max_err,
+           max_lerr);
     CU_ASSERT(max_err <= 1e-5);
     CU_ASSERT(max_lerr <= 1e-5);
     /* grouping: similarity = mean over prompts and the group of (cos_mean + 1) / 2 */
@@ -100,7 +102,8 @@ static void check_model(const char *rel) {
         for (int j = 0; j < Hk; j++) {
             double s = 0;
             for (int p = 0; p < P; p++)
-                for (int k = 0; k < g; k++) s += (pr.cos_mean[((size_t)p * L + l) * H + j * g + k] + 1) / 2;
+                for (int k = 0; k < g; k++)
+                    s += (pr.cos_mean[((size_t)p * L + l) * H + j * g + k] + 1) / 2;
             s /= P * g;
             CU_ASSERT_DOUBLE_EQUAL(pr.similarity[l * Hk + j], s, 1e-12);
             CU_ASSERT_DOUBLE_EQUAL(pr.importance[l * Hk + j], 1.0 - s, 1e-12);
@@ -142,8 +145,8 @@ static int datasets_equal(const char *p1, const char *p2, const char *ds) {
     int ra, rb;
     long da[KV_H5_MAX_RANK], db[KV_H5_MAX_RANK];
     double *x = NULL, *y = NULL;
-    int ok = !kv_h5_read_f64(a, ds, &ra, da, &x, &err) && !kv_h5_read_f64(b, ds, &rb, db, &y, &err) &&
-             ra == rb;
+    int ok = !kv_h5_read_f64(a, ds, &ra, da, &x, &err) &&
+             !kv_h5_read_f64(b, ds, &rb, db, &y, &err) && ra == rb;
     size_t n = 1;
     for (int i = 0; ok && i < ra; i++) ok = da[i] == db[i], n *= (size_t)da[i];
     if (ok) ok = memcmp(x, y, n * sizeof *x) == 0;
@@ -162,10 +165,11 @@ static void test_profile_command(void) {
     snprintf(args, sizeof args, "profile '%s' --prompts 4 --prompt-len 128 --no-hw --quiet -o %s",
              tu_shared(MODEL), p2);
     CU_ASSERT_EQUAL_FATAL(tu_run_kvplan(args, NULL, 0), 0);
-    const char *ds[] = {"/heads/cos_mean", "/heads/cos_var", "/heads/similarity", "/heads/importance",
-                        "/heads/token_cos", "/layers/cos_attn", "/layers/cos_block",
-                        "/layers/similarity", "/consistency/kendall_tau", "/consistency/spearman_rho",
-                        "/prompts/tokens", "/prompts/lengths"};
+    const char *ds[] = {
+        "/heads/cos_mean",           "/heads/cos_var",     "/heads/similarity",
+        "/heads/importance",         "/heads/token_cos",   "/layers/cos_attn",
+        "/layers/cos_block",         "/layers/similarity", "/consistency/kendall_tau",
+        "/consistency/spearman_rho", "/prompts/tokens",    "/prompts/lengths"};
     for (size_t i = 0; i < sizeof ds / sizeof ds[0]; i++) {
         int same = datasets_equal(p1, p2, ds[i]);
         if (!same) printf("\n    differs: %s\n", ds[i]);
@@ -209,7 +213,8 @@ static void test_profile_bad_input(void) {
     CU_ASSERT_EQUAL(tu_run_kvplan(args, &out, 1), 1);
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "/nonexistent/text.txt"));
     free(out);
-    snprintf(args, sizeof args, "profile '%s' --prompt-len 4096 --no-hw -o %s", tu_shared(MODEL), o);
+    snprintf(args, sizeof args, "profile '%s' --prompt-len 4096 --no-hw -o %s", tu_shared(MODEL),
+             o);
     CU_ASSERT_EQUAL(tu_run_kvplan(args, &out, 1), 1);
     CU_ASSERT_PTR_NOT_NULL(strstr(out, "context"));
     free(out);
@@ -227,7 +232,8 @@ static void test_profile_bad_input(void) {
     CU_ASSERT_EQUAL_FATAL(tu_run_kvplan(args, NULL, 0), 0);
     struct stat before, after;
     stat(o, &before);
-    snprintf(args, sizeof args, "profile '%s' --prompt-len 4096 --no-hw -o %s", tu_shared(MODEL), o);
+    snprintf(args, sizeof args, "profile '%s' --prompt-len 4096 --no-hw -o %s", tu_shared(MODEL),
+             o);
     CU_ASSERT_EQUAL(tu_run_kvplan(args, NULL, 1), 1);
     stat(o, &after);
     CU_ASSERT_EQUAL(before.st_size, after.st_size);

@@ -141,8 +141,8 @@ static void ref_rope(double *v, int heads, int hd, int pos, double theta, kv_rop
  * ([L][H_kv][T], zeroed by the caller), the attention weight of query t on key u is added to
  * acc[l][j][u] for every query head of KV head j's group, and its square to acc2 when
  * t - u >= 10 (KV-Compress's excluded window v = 10). */
-static double ref_chunk_nll(const kv_model *m, const int *tokens, int T, ref_mask mk,
-                            double *acc, double *acc2) {
+static double ref_chunk_nll(const kv_model *m, const int *tokens, int T, ref_mask mk, double *acc,
+                            double *acc2) {
     const kv_config *c = &m->cfg;
     int D = c->dim, H = c->n_heads, Hk = c->n_kv_heads, hd = c->head_dim, F = c->hidden_dim;
     int g = H / Hk, V = c->vocab_size, L = c->n_layers;
@@ -172,7 +172,8 @@ static double ref_chunk_nll(const kv_model *m, const int *tokens, int T, ref_mas
                 for (int u = 0; u <= t; u++) {
                     if (!ref_sees(mk, t, u)) continue;
                     double d = 0;
-                    for (int i = 0; i < hd; i++) d += q[h * hd + i] * K[((size_t)u * Hk + j) * hd + i];
+                    for (int i = 0; i < hd; i++)
+                        d += q[h * hd + i] * K[((size_t)u * Hk + j) * hd + i];
                     w[u] = d / sqrt((double)hd);
                     if (w[u] > mx) mx = w[u];
                 }
@@ -182,7 +183,8 @@ static double ref_chunk_nll(const kv_model *m, const int *tokens, int T, ref_mas
                 for (int u = 0; u <= t; u++) {
                     if (!ref_sees(mk, t, u)) continue;
                     double a = w[u] / sum;
-                    for (int i = 0; i < hd; i++) o[h * hd + i] += a * Vv[((size_t)u * Hk + j) * hd + i];
+                    for (int i = 0; i < hd; i++)
+                        o[h * hd + i] += a * Vv[((size_t)u * Hk + j) * hd + i];
                     if (acc) acc[((size_t)l * Hk + j) * T + u] += a;
                     if (acc2 && t - u >= 10) acc2[((size_t)l * Hk + j) * T + u] += a * a;
                 }
@@ -238,12 +240,13 @@ static void test_budget_ge_context_is_exact(void) {
     for (int i = 0; i < nh; i++) big[i] = C;
     CU_ASSERT_FATAL(kv_cache_init(&a, &pool, m->cfg.n_layers, m->cfg.n_kv_heads, NULL,
                                   KV_POLICY_SINK, &err) == KV_OK);
-    CU_ASSERT_FATAL(kv_cache_init(&b, &pool, m->cfg.n_layers, m->cfg.n_kv_heads, big,
-                                  KV_POLICY_H2O, &err) == KV_OK);
+    CU_ASSERT_FATAL(kv_cache_init(&b, &pool, m->cfg.n_layers, m->cfg.n_kv_heads, big, KV_POLICY_H2O,
+                                  &err) == KV_OK);
     CU_ASSERT(b.track_stats && !a.track_stats);
     kv_workspace *ws = NULL;
     CU_ASSERT_FATAL(kv_workspace_new(m, 16, C, &ws, &err) == KV_OK);
-    float *la = malloc(sizeof(float) * 16 * (size_t)V), *lb = malloc(sizeof(float) * 16 * (size_t)V);
+    float *la = malloc(sizeof(float) * 16 * (size_t)V),
+          *lb = malloc(sizeof(float) * 16 * (size_t)V);
     long differ = 0;
     for (int t = 0; t < C; t += 16) {
         kv_cache *pa = &a, *pb = &b;
@@ -260,17 +263,20 @@ static void test_budget_ge_context_is_exact(void) {
     kv_pool_destroy(&pool);
     /* CLI: --ratio 1 prints the same perplexity as no budget */
     char args[4096], *o1 = NULL, *o2 = NULL;
-    snprintf(args, sizeof args, "eval '%s' --tokenizer '%s' --text '%s' --max-tokens 1024 --json --quiet",
+    snprintf(args, sizeof args,
+             "eval '%s' --tokenizer '%s' --text '%s' --max-tokens 1024 --json --quiet",
              tu_shared(M260), tu_shared(TOK260), tu_shared(TEXT));
     CU_ASSERT_EQUAL(tu_run_kvplan(args, &o1, 0), 0);
     strcat(args, " --ratio 1 --allocation uniform --policy avgattn --evict-block 1");
     CU_ASSERT_EQUAL(tu_run_kvplan(args, &o2, 0), 0);
-    const char *p1 = o1 ? strstr(o1, "\"perplexity\":") : NULL, *p2 = o2 ? strstr(o2, "\"perplexity\":") : NULL;
+    const char *p1 = o1 ? strstr(o1, "\"perplexity\":") : NULL,
+               *p2 = o2 ? strstr(o2, "\"perplexity\":") : NULL;
     CU_ASSERT_PTR_NOT_NULL_FATAL(p1);
     CU_ASSERT_PTR_NOT_NULL_FATAL(p2);
     CU_ASSERT(strtod(p1 + 13, NULL) == strtod(p2 + 13, NULL));
     CU_ASSERT(fabs(strtod(p1 + 13, NULL) - exp(full)) < 1e-9 * exp(full));
-    printf("\n    full-cache NLL %.9f; budgets >= C (4 policies x 2 budgets x p 1/16) identical\n", full);
+    printf("\n    full-cache NLL %.9f; budgets >= C (4 policies x 2 budgets x p 1/16) identical\n",
+           full);
     free(o1), free(o2), free(big), free(ids);
     kv_model_free(m);
 }
@@ -339,14 +345,16 @@ static void test_attention_statistics(void) {
     CU_ASSERT_FATAL(kv_workspace_new(m, 40, m->cfg.seq_len, &ws, &err) == KV_OK);
     kv_cache *cp = &c;
     for (int t = 0; t < T; t += 40) /* blocks of 40: stats must not depend on blocking */
-        CU_ASSERT_FATAL(kv_forward(m, ws, &cp, 1, ids + t, 40, KV_LOGITS_NONE, NULL, NULL, &err) == 0);
+        CU_ASSERT_FATAL(kv_forward(m, ws, &cp, 1, ids + t, 40, KV_LOGITS_NONE, NULL, NULL, &err) ==
+                        0);
     double e1 = 0, e2 = 0, tot = 0;
     for (int i = 0; i < nh; i++) {
         kv_head *h = &c.heads[i];
         CU_ASSERT_EQUAL_FATAL(h->len, T);
         for (int u = 0; u < T; u++) {
             double d1 = fabs(h->acc[u] - acc[(size_t)i * T + u]) / (1e-3 + acc[(size_t)i * T + u]);
-            double d2 = fabs(h->acc2[u] - acc2[(size_t)i * T + u]) / (1e-3 + acc2[(size_t)i * T + u]);
+            double d2 =
+                fabs(h->acc2[u] - acc2[(size_t)i * T + u]) / (1e-3 + acc2[(size_t)i * T + u]);
             e1 = d1 > e1 ? d1 : e1;
             e2 = d2 > e2 ? d2 : e2;
             tot += h->acc[u];
@@ -438,7 +446,8 @@ static void test_block_accounting(void) {
         int bad = 0;
         for (int t = 0; t < 256; t += p) {
             kv_cache *cp = &c;
-            CU_ASSERT_FATAL(kv_forward(m, ws, &cp, 1, ids + t, p, KV_LOGITS_NONE, NULL, NULL, &err) == 0);
+            CU_ASSERT_FATAL(
+                kv_forward(m, ws, &cp, 1, ids + t, p, KV_LOGITS_NONE, NULL, NULL, &err) == 0);
             long blocks = 0;
             for (int i = 0; i < nh; i++) {
                 kv_head *h = &c.heads[i];
@@ -492,8 +501,8 @@ static void run_policies_on(kv_model *m, const char *tok_path, const char *name,
             CU_ASSERT(isfinite(nll[pi]));
             CU_ASSERT(nll[pi] > lo * full && nll[pi] < 1.5 * full);
             CU_ASSERT(nll[pi] != full);
-            CU_ASSERT(r.kv_bytes_peak <= (size_t)bud[0] * nh * entry_bytes(m) +
-                                             (size_t)nh * 16 * entry_bytes(m));
+            CU_ASSERT(r.kv_bytes_peak <=
+                      (size_t)bud[0] * nh * entry_bytes(m) + (size_t)nh * 16 * entry_bytes(m));
         }
         for (int a = 0; a < 4; a++)
             for (int b = a + 1; b < 4; b++) CU_ASSERT(nll[a] != nll[b]);
@@ -637,8 +646,10 @@ static void write_plan(const char *path, const kv_model *m, int tokens, int with
         if (!rc) rc = kv_h5_attr_f64(f, "/", "r", NAN, &err);
         if (!rc) rc = kv_h5_write_i32(f, "/budget/blocks", 2, dims, blk, "blocks", &err);
     }
-    if (!rc) rc = kv_h5_commit(f, &err);
-    else kv_h5_abort(f);
+    if (!rc)
+        rc = kv_h5_commit(f, &err);
+    else
+        kv_h5_abort(f);
     if (rc) fprintf(stderr, "write_plan: %s\n", err.msg);
     CU_ASSERT_FATAL(rc == KV_OK);
     free(tok), free(blk);
@@ -646,8 +657,9 @@ static void write_plan(const char *path, const kv_model *m, int tokens, int with
 
 static int cli_eval(const char *extra, char **out) {
     char args[4096];
-    snprintf(args, sizeof args, "eval '%s' --tokenizer '%s' --text '%s' --max-tokens 1024 --quiet %s",
-             tu_shared(M260), tu_shared(TOK260), tu_shared(TEXT), extra);
+    snprintf(args, sizeof args,
+             "eval '%s' --tokenizer '%s' --text '%s' --max-tokens 1024 --quiet %s", tu_shared(M260),
+             tu_shared(TOK260), tu_shared(TEXT), extra);
     return tu_run_kvplan(args, out, 1);
 }
 
@@ -700,7 +712,8 @@ static void test_bad_input(void) {
     CU_ASSERT_FATAL(kv_workspace_new(m, 1, 64, &ws, &err) == KV_OK);
     kv_cache *cp = &c;
     int rc = 0;
-    for (int t = 0; t < 8 && !rc; t++) rc = kv_forward(m, ws, &cp, 1, ids + t, 1, KV_LOGITS_NONE, NULL, NULL, &err);
+    for (int t = 0; t < 8 && !rc; t++)
+        rc = kv_forward(m, ws, &cp, 1, ids + t, 1, KV_LOGITS_NONE, NULL, NULL, &err);
     CU_ASSERT_EQUAL(rc, KV_EINPUT);
     CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, "fixed part"));
     kv_workspace_free(ws);
@@ -756,14 +769,18 @@ static void test_batched_generation(void) {
     fclose(f);
     const char *budget = "--ratio 0.125 --allocation uniform --policy avgattn --evict-block 4";
     char args[4096], *batch = NULL;
-    snprintf(args, sizeof args, "run '%s' --tokenizer '%s' --prompts '%s' --batch 3 "
-             "--temperature 0 -n 150 %s", tu_shared(M260), tu_shared(TOK260), pf, budget);
+    snprintf(args, sizeof args,
+             "run '%s' --tokenizer '%s' --prompts '%s' --batch 3 "
+             "--temperature 0 -n 150 %s",
+             tu_shared(M260), tu_shared(TOK260), pf, budget);
     CU_ASSERT_EQUAL(tu_run_kvplan(args, &batch, 1), 0);
     CU_ASSERT_PTR_NOT_NULL_FATAL(batch);
     for (int i = 0; i < 3; i++) {
         char *one = NULL;
-        snprintf(args, sizeof args, "run '%s' --tokenizer '%s' --prompt '%s' --temperature 0 "
-                 "-n 150 --quiet %s", tu_shared(M260), tu_shared(TOK260), prompts[i], budget);
+        snprintf(args, sizeof args,
+                 "run '%s' --tokenizer '%s' --prompt '%s' --temperature 0 "
+                 "-n 150 --quiet %s",
+                 tu_shared(M260), tu_shared(TOK260), prompts[i], budget);
         CU_ASSERT_EQUAL(tu_run_kvplan(args, &one, 0), 0);
         CU_ASSERT_PTR_NOT_NULL_FATAL(one);
         one[strcspn(one, "\n")] = 0;
@@ -786,9 +803,12 @@ static void test_batched_generation(void) {
 
 int main(void) {
     static const tu_test tests[] = {
-        {"budgets >= context: budgeted perplexity == full, bit for bit", test_budget_ge_context_is_exact},
-        {"sink R=1/16 p=1 equals the masked reference (4 sinks + 28 recent)", test_sink_streaming_equals_reference},
-        {"attention statistics (GQA sums, squared, window) vs reference", test_attention_statistics},
+        {"budgets >= context: budgeted perplexity == full, bit for bit",
+         test_budget_ge_context_is_exact},
+        {"sink R=1/16 p=1 equals the masked reference (4 sinks + 28 recent)",
+         test_sink_streaming_equals_reference},
+        {"attention statistics (GQA sums, squared, window) vs reference",
+         test_attention_statistics},
         {"kv_bytes_peak <= plan arithmetic + one block per head", test_peak_bytes_follow_the_plan},
         {"block accounting while streaming", test_block_accounting},
         {"every policy on both bundled models", test_policies_both_models},

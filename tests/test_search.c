@@ -16,15 +16,17 @@
 enum { L = 5, HKV = 4 };
 
 /* Similarities shaped like a real profile: varied heads, layers 3-4 most similar. */
-static const double HEAD_SIM[L * HKV] = {0.42, 0.61, 0.77, 0.55, 0.48, 0.83, 0.66, 0.71,
-                                         0.58, 0.62, 0.91, 0.52, 0.73, 0.69, 0.64, 0.87,
-                                         0.79, 0.81, 0.57, 0.93};
+static const double HEAD_SIM[L * HKV] = {0.42, 0.61, 0.77, 0.55, 0.48, 0.83, 0.66,
+                                         0.71, 0.58, 0.62, 0.91, 0.52, 0.73, 0.69,
+                                         0.64, 0.87, 0.79, 0.81, 0.57, 0.93};
 static const double LAYER_SIM[L] = {0.55, 0.71, 0.74, 0.93, 0.95};
 
 static const char *model_path(void) {
     return tu_shared("models/stories260K/stories260K.bin");
 }
-static const char *text_path(void) { return tu_shared("text/tinystories_val_head.txt"); }
+static const char *text_path(void) {
+    return tu_shared("text/tinystories_val_head.txt");
+}
 
 /* Write a profile for `m`, with its sha256 replaced by `sha` when not NULL. */
 static int write_profile(const char *path, const kv_model *m, const char *sha) {
@@ -51,9 +53,10 @@ static void test_profile_inputs(void) {
     kv_error e;
     CU_ASSERT_EQUAL_FATAL(kv_model_load(model_path(), &model, &e), KV_OK);
     CU_ASSERT_EQUAL_FATAL(write_profile(tu_tmp("profile.h5"), model, NULL), KV_OK);
-    CU_ASSERT_EQUAL_FATAL(write_profile(tu_tmp("other.h5"), model,
-                                        "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"),
-                          KV_OK);
+    CU_ASSERT_EQUAL_FATAL(
+        write_profile(tu_tmp("other.h5"), model,
+                      "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"),
+        KV_OK);
     kv_profile_inputs p;
     CU_ASSERT_EQUAL_FATAL(kv_profile_inputs_read(tu_tmp("profile.h5"), model, &p, &e), KV_OK);
     CU_ASSERT_EQUAL(p.n_layers, L);
@@ -131,8 +134,8 @@ static void test_plan_command(void) {
     double imp[L * HKV];
     for (int i = 0; i < L * HKV; i++) imp[i] = 1.0 - HEAD_SIM[i];
     int tok[L * HKV], blk[L * HKV];
-    CU_ASSERT_EQUAL_FATAL(kv_plan_budgets(&a, L, HKV, LAYER_SIM, HEAD_SIM, imp, tok, blk, NULL,
-                                          &e), KV_OK);
+    CU_ASSERT_EQUAL_FATAL(kv_plan_budgets(&a, L, HKV, LAYER_SIM, HEAD_SIM, imp, tok, blk, NULL, &e),
+                          KV_OK);
     long sum = 0;
     for (int i = 0; i < L * HKV; i++) {
         CU_ASSERT_EQUAL(b.tokens[i], tok[i]);
@@ -270,8 +273,9 @@ static void test_search_command(void) {
 
     /* successive halving on the same grid: same winner or within 0.5%, fewer evaluations;
      * --quiet silences the progress */
-    snprintf(args, sizeof args, "search --profile %s --model %s --text %s %s --halving 2 "
-                                "--quiet -o %s",
+    snprintf(args, sizeof args,
+             "search --profile %s --model %s --text %s %s --halving 2 "
+             "--quiet -o %s",
              tu_tmp("profile.h5"), model_path(), text_path(), common, tu_tmp("halving.h5"));
     CU_ASSERT_EQUAL_FATAL(tu_run_kvplan(args, &out, 1), 0);
     CU_ASSERT_PTR_NULL(strstr(out, "ETA"));
@@ -308,8 +312,9 @@ static void test_search_command(void) {
     }
 
     /* text too short for search + held-out: clear error */
-    snprintf(args, sizeof args, "search --profile %s --model %s --text %s --ratio 0.25 "
-                                "--eval-tokens 100000000 --quiet -o %s",
+    snprintf(args, sizeof args,
+             "search --profile %s --model %s --text %s --ratio 0.25 "
+             "--eval-tokens 100000000 --quiet -o %s",
              tu_tmp("profile.h5"), model_path(), text_path(), tu_tmp("bad.h5"));
     CU_ASSERT_EQUAL(tu_run_kvplan(args, &out, 1), 1);
     CU_ASSERT_PTR_NOT_NULL(out && strstr(out, "held-out"));
@@ -374,7 +379,8 @@ static void test_search_library(void) {
     kv_alloc_params_default(&ap);
     ap.ratio = 0.5, ap.context = 128, ap.t = h.best_t, ap.r = h.best_r, ap.p = h.best_p;
     CU_ASSERT_EQUAL(kv_plan_file_write(tu_tmp("lib.h5"), "test", NULL, m, &ap, KV_POLICY_SINK, 16,
-                                       h.tokens, h.blocks, &o, &h, &e), KV_OK);
+                                       h.tokens, h.blocks, &o, &h, &e),
+                    KV_OK);
     kv_h5 *f = NULL;
     CU_ASSERT_EQUAL_FATAL(kv_h5_open_read(tu_tmp("lib.h5"), &f, &e), KV_OK);
     int rank = 0;
@@ -418,10 +424,8 @@ int main(void) {
     setenv("OMP_NUM_THREADS", "1", 0);
     setenv("OPENBLAS_NUM_THREADS", "1", 1);
     static const tu_test tests[] = {
-        {"profile_inputs", test_profile_inputs},
-        {"grid_parse", test_grid_parse},
-        {"plan_command", test_plan_command},
-        {"search_command", test_search_command},
+        {"profile_inputs", test_profile_inputs}, {"grid_parse", test_grid_parse},
+        {"plan_command", test_plan_command},     {"search_command", test_search_command},
         {"search_library", test_search_library},
     };
     return tu_main("search", tests, sizeof tests / sizeof tests[0]);

@@ -56,8 +56,10 @@ int tu_run_kvplan(const char *args, char **out, int merge_stderr) {
     }
     if (buf) buf[len] = '\0';
     int st = pclose(p);
-    if (out) *out = buf;
-    else free(buf);
+    if (out)
+        *out = buf;
+    else
+        free(buf);
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 

@@ -158,9 +158,9 @@ int kv_round_budgets(int n, const double *x, double total, int block_size, int m
 
 /* kv_alloc_budgets followed by kv_round_budgets with total = R * L * H_kv * C.
  * tokens, blocks: [L * H_kv]; real_out [L * H_kv] (may be NULL) receives the real budgets. */
-int kv_plan_budgets(const kv_alloc_params *a, int n_layers, int n_kv_heads,
-                    const double *layer_sim, const double *head_sim, const double *head_imp,
-                    int *tokens, int *blocks, double *real_out, kv_error *err);
+int kv_plan_budgets(const kv_alloc_params *a, int n_layers, int n_kv_heads, const double *layer_sim,
+                    const double *head_sim, const double *head_imp, int *tokens, int *blocks,
+                    double *real_out, kv_error *err);
 
 /* ---- 5. successive halving (DESIGN.md Planning 4) ---- */
 
@@ -170,21 +170,21 @@ int kv_plan_budgets(const kv_alloc_params *a, int n_layers, int n_kv_heads,
 typedef int (*kv_sh_eval_fn)(void *user, int config, int n_chunks, double *ppl, kv_error *err);
 
 typedef struct kv_sh_opts {
-    int eta;              /* keep the best ceil(n / eta) each round, chunks *= eta (>= 2) */
-    int min_chunks;       /* chunks of the first round (>= 1) */
-    int max_chunks;       /* chunks never exceed this (>= min_chunks) */
-    long tokens_per_chunk;/* tokens one chunk costs (for the token-evaluation count) */
-    int prefix_reuse;     /* 1 when the callback caches per-chunk results of a config, so a
-                             call on n chunks after one on n' chunks costs n - n' chunks */
+    int eta;               /* keep the best ceil(n / eta) each round, chunks *= eta (>= 2) */
+    int min_chunks;        /* chunks of the first round (>= 1) */
+    int max_chunks;        /* chunks never exceed this (>= min_chunks) */
+    long tokens_per_chunk; /* tokens one chunk costs (for the token-evaluation count) */
+    int prefix_reuse;      /* 1 when the callback caches per-chunk results of a config, so a
+                              call on n chunks after one on n' chunks costs n - n' chunks */
 } kv_sh_opts;
 
 typedef struct kv_sh_result {
-    int winner;           /* best configuration of the last round */
-    double winner_ppl;    /* its perplexity on winner_chunks chunks */
+    int winner;        /* best configuration of the last round */
+    double winner_ppl; /* its perplexity on winner_chunks chunks */
     int winner_chunks;
-    int rounds;           /* rounds run */
-    long chunk_evals;     /* chunks evaluated, summed over all calls (after prefix reuse) */
-    long token_evals;     /* chunk_evals * tokens_per_chunk */
+    int rounds;       /* rounds run */
+    long chunk_evals; /* chunks evaluated, summed over all calls (after prefix reuse) */
+    long token_evals; /* chunk_evals * tokens_per_chunk */
 } kv_sh_result;
 
 /* Successive halving (Jamieson & Talwalkar 2016) over n configs:

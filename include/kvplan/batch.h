@@ -38,18 +38,18 @@ int kv_kv_cache_bytes(long n_layers, long n_kv_heads, long head_dim, long seq_le
 typedef struct kv_batch_config {
     long n_layers, n_heads, n_kv_heads, head_dim; /* L, H, H_kv, d_h */
     long hidden, ffn_hidden, vocab;               /* h, FFN intermediate size, vocabulary */
-    double n_params;      /* parameters held in device memory (embedding once when tied) */
-    double read_params;   /* parameters read per decoded token (kv_model_weight_bytes / 4) */
-    double weight_bytes;  /* bytes per parameter as deployed (2 for fp16 weights) */
-    double dtype_bytes;   /* p: bytes per K, V and activation element */
-    double device_mem;    /* M, bytes */
-    double mem_bw;        /* device memory bandwidth, bytes/s; 0 = unknown (no tokens/s) */
-    long prompt_len;      /* s >= 1 */
-    long gen_len;         /* g >= 1 decode steps */
-    int block_size;       /* b_s tokens per KV block (paged cache) */
-    int evict_block;      /* e: Batch-Max p, tokens per prefill block / eviction */
-    const int *budget;    /* [L * H_kv] budget B[l][j] in tokens (a plan), or NULL: only the
-                             full-cache row is computed. Not owned. */
+    double n_params;     /* parameters held in device memory (embedding once when tied) */
+    double read_params;  /* parameters read per decoded token (kv_model_weight_bytes / 4) */
+    double weight_bytes; /* bytes per parameter as deployed (2 for fp16 weights) */
+    double dtype_bytes;  /* p: bytes per K, V and activation element */
+    double device_mem;   /* M, bytes */
+    double mem_bw;       /* device memory bandwidth, bytes/s; 0 = unknown (no tokens/s) */
+    long prompt_len;     /* s >= 1 */
+    long gen_len;        /* g >= 1 decode steps */
+    int block_size;      /* b_s tokens per KV block (paged cache) */
+    int evict_block;     /* e: Batch-Max p, tokens per prefill block / eviction */
+    const int *budget;   /* [L * H_kv] budget B[l][j] in tokens (a plan), or NULL: only the
+                            full-cache row is computed. Not owned. */
 } kv_batch_config;
 
 /* Fill the model part of *c from a loaded model (counts from its config and parameter count)
@@ -67,22 +67,22 @@ typedef enum {
 const char *kv_batch_mode_name(kv_batch_mode m);
 
 typedef struct kv_batch_row {
-    int available;            /* 0 when not computed (compressed rows without budgets) */
-    long max_batch;           /* largest b that fits (0: not even one sequence) */
-    double kv_prefill;        /* KV bytes per sequence at the end of prefill (peak of it) */
-    double kv_decode;         /* KV bytes per sequence at the peak of decode */
-    double ws_prefill;        /* workspace bytes per sequence during prefill */
-    double ws_decode;         /* workspace bytes per sequence during decode */
-    double per_seq;           /* max(kv_prefill + ws_prefill, kv_decode + ws_decode) */
-    int prefill_limits;       /* 1 when the prefill phase sets per_seq */
-    double kv_read_mean;      /* mean KV bytes read per sequence per decode step */
-    double step_time;         /* mean seconds per decode step at max_batch (0 if unknown) */
-    double tokens_per_s;      /* decode tokens/s at max_batch (0 if mem_bw unknown or b 0) */
+    int available;       /* 0 when not computed (compressed rows without budgets) */
+    long max_batch;      /* largest b that fits (0: not even one sequence) */
+    double kv_prefill;   /* KV bytes per sequence at the end of prefill (peak of it) */
+    double kv_decode;    /* KV bytes per sequence at the peak of decode */
+    double ws_prefill;   /* workspace bytes per sequence during prefill */
+    double ws_decode;    /* workspace bytes per sequence during decode */
+    double per_seq;      /* max(kv_prefill + ws_prefill, kv_decode + ws_decode) */
+    int prefill_limits;  /* 1 when the prefill phase sets per_seq */
+    double kv_read_mean; /* mean KV bytes read per sequence per decode step */
+    double step_time;    /* mean seconds per decode step at max_batch (0 if unknown) */
+    double tokens_per_s; /* decode tokens/s at max_batch (0 if mem_bw unknown or b 0) */
 } kv_batch_row;
 
 typedef struct kv_batch_result {
-    double weights;           /* W = n_params x weight_bytes */
-    double free_for_batch;    /* M - W */
+    double weights;        /* W = n_params x weight_bytes */
+    double free_for_batch; /* M - W */
     kv_batch_row row[KV_BATCH_NMODES];
 } kv_batch_result;
 
@@ -133,9 +133,8 @@ int kv_plan_write_kvpr_batch(kv_h5 *plan, const kv_model *m, const kv_hw *hw,
  * kv_plan_write_kvpr_batch; *written (may be NULL) is 1 then. A profile without usable
  * /hardware figures (made with --no-hw) is not an error: nothing is written, *written = 0.
  * Errors: those of kv_plan_write_kvpr_batch, and an unreadable profile (KV_EINPUT). */
-int kv_plan_write_kvpr_batch_from_profile(kv_h5 *plan, const char *profile_path,
-                                          const kv_model *m, const kv_plan_budget *b,
-                                          int *written, kv_error *err);
+int kv_plan_write_kvpr_batch_from_profile(kv_h5 *plan, const char *profile_path, const kv_model *m,
+                                          const kv_plan_budget *b, int *written, kv_error *err);
 
 #ifdef __cplusplus
 }

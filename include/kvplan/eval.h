@@ -21,24 +21,24 @@ extern "C" {
 #endif
 
 typedef struct kv_eval_opts {
-    int context;        /* C tokens per chunk (<= model seq_len) */
-    const int *budget;  /* [L * H_kv] tokens per head, NULL = full cache */
+    int context;       /* C tokens per chunk (<= model seq_len) */
+    const int *budget; /* [L * H_kv] tokens per head, NULL = full cache */
     kv_policy policy;
-    int evict_block;    /* p (Batch-Max); 1 = token-by-token streaming */
-    int block_size;     /* b_s tokens per KV block */
-    int max_chunks;     /* 0 = all full chunks */
+    int evict_block;       /* p (Batch-Max); 1 = token-by-token streaming */
+    int block_size;        /* b_s tokens per KV block */
+    int max_chunks;        /* 0 = all full chunks */
     kv_progress *progress; /* NULL = silent */
 } kv_eval_opts;
 
 typedef struct kv_eval_result {
-    double nll;          /* mean negative log-likelihood, nats per scored token */
-    double perplexity;   /* exp(nll) */
-    long tokens_scored;  /* chunks * (C - 1) */
+    double nll;         /* mean negative log-likelihood, nats per scored token */
+    double perplexity;  /* exp(nll) */
+    long tokens_scored; /* chunks * (C - 1) */
     int chunks;
-    double seconds;      /* wall time of the forward passes */
-    double tokens_per_s; /* tokens processed / seconds */
-    size_t kv_bytes_peak;/* most bytes of K/V blocks in use at once */
-    size_t kv_bytes_full;/* K/V bytes the full cache of one chunk takes */
+    double seconds;       /* wall time of the forward passes */
+    double tokens_per_s;  /* tokens processed / seconds */
+    size_t kv_bytes_peak; /* most bytes of K/V blocks in use at once */
+    size_t kv_bytes_full; /* K/V bytes the full cache of one chunk takes */
 } kv_eval_result;
 
 /* Defaults: context = model seq_len, budget NULL, policy sink, p = 16, b_s = 16. */
@@ -50,8 +50,8 @@ int kv_eval_check_budget(const kv_model *m, const kv_eval_opts *o, kv_error *err
 
 /* Perplexity of tokens[0..n_tokens) (see the header comment). KV_EINPUT when there is not a
  * single full chunk, a token id is out of range, or the budget is invalid. */
-int kv_eval_perplexity(const kv_model *m, const int *tokens, long n_tokens,
-                       const kv_eval_opts *o, kv_eval_result *res, kv_error *err);
+int kv_eval_perplexity(const kv_model *m, const int *tokens, long n_tokens, const kv_eval_opts *o,
+                       kv_eval_result *res, kv_error *err);
 
 /* Sum of next-token NLL over one chunk's n - 1 predictions, with the given options, using
  * `ws` (rows >= block, ctx >= n) and a fresh cache on `pool`. *peak_bytes gets the chunk's peak

@@ -51,8 +51,8 @@ void kv_workspace_free(kv_workspace *ws);
  * Errors: KV_EINPUT for a token id out of range, a position beyond max_ctx, a budget too small
  * for the block; KV_EINTERNAL when the block pool is exhausted. */
 int kv_forward(const kv_model *m, kv_workspace *ws, kv_cache *const *seqs, int n_seqs,
-               const int *tokens, int n, kv_logits_mode mode, float *logits,
-               const kv_hooks *hooks, kv_error *err);
+               const int *tokens, int n, kv_logits_mode mode, float *logits, const kv_hooks *hooks,
+               kv_error *err);
 
 #ifdef __cplusplus
 }

@@ -50,25 +50,21 @@ int kv_h5_write_i32(kv_h5 *f, const char *path, int rank, const long *dims, cons
                     const char *units, kv_error *err);
 /* Read a whole dataset, converting to the requested type; caller frees *data. rank and dims
  * receive the shape. KV_EINPUT names the file and the dataset when it is missing. */
-int kv_h5_read_f64(kv_h5 *f, const char *path, int *rank, long dims[KV_H5_MAX_RANK],
-                   double **data, kv_error *err);
+int kv_h5_read_f64(kv_h5 *f, const char *path, int *rank, long dims[KV_H5_MAX_RANK], double **data,
+                   kv_error *err);
 int kv_h5_read_i32(kv_h5 *f, const char *path, int *rank, long dims[KV_H5_MAX_RANK], int **data,
                    kv_error *err);
 /* 1 when the object (group or dataset) exists, else 0. */
 int kv_h5_exists(kv_h5 *f, const char *path);
 
 /* Attributes on an object ("/" for the root, a group or a dataset path). */
-int kv_h5_attr_str(kv_h5 *f, const char *obj, const char *name, const char *value,
-                   kv_error *err);
+int kv_h5_attr_str(kv_h5 *f, const char *obj, const char *name, const char *value, kv_error *err);
 int kv_h5_attr_f64(kv_h5 *f, const char *obj, const char *name, double value, kv_error *err);
 int kv_h5_attr_i64(kv_h5 *f, const char *obj, const char *name, long value, kv_error *err);
 /* Readers: caller frees *value for strings. KV_EINPUT when missing. */
-int kv_h5_read_attr_str(kv_h5 *f, const char *obj, const char *name, char **value,
-                        kv_error *err);
-int kv_h5_read_attr_f64(kv_h5 *f, const char *obj, const char *name, double *value,
-                        kv_error *err);
-int kv_h5_read_attr_i64(kv_h5 *f, const char *obj, const char *name, long *value,
-                        kv_error *err);
+int kv_h5_read_attr_str(kv_h5 *f, const char *obj, const char *name, char **value, kv_error *err);
+int kv_h5_read_attr_f64(kv_h5 *f, const char *obj, const char *name, double *value, kv_error *err);
+int kv_h5_read_attr_i64(kv_h5 *f, const char *obj, const char *name, long *value, kv_error *err);
 int kv_h5_attr_exists(kv_h5 *f, const char *obj, const char *name);
 
 /* Visit every dataset (depth-first, name order): callback gets its absolute path. */
@@ -82,9 +78,8 @@ int kv_h5_list_groups(kv_h5 *f, void (*fn)(void *user, const char *path), void *
 /* Visit the attributes of object `obj` in name order. `kind` is 's' for a string, 'i' for a
  * single integer, 'f' for a single floating-point number and '?' for anything else (arrays,
  * compound types), which the typed readers above refuse. KV_EINPUT when obj is missing. */
-int kv_h5_list_attrs(kv_h5 *f, const char *obj,
-                     void (*fn)(void *user, const char *name, char kind), void *user,
-                     kv_error *err);
+int kv_h5_list_attrs(kv_h5 *f, const char *obj, void (*fn)(void *user, const char *name, char kind),
+                     void *user, kv_error *err);
 
 /* ---- the plan's budget part (plan.h5, schema v1) ---- */
 typedef struct kv_plan_budget {
@@ -95,9 +90,9 @@ typedef struct kv_plan_budget {
     double ratio;             /* R */
     char policy[16];          /* kv_policy_name */
     char allocation[32];      /* "uniform", "squeeze", "baklava" */
-    double t, r, p;           /* BaKlaVa threshold / reduction, SqueezeAttention p (NaN if unused) */
-    int *tokens;              /* [L * H_kv] budget B[l][j] in tokens, owned */
-    int *blocks;              /* [L * H_kv] blocks per head, owned */
+    double t, r, p; /* BaKlaVa threshold / reduction, SqueezeAttention p (NaN if unused) */
+    int *tokens;    /* [L * H_kv] budget B[l][j] in tokens, owned */
+    int *blocks;    /* [L * H_kv] blocks per head, owned */
     char model_sha256[65];
     /* model config the plan was made for (root attributes model_*) */
     int model_dim, model_n_heads, model_head_dim, model_vocab_size;

@@ -44,8 +44,8 @@ typedef struct kv_pool {
     int block_size; /* b_s tokens */
     int head_dim;   /* d_h */
     int n_blocks;
-    float *data;    /* [n_blocks][2][block_size][head_dim], one allocation, owned */
-    int *free_stack;/* [n_blocks] ids of free blocks, owned */
+    float *data;     /* [n_blocks][2][block_size][head_dim], one allocation, owned */
+    int *free_stack; /* [n_blocks] ids of free blocks, owned */
     int n_free;
     long peak_in_use; /* most blocks in use at once since init or kv_pool_reset_peak */
 } kv_pool;
@@ -62,14 +62,14 @@ void kv_pool_reset_peak(kv_pool *p);
 
 /* ---- one (layer, KV head) of one sequence ---- */
 typedef struct kv_head {
-    int *table;     /* block ids, [cap_blocks] */
+    int *table; /* block ids, [cap_blocks] */
     int n_blocks, cap_blocks;
-    int len;        /* retained entries */
-    int budget;     /* max retained entries after a step (tokens) */
-    int cap;        /* capacity of the per-entry arrays */
-    int *pos;       /* [cap] position id each entry came from */
-    float *acc;     /* [cap] sum of attention weights (summed over the GQA group) */
-    float *acc2;    /* [cap] sum of squared attention weights */
+    int len;     /* retained entries */
+    int budget;  /* max retained entries after a step (tokens) */
+    int cap;     /* capacity of the per-entry arrays */
+    int *pos;    /* [cap] position id each entry came from */
+    float *acc;  /* [cap] sum of attention weights (summed over the GQA group) */
+    float *acc2; /* [cap] sum of squared attention weights */
 } kv_head;
 
 /* ---- one sequence's cache ---- */
@@ -104,8 +104,7 @@ float *kv_head_v(const kv_pool *p, const kv_head *h, int i);
 int kv_head_make_room(kv_cache *c, kv_head *h, int n_new, int curr_pos, kv_error *err);
 /* Append one entry (K, V each [d_h]) at position `pos`; takes a new block from the pool when
  * the last block is full. KV_EINTERNAL when the pool is exhausted. */
-int kv_head_append(kv_cache *c, kv_head *h, const float *k, const float *v, int pos,
-                   kv_error *err);
+int kv_head_append(kv_cache *c, kv_head *h, const float *k, const float *v, int pos, kv_error *err);
 /* Keep exactly the entries listed in `keep` (ascending indices, n_keep of them): compact
  * K, V and metadata to the front (MoveCache) and release the emptied trailing blocks. */
 void kv_head_compact(kv_cache *c, kv_head *h, const int *keep, int n_keep);

@@ -77,8 +77,8 @@ int kv_kvpr_check(const kv_kvpr_shape *sh, double v_com, double v_gpu, kv_error 
 /* t(l) of Eq. 10 (or its row-by-row form) for a given integer l in 0..s', filling every field
  * of *out except glpk_status (and note, left empty). Pure arithmetic, no solver.
  * KV_EINPUT when the inputs fail kv_kvpr_check or l is outside 0..s'. */
-int kv_kvpr_eval(const kv_kvpr_shape *sh, double v_com, double v_gpu, kv_schedule sched,
-                 long l, kv_kvpr_result *out, kv_error *err);
+int kv_kvpr_eval(const kv_kvpr_shape *sh, double v_com, double v_gpu, kv_schedule sched, long l,
+                 kv_kvpr_result *out, kv_error *err);
 
 /* The split point by GLPK's MIP solver (glp_intopt, presolver on): variables l (integer,
  * 0 <= l <= s') and T (the overlapped part of the step time, continuous); the max of Eq. 10
@@ -110,12 +110,12 @@ int kv_kvpr_closed_form(const kv_kvpr_shape *sh, double v_com, double v_gpu, kv_
 /* What the KVPR split and Batch-Max sizing need to know about a machine. A figure that is
  * unknown is 0. */
 typedef struct kv_hw {
-    char name[64];        /* preset key, device name from the profile, or "user" */
-    double v_com;         /* host->device bandwidth, bytes/s (KVPR v_com) */
-    double v_gpu;         /* dense FLOP/s for the recomputation GEMMs (KVPR v_gpu) */
-    double mem_bw;        /* device memory bandwidth, bytes/s (decode throughput) */
-    double device_mem;    /* device memory, bytes */
-    char source[160];     /* where the figures come from (datasheet, profile path) */
+    char name[64];     /* preset key, device name from the profile, or "user" */
+    double v_com;      /* host->device bandwidth, bytes/s (KVPR v_com) */
+    double v_gpu;      /* dense FLOP/s for the recomputation GEMMs (KVPR v_gpu) */
+    double mem_bw;     /* device memory bandwidth, bytes/s (decode throughput) */
+    double device_mem; /* device memory, bytes */
+    char source[160];  /* where the figures come from (datasheet, profile path) */
 } kv_hw;
 
 /* Published figures of one accelerator (see planner/hwpresets.c for the table and sources). */

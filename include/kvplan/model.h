@@ -27,7 +27,7 @@ typedef struct kv_config {
     int n_kv_heads; /* H_kv */
     int head_dim;   /* d_h = dim / H */
     int vocab_size;
-    int seq_len;    /* trained context length */
+    int seq_len; /* trained context length */
     float norm_eps;
     float rope_theta;
     kv_rope_layout rope_layout;
@@ -39,27 +39,27 @@ typedef struct kv_config {
 } kv_config;
 
 typedef struct kv_layer_weights {
-    const float *attn_norm;   /* [dim] */
-    const float *wq;          /* [H*d_h, dim] */
-    const float *wk;          /* [H_kv*d_h, dim] */
-    const float *wv;          /* [H_kv*d_h, dim] */
-    const float *wo;          /* [dim, H*d_h] */
-    const float *bq, *bk, *bv;/* [H*d_h], [H_kv*d_h], [H_kv*d_h] or NULL */
-    const float *ffn_norm;    /* [dim] */
-    const float *w_gate;      /* [hidden, dim]  (llama2.c w1) */
-    const float *w_down;      /* [dim, hidden]  (llama2.c w2) */
-    const float *w_up;        /* [hidden, dim]  (llama2.c w3) */
+    const float *attn_norm;    /* [dim] */
+    const float *wq;           /* [H*d_h, dim] */
+    const float *wk;           /* [H_kv*d_h, dim] */
+    const float *wv;           /* [H_kv*d_h, dim] */
+    const float *wo;           /* [dim, H*d_h] */
+    const float *bq, *bk, *bv; /* [H*d_h], [H_kv*d_h], [H_kv*d_h] or NULL */
+    const float *ffn_norm;     /* [dim] */
+    const float *w_gate;       /* [hidden, dim]  (llama2.c w1) */
+    const float *w_down;       /* [dim, hidden]  (llama2.c w2) */
+    const float *w_up;         /* [hidden, dim]  (llama2.c w3) */
 } kv_layer_weights;
 
 typedef struct kv_model {
     kv_config cfg;
-    const float *tok_emb;      /* [vocab, dim] */
-    kv_layer_weights *layers;  /* [n_layers], owned */
-    const float *final_norm;   /* [dim] */
-    const float *classifier;   /* [vocab, dim]; aliases tok_emb when tied */
-    char format[16];           /* "llama2c", "gguf", "safetensors" */
-    char path[4096];           /* what the user passed */
-    char sha256[65];           /* model_sha256: hash of the weight file(s), see kv_model_load */
+    const float *tok_emb;     /* [vocab, dim] */
+    kv_layer_weights *layers; /* [n_layers], owned */
+    const float *final_norm;  /* [dim] */
+    const float *classifier;  /* [vocab, dim]; aliases tok_emb when tied */
+    char format[16];          /* "llama2c", "gguf", "safetensors" */
+    char path[4096];          /* what the user passed */
+    char sha256[65];          /* model_sha256: hash of the weight file(s), see kv_model_load */
     /* ownership (internal): a memory map and a list of owned heap buffers */
     void *map;
     size_t map_len;

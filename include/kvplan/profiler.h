@@ -25,20 +25,20 @@ extern "C" {
 #endif
 
 typedef struct kv_profile {
-    int P, L, H, H_kv, T;   /* prompts, layers, query heads, KV heads, tokens per prompt */
-    int *tokens;            /* [P, T] prompt token ids (BOS first), owned */
-    int *lengths;           /* [P] */
-    double *cos_mean;       /* [P, L, H] */
-    double *cos_var;        /* [P, L, H] */
-    double *similarity;     /* [L, H_kv] */
-    double *importance;     /* [L, H_kv] */
-    double *token_cos;      /* [L, H, T] first prompt, per token */
-    double *cos_attn;       /* [P, L] */
-    double *cos_block;      /* [P, L] */
+    int P, L, H, H_kv, T;     /* prompts, layers, query heads, KV heads, tokens per prompt */
+    int *tokens;              /* [P, T] prompt token ids (BOS first), owned */
+    int *lengths;             /* [P] */
+    double *cos_mean;         /* [P, L, H] */
+    double *cos_var;          /* [P, L, H] */
+    double *similarity;       /* [L, H_kv] */
+    double *importance;       /* [L, H_kv] */
+    double *token_cos;        /* [L, H, T] first prompt, per token */
+    double *cos_attn;         /* [P, L] */
+    double *cos_block;        /* [P, L] */
     double *layer_similarity; /* [L] mean over prompts of cos_attn */
-    double *kendall_tau;    /* [P, P] */
-    double *spearman_rho;   /* [P, P] */
-    double seconds;         /* wall time of the forward passes with collectors */
+    double *kendall_tau;      /* [P, P] */
+    double *spearman_rho;     /* [P, P] */
+    double seconds;           /* wall time of the forward passes with collectors */
     double tokens_per_s;
 } kv_profile;
 

@@ -58,14 +58,17 @@ typedef struct kv_search_opts {
     int block_size;           /* b_s */
     int evict_block;          /* Batch-Max p */
     kv_policy policy;
-    const double *t_values; int n_t; /* baklava thresholds (>= 1 value) */
-    const double *r_values; int n_r; /* baklava reductions in [0, 1] */
-    const double *p_values; int n_p; /* SqueezeAttention p (>= 1 value) */
-    long eval_tokens;         /* search tokens from the start of the text (default 8192) */
-    long heldout_tokens;      /* held-out tokens after them (default 4096; 0 = none) */
-    int halving_eta;          /* 0 = exhaustive grid, else successive halving with this eta */
-    int halving_min_chunks;   /* first-round chunks of successive halving (default 1) */
-    kv_progress *progress;    /* NULL = silent; prints progress with an ETA */
+    const double *t_values;
+    int n_t; /* baklava thresholds (>= 1 value) */
+    const double *r_values;
+    int n_r; /* baklava reductions in [0, 1] */
+    const double *p_values;
+    int n_p;                /* SqueezeAttention p (>= 1 value) */
+    long eval_tokens;       /* search tokens from the start of the text (default 8192) */
+    long heldout_tokens;    /* held-out tokens after them (default 4096; 0 = none) */
+    int halving_eta;        /* 0 = exhaustive grid, else successive halving with this eta */
+    int halving_min_chunks; /* first-round chunks of successive halving (default 1) */
+    kv_progress *progress;  /* NULL = silent; prints progress with an ETA */
 } kv_search_opts;
 
 /* Defaults: baklava, R = 0.5, C = model seq_len, b_s = 16, p = 16, sink, t and r grids NULL
@@ -78,26 +81,26 @@ void kv_search_opts_default(kv_search_opts *o, const kv_model *m);
 extern const char *const kv_search_base_names[KV_SEARCH_N_BASE]; /* full, uniform, squeeze */
 
 typedef struct kv_search_result {
-    int n_p, n_t, n_r;      /* grid shape (squeeze: n_t = n_r = 1; uniform: all 1) */
-    double *perplexity;     /* [n_p * n_t * n_r] last perplexity of each point, NaN if never
-                               evaluated; owned */
-    int *chunks;            /* [n_p * n_t * n_r] chunks that perplexity used (0 = none); owned */
-    int best;               /* index of the grid's best point */
+    int n_p, n_t, n_r;         /* grid shape (squeeze: n_t = n_r = 1; uniform: all 1) */
+    double *perplexity;        /* [n_p * n_t * n_r] last perplexity of each point, NaN if never
+                                  evaluated; owned */
+    int *chunks;               /* [n_p * n_t * n_r] chunks that perplexity used (0 = none); owned */
+    int best;                  /* index of the grid's best point */
     kv_alloc_kind winner_kind; /* allocation of the plan's budgets: the grid's allocation, or
                                   uniform / squeeze when that baseline beat the grid's best on
                                   all search chunks (then best_t/best_r are NaN) */
     double best_t, best_r, best_p; /* its parameters (NaN when not used by the allocation) */
-    double best_ppl;        /* on best_chunks search chunks */
+    double best_ppl;               /* on best_chunks search chunks */
     int best_chunks;
-    double base_ppl[KV_SEARCH_N_BASE];     /* on all search chunks */
+    double base_ppl[KV_SEARCH_N_BASE];        /* on all search chunks */
     double heldout_ppl[1 + KV_SEARCH_N_BASE]; /* winner, full, uniform, squeeze; NaN if none */
     int search_chunks, heldout_chunks;
-    int distinct_budgets;   /* distinct rounded budget matrices among the grid points */
-    long token_evals;       /* tokens actually evaluated for the grid (not baselines/held-out) */
+    int distinct_budgets; /* distinct rounded budget matrices among the grid points */
+    long token_evals;     /* tokens actually evaluated for the grid (not baselines/held-out) */
     long token_evals_exhaustive; /* what the exhaustive grid costs: distinct x chunks x C */
     int halving_rounds;
     double seconds;
-    int *tokens, *blocks;   /* [L * H_kv] winner budgets (grid best or better baseline), owned */
+    int *tokens, *blocks; /* [L * H_kv] winner budgets (grid best or better baseline), owned */
 } kv_search_result;
 
 /* Run the search on ids[0..n_ids) (tokenized text, BOS first). Needs at least one chunk of
@@ -117,8 +120,7 @@ void kv_search_result_free(kv_search_result *r);
  * search tokens), /search/heldout [4] (winner, full, uniform, squeeze on the held-out tokens),
  * with attributes naming the entries, and /search attributes method, eta, eval_tokens,
  * heldout_tokens, token_evals, token_evals_exhaustive, best_perplexity, seconds. */
-int kv_search_write(kv_h5 *f, const kv_search_opts *o, const kv_search_result *r,
-                    kv_error *err);
+int kv_search_write(kv_h5 *f, const kv_search_opts *o, const kv_search_result *r, kv_error *err);
 
 /* Write a whole plan.h5 atomically (kv_h5_create ... kv_h5_commit): provenance (`command`,
  * model m), the budget part (kv_plan_budget_write: ratio, context_length, block_size, policy,
@@ -129,10 +131,9 @@ int kv_search_write(kv_h5 *f, const kv_search_opts *o, const kv_search_result *r
  * (kv_plan_write_kvpr_batch_from_profile, include/kvplan/batch.h). tokens/blocks: [L * H_kv].
  * On any error the target file is left untouched. */
 int kv_plan_file_write(const char *path, const char *command, const char *profile_path,
-                       const kv_model *m,
-                       const kv_alloc_params *a, kv_policy policy, int evict_block,
-                       const int *tokens, const int *blocks, const kv_search_opts *so,
-                       const kv_search_result *sr, kv_error *err);
+                       const kv_model *m, const kv_alloc_params *a, kv_policy policy,
+                       int evict_block, const int *tokens, const int *blocks,
+                       const kv_search_opts *so, const kv_search_result *sr, kv_error *err);
 
 #ifdef __cplusplus
 }

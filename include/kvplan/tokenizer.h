@@ -24,8 +24,8 @@ typedef struct kv_tokenizer kv_tokenizer;
 /* Operations a tokenizer kind provides (internal to runtime/). */
 typedef struct kv_tokenizer_ops {
     /* Encode `len` bytes of text; append ids to a growing array (*ids, *n, *cap, realloc). */
-    int (*encode)(const kv_tokenizer *t, const char *text, size_t len, int **ids, int *n,
-                  int *cap, kv_error *err);
+    int (*encode)(const kv_tokenizer *t, const char *text, size_t len, int **ids, int *n, int *cap,
+                  kv_error *err);
     /* The bytes token `id` decodes to, given the previous token (for the SentencePiece rule
      * that drops the leading space after BOS). Writes up to cap-1 bytes + NUL into buf;
      * returns the byte count. */
@@ -53,19 +53,17 @@ void kv_tokenizer_free(kv_tokenizer *t);
 /* llama2.c tokenizer.bin reader (scored pieces), and the generic scored-piece constructor
  * the GGUF "llama" vocabulary reuses: pieces[i] is NUL-terminated, spaces as ' ' (callers
  * convert "▁"), byte tokens spelled "<0xXX>". Copies its inputs. */
-int kv_tokenizer_load_llama2c(const char *path, int vocab_size, kv_tokenizer **out,
-                              kv_error *err);
+int kv_tokenizer_load_llama2c(const char *path, int vocab_size, kv_tokenizer **out, kv_error *err);
 int kv_tokenizer_from_scored(const char *const *pieces, const float *scores, int n, int bos_id,
                              int eos_id, kv_tokenizer **out, kv_error *err);
 
 /* Encode text to ids. add_bos: 1 prepend BOS, 0 not, -1 the tokenizer's default. The caller
  * owns *ids (free()). */
-int kv_tokenizer_encode(const kv_tokenizer *t, const char *text, size_t len, int add_bos,
-                        int **ids, int *n, kv_error *err);
+int kv_tokenizer_encode(const kv_tokenizer *t, const char *text, size_t len, int add_bos, int **ids,
+                        int *n, kv_error *err);
 
 /* Decode ids to a NUL-terminated string the caller owns; BOS/EOS produce no text. */
-int kv_tokenizer_decode(const kv_tokenizer *t, const int *ids, int n, char **text,
-                        kv_error *err);
+int kv_tokenizer_decode(const kv_tokenizer *t, const int *ids, int n, char **text, kv_error *err);
 
 /* Bytes of one token for streaming output (see kv_tokenizer_ops.piece). */
 int kv_tokenizer_piece(const kv_tokenizer *t, int prev_id, int id, char *buf, int cap);
