@@ -25,6 +25,11 @@ int kv_cmd_inspect(int argc, char **argv);
 #define KV_CLI_SMALL_MODEL_BYTES (16u << 20)
 int kv_cli_load_model(const char *path, kv_model **m, kv_error *err);
 
+/* A command's non-option argument: the first is MODEL (stored in *model_path); an unknown
+ * option or a second positional argument prints "kvplan <cmd>: ..." with a pointer to --help.
+ * Returns 0 when taken, else the exit code 1. */
+int kv_cli_take_model(const char *cmd, const char *arg, const char **model_path);
+
 /* Print "kvplan <cmd>: <msg>" and return the exit code for err->code (1 or 2). */
 int kv_cli_report(const char *cmd, const kv_error *err);
 

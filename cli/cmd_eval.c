@@ -88,14 +88,7 @@ int kv_cmd_eval(int argc, char **argv) {
                 return kv_cli_report("eval", &err);
         } else if ((r = kv_budget_args_take(&ba, argc, argv, &i, &err))) {
             if (r < 0) return kv_cli_report("eval", &err);
-        } else if (argv[i][0] == '-') {
-            fprintf(stderr, "kvplan eval: unknown option %s\n", argv[i]);
-            help(stderr);
-            return 1;
-        } else if (!model_path) {
-            model_path = argv[i];
-        } else {
-            fprintf(stderr, "kvplan eval: unexpected argument %s\n", argv[i]);
+        } else if (kv_cli_take_model("eval", argv[i], &model_path)) {
             return 1;
         }
     }

@@ -55,14 +55,7 @@ int kv_cmd_profile(int argc, char **argv) {
         } else if ((r = kv_cli_opt(argc, argv, &i, "--seed", &v, &err))) {
             if (r < 0 || kv_parse_int(v, "--seed", 0, 0x7fffffffffffffffL, &seed, &err))
                 return kv_cli_report("profile", &err);
-        } else if (argv[i][0] == '-') {
-            fprintf(stderr, "kvplan profile: unknown option %s\n", argv[i]);
-            help(stderr);
-            return 1;
-        } else if (!model_path) {
-            model_path = argv[i];
-        } else {
-            fprintf(stderr, "kvplan profile: unexpected argument %s\n", argv[i]);
+        } else if (kv_cli_take_model("profile", argv[i], &model_path)) {
             return 1;
         }
     }

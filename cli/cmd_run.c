@@ -106,14 +106,7 @@ int kv_cmd_run(int argc, char **argv) {
                 return kv_cli_report("run", &err);
         } else if ((r = kv_budget_args_take(&ba, argc, argv, &i, &err))) {
             if (r < 0) return kv_cli_report("run", &err);
-        } else if (argv[i][0] == '-') {
-            fprintf(stderr, "kvplan run: unknown option %s\n", argv[i]);
-            help(stderr);
-            return 1;
-        } else if (!model_path) {
-            model_path = argv[i];
-        } else {
-            fprintf(stderr, "kvplan run: unexpected argument %s\n", argv[i]);
+        } else if (kv_cli_take_model("run", argv[i], &model_path)) {
             return 1;
         }
     }

@@ -24,13 +24,7 @@ int kv_cmd_tokenize(int argc, char **argv) {
             if (r < 0) return kv_cli_report("tokenize", &err);
         } else if ((r = kv_cli_opt(argc, argv, &i, "--text", &text_path, &err))) {
             if (r < 0) return kv_cli_report("tokenize", &err);
-        } else if (argv[i][0] == '-') {
-            fprintf(stderr, "kvplan tokenize: unknown option %s\n%s", argv[i], help);
-            return 1;
-        } else if (!model_path) {
-            model_path = argv[i];
-        } else {
-            fprintf(stderr, "kvplan tokenize: unexpected argument %s\n%s", argv[i], help);
+        } else if (kv_cli_take_model("tokenize", argv[i], &model_path)) {
             return 1;
         }
     }

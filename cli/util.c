@@ -40,3 +40,17 @@ int kv_cli_load_model(const char *path, kv_model **m, kv_error *err) {
         openblas_set_num_threads(1);
     return KV_OK;
 }
+
+int kv_cli_take_model(const char *cmd, const char *arg, const char **model_path) {
+    if (arg[0] == '-') {
+        fprintf(stderr, "kvplan %s: unknown option %s (see kvplan %s --help)\n", cmd, arg, cmd);
+        return 1;
+    }
+    if (*model_path) {
+        fprintf(stderr, "kvplan %s: unexpected argument %s (MODEL is already %s)\n", cmd, arg,
+                *model_path);
+        return 1;
+    }
+    *model_path = arg;
+    return 0;
+}
