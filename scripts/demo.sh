@@ -19,8 +19,10 @@ echo "== 1. profile (head and layer similarity, hardware) =="
 $kv profile "$model" --tokenizer "$tok" --text "$text" -o out/profile.h5
 echo
 echo "== 2. search per-head budgets at ratio $ratio (successive halving over BaKlaVa's t x r grid) =="
+# 8-token blocks and eviction every p = 4 tokens leave room to move budgets between heads
+# even at small ratios (each head keeps at least 4 sinks + p); squeeze p in {0.5, 1}.
 $kv search --profile out/profile.h5 --model "$model" --tokenizer "$tok" --text "$text" \
-    --ratio "$ratio" --halving 3 -o out/plan.h5
+    --ratio "$ratio" --evict-block 4 --block-size 8 --p-grid 0.5,1 --halving 3 -o out/plan.h5
 echo
 echo "== 3. run the plan =="
 $kv run "$model" --tokenizer "$tok" --plan out/plan.h5 --temperature 0 -n 120 \
@@ -32,5 +34,6 @@ $kv eval "$model" --tokenizer "$tok" --text "$text" --max-tokens 8192 --plan out
     | grep -E 'cache|perplexity|kv bytes'
 echo
 echo "== 5. inspect =="
-$kv inspect out/plan.h5 --png out/pictures | head -60
+mkdir -p out/pictures
+$kv inspect out/plan.h5 --png out/pictures | head -40
 echo "(pictures in out/pictures)"
