@@ -35,5 +35,6 @@ $kv eval "$model" --tokenizer "$tok" --text "$text" --max-tokens 8192 --plan out
 echo
 echo "== 5. inspect =="
 mkdir -p out/pictures
-$kv inspect out/plan.h5 --png out/pictures | head -40
-echo "(pictures in out/pictures)"
+$kv inspect out/plan.h5 --png out/pictures > out/plan.txt
+sed -n 1,40p out/plan.txt
+echo "(the whole summary in out/plan.txt, pictures in out/pictures)"
