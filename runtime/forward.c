@@ -3,7 +3,8 @@
  * RoPE (Su et al. 2021), SwiGLU FFN, grouped-query attention (Ainslie et al. 2023). */
 #include "kvplan/forward.h"
 
-#include <cblas.h>
+#include "ops.h"
+
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
@@ -74,67 +75,9 @@ int kv_workspace_new(const kv_model *m, int max_rows, int max_ctx, kv_workspace 
         kv_workspace_free(ws);
         return kv_fail(err, KV_EINTERNAL, "out of memory (forward workspace, %d rows)", max_rows);
     }
-    /* RoPE: theta_i = base^(-2i/d_h), angle = pos * theta_i (computed in double) */
-    for (int p = 0; p < max_ctx; p++)
-        for (size_t i = 0; i < half; i++) {
-            double freq = pow((double)c->rope_theta, -2.0 * (double)i / (double)c->head_dim);
-            double a = (double)p * freq;
-            ws->rope_cos[(size_t)p * half + i] = (float)cos(a);
-            ws->rope_sin[(size_t)p * half + i] = (float)sin(a);
-        }
+    kv_op_rope_tables(c, max_ctx, ws->rope_cos, ws->rope_sin);
     *out = ws;
     return KV_OK;
-}
-
-/* out[r] = x[r] / rms(x[r]) * w, rows x dim */
-static void rmsnorm(float *out, const float *x, const float *w, int rows, int dim, float eps) {
-    for (int r = 0; r < rows; r++) {
-        const float *xr = x + (size_t)r * dim;
-        float *o = out + (size_t)r * dim;
-        double ss = 0.0;
-        for (int i = 0; i < dim; i++) ss += (double)xr[i] * xr[i];
-        float scale = (float)(1.0 / sqrt(ss / dim + (double)eps));
-        for (int i = 0; i < dim; i++) o[i] = xr[i] * scale * w[i];
-    }
-}
-
-/* y[rows, out] = x[rows, in] W^T with W [out, in] row-major */
-/* Rows below which one matrix-vector product per row beats a GEMM: sgemm packs the whole
- * weight matrix for a handful of rows (batched decode); measured on the synthetic 768-wide
- * model, 2 rows took 40 ms by sgemm and 16 ms by two sgemv calls. Per-row gemv also gives a
- * batched decode step the same bits as one sequence decoded alone. */
-#define KV_GEMV_MAX_ROWS 4
-
-static void matmul(float *y, const float *x, const float *w, int rows, int in, int out) {
-    if (rows <= KV_GEMV_MAX_ROWS)
-        for (int r = 0; r < rows; r++)
-            cblas_sgemv(CblasRowMajor, CblasNoTrans, out, in, 1.0f, w, in, x + (size_t)r * in, 1,
-                        0.0f, y + (size_t)r * out, 1);
-    else
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, out, in, 1.0f, x, in, w, in,
-                    0.0f, y, out);
-}
-
-static void add_bias(float *y, const float *b, int rows, int n) {
-    if (!b) return;
-    for (int r = 0; r < rows; r++)
-        for (int i = 0; i < n; i++) y[(size_t)r * n + i] += b[i];
-}
-
-/* Rotate each head of one row at position pos. */
-static void rope_row(float *v, int n_heads, int hd, const float *cs, const float *sn,
-                     kv_rope_layout layout) {
-    int half = hd / 2;
-    for (int h = 0; h < n_heads; h++) {
-        float *x = v + (size_t)h * hd;
-        for (int i = 0; i < half; i++) {
-            int a = layout == KV_ROPE_ADJACENT ? 2 * i : i;
-            int b = layout == KV_ROPE_ADJACENT ? 2 * i + 1 : i + half;
-            float x0 = x[a], x1 = x[b];
-            x[a] = x0 * cs[i] - x1 * sn[i];
-            x[b] = x0 * sn[i] + x1 * cs[i];
-        }
-    }
 }
 
 #define KV_L2_EXCLUDED_WINDOW 10 /* KV-Compress KVC-full: v = 10 (kvcache.c) */
@@ -253,7 +196,7 @@ int kv_forward(const kv_model *m, kv_workspace *ws, kv_cache *const *seqs, int n
         return kv_fail(err, KV_EINTERNAL, "forward: %d rows exceed the workspace's %d", rows,
                        ws->max_rows);
     int dim = cfg->dim, hd = cfg->head_dim, H = cfg->n_heads, Hkv = cfg->n_kv_heads;
-    int qd = H * hd, kvd = Hkv * hd, hid = cfg->hidden_dim, half = hd / 2;
+    int qd = H * hd, kvd = Hkv * hd, half = hd / 2;
     for (int s = 0; s < n_seqs; s++) {
         if (seqs[s]->n_past + n > ws->max_ctx)
             return kv_fail(err, KV_EINPUT,
@@ -272,20 +215,20 @@ int kv_forward(const kv_model *m, kv_workspace *ws, kv_cache *const *seqs, int n
 
     for (int l = 0; l < cfg->n_layers; l++) {
         const kv_layer_weights *w = &m->layers[l];
-        rmsnorm(ws->xb, ws->x, w->attn_norm, rows, dim, cfg->norm_eps);
-        matmul(ws->q, ws->xb, w->wq, rows, dim, qd);
-        matmul(ws->k, ws->xb, w->wk, rows, dim, kvd);
-        matmul(ws->v, ws->xb, w->wv, rows, dim, kvd);
-        add_bias(ws->q, w->bq, rows, qd);
-        add_bias(ws->k, w->bk, rows, kvd);
-        add_bias(ws->v, w->bv, rows, kvd);
+        kv_op_rmsnorm(ws->xb, ws->x, w->attn_norm, rows, dim, cfg->norm_eps);
+        kv_op_matmul(ws->q, ws->xb, w->wq, rows, dim, qd);
+        kv_op_matmul(ws->k, ws->xb, w->wk, rows, dim, kvd);
+        kv_op_matmul(ws->v, ws->xb, w->wv, rows, dim, kvd);
+        kv_op_add_bias(ws->q, w->bq, rows, qd);
+        kv_op_add_bias(ws->k, w->bk, rows, kvd);
+        kv_op_add_bias(ws->v, w->bv, rows, kvd);
         for (int s = 0; s < n_seqs; s++)
             for (int i = 0; i < n; i++) {
                 int r = s * n + i, pos = seqs[s]->n_past + i;
                 const float *cs = ws->rope_cos + (size_t)pos * half;
                 const float *sn = ws->rope_sin + (size_t)pos * half;
-                rope_row(ws->q + (size_t)r * qd, H, hd, cs, sn, cfg->rope_layout);
-                rope_row(ws->k + (size_t)r * kvd, Hkv, hd, cs, sn, cfg->rope_layout);
+                kv_op_rope_row(ws->q + (size_t)r * qd, H, hd, cs, sn, cfg->rope_layout);
+                kv_op_rope_row(ws->k + (size_t)r * kvd, Hkv, hd, cs, sn, cfg->rope_layout);
             }
         /* Batch-Max Alg. 1: make room, then append the block's K/V (serial: the pool is shared) */
         for (int s = 0; s < n_seqs; s++) {
@@ -320,34 +263,25 @@ int kv_forward(const kv_model *m, kv_workspace *ws, kv_cache *const *seqs, int n
             float *scores = ws->scores + (size_t)omp_get_thread_num() * (size_t)ws->max_ctx;
             attend_head(m, ws, seqs[s], j, l, n, s * n, scores);
         }
-        matmul(ws->xb2, ws->o, w->wo, rows, qd, dim);
+        kv_op_matmul(ws->xb2, ws->o, w->wo, rows, qd, dim);
         if (hooks && hooks->after_attn) {
             memcpy(ws->xin, ws->x, (size_t)rows * dim * sizeof(float));
             hooks->after_attn(hooks->user, l, rows, ws->xin, ws->o, ws->v, ws->xb2);
         }
         for (size_t i = 0; i < (size_t)rows * dim; i++) ws->x[i] += ws->xb2[i];
-        /* SwiGLU FFN */
-        rmsnorm(ws->xb, ws->x, w->ffn_norm, rows, dim, cfg->norm_eps);
-        matmul(ws->hb, ws->xb, w->w_gate, rows, dim, hid);
-        matmul(ws->hb2, ws->xb, w->w_up, rows, dim, hid);
-        for (size_t i = 0; i < (size_t)rows * hid; i++) {
-            float a = ws->hb[i];
-            ws->hb[i] = a / (1.0f + expf(-a)) * ws->hb2[i];
-        }
-        matmul(ws->xb, ws->hb, w->w_down, rows, hid, dim);
-        for (size_t i = 0; i < (size_t)rows * dim; i++) ws->x[i] += ws->xb[i];
+        kv_op_ffn_residual(w, cfg, ws->x, ws->xb, ws->hb, ws->hb2, rows);
         if (hooks && hooks->after_block) hooks->after_block(hooks->user, l, rows, ws->x);
     }
     for (int s = 0; s < n_seqs; s++) seqs[s]->n_past += n;
     if (mode == KV_LOGITS_NONE) return KV_OK;
     int out_rows = mode == KV_LOGITS_ALL ? rows : n_seqs;
     if (mode == KV_LOGITS_ALL) {
-        rmsnorm(ws->gather, ws->x, m->final_norm, rows, dim, cfg->norm_eps);
+        kv_op_rmsnorm(ws->gather, ws->x, m->final_norm, rows, dim, cfg->norm_eps);
     } else {
         for (int s = 0; s < n_seqs; s++)
-            rmsnorm(ws->gather + (size_t)s * dim, ws->x + (size_t)(s * n + n - 1) * dim,
-                    m->final_norm, 1, dim, cfg->norm_eps);
+            kv_op_rmsnorm(ws->gather + (size_t)s * dim, ws->x + (size_t)(s * n + n - 1) * dim,
+                          m->final_norm, 1, dim, cfg->norm_eps);
     }
-    matmul(logits, ws->gather, m->classifier, out_rows, dim, cfg->vocab_size);
+    kv_op_matmul(logits, ws->gather, m->classifier, out_rows, dim, cfg->vocab_size);
     return KV_OK;
 }

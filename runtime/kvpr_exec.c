@@ -4,7 +4,8 @@
  * step time the split balances). */
 #include "kvplan/kvpr_exec.h"
 
-#include <cblas.h>
+#include "ops.h"
+
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -74,59 +75,13 @@ int kv_kvpr_exec_new(const kv_model *m, int max_ctx, kv_kvpr_exec **out, kv_erro
         kv_kvpr_exec_free(e);
         return kv_fail(err, KV_EINTERNAL, "out of memory: kvpr executor for %d positions", max_ctx);
     }
-    /* RoPE as in the forward pass: theta_i = base^(-2i/d_h), angle = pos * theta_i (double) */
-    for (size_t p = 0; p < T; p++)
-        for (size_t i = 0; i < half; i++) {
-            double freq = pow((double)c->rope_theta, -2.0 * (double)i / (double)c->head_dim);
-            double a = (double)p * freq;
-            e->rope_cos[p * half + i] = (float)cos(a);
-            e->rope_sin[p * half + i] = (float)sin(a);
-        }
+    kv_op_rope_tables(c, max_ctx, e->rope_cos, e->rope_sin);
     *out = e;
     return KV_OK;
 }
 
-/* out[r] = x[r] / rms(x[r]) * w: the forward pass's arithmetic (double sum, float scale). */
-static void rmsnorm(float *out, const float *x, const float *w, int rows, int dim, float eps) {
-    for (int r = 0; r < rows; r++) {
-        const float *xr = x + (size_t)r * dim;
-        float *o = out + (size_t)r * dim;
-        double ss = 0.0;
-        for (int i = 0; i < dim; i++) ss += (double)xr[i] * xr[i];
-        float scale = (float)(1.0 / sqrt(ss / dim + (double)eps));
-        for (int i = 0; i < dim; i++) o[i] = xr[i] * scale * w[i];
-    }
-}
-
 void kv_kvpr_activations(const kv_model *m, int layer, const float *x_in, int rows, float *out) {
-    rmsnorm(out, x_in, m->layers[layer].attn_norm, rows, m->cfg.dim, m->cfg.norm_eps);
-}
-
-/* Rotate the n_heads heads of one row by the angles of one position. */
-static void rope_row(float *v, int n_heads, int hd, const float *cs, const float *sn,
-                     kv_rope_layout layout) {
-    int half = hd / 2;
-    for (int h = 0; h < n_heads; h++) {
-        float *x = v + (size_t)h * hd;
-        for (int i = 0; i < half; i++) {
-            int a = layout == KV_ROPE_ADJACENT ? 2 * i : i;
-            int b = layout == KV_ROPE_ADJACENT ? 2 * i + 1 : i + half;
-            float x0 = x[a], x1 = x[b];
-            x[a] = x0 * cs[i] - x1 * sn[i];
-            x[b] = x0 * sn[i] + x1 * cs[i];
-        }
-    }
-}
-
-static void add_bias(float *y, const float *b, int rows, int n) {
-    if (!b) return;
-    for (int r = 0; r < rows; r++)
-        for (int i = 0; i < n; i++) y[(size_t)r * n + i] += b[i];
-}
-
-/* y [out] = W [out, in] x [in] */
-static void gemv(float *y, const float *w, const float *x, int out, int in) {
-    cblas_sgemv(CblasRowMajor, CblasNoTrans, out, in, 1.0f, w, in, x, 1, 0.0f, y, 1);
+    kv_op_rmsnorm(out, x_in, m->layers[layer].attn_norm, rows, m->cfg.dim, m->cfg.norm_eps);
 }
 
 void kv_kvpr_layer_free(kv_kvpr_layer *lc) {
@@ -239,15 +194,13 @@ static void recompute(const kv_kvpr_exec *e, const kv_kvpr_layer *lc, float *k, 
     const kv_layer_weights *w = &e->m->layers[lc->layer];
     int l = lc->split, dim = c->dim, kvd = lc->kv_width, hd = c->head_dim, half = hd / 2;
     if (l == 0) return;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, l, kvd, dim, 1.0f, lc->x, dim, w->wk, dim,
-                0.0f, k, kvd);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, l, kvd, dim, 1.0f, lc->x, dim, w->wv, dim,
-                0.0f, v, kvd);
-    add_bias(k, w->bk, l, kvd);
-    add_bias(v, w->bv, l, kvd);
+    kv_op_matmul(k, lc->x, w->wk, l, dim, kvd);
+    kv_op_matmul(v, lc->x, w->wv, l, dim, kvd);
+    kv_op_add_bias(k, w->bk, l, kvd);
+    kv_op_add_bias(v, w->bv, l, kvd);
     for (int p = 0; p < l; p++)
-        rope_row(k + (size_t)p * kvd, c->n_kv_heads, hd, e->rope_cos + (size_t)p * half,
-                 e->rope_sin + (size_t)p * half, c->rope_layout);
+        kv_op_rope_row(k + (size_t)p * kvd, c->n_kv_heads, hd, e->rope_cos + (size_t)p * half,
+                       e->rope_sin + (size_t)p * half, c->rope_layout);
 }
 
 /* Eq. 6 second line: K, V [l:s'] over the link (memcpy stands in for the PCIe copy). */
@@ -354,7 +307,7 @@ int kv_kvpr_decode(kv_kvpr_exec *e, kv_kvpr_layer *layers, int token, float *log
         return kv_fail(err, KV_EINPUT, "kvpr decode: token id %d is outside the vocabulary [0, %d)",
                        token, c->vocab_size);
     int L = c->n_layers, dim = c->dim, hd = c->head_dim, H = c->n_heads, Hkv = c->n_kv_heads;
-    int qd = H * hd, kvd = Hkv * hd, hid = c->hidden_dim, half = hd / 2;
+    int qd = H * hd, kvd = Hkv * hd, half = hd / 2;
     int pos = layers[0].seq;
     for (int l = 0; l < L; l++) {
         int rc = check_layer(e, &layers[l], err);
@@ -382,37 +335,29 @@ int kv_kvpr_decode(kv_kvpr_exec *e, kv_kvpr_layer *layers, int token, float *log
         kv_kvpr_layer *lc = &layers[l];
         int rc = kv_kvpr_rebuild(e, lc, e->k, e->v, overlap, per_layer ? &per_layer[l] : NULL, err);
         if (rc) return rc; /* not reached: checked above */
-        rmsnorm(e->xb, e->x, w->attn_norm, 1, dim, c->norm_eps);
-        gemv(e->q, w->wq, e->xb, qd, dim);
-        gemv(e->kn, w->wk, e->xb, kvd, dim);
-        gemv(e->vn, w->wv, e->xb, kvd, dim);
-        add_bias(e->q, w->bq, 1, qd);
-        add_bias(e->kn, w->bk, 1, kvd);
-        add_bias(e->vn, w->bv, 1, kvd);
-        rope_row(e->q, H, hd, cs, sn, c->rope_layout);
-        rope_row(e->kn, Hkv, hd, cs, sn, c->rope_layout);
+        kv_op_rmsnorm(e->xb, e->x, w->attn_norm, 1, dim, c->norm_eps);
+        kv_op_matmul(e->q, e->xb, w->wq, 1, dim, qd);
+        kv_op_matmul(e->kn, e->xb, w->wk, 1, dim, kvd);
+        kv_op_matmul(e->vn, e->xb, w->wv, 1, dim, kvd);
+        kv_op_add_bias(e->q, w->bq, 1, qd);
+        kv_op_add_bias(e->kn, w->bk, 1, kvd);
+        kv_op_add_bias(e->vn, w->bv, 1, kvd);
+        kv_op_rope_row(e->q, H, hd, cs, sn, c->rope_layout);
+        kv_op_rope_row(e->kn, Hkv, hd, cs, sn, c->rope_layout);
         memcpy(e->k + (size_t)pos * kvd, e->kn, (size_t)kvd * sizeof(float));
         memcpy(e->v + (size_t)pos * kvd, e->vn, (size_t)kvd * sizeof(float));
         rc = kv_kvpr_attend(e, e->q, e->k, e->v, pos + 1, e->o, err);
         if (rc) return rc;
-        gemv(e->xb2, w->wo, e->o, dim, qd);
+        kv_op_matmul(e->xb2, e->o, w->wo, 1, qd, dim);
         for (int i = 0; i < dim; i++) e->x[i] += e->xb2[i];
-        rmsnorm(e->xb, e->x, w->ffn_norm, 1, dim, c->norm_eps);
-        gemv(e->hb, w->w_gate, e->xb, hid, dim);
-        gemv(e->hb2, w->w_up, e->xb, hid, dim);
-        for (int i = 0; i < hid; i++) {
-            float a = e->hb[i];
-            e->hb[i] = a / (1.0f + expf(-a)) * e->hb2[i];
-        }
-        gemv(e->xb, w->w_down, e->hb, dim, hid);
-        for (int i = 0; i < dim; i++) e->x[i] += e->xb[i];
+        kv_op_ffn_residual(w, c, e->x, e->xb, e->hb, e->hb2, 1);
         /* the new token's K, V go to host memory behind the transferred part */
         size_t row = (size_t)(lc->seq - lc->split) * kvd;
         memcpy(lc->k + row, e->kn, (size_t)kvd * sizeof(float));
         memcpy(lc->v + row, e->vn, (size_t)kvd * sizeof(float));
         lc->seq++;
     }
-    rmsnorm(e->xb, e->x, m->final_norm, 1, dim, c->norm_eps);
-    gemv(logits, m->classifier, e->xb, c->vocab_size, dim);
+    kv_op_rmsnorm(e->xb, e->x, m->final_norm, 1, dim, c->norm_eps);
+    kv_op_matmul(logits, e->xb, m->classifier, 1, dim, c->vocab_size);
     return KV_OK;
 }

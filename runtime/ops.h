@@ -1,0 +1,34 @@
+/* Internal to runtime/: the dense kernels of the Llama layer shared by the forward pass
+ * (forward.c) and the KVPR executor (kvpr_exec.c), so both compute the same arithmetic.
+ * Shapes are row-major; weights are [out, in] (include/kvplan/model.h). */
+#ifndef KVPLAN_RUNTIME_OPS_H
+#define KVPLAN_RUNTIME_OPS_H
+
+#include "kvplan/model.h"
+
+/* RoPE tables for positions 0..n_pos-1: cos/sin [n_pos, d_h/2], angle = pos * base^(-2i/d_h),
+ * computed in double (Su et al. 2021). */
+void kv_op_rope_tables(const kv_config *c, int n_pos, float *cos_out, float *sin_out);
+
+/* Rotate the n_heads heads [n_heads * hd] of one row by one position's cos/sin [hd/2], in the
+ * model's layout: pairs (2i, 2i+1) or (i, i + hd/2). */
+void kv_op_rope_row(float *v, int n_heads, int hd, const float *cs, const float *sn,
+                    kv_rope_layout layout);
+
+/* out[r] = x[r] / rms(x[r]) * w for rows x dim (sum of squares in double). */
+void kv_op_rmsnorm(float *out, const float *x, const float *w, int rows, int dim, float eps);
+
+/* y[rows, out] = x[rows, in] W^T, W [out, in]: one sgemv per row for up to 4 rows (sgemm's
+ * packing of W costs more than the work for a handful of rows), sgemm above. */
+void kv_op_matmul(float *y, const float *x, const float *w, int rows, int in, int out);
+
+/* y[r] += b for rows x n; nothing when b is NULL. */
+void kv_op_add_bias(float *y, const float *b, int rows, int n);
+
+/* The SwiGLU feed-forward sub-block with its residual, for rows x dim:
+ * x += W_down (silu(W_gate n) * (W_up n)), n = RMSNorm(x) * ffn_norm. Scratch: xb [rows, dim],
+ * hb and hb2 [rows, hidden]. */
+void kv_op_ffn_residual(const kv_layer_weights *w, const kv_config *c, float *x, float *xb,
+                        float *hb, float *hb2, int rows);
+
+#endif
