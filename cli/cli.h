@@ -42,6 +42,24 @@ void kv_cli_command_line(int argc, char **argv, char *buf, size_t cap);
  * into *val and return 1; when the value is missing set err and return -1; else 0. */
 int kv_cli_opt(int argc, char **argv, int *i, const char *name, const char **val, kv_error *err);
 
+/* A quantity with an optional SI (K, M, G, T: powers of 1000) or binary (Ki, Mi, Gi, Ti: powers
+ * of 1024) suffix and an optional trailing B ("80Gi", "3.35T", "1e9"). KV_EINPUT names `opt`. */
+int kv_cli_parse_qty(const char *s, const char *opt, double *out, kv_error *err);
+
+/* A table of string-valued options: if argv[*i] is one of them, its value is stored (1), a
+ * missing value sets err (-1), else 0. */
+typedef struct kv_cli_optval {
+    const char *name;
+    const char **val;
+} kv_cli_optval;
+int kv_cli_opt_table(int argc, char **argv, int *i, const kv_cli_optval *t, size_t n,
+                     kv_error *err);
+/* The whole command line of a command whose options are all in table t plus --json (stored in
+ * *json) and --help (prints `help`). Returns -1 when every argument was taken, else the exit
+ * code to return (0 after --help, 1 for an unknown or incomplete option, with the message). */
+int kv_cli_scan(const char *cmd, int argc, char **argv, const kv_cli_optval *t, size_t n,
+                const char *help, int *json);
+
 /* ---- KV budget options shared by run and eval ----
  * --plan PLAN | --ratio R [--allocation uniform], --policy P, --evict-block p, --block-size b,
  * --device D */
