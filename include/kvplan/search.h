@@ -3,7 +3,7 @@
  * BaKlaVa Alg. 3 (DESIGN.md Planning 4): for every grid point (t, r[, p]) build the budgets
  * (kv_plan_budgets, include/kvplan/alloc.h), run budgeted perplexity on the first
  * `eval_tokens` tokens of the evaluation text (chunks of C tokens, a fresh cache per chunk,
- * kv_eval_chunk), keep the minimum. The baselines `full`, `uniform` and `squeeze` are
+ * kv_engine_chunk_nll), keep the minimum. The baselines `full`, `uniform` and `squeeze` are
  * evaluated at the same ratio, and the winner and the baselines once more on held-out tokens
  * that follow the search tokens. Optionally successive halving (kv_successive_halving) replaces
  * the exhaustive grid.
