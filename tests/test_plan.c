@@ -205,6 +205,19 @@ static void test_validation(void) {
     expect_refused(bad, "not a number");
     corrupt(good, bad, "/budget/tokens", 3, -16);
     expect_refused(bad, "too small");
+    /* inspect shows such a plan but exits 1, naming the file and the head */
+    char args[2048], *out = NULL;
+    snprintf(args, sizeof args, "inspect '%s'", bad);
+    CU_ASSERT_EQUAL(tu_run_kvplan(args, &out, 1), 1);
+    CU_ASSERT_PTR_NOT_NULL(out && strstr(out, "layer 0 KV head 3"));
+    free(out);
+    /* and so does eval --plan: no run on a plan that claims what it does not keep */
+    snprintf(args, sizeof args, "eval '%s' --text '%s' --plan '%s' --context 256 --quiet",
+             tu_shared("models/stories260K/stories260K.bin"),
+             tu_shared("text/tinystories_val_head.txt"), bad);
+    CU_ASSERT_EQUAL(tu_run_kvplan(args, &out, 1), 1);
+    CU_ASSERT_PTR_NOT_NULL(out && strstr(out, bad));
+    free(out);
     corrupt(good, bad, "/budget/blocks", 0, 0); /* blocks must agree with tokens */
     expect_refused(bad, "too small");
     corrupt(good, bad, "/budget/blocks", 0, 3);
