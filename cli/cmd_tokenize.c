@@ -9,7 +9,7 @@
 
 static const char *help =
     "usage: kvplan tokenize [MODEL] [--tokenizer TOK] --text FILE [--no-bos] [--no-special]\n"
-    "Print the token ids of FILE, space-separated, BOS first (when the tokenizer adds one).\n"
+    "Print the token ids of FILE, space-separated, BOS first (when the vocabulary has one).\n"
     "MODEL is a llama2.c .bin, a .gguf file or a Hugging Face directory; its own tokenizer is\n"
     "used unless --tokenizer names one. TOK is a llama2.c tokenizer.bin, a tokenizer.json or\n"
     "any GGUF file with a vocabulary (a vocabulary-only GGUF included), detected from the\n"

@@ -296,9 +296,16 @@ static int split_pieces(pcre2_code *re, pcre2_match_data *md, const char *text, 
     for (size_t i = 0; i < in->n; i++) {
         const char *p = text + in->v[i].off;
         size_t len = in->v[i].len, off = 0, last = 0;
+        uint32_t opts = 0; /* the first match checks the piece's UTF-8, later ones need not */
         while (off <= len) {
-            int rc = pcre2_match(re, (PCRE2_SPTR)p, len, off, 0, md, NULL);
+            int rc = pcre2_match(re, (PCRE2_SPTR)p, len, off, opts, md, NULL);
+            opts = PCRE2_NO_UTF_CHECK;
             if (rc == PCRE2_ERROR_NOMATCH) break;
+            if (rc <= PCRE2_ERROR_UTF8_ERR1 && rc >= PCRE2_ERROR_UTF8_ERR21)
+                return kv_fail(err, KV_EINPUT,
+                               "the text is not valid UTF-8 (in the %zu bytes from byte %zu), "
+                               "which the byte-level pre-tokenizer needs",
+                               len, in->v[i].off);
             if (rc < 0) {
                 PCRE2_UCHAR msg[256];
                 pcre2_get_error_message(rc, msg, sizeof msg);

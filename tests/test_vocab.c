@@ -182,6 +182,27 @@ static void test_special_tokens(void) {
     kv_tokenizer_free(t);
 }
 
+/* Byte-level BPE over a long text (one 794 KB fragment: the regex runs over the whole text, so
+ * each match must not re-scan it) gives the text back byte for byte. */
+static void test_bytelevel_long_text(void) {
+    kv_tokenizer *t = load_tok(tu_shared("vocab/ggml-vocab-gpt-2.gguf"));
+    kv_error err = {0};
+    char *text = NULL, *back = NULL;
+    size_t len = 0;
+    CU_ASSERT_EQUAL_FATAL(
+        kv_read_file(tu_shared("text/tinystories_val_head.txt"), &text, &len, &err), KV_OK);
+    int *ids = NULL, n = 0;
+    double t0 = kv_now();
+    CU_ASSERT_EQUAL_FATAL(kv_tokenizer_encode(t, text, len, 0, &ids, &n, &err), KV_OK);
+    printf("\n  gpt-2 vocabulary, TinyStories text: %d tokens in %.2f s\n", n, kv_now() - t0);
+    CU_ASSERT_EQUAL_FATAL(kv_tokenizer_decode(t, ids, n, &back, &err), KV_OK);
+    CU_ASSERT(strcmp(back, text) == 0);
+    free(back);
+    free(ids);
+    free(text);
+    kv_tokenizer_free(t);
+}
+
 /* llama2.c's tokenizer.bin of Llama 2 == ggml-vocab-llama-spm.gguf: llama.cpp's strings, and
  * the TinyStories text. */
 static void test_llama2_tokenizer_bin(void) {
@@ -325,6 +346,7 @@ int main(void) {
     const tu_test tests[] = {
         {"llama.cpp tokenizer vectors, six vocabularies", test_llamacpp_vectors},
         {"special and user-defined tokens", test_special_tokens},
+        {"byte-level BPE on a long text: round trip", test_bytelevel_long_text},
         {"Llama 2 tokenizer.bin == llama-spm GGUF", test_llama2_tokenizer_bin},
         {"llama-2-tiny-random F16 GGUF: load, tokenize, generate", test_tiny_random_f16},
         {"CLI tokenize without a model; bad vocabulary files", test_cli_and_errors},
