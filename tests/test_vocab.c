@@ -182,6 +182,127 @@ static void test_special_tokens(void) {
     kv_tokenizer_free(t);
 }
 
+/* Every tokenizer.ggml.pre value kvplan knows (docs/formats.md; llama.cpp's names) compiles
+ * and gives a lossless tokenizer; an unknown value is refused by name. The values are written
+ * into copies of ggml-vocab-gpt-2.gguf (a vocabulary-only GGUF has no tensor offsets to fix). */
+static void test_every_pre_value(void) {
+    static const char *pres[] = {"default",
+                                 "llama3",
+                                 "llama-v3",
+                                 "llama-bpe",
+                                 "falcon3",
+                                 "falcon-h1",
+                                 "pixtral",
+                                 "midm-2.0",
+                                 "lfm2",
+                                 "jina-v5-nano",
+                                 "dbrx",
+                                 "smaug-bpe",
+                                 "glm4",
+                                 "chatglm-bpe",
+                                 "deepseek-llm",
+                                 "deepseek-coder",
+                                 "deepseek-v3",
+                                 "falcon",
+                                 "starcoder",
+                                 "refact",
+                                 "command-r",
+                                 "smollm",
+                                 "codeshell",
+                                 "exaone",
+                                 "minerva-7b",
+                                 "gpt-2",
+                                 "phi-2",
+                                 "jina-es",
+                                 "jina-de",
+                                 "gigachat",
+                                 "jina-v2-es",
+                                 "jina-v2-de",
+                                 "a.x-4.0",
+                                 "mellum",
+                                 "modern-bert",
+                                 "exaone4",
+                                 "mpt",
+                                 "olmo",
+                                 "jais",
+                                 "trillion",
+                                 "granite-docling",
+                                 "qwen2",
+                                 "deepseek-r1-qwen",
+                                 "kormo",
+                                 "f2llmv2",
+                                 "megrez",
+                                 "stablelm2",
+                                 "hunyuan",
+                                 "solar-open",
+                                 "grok-2",
+                                 "poro-chat",
+                                 "bloom",
+                                 "gpt3-finnish",
+                                 "seed-coder",
+                                 "tekken",
+                                 "gpt-4o",
+                                 "llama4",
+                                 "no-such-pre"};
+    const int n_pres = (int)(sizeof pres / sizeof pres[0]);
+    kv_error err = {0};
+    char *data = NULL;
+    size_t len = 0;
+    const char *src = tu_shared("vocab/ggml-vocab-gpt-2.gguf");
+    CU_ASSERT_EQUAL_FATAL(kv_read_file(src, &data, &len, &err), KV_OK);
+    kv_gguf *g = NULL;
+    CU_ASSERT_EQUAL_FATAL(kv_gguf_open(src, &g, &err), KV_OK);
+    const kv_gguf_kv *kv = kv_gguf_find(g, "tokenizer.ggml.pre");
+    CU_ASSERT_FATAL(kv != NULL && kv->type == KV_GGUF_STRING);
+    uint64_t old_len;
+    memcpy(&old_len, data + kv->off, 8);
+    size_t val_at = kv->off, rest_at = kv->off + 8 + (size_t)old_len;
+    kv_gguf_close(g);
+    vtest v = read_vtest("vocab/ggml-vocab-gpt-2.gguf");
+    int loaded = 0, lossless = 0;
+    for (int p = 0; p < n_pres; p++) {
+        const char *path = tu_tmp("pre.gguf");
+        FILE *f = fopen(path, "wb");
+        CU_ASSERT_FATAL(f != NULL);
+        uint64_t nl = strlen(pres[p]);
+        fwrite(data, 1, val_at, f);
+        fwrite(&nl, 8, 1, f);
+        fwrite(pres[p], 1, (size_t)nl, f);
+        fwrite(data + rest_at, 1, len - rest_at, f);
+        fclose(f);
+        kv_tokenizer *t = NULL;
+        int rc = kv_tokenizer_load(path, NULL, &t, &err);
+        if (p == n_pres - 1) {
+            CU_ASSERT_EQUAL(rc, KV_EINPUT);
+            CU_ASSERT(strstr(err.msg, "'no-such-pre'") != NULL && strstr(err.msg, path) != NULL);
+            continue;
+        }
+        if (rc) fprintf(stderr, "\n  pre '%s': %s", pres[p], err.msg);
+        CU_ASSERT_EQUAL(rc, KV_OK);
+        if (rc) continue;
+        loaded++;
+        int ok = 1;
+        for (int i = 0; i < v.n; i++) {
+            int *ids = NULL, n = 0;
+            char *back = NULL;
+            CU_ASSERT_EQUAL_FATAL(kv_tokenizer_encode_ex(t, v.s[i], v.len[i], 0, 0, &ids, &n, &err),
+                                  KV_OK);
+            CU_ASSERT_EQUAL_FATAL(kv_tokenizer_decode(t, ids, n, &back, &err), KV_OK);
+            ok &= strcmp(back, v.s[i]) == 0;
+            free(back);
+            free(ids);
+        }
+        lossless += ok;
+        kv_tokenizer_free(t);
+    }
+    printf("\n  %d tokenizer.ggml.pre values load, %d lossless on llama.cpp's strings\n", loaded,
+           lossless);
+    CU_ASSERT_EQUAL(loaded, n_pres - 1);
+    CU_ASSERT_EQUAL(lossless, n_pres - 1);
+    vtest_free(&v);
+    free(data);
+}
+
 /* Byte-level BPE over a long text (one 794 KB fragment: the regex runs over the whole text, so
  * each match must not re-scan it) gives the text back byte for byte. */
 static void test_bytelevel_long_text(void) {
@@ -347,6 +468,7 @@ int main(void) {
         {"llama.cpp tokenizer vectors, six vocabularies", test_llamacpp_vectors},
         {"special and user-defined tokens", test_special_tokens},
         {"byte-level BPE on a long text: round trip", test_bytelevel_long_text},
+        {"every known tokenizer.ggml.pre value; an unknown one", test_every_pre_value},
         {"Llama 2 tokenizer.bin == llama-spm GGUF", test_llama2_tokenizer_bin},
         {"llama-2-tiny-random F16 GGUF: load, tokenize, generate", test_tiny_random_f16},
         {"CLI tokenize without a model; bad vocabulary files", test_cli_and_errors},
