@@ -293,6 +293,23 @@ static void test_every_pre_value(void) {
             free(ids);
         }
         lossless += ok;
+        /* digit grouping (llama.cpp's comments in test-tokenizer-0.cpp: Llama 3 splits
+         * "333333333" as 333|333|333); Qwen2 and StarCoder take digits one by one */
+        const char *nine = "333333333";
+        int group = !strcmp(pres[p], "llama-bpe")                                ? 3
+                    : !strcmp(pres[p], "qwen2") || !strcmp(pres[p], "starcoder") ? 1
+                                                                                 : 0;
+        if (group) {
+            int *a = NULL, *b = NULL, na = 0, nb = 0;
+            CU_ASSERT_EQUAL_FATAL(kv_tokenizer_encode_ex(t, nine, 9, 0, 0, &a, &na, &err), KV_OK);
+            CU_ASSERT_EQUAL_FATAL(
+                kv_tokenizer_encode_ex(t, nine, (size_t)group, 0, 0, &b, &nb, &err), KV_OK);
+            CU_ASSERT_EQUAL(nb, 1); /* "333" and "3" are GPT-2 tokens */
+            CU_ASSERT_EQUAL(na, 9 / group);
+            for (int i = 0; nb == 1 && i < na; i++) CU_ASSERT_EQUAL(a[i], b[0]);
+            free(a);
+            free(b);
+        }
         kv_tokenizer_free(t);
     }
     printf("\n  %d tokenizer.ggml.pre values load, %d lossless on llama.cpp's strings\n", loaded,
