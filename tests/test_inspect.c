@@ -23,19 +23,11 @@ static double ppl[NT][NR];
 static double t_values[NT], r_values[NR];
 static const int best_t = 4, best_r = 6, worst_t = 9, worst_r = 18;
 
+/* stories260K's shape (L = 5 layers), no weights (tests/testutil.h) */
 static void fake_model(kv_model *m) {
-    memset(m, 0, sizeof *m);
-    m->cfg.dim = 64;
-    m->cfg.hidden_dim = 172;
-    m->cfg.n_layers = L;
-    m->cfg.n_heads = H;
-    m->cfg.n_kv_heads = HKV;
-    m->cfg.head_dim = 8;
-    m->cfg.vocab_size = 512;
-    m->cfg.seq_len = 512;
-    snprintf(m->format, sizeof m->format, "llama2c");
-    snprintf(m->path, sizeof m->path, "stories260K.bin");
-    snprintf(m->sha256, sizeof m->sha256, "%064d", 7);
+    char sha[65];
+    snprintf(sha, sizeof sha, "%064d", 7);
+    tu_fake_model(m, L, sha);
 }
 
 #define OK(call) CU_ASSERT_EQUAL_FATAL((call), KV_OK)
