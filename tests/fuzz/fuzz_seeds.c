@@ -9,8 +9,6 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "kvplan/h5io.h"
-
 /* the one tiny model every seed describes: dim 8, FFN 16, 1 layer, 2 heads of 4, vocab 16 */
 enum { DIM = 8, HID = 16, NL = 1, NH = 2, NKV = 2, HD = 4, VOC = 16, SEQ = 8 };
 static const char *pieces[VOC] = {"<unk>", "<s>", "</s>", " ",  "a",  "b",  "c",  "d",
@@ -279,58 +277,36 @@ static void seed_hf(void) {
     free(b.p);
 }
 
+/* Programs for the structure-aware fuzz_h5 target (its comment gives the encoding): one that
+ * builds a plan for a 2-layer, 2-KV-head model and one that builds a profile. */
 static void seed_h5(void) {
-    char path[8192];
-    snprintf(path, sizeof path, "%s/h5", root);
-    mkdir(path, 0777);
-    kv_error err = {0};
-    kv_h5 *f = NULL;
-    /* a plan for a 2-layer, 2-KV-head model (what the fuzz_h5 target checks profiles against) */
-    int tokens[4] = {8, 16, 16, 24}, blocks[4] = {1, 1, 1, 2};
-    kv_plan_budget pb;
-    memset(&pb, 0, sizeof pb);
-    pb.n_layers = 2;
-    pb.n_kv_heads = 2;
-    pb.context_length = 64;
-    pb.block_size = 16;
-    pb.evict_block = 16;
-    pb.ratio = 0.5;
-    snprintf(pb.policy, sizeof pb.policy, "sink");
-    snprintf(pb.allocation, sizeof pb.allocation, "uniform");
-    pb.t = pb.r = pb.p = 0.5;
-    pb.tokens = tokens;
-    pb.blocks = blocks;
-    snprintf(path, sizeof path, "%s/h5/plan.h5", root);
-    int rc = kv_h5_create(path, &f, &err);
-    if (!rc) rc = kv_h5_write_provenance(f, "fuzz_seeds", NULL, &err);
-    if (!rc) rc = kv_h5_attr_str(f, "/", "file_kind", "plan", &err);
-    if (!rc) rc = kv_plan_budget_write(f, &pb, &err);
-    if (!rc)
-        rc = kv_h5_commit(f, &err);
-    else
-        kv_h5_abort(f);
-    if (rc) {
-        fprintf(stderr, "fuzz_seeds: %s\n", err.msg);
-        exit(1);
-    }
-    /* a profile: head similarity / importance [2, 2], layer similarity [2] */
-    double sim[4] = {0.9, 0.4, 0.7, 0.2}, imp[4] = {0.1, 0.6, 0.3, 0.8}, ls[2] = {0.95, 0.5};
-    long d2[2] = {2, 2}, d1[1] = {2};
-    snprintf(path, sizeof path, "%s/h5/profile.h5", root);
-    rc = kv_h5_create(path, &f, &err);
-    if (!rc) rc = kv_h5_write_provenance(f, "fuzz_seeds", NULL, &err);
-    if (!rc) rc = kv_h5_attr_str(f, "/", "file_kind", "profile", &err);
-    if (!rc) rc = kv_h5_write_f64(f, "/heads/similarity", 2, d2, sim, "1", &err);
-    if (!rc) rc = kv_h5_write_f64(f, "/heads/importance", 2, d2, imp, "1", &err);
-    if (!rc) rc = kv_h5_write_f64(f, "/layers/similarity", 1, d1, ls, "cosine", &err);
-    if (!rc)
-        rc = kv_h5_commit(f, &err);
-    else
-        kv_h5_abort(f);
-    if (rc) {
-        fprintf(stderr, "fuzz_seeds: %s\n", err.msg);
-        exit(1);
-    }
+    static const unsigned char plan[] = {
+        1,                                                     /* file_kind plan */
+        0, 0, 18, 1,  0, 's', 'i', 'n', 'k',                   /* / policy "sink" */
+        0, 0, 19, 1,  3, 'u', 'n', 'i', 'f', 'o', 'r', 'm',    /* / allocation "uniform" */
+        1, 0, 14, 3,                                           /* / ratio 0.5 */
+        2, 0, 15, 64, 0, 0,   0,                               /* / context_length 64 */
+        2, 0, 16, 16, 0, 0,   0,                               /* / block_size 16 */
+        2, 0, 17, 16, 0, 0,   0,                               /* / evict_block 16 */
+        2, 0, 8,  2,  0, 0,   0,                               /* / model_n_layers 2 */
+        2, 0, 9,  2,  0, 0,   0,                               /* / model_n_kv_heads 2 */
+        4, 0, 1,  2,  2, 8,   1,   16,  1,   16,  1,   24,  1, /* /budget/tokens [2, 2] */
+        4, 1, 1,  2,  2, 1,   1,   1,   1,   1,   1,   2,   1, /* /budget/blocks [2, 2] */
+    };
+    static const unsigned char profile[] = {
+        0,                               /* file_kind profile */
+        3, 2, 1, 2, 2, 3,   1,   0,   3, /* /heads/similarity [2, 2] */
+        3, 3, 1, 2, 2, 3,   0,   1,   3, /* /heads/importance [2, 2] */
+        3, 6, 0, 2, 1, 3,                /* /layers/similarity [2] */
+        0, 0, 4, 3, 0, 'k', 'v', 'p', 'l', 'a', 'n', ' ', 'p', 'r', 'o', 'f', 'i', /* command */
+    };
+    buf b = {0};
+    put(&b, plan, sizeof plan);
+    save("h5", "plan.prog", &b);
+    b.n = 0;
+    put(&b, profile, sizeof profile);
+    save("h5", "profile.prog", &b);
+    free(b.p);
 }
 
 int main(int argc, char **argv) {
