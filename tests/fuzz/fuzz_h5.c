@@ -140,14 +140,22 @@ static void build(kv_h5 *f, rd *r) {
     }
 }
 
+static char dir[64], path[128];
+
+/* the private directory goes when the fuzzer exits */
+static void cleanup(void) {
+    remove(path);
+    rmdir(dir);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     static FILE *null_out;
-    static char dir[64], path[128];
     if (!dir[0]) {
         snprintf(dir, sizeof dir, "/tmp/kvplan-fuzz-h5.XXXXXX");
         if (!mkdtemp(dir)) abort();
         snprintf(path, sizeof path, "%s/file.h5", dir);
+        atexit(cleanup);
         null_out = fopen("/dev/null", "w");
     }
     kv_error err = {0};

@@ -8,6 +8,16 @@
 
 static char dir[64];
 
+/* the private directory goes when the fuzzer exits */
+static void cleanup(void) {
+    char path[128];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    remove(path);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    remove(path);
+    rmdir(dir);
+}
+
 static int put(const char *name, const uint8_t *p, size_t n) {
     char path[128];
     snprintf(path, sizeof path, "%s/%s", dir, name);
@@ -22,6 +32,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (!dir[0]) {
         snprintf(dir, sizeof dir, "/tmp/kvplan-fuzz-hf.XXXXXX");
         if (!mkdtemp(dir)) abort();
+        atexit(cleanup);
     }
     if (size < 2) return 0;
     size_t n = (size_t)data[0] | (size_t)data[1] << 8;
