@@ -79,6 +79,7 @@ int kv_cmd_search(int argc, char **argv) {
     }
     kv_model *m = NULL;
     kv_profile_inputs prof;
+    memset(&prof, 0, sizeof prof);
     int have_prof = 0, evict_block = 0;
     kv_alloc_params ap;
     kv_policy policy = KV_POLICY_SINK;
@@ -88,7 +89,12 @@ int kv_cmd_search(int argc, char **argv) {
     int *ids = NULL, n_ids = 0;
     kv_search_result res;
     memset(&res, 0, sizeof res);
-    int rc = kv_plan_args_setup(&a, &m, &prof, &have_prof, &ap, &policy, &evict_block, &err);
+    /* the text and tokenizer are inputs too: checked before the (long) search starts */
+    const char *inputs[] = {a.model, a.profile, text_path, tok_path};
+    int rc = a.out ? kv_check_output(a.out, "-o", inputs, 4, &err) : KV_OK;
+    if (!rc) rc = kv_check_regular(text_path, "text", &err);
+    if (!rc && tok_path) rc = kv_check_regular(tok_path, "tokenizer", &err);
+    if (!rc) rc = kv_plan_args_setup(&a, &m, &prof, &have_prof, &ap, &policy, &evict_block, &err);
     if (!rc) rc = kv_grid_parse(tg ? tg : "0.50:0.95:0.05", "--t-grid", 0.0, 1.0, &tv, &nt, &err);
     if (!rc) rc = kv_grid_parse(rg ? rg : "0.05:0.95:0.05", "--r-grid", 0.0, 1.0, &rv, &nr, &err);
     if (!rc) {

@@ -131,6 +131,27 @@ static void tick_label(char *buf, size_t cap, const double *vals, double scale, 
 }
 
 /* Draw the heatmap(s) of `s` onto a KI_PNG_W x KI_PNG_H surface and save it to `path`. */
+/* cairo's PNG encoder writes into memory; the file is written in one piece afterwards. */
+typedef struct png_buf {
+    unsigned char *data;
+    size_t len, cap;
+} png_buf;
+
+static cairo_status_t png_buf_write(void *closure, const unsigned char *data, unsigned int n) {
+    png_buf *b = closure;
+    if (b->len + n > b->cap) {
+        size_t cap = b->cap ? b->cap : 1 << 16;
+        while (cap < b->len + n) cap *= 2;
+        unsigned char *nd = realloc(b->data, cap);
+        if (!nd) return CAIRO_STATUS_NO_MEMORY;
+        b->data = nd;
+        b->cap = cap;
+    }
+    memcpy(b->data + b->len, data, n);
+    b->len += n;
+    return CAIRO_STATUS_SUCCESS;
+}
+
 static int render(const hm_spec *s, const char *path, kv_error *err) {
     const double W = KI_PNG_W, H = KI_PNG_H;
     cairo_surface_t *surf = cairo_image_surface_create(CAIRO_FORMAT_RGB24, KI_PNG_W, KI_PNG_H);
@@ -360,12 +381,18 @@ static int render(const hm_spec *s, const char *path, kv_error *err) {
     }
     cairo_destroy(cr);
     cairo_surface_flush(surf);
-    cairo_status_t st = cairo_surface_write_to_png(surf, path);
+    png_buf pb = {NULL, 0, 0};
+    cairo_status_t st = cairo_surface_write_to_png_stream(surf, png_buf_write, &pb);
     cairo_surface_destroy(surf);
-    if (st != CAIRO_STATUS_SUCCESS)
-        return kv_fail(err, KV_EINPUT, "%s: cannot write the PNG: %s", path,
+    if (st != CAIRO_STATUS_SUCCESS) {
+        free(pb.data);
+        return kv_fail(err, KV_EINTERNAL, "%s: cannot encode the PNG: %s", path,
                        cairo_status_to_string(st));
-    return KV_OK;
+    }
+    /* the whole PNG reaches the disk atomically: a full disk leaves no truncated image */
+    int rc = kv_write_file_atomic(path, pb.data, pb.len, err);
+    free(pb.data);
+    return rc;
 }
 
 static hm_panel panel(const double *v, int rows, int cols, const char *title) {

@@ -26,11 +26,18 @@ void kv_profile_inputs_free(kv_profile_inputs *p) {
     memset(p, 0, sizeof *p);
 }
 
+/* rounding slack of cosines computed in float (|cos| may exceed 1 by a few ulp) */
+#define KV_PROFILE_RANGE_TOL 1e-6
+
 static int read_matrix(kv_h5 *f, const char *path, int want_rank, long d0, long d1, double **out,
                        kv_error *err) {
     int rank = 0;
     long dims[KV_H5_MAX_RANK];
-    int rc = kv_h5_read_f64(f, path, &rank, dims, out, err);
+    *out = NULL;
+    /* the shape is checked before the data is read: a forged [5, 6e7] is never loaded */
+    int rc = kv_h5_dataset_shape(f, path, &rank, dims, err);
+    if (!rc && rank == want_rank && dims[0] == d0 && (want_rank == 1 || dims[1] == d1))
+        rc = kv_h5_read_f64(f, path, &rank, dims, out, err);
     if (rc) return rc;
     if (rank != want_rank || dims[0] != d0 || (want_rank == 2 && dims[1] != d1)) {
         free(*out);
@@ -79,15 +86,24 @@ int kv_profile_inputs_read(const char *path, const kv_model *m, kv_profile_input
         if (!out->head_imp) rc = KV_EINTERNAL;
         for (int i = 0; !rc && i < L * H; i++) out->head_imp[i] = 1.0 - out->head_sim[i];
     }
+    /* head similarity s = (mean cos + 1) / 2 and importance 1 - s lie in [0, 1]; layer
+     * similarity is a cosine in [-1, 1] (DESIGN.md, profile; include/kvplan/profiler.h) */
     for (int i = 0; !rc && i < L * H; i++)
-        if (!isfinite(out->head_sim[i]) || !isfinite(out->head_imp[i]))
+        if (!(out->head_sim[i] >= -KV_PROFILE_RANGE_TOL &&
+              out->head_sim[i] <= 1.0 + KV_PROFILE_RANGE_TOL) ||
+            !(out->head_imp[i] >= -KV_PROFILE_RANGE_TOL &&
+              out->head_imp[i] <= 1.0 + KV_PROFILE_RANGE_TOL))
             rc = kv_fail(err, KV_EINPUT,
-                         "%s: head similarity/importance of layer %d head %d is "
-                         "not finite",
-                         path, i / H, i % H);
+                         "%s: head similarity/importance of layer %d head %d is %.6g/%.6g, "
+                         "outside [0, 1]; the profile is damaged: run kvplan profile again",
+                         path, i / H, i % H, out->head_sim[i], out->head_imp[i]);
     for (int l = 0; !rc && l < L; l++)
-        if (!isfinite(out->layer_sim[l]))
-            rc = kv_fail(err, KV_EINPUT, "%s: layer similarity of layer %d is not finite", path, l);
+        if (!(out->layer_sim[l] >= -1.0 - KV_PROFILE_RANGE_TOL &&
+              out->layer_sim[l] <= 1.0 + KV_PROFILE_RANGE_TOL))
+            rc = kv_fail(err, KV_EINPUT,
+                         "%s: layer similarity of layer %d is %.6g, outside [-1, 1]; the "
+                         "profile is damaged: run kvplan profile again",
+                         path, l, out->layer_sim[l]);
     kv_h5_close(f);
     if (rc) kv_profile_inputs_free(out);
     return rc;
