@@ -12,6 +12,7 @@
 #include "kvplan/h5io.h"
 #include "kvplan/model.h"
 #include "kvplan/plan.h"
+#include "kvplan/search.h"
 #include "kvplan/sensitivity.h"
 #include "kvplan/tokenizer.h"
 #include "testutil.h"
@@ -269,6 +270,103 @@ static void test_search_and_write(void) {
     kv_sens_result_free(&r);
 }
 
+/* Heads may choose their policy: with candidates sink and h2o, h2o's floor is p = 4 tokens
+ * (1 block) and sink's 4 sinks + p (2 blocks), so level 1 is measured for h2o only; the base
+ * point (sink at 8 blocks) is zero and h2o at the same level is a real, different run. */
+static void test_policy_choice(void) {
+    CU_ASSERT_PTR_NOT_NULL_FATAL(eng);
+    kv_error err = {0};
+    kv_sens_opts o = so;
+    o.n_policies = 2;
+    o.policies[0] = KV_POLICY_SINK;
+    o.policies[1] = KV_POLICY_H2O;
+    const int lv[3] = {1, 8, 32};
+    kv_sens_curves c;
+    int rc = kv_sens_measure(eng, model, ids, 1, NULL, NULL, lv, 3, &o, &c, &err);
+    if (rc) fprintf(stderr, "%s\n", err.msg);
+    CU_ASSERT_EQUAL_FATAL(rc, KV_OK);
+    CU_ASSERT_EQUAL(c.n_policies, 2);
+    int differ = 0;
+    for (int h = 0; h < c.n_heads; h++) {
+        const double *sink = c.delta_nll + (size_t)h * 2 * 3, *h2o = sink + 3;
+        CU_ASSERT(isnan(sink[0])); /* 4 tokens: below sink's floor of 8 */
+        CU_ASSERT(isfinite(h2o[0]));
+        CU_ASSERT_EQUAL(sink[1], 0.0);
+        CU_ASSERT(isfinite(h2o[1]));
+        differ |= h2o[1] != 0.0;
+    }
+    CU_ASSERT(differ);
+    int *bud = malloc(sizeof(int) * (size_t)c.n_heads);
+    kv_policy *pol = malloc(sizeof(kv_policy) * (size_t)c.n_heads);
+    CU_ASSERT_EQUAL(kv_sens_allocate(&c, &o, bud, pol, NULL, &err), KV_OK);
+    long sum = 0;
+    for (int h = 0; h < c.n_heads; h++) {
+        sum += bud[h];
+        CU_ASSERT(pol[h] == KV_POLICY_SINK || pol[h] == KV_POLICY_H2O);
+        CU_ASSERT(bud[h] >= kv_policy_fixed_tokens(pol[h]) + 4);
+    }
+    CU_ASSERT_EQUAL(sum, 32L * c.n_heads);
+    free(bud);
+    free(pol);
+    kv_sens_curves_free(&c);
+}
+
+/* The search with sensitivity on and the uniform grid: the sensitivity solution wins on the
+ * search tokens only when it beats uniform there, the held-out figures exist, and the plan
+ * file carries the allocation, the per-head policies and the curves. */
+static void test_search_run(void) {
+    CU_ASSERT_PTR_NOT_NULL_FATAL(model);
+    kv_error err = {0};
+    kv_search_opts o;
+    kv_search_opts_default(&o, model);
+    o.allocation = KV_ALLOC_UNIFORM;
+    o.ratio = 0.25;
+    o.context = CTX;
+    o.block_size = 4;
+    o.evict_block = 4;
+    o.eval_tokens = 2 * CTX;
+    o.heldout_tokens = CTX;
+    o.device = KV_DEVICE_CPU;
+    o.sensitivity = 1;
+    o.sens.calib_chunks = 1;
+    o.sens.max_levels = 5;
+    o.sens.max_rounds = 2;
+    o.sens.batch = 16;
+    kv_search_result r;
+    int rc = kv_search_run(model, NULL, ids, n_ids, &o, &r, &err);
+    if (rc) fprintf(stderr, "%s\n", err.msg);
+    CU_ASSERT_EQUAL_FATAL(rc, KV_OK);
+    CU_ASSERT(r.have_sens);
+    CU_ASSERT_EQUAL(r.winner_sens, r.sens_ppl < r.base_ppl[1]);
+    CU_ASSERT(isfinite(r.sens_heldout) && isfinite(r.grid_heldout));
+    CU_ASSERT_DOUBLE_EQUAL(r.grid_heldout, r.heldout_ppl[2], 1e-12); /* the grid is uniform */
+    CU_ASSERT_EQUAL(r.identical_to_uniform, !r.winner_sens);
+    kv_alloc_params ap;
+    kv_alloc_params_default(&ap);
+    ap.kind = KV_ALLOC_UNIFORM;
+    ap.ratio = 0.25;
+    ap.context = CTX;
+    ap.block_size = 4;
+    ap.min_tokens = 8;
+    CU_ASSERT_EQUAL_FATAL(kv_plan_file_write(tu_tmp("run.h5"), "test", NULL, model, &ap,
+                                             KV_POLICY_SINK, 4, r.tokens, &o, &r, &err),
+                          KV_OK);
+    kv_plan p;
+    CU_ASSERT_EQUAL_FATAL(kv_plan_read(tu_tmp("run.h5"), &p, &err), KV_OK);
+    CU_ASSERT_STRING_EQUAL(p.allocation, r.winner_sens ? "sensitivity" : "uniform");
+    for (int h = 0; h < p.n_layers * p.n_kv_heads; h++) CU_ASSERT_EQUAL(p.budget[h], r.tokens[h]);
+    kv_plan_free(&p);
+    kv_h5 *f = NULL;
+    CU_ASSERT_EQUAL_FATAL(kv_h5_open_read(tu_tmp("run.h5"), &f, &err), KV_OK);
+    CU_ASSERT(kv_h5_exists(f, "/sensitivity/delta_nll"));
+    CU_ASSERT(kv_h5_exists(f, "/sensitivity/rounds/perplexity"));
+    long ident = -1;
+    CU_ASSERT_EQUAL(kv_h5_read_attr_i64(f, "/", "identical_to_uniform", &ident, &err), KV_OK);
+    CU_ASSERT_EQUAL(ident, r.identical_to_uniform);
+    kv_h5_close(f);
+    kv_search_result_free(&r);
+}
+
 /* The CLI: --allocation sensitivity writes a plan with per-head policies and curves; a ratio
  * that leaves no room is refused with the values to pass. */
 static void test_cli(void) {
@@ -298,6 +396,15 @@ static void test_cli(void) {
     CU_ASSERT_NOT_EQUAL(tu_run_kvplan(args, &out, 1), 0);
     CU_ASSERT(out && strstr(out, "--block-size 1 --evict-block 1"));
     free(out);
+    /* a uniform plan says so on stderr */
+    snprintf(args, sizeof args,
+             "search --model %s --text %s --ratio 0.25 --context 128 --allocation uniform "
+             "--eval-tokens 128 --heldout-tokens 0 --quiet -o %s",
+             tu_shared(MODEL), tu_shared(TEXT), tu_tmp("uni.h5"));
+    out = NULL;
+    CU_ASSERT_EQUAL(tu_run_kvplan(args, &out, 1), 0);
+    CU_ASSERT(out && strstr(out, "identical to the uniform plan"));
+    free(out);
 }
 
 static void teardown(void) {
@@ -313,6 +420,8 @@ int main(void) {
                                     {"curves", test_curves},
                                     {"allocate", test_allocate},
                                     {"search_and_write", test_search_and_write},
+                                    {"policy_choice", test_policy_choice},
+                                    {"search_run", test_search_run},
                                     {"cli", test_cli},
                                     {"teardown", teardown}};
     return tu_main("sensitivity", tests, sizeof tests / sizeof tests[0]);
