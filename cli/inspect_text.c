@@ -483,7 +483,9 @@ static void print_winner(FILE *out, const ki_file *f) {
         print_cell(out, &g, g.all.best, 0, ", ");
         fprintf(out, "): ");
     } else if (!from_grid && has_grid) {
-        fprintf(out, " baseline, which beat the grid's best cell");
+        fprintf(out, "%s, which beat the grid's best cell",
+                strcmp(w, "sensitivity") ? " baseline"
+                                         : " allocation (measured per-head loss curves)");
         if (g.all.best >= 0) {
             fprintf(out, " (");
             print_cell(out, &g, g.all.best, 0, ", ");
