@@ -45,7 +45,9 @@ static void help(FILE *f) {
             "  --sens-levels N        sensitivity: measured budget levels per head (default 16)\n"
             "  --sens-rounds N        sensitivity: solve rounds, 1 = no refinement (default 3)\n"
             "  --sens-batch N         sensitivity: perturbations per batched pass (default 32)\n"
-            "  --sens-objective O     sensitivity: kl (default) or nll, what the knapsack sums\n"
+            "  --sens-objective O     sensitivity: what the knapsack sums: kl (KL to the full\n"
+            "                         cache), nll, or both (default: one solution each, the\n"
+            "                         better on the search tokens kept)\n"
             "  --sens-policies LIST   sensitivity: policies a head may choose, e.g. sink,h2o\n"
             "                         (default: the --policy only)\n%s",
             KV_SQUEEZE_DEFAULT_P, kv_plan_args_help);
@@ -181,7 +183,7 @@ int kv_cmd_search(int argc, char **argv) {
     }
     int rc = kv_plan_args_setup(&a, &m, &prof, &have_prof, &ap, &policy, &evict_block, &err);
     if (!rc) rc = choose_blocks(&a, policy, &ap, &evict_block, &err);
-    kv_sens_objective objective = KV_SENS_OBJ_KL;
+    kv_sens_objective objective = KV_SENS_OBJ_BOTH;
     kv_policy spolicies[KV_SENS_MAX_POLICIES];
     int n_spol = 0;
     if (!rc && sobj) {
@@ -189,8 +191,10 @@ int kv_cmd_search(int argc, char **argv) {
             objective = KV_SENS_OBJ_KL;
         else if (!strcmp(sobj, "nll"))
             objective = KV_SENS_OBJ_NLL;
+        else if (!strcmp(sobj, "both"))
+            objective = KV_SENS_OBJ_BOTH;
         else
-            rc = kv_fail(&err, KV_EINPUT, "--sens-objective '%s': expected kl or nll", sobj);
+            rc = kv_fail(&err, KV_EINPUT, "--sens-objective '%s': expected kl, nll or both", sobj);
     }
     if (!rc && spol) rc = parse_policies(spol, spolicies, &n_spol, &err);
     if (!rc) rc = kv_grid_parse(tg ? tg : "0.50:0.95:0.05", "--t-grid", 0.0, 1.0, &tv, &nt, &err);

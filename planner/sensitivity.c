@@ -23,7 +23,7 @@ void kv_sens_opts_default(kv_sens_opts *o, const kv_model *m) {
     o->batch = 32;
     o->calib_chunks = 2;
     o->max_rounds = 3;
-    o->objective = KV_SENS_OBJ_KL;
+    o->objective = KV_SENS_OBJ_BOTH;
 }
 
 void kv_sens_curves_free(kv_sens_curves *c) {
@@ -41,6 +41,7 @@ void kv_sens_result_free(kv_sens_result *r) {
     kv_sens_curves_free(&r->curves);
     free(r->round_ppl);
     free(r->round_pred);
+    free(r->round_obj);
     free(r->budget);
     free(r->policy);
     memset(r, 0, sizeof *r);
@@ -539,9 +540,13 @@ int kv_sens_search(kv_engine *e, const kv_model *m, const int *ids, int n_search
     r->round_pred = kv_malloc((size_t)o->max_rounds * sizeof *r->round_pred, "rounds", err);
     r->budget = kv_malloc((size_t)nh * sizeof *r->budget, "budgets", err);
     r->policy = kv_malloc((size_t)nh * sizeof *r->policy, "policies", err);
+    r->round_obj = kv_malloc((size_t)o->max_rounds * sizeof *r->round_obj, "rounds", err);
     int *cand = kv_malloc((size_t)nh * sizeof *cand, "budgets", err);
     kv_policy *cpol = kv_malloc((size_t)nh * sizeof *cpol, "policies", err);
-    if (!r->round_ppl || !r->round_pred || !r->budget || !r->policy || !cand || !cpol) {
+    int *cand2 = kv_malloc((size_t)nh * sizeof *cand2, "budgets", err);
+    kv_policy *cpol2 = kv_malloc((size_t)nh * sizeof *cpol2, "policies", err);
+    if (!r->round_ppl || !r->round_pred || !r->round_obj || !r->budget || !r->policy || !cand ||
+        !cpol || !cand2 || !cpol2) {
         rc = KV_EINTERNAL;
         goto done;
     }
@@ -565,20 +570,41 @@ int kv_sens_search(kv_engine *e, const kv_model *m, const int *ids, int n_search
         }
         if (rc) break;
         r->token_evals += cv->token_evals;
-        double pred = 0, ppl = NAN;
-        rc = kv_sens_allocate(cv, o, cand, cpol, &pred, err);
+        /* one knapsack per objective (KL and NLL for `both`); each distinct solution is
+         * verified on the search chunks and the round keeps the better */
+        double pred = 0, ppl = HUGE_VAL;
+        int obj_used = -1, same = 1;
+        const int n_obj = o->objective == KV_SENS_OBJ_BOTH ? 2 : 1;
+        for (int oi = 0; oi < n_obj && !rc; oi++) {
+            kv_sens_opts oo = *o;
+            oo.objective = n_obj == 2 ? (oi == 0 ? KV_SENS_OBJ_KL : KV_SENS_OBJ_NLL) : o->objective;
+            double pr = 0, pp = NAN;
+            rc = kv_sens_allocate(cv, &oo, cand2, cpol2, &pr, err);
+            if (rc) break;
+            if (oi > 0 && !memcmp(cand2, cand, (size_t)nh * sizeof *cand) &&
+                !memcmp(cpol2, cpol, (size_t)nh * sizeof *cpol))
+                continue; /* the same solution as the first objective's */
+            int unchanged = !memcmp(cand2, r->budget, (size_t)nh * sizeof *cand) &&
+                            !memcmp(cpol2, r->policy, (size_t)nh * sizeof *cpol);
+            if (unchanged)
+                pp = r->ppl;
+            else
+                rc = search_ppl(e, ids, n_search, C, cand2, cpol2, &pp, &r->token_evals, err);
+            if (rc) break;
+            if (oi == 0 || pp < ppl) {
+                ppl = pp;
+                pred = pr;
+                obj_used = oo.objective;
+                same = unchanged;
+                memcpy(cand, cand2, (size_t)nh * sizeof *cand);
+                memcpy(cpol, cpol2, (size_t)nh * sizeof *cpol);
+            }
+        }
         if (cv != &r->curves) kv_sens_curves_free(cv);
         if (rc) break;
-        int same = !memcmp(cand, r->budget, (size_t)nh * sizeof *cand) &&
-                   !memcmp(cpol, r->policy, (size_t)nh * sizeof *cpol);
-        if (same) {
-            ppl = r->ppl;
-        } else {
-            rc = search_ppl(e, ids, n_search, C, cand, cpol, &ppl, &r->token_evals, err);
-            if (rc) break;
-        }
         r->round_ppl[round] = ppl;
         r->round_pred[round] = pred;
+        r->round_obj[round] = obj_used;
         r->rounds = round + 1;
         if (o->progress && !o->progress->quiet)
             kv_progress_print(o->progress, 1,
@@ -594,6 +620,8 @@ int kv_sens_search(kv_engine *e, const kv_model *m, const int *ids, int n_search
 done:
     free(cand);
     free(cpol);
+    free(cand2);
+    free(cpol2);
     r->seconds = kv_now() - t0;
     if (rc) kv_sens_result_free(r);
     return rc;
@@ -628,9 +656,11 @@ int kv_sens_write(kv_h5 *f, int n_layers, int n_kv_heads, const kv_sens_opts *o,
         rc = kv_h5_write_f64(f, "/sensitivity/rounds/perplexity", 1, &dr, r->round_ppl,
                              "perplexity", err);
     if (!rc && dr > 0)
-        rc =
-            kv_h5_write_f64(f, "/sensitivity/rounds/predicted", 1, &dr, r->round_pred,
-                            o->objective == KV_SENS_OBJ_KL ? "nats/token (KL)" : "nats/token", err);
+        rc = kv_h5_write_f64(f, "/sensitivity/rounds/predicted", 1, &dr, r->round_pred,
+                             "nats/token (KL or NLL, see objective)", err);
+    if (!rc && dr > 0)
+        rc = kv_h5_write_i32(f, "/sensitivity/rounds/objective", 1, &dr, r->round_obj,
+                             "0 kl, 1 nll", err);
     char pols[128] = "";
     for (int q = 0; q < Q; q++) {
         size_t l = strlen(pols);
@@ -641,7 +671,11 @@ int kv_sens_write(kv_h5 *f, int n_layers, int n_kv_heads, const kv_sens_opts *o,
     if (!rc) rc = kv_h5_attr_str(f, g, "policy", kv_policy_name(o->policy), err);
     if (!rc) rc = kv_h5_attr_str(f, g, "policies", pols, err);
     if (!rc)
-        rc = kv_h5_attr_str(f, g, "objective", o->objective == KV_SENS_OBJ_KL ? "kl" : "nll", err);
+        rc = kv_h5_attr_str(f, g, "objective",
+                            o->objective == KV_SENS_OBJ_KL    ? "kl"
+                            : o->objective == KV_SENS_OBJ_NLL ? "nll"
+                                                              : "both",
+                            err);
     if (!rc) rc = kv_h5_attr_i64(f, g, "block_size", o->block_size, err);
     if (!rc) rc = kv_h5_attr_i64(f, g, "evict_block", o->evict_block, err);
     if (!rc) rc = kv_h5_attr_i64(f, g, "context_length", o->context, err);

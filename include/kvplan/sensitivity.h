@@ -39,7 +39,9 @@ extern "C" {
 
 #define KV_SENS_MAX_POLICIES 4
 
-typedef enum { KV_SENS_OBJ_KL = 0, KV_SENS_OBJ_NLL = 1 } kv_sens_objective;
+/* What the knapsack minimises: the KL increase, the NLL change, or both (one knapsack each,
+ * both solutions verified on the search tokens, the better kept). */
+typedef enum { KV_SENS_OBJ_KL = 0, KV_SENS_OBJ_NLL = 1, KV_SENS_OBJ_BOTH = 2 } kv_sens_objective;
 
 typedef struct kv_sens_opts {
     double ratio;     /* R in (0, 1] */
@@ -53,12 +55,12 @@ typedef struct kv_sens_opts {
     int batch;        /* perturbations per batched pass (default 32) */
     int calib_chunks; /* calibration chunks: the first of the search chunks (default 2) */
     int max_rounds;   /* solve rounds (1 = no refinement; default 3) */
-    kv_sens_objective objective; /* what the knapsack minimises (default KL) */
+    kv_sens_objective objective; /* what the knapsack minimises (default both) */
     kv_progress *progress;       /* NULL = silent */
 } kv_sens_opts;
 
 /* Defaults: R 0.5, C = model seq_len (256 without a model), b_s 16, p 16, sink, max_levels 16,
- * batch 32, 2 calibration chunks, 3 rounds, KL. */
+ * batch 32, 2 calibration chunks, 3 rounds, objective both. */
 void kv_sens_opts_default(kv_sens_opts *o, const kv_model *m);
 
 typedef struct kv_sens_curves {
@@ -111,9 +113,10 @@ int kv_mckp_solve_dp(int n_items, int n_opts, const double *cost, const int *siz
 
 /* The allocation `sensitivity`: from curves c, one (policy, block level) per head with
  * sum(blocks) = floor(R * n_heads * C / b_s), minimising the summed objective (o->objective)
- * interpolated linearly in blocks between measured levels (every block multiple from the
- * policy's floor to ceil(C / b_s) is an option). budget [n_heads] tokens, policy [n_heads];
- * *predicted (may be NULL) the summed predicted change. Errors as kv_mckp_solve_mip. */
+ * (KL or NLL; both counts as KL here) interpolated linearly in blocks between measured levels
+ * (every block multiple from the policy's floor to ceil(C / b_s) is an option). budget [n_heads]
+ * tokens, policy [n_heads]; *predicted (may be NULL) the summed predicted change. Errors as
+ * kv_mckp_solve_mip. */
 int kv_sens_allocate(const kv_sens_curves *c, const kv_sens_opts *o, int *budget, kv_policy *policy,
                      double *predicted, kv_error *err);
 
@@ -122,6 +125,7 @@ typedef struct kv_sens_result {
     int rounds;            /* solves run */
     double *round_ppl;     /* [rounds] search perplexity of each round's solution, owned */
     double *round_pred;    /* [rounds] predicted objective change of each solution, owned */
+    int *round_obj;        /* [rounds] the objective whose solution the round kept, owned */
     int best_round;        /* 0-based round of the kept solution */
     int *budget;           /* [n_heads] kept budgets (tokens), owned */
     kv_policy *policy;     /* [n_heads] kept policies, owned */
