@@ -45,9 +45,9 @@ static void help(FILE *f) {
             "  --sens-levels N        sensitivity: measured budget levels per head (default 16)\n"
             "  --sens-rounds N        sensitivity: solve rounds, 1 = no refinement (default 3)\n"
             "  --sens-batch N         sensitivity: perturbations per batched pass (default 32)\n"
-            "  --sens-objective O     sensitivity: what the knapsack sums: kl (KL to the full\n"
-            "                         cache), nll, or both (default: one solution each, the\n"
-            "                         better on the search tokens kept)\n"
+            "  --sens-objective O     sensitivity: what the knapsack sums: kl (default: KL to the\n"
+            "                         full cache), nll, or both (one solution each, the better\n"
+            "                         on the search tokens kept)\n"
             "  --sens-policies LIST   sensitivity: policies a head may choose, e.g. sink,h2o\n"
             "                         (default: the --policy only)\n%s",
             KV_SQUEEZE_DEFAULT_P, kv_plan_args_help);
@@ -183,7 +183,7 @@ int kv_cmd_search(int argc, char **argv) {
     }
     int rc = kv_plan_args_setup(&a, &m, &prof, &have_prof, &ap, &policy, &evict_block, &err);
     if (!rc) rc = choose_blocks(&a, policy, &ap, &evict_block, &err);
-    kv_sens_objective objective = KV_SENS_OBJ_BOTH;
+    kv_sens_objective objective = KV_SENS_OBJ_KL;
     kv_policy spolicies[KV_SENS_MAX_POLICIES];
     int n_spol = 0;
     if (!rc && sobj) {

@@ -23,7 +23,7 @@ void kv_sens_opts_default(kv_sens_opts *o, const kv_model *m) {
     o->batch = 32;
     o->calib_chunks = 2;
     o->max_rounds = 3;
-    o->objective = KV_SENS_OBJ_BOTH;
+    o->objective = KV_SENS_OBJ_KL;
 }
 
 void kv_sens_curves_free(kv_sens_curves *c) {

@@ -55,12 +55,12 @@ typedef struct kv_sens_opts {
     int batch;        /* perturbations per batched pass (default 32) */
     int calib_chunks; /* calibration chunks: the first of the search chunks (default 2) */
     int max_rounds;   /* solve rounds (1 = no refinement; default 3) */
-    kv_sens_objective objective; /* what the knapsack minimises (default both) */
+    kv_sens_objective objective; /* what the knapsack minimises (default KL) */
     kv_progress *progress;       /* NULL = silent */
 } kv_sens_opts;
 
 /* Defaults: R 0.5, C = model seq_len (256 without a model), b_s 16, p 16, sink, max_levels 16,
- * batch 32, 2 calibration chunks, 3 rounds, objective both. */
+ * batch 32, 2 calibration chunks, 3 rounds, objective KL. */
 void kv_sens_opts_default(kv_sens_opts *o, const kv_model *m);
 
 typedef struct kv_sens_curves {
