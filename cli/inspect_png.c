@@ -695,6 +695,77 @@ static int png_budget(const ki_file *f, const char *path, kv_error *err) {
     return render(&s, path, err);
 }
 
+static int sens_ok(const ki_file *f) {
+    const ki_dset *kl = ki_dset_find(f, "/sensitivity/kl");
+    const ki_dset *dn = ki_dset_find(f, "/sensitivity/delta_nll");
+    const ki_dset *lt = ki_dset_find(f, "/sensitivity/level_tokens");
+    if (!kl || !kl->v || !dn || !dn->v || !lt || !lt->v || (kl->rank != 3 && kl->rank != 4))
+        return 0;
+    size_t q = kl->rank == 4 ? (size_t)kl->dims[2] : 1;
+    return kl->count == dn->count && lt->count > 0 &&
+           (size_t)kl->dims[0] * kl->dims[1] * q * lt->count == kl->count;
+}
+
+/* The loss curves as a [head x level] heat map (first candidate policy), the chosen budget
+ * of each head dotted (the measured level nearest to it). */
+static int png_sensitivity(const ki_file *f, const char *path, kv_error *err) {
+    const ki_dset *kl = ki_dset_find(f, "/sensitivity/kl");
+    const ki_dset *dn = ki_dset_find(f, "/sensitivity/delta_nll");
+    const ki_dset *lt = ki_dset_find(f, "/sensitivity/level_tokens");
+    const ki_dset *bu = ki_dset_find(f, "/sensitivity/budget");
+    int L = (int)kl->dims[0], H = (int)kl->dims[1], K = (int)lt->count;
+    int Q = kl->rank == 4 ? (int)kl->dims[2] : 1, n = L * H;
+    const char *obj = ki_attr_str(f, "/sensitivity", "objective");
+    int use_kl = !obj || strcmp(obj, "nll") != 0;
+    double base_kl = ki_attr_num(f, "/sensitivity", "base_kl", 0.0);
+    double *v = kv_malloc((size_t)n * K * sizeof *v, "sensitivity picture", err);
+    char *dots = kv_calloc((size_t)n * K, 1, "sensitivity picture", err);
+    double *yv = kv_malloc((size_t)n * sizeof *yv, "sensitivity picture", err);
+    if (!v || !dots || !yv) {
+        free(v);
+        free(dots);
+        free(yv);
+        return KV_EINTERNAL;
+    }
+    for (int h = 0; h < n; h++) {
+        yv[h] = h;
+        int best = -1;
+        for (int k = 0; k < K; k++) {
+            size_t i = (size_t)h * Q * K + k;
+            v[(size_t)h * K + k] = 1e3 * (use_kl ? kl->v[i] - base_kl : dn->v[i]);
+            if (bu && bu->v && (int)bu->count == n &&
+                (best < 0 || fabs(lt->v[k] - bu->v[h]) < fabs(lt->v[best] - bu->v[h])))
+                best = k;
+        }
+        if (best >= 0) dots[(size_t)h * K + best] = 1;
+    }
+    hm_panel p = panel(v, n, K, NULL);
+    p.dots = dots;
+    hm_spec s = spec("Per-head loss curves", "budget level (tokens)", "head (layer-major l*H_kv+j)",
+                     use_kl ? "KL to full cache - uniform's (x 1e-3 nats)"
+                            : "change of mean NLL (x 1e-3 nats/token)",
+                     &p, 1, CMAP_DIVERGING);
+    char sub[200];
+    snprintf(sub, sizeof sub,
+             "one KV head at a budget level, every other head at the uniform R = %.3g; "
+             "%.0f calibration tokens",
+             ki_attr_num(f, "/sensitivity", "ratio", NAN),
+             ki_attr_num(f, "/sensitivity", "calibration_tokens", NAN));
+    s.subtitle = sub;
+    s.xvals = lt->v;
+    s.xscale = 1;
+    s.xfmt = "%.0f";
+    s.yvals = yv;
+    s.yscale = 1;
+    s.yfmt = "%.0f";
+    s.dot_legend = "dot: chosen budget";
+    int rc = render(&s, path, err);
+    free(v);
+    free(dots);
+    free(yv);
+    return rc;
+}
+
 int ki_write_pngs(const ki_file *f, const char *dir, FILE *log, int *n_written, kv_error *err) {
     *n_written = 0;
     if (mkdir(dir, 0777) != 0 && errno != EEXIST)
@@ -725,6 +796,7 @@ int ki_write_pngs(const ki_file *f, const char *dir, FILE *log, int *n_written, 
          png_consistency},
         {"search_perplexity.png", ki_search_grid(f, &g), png_search},
         {"budget_tokens.png", ki_matrix(f, "/budget/tokens", 0, &L, &hkv) != NULL, png_budget},
+        {"sensitivity.png", sens_ok(f), png_sensitivity},
     };
     for (size_t i = 0; i < sizeof pics / sizeof pics[0]; i++) {
         if (!pics[i].ok) continue;

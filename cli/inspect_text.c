@@ -508,7 +508,9 @@ static void print_winner(FILE *out, const ki_file *f) {
         print_cell(out, &g, g.all.best, 0, ", ");
         fprintf(out, "): ");
     } else if (!from_grid && has_grid) {
-        fprintf(out, " baseline, which beat the grid's best cell");
+        fprintf(out, "%s, which beat the grid's best cell",
+                strcmp(w, "sensitivity") ? " baseline"
+                                         : " allocation (measured per-head loss curves)");
         if (g.all.best >= 0) {
             fprintf(out, " (");
             print_cell(out, &g, g.all.best, 0, ", ");
@@ -598,6 +600,58 @@ static void print_search(FILE *out, const ki_file *f) {
     skip[ns] = NULL;
     const char *const *sk = skip;
     print_generic(out, f, "/search", sk);
+}
+
+/* /sensitivity: one row per head, its curve (the knapsack's objective: KL to the full cache
+ * minus the base's, or the change of NLL) at every measured level, the chosen budget marked. */
+static void print_sensitivity(FILE *out, const ki_file *f) {
+    const ki_dset *kl = ki_dset_find(f, "/sensitivity/kl");
+    const ki_dset *dn = ki_dset_find(f, "/sensitivity/delta_nll");
+    const ki_dset *lt = ki_dset_find(f, "/sensitivity/level_tokens");
+    const ki_dset *bu = ki_dset_find(f, "/sensitivity/budget");
+    if (!kl || !kl->v || !dn || !dn->v || !lt || !lt->v || kl->rank < 3) return;
+    int L = (int)kl->dims[0], H = (int)kl->dims[1], K = (int)lt->count;
+    int Q = kl->rank == 4 ? (int)kl->dims[2] : 1;
+    if ((size_t)L * H * Q * K != kl->count || kl->count != dn->count) return;
+    const char *obj = ki_attr_str(f, "/sensitivity", "objective");
+    int use_kl = !obj || strcmp(obj, "nll") != 0;
+    double base_kl = ki_attr_num(f, "/sensitivity", "base_kl", 0.0);
+    fprintf(out, "\nsensitivity (R %.4g, policies %s, %ld calibration tokens, objective %s):\n",
+            ki_attr_num(f, "/sensitivity", "ratio", NAN),
+            ki_attr_str(f, "/sensitivity", "policies") ? ki_attr_str(f, "/sensitivity", "policies")
+                                                       : "?",
+            (long)ki_attr_num(f, "/sensitivity", "calibration_tokens", 0),
+            use_kl ? "KL to the full cache (x 1e3, minus the uniform start's)"
+                   : "change of mean NLL (x 1e3 nats/token)");
+    fprintf(out,
+            "  curves cost %ld token evaluations in %.1f s; search perplexity: uniform %.4f, "
+            "sensitivity %.4f (round %ld of %ld)\n",
+            (long)ki_attr_num(f, "/sensitivity", "curve_token_evals", 0),
+            ki_attr_num(f, "/sensitivity", "curve_seconds", NAN),
+            ki_attr_num(f, "/sensitivity", "uniform_perplexity", NAN),
+            ki_attr_num(f, "/sensitivity", "perplexity", NAN),
+            (long)ki_attr_num(f, "/sensitivity", "best_round", -1) + 1,
+            (long)ki_attr_num(f, "/sensitivity", "rounds", 0));
+    for (int q = 0; q < Q; q++) {
+        if (Q > 1) fprintf(out, "  policy %d:\n", q);
+        fprintf(out, "  %-8s", "tokens");
+        for (int k = 0; k < K; k++) fprintf(out, " %7.0f", lt->v[k]);
+        fprintf(out, "   chosen\n");
+        for (int h = 0; h < L * H; h++) {
+            fprintf(out, "  l%d h%-4d", h / H, h % H);
+            double chosen = bu && bu->v && (int)bu->count == L * H ? bu->v[h] : NAN;
+            for (int k = 0; k < K; k++) {
+                size_t i = ((size_t)h * Q + q) * K + k;
+                double v = use_kl ? kl->v[i] - base_kl : dn->v[i];
+                if (isfinite(v))
+                    fprintf(out, " %7.2f", 1e3 * v);
+                else
+                    fprintf(out, " %7s", "-");
+            }
+            if (isfinite(chosen)) fprintf(out, "   %.0f", chosen);
+            fputc('\n', out);
+        }
+    }
 }
 
 static void print_section(FILE *out, const ki_file *f, const char *grp, const char *title) {
@@ -735,6 +789,7 @@ void ki_print_text(FILE *out, const ki_file *f) {
     if (f->is_plan) {
         print_plan(out, f);
         print_search(out, f);
+        print_sensitivity(out, f);
         int has_kvpr = 0, has_batch = 0;
         for (int g = 0; g < f->n_groups; g++) {
             if (!strcmp(f->groups[g], "/kvpr")) has_kvpr = 1;
