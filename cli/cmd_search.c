@@ -77,6 +77,9 @@ int kv_cmd_search(int argc, char **argv) {
         help(stderr);
         return 1;
     }
+    kv_tasks *tasks = NULL; /* MPI ranks when started by mpirun / srun */
+    if (kv_tasks_init(NULL, NULL, &tasks, &err)) return kv_cli_report("search", &err);
+    const int rank = kv_tasks_rank(tasks);
     kv_model *m = NULL;
     kv_profile_inputs prof;
     int have_prof = 0, evict_block = 0;
@@ -107,7 +110,7 @@ int kv_cmd_search(int argc, char **argv) {
         free(text);
     }
     kv_progress prog;
-    kv_progress_init(&prog, a.quiet);
+    kv_progress_init(&prog, a.quiet || rank != 0); /* progress from rank 0 only */
     kv_search_opts so;
     if (!rc) {
         kv_search_opts_default(&so, m);
@@ -126,12 +129,14 @@ int kv_cmd_search(int argc, char **argv) {
         so.progress = &prog;
         rc = kv_cli_device(device_name, &so.device, &err);
     }
+    rc = kv_tasks_agree(tasks, rc, &err); /* no rank enters the search alone */
     if (!rc) {
+        so.tasks = tasks;
         rc = kv_search_run(m, have_prof ? &prof : NULL, ids, n_ids, &so, &res, &err);
     }
     char cmd[4096] = "kvplan ";
     kv_cli_command_line(argc, argv, cmd + 7, sizeof cmd - 7);
-    if (!rc) {
+    if (!rc && rank == 0) { /* only rank 0 writes files and prints */
         ap.kind = res.winner_kind;
         ap.t = res.best_t;
         ap.r = res.best_r;
@@ -139,7 +144,7 @@ int kv_cmd_search(int argc, char **argv) {
         rc = kv_plan_file_write(a.out, cmd, a.profile, m, &ap, policy, evict_block, res.tokens, &so,
                                 &res, &err);
     }
-    if (!rc) {
+    if (!rc && rank == 0) {
         printf("plan         %s\nallocation   %s", a.out, kv_alloc_name(ap.kind));
         if (ap.kind == KV_ALLOC_BAKLAVA)
             printf(" (t %.3g, r %.3g, p %.3g)", res.best_t, res.best_r, res.best_p);
@@ -177,5 +182,13 @@ int kv_cmd_search(int argc, char **argv) {
     free(pv);
     kv_profile_inputs_free(&prof);
     kv_model_free(m);
-    return rc ? kv_cli_report("search", &err) : 0;
+    if (rank != 0) { /* workers exit quietly with rank 0's code */
+        int rc0 = kv_tasks_bcast_int(tasks, rc ? 1 : 0);
+        kv_tasks_finalize(tasks);
+        return rc0;
+    }
+    int code = rc ? kv_cli_report("search", &err) : 0;
+    kv_tasks_bcast_int(tasks, code);
+    kv_tasks_finalize(tasks);
+    return code;
 }

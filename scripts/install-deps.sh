@@ -4,7 +4,8 @@
 set -euo pipefail
 pkgs=(build-essential cmake pkg-config
       libopenblas-dev libhdf5-dev hdf5-tools libgsl-dev libglpk-dev libcunit1-dev
-      libcjson-dev libpcre2-dev libpng-dev libcairo2-dev libssl-dev)
+      libcjson-dev libpcre2-dev libpng-dev libcairo2-dev libssl-dev
+      libopenmpi-dev openmpi-bin)
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -21,6 +21,7 @@
 #include "kvplan/alloc.h"
 #include "kvplan/backend.h"
 #include "kvplan/common.h"
+#include "kvplan/tasks.h"
 #include "kvplan/h5io.h"
 #include "kvplan/kvcache.h"
 #include "kvplan/model.h"
@@ -71,6 +72,9 @@ typedef struct kv_search_opts {
     int halving_min_chunks; /* first-round chunks of successive halving (default 1) */
     kv_progress *progress;  /* NULL = silent; prints progress with an ETA */
     kv_device device;       /* the engine's device (auto, cpu, cuda) */
+    kv_tasks *tasks;        /* NULL: one process; else the chunk evaluations run as tasks
+                             * (kvplan/tasks.h), over MPI ranks when there are several; the
+                             * result is identical either way */
 } kv_search_opts;
 
 /* Defaults: baklava, R = 0.5, C = model seq_len, b_s = 16, p = 16, sink, t and r grids NULL
