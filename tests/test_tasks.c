@@ -1,0 +1,226 @@
+/* Tests of runtime/tasks.c (the task model of DESIGN.md "Past one machine") and of
+ * `kvplan search` under mpirun: the plan file of an MPI run equals the one-process run's
+ * (every dataset bit for bit; only the attributes command, created and seconds may differ),
+ * on the real stories260K model with a profile the profiler measured. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "kvplan/tasks.h"
+#include "testutil.h"
+
+/* A task whose value depends only on its index; task `fail_at` fails. */
+typedef struct sq_user {
+    long fail_at;
+    long calls;
+} sq_user;
+
+static int sq_task(void *user, long task, double *out, kv_error *err) {
+    sq_user *u = user;
+    u->calls++;
+    if (task == u->fail_at) return kv_fail(err, KV_EINPUT, "task %ld refused", task);
+    out[0] = (double)task * task;
+    out[1] = -(double)task;
+    return KV_OK;
+}
+
+static void test_local(void) {
+    kv_error e;
+    kv_tasks *t = NULL;
+    /* ctest does not start this process through a launcher: one process */
+    CU_ASSERT_EQUAL_FATAL(kv_tasks_init(NULL, NULL, &t, &e), KV_OK);
+    CU_ASSERT_EQUAL(kv_tasks_rank(t), 0);
+    CU_ASSERT_EQUAL(kv_tasks_size(t), 1);
+    CU_ASSERT_EQUAL(kv_tasks_rank(NULL), 0);
+    CU_ASSERT_EQUAL(kv_tasks_size(NULL), 1);
+    double r[2 * 7];
+    sq_user u = {.fail_at = -1};
+    CU_ASSERT_EQUAL(kv_tasks_run(t, 7, 2, sq_task, &u, r, &e), KV_OK);
+    CU_ASSERT_EQUAL(u.calls, 7);
+    for (int i = 0; i < 7; i++) {
+        CU_ASSERT_DOUBLE_EQUAL(r[2 * i], (double)i * i, 0);
+        CU_ASSERT_DOUBLE_EQUAL(r[2 * i + 1], -(double)i, 0);
+    }
+    /* the first failing task stops the run and its error comes back */
+    sq_user f = {.fail_at = 3};
+    CU_ASSERT_EQUAL(kv_tasks_run(NULL, 7, 2, sq_task, &f, r, &e), KV_EINPUT);
+    CU_ASSERT_EQUAL(f.calls, 4);
+    CU_ASSERT_PTR_NOT_NULL(strstr(e.msg, "task 3 refused"));
+    CU_ASSERT_EQUAL(kv_tasks_run(t, 0, 2, sq_task, &u, r, &e), KV_OK);
+    CU_ASSERT_EQUAL(kv_tasks_run(t, 3, 0, sq_task, &u, r, &e), KV_EINPUT);
+    CU_ASSERT_EQUAL(kv_tasks_agree(t, KV_OK, &e), KV_OK);
+    CU_ASSERT_EQUAL(kv_tasks_bcast_int(t, 5), 5);
+    kv_tasks_finalize(t);
+}
+
+/* ------------------------------------------------------------ under mpirun ---- */
+
+/* Run a shell command; stdout+stderr into *out (malloc'ed, may be NULL). Exit code. */
+static int run_sh(const char *cmd, char **out) {
+    FILE *p = popen(cmd, "r");
+    if (!p) return -1;
+    size_t cap = 4096, len = 0, got;
+    char *buf = malloc(cap);
+    while (buf && (got = fread(buf + len, 1, cap - len - 1, p)) > 0) {
+        len += got;
+        if (len + 1 >= cap) {
+            char *nb = realloc(buf, cap * 2);
+            if (!nb) break;
+            buf = nb;
+            cap *= 2;
+        }
+    }
+    if (buf) buf[len] = '\0';
+    int st = pclose(p);
+    if (out)
+        *out = buf;
+    else
+        free(buf);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* mpirun as this container needs it: root allowed, more ranks than cores, shared memory;
+ * --noprefix because Open MPI refuses the prefix "/" it infers from /usr/bin/mpirun. */
+static const char *mpirun(int np) {
+    static char buf[1024];
+    snprintf(buf, sizeof buf,
+             "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader "
+             "'%s' --noprefix --oversubscribe -np %d '%s'",
+             KVPLAN_MPIEXEC, np, KVPLAN_BINARY);
+    return buf;
+}
+
+static int have_mpi(void) {
+    return KVPLAN_MPIEXEC[0] != '\0';
+}
+
+/* h5diff a b lists only the attributes a run may change (command, created, seconds). */
+static int same_plan_file(const char *a, const char *b) {
+    char cmd[2048], *out = NULL;
+    snprintf(cmd, sizeof cmd, "h5diff '%s' '%s' 2>&1", a, b);
+    int rc = run_sh(cmd, &out);
+    int ok = out && (rc == 0 || rc == 1);
+    for (char *l = out; ok && l && *l;) {
+        char *nl = strchr(l, '\n');
+        if (nl) *nl = '\0';
+        if (!strncmp(l, "dataset:", 8) || !strncmp(l, "group:", 6) || strstr(l, "Not comparable"))
+            ok = 0;
+        if (!strncmp(l, "attribute:", 10) && !strstr(l, "<command of") &&
+            !strstr(l, "<created of") && !strstr(l, "<seconds of"))
+            ok = 0;
+        if (!ok) fprintf(stderr, "h5diff %s %s: %s\n", a, b, l);
+        l = nl ? nl + 1 : NULL;
+    }
+    free(out);
+    return ok;
+}
+
+static const char *model(void) {
+    return tu_shared("models/stories260K/stories260K.bin");
+}
+static const char *tokenizer(void) {
+    return tu_shared("models/stories260K/tok512.bin");
+}
+
+static int ensure_profile(void) {
+    static int done = 0;
+    if (done) return 1;
+    char args[4096], *out = NULL;
+    snprintf(args, sizeof args, "profile %s --tokenizer %s --prompts 2 --no-hw --quiet -o %s",
+             model(), tokenizer(), tu_tmp("profile.h5"));
+    int rc = tu_run_kvplan(args, &out, 1);
+    if (rc) fprintf(stderr, "%s\n", out ? out : "");
+    free(out);
+    done = rc == 0;
+    return done;
+}
+
+/* The search arguments of the equality tests (small: 4 search chunks, 1 held-out chunk). */
+static void search_args(char *buf, size_t cap, const char *extra, const char *out) {
+    snprintf(buf, cap,
+             "search --model %s --tokenizer %s --profile %s --text %s --ratio 0.125 "
+             "--t-grid 0.6:0.9:0.1 --r-grid 0.2,0.5 --eval-tokens 2048 --heldout-tokens 512 "
+             "--quiet %s -o %s",
+             model(), tokenizer(), tu_tmp("profile.h5"), tu_shared("text/tinystories_val_head.txt"),
+             extra, out);
+}
+
+static void check_search_equal(const char *extra, const char *tag) {
+    char args[8192], cmd[12288], one[256], many[300], *out = NULL;
+    snprintf(one, sizeof one, "%s", tu_tmp(tag));
+    snprintf(many, sizeof many, "%s.np3", one);
+    search_args(args, sizeof args, extra, one);
+    int rc = tu_run_kvplan(args, &out, 1);
+    CU_ASSERT_EQUAL(rc, 0);
+    if (rc) fprintf(stderr, "%s\n", out ? out : "");
+    free(out);
+    search_args(args, sizeof args, extra, many);
+    snprintf(cmd, sizeof cmd, "%s %s 2>&1", mpirun(3), args);
+    rc = run_sh(cmd, &out);
+    CU_ASSERT_EQUAL(rc, 0);
+    if (rc) fprintf(stderr, "%s\n", out ? out : "");
+    /* rank 0 alone prints the summary */
+    const char *p1 = out ? strstr(out, "plan    ") : NULL;
+    CU_ASSERT_PTR_NOT_NULL(p1);
+    if (p1) CU_ASSERT_PTR_NULL(strstr(p1 + 1, "plan    "));
+    free(out);
+    CU_ASSERT_TRUE(same_plan_file(one, many));
+}
+
+static void test_mpi_search_exhaustive(void) {
+    if (!have_mpi()) {
+        fprintf(stderr, "(no MPI in this build: skipped)\n");
+        return;
+    }
+    CU_ASSERT_TRUE_FATAL(ensure_profile());
+    check_search_equal("", "exh.h5");
+}
+
+static void test_mpi_search_halving(void) {
+    if (!have_mpi()) return;
+    CU_ASSERT_TRUE_FATAL(ensure_profile());
+    check_search_equal("--halving 2", "sh.h5");
+}
+
+/* An input error on every rank: one message (rank 0's), exit 1, no output file, and an old
+ * output file stays as it was. */
+static void test_mpi_error(void) {
+    if (!have_mpi()) return;
+    char args[8192], cmd[12288], *out = NULL;
+    const char *keep = tu_tmp("keep.h5");
+    FILE *f = fopen(keep, "w");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+    fputs("old", f);
+    fclose(f);
+    snprintf(args, sizeof args,
+             "search --model %s --tokenizer %s --profile %s --text %s --ratio 0.125 "
+             "--eval-tokens 2048 --heldout-tokens 512 --quiet -o %s",
+             model(), tokenizer(), tu_tmp("no-such-profile.h5"),
+             tu_shared("text/tinystories_val_head.txt"), keep);
+    snprintf(cmd, sizeof cmd, "%s %s 2>&1", mpirun(3), args);
+    int rc = run_sh(cmd, &out);
+    CU_ASSERT_NOT_EQUAL(rc, 0);
+    const char *m1 = out ? strstr(out, "kvplan search:") : NULL;
+    CU_ASSERT_PTR_NOT_NULL(m1);
+    if (m1) CU_ASSERT_PTR_NULL(strstr(m1 + 1, "kvplan search:"));
+    if (m1) CU_ASSERT_PTR_NOT_NULL(strstr(m1, "no-such-profile.h5"));
+    free(out);
+    char got[8] = {0};
+    f = fopen(keep, "r");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+    CU_ASSERT_EQUAL(fread(got, 1, sizeof got - 1, f), 3);
+    fclose(f);
+    CU_ASSERT_STRING_EQUAL(got, "old");
+}
+
+int main(void) {
+    static const tu_test tests[] = {
+        {"local task loop", test_local},
+        {"mpirun -np 3 search = one process (exhaustive)", test_mpi_search_exhaustive},
+        {"mpirun -np 3 search = one process (successive halving)", test_mpi_search_halving},
+        {"mpirun -np 3 input error: one message, old output intact", test_mpi_error},
+    };
+    return tu_main("tasks", tests, sizeof tests / sizeof tests[0]);
+}
