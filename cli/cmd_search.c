@@ -31,7 +31,11 @@ static void help(FILE *f) {
             "  --eval-tokens N        search tokens (default 8192)\n"
             "  --heldout-tokens N     held-out tokens after them (default 4096; 0 = none)\n"
             "  --halving ETA          successive halving: all points on 1 chunk, keep the best\n"
-            "                         1/ETA, ETA times more chunks, ... (default: exhaustive)\n%s",
+            "                         1/ETA, ETA times more chunks, ... (default: exhaustive)\n"
+            "  --resume               continue a killed run from its task log PLAN.h5.tasks\n"
+            "                         (written as the run goes, removed when it finishes)\n"
+            "Under `mpirun -np N` or `srun` the chunk evaluations are shared among the ranks\n"
+            "(rank 0 writes the plan, identical to a one-process run's).\n%s",
             KV_SQUEEZE_DEFAULT_P, kv_plan_args_help);
 }
 
@@ -42,12 +46,17 @@ int kv_cmd_search(int argc, char **argv) {
     const char *tok_path = NULL, *text_path = NULL, *tg = NULL, *rg = NULL, *pg = NULL,
                *device_name = NULL;
     long eval_tokens = 8192, heldout_tokens = 4096, eta = 0;
+    int resume = 0;
     for (int i = 1; i < argc; i++) {
         const char *v = NULL;
         int k;
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             help(stdout);
             return 0;
+        }
+        if (!strcmp(argv[i], "--resume")) {
+            resume = 1;
+            continue;
         }
         if ((k = kv_plan_args_take(&a, argc, argv, &i, &err)) ||
             (k = kv_cli_opt(argc, argv, &i, "--tokenizer", &tok_path, &err)) ||
@@ -129,10 +138,25 @@ int kv_cmd_search(int argc, char **argv) {
         so.progress = &prog;
         rc = kv_cli_device(device_name, &so.device, &err);
     }
+    char log_path[4096], key[4096] = "search";
+    if (!rc) { /* the task log beside the output, keyed by the arguments (not --resume, --quiet) */
+        snprintf(log_path, sizeof log_path, "%s.tasks", a.out);
+        for (int i = 1; i < argc; i++) {
+            if (!strcmp(argv[i], "--resume") || !strcmp(argv[i], "--quiet")) continue;
+            size_t l = strlen(key);
+            snprintf(key + l, sizeof key - l, " %s", argv[i]);
+        }
+        for (char *q = key; *q; q++)
+            if (*q == '\n') *q = ' ';
+        rc = kv_tasks_log_open(tasks, log_path, key, resume, &err);
+    }
     rc = kv_tasks_agree(tasks, rc, &err); /* no rank enters the search alone */
     if (!rc) {
         so.tasks = tasks;
         rc = kv_search_run(m, have_prof ? &prof : NULL, ids, n_ids, &so, &res, &err);
+        if (!rc && rank == 0 && !a.quiet && kv_tasks_resumed(tasks) > 0)
+            fprintf(stderr, "search: %ld chunk evaluations taken from %s\n",
+                    kv_tasks_resumed(tasks), log_path);
     }
     char cmd[4096] = "kvplan ";
     kv_cli_command_line(argc, argv, cmd + 7, sizeof cmd - 7);
@@ -143,6 +167,7 @@ int kv_cmd_search(int argc, char **argv) {
         ap.p = res.best_p;
         rc = kv_plan_file_write(a.out, cmd, a.profile, m, &ap, policy, evict_block, res.tokens, &so,
                                 &res, &err);
+        if (!rc) kv_tasks_log_close(tasks, 1); /* a finished run leaves no log behind */
     }
     if (!rc && rank == 0) {
         printf("plan         %s\nallocation   %s", a.out, kv_alloc_name(ap.kind));

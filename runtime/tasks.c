@@ -1,17 +1,41 @@
 /* kvplan tasks: a local loop or an on-demand MPI task farm. See include/kvplan/tasks.h. */
 #include "kvplan/tasks.h"
 
+#include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #ifdef KVPLAN_HAVE_MPI
 #include <mpi.h>
 #endif
 
+/* One logged task: its call, index, result count and where its results start in vals. */
+typedef struct log_rec {
+    int call, n_out;
+    long task, off;
+} log_rec;
+
+/* The record header as written to the log (fixed-width, host byte order). */
+typedef struct log_head {
+    int32_t call, n_out;
+    int64_t task;
+} log_head;
+
+static const char log_magic[] = "kvplan task log 1\n";
+
 struct kv_tasks {
     int rank, size;
     int own_init; /* this context called MPI_Init */
+    int call;     /* kv_tasks_run calls so far */
+    long resumed; /* tasks taken from the log */
+    FILE *log;    /* rank 0: the open task log, or NULL */
+    char *log_path;
+    log_rec *recs; /* logged results read at a resume [n_recs], owned */
+    long n_recs;
+    double *vals; /* their values, owned */
 #ifdef KVPLAN_HAVE_MPI
     MPI_Comm comm;
 #endif
@@ -56,8 +80,113 @@ int kv_tasks_init(int *argc, char ***argv, kv_tasks **out, kv_error *err) {
     return KV_OK;
 }
 
+void kv_tasks_log_close(kv_tasks *t, int remove) {
+    if (!t) return;
+    if (t->log) fclose(t->log);
+    if (t->log && remove && t->log_path) unlink(t->log_path);
+    t->log = NULL;
+    free(t->log_path);
+    t->log_path = NULL;
+    free(t->recs);
+    free(t->vals);
+    t->recs = NULL;
+    t->vals = NULL;
+    t->n_recs = 0;
+}
+
+long kv_tasks_resumed(const kv_tasks *t) {
+    return t ? t->resumed : 0;
+}
+
+/* Read the records of an existing log whose key matches; *valid_end: bytes of whole records. */
+static int log_read(kv_tasks *t, FILE *f, const char *path, const char *key, long *valid_end,
+                    kv_error *err) {
+    char line[4096];
+    size_t klen = strlen(key);
+    if (!fgets(line, sizeof line, f) || strcmp(line, log_magic) != 0)
+        return kv_fail(err, KV_EINPUT,
+                       "%s: not a kvplan task log; delete it or run without --resume", path);
+    if (!fgets(line, sizeof line, f) || strncmp(line, key, klen) != 0 || line[klen] != '\n')
+        return kv_fail(err, KV_EINPUT,
+                       "%s: the task log belongs to another run (other command line); run the "
+                       "same command with --resume, or drop --resume to start afresh",
+                       path);
+    *valid_end = ftell(f);
+    long cap_r = 0, cap_v = 0, n_v = 0;
+    for (;;) {
+        log_head h;
+        if (fread(&h, sizeof h, 1, f) != 1) break;
+        if (h.n_out < 1 || h.n_out > 1 << 20 || h.task < 0 || h.call < 1) break;
+        if (t->n_recs == cap_r) {
+            cap_r = cap_r ? 2 * cap_r : 256;
+            log_rec *nr = realloc(t->recs, (size_t)cap_r * sizeof *nr);
+            if (!nr) return kv_fail(err, KV_EINTERNAL, "out of memory: task log");
+            t->recs = nr;
+        }
+        if (n_v + h.n_out > cap_v) {
+            cap_v = 2 * (cap_v + h.n_out);
+            double *nv = realloc(t->vals, (size_t)cap_v * sizeof *nv);
+            if (!nv) return kv_fail(err, KV_EINTERNAL, "out of memory: task log");
+            t->vals = nv;
+        }
+        if (fread(t->vals + n_v, sizeof(double), (size_t)h.n_out, f) != (size_t)h.n_out)
+            break; /* a torn last record: cut off below */
+        t->recs[t->n_recs++] = (log_rec){h.call, h.n_out, (long)h.task, n_v};
+        n_v += h.n_out;
+        *valid_end = ftell(f);
+    }
+    return KV_OK;
+}
+
+int kv_tasks_log_open(kv_tasks *t, const char *path, const char *key, int resume, kv_error *err) {
+    if (!t || t->rank != 0) return KV_OK;
+    kv_tasks_log_close(t, 0);
+    if (strchr(key, '\n') || strlen(key) > 4000)
+        return kv_fail(err, KV_EINPUT, "task log key: one line of at most 4000 characters");
+    t->log_path = kv_malloc(strlen(path) + 1, "task log", err);
+    if (!t->log_path) return KV_EINTERNAL;
+    strcpy(t->log_path, path);
+    FILE *f = resume ? fopen(path, "r+b") : NULL;
+    if (f) {
+        long end = 0;
+        int rc = log_read(t, f, path, key, &end, err);
+        if (!rc && (fflush(f) || ftruncate(fileno(f), end) || fseek(f, end, SEEK_SET)))
+            rc = kv_fail(err, KV_EINPUT, "%s: cannot truncate the task log: %s", path,
+                         strerror(errno));
+        if (rc) {
+            fclose(f);
+            kv_tasks_log_close(t, 0);
+            return rc;
+        }
+        t->log = f;
+        return KV_OK;
+    }
+    f = fopen(path, "wb");
+    if (!f || fprintf(f, "%s%s\n", log_magic, key) < 0 || fflush(f) || fsync(fileno(f))) {
+        int e = errno;
+        if (f) fclose(f);
+        kv_tasks_log_close(t, 0);
+        return kv_fail(err, KV_EINPUT, "%s: cannot write the task log: %s", path, strerror(e));
+    }
+    t->log = f;
+    return KV_OK;
+}
+
+/* Append one finished task to the log (rank 0), fsync'd. */
+static int log_append(kv_tasks *t, long task, int n_out, const double *vals, kv_error *err) {
+    if (!t || !t->log) return KV_OK;
+    log_head h = {t->call, n_out, task};
+    if (fwrite(&h, sizeof h, 1, t->log) != 1 ||
+        fwrite(vals, sizeof(double), (size_t)n_out, t->log) != (size_t)n_out || fflush(t->log) ||
+        fsync(fileno(t->log)))
+        return kv_fail(err, KV_EINTERNAL, "%s: cannot append to the task log: %s", t->log_path,
+                       strerror(errno));
+    return KV_OK;
+}
+
 void kv_tasks_finalize(kv_tasks *t) {
     if (!t) return;
+    kv_tasks_log_close(t, 0);
 #ifdef KVPLAN_HAVE_MPI
     if (t->size > 1 || t->own_init) MPI_Comm_free(&t->comm);
     if (t->own_init) MPI_Finalize();
@@ -105,10 +234,12 @@ int kv_tasks_agree(const kv_tasks *t, int rc, kv_error *err) {
 #endif
 }
 
-static int run_local(long n_tasks, int n_out, kv_task_fn fn, void *user, double *results,
-                     kv_error *err) {
-    for (long i = 0; i < n_tasks; i++) {
-        int rc = fn(user, i, results + i * n_out, err);
+static int run_local(kv_tasks *t, const long *todo, long n_todo, int n_out, kv_task_fn fn,
+                     void *user, double *results, kv_error *err) {
+    for (long i = 0; i < n_todo; i++) {
+        double *r = results + todo[i] * n_out;
+        int rc = fn(user, todo[i], r, err);
+        if (!rc) rc = log_append(t, todo[i], n_out, r, err);
         if (rc) return rc;
     }
     return KV_OK;
@@ -129,8 +260,8 @@ static size_t result_bytes(int n_out) {
 }
 
 /* Rank 0: hand out tasks on demand, compute tasks itself between answers, gather by index. */
-static int run_master(kv_tasks *t, long n, int n_out, kv_task_fn fn, void *user, double *results,
-                      kv_error *err) {
+static int run_master(kv_tasks *t, long n_tasks, const long *todo, long n, int n_out, kv_task_fn fn,
+                      void *user, double *results, kv_error *err) {
     int W = t->size;
     size_t rb = result_bytes(n_out);
     char *buf = kv_malloc(rb, "task result", err);
@@ -151,7 +282,7 @@ static int run_master(kv_tasks *t, long n, int n_out, kv_task_fn fn, void *user,
     for (int k = 0; k < 2; k++)
         for (int w = 1; w < W; w++) {
             if (stopped[w]) continue;
-            long task = next < n ? next++ : -1;
+            long task = next < n ? todo[next++] : -1;
             MPI_Send(&task, 1, MPI_LONG, w, TAG_TASK, t->comm);
             if (task < 0)
                 stopped[w] = 1;
@@ -162,10 +293,11 @@ static int run_master(kv_tasks *t, long n, int n_out, kv_task_fn fn, void *user,
         if (n_out_total == 0 && (next >= n || rc)) break;
         int flag = 1;
         if (next < n && !rc) {
-            long task = next++;
+            long task = todo[next++];
             kv_error e1;
             kv_error_clear(&e1);
             int r = fn(user, task, results + task * n_out, &e1);
+            if (!r) r = log_append(t, task, n_out, results + task * n_out, &e1);
             if (r) {
                 rc = r;
                 if (err) *err = e1;
@@ -186,11 +318,13 @@ static int run_master(kv_tasks *t, long n, int n_out, kv_task_fn fn, void *user,
                 rc = h.rc;
                 const char *msg = buf + sizeof h + (size_t)n_out * sizeof(double);
                 kv_fail(err, h.rc, "rank %d, task %ld: %.900s", w, h.task, msg);
-            } else if (!h.rc && h.task >= 0 && h.task < n) {
+            } else if (!h.rc && h.task >= 0 && h.task < n_tasks) {
                 memcpy(results + h.task * n_out, buf + sizeof h, (size_t)n_out * sizeof(double));
+                int r = log_append(t, h.task, n_out, results + h.task * n_out, err);
+                if (r && !rc) rc = r;
             }
             if (!stopped[w]) {
-                long task = next < n && !rc ? next++ : -1;
+                long task = next < n && !rc ? todo[next++] : -1;
                 MPI_Send(&task, 1, MPI_LONG, w, TAG_TASK, t->comm);
                 if (task < 0)
                     stopped[w] = 1;
@@ -251,13 +385,36 @@ int kv_tasks_run(kv_tasks *t, long n_tasks, int n_out, kv_task_fn fn, void *user
                  kv_error *err) {
     if (n_out < 1 || n_tasks < 0 || !fn)
         return kv_fail(err, KV_EINPUT, "task list: need n_out >= 1, n_tasks >= 0 and a function");
-    if (!t || t->size == 1) return run_local(n_tasks, n_out, fn, user, results, err);
+    if (t) t->call++;
+    int rc = KV_OK;
+    long *todo = NULL, n_todo = 0;
+    if (!t || t->rank == 0) { /* the tasks the log does not answer */
+        todo = kv_malloc((size_t)(n_tasks > 0 ? n_tasks : 1) * sizeof *todo, "task list", err);
+        char *have = kv_calloc((size_t)(n_tasks > 0 ? n_tasks : 1), 1, "task list", err);
+        if (!todo || !have) rc = KV_EINTERNAL;
+        for (long r = 0; !rc && t && r < t->n_recs; r++) {
+            const log_rec *x = &t->recs[r];
+            if (x->call != t->call || x->n_out != n_out || x->task >= n_tasks || have[x->task])
+                continue;
+            memcpy(results + x->task * n_out, t->vals + x->off, (size_t)n_out * sizeof(double));
+            have[x->task] = 1;
+            t->resumed++;
+        }
+        for (long i = 0; !rc && i < n_tasks; i++)
+            if (!have[i]) todo[n_todo++] = i;
+        free(have);
+    }
+    if (!t || t->size == 1) {
+        if (!rc) rc = run_local(t, todo, n_todo, n_out, fn, user, results, err);
+        free(todo);
+        return rc;
+    }
 #ifdef KVPLAN_HAVE_MPI
-    int rc;
     if (t->rank == 0)
-        rc = run_master(t, n_tasks, n_out, fn, user, results, err);
+        rc = rc ? rc : run_master(t, n_tasks, todo, n_todo, n_out, fn, user, results, err);
     else
         rc = run_worker(t, n_out, fn, user, err);
+    free(todo);
     /* every rank leaves with rank 0's code, message and results */
     MPI_Bcast(&rc, 1, MPI_INT, 0, t->comm);
     if (rc) {
@@ -274,6 +431,7 @@ int kv_tasks_run(kv_tasks *t, long n_tasks, int n_out, kv_task_fn fn, void *user
     if (n_tasks > 0) MPI_Bcast(results, (int)(n_tasks * n_out), MPI_DOUBLE, 0, t->comm);
     return KV_OK;
 #else
-    return run_local(n_tasks, n_out, fn, user, results, err);
+    free(todo);
+    return rc;
 #endif
 }

@@ -2,10 +2,13 @@
  * `kvplan search` under mpirun: the plan file of an MPI run equals the one-process run's
  * (every dataset bit for bit; only the attributes command, created and seconds may differ),
  * on the real stories260K model with a profile the profiler measured. */
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "kvplan/tasks.h"
@@ -215,12 +218,97 @@ static void test_mpi_error(void) {
     CU_ASSERT_STRING_EQUAL(got, "old");
 }
 
+/* Resume: a run killed (SIGKILL) after some tasks were logged leaves no plan file and its
+ * task log; the same command with --resume (under mpirun -np 3 when there is MPI) takes the
+ * logged tasks, writes the same file as an uninterrupted run and removes the log. */
+static void test_resume(void) {
+    CU_ASSERT_TRUE_FATAL(ensure_profile());
+    char args[8192], cmd[12288], full[256], part[256], log[300], *out = NULL;
+    snprintf(full, sizeof full, "%s", tu_tmp("resume-full.h5"));
+    snprintf(part, sizeof part, "%s", tu_tmp("resume-part.h5"));
+    snprintf(log, sizeof log, "%s.tasks", part);
+    search_args(args, sizeof args, "", full);
+    int rc = tu_run_kvplan(args, &out, 1);
+    CU_ASSERT_EQUAL_FATAL(rc, 0);
+    free(out);
+    struct stat st;
+    CU_ASSERT_NOT_EQUAL(stat(tu_tmp("resume-full.h5.tasks"), &st), 0); /* none left behind */
+    unlink(part);
+    unlink(log);
+    search_args(args, sizeof args, "", part);
+    snprintf(cmd, sizeof cmd, "exec '%s' %s >/dev/null 2>&1", KVPLAN_BINARY, args);
+    pid_t pid = fork();
+    CU_ASSERT_TRUE_FATAL(pid >= 0);
+    if (pid == 0) {
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    /* kill it once 8 tasks are logged (a record: 16-byte header + one double) */
+    long want = 0;
+    for (int i = 0; i < 600000; i++) {
+        if (stat(log, &st) == 0 && want == 0) {
+            FILE *f = fopen(log, "r");
+            char l1[256], l2[8192];
+            if (f && fgets(l1, sizeof l1, f) && fgets(l2, sizeof l2, f))
+                want = (long)(strlen(l1) + strlen(l2)) + 8 * 24;
+            if (f) fclose(f);
+        }
+        if (want > 0 && stat(log, &st) == 0 && st.st_size >= want) break;
+        if (waitpid(pid, NULL, WNOHANG) == pid) {
+            pid = -1;
+            break;
+        }
+        struct timespec ts = {0, 200000};
+        nanosleep(&ts, NULL);
+    }
+    CU_ASSERT_TRUE_FATAL(pid > 0); /* killed part-way, not finished */
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    CU_ASSERT_NOT_EQUAL(stat(part, &st), 0); /* no partial plan file */
+    CU_ASSERT_EQUAL_FATAL(stat(log, &st), 0);
+    /* resume (not --quiet: it reports the tasks it took from the log) */
+    search_args(args, sizeof args, "--resume", part);
+    char *q = strstr(args, "--quiet");
+    if (q) memset(q, ' ', 7);
+    if (have_mpi())
+        snprintf(cmd, sizeof cmd, "%s %s 2>&1", mpirun(3), args);
+    else
+        snprintf(cmd, sizeof cmd, "'%s' %s 2>&1", KVPLAN_BINARY, args);
+    rc = run_sh(cmd, &out);
+    CU_ASSERT_EQUAL(rc, 0);
+    const char *taken = out ? strstr(out, "chunk evaluations taken from") : NULL;
+    CU_ASSERT_PTR_NOT_NULL(taken);
+    if (rc || !taken) fprintf(stderr, "%s\n", out ? out : "");
+    if (taken) { /* at least the 8 tasks the kill waited for */
+        const char *p = taken;
+        while (p > out && p[-1] != ' ') p--;
+        while (p > out && p[-1] == ' ') p--;
+        while (p > out && p[-1] >= '0' && p[-1] <= '9') p--;
+        CU_ASSERT_TRUE(atol(p) >= 8);
+    }
+    free(out);
+    CU_ASSERT_TRUE(same_plan_file(full, part));
+    CU_ASSERT_NOT_EQUAL(stat(log, &st), 0); /* the finished run removed its log */
+    /* a log of another run is refused by name */
+    FILE *f = fopen(log, "w");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+    fputs("kvplan task log 1\nsearch --other-run\n", f);
+    fclose(f);
+    snprintf(cmd, sizeof cmd, "'%s' %s 2>&1", KVPLAN_BINARY, args);
+    rc = run_sh(cmd, &out);
+    CU_ASSERT_EQUAL(rc, 1);
+    CU_ASSERT_PTR_NOT_NULL(out ? strstr(out, "belongs to another run") : NULL);
+    free(out);
+    unlink(log);
+}
+
 int main(void) {
     static const tu_test tests[] = {
         {"local task loop", test_local},
         {"mpirun -np 3 search = one process (exhaustive)", test_mpi_search_exhaustive},
         {"mpirun -np 3 search = one process (successive halving)", test_mpi_search_halving},
         {"mpirun -np 3 input error: one message, old output intact", test_mpi_error},
+        {"killed run, --resume: same file, log removed", test_resume},
     };
     return tu_main("tasks", tests, sizeof tests / sizeof tests[0]);
 }

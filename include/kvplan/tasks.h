@@ -52,6 +52,22 @@ int kv_tasks_size(const kv_tasks *t);
 int kv_tasks_run(kv_tasks *t, long n_tasks, int n_out, kv_task_fn fn, void *user, double *results,
                  kv_error *err);
 
+/* Resume (DESIGN.md "Past one machine"): a task log at `path` (rank 0 writes it; other ranks
+ * ignore these calls). From now on every finished task of every kv_tasks_run call is appended
+ * to the log as (call number, task index, results) and fsync'd, so a killed run loses at most
+ * the tasks that were running. With resume = 1 and a log whose key equals `key` (e.g. the
+ * command line without --resume), the logged results are taken instead of running their
+ * tasks again (a torn last record is cut off); the calls must come in the same order with the
+ * same task lists, which a deterministic command guarantees. With resume = 0 an old log is
+ * replaced. Errors: KV_EINPUT (the log cannot be created or read, or it belongs to another
+ * run: the message names the file and what to do); a failed append fails the kv_tasks_run
+ * call with KV_EINTERNAL. */
+int kv_tasks_log_open(kv_tasks *t, const char *path, const char *key, int resume, kv_error *err);
+/* Close the log; remove = 1 deletes it (the run finished and its output is written). */
+void kv_tasks_log_close(kv_tasks *t, int remove);
+/* Tasks of the kv_tasks_run calls so far taken from the log instead of being run. */
+long kv_tasks_resumed(const kv_tasks *t);
+
 /* An integer agreed by all ranks: rank 0's value of v is returned on every rank (v itself
  * without MPI). Used to make every rank exit with rank 0's code. */
 int kv_tasks_bcast_int(const kv_tasks *t, int v);
