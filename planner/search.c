@@ -690,6 +690,7 @@ int kv_search_run(const kv_model *m, const kv_profile_inputs *prof, const int *i
     if (!rc) rc = search_grid_budgets(&c);
     if (!rc) rc = search_baseline_budgets(&c);
     if (!rc) rc = search_engine(&c);
+    rc = kv_tasks_agree(o->tasks, rc, err); /* under MPI: no rank runs tasks alone */
     if (!rc) rc = search_grid_eval(&c);
     if (!rc) rc = search_winner(&c);
     if (!rc) rc = search_baselines_heldout(&c);

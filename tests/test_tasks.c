@@ -84,14 +84,18 @@ static int run_sh(const char *cmd, char **out) {
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
-/* mpirun as this container needs it: root allowed, more ranks than cores, shared memory;
- * --noprefix because Open MPI refuses the prefix "/" it infers from /usr/bin/mpirun. */
+/* mpirun as this container needs it: root allowed, more ranks than cores, shared memory,
+ * yielding the CPU while waiting (the ranks share 2 cores); --noprefix because Open MPI
+ * refuses the prefix "/" it infers from /usr/bin/mpirun. In the sanitizer build LeakSanitizer
+ * is off for the ranks: Open MPI's own allocations outlive MPI_Finalize and would be reported
+ * (the one-process runs of the same commands keep the leak check). */
+#define MPI_ENV                                                                                    \
+    "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader "           \
+    "OMPI_MCA_mpi_yield_when_idle=1 ASAN_OPTIONS=protect_shadow_gap=0:detect_leaks=0 "
 static const char *mpirun(int np) {
     static char buf[1024];
-    snprintf(buf, sizeof buf,
-             "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader "
-             "'%s' --noprefix --oversubscribe -np %d '%s'",
-             KVPLAN_MPIEXEC, np, KVPLAN_BINARY);
+    snprintf(buf, sizeof buf, MPI_ENV "'%s' --noprefix --oversubscribe -np %d '%s'", KVPLAN_MPIEXEC,
+             np, KVPLAN_BINARY);
     return buf;
 }
 
@@ -302,13 +306,72 @@ static void test_resume(void) {
     unlink(log);
 }
 
-int main(void) {
+/* ---- faults: this binary under mpirun (argv "--mpi-fault fail|die") ---- */
+
+typedef struct fault_user {
+    int rank;
+    const char *mode;
+} fault_user;
+
+/* Rank 2 refuses (fail) or dies in (die) every task it gets; the others compute squares. */
+static int fault_task(void *user, long task, double *out, kv_error *err) {
+    fault_user *u = user;
+    if (u->rank == 2 && !strcmp(u->mode, "die")) _exit(3);
+    if (u->rank == 2) return kv_fail(err, KV_EINPUT, "refused on purpose");
+    struct timespec ts = {0, 20000000}; /* 20 ms: every rank gets tasks */
+    nanosleep(&ts, NULL);
+    out[0] = (double)task * task;
+    return KV_OK;
+}
+
+static int fault_main(const char *mode) {
+    kv_error e;
+    kv_tasks *t = NULL;
+    if (kv_tasks_init(NULL, NULL, &t, &e)) return 2;
+    fault_user u = {kv_tasks_rank(t), mode};
+    double r[64];
+    int rc = kv_tasks_run(t, 64, 1, fault_task, &u, r, &e);
+    if (rc && kv_tasks_rank(t) == 0) fprintf(stderr, "fault run: %s\n", e.msg);
+    kv_tasks_finalize(t);
+    return rc ? 1 : 0;
+}
+
+static const char *self_path;
+
+static void test_mpi_faults(void) {
+    if (!have_mpi()) return;
+    char cmd[4096], *out = NULL;
+    /* a worker's error fails the run on every rank, naming rank and task, without a hang */
+    snprintf(cmd, sizeof cmd,
+             MPI_ENV "timeout 300 '%s' --noprefix --oversubscribe -np 3 '%s' --mpi-fault fail 2>&1",
+             KVPLAN_MPIEXEC, self_path);
+    int rc = run_sh(cmd, &out);
+    CU_ASSERT_NOT_EQUAL(rc, 0);
+    CU_ASSERT_NOT_EQUAL(rc, 124); /* not the timeout */
+    CU_ASSERT_PTR_NOT_NULL(out ? strstr(out, "fault run: rank 2, task ") : NULL);
+    CU_ASSERT_PTR_NOT_NULL(out ? strstr(out, "refused on purpose") : NULL);
+    free(out);
+    /* a worker that dies: mpirun ends the job with an error, no hang */
+    snprintf(cmd, sizeof cmd,
+             MPI_ENV "timeout 300 '%s' --noprefix --oversubscribe -np 3 '%s' --mpi-fault die 2>&1",
+             KVPLAN_MPIEXEC, self_path);
+    rc = run_sh(cmd, &out);
+    CU_ASSERT_NOT_EQUAL(rc, 0);
+    CU_ASSERT_NOT_EQUAL(rc, 124);
+    if (rc == 0 || rc == 124) fprintf(stderr, "%s\n", out ? out : "");
+    free(out);
+}
+
+int main(int argc, char **argv) {
+    if (argc == 3 && !strcmp(argv[1], "--mpi-fault")) return fault_main(argv[2]);
+    self_path = argv[0];
     static const tu_test tests[] = {
         {"local task loop", test_local},
         {"mpirun -np 3 search = one process (exhaustive)", test_mpi_search_exhaustive},
         {"mpirun -np 3 search = one process (successive halving)", test_mpi_search_halving},
         {"mpirun -np 3 input error: one message, old output intact", test_mpi_error},
         {"killed run, --resume: same file, log removed", test_resume},
+        {"mpirun -np 3: a failing or dying worker fails the run", test_mpi_faults},
     };
     return tu_main("tasks", tests, sizeof tests / sizeof tests[0]);
 }
