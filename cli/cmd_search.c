@@ -49,7 +49,11 @@ static void help(FILE *f) {
             "                         full cache), nll, or both (one solution each, the better\n"
             "                         on the search tokens kept)\n"
             "  --sens-policies LIST   sensitivity: policies a head may choose, e.g. sink,h2o\n"
-            "                         (default: the --policy only)\n%s",
+            "                         (default: the --policy only)\n"
+            "  --resume               continue a killed run from its task log PLAN.h5.tasks\n"
+            "                         (written as the run goes, removed when it finishes)\n"
+            "Under `mpirun -np N` or `srun` the chunk evaluations are shared among the ranks\n"
+            "(rank 0 writes the plan, identical to a one-process run's).\n%s",
             KV_SQUEEZE_DEFAULT_P, kv_plan_args_help);
 }
 
@@ -111,12 +115,17 @@ int kv_cmd_search(int argc, char **argv) {
     long eval_tokens = 8192, heldout_tokens = 4096, eta = 0;
     long calib = 2, levels = 16, rounds = 3, sbatch = 32;
     const char *sobj = NULL, *spol = NULL;
+    int resume = 0;
     for (int i = 1; i < argc; i++) {
         const char *v = NULL;
         int k;
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             help(stdout);
             return 0;
+        }
+        if (!strcmp(argv[i], "--resume")) {
+            resume = 1;
+            continue;
         }
         if ((k = kv_plan_args_take(&a, argc, argv, &i, &err)) ||
             (k = kv_cli_opt(argc, argv, &i, "--tokenizer", &tok_path, &err)) ||
@@ -161,6 +170,9 @@ int kv_cmd_search(int argc, char **argv) {
         help(stderr);
         return 1;
     }
+    kv_tasks *tasks = NULL; /* MPI ranks when started by mpirun / srun */
+    if (kv_tasks_init(NULL, NULL, &tasks, &err)) return kv_cli_report("search", &err);
+    const int rank = kv_tasks_rank(tasks);
     kv_model *m = NULL;
     kv_profile_inputs prof;
     memset(&prof, 0, sizeof prof);
@@ -221,7 +233,7 @@ int kv_cmd_search(int argc, char **argv) {
         free(text);
     }
     kv_progress prog;
-    kv_progress_init(&prog, a.quiet);
+    kv_progress_init(&prog, a.quiet || rank != 0); /* progress from rank 0 only */
     kv_search_opts so;
     if (!rc) {
         kv_search_opts_default(&so, m);
@@ -248,20 +260,38 @@ int kv_cmd_search(int argc, char **argv) {
         for (int q = 0; q < n_spol; q++) so.sens.policies[q] = spolicies[q];
         rc = kv_cli_device(device_name, &so.device, &err);
     }
+    char log_path[4096], key[4096] = "search";
+    if (!rc) { /* the task log beside the output, keyed by the arguments (not --resume, --quiet) */
+        snprintf(log_path, sizeof log_path, "%s.tasks", a.out);
+        for (int i = 1; i < argc; i++) {
+            if (!strcmp(argv[i], "--resume") || !strcmp(argv[i], "--quiet")) continue;
+            size_t l = strlen(key);
+            snprintf(key + l, sizeof key - l, " %s", argv[i]);
+        }
+        for (char *q = key; *q; q++)
+            if (*q == '\n') *q = ' ';
+        rc = kv_tasks_log_open(tasks, log_path, key, resume, &err);
+    }
+    rc = kv_tasks_agree(tasks, rc, &err); /* no rank enters the search alone */
     if (!rc) {
+        so.tasks = tasks;
         rc = kv_search_run(m, have_prof ? &prof : NULL, ids, n_ids, &so, &res, &err);
+        if (!rc && rank == 0 && !a.quiet && kv_tasks_resumed(tasks) > 0)
+            fprintf(stderr, "search: %ld chunk evaluations taken from %s\n",
+                    kv_tasks_resumed(tasks), log_path);
     }
     char cmd[4096] = "kvplan ";
     kv_cli_command_line(argc, argv, cmd + 7, sizeof cmd - 7);
-    if (!rc) {
+    if (!rc && rank == 0) { /* only rank 0 writes files and prints */
         ap.kind = res.winner_kind;
         ap.t = res.best_t;
         ap.r = res.best_r;
         ap.p = res.best_p;
         rc = kv_plan_file_write(a.out, cmd, a.profile, m, &ap, policy, evict_block, res.tokens, &so,
                                 &res, &err);
+        if (!rc) kv_tasks_log_close(tasks, 1); /* a finished run leaves no log behind */
     }
-    if (!rc) {
+    if (!rc && rank == 0) {
         printf("plan         %s\nallocation   %s", a.out,
                res.winner_sens ? "sensitivity" : kv_alloc_name(ap.kind));
         if (res.winner_sens)
@@ -323,5 +353,13 @@ int kv_cmd_search(int argc, char **argv) {
     free(pv);
     kv_profile_inputs_free(&prof);
     kv_model_free(m);
-    return rc ? kv_cli_report("search", &err) : 0;
+    if (rank != 0) { /* workers exit quietly with rank 0's code */
+        int rc0 = kv_tasks_bcast_int(tasks, rc ? 1 : 0);
+        kv_tasks_finalize(tasks);
+        return rc0;
+    }
+    int code = rc ? kv_cli_report("search", &err) : 0;
+    kv_tasks_bcast_int(tasks, code);
+    kv_tasks_finalize(tasks);
+    return code;
 }

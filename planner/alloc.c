@@ -579,6 +579,17 @@ int kv_successive_halving(int n_configs, const kv_sh_opts *o, kv_sh_eval_fn eval
     int n_alive = n_configs, chunks = o->min_chunks, rc = KV_OK;
     for (int i = 0; i < n_configs; i++) alive[i].config = i;
     for (;;) {
+        if (o->round) { /* the round's configs at once (in alive order), before their evals */
+            int *cfg = kv_malloc((size_t)n_alive * sizeof *cfg, "halving round", err);
+            if (!cfg) {
+                rc = KV_EINTERNAL;
+                break;
+            }
+            for (int i = 0; i < n_alive; i++) cfg[i] = alive[i].config;
+            rc = o->round(user, cfg, n_alive, chunks, err);
+            free(cfg);
+            if (rc) break;
+        }
         for (int i = 0; i < n_alive && !rc; i++) {
             int c = alive[i].config;
             rc = eval(user, c, chunks, &alive[i].ppl, err);

@@ -178,6 +178,11 @@ typedef struct kv_sh_opts {
     long tokens_per_chunk; /* tokens one chunk costs (for the token-evaluation count) */
     int prefix_reuse;      /* 1 when the callback caches per-chunk results of a config, so a
                               call on n chunks after one on n' chunks costs n - n' chunks */
+    /* optional (NULL: none): called at the start of each round with the round's configs
+     * [n] and chunk count, before eval is called for each of them, so a caller can evaluate
+     * the whole round as one batch (e.g. a kv_tasks_run over MPI ranks) and answer the evals
+     * from its cache. Its error stops the search like eval's. */
+    int (*round)(void *user, const int *configs, int n, int n_chunks, kv_error *err);
 } kv_sh_opts;
 
 typedef struct kv_sh_result {

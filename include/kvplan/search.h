@@ -21,6 +21,7 @@
 #include "kvplan/alloc.h"
 #include "kvplan/backend.h"
 #include "kvplan/common.h"
+#include "kvplan/tasks.h"
 #include "kvplan/h5io.h"
 #include "kvplan/kvcache.h"
 #include "kvplan/model.h"
@@ -78,6 +79,9 @@ typedef struct kv_search_opts {
      * alone, pass allocation uniform (the grid is then the uniform plan, one evaluation). */
     int sensitivity;
     kv_sens_opts sens; /* its options; ratio, C, b_s, p, policy and progress are the search's */
+    kv_tasks *tasks;        /* NULL: one process; else the chunk evaluations run as tasks
+                             * (kvplan/tasks.h), over MPI ranks when there are several; the
+                             * result is identical either way */
 } kv_search_opts;
 
 /* Defaults: baklava, R = 0.5, C = model seq_len, b_s = 16, p = 16, sink, t and r grids NULL

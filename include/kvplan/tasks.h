@@ -1,0 +1,84 @@
+/* kvplan tasks: one task model for independent work (DESIGN.md "Past one machine").
+ *
+ * A task list is n independent tasks 0..n-1, each producing n_out doubles (e.g. the NLL sum of
+ * one (budget set, chunk) pair of a search). kv_tasks_run computes all of them and fills
+ * results[task * n_out ...] by task index, so the caller sees the same array whether the work
+ * ran in this process one task after another or was farmed out over MPI ranks.
+ *
+ * Under MPI (built with KVPLAN_HAVE_MPI and started by mpirun / srun) every rank runs the same
+ * command up to each kv_tasks_run call (a collective: every rank calls it with the same task
+ * list). Rank 0 hands tasks out on demand (MPI_ANY_SOURCE: a slow rank receives fewer; each
+ * worker holds one task in reserve so it never waits while rank 0 computes a task of its own),
+ * gathers the results by index and broadcasts them, so every rank leaves the call with the
+ * same results and the same return code and the command goes on identically on every rank.
+ * Only rank 0 writes files and prints progress. A task that fails on any rank fails the call on
+ * every rank with a message naming the rank and the task. A rank that dies makes mpirun abort
+ * the job (Open MPI's default error handler), before rank 0 wrote any output.
+ *
+ * Without MPI, or in a process not started by mpirun / srun, kv_tasks_run is a plain loop over
+ * the tasks in order, and the results are bit-identical to the MPI run's as long as a task's
+ * result depends only on the task (the engine scores a chunk from a fresh cache).
+ */
+#ifndef KVPLAN_TASKS_H
+#define KVPLAN_TASKS_H
+
+#include "kvplan/common.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct kv_tasks kv_tasks;
+
+/* Compute task `task` (0..n-1): write n_out doubles to out. Return KV_OK or an error code with
+ * err filled (the whole run then fails). */
+typedef int (*kv_task_fn)(void *user, long task, double *out, kv_error *err);
+
+/* The task context of this process: MPI_Init (and MPI_COMM_WORLD duplicated) when built with
+ * MPI and the process was started by a launcher (environment OMPI_COMM_WORLD_SIZE, PMI_SIZE,
+ * PMIX_RANK or SLURM_PROCID set and the world has more than one rank); otherwise a
+ * one-process context. argc/argv may be NULL. Caller owns *out (kv_tasks_finalize, which calls
+ * MPI_Finalize when this call initialised MPI). Errors: KV_EINTERNAL (memory, MPI_Init). */
+int kv_tasks_init(int *argc, char ***argv, kv_tasks **out, kv_error *err);
+void kv_tasks_finalize(kv_tasks *t);
+
+/* This process's rank (0 without MPI) and the number of ranks (1 without MPI); t may be NULL. */
+int kv_tasks_rank(const kv_tasks *t);
+int kv_tasks_size(const kv_tasks *t);
+
+/* Run tasks 0..n_tasks-1 (see above) and fill results [n_tasks * n_out]. t may be NULL (one
+ * process). Collective under MPI. Errors: the first failing task's code and message, prefixed
+ * with "rank R, task T: " when it ran on another rank; KV_EINPUT for n_out < 1. */
+int kv_tasks_run(kv_tasks *t, long n_tasks, int n_out, kv_task_fn fn, void *user, double *results,
+                 kv_error *err);
+
+/* Resume (DESIGN.md "Past one machine"): a task log at `path` (rank 0 writes it; other ranks
+ * ignore these calls). From now on every finished task of every kv_tasks_run call is appended
+ * to the log as (call number, task index, results) and fsync'd, so a killed run loses at most
+ * the tasks that were running. With resume = 1 and a log whose key equals `key` (e.g. the
+ * command line without --resume), the logged results are taken instead of running their
+ * tasks again (a torn last record is cut off); the calls must come in the same order with the
+ * same task lists, which a deterministic command guarantees. With resume = 0 an old log is
+ * replaced. Errors: KV_EINPUT (the log cannot be created or read, or it belongs to another
+ * run: the message names the file and what to do); a failed append fails the kv_tasks_run
+ * call with KV_EINTERNAL. */
+int kv_tasks_log_open(kv_tasks *t, const char *path, const char *key, int resume, kv_error *err);
+/* Close the log; remove = 1 deletes it (the run finished and its output is written). */
+void kv_tasks_log_close(kv_tasks *t, int remove);
+/* Tasks of the kv_tasks_run calls so far taken from the log instead of being run. */
+long kv_tasks_resumed(const kv_tasks *t);
+
+/* An integer agreed by all ranks: rank 0's value of v is returned on every rank (v itself
+ * without MPI). Used to make every rank exit with rank 0's code. */
+int kv_tasks_bcast_int(const kv_tasks *t, int v);
+
+/* Agree on success before a collective step: returns KV_OK on every rank when rc is KV_OK on
+ * every rank; else the code of the lowest failing rank, and err (on every rank) gets that
+ * rank's message, prefixed with "rank R: " when R is not this rank. rc itself without MPI.
+ * Collective under MPI. */
+int kv_tasks_agree(const kv_tasks *t, int rc, kv_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

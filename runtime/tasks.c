@@ -1,0 +1,437 @@
+/* kvplan tasks: a local loop or an on-demand MPI task farm. See include/kvplan/tasks.h. */
+#include "kvplan/tasks.h"
+
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#ifdef KVPLAN_HAVE_MPI
+#include <mpi.h>
+#endif
+
+/* One logged task: its call, index, result count and where its results start in vals. */
+typedef struct log_rec {
+    int call, n_out;
+    long task, off;
+} log_rec;
+
+/* The record header as written to the log (fixed-width, host byte order). */
+typedef struct log_head {
+    int32_t call, n_out;
+    int64_t task;
+} log_head;
+
+static const char log_magic[] = "kvplan task log 1\n";
+
+struct kv_tasks {
+    int rank, size;
+    int own_init; /* this context called MPI_Init */
+    int call;     /* kv_tasks_run calls so far */
+    long resumed; /* tasks taken from the log */
+    FILE *log;    /* rank 0: the open task log, or NULL */
+    char *log_path;
+    log_rec *recs; /* logged results read at a resume [n_recs], owned */
+    long n_recs;
+    double *vals; /* their values, owned */
+#ifdef KVPLAN_HAVE_MPI
+    MPI_Comm comm;
+#endif
+};
+
+#ifdef KVPLAN_HAVE_MPI
+/* A launcher started this process (Open MPI's mpirun, a PMI / PMIx launcher, or Slurm). */
+static int launched(void) {
+    static const char *const vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK",
+                                       "SLURM_PROCID"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
+        if (getenv(vars[i])) return 1;
+    return 0;
+}
+#endif
+
+int kv_tasks_init(int *argc, char ***argv, kv_tasks **out, kv_error *err) {
+    *out = NULL;
+    kv_tasks *t = kv_calloc(1, sizeof *t, "task context", err);
+    if (!t) return KV_EINTERNAL;
+    t->size = 1;
+#ifdef KVPLAN_HAVE_MPI
+    if (launched()) {
+        int inited = 0;
+        MPI_Initialized(&inited);
+        if (!inited) {
+            if (MPI_Init(argc, argv) != MPI_SUCCESS) {
+                free(t);
+                return kv_fail(err, KV_EINTERNAL, "MPI_Init failed");
+            }
+            t->own_init = 1;
+        }
+        MPI_Comm_dup(MPI_COMM_WORLD, &t->comm);
+        MPI_Comm_rank(t->comm, &t->rank);
+        MPI_Comm_size(t->comm, &t->size);
+    }
+#else
+    (void)argc;
+    (void)argv;
+#endif
+    *out = t;
+    return KV_OK;
+}
+
+void kv_tasks_log_close(kv_tasks *t, int remove) {
+    if (!t) return;
+    if (t->log) fclose(t->log);
+    if (t->log && remove && t->log_path) unlink(t->log_path);
+    t->log = NULL;
+    free(t->log_path);
+    t->log_path = NULL;
+    free(t->recs);
+    free(t->vals);
+    t->recs = NULL;
+    t->vals = NULL;
+    t->n_recs = 0;
+}
+
+long kv_tasks_resumed(const kv_tasks *t) {
+    return t ? t->resumed : 0;
+}
+
+/* Read the records of an existing log whose key matches; *valid_end: bytes of whole records. */
+static int log_read(kv_tasks *t, FILE *f, const char *path, const char *key, long *valid_end,
+                    kv_error *err) {
+    char line[4096];
+    size_t klen = strlen(key);
+    if (!fgets(line, sizeof line, f) || strcmp(line, log_magic) != 0)
+        return kv_fail(err, KV_EINPUT,
+                       "%s: not a kvplan task log; delete it or run without --resume", path);
+    if (!fgets(line, sizeof line, f) || strncmp(line, key, klen) != 0 || line[klen] != '\n')
+        return kv_fail(err, KV_EINPUT,
+                       "%s: the task log belongs to another run (other command line); run the "
+                       "same command with --resume, or drop --resume to start afresh",
+                       path);
+    *valid_end = ftell(f);
+    long cap_r = 0, cap_v = 0, n_v = 0;
+    for (;;) {
+        log_head h;
+        if (fread(&h, sizeof h, 1, f) != 1) break;
+        if (h.n_out < 1 || h.n_out > 1 << 20 || h.task < 0 || h.call < 1) break;
+        if (t->n_recs == cap_r) {
+            cap_r = cap_r ? 2 * cap_r : 256;
+            log_rec *nr = realloc(t->recs, (size_t)cap_r * sizeof *nr);
+            if (!nr) return kv_fail(err, KV_EINTERNAL, "out of memory: task log");
+            t->recs = nr;
+        }
+        if (n_v + h.n_out > cap_v) {
+            cap_v = 2 * (cap_v + h.n_out);
+            double *nv = realloc(t->vals, (size_t)cap_v * sizeof *nv);
+            if (!nv) return kv_fail(err, KV_EINTERNAL, "out of memory: task log");
+            t->vals = nv;
+        }
+        if (fread(t->vals + n_v, sizeof(double), (size_t)h.n_out, f) != (size_t)h.n_out)
+            break; /* a torn last record: cut off below */
+        t->recs[t->n_recs++] = (log_rec){h.call, h.n_out, (long)h.task, n_v};
+        n_v += h.n_out;
+        *valid_end = ftell(f);
+    }
+    return KV_OK;
+}
+
+int kv_tasks_log_open(kv_tasks *t, const char *path, const char *key, int resume, kv_error *err) {
+    if (!t || t->rank != 0) return KV_OK;
+    kv_tasks_log_close(t, 0);
+    if (strchr(key, '\n') || strlen(key) > 4000)
+        return kv_fail(err, KV_EINPUT, "task log key: one line of at most 4000 characters");
+    t->log_path = kv_malloc(strlen(path) + 1, "task log", err);
+    if (!t->log_path) return KV_EINTERNAL;
+    strcpy(t->log_path, path);
+    FILE *f = resume ? fopen(path, "r+b") : NULL;
+    if (f) {
+        long end = 0;
+        int rc = log_read(t, f, path, key, &end, err);
+        if (!rc && (fflush(f) || ftruncate(fileno(f), end) || fseek(f, end, SEEK_SET)))
+            rc = kv_fail(err, KV_EINPUT, "%s: cannot truncate the task log: %s", path,
+                         strerror(errno));
+        if (rc) {
+            fclose(f);
+            kv_tasks_log_close(t, 0);
+            return rc;
+        }
+        t->log = f;
+        return KV_OK;
+    }
+    f = fopen(path, "wb");
+    if (!f || fprintf(f, "%s%s\n", log_magic, key) < 0 || fflush(f) || fsync(fileno(f))) {
+        int e = errno;
+        if (f) fclose(f);
+        kv_tasks_log_close(t, 0);
+        return kv_fail(err, KV_EINPUT, "%s: cannot write the task log: %s", path, strerror(e));
+    }
+    t->log = f;
+    return KV_OK;
+}
+
+/* Append one finished task to the log (rank 0), fsync'd. */
+static int log_append(kv_tasks *t, long task, int n_out, const double *vals, kv_error *err) {
+    if (!t || !t->log) return KV_OK;
+    log_head h = {t->call, n_out, task};
+    if (fwrite(&h, sizeof h, 1, t->log) != 1 ||
+        fwrite(vals, sizeof(double), (size_t)n_out, t->log) != (size_t)n_out || fflush(t->log) ||
+        fsync(fileno(t->log)))
+        return kv_fail(err, KV_EINTERNAL, "%s: cannot append to the task log: %s", t->log_path,
+                       strerror(errno));
+    return KV_OK;
+}
+
+void kv_tasks_finalize(kv_tasks *t) {
+    if (!t) return;
+    kv_tasks_log_close(t, 0);
+#ifdef KVPLAN_HAVE_MPI
+    if (t->size > 1 || t->own_init) MPI_Comm_free(&t->comm);
+    if (t->own_init) MPI_Finalize();
+#endif
+    free(t);
+}
+
+int kv_tasks_rank(const kv_tasks *t) {
+    return t ? t->rank : 0;
+}
+int kv_tasks_size(const kv_tasks *t) {
+    return t ? t->size : 1;
+}
+
+int kv_tasks_bcast_int(const kv_tasks *t, int v) {
+#ifdef KVPLAN_HAVE_MPI
+    if (t && t->size > 1) MPI_Bcast(&v, 1, MPI_INT, 0, t->comm);
+#else
+    (void)t;
+#endif
+    return v;
+}
+
+int kv_tasks_agree(const kv_tasks *t, int rc, kv_error *err) {
+#ifdef KVPLAN_HAVE_MPI
+    if (!t || t->size == 1) return rc;
+    int mine = rc ? t->rank : t->size, first = t->size;
+    MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, t->comm);
+    if (first == t->size) return KV_OK;
+    int code = rc;
+    char msg[sizeof((kv_error *)0)->msg];
+    memset(msg, 0, sizeof msg);
+    if (t->rank == first && err) memcpy(msg, err->msg, sizeof msg);
+    MPI_Bcast(&code, 1, MPI_INT, first, t->comm);
+    MPI_Bcast(msg, (int)sizeof msg, MPI_CHAR, first, t->comm);
+    if (t->rank != first) {
+        msg[sizeof msg - 1] = 0;
+        kv_fail(err, code, "rank %d: %.1000s", first, msg);
+    }
+    return code;
+#else
+    (void)t;
+    (void)err;
+    return rc;
+#endif
+}
+
+static int run_local(kv_tasks *t, const long *todo, long n_todo, int n_out, kv_task_fn fn,
+                     void *user, double *results, kv_error *err) {
+    for (long i = 0; i < n_todo; i++) {
+        double *r = results + todo[i] * n_out;
+        int rc = fn(user, todo[i], r, err);
+        if (!rc) rc = log_append(t, todo[i], n_out, r, err);
+        if (rc) return rc;
+    }
+    return KV_OK;
+}
+
+#ifdef KVPLAN_HAVE_MPI
+enum { TAG_TASK = 1, TAG_RESULT = 2 };
+
+/* A worker's answer: header, n_out doubles, the error message when rc != 0. */
+typedef struct result_head {
+    long task;
+    int rc;
+    int pad;
+} result_head;
+
+static size_t result_bytes(int n_out) {
+    return sizeof(result_head) + (size_t)n_out * sizeof(double) + sizeof(((kv_error *)0)->msg);
+}
+
+/* Rank 0: hand out tasks on demand, compute tasks itself between answers, gather by index. */
+static int run_master(kv_tasks *t, long n_tasks, const long *todo, long n, int n_out, kv_task_fn fn,
+                      void *user, double *results, kv_error *err) {
+    int W = t->size;
+    size_t rb = result_bytes(n_out);
+    char *buf = kv_malloc(rb, "task result", err);
+    int *outstanding = kv_calloc((size_t)W, sizeof *outstanding, "task farm", err);
+    int *stopped = kv_calloc((size_t)W, sizeof *stopped, "task farm", err);
+    if (!buf || !outstanding || !stopped) {
+        /* still release the workers: they wait for a task */
+        long stop = -1;
+        for (int w = 1; w < W; w++) MPI_Send(&stop, 1, MPI_LONG, w, TAG_TASK, t->comm);
+        free(buf);
+        free(outstanding);
+        free(stopped);
+        return KV_EINTERNAL;
+    }
+    long next = 0, n_out_total = 0;
+    int rc = KV_OK;
+    /* give every worker two tasks: one to run, one in reserve */
+    for (int k = 0; k < 2; k++)
+        for (int w = 1; w < W; w++) {
+            if (stopped[w]) continue;
+            long task = next < n ? todo[next++] : -1;
+            MPI_Send(&task, 1, MPI_LONG, w, TAG_TASK, t->comm);
+            if (task < 0)
+                stopped[w] = 1;
+            else
+                outstanding[w]++, n_out_total++;
+        }
+    for (;;) {
+        if (n_out_total == 0 && (next >= n || rc)) break;
+        int flag = 1;
+        if (next < n && !rc) {
+            long task = todo[next++];
+            kv_error e1;
+            kv_error_clear(&e1);
+            int r = fn(user, task, results + task * n_out, &e1);
+            if (!r) r = log_append(t, task, n_out, results + task * n_out, &e1);
+            if (r) {
+                rc = r;
+                if (err) *err = e1;
+            }
+            MPI_Iprobe(MPI_ANY_SOURCE, TAG_RESULT, t->comm, &flag, MPI_STATUS_IGNORE);
+        }
+        /* answer every worker that is waiting (blocking once rank 0 has nothing left to run) */
+        while (flag && n_out_total > 0) {
+            MPI_Status st;
+            memset(buf, 0, rb);
+            MPI_Recv(buf, (int)rb, MPI_BYTE, MPI_ANY_SOURCE, TAG_RESULT, t->comm, &st);
+            int w = st.MPI_SOURCE;
+            result_head h;
+            memcpy(&h, buf, sizeof h);
+            outstanding[w]--;
+            n_out_total--;
+            if (h.rc && !rc) {
+                rc = h.rc;
+                const char *msg = buf + sizeof h + (size_t)n_out * sizeof(double);
+                kv_fail(err, h.rc, "rank %d, task %ld: %.900s", w, h.task, msg);
+            } else if (!h.rc && h.task >= 0 && h.task < n_tasks) {
+                memcpy(results + h.task * n_out, buf + sizeof h, (size_t)n_out * sizeof(double));
+                int r = log_append(t, h.task, n_out, results + h.task * n_out, err);
+                if (r && !rc) rc = r;
+            }
+            if (!stopped[w]) {
+                long task = next < n && !rc ? todo[next++] : -1;
+                MPI_Send(&task, 1, MPI_LONG, w, TAG_TASK, t->comm);
+                if (task < 0)
+                    stopped[w] = 1;
+                else
+                    outstanding[w]++, n_out_total++;
+            }
+            if (next < n && !rc)
+                MPI_Iprobe(MPI_ANY_SOURCE, TAG_RESULT, t->comm, &flag, MPI_STATUS_IGNORE);
+        }
+    }
+    /* every worker got its stop already: each answer of a worker draws a task or the stop */
+    for (int w = 1; w < W; w++)
+        if (!stopped[w]) {
+            long stop = -1;
+            MPI_Send(&stop, 1, MPI_LONG, w, TAG_TASK, t->comm);
+        }
+    free(buf);
+    free(outstanding);
+    free(stopped);
+    return rc;
+}
+
+/* Other ranks: run the tasks rank 0 sends (one in reserve) until the stop. */
+static int run_worker(kv_tasks *t, int n_out, kv_task_fn fn, void *user, kv_error *err) {
+    size_t rb = result_bytes(n_out);
+    char *buf = kv_calloc(1, rb, "task result", err);
+    int rc = buf ? KV_OK : KV_EINTERNAL;
+    long cur = -1, nxt = -1;
+    MPI_Recv(&cur, 1, MPI_LONG, 0, TAG_TASK, t->comm, MPI_STATUS_IGNORE);
+    while (cur >= 0) {
+        MPI_Request req;
+        MPI_Irecv(&nxt, 1, MPI_LONG, 0, TAG_TASK, t->comm, &req);
+        result_head h = {.task = cur, .rc = KV_OK};
+        kv_error e1;
+        kv_error_clear(&e1);
+        if (buf) {
+            memset(buf, 0, rb);
+            h.rc = fn(user, cur, (double *)(void *)(buf + sizeof h), &e1);
+            if (h.rc) {
+                memcpy(buf + sizeof h + (size_t)n_out * sizeof(double), e1.msg, sizeof e1.msg);
+                rc = h.rc;
+            }
+            memcpy(buf, &h, sizeof h);
+            MPI_Send(buf, (int)rb, MPI_BYTE, 0, TAG_RESULT, t->comm);
+        } else { /* out of memory for the answer: send the header alone */
+            result_head oom = {.task = cur, .rc = KV_EINTERNAL};
+            MPI_Send(&oom, (int)sizeof oom, MPI_BYTE, 0, TAG_RESULT, t->comm);
+        }
+        MPI_Wait(&req, MPI_STATUS_IGNORE);
+        cur = nxt;
+    }
+    free(buf);
+    return rc;
+}
+#endif
+
+int kv_tasks_run(kv_tasks *t, long n_tasks, int n_out, kv_task_fn fn, void *user, double *results,
+                 kv_error *err) {
+    if (n_out < 1 || n_tasks < 0 || !fn)
+        return kv_fail(err, KV_EINPUT, "task list: need n_out >= 1, n_tasks >= 0 and a function");
+    if (t) t->call++;
+    int rc = KV_OK;
+    long *todo = NULL, n_todo = 0;
+    if (!t || t->rank == 0) { /* the tasks the log does not answer */
+        todo = kv_malloc((size_t)(n_tasks > 0 ? n_tasks : 1) * sizeof *todo, "task list", err);
+        char *have = kv_calloc((size_t)(n_tasks > 0 ? n_tasks : 1), 1, "task list", err);
+        if (!todo || !have) rc = KV_EINTERNAL;
+        for (long r = 0; !rc && t && r < t->n_recs; r++) {
+            const log_rec *x = &t->recs[r];
+            if (x->call != t->call || x->n_out != n_out || x->task >= n_tasks || have[x->task])
+                continue;
+            memcpy(results + x->task * n_out, t->vals + x->off, (size_t)n_out * sizeof(double));
+            have[x->task] = 1;
+            t->resumed++;
+        }
+        for (long i = 0; !rc && i < n_tasks; i++)
+            if (!have[i]) todo[n_todo++] = i;
+        free(have);
+    }
+    if (!t || t->size == 1) {
+        if (!rc) rc = run_local(t, todo, n_todo, n_out, fn, user, results, err);
+        free(todo);
+        return rc;
+    }
+#ifdef KVPLAN_HAVE_MPI
+    if (t->rank == 0)
+        rc = rc ? rc : run_master(t, n_tasks, todo, n_todo, n_out, fn, user, results, err);
+    else
+        rc = run_worker(t, n_out, fn, user, err);
+    free(todo);
+    /* every rank leaves with rank 0's code, message and results */
+    MPI_Bcast(&rc, 1, MPI_INT, 0, t->comm);
+    if (rc) {
+        char msg[sizeof((kv_error *)0)->msg];
+        memset(msg, 0, sizeof msg);
+        if (t->rank == 0 && err) memcpy(msg, err->msg, sizeof msg);
+        MPI_Bcast(msg, (int)sizeof msg, MPI_CHAR, 0, t->comm);
+        if (t->rank != 0 && err) {
+            err->code = rc;
+            memcpy(err->msg, msg, sizeof msg);
+        }
+        return rc;
+    }
+    if (n_tasks > 0) MPI_Bcast(results, (int)(n_tasks * n_out), MPI_DOUBLE, 0, t->comm);
+    return KV_OK;
+#else
+    free(todo);
+    return rc;
+#endif
+}
