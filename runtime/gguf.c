@@ -7,16 +7,18 @@
  * section); padding to `general.alignment` (default 32); the tensor data.
  *
  * A ggml tensor with ne = [in, out] is the row-major matrix [out, in], the kv_model layout.
- * F32 tensors are used in place from the memory map; F16, BF16 and Q8_0 (blocks of 32: fp16
- * scale d, 32 int8 q; x = d * q) are dequantised on load into buffers the model owns. GGUF
- * conversions of llama models permute the Q and K rows for RoPE on adjacent pairs
- * (KV_ROPE_ADJACENT); qwen2 conversions keep the rotate-half layout (KV_ROPE_HALF).
+ * F32 tensors are used in place from the memory map; F16, BF16 and the block types Q8_0, Q4_0,
+ * Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K (layouts: include/kvplan/quant.h) are dequantised on load
+ * by runtime/quant.c into buffers the model owns. GGUF conversions of llama models permute the
+ * Q and K rows for RoPE on adjacent pairs (KV_ROPE_ADJACENT); qwen2 conversions keep the
+ * rotate-half layout (KV_ROPE_HALF).
  *
  * The metadata table is kept (model->gguf, pointing into the map) for the embedded tokenizer:
  * tokenizer.ggml.model "llama" (scored pieces, runtime/tokenizer.c) or "gpt2" (merges,
  * byte-level, runtime/tokenizer_bpe.c).
  */
 #include "kvplan/model.h"
+#include "kvplan/quant.h"
 #include "kvplan/tokenizer.h"
 
 #include <errno.h>
@@ -28,7 +30,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "f16.h"
 #include "tokenizer_bpe.h"
 
 enum {
@@ -46,7 +47,6 @@ enum {
     GT_I64 = 11,
     GT_F64 = 12,
 };
-enum { GGML_F32 = 0, GGML_F16 = 1, GGML_Q8_0 = 8, GGML_BF16 = 30 };
 
 #define GGUF_MAX_DIMS 4
 
@@ -323,16 +323,9 @@ static int meta_str(const kv_gguf_meta *g, const char *key, char *buf, size_t ca
     return 1;
 }
 
-static const char *ggml_type_name(uint32_t t) {
-    static const char *names[] = {
-        "F32",   "F16",   "Q4_0",    "Q4_1",   "Q4_2(removed)", "Q4_3(removed)", "Q5_0",
-        "Q5_1",  "Q8_0",  "Q8_1",    "Q2_K",   "Q3_K",          "Q4_K",          "Q5_K",
-        "Q6_K",  "Q8_K",  "IQ2_XXS", "IQ2_XS", "IQ3_XXS",       "IQ1_S",         "IQ4_NL",
-        "IQ3_S", "IQ2_S", "IQ4_XS",  "I8",     "I16",           "I32",           "I64",
-        "F64",   "IQ1_M", "BF16"};
-    return t < sizeof names / sizeof names[0] ? names[t] : "unknown";
-}
-
+/* Bytes of tensor t's data from its type and shape (runtime/quant.c): rows of ne[0] elements in
+ * whole blocks. Unsupported types and rows that are not a multiple of the block size fail here,
+ * naming the tensor. */
 static int tensor_nbytes(const char *path, gguf_tensor *t, kv_error *err) {
     uint64_t n = 1;
     for (uint32_t d = 0; d < t->n_dims; d++) {
@@ -343,29 +336,18 @@ static int tensor_nbytes(const char *path, gguf_tensor *t, kv_error *err) {
                            path, (int)t->name_len, t->name, d, (unsigned long long)t->ne[d]);
         n *= t->ne[d];
     }
-    switch (t->type) {
-    case GGML_F32:
-        t->nbytes = (size_t)n * 4;
-        return KV_OK;
-    case GGML_F16:
-    case GGML_BF16:
-        t->nbytes = (size_t)n * 2;
-        return KV_OK;
-    case GGML_Q8_0:
-        if (t->ne[0] % 32)
-            return kv_fail(err, KV_EINPUT,
-                           "%s: tensor '%.*s' is Q8_0 but its row length %llu is "
-                           "not a multiple of the block size 32",
-                           path, (int)t->name_len, t->name, (unsigned long long)t->ne[0]);
-        t->nbytes = (size_t)(n / 32) * 34;
-        return KV_OK;
-    default:
+    char what[4300];
+    snprintf(what, sizeof what, "%s: tensor '%.*s'", path, (int)t->name_len, t->name);
+    if (!kv_dtype_supported(t->type))
         return kv_fail(err, KV_EINPUT,
-                       "%s: tensor '%.*s' has ggml type %u (%s), which kvplan "
-                       "does not read (supported: F32, F16, BF16, Q8_0); convert the model with "
-                       "one of those",
-                       path, (int)t->name_len, t->name, t->type, ggml_type_name(t->type));
-    }
+                       "%s has ggml type %u (%s), which kvplan does not read (supported: F32, "
+                       "F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K); convert or "
+                       "quantise the model to one of those",
+                       what, t->type, kv_dtype_name(t->type));
+    size_t row;
+    if (kv_dtype_row_bytes((kv_dtype)t->type, (int64_t)t->ne[0], what, &row, err)) return KV_EINPUT;
+    t->nbytes = row * (size_t)(n / t->ne[0]);
+    return KV_OK;
 }
 
 /* Parse the header of the mapped file into g (kv table, tensor table, data section). */
@@ -500,33 +482,17 @@ static int get_weight(kv_model *m, kv_gguf_meta *g, const char *name, uint64_t r
     }
     const unsigned char *src = g->base + g->data_start + t->offset;
     size_t n = (size_t)(rows * cols);
-    if (t->type == GGML_F32 && ((uintptr_t)src % sizeof(float)) == 0) {
+    if (t->type == KV_DT_F32 && ((uintptr_t)src % sizeof(float)) == 0) {
         *out = (const float *)(const void *)src;
         return KV_OK;
     }
     float *dst = kv_malloc(n * sizeof *dst, name, err);
     if (!dst) return KV_EINTERNAL;
     double t0 = kv_now();
-    switch (t->type) {
-    case GGML_F32:
-        memcpy(dst, src, n * sizeof *dst);
-        break;
-    case GGML_F16:
-        for (size_t i = 0; i < n; i++) dst[i] = kv_f16_to_f32(kv_load_u16le(src + 2 * i));
-        break;
-    case GGML_BF16:
-        for (size_t i = 0; i < n; i++) dst[i] = kv_bf16_to_f32(kv_load_u16le(src + 2 * i));
-        break;
-    case GGML_Q8_0:
-        for (size_t b = 0; b < n / 32; b++) {
-            const unsigned char *blk = src + b * 34;
-            float d = kv_f16_to_f32(kv_load_u16le(blk));
-            for (int j = 0; j < 32; j++) dst[b * 32 + (size_t)j] = d * (float)(int8_t)blk[2 + j];
-        }
-        break;
-    default: /* tensor_nbytes refused other types */
+    /* tensor_nbytes checked the type and that ne[0] is a whole number of blocks */
+    if (kv_dequantize_row((kv_dtype)t->type, src, dst, (int64_t)n, err)) {
         free(dst);
-        return kv_fail(err, KV_EINTERNAL, "%s: tensor '%s': unexpected type", g->path, name);
+        return kv_fail_context(err, "%s: tensor '%s'", g->path, name);
     }
     g->dequant_s += kv_now() - t0;
     if (kv_model_adopt(m, dst, err)) return KV_EINTERNAL;

@@ -489,10 +489,13 @@ static void test_bad_gguf(void) {
     size_t p = tinfo("blk.2.attn_q.weight");
     memcpy(b + p + 4 + 16 + 4, &(uint64_t){(uint64_t)orig_len * 4}, 8);
     expect_bad("offset.gguf", b, orig_len, 0, "blk.2.attn_q.weight", "past the end");
-    /* unsupported and unknown tensor types */
+    /* unsupported and unknown tensor types; a supported type whose block does not fit the row
+     * (Q4_K blocks hold 256 elements, this tensor's rows 64) */
     memcpy(b, orig, orig_len);
+    memcpy(b + p + 4 + 16, &(uint32_t){10}, 4);
+    expect_bad("q2k.gguf", b, orig_len, 0, "blk.2.attn_q.weight", "Q2_K");
     memcpy(b + p + 4 + 16, &(uint32_t){12}, 4);
-    expect_bad("q4k.gguf", b, orig_len, 0, "blk.2.attn_q.weight", "Q4_K");
+    expect_bad("q4k.gguf", b, orig_len, 0, "blk.2.attn_q.weight", "multiple of 256");
     memcpy(b + p + 4 + 16, &(uint32_t){99}, 4);
     expect_bad("type99.gguf", b, orig_len, 0, "blk.2.attn_q.weight", "type 99");
     /* a missing tensor */
