@@ -787,6 +787,11 @@ float kv_dot_row(kv_dtype t, const void *w, const float *x, int64_t n) {
     return f ? f(w, x, n) : 0.0f;
 }
 
+float kv_dot_row_portable(kv_dtype t, const void *w, const float *x, int64_t n) {
+    dot_fn f = generic_dot(t);
+    return f ? f(w, x, n) : 0.0f;
+}
+
 /* ---- typed matmul ---- */
 
 /* Rows at or below which one dot per (row, output) beats dequantise + sgemm (decode, small

@@ -108,6 +108,9 @@ int kv_quantize_row(kv_dtype t, const float *src, void *dst, int64_t n, kv_error
  * AVX2/FMA/F16C kernels when the CPU has them. */
 float kv_dot_row(kv_dtype t, const void *w, const float *x, int64_t n);
 
+/* The same with the portable C kernels only (what CPUs without AVX2 run); for tests. */
+float kv_dot_row_portable(kv_dtype t, const void *w, const float *x, int64_t n);
+
 /* Typed matmul y[rows, out] = x[rows, in] W^T with W [out, in] row-major in type wt (each of
  * the `out` rows is kv_dtype_row_bytes(wt, in) bytes; `in` a multiple of the block size).
  *   - F32 weights: the BLAS path (cblas_sgemv per row for rows <= 4, sgemm above).
