@@ -20,7 +20,8 @@ struct kv_workspace {
     float *rope_cos, *rope_sin; /* [max_ctx, d_h/2] */
     int n_threads;
     float *scores; /* [n_threads, max_ctx] */
-    float *gather; /* [rows, dim] rows selected for logits */
+    float *gather;    /* [rows, dim] rows selected for logits */
+    kv_op_scratch mm; /* dequantised weight tiles of the typed matmuls (prefill) */
 };
 
 void kv_workspace_free(kv_workspace *ws) {
@@ -39,6 +40,7 @@ void kv_workspace_free(kv_workspace *ws) {
     free(ws->rope_sin);
     free(ws->scores);
     free(ws->gather);
+    free(ws->mm.p);
     free(ws);
 }
 
@@ -70,8 +72,11 @@ int kv_workspace_new(const kv_model *m, int max_rows, int max_ctx, kv_workspace 
     ws->rope_cos = malloc((size_t)max_ctx * half * sizeof(float));
     ws->rope_sin = malloc((size_t)max_ctx * half * sizeof(float));
     ws->scores = malloc((size_t)ws->n_threads * (size_t)max_ctx * sizeof(float));
+    ws->mm.n = kv_model_matmul_scratch(m, max_rows);
+    ws->mm.p = ws->mm.n ? malloc(ws->mm.n * sizeof(float)) : NULL;
     if (!ws->x || !ws->xb || !ws->xb2 || !ws->xin || !ws->gather || !ws->q || !ws->o || !ws->k ||
-        !ws->v || !ws->hb || !ws->hb2 || !ws->rope_cos || !ws->rope_sin || !ws->scores) {
+        !ws->v || !ws->hb || !ws->hb2 || !ws->rope_cos || !ws->rope_sin || !ws->scores ||
+        (ws->mm.n && !ws->mm.p)) {
         kv_workspace_free(ws);
         return kv_fail(err, KV_EINTERNAL, "out of memory (forward workspace, %d rows)", max_rows);
     }
@@ -210,15 +215,14 @@ int kv_forward(const kv_model *m, kv_workspace *ws, kv_cache *const *seqs, int n
         }
     }
     for (int r = 0; r < rows; r++)
-        memcpy(ws->x + (size_t)r * dim, m->tok_emb + (size_t)tokens[r] * dim,
-               (size_t)dim * sizeof(float));
+        kv_weight_row(m->tok_emb, dim, tokens[r], ws->x + (size_t)r * dim);
 
     for (int l = 0; l < cfg->n_layers; l++) {
         const kv_layer_weights *w = &m->layers[l];
         kv_op_rmsnorm(ws->xb, ws->x, w->attn_norm, rows, dim, cfg->norm_eps);
-        kv_op_matmul(ws->q, ws->xb, w->wq, rows, dim, qd);
-        kv_op_matmul(ws->k, ws->xb, w->wk, rows, dim, kvd);
-        kv_op_matmul(ws->v, ws->xb, w->wv, rows, dim, kvd);
+        kv_op_matmul(ws->q, ws->xb, w->wq, rows, dim, qd, &ws->mm);
+        kv_op_matmul(ws->k, ws->xb, w->wk, rows, dim, kvd, &ws->mm);
+        kv_op_matmul(ws->v, ws->xb, w->wv, rows, dim, kvd, &ws->mm);
         kv_op_add_bias(ws->q, w->bq, rows, qd);
         kv_op_add_bias(ws->k, w->bk, rows, kvd);
         kv_op_add_bias(ws->v, w->bv, rows, kvd);
@@ -263,13 +267,13 @@ int kv_forward(const kv_model *m, kv_workspace *ws, kv_cache *const *seqs, int n
             float *scores = ws->scores + (size_t)omp_get_thread_num() * (size_t)ws->max_ctx;
             attend_head(m, ws, seqs[s], j, l, n, s * n, scores);
         }
-        kv_op_matmul(ws->xb2, ws->o, w->wo, rows, qd, dim);
+        kv_op_matmul(ws->xb2, ws->o, w->wo, rows, qd, dim, &ws->mm);
         if (hooks && hooks->after_attn) {
             memcpy(ws->xin, ws->x, (size_t)rows * dim * sizeof(float));
             hooks->after_attn(hooks->user, l, rows, ws->xin, ws->o, ws->v, ws->xb2);
         }
         for (size_t i = 0; i < (size_t)rows * dim; i++) ws->x[i] += ws->xb2[i];
-        kv_op_ffn_residual(w, cfg, ws->x, ws->xb, ws->hb, ws->hb2, rows);
+        kv_op_ffn_residual(w, cfg, ws->x, ws->xb, ws->hb, ws->hb2, rows, &ws->mm);
         if (hooks && hooks->after_block) hooks->after_block(hooks->user, l, rows, ws->x);
     }
     for (int s = 0; s < n_seqs; s++) seqs[s]->n_past += n;
@@ -282,6 +286,6 @@ int kv_forward(const kv_model *m, kv_workspace *ws, kv_cache *const *seqs, int n
             kv_op_rmsnorm(ws->gather + (size_t)s * dim, ws->x + (size_t)(s * n + n - 1) * dim,
                           m->final_norm, 1, dim, cfg->norm_eps);
     }
-    kv_op_matmul(logits, ws->gather, m->classifier, out_rows, dim, cfg->vocab_size);
+    kv_op_matmul(logits, ws->gather, m->classifier, out_rows, dim, cfg->vocab_size, &ws->mm);
     return KV_OK;
 }

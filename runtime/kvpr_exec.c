@@ -188,14 +188,15 @@ oom:
     return kv_fail_context(err, "kvpr offload of layer %d (s' = %d, l = %d)", layer, seq, split);
 }
 
-/* Eq. 7 for rows 0..l-1: K = X W_K^T (+ b_K, RoPE), V = X W_V^T (+ b_V). */
+/* Eq. 7 for rows 0..l-1: K = X W_K^T (+ b_K, RoPE), V = X W_V^T (+ b_V). Typed (non-F32)
+ * weights take kv_qmatmul's dot path here (no tile scratch): exact, slower than a GEMM. */
 static void recompute(const kv_kvpr_exec *e, const kv_kvpr_layer *lc, float *k, float *v) {
     const kv_config *c = &e->m->cfg;
     const kv_layer_weights *w = &e->m->layers[lc->layer];
     int l = lc->split, dim = c->dim, kvd = lc->kv_width, hd = c->head_dim, half = hd / 2;
     if (l == 0) return;
-    kv_op_matmul(k, lc->x, w->wk, l, dim, kvd);
-    kv_op_matmul(v, lc->x, w->wv, l, dim, kvd);
+    kv_op_matmul(k, lc->x, w->wk, l, dim, kvd, NULL);
+    kv_op_matmul(v, lc->x, w->wv, l, dim, kvd, NULL);
     kv_op_add_bias(k, w->bk, l, kvd);
     kv_op_add_bias(v, w->bv, l, kvd);
     for (int p = 0; p < l; p++)
@@ -328,7 +329,7 @@ int kv_kvpr_decode(kv_kvpr_exec *e, kv_kvpr_layer *layers, int token, float *log
         int rc = grow_tail(&layers[l], err);
         if (rc) return rc;
     }
-    memcpy(e->x, m->tok_emb + (size_t)token * dim, (size_t)dim * sizeof(float));
+    kv_weight_row(m->tok_emb, dim, token, e->x);
     const float *cs = e->rope_cos + (size_t)pos * half, *sn = e->rope_sin + (size_t)pos * half;
     for (int l = 0; l < L; l++) {
         const kv_layer_weights *w = &m->layers[l];
@@ -336,9 +337,9 @@ int kv_kvpr_decode(kv_kvpr_exec *e, kv_kvpr_layer *layers, int token, float *log
         int rc = kv_kvpr_rebuild(e, lc, e->k, e->v, overlap, per_layer ? &per_layer[l] : NULL, err);
         if (rc) return rc; /* not reached: checked above */
         kv_op_rmsnorm(e->xb, e->x, w->attn_norm, 1, dim, c->norm_eps);
-        kv_op_matmul(e->q, e->xb, w->wq, 1, dim, qd);
-        kv_op_matmul(e->kn, e->xb, w->wk, 1, dim, kvd);
-        kv_op_matmul(e->vn, e->xb, w->wv, 1, dim, kvd);
+        kv_op_matmul(e->q, e->xb, w->wq, 1, dim, qd, NULL);
+        kv_op_matmul(e->kn, e->xb, w->wk, 1, dim, kvd, NULL);
+        kv_op_matmul(e->vn, e->xb, w->wv, 1, dim, kvd, NULL);
         kv_op_add_bias(e->q, w->bq, 1, qd);
         kv_op_add_bias(e->kn, w->bk, 1, kvd);
         kv_op_add_bias(e->vn, w->bv, 1, kvd);
@@ -348,9 +349,9 @@ int kv_kvpr_decode(kv_kvpr_exec *e, kv_kvpr_layer *layers, int token, float *log
         memcpy(e->v + (size_t)pos * kvd, e->vn, (size_t)kvd * sizeof(float));
         rc = kv_kvpr_attend(e, e->q, e->k, e->v, pos + 1, e->o, err);
         if (rc) return rc;
-        kv_op_matmul(e->xb2, e->o, w->wo, 1, qd, dim);
+        kv_op_matmul(e->xb2, e->o, w->wo, 1, qd, dim, NULL);
         for (int i = 0; i < dim; i++) e->x[i] += e->xb2[i];
-        kv_op_ffn_residual(w, c, e->x, e->xb, e->hb, e->hb2, 1);
+        kv_op_ffn_residual(w, c, e->x, e->xb, e->hb, e->hb2, 1, NULL);
         /* the new token's K, V go to host memory behind the transferred part */
         size_t row = (size_t)(lc->seq - lc->split) * kvd;
         memcpy(lc->k + row, e->kn, (size_t)kvd * sizeof(float));
@@ -358,6 +359,6 @@ int kv_kvpr_decode(kv_kvpr_exec *e, kv_kvpr_layer *layers, int token, float *log
         lc->seq++;
     }
     kv_op_rmsnorm(e->xb, e->x, m->final_norm, 1, dim, c->norm_eps);
-    kv_op_matmul(logits, e->xb, m->classifier, 1, dim, c->vocab_size);
+    kv_op_matmul(logits, e->xb, m->classifier, 1, dim, c->vocab_size, NULL);
     return KV_OK;
 }

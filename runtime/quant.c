@@ -308,35 +308,84 @@ static inline void dq_q6_k(const uint8_t *b, float *y) {
     }
 }
 
+/* The body of a row dequantiser over nb blocks; compiled twice (portable, AVX2). */
+#define DEQUANT_BODY                                                                               \
+    switch (t) {                                                                                   \
+    case KV_DT_F32:                                                                                \
+        memcpy(dst, p, (size_t)n * 4);                                                             \
+        break;                                                                                     \
+    case KV_DT_F16:                                                                                \
+        DEQUANT_F16;                                                                               \
+        break;                                                                                     \
+    case KV_DT_BF16:                                                                               \
+        for (size_t i = 0; i < (size_t)n; i++) dst[i] = kv_bf16_to_f32(kv_load_u16le(p + 2 * i));  \
+        break;                                                                                     \
+    case KV_DT_Q8_0:                                                                               \
+        for (size_t i = 0; i < nb; i++) dq_q8_0(p + i * 34, dst + i * QK);                         \
+        break;                                                                                     \
+    case KV_DT_Q4_0:                                                                               \
+        for (size_t i = 0; i < nb; i++) dq_q4_0(p + i * 18, dst + i * QK);                         \
+        break;                                                                                     \
+    case KV_DT_Q4_1:                                                                               \
+        for (size_t i = 0; i < nb; i++) dq_q4_1(p + i * 20, dst + i * QK);                         \
+        break;                                                                                     \
+    case KV_DT_Q5_0:                                                                               \
+        for (size_t i = 0; i < nb; i++) dq_q5_0(p + i * 22, dst + i * QK);                         \
+        break;                                                                                     \
+    case KV_DT_Q5_1:                                                                               \
+        for (size_t i = 0; i < nb; i++) dq_q5_1(p + i * 24, dst + i * QK);                         \
+        break;                                                                                     \
+    case KV_DT_Q4_K:                                                                               \
+        for (size_t i = 0; i < nb; i++) dq_q4_k(p + i * 144, dst + i * QKK);                       \
+        break;                                                                                     \
+    case KV_DT_Q5_K:                                                                               \
+        for (size_t i = 0; i < nb; i++) dq_q5_k(p + i * 176, dst + i * QKK);                       \
+        break;                                                                                     \
+    case KV_DT_Q6_K:                                                                               \
+        for (size_t i = 0; i < nb; i++) dq_q6_k(p + i * 210, dst + i * QKK);                       \
+        break;                                                                                     \
+    }
+
+#define DEQUANT_F16                                                                                \
+    for (size_t i = 0; i < (size_t)n; i++) dst[i] = kv_f16_to_f32(kv_load_u16le(p + 2 * i))
+static void dequant_portable(kv_dtype t, const uint8_t *p, float *dst, int64_t n, size_t nb) {
+    DEQUANT_BODY
+}
+#undef DEQUANT_F16
+
+#ifdef KV_QUANT_X86
+#define KV_AVX2 __attribute__((target("avx2,fma,f16c")))
+/* F16 by the F16C instruction, 8 at a time */
+#define DEQUANT_F16                                                                                \
+    do {                                                                                           \
+        size_t i = 0;                                                                              \
+        for (; i + 8 <= (size_t)n; i += 8)                                                         \
+            _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(                             \
+                                          (const __m128i *)(const void *)(p + 2 * i))));           \
+        for (; i < (size_t)n; i++) dst[i] = kv_f16_to_f32(kv_load_u16le(p + 2 * i));               \
+    } while (0)
+KV_AVX2 static void dequant_avx2(kv_dtype t, const uint8_t *p, float *dst, int64_t n, size_t nb) {
+    DEQUANT_BODY
+}
+#undef DEQUANT_F16
+
+static int have_avx2(void) {
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+           __builtin_cpu_supports("f16c");
+}
+#endif
+
 int kv_dequantize_row(kv_dtype t, const void *src, float *dst, int64_t n, kv_error *err) {
     size_t bytes;
     if (kv_dtype_row_bytes(t, n, "dequantize", &bytes, err)) return KV_EINPUT;
-    const uint8_t *p = src;
-    size_t nb = (size_t)(n / kv_dtype_block(t)), bb = kv_dtype_block_bytes(t);
-    switch (t) {
-    case KV_DT_F32:
-        memcpy(dst, src, (size_t)n * 4);
-        break;
-    case KV_DT_F16:
-        for (size_t i = 0; i < (size_t)n; i++) dst[i] = kv_f16_to_f32(kv_load_u16le(p + 2 * i));
-        break;
-    case KV_DT_BF16:
-        for (size_t i = 0; i < (size_t)n; i++) dst[i] = kv_bf16_to_f32(kv_load_u16le(p + 2 * i));
-        break;
-#define DQ_CASE(T, fn, qk)                                                                         \
-    case T:                                                                                        \
-        for (size_t i = 0; i < nb; i++) fn(p + i * bb, dst + i * (qk));                            \
-        break;
-        DQ_CASE(KV_DT_Q8_0, dq_q8_0, QK)
-        DQ_CASE(KV_DT_Q4_0, dq_q4_0, QK)
-        DQ_CASE(KV_DT_Q4_1, dq_q4_1, QK)
-        DQ_CASE(KV_DT_Q5_0, dq_q5_0, QK)
-        DQ_CASE(KV_DT_Q5_1, dq_q5_1, QK)
-        DQ_CASE(KV_DT_Q4_K, dq_q4_k, QKK)
-        DQ_CASE(KV_DT_Q5_K, dq_q5_k, QKK)
-        DQ_CASE(KV_DT_Q6_K, dq_q6_k, QKK)
-#undef DQ_CASE
+    size_t nb = (size_t)(n / kv_dtype_block(t));
+#ifdef KV_QUANT_X86
+    if (have_avx2()) {
+        dequant_avx2(t, src, dst, n, nb);
+        return KV_OK;
     }
+#endif
+    dequant_portable(t, src, dst, n, nb);
     return KV_OK;
 }
 
@@ -594,8 +643,6 @@ static dot_fn generic_dot(kv_dtype t) {
 
 /* ---- dot products, AVX2 + FMA + F16C ---- */
 #ifdef KV_QUANT_X86
-#define KV_AVX2 __attribute__((target("avx2,fma,f16c")))
-
 KV_AVX2 static inline float hsum8(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -741,11 +788,6 @@ BLOCK_DOT_AVX2(dot_q5_1_avx2, dq_q5_1, QK, 24)
 BLOCK_DOT_AVX2(dot_q5_k_avx2, dq_q5_k, QKK, 176)
 BLOCK_DOT_AVX2(dot_q6_k_avx2, dq_q6_k, QKK, 210)
 
-static int have_avx2(void) {
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-           __builtin_cpu_supports("f16c");
-}
-
 static dot_fn avx2_dot(kv_dtype t) {
     switch (t) {
     case KV_DT_F16:
@@ -848,4 +890,9 @@ void kv_qmatmul(float *y, const float *x, const void *w, kv_dtype wt, int rows, 
     for (int o = 0; o < out; o++)
         for (int r = 0; r < rows; r++)
             y[(size_t)r * out + o] = f(W + (size_t)o * rb, x + (size_t)r * in, in);
+}
+
+void kv_weight_row(kv_weight w, int in, int64_t row, float *dst) {
+    size_t rb = (size_t)(in / kv_dtype_block(w.type)) * kv_dtype_block_bytes(w.type);
+    kv_dequantize_row(w.type, (const uint8_t *)w.data + (size_t)row * rb, dst, in, NULL);
 }

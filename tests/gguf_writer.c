@@ -12,11 +12,11 @@
 
 typedef struct tw_tensor {
     char name[64];
-    int rows, cols;    /* [rows, cols] row-major; rows = 1 and one_d: a vector */
-    int one_d;         /* written with n_dims = 1 */
-    kv_dtype type;     /* type on disk */
-    const float *data; /* fp32 source */
-    int perm_hd;       /* > 0: permute rows from rotate-half to adjacent pairs, head size */
+    int rows, cols; /* [rows, cols] row-major; rows = 1 and one_d: a vector */
+    int one_d;      /* written with n_dims = 1 */
+    kv_dtype type;  /* type on disk */
+    kv_weight src;  /* the model's tensor, in its own type */
+    int perm_hd;    /* > 0: permute rows from rotate-half to adjacent pairs, head size */
     size_t bytes, offset;
 } tw_tensor;
 
@@ -55,11 +55,11 @@ static void kv_string(tw_file *w, const char *k, const char *v) {
 }
 
 static int add(tw_tensor *t, int *n, const char *name, int rows, int cols, int one_d, kv_dtype type,
-               const float *data, int perm_hd, kv_error *err) {
+               kv_weight src, int perm_hd, kv_error *err) {
     tw_tensor *x = &t[(*n)++];
     memset(x, 0, sizeof *x);
     snprintf(x->name, sizeof x->name, "%s", name);
-    x->rows = rows, x->cols = cols, x->one_d = one_d, x->type = type, x->data = data;
+    x->rows = rows, x->cols = cols, x->one_d = one_d, x->type = type, x->src = src;
     x->perm_hd = perm_hd;
     size_t row;
     if (kv_dtype_row_bytes(type, cols, name, &row, err)) return KV_EINPUT;
@@ -80,23 +80,25 @@ int tw_write_gguf(const char *path, const kv_model *m, kv_dtype type, size_t *by
         kvd = c->n_kv_heads * c->head_dim, V = c->vocab_size;
     int perm = c->rope_layout == KV_ROPE_HALF ? c->head_dim : 0;
     rc = add(t, &n, "token_embd.weight", V, d, 0, type, m->tok_emb, 0, err);
-    if (!rc) rc = add(t, &n, "output_norm.weight", 1, d, 1, KV_DT_F32, m->final_norm, 0, err);
-    if (!rc && !c->tied_embeddings && m->classifier != m->tok_emb)
+    if (!rc)
+        rc = add(t, &n, "output_norm.weight", 1, d, 1, KV_DT_F32, kv_weight_f32(m->final_norm), 0,
+                 err);
+    if (!rc && !c->tied_embeddings && m->classifier.data != m->tok_emb.data)
         rc = add(t, &n, "output.weight", V, d, 0, type, m->classifier, 0, err);
     for (int l = 0; l < c->n_layers && !rc; l++) {
         const kv_layer_weights *w = &m->layers[l];
         struct {
             const char *suffix;
             int rows, cols, one_d;
-            const float *p;
+            kv_weight p;
             int perm;
         } spec[] = {
-            {"attn_norm.weight", 1, d, 1, w->attn_norm, 0},
+            {"attn_norm.weight", 1, d, 1, kv_weight_f32(w->attn_norm), 0},
             {"attn_q.weight", q, d, 0, w->wq, perm},
             {"attn_k.weight", kvd, d, 0, w->wk, perm},
             {"attn_v.weight", kvd, d, 0, w->wv, 0},
             {"attn_output.weight", d, q, 0, w->wo, 0},
-            {"ffn_norm.weight", 1, d, 1, w->ffn_norm, 0},
+            {"ffn_norm.weight", 1, d, 1, kv_weight_f32(w->ffn_norm), 0},
             {"ffn_gate.weight", hid, d, 0, w->w_gate, 0},
             {"ffn_up.weight", hid, d, 0, w->w_up, 0},
             {"ffn_down.weight", d, hid, 0, w->w_down, 0},
@@ -158,7 +160,8 @@ int tw_write_gguf(const char *path, const kv_model *m, kv_dtype type, size_t *by
     int maxc = 0;
     for (int i = 0; i < n; i++) maxc = t[i].cols > maxc ? t[i].cols : maxc;
     unsigned char *row = malloc((size_t)maxc * 4 + 64);
-    if (!row) w.failed = 1;
+    float *f32 = malloc((size_t)maxc * sizeof *f32);
+    if (!row || !f32) w.failed = 1;
     for (int i = 0; i < n && !w.failed && !rc; i++) {
         put(&w, zeros, t[i].offset - written);
         size_t rb = t[i].bytes / (size_t)t[i].rows;
@@ -168,13 +171,21 @@ int tw_write_gguf(const char *path, const kv_model *m, kv_dtype type, size_t *by
                 int hd = t[i].perm_hd, h = r / hd, j = r % hd;
                 src = h * hd + (j % 2 ? hd / 2 : 0) + j / 2;
             }
-            rc = kv_quantize_row(t[i].type, t[i].data + (size_t)src * t[i].cols, row, t[i].cols,
-                                 err);
+            size_t sb = 0; /* the source row in its own type */
+            kv_dtype_row_bytes(t[i].src.type, t[i].cols, t[i].name, &sb, NULL);
+            const unsigned char *sp = (const unsigned char *)t[i].src.data + (size_t)src * sb;
+            if (t[i].src.type == t[i].type) { /* same type: the bytes as they are */
+                put(&w, sp, rb);
+                continue;
+            }
+            rc = kv_dequantize_row(t[i].src.type, sp, f32, t[i].cols, err);
+            if (!rc) rc = kv_quantize_row(t[i].type, f32, row, t[i].cols, err);
             put(&w, row, rb);
         }
         written = t[i].offset + t[i].bytes;
     }
     free(row);
+    free(f32);
     free(t);
     if (fclose(w.f) != 0) w.failed = 1;
     if (rc) return kv_fail_context(err, "writing %s", path);
@@ -201,6 +212,13 @@ static const float *tw_tensor_new(kv_model *m, size_t n, float a, uint64_t *s, k
     return kv_model_adopt(m, p, err) ? NULL : p;
 }
 
+static int tw_weight_new(kv_model *m, kv_weight *dst, size_t n, float a, uint64_t *s,
+                         kv_error *err) {
+    const float *p = tw_tensor_new(m, n, a, s, err);
+    if (p) *dst = kv_weight_f32(p);
+    return p != NULL;
+}
+
 kv_model *tw_synthetic_model(int dim, int layers, int heads, int kv_heads, int hidden, int vocab,
                              int seq_len, uint64_t seed, kv_error *err) {
     kv_model *m = kv_model_alloc(layers, err);
@@ -218,20 +236,20 @@ kv_model *tw_synthetic_model(int dim, int layers, int heads, int kv_heads, int h
            KV = (size_t)kv_heads * (size_t)c->head_dim, F = (size_t)hidden;
     float ad = sqrtf(3.0f / (float)dim), aq = sqrtf(3.0f / (float)Q), af = sqrtf(3.0f / (float)F);
     int ok = kv_config_check(c, "synthetic model", err) == KV_OK;
-    ok = ok && (m->tok_emb = tw_tensor_new(m, (size_t)vocab * D, 1.0f, &s, err));
-    ok = ok && (m->classifier = tw_tensor_new(m, (size_t)vocab * D, ad, &s, err));
+    ok = ok && tw_weight_new(m, &m->tok_emb, (size_t)vocab * D, 1.0f, &s, err);
+    ok = ok && tw_weight_new(m, &m->classifier, (size_t)vocab * D, ad, &s, err);
     ok = ok && (m->final_norm = tw_tensor_new(m, D, -1.0f, &s, err));
     for (int l = 0; ok && l < layers; l++) {
         kv_layer_weights *w = &m->layers[l];
         ok = ok && (w->attn_norm = tw_tensor_new(m, D, -1.0f, &s, err));
         ok = ok && (w->ffn_norm = tw_tensor_new(m, D, -1.0f, &s, err));
-        ok = ok && (w->wq = tw_tensor_new(m, Q * D, ad, &s, err));
-        ok = ok && (w->wk = tw_tensor_new(m, KV * D, ad, &s, err));
-        ok = ok && (w->wv = tw_tensor_new(m, KV * D, ad, &s, err));
-        ok = ok && (w->wo = tw_tensor_new(m, D * Q, aq, &s, err));
-        ok = ok && (w->w_gate = tw_tensor_new(m, F * D, ad, &s, err));
-        ok = ok && (w->w_up = tw_tensor_new(m, F * D, ad, &s, err));
-        ok = ok && (w->w_down = tw_tensor_new(m, D * F, af, &s, err));
+        ok = ok && tw_weight_new(m, &w->wq, Q * D, ad, &s, err);
+        ok = ok && tw_weight_new(m, &w->wk, KV * D, ad, &s, err);
+        ok = ok && tw_weight_new(m, &w->wv, KV * D, ad, &s, err);
+        ok = ok && tw_weight_new(m, &w->wo, D * Q, aq, &s, err);
+        ok = ok && tw_weight_new(m, &w->w_gate, F * D, ad, &s, err);
+        ok = ok && tw_weight_new(m, &w->w_up, F * D, ad, &s, err);
+        ok = ok && tw_weight_new(m, &w->w_down, D * F, af, &s, err);
     }
     if (!ok) {
         kv_model_free(m);

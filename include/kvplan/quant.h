@@ -111,6 +111,24 @@ float kv_dot_row(kv_dtype t, const void *w, const float *x, int64_t n);
 /* The same with the portable C kernels only (what CPUs without AVX2 run); for tests. */
 float kv_dot_row_portable(kv_dtype t, const void *w, const float *x, int64_t n);
 
+/* A weight matrix [out, in] kept in its file's type: `out` rows of kv_dtype_row_bytes(type, in)
+ * bytes each, row-major, at `data` (a model's memory map or a buffer the model owns; not owned
+ * by this handle). */
+typedef struct kv_weight {
+    const void *data;
+    kv_dtype type;
+} kv_weight;
+
+/* An fp32 matrix as a kv_weight. */
+static inline kv_weight kv_weight_f32(const float *p) {
+    kv_weight w = {p, KV_DT_F32};
+    return w;
+}
+
+/* Row `row` of w (rows of `in` elements, a multiple of the type's block) dequantised into
+ * dst [in] (an embedding lookup). No checks: the loaders validated the shape. */
+void kv_weight_row(kv_weight w, int in, int64_t row, float *dst);
+
 /* Typed matmul y[rows, out] = x[rows, in] W^T with W [out, in] row-major in type wt (each of
  * the `out` rows is kv_dtype_row_bytes(wt, in) bytes; `in` a multiple of the block size).
  *   - F32 weights: the BLAS path (cblas_sgemv per row for rows <= 4, sgemm above).
