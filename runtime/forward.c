@@ -19,7 +19,7 @@ struct kv_workspace {
     float *hb, *hb2;            /* [rows, hidden] */
     float *rope_cos, *rope_sin; /* [max_ctx, d_h/2] */
     int n_threads;
-    float *scores; /* [n_threads, max_ctx] */
+    float *scores;    /* [n_threads, max_ctx] */
     float *gather;    /* [rows, dim] rows selected for logits */
     kv_op_scratch mm; /* dequantised weight tiles of the typed matmuls (prefill) */
 };

@@ -702,12 +702,9 @@ int kv_model_load_gguf(const char *path, kv_model **out, kv_error *err) {
         } spec[] = {
             {"attn_norm.weight", 1, d, 0, "embedding_length", &w->attn_norm, NULL},
             {"attn_q.weight", q, d, 0, "head_count*head_dim x embedding_length", NULL, &w->wq},
-            {"attn_k.weight", kvd, d, 0, "head_count_kv*head_dim x embedding_length", NULL,
-             &w->wk},
-            {"attn_v.weight", kvd, d, 0, "head_count_kv*head_dim x embedding_length", NULL,
-             &w->wv},
-            {"attn_output.weight", d, q, 0, "embedding_length x head_count*head_dim", NULL,
-             &w->wo},
+            {"attn_k.weight", kvd, d, 0, "head_count_kv*head_dim x embedding_length", NULL, &w->wk},
+            {"attn_v.weight", kvd, d, 0, "head_count_kv*head_dim x embedding_length", NULL, &w->wv},
+            {"attn_output.weight", d, q, 0, "embedding_length x head_count*head_dim", NULL, &w->wo},
             {"attn_q.bias", 1, q, !c.attn_bias, "head_count*head_dim", &w->bq, NULL},
             {"attn_k.bias", 1, kvd, !c.attn_bias, "head_count_kv*head_dim", &w->bk, NULL},
             {"attn_v.bias", 1, kvd, !c.attn_bias, "head_count_kv*head_dim", &w->bv, NULL},
@@ -716,8 +713,7 @@ int kv_model_load_gguf(const char *path, kv_model **out, kv_error *err) {
              &w->w_gate},
             {"ffn_down.weight", d, hid, 0, "embedding_length x feed_forward_length", NULL,
              &w->w_down},
-            {"ffn_up.weight", hid, d, 0, "feed_forward_length x embedding_length", NULL,
-             &w->w_up},
+            {"ffn_up.weight", hid, d, 0, "feed_forward_length x embedding_length", NULL, &w->w_up},
         };
         for (size_t k = 0; k < sizeof spec / sizeof spec[0] && !rc; k++) {
             snprintf(name, sizeof name, "blk.%d.%s", l, spec[k].suffix);

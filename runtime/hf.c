@@ -490,10 +490,8 @@ int kv_model_load_hf(const char *dir, kv_model **out, kv_error *err) {
         } spec[] = {
             {"input_layernorm.weight", 0, d, 0, "hidden_size", &w->attn_norm, NULL},
             {"self_attn.q_proj.weight", q, d, 0, "heads*head_dim x hidden_size", NULL, &w->wq},
-            {"self_attn.k_proj.weight", kvd, d, 0, "kv_heads*head_dim x hidden_size", NULL,
-             &w->wk},
-            {"self_attn.v_proj.weight", kvd, d, 0, "kv_heads*head_dim x hidden_size", NULL,
-             &w->wv},
+            {"self_attn.k_proj.weight", kvd, d, 0, "kv_heads*head_dim x hidden_size", NULL, &w->wk},
+            {"self_attn.v_proj.weight", kvd, d, 0, "kv_heads*head_dim x hidden_size", NULL, &w->wv},
             {"self_attn.o_proj.weight", d, q, 0, "hidden_size x heads*head_dim", NULL, &w->wo},
             {"self_attn.q_proj.bias", 0, q, !c.attn_bias, "heads*head_dim", &w->bq, NULL},
             {"self_attn.k_proj.bias", 0, kvd, !c.attn_bias, "kv_heads*head_dim", &w->bk, NULL},
