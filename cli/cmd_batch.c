@@ -35,28 +35,6 @@ static const char *help =
     "  --evict-block e    Batch-Max eviction/prefill block (default b_s)\n"
     "Numbers accept suffixes K, M, G, T (powers of 1000) and Ki, Mi, Gi, Ti (powers of 1024).\n";
 
-/* A quantity with an optional SI or binary suffix ("80Gi", "3.35T", "1e9"). */
-static int parse_qty(const char *s, const char *opt, double *out, kv_error *err) {
-    if (!s || !*s) return kv_fail(err, KV_EINPUT, "%s needs a number", opt);
-    char *end = NULL;
-    double v = strtod(s, &end);
-    if (end == s || !isfinite(v))
-        return kv_fail(err, KV_EINPUT, "%s: '%s' is not a finite number", opt, s);
-    double mul = 1.0;
-    if (*end) {
-        static const char units[] = "KMGT";
-        const char *u = strchr(units, end[0] == 'k' ? 'K' : end[0]);
-        if (!u || !end[0]) return kv_fail(err, KV_EINPUT, "%s: '%s' is not a number", opt, s);
-        int bin = end[1] == 'i';
-        const char *rest = end + 1 + bin;
-        if (*rest == 'B') rest++;
-        if (*rest) return kv_fail(err, KV_EINPUT, "%s: '%s' has an unknown suffix", opt, s);
-        mul = pow(bin ? 1024.0 : 1000.0, (double)(u - units + 1));
-    }
-    *out = v * mul;
-    return KV_OK;
-}
-
 static const char *row_label[KV_BATCH_NMODES] = {"full cache", "decode-only", "prefill+decode"};
 
 int kv_cmd_batch(int argc, char **argv) {
@@ -65,33 +43,14 @@ int kv_cmd_batch(int argc, char **argv) {
     const char *mem_s = NULL, *bw_s = NULL, *s_s = NULL, *g_s = NULL, *p_s = NULL, *w_s = NULL;
     const char *bs_s = NULL, *e_s = NULL;
     int json = 0;
-    for (int i = 1; i < argc; i++) {
-        int r = 0;
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            fputs(help, stdout);
-            return 0;
-        }
-        if (!strcmp(argv[i], "--json")) {
-            json = 1;
-            continue;
-        }
-        struct {
-            const char *name;
-            const char **val;
-        } opts[] = {
-            {"--model", &model_path}, {"--plan", &plan_path},   {"--profile", &profile},
-            {"--hardware", &preset},  {"--device-mem", &mem_s}, {"--mem-bw", &bw_s},
-            {"--prompt-len", &s_s},   {"--gen-len", &g_s},      {"--dtype-bytes", &p_s},
-            {"--weight-bytes", &w_s}, {"--block-size", &bs_s},  {"--evict-block", &e_s},
-        };
-        for (size_t k = 0; k < sizeof opts / sizeof opts[0] && !r; k++)
-            r = kv_cli_opt(argc, argv, &i, opts[k].name, opts[k].val, &err);
-        if (r < 0) return kv_cli_report("batch", &err);
-        if (r) continue;
-        fprintf(stderr, "kvplan batch: unknown %s %s\n%s",
-                argv[i][0] == '-' ? "option" : "argument", argv[i], help);
-        return 1;
-    }
+    const kv_cli_optval opts[] = {
+        {"--model", &model_path}, {"--plan", &plan_path},   {"--profile", &profile},
+        {"--hardware", &preset},  {"--device-mem", &mem_s}, {"--mem-bw", &bw_s},
+        {"--prompt-len", &s_s},   {"--gen-len", &g_s},      {"--dtype-bytes", &p_s},
+        {"--weight-bytes", &w_s}, {"--block-size", &bs_s},  {"--evict-block", &e_s},
+    };
+    int sc = kv_cli_scan("batch", argc, argv, opts, sizeof opts / sizeof opts[0], help, &json);
+    if (sc >= 0) return sc;
     if (!model_path || !s_s || !g_s) {
         kv_fail(&err, KV_EINPUT, "--model MODEL, --prompt-len s and --gen-len g are required");
         return kv_cli_report("batch", &err);
@@ -106,9 +65,10 @@ int kv_cmd_batch(int argc, char **argv) {
     int rc = KV_OK;
     if (profile && kv_hw_from_profile(profile, &hw, &err)) return kv_cli_report("batch", &err);
     if (preset && kv_hw_from_preset(preset, &hw, &err)) return kv_cli_report("batch", &err);
-    if (mem_s && parse_qty(mem_s, "--device-mem", &hw.device_mem, &err))
+    if (mem_s && kv_cli_parse_qty(mem_s, "--device-mem", &hw.device_mem, &err))
         return kv_cli_report("batch", &err);
-    if (bw_s && parse_qty(bw_s, "--mem-bw", &hw.mem_bw, &err)) return kv_cli_report("batch", &err);
+    if (bw_s && kv_cli_parse_qty(bw_s, "--mem-bw", &hw.mem_bw, &err))
+        return kv_cli_report("batch", &err);
     if (!(hw.device_mem > 0)) {
         kv_fail(&err, KV_EINPUT,
                 mem_s ? "--device-mem must be positive (got %s)"
@@ -132,14 +92,14 @@ int kv_cmd_batch(int argc, char **argv) {
         return kv_cli_report("batch", &err);
 
     kv_model *m = NULL;
-    kv_plan_budget plan;
+    kv_plan plan;
     memset(&plan, 0, sizeof plan);
     int have_plan = 0;
     rc = kv_cli_load_model(model_path, &m, &err);
     if (!rc && plan_path) {
-        rc = kv_plan_budget_read(plan_path, &plan, &err);
+        rc = kv_plan_read(plan_path, &plan, &err);
         have_plan = !rc;
-        if (!rc) rc = kv_plan_check_model(&plan, m, plan_path, &err);
+        if (!rc) rc = kv_plan_check_model(&plan, m, &err);
     }
     kv_batch_config c;
     kv_batch_result res;
@@ -153,7 +113,7 @@ int kv_cmd_batch(int argc, char **argv) {
         c.block_size =
             (int)(bs > 0 ? bs : (have_plan && plan.block_size > 0 ? plan.block_size : 16));
         c.evict_block = (int)(e > 0 ? e : c.block_size);
-        c.budget = have_plan ? plan.tokens : NULL;
+        c.budget = have_plan ? plan.budget : NULL;
         rc = kv_batch_size(&c, &res, &err);
     }
     if (!rc) {
@@ -226,7 +186,7 @@ int kv_cmd_batch(int argc, char **argv) {
             cJSON_Delete(root);
         }
     }
-    if (have_plan) kv_plan_budget_free(&plan);
+    if (have_plan) kv_plan_free(&plan);
     kv_model_free(m);
     return rc ? kv_cli_report("batch", &err) : 0;
 }

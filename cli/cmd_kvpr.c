@@ -32,45 +32,6 @@ static const char *help =
     "                     also decode.steps and decode.total_time (all layers)\n"
     "Numbers accept suffixes K, M, G, T (powers of 1000) and Ki, Mi, Gi, Ti (powers of 1024).\n";
 
-/* A positive quantity with an optional SI or binary suffix ("32Gi", "312e12", "1.5T"). */
-static int parse_qty(const char *s, const char *opt, double *out, kv_error *err) {
-    if (!s || !*s) return kv_fail(err, KV_EINPUT, "%s needs a number", opt);
-    char *end = NULL;
-    double v = strtod(s, &end);
-    double mul = 1.0;
-    if (end && *end) {
-        const char *u = end;
-        double base = (u[0] && u[1] == 'i') ? 1024.0 : 1000.0;
-        int pw = 0;
-        switch (u[0]) {
-        case 'K':
-        case 'k':
-            pw = 1;
-            break;
-        case 'M':
-            pw = 2;
-            break;
-        case 'G':
-            pw = 3;
-            break;
-        case 'T':
-            pw = 4;
-            break;
-        default:
-            pw = -1;
-        }
-        if (pw < 0) return kv_fail(err, KV_EINPUT, "%s: '%s' is not a number", opt, s);
-        u += base == 1024.0 ? 2 : 1;
-        if (*u == 'B') u++;
-        if (*u) return kv_fail(err, KV_EINPUT, "%s: '%s' has an unknown suffix", opt, s);
-        mul = pow(base, pw);
-    }
-    if (end == s || !isfinite(v))
-        return kv_fail(err, KV_EINPUT, "%s: '%s' is not a finite number", opt, s);
-    *out = v * mul;
-    return KV_OK;
-}
-
 static double ms(double s) {
     return s * 1e3;
 }
@@ -91,34 +52,15 @@ int kv_cmd_kvpr(int argc, char **argv) {
     const char *v_com_s = NULL, *v_gpu_s = NULL, *hidden_s = NULL, *kvh_s = NULL, *hd_s = NULL;
     const char *layers_s = NULL, *batch_s = NULL, *seq_s = NULL, *gen_s = NULL, *p_s = NULL;
     int json = 0;
-    for (int i = 1; i < argc; i++) {
-        int r = 0;
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            fputs(help, stdout);
-            return 0;
-        }
-        if (!strcmp(argv[i], "--json")) {
-            json = 1;
-            continue;
-        }
-        struct {
-            const char *name;
-            const char **val;
-        } opts[] = {
-            {"--profile", &profile},  {"--hardware", &preset}, {"--model", &model_path},
-            {"--schedule", &sched_s}, {"--v-com", &v_com_s},   {"--v-gpu", &v_gpu_s},
-            {"--hidden", &hidden_s},  {"--kv-heads", &kvh_s},  {"--head-dim", &hd_s},
-            {"--layers", &layers_s},  {"--batch", &batch_s},   {"--seq-len", &seq_s},
-            {"--gen-len", &gen_s},    {"--dtype-bytes", &p_s},
-        };
-        for (size_t k = 0; k < sizeof opts / sizeof opts[0] && !r; k++)
-            r = kv_cli_opt(argc, argv, &i, opts[k].name, opts[k].val, &err);
-        if (r < 0) return kv_cli_report("kvpr", &err);
-        if (r) continue;
-        fprintf(stderr, "kvplan kvpr: unknown %s %s\n%s", argv[i][0] == '-' ? "option" : "argument",
-                argv[i], help);
-        return 1;
-    }
+    const kv_cli_optval opts[] = {
+        {"--profile", &profile},  {"--hardware", &preset}, {"--model", &model_path},
+        {"--schedule", &sched_s}, {"--v-com", &v_com_s},   {"--v-gpu", &v_gpu_s},
+        {"--hidden", &hidden_s},  {"--kv-heads", &kvh_s},  {"--head-dim", &hd_s},
+        {"--layers", &layers_s},  {"--batch", &batch_s},   {"--seq-len", &seq_s},
+        {"--gen-len", &gen_s},    {"--dtype-bytes", &p_s},
+    };
+    int sc = kv_cli_scan("kvpr", argc, argv, opts, sizeof opts / sizeof opts[0], help, &json);
+    if (sc >= 0) return sc;
 
     if (preset && !strcmp(preset, "list")) {
         int n = 0;
@@ -142,9 +84,9 @@ int kv_cmd_kvpr(int argc, char **argv) {
     }
     if (profile && kv_hw_from_profile(profile, &hw, &err)) return kv_cli_report("kvpr", &err);
     if (preset && kv_hw_from_preset(preset, &hw, &err)) return kv_cli_report("kvpr", &err);
-    if (v_com_s && parse_qty(v_com_s, "--v-com", &hw.v_com, &err))
+    if (v_com_s && kv_cli_parse_qty(v_com_s, "--v-com", &hw.v_com, &err))
         return kv_cli_report("kvpr", &err);
-    if (v_gpu_s && parse_qty(v_gpu_s, "--v-gpu", &hw.v_gpu, &err))
+    if (v_gpu_s && kv_cli_parse_qty(v_gpu_s, "--v-gpu", &hw.v_gpu, &err))
         return kv_cli_report("kvpr", &err);
     if (!profile && !preset && (!v_com_s || !v_gpu_s)) {
         kv_fail(&err, KV_EINPUT,

@@ -2,6 +2,7 @@
 #include "cli.h"
 
 #include <cblas.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,4 +54,54 @@ int kv_cli_take_model(const char *cmd, const char *arg, const char **model_path)
     }
     *model_path = arg;
     return 0;
+}
+
+int kv_cli_parse_qty(const char *s, const char *opt, double *out, kv_error *err) {
+    if (!s || !*s) return kv_fail(err, KV_EINPUT, "%s needs a number", opt);
+    char *end = NULL;
+    double v = strtod(s, &end);
+    if (end == s || !isfinite(v))
+        return kv_fail(err, KV_EINPUT, "%s: '%s' is not a finite number", opt, s);
+    double mul = 1.0;
+    if (*end) {
+        static const char units[] = "KMGT";
+        const char *u = strchr(units, end[0] == 'k' ? 'K' : end[0]);
+        if (!u || !end[0]) return kv_fail(err, KV_EINPUT, "%s: '%s' is not a number", opt, s);
+        int bin = end[1] == 'i';
+        const char *rest = end + 1 + bin;
+        if (*rest == 'B') rest++;
+        if (*rest) return kv_fail(err, KV_EINPUT, "%s: '%s' has an unknown suffix", opt, s);
+        mul = pow(bin ? 1024.0 : 1000.0, (double)(u - units + 1));
+    }
+    *out = v * mul;
+    return KV_OK;
+}
+
+int kv_cli_opt_table(int argc, char **argv, int *i, const kv_cli_optval *t, size_t n,
+                     kv_error *err) {
+    int r = 0;
+    for (size_t k = 0; k < n && !r; k++) r = kv_cli_opt(argc, argv, i, t[k].name, t[k].val, err);
+    return r;
+}
+
+int kv_cli_scan(const char *cmd, int argc, char **argv, const kv_cli_optval *t, size_t n,
+                const char *help, int *json) {
+    kv_error err = {0};
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            fputs(help, stdout);
+            return 0;
+        }
+        if (!strcmp(argv[i], "--json")) {
+            *json = 1;
+            continue;
+        }
+        int r = kv_cli_opt_table(argc, argv, &i, t, n, &err);
+        if (r < 0) return kv_cli_report(cmd, &err);
+        if (r) continue;
+        fprintf(stderr, "kvplan %s: unknown %s %s\n%s", cmd,
+                argv[i][0] == '-' ? "option" : "argument", argv[i], help);
+        return 1;
+    }
+    return -1;
 }

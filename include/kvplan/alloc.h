@@ -156,7 +156,9 @@ int kv_alloc_budgets(const kv_alloc_params *a, int n_layers, int n_kv_heads,
 int kv_round_budgets(int n, const double *x, double total, int block_size, int min_tokens,
                      int context, int *tokens, int *blocks, kv_error *err);
 
-/* kv_alloc_budgets followed by kv_round_budgets with total = R * L * H_kv * C.
+/* kv_alloc_budgets followed by kv_round_budgets with total = R * L * H_kv * C; for kind uniform
+ * the rounding is kv_uniform_budgets (kvplan/plan.h), the one definition of uniform at R that
+ * `eval --ratio` runs as well (KV_EINPUT when it falls below min_tokens).
  * tokens, blocks: [L * H_kv]; real_out [L * H_kv] (may be NULL) receives the real budgets. */
 int kv_plan_budgets(const kv_alloc_params *a, int n_layers, int n_kv_heads, const double *layer_sim,
                     const double *head_sim, const double *head_imp, int *tokens, int *blocks,
