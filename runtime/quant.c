@@ -839,8 +839,9 @@ float kv_dot_row_portable(kv_dtype t, const void *w, const float *x, int64_t n) 
 /* Rows at or below which one dot per (row, output) beats dequantise + sgemm (decode, small
  * batches); the same threshold as the fp32 path's sgemv/sgemm switch (runtime/ops.c). */
 #define KV_QDOT_MAX_ROWS 4
-/* Floats of one dequantised tile of W for the sgemm path (1 MiB). */
-#define KV_QTILE_FLOATS (1 << 18)
+/* Floats of one dequantised tile of W for the sgemm path (4 MiB: few, large sgemm calls;
+ * each call is a synchronisation of the BLAS threads). */
+#define KV_QTILE_FLOATS (1 << 20)
 /* Multiply-adds below which the dot path stays on one thread. */
 #define KV_QPAR_MIN ((size_t)1 << 15)
 
@@ -875,7 +876,8 @@ void kv_qmatmul(float *y, const float *x, const void *w, kv_dtype wt, int rows, 
         int tile = tile_rows(in, out);
         for (int o0 = 0; o0 < out; o0 += tile) {
             int nt = out - o0 < tile ? out - o0 : tile;
-#pragma omp parallel for schedule(static) if ((size_t)nt * (size_t)in >= KV_QPAR_MIN)
+            /* one thread: converting is ~1/rows of the sgemm's work, and an OpenMP region
+             * between BLAS calls makes the two thread pools contend on small machines */
             for (int i = 0; i < nt; i++)
                 kv_dequantize_row(wt, W + (size_t)(o0 + i) * rb, scratch + (size_t)i * in, in,
                                   NULL);

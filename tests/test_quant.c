@@ -490,14 +490,14 @@ static void test_dot(void) {
 
 static void test_matmul(void) {
     kv_model *m = load(tu_shared(M656));
-    /* W [1100, 256]: rows of the 656K embedding (flattened, 1024 rows of 256) reused cyclically,
-     * so the tiled path needs two tiles (tiles of 1024 rows at in = 256); x: 7 rows of real
-     * weights. */
-    int in = 256, out = 1100, R = 7;
+    /* W [1100, 1024]: rows of the 656K embedding (flattened, 256 rows of 1024) reused
+     * cyclically, so the tiled path needs two tiles (tiles of 2^20 floats: 1024 rows at
+     * in = 1024); x: 7 rows of real weights. */
+    int in = 1024, out = 1100, R = 7;
     const float *E = m->tok_emb.data, *X = m->layers[1].w_up.data;
     float *wf = malloc((size_t)out * in * sizeof *wf);
     for (int o = 0; o < out; o++)
-        memcpy(wf + (size_t)o * in, E + (size_t)(o % 1024) * in, (size_t)in * sizeof *wf);
+        memcpy(wf + (size_t)o * in, E + (size_t)(o % 256) * in, (size_t)in * sizeof *wf);
     float *y = malloc((size_t)R * out * sizeof *y), *y1 = malloc((size_t)out * sizeof *y1);
     float *deq = malloc((size_t)out * in * sizeof *deq);
     double worst = 0;
