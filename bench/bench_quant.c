@@ -9,6 +9,7 @@
  * point at the typed copies, as a GGUF file of that type would load. Per type, on the engine's
  * CPU backend with a full cache:
  *   - prefill tokens/s of a T-token prompt in one step (the tiled dequantise + sgemm path),
+ *     the best of two prompts,
  *   - decode tokens/s = 1 / the median time of one decode step over D steps after the prompt
  *     (the typed dot path; medians resist preemption on a shared machine),
  *   - bytes read per decoded token: every weight matrix once in its type, one embedding row,
@@ -173,11 +174,17 @@ static void run(const kv_model *m, const int *tokens, int T, int D, row *r, kv_e
     kv_engine *e = NULL;
     if (kv_engine_new(m, &full, &o, &e, err)) die(err);
     int seq = -1, V = m->cfg.vocab_size;
-    if (kv_engine_seq_open(e, NULL, NULL, &seq, err)) die(err);
     float *logits = malloc((size_t)V * sizeof *logits);
-    double t0 = kv_now();
-    if (kv_engine_prefill(e, seq, tokens, T, KV_LOGITS_LAST, logits, NULL, err)) die(err);
-    r->prefill_tps = T / (kv_now() - t0);
+    double best_pf = 1e30;
+    for (int rep = 0; rep < 2; rep++) { /* best of 2 prompts: resists preemption */
+        if (rep) kv_engine_seq_close(e, seq);
+        if (kv_engine_seq_open(e, NULL, NULL, &seq, err)) die(err);
+        double t0 = kv_now();
+        if (kv_engine_prefill(e, seq, tokens, T, KV_LOGITS_LAST, logits, NULL, err)) die(err);
+        double t = kv_now() - t0;
+        best_pf = t < best_pf ? t : best_pf;
+    }
+    r->prefill_tps = T / best_pf;
     double *dt = malloc((size_t)D * sizeof *dt), kv_read = 0;
     size_t kvd = (size_t)m->cfg.n_kv_heads * m->cfg.head_dim;
     for (int d = 0; d < D; d++) {

@@ -12,7 +12,8 @@
  * shard of every tensor. safetensors (huggingface/safetensors): uint64 little-endian header
  * size N, an N-byte JSON header {name: {dtype, shape, data_offsets [begin, end)}, optional
  * "__metadata__": {string: string}}, then the data; offsets are relative to byte 8 + N.
- * dtypes F32 (used in place when aligned), F16 and BF16 (converted to fp32 on load).
+ * dtypes F32, F16 and BF16: matrices are kept in their type in place (issue 14), norms and
+ * biases converted to fp32 on load (F32 in place when aligned).
  * `__metadata__` entries whose key and value are both tensor names record an alias (a tied
  * tensor saved once): TinyStories-656K stores only lm_head.weight and maps
  * model.embed_tokens.weight to it.
@@ -30,8 +31,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-
-#include "f16.h"
 
 typedef struct st_tensor {
     const char *name; /* points into the shard's JSON (owned by st_file.json) */
@@ -242,10 +241,8 @@ static int st_weight(kv_model *m, const st_set *s, const char *name, long long r
     if (!dst) return KV_EINTERNAL;
     if (t->dtype == 0)
         memcpy(dst, src, n * sizeof *dst);
-    else if (t->dtype == 1)
-        for (size_t i = 0; i < n; i++) dst[i] = kv_f16_to_f32(kv_load_u16le(src + 2 * i));
     else
-        for (size_t i = 0; i < n; i++) dst[i] = kv_bf16_to_f32(kv_load_u16le(src + 2 * i));
+        kv_dequantize_row(t->dtype == 1 ? KV_DT_F16 : KV_DT_BF16, src, dst, (int64_t)n, NULL);
     if (kv_model_adopt(m, dst, err)) return KV_EINTERNAL;
     if (wout)
         *wout = kv_weight_f32(dst);

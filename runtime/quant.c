@@ -842,8 +842,14 @@ float kv_dot_row_portable(kv_dtype t, const void *w, const float *x, int64_t n) 
 /* Floats of one dequantised tile of W for the sgemm path (4 MiB: few, large sgemm calls;
  * each call is a synchronisation of the BLAS threads). */
 #define KV_QTILE_FLOATS (1 << 20)
-/* Multiply-adds below which the dot path stays on one thread. */
-#define KV_QPAR_MIN ((size_t)1 << 15)
+/* Multiply-adds from which the dot path forks OpenMP threads over outputs: never, in
+ * practice (2^40). Measured with bench_quant on the 2-core machine this was tuned on, other
+ * processes holding the cores: F16 decode ran at 0.1x F32 with regions from 32K
+ * multiply-adds (~85 regions a step), 1.2-1.4x with only the 32000-row classifier forking,
+ * and 2.0-2.2x on one thread (a descheduled worker makes every region's barrier wait a time
+ * slice; one thread already reads the weights near the copy bandwidth of the shared memory
+ * bus). Lower it on machines with many idle cores. */
+#define KV_QPAR_MIN ((size_t)1 << 40)
 
 static int tile_rows(int in, int out) {
     int t = KV_QTILE_FLOATS / in;
