@@ -120,6 +120,12 @@ size_t kv_model_weight_bytes(const kv_model *m) {
     return layer_bytes(m) + mat_bytes(m->classifier, V, d) + mat_bytes(m->tok_emb, 1, d);
 }
 
+size_t kv_model_read_param_count(const kv_model *m) {
+    const kv_config *c = &m->cfg;
+    size_t n = (size_t)c->n_layers * layer_params(c) + (size_t)c->dim;
+    return n + (size_t)c->vocab_size * c->dim + (size_t)c->dim; /* classifier + one embedding row */
+}
+
 size_t kv_model_resident_bytes(const kv_model *m) {
     size_t V = (size_t)m->cfg.vocab_size, d = (size_t)m->cfg.dim;
     size_t n = layer_bytes(m) + mat_bytes(m->tok_emb, V, d);

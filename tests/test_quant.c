@@ -912,6 +912,7 @@ static void test_memory_own_type(void) {
 #if defined(__SANITIZE_ADDRESS__)
     printf("\n  skipped under AddressSanitizer (its shadow memory and quarantine change the "
            "resident set)");
+    (void)probe_memory;
     return;
 #else
     kv_error err = {0};

@@ -98,6 +98,10 @@ int kv_config_check(const kv_config *c, const char *what, kv_error *err);
  * matrices + norms + classifier; the embedding row is one row). */
 size_t kv_model_weight_bytes(const kv_model *m);
 
+/* Parameters the forward pass reads per decoded token (all matrices + norms + classifier +
+ * one embedding row), whatever their stored type: kv_model_weight_bytes of an fp32 copy / 4. */
+size_t kv_model_read_param_count(const kv_model *m);
+
 /* Bytes of all weight data the model holds in memory (every matrix in its type, embedding and
  * classifier once when tied, norms and biases fp32). */
 size_t kv_model_resident_bytes(const kv_model *m);
