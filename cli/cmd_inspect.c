@@ -9,6 +9,7 @@
 
 #include "cli.h"
 #include "inspect.h"
+#include "kvplan/plan.h"
 
 static const char *help =
     "usage: kvplan inspect FILE.h5 [--png DIR] [--json] [--export FORMAT]\n"
@@ -112,6 +113,15 @@ int kv_cmd_inspect(int argc, char **argv) {
     }
     ki_file f;
     int rc = ki_load(file, &f, &err);
+    int invalid_plan = 0;
+    kv_error plan_err = {0};
+    if (!rc && f.is_plan) {
+        /* a plan is validated by the plan module, the same checks as `run --plan`; a broken
+         * one is still shown (that is what inspect is for) but the command exits 1 */
+        kv_plan p;
+        invalid_plan = kv_plan_read(file, &p, &plan_err) != KV_OK;
+        kv_plan_free(&p);
+    }
     if (!rc && png_dir) {
         int n = 0;
         rc = ki_write_pngs(&f, png_dir, stderr, &n, &err);
@@ -135,5 +145,6 @@ int kv_cmd_inspect(int argc, char **argv) {
     }
     ki_free(&f);
     fflush(stdout);
+    if (!rc && invalid_plan) return kv_cli_report("inspect", &plan_err);
     return rc ? kv_cli_report("inspect", &err) : 0;
 }

@@ -23,7 +23,6 @@
  * model_sha256 = SHA-256 of config.json followed by the shard files in sorted order.
  */
 #include "kvplan/model.h"
-#include "kvplan/tokenizer.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>

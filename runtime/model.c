@@ -8,6 +8,8 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 
+#include "gguf_meta.h"
+
 kv_model *kv_model_alloc(int n_layers, kv_error *err) {
     kv_model *m = kv_calloc(1, sizeof *m, "model", err);
     if (!m) return NULL;
@@ -37,15 +39,12 @@ int kv_model_adopt(kv_model *m, void *p, kv_error *err) {
     return KV_OK;
 }
 
-/* Implemented by the GGUF loader: releases the kept GGUF metadata. */
-void kv_gguf_meta_free(void *meta);
-
 void kv_model_free(kv_model *m) {
     if (!m) return;
     for (int i = 0; i < m->n_owned; i++) free(m->owned[i]);
     free(m->owned);
     if (m->map) munmap(m->map, m->map_len);
-    if (m->gguf) kv_gguf_meta_free(m->gguf);
+    kv_gguf_close(m->gguf); /* GGUF: the parsed file and its map */
     free(m->layers);
     free(m);
 }

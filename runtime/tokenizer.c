@@ -1,21 +1,26 @@
-/* kvplan tokenizer front end and the scored-piece (SentencePiece-style) BPE tokenizer of
- * llama2.c `tokenizer.bin` files and GGUF "llama" vocabularies.
+/* kvplan tokenizer front end (format detection, special tokens, BOS) and the scored-piece
+ * (SentencePiece-style) BPE tokenizer of llama2.c `tokenizer.bin` files and GGUF "llama"
+ * vocabularies.
  *
- * Scored-piece encoding (the algorithm of llama2.c run.c `encode`, made O(n log n) with a
- * heap): prepend a " " piece when the text is not empty, split the text into UTF-8 code
- * points (a code point absent from the vocabulary falls back to its bytes <0xXX>), then
- * repeatedly merge the adjacent pair whose concatenation is a piece with the highest score,
- * leftmost first on ties, until no pair merges. The heap gives exactly the naive loop's result
- * because it orders candidates by (score desc, position asc) and discards stale entries.
+ * Scored-piece encoding, as llama.cpp's llm_tokenizer_spm (src/llama-vocab.cpp; the algorithm
+ * of SentencePiece's BPE model, and of llama2.c run.c `encode`) made O(n log n) with a heap:
+ * prepend " " to the fragment (the dummy prefix, when add_space_prefix), split it into UTF-8
+ * code points, then repeatedly merge the adjacent pair whose concatenation is a piece with the
+ * highest score, leftmost first on ties, until no pair merges. Symbols are spans of the text,
+ * so a pair's concatenation is the span they cover. A final symbol that is not a piece (a code
+ * point outside the vocabulary) becomes its bytes <0xXX>. The heap gives exactly the naive
+ * loop's result: it orders candidates by (score desc, position asc) and drops stale entries.
  */
 #include "kvplan/tokenizer.h"
 
 #include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
+#include "gguf_meta.h"
 #include "strmap.h"
 #include "tokenizer_bpe.h"
 
@@ -25,8 +30,10 @@ typedef struct spm_impl {
     int *lens;     /* [n] */
     float *scores; /* [n] */
     kv_strmap map;
-    int byte_id[256]; /* id of "<0xXX>" or -1 */
-    int has_bytes;    /* the vocabulary has at least one "<0xXX>" piece */
+    int byte_id[256];      /* id of "<0xXX>" or -1 */
+    int has_bytes;         /* the vocabulary has at least one "<0xXX>" piece */
+    int add_space_prefix;  /* prepend " " to every fragment (SentencePiece dummy prefix) */
+    unsigned char *silent; /* [n] 1 = decodes to no text (control, unknown), or NULL */
 } spm_impl;
 
 static void spm_free(void *p) {
@@ -37,6 +44,7 @@ static void spm_free(void *p) {
     free(s->pieces);
     free(s->lens);
     free(s->scores);
+    free(s->silent);
     kv_strmap_free(&s->map);
     free(s);
 }
@@ -53,15 +61,16 @@ int kv_tok_push_id(int **ids, int *n, int *cap, int id, kv_error *err) {
     return KV_OK;
 }
 
+/* A symbol is the span [off, off + len) of the fragment; len 0 once merged into its left. */
 typedef struct sym {
-    int id, prev, next;
+    size_t off, len;
+    int prev, next;
 } sym;
 
 typedef struct cand {
     float score;
-    int left, right; /* node indices */
-    int lid, rid;    /* ids when pushed (stale check) */
-    int merged;      /* id of the merge result */
+    int left, right; /* symbol indices */
+    size_t size;     /* bytes covered when pushed (stale check, as llama.cpp) */
 } cand;
 
 static int cand_before(const cand *a, const cand *b) {
@@ -112,93 +121,89 @@ static cand heap_pop(heap *h) {
     return top;
 }
 
-static int try_pair(const spm_impl *s, heap *h, const sym *syms, int left, char *buf) {
+/* Push the pair (left, its next) when the text it covers is a piece. */
+static int try_pair(const spm_impl *s, heap *h, const sym *syms, const char *text, int left) {
+    if (left < 0) return 0;
     int right = syms[left].next;
     if (right < 0) return 0;
-    int a = syms[left].id, b = syms[right].id;
-    int la = s->lens[a], lb = s->lens[b];
-    memcpy(buf, s->pieces[a], (size_t)la);
-    memcpy(buf + la, s->pieces[b], (size_t)lb);
-    int m = kv_strmap_get(&s->map, buf, (size_t)(la + lb));
+    size_t size = syms[left].len + syms[right].len;
+    int m = kv_strmap_get(&s->map, text + syms[left].off, size);
     if (m < 0) return 0;
-    cand c = {s->scores[m], left, right, a, b, m};
+    cand c = {s->scores[m], left, right, size};
     return heap_push(h, c);
 }
 
-static int spm_encode(const kv_tokenizer *t, const char *text, size_t len, int **ids, int *n,
+/* The id of byte b: its <0xXX> piece; llama2.c's fixed offset b + 3 when the vocabulary has
+ * byte pieces but not this one; piece 0 (<unk>) when it has none at all (e.g. the
+ * TinyStories-656K GGUF files), as llama.cpp. -1 when the id would be out of range. */
+static int byte_token(const spm_impl *s, unsigned char b) {
+    int id = s->byte_id[b];
+    if (id < 0) id = s->has_bytes ? b + 3 : 0;
+    return id < s->n ? id : -1;
+}
+
+static int spm_encode(const kv_tokenizer *t, const char *frag, size_t flen, int **ids, int *n,
                       int *cap, kv_error *err) {
     const spm_impl *s = t->impl;
-    if (len == 0) return KV_OK;
-    int maxlen = 0;
-    for (int i = 0; i < s->n; i++)
-        if (s->lens[i] > maxlen) maxlen = s->lens[i];
-    sym *syms = malloc((len + 2) * sizeof *syms);
-    char *buf = malloc((size_t)2 * (size_t)maxlen + 8);
+    if (flen == 0) return KV_OK;
+    size_t pre = s->add_space_prefix ? 1 : 0, len = flen + pre;
+    char *text = malloc(len);
+    sym *syms = malloc(len * sizeof *syms);
     heap h = {0};
-    if (!syms || !buf) {
+    if (!text || !syms) {
+        free(text);
         free(syms);
-        free(buf);
         return kv_fail(err, KV_EINTERNAL, "out of memory (tokenizer)");
     }
+    if (pre) text[0] = ' ';
+    memcpy(text + pre, frag, flen);
     int ns = 0;
-    int space = kv_strmap_get(&s->map, " ", 1);
-    if (space >= 0) syms[ns++].id = space;
-    /* code points, byte fallback (llama2.c run.c encode) */
-    char cp[8];
-    size_t cp_len = 0;
-    for (size_t i = 0; i < len; i++) {
+    for (size_t i = 0; i < len;) { /* code points (a bad lead byte is one symbol) */
         unsigned char c = (unsigned char)text[i];
-        if ((c & 0xC0) != 0x80) cp_len = 0;
-        cp[cp_len++] = (char)c;
-        if (i + 1 < len && (((unsigned char)text[i + 1]) & 0xC0) == 0x80 && cp_len < 4) continue;
-        int id = kv_strmap_get(&s->map, cp, cp_len);
-        if (id >= 0) {
-            syms[ns++].id = id;
-        } else {
-            for (size_t k = 0; k < cp_len; k++) {
-                int b = s->byte_id[(unsigned char)cp[k]];
-                /* llama2.c's fixed byte offset; a vocabulary without any byte piece (e.g. the
-                 * TinyStories-656K GGUF files) maps the byte to piece 0, <unk>, as llama.cpp */
-                if (b < 0) b = s->has_bytes ? (unsigned char)cp[k] + 3 : 0;
-                if (b >= s->n) {
-                    free(syms);
-                    free(buf);
-                    return kv_fail(err, KV_EINPUT,
-                                   "tokenizer has no piece and no byte fallback for byte 0x%02x",
-                                   (unsigned char)cp[k]);
-                }
-                syms[ns++].id = b;
-            }
-        }
-        cp_len = 0;
-    }
-    for (int i = 0; i < ns; i++) {
-        syms[i].prev = i - 1;
-        syms[i].next = i + 1 < ns ? i + 1 : -1;
+        size_t cl = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+        if (cl > len - i) cl = len - i;
+        syms[ns].off = i;
+        syms[ns].len = cl;
+        syms[ns].prev = ns - 1;
+        syms[ns].next = i + cl < len ? ns + 1 : -1;
+        ns++;
+        i += cl;
     }
     int rc = KV_OK;
     for (int i = 0; i < ns && rc == KV_OK; i++)
-        if (try_pair(s, &h, syms, i, buf) != 0) rc = KV_EINTERNAL;
+        if (try_pair(s, &h, syms, text, i) != 0) rc = KV_EINTERNAL;
     while (rc == KV_OK && h.n > 0) {
         cand c = heap_pop(&h);
-        if (syms[c.left].id != c.lid || syms[c.left].next != c.right || syms[c.right].id != c.rid)
+        sym *l = &syms[c.left], *r = &syms[c.right];
+        if (l->len == 0 || r->len == 0 || l->len + r->len != c.size)
             continue; /* stale: a neighbour merged since this pair was pushed */
-        syms[c.left].id = c.merged;
-        int nx = syms[c.right].next;
-        syms[c.left].next = nx;
-        if (nx >= 0) syms[nx].prev = c.left;
-        syms[c.right].id = -1;
-        syms[c.right].next = -2;
-        if (syms[c.left].prev >= 0 && try_pair(s, &h, syms, syms[c.left].prev, buf) != 0)
+        l->len += r->len;
+        r->len = 0;
+        l->next = r->next;
+        if (l->next >= 0) syms[l->next].prev = c.left;
+        if (try_pair(s, &h, syms, text, l->prev) != 0 || try_pair(s, &h, syms, text, c.left) != 0)
             rc = KV_EINTERNAL;
-        if (rc == KV_OK && try_pair(s, &h, syms, c.left, buf) != 0) rc = KV_EINTERNAL;
     }
     if (rc) kv_fail(err, rc, "out of memory (tokenizer merges)");
-    for (int i = 0; rc == KV_OK && ns > 0 && i >= 0; i = syms[i].next)
-        rc = kv_tok_push_id(ids, n, cap, syms[i].id, err);
+    for (int i = 0; rc == KV_OK && i >= 0; i = syms[i].next) {
+        int id = kv_strmap_get(&s->map, text + syms[i].off, syms[i].len);
+        if (id >= 0) {
+            rc = kv_tok_push_id(ids, n, cap, id, err);
+            continue;
+        }
+        for (size_t k = 0; k < syms[i].len && rc == KV_OK; k++) {
+            unsigned char b = (unsigned char)text[syms[i].off + k];
+            int bid = byte_token(s, b);
+            if (bid < 0)
+                rc = kv_fail(err, KV_EINPUT,
+                             "tokenizer has no piece and no byte fallback for byte 0x%02x", b);
+            else
+                rc = kv_tok_push_id(ids, n, cap, bid, err);
+        }
+    }
     free(h.v);
     free(syms);
-    free(buf);
+    free(text);
     return rc;
 }
 
@@ -207,6 +212,7 @@ static int spm_piece(const kv_tokenizer *t, int prev_id, int id, char *out, int 
     if (cap <= 0) return 0;
     out[0] = '\0';
     if (id < 0 || id >= s->n || id == t->bos_id || id == t->eos_id) return 0;
+    if (s->silent && s->silent[id]) return 0;
     const char *p = s->pieces[id];
     int len = s->lens[id];
     if (prev_id == t->bos_id && len > 0 && p[0] == ' ') {
@@ -247,6 +253,7 @@ int kv_tokenizer_from_scored(const char *const *pieces, const float *scores, int
         return kv_fail(err, KV_EINTERNAL, "out of memory (tokenizer)");
     }
     for (int b = 0; b < 256; b++) s->byte_id[b] = -1;
+    s->add_space_prefix = 1;
     for (int i = 0; i < n; i++) {
         size_t len = strlen(pieces[i]);
         s->pieces[i] = malloc(len + 1);
@@ -286,6 +293,19 @@ int kv_tokenizer_load_llama2c(const char *path, int vocab_size, kv_tokenizer **o
     size_t len = 0;
     int rc = kv_read_file(path, &data, &len, err);
     if (rc) return rc;
+    if (vocab_size <= 0) { /* no model to say how many: count the pieces up to the end */
+        vocab_size = 0;
+        for (size_t off = 4; off + 8 <= len && vocab_size < (1 << 22); vocab_size++) {
+            int32_t plen;
+            memcpy(&plen, data + off + 4, 4);
+            if (plen < 0 || (size_t)plen > len - off - 8) break;
+            off += 8 + (size_t)plen;
+        }
+        if (vocab_size == 0) {
+            free(data);
+            return kv_fail(err, KV_EINPUT, "%s: not a llama2.c tokenizer.bin (no pieces)", path);
+        }
+    }
     char **pieces = calloc((size_t)vocab_size, sizeof *pieces);
     float *scores = calloc((size_t)vocab_size, sizeof *scores);
     if (!pieces || !scores) {
@@ -349,24 +369,216 @@ int kv_tokenizer_load_llama2c(const char *path, int vocab_size, kv_tokenizer **o
 void kv_tokenizer_free(kv_tokenizer *t) {
     if (!t) return;
     if (t->ops && t->ops->free_impl) t->ops->free_impl(t->impl);
+    for (int k = 0; k < t->n_special; k++) free(t->special[k].text);
+    free(t->special);
     free(t);
 }
 
-int kv_tokenizer_encode(const kv_tokenizer *t, const char *text, size_t len, int add_bos, int **ids,
-                        int *n, kv_error *err) {
+int kv_spm_configure(kv_tokenizer *t, int add_space_prefix, const unsigned char *silent,
+                     kv_error *err) {
+    if (t->kind != KV_TOK_SPM) return kv_fail(err, KV_EINTERNAL, "not a scored-piece tokenizer");
+    spm_impl *s = t->impl;
+    s->add_space_prefix = add_space_prefix != 0;
+    if (silent) {
+        if (!s->silent && !(s->silent = kv_malloc((size_t)s->n, "tokenizer", err)))
+            return KV_EINTERNAL;
+        memcpy(s->silent, silent, (size_t)s->n);
+    }
+    return KV_OK;
+}
+
+int kv_tokenizer_set_special(kv_tokenizer *t, const int *ids, const char *const *texts,
+                             const unsigned char *control, int n, kv_special_order order,
+                             kv_error *err) {
+    for (int k = 0; k < t->n_special; k++) free(t->special[k].text);
+    free(t->special);
+    t->special = NULL;
+    t->n_special = 0;
+    t->special_order = order;
+    if (n <= 0) return KV_OK;
+    t->special = kv_calloc((size_t)n, sizeof *t->special, "special tokens", err);
+    if (!t->special) return KV_EINTERNAL;
+    for (int k = 0; k < n; k++) {
+        if (!texts[k] || !texts[k][0] || ids[k] < 0) continue;
+        kv_tok_special *sp = &t->special[t->n_special];
+        size_t l = strlen(texts[k]);
+        if (!(sp->text = kv_malloc(l + 1, "special tokens", err))) return KV_EINTERNAL;
+        memcpy(sp->text, texts[k], l + 1);
+        sp->len = (int)l;
+        sp->id = ids[k];
+        sp->control = control ? control[k] != 0 : 0;
+        t->n_special++;
+    }
+    return KV_OK;
+}
+
+/* The text split at special tokens: fragments [off, off + len) of text (id -1) or a special
+ * token id (len 0). */
+typedef struct frag {
+    size_t off, len;
+    int id;
+} frag;
+
+typedef struct frags {
+    frag *v;
+    int n, cap;
+} frags;
+
+static int frag_push(frags *f, size_t off, size_t len, int id) {
+    if (f->n == f->cap) {
+        int nc = f->cap ? 2 * f->cap : 16;
+        frag *nv = realloc(f->v, (size_t)nc * sizeof *nv);
+        if (!nv) return -1;
+        f->v = nv;
+        f->cap = nc;
+    }
+    f->v[f->n++] = (frag){off, len, id};
+    return 0;
+}
+
+/* First occurrence of sp in text[from, end), or SIZE_MAX. */
+static size_t find_at(const char *text, size_t from, size_t end, const kv_tok_special *sp) {
+    size_t sl = (size_t)sp->len;
+    for (size_t i = from; i + sl <= end;) {
+        const char *c = memchr(text + i, sp->text[0], end - sl + 1 - i);
+        if (!c) break;
+        size_t at = (size_t)(c - text);
+        if (memcmp(c, sp->text, sl) == 0) return at;
+        i = at + 1;
+    }
+    return SIZE_MAX;
+}
+
+static int by_length_desc(const void *a, const void *b) {
+    const kv_tok_special *x = *(const kv_tok_special *const *)a,
+                         *y = *(const kv_tok_special *const *)b;
+    if (x->len != y->len) return x->len > y->len ? -1 : 1;
+    return (x->id > y->id) - (x->id < y->id);
+}
+
+/* llama.cpp tokenizer_st_partition: for each special token, longest first, cut every
+ * occurrence out of every text fragment. */
+static int split_longest_first(const kv_tokenizer *t, const char *text, size_t len,
+                               int parse_special, frags *out) {
+    const kv_tok_special **order = malloc((size_t)t->n_special * sizeof *order);
+    if (!order) return -1;
+    int m = 0;
+    for (int k = 0; k < t->n_special; k++)
+        if (parse_special || !t->special[k].control) order[m++] = &t->special[k];
+    qsort(order, (size_t)m, sizeof *order, by_length_desc);
+    frags cur = {0}, nxt = {0};
+    int bad = frag_push(&cur, 0, len, -1);
+    for (int k = 0; k < m && !bad; k++) {
+        nxt.n = 0;
+        for (int i = 0; i < cur.n && !bad; i++) {
+            frag f = cur.v[i];
+            if (f.id >= 0) {
+                bad = frag_push(&nxt, f.off, f.len, f.id);
+                continue;
+            }
+            size_t pos = f.off, end = f.off + f.len;
+            for (;;) {
+                size_t at = find_at(text, pos, end, order[k]);
+                if (at == SIZE_MAX) break;
+                if (at > pos) bad |= frag_push(&nxt, pos, at - pos, -1);
+                bad |= frag_push(&nxt, at, 0, order[k]->id);
+                pos = at + (size_t)order[k]->len;
+            }
+            if (pos < end) bad |= frag_push(&nxt, pos, end - pos, -1);
+        }
+        frags tmp = cur;
+        cur = nxt;
+        nxt = tmp;
+    }
+    free(nxt.v);
+    free(order);
+    *out = cur;
+    return bad ? -1 : 0;
+}
+
+/* Hugging Face tokenizers: the leftmost occurrence of any special token, the longest there. */
+static int split_leftmost(const kv_tokenizer *t, const char *text, size_t len, int parse_special,
+                          frags *out) {
+    frags f = {0};
+    size_t *next = malloc((size_t)t->n_special * sizeof *next);
+    unsigned char *searched = calloc((size_t)t->n_special, 1);
+    if (!next || !searched) {
+        free(next);
+        free(searched);
+        return -1;
+    }
+    int bad = 0;
+    size_t pos = 0;
+    while (pos < len && !bad) {
+        /* next[k]: token k's first occurrence at or after its last search start (SIZE_MAX =
+         * none), so the text is scanned about once per special token */
+        size_t best = len;
+        int best_k = -1;
+        for (int k = 0; k < t->n_special; k++) {
+            if (!parse_special && t->special[k].control) continue;
+            if (!searched[k] || (next[k] != SIZE_MAX && next[k] < pos)) {
+                next[k] = find_at(text, pos, len, &t->special[k]);
+                searched[k] = 1;
+            }
+            size_t at = next[k];
+            if (at == SIZE_MAX) continue;
+            if (at < best ||
+                (at == best && best_k >= 0 && t->special[k].len > t->special[best_k].len)) {
+                best = at;
+                best_k = k;
+            }
+        }
+        if (best > pos) bad |= frag_push(&f, pos, best - pos, -1);
+        if (best_k >= 0) {
+            bad |= frag_push(&f, best, 0, t->special[best_k].id);
+            pos = best + (size_t)t->special[best_k].len;
+        } else {
+            pos = best;
+        }
+    }
+    free(next);
+    free(searched);
+    *out = f;
+    return bad ? -1 : 0;
+}
+
+int kv_tokenizer_encode_ex(const kv_tokenizer *t, const char *text, size_t len, int add_bos,
+                           int parse_special, int **ids, int *n, kv_error *err) {
     *ids = NULL;
     *n = 0;
     int cap = 0;
     if (add_bos < 0) add_bos = t->add_bos;
     int rc = KV_OK;
     if (add_bos && t->bos_id >= 0) rc = kv_tok_push_id(ids, n, &cap, t->bos_id, err);
-    if (!rc) rc = t->ops->encode(t, text, len, ids, n, &cap, err);
+    frags f = {0};
+    if (!rc && len > 0) {
+        int bad;
+        if (t->n_special == 0)
+            bad = frag_push(&f, 0, len, -1);
+        else if (t->special_order == KV_SPECIAL_LONGEST_FIRST)
+            bad = split_longest_first(t, text, len, parse_special, &f);
+        else
+            bad = split_leftmost(t, text, len, parse_special, &f);
+        if (bad) rc = kv_fail(err, KV_EINTERNAL, "out of memory (special tokens)");
+    }
+    for (int i = 0; i < f.n && !rc; i++) {
+        if (f.v[i].id >= 0)
+            rc = kv_tok_push_id(ids, n, &cap, f.v[i].id, err);
+        else
+            rc = t->ops->encode(t, text + f.v[i].off, f.v[i].len, ids, n, &cap, err);
+    }
+    free(f.v);
     if (rc) {
         free(*ids);
         *ids = NULL;
         *n = 0;
     }
     return rc;
+}
+
+int kv_tokenizer_encode(const kv_tokenizer *t, const char *text, size_t len, int add_bos, int **ids,
+                        int *n, kv_error *err) {
+    return kv_tokenizer_encode_ex(t, text, len, add_bos, 1, ids, n, err);
 }
 
 int kv_tokenizer_piece(const kv_tokenizer *t, int prev_id, int id, char *buf, int cap) {
@@ -397,33 +609,44 @@ int kv_tokenizer_decode(const kv_tokenizer *t, const int *ids, int n, char **tex
     return KV_OK;
 }
 
-/* Implemented beside the GGUF and tokenizer.json readers. */
-int kv_tokenizer_load_json(const char *path, const kv_model *m, kv_tokenizer **out, kv_error *err);
-int kv_tokenizer_load_gguf(const kv_model *m, kv_tokenizer **out, kv_error *err);
-
 static int file_exists(const char *p) {
     struct stat st;
     return stat(p, &st) == 0 && S_ISREG(st.st_mode);
 }
 
+/* A tokenizer file, its format detected from the content. m may be NULL. */
 static int load_path(const char *path, const kv_model *m, kv_tokenizer **out, kv_error *err) {
     FILE *f = fopen(path, "rb");
     if (!f) return kv_fail(err, KV_EINPUT, "%s: cannot open tokenizer: %s", path, strerror(errno));
-    int c;
-    do c = fgetc(f);
-    while (c == ' ' || c == '\n' || c == '\r' || c == '\t');
+    unsigned char head[4] = {0};
+    size_t got = fread(head, 1, 4, f);
+    int c; /* the first byte that is not blank: '{' starts a tokenizer.json */
+    for (size_t i = 0;; i++) {
+        c = i < got ? head[i] : fgetc(f);
+        if (c != ' ' && c != '\n' && c != '\r' && c != '\t') break;
+    }
     fclose(f);
+    if (got == 4 && memcmp(head, "GGUF", 4) == 0) {
+        kv_gguf *g = NULL;
+        int rc = kv_gguf_open(path, &g, err);
+        if (!rc) rc = kv_tokenizer_load_gguf(g, out, err);
+        kv_gguf_close(g);
+        return rc;
+    }
     if (c == '{') return kv_tokenizer_load_json(path, m, out, err);
-    return kv_tokenizer_load_llama2c(path, m->cfg.vocab_size, out, err);
+    return kv_tokenizer_load_llama2c(path, m ? m->cfg.vocab_size : 0, out, err);
 }
 
 int kv_tokenizer_load(const char *path, const kv_model *m, kv_tokenizer **out, kv_error *err) {
     *out = NULL;
     int rc;
+    if (!path && !m)
+        return kv_fail(err, KV_EINTERNAL, "kv_tokenizer_load needs a tokenizer path or a model");
     if (path) {
         rc = load_path(path, m, out, err);
     } else if (strcmp(m->format, "gguf") == 0) {
-        rc = kv_tokenizer_load_gguf(m, out, err);
+        if (!m->gguf) return kv_fail(err, KV_EINTERNAL, "%s: GGUF metadata was not kept", m->path);
+        rc = kv_tokenizer_load_gguf(m->gguf, out, err);
     } else if (strcmp(m->format, "safetensors") == 0) {
         char p[4200];
         snprintf(p, sizeof p, "%s/tokenizer.json", m->path);
@@ -450,14 +673,14 @@ int kv_tokenizer_load(const char *path, const kv_model *m, kv_tokenizer **out, k
                            m->path, a, b);
     }
     if (rc) return rc;
-    if ((*out)->vocab_size != m->cfg.vocab_size) {
+    if (m && (*out)->vocab_size != m->cfg.vocab_size) {
         int v = (*out)->vocab_size;
         kv_tokenizer_free(*out);
         *out = NULL;
         return kv_fail(err, KV_EINPUT,
-                       "tokenizer has %d tokens but the model %s has a vocabulary of %d: they do "
-                       "not belong together",
-                       v, m->path, m->cfg.vocab_size);
+                       "tokenizer %s has %d tokens but the model %s has a vocabulary of %d: they "
+                       "do not belong together",
+                       path ? path : "(embedded)", v, m->path, m->cfg.vocab_size);
     }
     return KV_OK;
 }

@@ -31,12 +31,11 @@ typedef struct bpe_impl {
     kv_strmap merges; /* 8-byte key (left id, right id) -> rank */
     int *merge_new;   /* [n_merges] id of the merged token */
     int n_merges;
-    char **dec;            /* [n] bytes each id decodes to, owned (NULL = nothing) */
-    int *dec_len;          /* [n] */
-    unsigned char *silent; /* [n] 1 = special token, decodes to nothing */
-    char **special;        /* [n_special] strings matched verbatim, owned */
-    int *special_len, *special_id, n_special;
-    pcre2_code *re; /* NULL = no split */
+    char **dec;                       /* [n] bytes each id decodes to, owned (NULL = nothing) */
+    int *dec_len;                     /* [n] */
+    unsigned char *silent;            /* [n] 1 = special token, decodes to nothing */
+    pcre2_code *re[KV_BPE_MAX_REGEX]; /* pre-tokenizer splits applied in sequence */
+    int n_re;
     int add_prefix_space, prepend_space, replace_space, byte_fallback, unk_id, fuse_unk,
         ignore_merges;
     int byte_id[256];       /* SPM: id of "<0xXX>" or -1 */
@@ -55,12 +54,7 @@ static void bpe_free(void *p) {
     free(b->dec);
     free(b->dec_len);
     free(b->silent);
-    if (b->special)
-        for (int i = 0; i < b->n_special; i++) free(b->special[i]);
-    free(b->special);
-    free(b->special_len);
-    free(b->special_id);
-    if (b->re) pcre2_code_free(b->re);
+    for (int i = 0; i < b->n_re; i++) pcre2_code_free(b->re[i]);
     free(b);
 }
 
@@ -244,6 +238,7 @@ typedef struct bbuf {
     size_t n, cap;
 } bbuf;
 static int bb_put(bbuf *b, const char *s, size_t n) {
+    if (n > SIZE_MAX / 4 || b->n > SIZE_MAX / 4) return -1;
     if (b->n + n + 1 > b->cap) {
         size_t nc = b->cap ? b->cap : 256;
         while (b->n + n + 1 > nc) nc *= 2;
@@ -271,109 +266,112 @@ static int encode_piece(const bpe_impl *b, scratch *sc, bbuf *tmp, const char *p
     return bpe_word(b, sc, tmp->p, tmp->n, ids, n, cap, err);
 }
 
-/* A segment between special tokens: normalise, split with the regex, encode each piece. */
-static int encode_segment(const bpe_impl *b, scratch *sc, bbuf *norm, bbuf *tmp,
-                          pcre2_match_data *md, const char *text, size_t len, int **ids, int *n,
-                          int *cap, kv_error *err) {
-    static const char meta[] = "\xe2\x96\x81"; /* "▁" */
-    norm->n = 0;
-    int oom = 0;
-    if (b->style == KV_BPE_SPM) {
-        if (b->prepend_space) oom |= bb_put(norm, meta, 3);
-        size_t run = 0;
-        for (size_t i = 0; i < len && !oom; i++) {
-            if (text[i] == ' ' && b->replace_space) {
-                oom |= bb_put(norm, text + run, i - run) | bb_put(norm, meta, 3);
-                run = i + 1;
+/* Pieces of the normalised text: [off, off + len) spans. */
+typedef struct span {
+    size_t off, len;
+} span;
+typedef struct spans {
+    span *v;
+    size_t n, cap;
+} spans;
+
+static int span_push(spans *s, size_t off, size_t len) {
+    if (len == 0) return 0;
+    if (s->n == s->cap) {
+        size_t nc = s->cap ? 2 * s->cap : 64;
+        span *nv = realloc(s->v, nc * sizeof *nv);
+        if (!nv) return -1;
+        s->v = nv;
+        s->cap = nc;
+    }
+    s->v[s->n++] = (span){off, len};
+    return 0;
+}
+
+/* Split every piece of `in` by `re` into `out`: matches and the gaps between them (each piece
+ * is the whole subject, as llama.cpp unicode_regex_split and HF Split "Isolated"). */
+static int split_pieces(pcre2_code *re, pcre2_match_data *md, const char *text, const spans *in,
+                        spans *out, kv_error *err) {
+    out->n = 0;
+    for (size_t i = 0; i < in->n; i++) {
+        const char *p = text + in->v[i].off;
+        size_t len = in->v[i].len, off = 0, last = 0;
+        uint32_t opts = 0; /* the first match checks the piece's UTF-8, later ones need not */
+        while (off <= len) {
+            int rc = pcre2_match(re, (PCRE2_SPTR)p, len, off, opts, md, NULL);
+            opts = PCRE2_NO_UTF_CHECK;
+            if (rc == PCRE2_ERROR_NOMATCH) break;
+            if (rc <= PCRE2_ERROR_UTF8_ERR1 && rc >= PCRE2_ERROR_UTF8_ERR21)
+                return kv_fail(err, KV_EINPUT,
+                               "the text is not valid UTF-8 (in the %zu bytes from byte %zu), "
+                               "which the byte-level pre-tokenizer needs",
+                               len, in->v[i].off);
+            if (rc < 0) {
+                PCRE2_UCHAR msg[256];
+                pcre2_get_error_message(rc, msg, sizeof msg);
+                return kv_fail(err, KV_EINPUT,
+                               "tokenizer pre-tokenizer regex failed at byte %zu: %s",
+                               in->v[i].off + off, (const char *)msg);
+            }
+            PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
+            size_t s = ov[0], e = ov[1];
+            if (span_push(out, in->v[i].off + last, s - last) ||
+                span_push(out, in->v[i].off + s, e - s))
+                return kv_fail(err, KV_EINTERNAL, "out of memory (tokenizer)");
+            last = e;
+            if (e == s) { /* empty match: step one code point */
+                if (e >= len) break;
+                off = e + utf8_len((const unsigned char *)p + e, len - e);
+            } else {
+                off = e;
             }
         }
-        if (!oom) oom |= bb_put(norm, text + run, len - run);
-    } else {
-        if (b->add_prefix_space && text[0] != ' ') oom |= bb_put(norm, " ", 1);
-        if (!oom) oom |= bb_put(norm, text, len);
+        if (span_push(out, in->v[i].off + last, len - last))
+            return kv_fail(err, KV_EINTERNAL, "out of memory (tokenizer)");
     }
-    if (oom || !norm->p) return kv_fail(err, KV_EINTERNAL, "out of memory (tokenizer)");
-    if (!b->re) return encode_piece(b, sc, tmp, norm->p, norm->n, ids, n, cap, err);
-    size_t off = 0, last = 0;
-    while (off <= norm->n) {
-        int rc = pcre2_match(b->re, (PCRE2_SPTR)norm->p, norm->n, off, 0, md, NULL);
-        if (rc == PCRE2_ERROR_NOMATCH) break;
-        if (rc < 0) {
-            PCRE2_UCHAR msg[256];
-            pcre2_get_error_message(rc, msg, sizeof msg);
-            return kv_fail(err, KV_EINPUT, "tokenizer pre-tokenizer regex failed at byte %zu: %s",
-                           off, (const char *)msg);
-        }
-        PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
-        size_t s = ov[0], e = ov[1];
-        if (s > last && encode_piece(b, sc, tmp, norm->p + last, s - last, ids, n, cap, err))
-            return err ? err->code : KV_EINTERNAL; /* gap: Isolated keeps it as a piece */
-        if (e > s && encode_piece(b, sc, tmp, norm->p + s, e - s, ids, n, cap, err))
-            return err ? err->code : KV_EINTERNAL;
-        last = e;
-        if (e == s) { /* empty match: step one code point */
-            if (e >= norm->n) break;
-            off = e + utf8_len((const unsigned char *)norm->p + e, norm->n - e);
-        } else {
-            off = e;
-        }
-    }
-    if (last < norm->n &&
-        encode_piece(b, sc, tmp, norm->p + last, norm->n - last, ids, n, cap, err))
-        return err ? err->code : KV_EINTERNAL;
     return KV_OK;
 }
 
-/* Byte position of the first occurrence of special token k in text[from, len), or len. */
-static size_t find_special(const bpe_impl *b, int k, const char *text, size_t len, size_t from) {
-    size_t sl = (size_t)b->special_len[k];
-    for (size_t i = from; i + sl <= len;) {
-        const char *c = memchr(text + i, b->special[k][0], len - sl + 1 - i);
-        if (!c) break;
-        size_t at = (size_t)(c - text);
-        if (memcmp(c, b->special[k], sl) == 0) return at;
-        i = at + 1;
-    }
-    return len;
-}
-
+/* Encode one fragment (no special tokens in it): normalise, pre-tokenise, BPE each piece. */
 static int bpe_encode(const kv_tokenizer *t, const char *text, size_t len, int **ids, int *n,
                       int *cap, kv_error *err) {
+    static const char meta[] = "\xe2\x96\x81"; /* "▁" */
     const bpe_impl *b = t->impl;
+    if (len == 0) return KV_OK;
     scratch sc = {0};
     bbuf norm = {0}, tmp = {0};
-    pcre2_match_data *md = b->re ? pcre2_match_data_create_from_pattern(b->re, NULL) : NULL;
-    int rc = KV_OK;
-    if (b->re && !md) rc = kv_fail(err, KV_EINTERNAL, "out of memory (regex match data)");
-    size_t *next = b->n_special ? malloc((size_t)b->n_special * sizeof *next) : NULL;
-    if (b->n_special && !next) rc = kv_fail(err, KV_EINTERNAL, "out of memory (tokenizer)");
-    for (int k = 0; next && k < b->n_special; k++) next[k] = SIZE_MAX;
-    size_t pos = 0;
-    while (!rc && pos < len) {
-        /* the earliest special token, the longest at that position; next[k] caches each
-         * token's next occurrence so the text is scanned once per special token */
-        size_t best = len;
-        int best_k = -1;
-        for (int k = 0; k < b->n_special; k++) {
-            if (next[k] == SIZE_MAX || next[k] < pos) next[k] = find_special(b, k, text, len, pos);
-            size_t at = next[k];
-            if (at < best || (at == best && at < len && best_k >= 0 &&
-                              b->special_len[k] > b->special_len[best_k])) {
-                best = at;
-                best_k = at < len ? k : -1;
+    spans cur = {0}, nxt = {0};
+    pcre2_match_data *md = NULL;
+    int oom = 0;
+    if (b->style == KV_BPE_SPM) {
+        if (b->prepend_space) oom |= bb_put(&norm, meta, 3);
+        size_t run = 0;
+        for (size_t i = 0; i < len && !oom; i++) {
+            if (text[i] == ' ' && b->replace_space) {
+                oom |= bb_put(&norm, text + run, i - run) | bb_put(&norm, meta, 3);
+                run = i + 1;
             }
         }
-        if (best > pos)
-            rc = encode_segment(b, &sc, &norm, &tmp, md, text + pos, best - pos, ids, n, cap, err);
-        if (!rc && best_k >= 0) {
-            rc = kv_tok_push_id(ids, n, cap, b->special_id[best_k], err);
-            pos = best + (size_t)b->special_len[best_k];
-        } else {
-            pos = best;
-        }
+        if (!oom) oom |= bb_put(&norm, text + run, len - run);
+    } else {
+        if (b->add_prefix_space && text[0] != ' ') oom |= bb_put(&norm, " ", 1);
+        if (!oom) oom |= bb_put(&norm, text, len);
     }
+    if (!oom) oom |= span_push(&cur, 0, norm.n);
+    if (!oom && b->n_re > 0)
+        oom |= !(md = pcre2_match_data_create(1, NULL)); /* only the whole match */
+    int rc = oom || !norm.p ? kv_fail(err, KV_EINTERNAL, "out of memory (tokenizer)") : KV_OK;
+    for (int r = 0; r < b->n_re && !rc; r++) {
+        rc = split_pieces(b->re[r], md, norm.p, &cur, &nxt, err);
+        spans sw = cur;
+        cur = nxt;
+        nxt = sw;
+    }
+    for (size_t i = 0; i < cur.n && !rc; i++)
+        rc = encode_piece(b, &sc, &tmp, norm.p + cur.v[i].off, cur.v[i].len, ids, n, cap, err);
     if (md) pcre2_match_data_free(md);
-    free(next);
+    free(cur.v);
+    free(nxt.v);
     free(sc.syms);
     free(sc.heap.v);
     free(norm.p);
@@ -475,12 +473,8 @@ int kv_tokenizer_bpe_new(const kv_bpe_spec *sp, const char *what, kv_tokenizer *
     b->dec_len = calloc((size_t)b->n, sizeof *b->dec_len);
     b->silent = calloc((size_t)b->n, 1);
     b->merge_new = calloc((size_t)sp->n_merges + 1, sizeof *b->merge_new);
-    b->special = calloc((size_t)sp->n_special + 1, sizeof *b->special);
-    b->special_len = calloc((size_t)sp->n_special + 1, sizeof *b->special_len);
-    b->special_id = calloc((size_t)sp->n_special + 1, sizeof *b->special_id);
-    if (!b->dec || !b->dec_len || !b->silent || !b->merge_new || !b->special || !b->special_len ||
-        !b->special_id || kv_strmap_init(&b->vocab, (size_t)b->n) ||
-        kv_strmap_init(&b->merges, (size_t)sp->n_merges))
+    if (!b->dec || !b->dec_len || !b->silent || !b->merge_new ||
+        kv_strmap_init(&b->vocab, (size_t)b->n) || kv_strmap_init(&b->merges, (size_t)sp->n_merges))
         rc = kv_fail(err, KV_EINTERNAL, "out of memory (tokenizer)");
     for (int i = 0; i < b->n && !rc; i++) {
         const char *s = sp->tokens[i];
@@ -530,49 +524,58 @@ int kv_tokenizer_bpe_new(const kv_bpe_spec *sp, const char *what, kv_tokenizer *
     free(cat);
     for (int k = 0; k < sp->n_special && !rc; k++) {
         int id = sp->special[k];
-        if (id < 0 || id >= b->n || !sp->tokens[id] || !sp->tokens[id][0]) continue;
-        size_t l = strlen(sp->tokens[id]);
-        b->special[b->n_special] = malloc(l + 1);
-        if (!b->special[b->n_special]) {
+        if (id < 0 || id >= b->n || !sp->tokens[id] || !sp->tokens[id][0] || !b->dec[id]) continue;
+        size_t l = strlen(sp->tokens[id]); /* an added token decodes to its content as written */
+        free(b->dec[id]);
+        b->dec[id] = malloc(l + 1);
+        if (!b->dec[id])
             rc = kv_fail(err, KV_EINTERNAL, "out of memory (tokenizer)");
-            break;
-        }
-        memcpy(b->special[b->n_special], sp->tokens[id], l + 1);
-        b->special_len[b->n_special] = (int)l;
-        b->special_id[b->n_special] = id;
-        b->n_special++;
-        if (b->dec[id]) { /* an added token decodes to its content as written */
-            free(b->dec[id]);
-            b->dec[id] = malloc(l + 1);
-            if (!b->dec[id])
-                rc = kv_fail(err, KV_EINTERNAL, "out of memory (tokenizer)");
-            else {
-                memcpy(b->dec[id], sp->tokens[id], l + 1);
-                b->dec_len[id] = (int)l;
-            }
+        else {
+            memcpy(b->dec[id], sp->tokens[id], l + 1);
+            b->dec_len[id] = (int)l;
         }
     }
     for (int k = 0; sp->silent && k < b->n; k++) b->silent[k] = sp->silent[k];
     if (sp->bos_id >= 0 && sp->bos_id < b->n) b->silent[sp->bos_id] = 1;
     if (sp->eos_id >= 0 && sp->eos_id < b->n) b->silent[sp->eos_id] = 1;
-    if (!rc && sp->regex) {
+    const char *const *res = sp->regex ? &sp->regex : sp->regexes;
+    int n_res = sp->regex ? 1 : sp->n_regexes;
+    if (!rc && n_res > KV_BPE_MAX_REGEX)
+        rc = kv_fail(err, KV_EINTERNAL, "%s: %d pre-tokenizer regexes, at most %d", what, n_res,
+                     KV_BPE_MAX_REGEX);
+    for (int r = 0; r < n_res && !rc; r++) {
         int ec;
         PCRE2_SIZE eo;
-        b->re = pcre2_compile((PCRE2_SPTR)sp->regex, PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP,
-                              &ec, &eo, NULL);
-        if (!b->re) {
+        /* DOLLAR_ENDONLY: '$' is the end of the piece only, as in ECMAScript (llama.cpp) */
+        b->re[r] = pcre2_compile((PCRE2_SPTR)res[r], PCRE2_ZERO_TERMINATED,
+                                 PCRE2_UTF | PCRE2_UCP | PCRE2_DOLLAR_ENDONLY, &ec, &eo, NULL);
+        if (!b->re[r]) {
             PCRE2_UCHAR msg[256];
             pcre2_get_error_message(ec, msg, sizeof msg);
             rc = kv_fail(err, KV_EINPUT,
-                         "%s: pre-tokenizer regex does not compile at offset "
-                         "%zu: %s",
-                         what, (size_t)eo, (const char *)msg);
+                         "%s: pre-tokenizer regex %d does not compile at offset %zu: %s", what,
+                         r + 1, (size_t)eo, (const char *)msg);
         } else {
-            pcre2_jit_compile(b->re, PCRE2_JIT_COMPLETE); /* optional speed-up */
+            b->n_re++;
+            pcre2_jit_compile(b->re[r], PCRE2_JIT_COMPLETE); /* optional speed-up */
         }
+    }
+    if (!rc) {
+        const char **texts = calloc((size_t)sp->n_special + 1, sizeof *texts);
+        if (!texts) rc = kv_fail(err, KV_EINTERNAL, "out of memory (tokenizer)");
+        for (int k = 0; texts && k < sp->n_special; k++) {
+            int id = sp->special[k];
+            texts[k] = id >= 0 && id < b->n ? sp->tokens[id] : NULL;
+        }
+        if (!rc)
+            rc = kv_tokenizer_set_special(t, sp->special, texts, sp->special_control, sp->n_special,
+                                          sp->special_order, err);
+        free(texts);
     }
     if (rc) {
         bpe_free(b);
+        for (int k = 0; k < t->n_special; k++) free(t->special[k].text);
+        free(t->special);
         free(t);
         return rc;
     }
@@ -729,7 +732,6 @@ static int read_pretok(const char *path, const cJSON *p, json_style *st, kv_erro
                    path, t);
 }
 
-int kv_tokenizer_load_json(const char *path, const kv_model *m, kv_tokenizer **out, kv_error *err);
 int kv_tokenizer_load_json(const char *path, const kv_model *m, kv_tokenizer **out, kv_error *err) {
     *out = NULL;
     cJSON *j = NULL, *cfg = NULL;

@@ -15,20 +15,6 @@
 #include "testutil.h"
 
 /* A stories260K-shaped model description (no weights: only what provenance reads). */
-static void fake_model(kv_model *m, int n_layers, const char *sha) {
-    memset(m, 0, sizeof *m);
-    m->cfg.dim = 64;
-    m->cfg.hidden_dim = 172;
-    m->cfg.n_layers = n_layers;
-    m->cfg.n_heads = 8;
-    m->cfg.n_kv_heads = 4;
-    m->cfg.head_dim = 8;
-    m->cfg.vocab_size = 512;
-    m->cfg.seq_len = 512;
-    snprintf(m->format, sizeof m->format, "llama2c");
-    snprintf(m->path, sizeof m->path, "models/stories260K.bin");
-    snprintf(m->sha256, sizeof m->sha256, "%s", sha);
-}
 
 static const char *SHA_A = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
 
@@ -50,7 +36,7 @@ static void test_roundtrip(void) {
     kv_h5 *f = NULL;
     CU_ASSERT_EQUAL_FATAL(kv_h5_create(path, &f, &err), KV_OK);
     kv_model m;
-    fake_model(&m, 5, SHA_A);
+    tu_fake_model(&m, 5, SHA_A);
     CU_ASSERT_EQUAL(kv_h5_write_provenance(f, "kvplan test --x 1", &m, &err), KV_OK);
     double a[2 * 3 * 4];
     for (int i = 0; i < 24; i++) a[i] = i * 0.5 - 3.0;
@@ -154,7 +140,7 @@ static void test_provenance(void) {
     kv_error err = {0};
     kv_h5 *f = NULL;
     kv_model m;
-    fake_model(&m, 5, SHA_A);
+    tu_fake_model(&m, 5, SHA_A);
     CU_ASSERT_EQUAL_FATAL(kv_h5_create(path, &f, &err), KV_OK);
     CU_ASSERT_EQUAL(kv_h5_write_provenance(f, "kvplan profile m.bin", &m, &err), KV_OK);
     CU_ASSERT_EQUAL_FATAL(kv_h5_commit(f, &err), KV_OK);

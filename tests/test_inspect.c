@@ -23,19 +23,11 @@ static double ppl[NT][NR];
 static double t_values[NT], r_values[NR];
 static const int best_t = 4, best_r = 6, worst_t = 9, worst_r = 18;
 
+/* stories260K's shape (L = 5 layers), no weights (tests/testutil.h) */
 static void fake_model(kv_model *m) {
-    memset(m, 0, sizeof *m);
-    m->cfg.dim = 64;
-    m->cfg.hidden_dim = 172;
-    m->cfg.n_layers = L;
-    m->cfg.n_heads = H;
-    m->cfg.n_kv_heads = HKV;
-    m->cfg.head_dim = 8;
-    m->cfg.vocab_size = 512;
-    m->cfg.seq_len = 512;
-    snprintf(m->format, sizeof m->format, "llama2c");
-    snprintf(m->path, sizeof m->path, "stories260K.bin");
-    snprintf(m->sha256, sizeof m->sha256, "%064d", 7);
+    char sha[65];
+    snprintf(sha, sizeof sha, "%064d", 7);
+    tu_fake_model(m, L, sha);
 }
 
 #define OK(call) CU_ASSERT_EQUAL_FATAL((call), KV_OK)
@@ -570,12 +562,14 @@ static void test_halving_grid(void) {
     OK(kv_h5_write_i32(f, "/search/chunks", 2, d22, &ch[0][0], "chunks", &err));
     OK(kv_h5_commit(f, &err));
     char *out = NULL;
-    CU_ASSERT_EQUAL(run(&out, "inspect '%s'%s", path, ""), 0);
+    /* a plan fragment (no context_length, no /budget/blocks): shown, but inspect exits 1
+     * because the plan module refuses it */
+    CU_ASSERT_EQUAL(run(&out, "inspect '%s'%s", path, ""), 1);
     CU_ASSERT_PTR_NOT_NULL(out && strstr(out, "3 cells reached 4 chunks"));
     CU_ASSERT_PTR_NOT_NULL(out && strstr(out, "best   t 0.8  r 0.1  perplexity 4.0000"));
     CU_ASSERT_PTR_NOT_NULL(out && strstr(out, "worst  t 0.6  r 0.3  perplexity 5.0000"));
     free(out);
-    CU_ASSERT_EQUAL(run(&out, "inspect '%s' --json%s", path, ""), 0);
+    CU_ASSERT_EQUAL(run(&out, "inspect '%s' --json%s", path, ""), 1);
     cJSON *j = cJSON_Parse(out ? out : "");
     free(out);
     CU_ASSERT_PTR_NOT_NULL_FATAL(j);
@@ -586,7 +580,7 @@ static void test_halving_grid(void) {
     cJSON_Delete(j);
     /* the picture is still drawn */
     CU_ASSERT_EQUAL(
-        run(&out, "inspect '%s' --png '%s' >/dev/null 2>&1", path, tu_tmp("png-halving")), 0);
+        run(&out, "inspect '%s' --png '%s' >/dev/null 2>&1", path, tu_tmp("png-halving")), 1);
     free(out);
     char png[600];
     snprintf(png, sizeof png, "%s/search_perplexity.png", tu_tmp("png-halving"));
@@ -804,7 +798,7 @@ static void test_grid_p_only(void) {
     OK(kv_h5_attr_str(f, "/search", "winner", "squeeze", &err));
     OK(kv_h5_commit(f, &err));
     char *out = NULL;
-    CU_ASSERT_EQUAL(run(&out, "inspect '%s'%s", path, ""), 0);
+    CU_ASSERT_EQUAL(run(&out, "inspect '%s'%s", path, ""), 1); /* a plan fragment: exit 1 */
     CU_ASSERT_PTR_NOT_NULL(out && strstr(out, "perplexity grid 3 (p): 3 of 3 cells evaluated"));
     CU_ASSERT_PTR_NOT_NULL(out && strstr(out, "best   p 0.5  perplexity 4.2500"));
     CU_ASSERT_PTR_NOT_NULL(out && strstr(out, "worst  p 1  perplexity 4.7500"));
@@ -812,7 +806,7 @@ static void test_grid_p_only(void) {
                                               "cell (p 0.5)"));
     free(out);
     const char *dir = tu_tmp("png-grid-p");
-    CU_ASSERT_EQUAL(run(&out, "inspect '%s' --png '%s' >/dev/null 2>&1", path, dir), 0);
+    CU_ASSERT_EQUAL(run(&out, "inspect '%s' --png '%s' >/dev/null 2>&1", path, dir), 1);
     free(out);
     char png[600];
     snprintf(png, sizeof png, "%s/search_perplexity.png", dir);

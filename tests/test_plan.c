@@ -15,22 +15,6 @@
 static const char *SHA_A = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
 static const char *SHA_B = "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb";
 
-/* stories260K's shape without weights (the plan module never reads them). */
-static void fake_model(kv_model *m, int n_layers, const char *sha) {
-    memset(m, 0, sizeof *m);
-    m->cfg.dim = 64;
-    m->cfg.hidden_dim = 172;
-    m->cfg.n_layers = n_layers;
-    m->cfg.n_heads = 8;
-    m->cfg.n_kv_heads = 4;
-    m->cfg.head_dim = 8;
-    m->cfg.vocab_size = 512;
-    m->cfg.seq_len = 512;
-    snprintf(m->format, sizeof m->format, "llama2c");
-    snprintf(m->path, sizeof m->path, "models/stories260K.bin");
-    snprintf(m->sha256, sizeof m->sha256, "%s", sha);
-}
-
 /* Budgets 32, 48, 64 tokens (2-4 blocks), ratio = what they keep, per-head policies. */
 static void make_plan(const kv_model *m, kv_plan *p) {
     kv_error err = {0};
@@ -62,7 +46,7 @@ static void test_round_trip_and_model_check(void) {
     const char *path = tu_tmp("plan.h5");
     kv_error err = {0};
     kv_model m;
-    fake_model(&m, 5, SHA_A);
+    tu_fake_model(&m, 5, SHA_A);
     kv_plan p, b;
     make_plan(&m, &p);
     CU_ASSERT_EQUAL_FATAL(write_plan(path, &m, &p, &err), KV_OK);
@@ -91,15 +75,15 @@ static void test_round_trip_and_model_check(void) {
     CU_ASSERT(kv_plan_mixed_policies(&b));
     CU_ASSERT_EQUAL(kv_plan_check_model(&b, &m, &err), KV_OK);
     kv_model other;
-    fake_model(&other, 6, SHA_A);
+    tu_fake_model(&other, 6, SHA_A);
     CU_ASSERT_EQUAL(kv_plan_check_model(&b, &other, &err), KV_EINPUT);
     CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, "plan.h5"));
     CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, "n_layers"));
-    fake_model(&other, 5, SHA_A);
+    tu_fake_model(&other, 5, SHA_A);
     other.cfg.vocab_size = 32000;
     CU_ASSERT_EQUAL(kv_plan_check_model(&b, &other, &err), KV_EINPUT);
     CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, "vocab_size"));
-    fake_model(&other, 5, SHA_B);
+    tu_fake_model(&other, 5, SHA_B);
     CU_ASSERT_EQUAL(kv_plan_check_model(&b, &other, &err), KV_EINPUT);
     CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, "model_sha256"));
     kv_plan_free(&b);
@@ -186,7 +170,7 @@ static void expect_refused(const char *path, const char *what) {
 static void test_validation(void) {
     kv_error err = {0};
     kv_model m;
-    fake_model(&m, 5, SHA_A);
+    tu_fake_model(&m, 5, SHA_A);
     kv_plan p;
     make_plan(&m, &p);
     const char *good = tu_tmp("good.h5");
@@ -205,6 +189,19 @@ static void test_validation(void) {
     expect_refused(bad, "not a number");
     corrupt(good, bad, "/budget/tokens", 3, -16);
     expect_refused(bad, "too small");
+    /* inspect shows such a plan but exits 1, naming the file and the head */
+    char args[2048], *out = NULL;
+    snprintf(args, sizeof args, "inspect '%s'", bad);
+    CU_ASSERT_EQUAL(tu_run_kvplan(args, &out, 1), 1);
+    CU_ASSERT_PTR_NOT_NULL(out && strstr(out, "layer 0 KV head 3"));
+    free(out);
+    /* and so does eval --plan: no run on a plan that claims what it does not keep */
+    snprintf(args, sizeof args, "eval '%s' --text '%s' --plan '%s' --context 256 --quiet",
+             tu_shared("models/stories260K/stories260K.bin"),
+             tu_shared("text/tinystories_val_head.txt"), bad);
+    CU_ASSERT_EQUAL(tu_run_kvplan(args, &out, 1), 1);
+    CU_ASSERT_PTR_NOT_NULL(out && strstr(out, bad));
+    free(out);
     corrupt(good, bad, "/budget/blocks", 0, 0); /* blocks must agree with tokens */
     expect_refused(bad, "too small");
     corrupt(good, bad, "/budget/blocks", 0, 3);
@@ -231,7 +228,7 @@ static void test_validation(void) {
 static void test_uniform_defined_once(void) {
     kv_error err = {0};
     kv_model m;
-    fake_model(&m, 5, SHA_A);
+    tu_fake_model(&m, 5, SHA_A);
     const double ratios[] = {0.3, 0.2, 0.125, 0.0625, 0.71};
     for (size_t k = 0; k < sizeof ratios / sizeof ratios[0]; k++) {
         kv_plan u;

@@ -78,3 +78,18 @@ int tu_main(const char *suite_name, const tu_test *tests, size_t n) {
     CU_cleanup_registry();
     return (failed || run == 0) ? 1 : 0;
 }
+
+void tu_fake_model(kv_model *m, int n_layers, const char *sha) {
+    memset(m, 0, sizeof *m);
+    m->cfg.dim = 64;
+    m->cfg.hidden_dim = 172;
+    m->cfg.n_layers = n_layers;
+    m->cfg.n_heads = 8;
+    m->cfg.n_kv_heads = 4;
+    m->cfg.head_dim = 8;
+    m->cfg.vocab_size = 512;
+    m->cfg.seq_len = 512;
+    snprintf(m->format, sizeof m->format, "llama2c");
+    snprintf(m->path, sizeof m->path, "models/stories260K.bin");
+    snprintf(m->sha256, sizeof m->sha256, "%s", sha);
+}

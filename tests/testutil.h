@@ -6,6 +6,8 @@
 #include <CUnit/CUnit.h>
 #include <stddef.h>
 
+#include "kvplan/model.h"
+
 /* Path under the shared data directory (KVPLAN_SHARED or ../shared), in a static buffer
  * rotated among 8 slots. */
 const char *tu_shared(const char *rel);
@@ -16,6 +18,10 @@ const char *tu_tmp(const char *name);
 /* Run `kvplan <args>` through the shell; stdout (and stderr when merge_stderr) captured into a
  * malloc'ed string (*out, may be NULL). Returns the exit code. */
 int tu_run_kvplan(const char *args, char **out, int merge_stderr);
+/* A model config of stories260K's shape (dim 64, H 8, H_kv 4, d_h 8, vocab 512, C 512) with
+ * n_layers layers, no weights, path "models/stories260K.bin" and the given model_sha256: for
+ * file-format tests that never run the model. */
+void tu_fake_model(kv_model *m, int n_layers, const char *sha);
 /* Run a whole suite: registers the tests, runs them, returns 0 when all passed. */
 typedef struct tu_test {
     const char *name;

@@ -69,7 +69,8 @@ typedef struct kv_model {
     size_t map_len;
     void **owned;
     int n_owned, cap_owned;
-    void *gguf; /* GGUF metadata kept for the embedded tokenizer, owned, or NULL */
+    void *gguf; /* the parsed GGUF file (runtime/gguf_meta.h): owns the map, kept for the
+                * embedded tokenizer; owned, or NULL */
 } kv_model;
 
 /* Load a model, detecting the format from the content: a directory with config.json
