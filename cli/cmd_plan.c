@@ -65,7 +65,8 @@ int kv_plan_args_setup(const kv_plan_args *a, kv_model **m, kv_profile_inputs *p
     if (ap->kind != KV_ALLOC_UNIFORM && !a->profile)
         return kv_fail(err, KV_EINPUT, "--profile P is required for allocation %s",
                        kv_alloc_name(ap->kind));
-    if ((rc = kv_check_writable(a->out, err))) return rc;
+    const char *inputs[] = {a->model, a->profile};
+    if ((rc = kv_check_output(a->out, "-o", inputs, 2, err))) return rc;
     if ((rc = kv_cli_load_model(a->model, m, err))) return rc;
     ap->ratio = a->ratio;
     ap->context = a->context ? (int)a->context : (*m)->cfg.seq_len;

@@ -81,7 +81,10 @@ int kv_cmd_profile(int argc, char **argv) {
     kv_h5 *f = NULL;
     kv_progress prog;
     kv_progress_init(&prog, quiet);
-    int rc = kv_check_writable(out, &err);
+    const char *inputs[] = {model_path, text_path, tok_path};
+    int rc = kv_check_output(out, "-o", inputs, 3, &err);
+    if (!rc) rc = kv_check_regular(text_path, "text", &err);
+    if (!rc && tok_path) rc = kv_check_regular(tok_path, "tokenizer", &err);
     if (!rc) rc = kv_cli_load_model(model_path, &m, &err);
     if (!rc && prompt_len > m->cfg.seq_len)
         rc = kv_fail(&err, KV_EINPUT,

@@ -13,14 +13,23 @@
 static void help(FILE *f) {
     fprintf(f,
             "usage: kvplan search --profile P --model MODEL [--tokenizer TOK] --text T --ratio R\n"
-            "                     [--allocation baklava|squeeze|uniform] [--t-grid a:b:step]\n"
+            "                     [--allocation both|sensitivity|baklava|squeeze|uniform]\n"
+            "                     [--t-grid a:b:step]\n"
             "                     [--r-grid a:b:step] [--p-grid ...] [--eval-tokens N]\n"
             "                     [--heldout-tokens N] [--halving ETA] [options] -o PLAN.h5\n"
             "BaKlaVa Alg. 3: every grid point's budgets are evaluated by budgeted perplexity on\n"
             "the first N tokens of the text (chunks of C tokens, a fresh cache per chunk); the\n"
             "minimum wins. The baselines full, uniform and squeeze are evaluated at the same\n"
             "ratio, and the winner and the baselines once more on held-out tokens after the\n"
-            "search tokens. Grid points with identical rounded budgets share one evaluation.\n\n"
+            "search tokens. Grid points with identical rounded budgets share one evaluation.\n"
+            "Sensitivity planning (--allocation both, the default, or sensitivity): every KV\n"
+            "head's loss curve (change of NLL and KL to the full cache when that head alone\n"
+            "gets budget b) is measured on the first search chunks in batched passes; a\n"
+            "multiple-choice knapsack (GLPK MIP) picks one budget (and policy) per head under\n"
+            "the same total; the solution is verified and refined on the search tokens. The\n"
+            "better of it and the grid's winner on the search tokens becomes the plan.\n"
+            "Without --block-size/--evict-block, b_s = p is chosen from R and C so that budget\n"
+            "can move between heads (at least 8 blocks per head on average, floor <= half).\n\n"
             "  --text T               evaluation text (tokenized with BOS first)\n"
             "  --tokenizer TOK        tokenizer file (default: the model's)\n"
             "  --device D             auto (default), cpu or cuda: where the evaluations run\n"
@@ -31,8 +40,66 @@ static void help(FILE *f) {
             "  --eval-tokens N        search tokens (default 8192)\n"
             "  --heldout-tokens N     held-out tokens after them (default 4096; 0 = none)\n"
             "  --halving ETA          successive halving: all points on 1 chunk, keep the best\n"
-            "                         1/ETA, ETA times more chunks, ... (default: exhaustive)\n%s",
+            "                         1/ETA, ETA times more chunks, ... (default: exhaustive)\n"
+            "  --calib-chunks N       sensitivity: calibration chunks (default 2)\n"
+            "  --sens-levels N        sensitivity: measured budget levels per head (default 16)\n"
+            "  --sens-rounds N        sensitivity: solve rounds, 1 = no refinement (default 3)\n"
+            "  --sens-batch N         sensitivity: perturbations per batched pass (default 32)\n"
+            "  --sens-objective O     sensitivity: what the knapsack sums: kl (default: KL to the\n"
+            "                         full cache), nll, or both (one solution each, the better\n"
+            "                         on the search tokens kept)\n"
+            "  --sens-policies LIST   sensitivity: policies a head may choose, e.g. sink,h2o\n"
+            "                         (default: the --policy only)\n%s",
             KV_SQUEEZE_DEFAULT_P, kv_plan_args_help);
+}
+
+/* Default b_s = p from R and C (DESIGN.md "Sensitivity planning"; issue 13): the largest of
+ * 16, 8, 4, 2, 1 with at least 8 blocks per head on average (R * C / b_s >= 8) and the
+ * policy's floor (fixed part + p) at most half of R * C, so budget can move between heads.
+ * Values given on the command line are kept. Refuses when even b_s = p = 1 leaves no room. */
+static int choose_blocks(const kv_plan_args *a, kv_policy policy, kv_alloc_params *ap,
+                         int *evict_block, kv_error *err) {
+    if (a->block_size && a->evict_block) return KV_OK;
+    double u = ap->ratio * ap->context;
+    int fixed = kv_policy_fixed_tokens(policy);
+    for (int b = 16; b >= 1; b /= 2) {
+        int bs = a->block_size ? (int)a->block_size : b;
+        int p = a->evict_block ? (int)a->evict_block : b;
+        if (u / bs >= 8.0 && fixed + p <= u / 2) {
+            ap->block_size = bs;
+            *evict_block = p;
+            ap->min_tokens = fixed + p;
+            return KV_OK;
+        }
+    }
+    return kv_fail(err, KV_EINPUT,
+                   "R = %g of C = %d is %.1f tokens per head: with the %s policy's %d fixed "
+                   "tokens no block size leaves room to move budget between heads; pass a "
+                   "larger --ratio or --context, or --block-size 1 --evict-block 1 to accept it",
+                   ap->ratio, ap->context, u, kv_policy_name(policy), fixed);
+}
+
+/* "sink,h2o" -> policies (at most KV_SENS_MAX_POLICIES). */
+static int parse_policies(const char *s, kv_policy *out, int *n, kv_error *err) {
+    *n = 0;
+    char buf[128];
+    snprintf(buf, sizeof buf, "%s", s);
+    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        if (*n == KV_SENS_MAX_POLICIES)
+            return kv_fail(err, KV_EINPUT, "--sens-policies '%s': at most %d policies", s,
+                           KV_SENS_MAX_POLICIES);
+        int rc = kv_policy_parse(t, &out[*n], err);
+        if (rc) return kv_fail_context(err, "--sens-policies '%s'", s);
+        (*n)++;
+    }
+    if (*n == 0) return kv_fail(err, KV_EINPUT, "--sens-policies '%s': no policy", s);
+    return KV_OK;
+}
+
+static int mixed_policies(const kv_policy *p, int n, kv_policy base) {
+    for (int i = 0; i < n; i++)
+        if (p[i] != base) return 1;
+    return 0;
 }
 
 int kv_cmd_search(int argc, char **argv) {
@@ -42,6 +109,8 @@ int kv_cmd_search(int argc, char **argv) {
     const char *tok_path = NULL, *text_path = NULL, *tg = NULL, *rg = NULL, *pg = NULL,
                *device_name = NULL;
     long eval_tokens = 8192, heldout_tokens = 4096, eta = 0;
+    long calib = 2, levels = 16, rounds = 3, sbatch = 32;
+    const char *sobj = NULL, *spol = NULL;
     for (int i = 1; i < argc; i++) {
         const char *v = NULL;
         int k;
@@ -63,6 +132,21 @@ int kv_cmd_search(int argc, char **argv) {
         } else if ((k = kv_cli_opt(argc, argv, &i, "--heldout-tokens", &v, &err))) {
             if (k < 0 || kv_parse_int(v, "--heldout-tokens", 0, 1L << 40, &heldout_tokens, &err))
                 return kv_cli_report("search", &err);
+        } else if ((k = kv_cli_opt(argc, argv, &i, "--calib-chunks", &v, &err))) {
+            if (k < 0 || kv_parse_int(v, "--calib-chunks", 1, 1 << 20, &calib, &err))
+                return kv_cli_report("search", &err);
+        } else if ((k = kv_cli_opt(argc, argv, &i, "--sens-levels", &v, &err))) {
+            if (k < 0 || kv_parse_int(v, "--sens-levels", 2, 4096, &levels, &err))
+                return kv_cli_report("search", &err);
+        } else if ((k = kv_cli_opt(argc, argv, &i, "--sens-rounds", &v, &err))) {
+            if (k < 0 || kv_parse_int(v, "--sens-rounds", 1, 100, &rounds, &err))
+                return kv_cli_report("search", &err);
+        } else if ((k = kv_cli_opt(argc, argv, &i, "--sens-batch", &v, &err))) {
+            if (k < 0 || kv_parse_int(v, "--sens-batch", 1, 64, &sbatch, &err))
+                return kv_cli_report("search", &err);
+        } else if ((k = kv_cli_opt(argc, argv, &i, "--sens-objective", &sobj, &err)) ||
+                   (k = kv_cli_opt(argc, argv, &i, "--sens-policies", &spol, &err))) {
+            if (k < 0) return kv_cli_report("search", &err);
         } else if ((k = kv_cli_opt(argc, argv, &i, "--halving", &v, &err))) {
             if (k < 0 || kv_parse_int(v, "--halving", 2, 1000, &eta, &err))
                 return kv_cli_report("search", &err);
@@ -79,6 +163,7 @@ int kv_cmd_search(int argc, char **argv) {
     }
     kv_model *m = NULL;
     kv_profile_inputs prof;
+    memset(&prof, 0, sizeof prof);
     int have_prof = 0, evict_block = 0;
     kv_alloc_params ap;
     kv_policy policy = KV_POLICY_SINK;
@@ -88,7 +173,36 @@ int kv_cmd_search(int argc, char **argv) {
     int *ids = NULL, n_ids = 0;
     kv_search_result res;
     memset(&res, 0, sizeof res);
-    int rc = kv_plan_args_setup(&a, &m, &prof, &have_prof, &ap, &policy, &evict_block, &err);
+    /* the text and tokenizer are inputs too: checked before the (long) search starts */
+    const char *inputs[] = {a.model, a.profile, text_path, tok_path};
+    int rc = a.out ? kv_check_output(a.out, "-o", inputs, 4, &err) : KV_OK;
+    if (!rc) rc = kv_check_regular(text_path, "text", &err);
+    if (!rc && tok_path) rc = kv_check_regular(tok_path, "tokenizer", &err);
+    /* --allocation both (default) / sensitivity / a grid allocation */
+    int sensitivity = 1;
+    if (!a.allocation || !strcmp(a.allocation, "both")) {
+        a.allocation = "baklava";
+    } else if (!strcmp(a.allocation, "sensitivity")) {
+        a.allocation = "uniform"; /* the grid is then the uniform plan alone */
+    } else {
+        sensitivity = 0;
+    }
+    if (!rc) rc = kv_plan_args_setup(&a, &m, &prof, &have_prof, &ap, &policy, &evict_block, &err);
+    if (!rc) rc = choose_blocks(&a, policy, &ap, &evict_block, &err);
+    kv_sens_objective objective = KV_SENS_OBJ_KL;
+    kv_policy spolicies[KV_SENS_MAX_POLICIES];
+    int n_spol = 0;
+    if (!rc && sobj) {
+        if (!strcmp(sobj, "kl"))
+            objective = KV_SENS_OBJ_KL;
+        else if (!strcmp(sobj, "nll"))
+            objective = KV_SENS_OBJ_NLL;
+        else if (!strcmp(sobj, "both"))
+            objective = KV_SENS_OBJ_BOTH;
+        else
+            rc = kv_fail(&err, KV_EINPUT, "--sens-objective '%s': expected kl, nll or both", sobj);
+    }
+    if (!rc && spol) rc = parse_policies(spol, spolicies, &n_spol, &err);
     if (!rc) rc = kv_grid_parse(tg ? tg : "0.50:0.95:0.05", "--t-grid", 0.0, 1.0, &tv, &nt, &err);
     if (!rc) rc = kv_grid_parse(rg ? rg : "0.05:0.95:0.05", "--r-grid", 0.0, 1.0, &rv, &nr, &err);
     if (!rc) {
@@ -124,6 +238,14 @@ int kv_cmd_search(int argc, char **argv) {
         so.heldout_tokens = heldout_tokens;
         so.halving_eta = (int)eta;
         so.progress = &prog;
+        so.sensitivity = sensitivity;
+        so.sens.calib_chunks = (int)calib;
+        so.sens.max_levels = (int)levels;
+        so.sens.max_rounds = (int)rounds;
+        so.sens.batch = (int)sbatch;
+        so.sens.objective = objective;
+        so.sens.n_policies = n_spol;
+        for (int q = 0; q < n_spol; q++) so.sens.policies[q] = spolicies[q];
         rc = kv_cli_device(device_name, &so.device, &err);
     }
     if (!rc) {
@@ -140,12 +262,18 @@ int kv_cmd_search(int argc, char **argv) {
                                 &res, &err);
     }
     if (!rc) {
-        printf("plan         %s\nallocation   %s", a.out, kv_alloc_name(ap.kind));
-        if (ap.kind == KV_ALLOC_BAKLAVA)
+        printf("plan         %s\nallocation   %s", a.out,
+               res.winner_sens ? "sensitivity" : kv_alloc_name(ap.kind));
+        if (res.winner_sens)
+            printf(" (round %d of %d%s)", res.sens.best_round + 1, res.sens.rounds,
+                   mixed_policies(res.policy, m->cfg.n_layers * m->cfg.n_kv_heads, policy)
+                       ? ", mixed policies"
+                       : "");
+        else if (ap.kind == KV_ALLOC_BAKLAVA)
             printf(" (t %.3g, r %.3g, p %.3g)", res.best_t, res.best_r, res.best_p);
         else if (ap.kind == KV_ALLOC_SQUEEZE)
             printf(" (p %.3g)", res.best_p);
-        if (ap.kind != so.allocation)
+        if (!res.winner_sens && ap.kind != so.allocation)
             printf(" -- the %s baseline beat the %s grid's best on the search tokens",
                    kv_alloc_name(ap.kind), kv_alloc_name(so.allocation));
         printf("\nratio        %.4g, policy %s, C %d, b_s %d, p %d\n", ap.ratio,
@@ -165,6 +293,24 @@ int kv_cmd_search(int argc, char **argv) {
         if (res.heldout_chunks > 0)
             printf("             %-10s %-10.4f %-10.4f %-10.4f %-10.4f\n", "held-out",
                    res.heldout_ppl[0], res.heldout_ppl[1], res.heldout_ppl[2], res.heldout_ppl[3]);
+        if (res.have_sens) {
+            printf("allocations  %-10s %-10s %-10s\n", "", "grid", "sensitivity");
+            printf("             %-10s %-10.4f %-10.4f\n", "search", res.grid_ppl, res.sens_ppl);
+            if (res.heldout_chunks > 0)
+                printf("             %-10s %-10.4f %-10.4f\n", "held-out", res.grid_heldout,
+                       res.sens_heldout);
+            printf("cost         grid + baselines %ld token evals, %.1f s; sensitivity %ld token "
+                   "evals (curves %ld, %.1f s), %.1f s\n",
+                   res.grid_token_evals_all, res.grid_seconds, res.sens.token_evals,
+                   res.sens.curves.token_evals, res.sens.curves.seconds, res.sens.seconds);
+        }
+        if (res.identical_to_uniform)
+            fprintf(stderr,
+                    "kvplan search: note: the plan is identical to the uniform plan (every head "
+                    "%d tokens): no allocation beat it on the search tokens%s\n",
+                    res.tokens[0],
+                    ap.block_size > 1 ? "; a smaller --block-size/--evict-block leaves more room"
+                                      : "");
         if (res.best_chunks < res.search_chunks)
             printf("note         the winner's search perplexity uses %d of %d chunks\n",
                    res.best_chunks, res.search_chunks);

@@ -131,6 +131,27 @@ static void tick_label(char *buf, size_t cap, const double *vals, double scale, 
 }
 
 /* Draw the heatmap(s) of `s` onto a KI_PNG_W x KI_PNG_H surface and save it to `path`. */
+/* cairo's PNG encoder writes into memory; the file is written in one piece afterwards. */
+typedef struct png_buf {
+    unsigned char *data;
+    size_t len, cap;
+} png_buf;
+
+static cairo_status_t png_buf_write(void *closure, const unsigned char *data, unsigned int n) {
+    png_buf *b = closure;
+    if (b->len + n > b->cap) {
+        size_t cap = b->cap ? b->cap : 1 << 16;
+        while (cap < b->len + n) cap *= 2;
+        unsigned char *nd = realloc(b->data, cap);
+        if (!nd) return CAIRO_STATUS_NO_MEMORY;
+        b->data = nd;
+        b->cap = cap;
+    }
+    memcpy(b->data + b->len, data, n);
+    b->len += n;
+    return CAIRO_STATUS_SUCCESS;
+}
+
 static int render(const hm_spec *s, const char *path, kv_error *err) {
     const double W = KI_PNG_W, H = KI_PNG_H;
     cairo_surface_t *surf = cairo_image_surface_create(CAIRO_FORMAT_RGB24, KI_PNG_W, KI_PNG_H);
@@ -360,12 +381,18 @@ static int render(const hm_spec *s, const char *path, kv_error *err) {
     }
     cairo_destroy(cr);
     cairo_surface_flush(surf);
-    cairo_status_t st = cairo_surface_write_to_png(surf, path);
+    png_buf pb = {NULL, 0, 0};
+    cairo_status_t st = cairo_surface_write_to_png_stream(surf, png_buf_write, &pb);
     cairo_surface_destroy(surf);
-    if (st != CAIRO_STATUS_SUCCESS)
-        return kv_fail(err, KV_EINPUT, "%s: cannot write the PNG: %s", path,
+    if (st != CAIRO_STATUS_SUCCESS) {
+        free(pb.data);
+        return kv_fail(err, KV_EINTERNAL, "%s: cannot encode the PNG: %s", path,
                        cairo_status_to_string(st));
-    return KV_OK;
+    }
+    /* the whole PNG reaches the disk atomically: a full disk leaves no truncated image */
+    int rc = kv_write_file_atomic(path, pb.data, pb.len, err);
+    free(pb.data);
+    return rc;
 }
 
 static hm_panel panel(const double *v, int rows, int cols, const char *title) {
@@ -668,6 +695,77 @@ static int png_budget(const ki_file *f, const char *path, kv_error *err) {
     return render(&s, path, err);
 }
 
+static int sens_ok(const ki_file *f) {
+    const ki_dset *kl = ki_dset_find(f, "/sensitivity/kl");
+    const ki_dset *dn = ki_dset_find(f, "/sensitivity/delta_nll");
+    const ki_dset *lt = ki_dset_find(f, "/sensitivity/level_tokens");
+    if (!kl || !kl->v || !dn || !dn->v || !lt || !lt->v || (kl->rank != 3 && kl->rank != 4))
+        return 0;
+    size_t q = kl->rank == 4 ? (size_t)kl->dims[2] : 1;
+    return kl->count == dn->count && lt->count > 0 &&
+           (size_t)kl->dims[0] * kl->dims[1] * q * lt->count == kl->count;
+}
+
+/* The loss curves as a [head x level] heat map (first candidate policy), the chosen budget
+ * of each head dotted (the measured level nearest to it). */
+static int png_sensitivity(const ki_file *f, const char *path, kv_error *err) {
+    const ki_dset *kl = ki_dset_find(f, "/sensitivity/kl");
+    const ki_dset *dn = ki_dset_find(f, "/sensitivity/delta_nll");
+    const ki_dset *lt = ki_dset_find(f, "/sensitivity/level_tokens");
+    const ki_dset *bu = ki_dset_find(f, "/sensitivity/budget");
+    int L = (int)kl->dims[0], H = (int)kl->dims[1], K = (int)lt->count;
+    int Q = kl->rank == 4 ? (int)kl->dims[2] : 1, n = L * H;
+    const char *obj = ki_attr_str(f, "/sensitivity", "objective");
+    int use_kl = !obj || strcmp(obj, "nll") != 0;
+    double base_kl = ki_attr_num(f, "/sensitivity", "base_kl", 0.0);
+    double *v = kv_malloc((size_t)n * K * sizeof *v, "sensitivity picture", err);
+    char *dots = kv_calloc((size_t)n * K, 1, "sensitivity picture", err);
+    double *yv = kv_malloc((size_t)n * sizeof *yv, "sensitivity picture", err);
+    if (!v || !dots || !yv) {
+        free(v);
+        free(dots);
+        free(yv);
+        return KV_EINTERNAL;
+    }
+    for (int h = 0; h < n; h++) {
+        yv[h] = h;
+        int best = -1;
+        for (int k = 0; k < K; k++) {
+            size_t i = (size_t)h * Q * K + k;
+            v[(size_t)h * K + k] = 1e3 * (use_kl ? kl->v[i] - base_kl : dn->v[i]);
+            if (bu && bu->v && (int)bu->count == n &&
+                (best < 0 || fabs(lt->v[k] - bu->v[h]) < fabs(lt->v[best] - bu->v[h])))
+                best = k;
+        }
+        if (best >= 0) dots[(size_t)h * K + best] = 1;
+    }
+    hm_panel p = panel(v, n, K, NULL);
+    p.dots = dots;
+    hm_spec s = spec("Per-head loss curves", "budget level (tokens)", "head (layer-major l*H_kv+j)",
+                     use_kl ? "KL to full cache - uniform's (x 1e-3 nats)"
+                            : "change of mean NLL (x 1e-3 nats/token)",
+                     &p, 1, CMAP_DIVERGING);
+    char sub[200];
+    snprintf(sub, sizeof sub,
+             "one KV head at a budget level, every other head at the uniform R = %.3g; "
+             "%.0f calibration tokens",
+             ki_attr_num(f, "/sensitivity", "ratio", NAN),
+             ki_attr_num(f, "/sensitivity", "calibration_tokens", NAN));
+    s.subtitle = sub;
+    s.xvals = lt->v;
+    s.xscale = 1;
+    s.xfmt = "%.0f";
+    s.yvals = yv;
+    s.yscale = 1;
+    s.yfmt = "%.0f";
+    s.dot_legend = "dot: chosen budget";
+    int rc = render(&s, path, err);
+    free(v);
+    free(dots);
+    free(yv);
+    return rc;
+}
+
 int ki_write_pngs(const ki_file *f, const char *dir, FILE *log, int *n_written, kv_error *err) {
     *n_written = 0;
     if (mkdir(dir, 0777) != 0 && errno != EEXIST)
@@ -698,6 +796,7 @@ int ki_write_pngs(const ki_file *f, const char *dir, FILE *log, int *n_written, 
          png_consistency},
         {"search_perplexity.png", ki_search_grid(f, &g), png_search},
         {"budget_tokens.png", ki_matrix(f, "/budget/tokens", 0, &L, &hkv) != NULL, png_budget},
+        {"sensitivity.png", sens_ok(f), png_sensitivity},
     };
     for (size_t i = 0; i < sizeof pics / sizeof pics[0]; i++) {
         if (!pics[i].ok) continue;

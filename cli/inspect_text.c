@@ -171,16 +171,38 @@ static int print_generic(FILE *out, const ki_file *f, const char *prefix,
     return shown;
 }
 
+/* A string attribute as shown in text output, or NULL when missing: bytes below 0x20 and 0x7f
+ * (newlines, terminal escapes from a hostile file) become '?', and a value longer than
+ * cap - 24 bytes is cut with a note of how much was left out, so no attribute becomes a
+ * kilobyte-long line. buf has `cap` bytes (>= 32). */
+static const char *attr_shown(const ki_file *f, const char *obj, const char *name, char *buf,
+                              size_t cap) {
+    const char *s = ki_attr_str(f, obj, name);
+    if (!s) return NULL;
+    size_t n = strlen(s), keep = n <= cap - 1 ? n : cap - 24, i;
+    for (i = 0; i < keep; i++) {
+        unsigned char c = (unsigned char)s[i];
+        buf[i] = c < 0x20 || c == 0x7f ? '?' : (char)c;
+    }
+    if (keep < n)
+        snprintf(buf + i, cap - i, "... (%zu more bytes)", n - keep);
+    else
+        buf[i] = '\0';
+    return buf;
+}
+
 static void print_header(FILE *out, const ki_file *f) {
     const char *kind = f->is_plan ? "plan" : f->is_profile ? "profile" : "file";
+    char b_ver[64], b_created[64], b_cmd[400], b_mp[300], b_mf[64], b_sha[80];
+    const char *ver = attr_shown(f, "/", "kvplan_version", b_ver, sizeof b_ver);
+    const char *created = attr_shown(f, "/", "created", b_created, sizeof b_created);
     fprintf(out, "%s: kvplan %s (schema %.0f, written by kvplan %s, created %s)\n", f->path, kind,
-            ki_attr_num(f, "/", "schema_version", NAN),
-            ki_attr_str(f, "/", "kvplan_version") ? ki_attr_str(f, "/", "kvplan_version") : "?",
-            ki_attr_str(f, "/", "created") ? ki_attr_str(f, "/", "created") : "?");
-    const char *cmd = ki_attr_str(f, "/", "command");
+            ki_attr_num(f, "/", "schema_version", NAN), ver ? ver : "?", created ? created : "?");
+    const char *cmd = attr_shown(f, "/", "command", b_cmd, sizeof b_cmd);
     if (cmd) fprintf(out, "command: %s\n", cmd);
-    const char *mp = ki_attr_str(f, "/", "model_path"), *mf = ki_attr_str(f, "/", "model_format");
-    const char *sha = ki_attr_str(f, "/", "model_sha256");
+    const char *mp = attr_shown(f, "/", "model_path", b_mp, sizeof b_mp),
+               *mf = attr_shown(f, "/", "model_format", b_mf, sizeof b_mf);
+    const char *sha = attr_shown(f, "/", "model_sha256", b_sha, sizeof b_sha);
     fprintf(out, "model: %s%s%s%s  sha256 %s\n", mp ? mp : "(unknown)", mf ? " (" : "",
             mf ? mf : "", mf ? ")" : "", sha && *sha ? sha : "(none)");
     if (ki_attr_find(f, "/", "model_n_layers"))
@@ -353,8 +375,9 @@ static void print_hardware(FILE *out, const ki_file *f) {
     for (int g = 0; g < f->n_groups; g++)
         if (!strcmp(f->groups[g], "/hardware")) any = 1;
     if (!any) return;
-    const char *kind = ki_attr_str(f, "/hardware", "kind");
-    const char *dev = ki_attr_str(f, "/hardware", "device_name");
+    char b_kind[64], b_dev[128];
+    const char *kind = attr_shown(f, "/hardware", "kind", b_kind, sizeof b_kind);
+    const char *dev = attr_shown(f, "/hardware", "device_name", b_dev, sizeof b_dev);
     double mem = ki_attr_num(f, "/hardware", "device_mem_bytes", NAN);
     fprintf(out, "\nhardware (%s%s): %s, memory %.2f GiB\n", kind ? kind : "?",
             kind && !strcmp(kind, "cpu") ? ": host memcpy and BLAS stand in "
@@ -387,7 +410,9 @@ static void print_winner(FILE *out, const ki_file *f);
 static void print_plan(FILE *out, const ki_file *f) {
     double R = ki_attr_num(f, "/", "ratio", NAN), C = ki_attr_num(f, "/", "context_length", NAN);
     double bs = ki_attr_num(f, "/", "block_size", NAN);
-    const char *pol = ki_attr_str(f, "/", "policy"), *alloc = ki_attr_str(f, "/", "allocation");
+    char b_pol[64], b_alloc[64];
+    const char *pol = attr_shown(f, "/", "policy", b_pol, sizeof b_pol),
+               *alloc = attr_shown(f, "/", "allocation", b_alloc, sizeof b_alloc);
     fprintf(out,
             "\nplan: ratio R %.4g, context length C %.0f tokens, block size %.0f tokens, "
             "policy %s, allocation %s\n",
@@ -483,7 +508,9 @@ static void print_winner(FILE *out, const ki_file *f) {
         print_cell(out, &g, g.all.best, 0, ", ");
         fprintf(out, "): ");
     } else if (!from_grid && has_grid) {
-        fprintf(out, " baseline, which beat the grid's best cell");
+        fprintf(out, "%s, which beat the grid's best cell",
+                strcmp(w, "sensitivity") ? " baseline"
+                                         : " allocation (measured per-head loss curves)");
         if (g.all.best >= 0) {
             fprintf(out, " (");
             print_cell(out, &g, g.all.best, 0, ", ");
@@ -573,6 +600,58 @@ static void print_search(FILE *out, const ki_file *f) {
     skip[ns] = NULL;
     const char *const *sk = skip;
     print_generic(out, f, "/search", sk);
+}
+
+/* /sensitivity: one row per head, its curve (the knapsack's objective: KL to the full cache
+ * minus the base's, or the change of NLL) at every measured level, the chosen budget marked. */
+static void print_sensitivity(FILE *out, const ki_file *f) {
+    const ki_dset *kl = ki_dset_find(f, "/sensitivity/kl");
+    const ki_dset *dn = ki_dset_find(f, "/sensitivity/delta_nll");
+    const ki_dset *lt = ki_dset_find(f, "/sensitivity/level_tokens");
+    const ki_dset *bu = ki_dset_find(f, "/sensitivity/budget");
+    if (!kl || !kl->v || !dn || !dn->v || !lt || !lt->v || kl->rank < 3) return;
+    int L = (int)kl->dims[0], H = (int)kl->dims[1], K = (int)lt->count;
+    int Q = kl->rank == 4 ? (int)kl->dims[2] : 1;
+    if ((size_t)L * H * Q * K != kl->count || kl->count != dn->count) return;
+    const char *obj = ki_attr_str(f, "/sensitivity", "objective");
+    int use_kl = !obj || strcmp(obj, "nll") != 0;
+    double base_kl = ki_attr_num(f, "/sensitivity", "base_kl", 0.0);
+    fprintf(out, "\nsensitivity (R %.4g, policies %s, %ld calibration tokens, objective %s):\n",
+            ki_attr_num(f, "/sensitivity", "ratio", NAN),
+            ki_attr_str(f, "/sensitivity", "policies") ? ki_attr_str(f, "/sensitivity", "policies")
+                                                       : "?",
+            (long)ki_attr_num(f, "/sensitivity", "calibration_tokens", 0),
+            use_kl ? "KL to the full cache (x 1e3, minus the uniform start's)"
+                   : "change of mean NLL (x 1e3 nats/token)");
+    fprintf(out,
+            "  curves cost %ld token evaluations in %.1f s; search perplexity: uniform %.4f, "
+            "sensitivity %.4f (round %ld of %ld)\n",
+            (long)ki_attr_num(f, "/sensitivity", "curve_token_evals", 0),
+            ki_attr_num(f, "/sensitivity", "curve_seconds", NAN),
+            ki_attr_num(f, "/sensitivity", "uniform_perplexity", NAN),
+            ki_attr_num(f, "/sensitivity", "perplexity", NAN),
+            (long)ki_attr_num(f, "/sensitivity", "best_round", -1) + 1,
+            (long)ki_attr_num(f, "/sensitivity", "rounds", 0));
+    for (int q = 0; q < Q; q++) {
+        if (Q > 1) fprintf(out, "  policy %d:\n", q);
+        fprintf(out, "  %-8s", "tokens");
+        for (int k = 0; k < K; k++) fprintf(out, " %7.0f", lt->v[k]);
+        fprintf(out, "   chosen\n");
+        for (int h = 0; h < L * H; h++) {
+            fprintf(out, "  l%d h%-4d", h / H, h % H);
+            double chosen = bu && bu->v && (int)bu->count == L * H ? bu->v[h] : NAN;
+            for (int k = 0; k < K; k++) {
+                size_t i = ((size_t)h * Q + q) * K + k;
+                double v = use_kl ? kl->v[i] - base_kl : dn->v[i];
+                if (isfinite(v))
+                    fprintf(out, " %7.2f", 1e3 * v);
+                else
+                    fprintf(out, " %7s", "-");
+            }
+            if (isfinite(chosen)) fprintf(out, "   %.0f", chosen);
+            fputc('\n', out);
+        }
+    }
 }
 
 static void print_section(FILE *out, const ki_file *f, const char *grp, const char *title) {
@@ -710,6 +789,7 @@ void ki_print_text(FILE *out, const ki_file *f) {
     if (f->is_plan) {
         print_plan(out, f);
         print_search(out, f);
+        print_sensitivity(out, f);
         int has_kvpr = 0, has_batch = 0;
         for (int g = 0; g < f->n_groups; g++) {
             if (!strcmp(f->groups[g], "/kvpr")) has_kvpr = 1;

@@ -26,11 +26,18 @@ void kv_profile_inputs_free(kv_profile_inputs *p) {
     memset(p, 0, sizeof *p);
 }
 
+/* rounding slack of cosines computed in float (|cos| may exceed 1 by a few ulp) */
+#define KV_PROFILE_RANGE_TOL 1e-6
+
 static int read_matrix(kv_h5 *f, const char *path, int want_rank, long d0, long d1, double **out,
                        kv_error *err) {
     int rank = 0;
     long dims[KV_H5_MAX_RANK];
-    int rc = kv_h5_read_f64(f, path, &rank, dims, out, err);
+    *out = NULL;
+    /* the shape is checked before the data is read: a forged [5, 6e7] is never loaded */
+    int rc = kv_h5_dataset_shape(f, path, &rank, dims, err);
+    if (!rc && rank == want_rank && dims[0] == d0 && (want_rank == 1 || dims[1] == d1))
+        rc = kv_h5_read_f64(f, path, &rank, dims, out, err);
     if (rc) return rc;
     if (rank != want_rank || dims[0] != d0 || (want_rank == 2 && dims[1] != d1)) {
         free(*out);
@@ -79,15 +86,24 @@ int kv_profile_inputs_read(const char *path, const kv_model *m, kv_profile_input
         if (!out->head_imp) rc = KV_EINTERNAL;
         for (int i = 0; !rc && i < L * H; i++) out->head_imp[i] = 1.0 - out->head_sim[i];
     }
+    /* head similarity s = (mean cos + 1) / 2 and importance 1 - s lie in [0, 1]; layer
+     * similarity is a cosine in [-1, 1] (DESIGN.md, profile; include/kvplan/profiler.h) */
     for (int i = 0; !rc && i < L * H; i++)
-        if (!isfinite(out->head_sim[i]) || !isfinite(out->head_imp[i]))
+        if (!(out->head_sim[i] >= -KV_PROFILE_RANGE_TOL &&
+              out->head_sim[i] <= 1.0 + KV_PROFILE_RANGE_TOL) ||
+            !(out->head_imp[i] >= -KV_PROFILE_RANGE_TOL &&
+              out->head_imp[i] <= 1.0 + KV_PROFILE_RANGE_TOL))
             rc = kv_fail(err, KV_EINPUT,
-                         "%s: head similarity/importance of layer %d head %d is "
-                         "not finite",
-                         path, i / H, i % H);
+                         "%s: head similarity/importance of layer %d head %d is %.6g/%.6g, "
+                         "outside [0, 1]; the profile is damaged: run kvplan profile again",
+                         path, i / H, i % H, out->head_sim[i], out->head_imp[i]);
     for (int l = 0; !rc && l < L; l++)
-        if (!isfinite(out->layer_sim[l]))
-            rc = kv_fail(err, KV_EINPUT, "%s: layer similarity of layer %d is not finite", path, l);
+        if (!(out->layer_sim[l] >= -1.0 - KV_PROFILE_RANGE_TOL &&
+              out->layer_sim[l] <= 1.0 + KV_PROFILE_RANGE_TOL))
+            rc = kv_fail(err, KV_EINPUT,
+                         "%s: layer similarity of layer %d is %.6g, outside [-1, 1]; the "
+                         "profile is damaged: run kvplan profile again",
+                         path, l, out->layer_sim[l]);
     kv_h5_close(f);
     if (rc) kv_profile_inputs_free(out);
     return rc;
@@ -168,6 +184,7 @@ void kv_search_opts_default(kv_search_opts *o, const kv_model *m) {
     o->eval_tokens = 8192;
     o->heldout_tokens = 4096;
     o->halving_min_chunks = 1;
+    kv_sens_opts_default(&o->sens, m);
 }
 
 void kv_search_result_free(kv_search_result *r) {
@@ -176,6 +193,8 @@ void kv_search_result_free(kv_search_result *r) {
     free(r->chunks);
     free(r->tokens);
     free(r->blocks);
+    free(r->policy);
+    kv_sens_result_free(&r->sens);
     memset(r, 0, sizeof *r);
 }
 
@@ -263,12 +282,15 @@ static void progress(search_ctx *c, const char *what) {
                       what, c->work_done, c->work_total, best, el, eta);
 }
 
-/* Chunk `chunk` of the text starting at token `start` (chunks of C) under `budget`. */
-static int eval_one(search_ctx *c, const int *budget, long start, int chunk, double *nll) {
+/* Chunk `chunk` of the text starting at token `start` (chunks of C) under `budget` and
+ * per-head `policy` (NULL: the search's policy). */
+static int eval_one(search_ctx *c, const int *budget, const kv_policy *policy, long start,
+                    int chunk, double *nll) {
     int C = c->o->context;
     const int *b[1] = {budget};
+    const kv_policy *pp[1] = {policy};
     int rc = kv_engine_chunk_nll(c->eng, c->ids + start + (long)chunk * C, C, 1, budget ? b : NULL,
-                                 NULL, nll, NULL, c->err);
+                                 budget && policy ? pp : NULL, nll, NULL, c->err);
     c->work_done++;
     return rc;
 }
@@ -277,7 +299,7 @@ static int eval_one(search_ctx *c, const int *budget, long start, int chunk, dou
 static int arm_ppl(search_ctx *c, int a, int n, double *ppl, int grid) {
     arm *x = &c->arms[a];
     for (int ch = x->done; ch < n; ch++) {
-        int rc = eval_one(c, x->tokens, 0, ch, &x->nll[ch]);
+        int rc = eval_one(c, x->tokens, NULL, 0, ch, &x->nll[ch]);
         if (rc) return rc;
         x->done = ch + 1;
         if (grid) c->grid_chunk_evals++;
@@ -289,13 +311,14 @@ static int arm_ppl(search_ctx *c, int a, int n, double *ppl, int grid) {
     return KV_OK;
 }
 
-/* Held-out perplexity of a budget (NULL = full) on the HC chunks after the search tokens. */
-static int heldout_ppl(search_ctx *c, const int *budget, double *ppl) {
+/* Held-out perplexity of a budget (NULL = full) and per-head policies (NULL = the search's) on
+ * the HC chunks after the search tokens. */
+static int heldout_ppl(search_ctx *c, const int *budget, const kv_policy *policy, double *ppl) {
     double s = 0.0;
     long start = (long)c->S * c->o->context;
     for (int ch = 0; ch < c->HC; ch++) {
         double v = 0.0;
-        int rc = eval_one(c, budget, start, ch, &v);
+        int rc = eval_one(c, budget, policy, start, ch, &v);
         if (rc) return rc;
         s += v;
         progress(c, "held-out");
@@ -492,7 +515,9 @@ static int search_engine(search_ctx *c) {
     int rc = kv_plan_full(&c->m->cfg, c->o->context, c->o->block_size, c->o->evict_block,
                           c->o->policy, &full, c->err);
     if (rc) return rc;
-    kv_engine_opts eo = {.device = c->o->device, .max_seqs = 1};
+    kv_engine_opts eo = {.device = c->o->device,
+                         .max_seqs =
+                             c->o->sensitivity && c->o->sens.batch > 1 ? c->o->sens.batch : 1};
     rc = kv_engine_new(c->m, &full, &eo, &c->eng, c->err);
     kv_plan_free(&full);
     return rc;
@@ -601,11 +626,78 @@ static int search_baselines_heldout(search_ctx *c) {
             memcpy(res->blocks, c->arms[c->win_arm].blocks, (size_t)c->nh * sizeof *res->blocks);
         }
     }
+    res->grid_ppl = res->best_ppl;
+    res->grid_token_evals_all = c->work_done * (long)c->o->context;
+    res->grid_seconds = kv_now() - c->t0;
+    return rc;
+}
+
+/* Stage 7: sensitivity planning (curves, knapsack, refinement) when asked for; its solution
+ * becomes the plan when its search perplexity beats the winner so far. */
+static int search_sensitivity(search_ctx *c) {
+    kv_search_result *res = c->res;
+    const kv_search_opts *o = c->o;
+    int rc = KV_OK;
+    res->sens_ppl = res->sens_heldout = res->grid_heldout = NAN;
+    res->policy = kv_malloc((size_t)c->nh * sizeof *res->policy, "winner policies", c->err);
+    if (!res->policy) return KV_EINTERNAL;
+    for (int h = 0; h < c->nh; h++) res->policy[h] = o->policy;
+    if (!o->sensitivity) return KV_OK;
+    kv_sens_opts so = o->sens;
+    so.ratio = o->ratio;
+    so.context = o->context;
+    so.block_size = o->block_size;
+    so.evict_block = o->evict_block;
+    so.policy = o->policy;
+    so.progress = o->progress;
+    double uni = c->base_arm[1] >= 0 ? res->base_ppl[1] : NAN;
+    rc = kv_sens_search(c->eng, c->m, c->ids, c->S, uni, &so, &res->sens, c->err);
+    if (rc) return kv_fail_context(c->err, "sensitivity planning");
+    res->have_sens = 1;
+    res->sens_ppl = res->sens.ppl;
+    if (res->best_chunks == c->S && res->sens.ppl < res->best_ppl) {
+        res->winner_sens = 1;
+        res->best_ppl = res->sens.ppl;
+        res->best_t = res->best_r = res->best_p = NAN;
+        for (int h = 0; h < c->nh; h++) {
+            res->tokens[h] = res->sens.budget[h];
+            res->blocks[h] = (res->sens.budget[h] + o->block_size - 1) / o->block_size;
+            res->policy[h] = res->sens.policy[h];
+        }
+    }
+    return rc;
+}
+
+/* Stage 8: the plan, the grid's winner, the sensitivity solution and the baselines on the
+ * held-out tokens; whether the plan is the uniform one. */
+static int search_heldout(search_ctx *c) {
+    kv_search_result *res = c->res;
+    int rc = KV_OK;
     for (int b = 0; b < 1 + KV_SEARCH_N_BASE && !rc; b++) {
         res->heldout_ppl[b] = NAN;
         int a = b == 0 ? c->win_arm : c->base_arm[b - 1];
         if (a < 0 || c->HC < 1) continue;
-        rc = heldout_ppl(c, c->arms[a].tokens, &res->heldout_ppl[b]);
+        if (b == 0 && res->winner_sens)
+            rc = heldout_ppl(c, res->tokens, res->policy, &res->heldout_ppl[0]);
+        else
+            rc = heldout_ppl(c, c->arms[a].tokens, NULL, &res->heldout_ppl[b]);
+    }
+    if (!rc && c->HC > 0 && res->have_sens) {
+        if (res->winner_sens) {
+            res->sens_heldout = res->heldout_ppl[0];
+            rc = heldout_ppl(c, c->arms[c->win_arm].tokens, NULL, &res->grid_heldout);
+        } else {
+            res->grid_heldout = res->heldout_ppl[0];
+            rc = heldout_ppl(c, res->sens.budget, res->sens.policy, &res->sens_heldout);
+        }
+    } else if (!rc) {
+        res->grid_heldout = res->heldout_ppl[0];
+    }
+    if (!rc && c->base_arm[1] >= 0) {
+        const int *u = c->arms[c->base_arm[1]].tokens;
+        res->identical_to_uniform = !memcmp(u, res->tokens, (size_t)c->nh * sizeof *u);
+        for (int h = 0; h < c->nh; h++)
+            if (res->policy[h] != c->o->policy) res->identical_to_uniform = 0;
     }
     return rc;
 }
@@ -622,6 +714,8 @@ int kv_search_run(const kv_model *m, const kv_profile_inputs *prof, const int *i
     if (!rc) rc = search_grid_eval(&c);
     if (!rc) rc = search_winner(&c);
     if (!rc) rc = search_baselines_heldout(&c);
+    if (!rc) rc = search_sensitivity(&c);
+    if (!rc) rc = search_heldout(&c);
     res->seconds = kv_now() - c.t0;
     if (!rc && o->progress && !o->progress->quiet) {
         kv_progress_print(o->progress, 1, "search: done, %ld chunk evals in %.1fs", c.work_done,
@@ -695,7 +789,22 @@ int kv_search_write(kv_h5 *f, const kv_search_opts *o, const kv_search_result *r
     if (!rc) rc = kv_h5_attr_i64(f, "/search", "distinct_budgets", r->distinct_budgets, err);
     if (!rc) rc = kv_h5_attr_f64(f, "/search", "best_perplexity", r->best_ppl, err);
     if (!rc) rc = kv_h5_attr_i64(f, "/search", "best_chunks", r->best_chunks, err);
-    if (!rc) rc = kv_h5_attr_str(f, "/search", "winner", kv_alloc_name(r->winner_kind), err);
+    if (!rc)
+        rc = kv_h5_attr_str(f, "/search", "winner",
+                            r->winner_sens ? "sensitivity" : kv_alloc_name(r->winner_kind), err);
+    if (!rc) rc = kv_h5_attr_str(f, "/search", "grid_winner", kv_alloc_name(r->winner_kind), err);
+    if (!rc) rc = kv_h5_attr_f64(f, "/search", "grid_perplexity", r->grid_ppl, err);
+    if (!rc) rc = kv_h5_attr_f64(f, "/search", "grid_heldout", r->grid_heldout, err);
+    if (!rc)
+        rc = kv_h5_attr_i64(f, "/search", "grid_token_evals_all", r->grid_token_evals_all, err);
+    if (!rc) rc = kv_h5_attr_f64(f, "/search", "grid_seconds", r->grid_seconds, err);
+    if (!rc) rc = kv_h5_attr_i64(f, "/search", "sensitivity", r->have_sens, err);
+    if (!rc && r->have_sens)
+        rc = kv_h5_attr_f64(f, "/search", "sensitivity_perplexity", r->sens_ppl, err);
+    if (!rc && r->have_sens)
+        rc = kv_h5_attr_f64(f, "/search", "sensitivity_heldout", r->sens_heldout, err);
+    if (!rc)
+        rc = kv_h5_attr_i64(f, "/search", "identical_to_uniform", r->identical_to_uniform, err);
     if (!rc) rc = kv_h5_attr_f64(f, "/search", "seconds", r->seconds, err);
     return rc;
 }
@@ -705,17 +814,30 @@ int kv_plan_file_write(const char *path, const char *command, const char *profil
                        int evict_block, const int *tokens, const kv_search_opts *so,
                        const kv_search_result *sr, kv_error *err) {
     kv_plan plan;
+    int sens = sr && sr->winner_sens;
     int rc = kv_plan_from_budgets(
-        &m->cfg, tokens, NULL, policy, a->ratio, a->context, a->block_size, evict_block,
-        kv_alloc_name(a->kind), a->kind == KV_ALLOC_BAKLAVA ? a->t : NAN,
-        a->kind == KV_ALLOC_BAKLAVA ? a->r : NAN, a->kind == KV_ALLOC_UNIFORM ? NAN : a->p,
-        a->min_tokens, &plan, err);
+        &m->cfg, tokens, sens ? sr->policy : NULL, policy, a->ratio, a->context, a->block_size,
+        evict_block, sens ? "sensitivity" : kv_alloc_name(a->kind),
+        !sens && a->kind == KV_ALLOC_BAKLAVA ? a->t : NAN,
+        !sens && a->kind == KV_ALLOC_BAKLAVA ? a->r : NAN,
+        sens || a->kind == KV_ALLOC_UNIFORM ? NAN : a->p, a->min_tokens, &plan, err);
     if (rc) return rc;
     kv_h5 *f = NULL;
     rc = kv_h5_create(path, &f, err);
     if (!rc) rc = kv_h5_write_provenance(f, command, m, err);
     if (!rc) rc = kv_plan_write(f, &plan, err);
     if (!rc && so && sr) rc = kv_search_write(f, so, sr, err);
+    if (!rc && so && sr && sr->have_sens) {
+        kv_sens_opts eo = so->sens; /* the options the search ran the sensitivity with */
+        eo.ratio = so->ratio;
+        eo.context = so->context;
+        eo.block_size = so->block_size;
+        eo.evict_block = so->evict_block;
+        eo.policy = so->policy;
+        rc = kv_sens_write(f, m->cfg.n_layers, m->cfg.n_kv_heads, &eo, &sr->sens, err);
+    }
+    if (!rc && so && sr)
+        rc = kv_h5_attr_i64(f, "/", "identical_to_uniform", sr->identical_to_uniform, err);
     if (!rc && profile_path)
         rc = kv_plan_write_kvpr_batch_from_profile(f, profile_path, m, &plan, NULL, err);
     if (!rc)

@@ -1,7 +1,10 @@
 /* kvplan common helpers: see include/kvplan/common.h. */
 #include "kvplan/common.h"
 
+#include <ctype.h>
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <math.h>
 #include <openssl/evp.h>
@@ -9,6 +12,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
+#include <sys/random.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -98,42 +104,117 @@ void kv_progress_done(kv_progress *p) {
     fflush(stderr);
 }
 
-int kv_read_file(const char *path, char **data, size_t *len, kv_error *err) {
+static const char *file_kind(mode_t m) {
+    if (S_ISDIR(m)) return "a directory";
+    if (S_ISFIFO(m)) return "a FIFO (named pipe)";
+    if (S_ISCHR(m)) return "a character device";
+    if (S_ISBLK(m)) return "a block device";
+    if (S_ISSOCK(m)) return "a socket";
+    return "not a regular file";
+}
+
+int kv_open_regular(const char *path, const char *what, uint64_t max_bytes, int *fd, uint64_t *size,
+                    kv_error *err) {
+    *fd = -1;
+    if (size) *size = 0;
+    const char *role = what ? what : "file";
+    if (!path || !*path) return kv_fail(err, KV_EINPUT, "no %s file name given", role);
+    /* O_NONBLOCK: opening a FIFO must not wait for a writer; cleared again below */
+    int d = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (d < 0)
+        return kv_fail(err, KV_EINPUT, "%s: cannot open the %s: %s", path, role, strerror(errno));
+    struct stat st;
+    if (fstat(d, &st) != 0) {
+        int e = errno;
+        close(d);
+        return kv_fail(err, KV_EINPUT, "%s: cannot stat the %s: %s", path, role, strerror(e));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(d);
+        return kv_fail(err, KV_EINPUT, "%s: the %s is %s; give a regular file", path, role,
+                       file_kind(st.st_mode));
+    }
+    if (max_bytes && (uint64_t)st.st_size > max_bytes) {
+        close(d);
+        return kv_fail(err, KV_EINPUT,
+                       "%s: the %s is %lld bytes, more than the %llu bytes kvplan reads for it; "
+                       "is this the right file?",
+                       path, role, (long long)st.st_size, (unsigned long long)max_bytes);
+    }
+    int fl = fcntl(d, F_GETFL);
+    if (fl >= 0) fcntl(d, F_SETFL, fl & ~O_NONBLOCK);
+    *fd = d;
+    if (size) *size = (uint64_t)st.st_size;
+    return KV_OK;
+}
+
+int kv_check_regular(const char *path, const char *what, kv_error *err) {
+    int fd = -1;
+    int rc = kv_open_regular(path, what, 0, &fd, NULL, err);
+    if (fd >= 0) close(fd);
+    return rc;
+}
+
+int kv_read_file_max(const char *path, uint64_t max_bytes, char **data, size_t *len,
+                     kv_error *err) {
     *data = NULL;
     if (len) *len = 0;
-    FILE *f = fopen(path, "rb");
-    if (!f) return kv_fail(err, KV_EINPUT, "%s: cannot open: %s", path, strerror(errno));
-    size_t cap = 1 << 16, n = 0;
+    if (!max_bytes) max_bytes = KV_READ_FILE_MAX;
+    int fd = -1;
+    uint64_t size = 0;
+    int rc = kv_open_regular(path, NULL, max_bytes, &fd, &size, err);
+    if (rc) return rc;
+    /* the size from fstat sizes the buffer; a file that grows while read is still bounded */
+    size_t cap = (size_t)size + 1 < 4096 ? 4096 : (size_t)size + 1, n = 0;
     char *buf = malloc(cap);
     if (!buf) {
-        fclose(f);
-        return kv_fail(err, KV_EINTERNAL, "%s: out of memory", path);
+        close(fd);
+        return kv_fail(err, KV_EINTERNAL, "%s: out of memory for %zu bytes", path, cap);
     }
     for (;;) {
         if (n + 1 >= cap) {
+            if ((uint64_t)cap > max_bytes) {
+                free(buf);
+                close(fd);
+                return kv_fail(err, KV_EINPUT,
+                               "%s: grew past %llu bytes while being read; is this the right "
+                               "file?",
+                               path, (unsigned long long)max_bytes);
+            }
             char *nb = realloc(buf, cap * 2);
             if (!nb) {
                 free(buf);
-                fclose(f);
+                close(fd);
                 return kv_fail(err, KV_EINTERNAL, "%s: out of memory", path);
             }
             buf = nb;
             cap *= 2;
         }
-        size_t got = fread(buf + n, 1, cap - 1 - n, f);
-        n += got;
+        ssize_t got = read(fd, buf + n, cap - 1 - n);
+        if (got < 0 && errno == EINTR) continue;
+        if (got < 0) {
+            int e = errno;
+            free(buf);
+            close(fd);
+            return kv_fail(err, KV_EINPUT, "%s: read error: %s", path, strerror(e));
+        }
         if (got == 0) break;
+        n += (size_t)got;
     }
-    int bad = ferror(f);
-    fclose(f);
-    if (bad) {
+    close(fd);
+    if ((uint64_t)n > max_bytes) {
         free(buf);
-        return kv_fail(err, KV_EINPUT, "%s: read error", path);
+        return kv_fail(err, KV_EINPUT, "%s: grew past %llu bytes while being read", path,
+                       (unsigned long long)max_bytes);
     }
     buf[n] = '\0';
     *data = buf;
     if (len) *len = n;
     return KV_OK;
+}
+
+int kv_read_file(const char *path, char **data, size_t *len, kv_error *err) {
+    return kv_read_file_max(path, KV_READ_FILE_MAX, data, len, err);
 }
 
 static int sha256_feed(EVP_MD_CTX *ctx, const char *path, kv_error *err) {
@@ -180,10 +261,127 @@ const char *kv_shared_dir(void) {
     return KVPLAN_SHARED_DEFAULT;
 }
 
-int kv_temp_path(const char *final_path, char *tmp, size_t cap, kv_error *err) {
-    int n = snprintf(tmp, cap, "%s.tmp.%ld", final_path, (long)getpid());
-    if (n < 0 || (size_t)n >= cap) return kv_fail(err, KV_EINPUT, "%s: path too long", final_path);
+/* Directory part of `path` into dir (".", "/" or the prefix before the last slash) and a
+ * pointer to the base name. */
+static const char *split_dir(const char *path, char *dir, size_t cap) {
+    const char *slash = strrchr(path, '/');
+    if (!slash) {
+        snprintf(dir, cap, ".");
+        return path;
+    }
+    if (slash == path) {
+        snprintf(dir, cap, "/");
+        return slash + 1;
+    }
+    size_t n = (size_t)(slash - path);
+    if (n >= cap) n = cap - 1;
+    memcpy(dir, path, n);
+    dir[n] = '\0';
+    return slash + 1;
+}
+
+/* "<pid>" or "<pid>.<hex>" with nothing else: the pid, else -1. */
+static long temp_suffix_pid(const char *s) {
+    if (!isdigit((unsigned char)*s)) return -1;
+    char *end = NULL;
+    errno = 0;
+    long pid = strtol(s, &end, 10);
+    if (errno || pid <= 0 || pid > INT_MAX) return -1;
+    if (*end == '\0') return pid;
+    if (*end != '.' || !end[1]) return -1;
+    for (const char *q = end + 1; *q; q++)
+        if (!isxdigit((unsigned char)*q)) return -1;
+    return pid;
+}
+
+int kv_temp_cleanup(const char *final_path) {
+    char dir[4096];
+    const char *base = split_dir(final_path, dir, sizeof dir);
+    size_t nb = strlen(base);
+    if (!nb) return 0;
+    DIR *d = opendir(dir);
+    if (!d) return 0;
+    int removed = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        const char *name = e->d_name;
+        if (strncmp(name, base, nb) != 0 || strncmp(name + nb, ".tmp.", 5) != 0) continue;
+        long pid = temp_suffix_pid(name + nb + 5);
+        if (pid < 0 || pid == (long)getpid()) continue;
+        if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue; /* alive (or not ours) */
+        struct stat st;
+        if (fstatat(dirfd(d), name, &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
+        if (!S_ISREG(st.st_mode) || st.st_uid != geteuid()) continue;
+        if (unlinkat(dirfd(d), name, 0) == 0) removed++;
+    }
+    closedir(d);
+    return removed;
+}
+
+int kv_temp_create(const char *final_path, char *tmp, size_t cap, int *fd, kv_error *err) {
+    *fd = -1;
+    if (!final_path || !*final_path) return kv_fail(err, KV_EINPUT, "no output file name given");
+    kv_temp_cleanup(final_path);
+    for (int attempt = 0; attempt < 16; attempt++) {
+        unsigned char rnd[6];
+        ssize_t got = getrandom(rnd, sizeof rnd, 0);
+        if (got != (ssize_t)sizeof rnd) {
+            /* getrandom(2) only fails before the entropy pool is ready or on old kernels;
+             * fall back to the clock, still never opening an existing name (O_EXCL) */
+            uint64_t t = (uint64_t)(kv_now() * 1e9) ^ ((uint64_t)attempt << 40);
+            for (size_t i = 0; i < sizeof rnd; i++) rnd[i] = (unsigned char)(t >> (8 * i));
+        }
+        int n = snprintf(tmp, cap, "%s.tmp.%ld.%02x%02x%02x%02x%02x%02x", final_path,
+                         (long)getpid(), rnd[0], rnd[1], rnd[2], rnd[3], rnd[4], rnd[5]);
+        if (n < 0 || (size_t)n >= cap)
+            return kv_fail(err, KV_EINPUT, "%s: path too long", final_path);
+        int d = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
+        if (d >= 0) {
+            *fd = d;
+            return KV_OK;
+        }
+        if (errno == EEXIST || errno == ELOOP) continue; /* taken (or a planted symlink) */
+        int e = errno;
+        char dir[4096];
+        split_dir(final_path, dir, sizeof dir);
+        return kv_fail(err, KV_EINPUT, "%s: cannot create a temporary file in %s: %s", final_path,
+                       dir, strerror(e));
+    }
+    return kv_fail(err, KV_EINPUT,
+                   "%s: could not find a free temporary file name in 16 tries; remove files "
+                   "named like %s.tmp.* beside it",
+                   final_path, final_path);
+}
+
+int kv_write_all(int fd, const void *buf, size_t n, const char *path, kv_error *err) {
+    const char *p = buf;
+    while (n > 0) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0 && errno == EINTR) continue;
+        if (w < 0) return kv_fail(err, KV_EINTERNAL, "%s: write failed: %s", path, strerror(errno));
+        if (w == 0) return kv_fail(err, KV_EINTERNAL, "%s: write failed: no progress", path);
+        p += w;
+        n -= (size_t)w;
+    }
+    if (fsync(fd) != 0 && errno != EINVAL && errno != EROFS)
+        return kv_fail(err, KV_EINTERNAL, "%s: write failed (fsync): %s", path, strerror(errno));
     return KV_OK;
+}
+
+int kv_write_file_atomic(const char *final_path, const void *buf, size_t n, kv_error *err) {
+    char tmp[4200];
+    int fd = -1;
+    int rc = kv_temp_create(final_path, tmp, sizeof tmp, &fd, err);
+    if (rc) return rc;
+    rc = kv_write_all(fd, buf, n, tmp, err);
+    if (close(fd) != 0 && !rc)
+        rc = kv_fail(err, KV_EINTERNAL, "%s: write failed (close): %s", tmp, strerror(errno));
+    if (rc) {
+        unlink(tmp);
+        return kv_fail_context(err, "%s was not written (the old file, if any, is unchanged)",
+                               final_path);
+    }
+    return kv_commit_file(tmp, final_path, err);
 }
 
 int kv_commit_file(const char *tmp, const char *final_path, kv_error *err) {
@@ -198,17 +396,53 @@ int kv_commit_file(const char *tmp, const char *final_path, kv_error *err) {
 
 int kv_check_writable(const char *path, kv_error *err) {
     char dir[4096];
-    snprintf(dir, sizeof dir, "%s", path);
-    char *slash = strrchr(dir, '/');
-    if (slash == dir)
-        dir[1] = '\0';
-    else if (slash)
-        *slash = '\0';
-    else
-        snprintf(dir, sizeof dir, ".");
+    split_dir(path, dir, sizeof dir);
     if (access(dir, W_OK) != 0)
         return kv_fail(err, KV_EINPUT, "%s: cannot write here (directory %s: %s)", path, dir,
                        strerror(errno));
+    return KV_OK;
+}
+
+int kv_check_output(const char *path, const char *opt, const char *const *inputs, int n,
+                    kv_error *err) {
+    if (!opt) opt = "-o";
+    if (!path || !*path) return kv_fail(err, KV_EINPUT, "%s needs a file name", opt);
+    struct stat so;
+    int exists = stat(path, &so) == 0;
+    if (exists && S_ISDIR(so.st_mode))
+        return kv_fail(err, KV_EINPUT, "%s %s: is a directory; give a file name (e.g. %s/out.h5)",
+                       opt, path, path);
+    if (exists && !S_ISREG(so.st_mode))
+        return kv_fail(err, KV_EINPUT,
+                       "%s %s: is %s, which an output file would replace; give a regular file "
+                       "name",
+                       opt, path, file_kind(so.st_mode));
+    int rc = kv_check_writable(path, err);
+    if (rc) return rc;
+    char dir[4096];
+    split_dir(path, dir, sizeof dir);
+    struct stat sd;
+    int have_dir = stat(dir, &sd) == 0;
+    const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
+    size_t nb = strlen(base);
+    int model_like = (nb >= 5 && !strcmp(base + nb - 5, ".json")) ||
+                     (nb >= 12 && !strcmp(base + nb - 12, ".safetensors"));
+    for (int i = 0; i < n; i++) {
+        if (!inputs[i]) continue;
+        struct stat si;
+        if (stat(inputs[i], &si) != 0) continue; /* the input's own reader reports it */
+        if (exists && si.st_dev == so.st_dev && si.st_ino == so.st_ino)
+            return kv_fail(err, KV_EINPUT,
+                           "%s %s is the input file %s: writing it would destroy the input; "
+                           "choose another output name",
+                           opt, path, inputs[i]);
+        if (S_ISDIR(si.st_mode) && have_dir && model_like && si.st_dev == sd.st_dev &&
+            si.st_ino == sd.st_ino)
+            return kv_fail(err, KV_EINPUT,
+                           "%s %s is inside the model directory %s and could replace one of "
+                           "its files; choose another output name",
+                           opt, path, inputs[i]);
+    }
     return KV_OK;
 }
 

@@ -229,9 +229,32 @@ static double token_nll(const float *logits, int vocab, int target) {
     return log(sum) - (double)(logits[target] - mx);
 }
 
+/* KL(ref || q) of one position: ref_lp [vocab] log-probabilities, q given by logits. */
+static double token_kl(const float *ref_lp, const float *logits, int vocab) {
+    float mx = logits[0];
+    for (int i = 1; i < vocab; i++)
+        if (logits[i] > mx) mx = logits[i];
+    double sum = 0.0;
+    for (int i = 0; i < vocab; i++) sum += exp((double)(logits[i] - mx));
+    double lse = log(sum) + (double)mx, kl = 0.0;
+    for (int i = 0; i < vocab; i++) {
+        double lp = (double)ref_lp[i];
+        kl += exp(lp) * (lp - ((double)logits[i] - lse));
+    }
+    return kl;
+}
+
 int kv_engine_chunk_nll(kv_engine *e, const int *tokens, int n, int n_sets,
                         const int *const *budgets, const kv_policy *const *policies,
                         double *nll_sum, size_t *peak_bytes, kv_error *err) {
+    return kv_engine_chunk_score(e, tokens, n, n_sets, budgets, policies, NULL, nll_sum, NULL,
+                                 peak_bytes, err);
+}
+
+int kv_engine_chunk_score(kv_engine *e, const int *tokens, int n, int n_sets,
+                          const int *const *budgets, const kv_policy *const *policies,
+                          const float *ref_logprobs, double *nll_sum, double *kl_sum,
+                          size_t *peak_bytes, kv_error *err) {
     if (n_sets < 1 || n_sets > e->max_seqs)
         return kv_fail(err, KV_EINTERNAL, "engine: %d budget sets for %d sequences", n_sets,
                        e->max_seqs);
@@ -255,6 +278,8 @@ int kv_engine_chunk_nll(kv_engine *e, const int *tokens, int n, int n_sets,
     if (step < 1 && !rc) rc = kv_fail(err, KV_EINTERNAL, "engine: no room for %d sets", n_sets);
     int V = e->m->cfg.vocab_size;
     for (int s = 0; s < n_sets; s++) nll_sum[s] = 0.0;
+    if (kl_sum)
+        for (int s = 0; s < n_sets; s++) kl_sum[s] = 0.0;
     for (int t0 = 0; t0 < n && !rc; t0 += step) {
         int cnt = n - t0 < step ? n - t0 : step;
         for (int s = 0; s < n_sets; s++)
@@ -269,6 +294,9 @@ int kv_engine_chunk_nll(kv_engine *e, const int *tokens, int n, int n_sets,
                     if (!isfinite(v))
                         rc = kv_fail(err, KV_EINTERNAL, "non-finite loss at token %d", t0 + i);
                     nll_sum[s] += v;
+                    if (ref_logprobs && kl_sum)
+                        kl_sum[s] += token_kl(ref_logprobs + (size_t)(t0 + i) * V,
+                                              e->logits + ((size_t)s * cnt + i) * V, V);
                 }
     }
     if (peak_bytes) *peak_bytes = kv_pool_peak_bytes(&e->pool);

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -23,9 +24,10 @@
 
 struct kv_h5 {
     hid_t fid;
-    int writing;     /* 1 for a file opened by kv_h5_create */
-    char path[4096]; /* the final, user-visible path */
-    char tmp[4200];  /* the temporary file being written (writing only) */
+    int writing;         /* 1 for a file opened by kv_h5_create (in memory until commit) */
+    uint64_t file_bytes; /* size on disk of a file opened for reading */
+    char path[4096];     /* the final, user-visible path */
+    char tmp[4200];      /* HDF5's name for the in-memory file (writing only; never on disk) */
 };
 
 /* ---- silencing HDF5's automatic error printing for the duration of one call ---- */
@@ -165,11 +167,15 @@ static int write_dataset(kv_h5 *f, const char *path, int rank, const long *dims,
     return KV_OK;
 }
 
-static int read_dataset(kv_h5 *f, const char *path, hid_t mem_type, size_t elem, int *rank,
-                        long dims[KV_H5_MAX_RANK], void **data, kv_error *err) {
-    *data = NULL;
+/* Open dataset `path` and get its shape: ds is left open (caller closes it). */
+static int open_dataset_shape(kv_h5 *f, const char *path, hid_t *ds_out, int *rank,
+                              hsize_t hd[KV_H5_MAX_RANK], kv_error *err) {
+    *ds_out = -1;
     if (!path_exists(f->fid, path))
         return kv_fail(err, KV_EINPUT, "%s: missing dataset %s", f->path, path);
+    H5O_info_t oi;
+    if (H5Oget_info_by_name(f->fid, path, &oi, H5P_DEFAULT) < 0 || oi.type != H5O_TYPE_DATASET)
+        return kv_fail(err, KV_EINPUT, "%s: %s is not a dataset", f->path, path);
     hid_t ds = H5Dopen2(f->fid, path, H5P_DEFAULT);
     if (ds < 0) return kv_fail(err, KV_EINPUT, "%s: %s is not a dataset", f->path, path);
     hid_t space = H5Dget_space(ds);
@@ -180,9 +186,27 @@ static int read_dataset(kv_h5 *f, const char *path, hid_t mem_type, size_t elem,
         return kv_fail(err, KV_EINPUT, "%s: dataset %s has an unsupported shape (rank %d)", f->path,
                        path, r);
     }
-    hsize_t hd[KV_H5_MAX_RANK];
-    H5Sget_simple_extent_dims(space, hd, NULL);
+    if (r > 0) H5Sget_simple_extent_dims(space, hd, NULL);
     H5Sclose(space);
+    *rank = r;
+    *ds_out = ds;
+    return KV_OK;
+}
+
+/* A dataset may declare a shape far larger than the bytes stored for it (chunked storage
+ * with fill values, or a forged header): refuse to allocate more than this many bytes for
+ * one dataset unless the file itself is at least half as large. kvplan writes datasets
+ * uncompressed, so a genuine dataset never needs more memory than twice its file. */
+#define KV_H5_SMALL_DATASET_BYTES ((uint64_t)16 << 20)
+
+static int read_dataset(kv_h5 *f, const char *path, hid_t mem_type, size_t elem, int *rank,
+                        long dims[KV_H5_MAX_RANK], void **data, kv_error *err) {
+    *data = NULL;
+    hid_t ds = -1;
+    hsize_t hd[KV_H5_MAX_RANK];
+    int r = 0;
+    int rc = open_dataset_shape(f, path, &ds, &r, hd, err);
+    if (rc) return rc;
     size_t count = 1;
     for (int i = 0; i < r; i++) {
         if (hd[i] > (hsize_t)LONG_MAX || (hd[i] && count > SIZE_MAX / elem / (size_t)hd[i])) {
@@ -191,6 +215,17 @@ static int read_dataset(kv_h5 *f, const char *path, hid_t mem_type, size_t elem,
         }
         count *= (size_t)hd[i];
         dims[i] = (long)hd[i];
+    }
+    uint64_t bytes = (uint64_t)count * elem;
+    uint64_t limit = f->file_bytes * 2 > KV_H5_SMALL_DATASET_BYTES ? f->file_bytes * 2
+                                                                   : KV_H5_SMALL_DATASET_BYTES;
+    if (!f->writing && bytes > limit) {
+        H5Dclose(ds);
+        return kv_fail(err, KV_EINPUT,
+                       "%s: dataset %s declares %zu elements (%llu bytes), more than the "
+                       "%llu-byte file can hold; the file is damaged or forged",
+                       f->path, path, count, (unsigned long long)bytes,
+                       (unsigned long long)f->file_bytes);
     }
     void *buf = kv_malloc(count ? count * elem : elem, path, err);
     if (!buf) {
@@ -293,34 +328,45 @@ static int attr_read_num(kv_h5 *f, const char *obj, const char *name, hid_t mem_
 
 /* ---- files ---- */
 
+/* The file being written lives in memory (HDF5's core driver without a backing store) and
+ * reaches the disk only in kv_h5_commit, as one image written by kv_write_all into a fresh
+ * temporary file. HDF5 therefore never does file I/O that can fail on a full disk: when its
+ * own close of a file fails it keeps the file open and crashes later in its library shutdown
+ * at exit (H5F__close_cb from H5_term_library, HDF5 1.10), which is how a full disk used to
+ * end in a segfault. Plans and profiles are kilobytes to a few megabytes. */
+#define KV_H5_CORE_INCREMENT (1 << 16)
+
 int kv_h5_create(const char *final_path, kv_h5 **out, kv_error *err) {
     *out = NULL;
     if (!final_path || !*final_path) return kv_fail(err, KV_EINPUT, "no output file name given");
-    int rc = kv_check_writable(final_path, err);
+    int rc = kv_check_output(final_path, "output", NULL, 0, err);
     if (rc) return rc;
     kv_h5 *f = kv_calloc(1, sizeof *f, "HDF5 file handle", err);
     if (!f) return KV_EINTERNAL;
+    f->fid = -1;
     if (strlen(final_path) >= sizeof f->path) {
         free(f);
         return kv_fail(err, KV_EINPUT, "%s: path too long", final_path);
     }
     snprintf(f->path, sizeof f->path, "%s", final_path);
-    if ((rc = kv_temp_path(final_path, f->tmp, sizeof f->tmp, err))) {
-        free(f);
-        return rc;
-    }
+    /* a name for HDF5's bookkeeping only (two open files must differ): nothing is created */
+    static const char hex[] = "0123456789abcdef";
+    uintptr_t id = (uintptr_t)f;
+    char idhex[2 * sizeof id + 1];
+    for (size_t i = 0; i < 2 * sizeof id; i++) idhex[i] = hex[(id >> (4 * i)) & 15];
+    idhex[2 * sizeof id] = '\0';
+    snprintf(f->tmp, sizeof f->tmp, "%s.core.%ld.%s", final_path, (long)getpid(), idhex);
     h5_quiet q;
     h5_quiet_begin(&q);
-    errno = 0;
-    f->fid = H5Fcreate(f->tmp, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
+    if (fapl >= 0 && H5Pset_fapl_core(fapl, KV_H5_CORE_INCREMENT, 0) >= 0 &&
+        H5Pset_fclose_degree(fapl, H5F_CLOSE_STRONG) >= 0)
+        f->fid = H5Fcreate(f->tmp, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
+    if (fapl >= 0) H5Pclose(fapl);
     h5_quiet_end(&q);
     if (f->fid < 0) {
-        int e = errno;
-        remove(f->tmp);
-        rc = kv_fail(err, KV_EINPUT, "%s: cannot create the temporary file %s (%s)", final_path,
-                     f->tmp, e ? strerror(e) : "HDF5 error");
         free(f);
-        return rc;
+        return kv_fail(err, KV_EINTERNAL, "%s: HDF5 cannot create an in-memory file", final_path);
     }
     f->writing = 1;
     *out = f;
@@ -335,17 +381,25 @@ int kv_h5_commit(kv_h5 *f, kv_error *err) {
     }
     h5_quiet q;
     h5_quiet_begin(&q);
-    herr_t fl = H5Fflush(f->fid, H5F_SCOPE_GLOBAL);
-    herr_t cl = H5Fclose(f->fid);
-    h5_quiet_end(&q);
-    int rc;
-    if (fl < 0 || cl < 0) {
-        remove(f->tmp);
-        rc = kv_fail(err, KV_EINTERNAL, "%s: writing the temporary file %s failed (disk full?)",
-                     f->path, f->tmp);
-    } else {
-        rc = kv_commit_file(f->tmp, f->path, err);
+    int rc = KV_OK;
+    unsigned char *image = NULL;
+    ssize_t size = -1;
+    if (H5Fflush(f->fid, H5F_SCOPE_GLOBAL) >= 0) size = H5Fget_file_image(f->fid, NULL, 0);
+    if (size > 0) {
+        image = kv_malloc((size_t)size, "HDF5 file image", err);
+        if (!image)
+            rc = KV_EINTERNAL;
+        else if (H5Fget_file_image(f->fid, image, (size_t)size) != size)
+            size = -1;
     }
+    if (!rc && size <= 0)
+        rc = kv_fail(err, KV_EINTERNAL, "%s: HDF5 could not produce the file's contents", f->path);
+    if (H5Fclose(f->fid) < 0 && !rc)
+        rc = kv_fail(err, KV_EINTERNAL, "%s: HDF5 could not close the in-memory file", f->path);
+    f->fid = -1;
+    h5_quiet_end(&q);
+    if (!rc) rc = kv_write_file_atomic(f->path, image, (size_t)size, err);
+    free(image);
     free(f);
     return rc;
 }
@@ -356,20 +410,18 @@ void kv_h5_abort(kv_h5 *f) {
     h5_quiet_begin(&q);
     if (f->fid >= 0) H5Fclose(f->fid);
     h5_quiet_end(&q);
-    if (f->writing) remove(f->tmp);
     free(f);
 }
 
 int kv_h5_open_read(const char *path, kv_h5 **out, kv_error *err) {
     *out = NULL;
     if (!path || !*path) return kv_fail(err, KV_EINPUT, "no input file name given");
-    FILE *probe = fopen(path, "rb");
-    if (!probe) return kv_fail(err, KV_EINPUT, "%s: cannot open: %s", path, strerror(errno));
-    fclose(probe);
+    int rc = kv_check_regular(path, "HDF5 file", err);
+    if (rc) return rc;
     h5_quiet q;
     h5_quiet_begin(&q);
-    int rc = KV_OK;
     kv_h5 *f = NULL;
+    hid_t fapl = -1;
     htri_t is = H5Fis_hdf5(path);
     if (is <= 0) {
         rc = kv_fail(err, KV_EINPUT,
@@ -383,8 +435,16 @@ int kv_h5_open_read(const char *path, kv_h5 **out, kv_error *err) {
         rc = KV_EINTERNAL;
         goto done;
     }
+    f->fid = -1;
     snprintf(f->path, sizeof f->path, "%s", path);
-    f->fid = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+    {
+        struct stat st;
+        f->file_bytes = stat(path, &st) == 0 ? (uint64_t)st.st_size : 0;
+    }
+    /* close degree strong: closing the file closes anything a reader left open */
+    fapl = H5Pcreate(H5P_FILE_ACCESS);
+    if (fapl >= 0 && H5Pset_fclose_degree(fapl, H5F_CLOSE_STRONG) >= 0)
+        f->fid = H5Fopen(path, H5F_ACC_RDONLY, fapl);
     if (f->fid < 0) {
         free(f);
         f = NULL;
@@ -415,6 +475,7 @@ int kv_h5_open_read(const char *path, kv_h5 **out, kv_error *err) {
         goto done;
     }
 done:
+    if (fapl >= 0) H5Pclose(fapl);
     h5_quiet_end(&q);
     if (rc) {
         kv_h5_close(f);
@@ -521,6 +582,25 @@ int kv_h5_read_i32(kv_h5 *f, const char *path, int *rank, long dims[KV_H5_MAX_RA
     int rc = read_dataset(f, path, H5T_NATIVE_INT, sizeof(int), rank, dims, &buf, err);
     h5_quiet_end(&q);
     *data = buf;
+    return rc;
+}
+
+int kv_h5_dataset_shape(kv_h5 *f, const char *path, int *rank, long dims[KV_H5_MAX_RANK],
+                        kv_error *err) {
+    if (!f) return kv_fail(err, KV_EINTERNAL, "shape of %s in no file", path);
+    h5_quiet q;
+    h5_quiet_begin(&q);
+    hid_t ds = -1;
+    hsize_t hd[KV_H5_MAX_RANK];
+    int r = 0;
+    int rc = open_dataset_shape(f, path, &ds, &r, hd, err);
+    if (!rc) {
+        H5Dclose(ds);
+        for (int i = 0; i < r; i++) dims[i] = hd[i] > (hsize_t)LONG_MAX ? LONG_MAX : (long)hd[i];
+        if (r == 0) dims[0] = 1;
+        *rank = r ? r : 1;
+    }
+    h5_quiet_end(&q);
     return rc;
 }
 

@@ -26,6 +26,8 @@
 
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <float.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -147,15 +149,15 @@ static int read_shard(st_set *s, int fi, kv_error *err) {
         double count = 1;
         for (int d = 0; d < t->n_dims; d++) {
             const cJSON *v = cJSON_GetArrayItem(sh, d);
-            if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble > 1e12)
+            if (!cJSON_IsNumber(v) || !(v->valuedouble >= 0 && v->valuedouble <= 1e12))
                 return kv_fail(err, KV_EINPUT, "%s: tensor '%s': shape[%d] is not a valid size",
                                f->path, it->string, d);
             t->shape[d] = (long long)v->valuedouble;
             count *= v->valuedouble;
         }
         const cJSON *b = cJSON_GetArrayItem(off, 0), *e = cJSON_GetArrayItem(off, 1);
-        if (!cJSON_IsNumber(b) || !cJSON_IsNumber(e) || b->valuedouble < 0 ||
-            e->valuedouble < b->valuedouble)
+        if (!cJSON_IsNumber(b) || !cJSON_IsNumber(e) || !(b->valuedouble >= 0) ||
+            !(e->valuedouble >= b->valuedouble))
             return kv_fail(err, KV_EINPUT,
                            "%s: tensor '%s': data_offsets are not a valid "
                            "[begin, end)",
@@ -262,8 +264,9 @@ static int cfg_int(const char *path, const cJSON *j, const char *key, int dflt, 
         return kv_fail(err, KV_EINPUT, "%s: field \"%s\" is missing", path, key);
     }
     if (cJSON_IsArray(v) && cJSON_GetArraySize(v) > 0) v = cJSON_GetArrayItem(v, 0);
-    if (!cJSON_IsNumber(v) || v->valuedouble != (double)(long long)v->valuedouble ||
-        v->valuedouble < 0 || v->valuedouble > (1 << 24))
+    /* range first: converting a double outside long long's range (1e300) is undefined */
+    if (!cJSON_IsNumber(v) || !(v->valuedouble >= 0 && v->valuedouble <= (1 << 24)) ||
+        v->valuedouble != floor(v->valuedouble))
         return kv_fail(err, KV_EINPUT, "%s: field \"%s\" must be a non-negative integer", path,
                        key);
     *out = (int)v->valuedouble;
@@ -278,8 +281,10 @@ static int cfg_num(const char *path, const cJSON *j, const char *key, double dfl
         *out = dflt;
         return KV_OK;
     }
-    if (!cJSON_IsNumber(v))
-        return kv_fail(err, KV_EINPUT, "%s: field \"%s\" must be a number", path, key);
+    /* the value is stored as a float: anything beyond float's range is refused here */
+    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || fabs(v->valuedouble) > FLT_MAX)
+        return kv_fail(err, KV_EINPUT, "%s: field \"%s\" must be a number within float range", path,
+                       key);
     *out = v->valuedouble;
     return KV_OK;
 }

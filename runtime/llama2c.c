@@ -13,6 +13,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,6 +46,12 @@ int kv_model_load_llama2c(const char *path, kv_model **out, kv_error *err) {
     c.n_layers = hdr[2];
     c.n_heads = hdr[3];
     c.n_kv_heads = hdr[4];
+    if (hdr[5] == INT32_MIN) { /* -hdr[5] would overflow */
+        close(fd);
+        return kv_fail(err, KV_EINPUT,
+                       "%s: vocab_size field is %d: not a llama2.c legacy checkpoint", path,
+                       (int)hdr[5]);
+    }
     int shared = hdr[5] > 0;
     c.vocab_size = hdr[5] > 0 ? hdr[5] : -hdr[5];
     c.seq_len = hdr[6];

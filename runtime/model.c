@@ -187,6 +187,8 @@ int kv_model_load(const char *path, kv_model **out, kv_error *err) {
     if (S_ISDIR(st.st_mode)) {
         rc = kv_model_load_hf(path, out, err);
     } else {
+        /* a FIFO or a device would block or never end: refused before it is opened */
+        if ((rc = kv_check_regular(path, "model", err))) return rc;
         FILE *f = fopen(path, "rb");
         if (!f) return kv_fail(err, KV_EINPUT, "%s: cannot open model: %s", path, strerror(errno));
         char magic[4] = {0};

@@ -616,6 +616,8 @@ static int file_exists(const char *p) {
 
 /* A tokenizer file, its format detected from the content. m may be NULL. */
 static int load_path(const char *path, const kv_model *m, kv_tokenizer **out, kv_error *err) {
+    int rc = kv_check_regular(path, "tokenizer", err); /* a FIFO would block the sniff below */
+    if (rc) return rc;
     FILE *f = fopen(path, "rb");
     if (!f) return kv_fail(err, KV_EINPUT, "%s: cannot open tokenizer: %s", path, strerror(errno));
     unsigned char head[4] = {0};

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Re-make the plans shipped in plans/: for each bundled model, a profile (similarity only,
-# no hardware figures, so the plans are reproducible on any machine), then a BaKlaVa search
-# at R = 1/4, 1/8 and 1/16 with the sink policy at context 512.
-# Budgets are rounded to 8-token blocks and the Batch-Max eviction block is p = 4, so that even
-# R = 1/16 (32 tokens per head on average) leaves room to move budgets between heads above the
-# policy's fixed part (4 sinks + p).
-# Usage: scripts/make-plans.sh            (takes a few minutes on 2 cores)
+# no hardware figures, so the plans are reproducible on any machine), then `kvplan search` with
+# its defaults at R = 1/4, 1/8 and 1/16 with the sink policy at context 512: sensitivity
+# planning (measured per-head loss curves, knapsack, refinement) and the BaKlaVa grid
+# (exhaustive, 190 points); the better on the search tokens is the plan. The block size and the
+# Batch-Max eviction block are the search's defaults, chosen from R and C (b_s = p = 4 at
+# R = 1/16, 8 at 1/8, 16 at 1/4 for C = 512), so budget can move between heads at every ratio.
+# Usage: scripts/make-plans.sh            (about half an hour on 2 cores)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -26,7 +27,6 @@ for spec in "stories260K:$shared/models/stories260K/stories260K.bin" \
         out=plans/$name.r1-$r.h5
         echo "== $name, R = 1/$r -> $out" >&2
         $kv search --profile "$work/$name.profile.h5" --model "$model" --text "$text" \
-            --ratio "$ratio" --policy sink --context 512 --evict-block 4 --block-size 8 \
-            --p-grid 0.5,1 --halving 3 --quiet -o "$out"
+            --ratio "$ratio" --policy sink --context 512 --quiet -o "$out"
     done
 done

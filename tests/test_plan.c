@@ -108,17 +108,26 @@ static void test_round_trip_and_model_check(void) {
     CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, "/budget"));
 }
 
-/* The shipped plans are schema v1: one policy for all heads, still readable. */
+/* A schema v1 plan (a shipped plan without /budget/policy, as plans were before schema 2):
+ * one policy for all heads, still readable. */
 static void test_v1_shipped_plan(void) {
     kv_error err = {0};
     kv_plan b;
-    CU_ASSERT_EQUAL_FATAL(kv_plan_read(KVPLAN_SOURCE_DIR "/plans/stories260K.r1-8.h5", &b, &err),
-                          KV_OK);
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "cp '%s' '%s'", KVPLAN_SOURCE_DIR "/plans/stories260K.r1-8.h5",
+             tu_tmp("v1.h5"));
+    CU_ASSERT_EQUAL_FATAL(system(cmd), 0);
+    hid_t f = H5Fopen(tu_tmp("v1.h5"), H5F_ACC_RDWR, H5P_DEFAULT);
+    CU_ASSERT_FATAL(f >= 0);
+    CU_ASSERT(H5Ldelete(f, "/budget/policy", H5P_DEFAULT) >= 0);
+    H5Fclose(f);
+    CU_ASSERT_EQUAL_FATAL(kv_plan_read(tu_tmp("v1.h5"), &b, &err), KV_OK);
     CU_ASSERT_EQUAL(b.schema_version, 1);
     CU_ASSERT_EQUAL(b.policy, KV_POLICY_SINK);
     CU_ASSERT_FALSE(kv_plan_mixed_policies(&b));
+    /* `kvplan search`'s default b_s = p at R * C = 64 tokens per head (scripts/make-plans.sh) */
     CU_ASSERT_EQUAL(b.block_size, 8);
-    CU_ASSERT_EQUAL(b.evict_block, 4);
+    CU_ASSERT_EQUAL(b.evict_block, 8);
     /* exactly 1/8 of 5 x 4 heads x 512 tokens */
     CU_ASSERT_EQUAL(kv_plan_total_tokens(&b), 5 * 4 * 512 / 8);
     kv_plan_free(&b);

@@ -187,8 +187,8 @@ static double *read_f64(kv_h5 *f, const char *path, int *rank, long *dims) {
 static void test_search_command(void) {
     char args[4096], *out = NULL;
     const char *common =
-        "--ratio 0.25 --context 256 --t-grid 0.5:0.9:0.2 --r-grid 0.2,0.6 --eval-tokens 2048 "
-        "--heldout-tokens 1024";
+        "--allocation baklava --ratio 0.25 --context 256 --t-grid 0.5:0.9:0.2 --r-grid 0.2,0.6 "
+        "--eval-tokens 2048 --heldout-tokens 1024";
     snprintf(args, sizeof args, "search --profile %s --model %s --text %s %s -o %s",
              tu_tmp("profile.h5"), model_path(), text_path(), common, tu_tmp("search.h5"));
     int rc = tu_run_kvplan(args, &out, 1);

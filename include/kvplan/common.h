@@ -60,9 +60,27 @@ void kv_progress_done(kv_progress *p);
 /* Monotonic wall-clock time in seconds. */
 double kv_now(void);
 
-/* Read a whole file into a NUL-terminated buffer owned by the caller (free()). `len` gets the
- * byte count without the terminator. Errors name the file: KV_EINPUT when it cannot be opened
- * or read. */
+/* Largest file kv_read_file reads (1 GiB): text, tokenizer.json and config.json files are far
+ * smaller; anything bigger is refused before it is read. */
+#define KV_READ_FILE_MAX ((uint64_t)1 << 30)
+
+/* Open `path` for reading only if it is a regular file of at most `max_bytes` bytes (0: no
+ * limit). The open never blocks: FIFOs, devices (/dev/zero), sockets and directories are
+ * refused by fstat on the opened descriptor, before a byte is read. On success *fd is the open
+ * descriptor (caller closes it) and *size the file's size in bytes. `what` names the file's
+ * role in messages ("model", "text"; may be NULL). KV_EINPUT names the file and the problem. */
+int kv_open_regular(const char *path, const char *what, uint64_t max_bytes, int *fd, uint64_t *size,
+                    kv_error *err);
+
+/* Refuse anything but an existing regular file (see kv_open_regular), without reading it. */
+int kv_check_regular(const char *path, const char *what, kv_error *err);
+
+/* Read a whole regular file of at most `max_bytes` (0: KV_READ_FILE_MAX) into a NUL-terminated
+ * buffer owned by the caller (free()). `len` gets the byte count without the terminator.
+ * Errors name the file: KV_EINPUT when it cannot be opened or read, is not a regular file or
+ * is too large (checked by fstat before reading, and again while reading a file that grows). */
+int kv_read_file_max(const char *path, uint64_t max_bytes, char **data, size_t *len, kv_error *err);
+/* kv_read_file_max with the default limit KV_READ_FILE_MAX. */
 int kv_read_file(const char *path, char **data, size_t *len, kv_error *err);
 
 /* SHA-256 (OpenSSL libcrypto) of a file's bytes as 64 lowercase hex digits + NUL. */
@@ -75,15 +93,49 @@ int kv_sha256_files(const char *const *paths, int n, char hex[65], kv_error *err
  * (the `shared/` directory beside the repository). Returns a static string. */
 const char *kv_shared_dir(void);
 
-/* Write `path`.tmp.<pid> style temporary names: fills `tmp` (size `cap`) with a temporary
- * path in the same directory as `final_path`, so that rename() is atomic. */
-int kv_temp_path(const char *final_path, char *tmp, size_t cap, kv_error *err);
+/* ---- atomic output files ----
+ * An output is written to a temporary file beside it and renamed over it when complete, so a
+ * crash, a kill or a full disk never leaves a half-written file under the final name and never
+ * destroys the old one (rename(2) is atomic within a directory).
+ * Temporary names are "<final>.tmp.<pid>.<12 random hex digits>" (getrandom(2)): not
+ * predictable, and created with O_CREAT | O_EXCL | O_NOFOLLOW, so a file or a symlink planted
+ * under the name is never opened or followed; creation retries with a fresh name. */
+
+/* Create a new temporary file for `final_path` in the same directory: fills `tmp` (size `cap`)
+ * with its name and *fd with a descriptor open for writing (caller closes it, and removes the
+ * file or commits it with kv_commit_file). Temporary files of `final_path` left by processes
+ * that no longer exist (killed during a write) are removed first (kv_temp_cleanup).
+ * KV_EINPUT names the directory and the reason (not writable, read-only file system...). */
+int kv_temp_create(const char *final_path, char *tmp, size_t cap, int *fd, kv_error *err);
+
+/* Remove the temporary files "<final>.tmp.<pid>[.<hex>]" of `final_path` whose process <pid>
+ * no longer exists: only regular files (never symlinks) owned by this user. Returns the
+ * number removed. Errors are ignored: this is cleanup. */
+int kv_temp_cleanup(const char *final_path);
+
+/* Write all `n` bytes of `buf` to `fd` (retrying short writes and EINTR), then fsync it.
+ * `path` names the file in messages. KV_EINTERNAL (exit code 2) on failure with the system's reason
+ * (ENOSPC "No space left on device", EFBIG "File too large", EIO...). Does not close fd. */
+int kv_write_all(int fd, const void *buf, size_t n, const char *path, kv_error *err);
+
+/* Write `n` bytes to `final_path` atomically: kv_temp_create, kv_write_all, close, commit.
+ * On any failure the temporary file is removed and the old `final_path` is left untouched. */
+int kv_write_file_atomic(const char *final_path, const void *buf, size_t n, kv_error *err);
 
 /* Rename `tmp` over `final_path`; on failure removes `tmp` and names both files. */
 int kv_commit_file(const char *tmp, const char *final_path, kv_error *err);
 
 /* Check that the directory of `path` exists and is writable, before long work starts. */
 int kv_check_writable(const char *path, kv_error *err);
+
+/* Check an output path before any work starts: it is not empty, not an existing directory or
+ * other non-regular file (rename would replace a device node), its directory is writable
+ * (kv_check_writable), and it is not the same file (st_dev, st_ino, after symlinks and "./")
+ * as any of the `n` input paths (NULL entries are skipped). When an input is a directory (a
+ * Hugging Face model), an output inside it named *.json or *.safetensors is refused too.
+ * `opt` names the option in messages ("-o"). KV_EINPUT says which input would be destroyed. */
+int kv_check_output(const char *path, const char *opt, const char *const *inputs, int n,
+                    kv_error *err);
 
 /* Parse helpers for the CLI: strict numbers, error names the option. */
 int kv_parse_int(const char *s, const char *opt, long lo, long hi, long *out, kv_error *err);

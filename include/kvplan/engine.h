@@ -84,6 +84,16 @@ int kv_engine_chunk_nll(kv_engine *e, const int *tokens, int n, int n_sets,
                         const int *const *budgets, const kv_policy *const *policies,
                         double *nll_sum, size_t *peak_bytes, kv_error *err);
 
+/* kv_engine_chunk_nll, and also the divergence from a reference distribution (sensitivity
+ * curves, DESIGN.md "Sensitivity planning"): ref_logprobs [n, vocab] are log-probabilities of
+ * the next token at each position (e.g. the full cache's log-softmax); kl_sum[s] gets
+ * sum over the n - 1 scored positions of KL(ref || set s) in nats. ref_logprobs and kl_sum may
+ * be NULL (then this is kv_engine_chunk_nll). Errors as kv_engine_chunk_nll. */
+int kv_engine_chunk_score(kv_engine *e, const int *tokens, int n, int n_sets,
+                          const int *const *budgets, const kv_policy *const *policies,
+                          const float *ref_logprobs, double *nll_sum, double *kl_sum,
+                          size_t *peak_bytes, kv_error *err);
+
 /* Bytes of K/V blocks held now / at most since kv_engine_reset_peak (engine creation). */
 size_t kv_engine_bytes_in_use(const kv_engine *e);
 size_t kv_engine_bytes_peak(const kv_engine *e);

@@ -25,10 +25,14 @@ extern "C" {
 
 typedef struct kv_h5 kv_h5;
 
-/* Open a temporary file for `final_path` (checked writable first). Caller owns *out and must
- * end it with kv_h5_commit or kv_h5_abort. */
+/* Start a new file for `final_path` (checked first with kv_check_output). The file is built in
+ * memory (HDF5 core driver) and written to disk only by kv_h5_commit, through a temporary
+ * file with an unpredictable name (kv_temp_create) renamed into place. Caller owns *out and
+ * must end it with kv_h5_commit or kv_h5_abort. */
 int kv_h5_create(const char *final_path, kv_h5 **out, kv_error *err);
-/* Flush, close, rename into place, free. On failure the temporary is removed. */
+/* Write the file: its image into a new temporary file (fsync), rename into place, free.
+ * On failure (disk full: KV_EINTERNAL with the system's reason) the temporary is removed,
+ * an old file under the final name is untouched, and no HDF5 object is left open. */
 int kv_h5_commit(kv_h5 *f, kv_error *err);
 /* Close and remove the temporary file, free. Safe on NULL. */
 void kv_h5_abort(kv_h5 *f);
@@ -56,6 +60,12 @@ int kv_h5_read_f64(kv_h5 *f, const char *path, int *rank, long dims[KV_H5_MAX_RA
                    kv_error *err);
 int kv_h5_read_i32(kv_h5 *f, const char *path, int *rank, long dims[KV_H5_MAX_RANK], int **data,
                    kv_error *err);
+/* Shape of a dataset without reading its data (check it before kv_h5_read_*): rank and dims
+ * as kv_h5_read_f64 would return them. KV_EINPUT names the file and dataset when it is
+ * missing or not a dataset. The readers above also refuse a dataset whose declared shape
+ * needs more memory than max(16 MiB, twice the file's size), before allocating. */
+int kv_h5_dataset_shape(kv_h5 *f, const char *path, int *rank, long dims[KV_H5_MAX_RANK],
+                        kv_error *err);
 /* 1 when the object (group or dataset) exists, else 0. */
 int kv_h5_exists(kv_h5 *f, const char *path);
 

@@ -24,6 +24,7 @@
 #include "kvplan/h5io.h"
 #include "kvplan/kvcache.h"
 #include "kvplan/model.h"
+#include "kvplan/sensitivity.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -71,6 +72,12 @@ typedef struct kv_search_opts {
     int halving_min_chunks; /* first-round chunks of successive halving (default 1) */
     kv_progress *progress;  /* NULL = silent; prints progress with an ETA */
     kv_device device;       /* the engine's device (auto, cpu, cuda) */
+    /* Sensitivity planning (include/kvplan/sensitivity.h) after the grid: 0 off (default),
+     * 1 on. With it, the sensitivity allocation's solution becomes the plan when its search
+     * perplexity beats the grid's winner and the baselines. For `--allocation sensitivity`
+     * alone, pass allocation uniform (the grid is then the uniform plan, one evaluation). */
+    int sensitivity;
+    kv_sens_opts sens; /* its options; ratio, C, b_s, p, policy and progress are the search's */
 } kv_search_opts;
 
 /* Defaults: baklava, R = 0.5, C = model seq_len, b_s = 16, p = 16, sink, t and r grids NULL
@@ -103,6 +110,16 @@ typedef struct kv_search_result {
     int halving_rounds;
     double seconds;
     int *tokens, *blocks; /* [L * H_kv] winner budgets (grid best or better baseline), owned */
+    kv_policy *policy;    /* [L * H_kv] winner's per-head policies, owned */
+    int winner_sens;      /* 1 when the sensitivity allocation's solution is the plan */
+    int have_sens;        /* 1 when sens holds a sensitivity run */
+    kv_sens_result sens;  /* the sensitivity run (curves, rounds, solution), owned */
+    /* the grid's winner (after the baselines' check) and the sensitivity solution: search
+     * perplexity (all search chunks) and held-out perplexity; NaN when not run */
+    double grid_ppl, grid_heldout, sens_ppl, sens_heldout;
+    long grid_token_evals_all; /* grid + baselines on the search tokens (token evaluations) */
+    double grid_seconds;       /* seconds until the grid's winner and baselines were known */
+    int identical_to_uniform;  /* 1 when the plan's budgets and policies are the uniform's */
 } kv_search_result;
 
 /* Run the search on ids[0..n_ids) (tokenized text, BOS first). Needs at least one chunk of

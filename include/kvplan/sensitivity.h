@@ -1,0 +1,161 @@
+/* kvplan sensitivity planning: measured per-head loss curves, a multiple-choice knapsack over
+ * them, refinement (planner/sensitivity.c; DESIGN.md "Sensitivity planning").
+ *
+ * Loss curves. For a target ratio R, context C, block size b_s, eviction block p and policy:
+ * start from the uniform budgets (kv_uniform_budgets: R * C per head in whole blocks), set ONE
+ * (layer, KV head) to a budget level b (a block multiple from the policy's floor, its fixed
+ * part + p, up to C) and measure, on calibration chunks, the change of the mean next-token NLL
+ * and the mean KL divergence from the full cache's next-token distribution:
+ * delta_nll[h][q][k], kl[h][q][k] for head h (layer-major, l * H_kv + j), candidate policy q
+ * and level k. Every perturbation is one sequence of a batched pass (kv_engine_chunk_score,
+ * each sequence with its own budgets and policies), so the curves cost
+ * ceil(H * Q * K / batch) passes per calibration chunk.
+ *
+ * Allocation. Choose one (policy, level) per head minimising the summed curve values subject to
+ * sum of blocks = floor(R * L * H_kv * C / b_s) exactly (the uniform plan's total): a
+ * multiple-choice knapsack (Sinha & Zoltners 1979), solved as a GLPK MIP with one binary per
+ * (head, option) (kv_mckp_solve_mip); kv_mckp_solve_dp is the exact dynamic programme the tests
+ * check it against. Between measured levels a curve is interpolated linearly in blocks.
+ *
+ * Refinement. The solution is verified by budgeted perplexity on the search chunks; the curves
+ * are re-measured around it (base = the solution) and the knapsack solved again while the
+ * search perplexity improves, for at most max_rounds rounds. Every round is recorded.
+ *
+ * Arrays are row-major; everything a result owns is freed by its _free function. No global
+ * state.
+ */
+#ifndef KVPLAN_SENSITIVITY_H
+#define KVPLAN_SENSITIVITY_H
+
+#include "kvplan/common.h"
+#include "kvplan/engine.h"
+#include "kvplan/h5io.h"
+#include "kvplan/kvcache.h"
+#include "kvplan/model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KV_SENS_MAX_POLICIES 4
+
+/* What the knapsack minimises: the KL increase, the NLL change, or both (one knapsack each,
+ * both solutions verified on the search tokens, the better kept). */
+typedef enum { KV_SENS_OBJ_KL = 0, KV_SENS_OBJ_NLL = 1, KV_SENS_OBJ_BOTH = 2 } kv_sens_objective;
+
+typedef struct kv_sens_opts {
+    double ratio;     /* R in (0, 1] */
+    int context;      /* C */
+    int block_size;   /* b_s */
+    int evict_block;  /* Batch-Max p */
+    kv_policy policy; /* the base policy (every head in the uniform start) */
+    kv_policy policies[KV_SENS_MAX_POLICIES]; /* candidate policies of a head (n_policies) */
+    int n_policies;                           /* 0 = {policy} */
+    int max_levels;   /* measured levels per curve (default 16); all when fewer exist */
+    int batch;        /* perturbations per batched pass (default 32) */
+    int calib_chunks; /* calibration chunks: the first of the search chunks (default 2) */
+    int max_rounds;   /* solve rounds (1 = no refinement; default 3) */
+    kv_sens_objective objective; /* what the knapsack minimises (default KL) */
+    kv_progress *progress;       /* NULL = silent */
+} kv_sens_opts;
+
+/* Defaults: R 0.5, C = model seq_len (256 without a model), b_s 16, p 16, sink, max_levels 16,
+ * batch 32, 2 calibration chunks, 3 rounds, objective KL. */
+void kv_sens_opts_default(kv_sens_opts *o, const kv_model *m);
+
+typedef struct kv_sens_curves {
+    int n_heads;    /* L * H_kv */
+    int n_policies; /* Q */
+    int n_levels;   /* K */
+    kv_policy policies[KV_SENS_MAX_POLICIES];
+    int *levels; /* [K] budget levels in blocks (tokens = min(b_s * k, C)), owned */
+    int *base;   /* [n_heads] base budgets (tokens) the perturbations start from, owned */
+    kv_policy *base_policy;   /* [n_heads], owned */
+    double *delta_nll;        /* [n_heads, Q, K] change of mean NLL, nats/token; NaN below a
+                                 policy's floor; owned */
+    double *kl;               /* [n_heads, Q, K] mean KL(full || perturbed), nats; owned */
+    double base_nll, base_kl; /* of the base budgets (mean per scored token) */
+    long tokens;              /* calibration tokens (chunks x C) */
+    long token_evals;         /* tokens evaluated for the curves */
+    double seconds;
+} kv_sens_curves;
+void kv_sens_curves_free(kv_sens_curves *c);
+
+/* Measure the loss curves of every head around base budgets `base` [n_heads] tokens (NULL =
+ * uniform at o->ratio) with base policies `base_policy` (NULL = o->policy), on n_chunks chunks
+ * of C tokens at ids (ids[0 .. n_chunks * C)). `levels_blocks` [n_levels] (NULL = chosen from
+ * the options: kv_sens_default_levels, plus each head's base level) in blocks. The engine must
+ * run a full-cache plan with the same C, b_s and p, max_seqs >= 1 (the batch is capped at
+ * max_seqs) and room for a full cache per sequence. Fills *out (kv_sens_curves_free).
+ * Errors: KV_EINPUT for options the model cannot run (ratio, floors); errors of the engine. */
+int kv_sens_measure(kv_engine *e, const kv_model *m, const int *ids, int n_chunks, const int *base,
+                    const kv_policy *base_policy, const int *levels_blocks, int n_levels,
+                    const kv_sens_opts *o, kv_sens_curves *out, kv_error *err);
+
+/* The default measured levels in blocks: every block multiple from the lowest policy floor
+ * ceil((fixed + p) / b_s) to ceil(C / b_s) when there are at most max_levels, else a geometric
+ * ladder between them that always contains the uniform level floor(R * C / b_s). *levels is
+ * malloc'ed (caller frees). */
+int kv_sens_default_levels(const kv_sens_opts *o, int **levels, int *n_levels, kv_error *err);
+
+/* Multiple-choice knapsack: n_items groups of n_opts options; option (i, k) has cost
+ * cost[i * n_opts + k] (non-finite = not allowed) and size size[i * n_opts + k] >= 0. Choose
+ * exactly one option per group with sum of sizes == total, minimising the summed cost.
+ * choice [n_items] gets the option indices, *objective the summed cost.
+ * _mip: GLPK branch and bound, one binary per option (glp_intopt, exact gap 0).
+ * _dp: dynamic programme over (group, size), O(n_items * total * n_opts) time.
+ * Errors: KV_EINPUT when no choice meets the total (message says so); KV_EINTERNAL for GLPK
+ * failures or memory. */
+int kv_mckp_solve_mip(int n_items, int n_opts, const double *cost, const int *size, long total,
+                      int *choice, double *objective, kv_error *err);
+int kv_mckp_solve_dp(int n_items, int n_opts, const double *cost, const int *size, long total,
+                     int *choice, double *objective, kv_error *err);
+
+/* The allocation `sensitivity`: from curves c, one (policy, block level) per head with
+ * sum(blocks) = floor(R * n_heads * C / b_s), minimising the summed objective (o->objective)
+ * (KL or NLL; both counts as KL here) interpolated linearly in blocks between measured levels
+ * (every block multiple from the policy's floor to ceil(C / b_s) is an option). budget [n_heads]
+ * tokens, policy [n_heads]; *predicted (may be NULL) the summed predicted change. Errors as
+ * kv_mckp_solve_mip. */
+int kv_sens_allocate(const kv_sens_curves *c, const kv_sens_opts *o, int *budget, kv_policy *policy,
+                     double *predicted, kv_error *err);
+
+typedef struct kv_sens_result {
+    kv_sens_curves curves; /* the first round's curves (around uniform), owned */
+    int rounds;            /* solves run */
+    double *round_ppl;     /* [rounds] search perplexity of each round's solution, owned */
+    double *round_pred;    /* [rounds] predicted objective change of each solution, owned */
+    int *round_obj;        /* [rounds] the objective whose solution the round kept, owned */
+    int best_round;        /* 0-based round of the kept solution */
+    int *budget;           /* [n_heads] kept budgets (tokens), owned */
+    kv_policy *policy;     /* [n_heads] kept policies, owned */
+    double ppl;            /* its search perplexity */
+    double uniform_ppl;    /* the uniform plan's search perplexity (the start) */
+    long token_evals;      /* curves + verification, tokens */
+    double seconds;
+} kv_sens_result;
+void kv_sens_result_free(kv_sens_result *r);
+
+/* Sensitivity planning end to end: curves on the first o->calib_chunks of the n_search search
+ * chunks at ids, knapsack, verification by budgeted perplexity on all search chunks, and up to
+ * o->max_rounds - 1 refinements (re-measure around the kept solution, solve again) while the
+ * search perplexity improves. uniform_ppl: the uniform plan's search perplexity when known
+ * (NaN = measure it). The kept solution is the best of the rounds; it may be the uniform
+ * budgets when no round beat them (then best_round = -1). Fills *r (kv_sens_result_free). */
+int kv_sens_search(kv_engine *e, const kv_model *m, const int *ids, int n_search,
+                   double uniform_ppl, const kv_sens_opts *o, kv_sens_result *r, kv_error *err);
+
+/* Write /sensitivity: levels [K] (blocks; attribute block_size and `tokens` = levels in
+ * tokens), delta_nll and kl ([L, H_kv, K] for one policy, [L, H_kv, Q, K] for several), base
+ * [L, H_kv] tokens, attributes ratio, policy, policies, objective, calibration_tokens,
+ * token_evals, seconds, base_nll, base_kl; /sensitivity/rounds/perplexity and predicted
+ * [rounds], attributes best_round and uniform_perplexity; /sensitivity/budget and
+ * /sensitivity/policy [L, H_kv] (the sensitivity allocation's solution, even when another
+ * allocation won the search). */
+int kv_sens_write(kv_h5 *f, int n_layers, int n_kv_heads, const kv_sens_opts *o,
+                  const kv_sens_result *r, kv_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,696 @@
+/* kvplan sensitivity planning: loss curves by batched perturbation, the multiple-choice
+ * knapsack (GLPK MIP and an exact DP), and the refinement loop. See
+ * include/kvplan/sensitivity.h and DESIGN.md "Sensitivity planning". */
+#include "kvplan/sensitivity.h"
+
+#include <glpk.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvplan/eval.h"
+#include "kvplan/plan.h"
+
+void kv_sens_opts_default(kv_sens_opts *o, const kv_model *m) {
+    memset(o, 0, sizeof *o);
+    o->ratio = 0.5;
+    o->context = m ? m->cfg.seq_len : 256;
+    o->block_size = KV_DEFAULT_BLOCK_SIZE;
+    o->evict_block = KV_DEFAULT_EVICT_BLOCK;
+    o->policy = KV_POLICY_SINK;
+    o->max_levels = 16;
+    o->batch = 32;
+    o->calib_chunks = 2;
+    o->max_rounds = 3;
+    o->objective = KV_SENS_OBJ_KL;
+}
+
+void kv_sens_curves_free(kv_sens_curves *c) {
+    if (!c) return;
+    free(c->levels);
+    free(c->base);
+    free(c->base_policy);
+    free(c->delta_nll);
+    free(c->kl);
+    memset(c, 0, sizeof *c);
+}
+
+void kv_sens_result_free(kv_sens_result *r) {
+    if (!r) return;
+    kv_sens_curves_free(&r->curves);
+    free(r->round_ppl);
+    free(r->round_pred);
+    free(r->round_obj);
+    free(r->budget);
+    free(r->policy);
+    memset(r, 0, sizeof *r);
+}
+
+static int n_pol(const kv_sens_opts *o) {
+    return o->n_policies > 0 ? o->n_policies : 1;
+}
+static kv_policy pol_at(const kv_sens_opts *o, int q) {
+    return o->n_policies > 0 ? o->policies[q] : o->policy;
+}
+/* The lowest block level a head with policy q may have (fixed part + p), in blocks. */
+static int floor_blocks(const kv_sens_opts *o, kv_policy q) {
+    int t = kv_policy_fixed_tokens(q) + o->evict_block;
+    return (t + o->block_size - 1) / o->block_size;
+}
+static int level_tokens(const kv_sens_opts *o, int k) {
+    long t = (long)k * o->block_size;
+    return t > o->context ? o->context : (int)t;
+}
+static int full_blocks(const kv_sens_opts *o) {
+    return (o->context + o->block_size - 1) / o->block_size;
+}
+
+static int check_opts(const kv_sens_opts *o, kv_error *err) {
+    if (!(o->ratio > 0 && o->ratio <= 1))
+        return kv_fail(err, KV_EINPUT, "sensitivity: ratio %g outside (0, 1]", o->ratio);
+    if (o->context < 2 || o->block_size < 1 || o->evict_block < 1 || o->evict_block > o->context)
+        return kv_fail(err, KV_EINPUT, "sensitivity: C %d, b_s %d, p %d are not usable", o->context,
+                       o->block_size, o->evict_block);
+    if (o->n_policies < 0 || o->n_policies > KV_SENS_MAX_POLICIES)
+        return kv_fail(err, KV_EINPUT, "sensitivity: %d candidate policies (at most %d)",
+                       o->n_policies, KV_SENS_MAX_POLICIES);
+    if (o->batch < 1 || o->calib_chunks < 1 || o->max_rounds < 1 || o->max_levels < 2)
+        return kv_fail(err, KV_EINPUT,
+                       "sensitivity: batch, calibration chunks and rounds must be >= 1 and "
+                       "levels >= 2");
+    return KV_OK;
+}
+
+int kv_sens_default_levels(const kv_sens_opts *o, int **levels, int *n_levels, kv_error *err) {
+    *levels = NULL;
+    *n_levels = 0;
+    int rc = check_opts(o, err);
+    if (rc) return rc;
+    int lo = floor_blocks(o, pol_at(o, 0));
+    for (int q = 1; q < n_pol(o); q++) {
+        int f = floor_blocks(o, pol_at(o, q));
+        if (f < lo) lo = f;
+    }
+    int hi = full_blocks(o);
+    if (lo > hi) lo = hi;
+    int all = hi - lo + 1;
+    int cap = all < o->max_levels ? all : o->max_levels;
+    int *v = kv_malloc((size_t)(cap + 1) * sizeof *v, "levels", err);
+    if (!v) return KV_EINTERNAL;
+    int n = 0;
+    if (all <= o->max_levels) {
+        for (int k = lo; k <= hi; k++) v[n++] = k;
+    } else {
+        /* geometric ladder lo .. hi, plus the uniform level, deduplicated and sorted */
+        int uni = (int)floor(o->ratio * o->context / o->block_size);
+        if (uni < lo) uni = lo;
+        int m = o->max_levels - 1;
+        for (int i = 0; i < m; i++) {
+            int k = (int)lround(lo * pow((double)hi / lo, (double)i / (m - 1)));
+            if (n == 0 || k > v[n - 1]) v[n++] = k;
+        }
+        int pos = 0;
+        while (pos < n && v[pos] < uni) pos++;
+        if (pos == n || v[pos] != uni) {
+            memmove(v + pos + 1, v + pos, (size_t)(n - pos) * sizeof *v);
+            v[pos] = uni;
+            n++;
+        }
+    }
+    *levels = v;
+    *n_levels = n;
+    return KV_OK;
+}
+
+/* log-softmax of every row of x [n, V] in place */
+static void log_softmax_rows(float *x, int n, int V) {
+    for (int i = 0; i < n; i++) {
+        float *r = x + (size_t)i * V;
+        float mx = r[0];
+        for (int v = 1; v < V; v++)
+            if (r[v] > mx) mx = r[v];
+        double s = 0;
+        for (int v = 0; v < V; v++) s += exp((double)(r[v] - mx));
+        float lse = (float)(log(s) + mx);
+        for (int v = 0; v < V; v++) r[v] -= lse;
+    }
+}
+
+int kv_sens_measure(kv_engine *e, const kv_model *m, const int *ids, int n_chunks, const int *base,
+                    const kv_policy *base_policy, const int *levels_blocks, int n_levels,
+                    const kv_sens_opts *o, kv_sens_curves *out, kv_error *err) {
+    memset(out, 0, sizeof *out);
+    int rc = check_opts(o, err);
+    if (rc) return rc;
+    if (n_chunks < 1) return kv_fail(err, KV_EINPUT, "sensitivity: no calibration chunk");
+    const int nh = m->cfg.n_layers * m->cfg.n_kv_heads, Q = n_pol(o), C = o->context;
+    const int V = m->cfg.vocab_size;
+    double t0 = kv_now();
+    out->n_heads = nh;
+    out->n_policies = Q;
+    for (int q = 0; q < Q; q++) out->policies[q] = pol_at(o, q);
+    if (levels_blocks) {
+        out->levels = kv_malloc((size_t)n_levels * sizeof *out->levels, "levels", err);
+        if (!out->levels) return KV_EINTERNAL;
+        memcpy(out->levels, levels_blocks, (size_t)n_levels * sizeof *out->levels);
+        out->n_levels = n_levels;
+    } else {
+        rc = kv_sens_default_levels(o, &out->levels, &out->n_levels, err);
+        if (rc) return rc;
+    }
+    const int K = out->n_levels;
+    out->base = kv_malloc((size_t)nh * sizeof *out->base, "base budgets", err);
+    out->base_policy = kv_malloc((size_t)nh * sizeof *out->base_policy, "base policies", err);
+    out->delta_nll = kv_malloc((size_t)nh * Q * K * sizeof *out->delta_nll, "curves", err);
+    out->kl = kv_malloc((size_t)nh * Q * K * sizeof *out->kl, "curves", err);
+    const int B = o->batch;
+    int *set_budget = kv_malloc((size_t)B * nh * sizeof *set_budget, "batch budgets", err);
+    kv_policy *set_policy = kv_malloc((size_t)B * nh * sizeof *set_policy, "batch policies", err);
+    int *pert = kv_malloc((size_t)nh * Q * K * sizeof *pert, "perturbations", err);
+    double *nll = kv_calloc((size_t)nh * Q * K, sizeof *nll, "losses", err);
+    double *kl = kv_calloc((size_t)nh * Q * K, sizeof *kl, "losses", err);
+    float *ref = kv_malloc((size_t)C * V * sizeof *ref, "reference log-probabilities", err);
+    double bnll[1], bkl[1], s_nll[64], s_kl[64];
+    if (!out->base || !out->base_policy || !out->delta_nll || !out->kl || !set_budget ||
+        !set_policy || !pert || !nll || !kl || !ref) {
+        rc = KV_EINTERNAL;
+        goto done;
+    }
+    if (B > 64) {
+        rc = kv_fail(err, KV_EINPUT, "sensitivity: batch %d is more than 64 sequences", B);
+        goto done;
+    }
+    if (base)
+        memcpy(out->base, base, (size_t)nh * sizeof *out->base);
+    else if ((rc = kv_uniform_budgets(nh, o->ratio, C, o->block_size, out->base, NULL, err)))
+        goto done;
+    for (int h = 0; h < nh; h++) {
+        out->base_policy[h] = base_policy ? base_policy[h] : o->policy;
+        int fl = kv_policy_fixed_tokens(out->base_policy[h]) + o->evict_block;
+        if (out->base[h] < C && out->base[h] < fl) {
+            rc = kv_fail(err, KV_EINPUT,
+                         "sensitivity: head %d (layer %d) starts at %d tokens, below the %s "
+                         "floor %d (fixed part + p); pass a larger --ratio or a smaller "
+                         "--evict-block",
+                         h, h / m->cfg.n_kv_heads, out->base[h],
+                         kv_policy_name(out->base_policy[h]), fl);
+            goto done;
+        }
+    }
+    /* which (head, policy, level) runs: not below the policy's floor, not the base itself */
+    int n_pert = 0;
+    for (int h = 0; h < nh; h++)
+        for (int q = 0; q < Q; q++)
+            for (int k = 0; k < K; k++) {
+                int i = (h * Q + q) * K + k, tok = level_tokens(o, out->levels[k]);
+                kv_policy pq = pol_at(o, q);
+                int fl = kv_policy_fixed_tokens(pq) + o->evict_block;
+                out->delta_nll[i] = out->kl[i] = NAN;
+                if (tok < C && tok < fl) continue;
+                if (tok == out->base[h] && pq == out->base_policy[h]) {
+                    out->delta_nll[i] = 0.0; /* the base run itself; kl set below */
+                    continue;
+                }
+                pert[n_pert++] = i;
+            }
+    double base_nll_sum = 0, base_kl_sum = 0;
+    for (int ch = 0; ch < n_chunks && !rc; ch++) {
+        const int *tk = ids + (long)ch * C;
+        /* the full cache's next-token distribution at every position */
+        int seq = -1;
+        rc = kv_engine_seq_open(e, NULL, NULL, &seq, err);
+        if (!rc) rc = kv_engine_prefill(e, seq, tk, C, KV_LOGITS_ALL, ref, NULL, err);
+        if (seq >= 0) kv_engine_seq_close(e, seq);
+        if (rc) break;
+        log_softmax_rows(ref, C, V);
+        const int *bb[1] = {out->base};
+        const kv_policy *bp[1] = {out->base_policy};
+        rc = kv_engine_chunk_score(e, tk, C, 1, bb, bp, ref, bnll, bkl, NULL, err);
+        if (rc) break;
+        base_nll_sum += bnll[0];
+        base_kl_sum += bkl[0];
+        out->token_evals += 2L * C;
+        const int *bptr[64];
+        const kv_policy *pptr[64];
+        for (int b0 = 0; b0 < n_pert && !rc; b0 += B) {
+            int ns = n_pert - b0 < B ? n_pert - b0 : B;
+            for (int s = 0; s < ns; s++) {
+                int i = pert[b0 + s], h = i / (Q * K), q = (i / K) % Q, k = i % K;
+                int *bs = set_budget + (size_t)s * nh;
+                kv_policy *ps = set_policy + (size_t)s * nh;
+                memcpy(bs, out->base, (size_t)nh * sizeof *bs);
+                memcpy(ps, out->base_policy, (size_t)nh * sizeof *ps);
+                bs[h] = level_tokens(o, out->levels[k]);
+                ps[h] = pol_at(o, q);
+                bptr[s] = bs;
+                pptr[s] = ps;
+            }
+            rc = kv_engine_chunk_score(e, tk, C, ns, bptr, pptr, ref, s_nll, s_kl, NULL, err);
+            for (int s = 0; s < ns && !rc; s++) {
+                nll[pert[b0 + s]] += s_nll[s];
+                kl[pert[b0 + s]] += s_kl[s];
+            }
+            out->token_evals += (long)ns * C;
+            if (!rc && o->progress && !o->progress->quiet)
+                kv_progress_print(o->progress, 0,
+                                  "sensitivity: chunk %d/%d, perturbations %d/%d, %.0fs", ch + 1,
+                                  n_chunks, b0 + ns, n_pert, kv_now() - t0);
+        }
+    }
+    if (!rc) {
+        double denom = (double)n_chunks * (C - 1);
+        out->base_nll = base_nll_sum / denom;
+        out->base_kl = base_kl_sum / denom;
+        for (int j = 0; j < n_pert; j++) {
+            int i = pert[j];
+            out->delta_nll[i] = (nll[i] - base_nll_sum) / denom;
+            out->kl[i] = kl[i] / denom;
+        }
+        for (int i = 0; i < nh * Q * K; i++)
+            if (out->delta_nll[i] == 0.0 && isnan(out->kl[i])) out->kl[i] = out->base_kl;
+        out->tokens = (long)n_chunks * C;
+    }
+done:
+    free(set_budget);
+    free(set_policy);
+    free(pert);
+    free(nll);
+    free(kl);
+    free(ref);
+    out->seconds = kv_now() - t0;
+    if (rc) kv_sens_curves_free(out);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- knapsack ---- */
+
+int kv_mckp_solve_dp(int n_items, int n_opts, const double *cost, const int *size, long total,
+                     int *choice, double *objective, kv_error *err) {
+    if (n_items < 1 || n_opts < 1 || total < 0)
+        return kv_fail(err, KV_EINPUT, "knapsack: %d groups of %d options, total %ld", n_items,
+                       n_opts, total);
+    size_t W = (size_t)total + 1;
+    double *dp = kv_malloc((size_t)(n_items + 1) * W * sizeof *dp, "knapsack table", err);
+    int *arg = kv_malloc((size_t)n_items * W * sizeof *arg, "knapsack table", err);
+    if (!dp || !arg) {
+        free(dp);
+        free(arg);
+        return KV_EINTERNAL;
+    }
+    for (size_t w = 0; w < W; w++) dp[w] = w == 0 ? 0.0 : HUGE_VAL;
+    for (int i = 0; i < n_items; i++) {
+        double *prev = dp + (size_t)i * W, *cur = dp + (size_t)(i + 1) * W;
+        int *a = arg + (size_t)i * W;
+        for (size_t w = 0; w < W; w++) {
+            cur[w] = HUGE_VAL;
+            a[w] = -1;
+            for (int k = 0; k < n_opts; k++) {
+                double c = cost[(size_t)i * n_opts + k];
+                int s = size[(size_t)i * n_opts + k];
+                if (!isfinite(c) || s < 0 || (size_t)s > w || !isfinite(prev[w - s])) continue;
+                if (prev[w - s] + c < cur[w]) {
+                    cur[w] = prev[w - s] + c;
+                    a[w] = k;
+                }
+            }
+        }
+    }
+    int rc = KV_OK;
+    double best = dp[(size_t)n_items * W + (size_t)total];
+    if (!isfinite(best)) {
+        rc = kv_fail(err, KV_EINPUT,
+                     "knapsack: no choice of one option per group sums to %ld; the floors are "
+                     "too high or the caps too low for this total",
+                     total);
+    } else {
+        long w = total;
+        for (int i = n_items - 1; i >= 0; i--) {
+            int k = arg[(size_t)i * W + (size_t)w];
+            choice[i] = k;
+            w -= size[(size_t)i * n_opts + k];
+        }
+        if (objective) *objective = best;
+    }
+    free(dp);
+    free(arg);
+    return rc;
+}
+
+int kv_mckp_solve_mip(int n_items, int n_opts, const double *cost, const int *size, long total,
+                      int *choice, double *objective, kv_error *err) {
+    if (n_items < 1 || n_opts < 1 || total < 0)
+        return kv_fail(err, KV_EINPUT, "knapsack: %d groups of %d options, total %ld", n_items,
+                       n_opts, total);
+    /* scale the costs so the largest magnitude is 1000: GLPK's tolerances are absolute */
+    double scale = 0.0;
+    int n_col = 0;
+    for (long i = 0; i < (long)n_items * n_opts; i++)
+        if (isfinite(cost[i])) {
+            if (fabs(cost[i]) > scale) scale = fabs(cost[i]);
+            n_col++;
+        }
+    scale = scale > 0 ? 1000.0 / scale : 1.0;
+    int *col_of = kv_malloc((size_t)n_items * n_opts * sizeof *col_of, "knapsack", err);
+    int *ia = kv_malloc((size_t)(2 * n_col + 1) * sizeof *ia, "knapsack", err);
+    int *ja = kv_malloc((size_t)(2 * n_col + 1) * sizeof *ja, "knapsack", err);
+    double *ar = kv_malloc((size_t)(2 * n_col + 1) * sizeof *ar, "knapsack", err);
+    if (!col_of || !ia || !ja || !ar) {
+        free(col_of);
+        free(ia);
+        free(ja);
+        free(ar);
+        return KV_EINTERNAL;
+    }
+    int old_term = glp_term_out(GLP_OFF);
+    glp_prob *P = glp_create_prob();
+    glp_set_obj_dir(P, GLP_MIN);
+    if (n_col > 0) glp_add_cols(P, n_col);
+    glp_add_rows(P, n_items + 1);
+    for (int i = 0; i < n_items; i++) glp_set_row_bnds(P, 1 + i, GLP_FX, 1.0, 1.0);
+    glp_set_row_bnds(P, n_items + 1, GLP_FX, (double)total, (double)total);
+    int col = 0, ne = 0;
+    for (int i = 0; i < n_items; i++)
+        for (int k = 0; k < n_opts; k++) {
+            long x = (long)i * n_opts + k;
+            col_of[x] = 0;
+            if (!isfinite(cost[x])) continue;
+            col_of[x] = ++col;
+            glp_set_col_kind(P, col, GLP_BV);
+            glp_set_obj_coef(P, col, cost[x] * scale);
+            ++ne, ia[ne] = 1 + i, ja[ne] = col, ar[ne] = 1.0;
+            ++ne, ia[ne] = n_items + 1, ja[ne] = col, ar[ne] = (double)size[x];
+        }
+    glp_load_matrix(P, ne, ia, ja, ar);
+    glp_iocp parm;
+    glp_init_iocp(&parm);
+    parm.presolve = GLP_ON;
+    parm.msg_lev = GLP_MSG_OFF;
+    parm.mip_gap = 0.0;
+    parm.tm_lim = 120000;
+    int ret = n_col > 0 ? glp_intopt(P, &parm) : GLP_ENOPFS;
+    int rc = KV_OK;
+    int st = ret == 0 ? glp_mip_status(P) : GLP_UNDEF;
+    if (ret == GLP_ENOPFS || st == GLP_NOFEAS) {
+        rc = kv_fail(err, KV_EINPUT,
+                     "knapsack: no choice of one option per group sums to %ld; the floors are "
+                     "too high or the caps too low for this total",
+                     total);
+    } else if (ret != 0 || st != GLP_OPT) {
+        rc =
+            kv_fail(err, KV_EINTERNAL, "knapsack: GLPK glp_intopt returned %d, status %d", ret, st);
+    } else {
+        double obj = 0.0;
+        long sum = 0;
+        for (int i = 0; i < n_items && !rc; i++) {
+            choice[i] = -1;
+            for (int k = 0; k < n_opts; k++) {
+                long x = (long)i * n_opts + k;
+                if (col_of[x] && glp_mip_col_val(P, col_of[x]) > 0.5) {
+                    choice[i] = k;
+                    obj += cost[x];
+                    sum += size[x];
+                    break;
+                }
+            }
+            if (choice[i] < 0)
+                rc = kv_fail(err, KV_EINTERNAL, "knapsack: GLPK chose nothing for group %d", i);
+        }
+        if (!rc && sum != total)
+            rc = kv_fail(err, KV_EINTERNAL, "knapsack: GLPK's choice sums to %ld, not %ld", sum,
+                         total);
+        if (!rc && objective) *objective = obj;
+    }
+    glp_delete_prob(P);
+    glp_term_out(old_term);
+    free(col_of);
+    free(ia);
+    free(ja);
+    free(ar);
+    return rc;
+}
+
+/* Objective value of curve point i (NaN when not measured). */
+static double curve_value(const kv_sens_curves *c, kv_sens_objective obj, long i) {
+    if (obj == KV_SENS_OBJ_NLL) return c->delta_nll[i];
+    return isfinite(c->kl[i]) ? c->kl[i] - c->base_kl : NAN;
+}
+
+int kv_sens_allocate(const kv_sens_curves *c, const kv_sens_opts *o, int *budget, kv_policy *policy,
+                     double *predicted, kv_error *err) {
+    int rc = check_opts(o, err);
+    if (rc) return rc;
+    const int nh = c->n_heads, Q = c->n_policies, K = c->n_levels;
+    const int hi = full_blocks(o);
+    int lo = hi;
+    for (int q = 0; q < Q; q++) {
+        int f = floor_blocks(o, c->policies[q]);
+        if (f < lo) lo = f;
+    }
+    const int nk = hi - lo + 1, n_opts = Q * nk;
+    double *cost = kv_malloc((size_t)nh * n_opts * sizeof *cost, "knapsack costs", err);
+    int *size = kv_malloc((size_t)nh * n_opts * sizeof *size, "knapsack sizes", err);
+    int *choice = kv_malloc((size_t)nh * sizeof *choice, "knapsack choice", err);
+    double *px = kv_malloc((size_t)(K + 2) * sizeof *px, "curve", err);
+    double *py = kv_malloc((size_t)(K + 2) * sizeof *py, "curve", err);
+    if (!cost || !size || !choice || !px || !py) {
+        rc = KV_EINTERNAL;
+        goto done;
+    }
+    for (int h = 0; h < nh; h++) {
+        int base_k = (c->base[h] + o->block_size - 1) / o->block_size;
+        for (int q = 0; q < Q; q++) {
+            /* the measured points of this curve (levels ascending), and the base point
+             * (value 0 by definition) when this is the head's base policy */
+            int np = 0, base_in = c->base_policy[h] == c->policies[q];
+            for (int k = 0; k < K; k++) {
+                double v = curve_value(c, o->objective, ((long)h * Q + q) * K + k);
+                if (!isfinite(v) || (base_in && c->levels[k] == base_k)) continue;
+                if (base_in && c->levels[k] > base_k && (np == 0 || px[np - 1] < base_k))
+                    px[np] = base_k, py[np] = 0.0, np++;
+                px[np] = c->levels[k], py[np] = v, np++;
+            }
+            if (base_in && (np == 0 || px[np - 1] < base_k)) px[np] = base_k, py[np] = 0.0, np++;
+            for (int kk = 0; kk < nk; kk++) {
+                int k = lo + kk;
+                long x = (long)h * n_opts + q * nk + kk;
+                size[x] = k;
+                cost[x] = NAN;
+                if (np == 0 || k < px[0] || k > px[np - 1]) continue;
+                int j = 0;
+                while (j + 1 < np && px[j + 1] < k) j++;
+                if (px[j] == k || j + 1 >= np)
+                    cost[x] = py[j];
+                else
+                    cost[x] = py[j] + (py[j + 1] - py[j]) * (k - px[j]) / (px[j + 1] - px[j]);
+            }
+        }
+    }
+    long total = (long)floor(o->ratio * (double)nh * o->context / o->block_size + 1e-9);
+    double obj = 0;
+    rc = kv_mckp_solve_mip(nh, n_opts, cost, size, total, choice, &obj, err);
+    if (rc) {
+        kv_fail_context(err, "sensitivity allocation of %ld blocks of %d tokens", total,
+                        o->block_size);
+        goto done;
+    }
+    for (int h = 0; h < nh; h++) {
+        int q = choice[h] / nk, k = lo + choice[h] % nk;
+        budget[h] = level_tokens(o, k);
+        policy[h] = c->policies[q];
+    }
+    if (predicted) *predicted = obj;
+done:
+    free(cost);
+    free(size);
+    free(choice);
+    free(px);
+    free(py);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- search ---- */
+
+static int search_ppl(kv_engine *e, const int *ids, int n_search, int C, const int *budget,
+                      const kv_policy *policy, double *ppl, long *evals, kv_error *err) {
+    double s = 0;
+    const int *b[1] = {budget};
+    const kv_policy *p[1] = {policy};
+    for (int ch = 0; ch < n_search; ch++) {
+        double v = 0;
+        int rc = kv_engine_chunk_nll(e, ids + (long)ch * C, C, 1, b, p, &v, NULL, err);
+        if (rc) return rc;
+        s += v;
+        *evals += C;
+    }
+    *ppl = kv_perplexity_from_nll(s, (long)n_search * (C - 1));
+    return KV_OK;
+}
+
+int kv_sens_search(kv_engine *e, const kv_model *m, const int *ids, int n_search,
+                   double uniform_ppl, const kv_sens_opts *o, kv_sens_result *r, kv_error *err) {
+    memset(r, 0, sizeof *r);
+    int rc = check_opts(o, err);
+    if (rc) return rc;
+    if (n_search < 1) return kv_fail(err, KV_EINPUT, "sensitivity: no search chunk");
+    double t0 = kv_now();
+    const int nh = m->cfg.n_layers * m->cfg.n_kv_heads, C = o->context;
+    int calib = o->calib_chunks < n_search ? o->calib_chunks : n_search;
+    r->round_ppl = kv_malloc((size_t)o->max_rounds * sizeof *r->round_ppl, "rounds", err);
+    r->round_pred = kv_malloc((size_t)o->max_rounds * sizeof *r->round_pred, "rounds", err);
+    r->budget = kv_malloc((size_t)nh * sizeof *r->budget, "budgets", err);
+    r->policy = kv_malloc((size_t)nh * sizeof *r->policy, "policies", err);
+    r->round_obj = kv_malloc((size_t)o->max_rounds * sizeof *r->round_obj, "rounds", err);
+    int *cand = kv_malloc((size_t)nh * sizeof *cand, "budgets", err);
+    kv_policy *cpol = kv_malloc((size_t)nh * sizeof *cpol, "policies", err);
+    int *cand2 = kv_malloc((size_t)nh * sizeof *cand2, "budgets", err);
+    kv_policy *cpol2 = kv_malloc((size_t)nh * sizeof *cpol2, "policies", err);
+    if (!r->round_ppl || !r->round_pred || !r->round_obj || !r->budget || !r->policy || !cand ||
+        !cpol || !cand2 || !cpol2) {
+        rc = KV_EINTERNAL;
+        goto done;
+    }
+    rc = kv_uniform_budgets(nh, o->ratio, C, o->block_size, r->budget, NULL, err);
+    for (int h = 0; h < nh; h++) r->policy[h] = o->policy;
+    if (!rc && !isfinite(uniform_ppl))
+        rc = search_ppl(e, ids, n_search, C, r->budget, r->policy, &uniform_ppl, &r->token_evals,
+                        err);
+    if (rc) goto done;
+    r->uniform_ppl = uniform_ppl;
+    r->ppl = uniform_ppl;
+    r->best_round = -1;
+    for (int round = 0; round < o->max_rounds && !rc; round++) {
+        kv_sens_curves cur, *cv = &r->curves;
+        if (round == 0) {
+            rc = kv_sens_measure(e, m, ids, calib, NULL, NULL, NULL, 0, o, &r->curves, err);
+        } else {
+            rc = kv_sens_measure(e, m, ids, calib, r->budget, r->policy, r->curves.levels,
+                                 r->curves.n_levels, o, &cur, err);
+            cv = &cur;
+        }
+        if (rc) break;
+        r->token_evals += cv->token_evals;
+        /* one knapsack per objective (KL and NLL for `both`); each distinct solution is
+         * verified on the search chunks and the round keeps the better */
+        double pred = 0, ppl = HUGE_VAL;
+        int obj_used = -1, same = 1;
+        const int n_obj = o->objective == KV_SENS_OBJ_BOTH ? 2 : 1;
+        for (int oi = 0; oi < n_obj && !rc; oi++) {
+            kv_sens_opts oo = *o;
+            oo.objective = n_obj == 2 ? (oi == 0 ? KV_SENS_OBJ_KL : KV_SENS_OBJ_NLL) : o->objective;
+            double pr = 0, pp = NAN;
+            rc = kv_sens_allocate(cv, &oo, cand2, cpol2, &pr, err);
+            if (rc) break;
+            if (oi > 0 && !memcmp(cand2, cand, (size_t)nh * sizeof *cand) &&
+                !memcmp(cpol2, cpol, (size_t)nh * sizeof *cpol))
+                continue; /* the same solution as the first objective's */
+            int unchanged = !memcmp(cand2, r->budget, (size_t)nh * sizeof *cand) &&
+                            !memcmp(cpol2, r->policy, (size_t)nh * sizeof *cpol);
+            if (unchanged)
+                pp = r->ppl;
+            else
+                rc = search_ppl(e, ids, n_search, C, cand2, cpol2, &pp, &r->token_evals, err);
+            if (rc) break;
+            if (oi == 0 || pp < ppl) {
+                ppl = pp;
+                pred = pr;
+                obj_used = oo.objective;
+                same = unchanged;
+                memcpy(cand, cand2, (size_t)nh * sizeof *cand);
+                memcpy(cpol, cpol2, (size_t)nh * sizeof *cpol);
+            }
+        }
+        if (cv != &r->curves) kv_sens_curves_free(cv);
+        if (rc) break;
+        r->round_ppl[round] = ppl;
+        r->round_pred[round] = pred;
+        r->round_obj[round] = obj_used;
+        r->rounds = round + 1;
+        if (o->progress && !o->progress->quiet)
+            kv_progress_print(o->progress, 1,
+                              "sensitivity: round %d: search perplexity %.4f (uniform %.4f, "
+                              "kept %.4f)",
+                              round + 1, ppl, uniform_ppl, r->ppl);
+        if (same || !(ppl < r->ppl)) break;
+        r->ppl = ppl;
+        r->best_round = round;
+        memcpy(r->budget, cand, (size_t)nh * sizeof *cand);
+        memcpy(r->policy, cpol, (size_t)nh * sizeof *cpol);
+    }
+done:
+    free(cand);
+    free(cpol);
+    free(cand2);
+    free(cpol2);
+    r->seconds = kv_now() - t0;
+    if (rc) kv_sens_result_free(r);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- writing ---- */
+
+int kv_sens_write(kv_h5 *f, int n_layers, int n_kv_heads, const kv_sens_opts *o,
+                  const kv_sens_result *r, kv_error *err) {
+    const kv_sens_curves *c = &r->curves;
+    const int Q = c->n_policies, K = c->n_levels;
+    long dk = K, d2[2] = {n_layers, n_kv_heads};
+    long d3[3] = {n_layers, n_kv_heads, K}, d4[4] = {n_layers, n_kv_heads, Q, K};
+    int rc = kv_h5_write_i32(f, "/sensitivity/levels", 1, &dk, c->levels, "blocks", err);
+    int *tok = kv_malloc((size_t)(K > 0 ? K : 1) * sizeof *tok, "levels", err);
+    int *pol = kv_malloc((size_t)c->n_heads * sizeof *pol, "policies", err);
+    if (!tok || !pol) rc = KV_EINTERNAL;
+    for (int k = 0; !rc && k < K; k++) tok[k] = level_tokens(o, c->levels[k]);
+    if (!rc) rc = kv_h5_write_i32(f, "/sensitivity/level_tokens", 1, &dk, tok, "tokens", err);
+    if (!rc)
+        rc = kv_h5_write_f64(f, "/sensitivity/delta_nll", Q > 1 ? 4 : 3, Q > 1 ? d4 : d3,
+                             c->delta_nll, "nats/token", err);
+    if (!rc)
+        rc = kv_h5_write_f64(f, "/sensitivity/kl", Q > 1 ? 4 : 3, Q > 1 ? d4 : d3, c->kl,
+                             "nats/token", err);
+    if (!rc) rc = kv_h5_write_i32(f, "/sensitivity/base", 2, d2, c->base, "tokens", err);
+    if (!rc) rc = kv_h5_write_i32(f, "/sensitivity/budget", 2, d2, r->budget, "tokens", err);
+    for (int h = 0; !rc && h < c->n_heads; h++) pol[h] = (int)r->policy[h];
+    if (!rc) rc = kv_h5_write_i32(f, "/sensitivity/policy", 2, d2, pol, "policy code", err);
+    long dr = r->rounds > 0 ? r->rounds : 0;
+    if (!rc && dr > 0)
+        rc = kv_h5_write_f64(f, "/sensitivity/rounds/perplexity", 1, &dr, r->round_ppl,
+                             "perplexity", err);
+    if (!rc && dr > 0)
+        rc = kv_h5_write_f64(f, "/sensitivity/rounds/predicted", 1, &dr, r->round_pred,
+                             "nats/token (KL or NLL, see objective)", err);
+    if (!rc && dr > 0)
+        rc = kv_h5_write_i32(f, "/sensitivity/rounds/objective", 1, &dr, r->round_obj,
+                             "0 kl, 1 nll", err);
+    char pols[128] = "";
+    for (int q = 0; q < Q; q++) {
+        size_t l = strlen(pols);
+        snprintf(pols + l, sizeof pols - l, "%s%s", q ? "," : "", kv_policy_name(c->policies[q]));
+    }
+    const char *g = "/sensitivity";
+    if (!rc) rc = kv_h5_attr_f64(f, g, "ratio", o->ratio, err);
+    if (!rc) rc = kv_h5_attr_str(f, g, "policy", kv_policy_name(o->policy), err);
+    if (!rc) rc = kv_h5_attr_str(f, g, "policies", pols, err);
+    if (!rc)
+        rc = kv_h5_attr_str(f, g, "objective",
+                            o->objective == KV_SENS_OBJ_KL    ? "kl"
+                            : o->objective == KV_SENS_OBJ_NLL ? "nll"
+                                                              : "both",
+                            err);
+    if (!rc) rc = kv_h5_attr_i64(f, g, "block_size", o->block_size, err);
+    if (!rc) rc = kv_h5_attr_i64(f, g, "evict_block", o->evict_block, err);
+    if (!rc) rc = kv_h5_attr_i64(f, g, "context_length", o->context, err);
+    if (!rc) rc = kv_h5_attr_i64(f, g, "calibration_tokens", c->tokens, err);
+    if (!rc) rc = kv_h5_attr_i64(f, g, "curve_token_evals", c->token_evals, err);
+    if (!rc) rc = kv_h5_attr_f64(f, g, "curve_seconds", c->seconds, err);
+    if (!rc) rc = kv_h5_attr_i64(f, g, "token_evals", r->token_evals, err);
+    if (!rc) rc = kv_h5_attr_f64(f, g, "seconds", r->seconds, err);
+    if (!rc) rc = kv_h5_attr_f64(f, g, "base_nll", c->base_nll, err);
+    if (!rc) rc = kv_h5_attr_f64(f, g, "base_kl", c->base_kl, err);
+    if (!rc) rc = kv_h5_attr_i64(f, g, "rounds", r->rounds, err);
+    if (!rc) rc = kv_h5_attr_i64(f, g, "best_round", r->best_round, err);
+    if (!rc) rc = kv_h5_attr_f64(f, g, "perplexity", r->ppl, err);
+    if (!rc) rc = kv_h5_attr_f64(f, g, "uniform_perplexity", r->uniform_ppl, err);
+    free(tok);
+    free(pol);
+    return rc;
+}

@@ -1,0 +1,646 @@
+/* Faults and hostile inputs (issue 16): a full disk, kill -9 during a write, an output that is
+ * also an input, symlinks planted at temporary names, a read-only directory, stdout on
+ * /dev/full, FIFOs and devices as inputs, HDF5 datasets whose declared shape is far larger
+ * than their file, out-of-range profile values, header fields that used to be undefined
+ * behaviour, and over-long attributes.
+ *
+ * Every case runs the real kvplan binary on the real stories260K model (../shared) and checks
+ * the exit code, the message, and what is left on disk. A full disk is a 64 KiB tmpfs when
+ * this process may mount one (root in a container) and, always, RLIMIT_FSIZE (`ulimit -f`,
+ * with SIGXFSZ ignored), which makes write(2) fail with EFBIG exactly as a full disk fails
+ * with ENOSPC. */
+#include <dirent.h>
+#include <errno.h>
+#include <hdf5.h>
+#include <math.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kvplan/h5io.h"
+#include "kvplan/model.h"
+#include "kvplan/search.h"
+#include "testutil.h"
+
+#define MODEL "stories260K/stories260K.bin"
+
+/* Run a shell script with the kvplan binary as $K in directory tu_tmpdir(); stdout+stderr
+ * into *out (may be NULL). Returns the exit code, or 128 + signal when killed. */
+static int sh(const char *script, char **out) {
+    char cmd[16384];
+    snprintf(cmd, sizeof cmd, "cd '%s' && K='%s' && { %s ; } 2>&1", tu_tmpdir(), KVPLAN_BINARY,
+             script);
+    FILE *p = popen(cmd, "r");
+    if (!p) return -1;
+    size_t cap = 1 << 16, len = 0, got;
+    char *buf = malloc(cap);
+    while (buf && (got = fread(buf + len, 1, cap - len - 1, p)) > 0) {
+        len += got;
+        if (len + 1 >= cap) {
+            char *nb = realloc(buf, cap * 2);
+            if (!nb) break;
+            buf = nb;
+            cap *= 2;
+        }
+    }
+    if (buf) buf[len] = '\0';
+    int st = pclose(p);
+    if (out)
+        *out = buf;
+    else
+        free(buf);
+    if (WIFSIGNALED(st)) return 128 + WTERMSIG(st);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static int has(const char *s, const char *needle) {
+    return s && strstr(s, needle) != NULL;
+}
+
+/* Number of entries in `dir` whose name contains `part`. */
+static int count_named(const char *dir, const char *part) {
+    DIR *d = opendir(dir);
+    if (!d) return -1;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)))
+        if (strstr(e->d_name, part)) n++;
+    closedir(d);
+    return n;
+}
+
+static long file_size(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 ? (long)st.st_size : -1;
+}
+
+static int same_bytes(const char *a, const char *b) {
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "cmp -s '%s' '%s'", a, b);
+    return system(cmd) == 0;
+}
+
+static void write_text(const char *path, const char *s) {
+    FILE *f = fopen(path, "w");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+    fputs(s, f);
+    fclose(f);
+}
+
+/* A plan for stories260K made by the CLI (uniform allocation needs no profile). */
+static const char *make_plan(const char *name) {
+    const char *out = tu_tmp(name);
+    char script[4096];
+    snprintf(script, sizeof script,
+             "$K plan --model '%s' --ratio 0.5 --allocation uniform -o '%s' --quiet >/dev/null",
+             tu_shared("models/" MODEL), out);
+    CU_ASSERT_EQUAL(sh(script, NULL), 0);
+    return out;
+}
+
+/* A quick profile of stories260K (2 prompts of 32 tokens, no hardware probe). */
+static const char *make_profile(const char *name) {
+    const char *out = tu_tmp(name);
+    char script[4096];
+    snprintf(script, sizeof script,
+             "$K profile '%s' --no-hw --prompts 2 --prompt-len 32 --quiet -o '%s'",
+             tu_shared("models/" MODEL), out);
+    CU_ASSERT_EQUAL(sh(script, NULL), 0);
+    return out;
+}
+
+/* ---- disk full ---- */
+
+/* With writes limited to `blocks` x 512 bytes (ulimit -f; SIGXFSZ ignored so that write(2)
+ * returns EFBIG): the command fails with exit 2 and a message, the old file is untouched and
+ * no temporary file is left. Before the fix: exit 139 (HDF5 crashed at exit). */
+static void full_disk_case(const char *what, const char *cmd_fmt) {
+    const char *out = tu_tmp("full-out.h5");
+    write_text(out, "the old file\n");
+    char cmd[4096], script[8192];
+    snprintf(cmd, sizeof cmd, cmd_fmt, tu_shared("models/" MODEL), out);
+    snprintf(script, sizeof script, "trap '' XFSZ; ulimit -f 8; $K %s", cmd);
+    char *o = NULL;
+    int rc = sh(script, &o);
+    if (rc != 2) fprintf(stderr, "\n%s under ulimit -f: exit %d: %s\n", what, rc, o ? o : "");
+    CU_ASSERT_EQUAL(rc, 2);
+    CU_ASSERT_TRUE(has(o, "was not written") && has(o, "File too large"));
+    free(o);
+    CU_ASSERT_EQUAL(file_size(out), 13); /* the old file */
+    CU_ASSERT_EQUAL(count_named(tu_tmpdir(), "full-out.h5.tmp."), 0);
+    remove(out);
+}
+
+static void test_full_disk_rlimit(void) {
+    full_disk_case("plan", "plan --model '%s' --ratio 0.5 --allocation uniform -o '%s' --quiet");
+    full_disk_case("profile", "profile '%s' --no-hw --prompts 2 --prompt-len 32 --quiet -o '%s'");
+}
+
+/* The real thing when this process may mount a tmpfs: 64 KiB, filled to 16 KiB free. */
+static void test_full_disk_tmpfs(void) {
+    const char *dir = tu_tmp("tmpfs-full");
+    mkdir(dir, 0777);
+    if (mount("kvplan-test", dir, "tmpfs", 0, "size=64k") != 0) {
+        fprintf(stderr, "\n  (no tmpfs: mount failed: %s; the RLIMIT_FSIZE case covers it)\n",
+                strerror(errno));
+        rmdir(dir);
+        return;
+    }
+    char script[8192];
+    snprintf(script, sizeof script,
+             "dd if=/dev/zero of='%s/filler' bs=4k count=12 2>/dev/null; "
+             "$K profile '%s' --no-hw --prompts 2 --prompt-len 32 --quiet -o '%s/prof.h5'",
+             dir, tu_shared("models/" MODEL), dir);
+    char *o = NULL;
+    int rc = sh(script, &o);
+    CU_ASSERT_EQUAL(rc, 2);
+    CU_ASSERT_TRUE(has(o, "No space left on device"));
+    CU_ASSERT_FALSE(has(o, "HDF5")); /* no "infinite loop closing library" */
+    free(o);
+    CU_ASSERT_EQUAL(count_named(dir, "prof.h5"), 0);
+    umount2(dir, MNT_DETACH);
+    rmdir(dir);
+}
+
+/* A full disk while a PNG is written: no truncated image is left. */
+static void test_full_disk_png(void) {
+    const char *plan = make_plan("png-plan.h5");
+    const char *dir = tu_tmp("pngs");
+    char script[8192];
+    snprintf(script, sizeof script, "trap '' XFSZ; ulimit -f 8; $K inspect '%s' --png '%s'", plan,
+             dir);
+    char *o = NULL;
+    int rc = sh(script, &o);
+    CU_ASSERT_EQUAL(rc, 2);
+    CU_ASSERT_TRUE(has(o, "File too large"));
+    free(o);
+    CU_ASSERT_EQUAL(count_named(dir, ".png"), 0);
+}
+
+/* ---- kill -9 during a write, stale temporaries ---- */
+
+/* A pid that is certainly not running: a child that has exited and been reaped. */
+static pid_t dead_pid(void) {
+    pid_t p = fork();
+    if (p == 0) _exit(0);
+    waitpid(p, NULL, 0);
+    return p;
+}
+
+static void test_kill_during_write(void) {
+    const char *out = make_plan("killed.h5");
+    long good = file_size(out);
+    CU_ASSERT_TRUE(good > 0);
+    /* kill -9 at several points of a profile run writing over the plan */
+    for (int ms = 30; ms <= 270; ms += 60) {
+        char script[8192];
+        snprintf(script, sizeof script,
+                 "$K profile '%s' --no-hw --prompts 2 --prompt-len 32 --quiet -o '%s' & "
+                 "sleep %d.%03d; kill -9 $! 2>/dev/null; wait $! 2>/dev/null; true",
+                 tu_shared("models/" MODEL), out, ms / 1000, ms % 1000);
+        sh(script, NULL);
+        /* the file under the final name is complete: the old plan or the finished profile */
+        kv_error err = {0};
+        kv_h5 *f = NULL;
+        CU_ASSERT_EQUAL(kv_h5_open_read(out, &f, &err), KV_OK);
+        kv_h5_close(f);
+    }
+    /* temporaries of processes that died (killed mid-write) are removed by the next run;
+     * one of a live process (this one) and symlinks are left alone */
+    char stale1[600], stale2[600], live[600], link[600];
+    snprintf(stale1, sizeof stale1, "%s.tmp.%ld.0123456789ab", out, (long)dead_pid());
+    snprintf(stale2, sizeof stale2, "%s.tmp.%ld", out, (long)dead_pid());
+    snprintf(live, sizeof live, "%s.tmp.%ld.aaaaaaaaaaaa", out, (long)getpid());
+    snprintf(link, sizeof link, "%s.tmp.%ld.bbbbbbbbbbbb", out, (long)dead_pid());
+    write_text(stale1, "half a file");
+    write_text(stale2, "half a file");
+    write_text(live, "being written");
+    CU_ASSERT_EQUAL(symlink(tu_tmp("no-such-target"), link), 0);
+    char script[8192];
+    snprintf(script, sizeof script,
+             "$K plan --model '%s' --ratio 0.5 --allocation uniform -o '%s' --quiet >/dev/null",
+             tu_shared("models/" MODEL), out);
+    CU_ASSERT_EQUAL(sh(script, NULL), 0);
+    struct stat st;
+    CU_ASSERT_NOT_EQUAL(lstat(stale1, &st), 0);
+    CU_ASSERT_NOT_EQUAL(lstat(stale2, &st), 0);
+    CU_ASSERT_EQUAL(lstat(live, &st), 0);
+    CU_ASSERT_EQUAL(lstat(link, &st), 0);
+    remove(live);
+    remove(link);
+    CU_ASSERT_EQUAL(count_named(tu_tmpdir(), "killed.h5.tmp."), 0);
+}
+
+/* ---- output = input ---- */
+
+static void test_output_is_input(void) {
+    const char *model = tu_tmp("m.bin"), *orig = tu_shared("models/" MODEL);
+    char script[8192];
+    snprintf(script, sizeof script, "cp '%s' '%s' && cp '%s' '%s'", orig, model,
+             tu_shared("models/stories260K/tok512.bin"), tu_tmp("tok512.bin"));
+    CU_ASSERT_EQUAL_FATAL(sh(script, NULL), 0);
+    char *o = NULL;
+    /* profile m.bin -o m.bin; also through ./ and a symlink */
+    const char *outs[] = {"m.bin", "./m.bin", "m-link.bin"};
+    CU_ASSERT_EQUAL(symlink("m.bin", tu_tmp("m-link.bin")), 0);
+    for (int i = 0; i < 3; i++) {
+        snprintf(script, sizeof script,
+                 "$K profile m.bin --no-hw --prompts 2 --prompt-len 32 --quiet -o %s", outs[i]);
+        CU_ASSERT_EQUAL(sh(script, &o), 1);
+        CU_ASSERT_TRUE(has(o, "is the input file") && has(o, "m.bin"));
+        free(o);
+        CU_ASSERT_TRUE(same_bytes(model, orig));
+    }
+    /* plan/search --profile P -o P, -o ./P; search -o TEXT */
+    const char *prof = make_profile("p.h5");
+    const char *copy = tu_tmp("p-copy.h5");
+    snprintf(script, sizeof script, "cp '%s' '%s'", prof, copy);
+    sh(script, NULL);
+    snprintf(script, sizeof script,
+             "$K plan --model m.bin --profile p.h5 --ratio 0.5 --allocation baklava --t 0.5 "
+             "--r 0.5 -o ./p.h5 --quiet");
+    CU_ASSERT_EQUAL(sh(script, &o), 1);
+    CU_ASSERT_TRUE(has(o, "is the input file p.h5"));
+    free(o);
+    snprintf(script, sizeof script,
+             "$K search --model m.bin --profile p.h5 --text p.h5 --ratio 0.5 -o p.h5 --quiet");
+    CU_ASSERT_EQUAL(sh(script, &o), 1);
+    CU_ASSERT_TRUE(has(o, "is the input file p.h5"));
+    free(o);
+    CU_ASSERT_TRUE(same_bytes(prof, copy));
+    write_text(tu_tmp("t.txt"), "Once upon a time there was a cat.\n");
+    snprintf(script, sizeof script,
+             "$K search --model m.bin --profile p.h5 --text t.txt --ratio 0.5 -o t.txt --quiet");
+    CU_ASSERT_EQUAL(sh(script, &o), 1);
+    CU_ASSERT_TRUE(has(o, "is the input file t.txt"));
+    free(o);
+    CU_ASSERT_EQUAL(file_size(tu_tmp("t.txt")), 34);
+    /* an existing directory or a device as the output: refused before any work */
+    mkdir(tu_tmp("outdir"), 0777);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    CU_ASSERT_EQUAL(sh("$K search --model m.bin --profile p.h5 --text t.txt --ratio 0.5 -o "
+                       "outdir --quiet",
+                       &o),
+                    1);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    CU_ASSERT_TRUE(has(o, "is a directory"));
+    free(o);
+    CU_ASSERT_TRUE((t1.tv_sec - t0.tv_sec) < 10); /* not after a whole search */
+    /* a non-regular output (a FIFO here: never a real device such as /dev/null, which a
+     * kvplan without this check, run as root, replaces by a regular file) */
+    CU_ASSERT_EQUAL_FATAL(mkfifo(tu_tmp("out-fifo"), 0600), 0);
+    CU_ASSERT_EQUAL(
+        sh("$K plan --model m.bin --ratio 0.5 --allocation uniform -o out-fifo --quiet", &o), 1);
+    CU_ASSERT_TRUE(has(o, "is a FIFO"));
+    free(o);
+    struct stat fs;
+    CU_ASSERT_TRUE(stat(tu_tmp("out-fifo"), &fs) == 0 && S_ISFIFO(fs.st_mode));
+}
+
+/* ---- a symlink planted at the temporary name ---- */
+
+/* The old temporary name was OUT.tmp.<pid>: a child plants that symlink for its own pid and
+ * then execs kvplan (same pid). Before the fix kvplan truncated and wrote the link's target;
+ * now temporary names are random and created with O_EXCL | O_NOFOLLOW. */
+static void test_symlinked_temp(void) {
+    const char *victim = tu_tmp("victim.txt"), *out = tu_tmp("sym-out.h5");
+    write_text(victim, "precious\n");
+    pid_t p = fork();
+    if (p == 0) {
+        char link[700];
+        snprintf(link, sizeof link, "%s.tmp.%ld", out, (long)getpid());
+        if (symlink(victim, link) != 0) _exit(99);
+        int null = open("/dev/null", 1);
+        dup2(null, 1);
+        dup2(null, 2);
+        execl(KVPLAN_BINARY, KVPLAN_BINARY, "plan", "--model", tu_shared("models/" MODEL),
+              "--ratio", "0.5", "--allocation", "uniform", "-o", out, "--quiet", (char *)NULL);
+        _exit(98);
+    }
+    int st = 0;
+    waitpid(p, &st, 0);
+    CU_ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    CU_ASSERT_EQUAL(file_size(victim), 9);
+    kv_error err = {0};
+    kv_h5 *f = NULL;
+    CU_ASSERT_EQUAL(kv_h5_open_read(out, &f, &err), KV_OK);
+    kv_h5_close(f);
+    char link[700];
+    snprintf(link, sizeof link, "%s.tmp.%ld", out, (long)p);
+    struct stat ls;
+    CU_ASSERT_EQUAL(lstat(link, &ls), 0); /* a symlink is never removed or followed */
+    CU_ASSERT_TRUE(S_ISLNK(ls.st_mode));
+    remove(link);
+    /* the library directly: names are fresh each time */
+    char t1[600], t2[600];
+    int fd1 = -1, fd2 = -1;
+    CU_ASSERT_EQUAL(kv_temp_create(out, t1, sizeof t1, &fd1, &err), KV_OK);
+    CU_ASSERT_EQUAL(kv_temp_create(out, t2, sizeof t2, &fd2, &err), KV_OK);
+    CU_ASSERT_STRING_NOT_EQUAL(t1, t2);
+    close(fd1);
+    close(fd2);
+    remove(t1);
+    remove(t2);
+}
+
+/* ---- read-only directory ---- */
+
+static void test_readonly_dir(void) {
+    const char *dir = tu_tmp("ro");
+    mkdir(dir, 0777);
+    int mounted = mount("kvplan-test", dir, "tmpfs", MS_RDONLY, "size=64k") == 0;
+    if (!mounted && geteuid() != 0) chmod(dir, 0555);
+    if (!mounted && geteuid() == 0) {
+        fprintf(stderr, "\n  (root without mount: a read-only directory cannot be made)\n");
+        return;
+    }
+    char script[8192];
+    snprintf(script, sizeof script,
+             "$K plan --model '%s' --ratio 0.5 --allocation uniform -o '%s/plan.h5' --quiet",
+             tu_shared("models/" MODEL), dir);
+    char *o = NULL;
+    CU_ASSERT_EQUAL(sh(script, &o), 1);
+    CU_ASSERT_TRUE(has(o, "cannot write here"));
+    free(o);
+    if (mounted) umount2(dir, MNT_DETACH);
+    chmod(dir, 0777);
+    rmdir(dir);
+}
+
+/* ---- stdout on /dev/full ---- */
+
+static void test_stdout_full(void) {
+    const char *plan = make_plan("stdout-plan.h5");
+    char script[8192];
+    char *o = NULL;
+    const char *cmds[] = {"inspect '%s' --export budgets-tsv", "inspect '%s' --json",
+                          "inspect '%s'"};
+    for (int i = 0; i < 3; i++) {
+        char c[1024];
+        snprintf(c, sizeof c, cmds[i], plan);
+        snprintf(script, sizeof script, "$K %s >/dev/full", c);
+        CU_ASSERT_EQUAL(sh(script, &o), 2);
+        CU_ASSERT_TRUE(has(o, "cannot write to standard output"));
+        free(o);
+    }
+    write_text(tu_tmp("hello.txt"), "Once upon a time\n");
+    snprintf(script, sizeof script, "$K tokenize '%s' --text '%s' >/dev/full",
+             tu_shared("models/" MODEL), tu_tmp("hello.txt"));
+    CU_ASSERT_EQUAL(sh(script, &o), 2);
+    CU_ASSERT_TRUE(has(o, "No space left on device"));
+    free(o);
+    /* the same commands on a working stdout still exit 0 */
+    snprintf(script, sizeof script, "$K inspect '%s' --export budgets-tsv >/dev/null", plan);
+    CU_ASSERT_EQUAL(sh(script, NULL), 0);
+}
+
+/* ---- FIFOs and devices as inputs ---- */
+
+static void test_fifo_inputs(void) {
+    const char *fifo = tu_tmp("fifo");
+    CU_ASSERT_EQUAL_FATAL(mkfifo(fifo, 0600), 0);
+    char script[8192];
+    char *o = NULL;
+    /* timeout: before the fix these waited for a writer forever */
+    const char *cases[][2] = {
+        {"profile '%2$s' --no-hw --quiet -o x.h5", "the model is a FIFO"},
+        {"profile '%1$s' --no-hw --quiet --text '%2$s' -o x.h5", "the text is a FIFO"},
+        {"tokenize '%1$s' --tokenizer '%2$s' --text '%2$s'", "the tokenizer is a FIFO"},
+        {"profile '%1$s' --no-hw --quiet --text /dev/zero -o x.h5", "character device"},
+    };
+    for (int i = 0; i < 4; i++) {
+        char c[2048];
+        snprintf(c, sizeof c, cases[i][0], tu_shared("models/" MODEL), fifo);
+        snprintf(script, sizeof script, "timeout -s KILL 60 $K %s", c);
+        int rc = sh(script, &o);
+        CU_ASSERT_EQUAL(rc, 1);
+        if (!has(o, cases[i][1])) fprintf(stderr, "\n%s: exit %d: %s\n", c, rc, o ? o : "");
+        CU_ASSERT_TRUE(has(o, cases[i][1]));
+        free(o);
+    }
+    remove(fifo);
+}
+
+/* ---- HDF5 datasets declared far larger than their file ---- */
+
+/* A kvplan file whose dataset `path` declares `dims` but stores nothing (chunked, never
+ * written: HDF5 returns fill values for it). */
+static void write_sparse(const char *file, const char *path, int rank, const hsize_t *dims,
+                         const double *sim, int n_sim, const kv_model *m) {
+    kv_error err = {0};
+    kv_h5 *f = NULL;
+    CU_ASSERT_EQUAL_FATAL(kv_h5_create(file, &f, &err), KV_OK);
+    CU_ASSERT_EQUAL(kv_h5_write_provenance(f, "test", m, &err), KV_OK);
+    CU_ASSERT_EQUAL(kv_h5_attr_str(f, "/", "file_kind", "profile", &err), KV_OK);
+    if (sim) {
+        long d1[1] = {n_sim};
+        CU_ASSERT_EQUAL(kv_h5_write_f64(f, "/layers/similarity", 1, d1, sim, "cosine", &err),
+                        KV_OK);
+    }
+    CU_ASSERT_EQUAL_FATAL(kv_h5_commit(f, &err), KV_OK);
+    /* add the sparse dataset with HDF5 directly, as a forger would */
+    hid_t fid = H5Fopen(file, H5F_ACC_RDWR, H5P_DEFAULT);
+    CU_ASSERT_TRUE_FATAL(fid >= 0);
+    hid_t g = H5Gcreate2(fid, "/heads", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    if (g >= 0) H5Gclose(g);
+    hid_t space = H5Screate_simple(rank, dims, NULL);
+    hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+    hsize_t chunk[2] = {1, 1024};
+    H5Pset_chunk(dcpl, rank, rank == 2 ? chunk : chunk + 1);
+    hid_t ds = H5Dcreate2(fid, path, H5T_IEEE_F64LE, space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+    CU_ASSERT_TRUE(ds >= 0);
+    H5Dclose(ds);
+    H5Pclose(dcpl);
+    H5Sclose(space);
+    H5Fclose(fid);
+}
+
+static void test_sparse_datasets(void) {
+    /* 3e8 doubles (2.4 GB) declared in a file of a few KiB: inspect used to take 21 s and
+     * 7.3 GB; now the dataset is refused before allocation and inspect stays quick */
+    const char *file = tu_tmp("sparse.h5");
+    hsize_t big[1] = {300000000};
+    write_sparse(file, "/heads/big", 1, big, NULL, 0, NULL);
+    CU_ASSERT_TRUE(file_size(file) < 100000);
+    kv_error err = {0};
+    kv_h5 *f = NULL;
+    CU_ASSERT_EQUAL_FATAL(kv_h5_open_read(file, &f, &err), KV_OK);
+    int rank = 0;
+    long dims[KV_H5_MAX_RANK];
+    double *v = NULL;
+    CU_ASSERT_EQUAL(kv_h5_read_f64(f, "/heads/big", &rank, dims, &v, &err), KV_EINPUT);
+    CU_ASSERT_PTR_NULL(v);
+    CU_ASSERT_TRUE(has(err.msg, "declares 300000000 elements"));
+    CU_ASSERT_EQUAL(kv_h5_dataset_shape(f, "/heads/big", &rank, dims, &err), KV_OK);
+    CU_ASSERT_EQUAL(rank, 1);
+    CU_ASSERT_EQUAL(dims[0], 300000000L);
+    kv_h5_close(f);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    char script[4096];
+    snprintf(script, sizeof script, "$K inspect '%s' --json >/dev/null", file);
+    int rc = sh(script, NULL);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    CU_ASSERT_TRUE(rc == 0 || rc == 1);
+    CU_ASSERT_TRUE((t1.tv_sec - t0.tv_sec) < 10);
+
+    /* a [5, 6e7] /heads/similarity for a 5-layer model: refused by its shape, unread */
+    const char *prof = tu_tmp("wide-sim.h5");
+    hsize_t wide[2] = {5, 60000000};
+    double ls[5] = {0.9, 0.9, 0.9, 0.9, 0.9};
+    kv_model *m = NULL;
+    CU_ASSERT_EQUAL_FATAL(kv_model_load(tu_shared("models/" MODEL), &m, &err), KV_OK);
+    write_sparse(prof, "/heads/similarity", 2, wide, ls, 5, m);
+    kv_profile_inputs pi;
+    CU_ASSERT_EQUAL(kv_profile_inputs_read(prof, m, &pi, &err), KV_EINPUT);
+    CU_ASSERT_TRUE(has(err.msg, "has shape [5, 60000000], expected [5, 4]"));
+    kv_model_free(m);
+}
+
+/* ---- profile values outside their range ---- */
+
+static void test_profile_ranges(void) {
+    const char *good = make_profile("range-good.h5");
+    kv_error err = {0};
+    kv_model *m = NULL;
+    CU_ASSERT_EQUAL_FATAL(kv_model_load(tu_shared("models/" MODEL), &m, &err), KV_OK);
+    kv_profile_inputs pi;
+    CU_ASSERT_EQUAL_FATAL(kv_profile_inputs_read(good, m, &pi, &err), KV_OK);
+    kv_profile_inputs_free(&pi);
+    /* similarity 1.5 and importance -0.5 for layer 1 head 2: a damaged profile */
+    const char *bad = tu_tmp("range-bad.h5");
+    char script[4096];
+    snprintf(script, sizeof script, "cp '%s' '%s'", good, bad);
+    CU_ASSERT_EQUAL_FATAL(sh(script, NULL), 0);
+    hid_t fid = H5Fopen(bad, H5F_ACC_RDWR, H5P_DEFAULT);
+    CU_ASSERT_TRUE_FATAL(fid >= 0);
+    const char *names[2] = {"/heads/similarity", "/heads/importance"};
+    const double vals[2] = {1.5, -0.5};
+    for (int k = 0; k < 2; k++) {
+        hid_t ds = H5Dopen2(fid, names[k], H5P_DEFAULT);
+        double buf[5 * 4];
+        H5Dread(ds, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf);
+        buf[1 * 4 + 2] = vals[k];
+        H5Dwrite(ds, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf);
+        H5Dclose(ds);
+    }
+    H5Fclose(fid);
+    CU_ASSERT_EQUAL(kv_profile_inputs_read(bad, m, &pi, &err), KV_EINPUT);
+    CU_ASSERT_TRUE(has(err.msg, "layer 1 head 2") && has(err.msg, "outside [0, 1]"));
+    kv_model_free(m);
+}
+
+/* ---- header fields that were undefined behaviour ---- */
+
+static void test_ub_headers(void) {
+    /* llama2.c header with vocab_size INT32_MIN (negating it overflowed) */
+    const char *bin = tu_tmp("intmin.bin");
+    char script[4096];
+    snprintf(script, sizeof script, "cp '%s' '%s' && chmod u+w '%s'", tu_shared("models/" MODEL),
+             bin, bin);
+    CU_ASSERT_EQUAL_FATAL(sh(script, NULL), 0);
+    FILE *f = fopen(bin, "r+b");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+    int32_t v = INT32_MIN;
+    fseek(f, 20, SEEK_SET);
+    fwrite(&v, 4, 1, f);
+    fclose(f);
+    kv_error err = {0};
+    kv_model *m = NULL;
+    CU_ASSERT_EQUAL(kv_model_load(bin, &m, &err), KV_EINPUT);
+    CU_ASSERT_TRUE(has(err.msg, "vocab_size"));
+    /* config.json numbers beyond the integer / float range (1e300) */
+    const char *dir = tu_tmp("hf-huge");
+    snprintf(script, sizeof script, "rm -rf '%s' && cp -r '%s' '%s' && chmod -R u+w '%s'", dir,
+             tu_shared("models/tinystories-656k"), dir, dir);
+    CU_ASSERT_EQUAL_FATAL(sh(script, NULL), 0);
+    const char *fields[] = {"\"hidden_size\"", "\"rope_theta\""};
+    for (int k = 0; k < 2; k++) {
+        char cfg[600];
+        snprintf(cfg, sizeof cfg, "%s/config.json", dir);
+        char *data = NULL;
+        size_t len = 0;
+        snprintf(script, sizeof script, "cp '%s' '%s'",
+                 tu_shared("models/tinystories-656k/config.json"), cfg);
+        sh(script, NULL);
+        CU_ASSERT_EQUAL_FATAL(kv_read_file(cfg, &data, &len, &err), KV_OK);
+        /* replace the field's value (up to the next ',' or '}') by 1e300 */
+        char *p = strstr(data, fields[k]);
+        CU_ASSERT_PTR_NOT_NULL_FATAL(p);
+        char *colon = strchr(p, ':'), *end = colon + 1;
+        while (*end && *end != ',' && *end != '}') end++;
+        f = fopen(cfg, "w");
+        fwrite(data, 1, (size_t)(colon + 1 - data), f);
+        fputs(" 1e300", f);
+        fputs(end, f);
+        fclose(f);
+        free(data);
+        m = NULL;
+        CU_ASSERT_EQUAL(kv_model_load(dir, &m, &err), KV_EINPUT);
+        CU_ASSERT_TRUE(has(err.msg, fields[k] + 1) || has(err.msg, "hidden_size"));
+        if (m) kv_model_free(m);
+    }
+}
+
+/* ---- over-long attributes ---- */
+
+static void test_long_attributes(void) {
+    const char *plan = make_plan("long-attr.h5");
+    char *cmd = malloc(5001);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(cmd);
+    memset(cmd, 'x', 5000);
+    cmd[5000] = '\0';
+    cmd[10] = '\n'; /* and a control character */
+    hid_t fid = H5Fopen(plan, H5F_ACC_RDWR, H5P_DEFAULT);
+    CU_ASSERT_TRUE_FATAL(fid >= 0);
+    H5Adelete(fid, "command");
+    hid_t t = H5Tcopy(H5T_C_S1);
+    H5Tset_size(t, 5001);
+    hid_t sp = H5Screate(H5S_SCALAR);
+    hid_t a = H5Acreate2(fid, "command", t, sp, H5P_DEFAULT, H5P_DEFAULT);
+    H5Awrite(a, t, cmd);
+    H5Aclose(a);
+    H5Sclose(sp);
+    H5Tclose(t);
+    H5Fclose(fid);
+    free(cmd);
+    char script[4096], *o = NULL;
+    snprintf(script, sizeof script, "$K inspect '%s'", plan);
+    CU_ASSERT_EQUAL(sh(script, &o), 0);
+    size_t longest = 0, cur = 0;
+    for (const char *p = o; p && *p; p++) {
+        cur = *p == '\n' ? 0 : cur + 1;
+        if (cur > longest) longest = cur;
+    }
+    CU_ASSERT_TRUE(longest < 500);
+    CU_ASSERT_TRUE(has(o, "more bytes)"));
+    CU_ASSERT_TRUE(has(o, "command: xxxxxxxxxx?xxx"));
+    free(o);
+}
+
+int main(void) {
+    static const tu_test tests[] = {
+        {"disk full (RLIMIT_FSIZE): exit 2, old file kept, no temporary", test_full_disk_rlimit},
+        {"disk full (64 KiB tmpfs)", test_full_disk_tmpfs},
+        {"disk full while writing PNGs: no truncated image", test_full_disk_png},
+        {"kill -9 during a write; stale temporaries removed", test_kill_during_write},
+        {"an output equal to an input is refused", test_output_is_input},
+        {"a symlink at the temporary name is not followed", test_symlinked_temp},
+        {"read-only output directory", test_readonly_dir},
+        {"stdout on /dev/full exits 2", test_stdout_full},
+        {"FIFOs and devices as inputs are refused", test_fifo_inputs},
+        {"datasets declared larger than their file", test_sparse_datasets},
+        {"profile values outside [0, 1]", test_profile_ranges},
+        {"header fields that were undefined behaviour", test_ub_headers},
+        {"over-long attributes are cut in text output", test_long_attributes},
+    };
+    return tu_main("faults", tests, sizeof tests / sizeof tests[0]);
+}

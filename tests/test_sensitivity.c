@@ -1,0 +1,428 @@
+/* Tests of planner/sensitivity.c: the multiple-choice knapsack (GLPK MIP against brute force
+ * and the DP), loss curves measured on the real stories260K model and TinyStories text
+ * (batched perturbations against single runs), the allocation's exact total, the refinement
+ * loop, the /sensitivity records, and `kvplan search --allocation sensitivity`. */
+#include <CUnit/CUnit.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvplan/engine.h"
+#include "kvplan/h5io.h"
+#include "kvplan/model.h"
+#include "kvplan/plan.h"
+#include "kvplan/search.h"
+#include "kvplan/sensitivity.h"
+#include "kvplan/tokenizer.h"
+#include "testutil.h"
+
+#define MODEL "models/stories260K/stories260K.bin"
+#define TEXT "text/tinystories_val_head.txt"
+
+/* ------------------------------------------------------------ knapsack ---- */
+
+/* Exhaustive minimum over every choice (n_opts^n_items), for small instances. */
+static double brute_force(int n, int k, const double *cost, const int *size, long total) {
+    double best = HUGE_VAL;
+    long combos = 1;
+    for (int i = 0; i < n; i++) combos *= k;
+    for (long c = 0; c < combos; c++) {
+        long x = c, sum = 0;
+        double obj = 0;
+        for (int i = 0; i < n; i++, x /= k) {
+            int o = (int)(x % k);
+            obj += cost[i * k + o];
+            sum += size[i * k + o];
+        }
+        if (sum == total && isfinite(obj) && obj < best) best = obj;
+    }
+    return best;
+}
+
+/* Instances from a fixed linear congruential sequence (Numerical Recipes' constants): costs
+ * in [-1, 1] with some options forbidden (NaN), sizes 0..6; every total from 0 to the largest
+ * sum. MIP, DP and brute force agree on feasibility and on the optimum. */
+static void test_mckp_small(void) {
+    unsigned s = 12345u;
+    enum { N = 4, K = 4 };
+    double cost[N * K];
+    int size[N * K], choice[N];
+    for (int inst = 0; inst < 6; inst++) {
+        int maxsum = 0;
+        for (int i = 0; i < N; i++) {
+            int mx = 0;
+            for (int o = 0; o < K; o++) {
+                s = s * 1664525u + 1013904223u;
+                cost[i * K + o] = (double)(s >> 8) / (double)(1u << 24) * 2.0 - 1.0;
+                s = s * 1664525u + 1013904223u;
+                size[i * K + o] = (int)((s >> 16) % 7);
+                if (((s >> 4) & 7) == 0 && o > 0) cost[i * K + o] = NAN;
+                if (size[i * K + o] > mx) mx = size[i * K + o];
+            }
+            maxsum += mx;
+        }
+        for (long total = 0; total <= maxsum + 1; total++) {
+            double bf = brute_force(N, K, cost, size, total);
+            kv_error err = {0};
+            double om = NAN, od = NAN;
+            int rm = kv_mckp_solve_mip(N, K, cost, size, total, choice, &om, &err);
+            if (isfinite(bf)) {
+                CU_ASSERT_EQUAL_FATAL(rm, KV_OK);
+                CU_ASSERT_DOUBLE_EQUAL(om, bf, 1e-9);
+                long sum = 0;
+                double obj = 0;
+                for (int i = 0; i < N; i++) {
+                    sum += size[i * K + choice[i]];
+                    obj += cost[i * K + choice[i]];
+                }
+                CU_ASSERT_EQUAL(sum, total);
+                CU_ASSERT_DOUBLE_EQUAL(obj, bf, 1e-9);
+            } else {
+                CU_ASSERT_EQUAL(rm, KV_EINPUT);
+                CU_ASSERT(strstr(err.msg, "no choice") != NULL);
+            }
+            int rd = kv_mckp_solve_dp(N, K, cost, size, total, choice, &od, &err);
+            CU_ASSERT_EQUAL(rd, isfinite(bf) ? KV_OK : KV_EINPUT);
+            if (isfinite(bf)) CU_ASSERT_DOUBLE_EQUAL(od, bf, 1e-9);
+        }
+    }
+}
+
+/* ------------------------------------------------------------ real curves ---- */
+
+static kv_model *model;
+static int *ids, n_ids;
+static kv_engine *eng;
+static kv_sens_opts so;
+static kv_sens_curves cur;
+
+enum { CTX = 128 };
+
+static void setup_model(void) {
+    kv_error err = {0};
+    CU_ASSERT_EQUAL_FATAL(kv_model_load(tu_shared(MODEL), &model, &err), KV_OK);
+    kv_tokenizer *t = NULL;
+    char *text = NULL;
+    size_t len = 0;
+    CU_ASSERT_EQUAL_FATAL(kv_tokenizer_load(NULL, model, &t, &err), KV_OK);
+    CU_ASSERT_EQUAL_FATAL(kv_read_file(tu_shared(TEXT), &text, &len, &err), KV_OK);
+    if (len > 20000) len = 20000;
+    CU_ASSERT_EQUAL_FATAL(kv_tokenizer_encode(t, text, len, 1, &ids, &n_ids, &err), KV_OK);
+    free(text);
+    kv_tokenizer_free(t);
+    CU_ASSERT_FATAL(n_ids >= 4 * CTX);
+    kv_sens_opts_default(&so, model);
+    so.ratio = 0.25; /* 32 tokens per head of C = 128: 8 blocks of 4, floor 4 + 4 = 2 blocks */
+    so.context = CTX;
+    so.block_size = 4;
+    so.evict_block = 4;
+    so.max_levels = 6;
+    so.batch = 16;
+    so.calib_chunks = 1;
+    kv_plan full;
+    CU_ASSERT_EQUAL_FATAL(kv_plan_full(&model->cfg, CTX, 4, 4, KV_POLICY_SINK, &full, &err), KV_OK);
+    kv_engine_opts eo = {.device = KV_DEVICE_CPU, .max_seqs = 16};
+    CU_ASSERT_EQUAL_FATAL(kv_engine_new(model, &full, &eo, &eng, &err), KV_OK);
+    kv_plan_free(&full);
+}
+
+/* Levels: a geometric ladder from the floor (2 blocks) to C (32 blocks) with the uniform
+ * level 8 in it; curves: NaN-free, zero at the base, KL >= 0, and a perturbation measured in
+ * the batch equals the same budgets scored alone. */
+static void test_curves(void) {
+    CU_ASSERT_PTR_NOT_NULL_FATAL(eng);
+    kv_error err = {0};
+    int *lv = NULL, nl = 0;
+    CU_ASSERT_EQUAL_FATAL(kv_sens_default_levels(&so, &lv, &nl, &err), KV_OK);
+    CU_ASSERT_EQUAL(lv[0], 2);
+    CU_ASSERT_EQUAL(lv[nl - 1], 32);
+    int has_uni = 0;
+    for (int k = 0; k < nl; k++) {
+        has_uni |= lv[k] == 8;
+        if (k) CU_ASSERT(lv[k] > lv[k - 1]);
+    }
+    CU_ASSERT(has_uni);
+    CU_ASSERT(nl <= so.max_levels);
+    free(lv);
+
+    int rc = kv_sens_measure(eng, model, ids, 1, NULL, NULL, NULL, 0, &so, &cur, &err);
+    if (rc) fprintf(stderr, "%s\n", err.msg);
+    CU_ASSERT_EQUAL_FATAL(rc, KV_OK);
+    int nh = cur.n_heads, K = cur.n_levels;
+    CU_ASSERT_EQUAL(nh, 20);
+    CU_ASSERT_EQUAL(cur.tokens, CTX);
+    /* two reference passes plus every non-base level of every head */
+    CU_ASSERT_EQUAL(cur.token_evals, (long)(2 + nh * (K - 1)) * CTX);
+    CU_ASSERT(cur.base_kl > 0.0); /* 32 of 128 tokens per head: the distribution moves */
+    int kb = -1, kf = K - 1;
+    for (int k = 0; k < K; k++)
+        if (cur.levels[k] == 8) kb = k;
+    CU_ASSERT_FATAL(kb >= 0);
+    double sum_full_kl = 0;
+    for (int h = 0; h < nh; h++) {
+        CU_ASSERT_EQUAL(cur.base[h], 32);
+        CU_ASSERT_EQUAL(cur.delta_nll[h * K + kb], 0.0);
+        CU_ASSERT_DOUBLE_EQUAL(cur.kl[h * K + kb], cur.base_kl, 1e-12);
+        for (int k = 0; k < K; k++) {
+            CU_ASSERT(isfinite(cur.delta_nll[h * K + k]));
+            CU_ASSERT(cur.kl[h * K + k] >= 0.0);
+        }
+        sum_full_kl += cur.kl[h * K + kf] - cur.base_kl;
+    }
+    /* giving a head its full cache brings the model closer to the full cache on average */
+    CU_ASSERT(sum_full_kl < 0.0);
+    /* head 13 at level index 1, scored alone (batched rows differ by float rounding only) */
+    int *b = malloc(sizeof(int) * (size_t)nh);
+    for (int i = 0; i < nh; i++) b[i] = 32;
+    b[13] = cur.levels[1] * 4;
+    double nll = 0, base = 0;
+    const int *bp[1] = {b};
+    CU_ASSERT_EQUAL(kv_engine_chunk_nll(eng, ids, CTX, 1, bp, NULL, &nll, NULL, &err), KV_OK);
+    for (int i = 0; i < nh; i++) b[i] = 32;
+    CU_ASSERT_EQUAL(kv_engine_chunk_nll(eng, ids, CTX, 1, bp, NULL, &base, NULL, &err), KV_OK);
+    CU_ASSERT_DOUBLE_EQUAL(cur.base_nll, base / (CTX - 1), 1e-5);
+    CU_ASSERT_DOUBLE_EQUAL(cur.delta_nll[13 * K + 1], (nll - base) / (CTX - 1), 1e-5);
+    free(b);
+}
+
+/* The allocation keeps the uniform total exactly and respects floor and cap; its predicted
+ * objective is what the DP finds on the same measured levels at most (the MIP also uses the
+ * interpolated levels in between, a superset of options). */
+static void test_allocate(void) {
+    CU_ASSERT_PTR_NOT_NULL_FATAL(cur.levels);
+    kv_error err = {0};
+    int nh = cur.n_heads, K = cur.n_levels;
+    int *bud = malloc(sizeof(int) * (size_t)nh);
+    kv_policy *pol = malloc(sizeof(kv_policy) * (size_t)nh);
+    double pred = NAN;
+    CU_ASSERT_EQUAL_FATAL(kv_sens_allocate(&cur, &so, bud, pol, &pred, &err), KV_OK);
+    long sum = 0;
+    int moved = 0;
+    for (int h = 0; h < nh; h++) {
+        sum += bud[h];
+        CU_ASSERT(bud[h] >= 8 && bud[h] <= CTX);
+        CU_ASSERT_EQUAL(bud[h] % 4, 0);
+        CU_ASSERT_EQUAL(pol[h], KV_POLICY_SINK);
+        moved |= bud[h] != 32;
+    }
+    CU_ASSERT_EQUAL(sum, 32L * nh);
+    CU_ASSERT(moved);
+    CU_ASSERT(pred <= 0.0); /* uniform (all zeros) is one of the choices */
+    /* the same knapsack on the measured levels only, by MIP and by DP */
+    double *cost = malloc(sizeof(double) * (size_t)nh * K);
+    int *size = malloc(sizeof(int) * (size_t)nh * K), *ch = malloc(sizeof(int) * (size_t)nh);
+    for (int h = 0; h < nh; h++)
+        for (int k = 0; k < K; k++) {
+            cost[h * K + k] = cur.kl[h * K + k] - cur.base_kl;
+            size[h * K + k] = cur.levels[k];
+        }
+    double om = NAN, od = NAN;
+    CU_ASSERT_EQUAL(kv_mckp_solve_mip(nh, K, cost, size, 8L * nh, ch, &om, &err), KV_OK);
+    CU_ASSERT_EQUAL(kv_mckp_solve_dp(nh, K, cost, size, 8L * nh, ch, &od, &err), KV_OK);
+    CU_ASSERT_DOUBLE_EQUAL(om, od, 1e-9);
+    CU_ASSERT(pred <= om + 1e-9);
+    free(cost);
+    free(size);
+    free(ch);
+    free(bud);
+    free(pol);
+}
+
+/* End to end on 2 search chunks: the kept solution is never worse than uniform on the search
+ * tokens, the rounds are recorded, and /sensitivity is written and read back. */
+static void test_search_and_write(void) {
+    CU_ASSERT_PTR_NOT_NULL_FATAL(eng);
+    kv_error err = {0};
+    kv_sens_opts o = so;
+    o.max_rounds = 2;
+    kv_sens_result r;
+    int rc = kv_sens_search(eng, model, ids, 2, NAN, &o, &r, &err);
+    if (rc) fprintf(stderr, "%s\n", err.msg);
+    CU_ASSERT_EQUAL_FATAL(rc, KV_OK);
+    CU_ASSERT(r.rounds >= 1 && r.rounds <= 2);
+    CU_ASSERT(isfinite(r.uniform_ppl) && r.uniform_ppl > 1.0);
+    CU_ASSERT(r.ppl <= r.uniform_ppl);
+    if (r.best_round >= 0) CU_ASSERT_DOUBLE_EQUAL(r.ppl, r.round_ppl[r.best_round], 1e-12);
+    long sum = 0;
+    for (int h = 0; h < r.curves.n_heads; h++) sum += r.budget[h];
+    CU_ASSERT_EQUAL(sum, 32L * r.curves.n_heads);
+    kv_h5 *f = NULL;
+    const char *path = tu_tmp("sens.h5");
+    CU_ASSERT_EQUAL_FATAL(kv_h5_create(path, &f, &err), KV_OK);
+    rc = kv_h5_write_provenance(f, "test_sensitivity", model, &err);
+    if (!rc) rc = kv_sens_write(f, 5, 4, &o, &r, &err);
+    CU_ASSERT_EQUAL(rc, KV_OK);
+    CU_ASSERT_EQUAL_FATAL(rc ? (kv_h5_abort(f), rc) : kv_h5_commit(f, &err), KV_OK);
+    CU_ASSERT_EQUAL_FATAL(kv_h5_open_read(path, &f, &err), KV_OK);
+    int rank = 0;
+    long dims[KV_H5_MAX_RANK];
+    double *d = NULL;
+    CU_ASSERT_EQUAL(kv_h5_read_f64(f, "/sensitivity/kl", &rank, dims, &d, &err), KV_OK);
+    CU_ASSERT_EQUAL(rank, 3);
+    CU_ASSERT(dims[0] == 5 && dims[1] == 4 && dims[2] == r.curves.n_levels);
+    if (d) CU_ASSERT_DOUBLE_EQUAL(d[7], r.curves.kl[7], 0.0);
+    free(d);
+    double ratio = 0;
+    CU_ASSERT_EQUAL(kv_h5_read_attr_f64(f, "/sensitivity", "ratio", &ratio, &err), KV_OK);
+    CU_ASSERT_EQUAL(ratio, 0.25);
+    kv_h5_close(f);
+    kv_sens_result_free(&r);
+}
+
+/* Heads may choose their policy: with candidates sink and h2o, h2o's floor is p = 4 tokens
+ * (1 block) and sink's 4 sinks + p (2 blocks), so level 1 is measured for h2o only; the base
+ * point (sink at 8 blocks) is zero and h2o at the same level is a real, different run. */
+static void test_policy_choice(void) {
+    CU_ASSERT_PTR_NOT_NULL_FATAL(eng);
+    kv_error err = {0};
+    kv_sens_opts o = so;
+    o.n_policies = 2;
+    o.policies[0] = KV_POLICY_SINK;
+    o.policies[1] = KV_POLICY_H2O;
+    const int lv[3] = {1, 8, 32};
+    kv_sens_curves c;
+    int rc = kv_sens_measure(eng, model, ids, 1, NULL, NULL, lv, 3, &o, &c, &err);
+    if (rc) fprintf(stderr, "%s\n", err.msg);
+    CU_ASSERT_EQUAL_FATAL(rc, KV_OK);
+    CU_ASSERT_EQUAL(c.n_policies, 2);
+    int differ = 0;
+    for (int h = 0; h < c.n_heads; h++) {
+        const double *sink = c.delta_nll + (size_t)h * 2 * 3, *h2o = sink + 3;
+        CU_ASSERT(isnan(sink[0])); /* 4 tokens: below sink's floor of 8 */
+        CU_ASSERT(isfinite(h2o[0]));
+        CU_ASSERT_EQUAL(sink[1], 0.0);
+        CU_ASSERT(isfinite(h2o[1]));
+        differ |= h2o[1] != 0.0;
+    }
+    CU_ASSERT(differ);
+    int *bud = malloc(sizeof(int) * (size_t)c.n_heads);
+    kv_policy *pol = malloc(sizeof(kv_policy) * (size_t)c.n_heads);
+    CU_ASSERT_EQUAL(kv_sens_allocate(&c, &o, bud, pol, NULL, &err), KV_OK);
+    long sum = 0;
+    for (int h = 0; h < c.n_heads; h++) {
+        sum += bud[h];
+        CU_ASSERT(pol[h] == KV_POLICY_SINK || pol[h] == KV_POLICY_H2O);
+        CU_ASSERT(bud[h] >= kv_policy_fixed_tokens(pol[h]) + 4);
+    }
+    CU_ASSERT_EQUAL(sum, 32L * c.n_heads);
+    free(bud);
+    free(pol);
+    kv_sens_curves_free(&c);
+}
+
+/* The search with sensitivity on and the uniform grid: the sensitivity solution wins on the
+ * search tokens only when it beats uniform there, the held-out figures exist, and the plan
+ * file carries the allocation, the per-head policies and the curves. */
+static void test_search_run(void) {
+    CU_ASSERT_PTR_NOT_NULL_FATAL(model);
+    kv_error err = {0};
+    kv_search_opts o;
+    kv_search_opts_default(&o, model);
+    o.allocation = KV_ALLOC_UNIFORM;
+    o.ratio = 0.25;
+    o.context = CTX;
+    o.block_size = 4;
+    o.evict_block = 4;
+    o.eval_tokens = 2 * CTX;
+    o.heldout_tokens = CTX;
+    o.device = KV_DEVICE_CPU;
+    o.sensitivity = 1;
+    o.sens.calib_chunks = 1;
+    o.sens.max_levels = 5;
+    o.sens.max_rounds = 2;
+    o.sens.batch = 16;
+    kv_search_result r;
+    int rc = kv_search_run(model, NULL, ids, n_ids, &o, &r, &err);
+    if (rc) fprintf(stderr, "%s\n", err.msg);
+    CU_ASSERT_EQUAL_FATAL(rc, KV_OK);
+    CU_ASSERT(r.have_sens);
+    CU_ASSERT_EQUAL(r.winner_sens, r.sens_ppl < r.base_ppl[1]);
+    CU_ASSERT(isfinite(r.sens_heldout) && isfinite(r.grid_heldout));
+    CU_ASSERT_DOUBLE_EQUAL(r.grid_heldout, r.heldout_ppl[2], 1e-12); /* the grid is uniform */
+    CU_ASSERT_EQUAL(r.identical_to_uniform, !r.winner_sens);
+    kv_alloc_params ap;
+    kv_alloc_params_default(&ap);
+    ap.kind = KV_ALLOC_UNIFORM;
+    ap.ratio = 0.25;
+    ap.context = CTX;
+    ap.block_size = 4;
+    ap.min_tokens = 8;
+    CU_ASSERT_EQUAL_FATAL(kv_plan_file_write(tu_tmp("run.h5"), "test", NULL, model, &ap,
+                                             KV_POLICY_SINK, 4, r.tokens, &o, &r, &err),
+                          KV_OK);
+    kv_plan p;
+    CU_ASSERT_EQUAL_FATAL(kv_plan_read(tu_tmp("run.h5"), &p, &err), KV_OK);
+    CU_ASSERT_STRING_EQUAL(p.allocation, r.winner_sens ? "sensitivity" : "uniform");
+    for (int h = 0; h < p.n_layers * p.n_kv_heads; h++) CU_ASSERT_EQUAL(p.budget[h], r.tokens[h]);
+    kv_plan_free(&p);
+    kv_h5 *f = NULL;
+    CU_ASSERT_EQUAL_FATAL(kv_h5_open_read(tu_tmp("run.h5"), &f, &err), KV_OK);
+    CU_ASSERT(kv_h5_exists(f, "/sensitivity/delta_nll"));
+    CU_ASSERT(kv_h5_exists(f, "/sensitivity/rounds/perplexity"));
+    long ident = -1;
+    CU_ASSERT_EQUAL(kv_h5_read_attr_i64(f, "/", "identical_to_uniform", &ident, &err), KV_OK);
+    CU_ASSERT_EQUAL(ident, r.identical_to_uniform);
+    kv_h5_close(f);
+    kv_search_result_free(&r);
+}
+
+/* The CLI: --allocation sensitivity writes a plan with per-head policies and curves; a ratio
+ * that leaves no room is refused with the values to pass. */
+static void test_cli(void) {
+    char args[2048], *out = NULL;
+    snprintf(args, sizeof args,
+             "search --model %s --text %s --ratio 0.25 --context 128 --allocation sensitivity "
+             "--eval-tokens 256 --heldout-tokens 128 --calib-chunks 1 --sens-levels 5 "
+             "--sens-rounds 1 --quiet -o %s",
+             tu_shared(MODEL), tu_shared(TEXT), tu_tmp("cli.h5"));
+    int rc = tu_run_kvplan(args, &out, 1);
+    if (rc) fprintf(stderr, "%s\n", out ? out : "");
+    CU_ASSERT_EQUAL(rc, 0);
+    /* R * C = 32 tokens per head: b_s = p = 4 is the largest with 8 blocks per head */
+    CU_ASSERT(out && strstr(out, "b_s 4, p 4"));
+    free(out);
+    kv_plan p;
+    kv_error err = {0};
+    CU_ASSERT_EQUAL_FATAL(kv_plan_read(tu_tmp("cli.h5"), &p, &err), KV_OK);
+    CU_ASSERT_EQUAL(p.schema_version, 2);
+    CU_ASSERT_EQUAL(kv_plan_total_tokens(&p), 32L * 20);
+    kv_plan_free(&p);
+    snprintf(args, sizeof args,
+             "search --model %s --text %s --ratio 0.02 --context 128 --allocation sensitivity "
+             "--quiet -o %s",
+             tu_shared(MODEL), tu_shared(TEXT), tu_tmp("no.h5"));
+    out = NULL;
+    CU_ASSERT_NOT_EQUAL(tu_run_kvplan(args, &out, 1), 0);
+    CU_ASSERT(out && strstr(out, "--block-size 1 --evict-block 1"));
+    free(out);
+    /* a uniform plan says so on stderr */
+    snprintf(args, sizeof args,
+             "search --model %s --text %s --ratio 0.25 --context 128 --allocation uniform "
+             "--eval-tokens 128 --heldout-tokens 0 --quiet -o %s",
+             tu_shared(MODEL), tu_shared(TEXT), tu_tmp("uni.h5"));
+    out = NULL;
+    CU_ASSERT_EQUAL(tu_run_kvplan(args, &out, 1), 0);
+    CU_ASSERT(out && strstr(out, "identical to the uniform plan"));
+    free(out);
+}
+
+static void teardown(void) {
+    kv_sens_curves_free(&cur);
+    kv_engine_free(eng);
+    free(ids);
+    kv_model_free(model);
+}
+
+int main(void) {
+    static const tu_test tests[] = {{"mckp_small", test_mckp_small},
+                                    {"setup_model", setup_model},
+                                    {"curves", test_curves},
+                                    {"allocate", test_allocate},
+                                    {"search_and_write", test_search_and_write},
+                                    {"policy_choice", test_policy_choice},
+                                    {"search_run", test_search_run},
+                                    {"cli", test_cli},
+                                    {"teardown", teardown}};
+    return tu_main("sensitivity", tests, sizeof tests / sizeof tests[0]);
+}
