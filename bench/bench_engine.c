@@ -57,6 +57,14 @@ static float *rand_tensor(kv_model *m, size_t n, float scale, uint64_t *s, kv_er
     return kv_model_adopt(m, p, err) ? NULL : p;
 }
 
+/* A random fp32 weight matrix as a kv_weight; 0 on failure (err set). */
+static int rand_weight(kv_model *m, kv_weight *dst, size_t n, float scale, uint64_t *s,
+                       kv_error *err) {
+    const float *p = rand_tensor(m, n, scale, s, err);
+    if (p) *dst = kv_weight_f32(p);
+    return p != NULL;
+}
+
 /* A Llama-shaped model with uniform(-1/sqrt(in), 1/sqrt(in)) weights and unit norms. */
 static kv_model *synthetic_model(int dim, int layers, int heads, int kv_heads, int hidden,
                                  int vocab, int seq_len, uint64_t seed, kv_error *err) {
@@ -75,20 +83,20 @@ static kv_model *synthetic_model(int dim, int layers, int heads, int kv_heads, i
            F = (size_t)hidden;
     float sd = 1.0f / sqrtf((float)dim), sf = 1.0f / sqrtf((float)hidden);
     int ok = kv_config_check(c, "synthetic model", err) == KV_OK;
-    ok = ok && (m->tok_emb = rand_tensor(m, (size_t)vocab * D, 1.0f, &s, err));
-    ok = ok && (m->classifier = rand_tensor(m, (size_t)vocab * D, sd, &s, err));
+    ok = ok && rand_weight(m, &m->tok_emb, (size_t)vocab * D, 1.0f, &s, err);
+    ok = ok && rand_weight(m, &m->classifier, (size_t)vocab * D, sd, &s, err);
     ok = ok && (m->final_norm = rand_tensor(m, D, -1.0f, &s, err));
     for (int l = 0; ok && l < layers; l++) {
         kv_layer_weights *w = &m->layers[l];
         ok = ok && (w->attn_norm = rand_tensor(m, D, -1.0f, &s, err));
         ok = ok && (w->ffn_norm = rand_tensor(m, D, -1.0f, &s, err));
-        ok = ok && (w->wq = rand_tensor(m, Q * D, sd, &s, err));
-        ok = ok && (w->wk = rand_tensor(m, KV * D, sd, &s, err));
-        ok = ok && (w->wv = rand_tensor(m, KV * D, sd, &s, err));
-        ok = ok && (w->wo = rand_tensor(m, D * Q, 1.0f / sqrtf((float)Q), &s, err));
-        ok = ok && (w->w_gate = rand_tensor(m, F * D, sd, &s, err));
-        ok = ok && (w->w_up = rand_tensor(m, F * D, sd, &s, err));
-        ok = ok && (w->w_down = rand_tensor(m, D * F, sf, &s, err));
+        ok = ok && rand_weight(m, &w->wq, Q * D, sd, &s, err);
+        ok = ok && rand_weight(m, &w->wk, KV * D, sd, &s, err);
+        ok = ok && rand_weight(m, &w->wv, KV * D, sd, &s, err);
+        ok = ok && rand_weight(m, &w->wo, D * Q, 1.0f / sqrtf((float)Q), &s, err);
+        ok = ok && rand_weight(m, &w->w_gate, F * D, sd, &s, err);
+        ok = ok && rand_weight(m, &w->w_up, F * D, sd, &s, err);
+        ok = ok && rand_weight(m, &w->w_down, D * F, sf, &s, err);
     }
     if (!ok) {
         kv_model_free(m);

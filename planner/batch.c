@@ -31,7 +31,7 @@ void kv_batch_config_from_model(const kv_model *m, double p, kv_batch_config *c)
     c->ffn_hidden = k->hidden_dim;
     c->vocab = k->vocab_size;
     c->n_params = (double)kv_model_param_count(m);
-    c->read_params = (double)kv_model_weight_bytes(m) / 4.0; /* it counts fp32 bytes */
+    c->read_params = (double)kv_model_read_param_count(m);
     c->weight_bytes = p;
     c->dtype_bytes = p;
     c->block_size = 16;

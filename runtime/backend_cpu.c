@@ -21,8 +21,9 @@ typedef struct cpu_backend {
     float *hb, *hb2;            /* [rows, hidden] */
     float *rope_cos, *rope_sin; /* [max_ctx, d_h/2] */
     int n_threads;
-    float *scores; /* [n_threads, max_ctx] */
-    float *gather; /* [rows, dim] rows selected for logits */
+    float *scores;    /* [n_threads, max_ctx] */
+    float *gather;    /* [rows, dim] rows selected for logits */
+    kv_op_scratch mm; /* dequantised weight tiles of the typed matmuls (prefill, issue 14) */
 } cpu_backend;
 
 static cpu_backend *cpu(kv_backend *b) {
@@ -45,6 +46,7 @@ static void cpu_destroy(kv_backend *b) {
     free(c->rope_sin);
     free(c->scores);
     free(c->gather);
+    free(c->mm.p);
     free(c);
 }
 
@@ -66,9 +68,8 @@ static int cpu_embed(kv_backend *b, const int *tokens, int rows, kv_error *err) 
     cpu_backend *c = cpu(b);
     const kv_model *m = b->model;
     int dim = m->cfg.dim;
-    for (int r = 0; r < rows; r++)
-        memcpy(c->x + (size_t)r * dim, m->tok_emb + (size_t)tokens[r] * dim,
-               (size_t)dim * sizeof(float));
+    for (int r = 0; r < rows; r++) /* the row in the embedding's own type, dequantised */
+        kv_weight_row(m->tok_emb, dim, tokens[r], c->x + (size_t)r * dim);
     return KV_OK;
 }
 
@@ -80,9 +81,9 @@ static int cpu_qkv(kv_backend *b, int layer, int rows, const int *pos, kv_error 
     int dim = cfg->dim, hd = cfg->head_dim, H = cfg->n_heads, Hkv = cfg->n_kv_heads;
     int qd = H * hd, kvd = Hkv * hd, half = hd / 2;
     kv_op_rmsnorm(c->xb, c->x, w->attn_norm, rows, dim, cfg->norm_eps);
-    kv_op_matmul(c->q, c->xb, w->wq, rows, dim, qd);
-    kv_op_matmul(c->k, c->xb, w->wk, rows, dim, kvd);
-    kv_op_matmul(c->v, c->xb, w->wv, rows, dim, kvd);
+    kv_op_matmul(c->q, c->xb, w->wq, rows, dim, qd, &c->mm);
+    kv_op_matmul(c->k, c->xb, w->wk, rows, dim, kvd, &c->mm);
+    kv_op_matmul(c->v, c->xb, w->wv, rows, dim, kvd, &c->mm);
     kv_op_add_bias(c->q, w->bq, rows, qd);
     kv_op_add_bias(c->k, w->bk, rows, kvd);
     kv_op_add_bias(c->v, w->bv, rows, kvd);
@@ -250,7 +251,7 @@ static int cpu_out_residual(kv_backend *b, int layer, int rows, const kv_hooks *
     cpu_backend *c = cpu(b);
     const kv_config *cfg = &b->model->cfg;
     int dim = cfg->dim, qd = cfg->n_heads * cfg->head_dim;
-    kv_op_matmul(c->xb2, c->o, b->model->layers[layer].wo, rows, qd, dim);
+    kv_op_matmul(c->xb2, c->o, b->model->layers[layer].wo, rows, qd, dim, &c->mm);
     if (hooks && hooks->after_attn) {
         memcpy(c->xin, c->x, (size_t)rows * dim * sizeof(float));
         hooks->after_attn(hooks->user, layer, rows, c->xin, c->o, c->v, c->xb2);
@@ -262,7 +263,8 @@ static int cpu_out_residual(kv_backend *b, int layer, int rows, const kv_hooks *
 static int cpu_ffn(kv_backend *b, int layer, int rows, const kv_hooks *hooks, kv_error *err) {
     (void)err;
     cpu_backend *c = cpu(b);
-    kv_op_ffn_residual(&b->model->layers[layer], &b->model->cfg, c->x, c->xb, c->hb, c->hb2, rows);
+    kv_op_ffn_residual(&b->model->layers[layer], &b->model->cfg, c->x, c->xb, c->hb, c->hb2, rows,
+                       &c->mm);
     if (hooks && hooks->after_block) hooks->after_block(hooks->user, layer, rows, c->x);
     return KV_OK;
 }
@@ -281,7 +283,7 @@ static int cpu_logits(kv_backend *b, const int *rows, int n_sel, float *out, kv_
         for (int i = 0; i < n_sel; i++)
             kv_op_rmsnorm(c->gather + (size_t)i * dim, c->x + (size_t)rows[i] * dim, m->final_norm,
                           1, dim, m->cfg.norm_eps);
-    kv_op_matmul(out, c->gather, m->classifier, n_sel, dim, m->cfg.vocab_size);
+    kv_op_matmul(out, c->gather, m->classifier, n_sel, dim, m->cfg.vocab_size, &c->mm);
     return KV_OK;
 }
 
@@ -329,8 +331,10 @@ int kv_backend_cpu_new(const kv_model *m, int max_rows, int max_ctx, kv_backend 
     c->rope_cos = malloc((size_t)max_ctx * half * sizeof(float));
     c->rope_sin = malloc((size_t)max_ctx * half * sizeof(float));
     c->scores = malloc((size_t)c->n_threads * (size_t)max_ctx * sizeof(float));
+    c->mm.n = kv_model_matmul_scratch(m, max_rows);
+    c->mm.p = c->mm.n ? malloc(c->mm.n * sizeof(float)) : NULL;
     if (!c->x || !c->xb || !c->xb2 || !c->xin || !c->gather || !c->q || !c->o || !c->k || !c->v ||
-        !c->hb || !c->hb2 || !c->rope_cos || !c->rope_sin || !c->scores) {
+        !c->hb || !c->hb2 || !c->rope_cos || !c->rope_sin || !c->scores || (c->mm.n && !c->mm.p)) {
         kv_backend_free(&c->base);
         return kv_fail(err, KV_EINTERNAL, "out of memory (CPU backend, %d rows)", max_rows);
     }

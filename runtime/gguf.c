@@ -1,22 +1,24 @@
 /* GGUF model loader (ggml docs/gguf.md; the container itself is read by runtime/gguf_meta.c).
  *
  * A ggml tensor with ne = [in, out] is the row-major matrix [out, in], the kv_model layout.
- * F32 tensors are used in place from the memory map; F16, BF16 and Q8_0 (blocks of 32: fp16
- * scale d, 32 int8 q; x = d * q) are dequantised on load into buffers the model owns. GGUF
- * conversions of llama models permute the Q and K rows for RoPE on adjacent pairs
- * (KV_ROPE_ADJACENT); qwen2 conversions keep the rotate-half layout (KV_ROPE_HALF).
+ * Weight matrices stay in their file's type (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
+ * Q4_K, Q5_K, Q6_K; layouts: include/kvplan/quant.h), in place in the memory map (issue 14);
+ * norms and biases in another type than F32 are dequantised on load (runtime/quant.c) into
+ * buffers the model owns. GGUF conversions of llama models permute the Q and K rows for RoPE
+ * on adjacent pairs (KV_ROPE_ADJACENT); qwen2 conversions keep the rotate-half layout
+ * (KV_ROPE_HALF).
  *
  * The parsed file (kv_gguf, owning the memory map the F32 weights point into) is kept in
  * model->gguf; the tokenizer reads the embedded vocabulary from it (runtime/tokenizer_gguf.c).
  * This loader never builds a tokenizer.
  */
 #include "kvplan/model.h"
+#include "kvplan/quant.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "f16.h"
 #include "gguf_meta.h"
 
 /* Seconds the last load of `m` spent dequantising (0 for other formats). For measurements. */
@@ -26,12 +28,16 @@ double kv_gguf_dequant_seconds(const kv_model *m) {
     return g ? g->dequant_s : 0.0;
 }
 
-/* fp32 view of tensor `name` expected to be [rows, cols] row-major (ne = [cols, rows]; a 1-D
- * tensor has rows = 1). F32 data is used in place; others are dequantised into a buffer the
- * model adopts. *out = NULL and KV_OK when the tensor is absent and optional. */
+/* Tensor `name` expected to be [rows, cols] row-major (ne = [cols, rows]; a 1-D tensor has
+ * rows = 1). With `wout` (matrices): the tensor in its own type, in place in the memory map
+ * (issue 14: weights stay in their file's type). With `out` (norms, biases): an fp32 view, F32
+ * in place, other types dequantised into a buffer the model adopts. Absent and optional: NULL
+ * data and KV_OK. */
 static int get_weight(kv_model *m, kv_gguf *g, const char *name, uint64_t rows, uint64_t cols,
-                      int optional, const char *why, const float **out, kv_error *err) {
-    *out = NULL;
+                      int optional, const char *why, const float **out, kv_weight *wout,
+                      kv_error *err) {
+    if (out) *out = NULL;
+    if (wout) wout->data = NULL, wout->type = KV_DT_F32;
     const kv_gguf_tensor *t = kv_gguf_find_tensor(g, name);
     if (!t) {
         if (optional) return KV_OK;
@@ -58,37 +64,28 @@ static int get_weight(kv_model *m, kv_gguf *g, const char *name, uint64_t rows, 
     }
     const unsigned char *src = g->base + g->data_start + t->offset;
     size_t n = (size_t)(rows * cols);
-    if (t->type == KV_GGML_F32 && ((uintptr_t)src % sizeof(float)) == 0) {
+    if (wout && (t->type != KV_DT_F32 || ((uintptr_t)src % sizeof(float)) == 0)) {
+        wout->data = src; /* kv_gguf_open checked the type and the row's whole blocks */
+        wout->type = (kv_dtype)t->type;
+        return KV_OK;
+    }
+    if (t->type == KV_DT_F32 && ((uintptr_t)src % sizeof(float)) == 0) {
         *out = (const float *)(const void *)src;
         return KV_OK;
     }
     float *dst = kv_malloc(n * sizeof *dst, name, err);
     if (!dst) return KV_EINTERNAL;
     double t0 = kv_now();
-    switch (t->type) {
-    case KV_GGML_F32:
-        memcpy(dst, src, n * sizeof *dst);
-        break;
-    case KV_GGML_F16:
-        for (size_t i = 0; i < n; i++) dst[i] = kv_f16_to_f32(kv_load_u16le(src + 2 * i));
-        break;
-    case KV_GGML_BF16:
-        for (size_t i = 0; i < n; i++) dst[i] = kv_bf16_to_f32(kv_load_u16le(src + 2 * i));
-        break;
-    case KV_GGML_Q8_0:
-        for (size_t b = 0; b < n / 32; b++) {
-            const unsigned char *blk = src + b * 34;
-            float d = kv_f16_to_f32(kv_load_u16le(blk));
-            for (int j = 0; j < 32; j++) dst[b * 32 + (size_t)j] = d * (float)(int8_t)blk[2 + j];
-        }
-        break;
-    default: /* tensor_nbytes refused other types */
+    if (kv_dequantize_row((kv_dtype)t->type, src, dst, (int64_t)n, err)) {
         free(dst);
-        return kv_fail(err, KV_EINTERNAL, "%s: tensor '%s': unexpected type", g->path, name);
+        return kv_fail_context(err, "%s: tensor '%s'", g->path, name);
     }
     g->dequant_s += kv_now() - t0;
     if (kv_model_adopt(m, dst, err)) return KV_EINTERNAL;
-    *out = dst;
+    if (wout)
+        *wout = kv_weight_f32(dst);
+    else
+        *out = dst;
     return KV_OK;
 }
 
@@ -218,20 +215,20 @@ int kv_model_load_gguf(const char *path, kv_model **out, kv_error *err) {
         kv_gguf_close(g);
         return rc;
     }
-    m->gguf = g; /* owns the map the F32 weights point into; kv_model_free closes it */
+    m->gguf = g; /* owns the map the weights point into; kv_model_free closes it */
     m->cfg = c;
     snprintf(m->format, sizeof m->format, "gguf");
     uint64_t d = (uint64_t)c.dim, V = (uint64_t)c.vocab_size, hid = (uint64_t)c.hidden_dim,
              q = (uint64_t)c.n_heads * c.head_dim, kvd = (uint64_t)c.n_kv_heads * c.head_dim;
-    rc = get_weight(m, g, "token_embd.weight", V, d, 0, "vocab_size x embedding_length",
+    rc = get_weight(m, g, "token_embd.weight", V, d, 0, "vocab_size x embedding_length", NULL,
                     &m->tok_emb, err);
     if (!rc)
         rc = get_weight(m, g, "output_norm.weight", 1, d, 0, "embedding_length", &m->final_norm,
-                        err);
+                        NULL, err);
     if (!rc)
-        rc = get_weight(m, g, "output.weight", V, d, 1, "vocab_size x embedding_length",
+        rc = get_weight(m, g, "output.weight", V, d, 1, "vocab_size x embedding_length", NULL,
                         &m->classifier, err);
-    if (!rc && !m->classifier) {
+    if (!rc && !m->classifier.data) {
         m->classifier = m->tok_emb;
         m->cfg.tied_embeddings = 1;
     }
@@ -244,24 +241,27 @@ int kv_model_load_gguf(const char *path, kv_model **out, kv_error *err) {
             int optional;
             const char *why;
             const float **dst;
+            kv_weight *wdst;
         } spec[] = {
-            {"attn_norm.weight", 1, d, 0, "embedding_length", &w->attn_norm},
-            {"attn_q.weight", q, d, 0, "head_count*head_dim x embedding_length", &w->wq},
-            {"attn_k.weight", kvd, d, 0, "head_count_kv*head_dim x embedding_length", &w->wk},
-            {"attn_v.weight", kvd, d, 0, "head_count_kv*head_dim x embedding_length", &w->wv},
-            {"attn_output.weight", d, q, 0, "embedding_length x head_count*head_dim", &w->wo},
-            {"attn_q.bias", 1, q, !c.attn_bias, "head_count*head_dim", &w->bq},
-            {"attn_k.bias", 1, kvd, !c.attn_bias, "head_count_kv*head_dim", &w->bk},
-            {"attn_v.bias", 1, kvd, !c.attn_bias, "head_count_kv*head_dim", &w->bv},
-            {"ffn_norm.weight", 1, d, 0, "embedding_length", &w->ffn_norm},
-            {"ffn_gate.weight", hid, d, 0, "feed_forward_length x embedding_length", &w->w_gate},
-            {"ffn_down.weight", d, hid, 0, "embedding_length x feed_forward_length", &w->w_down},
-            {"ffn_up.weight", hid, d, 0, "feed_forward_length x embedding_length", &w->w_up},
+            {"attn_norm.weight", 1, d, 0, "embedding_length", &w->attn_norm, NULL},
+            {"attn_q.weight", q, d, 0, "head_count*head_dim x embedding_length", NULL, &w->wq},
+            {"attn_k.weight", kvd, d, 0, "head_count_kv*head_dim x embedding_length", NULL, &w->wk},
+            {"attn_v.weight", kvd, d, 0, "head_count_kv*head_dim x embedding_length", NULL, &w->wv},
+            {"attn_output.weight", d, q, 0, "embedding_length x head_count*head_dim", NULL, &w->wo},
+            {"attn_q.bias", 1, q, !c.attn_bias, "head_count*head_dim", &w->bq, NULL},
+            {"attn_k.bias", 1, kvd, !c.attn_bias, "head_count_kv*head_dim", &w->bk, NULL},
+            {"attn_v.bias", 1, kvd, !c.attn_bias, "head_count_kv*head_dim", &w->bv, NULL},
+            {"ffn_norm.weight", 1, d, 0, "embedding_length", &w->ffn_norm, NULL},
+            {"ffn_gate.weight", hid, d, 0, "feed_forward_length x embedding_length", NULL,
+             &w->w_gate},
+            {"ffn_down.weight", d, hid, 0, "embedding_length x feed_forward_length", NULL,
+             &w->w_down},
+            {"ffn_up.weight", hid, d, 0, "feed_forward_length x embedding_length", NULL, &w->w_up},
         };
         for (size_t k = 0; k < sizeof spec / sizeof spec[0] && !rc; k++) {
             snprintf(name, sizeof name, "blk.%d.%s", l, spec[k].suffix);
             rc = get_weight(m, g, name, spec[k].rows, spec[k].cols, spec[k].optional, spec[k].why,
-                            spec[k].dst, err);
+                            spec[k].dst, spec[k].wdst, err);
         }
     }
     if (!rc) rc = kv_sha256_file(path, m->sha256, err);

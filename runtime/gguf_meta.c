@@ -1,6 +1,8 @@
 /* GGUF container reader: header, metadata, tensor infos. See runtime/gguf_meta.h. */
 #include "gguf_meta.h"
 
+#include "kvplan/quant.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -243,16 +245,9 @@ int kv_gguf_get_str(const kv_gguf *g, const char *key, char *buf, size_t cap, kv
     return 1;
 }
 
-static const char *ggml_type_name(uint32_t t) {
-    static const char *names[] = {
-        "F32",   "F16",   "Q4_0",    "Q4_1",   "Q4_2(removed)", "Q4_3(removed)", "Q5_0",
-        "Q5_1",  "Q8_0",  "Q8_1",    "Q2_K",   "Q3_K",          "Q4_K",          "Q5_K",
-        "Q6_K",  "Q8_K",  "IQ2_XXS", "IQ2_XS", "IQ3_XXS",       "IQ1_S",         "IQ4_NL",
-        "IQ3_S", "IQ2_S", "IQ4_XS",  "I8",     "I16",           "I32",           "I64",
-        "F64",   "IQ1_M", "BF16"};
-    return t < sizeof names / sizeof names[0] ? names[t] : "unknown";
-}
-
+/* Bytes of tensor t's data from its type and shape (runtime/quant.c): rows of ne[0] elements in
+ * whole blocks. Unsupported types and rows that are not a multiple of the block size fail here,
+ * naming the tensor. */
 static int tensor_nbytes(const char *path, kv_gguf_tensor *t, kv_error *err) {
     uint64_t n = 1;
     for (uint32_t d = 0; d < t->n_dims; d++) {
@@ -263,29 +258,18 @@ static int tensor_nbytes(const char *path, kv_gguf_tensor *t, kv_error *err) {
                            path, (int)t->name_len, t->name, d, (unsigned long long)t->ne[d]);
         n *= t->ne[d];
     }
-    switch (t->type) {
-    case KV_GGML_F32:
-        t->nbytes = (size_t)n * 4;
-        return KV_OK;
-    case KV_GGML_F16:
-    case KV_GGML_BF16:
-        t->nbytes = (size_t)n * 2;
-        return KV_OK;
-    case KV_GGML_Q8_0:
-        if (t->ne[0] % 32)
-            return kv_fail(err, KV_EINPUT,
-                           "%s: tensor '%.*s' is Q8_0 but its row length %llu is "
-                           "not a multiple of the block size 32",
-                           path, (int)t->name_len, t->name, (unsigned long long)t->ne[0]);
-        t->nbytes = (size_t)(n / 32) * 34;
-        return KV_OK;
-    default:
+    char what[4300];
+    snprintf(what, sizeof what, "%s: tensor '%.*s'", path, (int)t->name_len, t->name);
+    if (!kv_dtype_supported(t->type))
         return kv_fail(err, KV_EINPUT,
-                       "%s: tensor '%.*s' has ggml type %u (%s), which kvplan "
-                       "does not read (supported: F32, F16, BF16, Q8_0); convert the model with "
-                       "one of those",
-                       path, (int)t->name_len, t->name, t->type, ggml_type_name(t->type));
-    }
+                       "%s has ggml type %u (%s), which kvplan does not read (supported: F32, "
+                       "F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K); convert or "
+                       "quantise the model to one of those",
+                       what, t->type, kv_dtype_name(t->type));
+    size_t row;
+    if (kv_dtype_row_bytes((kv_dtype)t->type, (int64_t)t->ne[0], what, &row, err)) return KV_EINPUT;
+    t->nbytes = row * (size_t)(n / t->ne[0]);
+    return KV_OK;
 }
 
 /* Parse the header of the mapped file into g (kv table, tensor table, data section). */

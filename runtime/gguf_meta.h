@@ -37,8 +37,8 @@ enum {
     KV_GGUF_F64 = 12,
 };
 
-/* ggml tensor types kvplan reads (ggml.h enum ggml_type). */
-enum { KV_GGML_F32 = 0, KV_GGML_F16 = 1, KV_GGML_Q8_0 = 8, KV_GGML_BF16 = 30 };
+/* ggml tensor types kvplan reads: kv_dtype (include/kvplan/quant.h), the ids of ggml.h's enum
+ * ggml_type. */
 
 #define KV_GGUF_MAX_DIMS 4
 
@@ -80,7 +80,8 @@ typedef struct kv_gguf {
  * (kv_gguf_close). KV_EINPUT naming the file and the field for anything malformed: bad magic,
  * version other than 2/3 (big-endian files named as such), truncation, counts that cannot fit,
  * unknown value types, tensors with bad dimensions, unsupported ggml types, offsets not aligned
- * or past the end. Tensor types other than F32/F16/BF16/Q8_0 are refused by name. */
+ * or past the end. Tensor types kvplan does not read (kv_dtype_supported) and rows that are not
+ * whole blocks of their type are refused by name. */
 int kv_gguf_open(const char *path, kv_gguf **out, kv_error *err);
 /* Release g (and its map when it owns one). NULL is ignored. */
 void kv_gguf_close(kv_gguf *g);

@@ -12,7 +12,8 @@
  * shard of every tensor. safetensors (huggingface/safetensors): uint64 little-endian header
  * size N, an N-byte JSON header {name: {dtype, shape, data_offsets [begin, end)}, optional
  * "__metadata__": {string: string}}, then the data; offsets are relative to byte 8 + N.
- * dtypes F32 (used in place when aligned), F16 and BF16 (converted to fp32 on load).
+ * dtypes F32, F16 and BF16: matrices are kept in their type in place (issue 14), norms and
+ * biases converted to fp32 on load (F32 in place when aligned).
  * `__metadata__` entries whose key and value are both tensor names record an alias (a tied
  * tensor saved once): TinyStories-656K stores only lm_head.weight and maps
  * model.embed_tokens.weight to it.
@@ -31,8 +32,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-
-#include "f16.h"
 
 typedef struct st_tensor {
     const char *name; /* points into the shard's JSON (owned by st_file.json) */
@@ -194,10 +193,14 @@ static const st_tensor *st_find(const st_set *s, const char *name) {
     return NULL;
 }
 
-/* fp32 [rows, cols] view (rows = 0: 1-D of length cols) of tensor `name`. */
+/* Tensor `name` as [rows, cols] (rows = 0: 1-D of length cols): with `out`, an fp32 view (F16
+ * and BF16 converted into a buffer the model adopts); with `wout` (matrices), the tensor in its
+ * own type in place (F32, F16, BF16: the weights stay in the file's type, issue 14). */
 static int st_weight(kv_model *m, const st_set *s, const char *name, long long rows, long long cols,
-                     int optional, const char *why, const float **out, kv_error *err) {
-    *out = NULL;
+                     int optional, const char *why, const float **out, kv_weight *wout,
+                     kv_error *err) {
+    if (out) *out = NULL;
+    if (wout) wout->data = NULL, wout->type = KV_DT_F32;
     const st_tensor *t = st_find(s, name);
     if (!t) {
         if (optional) return KV_OK;
@@ -223,20 +226,29 @@ static int st_weight(kv_model *m, const st_set *s, const char *name, long long r
     }
     size_t n = (size_t)(rows ? rows : 1) * (size_t)cols;
     const unsigned char *src = f->data + t->begin;
+    if (wout && t->dtype != 0) { /* F16 / BF16 kept as they are */
+        wout->data = src;
+        wout->type = t->dtype == 1 ? KV_DT_F16 : KV_DT_BF16;
+        return KV_OK;
+    }
     if (t->dtype == 0 && (uintptr_t)src % sizeof(float) == 0) {
-        *out = (const float *)(const void *)src;
+        if (wout)
+            *wout = kv_weight_f32((const float *)(const void *)src);
+        else
+            *out = (const float *)(const void *)src;
         return KV_OK;
     }
     float *dst = kv_malloc(n * sizeof *dst + 1, name, err);
     if (!dst) return KV_EINTERNAL;
     if (t->dtype == 0)
         memcpy(dst, src, n * sizeof *dst);
-    else if (t->dtype == 1)
-        for (size_t i = 0; i < n; i++) dst[i] = kv_f16_to_f32(kv_load_u16le(src + 2 * i));
     else
-        for (size_t i = 0; i < n; i++) dst[i] = kv_bf16_to_f32(kv_load_u16le(src + 2 * i));
+        kv_dequantize_row(t->dtype == 1 ? KV_DT_F16 : KV_DT_BF16, src, dst, (int64_t)n, NULL);
     if (kv_model_adopt(m, dst, err)) return KV_EINTERNAL;
-    *out = dst;
+    if (wout)
+        *wout = kv_weight_f32(dst);
+    else
+        *out = dst;
     return KV_OK;
 }
 
@@ -456,16 +468,17 @@ int kv_model_load_hf(const char *dir, kv_model **out, kv_error *err) {
     snprintf(m->format, sizeof m->format, "safetensors");
     long long d = c.dim, V = c.vocab_size, hid = c.hidden_dim,
               q = (long long)c.n_heads * c.head_dim, kvd = (long long)c.n_kv_heads * c.head_dim;
-    rc = st_weight(m, &s, "model.embed_tokens.weight", V, d, 0, "vocab_size x hidden_size",
+    rc = st_weight(m, &s, "model.embed_tokens.weight", V, d, 0, "vocab_size x hidden_size", NULL,
                    &m->tok_emb, err);
     if (!rc)
-        rc = st_weight(m, &s, "model.norm.weight", 0, d, 0, "hidden_size", &m->final_norm, err);
+        rc = st_weight(m, &s, "model.norm.weight", 0, d, 0, "hidden_size", &m->final_norm, NULL,
+                       err);
     if (!rc)
         rc = st_weight(m, &s, "lm_head.weight", V, d, c.tied_embeddings,
-                       "vocab_size x hidden_size; tie_word_embeddings is false", &m->classifier,
-                       err);
-    if (!rc && !m->classifier) m->classifier = m->tok_emb;
-    if (!rc && m->classifier == m->tok_emb) m->cfg.tied_embeddings = 1;
+                       "vocab_size x hidden_size; tie_word_embeddings is false", NULL,
+                       &m->classifier, err);
+    if (!rc && !m->classifier.data) m->classifier = m->tok_emb;
+    if (!rc && m->classifier.data == m->tok_emb.data) m->cfg.tied_embeddings = 1;
     for (int l = 0; l < c.n_layers && !rc; l++) {
         kv_layer_weights *w = &m->layers[l];
         struct {
@@ -474,25 +487,28 @@ int kv_model_load_hf(const char *dir, kv_model **out, kv_error *err) {
             int optional;
             const char *why;
             const float **dst;
+            kv_weight *wdst;
         } spec[] = {
-            {"input_layernorm.weight", 0, d, 0, "hidden_size", &w->attn_norm},
-            {"self_attn.q_proj.weight", q, d, 0, "heads*head_dim x hidden_size", &w->wq},
-            {"self_attn.k_proj.weight", kvd, d, 0, "kv_heads*head_dim x hidden_size", &w->wk},
-            {"self_attn.v_proj.weight", kvd, d, 0, "kv_heads*head_dim x hidden_size", &w->wv},
-            {"self_attn.o_proj.weight", d, q, 0, "hidden_size x heads*head_dim", &w->wo},
-            {"self_attn.q_proj.bias", 0, q, !c.attn_bias, "heads*head_dim", &w->bq},
-            {"self_attn.k_proj.bias", 0, kvd, !c.attn_bias, "kv_heads*head_dim", &w->bk},
-            {"self_attn.v_proj.bias", 0, kvd, !c.attn_bias, "kv_heads*head_dim", &w->bv},
-            {"post_attention_layernorm.weight", 0, d, 0, "hidden_size", &w->ffn_norm},
-            {"mlp.gate_proj.weight", hid, d, 0, "intermediate_size x hidden_size", &w->w_gate},
-            {"mlp.down_proj.weight", d, hid, 0, "hidden_size x intermediate_size", &w->w_down},
-            {"mlp.up_proj.weight", hid, d, 0, "intermediate_size x hidden_size", &w->w_up},
+            {"input_layernorm.weight", 0, d, 0, "hidden_size", &w->attn_norm, NULL},
+            {"self_attn.q_proj.weight", q, d, 0, "heads*head_dim x hidden_size", NULL, &w->wq},
+            {"self_attn.k_proj.weight", kvd, d, 0, "kv_heads*head_dim x hidden_size", NULL, &w->wk},
+            {"self_attn.v_proj.weight", kvd, d, 0, "kv_heads*head_dim x hidden_size", NULL, &w->wv},
+            {"self_attn.o_proj.weight", d, q, 0, "hidden_size x heads*head_dim", NULL, &w->wo},
+            {"self_attn.q_proj.bias", 0, q, !c.attn_bias, "heads*head_dim", &w->bq, NULL},
+            {"self_attn.k_proj.bias", 0, kvd, !c.attn_bias, "kv_heads*head_dim", &w->bk, NULL},
+            {"self_attn.v_proj.bias", 0, kvd, !c.attn_bias, "kv_heads*head_dim", &w->bv, NULL},
+            {"post_attention_layernorm.weight", 0, d, 0, "hidden_size", &w->ffn_norm, NULL},
+            {"mlp.gate_proj.weight", hid, d, 0, "intermediate_size x hidden_size", NULL,
+             &w->w_gate},
+            {"mlp.down_proj.weight", d, hid, 0, "hidden_size x intermediate_size", NULL,
+             &w->w_down},
+            {"mlp.up_proj.weight", hid, d, 0, "intermediate_size x hidden_size", NULL, &w->w_up},
         };
         for (size_t k = 0; k < sizeof spec / sizeof spec[0] && !rc; k++) {
             char name[128];
             snprintf(name, sizeof name, "model.layers.%d.%s", l, spec[k].suffix);
             rc = st_weight(m, &s, name, spec[k].rows, spec[k].cols, spec[k].optional, spec[k].why,
-                           spec[k].dst, err);
+                           spec[k].dst, spec[k].wdst, err);
         }
     }
     if (!rc) {

@@ -186,14 +186,15 @@ oom:
     return kv_fail_context(err, "kvpr offload of layer %d (s' = %d, l = %d)", layer, seq, split);
 }
 
-/* Eq. 7 for rows 0..l-1: K = X W_K^T (+ b_K, RoPE), V = X W_V^T (+ b_V). */
+/* Eq. 7 for rows 0..l-1: K = X W_K^T (+ b_K, RoPE), V = X W_V^T (+ b_V). Typed (non-F32)
+ * weights take kv_qmatmul's dot path here (no tile scratch): exact, slower than a GEMM. */
 static void recompute(const kv_kvpr_exec *e, const kv_kvpr_layer *lc, float *k, float *v) {
     const kv_config *c = &e->m->cfg;
     const kv_layer_weights *w = &e->m->layers[lc->layer];
     int l = lc->split, dim = c->dim, kvd = lc->kv_width, hd = c->head_dim, half = hd / 2;
     if (l == 0) return;
-    kv_op_matmul(k, lc->x, w->wk, l, dim, kvd);
-    kv_op_matmul(v, lc->x, w->wv, l, dim, kvd);
+    kv_op_matmul(k, lc->x, w->wk, l, dim, kvd, NULL);
+    kv_op_matmul(v, lc->x, w->wv, l, dim, kvd, NULL);
     kv_op_add_bias(k, w->bk, l, kvd);
     kv_op_add_bias(v, w->bv, l, kvd);
     for (int p = 0; p < l; p++)

@@ -103,7 +103,7 @@ int kv_model_load_llama2c(const char *path, kv_model **out, kv_error *err) {
     m->cfg = c;
     snprintf(m->format, sizeof m->format, "llama2c");
     const float *p = (const float *)((const char *)map + sizeof hdr);
-    m->tok_emb = p;
+    m->tok_emb = kv_weight_f32(p);
     p += V * d;
     const float *rms_att = p;
     p += L * d;
@@ -126,18 +126,18 @@ int kv_model_load_llama2c(const char *path, kv_model **out, kv_error *err) {
     m->final_norm = p;
     p += d;
     p += (size_t)c.seq_len * hs; /* freq_cis_real, freq_cis_imag (unused: RoPE is computed) */
-    m->classifier = shared ? m->tok_emb : p;
+    m->classifier = shared ? m->tok_emb : kv_weight_f32(p);
     for (size_t l = 0; l < L; l++) {
         kv_layer_weights *w = &m->layers[l];
         w->attn_norm = rms_att + l * d;
-        w->wq = wq + l * d * d;
-        w->wk = wk + l * kvd * d;
-        w->wv = wv + l * kvd * d;
-        w->wo = wo + l * d * d;
+        w->wq = kv_weight_f32(wq + l * d * d);
+        w->wk = kv_weight_f32(wk + l * kvd * d);
+        w->wv = kv_weight_f32(wv + l * kvd * d);
+        w->wo = kv_weight_f32(wo + l * d * d);
         w->ffn_norm = rms_ffn + l * d;
-        w->w_gate = w1 + l * hid * d;
-        w->w_down = w2 + l * d * hid;
-        w->w_up = w3 + l * hid * d;
+        w->w_gate = kv_weight_f32(w1 + l * hid * d);
+        w->w_down = kv_weight_f32(w2 + l * d * hid);
+        w->w_up = kv_weight_f32(w3 + l * hid * d);
     }
     rc = kv_sha256_file(path, m->sha256, err);
     if (rc) {

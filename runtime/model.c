@@ -92,11 +92,90 @@ size_t kv_model_param_count(const kv_model *m) {
     return n;
 }
 
+/* Bytes of a [rows, cols] matrix in w's type. */
+static size_t mat_bytes(kv_weight w, size_t rows, size_t cols) {
+    return rows * (cols / (size_t)kv_dtype_block(w.type)) * kv_dtype_block_bytes(w.type);
+}
+
+/* Bytes of every matrix and fp32 vector of the layers, + the final norm. */
+static size_t layer_bytes(const kv_model *m) {
+    const kv_config *c = &m->cfg;
+    size_t d = (size_t)c->dim, q = (size_t)c->n_heads * c->head_dim,
+           kv = (size_t)c->n_kv_heads * c->head_dim, hid = (size_t)c->hidden_dim;
+    size_t n = d * sizeof(float);
+    for (int l = 0; l < c->n_layers; l++) {
+        const kv_layer_weights *w = &m->layers[l];
+        n += 2 * d * sizeof(float) + (c->attn_bias ? (q + 2 * kv) * sizeof(float) : 0);
+        n += mat_bytes(w->wq, q, d) + mat_bytes(w->wk, kv, d) + mat_bytes(w->wv, kv, d) +
+             mat_bytes(w->wo, d, q);
+        n += mat_bytes(w->w_gate, hid, d) + mat_bytes(w->w_up, hid, d) +
+             mat_bytes(w->w_down, d, hid);
+    }
+    return n;
+}
+
 size_t kv_model_weight_bytes(const kv_model *m) {
+    size_t V = (size_t)m->cfg.vocab_size, d = (size_t)m->cfg.dim;
+    return layer_bytes(m) + mat_bytes(m->classifier, V, d) + mat_bytes(m->tok_emb, 1, d);
+}
+
+size_t kv_model_read_param_count(const kv_model *m) {
     const kv_config *c = &m->cfg;
     size_t n = (size_t)c->n_layers * layer_params(c) + (size_t)c->dim;
-    n += (size_t)c->vocab_size * c->dim + (size_t)c->dim; /* classifier + one embedding row */
-    return n * sizeof(float);
+    return n + (size_t)c->vocab_size * c->dim + (size_t)c->dim; /* classifier + one embedding row */
+}
+
+size_t kv_model_resident_bytes(const kv_model *m) {
+    size_t V = (size_t)m->cfg.vocab_size, d = (size_t)m->cfg.dim;
+    size_t n = layer_bytes(m) + mat_bytes(m->tok_emb, V, d);
+    if (m->classifier.data != m->tok_emb.data) n += mat_bytes(m->classifier, V, d);
+    return n;
+}
+
+/* Calls f(w, out, in, user) for every matrix of the model. */
+static void each_matrix(const kv_model *m, void (*f)(kv_weight, int, int, void *), void *user) {
+    const kv_config *c = &m->cfg;
+    int d = c->dim, q = c->n_heads * c->head_dim, kv = c->n_kv_heads * c->head_dim,
+        hid = c->hidden_dim;
+    f(m->classifier, c->vocab_size, d, user);
+    for (int l = 0; l < c->n_layers; l++) {
+        const kv_layer_weights *w = &m->layers[l];
+        f(w->wq, q, d, user), f(w->wk, kv, d, user), f(w->wv, kv, d, user);
+        f(w->wo, d, q, user), f(w->w_gate, hid, d, user), f(w->w_up, hid, d, user);
+        f(w->w_down, d, hid, user);
+    }
+}
+
+typedef struct scratch_need {
+    int rows;
+    size_t floats;
+} scratch_need;
+static void scratch_one(kv_weight w, int out, int in, void *user) {
+    scratch_need *s = user;
+    size_t n = kv_qmatmul_scratch_floats(w.type, s->rows, in, out);
+    if (n > s->floats) s->floats = n;
+}
+size_t kv_model_matmul_scratch(const kv_model *m, int rows) {
+    scratch_need s = {rows, 0};
+    each_matrix(m, scratch_one, &s);
+    return s.floats;
+}
+
+static void type_one(kv_weight w, int out, int in, void *user) {
+    (void)out, (void)in;
+    unsigned *seen = user; /* bit per kv_dtype_all index */
+    for (int i = 0; i < KV_DT_COUNT; i++)
+        if (kv_dtype_all[i] == w.type) *seen |= 1u << i;
+}
+void kv_model_weight_types(const kv_model *m, char *buf, size_t cap) {
+    unsigned seen = 1; /* norms: F32 */
+    each_matrix(m, type_one, &seen);
+    size_t k = 0;
+    buf[0] = '\0';
+    for (int i = KV_DT_COUNT - 1; i >= 0 && k < cap; i--) /* quantised types first, F32 last */
+        if (seen & (1u << i))
+            k += (size_t)snprintf(buf + k, cap - k, "%s%s", k ? "+" : "",
+                                  kv_dtype_name((uint32_t)kv_dtype_all[i]));
 }
 
 int kv_model_load(const char *path, kv_model **out, kv_error *err) {

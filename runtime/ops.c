@@ -1,7 +1,6 @@
 /* Dense kernels of the Llama layer shared inside runtime/ (see ops.h). */
 #include "ops.h"
 
-#include <cblas.h>
 #include <math.h>
 
 void kv_op_rope_tables(const kv_config *c, int n_pos, float *cos_out, float *sin_out) {
@@ -41,20 +40,9 @@ void kv_op_rmsnorm(float *out, const float *x, const float *w, int rows, int dim
     }
 }
 
-/* Rows below which one matrix-vector product per row beats a GEMM: sgemm packs the whole
- * weight matrix for a handful of rows (batched decode); measured on the synthetic 768-wide
- * model, 2 rows took 40 ms by sgemm and 16 ms by two sgemv calls. Per-row gemv also gives a
- * batched decode step the same bits as one sequence decoded alone. */
-#define KV_GEMV_MAX_ROWS 4
-
-void kv_op_matmul(float *y, const float *x, const float *w, int rows, int in, int out) {
-    if (rows <= KV_GEMV_MAX_ROWS)
-        for (int r = 0; r < rows; r++)
-            cblas_sgemv(CblasRowMajor, CblasNoTrans, out, in, 1.0f, w, in, x + (size_t)r * in, 1,
-                        0.0f, y + (size_t)r * out, 1);
-    else
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, out, in, 1.0f, x, in, w, in,
-                    0.0f, y, out);
+void kv_op_matmul(float *y, const float *x, kv_weight w, int rows, int in, int out,
+                  const kv_op_scratch *s) {
+    kv_qmatmul(y, x, w.data, w.type, rows, in, out, s ? s->p : NULL, s ? s->n : 0);
 }
 
 void kv_op_add_bias(float *y, const float *b, int rows, int n) {
@@ -64,15 +52,15 @@ void kv_op_add_bias(float *y, const float *b, int rows, int n) {
 }
 
 void kv_op_ffn_residual(const kv_layer_weights *w, const kv_config *c, float *x, float *xb,
-                        float *hb, float *hb2, int rows) {
+                        float *hb, float *hb2, int rows, const kv_op_scratch *s) {
     int dim = c->dim, hid = c->hidden_dim;
     kv_op_rmsnorm(xb, x, w->ffn_norm, rows, dim, c->norm_eps);
-    kv_op_matmul(hb, xb, w->w_gate, rows, dim, hid);
-    kv_op_matmul(hb2, xb, w->w_up, rows, dim, hid);
+    kv_op_matmul(hb, xb, w->w_gate, rows, dim, hid, s);
+    kv_op_matmul(hb2, xb, w->w_up, rows, dim, hid, s);
     for (size_t i = 0; i < (size_t)rows * hid; i++) {
         float a = hb[i];
         hb[i] = a / (1.0f + expf(-a)) * hb2[i];
     }
-    kv_op_matmul(xb, hb, w->w_down, rows, hid, dim);
+    kv_op_matmul(xb, hb, w->w_down, rows, hid, dim, s);
     for (size_t i = 0; i < (size_t)rows * dim; i++) x[i] += xb[i];
 }

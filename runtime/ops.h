@@ -18,9 +18,19 @@ void kv_op_rope_row(float *v, int n_heads, int hd, const float *cs, const float 
 /* out[r] = x[r] / rms(x[r]) * w for rows x dim (sum of squares in double). */
 void kv_op_rmsnorm(float *out, const float *x, const float *w, int rows, int dim, float eps);
 
-/* y[rows, out] = x[rows, in] W^T, W [out, in]: one sgemv per row for up to 4 rows (sgemm's
- * packing of W costs more than the work for a handful of rows), sgemm above. */
-void kv_op_matmul(float *y, const float *x, const float *w, int rows, int in, int out);
+/* A caller-owned scratch buffer for the typed matmuls (kv_qmatmul's dequantised tiles), sized
+ * by kv_model_matmul_scratch for the most rows a call will have. */
+typedef struct kv_op_scratch {
+    float *p;
+    size_t n; /* floats */
+} kv_op_scratch;
+
+/* y[rows, out] = x[rows, in] W^T, W [out, in] in its own type (kv_qmatmul, runtime/quant.c):
+ * F32 weights take one sgemv per row for up to 4 rows (sgemm's packing of W costs more than the
+ * work for a handful of rows) and sgemm above; other types a typed dot per (row, output) for
+ * up to 4 rows, dequantised tiles of W in `s` and sgemm above. */
+void kv_op_matmul(float *y, const float *x, kv_weight w, int rows, int in, int out,
+                  const kv_op_scratch *s);
 
 /* y[r] += b for rows x n; nothing when b is NULL. */
 void kv_op_add_bias(float *y, const float *b, int rows, int n);
@@ -29,6 +39,6 @@ void kv_op_add_bias(float *y, const float *b, int rows, int n);
  * x += W_down (silu(W_gate n) * (W_up n)), n = RMSNorm(x) * ffn_norm. Scratch: xb [rows, dim],
  * hb and hb2 [rows, hidden]. */
 void kv_op_ffn_residual(const kv_layer_weights *w, const kv_config *c, float *x, float *xb,
-                        float *hb, float *hb2, int rows);
+                        float *hb, float *hb2, int rows, const kv_op_scratch *s);
 
 #endif

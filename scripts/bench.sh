@@ -14,7 +14,7 @@ dir=build
 if [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; then dir=$1; shift; fi
 case "$dir" in /*) out=$dir ;; *) out=$root/$dir ;; esac
 cmake -S "$root" -B "$out" -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build "$out" -j "$(nproc)" --target bench_engine bench_profile bench_search
+cmake --build "$out" -j "$(nproc)" --target bench_engine bench_profile bench_search bench_quant
 echo "uptime: $(uptime)"
 "$out/bench_engine" --shared "${KVPLAN_SHARED:-$root/../shared}" "$@"
 echo
@@ -23,4 +23,7 @@ echo "== profiler collectors vs plain prefill =="
 echo
 echo "== search: successive halving vs the exhaustive BaKlaVa grid =="
 "$out/bench_search"
+echo
+echo "== weights in their own type: F32 / F16 / BF16 / Q8_0 / Q4_K =="
+"$out/bench_quant"
 echo "uptime: $(uptime)"

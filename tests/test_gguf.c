@@ -48,20 +48,20 @@ static void test_260k_config_and_weights(void) {
     CU_ASSERT_STRING_EQUAL(g->sha256,
                            "270cba1bd5109f42d03350f60406024560464db173c0e387d91f0426d3bd256d");
     size_t d = 64, V = 512, hid = 172, kvd = 32;
-    CU_ASSERT_EQUAL(memcmp(g->tok_emb, b->tok_emb, V * d * 4), 0);
+    CU_ASSERT_EQUAL(memcmp(g->tok_emb.data, b->tok_emb.data, V * d * 4), 0);
     CU_ASSERT_EQUAL(memcmp(g->final_norm, b->final_norm, d * 4), 0);
-    CU_ASSERT_EQUAL(memcmp(g->classifier, b->classifier, V * d * 4), 0);
+    CU_ASSERT_EQUAL(memcmp(g->classifier.data, b->classifier.data, V * d * 4), 0);
     for (int l = 0; l < 5; l++) {
         const kv_layer_weights *x = &g->layers[l], *y = &b->layers[l];
         CU_ASSERT_EQUAL(memcmp(x->attn_norm, y->attn_norm, d * 4), 0);
-        CU_ASSERT_EQUAL(memcmp(x->wq, y->wq, d * d * 4), 0);
-        CU_ASSERT_EQUAL(memcmp(x->wk, y->wk, kvd * d * 4), 0);
-        CU_ASSERT_EQUAL(memcmp(x->wv, y->wv, kvd * d * 4), 0);
-        CU_ASSERT_EQUAL(memcmp(x->wo, y->wo, d * d * 4), 0);
+        CU_ASSERT_EQUAL(memcmp(x->wq.data, y->wq.data, d * d * 4), 0);
+        CU_ASSERT_EQUAL(memcmp(x->wk.data, y->wk.data, kvd * d * 4), 0);
+        CU_ASSERT_EQUAL(memcmp(x->wv.data, y->wv.data, kvd * d * 4), 0);
+        CU_ASSERT_EQUAL(memcmp(x->wo.data, y->wo.data, d * d * 4), 0);
         CU_ASSERT_EQUAL(memcmp(x->ffn_norm, y->ffn_norm, d * 4), 0);
-        CU_ASSERT_EQUAL(memcmp(x->w_gate, y->w_gate, hid * d * 4), 0);
-        CU_ASSERT_EQUAL(memcmp(x->w_down, y->w_down, hid * d * 4), 0);
-        CU_ASSERT_EQUAL(memcmp(x->w_up, y->w_up, hid * d * 4), 0);
+        CU_ASSERT_EQUAL(memcmp(x->w_gate.data, y->w_gate.data, hid * d * 4), 0);
+        CU_ASSERT_EQUAL(memcmp(x->w_down.data, y->w_down.data, hid * d * 4), 0);
+        CU_ASSERT_EQUAL(memcmp(x->w_up.data, y->w_up.data, hid * d * 4), 0);
         CU_ASSERT_PTR_NULL(x->bq);
     }
     kv_model_free(g);
@@ -324,10 +324,14 @@ static void write_synthetic(const char *path, uint32_t version, uint32_t align, 
     free(w.p);
 }
 
-static int equal_values(const float *p, int k, size_t n) {
-    for (size_t i = 0; i < n; i++)
-        if (p[i] != sy_value(k, i)) return 0;
-    return 1;
+/* The weight's n values, dequantised from the type it is kept in, are tensor k's. */
+static int equal_values(kv_weight w, int k, size_t n) {
+    float *p = malloc(n * sizeof *p);
+    int ok = p && kv_dequantize_row(w.type, w.data, p, (int64_t)n, NULL) == KV_OK;
+    for (size_t i = 0; ok && i < n; i++)
+        if (p[i] != sy_value(k, i)) ok = 0;
+    free(p);
+    return ok;
 }
 
 static void test_synthetic_types(void) {
@@ -343,7 +347,7 @@ static void test_synthetic_types(void) {
         CU_ASSERT_EQUAL(m->cfg.vocab_size, SY_NTOK);
         CU_ASSERT_EQUAL(m->cfg.rope_theta, 5000.0f);
         CU_ASSERT_EQUAL(m->cfg.tied_embeddings, 1);
-        CU_ASSERT_PTR_EQUAL(m->classifier, m->tok_emb);
+        CU_ASSERT_PTR_EQUAL(m->classifier.data, m->tok_emb.data);
         const kv_layer_weights *l = &m->layers[0];
         CU_ASSERT(equal_values(m->tok_emb, 0, SY_DIM * SY_NTOK));
         CU_ASSERT(equal_values(l->wq, 3, SY_DIM * SY_DIM));     /* F16 */
@@ -352,6 +356,13 @@ static void test_synthetic_types(void) {
         CU_ASSERT(equal_values(l->w_gate, 8, SY_DIM * SY_HID)); /* Q8_0 */
         CU_ASSERT(equal_values(l->w_down, 9, SY_DIM * SY_HID)); /* F16 */
         CU_ASSERT(equal_values(l->w_up, 10, SY_DIM * SY_HID));  /* BF16 */
+        /* the matrices stay in their file's type (issue 14) */
+        CU_ASSERT_EQUAL(l->wq.type, KV_DT_F16);
+        CU_ASSERT_EQUAL(l->wk.type, KV_DT_BF16);
+        CU_ASSERT_EQUAL(l->wv.type, KV_DT_Q8_0);
+        CU_ASSERT_EQUAL(l->w_gate.type, KV_DT_Q8_0);
+        CU_ASSERT_EQUAL(l->w_down.type, KV_DT_F16);
+        CU_ASSERT_EQUAL(l->w_up.type, KV_DT_BF16);
         kv_model_free(m);
     }
 }
@@ -489,10 +500,13 @@ static void test_bad_gguf(void) {
     size_t p = tinfo("blk.2.attn_q.weight");
     memcpy(b + p + 4 + 16 + 4, &(uint64_t){(uint64_t)orig_len * 4}, 8);
     expect_bad("offset.gguf", b, orig_len, 0, "blk.2.attn_q.weight", "past the end");
-    /* unsupported and unknown tensor types */
+    /* unsupported and unknown tensor types; a supported type whose block does not fit the row
+     * (Q4_K blocks hold 256 elements, this tensor's rows 64) */
     memcpy(b, orig, orig_len);
+    memcpy(b + p + 4 + 16, &(uint32_t){10}, 4);
+    expect_bad("q2k.gguf", b, orig_len, 0, "blk.2.attn_q.weight", "Q2_K");
     memcpy(b + p + 4 + 16, &(uint32_t){12}, 4);
-    expect_bad("q4k.gguf", b, orig_len, 0, "blk.2.attn_q.weight", "Q4_K");
+    expect_bad("q4k.gguf", b, orig_len, 0, "blk.2.attn_q.weight", "multiple of 256");
     memcpy(b + p + 4 + 16, &(uint32_t){99}, 4);
     expect_bad("type99.gguf", b, orig_len, 0, "blk.2.attn_q.weight", "type 99");
     /* a missing tensor */

@@ -63,7 +63,7 @@ static void test_656k_model(void) {
     CU_ASSERT_EQUAL(c->bos_id, 1);
     CU_ASSERT_EQUAL(c->eos_id, 2);
     /* only lm_head.weight is stored; __metadata__ aliases model.embed_tokens.weight to it */
-    CU_ASSERT_PTR_EQUAL(m->classifier, m->tok_emb);
+    CU_ASSERT_PTR_EQUAL(m->classifier.data, m->tok_emb.data);
     char cfg[4200], st[4200], hex[65];
     snprintf(cfg, sizeof cfg, "%s/config.json", tu_shared(M656));
     snprintf(st, sizeof st, "%s/model.safetensors", tu_shared(M656));
@@ -316,8 +316,8 @@ static uint16_t bf16_rne(float f) {
 
 typedef struct wt {
     char name[96];
-    const float *data;
-    int rows, cols; /* rows 0 = 1-D */
+    const float *data; /* fp32: in place, or a copy dequantised from the model's type */
+    int rows, cols;    /* rows 0 = 1-D */
 } wt;
 
 /* Write tensors [from, to) of list to `path` with dtype 1 F16, 2 BF16, 0 F32. */
@@ -369,27 +369,38 @@ static void write_st(const char *path, const wt *list, int from, int to, int dty
     free(hdr);
 }
 
+/* fp32 values of a matrix kept in its own type: in place for F32, else a dequantised copy
+ * adopted by the model (freed with it). */
+static const float *f32_of(const kv_model *m, kv_weight w, int rows, int cols) {
+    if (w.type == KV_DT_F32) return w.data;
+    float *p = malloc((size_t)rows * cols * sizeof *p);
+    kv_dequantize_row(w.type, w.data, p, (int64_t)rows * cols, NULL);
+    kv_model_adopt((kv_model *)m, p, NULL); /* test-only: the model frees the copy */
+    return p;
+}
+
 static int list_weights(const kv_model *m, wt *l) {
     int n = 0, d = m->cfg.dim, h = m->cfg.hidden_dim, q = m->cfg.n_heads * m->cfg.head_dim,
         kv = m->cfg.n_kv_heads * m->cfg.head_dim;
 #define ADD(nm, p, r, c)                                                                           \
     (snprintf(l[n].name, sizeof l[n].name, "%s", nm), l[n].data = (p), l[n].rows = (r),            \
      l[n].cols = (c), n++)
-    ADD("model.embed_tokens.weight", m->tok_emb, m->cfg.vocab_size, d);
+    ADD("model.embed_tokens.weight", f32_of(m, m->tok_emb, m->cfg.vocab_size, d), m->cfg.vocab_size,
+        d);
     ADD("model.norm.weight", m->final_norm, 0, d);
     for (int i = 0; i < m->cfg.n_layers; i++) {
         const kv_layer_weights *w = &m->layers[i];
         char b[96];
 #define LADD(sfx, p, r, c) (snprintf(b, sizeof b, "model.layers.%d.%s", i, sfx), ADD(b, p, r, c))
         LADD("input_layernorm.weight", w->attn_norm, 0, d);
-        LADD("self_attn.q_proj.weight", w->wq, q, d);
-        LADD("self_attn.k_proj.weight", w->wk, kv, d);
-        LADD("self_attn.v_proj.weight", w->wv, kv, d);
-        LADD("self_attn.o_proj.weight", w->wo, d, q);
+        LADD("self_attn.q_proj.weight", f32_of(m, w->wq, q, d), q, d);
+        LADD("self_attn.k_proj.weight", f32_of(m, w->wk, kv, d), kv, d);
+        LADD("self_attn.v_proj.weight", f32_of(m, w->wv, kv, d), kv, d);
+        LADD("self_attn.o_proj.weight", f32_of(m, w->wo, d, q), d, q);
         LADD("post_attention_layernorm.weight", w->ffn_norm, 0, d);
-        LADD("mlp.gate_proj.weight", w->w_gate, h, d);
-        LADD("mlp.down_proj.weight", w->w_down, d, h);
-        LADD("mlp.up_proj.weight", w->w_up, h, d);
+        LADD("mlp.gate_proj.weight", f32_of(m, w->w_gate, h, d), h, d);
+        LADD("mlp.down_proj.weight", f32_of(m, w->w_down, d, h), d, h);
+        LADD("mlp.up_proj.weight", f32_of(m, w->w_up, h, d), h, d);
 #undef LADD
     }
 #undef ADD
@@ -437,7 +448,7 @@ static void test_sharded_half(void) {
     snprintf(p, sizeof p, "%s/model.safetensors.index.json", dir);
     write_file(p, idx, k);
     kv_model *m = load_ok(dir);
-    CU_ASSERT_PTR_EQUAL(m->classifier, m->tok_emb); /* tied, no lm_head stored */
+    CU_ASSERT_PTR_EQUAL(m->classifier.data, m->tok_emb.data); /* tied, no lm_head stored */
     wt got[64];
     CU_ASSERT_EQUAL_FATAL(list_weights(m, got), n);
     double f16 = 0, bf16 = 0;
@@ -516,7 +527,8 @@ static void test_qwen2_bias(void) {
     CU_ASSERT_EQUAL(m->cfg.rope_layout, KV_ROPE_HALF);
     CU_ASSERT_PTR_NOT_NULL(m->layers[1].bk);
     CU_ASSERT(m->layers[1].bk && m->layers[1].bk[0] == 0.0f);
-    CU_ASSERT_EQUAL(memcmp(m->layers[1].wq, ref->layers[1].wq, (size_t)q * ref->cfg.dim * 4), 0);
+    CU_ASSERT_EQUAL(
+        memcmp(m->layers[1].wq.data, ref->layers[1].wq.data, (size_t)q * ref->cfg.dim * 4), 0);
     float *la = malloc(2048 * sizeof *la), *lb = malloc(2048 * sizeof *lb);
     double d;
     two_step_logits(ref, la);

@@ -420,7 +420,7 @@ static void test_timing_report(void) {
 #undef RND
     kv_layer_weights lw;
     memset(&lw, 0, sizeof lw);
-    lw.attn_norm = norm, lw.wk = wk, lw.wv = wv;
+    lw.attn_norm = norm, lw.wk = kv_weight_f32(wk), lw.wv = kv_weight_f32(wv);
     mm.layers = &lw;
     kv_error err = {0};
     kv_kvpr_exec *e = NULL;

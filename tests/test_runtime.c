@@ -158,17 +158,19 @@ static double ref_chunk_nll(const kv_model *m, const int *tokens, int T, ref_mas
     double *o = malloc(sizeof(double) * (size_t)H * hd), *y = malloc(sizeof(double) * (size_t)D);
     double *h1 = malloc(sizeof(double) * (size_t)F), *h3 = malloc(sizeof(double) * (size_t)F);
     double *w = malloc(sizeof(double) * (size_t)T), *lg = malloc(sizeof(double) * (size_t)V);
+    CU_ASSERT_EQUAL_FATAL(m->tok_emb.type, KV_DT_F32); /* this reference reads fp32 weights */
     for (int t = 0; t < T; t++)
-        for (int i = 0; i < D; i++) x[(size_t)t * D + i] = m->tok_emb[(size_t)tokens[t] * D + i];
+        for (int i = 0; i < D; i++)
+            x[(size_t)t * D + i] = ((const float *)m->tok_emb.data)[(size_t)tokens[t] * D + i];
     for (int l = 0; l < L; l++) {
         const kv_layer_weights *lw = &m->layers[l];
         for (int t = 0; t < T; t++) {
             double *xt = x + (size_t)t * D;
             ref_rmsnorm(xn, xt, lw->attn_norm, D, c->norm_eps);
-            ref_linear(q, lw->wq, lw->bq, xn, H * hd, D);
+            ref_linear(q, lw->wq.data, lw->bq, xn, H * hd, D);
             double *kt = K + (size_t)t * Hk * hd, *vt = Vv + (size_t)t * Hk * hd;
-            ref_linear(kt, lw->wk, lw->bk, xn, Hk * hd, D);
-            ref_linear(vt, lw->wv, lw->bv, xn, Hk * hd, D);
+            ref_linear(kt, lw->wk.data, lw->bk, xn, Hk * hd, D);
+            ref_linear(vt, lw->wv.data, lw->bv, xn, Hk * hd, D);
             ref_rope(q, H, hd, t, c->rope_theta, c->rope_layout);
             ref_rope(kt, Hk, hd, t, c->rope_theta, c->rope_layout);
             for (int h = 0; h < H; h++) {
@@ -194,20 +196,20 @@ static double ref_chunk_nll(const kv_model *m, const int *tokens, int T, ref_mas
                     if (acc2 && t - u >= 10) acc2[((size_t)l * Hk + j) * T + u] += a * a;
                 }
             }
-            ref_linear(y, lw->wo, NULL, o, D, H * hd);
+            ref_linear(y, lw->wo.data, NULL, o, D, H * hd);
             for (int i = 0; i < D; i++) xt[i] += y[i];
             ref_rmsnorm(xn, xt, lw->ffn_norm, D, c->norm_eps);
-            ref_linear(h1, lw->w_gate, NULL, xn, F, D);
-            ref_linear(h3, lw->w_up, NULL, xn, F, D);
+            ref_linear(h1, lw->w_gate.data, NULL, xn, F, D);
+            ref_linear(h3, lw->w_up.data, NULL, xn, F, D);
             for (int f = 0; f < F; f++) h1[f] = h1[f] / (1.0 + exp(-h1[f])) * h3[f];
-            ref_linear(y, lw->w_down, NULL, h1, D, F);
+            ref_linear(y, lw->w_down.data, NULL, h1, D, F);
             for (int i = 0; i < D; i++) xt[i] += y[i];
         }
     }
     double nll = 0;
     for (int t = 0; t + 1 < T; t++) {
         ref_rmsnorm(xn, x + (size_t)t * D, m->final_norm, D, c->norm_eps);
-        ref_linear(lg, m->classifier, NULL, xn, V, D);
+        ref_linear(lg, m->classifier.data, NULL, xn, V, D);
         double mx = lg[0], s = 0;
         for (int v = 1; v < V; v++) mx = lg[v] > mx ? lg[v] : mx;
         for (int v = 0; v < V; v++) s += exp(lg[v] - mx);

@@ -40,7 +40,7 @@ typedef struct kv_batch_config {
     long n_layers, n_heads, n_kv_heads, head_dim; /* L, H, H_kv, d_h */
     long hidden, ffn_hidden, vocab;               /* h, FFN intermediate size, vocabulary */
     double n_params;     /* parameters held in device memory (embedding once when tied) */
-    double read_params;  /* parameters read per decoded token (kv_model_weight_bytes / 4) */
+    double read_params;  /* parameters read per decoded token (kv_model_read_param_count) */
     double weight_bytes; /* bytes per parameter as deployed (2 for fp16 weights) */
     double dtype_bytes;  /* p: bytes per K, V and activation element */
     double device_mem;   /* M, bytes */

@@ -1,9 +1,12 @@
-/* kvplan model: configuration and fp32 weights of a decoder-only Llama-family model.
+/* kvplan model: configuration and weights of a decoder-only Llama-family model.
  *
  * Loaders (llama2.c `.bin`, GGUF, Hugging Face safetensors directories) all produce the same
- * in-memory form: every weight matrix is fp32, row-major [out_features, in_features] (the
- * PyTorch nn.Linear layout), so y = W x is cblas_sgemv(RowMajor, NoTrans, out, in, W, x).
- * Quantised and half-precision tensors are dequantised on load into buffers the model owns.
+ * in-memory form: every weight matrix is row-major [out_features, in_features] (the PyTorch
+ * nn.Linear layout), so y = W x, and stays in its file's data type (kv_weight: F32, F16, BF16,
+ * Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K; include/kvplan/quant.h), in the file's memory
+ * map or a buffer the model owns; the matmuls convert while they compute (kv_qmatmul), so a
+ * model needs about its file size in memory (issue 14). Norms and biases are fp32 (converted on
+ * load when the file stores them otherwise).
  *
  * RoPE layout: KV_ROPE_ADJACENT rotates pairs (2i, 2i+1) of each head (llama2.c, GGUF);
  * KV_ROPE_HALF rotates pairs (i, i + d_h/2) ("rotate_half", Hugging Face checkpoints).
@@ -12,6 +15,7 @@
 #define KVPLAN_MODEL_H
 
 #include "kvplan/common.h"
+#include "kvplan/quant.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -39,24 +43,24 @@ typedef struct kv_config {
 } kv_config;
 
 typedef struct kv_layer_weights {
-    const float *attn_norm;    /* [dim] */
-    const float *wq;           /* [H*d_h, dim] */
-    const float *wk;           /* [H_kv*d_h, dim] */
-    const float *wv;           /* [H_kv*d_h, dim] */
-    const float *wo;           /* [dim, H*d_h] */
-    const float *bq, *bk, *bv; /* [H*d_h], [H_kv*d_h], [H_kv*d_h] or NULL */
-    const float *ffn_norm;     /* [dim] */
-    const float *w_gate;       /* [hidden, dim]  (llama2.c w1) */
-    const float *w_down;       /* [dim, hidden]  (llama2.c w2) */
-    const float *w_up;         /* [hidden, dim]  (llama2.c w3) */
+    const float *attn_norm;    /* [dim] fp32 */
+    kv_weight wq;              /* [H*d_h, dim] */
+    kv_weight wk;              /* [H_kv*d_h, dim] */
+    kv_weight wv;              /* [H_kv*d_h, dim] */
+    kv_weight wo;              /* [dim, H*d_h] */
+    const float *bq, *bk, *bv; /* [H*d_h], [H_kv*d_h], [H_kv*d_h] fp32 or NULL */
+    const float *ffn_norm;     /* [dim] fp32 */
+    kv_weight w_gate;          /* [hidden, dim]  (llama2.c w1) */
+    kv_weight w_down;          /* [dim, hidden]  (llama2.c w2) */
+    kv_weight w_up;            /* [hidden, dim]  (llama2.c w3) */
 } kv_layer_weights;
 
 typedef struct kv_model {
     kv_config cfg;
-    const float *tok_emb;     /* [vocab, dim] */
+    kv_weight tok_emb;        /* [vocab, dim]; rows dequantised per token (kv_weight_row) */
     kv_layer_weights *layers; /* [n_layers], owned */
-    const float *final_norm;  /* [dim] */
-    const float *classifier;  /* [vocab, dim]; aliases tok_emb when tied */
+    const float *final_norm;  /* [dim] fp32 */
+    kv_weight classifier;     /* [vocab, dim]; aliases tok_emb when tied */
     char format[16];          /* "llama2c", "gguf", "safetensors" */
     char path[4096];          /* what the user passed */
     char sha256[65];          /* model_sha256: hash of the weight file(s), see kv_model_load */
@@ -91,9 +95,24 @@ int kv_model_adopt(kv_model *m, void *p, kv_error *err);
  * even d_h. `what` names the file in the message. */
 int kv_config_check(const kv_config *c, const char *what, kv_error *err);
 
-/* Bytes of fp32 weights the forward pass reads per decoded token (all matrices + norms +
- * classifier; the embedding row is one row). */
+/* Bytes of weights the forward pass reads per decoded token, in their stored types (all
+ * matrices + norms + classifier; the embedding row is one row). */
 size_t kv_model_weight_bytes(const kv_model *m);
+
+/* Parameters the forward pass reads per decoded token (all matrices + norms + classifier +
+ * one embedding row), whatever their stored type: kv_model_weight_bytes of an fp32 copy / 4. */
+size_t kv_model_read_param_count(const kv_model *m);
+
+/* Bytes of all weight data the model holds in memory (every matrix in its type, embedding and
+ * classifier once when tied, norms and biases fp32). */
+size_t kv_model_resident_bytes(const kv_model *m);
+
+/* Floats of matmul scratch (kv_qmatmul) that the model's largest matrix needs for `rows` rows
+ * a call; 0 when every matrix is F32 or rows <= 4. */
+size_t kv_model_matmul_scratch(const kv_model *m, int rows);
+
+/* The weight types present, as a short string ("F32", "F16+F32", "Q4_K+Q6_K+F32" ...) in buf. */
+void kv_model_weight_types(const kv_model *m, char *buf, size_t cap);
 
 /* Parameter count (embedding counted once when tied). */
 size_t kv_model_param_count(const kv_model *m);
