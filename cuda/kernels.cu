@@ -29,12 +29,6 @@ __global__ void widen_bf16_k(float *dst, const __nv_bfloat16 *src, size_t n) {
         dst[i] = __bfloat162float(src[i]);
 }
 
-/* Rows of one compaction chunk: as many as fit in 16 KiB of shared memory. */
-int compact_chunk(int hd) {
-    int c = 16384 / ((2 * hd + 3) * (int)sizeof(float));
-    return c > 0 ? c : 1;
-}
-
 } // namespace
 
 cudaError_t rmsnorm(float *out, const float *x, const int *idx, const float *w, int rows, int dim,
@@ -78,35 +72,31 @@ cudaError_t gather_rows(float *out, const float *src, const int *idx, int rows, 
     return cudaGetLastError();
 }
 
-cudaError_t append(float *pool, int *slot_pos, float *slot_acc, float *slot_acc2, const int *tables,
-                   const kv_attn_task *tasks, int n_tasks, const float *k, const float *v,
-                   int kv_stride, const int *row_pos, int hd, int bs, cudaStream_t s) {
-    if (n_tasks <= 0) return cudaSuccess;
-    kv_k_append<<<n_tasks, kThreads, 0, s>>>(pool, slot_pos, slot_acc, slot_acc2, tables, tasks, k,
-                                             v, kv_stride, row_pos, hd, bs);
+cudaError_t cache_write(float *pool, const kv_k_write *writes, int n, const float *k,
+                        const float *v, int kv_stride, int hd, int bs, cudaStream_t s) {
+    size_t total = (size_t)n * (size_t)hd;
+    if (!total) return cudaSuccess;
+    kv_k_cache_write<<<grid_for(total), kThreads, 0, s>>>(pool, writes, n, k, v, kv_stride, hd, bs);
     return cudaGetLastError();
 }
 
-cudaError_t paged_attention(const float *pool, const int *tables, const kv_attn_task *tasks,
-                            int n_tasks, const int *slot_pos, float *slot_acc, float *slot_acc2,
-                            int track_stats, const float *q, float *o, int q_stride, int g, int hd,
-                            int bs, float *scratch, int scratch_stride, cudaStream_t s) {
+cudaError_t paged_attention(const float *pool, const int *tables, const kv_k_attn_task *tasks,
+                            int n_tasks, const int *pos, float *acc, float *acc2, const float *q,
+                            float *o, int q_stride, int g, int hd, int bs, float *scratch,
+                            int scratch_stride, cudaStream_t s) {
     if (n_tasks <= 0) return cudaSuccess;
     size_t shm = (size_t)g * (size_t)hd * sizeof(float);
-    kv_k_paged_attention<<<n_tasks, kThreads, shm, s>>>(pool, tables, tasks, slot_pos, slot_acc,
-                                                        slot_acc2, track_stats, q, o, q_stride, g,
-                                                        hd, bs, scratch, scratch_stride);
+    kv_k_paged_attention<<<n_tasks, kThreads, shm, s>>>(
+        pool, tables, tasks, pos, acc, acc2, q, o, q_stride, g, hd, bs, scratch, scratch_stride);
     return cudaGetLastError();
 }
 
-cudaError_t compact(float *pool, int *slot_pos, float *slot_acc, float *slot_acc2,
-                    const int *tables, const kv_move_task *tasks, int n_tasks, const int *moves,
-                    int hd, int bs, cudaStream_t s) {
-    if (n_tasks <= 0) return cudaSuccess;
-    int chunk = compact_chunk(hd);
-    size_t shm = (size_t)chunk * (size_t)(2 * hd + 3) * sizeof(float);
-    kv_k_compact<<<n_tasks, kThreads, shm, s>>>(pool, slot_pos, slot_acc, slot_acc2, tables, tasks,
-                                                moves, hd, bs, chunk);
+cudaError_t gather_pass(float *pool, const kv_k_move *moves, int n, float *scratch, int hd, int bs,
+                        cudaStream_t s) {
+    size_t total = (size_t)n * 2 * (size_t)hd;
+    if (!total) return cudaSuccess;
+    kv_k_gather_read<<<grid_for(total), kThreads, 0, s>>>(pool, moves, n, scratch, hd, bs);
+    kv_k_gather_write<<<grid_for(total), kThreads, 0, s>>>(pool, moves, n, scratch, hd, bs);
     return cudaGetLastError();
 }
 

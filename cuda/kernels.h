@@ -23,17 +23,16 @@ cudaError_t add(float *x, const float *y, size_t n, cudaStream_t s);
 cudaError_t add_bias(float *y, const float *b, int rows, int n, cudaStream_t s);
 cudaError_t gather_rows(float *out, const float *src, const int *idx, int rows, int dim,
                         cudaStream_t s);
-cudaError_t append(float *pool, int *slot_pos, float *slot_acc, float *slot_acc2, const int *tables,
-                   const kv_attn_task *tasks, int n_tasks, const float *k, const float *v,
-                   int kv_stride, const int *row_pos, int hd, int bs, cudaStream_t s);
+cudaError_t cache_write(float *pool, const kv_k_write *writes, int n, const float *k,
+                        const float *v, int kv_stride, int hd, int bs, cudaStream_t s);
 /* scratch: n_tasks * g * scratch_stride floats. */
-cudaError_t paged_attention(const float *pool, const int *tables, const kv_attn_task *tasks,
-                            int n_tasks, const int *slot_pos, float *slot_acc, float *slot_acc2,
-                            int track_stats, const float *q, float *o, int q_stride, int g, int hd,
-                            int bs, float *scratch, int scratch_stride, cudaStream_t s);
-cudaError_t compact(float *pool, int *slot_pos, float *slot_acc, float *slot_acc2,
-                    const int *tables, const kv_move_task *tasks, int n_tasks, const int *moves,
-                    int hd, int bs, cudaStream_t s);
+cudaError_t paged_attention(const float *pool, const int *tables, const kv_k_attn_task *tasks,
+                            int n_tasks, const int *pos, float *acc, float *acc2, const float *q,
+                            float *o, int q_stride, int g, int hd, int bs, float *scratch,
+                            int scratch_stride, cudaStream_t s);
+/* One pass of kv_k_split_moves: moves [n] (device), scratch n * 2 * hd floats. */
+cudaError_t gather_pass(float *pool, const kv_k_move *moves, int n, float *scratch, int hd, int bs,
+                        cudaStream_t s);
 /* dst[i] = (float)src[i] for F16 / BF16 weights (uploaded as they are, widened where an op
  * needs fp32, e.g. the token embedding rows). */
 cudaError_t widen_f16(float *dst, const void *src, size_t n, cudaStream_t s);

@@ -5,7 +5,7 @@
  * Face, half RoPE, d_h 16), text from tinystories_val_head.txt.
  *
  * What each comparison expects:
- *  - gather, bias, append, compaction: exact (pure copies or one addition).
+ *  - row gather, bias, cache write, KV gather: exact (pure copies or one addition).
  *  - RMSNorm, RoPE, SwiGLU: the same float expressions as runtime/ops.c; a relative 1e-6
  *    bound leaves room for libm's expf and the double sum's association.
  *  - attention: the kernel sums q.k with a warp butterfly and the softmax with a block tree,
@@ -312,62 +312,36 @@ void cpu_attend(kv_cache *c, kv_head *h, int j, int g, int hd, int n, const floa
     }
 }
 
-/* The device's view of a set of CPU caches: the pool data and per-slot metadata (copied),
- * the block tables flattened, one task per (sequence, KV head). */
+/* The device's view of a set of CPU caches at one step: the pool storage (copied before the
+ * step's writes), the block tables flattened, the entries' metadata flattened per task, one
+ * task per (sequence, KV head), and the step's cache writes. */
 struct mirror {
     std::vector<float> pool, acc, acc2;
     std::vector<int> pos, tables;
-    std::vector<kv_attn_task> tasks;
+    std::vector<kv_k_attn_task> tasks;
+    std::vector<kv_k_write> writes;
 };
 
-void mirror_meta(mirror &d, const kv_pool *p, kv_cache *const *seqs, int n_seqs) {
-    size_t slots = (size_t)p->n_blocks * p->block_size;
-    d.pool.assign(p->data, p->data + slots * 2 * p->head_dim);
-    d.pos.assign(slots, -1);
-    d.acc.assign(slots, NAN);
-    d.acc2.assign(slots, NAN);
-    for (int s = 0; s < n_seqs; s++)
-        for (int j = 0; j < seqs[s]->n_kv_heads; j++) {
-            kv_head *h = kv_cache_head(seqs[s], 0, j);
-            for (int e = 0; e < h->len; e++) {
-                int slot = kv_slot_of_entry(h->table, e, p->block_size);
-                d.pos[(size_t)slot] = h->pos[e];
-                d.acc[(size_t)slot] = h->acc[e];
-                d.acc2[(size_t)slot] = h->acc2[e];
-            }
-        }
-}
-
-void mirror_tables(mirror &d, kv_cache *const *seqs, int n_seqs, int n) {
+void mirror_tasks(mirror &d, const kv_pool *p, kv_cache *const *seqs, int n_seqs, int n) {
     d.tables.clear();
     d.tasks.clear();
+    d.pos.clear();
+    d.acc.clear();
+    d.acc2.clear();
+    d.writes.clear();
     for (int s = 0; s < n_seqs; s++)
         for (int j = 0; j < seqs[s]->n_kv_heads; j++) {
             kv_head *h = kv_cache_head(seqs[s], 0, j);
-            kv_attn_task t = {(int)d.tables.size(), h->len, n, j, s * n};
+            kv_k_attn_task t = {
+                s * n, n, j, h->len, (int)d.tables.size(), (int)d.pos.size(), seqs[s]->track_stats};
             d.tables.insert(d.tables.end(), h->table, h->table + h->n_blocks);
+            d.pos.insert(d.pos.end(), h->pos, h->pos + h->len);
+            d.acc.insert(d.acc.end(), h->acc, h->acc + h->len);
+            d.acc2.insert(d.acc2.end(), h->acc2, h->acc2 + h->len);
             d.tasks.push_back(t);
-        }
-}
-
-/* Compare every live entry's data and metadata between the CPU caches and a mirror. */
-void expect_same_entries(const mirror &d, const kv_pool *p, kv_cache *const *seqs, int n_seqs,
-                         double stat_tol, int *checked) {
-    int hd = p->head_dim, bs = p->block_size;
-    for (int s = 0; s < n_seqs; s++)
-        for (int j = 0; j < seqs[s]->n_kv_heads; j++) {
-            kv_head *h = kv_cache_head(seqs[s], 0, j);
-            for (int e = 0; e < h->len; e++) {
-                int slot = kv_slot_of_entry(h->table, e, bs);
-                CU_ASSERT(std::memcmp(&d.pool[kv_slot_k_offset(slot, bs, hd)], kv_head_k(p, h, e),
-                                      sizeof(float) * hd) == 0);
-                CU_ASSERT(std::memcmp(&d.pool[kv_slot_v_offset(slot, bs, hd)], kv_head_v(p, h, e),
-                                      sizeof(float) * hd) == 0);
-                CU_ASSERT(d.pos[(size_t)slot] == h->pos[e]);
-                CU_ASSERT(std::fabs(d.acc[(size_t)slot] - h->acc[e]) <= stat_tol);
-                CU_ASSERT(std::fabs(d.acc2[(size_t)slot] - h->acc2[e]) <= stat_tol);
-                ++*checked;
-            }
+            for (int i = 0; i < n; i++)
+                d.writes.push_back(kv_k_write{
+                    s * n + i, j, kv_slot_of_entry(h->table, h->len - n + i, p->block_size)});
         }
 }
 
@@ -376,8 +350,8 @@ const int kSteps[] = {6, 1, 1, 3, 1, 1, 1, 5, 1, 1, 1, 1, 2, 1, 1, 1};
 
 /* Three sequences of one layer on a shared pool (block size 4), unequal per-head budgets so
  * the heads' tables differ in length and interleave in the pool, policy `pol`. Each step:
- * CPU eviction (kv_head_make_room), then the CPU append and reference attention, against the
- * append kernel and the attention kernel on a mirror of the state after eviction. */
+ * CPU eviction (kv_head_make_room) and the CPU append and reference attention, against the
+ * cache-write and attention kernels on a mirror of the state after eviction. */
 void run_attention_case(const kv_model *m, int n_kv, kv_policy pol, int track, int block) {
     qkv a = real_qkv(m, ids_for(m, text_ids(600)), n_kv);
     const int n_seqs = 3, bs = 4, hd = a.hd, qd = a.H * hd, kvd = n_kv * hd;
@@ -393,27 +367,26 @@ void run_attention_case(const kv_model *m, int n_kv, kv_policy pol, int track, i
         seqs[s].track_stats = track;
         sp[s] = &seqs[s];
     }
+    size_t pool_floats = (size_t)pool.n_blocks * 2 * bs * hd;
     int t_used = 0, checked = 0, steps = 0;
     double worst_o = 0.0, worst_stat = 0.0;
     for (int n : kSteps) {
         int rows = n_seqs * n;
         std::vector<float> q((size_t)rows * qd), k((size_t)rows * kvd), v(k.size());
-        std::vector<int> row_pos((size_t)rows);
         for (int s = 0; s < n_seqs; s++)
             for (int i = 0; i < n; i++) {
                 int r = s * n + i, tok = (t_used + i + 11 * s) % a.T;
                 std::memcpy(&q[(size_t)r * qd], &a.q[(size_t)tok * qd], sizeof(float) * qd);
                 std::memcpy(&k[(size_t)r * kvd], &a.k[(size_t)tok * kvd], sizeof(float) * kvd);
                 std::memcpy(&v[(size_t)r * kvd], &a.v[(size_t)tok * kvd], sizeof(float) * kvd);
-                row_pos[(size_t)r] = seqs[s].n_past + i;
             }
-        /* eviction on the CPU (shared policy and schedule), then mirror, then append */
+        /* eviction on the CPU (shared policy and schedule), storage snapshot, then append */
         for (int s = 0; s < n_seqs; s++)
             for (int j = 0; j < n_kv; j++)
                 CU_ASSERT_FATAL(kv_head_make_room(&seqs[s], kv_cache_head(&seqs[s], 0, j), n,
                                                   seqs[s].n_past + n - 1, &err) == KV_OK);
         mirror d;
-        mirror_meta(d, &pool, sp, n_seqs);
+        d.pool.assign(pool.data, pool.data + pool_floats);
         for (int s = 0; s < n_seqs; s++)
             for (int j = 0; j < n_kv; j++)
                 for (int i = 0; i < n; i++) {
@@ -423,14 +396,16 @@ void run_attention_case(const kv_model *m, int n_kv, kv_policy pol, int track, i
                                                    &v[r * kvd + (size_t)j * hd], seqs[s].n_past + i,
                                                    &err) == KV_OK);
                 }
-        mirror_tables(d, sp, n_seqs, n);
-        int n_tasks = (int)d.tasks.size();
-        launch(n_tasks, block, 0, [&] {
-            kv_k_append(d.pool.data(), d.pos.data(), d.acc.data(), d.acc2.data(), d.tables.data(),
-                        d.tasks.data(), k.data(), v.data(), kvd, row_pos.data(), hd, bs);
+        mirror_tasks(d, &pool, sp, n_seqs, n);
+        int n_tasks = (int)d.tasks.size(), n_writes = (int)d.writes.size();
+        launch(2, block, 0, [&] {
+            kv_k_cache_write(d.pool.data(), d.writes.data(), n_writes, k.data(), v.data(), kvd, hd,
+                             bs);
         });
+        /* the storage after the writes equals the CPU's, every slot */
+        CU_ASSERT(std::memcmp(d.pool.data(), pool.data, sizeof(float) * pool_floats) == 0);
         int longest = 0;
-        for (const kv_attn_task &t : d.tasks) longest = t.len > longest ? t.len : longest;
+        for (const kv_k_attn_task &t : d.tasks) longest = t.len > longest ? t.len : longest;
         std::vector<float> o_cpu((size_t)rows * qd, NAN), o_dev(o_cpu);
         std::vector<float> scratch((size_t)n_tasks * a.g * longest);
         for (int s = 0; s < n_seqs; s++)
@@ -439,8 +414,8 @@ void run_attention_case(const kv_model *m, int n_kv, kv_policy pol, int track, i
                            o_cpu.data(), qd, s * n);
         launch(n_tasks, block, (size_t)a.g * hd * sizeof(float), [&] {
             kv_k_paged_attention(d.pool.data(), d.tables.data(), d.tasks.data(), d.pos.data(),
-                                 d.acc.data(), d.acc2.data(), track, q.data(), o_dev.data(), qd,
-                                 a.g, hd, bs, scratch.data(), longest);
+                                 d.acc.data(), d.acc2.data(), q.data(), o_dev.data(), qd, a.g, hd,
+                                 bs, scratch.data(), longest);
         });
         /* error against the step's largest output (a near-zero output is a cancellation) */
         double omax = 0.0;
@@ -448,19 +423,18 @@ void run_attention_case(const kv_model *m, int n_kv, kv_policy pol, int track, i
         double eo = max_abs(o_dev.data(), o_cpu.data(), o_dev.size()) / omax;
         worst_o = eo > worst_o ? eo : worst_o;
         CU_ASSERT(eo <= 1e-5);
-        /* data and positions exact; statistics within 1e-5 (untracked: both stay 0) */
-        expect_same_entries(d, &pool, sp, n_seqs, 1e-5, &checked);
-        for (int s = 0; s < n_seqs; s++)
-            for (int j = 0; j < n_kv; j++) {
-                kv_head *h = kv_cache_head(&seqs[s], 0, j);
-                for (int e = 0; e < h->len; e++) {
-                    size_t slot = (size_t)kv_slot_of_entry(h->table, e, bs);
-                    double ds = std::fabs(d.acc[slot] - h->acc[e]);
-                    ds = std::fmax(ds, std::fabs(d.acc2[slot] - h->acc2[e]));
-                    worst_stat = ds > worst_stat ? ds : worst_stat;
-                    if (!track) CU_ASSERT(d.acc[slot] == 0.0f && h->acc[e] == 0.0f);
-                }
+        /* statistics within 1e-5 (untracked: both stay 0) */
+        for (const kv_k_attn_task &t : d.tasks) {
+            kv_head *h = kv_cache_head(&seqs[t.row0 / n], 0, t.kv_head);
+            for (int e = 0; e < t.len; e++) {
+                double ds = std::fabs(d.acc[(size_t)(t.meta_off + e)] - h->acc[e]);
+                ds = std::fmax(ds, std::fabs(d.acc2[(size_t)(t.meta_off + e)] - h->acc2[e]));
+                worst_stat = ds > worst_stat ? ds : worst_stat;
+                CU_ASSERT(ds <= 1e-5);
+                if (!track) CU_ASSERT(d.acc[(size_t)(t.meta_off + e)] == 0.0f && h->acc[e] == 0.0f);
+                checked++;
             }
+        }
         for (int s = 0; s < n_seqs; s++) seqs[s].n_past += n;
         t_used += n;
         steps++;
@@ -470,7 +444,7 @@ void run_attention_case(const kv_model *m, int n_kv, kv_policy pol, int track, i
     CU_ASSERT(lens[0] != lens[1]);
     CU_ASSERT(seqs[0].n_past > kv_cache_head(&seqs[0], 0, 0)->budget);
     std::printf("\n    attention g=%d %s stats %s block %d: %d steps, %d entries checked, "
-                "max rel diff o %.3g, max abs diff acc/acc2 %.3g",
+                "max diff o %.3g of the largest output, max abs diff acc/acc2 %.3g",
                 a.g, kv_policy_name(pol), track ? "on" : "off", block, steps, checked, worst_o,
                 worst_stat);
     for (int s = 0; s < n_seqs; s++) kv_cache_destroy(&seqs[s]);
@@ -506,9 +480,6 @@ void test_attention_reproducible() {
     mirror d;
     int n_blocks = kv_blocks_for(len, bs);
     d.pool.assign((size_t)n_blocks * 2 * bs * hd, 0.0f);
-    d.pos.assign((size_t)n_blocks * bs, 0);
-    d.acc.assign(d.pos.size(), 0.0f);
-    d.acc2.assign(d.pos.size(), 0.0f);
     for (int b = 0; b < n_blocks; b++) d.tables.push_back(n_blocks - 1 - b); /* reversed */
     for (int e = 0; e < len; e++) {
         int slot = kv_slot_of_entry(d.tables.data(), e, bs);
@@ -516,17 +487,17 @@ void test_attention_reproducible() {
                     sizeof(float) * hd);
         std::memcpy(&d.pool[kv_slot_v_offset(slot, bs, hd)], &a.v[(size_t)e * 2 * hd],
                     sizeof(float) * hd);
-        d.pos[(size_t)slot] = e;
+        d.pos.push_back(e);
     }
-    d.tasks.push_back(kv_attn_task{0, len, n, 1, 0});
+    d.tasks.push_back(kv_k_attn_task{0, n, 1, len, 0, 0, 1});
     std::vector<float> o1((size_t)n * qd, 0.0f), o2(o1), scratch((size_t)a.g * len);
     std::vector<float> acc_first;
     for (int run = 0; run < 2; run++) {
-        std::fill(d.acc.begin(), d.acc.end(), 0.0f);
-        std::fill(d.acc2.begin(), d.acc2.end(), 0.0f);
+        d.acc.assign((size_t)len, 0.0f);
+        d.acc2.assign((size_t)len, 0.0f);
         launch(1, 64, (size_t)a.g * hd * sizeof(float), [&] {
             kv_k_paged_attention(d.pool.data(), d.tables.data(), d.tasks.data(), d.pos.data(),
-                                 d.acc.data(), d.acc2.data(), 1, &a.q[(size_t)(len - n) * qd],
+                                 d.acc.data(), d.acc2.data(), &a.q[(size_t)(len - n) * qd],
                                  run ? o2.data() : o1.data(), qd, a.g, hd, bs, scratch.data(), len);
         });
         if (run == 0) acc_first = d.acc;
@@ -540,74 +511,107 @@ void test_attention_reproducible() {
     kv_model_free(m);
 }
 
-/* Compaction: a policy's keep list as a move list, on several heads at once, against
- * kv_head_compact. Small chunks make the read-then-write rounds cross chunk boundaries. */
-void test_compaction_gather() {
+/* The gather op's reference: the moves applied one by one, in order. */
+void apply_moves_in_order(float *pool, const std::vector<kv_k_move> &mv, int hd, int bs) {
+    for (const kv_k_move &m : mv) {
+        std::memmove(pool + kv_slot_k_offset(m.dst, bs, hd), pool + kv_slot_k_offset(m.src, bs, hd),
+                     sizeof(float) * hd);
+        std::memmove(pool + kv_slot_v_offset(m.dst, bs, hd), pool + kv_slot_v_offset(m.src, bs, hd),
+                     sizeof(float) * hd);
+    }
+}
+
+/* Run a move list through kv_k_split_moves and the two gather kernels per pass. */
+int shim_gather(std::vector<float> &pool, const std::vector<kv_k_move> &mv, int hd, int bs,
+                int n_slots) {
+    std::vector<int> stamp((size_t)n_slots, 0), start(mv.size() + 1);
+    int gen = 1;
+    int passes = kv_k_split_moves(mv.data(), (int)mv.size(), stamp.data(), &gen, start.data());
+    std::vector<float> scratch(mv.size() * 2 * hd);
+    for (int p = 0; p < passes; p++) {
+        const kv_k_move *pm = mv.data() + start[(size_t)p];
+        int n = start[(size_t)p + 1] - start[(size_t)p];
+        launch(3, 64, 0, [&] { kv_k_gather_read(pool.data(), pm, n, scratch.data(), hd, bs); });
+        launch(2, 32, 0, [&] { kv_k_gather_write(pool.data(), pm, n, scratch.data(), hd, bs); });
+    }
+    return passes;
+}
+
+/* Gather: eviction's move lists (a policy's survivors moved forward through the heads'
+ * tables, several heads interleaved in the pool) against the CPU's eviction, and a list with
+ * chains and repeats against applying it in order. */
+void test_gather() {
     kv_model *m = load(M260);
     qkv a = real_qkv(m, text_ids(600), 4);
     const int bs = 4, hd = a.hd, n_kv = 4, kvd = n_kv * hd;
     kv_error err = {};
     kv_pool pool;
     CU_ASSERT_FATAL(kv_pool_init(&pool, 96, bs, hd, &err) == KV_OK);
+    size_t pool_floats = (size_t)pool.n_blocks * 2 * bs * hd;
+    int n_slots = pool.n_blocks * bs;
     const kv_policy pols[3] = {KV_POLICY_H2O, KV_POLICY_SINK, KV_POLICY_L2ATTN};
-    for (int chunk : {1, 3, 64}) {
-        for (kv_policy pol : pols) {
-            kv_cache c;
-            CU_ASSERT_FATAL(kv_cache_init(&c, &pool, 1, n_kv, nullptr, pol, &err) == KV_OK);
-            c.track_stats = 1;
-            kv_cache *cp = &c;
-            /* fill the heads unevenly, interleaved so their blocks interleave in the pool */
-            int lens[n_kv] = {41, 29, 33, 18};
-            for (int t = 0; t < 41; t++)
-                for (int j = 0; j < n_kv; j++) {
-                    if (t >= lens[j]) continue;
-                    kv_head *h = kv_cache_head(&c, 0, j);
-                    CU_ASSERT_FATAL(kv_head_append(&c, h, &a.k[(size_t)t * kvd + j * hd],
-                                                   &a.v[(size_t)t * kvd + j * hd], t,
-                                                   &err) == KV_OK);
-                }
-            /* statistics from real attention: every entry's row attends as a query */
+    for (kv_policy pol : pols) {
+        kv_cache c;
+        CU_ASSERT_FATAL(kv_cache_init(&c, &pool, 1, n_kv, nullptr, pol, &err) == KV_OK);
+        c.track_stats = 1;
+        /* fill the heads unevenly, interleaved so their blocks interleave in the pool */
+        int lens[n_kv] = {41, 29, 33, 18};
+        for (int t = 0; t < 41; t++)
             for (int j = 0; j < n_kv; j++) {
+                if (t >= lens[j]) continue;
                 kv_head *h = kv_cache_head(&c, 0, j);
-                std::vector<float> o((size_t)h->len * a.H * hd);
-                cpu_attend(&c, h, j, a.g, hd, h->len, a.q.data(), o.data(), a.H * hd, 0);
+                CU_ASSERT_FATAL(kv_head_append(&c, h, &a.k[(size_t)t * kvd + j * hd],
+                                               &a.v[(size_t)t * kvd + j * hd], t, &err) == KV_OK);
             }
-            mirror d;
-            mirror_meta(d, &pool, &cp, 1);
-            std::vector<int> moves, tables;
-            std::vector<kv_move_task> tasks;
-            for (int j = 0; j < n_kv; j++) {
-                kv_head *h = kv_cache_head(&c, 0, j);
-                int n_keep = h->len * 3 / 5;
-                std::vector<int> keep((size_t)n_keep);
-                kv_policy_select(pol, h->pos, h->acc, h->acc2, h->len, n_keep, h->len - 1,
-                                 keep.data());
-                kv_move_task t = {(int)tables.size(), (int)moves.size() / 2, 0};
-                tables.insert(tables.end(), h->table, h->table + h->n_blocks);
-                for (int dst = 0; dst < n_keep; dst++)
-                    if (keep[(size_t)dst] != dst) {
-                        moves.push_back(keep[(size_t)dst]);
-                        moves.push_back(dst);
-                        t.n_moves++;
-                    }
-                tasks.push_back(t);
-                kv_head_compact(&c, h, keep.data(), n_keep);
-            }
-            size_t shm = (size_t)chunk * (2 * hd + 3) * sizeof(float);
-            launch((int)tasks.size(), 64, shm, [&] {
-                kv_k_compact(d.pool.data(), d.pos.data(), d.acc.data(), d.acc2.data(),
-                             tables.data(), tasks.data(), moves.data(), hd, bs, chunk);
-            });
-            int checked = 0;
-            /* the CPU's compaction released trailing blocks; the kept front of each table is
-             * the same on both sides, so entries are compared through the CPU's tables */
-            expect_same_entries(d, &pool, &cp, 1, 0.0, &checked);
-            CU_ASSERT(checked == 41 * 3 / 5 + 29 * 3 / 5 + 33 * 3 / 5 + 18 * 3 / 5);
-            CU_ASSERT(moves.size() > 0);
-            kv_cache_destroy(&c);
+        /* statistics from real attention: every entry's row attends as a query */
+        for (int j = 0; j < n_kv; j++) {
+            kv_head *h = kv_cache_head(&c, 0, j);
+            std::vector<float> o((size_t)h->len * a.H * hd);
+            cpu_attend(&c, h, j, a.g, hd, h->len, a.q.data(), o.data(), a.H * hd, 0);
         }
+        std::vector<float> dev(pool.data, pool.data + pool_floats);
+        std::vector<kv_k_move> mv;
+        std::vector<std::vector<int>> tables((size_t)n_kv);
+        std::vector<int> kept((size_t)n_kv);
+        for (int j = 0; j < n_kv; j++) {
+            kv_head *h = kv_cache_head(&c, 0, j);
+            int n_keep = h->len * 3 / 5;
+            std::vector<int> keep((size_t)n_keep);
+            kv_policy_select(pol, h->pos, h->acc, h->acc2, h->len, n_keep, h->len - 1, keep.data());
+            for (int dst = 0; dst < n_keep; dst++)
+                if (keep[(size_t)dst] != dst)
+                    mv.push_back(kv_k_move{kv_slot_of_entry(h->table, keep[(size_t)dst], bs),
+                                           kv_slot_of_entry(h->table, dst, bs)});
+            kv_head_compact(&c, h, keep.data(), n_keep);
+            tables[(size_t)j].assign(h->table, h->table + h->n_blocks);
+            kept[(size_t)j] = n_keep;
+        }
+        int passes = shim_gather(dev, mv, hd, bs, n_slots);
+        CU_ASSERT(passes == 1); /* survivors move forward: one read-then-write pass */
+        CU_ASSERT(mv.size() > 0);
+        for (int j = 0; j < n_kv; j++) {
+            kv_head *h = kv_cache_head(&c, 0, j);
+            for (int e = 0; e < kept[(size_t)j]; e++) {
+                int slot = kv_slot_of_entry(tables[(size_t)j].data(), e, bs);
+                CU_ASSERT(std::memcmp(&dev[kv_slot_k_offset(slot, bs, hd)], kv_head_k(&pool, h, e),
+                                      sizeof(float) * hd) == 0);
+                CU_ASSERT(std::memcmp(&dev[kv_slot_v_offset(slot, bs, hd)], kv_head_v(&pool, h, e),
+                                      sizeof(float) * hd) == 0);
+            }
+        }
+        kv_cache_destroy(&c);
     }
-    std::printf("\n    compaction: h2o, sink, l2attn keep lists at chunks 1, 3, 64: exact");
+    /* chains (a slot written then read), repeats (a slot written twice), swaps */
+    std::vector<float> seq(pool.data, pool.data + pool_floats), dev(seq);
+    std::vector<kv_k_move> mv = {{5, 9},   {9, 13},  {13, 5}, {7, 7},  {20, 21}, {22, 21},
+                                 {30, 31}, {31, 30}, {40, 2}, {2, 40}, {3, 4},   {4, 3}};
+    apply_moves_in_order(seq.data(), mv, hd, bs);
+    int passes = shim_gather(dev, mv, hd, bs, n_slots);
+    CU_ASSERT(passes > 1);
+    CU_ASSERT(std::memcmp(seq.data(), dev.data(), sizeof(float) * pool_floats) == 0);
+    std::printf("\n    gather: h2o, sink, l2attn evictions in one pass each, exact; a list of "
+                "chains and swaps in %d passes, exact",
+                passes);
     kv_pool_destroy(&pool);
     kv_model_free(m);
 }
@@ -648,11 +652,11 @@ int main(void) {
         {"rope kernel, adjacent and half layouts, vs kv_op_rope_row", test_rope_both_layouts},
         {"swiglu + residual kernels in the FFN vs kv_op_ffn_residual", test_swiglu_residual_ffn},
         {"bias and row-gather kernels", test_bias_and_gather},
-        {"append + paged attention, g=2, unequal tables, stats on/off", test_attention_g2},
-        {"append + paged attention, g=4, l2attn/avgattn stats", test_attention_g4},
-        {"append + paged attention, TinyStories-656K d_h 16", test_attention_656k},
+        {"cache write + paged attention, g=2, unequal tables, stats on/off", test_attention_g2},
+        {"cache write + paged attention, g=4, l2attn/avgattn stats", test_attention_g4},
+        {"cache write + paged attention, TinyStories-656K d_h 16", test_attention_656k},
         {"paged attention is reproducible, weights sum to 1", test_attention_reproducible},
-        {"compaction gather vs kv_head_compact", test_compaction_gather},
+        {"gather (eviction move lists) vs the CPU", test_gather},
     };
     return tu_main("cuda_kernels", tests, sizeof tests / sizeof tests[0]);
 }

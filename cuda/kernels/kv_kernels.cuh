@@ -1,6 +1,6 @@
 /* kvplan's layer kernels, written once for the CUDA device (cuda/kernels.cu launches them)
  * and for the host shim the tests run them on (tests/cuda_shim.hpp). Each kernel computes what
- * the CPU backend computes (runtime/ops.c, runtime/forward.c, runtime/kvcache.c); the tests in
+ * the CPU backend computes (runtime/ops.c, runtime/backend_cpu.c, runtime/kvcache.c); the tests in
  * tests/test_cuda_kernels.cpp compare them at small sizes.
  *
  * Conventions: all matrices row-major fp32; `rows` is the number of token rows of a step (the
@@ -9,10 +9,10 @@
  * grid size is correct. Reductions run in a fixed order (kv_block_sum), so a kernel gives the
  * same bits on every run of the same launch configuration.
  *
- * The paged KV pool is the CPU layout (include/kvplan/kvslot.h): data[block][K|V][slot][d_h];
- * per-slot metadata arrays of n_blocks * block_size entries hold each entry's position id
- * (slot_pos), its accumulated attention weight (slot_acc, H2O / Batch-Max avgattn) and its
- * accumulated squared weight (slot_acc2, KV-Compress L2).
+ * The paged KV pool is the CPU layout (include/kvplan/kvslot.h): data[block][K|V][slot][d_h].
+ * Per-entry metadata (position id, accumulated attention weight for H2O / Batch-Max avgattn,
+ * accumulated squared weight for KV-Compress L2) stays the engine's host metadata; a step
+ * uploads the attending heads' entries and downloads the statistics.
  */
 #ifndef KVPLAN_CUDA_KV_KERNELS_CUH
 #define KVPLAN_CUDA_KV_KERNELS_CUH
@@ -97,59 +97,52 @@ KV_GLOBAL void kv_k_gather_rows(float *out, const float *src, const int *idx, in
     for (int i = kv_tid(); i < dim; i += kv_bdim()) out[(size_t)r * (size_t)dim + i] = s[i];
 }
 
-/* Append this step's K/V rows to the pool (kv_head_append): for task t and new token i, entry
- * len - n_new + i of its head gets K = k[row0 + i, kv_head*hd ...], V likewise (row stride
- * kv_stride floats), position row_pos[row0 + i] and zeroed statistics. The head's block table
- * must already list the blocks. Grid: one block per task. */
-KV_GLOBAL void kv_k_append(float *pool, int *slot_pos, float *slot_acc, float *slot_acc2,
-                           const int *tables, const kv_attn_task *tasks, const float *k,
-                           const float *v, int kv_stride, const int *row_pos, int hd, int bs) {
-    kv_attn_task t = tasks[kv_bid()];
-    const int *table = tables + t.table_off;
-    int base = t.len - t.n_new;
-    for (int x = kv_tid(); x < t.n_new * hd; x += kv_bdim()) {
-        int i = x / hd, d = x % hd;
-        int slot = kv_slot_of_entry(table, base + i, bs);
-        size_t src = (size_t)(t.row0 + i) * (size_t)kv_stride + (size_t)t.kv_head * hd + d;
-        pool[kv_slot_k_offset(slot, bs, hd) + d] = k[src];
-        pool[kv_slot_v_offset(slot, bs, hd) + d] = v[src];
-        if (d == 0) {
-            slot_pos[slot] = row_pos[t.row0 + i];
-            slot_acc[slot] = 0.0f;
-            slot_acc2[slot] = 0.0f;
-        }
+/* Cache write (the engine's cache_write op): for write w and d < hd, K and V of row
+ * writes[w].row, KV head writes[w].kv_head (row stride kv_stride floats in k and v) go to slot
+ * writes[w].slot of the pool. One thread per float; any grid. */
+KV_GLOBAL void kv_k_cache_write(float *pool, const kv_k_write *writes, int n, const float *k,
+                                const float *v, int kv_stride, int hd, int bs) {
+    size_t total = (size_t)n * (size_t)hd;
+    for (size_t x = (size_t)kv_bid() * kv_bdim() + kv_tid(); x < total;
+         x += (size_t)kv_gdim() * kv_bdim()) {
+        kv_k_write w = writes[x / (size_t)hd];
+        int d = (int)(x % (size_t)hd);
+        size_t src = (size_t)w.row * (size_t)kv_stride + (size_t)w.kv_head * hd + d;
+        pool[kv_slot_k_offset(w.slot, bs, hd) + d] = k[src];
+        pool[kv_slot_v_offset(w.slot, bs, hd) + d] = v[src];
     }
 }
 
 /* Paged attention with statistics (PagedAttention, Kwon et al. 2023, over KV-Compress's
- * per-head block tables; the CPU twin is attend_head_hd in runtime/forward.c).
+ * per-head block tables; the CPU twin is attend_task_hd in runtime/backend_cpu.c).
  * Grid: one block per task (sequence, KV head), serving the g query heads of its group, so
  * each K/V row read from the pool serves g queries. For new token i of the task (query row
- * row0 + i, position slot_pos of entry len - n_new + i), query head j*g + gh attends entries
- * 0 .. len - n_new + i of the head:
+ * row0 + i, position pos[len - n + i]), query head j*g + gh attends entries 0 .. len - n + i:
  *   s_e = q . k_e / sqrt(hd),  w = softmax(s),  o = sum_e w_e v_e.
- * With track_stats, after each query every entry e it saw gets, for gh = 0..g-1 in order,
- * acc[e] += w and, when position(query) - position(e) >= KV_K_L2_WINDOW, acc2[e] += w^2:
- * each entry is updated by one thread in the CPU's order (no atomics), so the statistics are
+ * With task.track, after each query every entry e it saw gets, for gh = 0..g-1 in order,
+ * acc[e] += w and, when pos(query) - pos(e) >= KV_K_L2_WINDOW, acc2[e] += w^2: each entry
+ * is updated by one thread in the CPU's order (no atomics), so the statistics are
  * reproducible and equal the CPU's up to the softmax's rounding.
+ * Entry e of a task: block tables[table_off + e / bs], metadata pos/acc/acc2[meta_off + e].
  * q and o: [rows, q_stride] with query head h at h*hd. scratch: g * scratch_stride floats per
  * task (scratch_stride >= the longest len) for the scores. Dynamic shared memory: g*hd floats
  * (the scaled queries). */
-KV_GLOBAL void kv_k_paged_attention(const float *pool, const int *tables, const kv_attn_task *tasks,
-                                    const int *slot_pos, float *slot_acc, float *slot_acc2,
-                                    int track_stats, const float *q, float *o, int q_stride, int g,
+KV_GLOBAL void kv_k_paged_attention(const float *pool, const int *tables,
+                                    const kv_k_attn_task *tasks, const int *pos, float *acc,
+                                    float *acc2, const float *q, float *o, int q_stride, int g,
                                     int hd, int bs, float *scratch, int scratch_stride) {
     KV_DYNAMIC_SHARED(float, qs);
     KV_SHARED_ARRAY(float, red, 32);
-    kv_attn_task t = tasks[kv_bid()];
+    kv_k_attn_task t = tasks[kv_bid()];
     const int *table = tables + t.table_off;
+    const int *tpos = pos + t.meta_off;
     float *sc = scratch + (size_t)kv_bid() * (size_t)g * (size_t)scratch_stride;
-    int base = t.len - t.n_new, gw = g * hd;
+    int base = t.len - t.n, gw = g * hd;
     int lane = kv_tid() % KV_WARP, warp = kv_tid() / KV_WARP, n_warps = kv_bdim() / KV_WARP;
     float inv = 1.0f / sqrtf((float)hd);
-    for (int i = 0; i < t.n_new; i++) {
+    for (int i = 0; i < t.n; i++) {
         int n_ent = base + i + 1;
-        int qpos = slot_pos[kv_slot_of_entry(table, base + i, bs)];
+        int qpos = tpos[base + i];
         const float *qrow = q + (size_t)(t.row0 + i) * (size_t)q_stride + (size_t)t.kv_head * gw;
         float *orow = o + (size_t)(t.row0 + i) * (size_t)q_stride + (size_t)t.kv_head * gw;
         for (int x = kv_tid(); x < gw; x += kv_bdim()) qs[x] = qrow[x] * inv;
@@ -185,75 +178,51 @@ KV_GLOBAL void kv_k_paged_attention(const float *pool, const int *tables, const 
         for (int x = kv_tid(); x < gw; x += kv_bdim()) {
             int gh = x / hd, d = x % hd;
             const float *s = sc + (size_t)gh * scratch_stride;
-            float acc = 0.0f;
+            float a = 0.0f;
             for (int e = 0; e < n_ent; e++)
-                acc += s[e] * pool[kv_slot_v_offset(kv_slot_of_entry(table, e, bs), bs, hd) + d];
-            orow[x] = acc;
+                a += s[e] * pool[kv_slot_v_offset(kv_slot_of_entry(table, e, bs), bs, hd) + d];
+            orow[x] = a;
         }
-        if (track_stats)
+        if (t.track)
             for (int e = kv_tid(); e < n_ent; e += kv_bdim()) {
-                int slot = kv_slot_of_entry(table, e, bs);
-                int counted = qpos - slot_pos[slot] >= KV_K_L2_WINDOW;
-                float a = slot_acc[slot], a2 = slot_acc2[slot];
+                int counted = qpos - tpos[e] >= KV_K_L2_WINDOW;
+                float a = acc[t.meta_off + e], a2 = acc2[t.meta_off + e];
                 for (int gh = 0; gh < g; gh++) {
                     float w = sc[(size_t)gh * scratch_stride + e];
                     a += w;
                     if (counted) a2 += w * w;
                 }
-                slot_acc[slot] = a;
-                slot_acc2[slot] = a2;
+                acc[t.meta_off + e] = a;
+                acc2[t.meta_off + e] = a2;
             }
         kv_syncthreads(); /* qs and sc are rewritten by the next query */
     }
 }
 
-/* Compaction as a gather (KV-Compress MoveCache; the CPU twin is kv_head_compact): for each
- * task (one head), move entry src -> entry dst for its n_moves pairs (K, V, position,
- * statistics). The pairs must have strictly ascending dst and src >= dst, as eviction that
- * keeps survivors in order produces; then every slot is read before it is overwritten and the
- * result equals copying the pairs one by one in order. Moves go in chunks of `chunk` pairs:
- * the whole chunk is read into shared memory, the block synchronises, then writes.
- * Dynamic shared memory: chunk * (2*hd + 3) * 4 bytes. Grid: one block per task. slot_acc and
- * slot_acc2 may be NULL (no statistics kept). */
-KV_GLOBAL void kv_k_compact(float *pool, int *slot_pos, float *slot_acc, float *slot_acc2,
-                            const int *tables, const kv_move_task *tasks, const int *moves, int hd,
-                            int bs, int chunk) {
-    KV_DYNAMIC_SHARED(float, buf);
-    float *meta_acc = buf + (size_t)chunk * 2 * hd;
-    float *meta_acc2 = meta_acc + chunk;
-    int *meta_pos = (int *)(meta_acc2 + chunk);
-    kv_move_task t = tasks[kv_bid()];
-    const int *table = tables + t.table_off;
-    const int *mv = moves + 2 * (size_t)t.move_off;
-    int row = 2 * hd;
-    for (int c0 = 0; c0 < t.n_moves; c0 += chunk) {
-        int cnt = t.n_moves - c0 < chunk ? t.n_moves - c0 : chunk;
-        for (int x = kv_tid(); x < cnt * row; x += kv_bdim()) {
-            int m = x / row, r = x % row;
-            int slot = kv_slot_of_entry(table, mv[2 * (c0 + m)], bs);
-            buf[x] = pool[(r < hd ? kv_slot_k_offset(slot, bs, hd) + r
-                                  : kv_slot_v_offset(slot, bs, hd) + (r - hd))];
-        }
-        for (int m = kv_tid(); m < cnt; m += kv_bdim()) {
-            int slot = kv_slot_of_entry(table, mv[2 * (c0 + m)], bs);
-            meta_pos[m] = slot_pos[slot];
-            meta_acc[m] = slot_acc ? slot_acc[slot] : 0.0f;
-            meta_acc2[m] = slot_acc2 ? slot_acc2[slot] : 0.0f;
-        }
-        kv_syncthreads();
-        for (int x = kv_tid(); x < cnt * row; x += kv_bdim()) {
-            int m = x / row, r = x % row;
-            int slot = kv_slot_of_entry(table, mv[2 * (c0 + m) + 1], bs);
-            pool[(r < hd ? kv_slot_k_offset(slot, bs, hd) + r
-                         : kv_slot_v_offset(slot, bs, hd) + (r - hd))] = buf[x];
-        }
-        for (int m = kv_tid(); m < cnt; m += kv_bdim()) {
-            int slot = kv_slot_of_entry(table, mv[2 * (c0 + m) + 1], bs);
-            slot_pos[slot] = meta_pos[m];
-            if (slot_acc) slot_acc[slot] = meta_acc[m];
-            if (slot_acc2) slot_acc2[slot] = meta_acc2[m];
-        }
-        kv_syncthreads(); /* the next chunk reuses the buffer */
+/* Gather (the engine's gather op, KV-Compress MoveCache), one pass of kv_k_split_moves:
+ * kv_k_gather_read copies K and V of every move's source slot into scratch [n][2][hd], then
+ * kv_k_gather_write (launched after it on the same stream) copies scratch to the
+ * destinations. Within a pass no move reads or rewrites a slot an earlier one wrote, so this
+ * equals applying the moves in order. One thread per float; any grid. */
+KV_GLOBAL void kv_k_gather_read(const float *pool, const kv_k_move *moves, int n, float *scratch,
+                                int hd, int bs) {
+    size_t row = 2 * (size_t)hd, total = (size_t)n * row;
+    for (size_t x = (size_t)kv_bid() * kv_bdim() + kv_tid(); x < total;
+         x += (size_t)kv_gdim() * kv_bdim()) {
+        int m = (int)(x / row), r = (int)(x % row), slot = moves[m].src;
+        scratch[x] = pool[r < hd ? kv_slot_k_offset(slot, bs, hd) + r
+                                 : kv_slot_v_offset(slot, bs, hd) + (r - hd)];
+    }
+}
+
+KV_GLOBAL void kv_k_gather_write(float *pool, const kv_k_move *moves, int n, const float *scratch,
+                                 int hd, int bs) {
+    size_t row = 2 * (size_t)hd, total = (size_t)n * row;
+    for (size_t x = (size_t)kv_bid() * kv_bdim() + kv_tid(); x < total;
+         x += (size_t)kv_gdim() * kv_bdim()) {
+        int m = (int)(x / row), r = (int)(x % row), slot = moves[m].dst;
+        pool[r < hd ? kv_slot_k_offset(slot, bs, hd) + r
+                    : kv_slot_v_offset(slot, bs, hd) + (r - hd)] = scratch[x];
     }
 }
 
