@@ -30,6 +30,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "kvplan/engine.h"
 #include "kvplan/eval.h"
 #include "kvplan/forward.h"
 #include "kvplan/kvcache.h"
@@ -154,85 +155,70 @@ static size_t cache_entries(const kv_cache *c) {
     return e;
 }
 
-/* Prefill `T` tokens in blocks of `block`, then decode `D` tokens (greedy on the returned
- * logits); the cache is left on the pool for the caller (batch cloning). */
-static void prefill_decode(const kv_model *m, kv_pool *pool, kv_cache *c, const int *budget,
-                           kv_policy policy, const int *tokens, int T, int block, int D,
-                           run_stat *st) {
+/* An engine for plan `plan` with `max_seqs` sequences of up to `ctx` positions, prefill steps
+ * of at most `step` rows and `seq_blocks` blocks per sequence (0: what the plan needs). */
+static kv_engine *make_engine(const kv_model *m, const kv_plan *plan, int max_seqs, int ctx,
+                              int step, long seq_blocks) {
     kv_error err = {0};
-    int V = m->cfg.vocab_size, rows = block > 1 ? block : 1;
-    kv_workspace *ws = NULL;
-    check(kv_cache_init(c, pool, m->cfg.n_layers, m->cfg.n_kv_heads, budget, policy, &err), &err);
-    check(kv_workspace_new(m, rows, T + D + 1, &ws, &err), &err);
+    kv_engine *e = NULL;
+    kv_engine_opts o = {.device = KV_DEVICE_CPU,
+                        .max_seqs = max_seqs,
+                        .max_ctx = ctx,
+                        .max_step = step,
+                        .seq_blocks = seq_blocks};
+    check(kv_engine_new(m, plan, &o, &e, &err), &err);
+    return e;
+}
+
+/* Prefill `T` tokens (steps of p when budgeted, else the engine's max_step), then decode `D`
+ * tokens (greedy on the returned logits); returns the sequence, left open on the engine. */
+static int prefill_decode(kv_engine *e, const kv_model *m, const int *tokens, int T, int D,
+                          run_stat *st) {
+    kv_error err = {0};
+    int V = m->cfg.vocab_size, seq = -1;
+    check(kv_engine_seq_open(e, NULL, NULL, &seq, &err), &err);
     float *logits = malloc((size_t)V * sizeof *logits);
-    kv_pool_reset_peak(pool);
+    kv_engine_reset_peak(e);
     double t0 = kv_now();
-    for (int t = 0; t < T; t += block) {
-        int n = T - t < block ? T - t : block;
-        check(kv_forward(m, ws, &c, 1, tokens + t, n, t + n == T ? KV_LOGITS_LAST : KV_LOGITS_NONE,
-                         logits, NULL, &err),
-              &err);
-    }
+    check(kv_engine_prefill(e, seq, tokens, T, KV_LOGITS_LAST, logits, NULL, &err), &err);
     double t1 = kv_now();
     double kv_read = 0, *dt = malloc((size_t)(D > 0 ? D : 1) * sizeof *dt);
     for (int d = 0; d < D; d++) {
         int best = 0;
         for (int v = 1; v < V; v++) best = logits[v] > logits[best] ? v : best;
         double a = kv_now();
-        check(kv_forward(m, ws, &c, 1, &best, 1, KV_LOGITS_LAST, logits, NULL, &err), &err);
+        check(kv_engine_decode(e, &seq, 1, &best, logits, &err), &err);
         dt[d] = kv_now() - a;
-        kv_read += (double)cache_entries(c) * 2.0 * m->cfg.head_dim * sizeof(float);
+        kv_read +=
+            (double)cache_entries(kv_engine_cache(e, seq)) * 2.0 * m->cfg.head_dim * sizeof(float);
     }
     st->prefill_tps = T / (t1 - t0);
     st->decode_tps = D > 0 ? 1.0 / median(dt, D) : 0.0;
     free(dt);
-    st->kv_read_per_tok = kv_read / D;
-    st->kv_peak = kv_pool_peak_bytes(pool);
+    st->kv_read_per_tok = D > 0 ? kv_read / D : 0.0;
+    st->kv_peak = kv_engine_bytes_peak(e);
     free(logits);
-    kv_workspace_free(ws);
+    return seq;
 }
 
-/* Copy every retained entry (K, V, position, statistics) of src into a fresh cache on pool. */
-static void clone_cache(kv_cache *dst, kv_pool *pool, const kv_cache *src, const int *budget) {
+/* Aggregate decode tokens/s of B sequences forked from one prefilled prompt of T tokens,
+ * decoding `steps` tokens together, in a pool of B * seq_blocks blocks. */
+static double batch_decode(const kv_model *m, const kv_plan *plan, const int *tokens, int T,
+                           int ctx, int B, long seq_blocks, int steps, size_t *peak) {
     kv_error err = {0};
-    check(kv_cache_init(dst, pool, src->n_layers, src->n_kv_heads, budget, src->policy, &err),
-          &err);
-    for (int i = 0; i < src->n_layers * src->n_kv_heads; i++) {
-        const kv_head *h = &src->heads[i];
-        kv_head *d = &dst->heads[i];
-        for (int e = 0; e < h->len; e++) {
-            check(kv_head_append(dst, d, kv_head_k(src->pool, h, e), kv_head_v(src->pool, h, e),
-                                 h->pos[e], &err),
-                  &err);
-            d->acc[e] = h->acc[e];
-            d->acc2[e] = h->acc2[e];
-        }
-    }
-    dst->n_past = src->n_past;
-}
-
-/* Aggregate decode tokens/s of B copies of `proto` decoding `steps` tokens together. */
-static double batch_decode(const kv_model *m, const kv_cache *proto, const int *budget, int B,
-                           long blocks_per_seq, int steps, size_t *peak) {
-    kv_error err = {0};
-    kv_pool pool;
-    check(kv_pool_init(&pool, (int)(blocks_per_seq * B), 16, m->cfg.head_dim, &err), &err);
-    kv_cache *cs = calloc((size_t)B, sizeof *cs);
-    kv_cache **ptr = calloc((size_t)B, sizeof *ptr);
+    kv_engine *e = make_engine(m, plan, B, ctx, 512, seq_blocks);
+    int *seqs = calloc((size_t)B, sizeof *seqs);
     int *tok = calloc((size_t)B, sizeof *tok);
     float *logits = malloc((size_t)B * m->cfg.vocab_size * sizeof *logits);
-    for (int b = 0; b < B; b++) {
-        clone_cache(&cs[b], &pool, proto, budget);
-        ptr[b] = &cs[b];
-        tok[b] = (b * 31 + 7) % m->cfg.vocab_size;
-    }
-    kv_workspace *ws = NULL;
-    check(kv_workspace_new(m, B, proto->n_past + steps + 1, &ws, &err), &err);
-    kv_pool_reset_peak(&pool);
+    check(kv_engine_seq_open(e, NULL, NULL, &seqs[0], &err), &err);
+    check(kv_engine_prefill(e, seqs[0], tokens, T, KV_LOGITS_NONE, NULL, NULL, &err), &err);
+    for (int b = 1; b < B; b++) check(kv_engine_seq_fork(e, seqs[0], &seqs[b], &err), &err);
+    for (int b = 0; b < B; b++) tok[b] = (b * 31 + 7) % m->cfg.vocab_size;
+    kv_engine_reset_peak(e);
     double *dt = malloc((size_t)steps * sizeof *dt);
     for (int s = 0; s < steps; s++) {
         double t0 = kv_now();
-        check(kv_forward(m, ws, ptr, B, tok, 1, KV_LOGITS_LAST, logits, NULL, &err), &err);
+        check(kv_engine_decode(e, seqs, B, tok, logits, &err), &err);
         dt[s] = kv_now() - t0;
         for (int b = 0; b < B; b++) {
             const float *l = logits + (size_t)b * m->cfg.vocab_size;
@@ -243,11 +229,9 @@ static double batch_decode(const kv_model *m, const kv_cache *proto, const int *
     }
     double t = median(dt, steps);
     free(dt);
-    *peak = kv_pool_peak_bytes(&pool);
-    for (int b = 0; b < B; b++) kv_cache_destroy(&cs[b]);
-    kv_workspace_free(ws);
-    kv_pool_destroy(&pool);
-    free(cs), free(ptr), free(tok), free(logits);
+    *peak = kv_engine_bytes_peak(e);
+    kv_engine_free(e);
+    free(seqs), free(tok), free(logits);
     return (double)B / t;
 }
 
@@ -338,29 +322,23 @@ int main(int argc, char **argv) {
         int *tok = malloc(512 * sizeof *tok);
         uint64_t s = 1;
         for (int i = 0; i < 512; i++) tok[i] = i ? (int)(rng_next(&s) % (uint64_t)V) : 1;
-        kv_pool pool;
-        check(kv_pool_init(&pool,
-                           (int)kv_cache_blocks_needed(m->cfg.n_layers, m->cfg.n_kv_heads, NULL,
-                                                       512, 16, 16),
-                           16, m->cfg.head_dim, &err),
-              &err);
+        kv_plan full;
+        check(kv_plan_full(&m->cfg, 512, 16, 16, KV_POLICY_SINK, &full, &err), &err);
+        kv_engine *e = make_engine(m, &full, 1, 512, 512, 0);
         /* prefill: a full 512-token chunk in one call (best of 3) */
         double best_pf = 0;
         run_stat st;
         for (int r = 0; r < 3; r++) {
-            kv_cache c;
-            prefill_decode(m, &pool, &c, NULL, KV_POLICY_SINK, tok, 512, 512, 0, &st);
+            kv_engine_seq_close(e, prefill_decode(e, m, tok, 512, 0, &st));
             best_pf = st.prefill_tps > best_pf ? st.prefill_tps : best_pf;
-            kv_cache_destroy(&c);
         }
-        kv_cache c;
-        prefill_decode(m, &pool, &c, NULL, KV_POLICY_SINK, tok, T, T, D, &st);
-        kv_cache_destroy(&c);
+        kv_engine_seq_close(e, prefill_decode(e, m, tok, T, D, &st));
+        kv_engine_free(e);
+        kv_plan_free(&full);
         double bpt = (double)kv_model_weight_bytes(m) + st.kv_read_per_tok;
         printf(ROW, "stories260K (llama2.c, fp32)", 512, 1.0, 1, best_pf, st.decode_tps, bpt / 1e6,
                bpt * st.decode_tps / 1e9, bpt * st.decode_tps / 1e9 / mc,
                (double)st.kv_peak / 1048576.0, "prefill 512 in 1 call; decode 256->511");
-        kv_pool_destroy(&pool);
         free(tok);
         kv_model_free(m);
         m = NULL;
@@ -380,15 +358,14 @@ int main(int argc, char **argv) {
     for (int i = 0; i < maxT; i++) tok[i] = (int)(rng_next(&s) % (uint64_t)V);
     const char *syn = "synthetic 768d 12L 12H/4KV 2048f 32k";
     if (part == 0 || part == 2) {
-        kv_pool pool;
-        check(kv_pool_init(&pool, (int)kv_cache_blocks_needed(L, Hkv, NULL, 1024, 16, 16), 16,
-                           m->cfg.head_dim, &err),
-              &err);
-        run_stat st;
-        kv_cache c;
         int D = quick ? 8 : 32;
-        prefill_decode(m, &pool, &c, NULL, KV_POLICY_SINK, tok, 512, 512, D, &st);
-        kv_cache_destroy(&c);
+        kv_plan full;
+        check(kv_plan_full(&m->cfg, 1024, 16, 16, KV_POLICY_SINK, &full, &err), &err);
+        kv_engine *e = make_engine(m, &full, 1, 1024, 512, 0);
+        run_stat st;
+        prefill_decode(e, m, tok, 512, D, &st);
+        kv_engine_free(e);
+        kv_plan_free(&full);
         double bpt = (double)kv_model_weight_bytes(m) + st.kv_read_per_tok;
         eng_decode = st.decode_tps;
         eng_prefill = st.prefill_tps;
@@ -398,35 +375,32 @@ int main(int argc, char **argv) {
                  D, (double)kv_model_weight_bytes(m) / 1e6);
         printf(ROW, syn, 512, 1.0, 1, st.prefill_tps, st.decode_tps, bpt / 1e6,
                bpt * st.decode_tps / 1e9, eng_frac, (double)st.kv_peak / 1048576.0, note);
-        kv_pool_destroy(&pool);
     }
 
     /* ---- long context under budgets, and the largest batch in kv_mib ---- */
     const double ratios[3] = {1.0, 0.25, 0.0625};
-    int nh = L * Hkv, D = quick ? 8 : 32, steps = quick ? 3 : 6;
-    int *budget = malloc((size_t)nh * sizeof *budget);
+    int D = quick ? 8 : 32, steps = quick ? 3 : 6;
     double long_decode[3] = {0};
     int fits[3] = {0};
     double batch_tps[3] = {0};
     int ran[3] = {0};
     size_t bpeak[3] = {0};
+    int ctx_all = long_ctx + D + steps + 1;
     for (int ri = 0; ri < 3 && (part == 0 || part == 3); ri++) {
-        const int *bud = NULL;
         int p = 512;
         kv_policy pol = KV_POLICY_SINK;
+        kv_plan plan;
         if (ratios[ri] < 1.0) {
-            check(kv_budget_uniform(m, ratios[ri], long_ctx, 16, budget, &err), &err);
-            bud = budget;
             p = 16;
             pol = KV_POLICY_AVGATTN;
+            check(kv_plan_uniform(&m->cfg, ratios[ri], long_ctx, 16, p, pol, &plan, &err), &err);
+        } else {
+            check(kv_plan_full(&m->cfg, ctx_all, 16, 16, pol, &plan, &err), &err);
         }
-        long per_seq =
-            kv_cache_blocks_needed(L, Hkv, bud, long_ctx + D + steps, p > 16 ? 16 : p, 16);
-        kv_pool pool;
-        check(kv_pool_init(&pool, (int)per_seq, 16, m->cfg.head_dim, &err), &err);
-        kv_cache c;
+        const int *bud = plan.full ? NULL : plan.budget;
+        kv_engine *e = make_engine(m, &plan, 1, ctx_all, 512, 0);
         run_stat st;
-        prefill_decode(m, &pool, &c, bud, pol, tok, long_ctx, p, D, &st);
+        prefill_decode(e, m, tok, long_ctx, D, &st);
         long_decode[ri] = st.decode_tps;
         double bpt = (double)kv_model_weight_bytes(m) + st.kv_read_per_tok;
         char note[160];
@@ -438,14 +412,19 @@ int main(int argc, char **argv) {
                (double)st.kv_peak / 1048576.0, note);
         /* batch: per-sequence blocks for prompt + decode; decoding evicts before it appends,
          * so a head never holds more than its budget (no extra p block) */
-        long seq_blocks = kv_cache_blocks_needed(L, Hkv, bud, long_ctx + D + steps, 0, 16);
-        size_t seq_bytes = (size_t)seq_blocks * kv_pool_block_bytes(&pool);
+        long seq_blocks = kv_cache_blocks_needed(L, Hkv, bud, ctx_all, 0, 16);
+        size_t seq_bytes = (size_t)seq_blocks * kv_engine_bytes_full(e, 16) / ((size_t)L * Hkv);
         fits[ri] = (int)(((size_t)kv_mib << 20) / seq_bytes);
         ran[ri] = fits[ri] < max_batch ? fits[ri] : max_batch;
+        kv_engine_free(e);
+        /* the prompt's prefill needs its eviction block p on top of the budgets once */
+        long first_extra =
+            bud ? kv_cache_blocks_needed(L, Hkv, bud, ctx_all, p, 16) - seq_blocks : 0;
         if (ran[ri] >= 1)
-            batch_tps[ri] = batch_decode(m, &c, bud, ran[ri], seq_blocks, steps, &bpeak[ri]);
-        kv_cache_destroy(&c);
-        kv_pool_destroy(&pool);
+            batch_tps[ri] =
+                batch_decode(m, &plan, tok, long_ctx, ctx_all, ran[ri],
+                             seq_blocks + (first_extra + ran[ri] - 1) / ran[ri], steps, &bpeak[ri]);
+        kv_plan_free(&plan);
     }
     for (int ri = 0; ri < 3 && (part == 0 || part == 3); ri++) {
         char note[200];
@@ -471,7 +450,6 @@ int main(int argc, char **argv) {
                "tokens/s at the largest batch: %.1f, %.1f, %.1f\n",
                long_ctx, long_decode[0], long_decode[1], long_decode[2], batch_tps[0], batch_tps[1],
                batch_tps[2]);
-    free(budget);
     free(tok);
     kv_model_free(m);
     return 0;

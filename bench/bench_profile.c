@@ -7,7 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "kvplan/forward.h"
+#include "kvplan/engine.h"
 #include "kvplan/profiler.h"
 #include "kvplan/tokenizer.h"
 
@@ -28,29 +28,28 @@ static void machine(void) {
 
 static double plain_prefill(const kv_model *m, const int *prompts, int P, int T) {
     kv_error err = {0};
-    kv_pool pool;
-    kv_workspace *ws = NULL;
-    if (kv_pool_init(&pool, m->cfg.n_layers * m->cfg.n_kv_heads * ((T + 15) / 16), 16,
-                     m->cfg.head_dim, &err) ||
-        kv_workspace_new(m, T, T, &ws, &err)) {
+    kv_plan full;
+    kv_engine *e = NULL;
+    kv_engine_opts o = {.device = KV_DEVICE_CPU, .max_seqs = 1};
+    if (kv_plan_full(&m->cfg, T, 16, T < 16 ? T : 16, KV_POLICY_SINK, &full, &err) ||
+        kv_engine_new(m, &full, &o, &e, &err)) {
         fprintf(stderr, "%s\n", err.msg);
         exit(2);
     }
     double t0 = kv_now();
     for (int i = 0; i < P; i++) {
-        kv_cache c;
-        kv_cache_init(&c, &pool, m->cfg.n_layers, m->cfg.n_kv_heads, NULL, KV_POLICY_SINK, &err);
-        kv_cache *cp = &c;
-        if (kv_forward(m, ws, &cp, 1, prompts + (size_t)i * T, T, KV_LOGITS_NONE, NULL, NULL,
-                       &err)) {
+        int seq = -1;
+        if (kv_engine_seq_open(e, NULL, NULL, &seq, &err) ||
+            kv_engine_prefill(e, seq, prompts + (size_t)i * T, T, KV_LOGITS_NONE, NULL, NULL,
+                              &err)) {
             fprintf(stderr, "%s\n", err.msg);
             exit(2);
         }
-        kv_cache_destroy(&c);
+        kv_engine_seq_close(e, seq);
     }
     double s = kv_now() - t0;
-    kv_workspace_free(ws);
-    kv_pool_destroy(&pool);
+    kv_engine_free(e);
+    kv_plan_free(&full);
     return (double)P * T / s;
 }
 
@@ -89,7 +88,7 @@ int main(void) {
         for (int r = 0; r < reps; r++) {
             double a = plain_prefill(m, prompts, P, T);
             kv_profile pr;
-            if (kv_profile_run(m, prompts, P, T, &pr, NULL, &err)) {
+            if (kv_profile_run(m, prompts, P, T, KV_DEVICE_CPU, &pr, NULL, &err)) {
                 printf("failed: %s\n", err.msg);
                 return 2;
             }

@@ -4,7 +4,6 @@
 
 #include "cli.h"
 #include "kvplan/eval.h"
-#include "kvplan/h5io.h"
 
 const char kv_budget_args_help[] =
     "KV budget options (default: the full cache):\n"
@@ -14,11 +13,17 @@ const char kv_budget_args_help[] =
     "  --policy P             eviction policy: sink (default), h2o, avgattn, l2attn\n"
     "  --evict-block p        tokens processed between evictions (default: the plan's, else\n"
     "                         16; 1 = token-by-token streaming)\n"
-    "  --block-size b         tokens per KV block (default 16, or the plan's)\n";
+    "  --block-size b         tokens per KV block (default 16, or the plan's)\n"
+    "  --device D             auto (default: CUDA when built and a device is present, else\n"
+    "                         the CPU), cpu or cuda\n";
 
 int kv_budget_args_take(kv_budget_args *a, int argc, char **argv, int *i, kv_error *err) {
     const char *v = NULL;
     int r;
+    if ((r = kv_cli_opt(argc, argv, i, "--device", &v, err))) {
+        if (r > 0) a->device = v;
+        return r;
+    }
     if ((r = kv_cli_opt(argc, argv, i, "--plan", &v, err))) {
         if (r > 0) a->plan = v;
         return r;
@@ -51,14 +56,18 @@ int kv_budget_args_take(kv_budget_args *a, int argc, char **argv, int *i, kv_err
     return 0;
 }
 
-int kv_budget_args_resolve(const kv_budget_args *a, const kv_model *m, int context, int **budget,
-                           kv_policy *policy, int *evict_block, int *block_size, double *ratio_out,
-                           kv_error *err) {
-    *budget = NULL;
-    *policy = KV_POLICY_SINK;
-    *evict_block = a->evict_block ? (int)a->evict_block : KV_DEFAULT_EVICT_BLOCK;
-    *block_size = a->block_size ? (int)a->block_size : KV_DEFAULT_BLOCK_SIZE;
-    *ratio_out = 1.0;
+int kv_cli_device(const char *s, kv_device *out, kv_error *err) {
+    *out = KV_DEVICE_AUTO;
+    return s ? kv_device_parse(s, out, err) : KV_OK;
+}
+
+int kv_budget_args_plan(const kv_budget_args *a, const kv_model *m, int context, kv_plan *out,
+                        kv_device *device, kv_error *err) {
+    memset(out, 0, sizeof *out);
+    int rc = kv_cli_device(a->device, device, err);
+    if (rc) return rc;
+    kv_policy policy = KV_POLICY_SINK;
+    if (a->policy && (rc = kv_policy_parse(a->policy, &policy, err))) return rc;
     if (a->plan && a->ratio > 0.0)
         return kv_fail(err, KV_EINPUT, "give either --plan or --ratio, not both");
     if (a->allocation && strcmp(a->allocation, "uniform") != 0)
@@ -68,48 +77,32 @@ int kv_budget_args_resolve(const kv_budget_args *a, const kv_model *m, int conte
                        a->allocation);
     if (a->allocation && !(a->ratio > 0.0))
         return kv_fail(err, KV_EINPUT, "--allocation needs --ratio R");
-    int nh = m->cfg.n_layers * m->cfg.n_kv_heads;
-    if (a->plan) {
-        kv_plan_budget pb;
-        int rc = kv_plan_budget_read(a->plan, &pb, err);
-        if (rc) return rc;
-        rc = kv_plan_check_model(&pb, m, a->plan, err);
-        if (!rc && a->policy)
-            rc = kv_policy_parse(a->policy, policy, err);
-        else if (!rc)
-            rc = kv_policy_parse(pb.policy, policy, err);
-        if (!rc && !a->block_size) *block_size = pb.block_size;
-        if (!rc && !a->evict_block && pb.evict_block > 0) *evict_block = pb.evict_block;
-        if (!rc && pb.context_length != context)
-            rc = kv_fail(err, KV_EINPUT,
-                         "%s: the plan was made for context %d but this run uses %d; pass "
-                         "--context %d or make a plan for this context",
-                         a->plan, pb.context_length, context, pb.context_length);
-        if (!rc) {
-            *budget = malloc((size_t)nh * sizeof **budget);
-            if (!*budget)
-                rc = kv_fail(err, KV_EINTERNAL, "out of memory");
-            else
-                memcpy(*budget, pb.tokens, (size_t)nh * sizeof **budget);
-            *ratio_out = pb.ratio;
-        }
-        kv_plan_budget_free(&pb);
-        return rc;
+    int p = a->evict_block ? (int)a->evict_block : KV_DEFAULT_EVICT_BLOCK;
+    int bs = a->block_size ? (int)a->block_size : KV_DEFAULT_BLOCK_SIZE;
+    if (p > context) p = context;
+    if (!a->plan) {
+        if (a->ratio > 0.0 && a->ratio < 1.0)
+            return kv_plan_uniform(&m->cfg, a->ratio, context, bs, p, policy, out, err);
+        return kv_plan_full(&m->cfg, context, bs, p, policy, out, err);
+    }
+    if ((rc = kv_plan_read(a->plan, out, err))) return rc;
+    if ((rc = kv_plan_check_model(out, m, err))) goto fail;
+    if (out->context != context) {
+        rc = kv_fail(err, KV_EINPUT,
+                     "%s: the plan was made for context %d but this run uses %d; pass --context "
+                     "%d or make a plan for this context",
+                     a->plan, out->context, context, out->context);
+        goto fail;
     }
     if (a->policy) {
-        int rc = kv_policy_parse(a->policy, policy, err);
-        if (rc) return rc;
+        out->policy = policy;
+        for (int i = 0; i < out->n_layers * out->n_kv_heads; i++) out->head_policy[i] = policy;
     }
-    if (a->ratio > 0.0) {
-        *budget = malloc((size_t)nh * sizeof **budget);
-        if (!*budget) return kv_fail(err, KV_EINTERNAL, "out of memory");
-        int rc = kv_budget_uniform(m, a->ratio, context, *block_size, *budget, err);
-        if (rc) {
-            free(*budget);
-            *budget = NULL;
-            return rc;
-        }
-        *ratio_out = a->ratio;
-    }
+    if (a->evict_block) out->evict_block = (int)a->evict_block;
+    if (a->block_size) out->block_size = (int)a->block_size;
+    if ((rc = kv_plan_validate(out, a->plan, err))) goto fail;
     return KV_OK;
+fail:
+    kv_plan_free(out);
+    return rc;
 }

@@ -5,7 +5,9 @@
 #define KVPLAN_CLI_H
 
 #include "kvplan/common.h"
+#include "kvplan/backend.h"
 #include "kvplan/model.h"
+#include "kvplan/plan.h"
 
 int kv_cmd_run(int argc, char **argv);
 int kv_cmd_eval(int argc, char **argv);
@@ -40,31 +42,33 @@ void kv_cli_command_line(int argc, char **argv, char *buf, size_t cap);
  * into *val and return 1; when the value is missing set err and return -1; else 0. */
 int kv_cli_opt(int argc, char **argv, int *i, const char *name, const char **val, kv_error *err);
 
-#endif
-
 /* ---- KV budget options shared by run and eval ----
- * --plan PLAN | --ratio R [--allocation uniform], --policy P, --evict-block p, --block-size b */
-#include "kvplan/kvcache.h"
-#include "kvplan/model.h"
-
+ * --plan PLAN | --ratio R [--allocation uniform], --policy P, --evict-block p, --block-size b,
+ * --device D */
 typedef struct kv_budget_args {
     const char *plan;       /* plan.h5 path or NULL */
     double ratio;           /* 0 = not given */
     const char *allocation; /* "uniform" */
     const char *policy;     /* NULL = the plan's, else sink */
-    long evict_block;       /* 0 = default 16 */
+    long evict_block;       /* 0 = the plan's, else 16 */
     long block_size;        /* 0 = the plan's or 16 */
+    const char *device;     /* NULL = auto */
 } kv_budget_args;
 
 /* Take one budget option at argv[*i]: 1 taken, 0 not a budget option, -1 error. */
 int kv_budget_args_take(kv_budget_args *a, int argc, char **argv, int *i, kv_error *err);
 
-/* Resolve to per-head budgets [L*H_kv] (NULL when neither --plan nor --ratio: the full cache;
- * caller frees), the policy, p and b_s; context C is the chunk length the ratio refers to.
- * A plan is checked against the model (kv_plan_check_model). */
-int kv_budget_args_resolve(const kv_budget_args *a, const kv_model *m, int context, int **budget,
-                           kv_policy *policy, int *evict_block, int *block_size, double *ratio_out,
-                           kv_error *err);
+/* The plan these options describe, for context C: the plan file (checked against the model
+ * and the context; --policy sets every head's policy, --evict-block / --block-size override),
+ * uniform at --ratio (kv_plan_uniform, the one definition), or the full cache. Fills *out
+ * (kv_plan_free) and *device. */
+int kv_budget_args_plan(const kv_budget_args *a, const kv_model *m, int context, kv_plan *out,
+                        kv_device *device, kv_error *err);
+
+/* Parse a --device value (NULL = auto). */
+int kv_cli_device(const char *s, kv_device *out, kv_error *err);
 
 /* Usage text of the budget options. */
 extern const char kv_budget_args_help[];
+
+#endif

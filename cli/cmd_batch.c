@@ -132,14 +132,14 @@ int kv_cmd_batch(int argc, char **argv) {
         return kv_cli_report("batch", &err);
 
     kv_model *m = NULL;
-    kv_plan_budget plan;
+    kv_plan plan;
     memset(&plan, 0, sizeof plan);
     int have_plan = 0;
     rc = kv_cli_load_model(model_path, &m, &err);
     if (!rc && plan_path) {
-        rc = kv_plan_budget_read(plan_path, &plan, &err);
+        rc = kv_plan_read(plan_path, &plan, &err);
         have_plan = !rc;
-        if (!rc) rc = kv_plan_check_model(&plan, m, plan_path, &err);
+        if (!rc) rc = kv_plan_check_model(&plan, m, &err);
     }
     kv_batch_config c;
     kv_batch_result res;
@@ -153,7 +153,7 @@ int kv_cmd_batch(int argc, char **argv) {
         c.block_size =
             (int)(bs > 0 ? bs : (have_plan && plan.block_size > 0 ? plan.block_size : 16));
         c.evict_block = (int)(e > 0 ? e : c.block_size);
-        c.budget = have_plan ? plan.tokens : NULL;
+        c.budget = have_plan ? plan.budget : NULL;
         rc = kv_batch_size(&c, &res, &err);
     }
     if (!rc) {
@@ -226,7 +226,7 @@ int kv_cmd_batch(int argc, char **argv) {
             cJSON_Delete(root);
         }
     }
-    if (have_plan) kv_plan_budget_free(&plan);
+    if (have_plan) kv_plan_free(&plan);
     kv_model_free(m);
     return rc ? kv_cli_report("batch", &err) : 0;
 }

@@ -99,7 +99,7 @@ int kv_cmd_eval(int argc, char **argv) {
     }
     kv_model *m = NULL;
     kv_tokenizer *tok = NULL;
-    int *ids = NULL, *budget = NULL;
+    int *ids = NULL;
     long n = 0;
     int rc = kv_cli_load_model(model_path, &m, &err);
     if (!rc && text_path) {
@@ -114,39 +114,41 @@ int kv_cmd_eval(int argc, char **argv) {
     } else if (!rc) {
         rc = read_ids(ids_path, &ids, &n, &err);
     }
-    kv_eval_opts o;
     kv_eval_result res;
     kv_progress prog;
     kv_progress_init(&prog, quiet);
-    double ratio = 1.0;
+    kv_plan plan = {0};
+    kv_engine *eng = NULL;
+    kv_device device = KV_DEVICE_AUTO;
+    int C = m ? (context ? (int)context : m->cfg.seq_len) : 0;
+    if (!rc && C > m->cfg.seq_len)
+        rc = kv_fail(&err, KV_EINPUT, "--context %d exceeds the model's context %d", C,
+                     m->cfg.seq_len);
+    if (!rc) rc = kv_budget_args_plan(&ba, m, C, &plan, &device, &err);
     if (!rc) {
-        kv_eval_opts_default(&o, m);
-        if (context) o.context = (int)context;
-        if (o.context > m->cfg.seq_len)
-            rc = kv_fail(&err, KV_EINPUT, "--context %d exceeds the model's context %d", o.context,
-                         m->cfg.seq_len);
+        kv_engine_opts eo = {.device = device, .max_seqs = 1};
+        rc = kv_engine_new(m, &plan, &eo, &eng, &err);
     }
-    if (!rc)
-        rc = kv_budget_args_resolve(&ba, m, o.context, &budget, &o.policy, &o.evict_block,
-                                    &o.block_size, &ratio, &err);
     if (!rc) {
-        o.budget = budget;
-        o.progress = &prog;
         if (max_tokens && max_tokens < n) n = max_tokens;
-        rc = kv_eval_perplexity(m, ids, n, &o, &res, &err);
+        rc = kv_eval_engine(eng, ids, n, 0, &prog, &res, &err);
         kv_progress_done(&prog);
     }
+    int budgeted = !plan.full;
     if (!rc) {
         printf("model        %s (%s, %d layers, %d heads, %d KV heads)\n", m->path, m->format,
                m->cfg.n_layers, m->cfg.n_heads, m->cfg.n_kv_heads);
-        printf("cache        %s", budget ? "budgeted" : "full");
-        if (budget)
-            printf(" (ratio %.4g, policy %s, p %d, b_s %d)", ratio, kv_policy_name(o.policy),
-                   o.evict_block, o.block_size);
+        printf("cache        %s", budgeted ? "budgeted" : "full");
+        if (budgeted)
+            printf(" (ratio %.4g, policy %s%s, p %d, b_s %d)", plan.ratio,
+                   kv_policy_name(plan.policy),
+                   kv_plan_mixed_policies(&plan) ? " and per-head" : "", plan.evict_block,
+                   plan.block_size);
+        printf(", device %s", kv_device_name(kv_engine_device(eng)));
         printf("\nperplexity   %.6f\nnll          %.6f nats/token\ntokens       %ld scored "
                "in %d chunks of %d\nspeed        %.0f tokens/s\nkv bytes     %zu peak / %zu full "
                "(%.4f)\n",
-               res.perplexity, res.nll, res.tokens_scored, res.chunks, o.context, res.tokens_per_s,
+               res.perplexity, res.nll, res.tokens_scored, res.chunks, C, res.tokens_per_s,
                res.kv_bytes_peak, res.kv_bytes_full,
                (double)res.kv_bytes_peak / (double)res.kv_bytes_full);
         if (json) {
@@ -155,19 +157,21 @@ int kv_cmd_eval(int argc, char **argv) {
             cJSON_AddNumberToObject(j, "nll", res.nll);
             cJSON_AddNumberToObject(j, "tokens_scored", (double)res.tokens_scored);
             cJSON_AddNumberToObject(j, "chunks", res.chunks);
-            cJSON_AddNumberToObject(j, "context", o.context);
+            cJSON_AddNumberToObject(j, "context", C);
             cJSON_AddNumberToObject(j, "tokens_per_s", res.tokens_per_s);
             cJSON_AddNumberToObject(j, "kv_bytes_peak", (double)res.kv_bytes_peak);
             cJSON_AddNumberToObject(j, "kv_bytes_full", (double)res.kv_bytes_full);
-            cJSON_AddNumberToObject(j, "ratio", ratio);
-            cJSON_AddStringToObject(j, "policy", budget ? kv_policy_name(o.policy) : "full");
+            cJSON_AddNumberToObject(j, "ratio", plan.ratio);
+            cJSON_AddStringToObject(j, "policy", budgeted ? kv_policy_name(plan.policy) : "full");
+            cJSON_AddStringToObject(j, "device", kv_device_name(kv_engine_device(eng)));
             char *s = cJSON_PrintUnformatted(j);
             if (s) printf("%s\n", s);
             free(s);
             cJSON_Delete(j);
         }
     }
-    free(budget);
+    kv_engine_free(eng);
+    kv_plan_free(&plan);
     free(ids);
     kv_tokenizer_free(tok);
     kv_model_free(m);

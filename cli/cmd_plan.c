@@ -158,8 +158,8 @@ int kv_cmd_plan(int argc, char **argv) {
     char cmd[4096] = "kvplan ";
     kv_cli_command_line(argc, argv, cmd + 7, sizeof cmd - 7);
     if (!rc)
-        rc = kv_plan_file_write(a.out, cmd, a.profile, m, &ap, policy, evict_block, tokens, blocks,
-                                NULL, NULL, &err);
+        rc = kv_plan_file_write(a.out, cmd, a.profile, m, &ap, policy, evict_block, tokens, NULL,
+                                NULL, &err);
     if (!rc) {
         long sum = 0;
         for (int i = 0; i < nh; i++) sum += tokens[i];

@@ -12,6 +12,7 @@ static void help(FILE *f) {
     fprintf(f,
             "usage: kvplan profile MODEL [--tokenizer TOK] [--text FILE] [--prompts N]\n"
             "                      [--prompt-len T] [--seed S] [--no-hw] [--quick-hw] [--quiet]\n"
+            "                      [--device auto|cpu|cuda]\n"
             "                      [-o profile.h5]\n"
             "Runs N prompts of T tokens (defaults 8 and 256, picked deterministically from FILE,\n"
             "default ../shared/text/tinystories_val_head.txt) through the full-cache forward pass\n"
@@ -23,7 +24,8 @@ static void help(FILE *f) {
 
 int kv_cmd_profile(int argc, char **argv) {
     kv_error err = {0};
-    const char *model_path = NULL, *tok_path = NULL, *text_path = NULL, *out = "profile.h5";
+    const char *model_path = NULL, *tok_path = NULL, *text_path = NULL, *out = "profile.h5",
+               *device_name = NULL;
     const char *v = NULL;
     long n_prompts = 8, prompt_len = 256, seed = 0;
     int no_hw = 0, quick_hw = 0, quiet = 0;
@@ -44,7 +46,8 @@ int kv_cmd_profile(int argc, char **argv) {
             quiet = 1;
         else if ((r = kv_cli_opt(argc, argv, &i, "--tokenizer", &tok_path, &err)) ||
                  (r = kv_cli_opt(argc, argv, &i, "--text", &text_path, &err)) ||
-                 (r = kv_cli_opt(argc, argv, &i, "-o", &out, &err))) {
+                 (r = kv_cli_opt(argc, argv, &i, "-o", &out, &err)) ||
+                 (r = kv_cli_opt(argc, argv, &i, "--device", &device_name, &err))) {
             if (r < 0) return kv_cli_report("profile", &err);
         } else if ((r = kv_cli_opt(argc, argv, &i, "--prompts", &v, &err))) {
             if (r < 0 || kv_parse_int(v, "--prompts", 1, 100000, &n_prompts, &err))
@@ -97,7 +100,10 @@ int kv_cmd_profile(int argc, char **argv) {
                                     (int)n_prompts, (int)prompt_len, (uint64_t)seed, prompts, &err);
         if (rc) kv_fail_context(&err, "%s", text_path);
     }
-    if (!rc) rc = kv_profile_run(m, prompts, (int)n_prompts, (int)prompt_len, &pr, &prog, &err);
+    kv_device device = KV_DEVICE_AUTO;
+    if (!rc) rc = kv_cli_device(device_name, &device, &err);
+    if (!rc)
+        rc = kv_profile_run(m, prompts, (int)n_prompts, (int)prompt_len, device, &pr, &prog, &err);
     kv_progress_done(&prog);
     if (!rc) rc = kv_h5_create(out, &f, &err);
     if (!rc) rc = kv_h5_write_provenance(f, full_cmd, m, &err);

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "kvplan/engine.h"
 #include "kvplan/eval.h"
 
 static void help(FILE *f) {
@@ -25,7 +26,7 @@ typedef struct seq_state {
     int n, cap, n_prompt;
     int done;
     kv_sampler sampler;
-    kv_cache cache;
+    int seq; /* engine sequence handle */
     char *text;
     size_t text_len, text_cap;
 } seq_state;
@@ -118,53 +119,39 @@ int kv_cmd_run(int argc, char **argv) {
     kv_model *m = NULL;
     kv_tokenizer *tok = NULL;
     char **prompts = NULL;
-    int n_prompts = 0, *budget = NULL, evict_block = 0, block_size = 0;
-    kv_policy policy = KV_POLICY_SINK;
-    double ratio = 1.0;
+    int n_prompts = 0;
+    kv_plan plan = {0};
+    kv_engine *eng = NULL;
+    kv_device device = KV_DEVICE_AUTO;
     seq_state *seqs = NULL;
-    kv_cache **active = NULL;
-    int *step_tokens = NULL, *act_idx = NULL;
+    int *step_seqs = NULL, *step_tokens = NULL, *act_idx = NULL;
     float *logits = NULL;
     void *scratch = NULL;
-    kv_pool pool = {0};
-    kv_workspace *ws = NULL;
     int B = 0;
     int rc = kv_cli_load_model(model_path, &m, &err);
     if (!rc) rc = kv_tokenizer_load(tok_path, m, &tok, &err);
     if (!rc && prompts_path) rc = read_prompts(prompts_path, &prompts, &n_prompts, &err);
     int C = m ? m->cfg.seq_len : 0;
-    if (!rc)
-        rc = kv_budget_args_resolve(&ba, m, C, &budget, &policy, &evict_block, &block_size, &ratio,
-                                    &err);
+    if (!rc) rc = kv_budget_args_plan(&ba, m, C, &plan, &device, &err);
     if (!rc) {
         B = batch ? (int)batch : (n_prompts ? n_prompts : 1);
         seqs = calloc((size_t)B, sizeof *seqs);
-        active = calloc((size_t)B, sizeof *active);
+        step_seqs = calloc((size_t)B, sizeof *step_seqs);
         act_idx = calloc((size_t)B, sizeof *act_idx);
         step_tokens = calloc((size_t)B, sizeof *step_tokens);
         logits = malloc((size_t)B * (size_t)m->cfg.vocab_size * sizeof *logits);
         scratch = malloc((size_t)m->cfg.vocab_size * 2 * sizeof(float) * 2);
-        if (!seqs || !active || !act_idx || !step_tokens || !logits || !scratch)
+        if (!seqs || !step_seqs || !act_idx || !step_tokens || !logits || !scratch)
             rc = kv_fail(&err, KV_EINTERNAL, "out of memory");
     }
-    if (!rc && budget) {
-        kv_eval_opts chk;
-        kv_eval_opts_default(&chk, m);
-        chk.budget = budget;
-        chk.policy = policy;
-        chk.evict_block = evict_block;
-        chk.block_size = block_size;
-        rc = kv_eval_check_budget(m, &chk, &err);
-    }
-    long per_seq = 0;
     if (!rc) {
-        per_seq = kv_cache_blocks_needed(m->cfg.n_layers, m->cfg.n_kv_heads, budget, C, evict_block,
-                                         block_size);
-        rc = kv_pool_init(&pool, (int)(per_seq * B), block_size, m->cfg.head_dim, &err);
+        kv_engine_opts eo = {.device = device, .max_seqs = B};
+        rc = kv_engine_new(m, &plan, &eo, &eng, &err);
     }
     int max_rows = 0;
     for (int s = 0; !rc && s < B; s++) {
         seq_state *q = &seqs[s];
+        q->seq = -1;
         const char *p = prompts ? prompts[s % n_prompts] : prompt;
         int *ids = NULL, n = 0;
         rc = kv_tokenizer_encode(tok, p, strlen(p), 1, &ids, &n, &err);
@@ -176,23 +163,15 @@ int kv_cmd_run(int argc, char **argv) {
         if (n > max_rows) max_rows = n;
         kv_sampler_init(&q->sampler, (float)temperature, (float)top_p,
                         (uint64_t)seed + (uint64_t)s + 1);
-        if (!rc)
-            rc = kv_cache_init(&q->cache, &pool, m->cfg.n_layers, m->cfg.n_kv_heads, budget, policy,
-                               &err);
+        if (!rc) rc = kv_engine_seq_open(eng, NULL, NULL, &q->seq, &err);
     }
-    int prefill_block = budget ? evict_block : max_rows;
-    if (!rc) rc = kv_workspace_new(m, prefill_block > B ? prefill_block : B, C, &ws, &err);
-    /* prefill each sequence (Batch-Max Alg. 1 blocks when budgeted) */
+    /* prefill each sequence (Batch-Max Alg. 1 blocks of p when a head can be over budget) */
     double t0 = kv_now();
     long prefill_tokens = 0;
     for (int s = 0; !rc && s < B; s++) {
         seq_state *q = &seqs[s];
-        for (int t = 0; t < q->n_prompt && !rc; t += prefill_block) {
-            int cnt = q->n_prompt - t < prefill_block ? q->n_prompt - t : prefill_block;
-            kv_cache *c = &q->cache;
-            rc = kv_forward(m, ws, &c, 1, q->ids + t, cnt, KV_LOGITS_LAST,
-                            logits + (size_t)s * m->cfg.vocab_size, NULL, &err);
-        }
+        rc = kv_engine_prefill(eng, q->seq, q->ids, q->n_prompt, KV_LOGITS_LAST,
+                               logits + (size_t)s * m->cfg.vocab_size, NULL, &err);
         prefill_tokens += q->n_prompt;
     }
     double t1 = kv_now();
@@ -200,7 +179,7 @@ int kv_cmd_run(int argc, char **argv) {
     long decoded = 0;
     if (n_new > C - max_rows) n_new = C - max_rows;
     char piece[512];
-    int stream = B == 1;
+    int stream = B == 1, streamed = 0;
     if (!rc && stream) {
         int k = kv_tokenizer_piece(tok, -1, seqs[0].ids[0], piece, sizeof piece);
         fwrite(piece, 1, (size_t)k, stdout);
@@ -209,6 +188,7 @@ int kv_cmd_run(int argc, char **argv) {
             fwrite(piece, 1, (size_t)k, stdout);
         }
         fflush(stdout);
+        streamed = 1;
     }
     size_t kv_peak = 0;
     for (long step = 0; !rc && step < n_new; step++) {
@@ -228,13 +208,13 @@ int kv_cmd_run(int argc, char **argv) {
                 fflush(stdout);
             }
             if (step + 1 == n_new) continue;
-            active[na] = &q->cache;
+            step_seqs[na] = q->seq;
             act_idx[na] = s;
             step_tokens[na] = next;
             na++;
         }
         if (na == 0) break;
-        rc = kv_forward(m, ws, active, na, step_tokens, 1, KV_LOGITS_LAST, logits, NULL, &err);
+        rc = kv_engine_decode(eng, step_seqs, na, step_tokens, logits, &err);
         /* scatter logits back to their sequences (in place, descending is safe: act_idx >= i) */
         for (int i = na - 1; !rc && i >= 0; i--)
             if (act_idx[i] != i)
@@ -242,10 +222,14 @@ int kv_cmd_run(int argc, char **argv) {
                         logits + (size_t)i * m->cfg.vocab_size,
                         (size_t)m->cfg.vocab_size * sizeof(float));
         decoded += na;
-        if (kv_pool_bytes_in_use(&pool) > kv_peak) kv_peak = kv_pool_bytes_in_use(&pool);
+        if (kv_engine_bytes_in_use(eng) > kv_peak) kv_peak = kv_engine_bytes_in_use(eng);
     }
     double t2 = kv_now();
-    if (!rc && stream) printf("\n");
+    /* the generated text always ends its line, also when an error stopped it */
+    if (streamed) {
+        printf("\n");
+        fflush(stdout);
+    }
     if (!rc && !stream) {
         for (int s = 0; s < B && !rc; s++) {
             char *text = NULL;
@@ -255,33 +239,29 @@ int kv_cmd_run(int argc, char **argv) {
         }
     }
     if (!rc && !quiet) {
-        size_t full = (size_t)B * (size_t)m->cfg.n_layers * m->cfg.n_kv_heads *
-                      (size_t)((C + block_size - 1) / block_size) * kv_pool_block_bytes(&pool);
+        size_t full = (size_t)B * kv_engine_bytes_full(eng, C);
         fprintf(stderr,
-                "kvplan run: batch %d, prefill %ld tokens in %.3f s (%.0f tokens/s), decode %ld "
-                "tokens in %.3f s (%.1f tokens/s)\n"
+                "kvplan run: batch %d on %s, prefill %ld tokens in %.3f s (%.0f tokens/s), "
+                "decode %ld tokens in %.3f s (%.1f tokens/s)\n"
                 "kvplan run: KV cache %s: %zu bytes in use now, %zu peak (pool peak %zu), full "
                 "cache at context %d would take %zu\n",
-                B, prefill_tokens, t1 - t0, (double)prefill_tokens / (t1 - t0 > 0 ? t1 - t0 : 1e-9),
-                decoded, t2 - t1, (double)decoded / (t2 - t1 > 0 ? t2 - t1 : 1e-9),
-                budget ? kv_policy_name(policy) : "full", kv_pool_bytes_in_use(&pool), kv_peak,
-                kv_pool_peak_bytes(&pool), C, full);
+                B, kv_device_name(kv_engine_device(eng)), prefill_tokens, t1 - t0,
+                (double)prefill_tokens / (t1 - t0 > 0 ? t1 - t0 : 1e-9), decoded, t2 - t1,
+                (double)decoded / (t2 - t1 > 0 ? t2 - t1 : 1e-9),
+                plan.full ? "full" : kv_policy_name(plan.policy), kv_engine_bytes_in_use(eng),
+                kv_peak, kv_engine_bytes_peak(eng), C, full);
     }
-    for (int s = 0; seqs && s < B; s++) {
-        free(seqs[s].ids);
-        kv_cache_destroy(&seqs[s].cache);
-    }
+    for (int s = 0; seqs && s < B; s++) free(seqs[s].ids);
     for (int i = 0; i < n_prompts; i++) free(prompts[i]);
     free(prompts);
     free(seqs);
-    free(active);
+    free(step_seqs);
     free(act_idx);
     free(step_tokens);
     free(logits);
     free(scratch);
-    free(budget);
-    kv_workspace_free(ws);
-    if (pool.data) kv_pool_destroy(&pool);
+    kv_engine_free(eng);
+    kv_plan_free(&plan);
     kv_tokenizer_free(tok);
     kv_model_free(m);
     return rc ? kv_cli_report("run", &err) : 0;

@@ -23,6 +23,7 @@ static void help(FILE *f) {
             "search tokens. Grid points with identical rounded budgets share one evaluation.\n\n"
             "  --text T               evaluation text (tokenized with BOS first)\n"
             "  --tokenizer TOK        tokenizer file (default: the model's)\n"
+            "  --device D             auto (default), cpu or cuda: where the evaluations run\n"
             "  --t-grid a:b:step      thresholds on head similarity (default 0.50:0.95:0.05)\n"
             "  --r-grid a:b:step      reductions (default 0.05:0.95:0.05)\n"
             "  --p-grid a:b:step      SqueezeAttention p values (default %.2f; squeeze searches\n"
@@ -38,7 +39,8 @@ int kv_cmd_search(int argc, char **argv) {
     kv_error err = {0};
     kv_plan_args a;
     memset(&a, 0, sizeof a);
-    const char *tok_path = NULL, *text_path = NULL, *tg = NULL, *rg = NULL, *pg = NULL;
+    const char *tok_path = NULL, *text_path = NULL, *tg = NULL, *rg = NULL, *pg = NULL,
+               *device_name = NULL;
     long eval_tokens = 8192, heldout_tokens = 4096, eta = 0;
     for (int i = 1; i < argc; i++) {
         const char *v = NULL;
@@ -49,6 +51,7 @@ int kv_cmd_search(int argc, char **argv) {
         }
         if ((k = kv_plan_args_take(&a, argc, argv, &i, &err)) ||
             (k = kv_cli_opt(argc, argv, &i, "--tokenizer", &tok_path, &err)) ||
+            (k = kv_cli_opt(argc, argv, &i, "--device", &device_name, &err)) ||
             (k = kv_cli_opt(argc, argv, &i, "--text", &text_path, &err)) ||
             (k = kv_cli_opt(argc, argv, &i, "--t-grid", &tg, &err)) ||
             (k = kv_cli_opt(argc, argv, &i, "--r-grid", &rg, &err)) ||
@@ -121,6 +124,9 @@ int kv_cmd_search(int argc, char **argv) {
         so.heldout_tokens = heldout_tokens;
         so.halving_eta = (int)eta;
         so.progress = &prog;
+        rc = kv_cli_device(device_name, &so.device, &err);
+    }
+    if (!rc) {
         rc = kv_search_run(m, have_prof ? &prof : NULL, ids, n_ids, &so, &res, &err);
     }
     char cmd[4096] = "kvplan ";
@@ -130,8 +136,8 @@ int kv_cmd_search(int argc, char **argv) {
         ap.t = res.best_t;
         ap.r = res.best_r;
         ap.p = res.best_p;
-        rc = kv_plan_file_write(a.out, cmd, a.profile, m, &ap, policy, evict_block, res.tokens,
-                                res.blocks, &so, &res, &err);
+        rc = kv_plan_file_write(a.out, cmd, a.profile, m, &ap, policy, evict_block, res.tokens, &so,
+                                &res, &err);
     }
     if (!rc) {
         printf("plan         %s\nallocation   %s", a.out, kv_alloc_name(ap.kind));

@@ -46,3 +46,13 @@ int kv_cuda_probe_gemm(int dev, kv_cuda_dtype dtype, const int *m, const int *n,
     return kv_fail(err, KV_EINPUT,
                    "CUDA GEMM probe: no CUDA backend in this build (no CUDA toolkit was found)");
 }
+
+int kv_backend_cuda_new(const struct kv_model *m, int max_rows, int max_ctx,
+                        struct kv_backend **out, kv_error *err) {
+    (void)m;
+    (void)max_rows;
+    (void)max_ctx;
+    *out = NULL;
+    return kv_fail(err, KV_EINPUT,
+                   "--device cuda: kvplan was built without a CUDA toolkit; use --device cpu");
+}

@@ -1,6 +1,7 @@
 /* kvplan budget allocation: layer budgets (uniform, SqueezeAttention), BaKlaVa Alg. 2 head
  * budgets, GLPK rounding to blocks, successive halving. See include/kvplan/alloc.h. */
 #include "kvplan/alloc.h"
+#include "kvplan/plan.h"
 
 #include <glpk.h>
 #include <math.h>
@@ -520,7 +521,18 @@ int kv_plan_budgets(const kv_alloc_params *a, int n_layers, int n_kv_heads, cons
     double *x = real_out ? real_out : kv_malloc(n * sizeof *x, "real budgets", err);
     if (!x) return err ? err->code : KV_EINTERNAL;
     int rc = kv_alloc_budgets(a, n_layers, n_kv_heads, layer_sim, head_sim, head_imp, x, err);
-    if (!rc) {
+    if (!rc && a->kind == KV_ALLOC_UNIFORM) {
+        /* "uniform at R" has one definition (kvplan/plan.h): the exact-sum rounding of R * C
+         * per head in closed form, the same budgets `eval --ratio R` runs */
+        rc = kv_uniform_budgets((int)n, a->ratio, a->context, a->block_size, tokens, blocks, err);
+        int lo = (a->min_tokens + a->block_size - 1) / a->block_size * a->block_size;
+        for (size_t i = 0; !rc && i < n; i++)
+            if (tokens[i] < lo && tokens[i] < a->context)
+                rc = kv_fail(err, KV_EINPUT,
+                             "ratio %g is too small for the policy's fixed part: uniform budgets "
+                             "give %d tokens per head, below the floor of %d",
+                             a->ratio, tokens[i], lo);
+    } else if (!rc) {
         double total = a->ratio * (double)n_layers * n_kv_heads * a->context;
         rc = kv_round_budgets((int)n, x, total, a->block_size, a->min_tokens, a->context, tokens,
                               blocks, err);

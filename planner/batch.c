@@ -190,13 +190,13 @@ int kv_batch_size(const kv_batch_config *c, kv_batch_result *out, kv_error *err)
 /* ---- plan.h5 /kvpr and /batch ---- */
 
 int kv_plan_write_kvpr_batch(kv_h5 *plan, const kv_model *m, const kv_hw *hw,
-                             const kv_plan_budget *b, kv_error *err) {
+                             const kv_plan *b, kv_error *err) {
     const kv_config *cf = &m->cfg;
-    if (!b || b->n_layers != cf->n_layers || b->n_kv_heads != cf->n_kv_heads || !b->tokens)
+    if (!b || b->n_layers != cf->n_layers || b->n_kv_heads != cf->n_kv_heads || !b->budget)
         return kv_fail(err, KV_EINPUT, "plan budgets do not match the model (L %d, H_kv %d)",
                        cf->n_layers, cf->n_kv_heads);
     const double p = 4.0; /* kvplan's runtime keeps weights, K and V in fp32 */
-    long C = b->context_length > 0 ? b->context_length : cf->seq_len;
+    long C = b->context > 0 ? b->context : cf->seq_len;
     if (C < 1) C = 1;
     int rc = KV_OK;
     if (hw->v_com > 0 && hw->v_gpu > 0) {
@@ -260,7 +260,7 @@ int kv_plan_write_kvpr_batch(kv_h5 *plan, const kv_model *m, const kv_hw *hw,
     c.prompt_len = C - C / 4 > 0 ? C - C / 4 : 1;
     c.block_size = b->block_size > 0 ? b->block_size : 16;
     c.evict_block = c.block_size;
-    c.budget = b->tokens;
+    c.budget = b->budget;
     kv_batch_result res;
     kv_error local = {0};
     int brc = kv_batch_size(&c, &res, &local);
@@ -294,7 +294,7 @@ int kv_plan_write_kvpr_batch(kv_h5 *plan, const kv_model *m, const kv_hw *hw,
 }
 
 int kv_plan_write_kvpr_batch_from_profile(kv_h5 *plan, const char *profile_path, const kv_model *m,
-                                          const kv_plan_budget *b, int *written, kv_error *err) {
+                                          const kv_plan *b, int *written, kv_error *err) {
     if (written) *written = 0;
     kv_h5 *f = NULL;
     int rc = kv_h5_open_read(profile_path, &f, err);

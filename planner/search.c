@@ -10,8 +10,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kvplan/engine.h"
 #include "kvplan/eval.h"
-#include "kvplan/forward.h"
+#include "kvplan/plan.h"
 
 const char *const kv_search_base_names[KV_SEARCH_N_BASE] = {"full", "uniform", "squeeze"};
 
@@ -190,10 +191,9 @@ typedef struct arm {
 typedef struct search_ctx {
     const kv_model *m;
     const kv_search_opts *o;
+    const kv_profile_inputs *prof;
     const int *ids;
-    kv_workspace *ws;
-    kv_pool pool;
-    int pool_ok;
+    kv_engine *eng; /* runs every budget set (full plan as its reservation) */
     arm *arms;
     int n_arms, cap_arms;
     int nh, S, HC; /* heads, search chunks, held-out chunks */
@@ -201,6 +201,13 @@ typedef struct search_ctx {
     long work_done, work_total; /* chunk evaluations, for the progress ETA */
     double t0, best_seen;
     kv_error *err;
+    kv_search_result *res;
+    int n_cfg;    /* grid points */
+    int *cfg_arm; /* [n_cfg] grid point -> arm */
+    int *uniq;    /* [n_uniq] distinct grid arms, in grid order */
+    int n_uniq;
+    int base_arm[KV_SEARCH_N_BASE]; /* full, uniform, squeeze (-1: none) */
+    int win_arm;
 } search_ctx;
 
 /* Find or add the arm with these budgets (NULL = full cache). Takes ownership of tokens and
@@ -241,15 +248,6 @@ static int arm_get(search_ctx *c, int *tokens, int *blocks) {
     return c->n_arms++;
 }
 
-static void fill_eval_opts(const search_ctx *c, const int *budget, kv_eval_opts *eo) {
-    kv_eval_opts_default(eo, c->m);
-    eo->context = c->o->context;
-    eo->budget = budget;
-    eo->policy = c->o->policy;
-    eo->evict_block = c->o->evict_block;
-    eo->block_size = c->o->block_size;
-}
-
 static void progress(search_ctx *c, const char *what) {
     kv_progress *p = c->o->progress;
     if (!p || p->quiet) return;
@@ -267,11 +265,10 @@ static void progress(search_ctx *c, const char *what) {
 
 /* Chunk `chunk` of the text starting at token `start` (chunks of C) under `budget`. */
 static int eval_one(search_ctx *c, const int *budget, long start, int chunk, double *nll) {
-    kv_eval_opts eo;
-    fill_eval_opts(c, budget, &eo);
-    size_t peak = 0;
-    int rc = kv_eval_chunk(c->m, c->ws, &c->pool, c->ids + start + (long)chunk * eo.context,
-                           eo.context, &eo, nll, &peak, c->err);
+    int C = c->o->context;
+    const int *b[1] = {budget};
+    int rc = kv_engine_chunk_nll(c->eng, c->ids + start + (long)chunk * C, C, 1, budget ? b : NULL,
+                                 NULL, nll, NULL, c->err);
     c->work_done++;
     return rc;
 }
@@ -287,7 +284,7 @@ static int arm_ppl(search_ctx *c, int a, int n, double *ppl, int grid) {
     }
     double s = 0.0;
     for (int ch = 0; ch < n; ch++) s += x->nll[ch];
-    *ppl = exp(s / ((double)n * (c->o->context - 1)));
+    *ppl = kv_perplexity_from_nll(s, (long)n * (c->o->context - 1));
     if (grid && n == c->S && *ppl < c->best_seen) c->best_seen = *ppl;
     return KV_OK;
 }
@@ -303,7 +300,7 @@ static int heldout_ppl(search_ctx *c, const int *budget, double *ppl) {
         s += v;
         progress(c, "held-out");
     }
-    *ppl = exp(s / ((double)c->HC * (c->o->context - 1)));
+    *ppl = kv_perplexity_from_nll(s, (long)c->HC * (c->o->context - 1));
     return KV_OK;
 }
 
@@ -374,9 +371,10 @@ static void config_params(const kv_search_opts *o, const kv_search_result *r, in
     *p = o->allocation == KV_ALLOC_UNIFORM ? NAN : o->p_values[ip];
 }
 
-int kv_search_run(const kv_model *m, const kv_profile_inputs *prof, const int *ids, long n_ids,
-                  const kv_search_opts *o, kv_search_result *res, kv_error *err) {
-    memset(res, 0, sizeof *res);
+/* Stage 0: check the options and the text, size the search (S search chunks, HC held-out). */
+static int search_setup(search_ctx *c, const kv_model *m, const kv_profile_inputs *prof,
+                        const int *ids, long n_ids, const kv_search_opts *o, kv_search_result *res,
+                        kv_error *err) {
     const int C = o->context;
     if (C < 2 || C > m->cfg.seq_len)
         return kv_fail(err, KV_EINPUT, "context %d must be in [2, %d] (the model's context)", C,
@@ -395,221 +393,250 @@ int kv_search_run(const kv_model *m, const kv_profile_inputs *prof, const int *i
         return kv_fail(err, KV_EINPUT, "--eval-tokens %ld is less than one chunk of %d tokens",
                        o->eval_tokens, C);
     long search_tokens = o->eval_tokens < n_ids ? o->eval_tokens : n_ids;
-    search_ctx c;
-    memset(&c, 0, sizeof c);
-    c.m = m;
-    c.o = o;
-    c.ids = ids;
-    c.err = err;
-    c.nh = m->cfg.n_layers * m->cfg.n_kv_heads;
-    c.S = (int)(search_tokens / C);
-    if (c.S < 1)
+    c->m = m;
+    c->o = o;
+    c->prof = prof;
+    c->ids = ids;
+    c->err = err;
+    c->res = res;
+    c->win_arm = -1;
+    for (int b = 0; b < KV_SEARCH_N_BASE; b++) c->base_arm[b] = -1;
+    c->nh = m->cfg.n_layers * m->cfg.n_kv_heads;
+    c->S = (int)(search_tokens / C);
+    if (c->S < 1)
         return kv_fail(err, KV_EINPUT, "the text has %ld tokens, fewer than one chunk of %d", n_ids,
                        C);
-    long left = n_ids - (long)c.S * C;
+    long left = n_ids - (long)c->S * C;
     long ho = o->heldout_tokens < left ? o->heldout_tokens : left;
-    c.HC = o->heldout_tokens > 0 ? (int)(ho / C) : 0;
-    if (o->heldout_tokens > 0 && c.HC < 1)
+    c->HC = o->heldout_tokens > 0 ? (int)(ho / C) : 0;
+    if (o->heldout_tokens > 0 && c->HC < 1)
         return kv_fail(err, KV_EINPUT,
                        "the text has %ld tokens: %d search chunks of %d use %ld and the %ld "
                        "left are less than one held-out chunk; use a longer text, fewer "
                        "--eval-tokens or --heldout-tokens 0",
-                       n_ids, c.S, C, (long)c.S * C, left);
-    for (long i = 0; i < (long)(c.S + c.HC) * C; i++)
+                       n_ids, c->S, C, (long)c->S * C, left);
+    for (long i = 0; i < (long)(c->S + c->HC) * C; i++)
         if (ids[i] < 0 || ids[i] >= m->cfg.vocab_size)
             return kv_fail(err, KV_EINPUT, "token %ld has id %d outside the vocabulary", i, ids[i]);
     res->n_p = o->allocation == KV_ALLOC_UNIFORM ? 1 : o->n_p;
     res->n_t = o->allocation == KV_ALLOC_BAKLAVA ? o->n_t : 1;
     res->n_r = o->allocation == KV_ALLOC_BAKLAVA ? o->n_r : 1;
-    res->search_chunks = c.S;
-    res->heldout_chunks = c.HC;
-    int n_cfg = res->n_p * res->n_t * res->n_r;
+    res->search_chunks = c->S;
+    res->heldout_chunks = c->HC;
+    c->n_cfg = res->n_p * res->n_t * res->n_r;
+    c->cfg_arm = kv_malloc((size_t)c->n_cfg * sizeof *c->cfg_arm, "grid arms", err);
+    c->uniq = kv_malloc((size_t)c->n_cfg * sizeof *c->uniq, "grid arms", err);
+    res->perplexity = kv_malloc((size_t)c->n_cfg * sizeof *res->perplexity, "grid", err);
+    res->chunks = kv_calloc((size_t)c->n_cfg, sizeof *res->chunks, "grid", err);
+    if (!c->cfg_arm || !c->uniq || !res->perplexity || !res->chunks) return KV_EINTERNAL;
+    c->t0 = kv_now();
+    c->best_seen = HUGE_VAL;
+    return KV_OK;
+}
+
+/* Stage 1: the budgets of every grid point, deduplicated into arms. */
+static int search_grid_budgets(search_ctx *c) {
+    const kv_search_opts *o = c->o;
     int rc = KV_OK;
-    int *cfg_arm = kv_malloc((size_t)n_cfg * sizeof *cfg_arm, "grid arms", err);
-    int *uniq = kv_malloc((size_t)n_cfg * sizeof *uniq, "grid arms", err);
-    res->perplexity = kv_malloc((size_t)n_cfg * sizeof *res->perplexity, "grid", err);
-    res->chunks = kv_calloc((size_t)n_cfg, sizeof *res->chunks, "grid", err);
-    if (!cfg_arm || !uniq || !res->perplexity || !res->chunks) rc = KV_EINTERNAL;
-    c.t0 = kv_now();
-    c.best_seen = HUGE_VAL;
-    /* 1. budgets of every grid point, deduplicated */
-    int n_uniq = 0;
-    for (int g = 0; g < n_cfg && !rc; g++) {
+    for (int g = 0; g < c->n_cfg && !rc; g++) {
         double t, r, p;
-        config_params(o, res, g, &t, &r, &p);
+        config_params(o, c->res, g, &t, &r, &p);
         int *tok = NULL, *blk = NULL;
-        rc = make_budget(&c, prof, o->allocation, t, r, p, &tok, &blk);
+        rc = make_budget(c, c->prof, o->allocation, t, r, p, &tok, &blk);
         if (rc) {
             if (o->allocation == KV_ALLOC_BAKLAVA)
-                kv_fail_context(err, "budgets for t = %g, r = %g, p = %g", t, r, p);
+                kv_fail_context(c->err, "budgets for t = %g, r = %g, p = %g", t, r, p);
             break;
         }
-        int a = arm_get(&c, tok, blk);
-        if (a < 0) {
-            rc = err ? err->code : KV_EINTERNAL;
-            break;
-        }
-        cfg_arm[g] = a;
-        if (c.arms[a].first_config < 0) {
-            c.arms[a].first_config = g;
-            uniq[n_uniq++] = a;
+        int a = arm_get(c, tok, blk);
+        if (a < 0) return c->err ? c->err->code : KV_EINTERNAL;
+        c->cfg_arm[g] = a;
+        if (c->arms[a].first_config < 0) {
+            c->arms[a].first_config = g;
+            c->uniq[c->n_uniq++] = a;
         }
     }
-    res->distinct_budgets = n_uniq;
-    /* 2. baselines' budgets */
-    int base_arm[KV_SEARCH_N_BASE] = {-1, -1, -1};
-    if (!rc) base_arm[0] = arm_get(&c, NULL, NULL);
-    if (!rc && base_arm[0] >= 0) {
-        int *tok = NULL, *blk = NULL;
-        rc = make_budget(&c, prof, KV_ALLOC_UNIFORM, NAN, NAN, NAN, &tok, &blk);
-        if (!rc) base_arm[1] = arm_get(&c, tok, blk);
-        if (!rc && prof) {
-            rc =
-                make_budget(&c, prof, KV_ALLOC_SQUEEZE, NAN, NAN, KV_SQUEEZE_DEFAULT_P, &tok, &blk);
-            if (!rc) base_arm[2] = arm_get(&c, tok, blk);
+    c->res->distinct_budgets = c->n_uniq;
+    return rc;
+}
+
+/* Stage 2: the baselines' budgets (full, uniform, squeeze when there is a profile); every
+ * budget must suit the policy (kv_plan_validate through the plan module). */
+static int search_baseline_budgets(search_ctx *c) {
+    int rc = KV_OK;
+    c->base_arm[0] = arm_get(c, NULL, NULL);
+    if (c->base_arm[0] < 0) return c->err ? c->err->code : KV_EINTERNAL;
+    int *tok = NULL, *blk = NULL;
+    rc = make_budget(c, c->prof, KV_ALLOC_UNIFORM, NAN, NAN, NAN, &tok, &blk);
+    if (!rc) c->base_arm[1] = arm_get(c, tok, blk);
+    if (!rc && c->prof) {
+        rc = make_budget(c, c->prof, KV_ALLOC_SQUEEZE, NAN, NAN, KV_SQUEEZE_DEFAULT_P, &tok, &blk);
+        if (!rc) c->base_arm[2] = arm_get(c, tok, blk);
+    }
+    if (!rc && (c->base_arm[1] < 0 || (c->prof && c->base_arm[2] < 0)))
+        rc = c->err ? c->err->code : KV_EINTERNAL;
+    for (int a = 0; a < c->n_arms && !rc; a++) {
+        if (!c->arms[a].tokens) continue;
+        kv_plan chk;
+        rc = kv_plan_from_budgets(&c->m->cfg, c->arms[a].tokens, NULL, c->o->policy, c->o->ratio,
+                                  c->o->context, c->o->block_size, c->o->evict_block, "search", NAN,
+                                  NAN, NAN, 0, &chk, c->err);
+        kv_plan_free(&chk);
+    }
+    return rc;
+}
+
+/* Stage 3: one engine whose reservation is the full cache, so it runs every arm. */
+static int search_engine(search_ctx *c) {
+    kv_plan full;
+    int rc = kv_plan_full(&c->m->cfg, c->o->context, c->o->block_size, c->o->evict_block,
+                          c->o->policy, &full, c->err);
+    if (rc) return rc;
+    kv_engine_opts eo = {.device = c->o->device, .max_seqs = 1};
+    rc = kv_engine_new(c->m, &full, &eo, &c->eng, c->err);
+    kv_plan_free(&full);
+    return rc;
+}
+
+/* Stage 4: the grid, exhaustive or by successive halving; sets the winning arm. */
+static int search_grid_eval(search_ctx *c) {
+    const kv_search_opts *o = c->o;
+    int rc = KV_OK;
+    long plan_grid = o->halving_eta >= 2
+                         ? halving_plan(c->n_uniq, o->halving_eta,
+                                        o->halving_min_chunks > 0 ? o->halving_min_chunks : 1, c->S)
+                         : (long)c->n_uniq * c->S;
+    if (o->halving_eta >= 2) plan_grid += c->S; /* at most: finishing the winner */
+    c->work_total =
+        plan_grid + (long)KV_SEARCH_N_BASE * c->S + (long)(1 + KV_SEARCH_N_BASE) * c->HC;
+    if (o->halving_eta >= 2 && c->n_uniq > 1) {
+        kv_sh_opts sh = {.eta = o->halving_eta,
+                         .min_chunks =
+                             o->halving_min_chunks > 0
+                                 ? (o->halving_min_chunks < c->S ? o->halving_min_chunks : c->S)
+                                 : 1,
+                         .max_chunks = c->S,
+                         .tokens_per_chunk = o->context,
+                         .prefix_reuse = 1};
+        halving_user hu = {c, c->uniq};
+        kv_sh_result shr;
+        rc = kv_successive_halving(c->n_uniq, &sh, halving_eval, &hu, &shr, NULL, c->err);
+        if (!rc) {
+            c->win_arm = c->uniq[shr.winner];
+            c->res->halving_rounds = shr.rounds;
+            /* finish the winner on every search chunk so that its perplexity compares
+             * with the baselines' (counted as grid work) */
+            double ppl = NAN;
+            if (shr.winner_chunks < c->S) rc = arm_ppl(c, c->win_arm, c->S, &ppl, 1);
         }
-        if (!rc && (base_arm[1] < 0 || (prof && base_arm[2] < 0)))
-            rc = err ? err->code : KV_EINTERNAL;
-    } else if (!rc) {
-        rc = err ? err->code : KV_EINTERNAL;
+        return rc;
     }
-    /* every budget must suit the policy */
-    for (int a = 0; a < c.n_arms && !rc; a++) {
-        kv_eval_opts eo;
-        fill_eval_opts(&c, c.arms[a].tokens, &eo);
-        rc = kv_eval_check_budget(m, &eo, err);
-    }
-    /* 3. engine: one pool large enough for the full cache, one workspace */
-    if (!rc) {
-        long nb = kv_cache_blocks_needed(m->cfg.n_layers, m->cfg.n_kv_heads, NULL, C,
-                                         o->evict_block, o->block_size);
-        rc = kv_pool_init(&c.pool, (int)nb, o->block_size, m->cfg.head_dim, err);
-        c.pool_ok = !rc;
-    }
-    if (!rc) rc = kv_workspace_new(m, C, C, &c.ws, err);
-    /* 4. the grid */
-    int win_arm = -1;
-    if (!rc) {
-        long plan_grid =
-            o->halving_eta >= 2
-                ? halving_plan(n_uniq, o->halving_eta,
-                               o->halving_min_chunks > 0 ? o->halving_min_chunks : 1, c.S)
-                : (long)n_uniq * c.S;
-        if (o->halving_eta >= 2) plan_grid += c.S; /* at most: finishing the winner */
-        c.work_total =
-            plan_grid + (long)KV_SEARCH_N_BASE * c.S + (long)(1 + KV_SEARCH_N_BASE) * c.HC;
-        if (o->halving_eta >= 2 && n_uniq > 1) {
-            kv_sh_opts sh = {.eta = o->halving_eta,
-                             .min_chunks =
-                                 o->halving_min_chunks > 0
-                                     ? (o->halving_min_chunks < c.S ? o->halving_min_chunks : c.S)
-                                     : 1,
-                             .max_chunks = c.S,
-                             .tokens_per_chunk = C,
-                             .prefix_reuse = 1};
-            halving_user hu = {&c, uniq};
-            kv_sh_result shr;
-            rc = kv_successive_halving(n_uniq, &sh, halving_eval, &hu, &shr, NULL, err);
-            if (!rc) {
-                win_arm = uniq[shr.winner];
-                res->halving_rounds = shr.rounds;
-                /* finish the winner on every search chunk so that its perplexity compares
-                 * with the baselines' (counted as grid work) */
-                double ppl = NAN;
-                if (shr.winner_chunks < c.S) rc = arm_ppl(&c, win_arm, c.S, &ppl, 1);
-            }
-        } else {
-            double best = HUGE_VAL;
-            for (int u = 0; u < n_uniq && !rc; u++) {
-                double ppl = NAN;
-                for (int ch = 1; ch <= c.S && !rc; ch++) { /* chunk by chunk for progress */
-                    rc = arm_ppl(&c, uniq[u], ch, &ppl, 1);
-                    if (!rc) progress(&c, "grid");
-                }
-                if (!rc && (win_arm < 0 || ppl < best)) {
-                    best = ppl;
-                    win_arm = uniq[u];
-                }
-            }
+    double best = HUGE_VAL;
+    for (int u = 0; u < c->n_uniq && !rc; u++) {
+        double ppl = NAN;
+        for (int ch = 1; ch <= c->S && !rc; ch++) { /* chunk by chunk for progress */
+            rc = arm_ppl(c, c->uniq[u], ch, &ppl, 1);
+            if (!rc) progress(c, "grid");
         }
-    }
-    /* 5. grid values, winner */
-    if (!rc) {
-        for (int g = 0; g < n_cfg; g++) {
-            const arm *x = &c.arms[cfg_arm[g]];
-            res->chunks[g] = x->done;
-            if (x->done > 0) {
-                double s = 0;
-                for (int ch = 0; ch < x->done; ch++) s += x->nll[ch];
-                res->perplexity[g] = exp(s / ((double)x->done * (C - 1)));
-            } else {
-                res->perplexity[g] = NAN;
-            }
-        }
-        res->best = c.arms[win_arm].first_config;
-        config_params(o, res, res->best, &res->best_t, &res->best_r, &res->best_p);
-        res->best_ppl = res->perplexity[res->best];
-        res->best_chunks = res->chunks[res->best];
-        res->token_evals = c.grid_chunk_evals * C;
-        res->token_evals_exhaustive = (long)n_uniq * c.S * C;
-        res->tokens = kv_malloc((size_t)c.nh * sizeof *res->tokens, "winner", err);
-        res->blocks = kv_malloc((size_t)c.nh * sizeof *res->blocks, "winner", err);
-        if (!res->tokens || !res->blocks)
-            rc = KV_EINTERNAL;
-        else {
-            memcpy(res->tokens, c.arms[win_arm].tokens, (size_t)c.nh * sizeof *res->tokens);
-            memcpy(res->blocks, c.arms[win_arm].blocks, (size_t)c.nh * sizeof *res->blocks);
+        if (!rc && (c->win_arm < 0 || ppl < best)) {
+            best = ppl;
+            c->win_arm = c->uniq[u];
         }
     }
-    /* 6. baselines on the search tokens, then winner and baselines on held-out tokens */
+    return rc;
+}
+
+/* Stage 5: the grid's values and the winner's budgets into the result. */
+static int search_winner(search_ctx *c) {
+    kv_search_result *res = c->res;
+    const int C = c->o->context;
+    for (int g = 0; g < c->n_cfg; g++) {
+        const arm *x = &c->arms[c->cfg_arm[g]];
+        res->chunks[g] = x->done;
+        double s = 0;
+        for (int ch = 0; ch < x->done; ch++) s += x->nll[ch];
+        res->perplexity[g] = x->done > 0 ? kv_perplexity_from_nll(s, (long)x->done * (C - 1)) : NAN;
+    }
+    res->best = c->arms[c->win_arm].first_config;
+    config_params(c->o, res, res->best, &res->best_t, &res->best_r, &res->best_p);
+    res->best_ppl = res->perplexity[res->best];
+    res->best_chunks = res->chunks[res->best];
+    res->token_evals = c->grid_chunk_evals * C;
+    res->token_evals_exhaustive = (long)c->n_uniq * c->S * C;
+    res->tokens = kv_malloc((size_t)c->nh * sizeof *res->tokens, "winner", c->err);
+    res->blocks = kv_malloc((size_t)c->nh * sizeof *res->blocks, "winner", c->err);
+    if (!res->tokens || !res->blocks) return KV_EINTERNAL;
+    memcpy(res->tokens, c->arms[c->win_arm].tokens, (size_t)c->nh * sizeof *res->tokens);
+    memcpy(res->blocks, c->arms[c->win_arm].blocks, (size_t)c->nh * sizeof *res->blocks);
+    return KV_OK;
+}
+
+/* Stage 6: baselines on the search tokens (a plan is never worse than a budgeted baseline
+ * measured on the same chunks), then winner and baselines on the held-out tokens. */
+static int search_baselines_heldout(search_ctx *c) {
+    kv_search_result *res = c->res;
+    int rc = KV_OK;
     for (int b = 0; b < KV_SEARCH_N_BASE && !rc; b++) {
         res->base_ppl[b] = NAN;
-        if (base_arm[b] < 0) continue;
-        for (int ch = 1; ch <= c.S && !rc; ch++) {
-            rc = arm_ppl(&c, base_arm[b], ch, &res->base_ppl[b], 0);
-            if (!rc) progress(&c, "baselines");
+        if (c->base_arm[b] < 0) continue;
+        for (int ch = 1; ch <= c->S && !rc; ch++) {
+            rc = arm_ppl(c, c->base_arm[b], ch, &res->base_ppl[b], 0);
+            if (!rc) progress(c, "baselines");
         }
     }
-    /* A plan is never worse than a budgeted baseline measured on the same search chunks: if
-     * uniform or squeeze beat the grid's best, that baseline's budgets become the plan's. */
-    res->winner_kind = o->allocation;
-    if (!rc && res->best_chunks == c.S) {
+    /* if uniform or squeeze beat the grid's best, that baseline's budgets become the plan's */
+    res->winner_kind = c->o->allocation;
+    if (!rc && res->best_chunks == c->S) {
         static const kv_alloc_kind base_kind[KV_SEARCH_N_BASE] = {0, KV_ALLOC_UNIFORM,
                                                                   KV_ALLOC_SQUEEZE};
         for (int b = 1; b < KV_SEARCH_N_BASE; b++) {
-            if (base_arm[b] < 0 || !(res->base_ppl[b] < res->best_ppl)) continue;
-            win_arm = base_arm[b];
+            if (c->base_arm[b] < 0 || !(res->base_ppl[b] < res->best_ppl)) continue;
+            c->win_arm = c->base_arm[b];
             res->best_ppl = res->base_ppl[b];
             res->winner_kind = base_kind[b];
             res->best_t = NAN;
             res->best_r = NAN;
             res->best_p = base_kind[b] == KV_ALLOC_SQUEEZE ? KV_SQUEEZE_DEFAULT_P : NAN;
-            memcpy(res->tokens, c.arms[win_arm].tokens, (size_t)c.nh * sizeof *res->tokens);
-            memcpy(res->blocks, c.arms[win_arm].blocks, (size_t)c.nh * sizeof *res->blocks);
+            memcpy(res->tokens, c->arms[c->win_arm].tokens, (size_t)c->nh * sizeof *res->tokens);
+            memcpy(res->blocks, c->arms[c->win_arm].blocks, (size_t)c->nh * sizeof *res->blocks);
         }
     }
     for (int b = 0; b < 1 + KV_SEARCH_N_BASE && !rc; b++) {
         res->heldout_ppl[b] = NAN;
-        int a = b == 0 ? win_arm : base_arm[b - 1];
-        if (a < 0 || c.HC < 1) continue;
-        rc = heldout_ppl(&c, c.arms[a].tokens, &res->heldout_ppl[b]);
+        int a = b == 0 ? c->win_arm : c->base_arm[b - 1];
+        if (a < 0 || c->HC < 1) continue;
+        rc = heldout_ppl(c, c->arms[a].tokens, &res->heldout_ppl[b]);
     }
+    return rc;
+}
+
+int kv_search_run(const kv_model *m, const kv_profile_inputs *prof, const int *ids, long n_ids,
+                  const kv_search_opts *o, kv_search_result *res, kv_error *err) {
+    memset(res, 0, sizeof *res);
+    search_ctx c;
+    memset(&c, 0, sizeof c);
+    int rc = search_setup(&c, m, prof, ids, n_ids, o, res, err);
+    if (!rc) rc = search_grid_budgets(&c);
+    if (!rc) rc = search_baseline_budgets(&c);
+    if (!rc) rc = search_engine(&c);
+    if (!rc) rc = search_grid_eval(&c);
+    if (!rc) rc = search_winner(&c);
+    if (!rc) rc = search_baselines_heldout(&c);
     res->seconds = kv_now() - c.t0;
-    if (o->progress && !o->progress->quiet) {
+    if (!rc && o->progress && !o->progress->quiet) {
         kv_progress_print(o->progress, 1, "search: done, %ld chunk evals in %.1fs", c.work_done,
                           res->seconds);
         kv_progress_done(o->progress);
     }
-    kv_workspace_free(c.ws);
-    if (c.pool_ok) kv_pool_destroy(&c.pool);
+    kv_engine_free(c.eng);
     for (int a = 0; a < c.n_arms; a++) {
         free(c.arms[a].tokens);
         free(c.arms[a].blocks);
         free(c.arms[a].nll);
     }
     free(c.arms);
-    free(cfg_arm);
-    free(uniq);
+    free(c.cfg_arm);
+    free(c.uniq);
     if (rc) kv_search_result_free(res);
     return rc;
 }
@@ -675,43 +702,26 @@ int kv_search_write(kv_h5 *f, const kv_search_opts *o, const kv_search_result *r
 
 int kv_plan_file_write(const char *path, const char *command, const char *profile_path,
                        const kv_model *m, const kv_alloc_params *a, kv_policy policy,
-                       int evict_block, const int *tokens, const int *blocks,
-                       const kv_search_opts *so, const kv_search_result *sr, kv_error *err) {
-    int nh = m->cfg.n_layers * m->cfg.n_kv_heads;
-    kv_plan_budget b;
-    memset(&b, 0, sizeof b);
-    b.n_layers = m->cfg.n_layers;
-    b.n_kv_heads = m->cfg.n_kv_heads;
-    b.context_length = a->context;
-    b.block_size = a->block_size;
-    b.ratio = a->ratio;
-    b.evict_block = evict_block;
-    snprintf(b.policy, sizeof b.policy, "%s", kv_policy_name(policy));
-    snprintf(b.allocation, sizeof b.allocation, "%s", kv_alloc_name(a->kind));
-    b.t = a->kind == KV_ALLOC_BAKLAVA ? a->t : NAN;
-    b.r = a->kind == KV_ALLOC_BAKLAVA ? a->r : NAN;
-    b.p = a->kind == KV_ALLOC_UNIFORM ? NAN : a->p;
-    b.tokens = kv_malloc((size_t)nh * sizeof *b.tokens, "plan tokens", err);
-    b.blocks = kv_malloc((size_t)nh * sizeof *b.blocks, "plan blocks", err);
-    if (!b.tokens || !b.blocks) {
-        kv_plan_budget_free(&b);
-        return KV_EINTERNAL;
-    }
-    memcpy(b.tokens, tokens, (size_t)nh * sizeof *b.tokens);
-    memcpy(b.blocks, blocks, (size_t)nh * sizeof *b.blocks);
-    snprintf(b.model_sha256, sizeof b.model_sha256, "%s", m->sha256);
+                       int evict_block, const int *tokens, const kv_search_opts *so,
+                       const kv_search_result *sr, kv_error *err) {
+    kv_plan plan;
+    int rc = kv_plan_from_budgets(
+        &m->cfg, tokens, NULL, policy, a->ratio, a->context, a->block_size, evict_block,
+        kv_alloc_name(a->kind), a->kind == KV_ALLOC_BAKLAVA ? a->t : NAN,
+        a->kind == KV_ALLOC_BAKLAVA ? a->r : NAN, a->kind == KV_ALLOC_UNIFORM ? NAN : a->p,
+        a->min_tokens, &plan, err);
+    if (rc) return rc;
     kv_h5 *f = NULL;
-    int rc = kv_h5_create(path, &f, err);
+    rc = kv_h5_create(path, &f, err);
     if (!rc) rc = kv_h5_write_provenance(f, command, m, err);
-    if (!rc) rc = kv_plan_budget_write(f, &b, err);
-    if (!rc) rc = kv_h5_attr_i64(f, "/", "min_tokens", a->min_tokens, err);
+    if (!rc) rc = kv_plan_write(f, &plan, err);
     if (!rc && so && sr) rc = kv_search_write(f, so, sr, err);
     if (!rc && profile_path)
-        rc = kv_plan_write_kvpr_batch_from_profile(f, profile_path, m, &b, NULL, err);
+        rc = kv_plan_write_kvpr_batch_from_profile(f, profile_path, m, &plan, NULL, err);
     if (!rc)
         rc = kv_h5_commit(f, err);
     else
         kv_h5_abort(f);
-    kv_plan_budget_free(&b);
+    kv_plan_free(&plan);
     return rc;
 }

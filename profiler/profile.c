@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kvplan/forward.h"
+#include "kvplan/engine.h"
 #include "kvplan/kvcache.h"
 
 int kv_profile_pick_prompts(const int *stream, long n, int bos_id, int n_prompts, int prompt_len,
@@ -137,8 +137,8 @@ double kv_kendall_tau(const double *a, const double *b, int n) {
     return den > 0 ? (double)(conc - disc) / den : 0.0;
 }
 
-int kv_profile_run(const kv_model *m, const int *tokens, int P, int T, kv_profile *out,
-                   kv_progress *p, kv_error *err) {
+int kv_profile_run(const kv_model *m, const int *tokens, int P, int T, kv_device device,
+                   kv_profile *out, kv_progress *p, kv_error *err) {
     memset(out, 0, sizeof *out);
     const kv_config *cfg = &m->cfg;
     if (P < 1) return kv_fail(err, KV_EINPUT, "no prompts to profile (--prompts must be >= 1)");
@@ -166,8 +166,8 @@ int kv_profile_run(const kv_model *m, const int *tokens, int P, int T, kv_profil
     out->kendall_tau = calloc((size_t)P * P, sizeof(double));
     out->spearman_rho = calloc((size_t)P * P, sizeof(double));
     collector col = {cfg, out, 0, malloc((size_t)L * T * cfg->dim * sizeof(float))};
-    kv_pool pool = {0};
-    kv_workspace *ws = NULL;
+    kv_plan full = {0};
+    kv_engine *eng = NULL;
     int rc = KV_OK;
     if (!out->tokens || !out->lengths || !out->cos_mean || !out->cos_var || !out->similarity ||
         !out->importance || !out->token_cos || !out->cos_attn || !out->cos_block ||
@@ -176,20 +176,25 @@ int kv_profile_run(const kv_model *m, const int *tokens, int P, int T, kv_profil
     if (!rc) {
         memcpy(out->tokens, tokens, (size_t)P * T * sizeof(int));
         for (int i = 0; i < P; i++) out->lengths[i] = T;
-        rc = kv_pool_init(&pool, L * Hkv * ((T + 15) / 16), 16, cfg->head_dim, err);
+        /* the full cache over one prompt: every prompt is one prefill step */
+        rc = kv_plan_full(cfg, T, KV_DEFAULT_BLOCK_SIZE,
+                          T < KV_DEFAULT_EVICT_BLOCK ? T : KV_DEFAULT_EVICT_BLOCK, KV_POLICY_SINK,
+                          &full, err);
     }
-    if (!rc) rc = kv_workspace_new(m, T, T, &ws, err);
+    if (!rc) {
+        kv_engine_opts eo = {.device = device, .max_seqs = 1};
+        rc = kv_engine_new(m, &full, &eo, &eng, err);
+    }
     kv_hooks hooks = {&col, on_attn, on_block};
     double t0 = kv_now();
     for (int i = 0; i < P && !rc; i++) {
-        kv_cache c;
-        rc = kv_cache_init(&c, &pool, L, Hkv, NULL, KV_POLICY_SINK, err);
+        int seq = -1;
+        rc = kv_engine_seq_open(eng, NULL, NULL, &seq, err);
         if (rc) break;
         col.prompt = i;
-        kv_cache *cp = &c;
-        rc =
-            kv_forward(m, ws, &cp, 1, tokens + (size_t)i * T, T, KV_LOGITS_NONE, NULL, &hooks, err);
-        kv_cache_destroy(&c);
+        rc = kv_engine_prefill(eng, seq, tokens + (size_t)i * T, T, KV_LOGITS_NONE, NULL, &hooks,
+                               err);
+        kv_engine_seq_close(eng, seq);
         double el = kv_now() - t0;
         if (p)
             kv_progress_print(p, i + 1 == P, "profile: prompt %d of %d, %.0f tokens/s", i + 1, P,
@@ -197,8 +202,8 @@ int kv_profile_run(const kv_model *m, const int *tokens, int P, int T, kv_profil
     }
     out->seconds = kv_now() - t0;
     out->tokens_per_s = (double)P * T / (out->seconds > 0 ? out->seconds : 1e-9);
-    kv_workspace_free(ws);
-    if (pool.data) kv_pool_destroy(&pool);
+    kv_engine_free(eng);
+    kv_plan_free(&full);
     free(col.x_in);
     if (rc) {
         kv_profile_free(out);

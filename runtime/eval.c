@@ -14,89 +14,40 @@ void kv_eval_opts_default(kv_eval_opts *o, const kv_model *m) {
     o->block_size = KV_DEFAULT_BLOCK_SIZE;
 }
 
-int kv_eval_check_budget(const kv_model *m, const kv_eval_opts *o, kv_error *err) {
+double kv_perplexity_from_nll(double nll_sum, long n_scored) {
+    return n_scored > 0 ? exp(nll_sum / (double)n_scored) : NAN;
+}
+
+int kv_eval_opts_plan(const kv_model *m, const kv_eval_opts *o, kv_plan *out, kv_error *err) {
     if (o->context < 2 || o->context > m->cfg.seq_len)
         return kv_fail(err, KV_EINPUT, "context %d must be in [2, %d] (the model's context)",
                        o->context, m->cfg.seq_len);
-    if (o->block_size < 1 || o->block_size > 4096)
-        return kv_fail(err, KV_EINPUT, "block size %d must be in [1, 4096]", o->block_size);
-    if (o->evict_block < 1 || o->evict_block > o->context)
-        return kv_fail(err, KV_EINPUT, "eviction block p = %d must be in [1, context %d]",
-                       o->evict_block, o->context);
-    if (!o->budget) return KV_OK;
-    int need = kv_policy_fixed_tokens(o->policy) + o->evict_block;
+    if (!o->budget)
+        return kv_plan_full(&m->cfg, o->context, o->block_size, o->evict_block, o->policy, out,
+                            err);
     int nh = m->cfg.n_layers * m->cfg.n_kv_heads;
-    for (int i = 0; i < nh; i++)
-        if (o->budget[i] < need && o->budget[i] < o->context)
-            return kv_fail(err, KV_EINPUT,
-                           "budget of layer %d KV head %d is %d tokens, below the %d the policy "
-                           "'%s' needs (%d fixed + eviction block p = %d); raise the ratio or "
-                           "lower --evict-block",
-                           i / m->cfg.n_kv_heads, i % m->cfg.n_kv_heads, o->budget[i], need,
-                           kv_policy_name(o->policy), kv_policy_fixed_tokens(o->policy),
-                           o->evict_block);
-    return KV_OK;
-}
-
-/* log-softmax NLL of `target` under logits[vocab] */
-static double token_nll(const float *logits, int vocab, int target) {
-    float mx = logits[0];
-    for (int i = 1; i < vocab; i++)
-        if (logits[i] > mx) mx = logits[i];
-    double sum = 0.0;
-    for (int i = 0; i < vocab; i++) sum += exp((double)(logits[i] - mx));
-    return log(sum) - (double)(logits[target] - mx);
-}
-
-static int budgets_cover(const kv_model *m, const int *budget, int n) {
-    if (!budget) return 1;
-    for (int i = 0; i < m->cfg.n_layers * m->cfg.n_kv_heads; i++)
-        if (budget[i] < n) return 0;
-    return 1;
-}
-
-int kv_eval_chunk(const kv_model *m, kv_workspace *ws, kv_pool *pool, const int *tokens, int n,
-                  const kv_eval_opts *o, double *nll_sum, size_t *peak_bytes, kv_error *err) {
-    kv_cache c;
-    int rc = kv_cache_init(&c, pool, m->cfg.n_layers, m->cfg.n_kv_heads, o->budget, o->policy, err);
-    if (rc) return rc;
-    kv_pool_reset_peak(pool);
-    /* When no head can ever be over budget, blocking changes nothing: one pass. */
-    int step = budgets_cover(m, o->budget, n) ? n : o->evict_block;
-    int V = m->cfg.vocab_size;
-    float *logits = kv_malloc((size_t)step * (size_t)V * sizeof(float), "logits", err);
-    if (!logits) {
-        kv_cache_destroy(&c);
-        return KV_EINTERNAL;
+    int *b = kv_malloc((size_t)nh * sizeof *b, "budgets", err);
+    if (!b) return KV_EINTERNAL;
+    long sum = 0;
+    for (int i = 0; i < nh; i++) {
+        b[i] = o->budget[i] > o->context ? o->context : o->budget[i];
+        sum += b[i];
     }
-    double sum = 0.0;
-    for (int t0 = 0; t0 < n && !rc; t0 += step) {
-        int cnt = n - t0 < step ? n - t0 : step;
-        rc = kv_forward(m, ws, (kv_cache *const[]){&c}, 1, tokens + t0, cnt, KV_LOGITS_ALL, logits,
-                        NULL, err);
-        for (int i = 0; i < cnt && !rc; i++)
-            if (t0 + i + 1 < n) {
-                double v = token_nll(logits + (size_t)i * V, V, tokens[t0 + i + 1]);
-                if (!isfinite(v))
-                    rc = kv_fail(err, KV_EINTERNAL, "non-finite loss at token %d", t0 + i);
-                sum += v;
-            }
-    }
-    if (peak_bytes) *peak_bytes = kv_pool_peak_bytes(pool);
-    free(logits);
-    kv_cache_destroy(&c);
-    *nll_sum = sum;
+    double ratio = (double)sum / ((double)nh * (double)o->context);
+    int rc = kv_plan_from_budgets(&m->cfg, b, NULL, o->policy, ratio, o->context, o->block_size,
+                                  o->evict_block, "custom", NAN, NAN, NAN, 0, out, err);
+    free(b);
     return rc;
 }
 
-int kv_eval_perplexity(const kv_model *m, const int *tokens, long n_tokens, const kv_eval_opts *o,
-                       kv_eval_result *res, kv_error *err) {
+int kv_eval_engine(kv_engine *e, const int *tokens, long n_tokens, int max_chunks,
+                   kv_progress *progress, kv_eval_result *res, kv_error *err) {
     memset(res, 0, sizeof *res);
-    int rc = kv_eval_check_budget(m, o, err);
-    if (rc) return rc;
-    int C = o->context;
+    const kv_plan *p = kv_engine_plan(e);
+    const kv_model *m = kv_engine_backend(e)->model;
+    int C = p->context;
     long chunks = n_tokens / C;
-    if (o->max_chunks > 0 && chunks > o->max_chunks) chunks = o->max_chunks;
+    if (max_chunks > 0 && chunks > max_chunks) chunks = max_chunks;
     if (chunks < 1)
         return kv_fail(err, KV_EINPUT, "the text has %ld tokens, fewer than one chunk of %d",
                        n_tokens, C);
@@ -104,59 +55,47 @@ int kv_eval_perplexity(const kv_model *m, const int *tokens, long n_tokens, cons
         if (tokens[i] < 0 || tokens[i] >= m->cfg.vocab_size)
             return kv_fail(err, KV_EINPUT, "token %ld has id %d, outside the vocabulary [0, %d)", i,
                            tokens[i], m->cfg.vocab_size);
-    int step = budgets_cover(m, o->budget, C) ? C : o->evict_block;
-    long nblocks = kv_cache_blocks_needed(m->cfg.n_layers, m->cfg.n_kv_heads, o->budget, C,
-                                          o->evict_block, o->block_size);
-    kv_pool pool;
-    kv_workspace *ws = NULL;
-    rc = kv_pool_init(&pool, (int)nblocks, o->block_size, m->cfg.head_dim, err);
-    if (rc) return rc;
-    rc = kv_workspace_new(m, step, C, &ws, err);
-    if (rc) {
-        kv_pool_destroy(&pool);
-        return rc;
-    }
     double total = 0.0, t0 = kv_now();
     size_t peak = 0;
+    int rc = KV_OK;
     for (long ch = 0; ch < chunks && !rc; ch++) {
         double s = 0.0;
         size_t pk = 0;
-        rc = kv_eval_chunk(m, ws, &pool, tokens + ch * C, C, o, &s, &pk, err);
+        rc = kv_engine_chunk_nll(e, tokens + ch * C, C, 1, NULL, NULL, &s, &pk, err);
         total += s;
         if (pk > peak) peak = pk;
-        if (o->progress) {
+        if (progress) {
             double el = kv_now() - t0;
-            kv_progress_print(o->progress, ch + 1 == chunks, "eval: chunk %ld/%ld, %.0f tokens/s",
+            kv_progress_print(progress, ch + 1 == chunks, "eval: chunk %ld/%ld, %.0f tokens/s",
                               ch + 1, chunks, (double)(ch + 1) * C / (el > 0 ? el : 1e-9));
         }
     }
     double secs = kv_now() - t0;
-    if (!rc) {
-        res->chunks = (int)chunks;
-        res->tokens_scored = chunks * (C - 1);
-        res->nll = total / (double)res->tokens_scored;
-        res->perplexity = exp(res->nll);
-        res->seconds = secs;
-        res->tokens_per_s = (double)(chunks * C) / (secs > 0 ? secs : 1e-9);
-        res->kv_bytes_peak = peak;
-        res->kv_bytes_full = (size_t)m->cfg.n_layers * m->cfg.n_kv_heads *
-                             (size_t)((C + o->block_size - 1) / o->block_size) *
-                             kv_pool_block_bytes(&pool);
-    }
-    kv_workspace_free(ws);
-    kv_pool_destroy(&pool);
-    return rc;
+    if (rc) return rc;
+    res->chunks = (int)chunks;
+    res->tokens_scored = chunks * (C - 1);
+    res->nll = total / (double)res->tokens_scored;
+    res->perplexity = kv_perplexity_from_nll(total, res->tokens_scored);
+    res->seconds = secs;
+    res->tokens_per_s = (double)(chunks * C) / (secs > 0 ? secs : 1e-9);
+    res->kv_bytes_peak = peak;
+    res->kv_bytes_full = kv_engine_bytes_full(e, C);
+    return KV_OK;
 }
 
-int kv_budget_uniform(const kv_model *m, double ratio, int context, int block_size, int *budget,
-                      kv_error *err) {
-    if (!(ratio > 0.0 && ratio <= 1.0))
-        return kv_fail(err, KV_EINPUT, "ratio %g must be in (0, 1]", ratio);
-    long per = (long)floor(ratio * context / block_size + 1e-9) * block_size;
-    if (per < block_size) per = block_size;
-    if (per > context) per = context;
-    for (int i = 0; i < m->cfg.n_layers * m->cfg.n_kv_heads; i++) budget[i] = (int)per;
-    return KV_OK;
+int kv_eval_perplexity(const kv_model *m, const int *tokens, long n_tokens, const kv_eval_opts *o,
+                       kv_eval_result *res, kv_error *err) {
+    memset(res, 0, sizeof *res);
+    kv_plan plan;
+    int rc = kv_eval_opts_plan(m, o, &plan, err);
+    if (rc) return rc;
+    kv_engine *e = NULL;
+    kv_engine_opts eo = {.device = KV_DEVICE_CPU, .max_seqs = 1};
+    rc = kv_engine_new(m, &plan, &eo, &e, err);
+    if (!rc) rc = kv_eval_engine(e, tokens, n_tokens, o->max_chunks, o->progress, res, err);
+    kv_engine_free(e);
+    kv_plan_free(&plan);
+    return rc;
 }
 
 /* ---- sampling ---- */

@@ -43,18 +43,13 @@ int kv_policy_needs_stats(kv_policy p) {
 }
 
 /* ---- pool ---- */
-int kv_pool_init(kv_pool *p, int n_blocks, int block_size, int head_dim, kv_error *err) {
+int kv_pool_init_meta(kv_pool *p, int n_blocks, int block_size, int head_dim, kv_error *err) {
     memset(p, 0, sizeof *p);
     if (n_blocks <= 0 || block_size <= 0 || head_dim <= 0)
         return kv_fail(err, KV_EINPUT, "KV pool: %d blocks of %d tokens x %d dims is empty",
                        n_blocks, block_size, head_dim);
-    size_t floats = (size_t)n_blocks * 2 * (size_t)block_size * (size_t)head_dim;
-    p->data = kv_malloc(floats * sizeof(float), "KV block pool", err);
     p->free_stack = kv_malloc((size_t)n_blocks * sizeof(int), "KV block pool free list", err);
-    if (!p->data || !p->free_stack) {
-        kv_pool_destroy(p);
-        return KV_EINTERNAL;
-    }
+    if (!p->free_stack) return KV_EINTERNAL;
     p->n_blocks = n_blocks;
     p->block_size = block_size;
     p->head_dim = head_dim;
@@ -62,6 +57,18 @@ int kv_pool_init(kv_pool *p, int n_blocks, int block_size, int head_dim, kv_erro
     for (int i = 0; i < n_blocks; i++) p->free_stack[i] = n_blocks - 1 - i;
     p->n_free = n_blocks;
     p->peak_in_use = 0;
+    return KV_OK;
+}
+
+int kv_pool_init(kv_pool *p, int n_blocks, int block_size, int head_dim, kv_error *err) {
+    int rc = kv_pool_init_meta(p, n_blocks, block_size, head_dim, err);
+    if (rc) return rc;
+    size_t floats = (size_t)n_blocks * 2 * (size_t)block_size * (size_t)head_dim;
+    p->data = kv_malloc(floats * sizeof(float), "KV block pool", err);
+    if (!p->data) {
+        kv_pool_destroy(p);
+        return KV_EINTERNAL;
+    }
     return KV_OK;
 }
 
@@ -99,6 +106,10 @@ static void pool_give(kv_pool *p, int id) {
     p->free_stack[p->n_free++] = id;
 }
 
+void kv_pool_release_block(kv_pool *p, int block) {
+    pool_give(p, block);
+}
+
 /* ---- cache ---- */
 int kv_cache_init(kv_cache *c, kv_pool *pool, int n_layers, int n_kv_heads, const int *budget,
                   kv_policy policy, kv_error *err) {
@@ -109,19 +120,31 @@ int kv_cache_init(kv_cache *c, kv_pool *pool, int n_layers, int n_kv_heads, cons
     c->pool = pool;
     c->n_layers = n_layers;
     c->n_kv_heads = n_kv_heads;
-    c->policy = policy;
-    c->track_stats = budget != NULL && kv_policy_needs_stats(policy);
+    for (size_t i = 0; i < nh; i++) c->heads[i].policy = policy;
+    /* the old rule: statistics whenever there are budgets and the policy needs them */
+    int rc = kv_cache_set_budgets(c, budget, NULL, budget ? KV_BUDGET_UNBOUNDED : 0, err);
+    if (rc) {
+        free(c->heads);
+        c->heads = NULL;
+    }
+    return rc;
+}
+
+int kv_cache_set_budgets(kv_cache *c, const int *budget, const kv_policy *policy, int context,
+                         kv_error *err) {
+    size_t nh = (size_t)c->n_layers * (size_t)c->n_kv_heads;
     for (size_t i = 0; i < nh; i++) {
         int b = budget ? budget[i] : KV_BUDGET_UNBOUNDED;
-        if (b < 1) {
-            free(c->heads);
-            c->heads = NULL;
+        if (b < 1)
             return kv_fail(err, KV_EINPUT,
-                           "budget of layer %zu KV head %zu is %d tokens; it must "
-                           "be at least 1",
-                           i / (size_t)n_kv_heads, i % (size_t)n_kv_heads, b);
-        }
-        c->heads[i].budget = b;
+                           "budget of layer %zu KV head %zu is %d tokens; it must be at least 1",
+                           i / (size_t)c->n_kv_heads, i % (size_t)c->n_kv_heads, b);
+    }
+    for (size_t i = 0; i < nh; i++) {
+        kv_head *h = &c->heads[i];
+        h->budget = budget ? budget[i] : KV_BUDGET_UNBOUNDED;
+        if (policy) h->policy = policy[i];
+        h->track_stats = kv_policy_needs_stats(h->policy) && h->budget < context;
     }
     return KV_OK;
 }
@@ -180,8 +203,7 @@ static int head_grow(kv_head *h, int need, kv_error *err) {
     return KV_OK;
 }
 
-int kv_head_append(kv_cache *c, kv_head *h, const float *k, const float *v, int pos,
-                   kv_error *err) {
+int kv_head_append_slot(kv_cache *c, kv_head *h, int pos, int *slot, kv_error *err) {
     kv_pool *p = c->pool;
     int rc = head_grow(h, h->len + 1, err);
     if (rc) return rc;
@@ -202,28 +224,76 @@ int kv_head_append(kv_cache *c, kv_head *h, const float *k, const float *v, int 
         h->table[h->n_blocks++] = b;
     }
     int i = h->len++;
-    memcpy(kv_head_k(p, h, i), k, (size_t)p->head_dim * sizeof(float));
-    memcpy(kv_head_v(p, h, i), v, (size_t)p->head_dim * sizeof(float));
     h->pos[i] = pos;
     h->acc[i] = 0.0f;
     h->acc2[i] = 0.0f;
+    *slot = kv_head_slot(p, h, i);
     return KV_OK;
 }
 
-void kv_head_compact(kv_cache *c, kv_head *h, const int *keep, int n_keep) {
+/* Slot s of host storage: K at data[block][0][off], V at data[block][1][off]. */
+static float *slot_k(const kv_pool *p, int s) {
+    size_t b = (size_t)(s / p->block_size), o = (size_t)(s % p->block_size);
+    return p->data + (b * 2 * (size_t)p->block_size + o) * (size_t)p->head_dim;
+}
+
+void kv_pool_apply_moves_host(kv_pool *p, const kv_move *moves, int n) {
+    size_t row = (size_t)p->head_dim * sizeof(float), vo = (size_t)p->block_size * p->head_dim;
+    for (int i = 0; i < n; i++) {
+        float *d = slot_k(p, moves[i].dst);
+        const float *s = slot_k(p, moves[i].src);
+        memcpy(d, s, row);
+        memcpy(d + vo, s + vo, row);
+    }
+}
+
+int kv_head_append(kv_cache *c, kv_head *h, const float *k, const float *v, int pos,
+                   kv_error *err) {
+    int slot = 0, rc = kv_head_append_slot(c, h, pos, &slot, err);
+    if (rc) return rc;
     kv_pool *p = c->pool;
-    size_t row = (size_t)p->head_dim * sizeof(float);
+    float *d = slot_k(p, slot);
+    memcpy(d, k, (size_t)p->head_dim * sizeof(float));
+    memcpy(d + (size_t)p->block_size * p->head_dim, v, (size_t)p->head_dim * sizeof(float));
+    return KV_OK;
+}
+
+void kv_moves_free(kv_moves *m) {
+    free(m->v);
+    memset(m, 0, sizeof *m);
+}
+
+static int moves_push(kv_moves *m, int src, int dst, kv_error *err) {
+    if (m->n == m->cap) {
+        int nc = m->cap ? 2 * m->cap : 256;
+        kv_move *nv = realloc(m->v, (size_t)nc * sizeof *nv);
+        if (!nv) return kv_fail(err, KV_EINTERNAL, "out of memory (eviction move list)");
+        m->v = nv;
+        m->cap = nc;
+    }
+    m->v[m->n++] = (kv_move){src, dst};
+    return KV_OK;
+}
+
+/* Keep exactly the entries listed in `keep` (ascending indices): metadata compacted to the
+ * front now, K/V copies owed to the storage appended to `moves` (MoveCache), the emptied
+ * trailing blocks released. Sources are read before any later move overwrites them because
+ * dst <= src and the moves run in ascending dst order. */
+static int head_compact(kv_cache *c, kv_head *h, const int *keep, int n_keep, kv_moves *moves,
+                        kv_error *err) {
+    kv_pool *p = c->pool;
     for (int dst = 0; dst < n_keep; dst++) {
         int src = keep[dst];
         if (src == dst) continue;
-        memcpy(kv_head_k(p, h, dst), kv_head_k(p, h, src), row);
-        memcpy(kv_head_v(p, h, dst), kv_head_v(p, h, src), row);
+        int rc = moves_push(moves, kv_head_slot(p, h, src), kv_head_slot(p, h, dst), err);
+        if (rc) return rc;
         h->pos[dst] = h->pos[src];
         h->acc[dst] = h->acc[src];
         h->acc2[dst] = h->acc2[src];
     }
     h->len = n_keep;
     head_release_blocks(p, h, (n_keep + p->block_size - 1) / p->block_size);
+    return KV_OK;
 }
 
 /* ---- policies ---- */
@@ -263,8 +333,6 @@ static void keep_top(const float *score, int lo, int hi, int n, unsigned char *m
         mask[best] = 1;
     }
 }
-
-#define KV_L2_EXCLUDED_WINDOW 10 /* KV-Compress KVC-full: v = 10 */
 
 void kv_policy_select(kv_policy p, const int *pos, const float *acc, const float *acc2, int len,
                       int n_keep, int curr_pos, int *keep) {
@@ -321,21 +389,30 @@ void kv_policy_select(kv_policy p, const int *pos, const float *acc, const float
     free(score);
 }
 
-int kv_head_make_room(kv_cache *c, kv_head *h, int n_new, int curr_pos, kv_error *err) {
+int kv_head_schedule_room(kv_cache *c, kv_head *h, int n_new, int curr_pos, kv_moves *moves,
+                          kv_error *err) {
     if (h->len + n_new <= h->budget) return KV_OK;
-    int fixed = kv_policy_fixed_tokens(c->policy);
+    int fixed = kv_policy_fixed_tokens(h->policy);
     if (h->budget < n_new || (curr_pos >= fixed && h->budget < fixed + n_new))
         return kv_fail(err, KV_EINPUT,
                        "a budget of %d tokens cannot hold the policy's fixed part (%d for %s) "
                        "plus a block of %d new tokens; raise the budget or lower --evict-block",
-                       h->budget, fixed, kv_policy_name(c->policy), n_new);
+                       h->budget, fixed, kv_policy_name(h->policy), n_new);
     int n_keep = h->budget - n_new;
     int *keep = malloc((size_t)(n_keep > 0 ? n_keep : 1) * sizeof *keep);
     if (!keep) return kv_fail(err, KV_EINTERNAL, "out of memory (eviction)");
-    kv_policy_select(c->policy, h->pos, h->acc, h->acc2, h->len, n_keep, curr_pos, keep);
-    kv_head_compact(c, h, keep, n_keep);
+    kv_policy_select(h->policy, h->pos, h->acc, h->acc2, h->len, n_keep, curr_pos, keep);
+    int rc = head_compact(c, h, keep, n_keep, moves, err);
     free(keep);
-    return KV_OK;
+    return rc;
+}
+
+int kv_head_make_room(kv_cache *c, kv_head *h, int n_new, int curr_pos, kv_error *err) {
+    kv_moves mv = {0};
+    int rc = kv_head_schedule_room(c, h, n_new, curr_pos, &mv, err);
+    if (!rc) kv_pool_apply_moves_host(c->pool, mv.v, mv.n);
+    kv_moves_free(&mv);
+    return rc;
 }
 
 long kv_cache_blocks_needed(int n_layers, int n_kv_heads, const int *budget, int context,

@@ -4,40 +4,37 @@
  * step time the split balances). */
 #include "kvplan/kvpr_exec.h"
 
+#include "kvplan/forward.h"
 #include "ops.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+/* The decode step runs through the engine's driver (kv_forward_embed / kv_forward_layer /
+ * kv_forward_logits) on a one-sequence scratch cache whose layer is refilled with the rebuilt
+ * K, V before each layer step: the same layer arithmetic and attention kernel as every other
+ * path, only the cache's contents come from the offloaded copy. */
 struct kv_kvpr_exec {
     const kv_model *m;
     int max_ctx;
-    float *rope_cos, *rope_sin; /* [max_ctx, d_h/2] */
+    float *rope_cos, *rope_sin; /* [max_ctx, d_h/2] for the recomputed rows */
     float *k, *v;               /* [max_ctx, h_kv] rebuilt K, V of one layer */
-    float *x, *xb, *xb2;        /* [dim] */
-    float *q, *o;               /* [H*d_h] */
-    float *kn, *vn;             /* [h_kv] the new token's K, V */
-    float *hb, *hb2;            /* [hidden] */
-    double *scores;             /* [max_ctx] */
+    kv_backend *be;             /* CPU backend, one row */
+    kv_pool pool;               /* host blocks for one layer of one sequence */
+    kv_cache cache;             /* the scratch sequence */
+    int pool_ok, cache_ok;
 };
 
 void kv_kvpr_exec_free(kv_kvpr_exec *e) {
     if (!e) return;
+    if (e->cache_ok) kv_cache_destroy(&e->cache);
+    if (e->pool_ok) kv_backend_pool_destroy(e->be, &e->pool);
+    kv_backend_free(e->be);
     free(e->rope_cos);
     free(e->rope_sin);
     free(e->k);
     free(e->v);
-    free(e->x);
-    free(e->xb);
-    free(e->xb2);
-    free(e->q);
-    free(e->o);
-    free(e->kn);
-    free(e->vn);
-    free(e->hb);
-    free(e->hb2);
-    free(e->scores);
     free(e);
 }
 
@@ -53,29 +50,30 @@ int kv_kvpr_exec_new(const kv_model *m, int max_ctx, kv_kvpr_exec **out, kv_erro
     if (!e) return KV_EINTERNAL;
     e->m = m;
     e->max_ctx = max_ctx;
-    size_t T = (size_t)max_ctx, d = (size_t)c->dim, qd = (size_t)c->n_heads * c->head_dim,
-           kvd = (size_t)c->n_kv_heads * c->head_dim, hid = (size_t)c->hidden_dim,
+    size_t T = (size_t)max_ctx, kvd = (size_t)c->n_kv_heads * c->head_dim,
            half = (size_t)c->head_dim / 2;
     e->rope_cos = malloc(T * half * sizeof(float));
     e->rope_sin = malloc(T * half * sizeof(float));
     e->k = malloc(T * kvd * sizeof(float));
     e->v = malloc(T * kvd * sizeof(float));
-    e->x = malloc(d * sizeof(float));
-    e->xb = malloc(d * sizeof(float));
-    e->xb2 = malloc(d * sizeof(float));
-    e->q = malloc(qd * sizeof(float));
-    e->o = malloc(qd * sizeof(float));
-    e->kn = malloc(kvd * sizeof(float));
-    e->vn = malloc(kvd * sizeof(float));
-    e->hb = malloc(hid * sizeof(float));
-    e->hb2 = malloc(hid * sizeof(float));
-    e->scores = malloc(T * sizeof(double));
-    if (!e->rope_cos || !e->rope_sin || !e->k || !e->v || !e->x || !e->xb || !e->xb2 || !e->q ||
-        !e->o || !e->kn || !e->vn || !e->hb || !e->hb2 || !e->scores) {
+    if (!e->rope_cos || !e->rope_sin || !e->k || !e->v) {
         kv_kvpr_exec_free(e);
         return kv_fail(err, KV_EINTERNAL, "out of memory: kvpr executor for %d positions", max_ctx);
     }
     kv_op_rope_tables(c, max_ctx, e->rope_cos, e->rope_sin);
+    int bs = KV_DEFAULT_BLOCK_SIZE, per_head = (max_ctx + bs - 1) / bs;
+    int rc = kv_backend_cpu_new(m, 1, max_ctx, &e->be, err);
+    if (!rc)
+        rc = kv_backend_pool_init(e->be, &e->pool, c->n_kv_heads * per_head, bs, c->head_dim, err);
+    e->pool_ok = !rc && e->be;
+    if (!rc)
+        rc = kv_cache_init(&e->cache, &e->pool, c->n_layers, c->n_kv_heads, NULL, KV_POLICY_SINK,
+                           err);
+    e->cache_ok = !rc;
+    if (rc) {
+        kv_kvpr_exec_free(e);
+        return rc;
+    }
     *out = e;
     return KV_OK;
 }
@@ -248,39 +246,6 @@ int kv_kvpr_rebuild(kv_kvpr_exec *e, const kv_kvpr_layer *lc, float *k_out, floa
     return KV_OK;
 }
 
-int kv_kvpr_attend(kv_kvpr_exec *e, const float *q, const float *k, const float *v, int n_ctx,
-                   float *o, kv_error *err) {
-    if (!e || !q || !k || !v || !o)
-        return kv_fail(err, KV_EINPUT, "kvpr attend: NULL executor, q, K, V or output");
-    if (n_ctx < 1 || n_ctx > e->max_ctx)
-        return kv_fail(err, KV_EINPUT, "kvpr attend: %d entries outside 1..%d", n_ctx, e->max_ctx);
-    const kv_config *c = &e->m->cfg;
-    int H = c->n_heads, Hkv = c->n_kv_heads, hd = c->head_dim, g = H / Hkv, kvd = Hkv * hd;
-    double inv = 1.0 / sqrt((double)hd);
-    double *sc = e->scores;
-    for (int qh = 0; qh < H; qh++) {
-        int j = qh / g;
-        const float *qq = q + (size_t)qh * hd;
-        double mx = -INFINITY;
-        for (int t = 0; t < n_ctx; t++) {
-            const float *kk = k + (size_t)t * kvd + (size_t)j * hd;
-            double dot = 0.0;
-            for (int d = 0; d < hd; d++) dot += (double)qq[d] * kk[d];
-            sc[t] = dot * inv;
-            if (sc[t] > mx) mx = sc[t];
-        }
-        double sum = 0.0;
-        for (int t = 0; t < n_ctx; t++) sum += sc[t] = exp(sc[t] - mx);
-        float *oo = o + (size_t)qh * hd;
-        for (int d = 0; d < hd; d++) {
-            double a = 0.0;
-            for (int t = 0; t < n_ctx; t++) a += sc[t] * v[(size_t)t * kvd + (size_t)j * hd + d];
-            oo[d] = (float)(a / sum);
-        }
-    }
-    return KV_OK;
-}
-
 /* Make room for one more row in the layer's transferred part. */
 static int grow_tail(kv_kvpr_layer *lc, kv_error *err) {
     int need = lc->seq - lc->split + 1;
@@ -306,8 +271,7 @@ int kv_kvpr_decode(kv_kvpr_exec *e, kv_kvpr_layer *layers, int token, float *log
     if (token < 0 || token >= c->vocab_size)
         return kv_fail(err, KV_EINPUT, "kvpr decode: token id %d is outside the vocabulary [0, %d)",
                        token, c->vocab_size);
-    int L = c->n_layers, dim = c->dim, hd = c->head_dim, H = c->n_heads, Hkv = c->n_kv_heads;
-    int qd = H * hd, kvd = Hkv * hd, half = hd / 2;
+    int L = c->n_layers, hd = c->head_dim, Hkv = c->n_kv_heads, kvd = Hkv * hd;
     int pos = layers[0].seq;
     for (int l = 0; l < L; l++) {
         int rc = check_layer(e, &layers[l], err);
@@ -328,36 +292,39 @@ int kv_kvpr_decode(kv_kvpr_exec *e, kv_kvpr_layer *layers, int token, float *log
         int rc = grow_tail(&layers[l], err);
         if (rc) return rc;
     }
-    memcpy(e->x, m->tok_emb + (size_t)token * dim, (size_t)dim * sizeof(float));
-    const float *cs = e->rope_cos + (size_t)pos * half, *sn = e->rope_sin + (size_t)pos * half;
-    for (int l = 0; l < L; l++) {
-        const kv_layer_weights *w = &m->layers[l];
+    /* the scratch sequence stands at position s' */
+    kv_cache *c0 = &e->cache;
+    kv_cache_clear(c0);
+    c0->n_past = pos;
+    int rc = kv_forward_embed(e->be, &c0, 1, &token, 1, err);
+    for (int l = 0; l < L && !rc; l++) {
         kv_kvpr_layer *lc = &layers[l];
-        int rc = kv_kvpr_rebuild(e, lc, e->k, e->v, overlap, per_layer ? &per_layer[l] : NULL, err);
-        if (rc) return rc; /* not reached: checked above */
-        kv_op_rmsnorm(e->xb, e->x, w->attn_norm, 1, dim, c->norm_eps);
-        kv_op_matmul(e->q, e->xb, w->wq, 1, dim, qd);
-        kv_op_matmul(e->kn, e->xb, w->wk, 1, dim, kvd);
-        kv_op_matmul(e->vn, e->xb, w->wv, 1, dim, kvd);
-        kv_op_add_bias(e->q, w->bq, 1, qd);
-        kv_op_add_bias(e->kn, w->bk, 1, kvd);
-        kv_op_add_bias(e->vn, w->bv, 1, kvd);
-        kv_op_rope_row(e->q, H, hd, cs, sn, c->rope_layout);
-        kv_op_rope_row(e->kn, Hkv, hd, cs, sn, c->rope_layout);
-        memcpy(e->k + (size_t)pos * kvd, e->kn, (size_t)kvd * sizeof(float));
-        memcpy(e->v + (size_t)pos * kvd, e->vn, (size_t)kvd * sizeof(float));
-        rc = kv_kvpr_attend(e, e->q, e->k, e->v, pos + 1, e->o, err);
-        if (rc) return rc;
-        kv_op_matmul(e->xb2, e->o, w->wo, 1, qd, dim);
-        for (int i = 0; i < dim; i++) e->x[i] += e->xb2[i];
-        kv_op_ffn_residual(w, c, e->x, e->xb, e->hb, e->hb2, 1);
+        rc = kv_kvpr_rebuild(e, lc, e->k, e->v, overlap, per_layer ? &per_layer[l] : NULL, err);
+        /* refill the scratch cache's layer l with the rebuilt K, V at positions 0..s'-1 */
+        for (int j = 0; j < Hkv && !rc; j++) {
+            kv_head *h = kv_cache_head(c0, l, j);
+            for (int i = 0; i < pos && !rc; i++)
+                rc = kv_head_append(c0, h, e->k + (size_t)i * kvd + (size_t)j * hd,
+                                    e->v + (size_t)i * kvd + (size_t)j * hd, i, err);
+        }
+        if (!rc) rc = kv_forward_layer(e->be, &c0, 1, 1, l, NULL, err);
         /* the new token's K, V go to host memory behind the transferred part */
         size_t row = (size_t)(lc->seq - lc->split) * kvd;
-        memcpy(lc->k + row, e->kn, (size_t)kvd * sizeof(float));
-        memcpy(lc->v + row, e->vn, (size_t)kvd * sizeof(float));
-        lc->seq++;
+        for (int j = 0; j < Hkv && !rc; j++) {
+            const kv_head *h = kv_cache_head(c0, l, j);
+            memcpy(lc->k + row + (size_t)j * hd, kv_head_k(&e->pool, h, pos),
+                   (size_t)hd * sizeof(float));
+            memcpy(lc->v + row + (size_t)j * hd, kv_head_v(&e->pool, h, pos),
+                   (size_t)hd * sizeof(float));
+        }
+        /* this layer's blocks back to the pool before the next layer is refilled */
+        for (int j = 0; j < Hkv; j++) {
+            kv_head *h = kv_cache_head(c0, l, j);
+            while (h->n_blocks > 0) kv_pool_release_block(&e->pool, h->table[--h->n_blocks]);
+            h->len = 0;
+        }
+        if (!rc) lc->seq++;
     }
-    kv_op_rmsnorm(e->xb, e->x, m->final_norm, 1, dim, c->norm_eps);
-    kv_op_matmul(logits, e->xb, m->classifier, 1, dim, c->vocab_size);
-    return KV_OK;
+    if (!rc) rc = kv_forward_logits(e->be, 1, 1, KV_LOGITS_LAST, logits, err);
+    return rc;
 }

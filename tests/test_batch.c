@@ -164,20 +164,17 @@ static int write_plan(const char *path, int tokens, const kv_hw *hw) {
     kv_model *m = NULL;
     if (kv_model_load(model_path(), &m, &err)) return -1;
     int n = m->cfg.n_layers * m->cfg.n_kv_heads;
-    int *tok = calloc((size_t)n, sizeof *tok), *blk = calloc((size_t)n, sizeof *blk);
-    kv_plan_budget b;
-    memset(&b, 0, sizeof b);
-    b.n_layers = m->cfg.n_layers, b.n_kv_heads = m->cfg.n_kv_heads;
-    b.context_length = 512, b.block_size = 16, b.ratio = (double)tokens / 512.0;
-    snprintf(b.policy, sizeof b.policy, "avgattn");
-    snprintf(b.allocation, sizeof b.allocation, "uniform");
-    b.t = NAN, b.r = NAN, b.p = NAN;
-    for (int i = 0; i < n && tok && blk; i++) tok[i] = tokens, blk[i] = tokens / 16;
-    b.tokens = tok, b.blocks = blk;
+    int *tok = calloc((size_t)n, sizeof *tok);
+    for (int i = 0; i < n && tok; i++) tok[i] = tokens;
+    kv_plan b;
+    int rc =
+        tok ? kv_plan_from_budgets(&m->cfg, tok, NULL, KV_POLICY_AVGATTN, (double)tokens / 512.0,
+                                   512, 16, 16, "uniform", NAN, NAN, NAN, 0, &b, &err)
+            : -1;
     kv_h5 *f = NULL;
-    int rc = tok && blk ? kv_h5_create(path, &f, &err) : -1;
+    if (!rc) rc = kv_h5_create(path, &f, &err);
     if (!rc) rc = kv_h5_write_provenance(f, "test_batch", m, &err);
-    if (!rc) rc = kv_plan_budget_write(f, &b, &err);
+    if (!rc) rc = kv_plan_write(f, &b, &err);
     if (!rc && hw) rc = kv_plan_write_kvpr_batch(f, m, hw, &b, &err);
     if (!rc)
         rc = kv_h5_commit(f, &err);
@@ -185,7 +182,7 @@ static int write_plan(const char *path, int tokens, const kv_hw *hw) {
         kv_h5_abort(f);
     if (rc) fprintf(stderr, "write_plan: %s\n", err.msg);
     free(tok);
-    free(blk);
+    kv_plan_free(&b);
     kv_model_free(m);
     return rc;
 }
@@ -275,12 +272,9 @@ static void test_plan_from_profile(void) {
     /* a profile without /hardware: a plan made from a search profile with --no-hw */
     const char *nohw = tu_tmp("plan_nohw_src.h5");
     CU_ASSERT_EQUAL_FATAL(write_plan(nohw, 32, NULL), 0);
-    int budget[20], blocks[20];
-    for (int i = 0; i < 20; i++) budget[i] = 32, blocks[i] = 2;
-    kv_plan_budget b;
-    memset(&b, 0, sizeof b);
-    b.n_layers = 5, b.n_kv_heads = 4, b.context_length = 512, b.block_size = 16;
-    b.tokens = budget, b.blocks = blocks;
+    kv_plan b;
+    CU_ASSERT_EQUAL_FATAL(
+        kv_plan_uniform(&m->cfg, 32.0 / 512, 512, 16, 16, KV_POLICY_SINK, &b, &err), KV_OK);
     for (int k = 0; k < 2; k++) {
         const char *out = tu_tmp(k ? "plan_wrap_nohw.h5" : "plan_wrap.h5");
         kv_h5 *f = NULL;
@@ -302,6 +296,7 @@ static void test_plan_from_profile(void) {
         }
         kv_h5_close(f);
     }
+    kv_plan_free(&b);
     kv_model_free(m);
 }
 

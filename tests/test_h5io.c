@@ -31,7 +31,6 @@ static void fake_model(kv_model *m, int n_layers, const char *sha) {
 }
 
 static const char *SHA_A = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
-static const char *SHA_B = "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb";
 
 /* Number of entries in tu_tmpdir() whose name contains ".tmp.". */
 static int count_temporaries(void) {
@@ -290,7 +289,7 @@ static void test_bad_files(void) {
     CU_ASSERT_EQUAL(kv_h5_open_read(newer, &f, &err), KV_EINPUT);
     CU_ASSERT_PTR_NULL(f);
     CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, "newer.h5"));
-    CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, "schema version 2"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, "schema version 3"));
     /* missing dataset / attribute in a good file */
     const char *good = tu_tmp("good.h5");
     CU_ASSERT_EQUAL_FATAL(kv_h5_create(good, &f, &err), KV_OK);
@@ -449,110 +448,6 @@ static void test_list(void) {
     kv_h5_close(f);
 }
 
-/* A plan for a 5-layer, 4-KV-head model (stories260K's shape). */
-static int write_plan(const char *path, const kv_model *m, int with_blocks, kv_error *err) {
-    enum { L = 5, HKV = 4 };
-    int tokens[L * HKV], blocks[L * HKV];
-    for (int i = 0; i < L * HKV; i++) {
-        blocks[i] = 2 + i % 3;
-        tokens[i] = blocks[i] * 16;
-    }
-    kv_plan_budget b;
-    memset(&b, 0, sizeof b);
-    b.n_layers = L;
-    b.n_kv_heads = HKV;
-    b.context_length = 256;
-    b.block_size = 16;
-    b.ratio = 0.25;
-    snprintf(b.policy, sizeof b.policy, "h2o");
-    snprintf(b.allocation, sizeof b.allocation, "baklava");
-    b.t = 0.7;
-    b.r = 0.35;
-    b.p = NAN;
-    b.tokens = tokens;
-    b.blocks = blocks;
-    kv_h5 *f = NULL;
-    int rc = kv_h5_create(path, &f, err);
-    if (rc) return rc;
-    if ((rc = kv_h5_write_provenance(f, "kvplan search", m, err))) goto fail;
-    if ((rc = kv_plan_budget_write(f, &b, err))) goto fail;
-    if (!with_blocks) {
-        /* an incomplete plan: drop /budget/blocks by writing tokens only */
-        kv_h5_abort(f);
-        if ((rc = kv_h5_create(path, &f, err))) return rc;
-        if ((rc = kv_h5_write_provenance(f, "kvplan search", m, err))) goto fail;
-        if ((rc = kv_plan_budget_write(f, &b, err))) goto fail;
-        long dims[1] = {1};
-        int z = 0;
-        /* replace blocks by a wrongly shaped dataset */
-        if ((rc = kv_h5_write_i32(f, "/budget/blocks", 1, dims, &z, NULL, err))) goto fail;
-    }
-    return kv_h5_commit(f, err);
-fail:
-    kv_h5_abort(f);
-    return rc;
-}
-
-static void test_plan_budget(void) {
-    const char *path = tu_tmp("plan.h5");
-    kv_error err = {0};
-    kv_model m;
-    fake_model(&m, 5, SHA_A);
-    CU_ASSERT_EQUAL_FATAL(write_plan(path, &m, 1, &err), KV_OK);
-    kv_plan_budget b;
-    CU_ASSERT_EQUAL_FATAL(kv_plan_budget_read(path, &b, &err), KV_OK);
-    CU_ASSERT_EQUAL(b.n_layers, 5);
-    CU_ASSERT_EQUAL(b.n_kv_heads, 4);
-    CU_ASSERT_EQUAL(b.context_length, 256);
-    CU_ASSERT_EQUAL(b.block_size, 16);
-    CU_ASSERT_DOUBLE_EQUAL(b.ratio, 0.25, 0.0);
-    CU_ASSERT_STRING_EQUAL(b.policy, "h2o");
-    CU_ASSERT_STRING_EQUAL(b.allocation, "baklava");
-    CU_ASSERT_DOUBLE_EQUAL(b.t, 0.7, 0.0);
-    CU_ASSERT_DOUBLE_EQUAL(b.r, 0.35, 0.0);
-    CU_ASSERT(isnan(b.p));
-    CU_ASSERT_STRING_EQUAL(b.model_sha256, SHA_A);
-    CU_ASSERT_EQUAL(b.model_dim, 64);
-    CU_ASSERT_EQUAL(b.model_n_heads, 8);
-    CU_ASSERT_EQUAL(b.model_head_dim, 8);
-    CU_ASSERT_EQUAL(b.model_vocab_size, 512);
-    for (int i = 0; i < 20; i++) {
-        CU_ASSERT_EQUAL(b.blocks[i], 2 + i % 3);
-        CU_ASSERT_EQUAL(b.tokens[i], 16 * (2 + i % 3));
-    }
-    /* the same model passes */
-    CU_ASSERT_EQUAL(kv_plan_check_model(&b, &m, path, &err), KV_OK);
-    /* another shape is refused, naming the plan and the mismatch */
-    kv_model other;
-    fake_model(&other, 6, SHA_A);
-    CU_ASSERT_EQUAL(kv_plan_check_model(&b, &other, path, &err), KV_EINPUT);
-    CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, "plan.h5"));
-    CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, "n_layers"));
-    fake_model(&other, 5, SHA_A);
-    other.cfg.vocab_size = 32000;
-    CU_ASSERT_EQUAL(kv_plan_check_model(&b, &other, path, &err), KV_EINPUT);
-    CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, "vocab_size"));
-    /* same shape, other weights */
-    fake_model(&other, 5, SHA_B);
-    CU_ASSERT_EQUAL(kv_plan_check_model(&b, &other, path, &err), KV_EINPUT);
-    CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, "plan.h5"));
-    CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, "model_sha256"));
-    kv_plan_budget_free(&b);
-    CU_ASSERT_PTR_NULL(b.tokens);
-    kv_plan_budget_free(&b); /* twice is harmless */
-
-    /* a malformed plan */
-    const char *bad = tu_tmp("badplan.h5");
-    CU_ASSERT_EQUAL_FATAL(write_plan(bad, &m, 0, &err), KV_OK);
-    CU_ASSERT_EQUAL(kv_plan_budget_read(bad, &b, &err), KV_EINPUT);
-    CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, "badplan.h5"));
-    CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, "/budget/blocks"));
-    CU_ASSERT_PTR_NULL(b.tokens);
-    /* a kvplan file that is not a plan */
-    CU_ASSERT_EQUAL(kv_plan_budget_read(tu_tmp("prov.h5"), &b, &err), KV_EINPUT);
-    CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, "/budget"));
-}
-
 int main(void) {
     const tu_test tests[] = {
         {"round trip of datasets and attributes", test_roundtrip},
@@ -563,7 +458,6 @@ int main(void) {
         {"files touched by other HDF5 writers", test_other_writers},
         {"HDF5 prints nothing itself", test_quiet_errors},
         {"list datasets, groups and attributes", test_list},
-        {"plan budget round trip and model check", test_plan_budget},
     };
     return tu_main("h5io", tests, sizeof tests / sizeof tests[0]);
 }

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "kvplan/h5io.h"
+#include "kvplan/plan.h"
 #include "testutil.h"
 
 enum { L = 5, H = 8, HKV = 4, P = 3, T0 = 48, NT = 10, NR = 19, CTX = 128, BS = 16 };
@@ -129,29 +130,15 @@ static void make_plan(const char *path) {
     kv_h5 *f = NULL;
     kv_model m;
     fake_model(&m);
-    int blocks[L][HKV];
     for (int l = 0; l < L; l++)
-        for (int j = 0; j < HKV; j++) {
-            blocks[l][j] = 1 + (l + j) % 4;
-            tokens[l][j] = blocks[l][j] * BS;
-        }
-    kv_plan_budget b;
-    memset(&b, 0, sizeof b);
-    b.n_layers = L;
-    b.n_kv_heads = HKV;
-    b.context_length = CTX;
-    b.block_size = BS;
-    b.ratio = 0.25;
-    snprintf(b.policy, sizeof b.policy, "h2o");
-    snprintf(b.allocation, sizeof b.allocation, "baklava");
-    b.t = 0.7;
-    b.r = 0.35;
-    b.p = NAN;
-    b.tokens = &tokens[0][0];
-    b.blocks = &blocks[0][0];
+        for (int j = 0; j < HKV; j++) tokens[l][j] = (1 + (l + j) % 4) * BS;
+    kv_plan b;
+    OK(kv_plan_from_budgets(&m.cfg, &tokens[0][0], NULL, KV_POLICY_H2O, 0.25, CTX, BS, BS,
+                            "baklava", 0.7, 0.35, NAN, 0, &b, &err));
     OK(kv_h5_create(path, &f, &err));
     OK(kv_h5_write_provenance(f, "kvplan search --ratio 0.25", &m, &err));
-    OK(kv_plan_budget_write(f, &b, &err));
+    OK(kv_plan_write(f, &b, &err));
+    kv_plan_free(&b);
     for (int i = 0; i < NT; i++) t_values[i] = 0.5 + 0.05 * i;
     for (int j = 0; j < NR; j++) r_values[j] = 0.05 + 0.05 * j;
     for (int i = 0; i < NT; i++)
@@ -308,7 +295,8 @@ static void test_json_profile(void) {
     CU_ASSERT_PTR_NOT_NULL_FATAL(j);
     CU_ASSERT_STRING_EQUAL(cJSON_GetStringValue(jpath(j, "kind", NULL, NULL)), "profile");
     CU_ASSERT_DOUBLE_EQUAL(jpath(j, "attributes", "model_n_layers", NULL)->valuedouble, L, 0);
-    CU_ASSERT_DOUBLE_EQUAL(jpath(j, "attributes", "schema_version", NULL)->valuedouble, 1, 0);
+    CU_ASSERT_DOUBLE_EQUAL(jpath(j, "attributes", "schema_version", NULL)->valuedouble,
+                           KV_SCHEMA_VERSION, 0);
     const cJSON *imp = jpath(j, "datasets", "/heads/importance", "data");
     CU_ASSERT_PTR_NOT_NULL_FATAL(imp);
     CU_ASSERT_EQUAL(cJSON_GetArraySize(imp), L);
@@ -634,24 +622,16 @@ static void make_grid3(const char *path, const char *winner) {
     int tok[L][HKV], blk[L][HKV];
     for (int l = 0; l < L; l++)
         for (int j = 0; j < HKV; j++) blk[l][j] = 2, tok[l][j] = 2 * BS;
-    kv_plan_budget b;
-    memset(&b, 0, sizeof b);
-    b.n_layers = L;
-    b.n_kv_heads = HKV;
-    b.context_length = CTX;
-    b.block_size = BS;
-    b.ratio = 0.25;
-    snprintf(b.policy, sizeof b.policy, "sink");
     int base = !strcmp(winner, "uniform");
-    snprintf(b.allocation, sizeof b.allocation, "%s", base ? "uniform" : "baklava");
-    b.t = base ? NAN : 0.7;
-    b.r = base ? NAN : 0.2;
-    b.p = base ? NAN : 1.0;
-    b.tokens = &tok[0][0];
-    b.blocks = &blk[0][0];
+    kv_plan b;
+    OK(kv_plan_from_budgets(&m.cfg, &tok[0][0], NULL, KV_POLICY_SINK, 0.25, CTX, BS, BS,
+                            base ? "uniform" : "baklava", base ? NAN : 0.7, base ? NAN : 0.2,
+                            base ? NAN : 1.0, 0, &b, &err));
+    (void)blk;
     OK(kv_h5_create(path, &f, &err));
     OK(kv_h5_write_provenance(f, "kvplan search --p-grid 0.5,1 --halving 3", &m, &err));
-    OK(kv_plan_budget_write(f, &b, &err));
+    OK(kv_plan_write(f, &b, &err));
+    kv_plan_free(&b);
     long dt[1] = {G3T}, dr[1] = {G3R}, dp[1] = {2}, d3[3] = {2, G3T, G3R}, db[1] = {3}, dh[1] = {4};
     OK(kv_h5_write_f64(f, "/search/t_values", 1, dt, g3_t, "similarity", &err));
     OK(kv_h5_write_f64(f, "/search/r_values", 1, dr, g3_r, "fraction", &err));

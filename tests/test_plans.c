@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "kvplan/h5io.h"
+#include "kvplan/plan.h"
 #include "testutil.h"
 
 #define MODEL "models/stories260K/stories260K.bin"
@@ -36,8 +37,8 @@ static void test_shipped_plan(void) {
              tu_shared(TEXT), prof);
     CU_ASSERT_EQUAL_FATAL(tu_run_kvplan(args, NULL, 0), 0);
     kv_error e = {0};
-    kv_plan_budget shipped;
-    CU_ASSERT_EQUAL_FATAL(kv_plan_budget_read(PLAN, &shipped, &e), KV_OK);
+    kv_plan shipped;
+    CU_ASSERT_EQUAL_FATAL(kv_plan_read(PLAN, &shipped, &e), KV_OK);
     CU_ASSERT_EQUAL(shipped.evict_block, 4);
     CU_ASSERT_EQUAL(shipped.block_size, 8);
     kv_h5 *f = NULL;
@@ -63,11 +64,11 @@ static void test_shipped_plan(void) {
              shipped.p, tu_tmp("again.h5"));
     CU_ASSERT_EQUAL_FATAL(tu_run_kvplan(args, &out, 1), 0);
     free(out);
-    kv_plan_budget again;
-    CU_ASSERT_EQUAL_FATAL(kv_plan_budget_read(tu_tmp("again.h5"), &again, &e), KV_OK);
+    kv_plan again;
+    CU_ASSERT_EQUAL_FATAL(kv_plan_read(tu_tmp("again.h5"), &again, &e), KV_OK);
     for (int i = 0; i < shipped.n_layers * shipped.n_kv_heads; i++)
-        CU_ASSERT_EQUAL(again.tokens[i], shipped.tokens[i]);
-    kv_plan_budget_free(&again);
+        CU_ASSERT_EQUAL(again.budget[i], shipped.budget[i]);
+    kv_plan_free(&again);
 
     /* 2. three pseudo-random evaluated cells re-evaluated independently */
     unsigned long x = 20261122;
@@ -107,7 +108,7 @@ static void test_shipped_plan(void) {
     double peak = json_number(out, "kv_bytes_peak"), full = json_number(out, "kv_bytes_full");
     free(out);
     long sum = 0;
-    for (int i = 0; i < shipped.n_layers * shipped.n_kv_heads; i++) sum += shipped.tokens[i];
+    for (int i = 0; i < shipped.n_layers * shipped.n_kv_heads; i++) sum += shipped.budget[i];
     double block_bytes = 2.0 * shipped.block_size * 8 /* d_h */ * sizeof(float);
     double plan_bytes = (double)sum * 2 * 8 * sizeof(float);
     printf("    R = 1/16 plan: peak %.0f bytes, plan arithmetic %.0f, full %.0f (%.4f)\n", peak,
@@ -121,7 +122,7 @@ static void test_shipped_plan(void) {
     CU_ASSERT_EQUAL(tu_run_kvplan(args, &out, 1), 1);
     CU_ASSERT_PTR_NOT_NULL(out && strstr(out, "stories260K.r1-16.h5"));
     free(out);
-    kv_plan_budget_free(&shipped);
+    kv_plan_free(&shipped);
     free(ppl), free(chunks), free(tv), free(rv), free(pv);
 }
 

@@ -48,7 +48,7 @@ static void check_model(const char *rel) {
     CU_ASSERT_FATAL(kv_profile_pick_prompts(stream, n, 1, P, T, 7, prompts, &err) == KV_OK);
     for (int i = 0; i < P; i++) CU_ASSERT_EQUAL(prompts[i * T], 1);
     kv_profile pr;
-    CU_ASSERT_FATAL(kv_profile_run(m, prompts, P, T, &pr, NULL, &err) == KV_OK);
+    CU_ASSERT_FATAL(kv_profile_run(m, prompts, P, T, KV_DEVICE_CPU, &pr, NULL, &err) == KV_OK);
     const kv_config *c = &m->cfg;
     int L = c->n_layers, H = c->n_heads, Hk = c->n_kv_heads, hd = c->head_dim, D = c->dim;
     int g = H / Hk;

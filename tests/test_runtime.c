@@ -18,6 +18,7 @@
 #include "kvplan/kvcache.h"
 #include "kvplan/model.h"
 #include "kvplan/tokenizer.h"
+#include "kvplan/plan.h"
 #include "testutil.h"
 
 #define M260 "models/stories260K/stories260K.bin"
@@ -92,7 +93,11 @@ static double eval_nll(const kv_model *m, const int *ids, long n, const int *bud
 static int *uniform_budget(const kv_model *m, double ratio) {
     int *b = malloc(sizeof(int) * (size_t)(m->cfg.n_layers * m->cfg.n_kv_heads));
     kv_error err = {0};
-    CU_ASSERT_FATAL(b && kv_budget_uniform(m, ratio, m->cfg.seq_len, 16, b, &err) == KV_OK);
+    kv_plan u;
+    CU_ASSERT_FATAL(b && kv_plan_uniform(&m->cfg, ratio, m->cfg.seq_len, 16, 1, KV_POLICY_SINK, &u,
+                                         &err) == KV_OK);
+    memcpy(b, u.budget, sizeof(int) * (size_t)(m->cfg.n_layers * m->cfg.n_kv_heads));
+    kv_plan_free(&u);
     return b;
 }
 
@@ -242,7 +247,7 @@ static void test_budget_ge_context_is_exact(void) {
                                   KV_POLICY_SINK, &err) == KV_OK);
     CU_ASSERT_FATAL(kv_cache_init(&b, &pool, m->cfg.n_layers, m->cfg.n_kv_heads, big, KV_POLICY_H2O,
                                   &err) == KV_OK);
-    CU_ASSERT(b.track_stats && !a.track_stats);
+    CU_ASSERT(b.heads[0].track_stats && !a.heads[0].track_stats);
     kv_workspace *ws = NULL;
     CU_ASSERT_FATAL(kv_workspace_new(m, 16, C, &ws, &err) == KV_OK);
     float *la = malloc(sizeof(float) * 16 * (size_t)V),
@@ -624,17 +629,16 @@ static void write_plan(const char *path, const kv_model *m, int tokens, int with
     CU_ASSERT_FATAL(kv_h5_create(path, &f, &err) == KV_OK);
     int rc = kv_h5_write_provenance(f, "test_runtime", m, &err);
     if (!rc && sha_override) rc = kv_h5_attr_str(f, "/", "model_sha256", sha_override, &err);
-    if (with_tokens) {
-        kv_plan_budget b;
-        memset(&b, 0, sizeof b);
-        b.n_layers = m->cfg.n_layers, b.n_kv_heads = m->cfg.n_kv_heads;
-        b.context_length = m->cfg.seq_len, b.block_size = 16;
-        b.ratio = (double)tokens / m->cfg.seq_len;
-        snprintf(b.policy, sizeof b.policy, "h2o");
-        snprintf(b.allocation, sizeof b.allocation, "uniform");
-        b.t = NAN, b.r = NAN, b.p = NAN;
-        b.tokens = tok, b.blocks = blk;
-        if (!rc) rc = kv_plan_budget_write(f, &b, &err);
+    if (with_tokens) { /* written raw, not through kv_plan_write, so the reader is tested */
+        long dims[2] = {m->cfg.n_layers, m->cfg.n_kv_heads};
+        double ratio = (double)tokens / m->cfg.seq_len;
+        if (!rc) rc = kv_h5_attr_f64(f, "/", "ratio", ratio > 1 ? 1 : ratio, &err);
+        if (!rc) rc = kv_h5_attr_i64(f, "/", "context_length", m->cfg.seq_len, &err);
+        if (!rc) rc = kv_h5_attr_i64(f, "/", "block_size", 16, &err);
+        if (!rc) rc = kv_h5_attr_str(f, "/", "policy", "h2o", &err);
+        if (!rc) rc = kv_h5_attr_str(f, "/", "allocation", "uniform", &err);
+        if (!rc) rc = kv_h5_write_i32(f, "/budget/tokens", 2, dims, tok, "tokens", &err);
+        if (!rc) rc = kv_h5_write_i32(f, "/budget/blocks", 2, dims, blk, "blocks", &err);
     } else { /* every attribute of a plan, /budget/blocks, but no /budget/tokens */
         long dims[2] = {m->cfg.n_layers, m->cfg.n_kv_heads};
         if (!rc) rc = kv_h5_attr_f64(f, "/", "ratio", 0.25, &err);
@@ -722,7 +726,9 @@ static void test_bad_input(void) {
     /* ratios */
     const double badr[] = {-0.5, 0.0, 1.5, NAN};
     for (int i = 0; i < 4; i++) {
-        CU_ASSERT_EQUAL(kv_budget_uniform(m, badr[i], 512, 16, bud, &err), KV_EINPUT);
+        kv_plan u;
+        CU_ASSERT_EQUAL(kv_plan_uniform(&m->cfg, badr[i], 512, 16, 16, KV_POLICY_SINK, &u, &err),
+                        KV_EINPUT);
         CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, "ratio"));
     }
     expect_cli_error("--ratio -0.5", "--ratio -0.5 must be in (0, 1]");

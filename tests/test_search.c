@@ -112,17 +112,17 @@ static void test_plan_command(void) {
     CU_ASSERT_EQUAL(rc, 0);
     if (rc) fprintf(stderr, "%s\n", out);
     free(out);
-    kv_plan_budget b;
+    kv_plan b;
     kv_error e;
-    CU_ASSERT_EQUAL_FATAL(kv_plan_budget_read(tu_tmp("plan.h5"), &b, &e), KV_OK);
+    CU_ASSERT_EQUAL_FATAL(kv_plan_read(tu_tmp("plan.h5"), &b, &e), KV_OK);
     CU_ASSERT_STRING_EQUAL(b.allocation, "baklava");
-    CU_ASSERT_STRING_EQUAL(b.policy, "sink");
+    CU_ASSERT_EQUAL(b.policy, KV_POLICY_SINK);
     CU_ASSERT_DOUBLE_EQUAL(b.t, 0.6, 0);
     CU_ASSERT_DOUBLE_EQUAL(b.r, 0.5, 0);
     CU_ASSERT_DOUBLE_EQUAL(b.p, KV_SQUEEZE_DEFAULT_P, 0);
-    CU_ASSERT_EQUAL(b.context_length, 512);
+    CU_ASSERT_EQUAL(b.context, 512);
     CU_ASSERT_EQUAL(b.evict_block, 16);
-    CU_ASSERT_EQUAL(kv_plan_check_model(&b, model, tu_tmp("plan.h5"), &e), KV_OK);
+    CU_ASSERT_EQUAL(kv_plan_check_model(&b, model, &e), KV_OK);
     /* same budgets as the library computes, and the total is R * L * H_kv * C in blocks */
     kv_alloc_params a;
     kv_alloc_params_default(&a);
@@ -138,12 +138,12 @@ static void test_plan_command(void) {
                           KV_OK);
     long sum = 0;
     for (int i = 0; i < L * HKV; i++) {
-        CU_ASSERT_EQUAL(b.tokens[i], tok[i]);
-        CU_ASSERT_EQUAL(b.blocks[i] * 16, b.tokens[i]);
-        sum += b.tokens[i];
+        CU_ASSERT_EQUAL(b.budget[i], tok[i]);
+        CU_ASSERT_EQUAL(kv_plan_head_blocks(&b, i) * 16, b.budget[i]);
+        sum += b.budget[i];
     }
     CU_ASSERT_EQUAL(sum, 3072); /* 0.3 * 5 * 4 * 512 */
-    kv_plan_budget_free(&b);
+    kv_plan_free(&b);
 
     /* wrong model's profile, ratio too small, baklava without t: clear input errors */
     snprintf(args, sizeof args,
@@ -170,10 +170,10 @@ static void test_plan_command(void) {
     snprintf(args, sizeof args, "plan --model %s --ratio 0.5 --allocation uniform -o %s",
              model_path(), tu_tmp("uni.h5"));
     CU_ASSERT_EQUAL(tu_run_kvplan(args, NULL, 1), 0);
-    CU_ASSERT_EQUAL_FATAL(kv_plan_budget_read(tu_tmp("uni.h5"), &b, &e), KV_OK);
-    for (int i = 0; i < L * HKV; i++) CU_ASSERT_EQUAL(b.tokens[i], 256);
+    CU_ASSERT_EQUAL_FATAL(kv_plan_read(tu_tmp("uni.h5"), &b, &e), KV_OK);
+    for (int i = 0; i < L * HKV; i++) CU_ASSERT_EQUAL(b.budget[i], 256);
     CU_ASSERT(isnan(b.t));
-    kv_plan_budget_free(&b);
+    kv_plan_free(&b);
 }
 
 static double *read_f64(kv_h5 *f, const char *path, int *rank, long *dims) {
@@ -254,13 +254,13 @@ static void test_search_command(void) {
     kv_h5_close(f);
 
     /* The plan reproduces its search perplexity through `kvplan eval` (same chunks). */
-    kv_plan_budget b;
-    CU_ASSERT_EQUAL_FATAL(kv_plan_budget_read(tu_tmp("search.h5"), &b, &e), KV_OK);
-    CU_ASSERT_EQUAL(b.context_length, 256);
+    kv_plan b;
+    CU_ASSERT_EQUAL_FATAL(kv_plan_read(tu_tmp("search.h5"), &b, &e), KV_OK);
+    CU_ASSERT_EQUAL(b.context, 256);
     long sum = 0;
-    for (int i = 0; i < L * HKV; i++) sum += b.tokens[i];
+    for (int i = 0; i < L * HKV; i++) sum += b.budget[i];
     CU_ASSERT_EQUAL(sum, 5 * 4 * 64); /* 0.25 * 256 per head on average */
-    kv_plan_budget_free(&b);
+    kv_plan_free(&b);
     snprintf(args, sizeof args,
              "eval %s --text %s --plan %s --context 256 --max-tokens 2048 --quiet --json",
              model_path(), text_path(), tu_tmp("search.h5"));
@@ -290,10 +290,10 @@ static void test_search_command(void) {
     free(method);
     kv_h5_close(f);
     CU_ASSERT(hte > 0 && hte < te);
-    CU_ASSERT_EQUAL_FATAL(kv_plan_budget_read(tu_tmp("halving.h5"), &b, &e), KV_OK);
+    CU_ASSERT_EQUAL_FATAL(kv_plan_read(tu_tmp("halving.h5"), &b, &e), KV_OK);
     if (!grid_won) { /* the same baseline wins: the exhaustive run's plan */
         CU_ASSERT(isnan(b.t) && isnan(b.r));
-        kv_plan_budget_free(&b);
+        kv_plan_free(&b);
     } else {
         /* the halving winner's perplexity on all search chunks, from the exhaustive grid */
         int it = -1, ir = -1;
@@ -301,7 +301,7 @@ static void test_search_command(void) {
             if (fabs(b.t - (0.5 + 0.2 * i)) < 1e-9) it = i;
         ir = fabs(b.r - 0.2) < 1e-9 ? 0 : (fabs(b.r - 0.6) < 1e-9 ? 1 : -1);
         CU_ASSERT_FATAL(it >= 0 && ir >= 0);
-        kv_plan_budget_free(&b);
+        kv_plan_free(&b);
         CU_ASSERT_EQUAL_FATAL(kv_h5_open_read(tu_tmp("search.h5"), &f, &e), KV_OK);
         ppl = read_f64(f, "/search/perplexity", &rank, dims);
         kv_h5_close(f);
@@ -379,7 +379,7 @@ static void test_search_library(void) {
     kv_alloc_params_default(&ap);
     ap.ratio = 0.5, ap.context = 128, ap.t = h.best_t, ap.r = h.best_r, ap.p = h.best_p;
     CU_ASSERT_EQUAL(kv_plan_file_write(tu_tmp("lib.h5"), "test", NULL, m, &ap, KV_POLICY_SINK, 16,
-                                       h.tokens, h.blocks, &o, &h, &e),
+                                       h.tokens, &o, &h, &e),
                     KV_OK);
     kv_h5 *f = NULL;
     CU_ASSERT_EQUAL_FATAL(kv_h5_open_read(tu_tmp("lib.h5"), &f, &e), KV_OK);

@@ -23,6 +23,7 @@
 #include "kvplan/h5io.h"
 #include "kvplan/kvpr.h"
 #include "kvplan/model.h"
+#include "kvplan/plan.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -126,7 +127,7 @@ int kv_batch_size(const kv_batch_config *c, kv_batch_result *out, kv_error *err)
  * /kvpr needs hw->v_com and hw->v_gpu > 0; /batch needs hw->device_mem > 0, else that group
  * is skipped (not an error). The budget must match the model (L, H_kv). */
 int kv_plan_write_kvpr_batch(kv_h5 *plan, const kv_model *m, const kv_hw *hw,
-                             const kv_plan_budget *b, kv_error *err);
+                             const kv_plan *b, kv_error *err);
 
 /* The one call for `kvplan search`: read the hardware figures of the profile at
  * `profile_path` (kv_hw_from_profile) and, when it has them, write /kvpr and /batch with
@@ -134,7 +135,7 @@ int kv_plan_write_kvpr_batch(kv_h5 *plan, const kv_model *m, const kv_hw *hw,
  * /hardware figures (made with --no-hw) is not an error: nothing is written, *written = 0.
  * Errors: those of kv_plan_write_kvpr_batch, and an unreadable profile (KV_EINPUT). */
 int kv_plan_write_kvpr_batch_from_profile(kv_h5 *plan, const char *profile_path, const kv_model *m,
-                                          const kv_plan_budget *b, int *written, kv_error *err);
+                                          const kv_plan *b, int *written, kv_error *err);
 
 #ifdef __cplusplus
 }

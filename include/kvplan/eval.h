@@ -11,24 +11,16 @@
 #define KVPLAN_EVAL_H
 
 #include "kvplan/common.h"
+#include "kvplan/engine.h"
 #include "kvplan/forward.h"
 #include "kvplan/kvcache.h"
 #include "kvplan/model.h"
+#include "kvplan/plan.h"
 #include "kvplan/tokenizer.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-typedef struct kv_eval_opts {
-    int context;       /* C tokens per chunk (<= model seq_len) */
-    const int *budget; /* [L * H_kv] tokens per head, NULL = full cache */
-    kv_policy policy;
-    int evict_block;       /* p (Batch-Max); 1 = token-by-token streaming */
-    int block_size;        /* b_s tokens per KV block */
-    int max_chunks;        /* 0 = all full chunks */
-    kv_progress *progress; /* NULL = silent */
-} kv_eval_opts;
 
 typedef struct kv_eval_result {
     double nll;         /* mean negative log-likelihood, nats per scored token */
@@ -41,29 +33,38 @@ typedef struct kv_eval_result {
     size_t kv_bytes_full; /* K/V bytes the full cache of one chunk takes */
 } kv_eval_result;
 
+/* Perplexity from a sum of next-token NLLs (nats) over n_scored predictions: exp(sum / n).
+ * The one place this is computed (eval, search, sensitivity). */
+double kv_perplexity_from_nll(double nll_sum, long n_scored);
+
+/* Perplexity of tokens[0..n_tokens) under engine `e`'s plan (see the header comment): chunks
+ * of the plan's context C, max_chunks = 0 for all full chunks, progress may be NULL.
+ * KV_EINPUT when there is not a single full chunk or a token id is out of range. */
+int kv_eval_engine(kv_engine *e, const int *tokens, long n_tokens, int max_chunks,
+                   kv_progress *progress, kv_eval_result *res, kv_error *err);
+
+/* Convenience for callers holding loose budgets (tests, tools): an engine on the CPU for
+ * budgets `budget` [L * H_kv] (NULL: the full cache; budgets above C act as C), one policy,
+ * p and b_s, then kv_eval_engine. The plan's ratio is what the budgets keep. */
+typedef struct kv_eval_opts {
+    int context;       /* C tokens per chunk (<= model seq_len) */
+    const int *budget; /* [L * H_kv] tokens per head, NULL = full cache */
+    kv_policy policy;
+    int evict_block;       /* p (Batch-Max); 1 = token-by-token streaming */
+    int block_size;        /* b_s tokens per KV block */
+    int max_chunks;        /* 0 = all full chunks */
+    kv_progress *progress; /* NULL = silent */
+} kv_eval_opts;
+
 /* Defaults: context = model seq_len, budget NULL, policy sink, p = 16, b_s = 16. */
 void kv_eval_opts_default(kv_eval_opts *o, const kv_model *m);
 
-/* Check budgets against the policy and context: every budget >= fixed part + p (and >= 1).
- * KV_EINPUT says which (layer, head) fails and by how much. */
-int kv_eval_check_budget(const kv_model *m, const kv_eval_opts *o, kv_error *err);
+/* The plan these options describe (kv_plan_full or kv_plan_from_budgets with allocation
+ * "custom"); KV_EINPUT as kv_plan_validate, naming the failing head. */
+int kv_eval_opts_plan(const kv_model *m, const kv_eval_opts *o, kv_plan *out, kv_error *err);
 
-/* Perplexity of tokens[0..n_tokens) (see the header comment). KV_EINPUT when there is not a
- * single full chunk, a token id is out of range, or the budget is invalid. */
 int kv_eval_perplexity(const kv_model *m, const int *tokens, long n_tokens, const kv_eval_opts *o,
                        kv_eval_result *res, kv_error *err);
-
-/* Sum of next-token NLL over one chunk's n - 1 predictions, with the given options, using
- * `ws` (rows >= block, ctx >= n) and a fresh cache on `pool`. *peak_bytes gets the chunk's peak
- * K/V bytes. Exposed for tests and the search. */
-int kv_eval_chunk(const kv_model *m, kv_workspace *ws, kv_pool *pool, const int *tokens, int n,
-                  const kv_eval_opts *o, double *nll_sum, size_t *peak_bytes, kv_error *err);
-
-/* Uniform budgets (DESIGN.md Planning 1 with equal heads): every head gets
- * floor(R * C / b_s) * b_s tokens (at least one block), so sum(B) <= R * L * H_kv * C.
- * budget: [L * H_kv] written by the function. KV_EINPUT for R outside (0, 1]. */
-int kv_budget_uniform(const kv_model *m, double ratio, int context, int block_size, int *budget,
-                      kv_error *err);
 
 /* ---- sampling and generation ---- */
 typedef struct kv_sampler {

@@ -1,16 +1,19 @@
-/* kvplan forward pass: the CPU Llama-family forward over the paged per-head KV cache.
+/* kvplan forward pass: the backend-neutral driver of a Llama-family forward step over the
+ * paged per-head KV cache (kvplan/backend.h holds the ops it calls).
  *
- * Processes `n` new tokens for each of `n_seqs` sequences at once: all projections are
- * BLAS GEMMs over the n_seqs * n rows (prefill: one sequence, n = prompt block; batched
- * decode: n = 1 for every sequence). Attention runs per (sequence, KV head) over that head's
- * retained entries plus the new ones (causal), parallel over KV heads with OpenMP, one score
- * row at a time (no T x T matrix), and accumulates the eviction statistics of the head's GQA
- * group when the cache tracks them. Before attention each head makes room for the new
- * tokens under its budget (Batch-Max Alg. 1). Deterministic for a given thread count.
+ * Processes `n` new tokens for each of `n_seqs` sequences at once: all projections run over the
+ * n_seqs * n rows (prefill: one sequence, n = prompt block; batched decode: n = 1 for every
+ * sequence). Per layer: the backend computes Q, K, V; every head makes room for the new tokens
+ * under its budget (Batch-Max Alg. 1: the policy's schedule in plain C, then one gather of the
+ * move list in the backend); the new K/V go to their slots; the backend attends per
+ * (sequence, KV head) over that head's block table (retained entries plus the new ones,
+ * causal) and accumulates the eviction statistics of the head's GQA group when the head
+ * tracks them. Deterministic for a given thread count.
  */
 #ifndef KVPLAN_FORWARD_H
 #define KVPLAN_FORWARD_H
 
+#include "kvplan/backend.h"
 #include "kvplan/common.h"
 #include "kvplan/kvcache.h"
 #include "kvplan/model.h"
@@ -19,40 +22,37 @@
 extern "C" {
 #endif
 
-/* Observation points for the profiler (BaKlaVa Alg. 1, SqueezeAttention). All arrays are
- * row-major over the rows of this call (rows = n_seqs * n, sequence-major) and valid only
- * during the callback. */
-typedef struct kv_hooks {
-    void *user;
-    /* After layer `layer`'s attention:
-     *   x_in     [rows, dim]      residual stream entering the layer (x_l)
-     *   o_heads  [rows, H * d_h]  softmax(QK^T/sqrt(d_h)) V per query head, before W_o
-     *   v_new    [rows, H_kv*d_h] the new tokens' V
-     *   attn_out [rows, dim]      W_o o_heads (Attn_l(RMSNorm(x_l))) */
-    void (*after_attn)(void *user, int layer, int rows, const float *x_in, const float *o_heads,
-                       const float *v_new, const float *attn_out);
-    /* After the whole block: x_out [rows, dim] = x_{l+1}. */
-    void (*after_block)(void *user, int layer, int rows, const float *x_out);
-} kv_hooks;
-
 typedef enum { KV_LOGITS_NONE = 0, KV_LOGITS_LAST = 1, KV_LOGITS_ALL = 2 } kv_logits_mode;
 
-typedef struct kv_workspace kv_workspace;
-
-/* Scratch for up to `max_rows` rows per call and attention over up to `max_ctx` entries.
- * Caller owns it (kv_workspace_free). */
+/* A CPU backend instance, as the low-level API and tests create it: scratch for up to
+ * `max_rows` rows per call and attention over up to `max_ctx` entries (kv_backend_cpu_new).
+ * Caller owns it (kv_workspace_free). The engine (kvplan/engine.h) creates its own. */
+typedef kv_backend kv_workspace;
 int kv_workspace_new(const kv_model *m, int max_rows, int max_ctx, kv_workspace **out,
                      kv_error *err);
 void kv_workspace_free(kv_workspace *ws);
 
-/* Run the forward pass. tokens: [n_seqs * n] (sequence-major). Each sequence's positions are
- * seqs[s]->n_past .. n_past + n - 1; n_past advances by n. logits: NONE (may be NULL),
- * LAST -> [n_seqs, vocab] (the last new token of each sequence), ALL -> [n_seqs * n, vocab].
+/* Run the forward pass on backend `b` (whose model must be `m`). tokens: [n_seqs * n]
+ * (sequence-major). Each sequence's positions are seqs[s]->n_past .. n_past + n - 1; n_past
+ * advances by n. The caches' pool storage must belong to `b` (kv_backend_pool_init; host
+ * pools from kv_pool_init serve the CPU backend). logits: NONE (may be NULL), LAST ->
+ * [n_seqs, vocab] (the last new token of each sequence), ALL -> [n_seqs * n, vocab], host.
  * Errors: KV_EINPUT for a token id out of range, a position beyond max_ctx, a budget too small
  * for the block; KV_EINTERNAL when the block pool is exhausted. */
-int kv_forward(const kv_model *m, kv_workspace *ws, kv_cache *const *seqs, int n_seqs,
+int kv_forward(const kv_model *m, kv_backend *b, kv_cache *const *seqs, int n_seqs,
                const int *tokens, int n, kv_logits_mode mode, float *logits, const kv_hooks *hooks,
                kv_error *err);
+
+/* The driver's pieces, for executors that run the same layer step around their own cache
+ * handling (the KVPR executor): embed checks ids and positions and loads x; one layer step
+ * as described above; logits as in kv_forward. kv_forward = embed, every layer, n_past += n,
+ * logits. */
+int kv_forward_embed(kv_backend *b, kv_cache *const *seqs, int n_seqs, const int *tokens, int n,
+                     kv_error *err);
+int kv_forward_layer(kv_backend *b, kv_cache *const *seqs, int n_seqs, int n, int layer,
+                     const kv_hooks *hooks, kv_error *err);
+int kv_forward_logits(kv_backend *b, int n_seqs, int n, kv_logits_mode mode, float *logits,
+                      kv_error *err);
 
 #ifdef __cplusplus
 }

@@ -18,7 +18,9 @@
 extern "C" {
 #endif
 
-#define KV_SCHEMA_VERSION 1
+/* Newest schema this build reads; files are written with it (plan files: v2, see
+ * kvplan/plan.h; v1 files stay readable). */
+#define KV_SCHEMA_VERSION 2
 #define KV_H5_MAX_RANK 8
 
 typedef struct kv_h5 kv_h5;
@@ -80,36 +82,6 @@ int kv_h5_list_groups(kv_h5 *f, void (*fn)(void *user, const char *path), void *
  * compound types), which the typed readers above refuse. KV_EINPUT when obj is missing. */
 int kv_h5_list_attrs(kv_h5 *f, const char *obj, void (*fn)(void *user, const char *name, char kind),
                      void *user, kv_error *err);
-
-/* ---- the plan's budget part (plan.h5, schema v1) ---- */
-typedef struct kv_plan_budget {
-    int n_layers, n_kv_heads; /* L, H_kv */
-    int context_length;       /* C */
-    int block_size;           /* b_s */
-    int evict_block;          /* Batch-Max p the budgets were made for (0 = unknown: 16) */
-    double ratio;             /* R */
-    char policy[16];          /* kv_policy_name */
-    char allocation[32];      /* "uniform", "squeeze", "baklava" */
-    double t, r, p; /* BaKlaVa threshold / reduction, SqueezeAttention p (NaN if unused) */
-    int *tokens;    /* [L * H_kv] budget B[l][j] in tokens, owned */
-    int *blocks;    /* [L * H_kv] blocks per head, owned */
-    char model_sha256[65];
-    /* model config the plan was made for (root attributes model_*) */
-    int model_dim, model_n_heads, model_head_dim, model_vocab_size;
-} kv_plan_budget;
-
-/* Write root attributes ratio, context_length, block_size, evict_block (when > 0), policy,
- * allocation, t, r, p and
- * /budget/tokens [L,H_kv], /budget/blocks [L,H_kv] (int32). Provenance is written separately
- * by kv_h5_write_provenance. */
-int kv_plan_budget_write(kv_h5 *f, const kv_plan_budget *b, kv_error *err);
-/* Read the budget part of a plan file. KV_EINPUT names the file and the missing or malformed
- * dataset/attribute. Caller frees with kv_plan_budget_free. */
-int kv_plan_budget_read(const char *path, kv_plan_budget *out, kv_error *err);
-void kv_plan_budget_free(kv_plan_budget *b);
-/* Refuse a plan made for another model: config mismatch or model_sha256 mismatch. */
-int kv_plan_check_model(const kv_plan_budget *b, const kv_model *m, const char *plan_path,
-                        kv_error *err);
 
 #ifdef __cplusplus
 }

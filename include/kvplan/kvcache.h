@@ -26,6 +26,9 @@ typedef enum {
 } kv_policy;
 
 #define KV_SINK_TOKENS 4
+/* KV-Compress KVC-full: queries younger than this many positions do not add to a key's
+ * squared-attention metric (and such keys are protected from l2attn eviction), v = 10. */
+#define KV_L2_EXCLUDED_WINDOW 10
 #define KV_DEFAULT_BLOCK_SIZE 16
 #define KV_DEFAULT_EVICT_BLOCK 16
 #define KV_BUDGET_UNBOUNDED 0x3fffffff
@@ -39,19 +42,26 @@ int kv_policy_fixed_tokens(kv_policy p);
 /* Whether the policy needs attention statistics accumulated by the attention step. */
 int kv_policy_needs_stats(kv_policy p);
 
-/* ---- block pool ---- */
+/* ---- block pool ----
+ * The pool is the block metadata (free list, peak); the block *storage* belongs to a backend
+ * (kvplan/backend.h): host memory for the CPU backend (`data`), device memory for CUDA. Slot
+ * s = block * block_size + offset names one token's K and V inside the storage. */
 typedef struct kv_pool {
     int block_size; /* b_s tokens */
     int head_dim;   /* d_h */
     int n_blocks;
-    float *data;     /* [n_blocks][2][block_size][head_dim], one allocation, owned */
+    float *data;     /* host storage [n_blocks][2][block_size][head_dim] (kv_pool_init), owned; NULL
+                      * when a backend keeps the storage elsewhere (`storage`) */
+    void *storage;   /* backend-owned storage handle (device pointer), or NULL */
     int *free_stack; /* [n_blocks] ids of free blocks, owned */
     int n_free;
     long peak_in_use; /* most blocks in use at once since init or kv_pool_reset_peak */
 } kv_pool;
 
-/* One allocation of n_blocks blocks. KV_EINTERNAL when memory runs out. */
+/* One allocation of n_blocks blocks of host storage. KV_EINTERNAL when memory runs out. */
 int kv_pool_init(kv_pool *p, int n_blocks, int block_size, int head_dim, kv_error *err);
+/* The metadata only (no storage): a backend attaches its own (kv_backend_pool_init). */
+int kv_pool_init_meta(kv_pool *p, int n_blocks, int block_size, int head_dim, kv_error *err);
 void kv_pool_destroy(kv_pool *p);
 /* Bytes of one block: 2 * block_size * head_dim * sizeof(float). */
 size_t kv_pool_block_bytes(const kv_pool *p);
@@ -64,28 +74,35 @@ void kv_pool_reset_peak(kv_pool *p);
 typedef struct kv_head {
     int *table; /* block ids, [cap_blocks] */
     int n_blocks, cap_blocks;
-    int len;     /* retained entries */
-    int budget;  /* max retained entries after a step (tokens) */
-    int cap;     /* capacity of the per-entry arrays */
-    int *pos;    /* [cap] position id each entry came from */
-    float *acc;  /* [cap] sum of attention weights (summed over the GQA group) */
-    float *acc2; /* [cap] sum of squared attention weights */
+    int len;          /* retained entries */
+    int budget;       /* max retained entries after a step (tokens) */
+    kv_policy policy; /* how this head evicts (a plan may give each head its own) */
+    int track_stats;  /* accumulate acc/acc2 in attention (the policy needs them and the head
+                       * can be over budget) */
+    int cap;          /* capacity of the per-entry arrays */
+    int *pos;         /* [cap] position id each entry came from */
+    float *acc;       /* [cap] sum of attention weights (summed over the GQA group) */
+    float *acc2;      /* [cap] sum of squared attention weights */
 } kv_head;
 
 /* ---- one sequence's cache ---- */
 typedef struct kv_cache {
     kv_pool *pool; /* shared, not owned */
     int n_layers, n_kv_heads;
-    kv_policy policy;
-    int track_stats; /* accumulate acc/acc2 in attention */
-    kv_head *heads;  /* [n_layers * n_kv_heads], owned */
-    int n_past;      /* tokens processed so far (next position id) */
+    kv_head *heads; /* [n_layers * n_kv_heads], owned */
+    int n_past;     /* tokens processed so far (next position id) */
 } kv_cache;
 
 /* Initialise a sequence cache on `pool` with budgets [L * H_kv] tokens (NULL: unbounded, the
- * full cache). The budgets are copied. KV_EINPUT when a budget is below 1. */
+ * full cache) and one policy for every head. The budgets are copied. KV_EINPUT when a budget is
+ * below 1. */
 int kv_cache_init(kv_cache *c, kv_pool *pool, int n_layers, int n_kv_heads, const int *budget,
                   kv_policy policy, kv_error *err);
+/* Set every head's budget [L * H_kv] (NULL: unbounded) and policy [L * H_kv] (NULL: keep) on an
+ * empty or live cache; statistics are tracked for heads whose policy needs them and whose
+ * budget is below `context` (a head that never evicts needs none). KV_EINPUT for a budget < 1. */
+int kv_cache_set_budgets(kv_cache *c, const int *budget, const kv_policy *policy, int context,
+                         kv_error *err);
 /* Return every block to the pool and free the tables. */
 void kv_cache_destroy(kv_cache *c);
 /* Drop all entries (blocks back to the pool), n_past = 0; budgets and policy stay. */
@@ -94,20 +111,48 @@ void kv_cache_clear(kv_cache *c);
 static inline kv_head *kv_cache_head(kv_cache *c, int layer, int kv_head_idx) {
     return &c->heads[(size_t)layer * (size_t)c->n_kv_heads + (size_t)kv_head_idx];
 }
-/* Pointers to K and V of entry `i` of head `h` (valid until the next append or eviction). */
+/* Slot of entry `i` of head `h`: table[i / b_s] * b_s + i % b_s. */
+static inline int kv_head_slot(const kv_pool *p, const kv_head *h, int i) {
+    return h->table[i / p->block_size] * p->block_size + i % p->block_size;
+}
+/* Host pointers to K and V of entry `i` of head `h` (host storage only; valid until the next
+ * append or eviction). */
 float *kv_head_k(const kv_pool *p, const kv_head *h, int i);
 float *kv_head_v(const kv_pool *p, const kv_head *h, int i);
 
-/* Batch-Max Alg. 1 step: before `n_new` tokens arrive at position `curr_pos` (the last new
- * token's id), evict from head `h` until len + n_new <= budget. KV_EINPUT when
- * budget < fixed part + n_new. */
-int kv_head_make_room(kv_cache *c, kv_head *h, int n_new, int curr_pos, kv_error *err);
-/* Append one entry (K, V each [d_h]) at position `pos`; takes a new block from the pool when
- * the last block is full. KV_EINTERNAL when the pool is exhausted. */
+/* One K/V copy inside a pool's storage (KV-Compress MoveCache): slot src -> slot dst. A move
+ * list is applied in order (a later move may overwrite an earlier move's source). */
+typedef struct kv_move {
+    int src, dst;
+} kv_move;
+
+/* A growing move list (owned arrays; kv_moves_free). */
+typedef struct kv_moves {
+    kv_move *v;
+    int n, cap;
+} kv_moves;
+void kv_moves_free(kv_moves *m);
+
+/* Batch-Max Alg. 1 eviction schedule for head `h` before `n_new` tokens arrive at position
+ * `curr_pos` (the last new token's id): when len + n_new > budget, the head's policy chooses the
+ * survivors, the metadata (pos, acc, acc2) is compacted to the front, the emptied trailing
+ * blocks go back to the pool, and the K/V copies the storage still owes are appended to `moves`
+ * (the backend applies them with one gather). KV_EINPUT when budget < fixed part + n_new;
+ * KV_EINTERNAL out of memory. */
+int kv_head_schedule_room(kv_cache *c, kv_head *h, int n_new, int curr_pos, kv_moves *moves,
+                          kv_error *err);
+/* Append one entry's metadata at position `pos` and return its slot in *slot (the caller's
+ * backend writes K and V there); takes a new block when the last one is full. KV_EINTERNAL
+ * when the pool is exhausted. */
+int kv_head_append_slot(kv_cache *c, kv_head *h, int pos, int *slot, kv_error *err);
+/* Host storage convenience: append with K, V [d_h] copied in. */
 int kv_head_append(kv_cache *c, kv_head *h, const float *k, const float *v, int pos, kv_error *err);
-/* Keep exactly the entries listed in `keep` (ascending indices, n_keep of them): compact
- * K, V and metadata to the front (MoveCache) and release the emptied trailing blocks. */
-void kv_head_compact(kv_cache *c, kv_head *h, const int *keep, int n_keep);
+/* Host storage convenience: schedule + apply the moves (make room for n_new tokens). */
+int kv_head_make_room(kv_cache *c, kv_head *h, int n_new, int curr_pos, kv_error *err);
+/* Return one block to the pool (for executors that empty a head by hand). */
+void kv_pool_release_block(kv_pool *p, int block);
+/* Apply a move list to host storage, in order. */
+void kv_pool_apply_moves_host(kv_pool *p, const kv_move *moves, int n);
 
 /* Policy selection (pure, on a head's metadata): choose `n_keep` of the head's `len` entries
  * to keep at current position `curr_pos`, written ascending into keep[]. (KV_SINK: StreamingLLM;

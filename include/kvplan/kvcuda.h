@@ -64,6 +64,15 @@ int kv_cuda_probe_copy(int dev, kv_cuda_copy_kind kind, const size_t *bytes, int
 int kv_cuda_probe_gemm(int dev, kv_cuda_dtype dtype, const int *m, const int *n, const int *k,
                        int n_shapes, int repeats, double *times, kv_progress *p, kv_error *err);
 
+/* The CUDA backend of the engine (kvplan/backend.h) for model `m` (passed as the opaque
+ * kv_model and returned as the opaque kv_backend, so this header needs neither): weights
+ * uploaded once, cuBLAS GEMMs, paged attention kernels. KV_EINPUT when this build has no CUDA
+ * backend or no device is present (the message says which); KV_EINTERNAL on CUDA failures. */
+struct kv_model;
+struct kv_backend;
+int kv_backend_cuda_new(const struct kv_model *m, int max_rows, int max_ctx,
+                        struct kv_backend **out, kv_error *err);
+
 #ifdef __cplusplus
 }
 #endif

@@ -96,17 +96,11 @@ void kv_kvpr_exec_free(kv_kvpr_exec *e);
 int kv_kvpr_rebuild(kv_kvpr_exec *e, const kv_kvpr_layer *lc, float *k_out, float *v_out,
                     int overlap, kv_kvpr_timing *t, kv_error *err);
 
-/* Causal attention of one new token's queries over n_ctx rebuilt entries (grouped-query:
- * query head qh reads KV head qh / (H / H_kv)), softmax(q k^T / sqrt(d_h)) v per head.
- *   q [H * d_h] post-RoPE, k, v [n_ctx, h_kv], o [H * d_h].
- * KV_EINPUT when n_ctx < 1 or n_ctx > max_ctx, or a pointer is NULL. */
-int kv_kvpr_attend(kv_kvpr_exec *e, const float *q, const float *k, const float *v, int n_ctx,
-                   float *o, kv_error *err);
-
 /* One decode step of the whole model for token `token` at position s' with every layer's KV
- * cache offloaded: for each layer, rebuild its K, V (kv_kvpr_rebuild, overlap as given),
- * project the new token, attend over the s' + 1 entries, W_o, residual, SwiGLU FFN; then the
- * final norm and classifier into logits [vocab]. The new token's K and V are appended to each
+ * cache offloaded: for each layer, rebuild its K, V (kv_kvpr_rebuild, overlap as given) into
+ * a scratch paged cache and run the engine's layer step (kv_forward_layer: the same
+ * projections, attention kernel and FFN as ordinary decode) for the new token; then the final
+ * norm and classifier into logits [vocab]. The new token's K and V are appended to each
  * layer's transferred part (s' grows by one; l stays). per_layer [n_layers] (may be NULL)
  * receives each layer's rebuild timings.
  * Errors (checked before any layer runs, so a failure leaves every cache unchanged):

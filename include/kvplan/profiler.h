@@ -15,6 +15,7 @@
 #ifndef KVPLAN_PROFILER_H
 #define KVPLAN_PROFILER_H
 
+#include "kvplan/backend.h"
 #include "kvplan/common.h"
 #include "kvplan/h5io.h"
 #include "kvplan/hwprobe.h"
@@ -51,10 +52,11 @@ typedef struct kv_profile {
 int kv_profile_pick_prompts(const int *stream, long n, int bos_id, int n_prompts, int prompt_len,
                             uint64_t seed, int *out, kv_error *err);
 
-/* Run the collectors over the prompts (full cache, one prefill per prompt). `tokens`
- * [P, T] is copied into the profile. The caller owns `out` (kv_profile_free). Progress
- * ("prompt i of N, tokens/s") goes to `p` when not NULL. */
-int kv_profile_run(const kv_model *m, const int *tokens, int P, int T, kv_profile *out,
+/* Run the collectors over the prompts (full cache, one prefill per prompt, on an engine on
+ * `device`). `tokens` [P, T] is copied into the profile. The caller owns `out`
+ * (kv_profile_free). Progress ("prompt i of N, tokens/s") goes to `p` when not NULL. */
+int kv_profile_run(const kv_model *m, const int *tokens, int P, int T, kv_device device,
+                   kv_profile *out,
                    kv_progress *p, kv_error *err);
 void kv_profile_free(kv_profile *pr);
 

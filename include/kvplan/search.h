@@ -19,6 +19,7 @@
 #define KVPLAN_SEARCH_H
 
 #include "kvplan/alloc.h"
+#include "kvplan/backend.h"
 #include "kvplan/common.h"
 #include "kvplan/h5io.h"
 #include "kvplan/kvcache.h"
@@ -69,6 +70,7 @@ typedef struct kv_search_opts {
     int halving_eta;        /* 0 = exhaustive grid, else successive halving with this eta */
     int halving_min_chunks; /* first-round chunks of successive halving (default 1) */
     kv_progress *progress;  /* NULL = silent; prints progress with an ETA */
+    kv_device device;       /* the engine's device (auto, cpu, cuda) */
 } kv_search_opts;
 
 /* Defaults: baklava, R = 0.5, C = model seq_len, b_s = 16, p = 16, sink, t and r grids NULL
@@ -123,17 +125,18 @@ void kv_search_result_free(kv_search_result *r);
 int kv_search_write(kv_h5 *f, const kv_search_opts *o, const kv_search_result *r, kv_error *err);
 
 /* Write a whole plan.h5 atomically (kv_h5_create ... kv_h5_commit): provenance (`command`,
- * model m), the budget part (kv_plan_budget_write: ratio, context_length, block_size, policy,
- * allocation, t, r, p — NaN where the allocation does not use them — /budget/tokens and
- * /budget/blocks [L, H_kv]), root attributes evict_block and min_tokens, and, when `so` and
+ * model m), the plan (kv_plan_from_budgets, validated, then kv_plan_write: ratio,
+ * context_length, block_size, evict_block, policy, allocation, t, r, p — NaN where the
+ * allocation does not use them — min_tokens, /budget/tokens, /budget/blocks and /budget/policy
+ * [L, H_kv]), and, when `so` and
  * `sr` are not NULL, the search part (kv_search_write), and, when `profile_path` is not NULL
  * and that profile has /hardware figures, the KVPR split and Batch-Max tables
- * (kv_plan_write_kvpr_batch_from_profile, include/kvplan/batch.h). tokens/blocks: [L * H_kv].
+ * (kv_plan_write_kvpr_batch_from_profile, include/kvplan/batch.h). tokens: [L * H_kv].
  * On any error the target file is left untouched. */
 int kv_plan_file_write(const char *path, const char *command, const char *profile_path,
                        const kv_model *m, const kv_alloc_params *a, kv_policy policy,
-                       int evict_block, const int *tokens, const int *blocks,
-                       const kv_search_opts *so, const kv_search_result *sr, kv_error *err);
+                       int evict_block, const int *tokens, const kv_search_opts *so,
+                       const kv_search_result *sr, kv_error *err);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,123 @@
+/* kvplan plan: the one in-memory form of a KV budget plan, and the one module that reads,
+ * writes, validates and defines plans (DESIGN.md "One engine, one plan, several backends";
+ * plan.h5 schema v1 and v2 in DESIGN.md "Files" and plans/README.md).
+ *
+ * A plan gives every (layer, KV head) a budget B[l][j] in tokens and an eviction policy, for
+ * chunks/sequences of context C, KV blocks of b_s tokens and Batch-Max eviction blocks of p
+ * tokens. The planner returns one (kv_plan_from_budgets), the engine runs one (kv_engine_new),
+ * plan.h5 stores one (kv_plan_write / kv_plan_read). "Uniform at ratio R" is defined here once
+ * (kv_plan_uniform) and used by `eval --ratio`, the search's uniform baseline and `kvplan plan
+ * --allocation uniform` alike.
+ *
+ * Arrays [L, H_kv] are row-major (layer-major): element (l, j) at l * H_kv + j. Budgets are
+ * tokens (int32). Everything a plan owns is released by kv_plan_free. No global state.
+ */
+#ifndef KVPLAN_PLAN_H
+#define KVPLAN_PLAN_H
+
+#include "kvplan/common.h"
+#include "kvplan/h5io.h"
+#include "kvplan/kvcache.h"
+#include "kvplan/model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Schema of the plan files this build writes (v2 adds /budget/policy [L, H_kv]); v1 files
+ * (one policy for every head) stay readable. */
+#define KV_PLAN_SCHEMA_VERSION 2
+
+typedef struct kv_plan {
+    int n_layers, n_kv_heads; /* L, H_kv */
+    int context;              /* C: tokens per chunk / sequence the budgets refer to */
+    int block_size;           /* b_s tokens per KV block */
+    int evict_block;          /* Batch-Max p: tokens processed between evictions */
+    double ratio;             /* R: sum(B) = R * L * H_kv * C, within one block per head */
+    kv_policy policy;         /* the plan's default policy (root attribute `policy`) */
+    kv_policy *head_policy;   /* [L * H_kv] the policy of each head, owned */
+    int *budget;              /* [L * H_kv] B[l][j] tokens, owned; each in [1, C] */
+    int full;                 /* 1 when every budget is C: the full cache, nothing evicted */
+    char allocation[32];      /* "full", "uniform", "squeeze", "baklava", ... */
+    double t, r, p;           /* BaKlaVa threshold / reduction, SqueezeAttention p; NaN unused */
+    int min_tokens;           /* the floor the planner used (0 = not recorded) */
+    /* identity of the model the plan was made for ("" / 0 when made in memory) */
+    char model_sha256[65];
+    int model_dim, model_n_heads, model_head_dim, model_vocab_size;
+    int schema_version; /* of the file it was read from; KV_PLAN_SCHEMA_VERSION otherwise */
+    char source[1024];  /* the file it was read from, "" when made in memory */
+} kv_plan;
+
+/* The full cache as a plan: every head keeps C tokens (R = 1), policy `policy`, b_s, p.
+ * Fills *out (kv_plan_free). Errors: KV_EINPUT for C < 1, b_s outside [1, 4096], p outside
+ * [1, C]; KV_EINTERNAL out of memory. */
+int kv_plan_full(const kv_config *cfg, int context, int block_size, int evict_block,
+                 kv_policy policy, kv_plan *out, kv_error *err);
+
+/* THE definition of "uniform at ratio R" (DESIGN.md Planning 1-3 with equal heads): the total
+ * N = floor(R * L * H_kv * C / b_s) blocks is shared as evenly as whole blocks allow, head i
+ * (layer-major) getting floor((i + 1) N / n) - floor(i N / n) blocks, n = L * H_kv (so the
+ * heads differ by at most one block, the extra blocks spread evenly over the layers); a head
+ * keeps b_s * blocks tokens, capped at C. This is the exact-sum, least-absolute-deviation
+ * rounding of R * C per head (DESIGN.md Planning 3), solved in closed form.
+ * Errors KV_EINPUT: R outside (0, 1]; a head below the policy's floor (fixed part + p) or
+ * below one block, naming the ratio to pass instead. Fills *out (kv_plan_free). */
+/* The arithmetic of kv_plan_uniform alone, for n heads: tokens [n] (and blocks [n], may be
+ * NULL). No floor check. KV_EINPUT for R outside (0, 1] or sizes below 1. */
+int kv_uniform_budgets(int n, double ratio, int context, int block_size, int *tokens, int *blocks,
+                       kv_error *err);
+int kv_plan_uniform(const kv_config *cfg, double ratio, int context, int block_size,
+                    int evict_block, kv_policy policy, kv_plan *out, kv_error *err);
+
+/* A plan from per-head budgets (the planner's result): budget [L * H_kv] tokens (copied),
+ * one policy for all heads (head_policy NULL) or per head [L * H_kv] (copied). allocation,
+ * t, r, p and min_tokens are recorded as given. The plan is validated (kv_plan_validate).
+ * Fills *out (kv_plan_free). */
+int kv_plan_from_budgets(const kv_config *cfg, const int *budget, const kv_policy *head_policy,
+                         kv_policy policy, double ratio, int context, int block_size,
+                         int evict_block, const char *allocation, double t, double r, double p,
+                         int min_tokens, kv_plan *out, kv_error *err);
+
+/* Validate a plan: L, H_kv >= 1; C >= 2; b_s in [1, 4096]; p in [1, C]; R finite in (0, 1];
+ * every budget in [1, C] and at least its policy's fixed part + p (unless it is C, which never
+ * evicts); every policy known; sum(B) within one block per head of R * L * H_kv * C (a plan
+ * that claims a ratio it does not keep is refused). `what` names the plan in messages (its
+ * file); every error is KV_EINPUT and says which head or value fails and what to do. */
+int kv_plan_validate(const kv_plan *p, const char *what, kv_error *err);
+
+/* Refuse a plan made for another model: a different config (L, H_kv, dim, H, d_h, vocab) or a
+ * different model_sha256. A plan read from a file must name its model (an empty sha256 is an
+ * error); a plan made in memory (source "") is only checked for shape. KV_EINPUT names both. */
+int kv_plan_check_model(const kv_plan *p, const kv_model *m, kv_error *err);
+
+/* Read plan.h5 (schema v1 or v2) and validate it (kv_plan_validate, and /budget/blocks must
+ * equal ceil(tokens / b_s) per head; fractional, NaN or out-of-range budgets are refused).
+ * Errors KV_EINPUT name the file and the dataset or attribute. Fills *out (kv_plan_free). */
+int kv_plan_read(const char *path, kv_plan *out, kv_error *err);
+
+/* Write the plan's part of plan.h5 into an open file: root attributes ratio, context_length,
+ * block_size, evict_block, policy, allocation, t, r, p, min_tokens (when > 0), plan_schema;
+ * /budget/tokens, /budget/blocks [L, H_kv] int32 and /budget/policy [L, H_kv] int32 (codes of
+ * kv_policy, named in its `codes` attribute). Provenance (model identity) is written by
+ * kv_h5_write_provenance. */
+int kv_plan_write(kv_h5 *f, const kv_plan *p, kv_error *err);
+
+/* Deep copy (dst is overwritten; kv_plan_free it). */
+int kv_plan_copy(kv_plan *dst, const kv_plan *src, kv_error *err);
+
+/* Release the arrays and zero the struct; safe twice and on a zeroed plan. */
+void kv_plan_free(kv_plan *p);
+
+/* Blocks of head i: ceil(B_i / b_s). */
+static inline int kv_plan_head_blocks(const kv_plan *p, int i) {
+    return (p->budget[i] + p->block_size - 1) / p->block_size;
+}
+/* Total budget sum(B) in tokens. */
+long kv_plan_total_tokens(const kv_plan *p);
+/* 1 when some head has a policy other than the plan's default. */
+int kv_plan_mixed_policies(const kv_plan *p);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

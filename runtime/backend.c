@@ -1,0 +1,107 @@
+/* kvplan backend selection and the parts every backend shares. See include/kvplan/backend.h. */
+#include "kvplan/backend.h"
+
+#include "kvplan/kvcuda.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+const char *kv_device_name(kv_device d) {
+    switch (d) {
+    case KV_DEVICE_AUTO:
+        return "auto";
+    case KV_DEVICE_CPU:
+        return "cpu";
+    case KV_DEVICE_CUDA:
+        return "cuda";
+    }
+    return "?";
+}
+
+int kv_device_parse(const char *s, kv_device *out, kv_error *err) {
+    static const kv_device all[] = {KV_DEVICE_AUTO, KV_DEVICE_CPU, KV_DEVICE_CUDA};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        if (s && !strcmp(s, kv_device_name(all[i]))) {
+            *out = all[i];
+            return KV_OK;
+        }
+    return kv_fail(err, KV_EINPUT, "--device %s: choose auto, cpu or cuda", s ? s : "");
+}
+
+int kv_device_resolve(kv_device d, kv_device *out, kv_error *err) {
+    char why[256] = "";
+    int have = kv_cuda_built() && kv_cuda_device_count(why) > 0;
+    if (d == KV_DEVICE_CPU || (d == KV_DEVICE_AUTO && !have)) {
+        *out = KV_DEVICE_CPU;
+        return KV_OK;
+    }
+    if (!have)
+        return kv_fail(err, KV_EINPUT, "--device cuda: no CUDA device here (%s); use --device cpu",
+                       why[0] ? why : "none found");
+    *out = KV_DEVICE_CUDA;
+    return KV_OK;
+}
+
+int kv_backend_base_init(kv_backend *b, const kv_backend_ops *ops, const kv_model *m, kv_device dev,
+                         int max_rows, int max_ctx, kv_error *err) {
+    if (max_rows < 1 || max_ctx < 1)
+        return kv_fail(err, KV_EINPUT, "backend needs at least one row and one position");
+    b->ops = ops;
+    b->model = m;
+    b->device = dev;
+    b->max_rows = max_rows;
+    b->max_ctx = max_ctx;
+    size_t tasks = (size_t)max_rows * (size_t)m->cfg.n_kv_heads;
+    b->row_pos = kv_malloc((size_t)max_rows * sizeof *b->row_pos, "driver positions", err);
+    b->tasks = kv_malloc(tasks * sizeof *b->tasks, "driver attention tasks", err);
+    b->writes = kv_malloc(tasks * sizeof *b->writes, "driver cache writes", err);
+    if (!b->row_pos || !b->tasks || !b->writes) {
+        kv_backend_base_free(b);
+        return KV_EINTERNAL;
+    }
+    return KV_OK;
+}
+
+void kv_backend_base_free(kv_backend *b) {
+    free(b->row_pos);
+    free(b->tasks);
+    free(b->writes);
+    kv_moves_free(&b->moves);
+    b->row_pos = NULL;
+    b->tasks = NULL;
+    b->writes = NULL;
+}
+
+void kv_backend_free(kv_backend *b) {
+    if (!b) return;
+    kv_backend_base_free(b);
+    if (b->ops && b->ops->destroy) b->ops->destroy(b);
+}
+
+int kv_backend_new(const kv_model *m, kv_device dev, int max_rows, int max_ctx, kv_backend **out,
+                   kv_error *err) {
+    *out = NULL;
+    kv_device d = KV_DEVICE_CPU;
+    int rc = kv_device_resolve(dev, &d, err);
+    if (rc) return rc;
+    if (d == KV_DEVICE_CUDA) {
+        rc = kv_backend_cuda_new((const struct kv_model *)m, max_rows, max_ctx,
+                                 (struct kv_backend **)out, err);
+        /* auto: a built toolkit and a device, but no usable backend yet -> the CPU */
+        if (rc == KV_OK || dev == KV_DEVICE_CUDA) return rc;
+    }
+    return kv_backend_cpu_new(m, max_rows, max_ctx, out, err);
+}
+
+int kv_backend_pool_init(kv_backend *b, kv_pool *p, int n_blocks, int block_size, int head_dim,
+                         kv_error *err) {
+    int rc = kv_pool_init_meta(p, n_blocks, block_size, head_dim, err);
+    if (!rc) rc = b->ops->storage_alloc(b, p, err);
+    if (rc) kv_pool_destroy(p);
+    return rc;
+}
+
+void kv_backend_pool_destroy(kv_backend *b, kv_pool *p) {
+    if (b && b->ops->storage_free) b->ops->storage_free(b, p);
+    kv_pool_destroy(p);
+}

@@ -1,0 +1,488 @@
+/* kvplan plan module: see include/kvplan/plan.h. */
+#include "kvplan/plan.h"
+
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void kv_plan_free(kv_plan *p) {
+    if (!p) return;
+    free(p->budget);
+    free(p->head_policy);
+    memset(p, 0, sizeof *p);
+}
+
+long kv_plan_total_tokens(const kv_plan *p) {
+    long s = 0;
+    for (int i = 0; i < p->n_layers * p->n_kv_heads; i++) s += p->budget[i];
+    return s;
+}
+
+int kv_plan_mixed_policies(const kv_plan *p) {
+    for (int i = 0; i < p->n_layers * p->n_kv_heads; i++)
+        if (p->head_policy[i] != p->policy) return 1;
+    return 0;
+}
+
+static void update_full(kv_plan *p) {
+    p->full = 1;
+    for (int i = 0; i < p->n_layers * p->n_kv_heads; i++)
+        if (p->budget[i] < p->context) p->full = 0;
+}
+
+/* Allocate the arrays and fill the scalar fields common to every constructor. */
+static int plan_alloc(kv_plan *p, const kv_config *cfg, double ratio, int context, int block_size,
+                      int evict_block, kv_policy policy, const char *allocation, kv_error *err) {
+    memset(p, 0, sizeof *p);
+    if (!cfg || cfg->n_layers < 1 || cfg->n_kv_heads < 1)
+        return kv_fail(err, KV_EINPUT, "plan: the model has no layers or KV heads");
+    if (context < 2 || block_size < 1 || block_size > 4096 || evict_block < 1 ||
+        evict_block > context)
+        return kv_fail(err, KV_EINPUT,
+                       "plan: context %d, block size %d, eviction block p = %d: need C >= 2, "
+                       "b_s in [1, 4096] and p in [1, C]",
+                       context, block_size, evict_block);
+    size_t nh = (size_t)cfg->n_layers * (size_t)cfg->n_kv_heads;
+    p->budget = kv_calloc(nh, sizeof *p->budget, "plan budgets", err);
+    p->head_policy = kv_calloc(nh, sizeof *p->head_policy, "plan policies", err);
+    if (!p->budget || !p->head_policy) {
+        kv_plan_free(p);
+        return KV_EINTERNAL;
+    }
+    p->n_layers = cfg->n_layers;
+    p->n_kv_heads = cfg->n_kv_heads;
+    p->context = context;
+    p->block_size = block_size;
+    p->evict_block = evict_block;
+    p->ratio = ratio;
+    p->policy = policy;
+    for (size_t i = 0; i < nh; i++) p->head_policy[i] = policy;
+    snprintf(p->allocation, sizeof p->allocation, "%s", allocation ? allocation : "");
+    p->t = p->r = p->p = NAN;
+    p->model_dim = cfg->dim;
+    p->model_n_heads = cfg->n_heads;
+    p->model_head_dim = cfg->head_dim;
+    p->model_vocab_size = cfg->vocab_size;
+    p->schema_version = KV_PLAN_SCHEMA_VERSION;
+    return KV_OK;
+}
+
+int kv_plan_full(const kv_config *cfg, int context, int block_size, int evict_block,
+                 kv_policy policy, kv_plan *out, kv_error *err) {
+    int rc = plan_alloc(out, cfg, 1.0, context, block_size, evict_block, policy, "full", err);
+    if (rc) return rc;
+    for (int i = 0; i < out->n_layers * out->n_kv_heads; i++) out->budget[i] = context;
+    out->full = 1;
+    return KV_OK;
+}
+
+int kv_uniform_budgets(int n, double ratio, int context, int block_size, int *tokens, int *blocks,
+                       kv_error *err) {
+    if (!(ratio > 0.0 && ratio <= 1.0))
+        return kv_fail(err, KV_EINPUT, "ratio %g must be in (0, 1] (1 = the full cache)", ratio);
+    if (n < 1 || context < 1 || block_size < 1)
+        return kv_fail(err, KV_EINPUT, "uniform budgets need heads, a context and a block size");
+    /* 1e-9: R * C that is a whole number of blocks in exact arithmetic stays one */
+    long N = (long)floor(ratio * (double)n * (double)context / (double)block_size + 1e-9);
+    long cap = (context + block_size - 1) / block_size;
+    for (long i = 0; i < n; i++) {
+        long b = (i + 1) * N / n - i * N / n;
+        if (b > cap) b = cap;
+        long tok = b * block_size;
+        tokens[i] = (int)(tok > context ? context : tok);
+        if (blocks) blocks[i] = (int)b;
+    }
+    return KV_OK;
+}
+
+int kv_plan_uniform(const kv_config *cfg, double ratio, int context, int block_size,
+                    int evict_block, kv_policy policy, kv_plan *out, kv_error *err) {
+    if (!(ratio > 0.0 && ratio <= 1.0))
+        return kv_fail(err, KV_EINPUT, "ratio %g must be in (0, 1] (1 = the full cache)", ratio);
+    int rc = plan_alloc(out, cfg, ratio, context, block_size, evict_block, policy, "uniform", err);
+    if (rc) return rc;
+    long n = (long)out->n_layers * out->n_kv_heads;
+    rc = kv_uniform_budgets((int)n, ratio, context, block_size, out->budget, NULL, err);
+    if (rc) {
+        kv_plan_free(out);
+        return rc;
+    }
+    int floor_tok = kv_policy_fixed_tokens(policy) + evict_block;
+    for (long i = 0; i < n; i++)
+        if (out->budget[i] < context && (out->budget[i] < floor_tok || out->budget[i] < 1)) {
+            double need =
+                (double)((floor_tok + block_size - 1) / block_size * block_size) / (double)context;
+            kv_fail(err, KV_EINPUT,
+                    "ratio %g gives %d tokens per KV head (blocks of %d), below the %d the "
+                    "policy '%s' needs (%d fixed + eviction block p = %d); use --ratio >= %.4g, "
+                    "a smaller --block-size or a smaller --evict-block",
+                    ratio, out->budget[i], block_size, floor_tok, kv_policy_name(policy),
+                    kv_policy_fixed_tokens(policy), evict_block, need);
+            kv_plan_free(out);
+            return KV_EINPUT;
+        }
+    update_full(out);
+    return KV_OK;
+}
+
+int kv_plan_from_budgets(const kv_config *cfg, const int *budget, const kv_policy *head_policy,
+                         kv_policy policy, double ratio, int context, int block_size,
+                         int evict_block, const char *allocation, double t, double r, double p,
+                         int min_tokens, kv_plan *out, kv_error *err) {
+    int rc = plan_alloc(out, cfg, ratio, context, block_size, evict_block, policy, allocation, err);
+    if (rc) return rc;
+    size_t nh = (size_t)out->n_layers * (size_t)out->n_kv_heads;
+    memcpy(out->budget, budget, nh * sizeof *budget);
+    if (head_policy) memcpy(out->head_policy, head_policy, nh * sizeof *head_policy);
+    out->t = t;
+    out->r = r;
+    out->p = p;
+    out->min_tokens = min_tokens;
+    update_full(out);
+    rc = kv_plan_validate(out, "plan", err);
+    if (rc) kv_plan_free(out);
+    return rc;
+}
+
+int kv_plan_copy(kv_plan *dst, const kv_plan *src, kv_error *err) {
+    size_t nh = (size_t)src->n_layers * (size_t)src->n_kv_heads;
+    *dst = *src;
+    dst->budget = kv_malloc(nh * sizeof *dst->budget, "plan budgets", err);
+    dst->head_policy = kv_malloc(nh * sizeof *dst->head_policy, "plan policies", err);
+    if (!dst->budget || !dst->head_policy) {
+        free(dst->budget);
+        free(dst->head_policy);
+        memset(dst, 0, sizeof *dst);
+        return KV_EINTERNAL;
+    }
+    memcpy(dst->budget, src->budget, nh * sizeof *dst->budget);
+    memcpy(dst->head_policy, src->head_policy, nh * sizeof *dst->head_policy);
+    return KV_OK;
+}
+
+static int valid_policy(int v) {
+    return v == KV_POLICY_SINK || v == KV_POLICY_H2O || v == KV_POLICY_AVGATTN ||
+           v == KV_POLICY_L2ATTN;
+}
+
+int kv_plan_validate(const kv_plan *p, const char *what, kv_error *err) {
+    const char *w = what && *what ? what : "plan";
+    if (!p || !p->budget || !p->head_policy || p->n_layers < 1 || p->n_kv_heads < 1)
+        return kv_fail(err, KV_EINPUT, "%s: no budgets", w);
+    if (p->context < 2)
+        return kv_fail(err, KV_EINPUT, "%s: context_length %d must be at least 2", w, p->context);
+    if (p->block_size < 1 || p->block_size > 4096)
+        return kv_fail(err, KV_EINPUT, "%s: block_size %d must be in [1, 4096]", w, p->block_size);
+    if (p->evict_block < 1 || p->evict_block > p->context)
+        return kv_fail(err, KV_EINPUT, "%s: evict_block p = %d must be in [1, context %d]", w,
+                       p->evict_block, p->context);
+    if (!(isfinite(p->ratio) && p->ratio > 0.0 && p->ratio <= 1.0))
+        return kv_fail(err, KV_EINPUT, "%s: ratio %g must be in (0, 1]", w, p->ratio);
+    if (!valid_policy((int)p->policy))
+        return kv_fail(err, KV_EINPUT, "%s: unknown default policy code %d", w, (int)p->policy);
+    int nh = p->n_layers * p->n_kv_heads;
+    for (int i = 0; i < nh; i++) {
+        int l = i / p->n_kv_heads, j = i % p->n_kv_heads, b = p->budget[i];
+        if (!valid_policy((int)p->head_policy[i]))
+            return kv_fail(err, KV_EINPUT,
+                           "%s: layer %d KV head %d has unknown policy code %d (known: 0 sink, "
+                           "1 h2o, 2 avgattn, 3 l2attn)",
+                           w, l, j, (int)p->head_policy[i]);
+        if (b < 1 || b > p->context)
+            return kv_fail(err, KV_EINPUT,
+                           "%s: layer %d KV head %d has a budget of %d tokens, outside [1, "
+                           "context %d]; remake the plan for this context",
+                           w, l, j, b, p->context);
+        int need = kv_policy_fixed_tokens(p->head_policy[i]) + p->evict_block;
+        if (b < p->context && b < need)
+            return kv_fail(err, KV_EINPUT,
+                           "%s: layer %d KV head %d has a budget of %d tokens, below the %d "
+                           "its policy '%s' needs (%d fixed + eviction block p = %d); raise the "
+                           "ratio or lower --evict-block",
+                           w, l, j, b, need, kv_policy_name(p->head_policy[i]),
+                           kv_policy_fixed_tokens(p->head_policy[i]), p->evict_block);
+    }
+    double want = p->ratio * (double)nh * (double)p->context;
+    double have = (double)kv_plan_total_tokens(p);
+    double slack = (double)nh * (double)p->block_size;
+    if (fabs(have - want) > slack)
+        return kv_fail(err, KV_EINPUT,
+                       "%s: the budgets keep %.0f tokens in all, but ratio %g of the full cache "
+                       "is %.0f (more than one block per head apart); the plan does not keep "
+                       "the ratio it claims",
+                       w, have, p->ratio, want);
+    return KV_OK;
+}
+
+int kv_plan_check_model(const kv_plan *p, const kv_model *m, kv_error *err) {
+    if (!p || !m) return kv_fail(err, KV_EINTERNAL, "plan check without a plan or a model");
+    const char *pp = p->source[0] ? p->source : "plan";
+    const kv_config *c = &m->cfg;
+    const struct {
+        const char *what;
+        int plan, model;
+    } cmp[] = {
+        {"n_layers", p->n_layers, c->n_layers},
+        {"n_kv_heads", p->n_kv_heads, c->n_kv_heads},
+        {"dim", p->model_dim, c->dim},
+        {"n_heads", p->model_n_heads, c->n_heads},
+        {"head_dim", p->model_head_dim, c->head_dim},
+        {"vocab_size", p->model_vocab_size, c->vocab_size},
+    };
+    for (size_t i = 0; i < sizeof cmp / sizeof cmp[0]; i++)
+        if (cmp[i].plan != cmp[i].model)
+            return kv_fail(err, KV_EINPUT,
+                           "%s: this plan was made for another model: %s is %d in the plan but "
+                           "%d in %s; run kvplan search for this model",
+                           pp, cmp[i].what, cmp[i].plan, cmp[i].model, m->path);
+    if (!p->source[0]) return KV_OK;
+    if (!p->model_sha256[0])
+        return kv_fail(err, KV_EINPUT,
+                       "%s: the plan does not name its model (empty model_sha256), so it cannot "
+                       "be checked against %s; remake it with kvplan search",
+                       pp, m->path);
+    if (m->sha256[0] && strcmp(p->model_sha256, m->sha256) != 0)
+        return kv_fail(err, KV_EINPUT,
+                       "%s: this plan was made for another model file: model_sha256 %.12s... in "
+                       "the plan, %.12s... for %s (same shape, different weights); run kvplan "
+                       "search for this model",
+                       pp, p->model_sha256, m->sha256, m->path);
+    return KV_OK;
+}
+
+/* ---- plan.h5 ---- */
+
+static const char policy_codes[] = "0 sink, 1 h2o, 2 avgattn, 3 l2attn";
+
+int kv_plan_write(kv_h5 *f, const kv_plan *p, kv_error *err) {
+    int rc = kv_plan_validate(p, kv_h5_path(f), err);
+    if (rc) return rc;
+    int nh = p->n_layers * p->n_kv_heads;
+    int *blocks = kv_malloc((size_t)nh * sizeof *blocks, "plan blocks", err);
+    int *pol = kv_malloc((size_t)nh * sizeof *pol, "plan policies", err);
+    if (!blocks || !pol) {
+        free(blocks);
+        free(pol);
+        return KV_EINTERNAL;
+    }
+    for (int i = 0; i < nh; i++) {
+        blocks[i] = kv_plan_head_blocks(p, i);
+        pol[i] = (int)p->head_policy[i];
+    }
+    long dims[2] = {p->n_layers, p->n_kv_heads};
+    if (!rc) rc = kv_h5_attr_f64(f, "/", "ratio", p->ratio, err);
+    if (!rc) rc = kv_h5_attr_i64(f, "/", "context_length", p->context, err);
+    if (!rc) rc = kv_h5_attr_i64(f, "/", "block_size", p->block_size, err);
+    if (!rc) rc = kv_h5_attr_i64(f, "/", "evict_block", p->evict_block, err);
+    if (!rc) rc = kv_h5_attr_str(f, "/", "policy", kv_policy_name(p->policy), err);
+    if (!rc) rc = kv_h5_attr_str(f, "/", "allocation", p->allocation, err);
+    if (!rc) rc = kv_h5_attr_f64(f, "/", "t", p->t, err);
+    if (!rc) rc = kv_h5_attr_f64(f, "/", "r", p->r, err);
+    if (!rc) rc = kv_h5_attr_f64(f, "/", "p", p->p, err);
+    if (!rc && p->min_tokens > 0) rc = kv_h5_attr_i64(f, "/", "min_tokens", p->min_tokens, err);
+    if (!rc) rc = kv_h5_attr_i64(f, "/", "plan_schema", KV_PLAN_SCHEMA_VERSION, err);
+    if (!rc) rc = kv_h5_write_i32(f, "/budget/tokens", 2, dims, p->budget, "tokens", err);
+    if (!rc) rc = kv_h5_write_i32(f, "/budget/blocks", 2, dims, blocks, "blocks", err);
+    if (!rc) rc = kv_h5_write_i32(f, "/budget/policy", 2, dims, pol, NULL, err);
+    if (!rc) rc = kv_h5_attr_str(f, "/budget/policy", "codes", policy_codes, err);
+    free(blocks);
+    free(pol);
+    return rc;
+}
+
+static int read_int_attr(kv_h5 *f, const char *name, long lo, long hi, int *out, kv_error *err) {
+    long v = 0;
+    int rc = kv_h5_read_attr_i64(f, "/", name, &v, err);
+    if (rc) return rc;
+    if (v < lo || v > hi)
+        return kv_fail(err, KV_EINPUT, "%s: attribute %s = %ld is out of range [%ld, %ld]",
+                       kv_h5_path(f), name, v, lo, hi);
+    *out = (int)v;
+    return KV_OK;
+}
+
+static int read_str_attr(kv_h5 *f, const char *name, char *dst, size_t cap, kv_error *err) {
+    char *s = NULL;
+    int rc = kv_h5_read_attr_str(f, "/", name, &s, err);
+    if (rc) return rc;
+    if (strlen(s) >= cap)
+        rc =
+            kv_fail(err, KV_EINPUT, "%s: attribute %s is %zu characters long, at most %zu expected",
+                    kv_h5_path(f), name, strlen(s), cap - 1);
+    else
+        memcpy(dst, s, strlen(s) + 1);
+    free(s);
+    return rc;
+}
+
+/* An [L, H_kv] matrix of whole numbers, read as float64 so that fractions and NaN are seen
+ * (an int32 read would truncate them silently). *out [L * H_kv] owned by the caller. */
+static int read_matrix(kv_h5 *f, const char *path, int L, int H, long lo, long hi, int **out,
+                       kv_error *err) {
+    int rank = 0;
+    long dims[KV_H5_MAX_RANK];
+    double *d = NULL;
+    int rc = kv_h5_read_f64(f, path, &rank, dims, &d, err);
+    if (rc) return rc;
+    if (rank != 2 || dims[0] != L || dims[1] != H) {
+        free(d);
+        return kv_fail(err, KV_EINPUT, "%s: dataset %s must have shape [%d, %d] ([L, H_kv])",
+                       kv_h5_path(f), path, L, H);
+    }
+    int *v = kv_malloc((size_t)L * (size_t)H * sizeof *v, "plan matrix", err);
+    for (long i = 0; v && i < (long)L * H; i++) {
+        double x = d[i];
+        const char *bad = !isfinite(x)     ? "is not a number"
+                          : x != floor(x)  ? "is not a whole number"
+                          : x < (double)lo ? "is too small"
+                          : x > (double)hi ? "is too large"
+                                           : NULL;
+        if (bad) {
+            rc = kv_fail(err, KV_EINPUT,
+                         "%s: %s of layer %ld KV head %ld (%g) %s; allowed [%ld, %ld]",
+                         kv_h5_path(f), path, i / H, i % H, x, bad, lo, hi);
+            break;
+        }
+        v[i] = (int)x;
+    }
+    free(d);
+    if (!v) return KV_EINTERNAL;
+    if (rc) {
+        free(v);
+        return rc;
+    }
+    *out = v;
+    return KV_OK;
+}
+
+/* The budget shape [L, H_kv] from /budget/tokens (before anything else is read). */
+static int budget_shape(kv_h5 *f, int *L, int *H, kv_error *err) {
+    int rank = 0;
+    long dims[KV_H5_MAX_RANK];
+    double *d = NULL;
+    int rc = kv_h5_read_f64(f, "/budget/tokens", &rank, dims, &d, err);
+    free(d);
+    if (rc) return rc;
+    if (rank != 2 || dims[0] < 1 || dims[1] < 1 || dims[0] > 4096 || dims[1] > 4096)
+        return kv_fail(err, KV_EINPUT, "%s: dataset /budget/tokens must have shape [L, H_kv]",
+                       kv_h5_path(f));
+    *L = (int)dims[0];
+    *H = (int)dims[1];
+    return KV_OK;
+}
+
+int kv_plan_read(const char *path, kv_plan *out, kv_error *err) {
+    memset(out, 0, sizeof *out);
+    kv_h5 *f = NULL;
+    int rc = kv_h5_open_read(path, &f, err);
+    if (rc) return rc;
+    kv_plan p;
+    memset(&p, 0, sizeof p);
+    char pol[32] = "", *s = NULL;
+    if (!kv_h5_exists(f, "/budget")) {
+        rc = kv_fail(err, KV_EINPUT,
+                     "%s: not a plan file (no /budget group; was it written by kvplan search?)",
+                     path);
+        goto done;
+    }
+    if ((rc = budget_shape(f, &p.n_layers, &p.n_kv_heads, err))) goto done;
+    if ((rc = kv_h5_read_attr_f64(f, "/", "ratio", &p.ratio, err))) goto done;
+    if (!(isfinite(p.ratio) && p.ratio > 0.0 && p.ratio <= 1.0)) {
+        rc = kv_fail(err, KV_EINPUT, "%s: attribute ratio = %g is outside (0, 1]", path, p.ratio);
+        goto done;
+    }
+    if ((rc = read_int_attr(f, "context_length", 2, 1 << 24, &p.context, err))) goto done;
+    if ((rc = read_int_attr(f, "block_size", 1, 4096, &p.block_size, err))) goto done;
+    p.evict_block = p.context < KV_DEFAULT_EVICT_BLOCK ? p.context : KV_DEFAULT_EVICT_BLOCK;
+    if (kv_h5_attr_exists(f, "/", "evict_block") &&
+        (rc = read_int_attr(f, "evict_block", 1, p.context, &p.evict_block, err)))
+        goto done;
+    if ((rc = read_str_attr(f, "policy", pol, sizeof pol, err))) goto done;
+    if ((rc = kv_policy_parse(pol, &p.policy, err))) {
+        kv_fail_context(err, "%s: attribute policy", path);
+        goto done;
+    }
+    if ((rc = read_str_attr(f, "allocation", p.allocation, sizeof p.allocation, err))) goto done;
+    p.t = p.r = p.p = NAN;
+    if (kv_h5_attr_exists(f, "/", "t") && (rc = kv_h5_read_attr_f64(f, "/", "t", &p.t, err)))
+        goto done;
+    if (kv_h5_attr_exists(f, "/", "r") && (rc = kv_h5_read_attr_f64(f, "/", "r", &p.r, err)))
+        goto done;
+    if (kv_h5_attr_exists(f, "/", "p") && (rc = kv_h5_read_attr_f64(f, "/", "p", &p.p, err)))
+        goto done;
+    if (kv_h5_attr_exists(f, "/", "min_tokens") &&
+        (rc = read_int_attr(f, "min_tokens", 0, 1 << 24, &p.min_tokens, err)))
+        goto done;
+    if ((rc = read_str_attr(f, "model_sha256", p.model_sha256, sizeof p.model_sha256, err)))
+        goto done;
+    if ((rc = read_int_attr(f, "model_dim", 1, INT_MAX, &p.model_dim, err))) goto done;
+    if ((rc = read_int_attr(f, "model_n_heads", 1, INT_MAX, &p.model_n_heads, err))) goto done;
+    if ((rc = read_int_attr(f, "model_head_dim", 1, INT_MAX, &p.model_head_dim, err))) goto done;
+    if ((rc = read_int_attr(f, "model_vocab_size", 1, INT_MAX, &p.model_vocab_size, err)))
+        goto done;
+    {
+        const struct {
+            const char *name;
+            int want;
+        } shape[] = {{"model_n_layers", p.n_layers}, {"model_n_kv_heads", p.n_kv_heads}};
+        for (int i = 0; i < 2; i++) {
+            int v = 0;
+            if (!kv_h5_attr_exists(f, "/", shape[i].name)) continue;
+            if ((rc = read_int_attr(f, shape[i].name, 1, INT_MAX, &v, err))) goto done;
+            if (v != shape[i].want) {
+                rc = kv_fail(err, KV_EINPUT,
+                             "%s: attribute %s = %d disagrees with /budget/tokens (%d)", path,
+                             shape[i].name, v, shape[i].want);
+                goto done;
+            }
+        }
+    }
+    if ((rc = read_matrix(f, "/budget/tokens", p.n_layers, p.n_kv_heads, 1, p.context, &p.budget,
+                          err)))
+        goto done;
+    int *blocks = NULL;
+    long max_blocks = (p.context + p.block_size - 1) / p.block_size;
+    if ((rc = read_matrix(f, "/budget/blocks", p.n_layers, p.n_kv_heads, 1, max_blocks, &blocks,
+                          err)))
+        goto done;
+    for (int i = 0; i < p.n_layers * p.n_kv_heads && !rc; i++)
+        if (blocks[i] != (p.budget[i] + p.block_size - 1) / p.block_size)
+            rc = kv_fail(err, KV_EINPUT,
+                         "%s: /budget/blocks of layer %d KV head %d is %d, but %d tokens in "
+                         "blocks of %d need %d; the file is inconsistent",
+                         path, i / p.n_kv_heads, i % p.n_kv_heads, blocks[i], p.budget[i],
+                         p.block_size, (p.budget[i] + p.block_size - 1) / p.block_size);
+    free(blocks);
+    if (rc) goto done;
+    size_t nh = (size_t)p.n_layers * (size_t)p.n_kv_heads;
+    if (kv_h5_exists(f, "/budget/policy")) {
+        int *codes = NULL;
+        if ((rc = read_matrix(f, "/budget/policy", p.n_layers, p.n_kv_heads, 0, 3, &codes, err)))
+            goto done;
+        p.head_policy = kv_malloc(nh * sizeof *p.head_policy, "plan policies", err);
+        for (size_t i = 0; p.head_policy && i < nh; i++) p.head_policy[i] = (kv_policy)codes[i];
+        free(codes);
+        p.schema_version = 2;
+    } else {
+        p.head_policy = kv_malloc(nh * sizeof *p.head_policy, "plan policies", err);
+        for (size_t i = 0; p.head_policy && i < nh; i++) p.head_policy[i] = p.policy;
+        p.schema_version = 1;
+    }
+    if (!p.head_policy) {
+        rc = KV_EINTERNAL;
+        goto done;
+    }
+    snprintf(p.source, sizeof p.source, "%s", path);
+    update_full(&p);
+    rc = kv_plan_validate(&p, path, err);
+done:
+    free(s);
+    kv_h5_close(f);
+    if (rc)
+        kv_plan_free(&p);
+    else
+        *out = p;
+    return rc;
+}
