@@ -272,9 +272,10 @@ qkv real_qkv(const kv_model *m, const std::vector<int> &ids, int n_kv) {
     return r;
 }
 
-/* CPU reference of one (sequence, KV head) attention step, the semantics of attend_head_hd in
- * runtime/forward.c: query i of the n new ones attends entries 0 .. len - n + i; statistics
- * per entry in query-head order. q/o rows of stride H*hd starting at row0. */
+/* CPU reference of one (sequence, KV head) attention step, the semantics of attend_task_hd in
+ * runtime/backend_cpu.c (whose activations are private to the CPU backend, so its op cannot be
+ * fed these q rows directly): query i of the n new ones attends entries 0 .. len - n + i;
+ * statistics per entry in query-head order. q/o rows of stride H*hd starting at row0. */
 void cpu_attend(kv_cache *c, kv_head *h, int j, int g, int hd, int n, const float *q, float *o,
                 int q_stride, int row0) {
     const kv_pool *p = c->pool;
@@ -302,7 +303,7 @@ void cpu_attend(kv_cache *c, kv_head *h, int j, int g, int hd, int n, const floa
                 for (int e = 0; e < n_ent; e++) a += s[(size_t)e] * kv_head_v(p, h, e)[d];
                 oo[d] = a;
             }
-            if (c->track_stats)
+            if (h->track_stats)
                 for (int e = 0; e < n_ent; e++) {
                     float w = s[(size_t)e];
                     h->acc[e] += w;
@@ -333,7 +334,7 @@ void mirror_tasks(mirror &d, const kv_pool *p, kv_cache *const *seqs, int n_seqs
         for (int j = 0; j < seqs[s]->n_kv_heads; j++) {
             kv_head *h = kv_cache_head(seqs[s], 0, j);
             kv_k_attn_task t = {
-                s * n, n, j, h->len, (int)d.tables.size(), (int)d.pos.size(), seqs[s]->track_stats};
+                s * n, n, j, h->len, (int)d.tables.size(), (int)d.pos.size(), h->track_stats};
             d.tables.insert(d.tables.end(), h->table, h->table + h->n_blocks);
             d.pos.insert(d.pos.end(), h->pos, h->pos + h->len);
             d.acc.insert(d.acc.end(), h->acc, h->acc + h->len);
@@ -364,7 +365,7 @@ void run_attention_case(const kv_model *m, int n_kv, kv_policy pol, int track, i
         std::vector<int> budget((size_t)n_kv);
         for (int j = 0; j < n_kv; j++) budget[(size_t)j] = 10 + 5 * ((s + 2 * j) % 4) + s;
         CU_ASSERT_FATAL(kv_cache_init(&seqs[s], &pool, 1, n_kv, budget.data(), pol, &err) == KV_OK);
-        seqs[s].track_stats = track;
+        for (int j = 0; j < n_kv; j++) kv_cache_head(&seqs[s], 0, j)->track_stats = track;
         sp[s] = &seqs[s];
     }
     size_t pool_floats = (size_t)pool.n_blocks * 2 * bs * hd;
@@ -511,16 +512,6 @@ void test_attention_reproducible() {
     kv_model_free(m);
 }
 
-/* The gather op's reference: the moves applied one by one, in order. */
-void apply_moves_in_order(float *pool, const std::vector<kv_k_move> &mv, int hd, int bs) {
-    for (const kv_k_move &m : mv) {
-        std::memmove(pool + kv_slot_k_offset(m.dst, bs, hd), pool + kv_slot_k_offset(m.src, bs, hd),
-                     sizeof(float) * hd);
-        std::memmove(pool + kv_slot_v_offset(m.dst, bs, hd), pool + kv_slot_v_offset(m.src, bs, hd),
-                     sizeof(float) * hd);
-    }
-}
-
 /* Run a move list through kv_k_split_moves and the two gather kernels per pass. */
 int shim_gather(std::vector<float> &pool, const std::vector<kv_k_move> &mv, int hd, int bs,
                 int n_slots) {
@@ -537,9 +528,9 @@ int shim_gather(std::vector<float> &pool, const std::vector<kv_k_move> &mv, int 
     return passes;
 }
 
-/* Gather: eviction's move lists (a policy's survivors moved forward through the heads'
- * tables, several heads interleaved in the pool) against the CPU's eviction, and a list with
- * chains and repeats against applying it in order. */
+/* Gather: the eviction schedule's move lists (kv_head_schedule_room: a policy's survivors
+ * moved forward through several heads' tables, interleaved in the pool) and a list with
+ * chains, repeats and swaps, against the CPU's kv_pool_apply_moves_host. */
 void test_gather() {
     kv_model *m = load(M260);
     qkv a = real_qkv(m, text_ids(600), 4);
@@ -548,18 +539,18 @@ void test_gather() {
     kv_pool pool;
     CU_ASSERT_FATAL(kv_pool_init(&pool, 96, bs, hd, &err) == KV_OK);
     size_t pool_floats = (size_t)pool.n_blocks * 2 * bs * hd;
-    int n_slots = pool.n_blocks * bs;
+    int n_slots = pool.n_blocks * bs, total_moves = 0;
     const kv_policy pols[3] = {KV_POLICY_H2O, KV_POLICY_SINK, KV_POLICY_L2ATTN};
     for (kv_policy pol : pols) {
         kv_cache c;
         CU_ASSERT_FATAL(kv_cache_init(&c, &pool, 1, n_kv, nullptr, pol, &err) == KV_OK);
-        c.track_stats = 1;
         /* fill the heads unevenly, interleaved so their blocks interleave in the pool */
         int lens[n_kv] = {41, 29, 33, 18};
         for (int t = 0; t < 41; t++)
             for (int j = 0; j < n_kv; j++) {
                 if (t >= lens[j]) continue;
                 kv_head *h = kv_cache_head(&c, 0, j);
+                h->track_stats = 1;
                 CU_ASSERT_FATAL(kv_head_append(&c, h, &a.k[(size_t)t * kvd + j * hd],
                                                &a.v[(size_t)t * kvd + j * hd], t, &err) == KV_OK);
             }
@@ -569,49 +560,38 @@ void test_gather() {
             std::vector<float> o((size_t)h->len * a.H * hd);
             cpu_attend(&c, h, j, a.g, hd, h->len, a.q.data(), o.data(), a.H * hd, 0);
         }
+        /* the schedule: each head keeps 3/5 of its entries for 4 new tokens */
+        kv_moves mv = {};
+        for (int j = 0; j < n_kv; j++) {
+            kv_head *h = kv_cache_head(&c, 0, j);
+            h->budget = h->len * 3 / 5 + 4;
+            CU_ASSERT_FATAL(kv_head_schedule_room(&c, h, 4, 44, &mv, &err) == KV_OK);
+        }
+        std::vector<kv_k_move> list;
+        for (int i = 0; i < mv.n; i++) list.push_back(kv_k_move{mv.v[i].src, mv.v[i].dst});
         std::vector<float> dev(pool.data, pool.data + pool_floats);
-        std::vector<kv_k_move> mv;
-        std::vector<std::vector<int>> tables((size_t)n_kv);
-        std::vector<int> kept((size_t)n_kv);
-        for (int j = 0; j < n_kv; j++) {
-            kv_head *h = kv_cache_head(&c, 0, j);
-            int n_keep = h->len * 3 / 5;
-            std::vector<int> keep((size_t)n_keep);
-            kv_policy_select(pol, h->pos, h->acc, h->acc2, h->len, n_keep, h->len - 1, keep.data());
-            for (int dst = 0; dst < n_keep; dst++)
-                if (keep[(size_t)dst] != dst)
-                    mv.push_back(kv_k_move{kv_slot_of_entry(h->table, keep[(size_t)dst], bs),
-                                           kv_slot_of_entry(h->table, dst, bs)});
-            kv_head_compact(&c, h, keep.data(), n_keep);
-            tables[(size_t)j].assign(h->table, h->table + h->n_blocks);
-            kept[(size_t)j] = n_keep;
-        }
-        int passes = shim_gather(dev, mv, hd, bs, n_slots);
+        kv_pool_apply_moves_host(&pool, mv.v, mv.n);
+        int passes = shim_gather(dev, list, hd, bs, n_slots);
         CU_ASSERT(passes == 1); /* survivors move forward: one read-then-write pass */
-        CU_ASSERT(mv.size() > 0);
-        for (int j = 0; j < n_kv; j++) {
-            kv_head *h = kv_cache_head(&c, 0, j);
-            for (int e = 0; e < kept[(size_t)j]; e++) {
-                int slot = kv_slot_of_entry(tables[(size_t)j].data(), e, bs);
-                CU_ASSERT(std::memcmp(&dev[kv_slot_k_offset(slot, bs, hd)], kv_head_k(&pool, h, e),
-                                      sizeof(float) * hd) == 0);
-                CU_ASSERT(std::memcmp(&dev[kv_slot_v_offset(slot, bs, hd)], kv_head_v(&pool, h, e),
-                                      sizeof(float) * hd) == 0);
-            }
-        }
+        CU_ASSERT(mv.n > 0);
+        CU_ASSERT(std::memcmp(dev.data(), pool.data, sizeof(float) * pool_floats) == 0);
+        total_moves += mv.n;
+        kv_moves_free(&mv);
         kv_cache_destroy(&c);
     }
     /* chains (a slot written then read), repeats (a slot written twice), swaps */
-    std::vector<float> seq(pool.data, pool.data + pool_floats), dev(seq);
-    std::vector<kv_k_move> mv = {{5, 9},   {9, 13},  {13, 5}, {7, 7},  {20, 21}, {22, 21},
-                                 {30, 31}, {31, 30}, {40, 2}, {2, 40}, {3, 4},   {4, 3}};
-    apply_moves_in_order(seq.data(), mv, hd, bs);
-    int passes = shim_gather(dev, mv, hd, bs, n_slots);
+    std::vector<float> dev(pool.data, pool.data + pool_floats);
+    std::vector<kv_k_move> list = {{5, 9},   {9, 13},  {13, 5}, {7, 7},  {20, 21}, {22, 21},
+                                   {30, 31}, {31, 30}, {40, 2}, {2, 40}, {3, 4},   {4, 3}};
+    std::vector<kv_move> host;
+    for (const kv_k_move &x : list) host.push_back(kv_move{x.src, x.dst});
+    kv_pool_apply_moves_host(&pool, host.data(), (int)host.size());
+    int passes = shim_gather(dev, list, hd, bs, n_slots);
     CU_ASSERT(passes > 1);
-    CU_ASSERT(std::memcmp(seq.data(), dev.data(), sizeof(float) * pool_floats) == 0);
-    std::printf("\n    gather: h2o, sink, l2attn evictions in one pass each, exact; a list of "
-                "chains and swaps in %d passes, exact",
-                passes);
+    CU_ASSERT(std::memcmp(pool.data, dev.data(), sizeof(float) * pool_floats) == 0);
+    std::printf("\n    gather: h2o, sink, l2attn schedules (%d moves) in one pass each, exact; "
+                "a list of chains and swaps in %d passes, exact",
+                total_moves, passes);
     kv_pool_destroy(&pool);
     kv_model_free(m);
 }
