@@ -17,6 +17,7 @@
  * Errors: every CUDA / cuBLAS failure becomes KV_EINTERNAL naming the call; nothing exits.
  */
 #include "kernels.h"
+#include "kernels/kv_pack.h"
 
 #include "kvplan/backend.h"
 #include "kvplan/kvcuda.h"
@@ -297,82 +298,44 @@ int cuda_cache_write(kv_backend *b, kv_pool *p, const kv_slot_write *w, int n, k
     return KV_OK;
 }
 
-/* Round up to 16 bytes so every section of the metadata buffer stays aligned. */
-size_t al16(size_t b) {
-    return (b + 15) / 16 * 16;
-}
-
 int cuda_attention(kv_backend *b, const kv_pool *p, const kv_attn_task *tasks, int n_tasks,
                    kv_error *err) {
     cuda_backend *c = cb(b);
     const kv_config *cfg = &b->model->cfg;
     if (n_tasks <= 0) return KV_OK;
     int bs = p->block_size, hd = cfg->head_dim, g = cfg->n_heads / cfg->n_kv_heads;
-    /* sizes of the sections: tasks | tables | pos | acc | acc2 */
-    size_t n_table = 0, n_meta = 0;
-    int longest = 0, tracked = 0;
-    for (int i = 0; i < n_tasks; i++) {
-        n_table += (size_t)kv_blocks_for(tasks[i].len, bs);
-        n_meta += (size_t)tasks[i].len;
-        longest = tasks[i].len > longest ? tasks[i].len : longest;
-        tracked |= tasks[i].acc != nullptr;
-    }
-    size_t o_tab = al16((size_t)n_tasks * sizeof(kv_k_attn_task));
-    size_t o_pos = o_tab + al16(n_table * sizeof(int));
-    size_t o_acc = o_pos + al16(n_meta * sizeof(int));
-    size_t o_acc2 = o_acc + al16(n_meta * sizeof(float));
-    size_t total = o_acc2 + al16(n_meta * sizeof(float));
+    kv_k_meta_layout L;
+    kv_k_meta_plan(tasks, n_tasks, bs, &L);
     /* the pinned buffer may still be the source of the previous step's copy */
     CK(cudaEventSynchronize(c->meta_free));
-    int rc = grow_pinned(c->h_meta, total, err);
-    if (!rc) rc = grow_dev(c->d_meta, total, err);
-    if (!rc) rc = grow_dev(c->d_scores, (size_t)n_tasks * g * longest * sizeof(float), err);
+    int rc = grow_pinned(c->h_meta, L.total, err);
+    if (!rc) rc = grow_dev(c->d_meta, L.total, err);
+    if (!rc) rc = grow_dev(c->d_scores, (size_t)n_tasks * g * L.longest * sizeof(float), err);
     if (rc) return rc;
-    char *h = static_cast<char *>(c->h_meta.p);
-    kv_k_attn_task *ht = reinterpret_cast<kv_k_attn_task *>(h);
-    int *htab = reinterpret_cast<int *>(h + o_tab), *hpos = reinterpret_cast<int *>(h + o_pos);
-    float *hacc = reinterpret_cast<float *>(h + o_acc);
-    float *hacc2 = reinterpret_cast<float *>(h + o_acc2);
-    size_t ti = 0, mi = 0;
-    for (int i = 0; i < n_tasks; i++) {
-        const kv_attn_task &t = tasks[i];
-        int nb = kv_blocks_for(t.len, bs);
-        ht[i] = kv_k_attn_task{t.row0, t.n, t.kv_head, t.len, (int)ti, (int)mi, t.acc != nullptr};
-        memcpy(htab + ti, t.table, (size_t)nb * sizeof(int));
-        memcpy(hpos + mi, t.pos, (size_t)t.len * sizeof(int));
-        if (t.acc) {
-            memcpy(hacc + mi, t.acc, (size_t)t.len * sizeof(float));
-            memcpy(hacc2 + mi, t.acc2, (size_t)t.len * sizeof(float));
-        }
-        ti += (size_t)nb;
-        mi += (size_t)t.len;
-    }
+    kv_k_meta_pack(tasks, n_tasks, bs, &L, c->h_meta.p);
     /* one mirror copy per step on the copy stream, after the previous step's attention has
      * read the device buffer; compute waits for it */
-    size_t up = tracked ? total : o_acc;
+    size_t up = L.tracked ? L.total : L.o_acc;
     CK(cudaStreamWaitEvent(c->copy, c->attn_done, 0));
     CK(cudaMemcpyAsync(c->d_meta.p, c->h_meta.p, up, cudaMemcpyHostToDevice, c->copy));
     CK(cudaEventRecord(c->meta_ready, c->copy));
     CK(cudaEventRecord(c->meta_free, c->copy));
     CK(cudaStreamWaitEvent(c->compute, c->meta_ready, 0));
     char *d = static_cast<char *>(c->d_meta.p);
-    CK(kvcu::paged_attention(storage(p), reinterpret_cast<const int *>(d + o_tab),
-                             reinterpret_cast<const kv_k_attn_task *>(d), n_tasks,
-                             reinterpret_cast<const int *>(d + o_pos),
-                             reinterpret_cast<float *>(d + o_acc),
-                             reinterpret_cast<float *>(d + o_acc2), c->q, c->o, cfg->n_heads * hd,
-                             g, hd, bs, static_cast<float *>(c->d_scores.p), longest, c->compute));
+    CK(kvcu::paged_attention(
+        storage(p), reinterpret_cast<const int *>(d + L.o_tab),
+        reinterpret_cast<const kv_k_attn_task *>(d), n_tasks,
+        reinterpret_cast<const int *>(d + L.o_pos), reinterpret_cast<float *>(d + L.o_acc),
+        reinterpret_cast<float *>(d + L.o_acc2), c->q, c->o, cfg->n_heads * hd, g, hd, bs,
+        static_cast<float *>(c->d_scores.p), L.longest, c->compute));
     CK(cudaEventRecord(c->attn_done, c->compute));
-    if (!tracked) return KV_OK;
+    if (!L.tracked) return KV_OK;
     /* statistics back to the heads' host arrays, where the policies read them */
-    CK(cudaMemcpyAsync(h + o_acc, d + o_acc, total - o_acc, cudaMemcpyDeviceToHost, c->compute));
+    char *h = static_cast<char *>(c->h_meta.p);
+    CK(cudaMemcpyAsync(h + L.o_acc, d + L.o_acc, L.total - L.o_acc, cudaMemcpyDeviceToHost,
+                       c->compute));
     CK(cudaStreamSynchronize(c->compute));
-    for (int i = 0; i < n_tasks; i++) {
-        const kv_attn_task &t = tasks[i];
-        if (!t.acc) continue;
-        memcpy(t.acc, hacc + ht[i].meta_off, (size_t)t.len * sizeof(float));
-        memcpy(t.acc2, hacc2 + ht[i].meta_off, (size_t)t.len * sizeof(float));
-    }
+    kv_k_meta_unpack_stats(tasks, n_tasks, &L, h);
     return KV_OK;
 }
 
