@@ -3,9 +3,9 @@
  * GPU.
  *
  * Model (CUDA C++ Programming Guide, "Thread Hierarchy", "Shared Memory", "Warp Shuffle
- * Functions"): the blocks of a grid run one after another; the threads of one block run at
- * once, one host thread each (the same host threads serve every block of a launch), and
- * share
+ * Functions"): the blocks of a grid run one after another; the threads of one block are host
+ * fibers (each with its own stack, scheduled cooperatively on the calling thread, see
+ * cuda_shim.cpp) that share
  *   - static shared memory (KV_SHARED_ARRAY: each thread makes the same declarations in the
  *     same order, so the same offset in the block's 48 KiB area names the same array),
  *   - dynamic shared memory (the launch's `dyn_shared` bytes),
@@ -13,11 +13,10 @@
  *   - per warp of 32 threads, an exchange buffer and a barrier of the warp (shuffles: each
  *     lane publishes its value, the warp waits, each lane reads its source lane; consecutive
  *     shuffles alternate between two buffers so one barrier per shuffle suffices).
- * A kernel that breaks CUDA's rules (a barrier or shuffle not reached by all threads) hangs
- * here as it would on a device; ctest's timeout reports it.
+ * A kernel that breaks CUDA's rules (a barrier or shuffle not reached by all threads) is
+ * reported as a deadlock and aborts the test.
  *
- * Include this before cuda/kernels/kv_kernels.cuh. Not thread-safe across concurrent
- * launches from different host threads (tests launch from one thread).
+ * Include this before cuda/kernels/kv_kernels.cuh. One launch at a time, from one host thread.
  */
 #ifndef KVPLAN_TESTS_CUDA_SHIM_HPP
 #define KVPLAN_TESTS_CUDA_SHIM_HPP
