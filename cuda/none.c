@@ -56,3 +56,26 @@ int kv_backend_cuda_new(const struct kv_model *m, int max_rows, int max_ctx,
     return kv_fail(err, KV_EINPUT,
                    "--device cuda: kvplan was built without a CUDA toolkit; use --device cpu");
 }
+
+int kv_cuda_kvpr_new(const struct kv_model *m, int max_ctx, kv_cuda_kvpr **out, kv_error *err) {
+    (void)m;
+    (void)max_ctx;
+    *out = NULL;
+    return kv_fail(err, KV_EINPUT, "CUDA KVPR: kvplan was built without a CUDA toolkit");
+}
+
+void kv_cuda_kvpr_free(kv_cuda_kvpr *e) {
+    (void)e;
+}
+
+int kv_cuda_kvpr_rebuild(kv_cuda_kvpr *e, const struct kv_kvpr_layer *layers, int n,
+                         float *const *k_out, float *const *v_out, struct kv_kvpr_timing *t,
+                         kv_error *err) {
+    (void)e;
+    (void)layers;
+    (void)n;
+    (void)k_out;
+    (void)v_out;
+    (void)t;
+    return kv_fail(err, KV_EINPUT, "CUDA KVPR: kvplan was built without a CUDA toolkit");
+}

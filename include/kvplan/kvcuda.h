@@ -73,6 +73,30 @@ struct kv_backend;
 int kv_backend_cuda_new(const struct kv_model *m, int max_rows, int max_ctx,
                         struct kv_backend **out, kv_error *err);
 
+/* ---- KVPR executor on the device (cuda/kvpr_cuda.cu; KVPR, Jiang et al., §3.2-3.3) ----
+ * The device half of kv_kvpr_rebuild (include/kvplan/kvpr_exec.h): K, V [l:s'] cross to the
+ * device on a copy stream while a compute stream uploads X [0:l] and recomputes K, V [0:l]
+ * (cublasGemmEx FP32, bias, RoPE), ordered by CUDA events; layers alternate between two buffer
+ * sets, so one layer's work is queued while the previous one is in flight. */
+typedef struct kv_cuda_kvpr kv_cuda_kvpr;
+struct kv_kvpr_layer;
+struct kv_kvpr_timing;
+/* Executor for model `m` (must outlive it) holding up to max_ctx tokens per layer: every
+ * layer's W_K, W_V (and biases) uploaded once, pinned staging and two device buffer sets.
+ * Caller owns *out (kv_cuda_kvpr_free). KV_EINPUT without a device or for max_ctx < 1;
+ * KV_EINTERNAL on CUDA failures. */
+int kv_cuda_kvpr_new(const struct kv_model *m, int max_ctx, kv_cuda_kvpr **out, kv_error *err);
+void kv_cuda_kvpr_free(kv_cuda_kvpr *e);
+/* Rebuild n offloaded layers (layers[i] as kv_kvpr_layer_offload makes them) into k_out[i],
+ * v_out[i] (host, s' * h_kv floats each): the same rows as kv_kvpr_rebuild. t [n] (may be
+ * NULL) receives per layer t_transfer and t_recompute from CUDA events, the bytes and FLOPs
+ * of Eq. 6 and 8, and t_total = the call's wall time / n. Errors: KV_EINPUT for an entry
+ * inconsistent with the model or beyond max_ctx (checked before anything is queued);
+ * KV_EINTERNAL on CUDA / cuBLAS failures. */
+int kv_cuda_kvpr_rebuild(kv_cuda_kvpr *e, const struct kv_kvpr_layer *layers, int n,
+                         float *const *k_out, float *const *v_out, struct kv_kvpr_timing *t,
+                         kv_error *err);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,559 @@
+/* kvplan CUDA backend: the engine's layer-step ops (include/kvplan/backend.h) on one CUDA
+ * device, with the driver, block-table metadata, policies and eviction schedule shared with the
+ * CPU backend (runtime/forward.c, runtime/kvcache.c).
+ *
+ * - Weights are uploaded once at creation. The loaders keep every matrix as fp32
+ *   (include/kvplan/model.h), so the GEMMs are cublasGemmEx with fp32 inputs and
+ *   CUBLAS_COMPUTE_32F (no TF32), the CPU's arithmetic up to summation order.
+ * - The K/V block storage lives on the device in the CPU layout (include/kvplan/kvslot.h);
+ *   the pool's metadata (free list, block tables, positions, statistics) stays on the host.
+ * - Per attention step the tasks, their block tables and positions (and the statistics of
+ *   tracked heads) are packed into one pinned host buffer and mirrored to the device with one
+ *   asynchronous copy on the copy stream; the compute stream waits for it on an event. The
+ *   statistics come back with one copy and are written into the heads' host arrays, where the
+ *   policies read them.
+ * - Kernels: cuda/kernels/kv_kernels.cuh (checked against the CPU on the host shim by
+ *   tests/test_cuda_kernels.cpp).
+ * Errors: every CUDA / cuBLAS failure becomes KV_EINTERNAL naming the call; nothing exits.
+ */
+#include "kernels.h"
+#include "kernels/kv_pack.h"
+
+#include "kvplan/backend.h"
+#include "kvplan/kvcuda.h"
+#include "kvplan/kvslot.h"
+#include "kvplan/model.h"
+#include "kvplan/quant.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <math.h>
+#include <new>
+#include <stdlib.h>
+#include <string.h>
+
+static_assert(sizeof(kv_slot_write) == sizeof(kv_k_write), "kv_slot_write layout");
+static_assert(sizeof(kv_move) == sizeof(kv_k_move), "kv_move layout");
+
+namespace {
+
+struct dev_layer {
+    float *attn_norm, *wq, *wk, *wv, *wo, *bq, *bk, *bv, *ffn_norm, *w_gate, *w_down, *w_up;
+};
+
+/* A device buffer and a pinned host buffer that grow on demand (bytes). */
+struct dbuf {
+    void *p = nullptr;
+    size_t cap = 0;
+};
+
+struct cuda_backend {
+    kv_backend base; /* first: the engine sees a kv_backend */
+    int dev;
+    cudaStream_t compute, copy;
+    cudaEvent_t meta_ready, meta_free, attn_done;
+    cublasHandle_t blas;
+    /* weights */
+    dev_layer *layers;
+    float *tok_emb, *final_norm, *classifier; /* classifier may alias tok_emb */
+    /* activations [max_rows, ...] */
+    float *x, *xb, *xb2, *q, *k, *v, *o, *hb, *hb2, *sel;
+    float *rope_cos, *rope_sin; /* [max_ctx, d_h / 2] */
+    int *d_rows;                /* [max_rows] token ids / positions / selected rows */
+    int *h_rows;                /* pinned [max_rows] */
+    /* per-step staging, grown on demand */
+    dbuf h_meta, d_meta; /* attention: tasks | tables | pos | acc | acc2 */
+    dbuf d_scores;       /* attention scores */
+    dbuf h_list, d_list; /* cache writes / moves */
+    dbuf d_move_scratch; /* gather pass scratch */
+    dbuf h_out;          /* logits and hook copies */
+    int *stamp;          /* [n_slots] for kv_k_split_moves */
+    int stamp_slots, stamp_gen;
+    int *pass_start; /* [cap + 1] */
+    int pass_cap;
+};
+
+cuda_backend *cb(kv_backend *b) {
+    return reinterpret_cast<cuda_backend *>(b);
+}
+
+int cuda_fail(kv_error *err, cudaError_t e, const char *what) {
+    return kv_fail(err, KV_EINTERNAL, "CUDA backend: %s: %s", what, cudaGetErrorString(e));
+}
+
+int blas_fail(kv_error *err, cublasStatus_t s, const char *what) {
+    return kv_fail(err, KV_EINTERNAL, "CUDA backend: %s: %s", what, cublasGetStatusString(s));
+}
+
+#define CK(call)                                                                                   \
+    do {                                                                                           \
+        cudaError_t e_ = (call);                                                                   \
+        if (e_ != cudaSuccess) return cuda_fail(err, e_, #call);                                   \
+    } while (0)
+
+#define CKB(call)                                                                                  \
+    do {                                                                                           \
+        cublasStatus_t s_ = (call);                                                                \
+        if (s_ != CUBLAS_STATUS_SUCCESS) return blas_fail(err, s_, #call);                         \
+    } while (0)
+
+int grow_dev(dbuf &b, size_t bytes, kv_error *err) {
+    if (bytes <= b.cap) return KV_OK;
+    size_t cap = b.cap ? b.cap : 4096;
+    while (cap < bytes) cap *= 2;
+    if (b.p) cudaFree(b.p);
+    b.p = nullptr;
+    b.cap = 0;
+    CK(cudaMalloc(&b.p, cap));
+    b.cap = cap;
+    return KV_OK;
+}
+
+int grow_pinned(dbuf &b, size_t bytes, kv_error *err) {
+    if (bytes <= b.cap) return KV_OK;
+    size_t cap = b.cap ? b.cap : 4096;
+    while (cap < bytes) cap *= 2;
+    if (b.p) cudaFreeHost(b.p);
+    b.p = nullptr;
+    b.cap = 0;
+    CK(cudaHostAlloc(&b.p, cap, cudaHostAllocDefault));
+    b.cap = cap;
+    return KV_OK;
+}
+
+/* Upload n floats (NULL stays NULL). */
+int upload(float **dst, const float *src, size_t n, kv_error *err) {
+    *dst = nullptr;
+    if (!src) return KV_OK;
+    CK(cudaMalloc(dst, n * sizeof(float)));
+    CK(cudaMemcpy(*dst, src, n * sizeof(float), cudaMemcpyHostToDevice));
+    return KV_OK;
+}
+
+/* A weight [rows, cols] in its file's type (kvplan/quant.h), converted once to fp32 on the host
+ * row by row and uploaded (the device GEMMs are fp32; keeping F16/BF16 on the device through
+ * cublasGemmEx's half types is left for a device to test it on). */
+int upload_weight(float **dst, kv_weight w, size_t rows, size_t cols, kv_error *err) {
+    *dst = nullptr;
+    if (!w.data) return KV_OK;
+    float *host = nullptr;
+    int rc = kv_weight_to_f32(w, rows, cols, &host, err);
+    if (!rc) rc = upload(dst, host, rows * cols, err);
+    free(host);
+    return rc;
+}
+
+/* y[rows, out] = x[rows, in] W^T with W [out, in] row-major: in cuBLAS's column-major terms
+ * Y' [out, rows] = W'^T X', W' = W viewed as [in, out], X' = x as [in, rows]. */
+int gemm(cuda_backend *c, float *y, const float *x, const float *w, int rows, int in, int out,
+         kv_error *err) {
+    const float one = 1.0f, zero = 0.0f;
+    CKB(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, rows, in, &one, w, CUDA_R_32F, in, x,
+                     CUDA_R_32F, in, &zero, y, CUDA_R_32F, out, CUBLAS_COMPUTE_32F,
+                     CUBLAS_GEMM_DEFAULT));
+    return KV_OK;
+}
+
+void free_layers(cuda_backend *c) {
+    if (!c->layers) return;
+    for (int l = 0; l < c->base.model->cfg.n_layers; l++) {
+        dev_layer &d = c->layers[l];
+        float *all[] = {d.attn_norm, d.wq, d.wk,       d.wv,     d.wo,     d.bq,
+                        d.bk,        d.bv, d.ffn_norm, d.w_gate, d.w_down, d.w_up};
+        for (float *p : all) cudaFree(p);
+    }
+    free(c->layers);
+    c->layers = nullptr;
+}
+
+void cuda_destroy(kv_backend *b) {
+    cuda_backend *c = cb(b);
+    if (c->compute) cudaStreamSynchronize(c->compute);
+    if (c->copy) cudaStreamSynchronize(c->copy);
+    free_layers(c);
+    if (c->classifier != c->tok_emb) cudaFree(c->classifier);
+    cudaFree(c->tok_emb);
+    cudaFree(c->final_norm);
+    float *acts[] = {c->x, c->xb, c->xb2, c->q,   c->k,        c->v,
+                     c->o, c->hb, c->hb2, c->sel, c->rope_cos, c->rope_sin};
+    for (float *p : acts) cudaFree(p);
+    cudaFree(c->d_rows);
+    cudaFreeHost(c->h_rows);
+    cudaFreeHost(c->h_meta.p);
+    cudaFree(c->d_meta.p);
+    cudaFree(c->d_scores.p);
+    cudaFreeHost(c->h_list.p);
+    cudaFree(c->d_list.p);
+    cudaFree(c->d_move_scratch.p);
+    cudaFreeHost(c->h_out.p);
+    free(c->stamp);
+    free(c->pass_start);
+    if (c->blas) cublasDestroy(c->blas);
+    if (c->meta_ready) cudaEventDestroy(c->meta_ready);
+    if (c->meta_free) cudaEventDestroy(c->meta_free);
+    if (c->attn_done) cudaEventDestroy(c->attn_done);
+    if (c->compute) cudaStreamDestroy(c->compute);
+    if (c->copy) cudaStreamDestroy(c->copy);
+    delete c;
+}
+
+int cuda_storage_alloc(kv_backend *b, kv_pool *p, kv_error *err) {
+    cuda_backend *c = cb(b);
+    size_t floats = (size_t)p->n_blocks * 2 * (size_t)p->block_size * (size_t)p->head_dim;
+    void *s = nullptr;
+    CK(cudaMalloc(&s, floats * sizeof(float)));
+    p->storage = s;
+    p->data = nullptr;
+    int slots = p->n_blocks * p->block_size;
+    if (slots > c->stamp_slots) {
+        int *st = static_cast<int *>(calloc((size_t)slots, sizeof(int)));
+        if (!st) return kv_fail(err, KV_EINTERNAL, "out of memory (CUDA backend move stamps)");
+        free(c->stamp);
+        c->stamp = st;
+        c->stamp_slots = slots;
+        c->stamp_gen = 1;
+    }
+    return KV_OK;
+}
+
+void cuda_storage_free(kv_backend *b, kv_pool *p) {
+    (void)b;
+    cudaFree(p->storage);
+    p->storage = nullptr;
+}
+
+float *storage(const kv_pool *p) {
+    return static_cast<float *>(p->storage);
+}
+
+int cuda_embed(kv_backend *b, const int *tokens, int rows, kv_error *err) {
+    cuda_backend *c = cb(b);
+    CK(cudaStreamSynchronize(c->compute)); /* h_rows may still feed an earlier copy */
+    memcpy(c->h_rows, tokens, (size_t)rows * sizeof(int));
+    CK(cudaMemcpyAsync(c->d_rows, c->h_rows, (size_t)rows * sizeof(int), cudaMemcpyHostToDevice,
+                       c->compute));
+    CK(kvcu::gather_rows(c->x, c->tok_emb, c->d_rows, rows, b->model->cfg.dim, c->compute));
+    return KV_OK;
+}
+
+int cuda_qkv(kv_backend *b, int layer, int rows, const int *pos, kv_error *err) {
+    cuda_backend *c = cb(b);
+    const kv_config *cfg = &b->model->cfg;
+    const dev_layer &w = c->layers[layer];
+    int dim = cfg->dim, hd = cfg->head_dim, H = cfg->n_heads, Hkv = cfg->n_kv_heads;
+    int qd = H * hd, kvd = Hkv * hd;
+    CK(cudaStreamSynchronize(c->compute));
+    memcpy(c->h_rows, pos, (size_t)rows * sizeof(int));
+    CK(cudaMemcpyAsync(c->d_rows, c->h_rows, (size_t)rows * sizeof(int), cudaMemcpyHostToDevice,
+                       c->compute));
+    CK(kvcu::rmsnorm(c->xb, c->x, nullptr, w.attn_norm, rows, dim, cfg->norm_eps, c->compute));
+    int rc = gemm(c, c->q, c->xb, w.wq, rows, dim, qd, err);
+    if (!rc) rc = gemm(c, c->k, c->xb, w.wk, rows, dim, kvd, err);
+    if (!rc) rc = gemm(c, c->v, c->xb, w.wv, rows, dim, kvd, err);
+    if (rc) return rc;
+    CK(kvcu::add_bias(c->q, w.bq, rows, qd, c->compute));
+    CK(kvcu::add_bias(c->k, w.bk, rows, kvd, c->compute));
+    CK(kvcu::add_bias(c->v, w.bv, rows, kvd, c->compute));
+    int layout = cfg->rope_layout == KV_ROPE_ADJACENT ? KV_K_ROPE_ADJACENT : KV_K_ROPE_HALF;
+    CK(kvcu::rope(c->q, rows, qd, H, hd, c->d_rows, c->rope_cos, c->rope_sin, layout, c->compute));
+    CK(kvcu::rope(c->k, rows, kvd, Hkv, hd, c->d_rows, c->rope_cos, c->rope_sin, layout,
+                  c->compute));
+    return KV_OK;
+}
+
+/* Stage a host list into the pinned list buffer and copy it to the device list buffer on the
+ * compute stream. */
+int stage_list(cuda_backend *c, const void *src, size_t bytes, kv_error *err) {
+    CK(cudaStreamSynchronize(c->compute)); /* the previous list's copy has finished */
+    int rc = grow_pinned(c->h_list, bytes, err);
+    if (!rc) rc = grow_dev(c->d_list, bytes, err);
+    if (rc) return rc;
+    memcpy(c->h_list.p, src, bytes);
+    CK(cudaMemcpyAsync(c->d_list.p, c->h_list.p, bytes, cudaMemcpyHostToDevice, c->compute));
+    return KV_OK;
+}
+
+int cuda_gather(kv_backend *b, kv_pool *p, const kv_move *moves, int n, kv_error *err) {
+    cuda_backend *c = cb(b);
+    if (n <= 0) return KV_OK;
+    if (n + 1 > c->pass_cap) {
+        int cap = n + 1;
+        int *ps = static_cast<int *>(realloc(c->pass_start, (size_t)cap * sizeof(int)));
+        if (!ps) return kv_fail(err, KV_EINTERNAL, "out of memory (CUDA backend gather)");
+        c->pass_start = ps;
+        c->pass_cap = cap;
+    }
+    if (c->stamp_gen > 0x3fffffff - n) { /* restart the generations before they overflow */
+        memset(c->stamp, 0, (size_t)c->stamp_slots * sizeof(int));
+        c->stamp_gen = 1;
+    }
+    const kv_k_move *mv = reinterpret_cast<const kv_k_move *>(moves);
+    int passes = kv_k_split_moves(mv, n, c->stamp, &c->stamp_gen, c->pass_start);
+    int rc = stage_list(c, moves, (size_t)n * sizeof(kv_move), err);
+    if (!rc) rc = grow_dev(c->d_move_scratch, (size_t)n * 2 * p->head_dim * sizeof(float), err);
+    if (rc) return rc;
+    const kv_k_move *dmv = static_cast<const kv_k_move *>(c->d_list.p);
+    for (int i = 0; i < passes; i++)
+        CK(kvcu::gather_pass(
+            storage(p), dmv + c->pass_start[i], c->pass_start[i + 1] - c->pass_start[i],
+            static_cast<float *>(c->d_move_scratch.p), p->head_dim, p->block_size, c->compute));
+    return KV_OK;
+}
+
+int cuda_cache_write(kv_backend *b, kv_pool *p, const kv_slot_write *w, int n, kv_error *err) {
+    cuda_backend *c = cb(b);
+    if (n <= 0) return KV_OK;
+    int rc = stage_list(c, w, (size_t)n * sizeof(kv_slot_write), err);
+    if (rc) return rc;
+    int kvd = b->model->cfg.n_kv_heads * p->head_dim;
+    CK(kvcu::cache_write(storage(p), static_cast<const kv_k_write *>(c->d_list.p), n, c->k, c->v,
+                         kvd, p->head_dim, p->block_size, c->compute));
+    return KV_OK;
+}
+
+int cuda_attention(kv_backend *b, const kv_pool *p, const kv_attn_task *tasks, int n_tasks,
+                   kv_error *err) {
+    cuda_backend *c = cb(b);
+    const kv_config *cfg = &b->model->cfg;
+    if (n_tasks <= 0) return KV_OK;
+    int bs = p->block_size, hd = cfg->head_dim, g = cfg->n_heads / cfg->n_kv_heads;
+    kv_k_meta_layout L;
+    kv_k_meta_plan(tasks, n_tasks, bs, &L);
+    /* the pinned buffer may still be the source of the previous step's copy */
+    CK(cudaEventSynchronize(c->meta_free));
+    int rc = grow_pinned(c->h_meta, L.total, err);
+    if (!rc) rc = grow_dev(c->d_meta, L.total, err);
+    if (!rc) rc = grow_dev(c->d_scores, (size_t)n_tasks * g * L.longest * sizeof(float), err);
+    if (rc) return rc;
+    kv_k_meta_pack(tasks, n_tasks, bs, &L, c->h_meta.p);
+    /* one mirror copy per step on the copy stream, after the previous step's attention has
+     * read the device buffer; compute waits for it */
+    size_t up = L.tracked ? L.total : L.o_acc;
+    CK(cudaStreamWaitEvent(c->copy, c->attn_done, 0));
+    CK(cudaMemcpyAsync(c->d_meta.p, c->h_meta.p, up, cudaMemcpyHostToDevice, c->copy));
+    CK(cudaEventRecord(c->meta_ready, c->copy));
+    CK(cudaEventRecord(c->meta_free, c->copy));
+    CK(cudaStreamWaitEvent(c->compute, c->meta_ready, 0));
+    char *d = static_cast<char *>(c->d_meta.p);
+    CK(kvcu::paged_attention(
+        storage(p), reinterpret_cast<const int *>(d + L.o_tab),
+        reinterpret_cast<const kv_k_attn_task *>(d), n_tasks,
+        reinterpret_cast<const int *>(d + L.o_pos), reinterpret_cast<float *>(d + L.o_acc),
+        reinterpret_cast<float *>(d + L.o_acc2), c->q, c->o, cfg->n_heads * hd, g, hd, bs,
+        static_cast<float *>(c->d_scores.p), L.longest, c->compute));
+    CK(cudaEventRecord(c->attn_done, c->compute));
+    if (!L.tracked) return KV_OK;
+    /* statistics back to the heads' host arrays, where the policies read them */
+    char *h = static_cast<char *>(c->h_meta.p);
+    CK(cudaMemcpyAsync(h + L.o_acc, d + L.o_acc, L.total - L.o_acc, cudaMemcpyDeviceToHost,
+                       c->compute));
+    CK(cudaStreamSynchronize(c->compute));
+    kv_k_meta_unpack_stats(tasks, n_tasks, &L, h);
+    return KV_OK;
+}
+
+/* Copy device activations to the pinned output buffer: n arrays of floats. */
+int to_host(cuda_backend *c, const float *const *src, const size_t *n, float **dst, int count,
+            kv_error *err) {
+    size_t total = 0;
+    for (int i = 0; i < count; i++) total += n[i];
+    CK(cudaStreamSynchronize(c->compute));
+    int rc = grow_pinned(c->h_out, total * sizeof(float), err);
+    if (rc) return rc;
+    float *h = static_cast<float *>(c->h_out.p);
+    for (int i = 0; i < count; i++) {
+        CK(cudaMemcpyAsync(h, src[i], n[i] * sizeof(float), cudaMemcpyDeviceToHost, c->compute));
+        dst[i] = h;
+        h += n[i];
+    }
+    CK(cudaStreamSynchronize(c->compute));
+    return KV_OK;
+}
+
+int cuda_out_residual(kv_backend *b, int layer, int rows, const kv_hooks *hooks, kv_error *err) {
+    cuda_backend *c = cb(b);
+    const kv_config *cfg = &b->model->cfg;
+    int dim = cfg->dim, qd = cfg->n_heads * cfg->head_dim, kvd = cfg->n_kv_heads * cfg->head_dim;
+    int rc = gemm(c, c->xb2, c->o, c->layers[layer].wo, rows, qd, dim, err);
+    if (rc) return rc;
+    if (hooks && hooks->after_attn) {
+        const float *src[4] = {c->x, c->o, c->v, c->xb2};
+        size_t n[4] = {(size_t)rows * dim, (size_t)rows * qd, (size_t)rows * kvd,
+                       (size_t)rows * dim};
+        float *h[4] = {nullptr, nullptr, nullptr, nullptr};
+        rc = to_host(c, src, n, h, 4, err);
+        if (rc) return rc;
+        hooks->after_attn(hooks->user, layer, rows, h[0], h[1], h[2], h[3]);
+    }
+    CK(kvcu::add(c->x, c->xb2, (size_t)rows * dim, c->compute));
+    return KV_OK;
+}
+
+int cuda_ffn(kv_backend *b, int layer, int rows, const kv_hooks *hooks, kv_error *err) {
+    cuda_backend *c = cb(b);
+    const kv_config *cfg = &b->model->cfg;
+    const dev_layer &w = c->layers[layer];
+    int dim = cfg->dim, hid = cfg->hidden_dim;
+    CK(kvcu::rmsnorm(c->xb, c->x, nullptr, w.ffn_norm, rows, dim, cfg->norm_eps, c->compute));
+    int rc = gemm(c, c->hb, c->xb, w.w_gate, rows, dim, hid, err);
+    if (!rc) rc = gemm(c, c->hb2, c->xb, w.w_up, rows, dim, hid, err);
+    if (rc) return rc;
+    CK(kvcu::swiglu(c->hb, c->hb2, (size_t)rows * hid, c->compute));
+    rc = gemm(c, c->xb, c->hb, w.w_down, rows, hid, dim, err);
+    if (rc) return rc;
+    CK(kvcu::add(c->x, c->xb, (size_t)rows * dim, c->compute));
+    if (hooks && hooks->after_block) {
+        const float *src[1] = {c->x};
+        size_t n[1] = {(size_t)rows * dim};
+        float *h[1] = {nullptr};
+        rc = to_host(c, src, n, h, 1, err);
+        if (rc) return rc;
+        hooks->after_block(hooks->user, layer, rows, h[0]);
+    }
+    return KV_OK;
+}
+
+int cuda_logits(kv_backend *b, const int *rows, int n_sel, float *out, kv_error *err) {
+    cuda_backend *c = cb(b);
+    const kv_model *m = b->model;
+    int dim = m->cfg.dim, V = m->cfg.vocab_size;
+    CK(cudaStreamSynchronize(c->compute));
+    memcpy(c->h_rows, rows, (size_t)n_sel * sizeof(int));
+    CK(cudaMemcpyAsync(c->d_rows, c->h_rows, (size_t)n_sel * sizeof(int), cudaMemcpyHostToDevice,
+                       c->compute));
+    CK(kvcu::rmsnorm(c->sel, c->x, c->d_rows, c->final_norm, n_sel, dim, m->cfg.norm_eps,
+                     c->compute));
+    /* the logits reuse the hidden buffers: [n_sel, vocab] fits hb when vocab <= hidden, else
+     * the scores buffer grown for it */
+    int rc = grow_dev(c->d_scores, (size_t)n_sel * V * sizeof(float), err);
+    if (rc) return rc;
+    float *dl = static_cast<float *>(c->d_scores.p);
+    rc = gemm(c, dl, c->sel, c->classifier, n_sel, dim, V, err);
+    if (rc) return rc;
+    CK(cudaMemcpyAsync(out, dl, (size_t)n_sel * V * sizeof(float), cudaMemcpyDeviceToHost,
+                       c->compute));
+    CK(cudaStreamSynchronize(c->compute));
+    return KV_OK;
+}
+
+const kv_backend_ops cuda_ops = {
+    "cuda",      cuda_destroy,     cuda_storage_alloc, cuda_storage_free, cuda_embed, cuda_qkv,
+    cuda_gather, cuda_cache_write, cuda_attention,     cuda_out_residual, cuda_ffn,   cuda_logits,
+};
+
+/* RoPE tables for positions 0..n_pos-1, cos/sin [n_pos, d_h/2], angle = pos *
+ * theta^(-2i/d_h) in double (Su et al. 2021): the arithmetic of the CPU's kv_op_rope_tables
+ * (runtime/ops.c), so both backends rotate by the same floats. */
+void rope_tables(const kv_config *c, int n_pos, float *cos_out, float *sin_out) {
+    size_t half = (size_t)c->head_dim / 2;
+    for (int p = 0; p < n_pos; p++)
+        for (size_t i = 0; i < half; i++) {
+            double freq = pow((double)c->rope_theta, -2.0 * (double)i / (double)c->head_dim);
+            double a = (double)p * freq;
+            cos_out[(size_t)p * half + i] = (float)cos(a);
+            sin_out[(size_t)p * half + i] = (float)sin(a);
+        }
+}
+
+int setup(cuda_backend *c, const kv_model *m, int max_rows, int max_ctx, kv_error *err) {
+    const kv_config *cfg = &m->cfg;
+    int n_dev = 0;
+    CK(cudaGetDeviceCount(&n_dev));
+    c->dev = 0;
+    CK(cudaSetDevice(c->dev));
+    CK(cudaStreamCreateWithFlags(&c->compute, cudaStreamNonBlocking));
+    CK(cudaStreamCreateWithFlags(&c->copy, cudaStreamNonBlocking));
+    CK(cudaEventCreateWithFlags(&c->meta_ready, cudaEventDisableTiming));
+    CK(cudaEventCreateWithFlags(&c->meta_free, cudaEventDisableTiming));
+    CK(cudaEventCreateWithFlags(&c->attn_done, cudaEventDisableTiming));
+    CK(cudaEventRecord(c->meta_free, c->copy));
+    CK(cudaEventRecord(c->attn_done, c->compute));
+    CKB(cublasCreate(&c->blas));
+    CKB(cublasSetStream(c->blas, c->compute));
+    CKB(cublasSetMathMode(c->blas, CUBLAS_PEDANTIC_MATH)); /* fp32 as on the CPU, no TF32 */
+    size_t dim = (size_t)cfg->dim, hd = (size_t)cfg->head_dim, qd = (size_t)cfg->n_heads * hd,
+           kvd = (size_t)cfg->n_kv_heads * hd, hid = (size_t)cfg->hidden_dim,
+           V = (size_t)cfg->vocab_size;
+    /* weights, once */
+    c->layers = static_cast<dev_layer *>(calloc((size_t)cfg->n_layers, sizeof(dev_layer)));
+    if (!c->layers) return kv_fail(err, KV_EINTERNAL, "out of memory (CUDA backend layers)");
+    for (int l = 0; l < cfg->n_layers; l++) {
+        const kv_layer_weights &w = m->layers[l];
+        dev_layer &d = c->layers[l];
+        int rc = upload(&d.attn_norm, w.attn_norm, dim, err);
+        if (!rc) rc = upload_weight(&d.wq, w.wq, qd, dim, err);
+        if (!rc) rc = upload_weight(&d.wk, w.wk, kvd, dim, err);
+        if (!rc) rc = upload_weight(&d.wv, w.wv, kvd, dim, err);
+        if (!rc) rc = upload_weight(&d.wo, w.wo, dim, qd, err);
+        if (!rc) rc = upload(&d.bq, w.bq, qd, err);
+        if (!rc) rc = upload(&d.bk, w.bk, kvd, err);
+        if (!rc) rc = upload(&d.bv, w.bv, kvd, err);
+        if (!rc) rc = upload(&d.ffn_norm, w.ffn_norm, dim, err);
+        if (!rc) rc = upload_weight(&d.w_gate, w.w_gate, hid, dim, err);
+        if (!rc) rc = upload_weight(&d.w_down, w.w_down, dim, hid, err);
+        if (!rc) rc = upload_weight(&d.w_up, w.w_up, hid, dim, err);
+        if (rc) return rc;
+    }
+    int rc = upload_weight(&c->tok_emb, m->tok_emb, V, dim, err);
+    if (!rc) rc = upload(&c->final_norm, m->final_norm, dim, err);
+    if (rc) return rc;
+    if (m->classifier.data == m->tok_emb.data)
+        c->classifier = c->tok_emb;
+    else if ((rc = upload_weight(&c->classifier, m->classifier, V, dim, err)))
+        return rc;
+    /* activations */
+    size_t R = (size_t)max_rows;
+    CK(cudaMalloc(&c->x, R * dim * sizeof(float)));
+    CK(cudaMalloc(&c->xb, R * dim * sizeof(float)));
+    CK(cudaMalloc(&c->xb2, R * dim * sizeof(float)));
+    CK(cudaMalloc(&c->sel, R * dim * sizeof(float)));
+    CK(cudaMalloc(&c->q, R * qd * sizeof(float)));
+    CK(cudaMalloc(&c->o, R * qd * sizeof(float)));
+    CK(cudaMalloc(&c->k, R * kvd * sizeof(float)));
+    CK(cudaMalloc(&c->v, R * kvd * sizeof(float)));
+    CK(cudaMalloc(&c->hb, R * hid * sizeof(float)));
+    CK(cudaMalloc(&c->hb2, R * hid * sizeof(float)));
+    CK(cudaMalloc(&c->d_rows, R * sizeof(int)));
+    CK(cudaHostAlloc(&c->h_rows, R * sizeof(int), cudaHostAllocDefault));
+    /* RoPE tables: the CPU's (kv_op_rope_tables arithmetic, computed in double) */
+    size_t half = hd / 2, nt = (size_t)max_ctx * half;
+    float *cs = static_cast<float *>(malloc(nt * sizeof(float)));
+    float *sn = static_cast<float *>(malloc(nt * sizeof(float)));
+    if (!cs || !sn) {
+        free(cs);
+        free(sn);
+        return kv_fail(err, KV_EINTERNAL, "out of memory (CUDA backend RoPE tables)");
+    }
+    rope_tables(cfg, max_ctx, cs, sn);
+    rc = upload(&c->rope_cos, cs, nt, err);
+    if (!rc) rc = upload(&c->rope_sin, sn, nt, err);
+    free(cs);
+    free(sn);
+    return rc;
+}
+
+} // namespace
+
+extern "C" int kv_backend_cuda_new(const struct kv_model *m, int max_rows, int max_ctx,
+                                   struct kv_backend **out, kv_error *err) {
+    *out = nullptr;
+    char why[256] = "";
+    if (kv_cuda_device_count(why) <= 0)
+        return kv_fail(err, KV_EINPUT, "--device cuda: no CUDA device here (%s); use --device cpu",
+                       why[0] ? why : "none found");
+    cuda_backend *c = new (std::nothrow) cuda_backend();
+    if (!c) return kv_fail(err, KV_EINTERNAL, "out of memory (CUDA backend)");
+    int rc = kv_backend_base_init(&c->base, &cuda_ops, m, KV_DEVICE_CUDA, max_rows, max_ctx, err);
+    if (rc) {
+        delete c;
+        return rc;
+    }
+    rc = setup(c, m, max_rows, max_ctx, err);
+    if (rc) {
+        kv_backend_free(&c->base);
+        return rc;
+    }
+    *out = &c->base;
+    return KV_OK;
+}

@@ -1,0 +1,43 @@
+/* Internal to cuda/: launchers of the layer kernels (cuda/kernels/kv_kernels.cuh) on a
+ * stream. Pointers are device pointers; shapes and semantics are those of the kernels. Each
+ * returns the launch's cudaError_t (cudaGetLastError after the launch), never exits.
+ * C++ only (nvcc); the C face of the CUDA backend is include/kvplan/kvcuda.h. */
+#ifndef KVPLAN_CUDA_KERNELS_H
+#define KVPLAN_CUDA_KERNELS_H
+
+#include "kernels/kv_tasks.h"
+
+#include <cuda_runtime.h>
+
+namespace kvcu {
+
+/* Threads per block of every kernel; a multiple of 32 as the kernels require. */
+constexpr int kThreads = 128;
+
+cudaError_t rmsnorm(float *out, const float *x, const int *idx, const float *w, int rows, int dim,
+                    float eps, cudaStream_t s);
+cudaError_t rope(float *x, int rows, int row_stride, int n_heads, int hd, const int *pos,
+                 const float *cos_t, const float *sin_t, int layout, cudaStream_t s);
+cudaError_t swiglu(float *gate, const float *up, size_t n, cudaStream_t s);
+cudaError_t add(float *x, const float *y, size_t n, cudaStream_t s);
+cudaError_t add_bias(float *y, const float *b, int rows, int n, cudaStream_t s);
+cudaError_t gather_rows(float *out, const float *src, const int *idx, int rows, int dim,
+                        cudaStream_t s);
+cudaError_t cache_write(float *pool, const kv_k_write *writes, int n, const float *k,
+                        const float *v, int kv_stride, int hd, int bs, cudaStream_t s);
+/* scratch: n_tasks * g * scratch_stride floats. */
+cudaError_t paged_attention(const float *pool, const int *tables, const kv_k_attn_task *tasks,
+                            int n_tasks, const int *pos, float *acc, float *acc2, const float *q,
+                            float *o, int q_stride, int g, int hd, int bs, float *scratch,
+                            int scratch_stride, cudaStream_t s);
+/* One pass of kv_k_split_moves: moves [n] (device), scratch n * 2 * hd floats. */
+cudaError_t gather_pass(float *pool, const kv_k_move *moves, int n, float *scratch, int hd, int bs,
+                        cudaStream_t s);
+/* dst[i] = (float)src[i] for F16 / BF16 weights (uploaded as they are, widened where an op
+ * needs fp32, e.g. the token embedding rows). */
+cudaError_t widen_f16(float *dst, const void *src, size_t n, cudaStream_t s);
+cudaError_t widen_bf16(float *dst, const void *src, size_t n, cudaStream_t s);
+
+} // namespace kvcu
+
+#endif

@@ -1,0 +1,103 @@
+/* The thin layer under kvplan's kernel bodies (cuda/kernels/kv_kernels.cuh): the same source
+ * compiles under nvcc for the device and under a C++ compiler for the host shim the tests use
+ * (tests/cuda_shim.hpp), which runs a kernel's grid on host threads.
+ *
+ * Kernel bodies use only these names for CUDA's built-ins:
+ *   KV_GLOBAL / KV_DEVICE          kernel / device-function qualifiers
+ *   kv_tid(), kv_bid(), kv_bid_y(), kv_bdim(), kv_gdim()   threadIdx.x, blockIdx.x,
+ *                                  blockIdx.y, blockDim.x, gridDim.x (blocks are 1-D)
+ *   KV_SHARED_ARRAY(T, name, n)    a fixed-size __shared__ array
+ *   KV_DYNAMIC_SHARED(T, name)     the launch's dynamic shared memory as T*
+ *   kv_syncthreads()               __syncthreads()
+ *   kv_shfl_xor(v, m), kv_shfl_down(v, d)   full-warp shuffles (__shfl_*_sync, mask all 32)
+ * Rules the kernels follow (and the shim enforces by deadlocking otherwise): blockDim.x is a
+ * multiple of 32; every thread of a block reaches every kv_syncthreads(); every lane of a
+ * warp reaches every shuffle.
+ *
+ * Under the shim, the file that includes the kernels must include tests/cuda_shim.hpp first
+ * (it defines KV_HOST_SHIM and the kv_shim_* functions used below).
+ */
+#ifndef KVPLAN_CUDA_KV_DEFS_CUH
+#define KVPLAN_CUDA_KV_DEFS_CUH
+
+#define KV_WARP 32
+
+#if defined(__CUDACC__)
+
+#define KV_GLOBAL __global__
+#define KV_DEVICE static __device__ __forceinline__
+#define kv_tid() ((int)threadIdx.x)
+#define kv_bid() ((int)blockIdx.x)
+#define kv_bid_y() ((int)blockIdx.y)
+#define kv_bdim() ((int)blockDim.x)
+#define kv_gdim() ((int)gridDim.x)
+#define KV_SHARED_ARRAY(T, name, n) __shared__ T name[n]
+#define KV_DYNAMIC_SHARED(T, name)                                                                 \
+    extern __shared__ __align__(16) unsigned char kv_dynamic_smem[];                               \
+    T *name = reinterpret_cast<T *>(kv_dynamic_smem)
+#define kv_syncthreads() __syncthreads()
+#define kv_shfl_xor(v, m) __shfl_xor_sync(0xffffffffu, (v), (m))
+#define kv_shfl_down(v, d) __shfl_down_sync(0xffffffffu, (v), (d))
+
+#elif defined(KV_HOST_SHIM)
+
+#include <math.h>
+
+#define KV_GLOBAL static inline
+#define KV_DEVICE static inline
+#define kv_tid() (kv_shim_self().tid)
+#define kv_bid() (kv_shim_self().bid)
+#define kv_bid_y() (kv_shim_self().bid_y)
+#define kv_bdim() (kv_shim_self().bdim)
+#define kv_gdim() (kv_shim_self().gdim)
+#define KV_SHARED_ARRAY(T, name, n)                                                                \
+    T *name = static_cast<T *>(kv_shim_static_shared(sizeof(T) * (n)))
+#define KV_DYNAMIC_SHARED(T, name) T *name = static_cast<T *>(kv_shim_dynamic_shared())
+#define kv_syncthreads() kv_shim_syncthreads()
+#define kv_shfl_xor(v, m) kv_shim_shfl_xor((v), (m))
+#define kv_shfl_down(v, d) kv_shim_shfl_down((v), (d))
+
+#else
+#error "cuda/kernels/kv_defs.cuh: compile with nvcc, or include tests/cuda_shim.hpp first"
+#endif
+
+/* ---- reductions shared by the kernels (fixed order: the same result on every run) ---- */
+
+/* Sum over the 32 lanes of a warp; every lane receives the same value (butterfly). */
+template <typename T> KV_DEVICE T kv_warp_sum(T v) {
+    for (int m = KV_WARP / 2; m > 0; m /= 2) v += kv_shfl_xor(v, m);
+    return v;
+}
+
+template <typename T> KV_DEVICE T kv_warp_max(T v) {
+    for (int m = KV_WARP / 2; m > 0; m /= 2) {
+        T o = kv_shfl_xor(v, m);
+        v = o > v ? o : v;
+    }
+    return v;
+}
+
+/* Sum over the whole block; every thread receives the same value. `red` is shared scratch of
+ * at least blockDim.x / 32 elements; the leading barrier lets callers reuse it back to back.
+ * The warp totals are added in warp order by every thread, so the result is reproducible. */
+template <typename T> KV_DEVICE T kv_block_sum(T v, T *red) {
+    v = kv_warp_sum(v);
+    kv_syncthreads();
+    if ((kv_tid() & (KV_WARP - 1)) == 0) red[kv_tid() / KV_WARP] = v;
+    kv_syncthreads();
+    T t = red[0];
+    for (int w = 1; w < kv_bdim() / KV_WARP; w++) t += red[w];
+    return t;
+}
+
+template <typename T> KV_DEVICE T kv_block_max(T v, T *red) {
+    v = kv_warp_max(v);
+    kv_syncthreads();
+    if ((kv_tid() & (KV_WARP - 1)) == 0) red[kv_tid() / KV_WARP] = v;
+    kv_syncthreads();
+    T t = red[0];
+    for (int w = 1; w < kv_bdim() / KV_WARP; w++) t = red[w] > t ? red[w] : t;
+    return t;
+}
+
+#endif

@@ -1,0 +1,308 @@
+/* KVPR executor on a CUDA device (include/kvplan/kvcuda.h; KVPR, Jiang et al., §3.2-3.3, Eq.
+ * 6-11): the device half of runtime/kvpr_exec.c's rebuild. For each offloaded layer (host
+ * memory, kv_kvpr_layer) with split l over s' tokens:
+ *   copy stream:    K[l:s'], V[l:s'] host -> device (Eq. 6, M_KV = 2 (s' - l) h_kv p bytes),
+ *   compute stream: X[0:l] host -> device, K[0:l] = X W_K^T (+ b_K, RoPE at 0..l-1),
+ *                   V[0:l] = X W_V^T (+ b_V) (Eq. 7; cublasGemmEx FP32),
+ * ordered by events: the result download waits for both. Layers are double-buffered: layer
+ * i uses buffer set i % 2, so layer i+1's transfer and recomputation are queued while layer i
+ * is still in flight; a set is refilled only after its previous layer's download finished.
+ * t_transfer and t_recompute are the CUDA events' elapsed times around each part (Eq. 9 and
+ * M_KV / v_com), t_total the host wall time of the call divided evenly over the layers.
+ * Nothing here runs on a machine without a device; the conformance suite compares it with
+ * kv_kvpr_rebuild on a GPU. */
+#include "kernels.h"
+
+#include "kvplan/kvcuda.h"
+#include "kvplan/quant.h"
+#include "kvplan/kvpr_exec.h"
+#include "kvplan/model.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <math.h>
+#include <new>
+#include <stdlib.h>
+#include <string.h>
+
+namespace {
+
+struct kset {                   /* one buffer set */
+    float *d_x, *d_k, *d_v;     /* [max_ctx, dim], [max_ctx, kvw] x 2 */
+    float *h_x, *h_k, *h_v;     /* pinned staging, same sizes */
+    cudaEvent_t c0, c1, r0, r1; /* copy start/end, recompute start/end */
+    cudaEvent_t free_ev;        /* the download that last used this set finished */
+    int layer;                  /* index in the caller's array whose timings are pending, or -1 */
+};
+
+} // namespace
+
+struct kv_cuda_kvpr {
+    const kv_model *m;
+    int max_ctx;
+    cudaStream_t compute, copy;
+    cublasHandle_t blas;
+    float **wk, **wv, **bk, **bv; /* [n_layers] device weights (b* may be NULL) */
+    float *rope_cos, *rope_sin;   /* [max_ctx, d_h / 2] */
+    int *d_pos;                   /* 0 .. max_ctx - 1 */
+    kset set[2];
+};
+
+namespace {
+
+int fail(kv_error *err, cudaError_t e, const char *what) {
+    return kv_fail(err, KV_EINTERNAL, "CUDA KVPR: %s: %s", what, cudaGetErrorString(e));
+}
+
+#define CK(call)                                                                                   \
+    do {                                                                                           \
+        cudaError_t e_ = (call);                                                                   \
+        if (e_ != cudaSuccess) return fail(err, e_, #call);                                        \
+    } while (0)
+
+int up(float **dst, const float *src, size_t n, kv_error *err) {
+    *dst = nullptr;
+    if (!src) return KV_OK;
+    CK(cudaMalloc(dst, n * sizeof(float)));
+    CK(cudaMemcpy(*dst, src, n * sizeof(float), cudaMemcpyHostToDevice));
+    return KV_OK;
+}
+
+/* Elapsed seconds between two recorded events. */
+double secs(cudaEvent_t a, cudaEvent_t b) {
+    float ms = 0.0f;
+    return cudaEventElapsedTime(&ms, a, b) == cudaSuccess ? ms * 1e-3 : NAN;
+}
+
+void fill_timing(const kv_cuda_kvpr *e, const kset &s, const kv_kvpr_layer &lc, kv_kvpr_timing *t) {
+    const kv_config *c = &e->m->cfg;
+    double p = (double)sizeof(float), l = lc.split, h = c->dim, hkv = lc.kv_width;
+    t->t_transfer = lc.split < lc.seq ? secs(s.c0, s.c1) : 0.0;
+    t->t_recompute = lc.split > 0 ? secs(s.r0, s.r1) : 0.0;
+    t->bytes_activations = l * h * p;
+    t->bytes_kv = 2.0 * (lc.seq - lc.split) * hkv * p;
+    t->flops = 4.0 * l * h * hkv;
+}
+
+} // namespace
+
+extern "C" void kv_cuda_kvpr_free(kv_cuda_kvpr *e) {
+    if (!e) return;
+    if (e->compute) cudaStreamSynchronize(e->compute);
+    if (e->copy) cudaStreamSynchronize(e->copy);
+    int L = e->m->cfg.n_layers;
+    for (int l = 0; l < L; l++) {
+        if (e->wk) cudaFree(e->wk[l]);
+        if (e->wv) cudaFree(e->wv[l]);
+        if (e->bk) cudaFree(e->bk[l]);
+        if (e->bv) cudaFree(e->bv[l]);
+    }
+    free(e->wk);
+    free(e->wv);
+    free(e->bk);
+    free(e->bv);
+    cudaFree(e->rope_cos);
+    cudaFree(e->rope_sin);
+    cudaFree(e->d_pos);
+    for (kset &s : e->set) {
+        cudaFree(s.d_x);
+        cudaFree(s.d_k);
+        cudaFree(s.d_v);
+        cudaFreeHost(s.h_x);
+        cudaFreeHost(s.h_k);
+        cudaFreeHost(s.h_v);
+        cudaEvent_t evs[5] = {s.c0, s.c1, s.r0, s.r1, s.free_ev};
+        for (cudaEvent_t ev : evs)
+            if (ev) cudaEventDestroy(ev);
+    }
+    if (e->blas) cublasDestroy(e->blas);
+    if (e->compute) cudaStreamDestroy(e->compute);
+    if (e->copy) cudaStreamDestroy(e->copy);
+    delete e;
+}
+
+namespace {
+
+int setup(kv_cuda_kvpr *e, kv_error *err) {
+    const kv_config *c = &e->m->cfg;
+    int L = c->n_layers, hd = c->head_dim;
+    size_t dim = (size_t)c->dim, kvw = (size_t)c->n_kv_heads * hd, ctx = (size_t)e->max_ctx;
+    CK(cudaStreamCreateWithFlags(&e->compute, cudaStreamNonBlocking));
+    CK(cudaStreamCreateWithFlags(&e->copy, cudaStreamNonBlocking));
+    if (cublasCreate(&e->blas) != CUBLAS_STATUS_SUCCESS ||
+        cublasSetStream(e->blas, e->compute) != CUBLAS_STATUS_SUCCESS ||
+        cublasSetMathMode(e->blas, CUBLAS_PEDANTIC_MATH) != CUBLAS_STATUS_SUCCESS)
+        return kv_fail(err, KV_EINTERNAL, "CUDA KVPR: cuBLAS initialisation failed");
+    e->wk = static_cast<float **>(calloc((size_t)L, sizeof(float *)));
+    e->wv = static_cast<float **>(calloc((size_t)L, sizeof(float *)));
+    e->bk = static_cast<float **>(calloc((size_t)L, sizeof(float *)));
+    e->bv = static_cast<float **>(calloc((size_t)L, sizeof(float *)));
+    if (!e->wk || !e->wv || !e->bk || !e->bv)
+        return kv_fail(err, KV_EINTERNAL, "out of memory (CUDA KVPR weights)");
+    for (int l = 0; l < L; l++) {
+        const kv_layer_weights &w = e->m->layers[l];
+        float *hk = nullptr, *hv = nullptr;
+        int rc = kv_weight_to_f32(w.wk, kvw, dim, &hk, err);
+        if (!rc) rc = kv_weight_to_f32(w.wv, kvw, dim, &hv, err);
+        if (!rc) rc = up(&e->wk[l], hk, kvw * dim, err);
+        if (!rc) rc = up(&e->wv[l], hv, kvw * dim, err);
+        free(hk);
+        free(hv);
+        if (!rc) rc = up(&e->bk[l], w.bk, kvw, err);
+        if (!rc) rc = up(&e->bv[l], w.bv, kvw, err);
+        if (rc) return rc;
+    }
+    /* RoPE tables as the CPU computes them (kv_op_rope_tables: double angles, float tables) */
+    size_t half = (size_t)hd / 2, nt = ctx * half;
+    float *cs = static_cast<float *>(malloc(nt * sizeof(float)));
+    float *sn = static_cast<float *>(malloc(nt * sizeof(float)));
+    int *pos = static_cast<int *>(malloc(ctx * sizeof(int)));
+    if (!cs || !sn || !pos) {
+        free(cs);
+        free(sn);
+        free(pos);
+        return kv_fail(err, KV_EINTERNAL, "out of memory (CUDA KVPR RoPE tables)");
+    }
+    for (size_t p = 0; p < ctx; p++) {
+        pos[p] = (int)p;
+        for (size_t i = 0; i < half; i++) {
+            double a = (double)p * pow((double)c->rope_theta, -2.0 * (double)i / (double)hd);
+            cs[p * half + i] = (float)cos(a);
+            sn[p * half + i] = (float)sin(a);
+        }
+    }
+    int rc = up(&e->rope_cos, cs, nt, err);
+    if (!rc) rc = up(&e->rope_sin, sn, nt, err);
+    if (!rc) {
+        cudaError_t ce = cudaMalloc(&e->d_pos, ctx * sizeof(int));
+        if (ce == cudaSuccess)
+            ce = cudaMemcpy(e->d_pos, pos, ctx * sizeof(int), cudaMemcpyHostToDevice);
+        if (ce != cudaSuccess) rc = fail(err, ce, "positions");
+    }
+    free(cs);
+    free(sn);
+    free(pos);
+    if (rc) return rc;
+    for (kset &s : e->set) {
+        s.layer = -1;
+        CK(cudaMalloc(&s.d_x, ctx * dim * sizeof(float)));
+        CK(cudaMalloc(&s.d_k, ctx * kvw * sizeof(float)));
+        CK(cudaMalloc(&s.d_v, ctx * kvw * sizeof(float)));
+        CK(cudaHostAlloc(&s.h_x, ctx * dim * sizeof(float), cudaHostAllocDefault));
+        CK(cudaHostAlloc(&s.h_k, ctx * kvw * sizeof(float), cudaHostAllocDefault));
+        CK(cudaHostAlloc(&s.h_v, ctx * kvw * sizeof(float), cudaHostAllocDefault));
+        CK(cudaEventCreate(&s.c0));
+        CK(cudaEventCreate(&s.c1));
+        CK(cudaEventCreate(&s.r0));
+        CK(cudaEventCreate(&s.r1));
+        CK(cudaEventCreateWithFlags(&s.free_ev, cudaEventDisableTiming));
+        CK(cudaEventRecord(s.free_ev, e->compute));
+    }
+    return KV_OK;
+}
+
+/* y[rows, out] = x[rows, in] W^T, W [out, in] row-major (see cuda/backend_cuda.cu). */
+int gemm(kv_cuda_kvpr *e, float *y, const float *x, const float *w, int rows, int in, int out,
+         kv_error *err) {
+    const float one = 1.0f, zero = 0.0f;
+    cublasStatus_t s = cublasGemmEx(e->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, rows, in, &one, w,
+                                    CUDA_R_32F, in, x, CUDA_R_32F, in, &zero, y, CUDA_R_32F, out,
+                                    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    if (s != CUBLAS_STATUS_SUCCESS)
+        return kv_fail(err, KV_EINTERNAL, "CUDA KVPR: cublasGemmEx: %s", cublasGetStatusString(s));
+    return KV_OK;
+}
+
+} // namespace
+
+extern "C" int kv_cuda_kvpr_new(const struct kv_model *m, int max_ctx, kv_cuda_kvpr **out,
+                                kv_error *err) {
+    *out = nullptr;
+    char why[256] = "";
+    if (kv_cuda_device_count(why) <= 0)
+        return kv_fail(err, KV_EINPUT, "CUDA KVPR: no CUDA device here (%s)",
+                       why[0] ? why : "none found");
+    if (max_ctx < 1) return kv_fail(err, KV_EINPUT, "CUDA KVPR: max_ctx must be at least 1");
+    kv_cuda_kvpr *e = new (std::nothrow) kv_cuda_kvpr();
+    if (!e) return kv_fail(err, KV_EINTERNAL, "out of memory (CUDA KVPR)");
+    e->m = m;
+    e->max_ctx = max_ctx;
+    int rc = setup(e, err);
+    if (rc) {
+        kv_cuda_kvpr_free(e);
+        return rc;
+    }
+    *out = e;
+    return KV_OK;
+}
+
+extern "C" int kv_cuda_kvpr_rebuild(kv_cuda_kvpr *e, const struct kv_kvpr_layer *layers, int n,
+                                    float *const *k_out, float *const *v_out,
+                                    struct kv_kvpr_timing *t, kv_error *err) {
+    const kv_config *c = &e->m->cfg;
+    int dim = c->dim, hd = c->head_dim, Hkv = c->n_kv_heads, kvw = Hkv * hd;
+    for (int i = 0; i < n; i++) { /* check everything before queuing anything */
+        const kv_kvpr_layer &lc = layers[i];
+        if (lc.layer < 0 || lc.layer >= c->n_layers || lc.dim != dim || lc.kv_width != kvw ||
+            lc.split < 0 || lc.split > lc.seq || lc.seq > e->max_ctx || (lc.split > 0 && !lc.x) ||
+            (lc.split < lc.seq && (!lc.k || !lc.v)) || !k_out[i] || !v_out[i])
+            return kv_fail(err, KV_EINPUT,
+                           "CUDA KVPR: layer entry %d is inconsistent with the model or the "
+                           "executor (layer %d, split %d of %d, max %d)",
+                           i, lc.layer, lc.split, lc.seq, e->max_ctx);
+    }
+    double t0 = kv_now();
+    int layout = c->rope_layout == KV_ROPE_ADJACENT ? KV_K_ROPE_ADJACENT : KV_K_ROPE_HALF;
+    for (int i = 0; i < n; i++) {
+        const kv_kvpr_layer &lc = layers[i];
+        kset &s = e->set[i % 2];
+        int l = lc.split, tail = lc.seq - lc.split;
+        /* the set's previous layer has been downloaded: its timings are final */
+        CK(cudaEventSynchronize(s.free_ev));
+        if (s.layer >= 0 && t) fill_timing(e, s, layers[s.layer], &t[s.layer]);
+        s.layer = i;
+        memcpy(s.h_x, lc.x, (size_t)l * dim * sizeof(float));
+        memcpy(s.h_k, lc.k, (size_t)tail * kvw * sizeof(float));
+        memcpy(s.h_v, lc.v, (size_t)tail * kvw * sizeof(float));
+        /* copy stream: the transferred part K, V [l:s'] */
+        CK(cudaEventRecord(s.c0, e->copy));
+        CK(cudaMemcpyAsync(s.d_k + (size_t)l * kvw, s.h_k, (size_t)tail * kvw * sizeof(float),
+                           cudaMemcpyHostToDevice, e->copy));
+        CK(cudaMemcpyAsync(s.d_v + (size_t)l * kvw, s.h_v, (size_t)tail * kvw * sizeof(float),
+                           cudaMemcpyHostToDevice, e->copy));
+        CK(cudaEventRecord(s.c1, e->copy));
+        /* compute stream: the recomputed part K, V [0:l] */
+        CK(cudaMemcpyAsync(s.d_x, s.h_x, (size_t)l * dim * sizeof(float), cudaMemcpyHostToDevice,
+                           e->compute));
+        CK(cudaEventRecord(s.r0, e->compute));
+        if (l > 0) {
+            int rc = gemm(e, s.d_k, s.d_x, e->wk[lc.layer], l, dim, kvw, err);
+            if (!rc) rc = gemm(e, s.d_v, s.d_x, e->wv[lc.layer], l, dim, kvw, err);
+            if (rc) return rc;
+            CK(kvcu::add_bias(s.d_k, e->bk[lc.layer], l, kvw, e->compute));
+            CK(kvcu::add_bias(s.d_v, e->bv[lc.layer], l, kvw, e->compute));
+            CK(kvcu::rope(s.d_k, l, kvw, Hkv, hd, e->d_pos, e->rope_cos, e->rope_sin, layout,
+                          e->compute));
+        }
+        CK(cudaEventRecord(s.r1, e->compute));
+        /* join: the merged K, V [0:s'] back to the caller */
+        CK(cudaStreamWaitEvent(e->compute, s.c1, 0));
+        CK(cudaMemcpyAsync(k_out[i], s.d_k, (size_t)lc.seq * kvw * sizeof(float),
+                           cudaMemcpyDeviceToHost, e->compute));
+        CK(cudaMemcpyAsync(v_out[i], s.d_v, (size_t)lc.seq * kvw * sizeof(float),
+                           cudaMemcpyDeviceToHost, e->compute));
+        CK(cudaEventRecord(s.free_ev, e->compute));
+    }
+    CK(cudaStreamSynchronize(e->compute));
+    CK(cudaStreamSynchronize(e->copy));
+    for (kset &s : e->set)
+        if (s.layer >= 0) {
+            if (t) fill_timing(e, s, layers[s.layer], &t[s.layer]);
+            s.layer = -1;
+        }
+    double wall = kv_now() - t0;
+    if (t)
+        for (int i = 0; i < n; i++) t[i].t_total = wall / n;
+    return KV_OK;
+}

@@ -1,0 +1,653 @@
+/* The CUDA backend's kernel bodies (cuda/kernels/kv_kernels.cuh), run on this machine through
+ * the host shim (tests/cuda_shim.hpp: each block's threads on host threads, shared memory,
+ * barriers and warp shuffles), compared with the CPU backend at small sizes on real inputs:
+ * activations of stories260K (adjacent RoPE, d_h 8, GQA g = 2) and TinyStories-656K (Hugging
+ * Face, half RoPE, d_h 16), text from tinystories_val_head.txt.
+ *
+ * What each comparison expects:
+ *  - row gather, bias, cache write, KV gather: exact (pure copies or one addition).
+ *  - RMSNorm, RoPE, SwiGLU: the same float expressions as runtime/ops.c; a relative 1e-6
+ *    bound leaves room for libm's expf and the double sum's association.
+ *  - attention: the kernel sums q.k with a warp butterfly and the softmax with a block tree,
+ *    the CPU left to right. A score's rounding (~1e-7 of |q||k|, scores reach ~30 here) moves
+ *    its weight by that much relatively, so outputs are bounded by 1e-5 of the step's largest
+ *    output (measured: <= 3e-6), statistics within 1e-5 absolute (weights <= 1 summed over a
+ *    few dozen queries; measured <= 4e-6).
+ * Each launch uses blocks of 32, 64 or 96 threads so the reductions cross warps. */
+#include "cuda_shim.hpp"
+
+#include "../cuda/kernels/kv_kernels.cuh"
+
+extern "C" {
+#include "kvplan/kvcache.h"
+#include "kvplan/model.h"
+#include "kvplan/tokenizer.h"
+#include "runtime/ops.h"
+#include "testutil.h"
+}
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+/* The fp32 data of a weight of the (fp32) bundled llama2.c checkpoints. */
+static const float *f32(kv_weight w) {
+    return static_cast<const float *>(w.data);
+}
+
+namespace {
+
+const char *const M260 = "models/stories260K/stories260K.bin";
+const char *const TOK260 = "models/stories260K/tok512.bin";
+const char *const M656 = "models/tinystories-656k";
+const char *const TEXT = "text/tinystories_val_head.txt";
+
+kv_model *load(const char *rel) {
+    kv_model *m = nullptr;
+    kv_error err = {};
+    int rc = kv_model_load(tu_shared(rel), &m, &err);
+    if (rc) std::fprintf(stderr, "%s: %s\n", rel, err.msg);
+    CU_ASSERT_FATAL(rc == KV_OK);
+    return m;
+}
+
+/* Token ids of the first `bytes` bytes of the validation text (stories260K's tokenizer,
+ * 512 pieces; ids_for folds them into another model's vocabulary). */
+std::vector<int> text_ids(size_t bytes) {
+    kv_tokenizer *t = nullptr;
+    kv_error err = {};
+    CU_ASSERT_FATAL(kv_tokenizer_load_llama2c(tu_shared(TOK260), 512, &t, &err) == KV_OK);
+    char *text = nullptr;
+    size_t len = 0;
+    CU_ASSERT_FATAL(kv_read_file(tu_shared(TEXT), &text, &len, &err) == KV_OK);
+    if (len > bytes) len = bytes;
+    int *ids = nullptr, n = 0;
+    CU_ASSERT_FATAL(kv_tokenizer_encode(t, text, len, 1, &ids, &n, &err) == KV_OK);
+    std::vector<int> out(ids, ids + n);
+    std::free(ids);
+    std::free(text);
+    kv_tokenizer_free(t);
+    return out;
+}
+
+/* Token ids valid for any model: the text's ids folded into its vocabulary. */
+std::vector<int> ids_for(const kv_model *m, const std::vector<int> &ids) {
+    std::vector<int> out(ids);
+    for (int &t : out) t %= m->cfg.vocab_size;
+    return out;
+}
+
+/* Embedding rows of `ids` then RMSNorm with layer 0's attention norm: real layer inputs. */
+std::vector<float> layer_input(const kv_model *m, const std::vector<int> &ids) {
+    int dim = m->cfg.dim;
+    std::vector<float> x(ids.size() * (size_t)dim), xb(x.size());
+    for (size_t r = 0; r < ids.size(); r++)
+        std::memcpy(&x[r * dim], f32(m->tok_emb) + (size_t)ids[r] * dim, sizeof(float) * dim);
+    kv_op_rmsnorm(xb.data(), x.data(), m->layers[0].attn_norm, (int)ids.size(), dim,
+                  m->cfg.norm_eps);
+    return xb;
+}
+
+int launch(int grid, int block, size_t shm, const std::function<void()> &body) {
+    int rc = kv_shim_launch(grid, 1, block, shm, body);
+    CU_ASSERT(rc == 0);
+    return rc;
+}
+
+/* Largest |a - b| / (|b| + floor) over n elements. */
+double max_rel(const float *a, const float *b, size_t n, double floor) {
+    double w = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        double d = std::fabs((double)a[i] - (double)b[i]) / (std::fabs((double)b[i]) + floor);
+        if (!(d <= w)) w = d; /* NaN propagates as a failure */
+    }
+    return w;
+}
+
+double max_abs(const float *a, const float *b, size_t n) {
+    double w = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        double d = std::fabs((double)a[i] - (double)b[i]);
+        if (!(d <= w)) w = d;
+    }
+    return w;
+}
+
+/* ---------------- elementwise and row kernels ---------------- */
+
+void test_rmsnorm() {
+    const char *models[2] = {M260, M656};
+    for (int mi = 0; mi < 2; mi++) {
+        kv_model *m = load(models[mi]);
+        std::vector<int> ids = ids_for(m, text_ids(400));
+        int rows = (int)ids.size(), dim = m->cfg.dim;
+        std::vector<float> x(ids.size() * (size_t)dim);
+        for (int r = 0; r < rows; r++)
+            std::memcpy(&x[(size_t)r * dim], f32(m->tok_emb) + (size_t)ids[r] * dim,
+                        sizeof(float) * dim);
+        const float *w = m->layers[m->cfg.n_layers - 1].ffn_norm;
+        float eps = m->cfg.norm_eps;
+        std::vector<float> want(x.size()), got(x.size(), NAN);
+        kv_op_rmsnorm(want.data(), x.data(), w, rows, dim, eps);
+        for (int block : {32, 96}) {
+            std::fill(got.begin(), got.end(), NAN);
+            launch(rows, block, 0,
+                   [&] { kv_k_rmsnorm(got.data(), x.data(), nullptr, w, dim, eps); });
+            double e = max_rel(got.data(), want.data(), got.size(), 1e-30);
+            std::printf("\n    rmsnorm %s dim %d rows %d block %d: max rel diff %.3g", models[mi],
+                        dim, rows, block, e);
+            CU_ASSERT(e <= 1e-6);
+        }
+        /* the logits form: only the rows idx[] (the last token of each sequence) */
+        int idx[3] = {rows - 1, 5, 0};
+        std::vector<float> sel(3 * (size_t)dim), ref(3 * (size_t)dim);
+        for (int r = 0; r < 3; r++)
+            kv_op_rmsnorm(&ref[(size_t)r * dim], &x[(size_t)idx[r] * dim], m->final_norm, 1, dim,
+                          eps);
+        launch(3, 64, 0, [&] { kv_k_rmsnorm(sel.data(), x.data(), idx, m->final_norm, dim, eps); });
+        CU_ASSERT(max_rel(sel.data(), ref.data(), sel.size(), 1e-30) <= 1e-6);
+        kv_model_free(m);
+    }
+}
+
+void test_rope_both_layouts() {
+    const char *models[2] = {M260, M656};
+    for (int mi = 0; mi < 2; mi++) {
+        kv_model *m = load(models[mi]);
+        const kv_config *c = &m->cfg;
+        std::vector<int> ids = ids_for(m, text_ids(300));
+        int rows = (int)ids.size(), hd = c->head_dim, H = c->n_heads, half = hd / 2;
+        int qd = H * hd, dim = c->dim;
+        std::vector<float> xb = layer_input(m, ids), q(ids.size() * (size_t)qd);
+        kv_op_matmul(q.data(), xb.data(), m->layers[0].wq, rows, dim, qd, nullptr);
+        int n_pos = 300 + rows;
+        std::vector<float> cs((size_t)n_pos * half), sn((size_t)n_pos * half);
+        kv_op_rope_tables(c, n_pos, cs.data(), sn.data());
+        std::vector<int> pos((size_t)rows);
+        for (int r = 0; r < rows; r++) pos[(size_t)r] = r % 2 ? 300 + r : r; /* near and far */
+        for (int layout = 0; layout < 2; layout++) {
+            std::vector<float> want(q), got(q);
+            for (int r = 0; r < rows; r++)
+                kv_op_rope_row(&want[(size_t)r * qd], H, hd, &cs[(size_t)pos[(size_t)r] * half],
+                               &sn[(size_t)pos[(size_t)r] * half], (kv_rope_layout)layout);
+            /* 3 blocks of 64 for rows * H * half pairs: the grid-stride loop wraps */
+            launch(3, 64, 0, [&] {
+                kv_k_rope(got.data(), rows, qd, H, hd, pos.data(), cs.data(), sn.data(), layout);
+            });
+            double e = max_rel(got.data(), want.data(), got.size(), 1e-6);
+            std::printf("\n    rope %s layout %s: max rel diff %.3g", models[mi],
+                        layout == KV_K_ROPE_ADJACENT ? "adjacent" : "half", e);
+            CU_ASSERT(e <= 1e-6);
+            CU_ASSERT(max_abs(got.data(), q.data(), q.size()) > 1e-3); /* it did rotate */
+        }
+        kv_model_free(m);
+    }
+}
+
+/* SwiGLU and the residual add, composed into the FFN sub-block with the CPU's GEMMs and
+ * compared with the CPU's kv_op_ffn_residual on every layer of stories260K. */
+void test_swiglu_residual_ffn() {
+    kv_model *m = load(M260);
+    const kv_config *c = &m->cfg;
+    std::vector<int> ids = text_ids(300);
+    int rows = (int)ids.size(), dim = c->dim, hid = c->hidden_dim;
+    std::vector<float> x0 = layer_input(m, ids);
+    for (int l = 0; l < c->n_layers; l++) {
+        const kv_layer_weights *w = &m->layers[l];
+        std::vector<float> want(x0), xb(x0.size()), hb((size_t)rows * hid), hb2(hb.size());
+        kv_op_ffn_residual(w, c, want.data(), xb.data(), hb.data(), hb2.data(), rows, nullptr);
+        std::vector<float> got(x0);
+        launch(rows, 64, 0, [&] {
+            kv_k_rmsnorm(xb.data(), got.data(), nullptr, w->ffn_norm, dim, c->norm_eps);
+        });
+        kv_op_matmul(hb.data(), xb.data(), w->w_gate, rows, dim, hid, nullptr);
+        kv_op_matmul(hb2.data(), xb.data(), w->w_up, rows, dim, hid, nullptr);
+        launch(4, 32, 0, [&] { kv_k_swiglu(hb.data(), hb2.data(), hb.size()); });
+        kv_op_matmul(xb.data(), hb.data(), w->w_down, rows, hid, dim, nullptr);
+        launch(2, 64, 0, [&] { kv_k_add(got.data(), xb.data(), got.size()); });
+        double e = max_rel(got.data(), want.data(), got.size(), 1e-6);
+        std::printf("\n    ffn layer %d (rmsnorm, swiglu, residual): max rel diff %.3g", l, e);
+        CU_ASSERT(e <= 1e-6);
+    }
+    kv_model_free(m);
+}
+
+void test_bias_and_gather() {
+    kv_model *m = load(M260);
+    std::vector<int> ids = text_ids(300);
+    int rows = (int)ids.size(), dim = m->cfg.dim;
+    /* gather: the embedding lookup of forward.c (memcpy of each token's row) */
+    std::vector<float> want(ids.size() * (size_t)dim), got(want.size(), NAN);
+    for (int r = 0; r < rows; r++)
+        std::memcpy(&want[(size_t)r * dim], f32(m->tok_emb) + (size_t)ids[(size_t)r] * dim,
+                    sizeof(float) * dim);
+    launch(rows, 32, 0, [&] { kv_k_gather_rows(got.data(), f32(m->tok_emb), ids.data(), dim); });
+    CU_ASSERT(std::memcmp(got.data(), want.data(), sizeof(float) * want.size()) == 0);
+    /* bias: stories260K has none; a real weight row serves as the bias vector */
+    const float *b = f32(m->layers[1].wq) + 3 * (size_t)dim;
+    std::vector<float> cpu(want), dev(want);
+    kv_op_add_bias(cpu.data(), b, rows, dim);
+    launch(3, 64, 0, [&] { kv_k_add_bias(dev.data(), b, rows, dim); });
+    CU_ASSERT(std::memcmp(cpu.data(), dev.data(), sizeof(float) * cpu.size()) == 0);
+    CU_ASSERT(std::memcmp(cpu.data(), want.data(), sizeof(float) * cpu.size()) != 0);
+    kv_model_free(m);
+}
+
+/* ---------------- paged KV: append, attention with statistics, compaction ---------------- */
+
+/* Real q, k, v of layer 0 for `ids` (RoPE at position t for token t), with the KV heads cut
+ * to n_kv (g = H / n_kv) by keeping the first n_kv of the model's KV heads. */
+struct qkv {
+    int T, H, n_kv, hd, g;
+    std::vector<float> q, k, v; /* [T, H*hd], [T, n_kv*hd] */
+};
+
+qkv real_qkv(const kv_model *m, const std::vector<int> &ids, int n_kv) {
+    const kv_config *c = &m->cfg;
+    qkv r;
+    r.T = (int)ids.size();
+    r.H = c->n_heads;
+    r.n_kv = n_kv;
+    r.hd = c->head_dim;
+    r.g = r.H / n_kv;
+    int dim = c->dim, qd = r.H * r.hd, mkvd = c->n_kv_heads * r.hd, half = r.hd / 2;
+    std::vector<float> xb = layer_input(m, ids), k((size_t)r.T * mkvd), v(k.size());
+    r.q.resize((size_t)r.T * qd);
+    kv_op_matmul(r.q.data(), xb.data(), m->layers[0].wq, r.T, dim, qd, nullptr);
+    kv_op_matmul(k.data(), xb.data(), m->layers[0].wk, r.T, dim, mkvd, nullptr);
+    kv_op_matmul(v.data(), xb.data(), m->layers[0].wv, r.T, dim, mkvd, nullptr);
+    std::vector<float> cs((size_t)r.T * half), sn(cs.size());
+    kv_op_rope_tables(c, r.T, cs.data(), sn.data());
+    for (int t = 0; t < r.T; t++) {
+        kv_op_rope_row(&r.q[(size_t)t * qd], r.H, r.hd, &cs[(size_t)t * half],
+                       &sn[(size_t)t * half], c->rope_layout);
+        kv_op_rope_row(&k[(size_t)t * mkvd], c->n_kv_heads, r.hd, &cs[(size_t)t * half],
+                       &sn[(size_t)t * half], c->rope_layout);
+    }
+    r.k.resize((size_t)r.T * n_kv * r.hd);
+    r.v.resize(r.k.size());
+    for (int t = 0; t < r.T; t++) {
+        std::memcpy(&r.k[(size_t)t * n_kv * r.hd], &k[(size_t)t * mkvd],
+                    sizeof(float) * n_kv * r.hd);
+        std::memcpy(&r.v[(size_t)t * n_kv * r.hd], &v[(size_t)t * mkvd],
+                    sizeof(float) * n_kv * r.hd);
+    }
+    return r;
+}
+
+/* CPU reference of one (sequence, KV head) attention step, the semantics of attend_task_hd in
+ * runtime/backend_cpu.c (whose activations are private to the CPU backend, so its op cannot be
+ * fed these q rows directly): query i of the n new ones attends entries 0 .. len - n + i;
+ * statistics per entry in query-head order. q/o rows of stride H*hd starting at row0. */
+void cpu_attend(kv_cache *c, kv_head *h, int j, int g, int hd, int n, const float *q, float *o,
+                int q_stride, int row0) {
+    const kv_pool *p = c->pool;
+    int base = h->len - n;
+    float inv = 1.0f / std::sqrt((float)hd);
+    std::vector<float> s((size_t)h->len);
+    for (int i = 0; i < n; i++) {
+        int n_ent = base + i + 1, qpos = h->pos[base + i];
+        for (int gh = 0; gh < g; gh++) {
+            const float *qq = q + (size_t)(row0 + i) * q_stride + (size_t)(j * g + gh) * hd;
+            float *oo = o + (size_t)(row0 + i) * q_stride + (size_t)(j * g + gh) * hd;
+            float mx = -INFINITY;
+            for (int e = 0; e < n_ent; e++) {
+                const float *kk = kv_head_k(p, h, e);
+                float dot = 0.0f;
+                for (int d = 0; d < hd; d++) dot += qq[d] * inv * kk[d];
+                s[(size_t)e] = dot;
+                mx = dot > mx ? dot : mx;
+            }
+            float sum = 0.0f;
+            for (int e = 0; e < n_ent; e++) sum += s[(size_t)e] = std::exp(s[(size_t)e] - mx);
+            for (int e = 0; e < n_ent; e++) s[(size_t)e] /= sum;
+            for (int d = 0; d < hd; d++) {
+                float a = 0.0f;
+                for (int e = 0; e < n_ent; e++) a += s[(size_t)e] * kv_head_v(p, h, e)[d];
+                oo[d] = a;
+            }
+            if (h->track_stats)
+                for (int e = 0; e < n_ent; e++) {
+                    float w = s[(size_t)e];
+                    h->acc[e] += w;
+                    if (qpos - h->pos[e] >= KV_K_L2_WINDOW) h->acc2[e] += w * w;
+                }
+        }
+    }
+}
+
+/* The device's view of a set of CPU caches at one step: the pool storage (copied before the
+ * step's writes), the block tables flattened, the entries' metadata flattened per task, one
+ * task per (sequence, KV head), and the step's cache writes. */
+struct mirror {
+    std::vector<float> pool, acc, acc2;
+    std::vector<int> pos, tables;
+    std::vector<kv_k_attn_task> tasks;
+    std::vector<kv_k_write> writes;
+};
+
+void mirror_tasks(mirror &d, const kv_pool *p, kv_cache *const *seqs, int n_seqs, int n) {
+    d.tables.clear();
+    d.tasks.clear();
+    d.pos.clear();
+    d.acc.clear();
+    d.acc2.clear();
+    d.writes.clear();
+    for (int s = 0; s < n_seqs; s++)
+        for (int j = 0; j < seqs[s]->n_kv_heads; j++) {
+            kv_head *h = kv_cache_head(seqs[s], 0, j);
+            kv_k_attn_task t = {
+                s * n, n, j, h->len, (int)d.tables.size(), (int)d.pos.size(), h->track_stats};
+            d.tables.insert(d.tables.end(), h->table, h->table + h->n_blocks);
+            d.pos.insert(d.pos.end(), h->pos, h->pos + h->len);
+            d.acc.insert(d.acc.end(), h->acc, h->acc + h->len);
+            d.acc2.insert(d.acc2.end(), h->acc2, h->acc2 + h->len);
+            d.tasks.push_back(t);
+            for (int i = 0; i < n; i++)
+                d.writes.push_back(kv_k_write{
+                    s * n + i, j, kv_slot_of_entry(h->table, h->len - n + i, p->block_size)});
+        }
+}
+
+/* Steps of (new tokens per sequence): a prefill block, decode, a second block, decode. */
+#if defined(__SANITIZE_ADDRESS__)
+/* Under ASan the shim switches fibers with swapcontext (a system call each): fewer steps, the
+ * same checks (evictions still happen: 13 tokens against budgets from 10). */
+const int kSteps[] = {6, 1, 1, 3, 1, 1};
+#else
+const int kSteps[] = {6, 1, 1, 3, 1, 1, 1, 5, 1, 1, 1, 1, 2, 1, 1, 1};
+#endif
+
+/* Three sequences of one layer on a shared pool (block size 4), unequal per-head budgets so
+ * the heads' tables differ in length and interleave in the pool, policy `pol`. Each step:
+ * CPU eviction (kv_head_make_room) and the CPU append and reference attention, against the
+ * cache-write and attention kernels on a mirror of the state after eviction. */
+void run_attention_case(const kv_model *m, int n_kv, kv_policy pol, int track, int block) {
+    qkv a = real_qkv(m, ids_for(m, text_ids(600)), n_kv);
+    const int n_seqs = 3, bs = 4, hd = a.hd, qd = a.H * hd, kvd = n_kv * hd;
+    kv_error err = {};
+    kv_pool pool;
+    CU_ASSERT_FATAL(kv_pool_init(&pool, 64, bs, hd, &err) == KV_OK);
+    kv_cache seqs[n_seqs];
+    kv_cache *sp[n_seqs];
+    for (int s = 0; s < n_seqs; s++) {
+        std::vector<int> budget((size_t)n_kv);
+        for (int j = 0; j < n_kv; j++) budget[(size_t)j] = 10 + 5 * ((s + 2 * j) % 4) + s;
+        CU_ASSERT_FATAL(kv_cache_init(&seqs[s], &pool, 1, n_kv, budget.data(), pol, &err) == KV_OK);
+        for (int j = 0; j < n_kv; j++) kv_cache_head(&seqs[s], 0, j)->track_stats = track;
+        sp[s] = &seqs[s];
+    }
+    size_t pool_floats = (size_t)pool.n_blocks * 2 * bs * hd;
+    int t_used = 0, checked = 0, steps = 0;
+    double worst_o = 0.0, worst_stat = 0.0;
+    for (int n : kSteps) {
+        int rows = n_seqs * n;
+        std::vector<float> q((size_t)rows * qd), k((size_t)rows * kvd), v(k.size());
+        for (int s = 0; s < n_seqs; s++)
+            for (int i = 0; i < n; i++) {
+                int r = s * n + i, tok = (t_used + i + 11 * s) % a.T;
+                std::memcpy(&q[(size_t)r * qd], &a.q[(size_t)tok * qd], sizeof(float) * qd);
+                std::memcpy(&k[(size_t)r * kvd], &a.k[(size_t)tok * kvd], sizeof(float) * kvd);
+                std::memcpy(&v[(size_t)r * kvd], &a.v[(size_t)tok * kvd], sizeof(float) * kvd);
+            }
+        /* eviction on the CPU (shared policy and schedule), storage snapshot, then append */
+        for (int s = 0; s < n_seqs; s++)
+            for (int j = 0; j < n_kv; j++)
+                CU_ASSERT_FATAL(kv_head_make_room(&seqs[s], kv_cache_head(&seqs[s], 0, j), n,
+                                                  seqs[s].n_past + n - 1, &err) == KV_OK);
+        mirror d;
+        d.pool.assign(pool.data, pool.data + pool_floats);
+        for (int s = 0; s < n_seqs; s++)
+            for (int j = 0; j < n_kv; j++)
+                for (int i = 0; i < n; i++) {
+                    size_t r = (size_t)(s * n + i);
+                    CU_ASSERT_FATAL(kv_head_append(&seqs[s], kv_cache_head(&seqs[s], 0, j),
+                                                   &k[r * kvd + (size_t)j * hd],
+                                                   &v[r * kvd + (size_t)j * hd], seqs[s].n_past + i,
+                                                   &err) == KV_OK);
+                }
+        mirror_tasks(d, &pool, sp, n_seqs, n);
+        int n_tasks = (int)d.tasks.size(), n_writes = (int)d.writes.size();
+        launch(2, block, 0, [&] {
+            kv_k_cache_write(d.pool.data(), d.writes.data(), n_writes, k.data(), v.data(), kvd, hd,
+                             bs);
+        });
+        /* the storage after the writes equals the CPU's, every slot */
+        CU_ASSERT(std::memcmp(d.pool.data(), pool.data, sizeof(float) * pool_floats) == 0);
+        int longest = 0;
+        for (const kv_k_attn_task &t : d.tasks) longest = t.len > longest ? t.len : longest;
+        std::vector<float> o_cpu((size_t)rows * qd, NAN), o_dev(o_cpu);
+        std::vector<float> scratch((size_t)n_tasks * a.g * longest);
+        for (int s = 0; s < n_seqs; s++)
+            for (int j = 0; j < n_kv; j++)
+                cpu_attend(&seqs[s], kv_cache_head(&seqs[s], 0, j), j, a.g, hd, n, q.data(),
+                           o_cpu.data(), qd, s * n);
+        launch(n_tasks, block, (size_t)a.g * hd * sizeof(float), [&] {
+            kv_k_paged_attention(d.pool.data(), d.tables.data(), d.tasks.data(), d.pos.data(),
+                                 d.acc.data(), d.acc2.data(), q.data(), o_dev.data(), qd, a.g, hd,
+                                 bs, scratch.data(), longest);
+        });
+        /* error against the step's largest output (a near-zero output is a cancellation) */
+        double omax = 0.0;
+        for (float x : o_cpu) omax = std::fmax(omax, std::fabs((double)x));
+        double eo = max_abs(o_dev.data(), o_cpu.data(), o_dev.size()) / omax;
+        worst_o = eo > worst_o ? eo : worst_o;
+        CU_ASSERT(eo <= 1e-5);
+        /* statistics within 1e-5 (untracked: both stay 0) */
+        for (const kv_k_attn_task &t : d.tasks) {
+            kv_head *h = kv_cache_head(&seqs[t.row0 / n], 0, t.kv_head);
+            for (int e = 0; e < t.len; e++) {
+                double ds = std::fabs(d.acc[(size_t)(t.meta_off + e)] - h->acc[e]);
+                ds = std::fmax(ds, std::fabs(d.acc2[(size_t)(t.meta_off + e)] - h->acc2[e]));
+                worst_stat = ds > worst_stat ? ds : worst_stat;
+                CU_ASSERT(ds <= 1e-5);
+                if (!track) CU_ASSERT(d.acc[(size_t)(t.meta_off + e)] == 0.0f && h->acc[e] == 0.0f);
+                checked++;
+            }
+        }
+        for (int s = 0; s < n_seqs; s++) seqs[s].n_past += n;
+        t_used += n;
+        steps++;
+    }
+    /* the budgets made the tables unequal and forced evictions */
+    int lens[2] = {kv_cache_head(&seqs[0], 0, 0)->len, kv_cache_head(&seqs[2], 0, n_kv - 1)->len};
+    CU_ASSERT(lens[0] != lens[1]);
+    CU_ASSERT(seqs[0].n_past > kv_cache_head(&seqs[0], 0, 0)->budget);
+    std::printf("\n    attention g=%d %s stats %s block %d: %d steps, %d entries checked, "
+                "max diff o %.3g of the largest output, max abs diff acc/acc2 %.3g",
+                a.g, kv_policy_name(pol), track ? "on" : "off", block, steps, checked, worst_o,
+                worst_stat);
+    for (int s = 0; s < n_seqs; s++) kv_cache_destroy(&seqs[s]);
+    kv_pool_destroy(&pool);
+}
+
+void test_attention_g2() {
+    kv_model *m = load(M260);
+    run_attention_case(m, 4, KV_POLICY_H2O, 1, 64);
+    run_attention_case(m, 4, KV_POLICY_SINK, 0, 32);
+    kv_model_free(m);
+}
+
+void test_attention_g4() {
+    kv_model *m = load(M260);
+    run_attention_case(m, 2, KV_POLICY_L2ATTN, 1, 96);
+    run_attention_case(m, 2, KV_POLICY_AVGATTN, 1, 32);
+    kv_model_free(m);
+}
+
+/* d_h 16 and the other RoPE layout (the K rows come from TinyStories-656K). */
+void test_attention_656k() {
+    kv_model *m = load(M656);
+    run_attention_case(m, 4, KV_POLICY_H2O, 1, 64);
+    kv_model_free(m);
+}
+
+/* The same launch twice gives the same bits (fixed-order reductions, no atomics). */
+void test_attention_reproducible() {
+    kv_model *m = load(M260);
+    qkv a = real_qkv(m, text_ids(600), 2);
+    const int bs = 4, hd = a.hd, n = 4, len = 37, qd = a.H * hd;
+    mirror d;
+    int n_blocks = kv_blocks_for(len, bs);
+    d.pool.assign((size_t)n_blocks * 2 * bs * hd, 0.0f);
+    for (int b = 0; b < n_blocks; b++) d.tables.push_back(n_blocks - 1 - b); /* reversed */
+    for (int e = 0; e < len; e++) {
+        int slot = kv_slot_of_entry(d.tables.data(), e, bs);
+        std::memcpy(&d.pool[kv_slot_k_offset(slot, bs, hd)], &a.k[(size_t)e * 2 * hd],
+                    sizeof(float) * hd);
+        std::memcpy(&d.pool[kv_slot_v_offset(slot, bs, hd)], &a.v[(size_t)e * 2 * hd],
+                    sizeof(float) * hd);
+        d.pos.push_back(e);
+    }
+    d.tasks.push_back(kv_k_attn_task{0, n, 1, len, 0, 0, 1});
+    std::vector<float> o1((size_t)n * qd, 0.0f), o2(o1), scratch((size_t)a.g * len);
+    std::vector<float> acc_first;
+    for (int run = 0; run < 2; run++) {
+        d.acc.assign((size_t)len, 0.0f);
+        d.acc2.assign((size_t)len, 0.0f);
+        launch(1, 64, (size_t)a.g * hd * sizeof(float), [&] {
+            kv_k_paged_attention(d.pool.data(), d.tables.data(), d.tasks.data(), d.pos.data(),
+                                 d.acc.data(), d.acc2.data(), &a.q[(size_t)(len - n) * qd],
+                                 run ? o2.data() : o1.data(), qd, a.g, hd, bs, scratch.data(), len);
+        });
+        if (run == 0) acc_first = d.acc;
+    }
+    CU_ASSERT(std::memcmp(o1.data(), o2.data(), sizeof(float) * o1.size()) == 0);
+    CU_ASSERT(std::memcmp(acc_first.data(), d.acc.data(), sizeof(float) * d.acc.size()) == 0);
+    /* each query's weights sum to 1 over g heads: the accumulated total is n * g */
+    double total = 0.0;
+    for (float x : d.acc) total += x;
+    CU_ASSERT(std::fabs(total - (double)n * a.g) <= 1e-4);
+    kv_model_free(m);
+}
+
+/* Run a move list through kv_k_split_moves and the two gather kernels per pass. */
+int shim_gather(std::vector<float> &pool, const std::vector<kv_k_move> &mv, int hd, int bs,
+                int n_slots) {
+    std::vector<int> stamp((size_t)n_slots, 0), start(mv.size() + 1);
+    int gen = 1;
+    int passes = kv_k_split_moves(mv.data(), (int)mv.size(), stamp.data(), &gen, start.data());
+    std::vector<float> scratch(mv.size() * 2 * hd);
+    for (int p = 0; p < passes; p++) {
+        const kv_k_move *pm = mv.data() + start[(size_t)p];
+        int n = start[(size_t)p + 1] - start[(size_t)p];
+        launch(3, 64, 0, [&] { kv_k_gather_read(pool.data(), pm, n, scratch.data(), hd, bs); });
+        launch(2, 32, 0, [&] { kv_k_gather_write(pool.data(), pm, n, scratch.data(), hd, bs); });
+    }
+    return passes;
+}
+
+/* Gather: the eviction schedule's move lists (kv_head_schedule_room: a policy's survivors
+ * moved forward through several heads' tables, interleaved in the pool) and a list with
+ * chains, repeats and swaps, against the CPU's kv_pool_apply_moves_host. */
+void test_gather() {
+    kv_model *m = load(M260);
+    qkv a = real_qkv(m, text_ids(600), 4);
+    const int bs = 4, hd = a.hd, n_kv = 4, kvd = n_kv * hd;
+    kv_error err = {};
+    kv_pool pool;
+    CU_ASSERT_FATAL(kv_pool_init(&pool, 96, bs, hd, &err) == KV_OK);
+    size_t pool_floats = (size_t)pool.n_blocks * 2 * bs * hd;
+    int n_slots = pool.n_blocks * bs, total_moves = 0;
+    const kv_policy pols[3] = {KV_POLICY_H2O, KV_POLICY_SINK, KV_POLICY_L2ATTN};
+    for (kv_policy pol : pols) {
+        kv_cache c;
+        CU_ASSERT_FATAL(kv_cache_init(&c, &pool, 1, n_kv, nullptr, pol, &err) == KV_OK);
+        /* fill the heads unevenly, interleaved so their blocks interleave in the pool */
+        int lens[n_kv] = {41, 29, 33, 18};
+        for (int t = 0; t < 41; t++)
+            for (int j = 0; j < n_kv; j++) {
+                if (t >= lens[j]) continue;
+                kv_head *h = kv_cache_head(&c, 0, j);
+                h->track_stats = 1;
+                CU_ASSERT_FATAL(kv_head_append(&c, h, &a.k[(size_t)t * kvd + j * hd],
+                                               &a.v[(size_t)t * kvd + j * hd], t, &err) == KV_OK);
+            }
+        /* statistics from real attention: every entry's row attends as a query */
+        for (int j = 0; j < n_kv; j++) {
+            kv_head *h = kv_cache_head(&c, 0, j);
+            std::vector<float> o((size_t)h->len * a.H * hd);
+            cpu_attend(&c, h, j, a.g, hd, h->len, a.q.data(), o.data(), a.H * hd, 0);
+        }
+        /* the schedule: each head keeps 3/5 of its entries for 4 new tokens */
+        kv_moves mv = {};
+        for (int j = 0; j < n_kv; j++) {
+            kv_head *h = kv_cache_head(&c, 0, j);
+            h->budget = h->len * 3 / 5 + 4;
+            CU_ASSERT_FATAL(kv_head_schedule_room(&c, h, 4, 44, &mv, &err) == KV_OK);
+        }
+        std::vector<kv_k_move> list;
+        for (int i = 0; i < mv.n; i++) list.push_back(kv_k_move{mv.v[i].src, mv.v[i].dst});
+        std::vector<float> dev(pool.data, pool.data + pool_floats);
+        kv_pool_apply_moves_host(&pool, mv.v, mv.n);
+        int passes = shim_gather(dev, list, hd, bs, n_slots);
+        CU_ASSERT(passes == 1); /* survivors move forward: one read-then-write pass */
+        CU_ASSERT(mv.n > 0);
+        CU_ASSERT(std::memcmp(dev.data(), pool.data, sizeof(float) * pool_floats) == 0);
+        total_moves += mv.n;
+        kv_moves_free(&mv);
+        kv_cache_destroy(&c);
+    }
+    /* chains (a slot written then read), repeats (a slot written twice), swaps */
+    std::vector<float> dev(pool.data, pool.data + pool_floats);
+    std::vector<kv_k_move> list = {{5, 9},   {9, 13},  {13, 5}, {7, 7},  {20, 21}, {22, 21},
+                                   {30, 31}, {31, 30}, {40, 2}, {2, 40}, {3, 4},   {4, 3}};
+    std::vector<kv_move> host;
+    for (const kv_k_move &x : list) host.push_back(kv_move{x.src, x.dst});
+    kv_pool_apply_moves_host(&pool, host.data(), (int)host.size());
+    int passes = shim_gather(dev, list, hd, bs, n_slots);
+    CU_ASSERT(passes > 1);
+    CU_ASSERT(std::memcmp(pool.data, dev.data(), sizeof(float) * pool_floats) == 0);
+    std::printf("\n    gather: h2o, sink, l2attn schedules (%d moves) in one pass each, exact; "
+                "a list of chains and swaps in %d passes, exact",
+                total_moves, passes);
+    kv_pool_destroy(&pool);
+    kv_model_free(m);
+}
+
+/* The shim itself: warp shuffles and block reductions give CUDA's answers. */
+void test_shim_primitives() {
+    std::vector<float> sums(96), maxes(96), downs(96), bsum(96);
+    launch(1, 96, 0, [&] {
+        int t = kv_tid();
+        sums[(size_t)t] = kv_warp_sum((float)t);
+        maxes[(size_t)t] = kv_warp_max((float)((t * 37) % 96));
+        downs[(size_t)t] = kv_shfl_down((float)t, 5);
+        KV_SHARED_ARRAY(float, red, 32);
+        bsum[(size_t)t] = kv_block_sum(1.0f + (float)t, red);
+    });
+    for (int t = 0; t < 96; t++) {
+        int w = t / 32, lane = t % 32;
+        float want_sum = 0, want_max = 0;
+        for (int l = 0; l < 32; l++) {
+            want_sum += (float)(w * 32 + l);
+            float x = (float)(((w * 32 + l) * 37) % 96);
+            want_max = x > want_max ? x : want_max;
+        }
+        CU_ASSERT(sums[(size_t)t] == want_sum);
+        CU_ASSERT(maxes[(size_t)t] == want_max);
+        CU_ASSERT(downs[(size_t)t] == (float)(lane + 5 < 32 ? t + 5 : t));
+        CU_ASSERT(bsum[(size_t)t] == 96.0f * 97.0f / 2.0f);
+    }
+    CU_ASSERT(kv_shim_launch(1, 1, 48, 0, [] {}) != 0); /* not a multiple of 32 */
+}
+
+} // namespace
+
+int main(void) {
+    static const tu_test tests[] = {
+        {"shim primitives (shuffles, block reductions)", test_shim_primitives},
+        {"rmsnorm kernel vs kv_op_rmsnorm", test_rmsnorm},
+        {"rope kernel, adjacent and half layouts, vs kv_op_rope_row", test_rope_both_layouts},
+        {"swiglu + residual kernels in the FFN vs kv_op_ffn_residual", test_swiglu_residual_ffn},
+        {"bias and row-gather kernels", test_bias_and_gather},
+        {"cache write + paged attention, g=2, unequal tables, stats on/off", test_attention_g2},
+        {"cache write + paged attention, g=4, l2attn/avgattn stats", test_attention_g4},
+        {"cache write + paged attention, TinyStories-656K d_h 16", test_attention_656k},
+        {"paged attention is reproducible, weights sum to 1", test_attention_reproducible},
+        {"gather (eviction move lists) vs the CPU", test_gather},
+    };
+    return tu_main("cuda_kernels", tests, sizeof tests / sizeof tests[0]);
+}
