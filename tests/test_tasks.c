@@ -144,10 +144,12 @@ static int ensure_profile(void) {
     return done;
 }
 
-/* The search arguments of the equality tests (small: 4 search chunks, 1 held-out chunk). */
+/* The search arguments of the equality tests (small: 4 search chunks, 1 held-out chunk). The
+ * BaKlaVa grid alone: its chunk evaluations are the tasks (the sensitivity stage runs alike on
+ * every rank and is not yet split into tasks). */
 static void search_args(char *buf, size_t cap, const char *extra, const char *out) {
     snprintf(buf, cap,
-             "search --model %s --tokenizer %s --profile %s --text %s --ratio 0.125 "
+             "search --model %s --tokenizer %s --profile %s --text %s --ratio 0.125 --allocation baklava "
              "--t-grid 0.6:0.9:0.1 --r-grid 0.2,0.5 --eval-tokens 2048 --heldout-tokens 512 "
              "--quiet %s -o %s",
              model(), tokenizer(), tu_tmp("profile.h5"), tu_shared("text/tinystories_val_head.txt"),
@@ -202,7 +204,7 @@ static void test_mpi_error(void) {
     fputs("old", f);
     fclose(f);
     snprintf(args, sizeof args,
-             "search --model %s --tokenizer %s --profile %s --text %s --ratio 0.125 "
+             "search --model %s --tokenizer %s --profile %s --text %s --ratio 0.125 --allocation baklava "
              "--eval-tokens 2048 --heldout-tokens 512 --quiet -o %s",
              model(), tokenizer(), tu_tmp("no-such-profile.h5"),
              tu_shared("text/tinystories_val_head.txt"), keep);
