@@ -20,6 +20,7 @@
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define KV_QUANT_X86 1
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -369,9 +370,12 @@ KV_AVX2 static void dequant_avx2(kv_dtype t, const uint8_t *p, float *dst, int64
 }
 #undef DEQUANT_F16
 
+/* AVX2, FMA and F16C. F16C is read from CPUID leaf 1 (ECX bit 29) because clang's
+ * __builtin_cpu_supports does not know "f16c". */
 static int have_avx2(void) {
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-           __builtin_cpu_supports("f16c");
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return 0;
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && ((c >> 29) & 1u);
 }
 #endif
 
@@ -894,6 +898,7 @@ void kv_qmatmul(float *y, const float *x, const void *w, kv_dtype wt, int rows, 
     }
     dot_fn f = pick_dot(wt);
     int par = (size_t)out * (size_t)in * (size_t)rows >= KV_QPAR_MIN;
+    (void)par; /* used by the pragma only when OpenMP is on */
 #pragma omp parallel for schedule(static) if (par)
     for (int o = 0; o < out; o++)
         for (int r = 0; r < rows; r++)

@@ -1,5 +1,5 @@
 /* libFuzzer target: kvplan's readers of its own HDF5 files (runtime/h5io.c and its users):
- * kv_h5_open_read, the plan budget reader (kv_plan_budget_read), the planner's profile reader
+ * kv_h5_open_read, the plan reader and validator (kv_plan_read), the planner's profile reader
  * (kv_profile_inputs_read, for a 2-layer, 2-KV-head model) and the whole of `kvplan inspect`
  * (ki_load, text and JSON output to /dev/null).
  *
@@ -16,6 +16,7 @@
 #include "../../cli/inspect.h"
 #include "fuzz_util.h"
 #include "kvplan/h5io.h"
+#include "kvplan/plan.h"
 #include "kvplan/search.h"
 
 static const char *const obj_paths[] = {
@@ -164,9 +165,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     rd r = {data, size};
     build(h, &r);
     if (kv_h5_commit(h, &err) != KV_OK) return 0;
-    kv_plan_budget b;
-    memset(&b, 0, sizeof b);
-    if (kv_plan_budget_read(path, &b, &err) == KV_OK) kv_plan_budget_free(&b);
+    kv_plan b;
+    if (kv_plan_read(path, &b, &err) == KV_OK) kv_plan_free(&b);
     kv_model m;
     memset(&m, 0, sizeof m);
     m.cfg.n_layers = 2;
