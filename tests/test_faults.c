@@ -37,27 +37,7 @@ static int sh(const char *script, char **out) {
     char cmd[16384];
     snprintf(cmd, sizeof cmd, "cd '%s' && K='%s' && { %s ; } 2>&1", tu_tmpdir(), KVPLAN_BINARY,
              script);
-    FILE *p = popen(cmd, "r");
-    if (!p) return -1;
-    size_t cap = 1 << 16, len = 0, got;
-    char *buf = malloc(cap);
-    while (buf && (got = fread(buf + len, 1, cap - len - 1, p)) > 0) {
-        len += got;
-        if (len + 1 >= cap) {
-            char *nb = realloc(buf, cap * 2);
-            if (!nb) break;
-            buf = nb;
-            cap *= 2;
-        }
-    }
-    if (buf) buf[len] = '\0';
-    int st = pclose(p);
-    if (out)
-        *out = buf;
-    else
-        free(buf);
-    if (WIFSIGNALED(st)) return 128 + WTERMSIG(st);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    return tu_run_sh(cmd, out);
 }
 
 static int has(const char *s, const char *needle) {

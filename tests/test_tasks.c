@@ -60,30 +60,6 @@ static void test_local(void) {
 
 /* ------------------------------------------------------------ under mpirun ---- */
 
-/* Run a shell command; stdout+stderr into *out (malloc'ed, may be NULL). Exit code. */
-static int run_sh(const char *cmd, char **out) {
-    FILE *p = popen(cmd, "r");
-    if (!p) return -1;
-    size_t cap = 4096, len = 0, got;
-    char *buf = malloc(cap);
-    while (buf && (got = fread(buf + len, 1, cap - len - 1, p)) > 0) {
-        len += got;
-        if (len + 1 >= cap) {
-            char *nb = realloc(buf, cap * 2);
-            if (!nb) break;
-            buf = nb;
-            cap *= 2;
-        }
-    }
-    if (buf) buf[len] = '\0';
-    int st = pclose(p);
-    if (out)
-        *out = buf;
-    else
-        free(buf);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
 /* mpirun as this container needs it: root allowed, more ranks than cores, shared memory,
  * yielding the CPU while waiting (the ranks share 2 cores); --noprefix because Open MPI
  * refuses the prefix "/" it infers from /usr/bin/mpirun. In the sanitizer build LeakSanitizer
@@ -108,7 +84,7 @@ static int have_mpi(void) {
 static int same_plan_file(const char *a, const char *b) {
     char cmd[2048], *out = NULL;
     snprintf(cmd, sizeof cmd, "h5diff '%s' '%s' 2>&1", a, b);
-    int rc = run_sh(cmd, &out);
+    int rc = tu_run_sh(cmd, &out);
     int ok = out && (rc == 0 || rc == 1);
     for (char *l = out; ok && l && *l;) {
         char *nl = strchr(l, '\n');
@@ -169,7 +145,7 @@ static void check_search_equal(const char *extra, const char *tag) {
     free(out);
     search_args(args, sizeof args, extra, many);
     snprintf(cmd, sizeof cmd, "%s %s 2>&1", mpirun(3), args);
-    rc = run_sh(cmd, &out);
+    rc = tu_run_sh(cmd, &out);
     CU_ASSERT_EQUAL(rc, 0);
     if (rc) fprintf(stderr, "%s\n", out ? out : "");
     /* rank 0 alone prints the summary */
@@ -212,7 +188,7 @@ static void test_mpi_error(void) {
              model(), tokenizer(), tu_tmp("no-such-profile.h5"),
              tu_shared("text/tinystories_val_head.txt"), keep);
     snprintf(cmd, sizeof cmd, "%s %s 2>&1", mpirun(3), args);
-    int rc = run_sh(cmd, &out);
+    int rc = tu_run_sh(cmd, &out);
     CU_ASSERT_NOT_EQUAL(rc, 0);
     const char *m1 = out ? strstr(out, "kvplan search:") : NULL;
     CU_ASSERT_PTR_NOT_NULL(m1);
@@ -283,7 +259,7 @@ static void test_resume(void) {
         snprintf(cmd, sizeof cmd, "%s %s 2>&1", mpirun(3), args);
     else
         snprintf(cmd, sizeof cmd, "'%s' %s 2>&1", KVPLAN_BINARY, args);
-    rc = run_sh(cmd, &out);
+    rc = tu_run_sh(cmd, &out);
     CU_ASSERT_EQUAL(rc, 0);
     const char *taken = out ? strstr(out, "chunk evaluations taken from") : NULL;
     CU_ASSERT_PTR_NOT_NULL(taken);
@@ -304,7 +280,7 @@ static void test_resume(void) {
     fputs("kvplan task log 1\nsearch --other-run\n", f);
     fclose(f);
     snprintf(cmd, sizeof cmd, "'%s' %s 2>&1", KVPLAN_BINARY, args);
-    rc = run_sh(cmd, &out);
+    rc = tu_run_sh(cmd, &out);
     CU_ASSERT_EQUAL(rc, 1);
     CU_ASSERT_PTR_NOT_NULL(out ? strstr(out, "belongs to another run") : NULL);
     free(out);
@@ -350,7 +326,7 @@ static void test_mpi_faults(void) {
     snprintf(cmd, sizeof cmd,
              MPI_ENV "timeout 300 '%s' --noprefix --oversubscribe -np 3 '%s' --mpi-fault fail 2>&1",
              KVPLAN_MPIEXEC, self_path);
-    int rc = run_sh(cmd, &out);
+    int rc = tu_run_sh(cmd, &out);
     CU_ASSERT_NOT_EQUAL(rc, 0);
     CU_ASSERT_NOT_EQUAL(rc, 124); /* not the timeout */
     CU_ASSERT_PTR_NOT_NULL(out ? strstr(out, "fault run: rank 2, task ") : NULL);
@@ -360,7 +336,7 @@ static void test_mpi_faults(void) {
     snprintf(cmd, sizeof cmd,
              MPI_ENV "timeout 300 '%s' --noprefix --oversubscribe -np 3 '%s' --mpi-fault die 2>&1",
              KVPLAN_MPIEXEC, self_path);
-    rc = run_sh(cmd, &out);
+    rc = tu_run_sh(cmd, &out);
     CU_ASSERT_NOT_EQUAL(rc, 0);
     CU_ASSERT_NOT_EQUAL(rc, 124);
     if (rc == 0 || rc == 124) fprintf(stderr, "%s\n", out ? out : "");

@@ -37,14 +37,11 @@ const char *tu_tmp(const char *name) {
     return b;
 }
 
-int tu_run_kvplan(const char *args, char **out, int merge_stderr) {
-    char cmd[8192];
-    snprintf(cmd, sizeof cmd, "'%s' %s%s", KVPLAN_BINARY, args, merge_stderr ? " 2>&1" : "");
+int tu_run_sh(const char *cmd, char **out) {
     FILE *p = popen(cmd, "r");
     if (!p) return -1;
-    size_t cap = 4096, len = 0;
+    size_t cap = 1 << 16, len = 0, got;
     char *buf = malloc(cap);
-    size_t got;
     while (buf && (got = fread(buf + len, 1, cap - len - 1, p)) > 0) {
         len += got;
         if (len + 1 >= cap) {
@@ -60,7 +57,14 @@ int tu_run_kvplan(const char *args, char **out, int merge_stderr) {
         *out = buf;
     else
         free(buf);
+    if (WIFSIGNALED(st)) return 128 + WTERMSIG(st);
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+int tu_run_kvplan(const char *args, char **out, int merge_stderr) {
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd, "'%s' %s%s", KVPLAN_BINARY, args, merge_stderr ? " 2>&1" : "");
+    return tu_run_sh(cmd, out);
 }
 
 int tu_main(const char *suite_name, const tu_test *tests, size_t n) {

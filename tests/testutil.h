@@ -22,6 +22,9 @@ int tu_run_kvplan(const char *args, char **out, int merge_stderr);
  * n_layers layers, no weights, path "models/stories260K.bin" and the given model_sha256: for
  * file-format tests that never run the model. */
 void tu_fake_model(kv_model *m, int n_layers, const char *sha);
+/* Run a shell command; its stdout (what the command redirects there) into *out (malloc'ed,
+ * may be NULL). Returns the exit code, 128 + the signal when killed, -1 when it cannot run. */
+int tu_run_sh(const char *cmd, char **out);
 /* Run a whole suite: registers the tests, runs them, returns 0 when all passed. */
 typedef struct tu_test {
     const char *name;
