@@ -25,6 +25,10 @@
 #include "kvplan/model.h"
 #include "kvplan/quant.h"
 
+extern "C" {
+#include "../runtime/ops.h" /* kv_op_rope_tables: the CPU backend's tables, the same floats */
+}
+
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -442,20 +446,6 @@ const kv_backend_ops cuda_ops = {
     cuda_gather, cuda_cache_write, cuda_attention,     cuda_out_residual, cuda_ffn,   cuda_logits,
 };
 
-/* RoPE tables for positions 0..n_pos-1, cos/sin [n_pos, d_h/2], angle = pos *
- * theta^(-2i/d_h) in double (Su et al. 2021): the arithmetic of the CPU's kv_op_rope_tables
- * (runtime/ops.c), so both backends rotate by the same floats. */
-void rope_tables(const kv_config *c, int n_pos, float *cos_out, float *sin_out) {
-    size_t half = (size_t)c->head_dim / 2;
-    for (int p = 0; p < n_pos; p++)
-        for (size_t i = 0; i < half; i++) {
-            double freq = pow((double)c->rope_theta, -2.0 * (double)i / (double)c->head_dim);
-            double a = (double)p * freq;
-            cos_out[(size_t)p * half + i] = (float)cos(a);
-            sin_out[(size_t)p * half + i] = (float)sin(a);
-        }
-}
-
 int setup(cuda_backend *c, const kv_model *m, int max_rows, int max_ctx, kv_error *err) {
     const kv_config *cfg = &m->cfg;
     int n_dev = 0;
@@ -525,7 +515,7 @@ int setup(cuda_backend *c, const kv_model *m, int max_rows, int max_ctx, kv_erro
         free(sn);
         return kv_fail(err, KV_EINTERNAL, "out of memory (CUDA backend RoPE tables)");
     }
-    rope_tables(cfg, max_ctx, cs, sn);
+    kv_op_rope_tables(cfg, max_ctx, cs, sn);
     rc = upload(&c->rope_cos, cs, nt, err);
     if (!rc) rc = upload(&c->rope_sin, sn, nt, err);
     free(cs);

@@ -15,6 +15,10 @@
 
 #include "kvplan/kvcuda.h"
 #include "kvplan/quant.h"
+
+extern "C" {
+#include "../runtime/ops.h" /* kv_op_rope_tables */
+}
 #include "kvplan/kvpr_exec.h"
 #include "kvplan/model.h"
 
@@ -164,14 +168,8 @@ int setup(kv_cuda_kvpr *e, kv_error *err) {
         free(pos);
         return kv_fail(err, KV_EINTERNAL, "out of memory (CUDA KVPR RoPE tables)");
     }
-    for (size_t p = 0; p < ctx; p++) {
-        pos[p] = (int)p;
-        for (size_t i = 0; i < half; i++) {
-            double a = (double)p * pow((double)c->rope_theta, -2.0 * (double)i / (double)hd);
-            cs[p * half + i] = (float)cos(a);
-            sn[p * half + i] = (float)sin(a);
-        }
-    }
+    kv_op_rope_tables(c, (int)ctx, cs, sn);
+    for (size_t p = 0; p < ctx; p++) pos[p] = (int)p;
     int rc = up(&e->rope_cos, cs, nt, err);
     if (!rc) rc = up(&e->rope_sin, sn, nt, err);
     if (!rc) {
