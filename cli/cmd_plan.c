@@ -14,7 +14,8 @@ const char kv_plan_args_help[] =
     "  --profile P            profile.h5 of this model (kvplan profile; not needed for uniform)\n"
     "  --model MODEL          llama2.c .bin, .gguf or Hugging Face directory\n"
     "  --ratio R              kept fraction of the full cache, 0 < R <= 1\n"
-    "  --allocation A         baklava (default), squeeze or uniform\n"
+    "  --allocation A         baklava (plan's default), squeeze or uniform; search also\n"
+    "                         takes sensitivity and both (its default)\n"
     "  --policy P             eviction policy: sink (default), h2o, avgattn, l2attn\n"
     "  --context C            tokens per chunk the ratio refers to (default: model context)\n"
     "  --evict-block p        tokens between evictions (default 16)\n"
@@ -134,10 +135,20 @@ int kv_cmd_plan(int argc, char **argv) {
     }
     kv_model *m = NULL;
     kv_profile_inputs prof;
+    memset(&prof, 0, sizeof prof);
     int have_prof = 0, evict_block = 0;
     kv_alloc_params ap;
-    kv_policy policy;
-    int rc = kv_plan_args_setup(&a, &m, &prof, &have_prof, &ap, &policy, &evict_block, &err);
+    kv_alloc_params_default(&ap);
+    kv_policy policy = KV_POLICY_SINK;
+    int rc = KV_OK;
+    /* sensitivity planning measures loss curves on text with the model: that is a search */
+    if (a.allocation && (!strcmp(a.allocation, "sensitivity") || !strcmp(a.allocation, "both")))
+        rc = kv_fail(&err, KV_EINPUT,
+                     "allocation %s measures per-head loss curves on text, which kvplan plan "
+                     "does not read; run kvplan search --allocation %s --text T with the same "
+                     "--model, --ratio and -o",
+                     a.allocation, a.allocation);
+    if (!rc) rc = kv_plan_args_setup(&a, &m, &prof, &have_prof, &ap, &policy, &evict_block, &err);
     if (!rc && ap.kind == KV_ALLOC_BAKLAVA && (isnan(t) || isnan(r)))
         rc = kv_fail(&err, KV_EINPUT,
                      "allocation baklava needs --t T and --r R2 (or use "

@@ -29,7 +29,10 @@ static void help(FILE *f) {
             "the same total; the solution is verified and refined on the search tokens. The\n"
             "better of it and the grid's winner on the search tokens becomes the plan.\n"
             "Without --block-size/--evict-block, b_s = p is chosen from R and C so that budget\n"
-            "can move between heads (at least 8 blocks per head on average, floor <= half).\n\n"
+            "can move between heads (at least 8 blocks per head on average, floor <= half).\n"
+            "Without --evict-block, the winner and uniform are then measured at p/2, ..., 1\n"
+            "on the search tokens and the best (budgets, p) becomes the plan (a smaller p\n"
+            "keeps more context per head at the same memory, for more eviction work).\n\n"
             "  --text T               evaluation text (tokenized with BOS first)\n"
             "  --tokenizer TOK        tokenizer file (default: the model's)\n"
             "  --device D             auto (default), cpu or cuda: where the evaluations run\n"
@@ -242,6 +245,7 @@ int kv_cmd_search(int argc, char **argv) {
         so.context = ap.context;
         so.block_size = ap.block_size;
         so.evict_block = evict_block;
+        so.evict_block_search = !a.evict_block; /* a given --evict-block is kept */
         so.policy = policy;
         so.t_values = tv, so.n_t = nt;
         so.r_values = rv, so.n_r = nr;
@@ -287,8 +291,8 @@ int kv_cmd_search(int argc, char **argv) {
         ap.t = res.best_t;
         ap.r = res.best_r;
         ap.p = res.best_p;
-        rc = kv_plan_file_write(a.out, cmd, a.profile, m, &ap, policy, evict_block, res.tokens, &so,
-                                &res, &err);
+        rc = kv_plan_file_write(a.out, cmd, a.profile, m, &ap, policy, res.evict_block, res.tokens,
+                                &so, &res, &err);
         if (!rc) kv_tasks_log_close(tasks, 1); /* a finished run leaves no log behind */
     }
     if (!rc && rank == 0) {
@@ -307,7 +311,14 @@ int kv_cmd_search(int argc, char **argv) {
             printf(" -- the %s baseline beat the %s grid's best on the search tokens",
                    kv_alloc_name(ap.kind), kv_alloc_name(so.allocation));
         printf("\nratio        %.4g, policy %s, C %d, b_s %d, p %d\n", ap.ratio,
-               kv_policy_name(policy), ap.context, ap.block_size, evict_block);
+               kv_policy_name(policy), ap.context, ap.block_size, res.evict_block);
+        if (res.n_ladder > 1) {
+            printf("evict block ");
+            for (int i = 0; i < res.n_ladder; i++)
+                printf(" p %d: %.4f/%.4f", res.ladder_p[i], res.ladder_plan_ppl[i],
+                       res.ladder_uniform_ppl[i]);
+            printf(" (search ppl plan/uniform)\n");
+        }
         printf("search       %s over %d points (%d distinct budgets), %d chunks x %d tokens\n",
                eta ? "successive halving" : "exhaustive", res.n_p * res.n_t * res.n_r,
                res.distinct_budgets, res.search_chunks, ap.context);

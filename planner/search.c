@@ -618,6 +618,8 @@ static int search_grid_eval(search_ctx *c) {
     if (o->halving_eta >= 2) plan_grid += c->S; /* at most: finishing the winner */
     c->work_total =
         plan_grid + (long)KV_SEARCH_N_BASE * c->S + (long)(1 + KV_SEARCH_N_BASE) * c->HC;
+    for (int p = o->evict_block_search ? o->evict_block / 2 : 0; p >= 1; p /= 2)
+        c->work_total += 2L * c->S; /* at most: the eviction-block ladder */
     if (o->halving_eta >= 2 && c->n_uniq > 1) {
         kv_sh_opts sh = {.eta = o->halving_eta,
                          .min_chunks =
@@ -756,7 +758,131 @@ static int search_sensitivity(search_ctx *c) {
     return rc;
 }
 
-/* Stage 8: the plan, the grid's winner, the sensitivity solution and the baselines on the
+/* ---- Stage 8: the eviction block ---- */
+
+typedef struct ladder_tasks {
+    search_ctx *c;
+    kv_engine *eng;             /* the engine at the p being measured */
+    const int *budget[2];       /* plan candidate, uniform */
+    const kv_policy *policy[2]; /* their per-head policies */
+} ladder_tasks;
+
+/* Task k: candidate k / S on search chunk k % S. */
+static int ladder_task(void *user, long task, double *out, kv_error *err) {
+    ladder_tasks *t = user;
+    search_ctx *c = t->c;
+    int C = c->o->context, cand = (int)(task / c->S), ch = (int)(task % c->S);
+    const int *b[1] = {t->budget[cand]};
+    const kv_policy *pp[1] = {t->policy[cand]};
+    int rc = kv_engine_chunk_nll(t->eng, c->ids + (long)ch * C, C, 1, b, pp, out, NULL, err);
+    c->work_done++;
+    if (!rc) progress(c, "eviction block");
+    return rc;
+}
+
+static int engine_at(search_ctx *c, int p, kv_engine **out) {
+    kv_plan full;
+    int rc =
+        kv_plan_full(&c->m->cfg, c->o->context, c->o->block_size, p, c->o->policy, &full, c->err);
+    if (rc) return rc;
+    kv_engine_opts eo = {.device = c->o->device, .max_seqs = 1};
+    rc = kv_engine_new(c->m, &full, &eo, out, c->err);
+    kv_plan_free(&full);
+    return rc;
+}
+
+/* With evict_block_search: the plan candidate (the winner so far) and the uniform budgets
+ * at p/2, p/4, ..., 1 on all search chunks; the lowest perplexity (ties: the larger p, then
+ * the candidate) becomes the plan, and the engine moves to its p for the held-out stage. */
+static int search_evict_block(search_ctx *c) {
+    kv_search_result *res = c->res;
+    const kv_search_opts *o = c->o;
+    res->evict_block = o->evict_block;
+    res->n_ladder = 0;
+    int uni = c->base_arm[1];
+    if (!o->evict_block_search || o->evict_block <= 1 || res->best_chunks != c->S || uni < 0)
+        return KV_OK;
+    kv_policy *upol = kv_malloc((size_t)c->nh * sizeof *upol, "uniform policies", c->err);
+    int *cand_tok = kv_malloc((size_t)c->nh * sizeof *cand_tok, "plan candidate", c->err);
+    kv_policy *cand_pol = kv_malloc((size_t)c->nh * sizeof *cand_pol, "plan candidate", c->err);
+    double *nll = kv_malloc((size_t)2 * c->S * sizeof *nll, "ladder losses", c->err);
+    if (!upol || !cand_tok || !cand_pol || !nll) {
+        free(upol), free(cand_tok), free(cand_pol), free(nll);
+        return KV_EINTERNAL;
+    }
+    for (int h = 0; h < c->nh; h++) upol[h] = o->policy;
+    memcpy(cand_tok, res->tokens, (size_t)c->nh * sizeof *cand_tok);
+    memcpy(cand_pol, res->policy, (size_t)c->nh * sizeof *cand_pol);
+    const int *utok = c->arms[uni].tokens;
+    int same = !memcmp(cand_tok, utok, (size_t)c->nh * sizeof *utok) &&
+               !memcmp(cand_pol, upol, (size_t)c->nh * sizeof *upol);
+    /* entry 0: the grid's p, measured already */
+    res->ladder_p[0] = o->evict_block;
+    res->ladder_plan_ppl[0] = res->best_ppl;
+    res->ladder_uniform_ppl[0] = res->base_ppl[1];
+    res->n_ladder = 1;
+    double best = res->best_ppl;
+    int best_p = o->evict_block, best_uni = 0;
+    /* (at p, the winner is at least as good as uniform: search_baselines_heldout saw to it) */
+    int rc = KV_OK;
+    kv_engine *keep = NULL;
+    for (int p = o->evict_block / 2; p >= 1 && !rc && res->n_ladder < KV_SEARCH_MAX_LADDER;
+         p /= 2) {
+        kv_engine *e = NULL;
+        rc = engine_at(c, p, &e);
+        ladder_tasks t = {c, e, {cand_tok, utok}, {cand_pol, upol}};
+        long nt = (same ? 1L : 2L) * c->S, before = c->work_done;
+        if (!rc) rc = kv_tasks_run(o->tasks, nt, 1, ladder_task, &t, nll, c->err);
+        c->work_done = before + nt;
+        res->ladder_token_evals += nt * o->context;
+        double pc = NAN, pu = NAN;
+        if (!rc) {
+            double s0 = 0, s1 = 0;
+            for (int ch = 0; ch < c->S; ch++) {
+                s0 += nll[ch];
+                if (!same) s1 += nll[c->S + ch];
+            }
+            long n = (long)c->S * (o->context - 1);
+            pc = kv_perplexity_from_nll(s0, n);
+            pu = same ? pc : kv_perplexity_from_nll(s1, n);
+        }
+        int i = res->n_ladder++;
+        res->ladder_p[i] = p;
+        res->ladder_plan_ppl[i] = pc;
+        res->ladder_uniform_ppl[i] = pu;
+        int better = !rc && (pc < best || pu < best);
+        if (better) {
+            best_uni = !(pc <= pu);
+            best = best_uni ? pu : pc;
+            best_p = p;
+            kv_engine_free(keep);
+            keep = e;
+        } else {
+            kv_engine_free(e);
+        }
+    }
+    if (!rc && best_p != o->evict_block) {
+        kv_engine_free(c->eng);
+        c->eng = keep;
+        keep = NULL;
+        res->evict_block = best_p;
+        res->best_ppl = best;
+        if (best_uni && !same) { /* uniform at this p beats the candidate */
+            c->win_arm = uni;
+            res->winner_sens = 0;
+            res->winner_kind = KV_ALLOC_UNIFORM;
+            res->best_t = res->best_r = res->best_p = NAN;
+            memcpy(res->tokens, utok, (size_t)c->nh * sizeof *res->tokens);
+            memcpy(res->blocks, c->arms[uni].blocks, (size_t)c->nh * sizeof *res->blocks);
+            for (int h = 0; h < c->nh; h++) res->policy[h] = o->policy;
+        }
+    }
+    kv_engine_free(keep);
+    free(upol), free(cand_tok), free(cand_pol), free(nll);
+    return rc;
+}
+
+/* Stage 9: the plan, the grid's winner, the sensitivity solution and the baselines on the
  * held-out tokens; whether the plan is the uniform one. */
 static int search_heldout(search_ctx *c) {
     kv_search_result *res = c->res;
@@ -804,6 +930,7 @@ int kv_search_run(const kv_model *m, const kv_profile_inputs *prof, const int *i
     if (!rc) rc = search_winner(&c);
     if (!rc) rc = search_baselines_heldout(&c);
     if (!rc) rc = search_sensitivity(&c);
+    if (!rc) rc = search_evict_block(&c);
     if (!rc) rc = search_heldout(&c);
     res->seconds = kv_now() - c.t0;
     if (!rc && o->progress && !o->progress->quiet) {
@@ -894,6 +1021,25 @@ int kv_search_write(kv_h5 *f, const kv_search_opts *o, const kv_search_result *r
         rc = kv_h5_attr_f64(f, "/search", "sensitivity_heldout", r->sens_heldout, err);
     if (!rc)
         rc = kv_h5_attr_i64(f, "/search", "identical_to_uniform", r->identical_to_uniform, err);
+    if (!rc) rc = kv_h5_attr_i64(f, "/search", "grid_evict_block", o->evict_block, err);
+    if (!rc)
+        rc = kv_h5_attr_i64(f, "/search", "evict_block",
+                            r->evict_block > 0 ? r->evict_block : o->evict_block, err);
+    if (!rc && r->n_ladder > 0) {
+        long d = r->n_ladder;
+        double pv[KV_SEARCH_MAX_LADDER];
+        for (int i = 0; i < r->n_ladder; i++) pv[i] = r->ladder_p[i];
+        rc = kv_h5_write_f64(f, "/search/evict_block/p", 1, &d, pv, "tokens", err);
+        if (!rc)
+            rc = kv_h5_write_f64(f, "/search/evict_block/plan", 1, &d, r->ladder_plan_ppl,
+                                 "perplexity", err);
+        if (!rc)
+            rc = kv_h5_write_f64(f, "/search/evict_block/uniform", 1, &d, r->ladder_uniform_ppl,
+                                 "perplexity", err);
+        if (!rc)
+            rc =
+                kv_h5_attr_i64(f, "/search/evict_block", "token_evals", r->ladder_token_evals, err);
+    }
     if (!rc) rc = kv_h5_attr_f64(f, "/search", "seconds", r->seconds, err);
     return rc;
 }

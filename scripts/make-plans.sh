@@ -5,8 +5,9 @@
 # planning (measured per-head loss curves, knapsack, refinement) and the BaKlaVa grid
 # (exhaustive, 190 points); the better on the search tokens is the plan. The block size and the
 # Batch-Max eviction block are the search's defaults, chosen from R and C (b_s = p = 4 at
-# R = 1/16, 8 at 1/8, 16 at 1/4 for C = 512), so budget can move between heads at every ratio.
-# Usage: scripts/make-plans.sh            (about half an hour on 2 cores)
+# R = 1/16, 8 at 1/8, 16 at 1/4 for C = 512), so budget can move between heads at every ratio;
+# the plan's eviction block is then measured among p, p/2, ..., 1 on the search tokens.
+# Usage: scripts/make-plans.sh [OUT_DIR]  (default plans/; about 15 minutes on 2 cores)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -15,6 +16,8 @@ text=$shared/text/tinystories_val_head.txt
 scripts/build.sh build
 kv=build/kvplan
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}
+out_dir=${1:-plans}
+mkdir -p "$out_dir"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 for spec in "stories260K:$shared/models/stories260K/stories260K.bin" \
@@ -24,7 +27,7 @@ for spec in "stories260K:$shared/models/stories260K/stories260K.bin" \
     $kv profile "$model" --text "$text" --no-hw --quiet -o "$work/$name.profile.h5"
     for r in 4 8 16; do
         ratio=$(awk "BEGIN { print 1 / $r }")
-        out=plans/$name.r1-$r.h5
+        out=$out_dir/$name.r1-$r.h5
         echo "== $name, R = 1/$r -> $out" >&2
         $kv search --profile "$work/$name.profile.h5" --model "$model" --text "$text" \
             --ratio "$ratio" --policy sink --context 512 --quiet -o "$out"

@@ -41,9 +41,10 @@ static void test_shipped_plan(void) {
     kv_error e = {0};
     kv_plan shipped;
     CU_ASSERT_EQUAL_FATAL(kv_plan_read(PLAN, &shipped, &e), KV_OK);
-    /* the defaults of `kvplan search` at R * C = 32 tokens per head: b_s = p = 4 */
-    CU_ASSERT_EQUAL(shipped.evict_block, 4);
+    /* the defaults of `kvplan search` at R * C = 32 tokens per head: b_s = p = 4 for the grid,
+     * the sensitivity curves and the baselines; the plan's p measured on p = 4, 2, 1 */
     CU_ASSERT_EQUAL(shipped.block_size, 4);
+    CU_ASSERT(shipped.evict_block >= 1 && shipped.evict_block <= 4);
     CU_ASSERT_STRING_EQUAL(shipped.allocation, "sensitivity");
     kv_h5 *f = NULL;
     CU_ASSERT_EQUAL_FATAL(kv_h5_open_read(PLAN, &f, &e), KV_OK);
@@ -64,6 +65,28 @@ static void test_shipped_plan(void) {
     memcpy(ho, hov, sizeof ho);
     free(hov);
     CU_ASSERT(kv_h5_exists(f, "/sensitivity/kl"));
+    long grid_p = 0, plan_p = 0;
+    CU_ASSERT_EQUAL(kv_h5_read_attr_i64(f, "/search", "grid_evict_block", &grid_p, &e), KV_OK);
+    CU_ASSERT_EQUAL(kv_h5_read_attr_i64(f, "/search", "evict_block", &plan_p, &e), KV_OK);
+    CU_ASSERT_EQUAL(grid_p, 4);
+    CU_ASSERT_EQUAL(plan_p, shipped.evict_block);
+    /* the eviction-block ladder: p = 4, 2, 1; the plan's p has the lowest search perplexity,
+     * which is the stored best (the plan's own candidate or uniform at that p) */
+    double *lp = read_f64(f, "/search/evict_block/p", &crank, d2);
+    long nl = d2[0];
+    double *lplan = read_f64(f, "/search/evict_block/plan", &crank, d2);
+    double *luni = read_f64(f, "/search/evict_block/uniform", &crank, d2);
+    CU_ASSERT_EQUAL(nl, 3);
+    double lbest = HUGE_VAL;
+    long lbest_p = 0;
+    for (long i = 0; i < nl; i++) {
+        double v = lplan[i] < luni[i] ? lplan[i] : luni[i];
+        printf("\n    evict block p %g: plan %.6f, uniform %.6f", lp[i], lplan[i], luni[i]);
+        if (v < lbest) lbest = v, lbest_p = (long)lp[i];
+    }
+    CU_ASSERT_EQUAL(lbest_p, plan_p);
+    CU_ASSERT(fabs(lbest - best) <= 1e-12 * best);
+    free(lp), free(lplan), free(luni);
     kv_h5_close(f);
     /* rank 2 with one SqueezeAttention p (the default grid), 3 with several */
     CU_ASSERT_FATAL(rank == 2 || rank == 3);
@@ -93,7 +116,7 @@ static void test_shipped_plan(void) {
                  "plan --profile %s --model '%s' --ratio %.17g --allocation baklava --t %.17g "
                  "--r %.17g --p %.17g --context 512 --evict-block %d --block-size %d --quiet "
                  "-o %s",
-                 prof, tu_shared(MODEL), shipped.ratio, tv[it], rv[ir], pv[ip], shipped.evict_block,
+                 prof, tu_shared(MODEL), shipped.ratio, tv[it], rv[ir], pv[ip], (int)grid_p,
                  shipped.block_size, tu_tmp("cell.h5"));
         CU_ASSERT_EQUAL_FATAL(tu_run_kvplan(args, NULL, 0), 0);
         snprintf(args, sizeof args,

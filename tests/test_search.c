@@ -188,7 +188,7 @@ static void test_search_command(void) {
     char args[4096], *out = NULL;
     const char *common =
         "--allocation baklava --ratio 0.25 --context 256 --t-grid 0.5:0.9:0.2 --r-grid 0.2,0.6 "
-        "--eval-tokens 2048 --heldout-tokens 1024";
+        "--eval-tokens 2048 --heldout-tokens 1024 --evict-block 8"; /* p given: no p ladder */
     snprintf(args, sizeof args, "search --profile %s --model %s --text %s %s -o %s",
              tu_tmp("profile.h5"), model_path(), text_path(), common, tu_tmp("search.h5"));
     int rc = tu_run_kvplan(args, &out, 1);
@@ -207,6 +207,10 @@ static void test_search_command(void) {
     double *base = read_f64(f, "/search/baselines", &rank, dims);
     double *held = read_f64(f, "/search/heldout", &rank, dims);
     CU_ASSERT_FATAL(ppl && tv && rv && base && held);
+    long plan_p = 0;
+    CU_ASSERT_EQUAL(kv_h5_read_attr_i64(f, "/search", "evict_block", &plan_p, &e), KV_OK);
+    CU_ASSERT_EQUAL(plan_p, 8); /* --evict-block is kept: no ladder */
+    CU_ASSERT(!kv_h5_exists(f, "/search/evict_block/p"));
     double best = HUGE_VAL, bt = 0, br = 0, bestp = 0;
     for (int i = 0; i < 3 * 2; i++) {
         CU_ASSERT(isfinite(ppl[i]) && ppl[i] > 1.0);

@@ -379,14 +379,20 @@ static void test_cli(void) {
     int rc = tu_run_kvplan(args, &out, 1);
     if (rc) fprintf(stderr, "%s\n", out ? out : "");
     CU_ASSERT_EQUAL(rc, 0);
-    /* R * C = 32 tokens per head: b_s = p = 4 is the largest with 8 blocks per head */
-    CU_ASSERT(out && strstr(out, "b_s 4, p 4"));
+    /* R * C = 32 tokens per head: b_s = p = 4 is the largest with 8 blocks per head; the
+     * plan's p is then measured among 4, 2, 1 */
+    const char *bp = out ? strstr(out, "b_s 4, p ") : NULL;
+    CU_ASSERT_PTR_NOT_NULL(bp);
+    CU_ASSERT(out && strstr(out, "evict block  p 4: "));
+    int plan_p = bp ? atoi(bp + 9) : 0;
+    CU_ASSERT(plan_p == 4 || plan_p == 2 || plan_p == 1);
     free(out);
     kv_plan p;
     kv_error err = {0};
     CU_ASSERT_EQUAL_FATAL(kv_plan_read(tu_tmp("cli.h5"), &p, &err), KV_OK);
     CU_ASSERT_EQUAL(p.schema_version, 2);
     CU_ASSERT_EQUAL(kv_plan_total_tokens(&p), 32L * 20);
+    CU_ASSERT_EQUAL(p.evict_block, plan_p);
     kv_plan_free(&p);
     snprintf(args, sizeof args,
              "search --model %s --text %s --ratio 0.02 --context 128 --allocation sensitivity "
@@ -395,6 +401,13 @@ static void test_cli(void) {
     out = NULL;
     CU_ASSERT_NOT_EQUAL(tu_run_kvplan(args, &out, 1), 0);
     CU_ASSERT(out && strstr(out, "--block-size 1 --evict-block 1"));
+    free(out);
+    /* kvplan plan reads no text: it sends sensitivity planning to kvplan search */
+    snprintf(args, sizeof args, "plan --model %s --ratio 0.25 --allocation sensitivity -o %s",
+             tu_shared(MODEL), tu_tmp("plan-sens.h5"));
+    out = NULL;
+    CU_ASSERT_EQUAL(tu_run_kvplan(args, &out, 1), 1);
+    CU_ASSERT(out && strstr(out, "kvplan search --allocation sensitivity --text T"));
     free(out);
     /* a uniform plan says so on stderr */
     snprintf(args, sizeof args,

@@ -79,9 +79,16 @@ typedef struct kv_search_opts {
      * alone, pass allocation uniform (the grid is then the uniform plan, one evaluation). */
     int sensitivity;
     kv_sens_opts sens; /* its options; ratio, C, b_s, p, policy and progress are the search's */
-    kv_tasks *tasks;        /* NULL: one process; else the chunk evaluations run as tasks
-                             * (kvplan/tasks.h), over MPI ranks when there are several; the
-                             * result is identical either way */
+    /* 1: after the winner is known, measure it and the uniform budgets with the eviction
+     * blocks p/2, p/4, ..., 1 on the search tokens and keep the (budgets, p) pair with the
+     * lowest perplexity (Batch-Max's p trades eviction work for context kept: with budget B a
+     * head holds between B - p and B tokens; the memory, B, does not change). The held-out
+     * figures are then all taken at that p. 0 (default): p stays evict_block. The CLI sets it
+     * when --evict-block is not given. */
+    int evict_block_search;
+    kv_tasks *tasks; /* NULL: one process; else the chunk evaluations run as tasks
+                      * (kvplan/tasks.h), over MPI ranks when there are several; the
+                      * result is identical either way */
 } kv_search_opts;
 
 /* Defaults: baklava, R = 0.5, C = model seq_len, b_s = 16, p = 16, sink, t and r grids NULL
@@ -92,6 +99,8 @@ void kv_search_opts_default(kv_search_opts *o, const kv_model *m);
 /* Names of the baselines, in the order of kv_search_result.base_ppl. */
 #define KV_SEARCH_N_BASE 3
 extern const char *const kv_search_base_names[KV_SEARCH_N_BASE]; /* full, uniform, squeeze */
+
+#define KV_SEARCH_MAX_LADDER 32 /* eviction blocks tried: p, p/2, ..., 1 for p < 2^31 */
 
 typedef struct kv_search_result {
     int n_p, n_t, n_r;         /* grid shape (squeeze: n_t = n_r = 1; uniform: all 1) */
@@ -124,6 +133,14 @@ typedef struct kv_search_result {
     long grid_token_evals_all; /* grid + baselines on the search tokens (token evaluations) */
     double grid_seconds;       /* seconds until the grid's winner and baselines were known */
     int identical_to_uniform;  /* 1 when the plan's budgets and policies are the uniform's */
+    /* the eviction block p of the plan (evict_block unless evict_block_search chose another),
+     * and the measured ladder: ladder_p[i] (p, p/2, ..., 1), the plan candidate's and the
+     * uniform budgets' perplexity on all search chunks at that p (entry 0: the grid's p) */
+    int evict_block;
+    int n_ladder;
+    int ladder_p[KV_SEARCH_MAX_LADDER];
+    double ladder_plan_ppl[KV_SEARCH_MAX_LADDER], ladder_uniform_ppl[KV_SEARCH_MAX_LADDER];
+    long ladder_token_evals;
 } kv_search_result;
 
 /* Run the search on ids[0..n_ids) (tokenized text, BOS first). Needs at least one chunk of
@@ -142,7 +159,11 @@ void kv_search_result_free(kv_search_result *r);
  * /search/chunks (same shape, int32), /search/baselines [3] (full, uniform, squeeze on the
  * search tokens), /search/heldout [4] (winner, full, uniform, squeeze on the held-out tokens),
  * with attributes naming the entries, and /search attributes method, eta, eval_tokens,
- * heldout_tokens, token_evals, token_evals_exhaustive, best_perplexity, seconds. */
+ * heldout_tokens, token_evals, token_evals_exhaustive, best_perplexity, seconds;
+ * grid_evict_block (the p the grid, the baselines and the sensitivity curves ran with),
+ * evict_block (the plan's), and, when the eviction block was searched, /search/evict_block/p,
+ * /search/evict_block/plan and /search/evict_block/uniform [n_ladder] (search perplexity of
+ * the plan candidate and of uniform at each p). */
 int kv_search_write(kv_h5 *f, const kv_search_opts *o, const kv_search_result *r, kv_error *err);
 
 /* Write a whole plan.h5 atomically (kv_h5_create ... kv_h5_commit): provenance (`command`,
