@@ -409,14 +409,15 @@ static void print_winner(FILE *out, const ki_file *f);
 
 static void print_plan(FILE *out, const ki_file *f) {
     double R = ki_attr_num(f, "/", "ratio", NAN), C = ki_attr_num(f, "/", "context_length", NAN);
-    double bs = ki_attr_num(f, "/", "block_size", NAN);
+    double bs = ki_attr_num(f, "/", "block_size", NAN),
+           pe = ki_attr_num(f, "/", "evict_block", NAN);
     char b_pol[64], b_alloc[64];
     const char *pol = attr_shown(f, "/", "policy", b_pol, sizeof b_pol),
                *alloc = attr_shown(f, "/", "allocation", b_alloc, sizeof b_alloc);
     fprintf(out,
             "\nplan: ratio R %.4g, context length C %.0f tokens, block size %.0f tokens, "
-            "policy %s, allocation %s\n",
-            R, C, bs, pol ? pol : "?", alloc ? alloc : "?");
+            "eviction block %.0f tokens, policy %s, allocation %s\n",
+            R, C, bs, pe, pol ? pol : "?", alloc ? alloc : "?");
     static const char *const par[3][2] = {{"t", "similarity threshold"},
                                           {"r", "reduction of low heads"},
                                           {"p", "SqueezeAttention fraction"}};
