@@ -54,6 +54,19 @@ typedef struct kv_cli_optval {
 } kv_cli_optval;
 int kv_cli_opt_table(int argc, char **argv, int *i, const kv_cli_optval *t, size_t n,
                      kv_error *err);
+/* A table of numeric options: with lval set, a whole number in [llo, lhi] into *lval, else a
+ * finite number in [dlo, dhi] into *dval. If argv[*i] is one of them its value is parsed and
+ * stored (1); a missing or bad value sets err naming the option (-1); else 0. */
+typedef struct kv_cli_numopt {
+    const char *name;
+    long *lval;
+    long llo, lhi;
+    double *dval;
+    double dlo, dhi;
+} kv_cli_numopt;
+int kv_cli_num_table(int argc, char **argv, int *i, const kv_cli_numopt *t, size_t n,
+                     kv_error *err);
+
 /* The whole command line of a command whose options are all in table t plus --json (stored in
  * *json) and --help (prints `help`). Returns -1 when every argument was taken, else the exit
  * code to return (0 after --help, 1 for an unknown or incomplete option, with the message). */

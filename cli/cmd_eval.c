@@ -62,10 +62,11 @@ static int read_ids(const char *path, int **ids, long *n, kv_error *err) {
 int kv_cmd_eval(int argc, char **argv) {
     kv_error err = {0};
     const char *model_path = NULL, *tok_path = NULL, *text_path = NULL, *ids_path = NULL;
-    const char *v = NULL;
     long context = 0, max_tokens = 0;
     int json = 0, quiet = 0;
     kv_budget_args ba = {0};
+    const kv_cli_numopt nums[] = {{"--context", .lval = &context, .llo = 2, .lhi = 1 << 22},
+                                  {"--max-tokens", .lval = &max_tokens, .llo = 2, .lhi = 1L << 40}};
     for (int i = 1; i < argc; i++) {
         int r;
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
@@ -80,12 +81,9 @@ int kv_cmd_eval(int argc, char **argv) {
                  (r = kv_cli_opt(argc, argv, &i, "--text", &text_path, &err)) ||
                  (r = kv_cli_opt(argc, argv, &i, "--tokens", &ids_path, &err))) {
             if (r < 0) return kv_cli_report("eval", &err);
-        } else if ((r = kv_cli_opt(argc, argv, &i, "--context", &v, &err))) {
-            if (r < 0 || kv_parse_int(v, "--context", 2, 1 << 22, &context, &err))
-                return kv_cli_report("eval", &err);
-        } else if ((r = kv_cli_opt(argc, argv, &i, "--max-tokens", &v, &err))) {
-            if (r < 0 || kv_parse_int(v, "--max-tokens", 2, 1L << 40, &max_tokens, &err))
-                return kv_cli_report("eval", &err);
+        } else if ((r = kv_cli_num_table(argc, argv, &i, nums, sizeof nums / sizeof nums[0],
+                                         &err))) {
+            if (r < 0) return kv_cli_report("eval", &err);
         } else if ((r = kv_budget_args_take(&ba, argc, argv, &i, &err))) {
             if (r < 0) return kv_cli_report("eval", &err);
         } else if (kv_cli_take_model("eval", argv[i], &model_path)) {

@@ -109,8 +109,10 @@ int kv_cmd_plan(int argc, char **argv) {
     kv_plan_args a;
     memset(&a, 0, sizeof a);
     double t = NAN, r = NAN, p = KV_SQUEEZE_DEFAULT_P;
+    const kv_cli_numopt nums[] = {{"--t", .dval = &t, .dlo = 0.0, .dhi = 1.0},
+                                  {"--r", .dval = &r, .dlo = 0.0, .dhi = 1.0},
+                                  {"--p", .dval = &p, .dlo = 0.0, .dhi = 1.0}};
     for (int i = 1; i < argc; i++) {
-        const char *v = NULL;
         int k;
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             help(stdout);
@@ -118,15 +120,9 @@ int kv_cmd_plan(int argc, char **argv) {
         }
         if ((k = kv_plan_args_take(&a, argc, argv, &i, &err))) {
             if (k < 0) return kv_cli_report("plan", &err);
-        } else if ((k = kv_cli_opt(argc, argv, &i, "--t", &v, &err))) {
-            if (k < 0 || kv_parse_double(v, "--t", 0.0, 1.0, &t, &err))
-                return kv_cli_report("plan", &err);
-        } else if ((k = kv_cli_opt(argc, argv, &i, "--r", &v, &err))) {
-            if (k < 0 || kv_parse_double(v, "--r", 0.0, 1.0, &r, &err))
-                return kv_cli_report("plan", &err);
-        } else if ((k = kv_cli_opt(argc, argv, &i, "--p", &v, &err))) {
-            if (k < 0 || kv_parse_double(v, "--p", 0.0, 1.0, &p, &err))
-                return kv_cli_report("plan", &err);
+        } else if ((k = kv_cli_num_table(argc, argv, &i, nums, sizeof nums / sizeof nums[0],
+                                         &err))) {
+            if (k < 0) return kv_cli_report("plan", &err);
         } else {
             fprintf(stderr, "kvplan plan: unknown argument %s\n", argv[i]);
             help(stderr);

@@ -73,11 +73,18 @@ static int read_prompts(const char *path, char ***out, int *n, kv_error *err) {
 
 int kv_cmd_run(int argc, char **argv) {
     kv_error err = {0};
-    const char *model_path = NULL, *tok_path = NULL, *prompt = "", *prompts_path = NULL, *v = NULL;
+    const char *model_path = NULL, *tok_path = NULL, *prompt = "", *prompts_path = NULL;
     long n_new = 256, batch = 0, seed = 0;
     double temperature = 1.0, top_p = 0.9;
     int quiet = 0;
     kv_budget_args ba = {0};
+    const kv_cli_numopt nums[] = {
+        {"-n", .lval = &n_new, .llo = 0, .lhi = 1 << 24},
+        {"--batch", .lval = &batch, .llo = 1, .lhi = 4096},
+        {"--seed", .lval = &seed, .llo = 0, .lhi = 0x7fffffffffffffffL},
+        {"--temperature", .dval = &temperature, .dlo = 0.0, .dhi = 100.0},
+        {"--top-p", .dval = &top_p, .dlo = 0.0, .dhi = 1.0},
+    };
     for (int i = 1; i < argc; i++) {
         int r;
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
@@ -90,21 +97,9 @@ int kv_cmd_run(int argc, char **argv) {
                  (r = kv_cli_opt(argc, argv, &i, "--prompt", &prompt, &err)) ||
                  (r = kv_cli_opt(argc, argv, &i, "--prompts", &prompts_path, &err))) {
             if (r < 0) return kv_cli_report("run", &err);
-        } else if ((r = kv_cli_opt(argc, argv, &i, "-n", &v, &err))) {
-            if (r < 0 || kv_parse_int(v, "-n", 0, 1 << 24, &n_new, &err))
-                return kv_cli_report("run", &err);
-        } else if ((r = kv_cli_opt(argc, argv, &i, "--batch", &v, &err))) {
-            if (r < 0 || kv_parse_int(v, "--batch", 1, 4096, &batch, &err))
-                return kv_cli_report("run", &err);
-        } else if ((r = kv_cli_opt(argc, argv, &i, "--seed", &v, &err))) {
-            if (r < 0 || kv_parse_int(v, "--seed", 0, 0x7fffffffffffffffL, &seed, &err))
-                return kv_cli_report("run", &err);
-        } else if ((r = kv_cli_opt(argc, argv, &i, "--temperature", &v, &err))) {
-            if (r < 0 || kv_parse_double(v, "--temperature", 0.0, 100.0, &temperature, &err))
-                return kv_cli_report("run", &err);
-        } else if ((r = kv_cli_opt(argc, argv, &i, "--top-p", &v, &err))) {
-            if (r < 0 || kv_parse_double(v, "--top-p", 0.0, 1.0, &top_p, &err))
-                return kv_cli_report("run", &err);
+        } else if ((r = kv_cli_num_table(argc, argv, &i, nums, sizeof nums / sizeof nums[0],
+                                         &err))) {
+            if (r < 0) return kv_cli_report("run", &err);
         } else if ((r = kv_budget_args_take(&ba, argc, argv, &i, &err))) {
             if (r < 0) return kv_cli_report("run", &err);
         } else if (kv_cli_take_model("run", argv[i], &model_path)) {

@@ -119,8 +119,16 @@ int kv_cmd_search(int argc, char **argv) {
     long calib = 2, levels = 16, rounds = 3, sbatch = 32;
     const char *sobj = NULL, *spol = NULL;
     int resume = 0;
+    const kv_cli_numopt nums[] = {
+        {"--eval-tokens", .lval = &eval_tokens, .llo = 2, .lhi = 1L << 40},
+        {"--heldout-tokens", .lval = &heldout_tokens, .llo = 0, .lhi = 1L << 40},
+        {"--calib-chunks", .lval = &calib, .llo = 1, .lhi = 1 << 20},
+        {"--sens-levels", .lval = &levels, .llo = 2, .lhi = 4096},
+        {"--sens-rounds", .lval = &rounds, .llo = 1, .lhi = 100},
+        {"--sens-batch", .lval = &sbatch, .llo = 1, .lhi = 64},
+        {"--halving", .lval = &eta, .llo = 2, .lhi = 1000},
+    };
     for (int i = 1; i < argc; i++) {
-        const char *v = NULL;
         int k;
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             help(stdout);
@@ -138,30 +146,11 @@ int kv_cmd_search(int argc, char **argv) {
             (k = kv_cli_opt(argc, argv, &i, "--r-grid", &rg, &err)) ||
             (k = kv_cli_opt(argc, argv, &i, "--p-grid", &pg, &err))) {
             if (k < 0) return kv_cli_report("search", &err);
-        } else if ((k = kv_cli_opt(argc, argv, &i, "--eval-tokens", &v, &err))) {
-            if (k < 0 || kv_parse_int(v, "--eval-tokens", 2, 1L << 40, &eval_tokens, &err))
-                return kv_cli_report("search", &err);
-        } else if ((k = kv_cli_opt(argc, argv, &i, "--heldout-tokens", &v, &err))) {
-            if (k < 0 || kv_parse_int(v, "--heldout-tokens", 0, 1L << 40, &heldout_tokens, &err))
-                return kv_cli_report("search", &err);
-        } else if ((k = kv_cli_opt(argc, argv, &i, "--calib-chunks", &v, &err))) {
-            if (k < 0 || kv_parse_int(v, "--calib-chunks", 1, 1 << 20, &calib, &err))
-                return kv_cli_report("search", &err);
-        } else if ((k = kv_cli_opt(argc, argv, &i, "--sens-levels", &v, &err))) {
-            if (k < 0 || kv_parse_int(v, "--sens-levels", 2, 4096, &levels, &err))
-                return kv_cli_report("search", &err);
-        } else if ((k = kv_cli_opt(argc, argv, &i, "--sens-rounds", &v, &err))) {
-            if (k < 0 || kv_parse_int(v, "--sens-rounds", 1, 100, &rounds, &err))
-                return kv_cli_report("search", &err);
-        } else if ((k = kv_cli_opt(argc, argv, &i, "--sens-batch", &v, &err))) {
-            if (k < 0 || kv_parse_int(v, "--sens-batch", 1, 64, &sbatch, &err))
-                return kv_cli_report("search", &err);
         } else if ((k = kv_cli_opt(argc, argv, &i, "--sens-objective", &sobj, &err)) ||
-                   (k = kv_cli_opt(argc, argv, &i, "--sens-policies", &spol, &err))) {
+                   (k = kv_cli_opt(argc, argv, &i, "--sens-policies", &spol, &err)) ||
+                   (k = kv_cli_num_table(argc, argv, &i, nums, sizeof nums / sizeof nums[0],
+                                         &err))) {
             if (k < 0) return kv_cli_report("search", &err);
-        } else if ((k = kv_cli_opt(argc, argv, &i, "--halving", &v, &err))) {
-            if (k < 0 || kv_parse_int(v, "--halving", 2, 1000, &eta, &err))
-                return kv_cli_report("search", &err);
         } else {
             fprintf(stderr, "kvplan search: unknown argument %s\n", argv[i]);
             help(stderr);

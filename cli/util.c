@@ -84,6 +84,22 @@ int kv_cli_opt_table(int argc, char **argv, int *i, const kv_cli_optval *t, size
     return r;
 }
 
+int kv_cli_num_table(int argc, char **argv, int *i, const kv_cli_numopt *t, size_t n,
+                     kv_error *err) {
+    for (size_t k = 0; k < n; k++) {
+        const char *v = NULL;
+        int r = kv_cli_opt(argc, argv, i, t[k].name, &v, err);
+        if (r <= 0) {
+            if (r < 0) return -1;
+            continue;
+        }
+        int rc = t[k].lval ? kv_parse_int(v, t[k].name, t[k].llo, t[k].lhi, t[k].lval, err)
+                           : kv_parse_double(v, t[k].name, t[k].dlo, t[k].dhi, t[k].dval, err);
+        return rc ? -1 : 1;
+    }
+    return 0;
+}
+
 int kv_cli_scan(const char *cmd, int argc, char **argv, const kv_cli_optval *t, size_t n,
                 const char *help, int *json) {
     kv_error err = {0};
