@@ -264,7 +264,10 @@ int kv_model_load_gguf(const char *path, kv_model **out, kv_error *err) {
                             spec[k].dst, spec[k].wdst, err);
         }
     }
-    if (!rc) rc = kv_sha256_file(path, m->sha256, err);
+    if (!rc) { /* model_sha256 of the bytes loaded, which are the file's */
+        const void *bytes = g->base;
+        rc = kv_sha256_parts(&path, &bytes, &g->len, 1, m->sha256, err);
+    }
     if (rc) {
         kv_model_free(m);
         return rc;
