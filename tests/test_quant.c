@@ -27,6 +27,7 @@
 #include "kvplan/quant.h"
 #include "kvplan/tokenizer.h"
 #include "gguf_writer.h"
+#include "synthetic.h"
 #include "testutil.h"
 
 #define M656 "models/tinystories-656k"
@@ -688,7 +689,7 @@ static void test_k_quants_synthetic(void) {
     /* A model of real shape whose rows are multiples of 256 (the K-quants' super-block):
      * dim 256, FFN 768, 4 query heads of 64 over 2 KV heads (GQA), 2 layers, vocab 1024. */
     kv_error err = {0};
-    kv_model *s = tw_synthetic_model(256, 2, 4, 2, 768, 1024, 256, 14, &err);
+    kv_model *s = synth_model((synth_shape){256, 2, 4, 2, 768, 1024, 256}, 0, 14, &err);
     CU_ASSERT_PTR_NOT_NULL_FATAL(s);
     const int n = 24;
     int tokens[24];
@@ -777,7 +778,7 @@ static double rel_max(const float *a, const float *b, size_t n) {
 static void test_half_logits_vs_fp32(void) {
     kv_error err = {0};
     kv_model *st = load(tu_shared(M656));
-    kv_model *syn = tw_synthetic_model(256, 2, 4, 2, 768, 1024, 256, 15, &err);
+    kv_model *syn = synth_model((synth_shape){256, 2, 4, 2, 768, 1024, 256}, 0, 15, &err);
     CU_ASSERT_PTR_NOT_NULL_FATAL(syn);
     struct {
         const char *what;
@@ -916,7 +917,7 @@ static void test_memory_own_type(void) {
     return;
 #else
     kv_error err = {0};
-    kv_model *s = tw_synthetic_model(768, 4, 12, 4, 2048, 32000, 4096, 2026, &err);
+    kv_model *s = synth_model((synth_shape){768, 4, 12, 4, 2048, 32000, 4096}, 0, 2026, &err);
     CU_ASSERT_PTR_NOT_NULL_FATAL(s);
     size_t f32_bytes = kv_model_resident_bytes(s), file_bytes[2];
     const char *files[2] = {"mem-f16.gguf", "mem-q8_0.gguf"};
