@@ -33,15 +33,6 @@
 #define M656 "models/tinystories-656k"
 #define TEXT "text/tinystories_val_head.txt"
 
-static kv_model *load(const char *path) {
-    kv_error err = {0};
-    kv_model *m = NULL;
-    int rc = kv_model_load(path, &m, &err);
-    if (rc) fprintf(stderr, "load %s: %s\n", path, err.msg);
-    CU_ASSERT_EQUAL_FATAL(rc, KV_OK);
-    return m;
-}
-
 /* ---- type table ---- */
 
 static void test_type_table(void) {
@@ -353,7 +344,7 @@ static qstat quant_error(kv_dtype t, const float *x, int n) {
 }
 
 static void test_quant_error_real(void) {
-    kv_model *m = load(tu_shared(M656));
+    kv_model *m = tu_load_shared(M656);
     /* three real tensors, each taken as one flat row (sizes are multiples of 256) */
     struct {
         const char *name;
@@ -413,8 +404,8 @@ static void test_quant_error_real(void) {
  * must be the same f16 (both take max|x| / 127) and the quants equal or one step apart (ours
  * divide by the rounded d, llama.cpp's reference by the exact one). */
 static void test_q8_0_vs_llama_cpp(void) {
-    kv_model *a = load(tu_shared(M656));
-    kv_model *q = load(tu_shared(M656 "/tinystories-656k-q8_0.gguf"));
+    kv_model *a = tu_load_shared(M656);
+    kv_model *q = tu_load_shared(M656 "/tinystories-656k-q8_0.gguf");
     CU_ASSERT_EQUAL_FATAL(q->tok_emb.type, KV_DT_Q8_0);
     CU_ASSERT_EQUAL_FATAL(a->tok_emb.type, KV_DT_F32);
     int n = 2048 * 128, nb = n / 32;
@@ -456,7 +447,7 @@ static double ref_dot(kv_dtype t, const void *w, const float *x, int n, double *
 }
 
 static void test_dot(void) {
-    kv_model *m = load(tu_shared(M656));
+    kv_model *m = tu_load_shared(M656);
     const float *wsrc = m->layers[0].w_gate.data, *xsrc = m->tok_emb.data; /* real weights, rows */
     int lens[] = {256, 512, 4096, 172, 40}; /* 172, 40: F16/BF16 rows with a tail */
     double worst = 0;
@@ -490,7 +481,7 @@ static void test_dot(void) {
 }
 
 static void test_matmul(void) {
-    kv_model *m = load(tu_shared(M656));
+    kv_model *m = tu_load_shared(M656);
     /* W [1100, 1024]: rows of the 656K embedding (flattened, 256 rows of 1024) reused
      * cyclically, so the tiled path needs two tiles (tiles of 2^20 floats: 1024 rows at
      * in = 1024); x: 7 rows of real weights. */
@@ -601,13 +592,13 @@ static kv_model *write_and_load(const kv_model *m, kv_dtype t, const char *name,
     int rc = tw_write_gguf(path, m, t, bytes, &err);
     if (rc) fprintf(stderr, "write %s: %s\n", name, err.msg);
     CU_ASSERT_EQUAL_FATAL(rc, KV_OK);
-    kv_model *q = load(path);
+    kv_model *q = tu_load_model(path);
     CU_ASSERT_STRING_EQUAL(q->format, "gguf");
     return q;
 }
 
 static void test_656k_types_perplexity(void) {
-    kv_model *a = load(tu_shared(M656));
+    kv_model *a = tu_load_shared(M656);
     int n = 0;
     int *ids = text_ids_656k(a, &n);
     /* 8 chunks of 512 tokens (4088 predictions) keep the suite short under ASan */
@@ -777,7 +768,7 @@ static double rel_max(const float *a, const float *b, size_t n) {
  * 656K written as BF16, and the synthetic 256/768 model written as F16 and BF16. */
 static void test_half_logits_vs_fp32(void) {
     kv_error err = {0};
-    kv_model *st = load(tu_shared(M656));
+    kv_model *st = tu_load_shared(M656);
     kv_model *syn = synth_model((synth_shape){256, 2, 4, 2, 768, 1024, 256}, 0, 15, &err);
     CU_ASSERT_PTR_NOT_NULL_FATAL(syn);
     struct {
@@ -794,7 +785,7 @@ static void test_half_logits_vs_fp32(void) {
     int tokens[40];
     for (int k = 0; k < 4; k++) {
         kv_model *h = cases[k].src ? write_and_load(cases[k].src, cases[k].t, cases[k].file, NULL)
-                                   : load(tu_shared(cases[k].file));
+                                   : tu_load_shared(cases[k].file);
         CU_ASSERT_EQUAL(h->layers[0].wq.type, cases[k].t);
         CU_ASSERT_EQUAL(h->classifier.type, cases[k].t);
         char name[64];
