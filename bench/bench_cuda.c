@@ -12,73 +12,18 @@
 #include "kvplan/engine.h"
 #include "kvplan/kvcuda.h"
 #include "kvplan/plan.h"
+#include "synthetic.h" /* tests/synthetic.c, shared with the tests */
 
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static uint64_t rng_next(uint64_t *s) { /* splitmix64 */
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
-
-static const float *tensor(kv_model *m, size_t n, float scale, uint64_t *s, int *ok,
-                           kv_error *err) {
-    float *t = malloc(n * sizeof(float));
-    if (!t || kv_model_adopt(m, t, err)) {
-        *ok = 0;
-        return NULL;
-    }
-    for (size_t i = 0; i < n; i++)
-        t[i] = scale * ((float)(rng_next(s) >> 40) / (float)(1 << 24) * 2.0f - 1.0f);
-    return t;
-}
-
+/* The benchmark's model: tests/synthetic.c at the shape above, embedding tied to the
+ * classifier, BOS 1 / EOS 2. */
 static kv_model *synthetic(kv_error *err) {
-    kv_model *m = kv_model_alloc(12, err);
-    if (!m) return NULL;
-    kv_config *c = &m->cfg;
-    *c = (kv_config){.dim = 768,
-                     .hidden_dim = 2048,
-                     .n_layers = 12,
-                     .n_heads = 12,
-                     .n_kv_heads = 4,
-                     .head_dim = 64,
-                     .vocab_size = 32000,
-                     .seq_len = 4096,
-                     .norm_eps = 1e-5f,
-                     .rope_theta = 10000.0f,
-                     .rope_layout = KV_ROPE_ADJACENT,
-                     .bos_id = 1,
-                     .eos_id = 2};
-    snprintf(c->arch, sizeof c->arch, "llama");
-    snprintf(m->format, sizeof m->format, "synthetic");
-    uint64_t s = 7;
-    int ok = 1;
-    size_t d = 768, kvw = 4 * 64, hid = 2048, V = 32000;
-    m->tok_emb = kv_weight_f32(tensor(m, V * d, 0.05f, &s, &ok, err));
-    m->classifier = m->tok_emb;
-    m->cfg.tied_embeddings = 1;
-    m->final_norm = tensor(m, d, 1.0f, &s, &ok, err);
-    for (int l = 0; ok && l < 12; l++) {
-        kv_layer_weights *w = &m->layers[l];
-        w->attn_norm = tensor(m, d, 1.0f, &s, &ok, err);
-        w->ffn_norm = tensor(m, d, 1.0f, &s, &ok, err);
-        w->wq = kv_weight_f32(tensor(m, d * d, 0.03f, &s, &ok, err));
-        w->wk = kv_weight_f32(tensor(m, kvw * d, 0.03f, &s, &ok, err));
-        w->wv = kv_weight_f32(tensor(m, kvw * d, 0.03f, &s, &ok, err));
-        w->wo = kv_weight_f32(tensor(m, d * d, 0.03f, &s, &ok, err));
-        w->w_gate = kv_weight_f32(tensor(m, hid * d, 0.03f, &s, &ok, err));
-        w->w_up = kv_weight_f32(tensor(m, hid * d, 0.03f, &s, &ok, err));
-        w->w_down = kv_weight_f32(tensor(m, d * hid, 0.02f, &s, &ok, err));
-    }
-    if (!ok || kv_config_check(c, "synthetic model", err)) {
-        kv_model_free(m);
-        return NULL;
-    }
+    kv_model *m = synth_model((synth_shape){768, 12, 12, 4, 2048, 32000, 4096}, 1, 7, err);
+    if (m) m->cfg.bos_id = 1, m->cfg.eos_id = 2;
     return m;
 }
 
@@ -144,7 +89,7 @@ int main(int argc, char **argv) {
            "decode tok/s", "GB/s", "of copy");
     int *tok = malloc(sizeof(int) * (size_t)context);
     uint64_t s = 11;
-    for (int i = 0; i < context; i++) tok[i] = 3 + (int)(rng_next(&s) % 31000);
+    for (int i = 0; i < context; i++) tok[i] = 3 + (int)(synth_next(&s) % 31000);
     float *logits = malloc(sizeof(float) * (size_t)c->vocab_size);
     const double ratios[3] = {1.0, 0.25, 1.0 / 16};
     const char *names[3] = {"1", "1/4", "1/16"};

@@ -35,75 +35,7 @@
 #include "kvplan/forward.h"
 #include "kvplan/kvcache.h"
 #include "kvplan/model.h"
-
-/* ---- seeded generator (splitmix64), local state */
-static uint64_t rng_next(uint64_t *s) {
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-static float rng_uniform(uint64_t *s) { /* [-1, 1) */
-    return (float)((double)(rng_next(s) >> 40) / 8388608.0 - 1.0);
-}
-
-static float *rand_tensor(kv_model *m, size_t n, float scale, uint64_t *s, kv_error *err) {
-    float *p = malloc(n * sizeof *p);
-    if (!p) {
-        kv_fail(err, KV_EINTERNAL, "out of memory (synthetic tensor of %zu floats)", n);
-        return NULL;
-    }
-    for (size_t i = 0; i < n; i++) p[i] = scale < 0 ? 1.0f : scale * rng_uniform(s);
-    return kv_model_adopt(m, p, err) ? NULL : p;
-}
-
-/* A random fp32 weight matrix as a kv_weight; 0 on failure (err set). */
-static int rand_weight(kv_model *m, kv_weight *dst, size_t n, float scale, uint64_t *s,
-                       kv_error *err) {
-    const float *p = rand_tensor(m, n, scale, s, err);
-    if (p) *dst = kv_weight_f32(p);
-    return p != NULL;
-}
-
-/* A Llama-shaped model with uniform(-1/sqrt(in), 1/sqrt(in)) weights and unit norms. */
-static kv_model *synthetic_model(int dim, int layers, int heads, int kv_heads, int hidden,
-                                 int vocab, int seq_len, uint64_t seed, kv_error *err) {
-    kv_model *m = kv_model_alloc(layers, err);
-    if (!m) return NULL;
-    kv_config *c = &m->cfg;
-    c->dim = dim, c->hidden_dim = hidden, c->n_layers = layers, c->n_heads = heads;
-    c->n_kv_heads = kv_heads, c->head_dim = dim / heads, c->vocab_size = vocab;
-    c->seq_len = seq_len, c->norm_eps = 1e-5f, c->rope_theta = 10000.0f;
-    c->rope_layout = KV_ROPE_ADJACENT;
-    snprintf(c->arch, sizeof c->arch, "llama");
-    snprintf(m->format, sizeof m->format, "synthetic");
-    snprintf(m->path, sizeof m->path, "synthetic(seed %llu)", (unsigned long long)seed);
-    uint64_t s = seed;
-    size_t D = (size_t)dim, Q = (size_t)heads * c->head_dim, KV = (size_t)kv_heads * c->head_dim,
-           F = (size_t)hidden;
-    float sd = 1.0f / sqrtf((float)dim), sf = 1.0f / sqrtf((float)hidden);
-    int ok = kv_config_check(c, "synthetic model", err) == KV_OK;
-    ok = ok && rand_weight(m, &m->tok_emb, (size_t)vocab * D, 1.0f, &s, err);
-    ok = ok && rand_weight(m, &m->classifier, (size_t)vocab * D, sd, &s, err);
-    ok = ok && (m->final_norm = rand_tensor(m, D, -1.0f, &s, err));
-    for (int l = 0; ok && l < layers; l++) {
-        kv_layer_weights *w = &m->layers[l];
-        ok = ok && (w->attn_norm = rand_tensor(m, D, -1.0f, &s, err));
-        ok = ok && (w->ffn_norm = rand_tensor(m, D, -1.0f, &s, err));
-        ok = ok && rand_weight(m, &w->wq, Q * D, sd, &s, err);
-        ok = ok && rand_weight(m, &w->wk, KV * D, sd, &s, err);
-        ok = ok && rand_weight(m, &w->wv, KV * D, sd, &s, err);
-        ok = ok && rand_weight(m, &w->wo, D * Q, 1.0f / sqrtf((float)Q), &s, err);
-        ok = ok && rand_weight(m, &w->w_gate, F * D, sd, &s, err);
-        ok = ok && rand_weight(m, &w->w_up, F * D, sd, &s, err);
-        ok = ok && rand_weight(m, &w->w_down, D * F, sf, &s, err);
-    }
-    if (!ok) {
-        kv_model_free(m);
-        return NULL;
-    }
-    return m;
-}
+#include "synthetic.h" /* tests/synthetic.c, shared with the tests */
 
 /* ---- memcpy bandwidth: best of `reps` copies of `bytes`, with 1 and with all threads */
 static double memcpy_gbps(size_t bytes, int threads, int reps) {
@@ -329,7 +261,7 @@ int main(int argc, char **argv) {
         int T = 256, D = 255, V = m->cfg.vocab_size;
         int *tok = malloc(512 * sizeof *tok);
         uint64_t s = 1;
-        for (int i = 0; i < 512; i++) tok[i] = i ? (int)(rng_next(&s) % (uint64_t)V) : 1;
+        for (int i = 0; i < 512; i++) tok[i] = i ? (int)(synth_next(&s) % (uint64_t)V) : 1;
         kv_plan full;
         check(kv_plan_full(&m->cfg, 512, 16, 16, KV_POLICY_SINK, &full, &err), &err);
         kv_engine *e = make_engine(m, &full, 1, 512, 512, 0);
@@ -356,14 +288,14 @@ int main(int argc, char **argv) {
 
     /* ---- synthetic model of realistic shape ---- */
     double t0 = kv_now();
-    m = synthetic_model(768, 12, 12, 4, 2048, 32000, 4096, 42, &err);
+    m = synth_model((synth_shape){768, 12, 12, 4, 2048, 32000, 4096}, 0, 42, &err);
     if (!m) check(KV_EINTERNAL, &err);
     double build_s = kv_now() - t0;
     int V = m->cfg.vocab_size, L = m->cfg.n_layers, Hkv = m->cfg.n_kv_heads;
     int maxT = long_ctx > 512 ? long_ctx : 512;
     int *tok = malloc((size_t)maxT * sizeof *tok);
     uint64_t s = 7;
-    for (int i = 0; i < maxT; i++) tok[i] = (int)(rng_next(&s) % (uint64_t)V);
+    for (int i = 0; i < maxT; i++) tok[i] = (int)(synth_next(&s) % (uint64_t)V);
     const char *syn = "synthetic 768d 12L 12H/4KV 2048f 32k";
     if (part == 0 || part == 2) {
         int D = quick ? 8 : 32;

@@ -2,13 +2,13 @@
  *
  * A ggml tensor with ne = [in, out] is the row-major matrix [out, in], the kv_model layout.
  * Weight matrices stay in their file's type (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
- * Q4_K, Q5_K, Q6_K; layouts: include/kvplan/quant.h), in place in the memory map (issue 14);
+ * Q4_K, Q5_K, Q6_K; layouts: include/kvplan/quant.h), in place in the loaded file (issue 14);
  * norms and biases in another type than F32 are dequantised on load (runtime/quant.c) into
  * buffers the model owns. GGUF conversions of llama models permute the Q and K rows for RoPE
  * on adjacent pairs (KV_ROPE_ADJACENT); qwen2 conversions keep the rotate-half layout
  * (KV_ROPE_HALF).
  *
- * The parsed file (kv_gguf, owning the memory map the F32 weights point into) is kept in
+ * The parsed file (kv_gguf, owning the loaded file bytes the weights point into) is kept in
  * model->gguf; the tokenizer reads the embedded vocabulary from it (runtime/tokenizer_gguf.c).
  * This loader never builds a tokenizer.
  */
@@ -29,7 +29,7 @@ double kv_gguf_dequant_seconds(const kv_model *m) {
 }
 
 /* Tensor `name` expected to be [rows, cols] row-major (ne = [cols, rows]; a 1-D tensor has
- * rows = 1). With `wout` (matrices): the tensor in its own type, in place in the memory map
+ * rows = 1). With `wout` (matrices): the tensor in its own type, in place in the loaded file
  * (issue 14: weights stay in their file's type). With `out` (norms, biases): an fp32 view, F32
  * in place, other types dequantised into a buffer the model adopts. Absent and optional: NULL
  * data and KV_OK. */
@@ -264,7 +264,10 @@ int kv_model_load_gguf(const char *path, kv_model **out, kv_error *err) {
                             spec[k].dst, spec[k].wdst, err);
         }
     }
-    if (!rc) rc = kv_sha256_file(path, m->sha256, err);
+    if (!rc) { /* model_sha256 of the bytes loaded, which are the file's */
+        const void *bytes = g->base;
+        rc = kv_sha256_parts(&path, &bytes, &g->len, 1, m->sha256, err);
+    }
     if (rc) {
         kv_model_free(m);
         return rc;

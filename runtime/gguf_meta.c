@@ -8,13 +8,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 void kv_gguf_close(kv_gguf *g) {
     if (!g) return;
-    if (g->owns_map && g->base) munmap((void *)g->base, g->len);
+    free((void *)g->base);
     free(g->kv);
     free(g->t);
     free(g);
@@ -494,31 +493,18 @@ int kv_gguf_open(const char *path, kv_gguf **out, kv_error *err) {
     kv_gguf *g = kv_calloc(1, sizeof *g, "GGUF header", err);
     if (!g) return KV_EINTERNAL;
     snprintf(g->path, sizeof g->path, "%s", path);
-    int fd = open(path, O_RDONLY);
-    if (fd < 0) {
+    void *data = NULL;
+    size_t len = 0;
+    int rc = kv_file_load(path, "GGUF file", 0, &data, &len, err);
+    if (rc) {
         free(g);
-        return kv_fail(err, KV_EINPUT, "%s: cannot open: %s", path, strerror(errno));
+        return rc;
     }
-    struct stat st;
-    int rc = KV_OK;
-    if (fstat(fd, &st) != 0)
-        rc = kv_fail(err, KV_EINPUT, "%s: cannot stat: %s", path, strerror(errno));
-    else if (!S_ISREG(st.st_mode))
-        rc = kv_fail(err, KV_EINPUT, "%s: not a regular file", path);
-    else if (st.st_size < 24)
-        rc = kv_fail(err, KV_EINPUT, "%s: %lld bytes is too short for a GGUF header (24)", path,
-                     (long long)st.st_size);
-    if (!rc) {
-        void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
-        if (p == MAP_FAILED)
-            rc = kv_fail(err, KV_EINTERNAL, "%s: mmap failed: %s", path, strerror(errno));
-        else {
-            g->base = p;
-            g->len = (size_t)st.st_size;
-            g->owns_map = 1;
-        }
-    }
-    close(fd);
+    g->base = data;
+    g->len = len;
+    if (len < 24)
+        rc =
+            kv_fail(err, KV_EINPUT, "%s: %zu bytes is too short for a GGUF header (24)", path, len);
     if (!rc) rc = parse_header(g, err);
     if (rc) {
         kv_gguf_close(g);

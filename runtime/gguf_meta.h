@@ -61,11 +61,10 @@ typedef struct kv_gguf_tensor {
     size_t nbytes;
 } kv_gguf_tensor;
 
-/* A parsed GGUF file. Owns its memory map when opened with kv_gguf_open. */
+/* A parsed GGUF file: its bytes, loaded into memory it owns (kv_file_load), and the index. */
 typedef struct kv_gguf {
-    const unsigned char *base; /* the whole file */
+    const unsigned char *base; /* the whole file, owned (free) */
     size_t len;
-    int owns_map; /* kv_gguf_close unmaps base */
     char path[4096];
     uint32_t version;
     int n_kv;
@@ -76,14 +75,14 @@ typedef struct kv_gguf {
     double dequant_s;  /* seconds the model loader spent dequantising (runtime/gguf.c) */
 } kv_gguf;
 
-/* Map `path` read-only and parse its header into a new kv_gguf the caller owns
- * (kv_gguf_close). KV_EINPUT naming the file and the field for anything malformed: bad magic,
- * version other than 2/3 (big-endian files named as such), truncation, counts that cannot fit,
- * unknown value types, tensors with bad dimensions, unsupported ggml types, offsets not aligned
- * or past the end. Tensor types kvplan does not read (kv_dtype_supported) and rows that are not
- * whole blocks of their type are refused by name. */
+/* Load `path` into memory (kv_file_load: regular files only, no memory map) and parse its header
+ * into a new kv_gguf the caller owns (kv_gguf_close). KV_EINPUT naming the file and the field for
+ * anything malformed: bad magic, version other than 2/3 (big-endian files named as such),
+ * truncation, counts that cannot fit, unknown value types, tensors with bad dimensions, unsupported
+ * ggml types, offsets not aligned or past the end. Tensor types kvplan does not read
+ * (kv_dtype_supported) and rows that are not whole blocks of their type are refused by name. */
 int kv_gguf_open(const char *path, kv_gguf **out, kv_error *err);
-/* Release g (and its map when it owns one). NULL is ignored. */
+/* Release g and the file's bytes. NULL is ignored. */
 void kv_gguf_close(kv_gguf *g);
 
 /* The metadata pair named `key`, or NULL. */

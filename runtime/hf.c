@@ -80,11 +80,13 @@ static int parse_json(const char *path, const char *data, size_t len, cJSON **ou
 /* Read one shard and index its tensors into s. */
 static int read_shard(st_set *s, int fi, kv_error *err) {
     st_file *f = &s->files[fi];
-    char *data = NULL;
+    void *bytes = NULL;
     size_t len = 0;
-    int rc = kv_read_file(f->path, &data, &len, err);
+    /* whole shard into memory the model will own: the weights point into it */
+    int rc = kv_file_load(f->path, "safetensors file", 0, &bytes, &len, err);
     if (rc) return rc;
-    f->data = (unsigned char *)data;
+    const char *data = bytes;
+    f->data = bytes;
     f->len = len;
     uint64_t hn;
     if (len < 8)
@@ -516,9 +518,19 @@ int kv_model_load_hf(const char *dir, kv_model **out, kv_error *err) {
         if (!paths)
             rc = kv_fail(err, KV_EINTERNAL, "out of memory");
         else {
+            /* config.json from disk, the shards as loaded (the bytes the weights are in) */
+            const void **bufs = calloc((size_t)s.n_files + 1, sizeof *bufs);
+            size_t *lens = calloc((size_t)s.n_files + 1, sizeof *lens);
+            if (!bufs || !lens) rc = kv_fail(err, KV_EINTERNAL, "out of memory");
             paths[0] = cfg_path;
-            for (int i = 0; i < s.n_files; i++) paths[i + 1] = s.files[i].path;
-            rc = kv_sha256_files(paths, s.n_files + 1, m->sha256, err);
+            for (int i = 0; i < s.n_files && !rc; i++) {
+                paths[i + 1] = s.files[i].path;
+                bufs[i + 1] = s.files[i].data;
+                lens[i + 1] = s.files[i].len;
+            }
+            if (!rc) rc = kv_sha256_parts(paths, bufs, lens, s.n_files + 1, m->sha256, err);
+            free(lens);
+            free(bufs);
             free(paths);
         }
     }

@@ -5,7 +5,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 
 #include "gguf_meta.h"
@@ -43,8 +42,7 @@ void kv_model_free(kv_model *m) {
     if (!m) return;
     for (int i = 0; i < m->n_owned; i++) free(m->owned[i]);
     free(m->owned);
-    if (m->map) munmap(m->map, m->map_len);
-    kv_gguf_close(m->gguf); /* GGUF: the parsed file and its map */
+    kv_gguf_close(m->gguf); /* GGUF: the parsed file and its bytes */
     free(m->layers);
     free(m);
 }

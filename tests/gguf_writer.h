@@ -23,11 +23,4 @@
  * when the file cannot be written. *bytes (may be NULL) gets the file size. */
 int tw_write_gguf(const char *path, const kv_model *m, kv_dtype type, size_t *bytes, kv_error *err);
 
-/* A Llama-shaped model with seeded pseudo-random weights (splitmix64; each weight the mean of
- * three uniforms on [-a, a], a = sqrt(3 / in) so the rows have unit-scale outputs), unit norms,
- * an untied classifier, RoPE on adjacent pairs. Built in memory (owned buffers); caller frees
- * with kv_model_free. NULL with err set on bad sizes or out of memory. */
-kv_model *tw_synthetic_model(int dim, int layers, int heads, int kv_heads, int hidden, int vocab,
-                             int seq_len, uint64_t seed, kv_error *err);
-
 #endif

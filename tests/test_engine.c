@@ -17,15 +17,6 @@
 #define TOK "models/stories260K/tok512.bin"
 #define TEXT "text/tinystories_val_head.txt"
 
-static kv_model *load_model(void) {
-    kv_model *m = NULL;
-    kv_error err = {0};
-    int rc = kv_model_load(tu_shared(MODEL), &m, &err);
-    if (rc) fprintf(stderr, "load: %s\n", err.msg);
-    CU_ASSERT_FATAL(rc == KV_OK);
-    return m;
-}
-
 static kv_tokenizer *load_tok(const kv_model *m) {
     kv_tokenizer *t = NULL;
     kv_error err = {0};
@@ -43,7 +34,7 @@ static void write_bytes(const char *path, const void *data, size_t n) {
 }
 
 static void test_config_and_hash(void) {
-    kv_model *m = load_model();
+    kv_model *m = tu_load_shared(MODEL);
     CU_ASSERT_EQUAL(m->cfg.dim, 64);
     CU_ASSERT_EQUAL(m->cfg.hidden_dim, 172);
     CU_ASSERT_EQUAL(m->cfg.n_layers, 5);
@@ -97,7 +88,7 @@ static void test_loader_errors(void) {
     CU_ASSERT_EQUAL(kv_model_load(p, &m, &err), KV_EINPUT);
     CU_ASSERT_EQUAL(kv_model_load(tu_tmp("missing.bin"), &m, &err), KV_EINPUT);
     /* truncated tokenizer */
-    m = load_model();
+    m = tu_load_shared(MODEL);
     char *tdata = NULL;
     size_t tlen = 0;
     CU_ASSERT_FATAL(kv_read_file(tu_shared(TOK), &tdata, &tlen, &err) == KV_OK);
@@ -173,7 +164,7 @@ static int naive_encode(const char *tok_path, int V, const char *text, int *out)
 }
 
 static void test_tokenizer(void) {
-    kv_model *m = load_model();
+    kv_model *m = tu_load_shared(MODEL);
     kv_tokenizer *t = load_tok(m);
     kv_error err = {0};
     const char *s = "Once upon a time, there was a little girl named Lily. She loved to play.";
@@ -246,7 +237,7 @@ static void run_forward(kv_model *m, const int *tokens, int T, int decode, float
 }
 
 static void test_forward_vs_naive(void) {
-    kv_model *m = load_model();
+    kv_model *m = tu_load_shared(MODEL);
     int n = 0;
     int *ids = text_tokens(m, &n);
     int T = 96, V = m->cfg.vocab_size;
@@ -263,7 +254,7 @@ static void test_forward_vs_naive(void) {
 }
 
 static void test_prefill_equals_decode(void) {
-    kv_model *m = load_model();
+    kv_model *m = tu_load_shared(MODEL);
     int n = 0;
     int *ids = text_tokens(m, &n);
     int T = 512, V = m->cfg.vocab_size;

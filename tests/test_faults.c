@@ -24,7 +24,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "kvplan/forward.h"
 #include "kvplan/h5io.h"
+#include "kvplan/kvcache.h"
 #include "kvplan/model.h"
 #include "kvplan/search.h"
 #include "testutil.h"
@@ -606,6 +608,154 @@ static void test_long_attributes(void) {
     free(o);
 }
 
+/* ---- a model file truncated while kvplan runs (issue 16, item 8) ----
+ * The model is copied to a temporary file, loaded, decoded for a few greedy steps, the file
+ * is cut to half its size with ftruncate, and the same steps are decoded again with the
+ * loaded model. While the weights pointed into a MAP_PRIVATE mapping of the file, the second
+ * decode touched pages the truncation had dropped and died of SIGBUS; the loaders now read the
+ * file into memory the model owns. Runs in a child so that a signal is reported as a failure
+ * instead of ending the suite. */
+
+#define TRUNC_STEPS 6
+
+/* Greedy decode of TRUNC_STEPS tokens from BOS; logits [TRUNC_STEPS, vocab] into lg.
+ * Returns 0, or 1 with a message on stderr. */
+static int greedy_logits(const kv_model *m, float *lg) {
+    kv_error err = {0};
+    kv_pool pool;
+    kv_cache c;
+    kv_workspace *ws = NULL;
+    int V = m->cfg.vocab_size, ctx = TRUNC_STEPS + 1;
+    long blocks = kv_cache_blocks_needed(m->cfg.n_layers, m->cfg.n_kv_heads, NULL, ctx, 1, 16);
+    if (kv_pool_init(&pool, (int)blocks, 16, m->cfg.head_dim, &err)) goto fail_pool;
+    if (kv_cache_init(&c, &pool, m->cfg.n_layers, m->cfg.n_kv_heads, NULL, KV_POLICY_SINK, &err))
+        goto fail_cache;
+    if (kv_workspace_new(m, 1, ctx, &ws, &err)) goto fail_ws;
+    int tok = m->cfg.bos_id >= 0 ? m->cfg.bos_id : 1, rc = 0;
+    kv_cache *seqs[1] = {&c};
+    for (int i = 0; i < TRUNC_STEPS && !rc; i++) {
+        float *row = lg + (size_t)i * V;
+        rc = kv_forward(m, ws, seqs, 1, &tok, 1, KV_LOGITS_LAST, row, NULL, &err);
+        int best = 0;
+        for (int v = 1; v < V; v++)
+            if (row[v] > row[best]) best = v;
+        tok = best;
+    }
+    kv_workspace_free(ws);
+    kv_cache_destroy(&c);
+    kv_pool_destroy(&pool);
+    if (rc) fprintf(stderr, "forward: %s\n", err.msg);
+    return rc ? 1 : 0;
+fail_ws:
+    kv_cache_destroy(&c);
+fail_cache:
+    kv_pool_destroy(&pool);
+fail_pool:
+    fprintf(stderr, "decode setup: %s\n", err.msg);
+    return 1;
+}
+
+/* Child: load `model` (a path or HF directory), decode, truncate `file` to half, decode
+ * again; exit 0 when both decodes gave bit-identical logits. */
+static void truncated_child(const char *model, const char *file) {
+    kv_error err = {0};
+    kv_model *m = NULL;
+    if (kv_model_load(model, &m, &err)) {
+        fprintf(stderr, "load: %s\n", err.msg);
+        _exit(2);
+    }
+    size_t n = (size_t)TRUNC_STEPS * (size_t)m->cfg.vocab_size;
+    float *a = malloc(n * sizeof *a), *b = malloc(n * sizeof *b);
+    if (!a || !b || greedy_logits(m, a)) _exit(3);
+    long size = file_size(file);
+    if (size <= 0 || truncate(file, size / 2) != 0 || file_size(file) != size / 2) {
+        fprintf(stderr, "%s: cannot truncate\n", file);
+        _exit(4);
+    }
+    if (greedy_logits(m, b)) _exit(5);
+    int same = memcmp(a, b, n * sizeof *a) == 0;
+    free(a);
+    free(b);
+    kv_model_free(m);
+    _exit(same ? 0 : 6);
+}
+
+/* Copy `rel` (under shared/models) to the temporary `copy`, then run the child on `model`. */
+static void truncated_case(const char *rel, const char *copy, const char *model) {
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd, "cp '%s' '%s' && chmod u+w '%s'", tu_shared(rel), copy, copy);
+    CU_ASSERT_EQUAL_FATAL(tu_run_sh(cmd, NULL), 0);
+    fflush(NULL);
+    pid_t pid = fork();
+    CU_ASSERT_FATAL(pid >= 0);
+    if (pid == 0) truncated_child(model, copy);
+    int status = 0;
+    CU_ASSERT_EQUAL_FATAL(waitpid(pid, &status, 0), pid);
+    if (WIFSIGNALED(status))
+        fprintf(stderr, "\n    %s: the decode after truncation died of signal %d (%s)\n", rel,
+                WTERMSIG(status), strsignal(WTERMSIG(status)));
+    else if (WEXITSTATUS(status))
+        fprintf(stderr, "\n    %s: child exit %d\n", rel, WEXITSTATUS(status));
+    CU_ASSERT_TRUE(WIFEXITED(status));
+    CU_ASSERT_EQUAL(WIFEXITED(status) ? WEXITSTATUS(status) : -1, 0);
+    CU_ASSERT_EQUAL(file_size(copy) > 0, 1); /* the truncation happened (half the size) */
+}
+
+static void test_truncated_while_loaded(void) {
+    const char *bin = tu_tmp("trunc260K.bin"), *gguf = tu_tmp("trunc260K.gguf");
+    truncated_case("models/stories260K/stories260K.bin", bin, bin);
+    truncated_case("models/stories260K/stories260K.gguf", gguf, gguf);
+    /* the Hugging Face directory: config.json beside a copied model.safetensors */
+    const char *dir = tu_tmp("trunc656k");
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd, "mkdir -p '%s' && cp '%s' '%s/'", dir,
+             tu_shared("models/tinystories-656k/config.json"), dir);
+    CU_ASSERT_EQUAL_FATAL(tu_run_sh(cmd, NULL), 0);
+    char st[4200];
+    snprintf(st, sizeof st, "%s/model.safetensors", dir);
+    truncated_case("models/tinystories-656k/model.safetensors", st, dir);
+}
+
+/* kv_file_load itself: what it refuses, and a file large enough for the chunked read, the huge
+ * page alignment and the page-cache advice (40 MiB, sparse: no disk space). */
+static void test_file_load(void) {
+    kv_error err = {0};
+    void *d = NULL;
+    size_t n = 7;
+    const char *fifo = tu_tmp("load.fifo");
+    unlink(fifo);
+    CU_ASSERT_EQUAL_FATAL(mkfifo(fifo, 0600), 0);
+    CU_ASSERT_EQUAL(kv_file_load(fifo, "model", 0, &d, &n, &err), KV_EINPUT);
+    CU_ASSERT_PTR_NULL(d);
+    CU_ASSERT_EQUAL(n, 0);
+    CU_ASSERT_TRUE(has(err.msg, fifo) && has(err.msg, "FIFO"));
+    CU_ASSERT_EQUAL(kv_file_load(tu_tmp("no-such-model"), "model", 0, &d, &n, &err), KV_EINPUT);
+    CU_ASSERT_TRUE(has(err.msg, "no-such-model"));
+    const char *big = tu_tmp("load-big.bin");
+    size_t size = ((size_t)40 << 20) + 3;
+    FILE *f = fopen(big, "wb");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+    fputs("kvplan", f);
+    CU_ASSERT_EQUAL(ftruncate(fileno(f), (off_t)size), 0);
+    CU_ASSERT_EQUAL(fseek(f, -3, SEEK_END), 0);
+    fputs("end", f);
+    CU_ASSERT_EQUAL_FATAL(fclose(f), 0);
+    CU_ASSERT_EQUAL(kv_file_load(big, "model", (uint64_t)size - 1, &d, &n, &err), KV_EINPUT);
+    CU_ASSERT_TRUE(has(err.msg, big) && has(err.msg, "more than"));
+    CU_ASSERT_EQUAL_FATAL(kv_file_load(big, "model", 0, &d, &n, &err), KV_OK);
+    CU_ASSERT_EQUAL(n, size);
+    unsigned char *b = d;
+    CU_ASSERT_EQUAL((uintptr_t)b % ((uintptr_t)2 << 20), 0); /* huge-page aligned */
+    CU_ASSERT_EQUAL(memcmp(b, "kvplan", 6), 0);
+    CU_ASSERT_EQUAL(memcmp(b + size - 3, "end", 3), 0);
+    CU_ASSERT_EQUAL(b[size], 0);
+    size_t nonzero = 0;
+    for (size_t i = 6; i < size - 3; i++) nonzero += b[i] != 0;
+    CU_ASSERT_EQUAL(nonzero, 0);
+    free(d);
+    unlink(big);
+}
+
 int main(void) {
     static const tu_test tests[] = {
         {"disk full (RLIMIT_FSIZE): exit 2, old file kept, no temporary", test_full_disk_rlimit},
@@ -621,6 +771,9 @@ int main(void) {
         {"profile values outside [0, 1]", test_profile_ranges},
         {"header fields that were undefined behaviour", test_ub_headers},
         {"over-long attributes are cut in text output", test_long_attributes},
+        {"kv_file_load: refusals, a 40 MiB file", test_file_load},
+        {"a model file truncated after loading: same logits, no SIGBUS",
+         test_truncated_while_loaded},
     };
     return tu_main("faults", tests, sizeof tests / sizeof tests[0]);
 }

@@ -19,15 +19,6 @@ double kv_gguf_dequant_seconds(const kv_model *m); /* runtime/gguf.c, for measur
 #define M656 "models/tinystories-656k"
 #define TEXT "text/tinystories_val_head.txt"
 
-static kv_model *load(const char *rel) {
-    kv_error err = {0};
-    kv_model *m = NULL;
-    int rc = kv_model_load(tu_shared(rel), &m, &err);
-    if (rc) fprintf(stderr, "load %s: %s\n", rel, err.msg);
-    CU_ASSERT_EQUAL_FATAL(rc, KV_OK);
-    return m;
-}
-
 /* Greedy decoding from BOS for n steps; tokens[n] and logits[n][vocab] (may be NULL). */
 static void greedy(const kv_model *m, int n, int *tokens, float *logits) {
     kv_error err = {0};
@@ -62,8 +53,8 @@ static void greedy(const kv_model *m, int n, int *tokens, float *logits) {
 }
 
 static void test_656k_safetensors_vs_f16_gguf(void) {
-    kv_model *a = load(M656);
-    kv_model *b = load(M656 "/TinyStories-656K.f16.gguf");
+    kv_model *a = tu_load_shared(M656);
+    kv_model *b = tu_load_shared(M656 "/TinyStories-656K.f16.gguf");
     CU_ASSERT_STRING_EQUAL(a->format, "safetensors");
     CU_ASSERT_STRING_EQUAL(b->format, "gguf");
     CU_ASSERT_EQUAL(a->cfg.rope_layout, KV_ROPE_HALF);
@@ -134,8 +125,8 @@ static double ppl(const kv_model *m, const int *ids, long n, int context, int ma
 }
 
 static void test_656k_q8_0(void) {
-    kv_model *a = load(M656);
-    kv_model *q = load(M656 "/tinystories-656k-q8_0.gguf");
+    kv_model *a = tu_load_shared(M656);
+    kv_model *q = tu_load_shared(M656 "/tinystories-656k-q8_0.gguf");
     int ta[20], tq[20];
     greedy(a, 20, ta, NULL);
     greedy(q, 20, tq, NULL);
@@ -154,8 +145,8 @@ static void test_656k_q8_0(void) {
 }
 
 static void test_260k_gguf_vs_bin(void) {
-    kv_model *a = load("models/stories260K/stories260K.bin");
-    kv_model *b = load("models/stories260K/stories260K.gguf");
+    kv_model *a = tu_load_shared("models/stories260K/stories260K.bin");
+    kv_model *b = tu_load_shared("models/stories260K/stories260K.gguf");
     kv_error err = {0};
     kv_tokenizer *tok = NULL;
     CU_ASSERT_EQUAL_FATAL(kv_tokenizer_load(NULL, a, &tok, &err), KV_OK);
@@ -183,7 +174,7 @@ static void test_260k_gguf_vs_bin(void) {
  * like tokenizer.json, except that each byte of an unknown character is its own <unk> (id 0)
  * where Hugging Face fuses them: equal after collapsing runs of 0. */
 static void test_656k_gguf_vocab(void) {
-    kv_model *g = load(M656 "/TinyStories-656K.f16.gguf");
+    kv_model *g = tu_load_shared(M656 "/TinyStories-656K.f16.gguf");
     kv_error err = {0};
     kv_tokenizer *t = NULL;
     CU_ASSERT_EQUAL_FATAL(kv_tokenizer_load(NULL, g, &t, &err), KV_OK);
@@ -259,7 +250,7 @@ static void test_load_times(void) {
         double best = 1e9, deq = 0;
         for (int r = 0; r < reps; r++) {
             double t0 = kv_now();
-            kv_model *m = load(models[i]);
+            kv_model *m = tu_load_shared(models[i]);
             double t = kv_now() - t0;
             if (t < best) {
                 best = t;

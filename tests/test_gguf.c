@@ -16,18 +16,9 @@
 #define G260 "models/stories260K/stories260K.gguf"
 #define B260 "models/stories260K/stories260K.bin"
 
-static kv_model *load_ok(const char *path) {
-    kv_error err = {0};
-    kv_model *m = NULL;
-    int rc = kv_model_load(path, &m, &err);
-    if (rc) fprintf(stderr, "load %s: %s\n", path, err.msg);
-    CU_ASSERT_EQUAL_FATAL(rc, KV_OK);
-    return m;
-}
-
 static void test_260k_config_and_weights(void) {
-    kv_model *g = load_ok(tu_shared(G260));
-    kv_model *b = load_ok(tu_shared(B260));
+    kv_model *g = tu_load_shared(G260);
+    kv_model *b = tu_load_shared(B260);
     const kv_config *c = &g->cfg;
     CU_ASSERT_STRING_EQUAL(g->format, "gguf");
     CU_ASSERT_STRING_EQUAL(c->arch, "llama");
@@ -69,8 +60,8 @@ static void test_260k_config_and_weights(void) {
 }
 
 static void test_260k_vocab_vs_tok512(void) {
-    kv_model *g = load_ok(tu_shared(G260));
-    kv_model *b = load_ok(tu_shared(B260));
+    kv_model *g = tu_load_shared(G260);
+    kv_model *b = tu_load_shared(B260);
     kv_error err = {0};
     kv_tokenizer *tg = NULL, *tb = NULL;
     CU_ASSERT_EQUAL_FATAL(kv_tokenizer_load(NULL, g, &tg, &err), KV_OK);
@@ -339,7 +330,7 @@ static void test_synthetic_types(void) {
     uint32_t versions[] = {2, 3}, aligns[] = {32, 64};
     for (int v = 0; v < 2; v++) {
         write_synthetic(path, versions[v], aligns[v], "default");
-        kv_model *m = load_ok(path);
+        kv_model *m = tu_load_model(path);
         CU_ASSERT_EQUAL(m->cfg.dim, SY_DIM);
         CU_ASSERT_EQUAL(m->cfg.hidden_dim, SY_HID);
         CU_ASSERT_EQUAL(m->cfg.n_kv_heads, 1);
@@ -370,7 +361,7 @@ static void test_synthetic_types(void) {
 static void test_synthetic_gpt2_vocab(void) {
     const char *path = tu_tmp("synthetic-gpt2.gguf");
     write_synthetic(path, 3, 32, "default");
-    kv_model *m = load_ok(path);
+    kv_model *m = tu_load_model(path);
     kv_error err = {0};
     kv_tokenizer *t = NULL;
     int rc = kv_tokenizer_load(NULL, m, &t, &err);
@@ -402,7 +393,7 @@ static void test_synthetic_pre(void) {
     for (int i = 0; i < 3; i++) {
         const char *path = tu_tmp("synthetic-pre.gguf");
         write_synthetic(path, 3, 32, pres[i]);
-        kv_model *m = load_ok(path);
+        kv_model *m = tu_load_model(path);
         kv_error err = {0};
         kv_tokenizer *t = NULL;
         int rc = kv_tokenizer_load(NULL, m, &t, &err);

@@ -19,15 +19,6 @@
 
 int kv_tokenizer_load_json(const char *path, const kv_model *m, kv_tokenizer **out, kv_error *err);
 
-static kv_model *load_ok(const char *path) {
-    kv_error err = {0};
-    kv_model *m = NULL;
-    int rc = kv_model_load(path, &m, &err);
-    if (rc) fprintf(stderr, "load %s: %s\n", path, err.msg);
-    CU_ASSERT_EQUAL_FATAL(rc, KV_OK);
-    return m;
-}
-
 static void write_file(const char *path, const void *data, size_t len) {
     FILE *f = fopen(path, "wb");
     CU_ASSERT_PTR_NOT_NULL_FATAL(f);
@@ -43,7 +34,7 @@ static char *slurp(const char *path, size_t *len) {
 }
 
 static void test_656k_model(void) {
-    kv_model *m = load_ok(tu_shared(M656));
+    kv_model *m = tu_load_shared(M656);
     const kv_config *c = &m->cfg;
     CU_ASSERT_STRING_EQUAL(m->format, "safetensors");
     CU_ASSERT_STRING_EQUAL(c->arch, "llama");
@@ -76,7 +67,7 @@ static void test_656k_model(void) {
 }
 
 static void test_656k_tokenizer(void) {
-    kv_model *m = load_ok(tu_shared(M656));
+    kv_model *m = tu_load_shared(M656);
     kv_error err = {0};
     kv_tokenizer *t = NULL;
     CU_ASSERT_EQUAL_FATAL(kv_tokenizer_load(NULL, m, &t, &err), KV_OK);
@@ -116,7 +107,7 @@ static void test_656k_tokenizer(void) {
  * encoding each distinct code point alone, and the round trip must give the text without
  * them, byte for byte. */
 static void test_656k_round_trip(void) {
-    kv_model *m = load_ok(tu_shared(M656));
+    kv_model *m = tu_load_shared(M656);
     kv_error err = {0};
     kv_tokenizer *t = NULL;
     CU_ASSERT_EQUAL_FATAL(kv_tokenizer_load(NULL, m, &t, &err), KV_OK);
@@ -424,7 +415,7 @@ static double max_rel(const float *a, const float *b, size_t n) {
 }
 
 static void test_sharded_half(void) {
-    kv_model *ref = load_ok(tu_shared(M656));
+    kv_model *ref = tu_load_shared(M656);
     wt list[64];
     int n = list_weights(ref, list);
     const char *dir = tu_tmp("sharded");
@@ -447,7 +438,7 @@ static void test_sharded_half(void) {
     k += (size_t)sprintf(idx + k, "}}");
     snprintf(p, sizeof p, "%s/model.safetensors.index.json", dir);
     write_file(p, idx, k);
-    kv_model *m = load_ok(dir);
+    kv_model *m = tu_load_model(dir);
     CU_ASSERT_PTR_EQUAL(m->classifier.data, m->tok_emb.data); /* tied, no lm_head stored */
     wt got[64];
     CU_ASSERT_EQUAL_FATAL(list_weights(m, got), n);
@@ -496,7 +487,7 @@ static void two_step_logits(const kv_model *m, float *out) {
 /* qwen2: q/k/v biases. A copy of the 656K weights with zero biases must give the same logits
  * as the llama original; a missing bias is refused. */
 static void test_qwen2_bias(void) {
-    kv_model *ref = load_ok(tu_shared(M656));
+    kv_model *ref = tu_load_shared(M656);
     wt list[96];
     int n = list_weights(ref, list);
     int q = ref->cfg.n_heads * ref->cfg.head_dim, kv = ref->cfg.n_kv_heads * ref->cfg.head_dim;
@@ -521,7 +512,7 @@ static void test_qwen2_bias(void) {
     patch(dir, "config.json", "\"model_type\": \"llama\"", "\"model_type\": \"qwen2\"");
     snprintf(p, sizeof p, "%s/model.safetensors", dir);
     write_st(p, list, 0, n, 0);
-    kv_model *m = load_ok(dir);
+    kv_model *m = tu_load_model(dir);
     CU_ASSERT_EQUAL(m->cfg.attn_bias, 1);
     CU_ASSERT_STRING_EQUAL(m->cfg.arch, "qwen2");
     CU_ASSERT_EQUAL(m->cfg.rope_layout, KV_ROPE_HALF);
@@ -544,7 +535,7 @@ static void test_qwen2_bias(void) {
     for (int i = 0; i < q; i++) half[i] = 0.5f;
     list[n - 4].data = half; /* layer 0's v_proj.bias: the list ends with 3 biases per layer */
     write_st(p, list, 0, n, 0);
-    m = load_ok(dir);
+    m = tu_load_model(dir);
     la = malloc(2048 * sizeof *la);
     lb = malloc(2048 * sizeof *lb);
     two_step_logits(ref, la);
@@ -675,7 +666,7 @@ static void test_bad_hf(void) {
     /* tokenizer.json */
     d = copy_656k();
     patch(d, "tokenizer.json", "\"merges\"", "\"merges\" [");
-    kv_model *m = load_ok(d);
+    kv_model *m = tu_load_model(d);
     kv_error err = {0};
     kv_tokenizer *t = NULL;
     int rc = kv_tokenizer_load(NULL, m, &t, &err);
@@ -686,7 +677,7 @@ static void test_bad_hf(void) {
     kv_model_free(m);
     d = copy_656k();
     patch(d, "tokenizer.json", "\"e \xe2\x96\x81\"", "\"e \xe2\x96\x82\"");
-    m = load_ok(d);
+    m = tu_load_model(d);
     rc = kv_tokenizer_load(NULL, m, &t, &err);
     printf("\n    merge of an unknown token -> %s", err.msg);
     CU_ASSERT_EQUAL(rc, KV_EINPUT);

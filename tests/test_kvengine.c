@@ -15,13 +15,6 @@
 #define M260 "models/stories260K/stories260K.bin"
 #define TEXT "text/tinystories_val_head.txt"
 
-static kv_model *load(void) {
-    kv_model *m = NULL;
-    kv_error err = {0};
-    CU_ASSERT_FATAL(kv_model_load(tu_shared(M260), &m, &err) == KV_OK);
-    return m;
-}
-
 static int *text_tokens(const kv_model *m, int *n) {
     kv_tokenizer *t = NULL;
     kv_error err = {0};
@@ -40,7 +33,7 @@ static int *text_tokens(const kv_model *m, int *n) {
 /* A plan whose layer-0 heads use sink, layer-1 heads h2o and the rest l2attn: after a prefill
  * of 200 tokens with budget 48 and p = 1, every head holds what its own policy keeps. */
 static void test_per_head_policies(void) {
-    kv_model *m = load();
+    kv_model *m = tu_load_shared(M260);
     int n = 0, *ids = text_tokens(m, &n);
     kv_error err = {0};
     int nh = m->cfg.n_layers * m->cfg.n_kv_heads, B = 48;
@@ -103,7 +96,7 @@ static void test_per_head_policies(void) {
 /* Three budget sets scored in one batched pass equal the same sets scored one at a time
  * (per-row arithmetic; a batch of > 4 rows runs sgemm instead of sgemv, hence 1e-5). */
 static void test_batched_sets(void) {
-    kv_model *m = load();
+    kv_model *m = tu_load_shared(M260);
     int n = 0, *ids = text_tokens(m, &n);
     CU_ASSERT_FATAL(n >= 512);
     kv_error err = {0};
@@ -144,7 +137,7 @@ static void test_batched_sets(void) {
 
 /* A forked sequence continues exactly like its source. */
 static void test_fork(void) {
-    kv_model *m = load();
+    kv_model *m = tu_load_shared(M260);
     int n = 0, *ids = text_tokens(m, &n);
     kv_error err = {0};
     kv_plan plan;
@@ -177,7 +170,7 @@ static void test_fork(void) {
 
 /* Refusals: a plan for another shape, an unavailable device, too many sequences. */
 static void test_refusals(void) {
-    kv_model *m = load();
+    kv_model *m = tu_load_shared(M260);
     kv_error err = {0};
     kv_plan plan;
     CU_ASSERT_FATAL(kv_plan_uniform(&m->cfg, 0.25, 512, 16, 16, KV_POLICY_SINK, &plan, &err) ==

@@ -27,15 +27,6 @@
 #define PREFILL 48 /* s' */
 #define STEPS 4    /* decode steps compared */
 
-static kv_model *load(const char *rel) {
-    kv_model *m = NULL;
-    kv_error err = {0};
-    int rc = kv_model_load(tu_shared(rel), &m, &err);
-    if (rc) fprintf(stderr, "load %s: %s\n", rel, err.msg);
-    CU_ASSERT_FATAL(rc == KV_OK);
-    return m;
-}
-
 /* Tokens of the TinyStories text with the model's tokenizer (tok_path NULL: embedded/HF). */
 static int *text_tokens(const kv_model *m, const char *tok_path, int *n) {
     kv_tokenizer *t = NULL;
@@ -241,7 +232,7 @@ static void decode_matches(const char *name, const kv_model *m, const int *ids) 
 }
 
 static void test_rebuild_260k(void) {
-    kv_model *m = load(M260);
+    kv_model *m = tu_load_shared(M260);
     int n = 0;
     int *ids = text_tokens(m, tu_shared(TOK260), &n);
     rebuild_matches("stories260K", m, ids);
@@ -250,7 +241,7 @@ static void test_rebuild_260k(void) {
 }
 
 static void test_rebuild_656k(void) {
-    kv_model *m = load(M656);
+    kv_model *m = tu_load_shared(M656);
     CU_ASSERT_EQUAL(m->cfg.rope_layout, KV_ROPE_HALF);
     int n = 0;
     int *ids = text_tokens(m, NULL, &n);
@@ -260,7 +251,7 @@ static void test_rebuild_656k(void) {
 }
 
 static void test_decode_260k(void) {
-    kv_model *m = load(M260);
+    kv_model *m = tu_load_shared(M260);
     int n = 0;
     int *ids = text_tokens(m, tu_shared(TOK260), &n);
     decode_matches("stories260K", m, ids);
@@ -269,7 +260,7 @@ static void test_decode_260k(void) {
 }
 
 static void test_decode_656k(void) {
-    kv_model *m = load(M656);
+    kv_model *m = tu_load_shared(M656);
     int n = 0;
     int *ids = text_tokens(m, NULL, &n);
     decode_matches("tinystories-656k", m, ids);
@@ -287,7 +278,7 @@ static void expect_input_error(int rc, const kv_error *err, const char *want) {
 }
 
 static void test_bad_inputs(void) {
-    kv_model *m = load(M260);
+    kv_model *m = tu_load_shared(M260);
     const kv_config *c = &m->cfg;
     int n = 0;
     int *ids = text_tokens(m, tu_shared(TOK260), &n);

@@ -27,19 +27,11 @@
 #include "kvplan/quant.h"
 #include "kvplan/tokenizer.h"
 #include "gguf_writer.h"
+#include "synthetic.h"
 #include "testutil.h"
 
 #define M656 "models/tinystories-656k"
 #define TEXT "text/tinystories_val_head.txt"
-
-static kv_model *load(const char *path) {
-    kv_error err = {0};
-    kv_model *m = NULL;
-    int rc = kv_model_load(path, &m, &err);
-    if (rc) fprintf(stderr, "load %s: %s\n", path, err.msg);
-    CU_ASSERT_EQUAL_FATAL(rc, KV_OK);
-    return m;
-}
 
 /* ---- type table ---- */
 
@@ -352,7 +344,7 @@ static qstat quant_error(kv_dtype t, const float *x, int n) {
 }
 
 static void test_quant_error_real(void) {
-    kv_model *m = load(tu_shared(M656));
+    kv_model *m = tu_load_shared(M656);
     /* three real tensors, each taken as one flat row (sizes are multiples of 256) */
     struct {
         const char *name;
@@ -412,8 +404,8 @@ static void test_quant_error_real(void) {
  * must be the same f16 (both take max|x| / 127) and the quants equal or one step apart (ours
  * divide by the rounded d, llama.cpp's reference by the exact one). */
 static void test_q8_0_vs_llama_cpp(void) {
-    kv_model *a = load(tu_shared(M656));
-    kv_model *q = load(tu_shared(M656 "/tinystories-656k-q8_0.gguf"));
+    kv_model *a = tu_load_shared(M656);
+    kv_model *q = tu_load_shared(M656 "/tinystories-656k-q8_0.gguf");
     CU_ASSERT_EQUAL_FATAL(q->tok_emb.type, KV_DT_Q8_0);
     CU_ASSERT_EQUAL_FATAL(a->tok_emb.type, KV_DT_F32);
     int n = 2048 * 128, nb = n / 32;
@@ -455,7 +447,7 @@ static double ref_dot(kv_dtype t, const void *w, const float *x, int n, double *
 }
 
 static void test_dot(void) {
-    kv_model *m = load(tu_shared(M656));
+    kv_model *m = tu_load_shared(M656);
     const float *wsrc = m->layers[0].w_gate.data, *xsrc = m->tok_emb.data; /* real weights, rows */
     int lens[] = {256, 512, 4096, 172, 40}; /* 172, 40: F16/BF16 rows with a tail */
     double worst = 0;
@@ -489,7 +481,7 @@ static void test_dot(void) {
 }
 
 static void test_matmul(void) {
-    kv_model *m = load(tu_shared(M656));
+    kv_model *m = tu_load_shared(M656);
     /* W [1100, 1024]: rows of the 656K embedding (flattened, 256 rows of 1024) reused
      * cyclically, so the tiled path needs two tiles (tiles of 2^20 floats: 1024 rows at
      * in = 1024); x: 7 rows of real weights. */
@@ -600,13 +592,13 @@ static kv_model *write_and_load(const kv_model *m, kv_dtype t, const char *name,
     int rc = tw_write_gguf(path, m, t, bytes, &err);
     if (rc) fprintf(stderr, "write %s: %s\n", name, err.msg);
     CU_ASSERT_EQUAL_FATAL(rc, KV_OK);
-    kv_model *q = load(path);
+    kv_model *q = tu_load_model(path);
     CU_ASSERT_STRING_EQUAL(q->format, "gguf");
     return q;
 }
 
 static void test_656k_types_perplexity(void) {
-    kv_model *a = load(tu_shared(M656));
+    kv_model *a = tu_load_shared(M656);
     int n = 0;
     int *ids = text_ids_656k(a, &n);
     /* 8 chunks of 512 tokens (4088 predictions) keep the suite short under ASan */
@@ -688,7 +680,7 @@ static void test_k_quants_synthetic(void) {
     /* A model of real shape whose rows are multiples of 256 (the K-quants' super-block):
      * dim 256, FFN 768, 4 query heads of 64 over 2 KV heads (GQA), 2 layers, vocab 1024. */
     kv_error err = {0};
-    kv_model *s = tw_synthetic_model(256, 2, 4, 2, 768, 1024, 256, 14, &err);
+    kv_model *s = synth_model((synth_shape){256, 2, 4, 2, 768, 1024, 256}, 0, 14, &err);
     CU_ASSERT_PTR_NOT_NULL_FATAL(s);
     const int n = 24;
     int tokens[24];
@@ -776,8 +768,8 @@ static double rel_max(const float *a, const float *b, size_t n) {
  * 656K written as BF16, and the synthetic 256/768 model written as F16 and BF16. */
 static void test_half_logits_vs_fp32(void) {
     kv_error err = {0};
-    kv_model *st = load(tu_shared(M656));
-    kv_model *syn = tw_synthetic_model(256, 2, 4, 2, 768, 1024, 256, 15, &err);
+    kv_model *st = tu_load_shared(M656);
+    kv_model *syn = synth_model((synth_shape){256, 2, 4, 2, 768, 1024, 256}, 0, 15, &err);
     CU_ASSERT_PTR_NOT_NULL_FATAL(syn);
     struct {
         const char *what;
@@ -793,7 +785,7 @@ static void test_half_logits_vs_fp32(void) {
     int tokens[40];
     for (int k = 0; k < 4; k++) {
         kv_model *h = cases[k].src ? write_and_load(cases[k].src, cases[k].t, cases[k].file, NULL)
-                                   : load(tu_shared(cases[k].file));
+                                   : tu_load_shared(cases[k].file);
         CU_ASSERT_EQUAL(h->layers[0].wq.type, cases[k].t);
         CU_ASSERT_EQUAL(h->classifier.type, cases[k].t);
         char name[64];
@@ -916,7 +908,7 @@ static void test_memory_own_type(void) {
     return;
 #else
     kv_error err = {0};
-    kv_model *s = tw_synthetic_model(768, 4, 12, 4, 2048, 32000, 4096, 2026, &err);
+    kv_model *s = synth_model((synth_shape){768, 4, 12, 4, 2048, 32000, 4096}, 0, 2026, &err);
     CU_ASSERT_PTR_NOT_NULL_FATAL(s);
     size_t f32_bytes = kv_model_resident_bytes(s), file_bytes[2];
     const char *files[2] = {"mem-f16.gguf", "mem-q8_0.gguf"};

@@ -31,15 +31,6 @@ static const kv_policy ALL_POLICIES[4] = {KV_POLICY_SINK, KV_POLICY_H2O, KV_POLI
 
 /* ---------------------------------------------------------------- helpers */
 
-static kv_model *load_260k(void) {
-    kv_model *m = NULL;
-    kv_error err = {0};
-    int rc = kv_model_load(tu_shared(M260), &m, &err);
-    if (rc) fprintf(stderr, "load: %s\n", err.msg);
-    CU_ASSERT_FATAL(rc == KV_OK);
-    return m;
-}
-
 /* The 656K directory; NULL (with a printed reason) when this build has no loader for it. */
 static kv_model *load_656k(void) {
     kv_model *m = NULL;
@@ -226,7 +217,7 @@ static double ref_chunk_nll(const kv_model *m, const int *tokens, int T, ref_mas
  * policy and eviction block, through the API, through kv_forward in blocks (statistics
  * tracked, same blocking as the unbudgeted run), and through the CLI. */
 static void test_budget_ge_context_is_exact(void) {
-    kv_model *m = load_260k();
+    kv_model *m = tu_load_shared(M260);
     int n = 0;
     int *ids = text_tokens(m, tu_shared(TOK260), 12000, &n);
     CU_ASSERT_FATAL(n >= 1024);
@@ -291,7 +282,7 @@ static void test_budget_ge_context_is_exact(void) {
 /* Done-when 2: --ratio 0.0625 --allocation uniform --policy sink --evict-block 1 at context 512
  * equals the masked reference (first 4 + most recent 28, current included) within 1e-3. */
 static void test_sink_streaming_equals_reference(void) {
-    kv_model *m = load_260k();
+    kv_model *m = tu_load_shared(M260);
     int n = 0;
     int *ids = text_tokens(m, tu_shared(TOK260), 12000, &n);
     int C = m->cfg.seq_len, chunks = 2;
@@ -335,7 +326,7 @@ static void test_sink_streaming_equals_reference(void) {
 /* Attention statistics accumulated by the forward pass (summed over the GQA group) equal the
  * reference's attention weights; squared weights skip the 10 most recent queries. */
 static void test_attention_statistics(void) {
-    kv_model *m = load_260k();
+    kv_model *m = tu_load_shared(M260);
     int n = 0;
     int *ids = text_tokens(m, tu_shared(TOK260), 4000, &n);
     int T = 160, L = m->cfg.n_layers, Hk = m->cfg.n_kv_heads, nh = L * Hk;
@@ -390,7 +381,7 @@ static size_t entry_bytes(const kv_model *m) {
  * block per head, for several ratios and policies; also >= what the budgets must hold. At
  * R = 1/16 the physical ratio is <= 0.094 of the full cache. */
 static void test_peak_bytes_follow_the_plan(void) {
-    kv_model *m = load_260k();
+    kv_model *m = tu_load_shared(M260);
     int n = 0;
     int *ids = text_tokens(m, tu_shared(TOK260), 8000, &n);
     int nh = m->cfg.n_layers * m->cfg.n_kv_heads, C = m->cfg.seq_len;
@@ -435,7 +426,7 @@ static void test_peak_bytes_follow_the_plan(void) {
  * exactly ceil(len / b_s) blocks, positions stay ascending, the pool's count equals the
  * heads' blocks, and sink keeps exactly {0..3} plus the most recent entries. */
 static void test_block_accounting(void) {
-    kv_model *m = load_260k();
+    kv_model *m = tu_load_shared(M260);
     int n = 0;
     int *ids = text_tokens(m, tu_shared(TOK260), 8000, &n);
     int L = m->cfg.n_layers, Hk = m->cfg.n_kv_heads, nh = L * Hk, C = m->cfg.seq_len, p = 8;
@@ -519,7 +510,7 @@ static void run_policies_on(kv_model *m, const char *tok_path, const char *name,
 }
 
 static void test_policies_both_models(void) {
-    kv_model *m = load_260k();
+    kv_model *m = tu_load_shared(M260);
     run_policies_on(m, tu_shared(TOK260), "stories260K", 0.97);
     kv_model_free(m);
     m = load_656k();
@@ -680,7 +671,7 @@ static void expect_cli_error(const char *extra, const char *needle) {
 }
 
 static void test_bad_input(void) {
-    kv_model *m = load_260k();
+    kv_model *m = tu_load_shared(M260);
     int n = 0;
     int *ids = text_tokens(m, tu_shared(TOK260), 4000, &n);
     int nh = m->cfg.n_layers * m->cfg.n_kv_heads;

@@ -83,6 +83,19 @@ int tu_main(const char *suite_name, const tu_test *tests, size_t n) {
     return (failed || run == 0) ? 1 : 0;
 }
 
+kv_model *tu_load_model(const char *path) {
+    kv_error err = {0};
+    kv_model *m = NULL;
+    int rc = kv_model_load(path, &m, &err);
+    if (rc) fprintf(stderr, "\n    load %s: %s\n", path, err.msg);
+    CU_ASSERT_EQUAL_FATAL(rc, KV_OK);
+    return m;
+}
+
+kv_model *tu_load_shared(const char *rel) {
+    return tu_load_model(tu_shared(rel));
+}
+
 void tu_fake_model(kv_model *m, int n_layers, const char *sha) {
     memset(m, 0, sizeof *m);
     m->cfg.dim = 64;

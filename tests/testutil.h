@@ -18,6 +18,12 @@ const char *tu_tmp(const char *name);
 /* Run `kvplan <args>` through the shell; stdout (and stderr when merge_stderr) captured into a
  * malloc'ed string (*out, may be NULL). Returns the exit code. */
 int tu_run_kvplan(const char *args, char **out, int merge_stderr);
+/* Load the model at `path` (a file or a Hugging Face directory; tu_shared() for shared data)
+ * for a test: the caller owns it (kv_model_free). On failure the loader's message is printed
+ * ("load PATH: ...") and the current test fails fatally (CU_ASSERT_FATAL). */
+kv_model *tu_load_model(const char *path);
+/* tu_load_model(tu_shared(rel)). */
+kv_model *tu_load_shared(const char *rel);
 /* A model config of stories260K's shape (dim 64, H 8, H_kv 4, d_h 8, vocab 512, C 512) with
  * n_layers layers, no weights, path "models/stories260K.bin" and the given model_sha256: for
  * file-format tests that never run the model. */

@@ -83,11 +83,42 @@ int kv_read_file_max(const char *path, uint64_t max_bytes, char **data, size_t *
 /* kv_read_file_max with the default limit KV_READ_FILE_MAX. */
 int kv_read_file(const char *path, char **data, size_t *len, kv_error *err);
 
+/* Load a whole regular file into memory kvplan owns: the model loaders' way of reading weight
+ * files (llama2.c checkpoints, GGUF, safetensors shards), so that no weight points into a
+ * memory map of a file another process may truncate or rewrite (a truncated mapping raises
+ * SIGBUS on the next access to a dropped page, which library code cannot catch without a
+ * process-wide signal handler).
+ *
+ * The file is opened with kv_open_regular (FIFOs, devices, sockets and directories refused
+ * before a byte is read; `max_bytes` > 0 caps the size, 0 means no cap), read with a pread(2)
+ * loop in 16 MiB chunks into one buffer aligned to the page size (files of 2 MiB or more: to
+ * 2 MiB, with madvise MADV_HUGEPAGE, so filling it takes few page faults), and fstat()ed again
+ * at the end: a file whose size or modification time changed during the read, or that ended
+ * early, is refused. For files of 32 MiB or more the kernel is told behind each chunk that it
+ * may drop the file's page cache (posix_fadvise POSIX_FADV_DONTNEED; advisory, its failure is
+ * ignored), so a large model does not stay in memory twice (our copy plus the cache); smaller
+ * files stay cached for the next run.
+ *
+ * On success *data holds *len bytes followed by one NUL byte (so text parsers may read it as
+ * a string); the caller owns it and releases it with free(). `what` names the file's role in
+ * messages ("model"; may be NULL). Errors name the file: KV_EINPUT when it cannot be opened,
+ * is not a regular file, is too large, cannot be read or changed while read; KV_EINTERNAL
+ * when memory for it cannot be allocated. */
+int kv_file_load(const char *path, const char *what, uint64_t max_bytes, void **data, size_t *len,
+                 kv_error *err);
+
 /* SHA-256 (OpenSSL libcrypto) of a file's bytes as 64 lowercase hex digits + NUL. */
 int kv_sha256_file(const char *path, char hex[65], kv_error *err);
 
 /* SHA-256 of several files' bytes concatenated in the given order. */
 int kv_sha256_files(const char *const *paths, int n, char hex[65], kv_error *err);
+
+/* SHA-256 of n parts concatenated in order, each either bytes already in memory (bufs[i] not
+ * NULL: lens[i] bytes) or a file read from disk (bufs NULL or bufs[i] NULL: paths[i]). A model
+ * loader hashes the bytes it loaded (kv_file_load), so model_sha256 names exactly the weights
+ * in memory and the file is not read a second time. paths[i] names the part in errors. */
+int kv_sha256_parts(const char *const *paths, const void *const *bufs, const size_t *lens, int n,
+                    char hex[65], kv_error *err);
 
 /* Location of the shared data directory: $KVPLAN_SHARED if set, else the build's default
  * (the `shared/` directory beside the repository). Returns a static string. */

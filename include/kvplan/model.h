@@ -3,9 +3,11 @@
  * Loaders (llama2.c `.bin`, GGUF, Hugging Face safetensors directories) all produce the same
  * in-memory form: every weight matrix is row-major [out_features, in_features] (the PyTorch
  * nn.Linear layout), so y = W x, and stays in its file's data type (kv_weight: F32, F16, BF16,
- * Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K; include/kvplan/quant.h), in the file's memory
- * map or a buffer the model owns; the matmuls convert while they compute (kv_qmatmul), so a
- * model needs about its file size in memory (issue 14). Norms and biases are fp32 (converted on
+ * Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K; include/kvplan/quant.h), pointing into the
+ * file's bytes, which the loader read into a buffer the model owns (kv_file_load: never a
+ * memory map, which a truncation of the file by another process would turn into SIGBUS); the
+ * matmuls convert while they compute (kv_qmatmul), so a model needs about its file size in
+ * memory (issue 14). Norms and biases are fp32 (converted on
  * load when the file stores them otherwise).
  *
  * RoPE layout: KV_ROPE_ADJACENT rotates pairs (2i, 2i+1) of each head (llama2.c, GGUF);
@@ -64,13 +66,11 @@ typedef struct kv_model {
     char format[16];          /* "llama2c", "gguf", "safetensors" */
     char path[4096];          /* what the user passed */
     char sha256[65];          /* model_sha256: hash of the weight file(s), see kv_model_load */
-    /* ownership (internal): a memory map and a list of owned heap buffers */
-    void *map;
-    size_t map_len;
+    /* ownership (internal): the owned heap buffers (the loaded file among them) */
     void **owned;
     int n_owned, cap_owned;
-    void *gguf; /* the parsed GGUF file (runtime/gguf_meta.h): owns the map, kept for the
-                * embedded tokenizer; owned, or NULL */
+    void *gguf; /* the parsed GGUF file (runtime/gguf_meta.h): owns the loaded file's bytes,
+                 * kept for the embedded tokenizer; owned, or NULL */
 } kv_model;
 
 /* Load a model, detecting the format from the content: a directory with config.json

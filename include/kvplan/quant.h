@@ -112,8 +112,8 @@ float kv_dot_row(kv_dtype t, const void *w, const float *x, int64_t n);
 float kv_dot_row_portable(kv_dtype t, const void *w, const float *x, int64_t n);
 
 /* A weight matrix [out, in] kept in its file's type: `out` rows of kv_dtype_row_bytes(type, in)
- * bytes each, row-major, at `data` (a model's memory map or a buffer the model owns; not owned
- * by this handle). */
+ * bytes each, row-major, at `data` (the model's loaded file or another buffer the model owns; not
+ * owned by this handle). */
 typedef struct kv_weight {
     const void *data;
     kv_dtype type;

@@ -3,7 +3,7 @@
  *
  * kvplan's readers take file paths, so each input is put into an anonymous in-memory file
  * (memfd_create(2)) and handed over as /proc/self/fd/N: a regular file that never touches the
- * disk, mmap-able like a model file. memfd_create needs _GNU_SOURCE (set by CMakeLists.txt). */
+ * disk, readable like a model file. memfd_create needs _GNU_SOURCE (set by CMakeLists.txt). */
 #ifndef KVPLAN_FUZZ_UTIL_H
 #define KVPLAN_FUZZ_UTIL_H
 
