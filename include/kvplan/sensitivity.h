@@ -32,6 +32,7 @@
 #include "kvplan/h5io.h"
 #include "kvplan/kvcache.h"
 #include "kvplan/model.h"
+#include "kvplan/tasks.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -57,10 +58,14 @@ typedef struct kv_sens_opts {
     int max_rounds;   /* solve rounds (1 = no refinement; default 3) */
     kv_sens_objective objective; /* what the knapsack minimises (default KL) */
     kv_progress *progress;       /* NULL = silent */
+    kv_tasks *tasks; /* NULL: one process; else the batched passes and the verification chunks
+                      * run as tasks (kvplan/tasks.h), over MPI ranks when there are several:
+                      * a collective call then (every rank calls with the same arguments and
+                      * gets the same result, identical to one process's) */
 } kv_sens_opts;
 
 /* Defaults: R 0.5, C = model seq_len (256 without a model), b_s 16, p 16, sink, max_levels 16,
- * batch 32, 2 calibration chunks, 3 rounds, objective KL. */
+ * batch 32, 2 calibration chunks, 3 rounds, objective KL, no progress, one process. */
 void kv_sens_opts_default(kv_sens_opts *o, const kv_model *m);
 
 typedef struct kv_sens_curves {
