@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #ifdef KVPLAN_HAVE_MPI
@@ -203,7 +204,22 @@ int kv_tasks_size(const kv_tasks *t) {
 
 int kv_tasks_bcast_int(const kv_tasks *t, int v) {
 #ifdef KVPLAN_HAVE_MPI
-    if (t && t->size > 1) MPI_Bcast(&v, 1, MPI_INT, 0, t->comm);
+    /* point to point, the other ranks polling with a sleep: they wait here while rank 0 alone
+     * writes files or probes the hardware, and MPI_Bcast would keep them spinning on a core */
+    enum { TAG_INT = 3 };
+    if (t && t->size > 1 && t->rank == 0) {
+        for (int w = 1; w < t->size; w++) MPI_Send(&v, 1, MPI_INT, w, TAG_INT, t->comm);
+    } else if (t && t->size > 1) {
+        MPI_Request req;
+        int done = 0;
+        MPI_Irecv(&v, 1, MPI_INT, 0, TAG_INT, t->comm, &req);
+        for (;;) {
+            MPI_Test(&req, &done, MPI_STATUS_IGNORE);
+            if (done) break;
+            struct timespec ts = {0, 2000000}; /* 2 ms */
+            nanosleep(&ts, NULL);
+        }
+    }
 #else
     (void)t;
 #endif

@@ -69,7 +69,9 @@ void kv_tasks_log_close(kv_tasks *t, int remove);
 long kv_tasks_resumed(const kv_tasks *t);
 
 /* An integer agreed by all ranks: rank 0's value of v is returned on every rank (v itself
- * without MPI). Used to make every rank exit with rank 0's code. */
+ * without MPI). Used to make every rank exit with rank 0's code. The other ranks wait for it
+ * sleeping (polls every 2 ms), not spinning, so rank 0 has the cores to itself meanwhile
+ * (e.g. for the hardware probes of `kvplan profile`). Collective under MPI. */
 int kv_tasks_bcast_int(const kv_tasks *t, int v);
 
 /* Agree on success before a collective step: returns KV_OK on every rank when rc is KV_OK on
