@@ -281,8 +281,22 @@ int kv_sens_measure(kv_engine *e, const kv_model *m, const int *ids, int n_chunk
      * and task 1 + b the perturbation batch b; every rank computes the reference of a chunk
      * once (tasks come in index order) */
     const int n_batch = (n_pert + B - 1) / B, per_chunk = 1 + n_batch;
-    sens_tasks st = {e,      ids,       C,        V,          B,          out, o,  pert,
-                     n_pert, per_chunk, n_chunks, set_budget, set_policy, ref, -1, t0};
+    sens_tasks st = {.e = e,
+                     .ids = ids,
+                     .C = C,
+                     .V = V,
+                     .B = B,
+                     .cv = out,
+                     .o = o,
+                     .pert = pert,
+                     .n_pert = n_pert,
+                     .per_chunk = per_chunk,
+                     .n_chunks = n_chunks,
+                     .set_budget = set_budget,
+                     .set_policy = set_policy,
+                     .ref = ref,
+                     .ref_chunk = -1,
+                     .t0 = t0};
     const long n_tasks = (long)n_chunks * per_chunk;
     res = kv_malloc((size_t)n_tasks * 2 * B * sizeof *res, "batch losses", err);
     if (!res) {
