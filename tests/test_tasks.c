@@ -133,7 +133,7 @@ static void search_args(char *buf, size_t cap, int sens, const char *extra, cons
              "search --model %s --tokenizer %s --profile %s --text %s %s "
              "--t-grid 0.6:0.9:0.1 --r-grid 0.2,0.5 --quiet %s -o %s",
              model(), tokenizer(), tu_tmp("profile.h5"), tu_shared("text/tinystories_val_head.txt"),
-             sens ? "--ratio 0.25 --context 128 --eval-tokens 1024 --heldout-tokens 256 "
+             sens ? "--ratio 0.25 --context 128 --eval-tokens 512 --heldout-tokens 128 "
                     "--calib-chunks 1 --sens-levels 6 --sens-rounds 2 --sens-batch 8"
                   : "--ratio 0.125 --allocation baklava --eval-tokens 2048 --heldout-tokens 512",
              extra, out);
