@@ -7,7 +7,10 @@
 # Usage: bench/bench_mpi.sh [NP ...]          (default: 1 2; needs build/kvplan with MPI)
 # Environment: KVPLAN_SHARED (default ../shared), BUILD (default build), REPEATS (default 1),
 #   THREADS_PER_RANK (default 1 for N > 1: one core's worth per rank, as the README advises;
-#   the one-process run keeps the engine's default threads unless OMP_NUM_THREADS is set).
+#   the one-process run keeps the engine's default threads unless OMP_NUM_THREADS is set),
+#   BIND (mpirun --bind-to; default none: Open MPI 4 pins each of 2 ranks to one core, and on
+#   a machine shared with other jobs a pinned rank waits behind them while the other core may
+#   be free; the one-process run is not pinned either).
 # Every run's plan must equal the first run's (datasets bit for bit, h5diff): printed as "same".
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -17,6 +20,7 @@ export KVPLAN_SHARED=$shared
 build=${BUILD:-build}
 kv=$root/$build/kvplan
 repeats=${REPEATS:-1}
+bind=${BIND:-none}
 nps=("$@")
 [ ${#nps[@]} -gt 0 ] || nps=(1 2)
 model=$shared/models/stories260K/stories260K.bin
@@ -46,6 +50,7 @@ same() {
         grep -vqE '<(command|created) of|seconds of'
 }
 
+echo "mpirun --bind-to $bind" >&2
 printf '%-4s %-8s %-6s %10s %8s %10s %10s %6s\n' np threads run wall_s ratio load_before \
     load_after plan
 ref="" t1=""
@@ -57,7 +62,8 @@ for np in "${nps[@]}"; do
             cmd=("$kv" "${search[@]}" -o "$out")
         else
             thr=${THREADS_PER_RANK:-1}
-            cmd=("$mpirun" --noprefix --oversubscribe -np "$np" -x OMP_NUM_THREADS="$thr"
+            cmd=("$mpirun" --noprefix --oversubscribe --bind-to "$bind" -np "$np"
+                -x OMP_NUM_THREADS="$thr"
                 -x OPENBLAS_NUM_THREADS="$thr" "$kv" "${search[@]}" -o "$out")
         fi
         lb=$(load1)
