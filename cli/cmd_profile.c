@@ -6,6 +6,7 @@
 #include "cli.h"
 #include "kvplan/h5io.h"
 #include "kvplan/profiler.h"
+#include "kvplan/tasks.h"
 #include "kvplan/tokenizer.h"
 
 static void help(FILE *f) {
@@ -19,7 +20,9 @@ static void help(FILE *f) {
             "and records per-head cos(V, softmax(QK^T)V) (BaKlaVa Alg. 1), layer similarity\n"
             "(SqueezeAttention), Kendall tau / Spearman rho between prompts, and host (and CUDA)\n"
             "copy and GEMM speeds (skipped by --no-hw; --quick-hw measures small sizes only).\n"
-            "The file is written atomically (default: profile.h5).\n");
+            "The file is written atomically (default: profile.h5).\n"
+            "Under `mpirun -np N` or `srun` the prompts are shared among the ranks (rank 0\n"
+            "probes the hardware and writes the file, identical to a one-process run's).\n");
 }
 
 int kv_cmd_profile(int argc, char **argv) {
@@ -72,6 +75,9 @@ int kv_cmd_profile(int argc, char **argv) {
     kv_cli_command_line(argc, argv, cmdline, sizeof cmdline);
     char full_cmd[8300];
     snprintf(full_cmd, sizeof full_cmd, "kvplan %s", cmdline);
+    kv_tasks *tasks = NULL; /* MPI ranks when started by mpirun / srun */
+    if (kv_tasks_init(NULL, NULL, &tasks, &err)) return kv_cli_report("profile", &err);
+    const int rank = kv_tasks_rank(tasks);
     kv_model *m = NULL;
     kv_tokenizer *tok = NULL;
     char *text = NULL;
@@ -80,7 +86,7 @@ int kv_cmd_profile(int argc, char **argv) {
     kv_profile pr = {0};
     kv_h5 *f = NULL;
     kv_progress prog;
-    kv_progress_init(&prog, quiet);
+    kv_progress_init(&prog, quiet || rank != 0); /* progress from rank 0 only */
     const char *inputs[] = {model_path, text_path, tok_path};
     int rc = kv_check_output(out, "-o", inputs, 3, &err);
     if (!rc) rc = kv_check_regular(text_path, "text", &err);
@@ -105,27 +111,30 @@ int kv_cmd_profile(int argc, char **argv) {
     }
     kv_device device = KV_DEVICE_AUTO;
     if (!rc) rc = kv_cli_device(device_name, &device, &err);
+    rc = kv_tasks_agree(tasks, rc, &err); /* no rank enters the prompts alone */
     if (!rc)
-        rc = kv_profile_run(m, prompts, (int)n_prompts, (int)prompt_len, device, &pr, &prog, &err);
+        rc = kv_profile_run_tasks(m, prompts, (int)n_prompts, (int)prompt_len, device, tasks, &pr,
+                                  &prog, &err);
     kv_progress_done(&prog);
-    if (!rc) rc = kv_h5_create(out, &f, &err);
-    if (!rc) rc = kv_h5_write_provenance(f, full_cmd, m, &err);
-    if (!rc) rc = kv_h5_attr_str(f, "/", "file_kind", "profile", &err);
-    if (!rc) rc = kv_h5_attr_str(f, "/", "text", text_path, &err);
-    if (!rc) rc = kv_h5_attr_i64(f, "/", "seed", seed, &err);
-    if (!rc) rc = kv_profile_write(f, &pr, &err);
-    if (!rc && !no_hw) {
+    /* only rank 0 writes the file and probes the hardware (the other ranks wait, idle) */
+    if (!rc && rank == 0) rc = kv_h5_create(out, &f, &err);
+    if (!rc && f) rc = kv_h5_write_provenance(f, full_cmd, m, &err);
+    if (!rc && f) rc = kv_h5_attr_str(f, "/", "file_kind", "profile", &err);
+    if (!rc && f) rc = kv_h5_attr_str(f, "/", "text", text_path, &err);
+    if (!rc && f) rc = kv_h5_attr_i64(f, "/", "seed", seed, &err);
+    if (!rc && f) rc = kv_profile_write(f, &pr, &err);
+    if (!rc && rank == 0 && !no_hw) {
         kv_hw_opts ho;
         kv_hw_opts_default(&ho, quick_hw);
         rc = kv_hw_probe_and_write(f, &m->cfg, &ho, &prog, &err);
         kv_progress_done(&prog);
     }
-    if (!rc) {
+    if (!rc && rank == 0) {
         rc = kv_h5_commit(f, &err);
         f = NULL;
     }
     if (f) kv_h5_abort(f);
-    if (!rc && !quiet) {
+    if (!rc && !quiet && rank == 0) {
         fprintf(stderr, "kvplan profile: wrote %s (%ld prompts x %ld tokens, %.0f tokens/s)\n", out,
                 n_prompts, prompt_len, pr.tokens_per_s);
         int L = pr.L, K = pr.H_kv, best = 0, worst = 0;
@@ -149,5 +158,13 @@ int kv_cmd_profile(int argc, char **argv) {
     free(text);
     kv_tokenizer_free(tok);
     kv_model_free(m);
-    return rc ? kv_cli_report("profile", &err) : 0;
+    if (rank != 0) { /* workers exit quietly with rank 0's code */
+        int rc0 = kv_tasks_bcast_int(tasks, rc ? 1 : 0);
+        kv_tasks_finalize(tasks);
+        return rc0;
+    }
+    int code = rc ? kv_cli_report("profile", &err) : 0;
+    kv_tasks_bcast_int(tasks, code);
+    kv_tasks_finalize(tasks);
+    return code;
 }

@@ -311,20 +311,45 @@ static int arm_ppl(search_ctx *c, int a, int n, double *ppl, int grid) {
     return KV_OK;
 }
 
-/* Held-out perplexity of a budget (NULL = full) and per-head policies (NULL = the search's) on
- * the HC chunks after the search tokens. */
-static int heldout_ppl(search_ctx *c, const int *budget, const kv_policy *policy, double *ppl) {
-    double s = 0.0;
-    long start = (long)c->S * c->o->context;
-    for (int ch = 0; ch < c->HC; ch++) {
-        double v = 0.0;
-        int rc = eval_one(c, budget, policy, start, ch, &v);
-        if (rc) return rc;
-        s += v;
-        progress(c, "held-out");
+/* Held-out evaluations as tasks: task i is held-out chunk i % HC under budget[i / HC] (NULL =
+ * full) and policy[i / HC] (NULL = the search's). */
+typedef struct heldout_tasks {
+    search_ctx *c;
+    const int *const *budget;
+    const kv_policy *const *policy;
+} heldout_tasks;
+
+static int heldout_task(void *user, long task, double *out, kv_error *err) {
+    heldout_tasks *t = user;
+    search_ctx *c = t->c;
+    const int C = c->o->context, *b[1] = {t->budget[task / c->HC]};
+    const kv_policy *p[1] = {t->policy[task / c->HC]};
+    const int *tk = c->ids + (long)(c->S + task % c->HC) * C;
+    int rc = kv_engine_chunk_nll(c->eng, tk, C, 1, b[0] ? b : NULL, b[0] && p[0] ? p : NULL, out,
+                                 NULL, err);
+    c->work_done++;
+    if (!rc) progress(c, "held-out");
+    return rc;
+}
+
+/* Held-out perplexities ppl[n] of n budgets and policies (as heldout_task) on the HC chunks
+ * after the search tokens, as one task list; each summed in chunk order. */
+static int heldout_ppls(search_ctx *c, int n, const int *const *budget,
+                        const kv_policy *const *policy, double *ppl) {
+    long nt = (long)n * c->HC;
+    double *nll = kv_malloc((size_t)(nt > 0 ? nt : 1) * sizeof *nll, "chunk losses", c->err);
+    if (!nll) return KV_EINTERNAL;
+    heldout_tasks t = {c, budget, policy};
+    long before = c->work_done;
+    int rc = kv_tasks_run(c->o->tasks, nt, 1, heldout_task, &t, nll, c->err);
+    c->work_done = before + nt; /* on rank 0 the task callback counted its own tasks only */
+    for (int i = 0; i < n && !rc; i++) {
+        double s = 0.0;
+        for (int ch = 0; ch < c->HC; ch++) s += nll[(long)i * c->HC + ch];
+        ppl[i] = kv_perplexity_from_nll(s, (long)c->HC * (c->o->context - 1));
     }
-    *ppl = kv_perplexity_from_nll(s, (long)c->HC * (c->o->context - 1));
-    return KV_OK;
+    free(nll);
+    return rc;
 }
 
 /* ---- chunk evaluations as tasks (kvplan/tasks.h): one process or MPI ranks ---- */
@@ -740,6 +765,7 @@ static int search_sensitivity(search_ctx *c) {
     so.evict_block = o->evict_block;
     so.policy = o->policy;
     so.progress = o->progress;
+    so.tasks = o->tasks;
     double uni = c->base_arm[1] >= 0 ? res->base_ppl[1] : NAN;
     rc = kv_sens_search(c->eng, c->m, c->ids, c->S, uni, &so, &res->sens, c->err);
     if (rc) return kv_fail_context(c->err, "sensitivity planning");
@@ -886,24 +912,37 @@ static int search_evict_block(search_ctx *c) {
  * held-out tokens; whether the plan is the uniform one. */
 static int search_heldout(search_ctx *c) {
     kv_search_result *res = c->res;
-    int rc = KV_OK;
-    for (int b = 0; b < 1 + KV_SEARCH_N_BASE && !rc; b++) {
+    /* every held-out perplexity of this stage (plan, baselines, the other allocation) as one
+     * task list */
+    const int *bud[2 + KV_SEARCH_N_BASE];
+    const kv_policy *pol[2 + KV_SEARCH_N_BASE];
+    double *dst[2 + KV_SEARCH_N_BASE], ppl[2 + KV_SEARCH_N_BASE];
+    int n = 0;
+    for (int b = 0; b < 1 + KV_SEARCH_N_BASE; b++) {
         res->heldout_ppl[b] = NAN;
         int a = b == 0 ? c->win_arm : c->base_arm[b - 1];
         if (a < 0 || c->HC < 1) continue;
-        if (b == 0 && res->winner_sens)
-            rc = heldout_ppl(c, res->tokens, res->policy, &res->heldout_ppl[0]);
-        else
-            rc = heldout_ppl(c, c->arms[a].tokens, NULL, &res->heldout_ppl[b]);
+        int sens = b == 0 && res->winner_sens;
+        bud[n] = sens ? res->tokens : c->arms[a].tokens;
+        pol[n] = sens ? res->policy : NULL;
+        dst[n++] = &res->heldout_ppl[b];
     }
+    if (c->HC > 0 && res->have_sens && res->winner_sens && c->win_arm >= 0) {
+        bud[n] = c->arms[c->win_arm].tokens; /* the grid's winner */
+        pol[n] = NULL;
+        dst[n++] = &res->grid_heldout;
+    } else if (c->HC > 0 && res->have_sens && !res->winner_sens) {
+        bud[n] = res->sens.budget;
+        pol[n] = res->sens.policy;
+        dst[n++] = &res->sens_heldout;
+    }
+    int rc = heldout_ppls(c, n, bud, pol, ppl);
+    for (int i = 0; i < n && !rc; i++) *dst[i] = ppl[i];
     if (!rc && c->HC > 0 && res->have_sens) {
-        if (res->winner_sens) {
+        if (res->winner_sens)
             res->sens_heldout = res->heldout_ppl[0];
-            rc = heldout_ppl(c, c->arms[c->win_arm].tokens, NULL, &res->grid_heldout);
-        } else {
+        else
             res->grid_heldout = res->heldout_ppl[0];
-            rc = heldout_ppl(c, res->sens.budget, res->sens.policy, &res->sens_heldout);
-        }
     } else if (!rc) {
         res->grid_heldout = res->heldout_ppl[0];
     }

@@ -137,6 +137,69 @@ static void log_softmax_rows(float *x, int n, int V) {
     }
 }
 
+/* The batched passes of kv_sens_measure as tasks: task ch * per_chunk is the base budgets on
+ * chunk ch, task ch * per_chunk + 1 + b the perturbation batch b on chunk ch. A result is the
+ * batch's NLL sums [B] then its KL sums [B] (the base: slots 0 and B). */
+typedef struct sens_tasks {
+    kv_engine *e;
+    const int *ids;
+    int C, V, B;
+    const kv_sens_curves *cv; /* levels, base, base_policy */
+    const kv_sens_opts *o;
+    const int *pert; /* [n_pert] curve points perturbed, in batch order */
+    int n_pert, per_chunk, n_chunks;
+    int *set_budget;       /* [B, n_heads] scratch */
+    kv_policy *set_policy; /* [B, n_heads] scratch */
+    float *ref;            /* [C, V] full-cache log-probabilities of chunk ref_chunk */
+    int ref_chunk;
+    double t0;
+} sens_tasks;
+
+static int sens_task(void *user, long task, double *out, kv_error *err) {
+    sens_tasks *t = user;
+    const kv_sens_curves *cv = t->cv;
+    const kv_sens_opts *o = t->o;
+    const int ch = (int)(task / t->per_chunk), j = (int)(task % t->per_chunk), C = t->C;
+    const int nh = cv->n_heads, Q = cv->n_policies, K = cv->n_levels, B = t->B;
+    const int *tk = t->ids + (long)ch * C;
+    int rc = KV_OK;
+    if (t->ref_chunk != ch) { /* the full cache's next-token distribution at every position */
+        int seq = -1;
+        t->ref_chunk = -1;
+        rc = kv_engine_seq_open(t->e, NULL, NULL, &seq, err);
+        if (!rc) rc = kv_engine_prefill(t->e, seq, tk, C, KV_LOGITS_ALL, t->ref, NULL, err);
+        if (seq >= 0) kv_engine_seq_close(t->e, seq);
+        if (rc) return rc;
+        log_softmax_rows(t->ref, C, t->V);
+        t->ref_chunk = ch;
+    }
+    memset(out, 0, (size_t)2 * B * sizeof *out);
+    if (j == 0) {
+        const int *bb[1] = {cv->base};
+        const kv_policy *bp[1] = {cv->base_policy};
+        return kv_engine_chunk_score(t->e, tk, C, 1, bb, bp, t->ref, out, out + B, NULL, err);
+    }
+    const int b0 = (j - 1) * B, ns = t->n_pert - b0 < B ? t->n_pert - b0 : B;
+    const int *bptr[64];
+    const kv_policy *pptr[64];
+    for (int s = 0; s < ns; s++) {
+        int i = t->pert[b0 + s], h = i / (Q * K), q = (i / K) % Q, k = i % K;
+        int *bs = t->set_budget + (size_t)s * nh;
+        kv_policy *ps = t->set_policy + (size_t)s * nh;
+        memcpy(bs, cv->base, (size_t)nh * sizeof *bs);
+        memcpy(ps, cv->base_policy, (size_t)nh * sizeof *ps);
+        bs[h] = level_tokens(o, cv->levels[k]);
+        ps[h] = pol_at(o, q);
+        bptr[s] = bs;
+        pptr[s] = ps;
+    }
+    rc = kv_engine_chunk_score(t->e, tk, C, ns, bptr, pptr, t->ref, out, out + B, NULL, err);
+    if (!rc && o->progress && !o->progress->quiet)
+        kv_progress_print(o->progress, 0, "sensitivity: chunk %d/%d, perturbations %d/%d, %.0fs",
+                          ch + 1, t->n_chunks, b0 + ns, t->n_pert, kv_now() - t->t0);
+    return rc;
+}
+
 int kv_sens_measure(kv_engine *e, const kv_model *m, const int *ids, int n_chunks, const int *base,
                     const kv_policy *base_policy, const int *levels_blocks, int n_levels,
                     const kv_sens_opts *o, kv_sens_curves *out, kv_error *err) {
@@ -171,7 +234,7 @@ int kv_sens_measure(kv_engine *e, const kv_model *m, const int *ids, int n_chunk
     double *nll = kv_calloc((size_t)nh * Q * K, sizeof *nll, "losses", err);
     double *kl = kv_calloc((size_t)nh * Q * K, sizeof *kl, "losses", err);
     float *ref = kv_malloc((size_t)C * V * sizeof *ref, "reference log-probabilities", err);
-    double bnll[1], bkl[1], s_nll[64], s_kl[64];
+    double *res = NULL;
     if (!out->base || !out->base_policy || !out->delta_nll || !out->kl || !set_budget ||
         !set_policy || !pert || !nll || !kl || !ref) {
         rc = KV_EINTERNAL;
@@ -214,48 +277,48 @@ int kv_sens_measure(kv_engine *e, const kv_model *m, const int *ids, int n_chunk
                 }
                 pert[n_pert++] = i;
             }
+    /* the batched passes as tasks (kvplan/tasks.h): per chunk, task 0 scores the base budgets
+     * and task 1 + b the perturbation batch b; every rank computes the reference of a chunk
+     * once (tasks come in index order) */
+    const int n_batch = (n_pert + B - 1) / B, per_chunk = 1 + n_batch;
+    sens_tasks st = {.e = e,
+                     .ids = ids,
+                     .C = C,
+                     .V = V,
+                     .B = B,
+                     .cv = out,
+                     .o = o,
+                     .pert = pert,
+                     .n_pert = n_pert,
+                     .per_chunk = per_chunk,
+                     .n_chunks = n_chunks,
+                     .set_budget = set_budget,
+                     .set_policy = set_policy,
+                     .ref = ref,
+                     .ref_chunk = -1,
+                     .t0 = t0};
+    const long n_tasks = (long)n_chunks * per_chunk;
+    res = kv_malloc((size_t)n_tasks * 2 * B * sizeof *res, "batch losses", err);
+    if (!res) {
+        rc = KV_EINTERNAL;
+        goto done;
+    }
+    rc = kv_tasks_run(o->tasks, n_tasks, 2 * B, sens_task, &st, res, err);
+    /* sums in chunk order, as one process running the chunks one after another */
     double base_nll_sum = 0, base_kl_sum = 0;
     for (int ch = 0; ch < n_chunks && !rc; ch++) {
-        const int *tk = ids + (long)ch * C;
-        /* the full cache's next-token distribution at every position */
-        int seq = -1;
-        rc = kv_engine_seq_open(e, NULL, NULL, &seq, err);
-        if (!rc) rc = kv_engine_prefill(e, seq, tk, C, KV_LOGITS_ALL, ref, NULL, err);
-        if (seq >= 0) kv_engine_seq_close(e, seq);
-        if (rc) break;
-        log_softmax_rows(ref, C, V);
-        const int *bb[1] = {out->base};
-        const kv_policy *bp[1] = {out->base_policy};
-        rc = kv_engine_chunk_score(e, tk, C, 1, bb, bp, ref, bnll, bkl, NULL, err);
-        if (rc) break;
-        base_nll_sum += bnll[0];
-        base_kl_sum += bkl[0];
+        const double *r0 = res + (size_t)ch * per_chunk * 2 * B;
+        base_nll_sum += r0[0];
+        base_kl_sum += r0[B];
         out->token_evals += 2L * C;
-        const int *bptr[64];
-        const kv_policy *pptr[64];
-        for (int b0 = 0; b0 < n_pert && !rc; b0 += B) {
-            int ns = n_pert - b0 < B ? n_pert - b0 : B;
+        for (int b = 0; b < n_batch; b++) {
+            const double *rb = r0 + (size_t)(1 + b) * 2 * B;
+            int b0 = b * B, ns = n_pert - b0 < B ? n_pert - b0 : B;
             for (int s = 0; s < ns; s++) {
-                int i = pert[b0 + s], h = i / (Q * K), q = (i / K) % Q, k = i % K;
-                int *bs = set_budget + (size_t)s * nh;
-                kv_policy *ps = set_policy + (size_t)s * nh;
-                memcpy(bs, out->base, (size_t)nh * sizeof *bs);
-                memcpy(ps, out->base_policy, (size_t)nh * sizeof *ps);
-                bs[h] = level_tokens(o, out->levels[k]);
-                ps[h] = pol_at(o, q);
-                bptr[s] = bs;
-                pptr[s] = ps;
-            }
-            rc = kv_engine_chunk_score(e, tk, C, ns, bptr, pptr, ref, s_nll, s_kl, NULL, err);
-            for (int s = 0; s < ns && !rc; s++) {
-                nll[pert[b0 + s]] += s_nll[s];
-                kl[pert[b0 + s]] += s_kl[s];
+                nll[pert[b0 + s]] += rb[s];
+                kl[pert[b0 + s]] += rb[B + s];
             }
             out->token_evals += (long)ns * C;
-            if (!rc && o->progress && !o->progress->quiet)
-                kv_progress_print(o->progress, 0,
-                                  "sensitivity: chunk %d/%d, perturbations %d/%d, %.0fs", ch + 1,
-                                  n_chunks, b0 + ns, n_pert, kv_now() - t0);
         }
     }
     if (!rc) {
@@ -278,6 +341,7 @@ done:
     free(nll);
     free(kl);
     free(ref);
+    free(res);
     out->seconds = kv_now() - t0;
     if (rc) kv_sens_curves_free(out);
     return rc;
@@ -511,18 +575,36 @@ done:
 
 /* ---------------------------------------------------------------- search ---- */
 
-static int search_ppl(kv_engine *e, const int *ids, int n_search, int C, const int *budget,
-                      const kv_policy *policy, double *ppl, long *evals, kv_error *err) {
+/* Verification chunks as tasks: task ch is search chunk ch under (budget, policy). */
+typedef struct ppl_tasks {
+    kv_engine *e;
+    const int *ids;
+    int C;
+    const int *budget;
+    const kv_policy *policy;
+} ppl_tasks;
+
+static int ppl_task(void *user, long task, double *out, kv_error *err) {
+    const ppl_tasks *t = user;
+    const int *b[1] = {t->budget};
+    const kv_policy *p[1] = {t->policy};
+    return kv_engine_chunk_nll(t->e, t->ids + task * t->C, t->C, 1, b, p, out, NULL, err);
+}
+
+/* Budgeted perplexity on the n_search search chunks (summed in chunk order). */
+static int search_ppl(kv_engine *e, const int *ids, int n_search, const kv_sens_opts *o,
+                      const int *budget, const kv_policy *policy, double *ppl, long *evals,
+                      kv_error *err) {
+    const int C = o->context;
+    double *v = kv_malloc((size_t)n_search * sizeof *v, "chunk losses", err);
+    if (!v) return KV_EINTERNAL;
+    ppl_tasks t = {e, ids, C, budget, policy};
+    int rc = kv_tasks_run(o->tasks, n_search, 1, ppl_task, &t, v, err);
     double s = 0;
-    const int *b[1] = {budget};
-    const kv_policy *p[1] = {policy};
-    for (int ch = 0; ch < n_search; ch++) {
-        double v = 0;
-        int rc = kv_engine_chunk_nll(e, ids + (long)ch * C, C, 1, b, p, &v, NULL, err);
-        if (rc) return rc;
-        s += v;
-        *evals += C;
-    }
+    for (int ch = 0; ch < n_search && !rc; ch++) s += v[ch];
+    free(v);
+    if (rc) return rc;
+    *evals += (long)n_search * C;
     *ppl = kv_perplexity_from_nll(s, (long)n_search * (C - 1));
     return KV_OK;
 }
@@ -553,7 +635,7 @@ int kv_sens_search(kv_engine *e, const kv_model *m, const int *ids, int n_search
     rc = kv_uniform_budgets(nh, o->ratio, C, o->block_size, r->budget, NULL, err);
     for (int h = 0; h < nh; h++) r->policy[h] = o->policy;
     if (!rc && !isfinite(uniform_ppl))
-        rc = search_ppl(e, ids, n_search, C, r->budget, r->policy, &uniform_ppl, &r->token_evals,
+        rc = search_ppl(e, ids, n_search, o, r->budget, r->policy, &uniform_ppl, &r->token_evals,
                         err);
     if (rc) goto done;
     r->uniform_ppl = uniform_ppl;
@@ -589,7 +671,7 @@ int kv_sens_search(kv_engine *e, const kv_model *m, const int *ids, int n_search
             if (unchanged)
                 pp = r->ppl;
             else
-                rc = search_ppl(e, ids, n_search, C, cand2, cpol2, &pp, &r->token_evals, err);
+                rc = search_ppl(e, ids, n_search, o, cand2, cpol2, &pp, &r->token_evals, err);
             if (rc) break;
             if (oi == 0 || pp < ppl) {
                 ppl = pp;

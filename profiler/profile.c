@@ -9,6 +9,7 @@
 
 #include "kvplan/engine.h"
 #include "kvplan/kvcache.h"
+#include "kvplan/tasks.h"
 
 int kv_profile_pick_prompts(const int *stream, long n, int bos_id, int n_prompts, int prompt_len,
                             uint64_t seed, int *out, kv_error *err) {
@@ -55,11 +56,16 @@ void kv_profile_free(kv_profile *pr) {
     memset(pr, 0, sizeof *pr);
 }
 
-/* Collector state for one prompt. */
+/* Collector state for one prompt: where its contributions go (one prompt's record of a task
+ * result, see profile_task). */
 typedef struct collector {
     const kv_config *cfg;
-    kv_profile *pr;
-    int prompt;
+    double *cos_mean;  /* [L, H] */
+    double *cos_var;   /* [L, H] */
+    double *cos_attn;  /* [L] */
+    double *cos_block; /* [L] */
+    double *token_cos; /* [L, H, T] for the first prompt, else NULL */
+    int T;
     float *x_in; /* [L, T, dim] residual entering each layer (for the block cosine) */
 } collector;
 
@@ -78,10 +84,9 @@ static void on_attn(void *user, int layer, int rows, const float *x_in, const fl
                     const float *v_new, const float *attn_out) {
     collector *c = user;
     const kv_config *cfg = c->cfg;
-    kv_profile *pr = c->pr;
     int H = cfg->n_heads, hd = cfg->head_dim, g = H / cfg->n_kv_heads, dim = cfg->dim;
     int qd = H * hd, kvd = cfg->n_kv_heads * hd;
-    size_t ph = ((size_t)c->prompt * pr->L + layer) * H;
+    size_t ph = (size_t)layer * H;
     for (int h = 0; h < H; h++) {
         int j = h / g;
         double sum = 0, sum2 = 0;
@@ -90,11 +95,11 @@ static void on_attn(void *user, int layer, int rows, const float *x_in, const fl
                                o_heads + (size_t)t * qd + (size_t)h * hd, hd);
             sum += cs;
             sum2 += cs * cs;
-            if (c->prompt == 0) pr->token_cos[((size_t)layer * H + h) * pr->T + t] = cs;
+            if (c->token_cos) c->token_cos[((size_t)layer * H + h) * c->T + t] = cs;
         }
         double mean = sum / rows, var = sum2 / rows - mean * mean;
-        pr->cos_mean[ph + h] = mean;
-        pr->cos_var[ph + h] = var > 0 ? var : 0.0;
+        c->cos_mean[ph + h] = mean;
+        c->cos_var[ph + h] = var > 0 ? var : 0.0;
     }
     /* SqueezeAttention: cos(x_l, x_l + Attn_l(RMSNorm(x_l))) */
     double acc = 0;
@@ -105,7 +110,7 @@ static void on_attn(void *user, int layer, int rows, const float *x_in, const fl
         acc += cosine(x, tmp, dim);
     }
     free(tmp);
-    pr->cos_attn[(size_t)c->prompt * pr->L + layer] = acc / rows;
+    c->cos_attn[layer] = acc / rows;
     memcpy(c->x_in + (size_t)layer * rows * dim, x_in, (size_t)rows * dim * sizeof(float));
 }
 
@@ -115,7 +120,7 @@ static void on_block(void *user, int layer, int rows, const float *x_out) {
     double acc = 0;
     for (int t = 0; t < rows; t++)
         acc += cosine(c->x_in + ((size_t)layer * rows + t) * dim, x_out + (size_t)t * dim, dim);
-    c->pr->cos_block[(size_t)c->prompt * c->pr->L + layer] = acc / rows;
+    c->cos_block[layer] = acc / rows;
 }
 
 double kv_kendall_tau(const double *a, const double *b, int n) {
@@ -137,8 +142,62 @@ double kv_kendall_tau(const double *a, const double *b, int n) {
     return den > 0 ? (double)(conc - disc) / den : 0.0;
 }
 
+/* The prompts as tasks (kvplan/tasks.h): task k runs prompts [k * G, min(P, (k + 1) * G)), one
+ * fresh sequence each, and its result holds one record per prompt (cos_mean [L, H], cos_var
+ * [L, H], cos_attn [L], cos_block [L]) followed by token_cos [L, H, T], which only the task of
+ * prompt 0 fills. */
+typedef struct profile_tasks {
+    kv_engine *eng;
+    collector col;
+    const int *tokens; /* [P, T] */
+    int P, T, G, L, H;
+    kv_progress *p;
+    int done; /* prompts this process ran */
+    double t0;
+} profile_tasks;
+
+static size_t prompt_rec(int L, int H) {
+    return (size_t)2 * L * H + (size_t)2 * L;
+}
+
+static int profile_task(void *user, long task, double *out, kv_error *err) {
+    profile_tasks *t = user;
+    const int L = t->L, H = t->H, T = t->T;
+    const size_t rec = prompt_rec(L, H);
+    memset(out, 0, ((size_t)t->G * rec + (size_t)L * H * T) * sizeof *out);
+    kv_hooks hooks = {&t->col, on_attn, on_block};
+    int rc = KV_OK;
+    for (int k = 0; k < t->G && !rc; k++) {
+        long i = task * t->G + k;
+        if (i >= t->P) break;
+        double *r = out + (size_t)k * rec;
+        t->col.cos_mean = r;
+        t->col.cos_var = r + (size_t)L * H;
+        t->col.cos_attn = r + (size_t)2 * L * H;
+        t->col.cos_block = r + (size_t)2 * L * H + L;
+        t->col.token_cos = i == 0 ? out + (size_t)t->G * rec : NULL;
+        int seq = -1;
+        rc = kv_engine_seq_open(t->eng, NULL, NULL, &seq, err);
+        if (rc) break;
+        rc = kv_engine_prefill(t->eng, seq, t->tokens + (size_t)i * T, T, KV_LOGITS_NONE, NULL,
+                               &hooks, err);
+        kv_engine_seq_close(t->eng, seq);
+        t->done++;
+        double el = kv_now() - t->t0;
+        if (!rc && t->p)
+            kv_progress_print(t->p, 0, "profile: prompt %ld of %d, %.0f tokens/s", i + 1, t->P,
+                              (double)t->done * T / (el > 0 ? el : 1e-9));
+    }
+    return rc;
+}
+
 int kv_profile_run(const kv_model *m, const int *tokens, int P, int T, kv_device device,
                    kv_profile *out, kv_progress *p, kv_error *err) {
+    return kv_profile_run_tasks(m, tokens, P, T, device, NULL, out, p, err);
+}
+
+int kv_profile_run_tasks(const kv_model *m, const int *tokens, int P, int T, kv_device device,
+                         kv_tasks *tasks, kv_profile *out, kv_progress *p, kv_error *err) {
     memset(out, 0, sizeof *out);
     const kv_config *cfg = &m->cfg;
     if (P < 1) return kv_fail(err, KV_EINPUT, "no prompts to profile (--prompts must be >= 1)");
@@ -165,14 +224,29 @@ int kv_profile_run(const kv_model *m, const int *tokens, int P, int T, kv_device
     out->layer_similarity = calloc((size_t)L, sizeof(double));
     out->kendall_tau = calloc((size_t)P * P, sizeof(double));
     out->spearman_rho = calloc((size_t)P * P, sizeof(double));
-    collector col = {cfg, out, 0, malloc((size_t)L * T * cfg->dim * sizeof(float))};
+    /* at most 4 tasks per rank: the token_cos slot of every task stays small next to the
+     * prompts' records */
+    const int ranks = kv_tasks_size(tasks), per = 4 * ranks;
+    const int G = (P + per - 1) / per, n_tasks = (P + G - 1) / G;
+    const size_t rec = prompt_rec(L, H), n_out = (size_t)G * rec + (size_t)L * H * T;
+    double *res = malloc((size_t)n_tasks * n_out * sizeof *res);
+    profile_tasks pt = {
+        .col = {.cfg = cfg, .T = T, .x_in = malloc((size_t)L * T * cfg->dim * sizeof(float))},
+        .tokens = tokens,
+        .P = P,
+        .T = T,
+        .G = G,
+        .L = L,
+        .H = H,
+        .p = p};
     kv_plan full = {0};
-    kv_engine *eng = NULL;
     int rc = KV_OK;
     if (!out->tokens || !out->lengths || !out->cos_mean || !out->cos_var || !out->similarity ||
         !out->importance || !out->token_cos || !out->cos_attn || !out->cos_block ||
-        !out->layer_similarity || !out->kendall_tau || !out->spearman_rho || !col.x_in)
+        !out->layer_similarity || !out->kendall_tau || !out->spearman_rho || !pt.col.x_in || !res)
         rc = kv_fail(err, KV_EINTERNAL, "out of memory (profile of %d prompts x %d tokens)", P, T);
+    if (!rc && n_out > (size_t)0x7fffffff)
+        rc = kv_fail(err, KV_EINPUT, "profile: %zu values per prompt group are too many", n_out);
     if (!rc) {
         memcpy(out->tokens, tokens, (size_t)P * T * sizeof(int));
         for (int i = 0; i < P; i++) out->lengths[i] = T;
@@ -183,28 +257,29 @@ int kv_profile_run(const kv_model *m, const int *tokens, int P, int T, kv_device
     }
     if (!rc) {
         kv_engine_opts eo = {.device = device, .max_seqs = 1};
-        rc = kv_engine_new(m, &full, &eo, &eng, err);
+        rc = kv_engine_new(m, &full, &eo, &pt.eng, err);
     }
-    kv_hooks hooks = {&col, on_attn, on_block};
+    rc = kv_tasks_agree(tasks, rc, err); /* under MPI: no rank runs tasks alone */
     double t0 = kv_now();
+    pt.t0 = t0;
+    if (!rc) rc = kv_tasks_run(tasks, n_tasks, (int)n_out, profile_task, &pt, res, err);
+    /* every prompt's record into the profile, in prompt order */
     for (int i = 0; i < P && !rc; i++) {
-        int seq = -1;
-        rc = kv_engine_seq_open(eng, NULL, NULL, &seq, err);
-        if (rc) break;
-        col.prompt = i;
-        rc = kv_engine_prefill(eng, seq, tokens + (size_t)i * T, T, KV_LOGITS_NONE, NULL, &hooks,
-                               err);
-        kv_engine_seq_close(eng, seq);
-        double el = kv_now() - t0;
-        if (p)
-            kv_progress_print(p, i + 1 == P, "profile: prompt %d of %d, %.0f tokens/s", i + 1, P,
-                              (double)(i + 1) * T / (el > 0 ? el : 1e-9));
+        const double *r = res + (size_t)(i / G) * n_out + (size_t)(i % G) * rec;
+        memcpy(out->cos_mean + (size_t)i * L * H, r, (size_t)L * H * sizeof *r);
+        memcpy(out->cos_var + (size_t)i * L * H, r + (size_t)L * H, (size_t)L * H * sizeof *r);
+        memcpy(out->cos_attn + (size_t)i * L, r + (size_t)2 * L * H, (size_t)L * sizeof *r);
+        memcpy(out->cos_block + (size_t)i * L, r + (size_t)2 * L * H + L, (size_t)L * sizeof *r);
     }
+    if (!rc) memcpy(out->token_cos, res + (size_t)G * rec, (size_t)L * H * T * sizeof *res);
     out->seconds = kv_now() - t0;
     out->tokens_per_s = (double)P * T / (out->seconds > 0 ? out->seconds : 1e-9);
-    kv_engine_free(eng);
+    if (!rc && p)
+        kv_progress_print(p, 1, "profile: %d prompts, %.0f tokens/s", P, out->tokens_per_s);
+    kv_engine_free(pt.eng);
     kv_plan_free(&full);
-    free(col.x_in);
+    free(pt.col.x_in);
+    free(res);
     if (rc) {
         kv_profile_free(out);
         return rc;

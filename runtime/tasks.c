@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #ifdef KVPLAN_HAVE_MPI
@@ -49,6 +50,46 @@ static int launched(void) {
     for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
         if (getenv(vars[i])) return 1;
     return 0;
+}
+#endif
+
+#ifdef KVPLAN_HAVE_MPI
+/* Message tags: tasks, their results, the end of a kv_tasks_run call, kv_tasks_bcast_int. */
+enum {
+    TAG_TASK = 1,
+    TAG_RESULT = 2,
+    TAG_END_RC = 3,
+    TAG_END_MSG = 4,
+    TAG_END_RES = 5,
+    TAG_INT = 6
+};
+
+/* Waiting without spinning: MPI's blocking calls poll the network on a core the whole time,
+ * which on a shared machine takes a core from the ranks (or other jobs) that have work. These
+ * waits test, then sleep 0.2 ms, and test again. */
+static void nap(void) {
+    struct timespec ts = {0, 200000};
+    nanosleep(&ts, NULL);
+}
+
+static void wait_quiet(MPI_Request *req) {
+    int done = 0;
+    for (;;) {
+        MPI_Test(req, &done, MPI_STATUS_IGNORE);
+        if (done) return;
+        nap();
+    }
+}
+
+/* Rank 0's buf [count] to every rank (point to point, the others waiting quietly). */
+static void bcast_quiet(const kv_tasks *t, void *buf, int count, MPI_Datatype type, int tag) {
+    if (t->rank == 0) {
+        for (int w = 1; w < t->size; w++) MPI_Send(buf, count, type, w, tag, t->comm);
+        return;
+    }
+    MPI_Request req;
+    MPI_Irecv(buf, count, type, 0, tag, t->comm, &req);
+    wait_quiet(&req);
 }
 #endif
 
@@ -203,7 +244,8 @@ int kv_tasks_size(const kv_tasks *t) {
 
 int kv_tasks_bcast_int(const kv_tasks *t, int v) {
 #ifdef KVPLAN_HAVE_MPI
-    if (t && t->size > 1) MPI_Bcast(&v, 1, MPI_INT, 0, t->comm);
+    /* the other ranks wait here while rank 0 alone writes files or probes the hardware */
+    if (t && t->size > 1) bcast_quiet(t, &v, 1, MPI_INT, TAG_INT);
 #else
     (void)t;
 #endif
@@ -246,7 +288,6 @@ static int run_local(kv_tasks *t, const long *todo, long n_todo, int n_out, kv_t
 }
 
 #ifdef KVPLAN_HAVE_MPI
-enum { TAG_TASK = 1, TAG_RESULT = 2 };
 
 /* A worker's answer: header, n_out doubles, the error message when rc != 0. */
 typedef struct result_head {
@@ -308,6 +349,11 @@ static int run_master(kv_tasks *t, long n_tasks, const long *todo, long n, int n
         while (flag && n_out_total > 0) {
             MPI_Status st;
             memset(buf, 0, rb);
+            for (int there = 0;;) { /* wait quietly when rank 0 has nothing left to run */
+                MPI_Iprobe(MPI_ANY_SOURCE, TAG_RESULT, t->comm, &there, MPI_STATUS_IGNORE);
+                if (there) break;
+                nap();
+            }
             MPI_Recv(buf, (int)rb, MPI_BYTE, MPI_ANY_SOURCE, TAG_RESULT, t->comm, &st);
             int w = st.MPI_SOURCE;
             result_head h;
@@ -353,7 +399,9 @@ static int run_worker(kv_tasks *t, int n_out, kv_task_fn fn, void *user, kv_erro
     char *buf = kv_calloc(1, rb, "task result", err);
     int rc = buf ? KV_OK : KV_EINTERNAL;
     long cur = -1, nxt = -1;
-    MPI_Recv(&cur, 1, MPI_LONG, 0, TAG_TASK, t->comm, MPI_STATUS_IGNORE);
+    MPI_Request first;
+    MPI_Irecv(&cur, 1, MPI_LONG, 0, TAG_TASK, t->comm, &first);
+    wait_quiet(&first);
     while (cur >= 0) {
         MPI_Request req;
         MPI_Irecv(&nxt, 1, MPI_LONG, 0, TAG_TASK, t->comm, &req);
@@ -373,7 +421,7 @@ static int run_worker(kv_tasks *t, int n_out, kv_task_fn fn, void *user, kv_erro
             result_head oom = {.task = cur, .rc = KV_EINTERNAL};
             MPI_Send(&oom, (int)sizeof oom, MPI_BYTE, 0, TAG_RESULT, t->comm);
         }
-        MPI_Wait(&req, MPI_STATUS_IGNORE);
+        wait_quiet(&req);
         cur = nxt;
     }
     free(buf);
@@ -416,19 +464,19 @@ int kv_tasks_run(kv_tasks *t, long n_tasks, int n_out, kv_task_fn fn, void *user
         rc = run_worker(t, n_out, fn, user, err);
     free(todo);
     /* every rank leaves with rank 0's code, message and results */
-    MPI_Bcast(&rc, 1, MPI_INT, 0, t->comm);
+    bcast_quiet(t, &rc, 1, MPI_INT, TAG_END_RC);
     if (rc) {
         char msg[sizeof((kv_error *)0)->msg];
         memset(msg, 0, sizeof msg);
         if (t->rank == 0 && err) memcpy(msg, err->msg, sizeof msg);
-        MPI_Bcast(msg, (int)sizeof msg, MPI_CHAR, 0, t->comm);
+        bcast_quiet(t, msg, (int)sizeof msg, MPI_CHAR, TAG_END_MSG);
         if (t->rank != 0 && err) {
             err->code = rc;
             memcpy(err->msg, msg, sizeof msg);
         }
         return rc;
     }
-    if (n_tasks > 0) MPI_Bcast(results, (int)(n_tasks * n_out), MPI_DOUBLE, 0, t->comm);
+    if (n_tasks > 0) bcast_quiet(t, results, (int)(n_tasks * n_out), MPI_DOUBLE, TAG_END_RES);
     return KV_OK;
 #else
     free(todo);

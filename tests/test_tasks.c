@@ -1,5 +1,6 @@
 /* Tests of runtime/tasks.c (the task model of DESIGN.md "Past one machine") and of
- * `kvplan search` under mpirun: the plan file of an MPI run equals the one-process run's
+ * `kvplan search` (grid, sensitivity, held-out) and `kvplan profile` under mpirun: the file of
+ * an MPI run equals the one-process run's
  * (every dataset bit for bit; only the attributes command, created and the timings may differ),
  * on the real stories260K model with a profile the profiler measured. */
 #include <signal.h>
@@ -80,7 +81,7 @@ static int have_mpi(void) {
 }
 
 /* h5diff a b lists only the attributes a run may change: command, created and the timings
- * (seconds, grid_seconds, curve_seconds). */
+ * (seconds, grid_seconds, curve_seconds; a profile's profile_tokens_per_s). */
 static int same_plan_file(const char *a, const char *b) {
     char cmd[2048], *out = NULL;
     snprintf(cmd, sizeof cmd, "h5diff '%s' '%s' 2>&1", a, b);
@@ -92,7 +93,8 @@ static int same_plan_file(const char *a, const char *b) {
         if (!strncmp(l, "dataset:", 8) || !strncmp(l, "group:", 6) || strstr(l, "Not comparable"))
             ok = 0;
         if (!strncmp(l, "attribute:", 10) && !strstr(l, "<command of") &&
-            !strstr(l, "<created of") && !strstr(l, "seconds of"))
+            !strstr(l, "<created of") && !strstr(l, "seconds of") &&
+            !strstr(l, "<profile_tokens_per_s of"))
             ok = 0;
         if (!ok) fprintf(stderr, "h5diff %s %s: %s\n", a, b, l);
         l = nl ? nl + 1 : NULL;
@@ -122,28 +124,33 @@ static int ensure_profile(void) {
 }
 
 /* The search arguments of the equality tests (small: 4 search chunks, 1 held-out chunk). The
- * BaKlaVa grid alone: its chunk evaluations are the tasks (the sensitivity stage runs alike on
- * every rank and is not yet split into tasks). */
-static void search_args(char *buf, size_t cap, const char *extra, const char *out) {
+ * BaKlaVa grid alone (sens = 0): its chunk evaluations are the tasks. With sens = 1 the default
+ * `--allocation both`: the grid, then sensitivity planning, whose batched passes and
+ * verification chunks are tasks too (C = 128 and few levels keep it to seconds; at R = 1/4 its
+ * second round's solution wins the plan, so the held-out stage evaluates both allocations). */
+static void search_args(char *buf, size_t cap, int sens, const char *extra, const char *out) {
     snprintf(buf, cap,
-             "search --model %s --tokenizer %s --profile %s --text %s --ratio 0.125 --allocation "
-             "baklava "
-             "--t-grid 0.6:0.9:0.1 --r-grid 0.2,0.5 --eval-tokens 2048 --heldout-tokens 512 "
-             "--quiet %s -o %s",
+             "search --model %s --tokenizer %s --profile %s --text %s %s "
+             "--t-grid 0.6:0.9:0.1 --r-grid 0.2,0.5 --quiet %s -o %s",
              model(), tokenizer(), tu_tmp("profile.h5"), tu_shared("text/tinystories_val_head.txt"),
+             sens ? "--ratio 0.25 --context 128 --eval-tokens 512 --heldout-tokens 128 "
+                    "--calib-chunks 1 --sens-levels 6 --sens-rounds 2 --sens-batch 8"
+                  : "--ratio 0.125 --allocation baklava --eval-tokens 2048 --heldout-tokens 512",
              extra, out);
 }
 
-static void check_search_equal(const char *extra, const char *tag) {
+static void check_search_equal(int sens, const char *extra, const char *tag) {
     char args[8192], cmd[12288], one[256], many[300], *out = NULL;
     snprintf(one, sizeof one, "%s", tu_tmp(tag));
     snprintf(many, sizeof many, "%s.np3", one);
-    search_args(args, sizeof args, extra, one);
+    search_args(args, sizeof args, sens, extra, one);
     int rc = tu_run_kvplan(args, &out, 1);
     CU_ASSERT_EQUAL(rc, 0);
     if (rc) fprintf(stderr, "%s\n", out ? out : "");
+    if (sens) /* the case this test is for: the sensitivity solution is the plan */
+        CU_ASSERT_PTR_NOT_NULL(out ? strstr(out, "allocation   sensitivity") : NULL);
     free(out);
-    search_args(args, sizeof args, extra, many);
+    search_args(args, sizeof args, sens, extra, many);
     snprintf(cmd, sizeof cmd, "%s %s 2>&1", mpirun(3), args);
     rc = tu_run_sh(cmd, &out);
     CU_ASSERT_EQUAL(rc, 0);
@@ -162,13 +169,48 @@ static void test_mpi_search_exhaustive(void) {
         return;
     }
     CU_ASSERT_TRUE_FATAL(ensure_profile());
-    check_search_equal("", "exh.h5");
+    check_search_equal(0, "", "exh.h5");
 }
 
 static void test_mpi_search_halving(void) {
     if (!have_mpi()) return;
     CU_ASSERT_TRUE_FATAL(ensure_profile());
-    check_search_equal("--halving 2", "sh.h5");
+    check_search_equal(0, "--halving 2", "sh.h5");
+}
+
+/* --allocation both: the sensitivity stage (curves, verification, refinement) and the held-out
+ * stage split among the ranks give the one-process file */
+static void test_mpi_search_sensitivity(void) {
+    if (!have_mpi()) return;
+    CU_ASSERT_TRUE_FATAL(ensure_profile());
+    check_search_equal(1, "", "sens.h5");
+}
+
+/* `kvplan profile` under mpirun -np 3 (the prompts split among the ranks) writes the
+ * one-process profile: 5 prompts, so ranks get different numbers of them */
+static void test_mpi_profile(void) {
+    if (!have_mpi()) return;
+    char args[4096], cmd[8192], *out = NULL;
+    const char *one = tu_tmp("prof1.h5");
+    char many[300];
+    snprintf(many, sizeof many, "%s.np3", one);
+    snprintf(args, sizeof args, "profile %s --tokenizer %s --prompts 5 --prompt-len 96 --no-hw",
+             model(), tokenizer());
+    snprintf(cmd, sizeof cmd, "%s --quiet -o %s", args, one);
+    int rc = tu_run_kvplan(cmd, &out, 1);
+    CU_ASSERT_EQUAL(rc, 0);
+    if (rc) fprintf(stderr, "%s\n", out ? out : "");
+    free(out);
+    snprintf(cmd, sizeof cmd, "%s %s -o %s 2>&1", mpirun(3), args, many);
+    rc = tu_run_sh(cmd, &out);
+    CU_ASSERT_EQUAL(rc, 0);
+    if (rc) fprintf(stderr, "%s\n", out ? out : "");
+    /* rank 0 alone reports */
+    const char *w = out ? strstr(out, "kvplan profile: wrote") : NULL;
+    CU_ASSERT_PTR_NOT_NULL(w);
+    if (w) CU_ASSERT_PTR_NULL(strstr(w + 1, "kvplan profile: wrote"));
+    free(out);
+    CU_ASSERT_TRUE(same_plan_file(one, many));
 }
 
 /* An input error on every rank: one message (rank 0's), exit 1, no output file, and an old
@@ -212,7 +254,7 @@ static void test_resume(void) {
     snprintf(full, sizeof full, "%s", tu_tmp("resume-full.h5"));
     snprintf(part, sizeof part, "%s", tu_tmp("resume-part.h5"));
     snprintf(log, sizeof log, "%s.tasks", part);
-    search_args(args, sizeof args, "", full);
+    search_args(args, sizeof args, 0, "", full);
     int rc = tu_run_kvplan(args, &out, 1);
     CU_ASSERT_EQUAL_FATAL(rc, 0);
     free(out);
@@ -220,7 +262,7 @@ static void test_resume(void) {
     CU_ASSERT_NOT_EQUAL(stat(tu_tmp("resume-full.h5.tasks"), &st), 0); /* none left behind */
     unlink(part);
     unlink(log);
-    search_args(args, sizeof args, "", part);
+    search_args(args, sizeof args, 0, "", part);
     snprintf(cmd, sizeof cmd, "exec '%s' %s >/dev/null 2>&1", KVPLAN_BINARY, args);
     pid_t pid = fork();
     CU_ASSERT_TRUE_FATAL(pid >= 0);
@@ -252,7 +294,7 @@ static void test_resume(void) {
     CU_ASSERT_NOT_EQUAL(stat(part, &st), 0); /* no partial plan file */
     CU_ASSERT_EQUAL_FATAL(stat(log, &st), 0);
     /* resume (not --quiet: it reports the tasks it took from the log) */
-    search_args(args, sizeof args, "--resume", part);
+    search_args(args, sizeof args, 0, "--resume", part);
     char *q = strstr(args, "--quiet");
     if (q) memset(q, ' ', 7);
     if (have_mpi())
@@ -350,6 +392,8 @@ int main(int argc, char **argv) {
         {"local task loop", test_local},
         {"mpirun -np 3 search = one process (exhaustive)", test_mpi_search_exhaustive},
         {"mpirun -np 3 search = one process (successive halving)", test_mpi_search_halving},
+        {"mpirun -np 3 search = one process (grid + sensitivity)", test_mpi_search_sensitivity},
+        {"mpirun -np 3 profile = one process", test_mpi_profile},
         {"mpirun -np 3 input error: one message, old output intact", test_mpi_error},
         {"killed run, --resume: same file, log removed", test_resume},
         {"mpirun -np 3: a failing or dying worker fails the run", test_mpi_faults},

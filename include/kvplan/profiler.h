@@ -20,6 +20,7 @@
 #include "kvplan/h5io.h"
 #include "kvplan/hwprobe.h"
 #include "kvplan/model.h"
+#include "kvplan/tasks.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -54,10 +55,20 @@ int kv_profile_pick_prompts(const int *stream, long n, int bos_id, int n_prompts
 
 /* Run the collectors over the prompts (full cache, one prefill per prompt, on an engine on
  * `device`). `tokens` [P, T] is copied into the profile. The caller owns `out`
- * (kv_profile_free). Progress ("prompt i of N, tokens/s") goes to `p` when not NULL. */
+ * (kv_profile_free). Progress ("prompt i of N, tokens/s") goes to `p` when not NULL.
+ * kv_profile_run is kv_profile_run_tasks with tasks NULL (one process). */
 int kv_profile_run(const kv_model *m, const int *tokens, int P, int T, kv_device device,
-                   kv_profile *out,
-                   kv_progress *p, kv_error *err);
+                   kv_profile *out, kv_progress *p, kv_error *err);
+
+/* The same with the prompts (in groups of at most ceil(P / (4 * ranks))) as tasks of
+ * kv_tasks_run (kvplan/tasks.h): under MPI a collective call that every rank makes with the
+ * same arguments; the ranks share the prompts, every rank leaves with the whole profile, and
+ * every dataset is bit-identical to a one-process run's (each prompt runs in a fresh sequence
+ * and its contributions are combined in prompt order); seconds and tokens_per_s are the wall
+ * time of the whole run. Give `p` on rank 0 only. Errors: those of kv_profile_run, and the
+ * first failing rank's (kv_tasks_agree / kv_tasks_run). */
+int kv_profile_run_tasks(const kv_model *m, const int *tokens, int P, int T, kv_device device,
+                         kv_tasks *tasks, kv_profile *out, kv_progress *p, kv_error *err);
 void kv_profile_free(kv_profile *pr);
 
 /* Write the profile's datasets (DESIGN.md "Files": /heads, /layers, /consistency, /prompts)

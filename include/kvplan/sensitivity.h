@@ -32,6 +32,7 @@
 #include "kvplan/h5io.h"
 #include "kvplan/kvcache.h"
 #include "kvplan/model.h"
+#include "kvplan/tasks.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -57,10 +58,14 @@ typedef struct kv_sens_opts {
     int max_rounds;   /* solve rounds (1 = no refinement; default 3) */
     kv_sens_objective objective; /* what the knapsack minimises (default KL) */
     kv_progress *progress;       /* NULL = silent */
+    kv_tasks *tasks; /* NULL: one process; else the batched passes and the verification chunks
+                      * run as tasks (kvplan/tasks.h), over MPI ranks when there are several:
+                      * a collective call then (every rank calls with the same arguments and
+                      * gets the same result, identical to one process's) */
 } kv_sens_opts;
 
 /* Defaults: R 0.5, C = model seq_len (256 without a model), b_s 16, p 16, sink, max_levels 16,
- * batch 32, 2 calibration chunks, 3 rounds, objective KL. */
+ * batch 32, 2 calibration chunks, 3 rounds, objective KL, no progress, one process. */
 void kv_sens_opts_default(kv_sens_opts *o, const kv_model *m);
 
 typedef struct kv_sens_curves {
@@ -86,7 +91,10 @@ void kv_sens_curves_free(kv_sens_curves *c);
  * of C tokens at ids (ids[0 .. n_chunks * C)). `levels_blocks` [n_levels] (NULL = chosen from
  * the options: kv_sens_default_levels, plus each head's base level) in blocks. The engine must
  * run a full-cache plan with the same C, b_s and p, max_seqs >= 1 (the batch is capped at
- * max_seqs) and room for a full cache per sequence. Fills *out (kv_sens_curves_free).
+ * max_seqs) and room for a full cache per sequence. With o->tasks the batched passes (one
+ * task per batch and chunk, plus the base budgets per chunk) run as tasks, summed in chunk
+ * order afterwards, so the curves equal a one-process run's bit for bit (kvplan/tasks.h).
+ * Fills *out (kv_sens_curves_free).
  * Errors: KV_EINPUT for options the model cannot run (ratio, floors); errors of the engine. */
 int kv_sens_measure(kv_engine *e, const kv_model *m, const int *ids, int n_chunks, const int *base,
                     const kv_policy *base_policy, const int *levels_blocks, int n_levels,
@@ -141,7 +149,8 @@ void kv_sens_result_free(kv_sens_result *r);
  * o->max_rounds - 1 refinements (re-measure around the kept solution, solve again) while the
  * search perplexity improves. uniform_ppl: the uniform plan's search perplexity when known
  * (NaN = measure it). The kept solution is the best of the rounds; it may be the uniform
- * budgets when no round beat them (then best_round = -1). Fills *r (kv_sens_result_free). */
+ * budgets when no round beat them (then best_round = -1). With o->tasks the curves and each
+ * verification (one task per search chunk) run as tasks. Fills *r (kv_sens_result_free). */
 int kv_sens_search(kv_engine *e, const kv_model *m, const int *ids, int n_search,
                    double uniform_ppl, const kv_sens_opts *o, kv_sens_result *r, kv_error *err);
 

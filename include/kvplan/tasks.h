@@ -11,9 +11,12 @@
  * worker holds one task in reserve so it never waits while rank 0 computes a task of its own),
  * gathers the results by index and broadcasts them, so every rank leaves the call with the
  * same results and the same return code and the command goes on identically on every rank.
- * Only rank 0 writes files and prints progress. A task that fails on any rank fails the call on
- * every rank with a message naming the rank and the task. A rank that dies makes mpirun abort
- * the job (Open MPI's default error handler), before rank 0 wrote any output.
+ * Only rank 0 writes files and prints progress. A rank that waits (for a task, for results, at
+ * the end of a call) tests and sleeps 0.2 ms in turn instead of spinning in a blocking MPI
+ * call, so idle ranks leave the cores to those with work on a shared machine. A task that fails on
+ * any rank fails the call on every rank with a message naming the rank and the task. A rank that
+ * dies makes mpirun abort the job (Open MPI's default error handler), before rank 0 wrote any
+ * output.
  *
  * Without MPI, or in a process not started by mpirun / srun, kv_tasks_run is a plain loop over
  * the tasks in order, and the results are bit-identical to the MPI run's as long as a task's
@@ -69,7 +72,9 @@ void kv_tasks_log_close(kv_tasks *t, int remove);
 long kv_tasks_resumed(const kv_tasks *t);
 
 /* An integer agreed by all ranks: rank 0's value of v is returned on every rank (v itself
- * without MPI). Used to make every rank exit with rank 0's code. */
+ * without MPI). Used to make every rank exit with rank 0's code. The other ranks wait for it
+ * quietly (see below), so rank 0 has the cores to itself meanwhile (e.g. for the hardware
+ * probes of `kvplan profile`). Collective under MPI. */
 int kv_tasks_bcast_int(const kv_tasks *t, int v);
 
 /* Agree on success before a collective step: returns KV_OK on every rank when rc is KV_OK on
