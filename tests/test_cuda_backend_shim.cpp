@@ -310,19 +310,10 @@ int step(side &s, const int *tok, int n, kv_logits_mode mode, float *logits,
 }
 
 std::vector<int> text_ids(int max_n) {
-    kv_tokenizer *t = nullptr;
-    kv_error err = {};
-    CU_ASSERT_FATAL(kv_tokenizer_load_llama2c(tu_shared(TOK260), 512, &t, &err) == KV_OK);
-    char *text = nullptr;
-    size_t len = 0;
-    CU_ASSERT_FATAL(kv_read_file(tu_shared(TEXT), &text, &len, &err) == KV_OK);
-    int *ids = nullptr, n = 0;
-    CU_ASSERT_FATAL(kv_tokenizer_encode(t, text, len < 4000 ? len : 4000, 1, &ids, &n, &err) ==
-                    KV_OK);
+    int n = 0;
+    int *ids = tu_text_tokens(nullptr, tu_shared(TOK260), 4000, &n);
     std::vector<int> out(ids, ids + (n < max_n ? n : max_n));
     std::free(ids);
-    std::free(text);
-    kv_tokenizer_free(t);
     return out;
 }
 

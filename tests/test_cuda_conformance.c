@@ -38,17 +38,8 @@
 static kv_model *g_model;
 
 static int *text_tokens(int max_n, int *n) {
-    kv_tokenizer *t = NULL;
-    kv_error err = {0};
-    CU_ASSERT_FATAL(kv_tokenizer_load(tu_shared(TOK260), g_model, &t, &err) == KV_OK);
-    char *text = NULL;
-    size_t len = 0;
-    CU_ASSERT_FATAL(kv_read_file(tu_shared(TEXT), &text, &len, &err) == KV_OK);
-    int *ids = NULL;
-    CU_ASSERT_FATAL(kv_tokenizer_encode(t, text, len, 1, &ids, n, &err) == KV_OK);
+    int *ids = tu_text_tokens(g_model, tu_shared(TOK260), 0, n);
     if (*n > max_n) *n = max_n;
-    free(text);
-    kv_tokenizer_free(t);
     return ids;
 }
 

@@ -56,19 +56,10 @@ kv_model *load(const char *rel) {
 /* Token ids of the first `bytes` bytes of the validation text (stories260K's tokenizer,
  * 512 pieces; ids_for folds them into another model's vocabulary). */
 std::vector<int> text_ids(size_t bytes) {
-    kv_tokenizer *t = nullptr;
-    kv_error err = {};
-    CU_ASSERT_FATAL(kv_tokenizer_load_llama2c(tu_shared(TOK260), 512, &t, &err) == KV_OK);
-    char *text = nullptr;
-    size_t len = 0;
-    CU_ASSERT_FATAL(kv_read_file(tu_shared(TEXT), &text, &len, &err) == KV_OK);
-    if (len > bytes) len = bytes;
-    int *ids = nullptr, n = 0;
-    CU_ASSERT_FATAL(kv_tokenizer_encode(t, text, len, 1, &ids, &n, &err) == KV_OK);
+    int n = 0;
+    int *ids = tu_text_tokens(nullptr, tu_shared(TOK260), bytes, &n);
     std::vector<int> out(ids, ids + n);
     std::free(ids);
-    std::free(text);
-    kv_tokenizer_free(t);
     return out;
 }
 

@@ -197,17 +197,7 @@ static void test_tokenizer(void) {
 }
 
 static int *text_tokens(kv_model *m, int *n) {
-    kv_tokenizer *t = load_tok(m);
-    kv_error err = {0};
-    char *text = NULL;
-    size_t len = 0;
-    CU_ASSERT_FATAL(kv_read_file(tu_shared(TEXT), &text, &len, &err) == KV_OK);
-    if (len > 40000) text[len = 40000] = 0;
-    int *ids = NULL;
-    CU_ASSERT_FATAL(kv_tokenizer_encode(t, text, len, 1, &ids, n, &err) == KV_OK);
-    free(text);
-    kv_tokenizer_free(t);
-    return ids;
+    return tu_text_tokens(m, tu_shared(TOK), 40000, n);
 }
 
 /* Run prefill (one call) or decode (one token per call) over tokens; logits [T, V]. */

@@ -16,18 +16,7 @@
 #define TEXT "text/tinystories_val_head.txt"
 
 static int *text_tokens(const kv_model *m, int *n) {
-    kv_tokenizer *t = NULL;
-    kv_error err = {0};
-    char *text = NULL;
-    size_t len = 0;
-    int *ids = NULL;
-    CU_ASSERT_FATAL(kv_tokenizer_load(NULL, m, &t, &err) == KV_OK);
-    CU_ASSERT_FATAL(kv_read_file(tu_shared(TEXT), &text, &len, &err) == KV_OK);
-    if (len > 40000) len = 40000;
-    CU_ASSERT_FATAL(kv_tokenizer_encode(t, text, len, 1, &ids, n, &err) == KV_OK);
-    free(text);
-    kv_tokenizer_free(t);
-    return ids;
+    return tu_text_tokens(m, NULL, 40000, n);
 }
 
 /* A plan whose layer-0 heads use sink, layer-1 heads h2o and the rest l2attn: after a prefill

@@ -29,20 +29,8 @@
 
 /* Tokens of the TinyStories text with the model's tokenizer (tok_path NULL: embedded/HF). */
 static int *text_tokens(const kv_model *m, const char *tok_path, int *n) {
-    kv_tokenizer *t = NULL;
-    kv_error err = {0};
-    int rc = kv_tokenizer_load(tok_path, m, &t, &err);
-    if (rc) fprintf(stderr, "tokenizer: %s\n", err.msg);
-    CU_ASSERT_FATAL(rc == KV_OK);
-    char *text = NULL;
-    size_t len = 0;
-    CU_ASSERT_FATAL(kv_read_file(tu_shared(TEXT), &text, &len, &err) == KV_OK);
-    if (len > 2000) text[len = 2000] = 0;
-    int *ids = NULL;
-    CU_ASSERT_FATAL(kv_tokenizer_encode(t, text, len, 1, &ids, n, &err) == KV_OK);
+    int *ids = tu_text_tokens(m, tok_path, 2000, n);
     CU_ASSERT_FATAL(*n >= PREFILL + STEPS);
-    free(text);
-    kv_tokenizer_free(t);
     return ids;
 }
 

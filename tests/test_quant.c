@@ -558,19 +558,9 @@ static void test_matmul(void) {
 /* ---- whole models ---- */
 
 static int *text_ids_656k(const kv_model *m, int *n) {
-    kv_error err = {0};
-    kv_tokenizer *tok = NULL;
     char path[4200];
     snprintf(path, sizeof path, "%s/tokenizer.json", tu_shared(M656));
-    CU_ASSERT_EQUAL_FATAL(kv_tokenizer_load(path, m, &tok, &err), KV_OK);
-    char *text = NULL;
-    size_t len = 0;
-    CU_ASSERT_EQUAL_FATAL(kv_read_file(tu_shared(TEXT), &text, &len, &err), KV_OK);
-    int *ids = NULL;
-    CU_ASSERT_EQUAL_FATAL(kv_tokenizer_encode(tok, text, len, 1, &ids, n, &err), KV_OK);
-    free(text);
-    kv_tokenizer_free(tok);
-    return ids;
+    return tu_text_tokens(m, path, 0, n);
 }
 
 static double ppl(const kv_model *m, const int *ids, long n, int chunks) {

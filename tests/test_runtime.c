@@ -45,25 +45,6 @@ static kv_model *load_656k(void) {
     return m;
 }
 
-/* Tokens of the first `max_bytes` of the TinyStories text with the model's tokenizer
- * (tok512.bin for the llama2.c checkpoint, the embedded/HF one otherwise). */
-static int *text_tokens(const kv_model *m, const char *tok_path, size_t max_bytes, int *n) {
-    kv_tokenizer *t = NULL;
-    kv_error err = {0};
-    int rc = kv_tokenizer_load(tok_path, m, &t, &err);
-    if (rc) fprintf(stderr, "tokenizer: %s\n", err.msg);
-    CU_ASSERT_FATAL(rc == KV_OK);
-    char *text = NULL;
-    size_t len = 0;
-    CU_ASSERT_FATAL(kv_read_file(tu_shared(TEXT), &text, &len, &err) == KV_OK);
-    if (len > max_bytes) text[len = max_bytes] = 0;
-    int *ids = NULL;
-    CU_ASSERT_FATAL(kv_tokenizer_encode(t, text, len, 1, &ids, n, &err) == KV_OK);
-    free(text);
-    kv_tokenizer_free(t);
-    return ids;
-}
-
 static double eval_nll(const kv_model *m, const int *ids, long n, const int *budget,
                        kv_policy policy, int p, int max_chunks, kv_eval_result *out) {
     kv_eval_opts o;
@@ -219,7 +200,7 @@ static double ref_chunk_nll(const kv_model *m, const int *tokens, int T, ref_mas
 static void test_budget_ge_context_is_exact(void) {
     kv_model *m = tu_load_shared(M260);
     int n = 0;
-    int *ids = text_tokens(m, tu_shared(TOK260), 12000, &n);
+    int *ids = tu_text_tokens(m, tu_shared(TOK260), 12000, &n);
     CU_ASSERT_FATAL(n >= 1024);
     int nh = m->cfg.n_layers * m->cfg.n_kv_heads, C = m->cfg.seq_len, V = m->cfg.vocab_size;
     double full = eval_nll(m, ids, n, NULL, KV_POLICY_SINK, 16, 2, NULL);
@@ -284,7 +265,7 @@ static void test_budget_ge_context_is_exact(void) {
 static void test_sink_streaming_equals_reference(void) {
     kv_model *m = tu_load_shared(M260);
     int n = 0;
-    int *ids = text_tokens(m, tu_shared(TOK260), 12000, &n);
+    int *ids = tu_text_tokens(m, tu_shared(TOK260), 12000, &n);
     int C = m->cfg.seq_len, chunks = 2;
     CU_ASSERT_FATAL(C == 512 && n >= chunks * C);
     int *bud = uniform_budget(m, 0.0625);
@@ -328,7 +309,7 @@ static void test_sink_streaming_equals_reference(void) {
 static void test_attention_statistics(void) {
     kv_model *m = tu_load_shared(M260);
     int n = 0;
-    int *ids = text_tokens(m, tu_shared(TOK260), 4000, &n);
+    int *ids = tu_text_tokens(m, tu_shared(TOK260), 4000, &n);
     int T = 160, L = m->cfg.n_layers, Hk = m->cfg.n_kv_heads, nh = L * Hk;
     double *acc = calloc((size_t)nh * T, sizeof *acc), *acc2 = calloc((size_t)nh * T, sizeof *acc2);
     ref_chunk_nll(m, ids, T, (ref_mask){0, -1}, acc, acc2);
@@ -383,7 +364,7 @@ static size_t entry_bytes(const kv_model *m) {
 static void test_peak_bytes_follow_the_plan(void) {
     kv_model *m = tu_load_shared(M260);
     int n = 0;
-    int *ids = text_tokens(m, tu_shared(TOK260), 8000, &n);
+    int *ids = tu_text_tokens(m, tu_shared(TOK260), 8000, &n);
     int nh = m->cfg.n_layers * m->cfg.n_kv_heads, C = m->cfg.seq_len;
     size_t eb = entry_bytes(m), blk = 16 * eb;
     const double ratios[] = {0.5, 0.25, 0.125, 0.0625};
@@ -428,7 +409,7 @@ static void test_peak_bytes_follow_the_plan(void) {
 static void test_block_accounting(void) {
     kv_model *m = tu_load_shared(M260);
     int n = 0;
-    int *ids = text_tokens(m, tu_shared(TOK260), 8000, &n);
+    int *ids = tu_text_tokens(m, tu_shared(TOK260), 8000, &n);
     int L = m->cfg.n_layers, Hk = m->cfg.n_kv_heads, nh = L * Hk, C = m->cfg.seq_len, p = 8;
     kv_error err = {0};
     for (int pi = 0; pi < 4; pi++) {
@@ -481,7 +462,7 @@ static void test_block_accounting(void) {
  * than its full cache; stories260K does not. */
 static void run_policies_on(kv_model *m, const char *tok_path, const char *name, double lo) {
     int n = 0;
-    int *ids = text_tokens(m, tok_path, 20000, &n);
+    int *ids = tu_text_tokens(m, tok_path, 20000, &n);
     int nh = m->cfg.n_layers * m->cfg.n_kv_heads, C = m->cfg.seq_len;
     CU_ASSERT_FATAL(n >= 2 * C);
     double full = eval_nll(m, ids, n, NULL, KV_POLICY_SINK, 16, 2, NULL);
@@ -520,7 +501,7 @@ static void test_policies_both_models(void) {
     run_policies_on(m, NULL, "tinystories-656k", 0.85);
     /* the budgeted engine on the 656K model also matches the masked reference (sink, p = 1) */
     int n = 0;
-    int *ids = text_tokens(m, NULL, 6000, &n);
+    int *ids = tu_text_tokens(m, NULL, 6000, &n);
     int *bud = uniform_budget(m, 0.0625);
     double eng = eval_nll(m, ids, n, bud, KV_POLICY_SINK, 1, 1, NULL);
     double ref = ref_chunk_nll(m, ids, m->cfg.seq_len, (ref_mask){4, bud[0] - 4}, NULL, NULL) /
@@ -673,7 +654,7 @@ static void expect_cli_error(const char *extra, const char *needle) {
 static void test_bad_input(void) {
     kv_model *m = tu_load_shared(M260);
     int n = 0;
-    int *ids = text_tokens(m, tu_shared(TOK260), 4000, &n);
+    int *ids = tu_text_tokens(m, tu_shared(TOK260), 4000, &n);
     int nh = m->cfg.n_layers * m->cfg.n_kv_heads;
     kv_error err = {0};
     kv_eval_opts o;

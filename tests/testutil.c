@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "kvplan/common.h"
+#include "kvplan/tokenizer.h"
 
 const char *tu_shared(const char *rel) {
     static char buf[8][4096];
@@ -94,6 +95,23 @@ kv_model *tu_load_model(const char *path) {
 
 kv_model *tu_load_shared(const char *rel) {
     return tu_load_model(tu_shared(rel));
+}
+
+int *tu_text_tokens(const kv_model *m, const char *tok_path, size_t max_bytes, int *n) {
+    kv_tokenizer *t = NULL;
+    kv_error err = {0};
+    char *text = NULL;
+    size_t len = 0;
+    int *ids = NULL;
+    int rc = kv_tokenizer_load(tok_path, m, &t, &err);
+    if (!rc) rc = kv_read_file(tu_shared("text/tinystories_val_head.txt"), &text, &len, &err);
+    if (!rc && max_bytes && len > max_bytes) len = max_bytes;
+    if (!rc) rc = kv_tokenizer_encode(t, text, len, 1, &ids, n, &err);
+    if (rc) fprintf(stderr, "text tokens (%s): %s\n", tok_path ? tok_path : "model's", err.msg);
+    free(text);
+    kv_tokenizer_free(t);
+    CU_ASSERT_FATAL(rc == KV_OK);
+    return ids;
 }
 
 void tu_fake_model(kv_model *m, int n_layers, const char *sha) {

@@ -24,6 +24,11 @@ int tu_run_kvplan(const char *args, char **out, int merge_stderr);
 kv_model *tu_load_model(const char *path);
 /* tu_load_model(tu_shared(rel)). */
 kv_model *tu_load_shared(const char *rel);
+/* Token ids (BOS first) of the first max_bytes bytes (0: all) of the shared TinyStories text
+ * (text/tinystories_val_head.txt), encoded by the tokenizer at tok_path (NULL: m's own; see
+ * kv_tokenizer_load). Count in *n; the caller frees the ids. A failure prints the message and
+ * fails the current test fatally. */
+int *tu_text_tokens(const kv_model *m, const char *tok_path, size_t max_bytes, int *n);
 /* A model config of stories260K's shape (dim 64, H 8, H_kv 4, d_h 8, vocab 512, C 512) with
  * n_layers layers, no weights, path "models/stories260K.bin" and the given model_sha256: for
  * file-format tests that never run the model. */
