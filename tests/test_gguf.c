@@ -376,13 +376,7 @@ static void test_synthetic_gpt2_vocab(void) {
     CU_ASSERT(n == 4 && memcmp(ids, expect, sizeof expect) == 0);
     free(ids);
     /* byte-level BPE is lossless on any bytes */
-    const char *u = "caf\xc3\xa9 \xf0\x9f\x99\x82\n\n\tdon't  stop 123";
-    CU_ASSERT_EQUAL_FATAL(kv_tokenizer_encode(t, u, strlen(u), 0, &ids, &n, &err), KV_OK);
-    char *back = NULL;
-    CU_ASSERT_EQUAL(kv_tokenizer_decode(t, ids, n, &back, &err), KV_OK);
-    CU_ASSERT_STRING_EQUAL(back, u);
-    free(back);
-    free(ids);
+    free(tu_roundtrip(t, "caf\xc3\xa9 \xf0\x9f\x99\x82\n\n\tdon't  stop 123", &n));
     kv_tokenizer_free(t);
     kv_model_free(m);
 }
@@ -403,14 +397,10 @@ static void test_synthetic_pre(void) {
             CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, path));
         } else {
             CU_ASSERT_EQUAL_FATAL(rc, KV_OK);
-            const char *u = "Hello world, it's 2024!\r\n\n  \xc3\xa9t\xc3\xa9 \xf0\x9f\x99\x82";
-            int *ids = NULL, n = 0;
-            CU_ASSERT_EQUAL_FATAL(kv_tokenizer_encode(t, u, strlen(u), 0, &ids, &n, &err), KV_OK);
-            char *back = NULL;
-            CU_ASSERT_EQUAL(kv_tokenizer_decode(t, ids, n, &back, &err), KV_OK);
-            CU_ASSERT_STRING_EQUAL(back, u);
-            CU_ASSERT_EQUAL(ids[0], 264); /* Hello */
-            free(back);
+            int n = 0;
+            int *ids = tu_roundtrip(
+                t, "Hello world, it's 2024!\r\n\n  \xc3\xa9t\xc3\xa9 \xf0\x9f\x99\x82", &n);
+            CU_ASSERT(n > 0 && ids[0] == 264); /* Hello */
             free(ids);
         }
         kv_tokenizer_free(t);

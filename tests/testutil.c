@@ -114,6 +114,19 @@ int *tu_text_tokens(const kv_model *m, const char *tok_path, size_t max_bytes, i
     return ids;
 }
 
+int *tu_roundtrip(const kv_tokenizer *t, const char *text, int *n) {
+    kv_error err = {0};
+    int *ids = NULL;
+    char *back = NULL;
+    *n = 0;
+    CU_ASSERT_EQUAL_FATAL(kv_tokenizer_encode(t, text, strlen(text), 0, &ids, n, &err), KV_OK);
+    CU_ASSERT_EQUAL(kv_tokenizer_decode(t, ids, *n, &back, &err), KV_OK);
+    CU_ASSERT_PTR_NOT_NULL(back);
+    if (back) CU_ASSERT_STRING_EQUAL(back, text);
+    free(back);
+    return ids;
+}
+
 void tu_fake_model(kv_model *m, int n_layers, const char *sha) {
     memset(m, 0, sizeof *m);
     m->cfg.dim = 64;

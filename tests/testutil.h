@@ -7,6 +7,7 @@
 #include <stddef.h>
 
 #include "kvplan/model.h"
+#include "kvplan/tokenizer.h"
 
 /* Path under the shared data directory (KVPLAN_SHARED or ../shared), in a static buffer
  * rotated among 8 slots. */
@@ -29,6 +30,9 @@ kv_model *tu_load_shared(const char *rel);
  * kv_tokenizer_load). Count in *n; the caller frees the ids. A failure prints the message and
  * fails the current test fatally. */
 int *tu_text_tokens(const kv_model *m, const char *tok_path, size_t max_bytes, int *n);
+/* Encode `text` with t (no BOS), decode the ids and assert the bytes come back unchanged (a
+ * lossless tokenizer); returns the ids (count in *n; the caller frees them). */
+int *tu_roundtrip(const kv_tokenizer *t, const char *text, int *n);
 /* A model config of stories260K's shape (dim 64, H 8, H_kv 4, d_h 8, vocab 512, C 512) with
  * n_layers layers, no weights, path "models/stories260K.bin" and the given model_sha256: for
  * file-format tests that never run the model. */
