@@ -8,6 +8,7 @@
 #include "kvplan/backend.h"
 #include "kvplan/model.h"
 #include "kvplan/plan.h"
+#include "kvplan/tasks.h"
 
 int kv_cmd_run(int argc, char **argv);
 int kv_cmd_eval(int argc, char **argv);
@@ -34,6 +35,12 @@ int kv_cli_take_model(const char *cmd, const char *arg, const char **model_path)
 
 /* Print "kvplan <cmd>: <msg>" and return the exit code for err->code (1 or 2). */
 int kv_cli_report(const char *cmd, const kv_error *err);
+
+/* The end of a command that ran under kv_tasks (profile, search): rank 0 reports err when rc
+ * is not KV_OK ("kvplan <cmd>: ...") and sends its exit code to every rank; workers print
+ * nothing and return rank 0's code. Finalises tasks (MPI) in every rank. Returns the exit
+ * code (0, 1 or 2). */
+int kv_cli_finish_tasks(const char *cmd, kv_tasks *tasks, int rc, const kv_error *err);
 
 /* The command line joined with spaces into buf (for the `command` provenance attribute). */
 void kv_cli_command_line(int argc, char **argv, char *buf, size_t cap);

@@ -158,13 +158,5 @@ int kv_cmd_profile(int argc, char **argv) {
     free(text);
     kv_tokenizer_free(tok);
     kv_model_free(m);
-    if (rank != 0) { /* workers exit quietly with rank 0's code */
-        int rc0 = kv_tasks_bcast_int(tasks, rc ? 1 : 0);
-        kv_tasks_finalize(tasks);
-        return rc0;
-    }
-    int code = rc ? kv_cli_report("profile", &err) : 0;
-    kv_tasks_bcast_int(tasks, code);
-    kv_tasks_finalize(tasks);
-    return code;
+    return kv_cli_finish_tasks("profile", tasks, rc, &err);
 }

@@ -353,13 +353,5 @@ int kv_cmd_search(int argc, char **argv) {
     free(pv);
     kv_profile_inputs_free(&prof);
     kv_model_free(m);
-    if (rank != 0) { /* workers exit quietly with rank 0's code */
-        int rc0 = kv_tasks_bcast_int(tasks, rc ? 1 : 0);
-        kv_tasks_finalize(tasks);
-        return rc0;
-    }
-    int code = rc ? kv_cli_report("search", &err) : 0;
-    kv_tasks_bcast_int(tasks, code);
-    kv_tasks_finalize(tasks);
-    return code;
+    return kv_cli_finish_tasks("search", tasks, rc, &err);
 }

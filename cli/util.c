@@ -121,3 +121,15 @@ int kv_cli_scan(const char *cmd, int argc, char **argv, const kv_cli_optval *t, 
     }
     return -1;
 }
+
+int kv_cli_finish_tasks(const char *cmd, kv_tasks *tasks, int rc, const kv_error *err) {
+    int code;
+    if (kv_tasks_rank(tasks) != 0) { /* workers exit quietly with rank 0's code */
+        code = kv_tasks_bcast_int(tasks, rc ? 1 : 0);
+    } else {
+        code = rc ? kv_cli_report(cmd, err) : 0;
+        kv_tasks_bcast_int(tasks, code);
+    }
+    kv_tasks_finalize(tasks);
+    return code;
+}
