@@ -357,8 +357,7 @@ static int heldout_ppls(search_ctx *c, int n, const int *const *budget,
 typedef struct chunk_tasks {
     search_ctx *c;
     const int *arm;   /* [n] arm of each task */
-    const int *chunk; /* [n] chunk of each task */
-    long start;       /* first token of chunk 0 */
+    const int *chunk; /* [n] search chunk of each task */
     const char *what; /* progress label */
 } chunk_tasks;
 
@@ -368,21 +367,19 @@ static int chunk_task(void *user, long task, double *out, kv_error *err) {
     const int *budget = c->arms[t->arm[task]].tokens;
     const int *b[1] = {budget};
     int C = c->o->context;
-    int rc = kv_engine_chunk_nll(c->eng, c->ids + t->start + (long)t->chunk[task] * C, C, 1,
-                                 budget ? b : NULL, NULL, out, NULL, err);
+    int rc = kv_engine_chunk_nll(c->eng, c->ids + (long)t->chunk[task] * C, C, 1, budget ? b : NULL,
+                                 NULL, out, NULL, err);
     c->work_done++;
     if (!rc) progress(c, t->what);
     return rc;
 }
 
 /* Evaluate, as one task list, the missing search chunks [done, n) of the arms arms[0..n_arms)
- * (negative entries and repeats skipped); afterwards each has done >= n, so arm_ppl only sums.
- * With heldout set, instead the HC held-out chunks of each entry (repeats included), summed
- * into heldout[i] in chunk order (NaN for a negative entry). */
-static int eval_chunks(search_ctx *c, const int *arms, int n_arms, int n, int grid, double *heldout,
+ * (negative entries and repeats skipped); afterwards each has done >= n, so arm_ppl only sums. */
+static int eval_chunks(search_ctx *c, const int *arms, int n_arms, int n, int grid,
                        const char *what) {
     long cap = 0;
-    for (int i = 0; i < n_arms; i++) cap += heldout ? c->HC : (n > 0 ? n : 0);
+    for (int i = 0; i < n_arms; i++) cap += n > 0 ? n : 0;
     int *ta = kv_malloc((size_t)(cap > 0 ? cap : 1) * sizeof *ta, "chunk tasks", c->err);
     int *tc = kv_malloc((size_t)(cap > 0 ? cap : 1) * sizeof *tc, "chunk tasks", c->err);
     double *nll = kv_malloc((size_t)(cap > 0 ? cap : 1) * sizeof *nll, "chunk losses", c->err);
@@ -395,28 +392,20 @@ static int eval_chunks(search_ctx *c, const int *arms, int n_arms, int n, int gr
     long nt = 0;
     for (int i = 0; i < n_arms; i++) {
         int a = arms[i], rep = 0;
-        for (int j = 0; j < i && !heldout; j++) rep |= arms[j] == a;
+        for (int j = 0; j < i; j++) rep |= arms[j] == a;
         if (a < 0 || rep) continue;
-        for (int ch = heldout ? 0 : c->arms[a].done; ch < (heldout ? c->HC : n); ch++)
-            ta[nt] = a, tc[nt++] = ch;
+        for (int ch = c->arms[a].done; ch < n; ch++) ta[nt] = a, tc[nt++] = ch;
     }
-    chunk_tasks t = {c, ta, tc, heldout ? (long)c->S * c->o->context : 0, what};
+    chunk_tasks t = {c, ta, tc, what};
     long before = c->work_done;
     int rc = kv_tasks_run(c->o->tasks, nt, 1, chunk_task, &t, nll, c->err);
     c->work_done = before + nt; /* on rank 0 the task callback counted its own tasks only */
-    for (long k = 0; k < nt && !rc && !heldout; k++) c->arms[ta[k]].nll[tc[k]] = nll[k];
-    for (int i = 0; i < n_arms && !rc && !heldout; i++)
+    for (long k = 0; k < nt && !rc; k++) c->arms[ta[k]].nll[tc[k]] = nll[k];
+    for (int i = 0; i < n_arms && !rc; i++)
         if (arms[i] >= 0 && c->arms[arms[i]].done < n) {
             if (grid) c->grid_chunk_evals += n - c->arms[arms[i]].done;
             c->arms[arms[i]].done = n;
         }
-    for (int i = 0, k = 0; i < n_arms && !rc && heldout; i++) {
-        heldout[i] = NAN;
-        if (arms[i] < 0) continue;
-        double s = 0.0;
-        for (int ch = 0; ch < c->HC; ch++) s += nll[k++];
-        heldout[i] = kv_perplexity_from_nll(s, (long)c->HC * (c->o->context - 1));
-    }
     free(ta);
     free(tc);
     free(nll);
@@ -444,7 +433,7 @@ static int halving_round(void *user, const int *configs, int n, int n_chunks, kv
     int *arms = kv_malloc((size_t)n * sizeof *arms, "halving round", h->c->err);
     if (!arms) return KV_EINTERNAL;
     for (int i = 0; i < n; i++) arms[i] = h->arm_of_unique[configs[i]];
-    int rc = eval_chunks(h->c, arms, n, n_chunks, 1, NULL, "halving");
+    int rc = eval_chunks(h->c, arms, n, n_chunks, 1, "halving");
     free(arms);
     return rc;
 }
@@ -664,14 +653,13 @@ static int search_grid_eval(search_ctx *c) {
             /* finish the winner on every search chunk so that its perplexity compares
              * with the baselines' (counted as grid work) */
             double ppl = NAN;
-            if (shr.winner_chunks < c->S)
-                rc = eval_chunks(c, &c->win_arm, 1, c->S, 1, NULL, "grid");
+            if (shr.winner_chunks < c->S) rc = eval_chunks(c, &c->win_arm, 1, c->S, 1, "grid");
             if (!rc && shr.winner_chunks < c->S) rc = arm_ppl(c, c->win_arm, c->S, &ppl, 1);
         }
         return rc;
     }
     double best = HUGE_VAL;
-    rc = eval_chunks(c, c->uniq, c->n_uniq, c->S, 1, NULL, "grid");
+    rc = eval_chunks(c, c->uniq, c->n_uniq, c->S, 1, "grid");
     for (int u = 0; u < c->n_uniq && !rc; u++) {
         double ppl = NAN;
         for (int ch = 1; ch <= c->S && !rc; ch++) { /* chunk by chunk for progress */
@@ -715,7 +703,7 @@ static int search_winner(search_ctx *c) {
  * measured on the same chunks), then winner and baselines on the held-out tokens. */
 static int search_baselines_heldout(search_ctx *c) {
     kv_search_result *res = c->res;
-    int rc = eval_chunks(c, c->base_arm, KV_SEARCH_N_BASE, c->S, 0, NULL, "baselines");
+    int rc = eval_chunks(c, c->base_arm, KV_SEARCH_N_BASE, c->S, 0, "baselines");
     for (int b = 0; b < KV_SEARCH_N_BASE && !rc; b++) {
         res->base_ppl[b] = NAN;
         if (c->base_arm[b] < 0) continue;
