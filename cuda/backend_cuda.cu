@@ -26,7 +26,7 @@
 #include "kvplan/quant.h"
 
 extern "C" {
-#include "../runtime/ops.h" /* kv_op_rope_tables: the CPU backend's tables, the same floats */
+#include "../runtime/backend/ops.h" /* kv_op_rope_tables: the CPU backend's tables, the same floats */
 }
 
 #include <cublas_v2.h>

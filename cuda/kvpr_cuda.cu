@@ -17,7 +17,7 @@
 #include "kvplan/quant.h"
 
 extern "C" {
-#include "../runtime/ops.h" /* kv_op_rope_tables */
+#include "../runtime/backend/ops.h" /* kv_op_rope_tables */
 }
 #include "kvplan/kvpr_exec.h"
 #include "kvplan/model.h"

@@ -23,7 +23,7 @@ extern "C" {
 #include "kvplan/kvcache.h"
 #include "kvplan/model.h"
 #include "kvplan/tokenizer.h"
-#include "runtime/ops.h"
+#include "runtime/backend/ops.h"
 #include "testutil.h"
 }
 

@@ -11,7 +11,7 @@
 #include "kvplan/model.h"
 #include "kvplan/tokenizer.h"
 #include "testutil.h"
-#include "../runtime/f16.h"
+#include "../runtime/util/f16.h"
 
 #define G260 "models/stories260K/stories260K.gguf"
 #define B260 "models/stories260K/stories260K.bin"

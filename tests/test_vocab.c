@@ -20,8 +20,8 @@
 #include "kvplan/model.h"
 #include "kvplan/tokenizer.h"
 #include "testutil.h"
-#include "../runtime/f16.h"
-#include "../runtime/gguf_meta.h"
+#include "../runtime/util/f16.h"
+#include "../runtime/model/gguf_meta.h"
 
 #define SPM "vocab/ggml-vocab-llama-spm.gguf"
 #define TINY "models/llama-2-tiny-random/llama-2-tiny-random.gguf"

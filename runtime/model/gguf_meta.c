@@ -1,5 +1,5 @@
 /* GGUF container reader: header, metadata, tensor infos. See runtime/gguf_meta.h. */
-#include "gguf_meta.h"
+#include "model/gguf_meta.h"
 
 #include "kvplan/quant.h"
 

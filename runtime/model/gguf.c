@@ -19,7 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gguf_meta.h"
+#include "model/gguf_meta.h"
 
 /* Seconds the last load of `m` spent dequantising (0 for other formats). For measurements. */
 double kv_gguf_dequant_seconds(const kv_model *m);

@@ -5,7 +5,7 @@
 #include "kvplan/kvpr_exec.h"
 
 #include "kvplan/forward.h"
-#include "ops.h"
+#include "backend/ops.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -20,9 +20,9 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "gguf_meta.h"
-#include "strmap.h"
-#include "tokenizer_bpe.h"
+#include "model/gguf_meta.h"
+#include "util/strmap.h"
+#include "tokenizer/tokenizer_bpe.h"
 
 typedef struct spm_impl {
     int n;
@@ -606,83 +606,5 @@ int kv_tokenizer_decode(const kv_tokenizer *t, const int *ids, int n, char **tex
     }
     out[len] = '\0';
     *text = out;
-    return KV_OK;
-}
-
-static int file_exists(const char *p) {
-    struct stat st;
-    return stat(p, &st) == 0 && S_ISREG(st.st_mode);
-}
-
-/* A tokenizer file, its format detected from the content. m may be NULL. */
-static int load_path(const char *path, const kv_model *m, kv_tokenizer **out, kv_error *err) {
-    int rc = kv_check_regular(path, "tokenizer", err); /* a FIFO would block the sniff below */
-    if (rc) return rc;
-    FILE *f = fopen(path, "rb");
-    if (!f) return kv_fail(err, KV_EINPUT, "%s: cannot open tokenizer: %s", path, strerror(errno));
-    unsigned char head[4] = {0};
-    size_t got = fread(head, 1, 4, f);
-    int c; /* the first byte that is not blank: '{' starts a tokenizer.json */
-    for (size_t i = 0;; i++) {
-        c = i < got ? head[i] : fgetc(f);
-        if (c != ' ' && c != '\n' && c != '\r' && c != '\t') break;
-    }
-    fclose(f);
-    if (got == 4 && memcmp(head, "GGUF", 4) == 0) {
-        kv_gguf *g = NULL;
-        int rc = kv_gguf_open(path, &g, err);
-        if (!rc) rc = kv_tokenizer_load_gguf(g, out, err);
-        kv_gguf_close(g);
-        return rc;
-    }
-    if (c == '{') return kv_tokenizer_load_json(path, m, out, err);
-    return kv_tokenizer_load_llama2c(path, m ? m->cfg.vocab_size : 0, out, err);
-}
-
-int kv_tokenizer_load(const char *path, const kv_model *m, kv_tokenizer **out, kv_error *err) {
-    *out = NULL;
-    int rc;
-    if (!path && !m)
-        return kv_fail(err, KV_EINTERNAL, "kv_tokenizer_load needs a tokenizer path or a model");
-    if (path) {
-        rc = load_path(path, m, out, err);
-    } else if (strcmp(m->format, "gguf") == 0) {
-        if (!m->gguf) return kv_fail(err, KV_EINTERNAL, "%s: GGUF metadata was not kept", m->path);
-        rc = kv_tokenizer_load_gguf(m->gguf, out, err);
-    } else if (strcmp(m->format, "safetensors") == 0) {
-        char p[4200];
-        snprintf(p, sizeof p, "%s/tokenizer.json", m->path);
-        rc = kv_tokenizer_load_json(p, m, out, err);
-    } else {
-        char dir[4096];
-        snprintf(dir, sizeof dir, "%s", m->path);
-        char *slash = strrchr(dir, '/');
-        if (slash)
-            *slash = '\0';
-        else
-            snprintf(dir, sizeof dir, ".");
-        char a[4200], b[4200];
-        snprintf(a, sizeof a, "%s/tokenizer.bin", dir);
-        snprintf(b, sizeof b, "%s/tok%d.bin", dir, m->cfg.vocab_size);
-        if (file_exists(a))
-            rc = load_path(a, m, out, err);
-        else if (file_exists(b))
-            rc = load_path(b, m, out, err);
-        else
-            return kv_fail(err, KV_EINPUT,
-                           "%s: no tokenizer found beside the model (looked for %s and %s); "
-                           "pass --tokenizer PATH",
-                           m->path, a, b);
-    }
-    if (rc) return rc;
-    if (m && (*out)->vocab_size != m->cfg.vocab_size) {
-        int v = (*out)->vocab_size;
-        kv_tokenizer_free(*out);
-        *out = NULL;
-        return kv_fail(err, KV_EINPUT,
-                       "tokenizer %s has %d tokens but the model %s has a vocabulary of %d: they "
-                       "do not belong together",
-                       path ? path : "(embedded)", v, m->path, m->cfg.vocab_size);
-    }
     return KV_OK;
 }

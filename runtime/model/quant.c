@@ -16,7 +16,7 @@
 #include <string.h>
 #include <strings.h>
 
-#include "f16.h"
+#include "util/f16.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define KV_QUANT_X86 1

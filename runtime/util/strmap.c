@@ -1,5 +1,5 @@
 /* Open-addressing string hash map (FNV-1a, linear probing); see strmap.h. */
-#include "strmap.h"
+#include "util/strmap.h"
 
 #include <stdint.h>
 #include <stdlib.h>

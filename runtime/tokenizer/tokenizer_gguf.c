@@ -17,8 +17,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gguf_meta.h"
-#include "tokenizer_bpe.h"
+#include "model/gguf_meta.h"
+#include "tokenizer/tokenizer_bpe.h"
 
 enum { TT_NORMAL = 1, TT_UNKNOWN = 2, TT_CONTROL = 3, TT_USER = 4, TT_UNUSED = 5, TT_BYTE = 6 };
 

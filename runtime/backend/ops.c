@@ -1,5 +1,5 @@
 /* Dense kernels of the Llama layer shared inside runtime/ (see ops.h). */
-#include "ops.h"
+#include "backend/ops.h"
 
 #include <math.h>
 

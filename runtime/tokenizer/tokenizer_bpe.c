@@ -13,7 +13,7 @@
  *               default when tokenizer_config.json does not say)
  * tokenizer_config.json beside it: add_bos_token, bos_token, eos_token.
  */
-#include "tokenizer_bpe.h"
+#include "tokenizer/tokenizer_bpe.h"
 
 #include <cjson/cJSON.h>
 #include <pcre2.h>
@@ -22,7 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "strmap.h"
+#include "util/strmap.h"
 
 typedef struct bpe_impl {
     int n; /* ids 0..n-1 */

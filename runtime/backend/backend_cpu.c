@@ -5,7 +5,7 @@
  * its own rows and head, and the statistics of a head are summed in one fixed order. */
 #include "kvplan/backend.h"
 
-#include "ops.h"
+#include "backend/ops.h"
 
 #include <math.h>
 #include <omp.h>

@@ -1,13 +1,13 @@
-/* kvplan model: format detection, ownership, config checks. See include/kvplan/model.h. */
+/* kvplan model: ownership, config checks and size arithmetic. See include/kvplan/model.h. The
+ * format readers (llama2c.c, gguf.c, hf.c) call into this file; which reader a path goes to is
+ * decided by the registry in formats.c, so no reader calls back into its dispatcher. */
 #include "kvplan/model.h"
 
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
-#include "gguf_meta.h"
+#include "model/gguf_meta.h"
 
 kv_model *kv_model_alloc(int n_layers, kv_error *err) {
     kv_model *m = kv_calloc(1, sizeof *m, "model", err);
@@ -174,29 +174,4 @@ void kv_model_weight_types(const kv_model *m, char *buf, size_t cap) {
         if (seen & (1u << i))
             k += (size_t)snprintf(buf + k, cap - k, "%s%s", k ? "+" : "",
                                   kv_dtype_name((uint32_t)kv_dtype_all[i]));
-}
-
-int kv_model_load(const char *path, kv_model **out, kv_error *err) {
-    *out = NULL;
-    struct stat st;
-    if (stat(path, &st) != 0)
-        return kv_fail(err, KV_EINPUT, "%s: cannot open model: %s", path, strerror(errno));
-    int rc;
-    if (S_ISDIR(st.st_mode)) {
-        rc = kv_model_load_hf(path, out, err);
-    } else {
-        /* a FIFO or a device would block or never end: refused before it is opened */
-        if ((rc = kv_check_regular(path, "model", err))) return rc;
-        FILE *f = fopen(path, "rb");
-        if (!f) return kv_fail(err, KV_EINPUT, "%s: cannot open model: %s", path, strerror(errno));
-        char magic[4] = {0};
-        size_t got = fread(magic, 1, 4, f);
-        fclose(f);
-        if (got == 4 && memcmp(magic, "GGUF", 4) == 0)
-            rc = kv_model_load_gguf(path, out, err);
-        else
-            rc = kv_model_load_llama2c(path, out, err);
-    }
-    if (rc == KV_OK) snprintf((*out)->path, sizeof(*out)->path, "%s", path);
-    return rc;
 }

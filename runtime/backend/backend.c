@@ -1,7 +1,6 @@
-/* kvplan backend selection and the parts every backend shares. See include/kvplan/backend.h. */
+/* kvplan backends: the parts every backend shares (device names, the base object, pools). See
+ * include/kvplan/backend.h. Which backend a run gets is decided in registry.c. */
 #include "kvplan/backend.h"
-
-#include "kvplan/kvcuda.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -26,20 +25,6 @@ int kv_device_parse(const char *s, kv_device *out, kv_error *err) {
             return KV_OK;
         }
     return kv_fail(err, KV_EINPUT, "--device %s: choose auto, cpu or cuda", s ? s : "");
-}
-
-int kv_device_resolve(kv_device d, kv_device *out, kv_error *err) {
-    char why[256] = "";
-    int have = kv_cuda_built() && kv_cuda_device_count(why) > 0;
-    if (d == KV_DEVICE_CPU || (d == KV_DEVICE_AUTO && !have)) {
-        *out = KV_DEVICE_CPU;
-        return KV_OK;
-    }
-    if (!have)
-        return kv_fail(err, KV_EINPUT, "--device cuda: no CUDA device here (%s); use --device cpu",
-                       why[0] ? why : "none found");
-    *out = KV_DEVICE_CUDA;
-    return KV_OK;
 }
 
 int kv_backend_base_init(kv_backend *b, const kv_backend_ops *ops, const kv_model *m, kv_device dev,
@@ -76,21 +61,6 @@ void kv_backend_free(kv_backend *b) {
     if (!b) return;
     kv_backend_base_free(b);
     if (b->ops && b->ops->destroy) b->ops->destroy(b);
-}
-
-int kv_backend_new(const kv_model *m, kv_device dev, int max_rows, int max_ctx, kv_backend **out,
-                   kv_error *err) {
-    *out = NULL;
-    kv_device d = KV_DEVICE_CPU;
-    int rc = kv_device_resolve(dev, &d, err);
-    if (rc) return rc;
-    if (d == KV_DEVICE_CUDA) {
-        rc = kv_backend_cuda_new((const struct kv_model *)m, max_rows, max_ctx,
-                                 (struct kv_backend **)out, err);
-        /* auto: a built toolkit and a device, but no usable backend yet -> the CPU */
-        if (rc == KV_OK || dev == KV_DEVICE_CUDA) return rc;
-    }
-    return kv_backend_cpu_new(m, max_rows, max_ctx, out, err);
 }
 
 int kv_backend_pool_init(kv_backend *b, kv_pool *p, int n_blocks, int block_size, int head_dim,
