@@ -21,7 +21,7 @@
 
 #include "kvplan/backend.h"
 #include "kvplan/kvcuda.h"
-#include "kvplan/kvslot.h"
+#include "cache/kvslot.h"
 #include "kvplan/model.h"
 #include "kvplan/quant.h"
 

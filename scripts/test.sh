@@ -17,7 +17,8 @@ for a in "$@"; do
 done
 export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-2}
 scripts/build.sh build
-scripts/check-deps.sh build # no call cycle between files or libraries
+scripts/check-deps.sh build   # no call cycle between files or libraries
+scripts/check-install.sh build # install + the example program; the CPU binary's footprint
 (cd build && ctest --output-on-failure -j 2)
 if [ "$sanitize" = 1 ]; then
     scripts/build.sh build-asan -DKVPLAN_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug

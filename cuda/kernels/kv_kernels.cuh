@@ -19,7 +19,7 @@
 
 #include "kv_defs.cuh"
 #include "kv_tasks.h"
-#include "kvplan/kvslot.h"
+#include "cache/kvslot.h"
 
 #include <math.h>
 #include <stddef.h>

@@ -15,7 +15,7 @@
 
 #include "kv_tasks.h"
 #include "kvplan/backend.h"
-#include "kvplan/kvslot.h"
+#include "cache/kvslot.h"
 
 #include <stddef.h>
 #include <string.h>

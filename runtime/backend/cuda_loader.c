@@ -5,7 +5,8 @@
  *
  * Where the plugin is looked for, in order: $KVPLAN_CUDA_PLUGIN (a file; it is then opened even
  * without a driver, which is how a fake CUDA runtime is loaded), the running program's folder
- * (the build tree), and KVPLAN_PLUGIN_DIR (the installed lib/kvplan). dlopen keeps one copy per
+ * (the build tree), ../lib/kvplan beside it (an installed tree, wherever it was moved) and
+ * KVPLAN_PLUGIN_DIR (the configured install prefix's lib/kvplan). dlopen keeps one copy per
  * process however often it is called; the plugin stays loaded for the life of the process
  * because the backends it creates point into it. No state is kept here. */
 #include "kvplan/kvcuda.h"
@@ -38,6 +39,8 @@ static int plugin_path(char *path, size_t cap, char *why) {
         char *slash = strrchr(exe, '/');
         if (slash) *slash = '\0';
         snprintf(path, cap, "%s/%s", exe, KV_CUDA_PLUGIN_FILE);
+        if (access(path, R_OK) == 0) return 1;
+        snprintf(path, cap, "%s/../lib/kvplan/%s", exe, KV_CUDA_PLUGIN_FILE); /* installed */
         if (access(path, R_OK) == 0) return 1;
     }
     snprintf(path, cap, "%s/%s", KVPLAN_PLUGIN_DIR, KV_CUDA_PLUGIN_FILE);
