@@ -28,6 +28,7 @@
 #include "kvplan/engine.h"
 #include "kvplan/kvcache.h"
 #include "kvplan/model.h"
+#include "model/model_impl.h"
 #include "kvplan/plan.h"
 #include "kvplan/quant.h"
 

@@ -1,6 +1,8 @@
 /* Synthetic Llama-shaped model for tests and benchmarks: see tests/synthetic.h. */
 #include "synthetic.h"
 
+#include "model/model_impl.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>

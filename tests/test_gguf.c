@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "kvplan/model.h"
+#include "model/model_impl.h"
 #include "kvplan/tokenizer.h"
 #include "testutil.h"
 #include "../runtime/util/f16.h"

@@ -12,6 +12,7 @@
 #include "kvplan/forward.h"
 #include "kvplan/kvcache.h"
 #include "kvplan/model.h"
+#include "model/model_impl.h"
 #include "kvplan/tokenizer.h"
 #include "testutil.h"
 

@@ -81,20 +81,6 @@ typedef struct kv_model {
 int kv_model_load(const char *path, kv_model **out, kv_error *err);
 void kv_model_free(kv_model *m);
 
-/* Format loaders used by kv_model_load. */
-int kv_model_load_llama2c(const char *path, kv_model **out, kv_error *err);
-int kv_model_load_gguf(const char *path, kv_model **out, kv_error *err);
-int kv_model_load_hf(const char *dir, kv_model **out, kv_error *err);
-
-/* Internal helpers for loaders: a zeroed model, and adopting a heap buffer so that
- * kv_model_free releases it. kv_model_adopt frees `p` itself when it fails. */
-kv_model *kv_model_alloc(int n_layers, kv_error *err);
-int kv_model_adopt(kv_model *m, void *p, kv_error *err);
-
-/* Validate a filled config: positive sizes, H divisible by H_kv, dim == H * d_h (or d_h given),
- * even d_h. `what` names the file in the message. */
-int kv_config_check(const kv_config *c, const char *what, kv_error *err);
-
 /* Bytes of weights the forward pass reads per decoded token, in their stored types (all
  * matrices + norms + classifier; the embedding row is one row). */
 size_t kv_model_weight_bytes(const kv_model *m);

@@ -3,6 +3,7 @@
  * the path loads it. The readers live in their own files (llama2c.c, gguf.c, hf.c) and never call
  * back into this one, which is what keeps the model room free of call cycles. */
 #include "kvplan/model.h"
+#include "model/model_impl.h"
 
 #include <errno.h>
 #include <stdio.h>

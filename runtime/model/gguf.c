@@ -13,6 +13,7 @@
  * This loader never builds a tokenizer.
  */
 #include "kvplan/model.h"
+#include "model/model_impl.h"
 #include "kvplan/quant.h"
 
 #include <stdio.h>

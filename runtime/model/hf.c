@@ -23,6 +23,7 @@
  * model_sha256 = SHA-256 of config.json followed by the shard files in sorted order.
  */
 #include "kvplan/model.h"
+#include "model/model_impl.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>

@@ -11,6 +11,7 @@
  * The file size must match the header exactly: a truncated or padded file is refused.
  */
 #include "kvplan/model.h"
+#include "model/model_impl.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -2,6 +2,7 @@
  * format readers (llama2c.c, gguf.c, hf.c) call into this file; which reader a path goes to is
  * decided by the registry in formats.c, so no reader calls back into its dispatcher. */
 #include "kvplan/model.h"
+#include "model/model_impl.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -5,6 +5,7 @@
 
 #include "fuzz_util.h"
 #include "kvplan/model.h"
+#include "model/model_impl.h"
 
 static char dir[64];
 
