@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "model/gguf_meta.h"
+#include "model/tensors.h"
 
 /* Seconds the last load of `m` spent dequantising (0 for other formats). For measurements. */
 double kv_gguf_dequant_seconds(const kv_model *m);
@@ -219,8 +220,7 @@ int kv_model_load_gguf(const char *path, kv_model **out, kv_error *err) {
     m->gguf = g; /* owns the map the weights point into; kv_model_free closes it */
     m->cfg = c;
     snprintf(m->format, sizeof m->format, "gguf");
-    uint64_t d = (uint64_t)c.dim, V = (uint64_t)c.vocab_size, hid = (uint64_t)c.hidden_dim,
-             q = (uint64_t)c.n_heads * c.head_dim, kvd = (uint64_t)c.n_kv_heads * c.head_dim;
+    uint64_t d = (uint64_t)c.dim, V = (uint64_t)c.vocab_size;
     rc = get_weight(m, g, "token_embd.weight", V, d, 0, "vocab_size x embedding_length", NULL,
                     &m->tok_emb, err);
     if (!rc)
@@ -233,36 +233,19 @@ int kv_model_load_gguf(const char *path, kv_model **out, kv_error *err) {
         m->classifier = m->tok_emb;
         m->cfg.tied_embeddings = 1;
     }
+    size_t n_roles;
+    const kv_tensor_role *roles = kv_layer_tensor_roles(&n_roles);
     for (int l = 0; l < c.n_layers && !rc; l++) {
-        kv_layer_weights *w = &m->layers[l];
-        char name[96];
-        struct {
-            const char *suffix;
-            uint64_t rows, cols;
-            int optional;
-            const char *why;
-            const float **dst;
-            kv_weight *wdst;
-        } spec[] = {
-            {"attn_norm.weight", 1, d, 0, "embedding_length", &w->attn_norm, NULL},
-            {"attn_q.weight", q, d, 0, "head_count*head_dim x embedding_length", NULL, &w->wq},
-            {"attn_k.weight", kvd, d, 0, "head_count_kv*head_dim x embedding_length", NULL, &w->wk},
-            {"attn_v.weight", kvd, d, 0, "head_count_kv*head_dim x embedding_length", NULL, &w->wv},
-            {"attn_output.weight", d, q, 0, "embedding_length x head_count*head_dim", NULL, &w->wo},
-            {"attn_q.bias", 1, q, !c.attn_bias, "head_count*head_dim", &w->bq, NULL},
-            {"attn_k.bias", 1, kvd, !c.attn_bias, "head_count_kv*head_dim", &w->bk, NULL},
-            {"attn_v.bias", 1, kvd, !c.attn_bias, "head_count_kv*head_dim", &w->bv, NULL},
-            {"ffn_norm.weight", 1, d, 0, "embedding_length", &w->ffn_norm, NULL},
-            {"ffn_gate.weight", hid, d, 0, "feed_forward_length x embedding_length", NULL,
-             &w->w_gate},
-            {"ffn_down.weight", d, hid, 0, "embedding_length x feed_forward_length", NULL,
-             &w->w_down},
-            {"ffn_up.weight", hid, d, 0, "feed_forward_length x embedding_length", NULL, &w->w_up},
-        };
-        for (size_t k = 0; k < sizeof spec / sizeof spec[0] && !rc; k++) {
-            snprintf(name, sizeof name, "blk.%d.%s", l, spec[k].suffix);
-            rc = get_weight(m, g, name, spec[k].rows, spec[k].cols, spec[k].optional, spec[k].why,
-                            spec[k].dst, spec[k].wdst, err);
+        for (size_t k = 0; k < n_roles && !rc; k++) {
+            const kv_tensor_role *r = &roles[k];
+            const float **vec;
+            kv_weight *mat;
+            kv_tensor_role_slot(r, &m->layers[l], &vec, &mat);
+            char name[96];
+            snprintf(name, sizeof name, "blk.%d.%s", l, r->gguf);
+            rc = get_weight(m, g, name, (uint64_t)kv_tensor_dim_size(&c, r->rows),
+                            (uint64_t)kv_tensor_dim_size(&c, r->cols), r->bias && !c.attn_bias,
+                            r->gguf_shape, vec, mat, err);
         }
     }
     if (!rc) { /* model_sha256 of the bytes loaded, which are the file's */

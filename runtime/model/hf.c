@@ -24,6 +24,7 @@
  */
 #include "kvplan/model.h"
 #include "model/model_impl.h"
+#include "model/tensors.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -469,8 +470,7 @@ int kv_model_load_hf(const char *dir, kv_model **out, kv_error *err) {
     }
     m->cfg = c;
     snprintf(m->format, sizeof m->format, "safetensors");
-    long long d = c.dim, V = c.vocab_size, hid = c.hidden_dim,
-              q = (long long)c.n_heads * c.head_dim, kvd = (long long)c.n_kv_heads * c.head_dim;
+    long long d = c.dim, V = c.vocab_size;
     rc = st_weight(m, &s, "model.embed_tokens.weight", V, d, 0, "vocab_size x hidden_size", NULL,
                    &m->tok_emb, err);
     if (!rc)
@@ -482,36 +482,20 @@ int kv_model_load_hf(const char *dir, kv_model **out, kv_error *err) {
                        &m->classifier, err);
     if (!rc && !m->classifier.data) m->classifier = m->tok_emb;
     if (!rc && m->classifier.data == m->tok_emb.data) m->cfg.tied_embeddings = 1;
+    size_t n_roles;
+    const kv_tensor_role *roles = kv_layer_tensor_roles(&n_roles);
     for (int l = 0; l < c.n_layers && !rc; l++) {
-        kv_layer_weights *w = &m->layers[l];
-        struct {
-            const char *suffix;
-            long long rows, cols;
-            int optional;
-            const char *why;
-            const float **dst;
-            kv_weight *wdst;
-        } spec[] = {
-            {"input_layernorm.weight", 0, d, 0, "hidden_size", &w->attn_norm, NULL},
-            {"self_attn.q_proj.weight", q, d, 0, "heads*head_dim x hidden_size", NULL, &w->wq},
-            {"self_attn.k_proj.weight", kvd, d, 0, "kv_heads*head_dim x hidden_size", NULL, &w->wk},
-            {"self_attn.v_proj.weight", kvd, d, 0, "kv_heads*head_dim x hidden_size", NULL, &w->wv},
-            {"self_attn.o_proj.weight", d, q, 0, "hidden_size x heads*head_dim", NULL, &w->wo},
-            {"self_attn.q_proj.bias", 0, q, !c.attn_bias, "heads*head_dim", &w->bq, NULL},
-            {"self_attn.k_proj.bias", 0, kvd, !c.attn_bias, "kv_heads*head_dim", &w->bk, NULL},
-            {"self_attn.v_proj.bias", 0, kvd, !c.attn_bias, "kv_heads*head_dim", &w->bv, NULL},
-            {"post_attention_layernorm.weight", 0, d, 0, "hidden_size", &w->ffn_norm, NULL},
-            {"mlp.gate_proj.weight", hid, d, 0, "intermediate_size x hidden_size", NULL,
-             &w->w_gate},
-            {"mlp.down_proj.weight", d, hid, 0, "hidden_size x intermediate_size", NULL,
-             &w->w_down},
-            {"mlp.up_proj.weight", hid, d, 0, "intermediate_size x hidden_size", NULL, &w->w_up},
-        };
-        for (size_t k = 0; k < sizeof spec / sizeof spec[0] && !rc; k++) {
+        for (size_t k = 0; k < n_roles && !rc; k++) {
+            const kv_tensor_role *r = &roles[k];
+            const float **vec;
+            kv_weight *mat;
+            kv_tensor_role_slot(r, &m->layers[l], &vec, &mat);
             char name[128];
-            snprintf(name, sizeof name, "model.layers.%d.%s", l, spec[k].suffix);
-            rc = st_weight(m, &s, name, spec[k].rows, spec[k].cols, spec[k].optional, spec[k].why,
-                           spec[k].dst, spec[k].wdst, err);
+            snprintf(name, sizeof name, "model.layers.%d.%s", l, r->hf);
+            /* rows 0: st_weight's 1-D tensor */
+            long long rows = r->rows == KV_TDIM_ONE ? 0 : kv_tensor_dim_size(&c, r->rows);
+            rc = st_weight(m, &s, name, rows, kv_tensor_dim_size(&c, r->cols),
+                           r->bias && !c.attn_bias, r->hf_shape, vec, mat, err);
         }
     }
     if (!rc) {
