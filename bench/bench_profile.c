@@ -80,7 +80,7 @@ int main(void) {
         if (len > 200000) data[len = 200000] = 0;
         int *prompts = malloc((size_t)P * T * sizeof *prompts);
         if (kv_tokenizer_encode(tok, data, len, 1, &ids, &n, &err) ||
-            kv_profile_pick_prompts(ids, n, tok->bos_id, P, T, 0, prompts, &err)) {
+            kv_profile_pick_prompts(ids, n, kv_tokenizer_bos(tok), P, T, 0, prompts, &err)) {
             printf("%-36s failed: %s\n", models[k], err.msg);
             return 2;
         }

@@ -105,7 +105,7 @@ int kv_cmd_profile(int argc, char **argv) {
     }
     if (!rc) {
         rc =
-            kv_profile_pick_prompts(stream, n, tok->bos_id >= 0 ? tok->bos_id : stream[0],
+            kv_profile_pick_prompts(stream, n, kv_tokenizer_bos(tok) >= 0 ? kv_tokenizer_bos(tok) : stream[0],
                                     (int)n_prompts, (int)prompt_len, (uint64_t)seed, prompts, &err);
         if (rc) kv_fail_context(&err, "%s", text_path);
     }

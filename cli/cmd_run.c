@@ -193,7 +193,7 @@ int kv_cmd_run(int argc, char **argv) {
             if (q->done) continue;
             int next = kv_sample(&q->sampler, logits + (size_t)s * m->cfg.vocab_size,
                                  m->cfg.vocab_size, scratch);
-            if (next == tok->eos_id || next == tok->bos_id || seq_push(q, next) != 0) {
+            if (next == kv_tokenizer_eos(tok) || next == kv_tokenizer_bos(tok) || seq_push(q, next) != 0) {
                 q->done = 1;
                 continue;
             }

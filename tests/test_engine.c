@@ -172,7 +172,7 @@ static void test_tokenizer(void) {
     CU_ASSERT_FATAL(kv_tokenizer_encode(t, s, strlen(s), 1, &ids, &n, &err) == KV_OK);
     CU_ASSERT_EQUAL(ids[0], 1);
     int ref[512];
-    int nr = naive_encode(tu_shared(TOK), t->vocab_size, s, ref);
+    int nr = naive_encode(tu_shared(TOK), kv_tokenizer_vocab_size(t), s, ref);
     CU_ASSERT_EQUAL(n, nr);
     for (int i = 0; i < n && i < nr; i++) CU_ASSERT_EQUAL(ids[i], ref[i]);
     char *back = NULL;

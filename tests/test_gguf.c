@@ -67,9 +67,9 @@ static void test_260k_vocab_vs_tok512(void) {
     kv_tokenizer *tg = NULL, *tb = NULL;
     CU_ASSERT_EQUAL_FATAL(kv_tokenizer_load(NULL, g, &tg, &err), KV_OK);
     CU_ASSERT_EQUAL_FATAL(kv_tokenizer_load(NULL, b, &tb, &err), KV_OK);
-    CU_ASSERT_EQUAL(tg->kind, KV_TOK_SPM);
-    CU_ASSERT_EQUAL(tg->bos_id, 1);
-    CU_ASSERT_EQUAL(tg->eos_id, 2);
+    CU_ASSERT_EQUAL(kv_tokenizer_kind(tg), KV_TOK_SPM);
+    CU_ASSERT_EQUAL(kv_tokenizer_bos(tg), 1);
+    CU_ASSERT_EQUAL(kv_tokenizer_eos(tg), 2);
     char *text = NULL;
     size_t len = 0;
     CU_ASSERT_EQUAL_FATAL(
@@ -368,7 +368,7 @@ static void test_synthetic_gpt2_vocab(void) {
     int rc = kv_tokenizer_load(NULL, m, &t, &err);
     if (rc) fprintf(stderr, "%s\n", err.msg);
     CU_ASSERT_EQUAL_FATAL(rc, KV_OK);
-    CU_ASSERT_EQUAL(t->kind, KV_TOK_BPE);
+    CU_ASSERT_EQUAL(kv_tokenizer_kind(t), KV_TOK_BPE);
     const char *text = "Hello world<|endoftext|>Hello";
     int *ids = NULL, n = 0;
     CU_ASSERT_EQUAL_FATAL(kv_tokenizer_encode(t, text, strlen(text), 0, &ids, &n, &err), KV_OK);

@@ -30,43 +30,12 @@ typedef enum { KV_TOK_SPM = 1, KV_TOK_BPE = 2 } kv_tok_kind;
 
 typedef struct kv_tokenizer kv_tokenizer;
 
-/* Operations a tokenizer kind provides (internal to runtime/). */
-typedef struct kv_tokenizer_ops {
-    /* Encode `len` bytes of text that holds no special token (one fragment between special
-     * tokens); append ids to a growing array (*ids, *n, *cap, realloc). */
-    int (*encode)(const kv_tokenizer *t, const char *text, size_t len, int **ids, int *n, int *cap,
-                  kv_error *err);
-    /* The bytes token `id` decodes to, given the previous token (for the SentencePiece rule
-     * that drops the leading space after BOS). Writes up to cap-1 bytes + NUL into buf;
-     * returns the byte count. */
-    int (*piece)(const kv_tokenizer *t, int prev_id, int id, char *buf, int cap);
-    void (*free_impl)(void *impl);
-} kv_tokenizer_ops;
-
-/* A special token matched verbatim in the text (see the file comment). */
-typedef struct kv_tok_special {
-    char *text; /* owned, NUL-terminated */
-    int len;
-    int id;
-    int control; /* 1: control or unknown token, cut out only when parsing special tokens */
-} kv_tok_special;
-
-typedef enum {
-    KV_SPECIAL_LEFTMOST = 0,      /* leftmost occurrence first, the longest there (HF) */
-    KV_SPECIAL_LONGEST_FIRST = 1, /* longest token first over the whole text (llama.cpp) */
-} kv_special_order;
-
-struct kv_tokenizer {
-    kv_tok_kind kind;
-    int vocab_size;
-    int bos_id, eos_id; /* -1 when none */
-    int add_bos;        /* encode with add_bos = -1 uses this default */
-    const kv_tokenizer_ops *ops;
-    void *impl;
-    kv_tok_special *special; /* [n_special], owned; see kv_tokenizer_set_special */
-    int n_special;
-    kv_special_order special_order;
-};
+/* The id of BOS / EOS (-1 when the vocabulary has none), and the vocabulary size. */
+int kv_tokenizer_bos(const kv_tokenizer *t);
+int kv_tokenizer_eos(const kv_tokenizer *t);
+int kv_tokenizer_vocab_size(const kv_tokenizer *t);
+/* SentencePiece (KV_TOK_SPM) or byte-level BPE (KV_TOK_BPE). */
+kv_tok_kind kv_tokenizer_kind(const kv_tokenizer *t);
 
 /* Load a tokenizer. With `path` != NULL the file's format is detected from its content: a
  * GGUF file (any GGUF with tokenizer.ggml.* metadata, a vocabulary-only one included), a
@@ -97,13 +66,6 @@ int kv_tokenizer_encode(const kv_tokenizer *t, const char *text, size_t len, int
  * parse_special = false, which its tokenizer tests (test-tokenizer-0) use. */
 int kv_tokenizer_encode_ex(const kv_tokenizer *t, const char *text, size_t len, int add_bos,
                            int parse_special, int **ids, int *n, kv_error *err);
-
-/* Set the special tokens (copied; replaces any before): ids[k] with text texts[k] (skipped
- * when empty or NULL), control[k] as in kv_tok_special (NULL = none control). KV_EINTERNAL when
- * out of memory. Used by the vocabulary readers in runtime/. */
-int kv_tokenizer_set_special(kv_tokenizer *t, const int *ids, const char *const *texts,
-                             const unsigned char *control, int n, kv_special_order order,
-                             kv_error *err);
 
 /* Decode ids to a NUL-terminated string the caller owns; BOS/EOS produce no text. */
 int kv_tokenizer_decode(const kv_tokenizer *t, const int *ids, int n, char **text, kv_error *err);

@@ -3,6 +3,7 @@
  * readers (tokenizer.c: llama2.c tokenizer.bin; tokenizer_bpe.c: tokenizer.json;
  * tokenizer_gguf.c: GGUF metadata) never call back into this file. */
 #include "kvplan/tokenizer.h"
+#include "tokenizer/tokenizer_impl.h"
 
 #include <errno.h>
 #include <stdio.h>

@@ -12,6 +12,7 @@
  * loop's result: it orders candidates by (score desc, position asc) and drops stale entries.
  */
 #include "kvplan/tokenizer.h"
+#include "tokenizer/tokenizer_impl.h"
 
 #include <errno.h>
 #include <stdint.h>
@@ -607,4 +608,20 @@ int kv_tokenizer_decode(const kv_tokenizer *t, const int *ids, int n, char **tex
     out[len] = '\0';
     *text = out;
     return KV_OK;
+}
+
+int kv_tokenizer_bos(const kv_tokenizer *t) {
+    return t->bos_id;
+}
+
+int kv_tokenizer_eos(const kv_tokenizer *t) {
+    return t->eos_id;
+}
+
+int kv_tokenizer_vocab_size(const kv_tokenizer *t) {
+    return t->vocab_size;
+}
+
+kv_tok_kind kv_tokenizer_kind(const kv_tokenizer *t) {
+    return t->kind;
 }

@@ -25,7 +25,7 @@
 #ifndef KVPLAN_RUNTIME_TOKENIZER_BPE_H
 #define KVPLAN_RUNTIME_TOKENIZER_BPE_H
 
-#include "kvplan/tokenizer.h"
+#include "tokenizer/tokenizer_impl.h"
 
 struct kv_gguf; /* runtime/gguf_meta.h */
 

@@ -27,7 +27,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             }
             free(ids);
         }
-        int nv = t->vocab_size < 4096 ? t->vocab_size : 4096;
+        int nv = kv_tokenizer_vocab_size(t) < 4096 ? kv_tokenizer_vocab_size(t) : 4096;
         int *all = malloc((size_t)(nv > 0 ? nv : 1) * sizeof *all);
         if (all) {
             for (int i = 0; i < nv; i++) all[i] = i;
