@@ -14,6 +14,7 @@
 #include "kvplan/model.h"
 #include "model/model_impl.h"
 #include "kvplan/tokenizer.h"
+#include "tokenizer/tokenizer_bpe.h" /* kv_tokenizer_load_json, the fields */
 #include "testutil.h"
 
 #define M656 "models/tinystories-656k"

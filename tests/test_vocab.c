@@ -19,6 +19,7 @@
 
 #include "kvplan/model.h"
 #include "kvplan/tokenizer.h"
+#include "tokenizer/tokenizer_impl.h" /* add_bos */
 #include "testutil.h"
 #include "../runtime/util/f16.h"
 #include "../runtime/model/gguf_meta.h"
