@@ -174,8 +174,13 @@ int kv_cli_parse(const kv_cli_spec *s, int argc, char **argv, void *args) {
             return 1;
         }
         if (!name) {
-            fprintf(stderr, "kvplan %s: unknown option %s (see kvplan %s --help)\n", s->name,
-                    argv[at], s->name);
+            for (int j = 0; j < f.n; j++)
+                if (f.o[j]->type == KV_OPT_FLAG && (name = spelt(f.o[j], argv[at]))) break;
+            if (name)
+                fprintf(stderr, "kvplan %s: %s takes no value\n", s->name, name);
+            else
+                fprintf(stderr, "kvplan %s: unknown option %s (see kvplan %s --help)\n", s->name,
+                        argv[at], s->name);
             return 1;
         }
         if (f.o[k]->positional && *(const char **)field(s, &f, k, args)) {
