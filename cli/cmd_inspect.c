@@ -114,6 +114,7 @@ int kv_cmd_inspect(int argc, char **argv) {
     kv_error err = {0};
     const char *file = a.file, *png_dir = a.png_dir, *export_fmt = a.export_fmt;
     int json = a.json;
+    /* build: the file (and, for a plan, its validation) */
     ki_file f;
     int rc = ki_load(file, &f, &err);
     int invalid_plan = 0;
@@ -125,6 +126,7 @@ int kv_cmd_inspect(int argc, char **argv) {
         invalid_plan = kv_plan_read(file, &p, &plan_err) != KV_OK;
         kv_plan_free(&p);
     }
+    /* run and report: pictures, then one of export, JSON or text */
     if (!rc && png_dir) {
         int n = 0;
         rc = ki_write_pngs(&f, png_dir, stderr, &n, &err);

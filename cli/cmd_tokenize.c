@@ -44,6 +44,7 @@ int kv_cmd_tokenize(int argc, char **argv) {
         kv_cli_help(&kv_spec_tokenize, stderr);
         return 1;
     }
+    /* build: the model (when given) and its or the named tokenizer */
     kv_error err = {0};
     kv_model *m = NULL;
     kv_tokenizer *tok = NULL;
@@ -52,6 +53,7 @@ int kv_cmd_tokenize(int argc, char **argv) {
     int *ids = NULL, n = 0;
     int rc = a.model ? kv_cli_load_model(a.model, &m, &err) : KV_OK;
     if (!rc) rc = kv_tokenizer_load(a.tokenizer, m, &tok, &err);
+    /* run and report: the ids on one line */
     if (!rc) rc = kv_read_file(a.text, &text, &len, &err);
     if (!rc) rc = kv_tokenizer_encode_ex(tok, text, len, !a.no_bos, !a.no_special, &ids, &n, &err);
     if (!rc) {

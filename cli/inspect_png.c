@@ -596,6 +596,119 @@ static void cell_label(char *buf, size_t cap, const ki_grid *g, long idx) {
 
 /* The search grid: one panel per SqueezeAttention p, each the (t, r) map (x = t, y = r), on one
  * colour scale; a p-only grid is one row over p. */
+/* Panel k of the search picture: its cells (v, dots: [rows, cols] at pv, pd), its title, the
+ * overall best cell (solid) and, when it lacks that, its own best (dashed). */
+static hm_panel search_panel(const ki_grid *g, int k, int rows, int cols, int halving, double *pv,
+                             char *pd) {
+    char title[64] = "";
+    const size_t cap = sizeof title;
+    for (int i = 0; i < cols; i++)
+        for (int j = 0; j < rows; j++) {
+            /* panel cell (row j, column i) */
+            long idx = g->rank == 1 ? i : ((long)k * g->nt + i) * g->nr + j;
+            pv[(size_t)j * cols + i] = g->ppl[idx];
+            pd[(size_t)j * cols + i] =
+                halving && isfinite(g->ppl[idx]) && ki_grid_chunks(g, idx) == g->all.max_chunks;
+        }
+    ki_grid_stats st = {0, 0, 0, -1, -1};
+    if (g->rank == 3) {
+        ki_grid_slice(g, k, &st);
+        double pk = g->p ? g->p[k] : k;
+        if (st.best >= 0 && g->chunks)
+            snprintf(title, cap, "p = %.3g: %sbest %.4g on %d chunk%s", pk,
+                     st.max_chunks < g->all.max_chunks ? "screened only, " : "", g->ppl[st.best],
+                     st.max_chunks, st.max_chunks == 1 ? "" : "s");
+        else if (st.best >= 0)
+            snprintf(title, cap, "p = %.3g: best %.4g", pk, g->ppl[st.best]);
+        else
+            snprintf(title, cap, "p = %.3g: nothing evaluated", pk);
+    }
+    hm_panel pn = panel(pv, rows, cols, title);
+    if (halving) pn.dots = pd;
+    int bk, bi, bj;
+    if (g->all.best >= 0) {
+        ki_grid_cell(g, g->all.best, &bk, &bi, &bj);
+        if (g->rank == 1)
+            pn.mark_r = 0, pn.mark_c = bk;
+        else if (bk == k)
+            pn.mark_r = bj, pn.mark_c = bi;
+    }
+    /* a panel without the overall best: its own best, dashed */
+    if (g->rank == 3 && st.best >= 0 && st.best != g->all.best) {
+        ki_grid_cell(g, st.best, &bk, &bi, &bj);
+        pn.mark2_r = bj;
+        pn.mark2_c = bi;
+    }
+    return pn;
+}
+
+/* The two subtitle lines: the grid's evaluation and best cell; the winner. */
+static void search_subtitles(const ki_file *f, const ki_grid *g, int halving, char *sub, char *sub2,
+                             size_t cap) {
+    char best[64];
+    double R = ki_attr_num(f, "/", "ratio", NAN);
+    if (g->all.best >= 0) {
+        cell_label(best, sizeof best, g, g->all.best);
+        if (halving)
+            snprintf(sub, cap,
+                     "ratio R = %.3g; successive halving: %d cells on %d chunks "
+                     "(dot, bold), the rest screened on fewer; solid outline: the grid's best, "
+                     "%.4g at %s",
+                     R, g->all.n_max, g->all.max_chunks, g->ppl[g->all.best], best);
+        else
+            snprintf(sub, cap,
+                     "ratio R = %.3g; %d of %ld cells evaluated; solid outline: "
+                     "the grid's best, perplexity %.4g at %s",
+                     R, g->all.evaluated, (long)g->np * g->nt * g->nr, g->ppl[g->all.best], best);
+    } else {
+        snprintf(sub, cap, "ratio R = %.3g; no cell evaluated", R);
+    }
+    int from_grid = 0;
+    const char *w = ki_search_winner(f, g, &from_grid);
+    double wp = ki_attr_num(f, "/search", "best_perplexity", NAN);
+    char wps[48] = "";
+    if (!isnan(wp)) snprintf(wps, sizeof wps, ", perplexity %.4g", wp);
+    sub2[0] = '\0';
+    if (w && from_grid)
+        snprintf(sub2, cap, "winner: %s grid cell%s%s", w, wps,
+                 g->rank == 3 ? "; dashed outline: the best of a p's own most-evaluated cells"
+                              : "");
+    else if (w)
+        snprintf(sub2, cap,
+                 "winner: the %s baseline%s on the same chunks, beat every "
+                 "grid cell%s",
+                 w, wps, g->rank == 3 ? "; dashed: a p's own best" : "");
+    else if (g->rank == 3)
+        snprintf(sub2, cap, "dashed outline: the best of a p's own most-evaluated cells");
+}
+
+/* The picture's axes: perplexity over p (rank 1) or over (t, r) with one panel per p. */
+static hm_spec search_spec(const ki_grid *g, const hm_panel *ps, int np) {
+    hm_spec s;
+    if (g->rank == 1) {
+        s = spec("Budget search: perplexity over SqueezeAttention p", "SqueezeAttention p", "",
+                 "perplexity (lower is better)", ps, 1, CMAP_GOOD_BAD);
+        s.xvals = g->p;
+        s.xfmt = "%.3g";
+        s.no_yticks = 1;
+    } else {
+        s = spec(g->rank == 3 ? "Budget search: perplexity over (t, r), one panel per "
+                                "SqueezeAttention p"
+                              : "Budget search: perplexity over (t, r)",
+                 "similarity threshold t", "reduction r of low-importance heads (%)",
+                 "perplexity (lower is better)", ps, np, CMAP_GOOD_BAD);
+        s.xvals = g->t;
+        s.xfmt = "%.2f";
+        s.yvals = g->r;
+        s.yscale = 100;
+        s.yfmt = "%.0f";
+        s.y_up = 1;
+    }
+    s.annotate = 1;
+    s.ann_fmt = "%.4g";
+    return s;
+}
+
 static int png_search(const ki_file *f, const char *path, kv_error *err) {
     ki_grid g;
     if (!ki_search_grid(f, &g)) return KV_OK;
@@ -605,129 +718,33 @@ static int png_search(const ki_file *f, const char *path, kv_error *err) {
     double *v = kv_malloc((size_t)np * cells * sizeof *v, "search picture", err);
     char *dots = kv_calloc((size_t)np * cells, 1, "search picture", err);
     hm_panel *ps = kv_calloc((size_t)np, sizeof *ps, "search panels", err);
-    if (!v || !dots || !ps) {
-        free(v);
-        free(dots);
-        free(ps);
-        return KV_EINTERNAL;
-    }
+    int rc = !v || !dots || !ps ? KV_EINTERNAL : KV_OK;
     /* a dot marks the cells evaluated on the most chunks when halving left others behind:
      * those are the comparable figures the best cell is chosen from */
     int halving = g.chunks && g.all.n_max < g.all.evaluated;
-    for (int k = 0; k < np; k++) {
-        double *pv = v + (size_t)k * cells;
-        char *pd = dots + (size_t)k * cells;
-        for (int i = 0; i < cols; i++)
-            for (int j = 0; j < rows; j++) {
-                /* panel cell (row j, column i) */
-                long idx = g.rank == 1 ? i : ((long)k * g.nt + i) * g.nr + j;
-                pv[(size_t)j * cols + i] = g.ppl[idx];
-                pd[(size_t)j * cols + i] =
-                    halving && isfinite(g.ppl[idx]) && ki_grid_chunks(&g, idx) == g.all.max_chunks;
-            }
-        char title[64] = "";
-        ki_grid_stats st = {0, 0, 0, -1, -1};
-        if (g.rank == 3) {
-            ki_grid_slice(&g, k, &st);
-            if (st.best >= 0 && g.chunks)
-                snprintf(title, sizeof title, "p = %.3g: %sbest %.4g on %d chunk%s",
-                         g.p ? g.p[k] : k,
-                         st.max_chunks < g.all.max_chunks ? "screened only, " : "", g.ppl[st.best],
-                         st.max_chunks, st.max_chunks == 1 ? "" : "s");
-            else if (st.best >= 0)
-                snprintf(title, sizeof title, "p = %.3g: best %.4g", g.p ? g.p[k] : k,
-                         g.ppl[st.best]);
-            else
-                snprintf(title, sizeof title, "p = %.3g: nothing evaluated", g.p ? g.p[k] : k);
-        }
-        ps[k] = panel(pv, rows, cols, title);
-        if (halving) ps[k].dots = pd;
-        int bk, bi, bj;
-        if (g.all.best >= 0) {
-            ki_grid_cell(&g, g.all.best, &bk, &bi, &bj);
-            if (g.rank == 1)
-                ps[k].mark_r = 0, ps[k].mark_c = bk;
-            else if (bk == k)
-                ps[k].mark_r = bj, ps[k].mark_c = bi;
-        }
-        /* a panel without the overall best: its own best, dashed */
-        if (g.rank == 3 && st.best >= 0 && st.best != g.all.best) {
-            ki_grid_cell(&g, st.best, &bk, &bi, &bj);
-            ps[k].mark2_r = bj;
-            ps[k].mark2_c = bi;
-        }
-    }
-    char sub[240], sub2[240], best[64];
-    double R = ki_attr_num(f, "/", "ratio", NAN);
-    if (g.all.best >= 0) {
-        cell_label(best, sizeof best, &g, g.all.best);
-        if (halving)
-            snprintf(sub, sizeof sub,
-                     "ratio R = %.3g; successive halving: %d cells on %d chunks "
-                     "(dot, bold), the rest screened on fewer; solid outline: the grid's best, "
-                     "%.4g at %s",
-                     R, g.all.n_max, g.all.max_chunks, g.ppl[g.all.best], best);
-        else
-            snprintf(sub, sizeof sub,
-                     "ratio R = %.3g; %d of %ld cells evaluated; solid outline: "
-                     "the grid's best, perplexity %.4g at %s",
-                     R, g.all.evaluated, (long)g.np * g.nt * g.nr, g.ppl[g.all.best], best);
-    } else {
-        snprintf(sub, sizeof sub, "ratio R = %.3g; no cell evaluated", R);
-    }
-    int from_grid = 0;
-    const char *w = ki_search_winner(f, &g, &from_grid);
-    double wp = ki_attr_num(f, "/search", "best_perplexity", NAN);
-    char wps[48] = "";
-    if (!isnan(wp)) snprintf(wps, sizeof wps, ", perplexity %.4g", wp);
-    sub2[0] = '\0';
-    if (w && from_grid)
-        snprintf(sub2, sizeof sub2, "winner: %s grid cell%s%s", w, wps,
-                 g.rank == 3 ? "; dashed outline: the best of a p's own most-evaluated cells" : "");
-    else if (w)
-        snprintf(sub2, sizeof sub2,
-                 "winner: the %s baseline%s on the same chunks, beat every "
-                 "grid cell%s",
-                 w, wps, g.rank == 3 ? "; dashed: a p's own best" : "");
-    else if (g.rank == 3)
-        snprintf(sub2, sizeof sub2, "dashed outline: the best of a p's own most-evaluated cells");
+    for (int k = 0; !rc && k < np; k++)
+        ps[k] = search_panel(&g, k, rows, cols, halving, v + (size_t)k * cells,
+                             dots + (size_t)k * cells);
+    char sub[240], sub2[240], dl[64];
     hm_spec s;
-    if (g.rank == 1) {
-        s = spec("Budget search: perplexity over SqueezeAttention p", "SqueezeAttention p", "",
-                 "perplexity (lower is better)", ps, 1, CMAP_GOOD_BAD);
-        s.xvals = g.p;
-        s.xfmt = "%.3g";
-        s.no_yticks = 1;
-    } else {
-        s = spec(g.rank == 3 ? "Budget search: perplexity over (t, r), one panel per "
-                               "SqueezeAttention p"
-                             : "Budget search: perplexity over (t, r)",
-                 "similarity threshold t", "reduction r of low-importance heads (%)",
-                 "perplexity (lower is better)", ps, np, CMAP_GOOD_BAD);
-        s.xvals = g.t;
-        s.xfmt = "%.2f";
-        s.yvals = g.r;
-        s.yscale = 100;
-        s.yfmt = "%.0f";
-        s.y_up = 1;
+    if (!rc) {
+        search_subtitles(f, &g, halving, sub, sub2, sizeof sub);
+        s = search_spec(&g, ps, np);
+        s.subtitle = sub;
+        s.subtitle2 = sub2[0] ? sub2 : NULL;
+        if (halving) {
+            snprintf(dl, sizeof dl, "%d chunk%s (bold)", g.all.max_chunks,
+                     g.all.max_chunks == 1 ? "" : "s");
+            s.dot_legend = dl;
+            s.fade_legend = "pale: fewer chunks";
+        }
+        double lo = INFINITY, hi = 0;
+        for (size_t i = 0; i < (size_t)np * cells; i++)
+            if (isfinite(v[i]) && v[i] > 0) lo = fmin(lo, v[i]), hi = fmax(hi, v[i]);
+        s.logscale = isfinite(lo) && hi / lo > 2.0;
+        if (s.logscale) s.legend = "log colour scale";
+        rc = render(&s, path, err);
     }
-    s.subtitle = sub;
-    s.subtitle2 = sub2[0] ? sub2 : NULL;
-    char dl[64];
-    if (halving) {
-        snprintf(dl, sizeof dl, "%d chunk%s (bold)", g.all.max_chunks,
-                 g.all.max_chunks == 1 ? "" : "s");
-        s.dot_legend = dl;
-        s.fade_legend = "pale: fewer chunks";
-    }
-    s.annotate = 1;
-    s.ann_fmt = "%.4g";
-    double lo = INFINITY, hi = 0;
-    for (size_t i = 0; i < (size_t)np * cells; i++)
-        if (isfinite(v[i]) && v[i] > 0) lo = fmin(lo, v[i]), hi = fmax(hi, v[i]);
-    s.logscale = isfinite(lo) && hi / lo > 2.0;
-    if (s.logscale) s.legend = "log colour scale";
-    int rc = render(&s, path, err);
     free(ps);
     free(dots);
     free(v);
