@@ -11,6 +11,7 @@
  * (`kvplan profile --no-hw`, 8 prompts of 256 tokens). Held-out evaluation is off here.
  */
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,37 +27,50 @@ static int fail(kv_error *e) {
     return 2;
 }
 
+typedef struct bench_args {
+    const char *model, *text, *profile, *ratios, *etas;
+    long context, eval_tokens;
+} bench_args;
+
+static const kv_opt bench_opts[] = {
+    {"--model", NULL, KV_OPT_STR, offsetof(bench_args, model), "M",
+     .help = "model (default: the shared stories260K)"},
+    {"--profile", NULL, KV_OPT_STR, offsetof(bench_args, profile), "P",
+     .help = "profile.h5 (default: profiled first)"},
+    {"--text", NULL, KV_OPT_STR, offsetof(bench_args, text), "T",
+     .help = "text (default: the shared TinyStories text)"},
+    {"--ratios", NULL, KV_OPT_STR, offsetof(bench_args, ratios), "LIST", .def = "0.25,0.5",
+     .help = "ratios"},
+    {"--eta", NULL, KV_OPT_STR, offsetof(bench_args, etas), "LIST", .def = "2,3,4",
+     .help = "successive halving factors"},
+    {"--context", NULL, KV_OPT_INT, offsetof(bench_args, context), "C", 2, 1 << 20,
+     .help = "chunk length (default: the model's context)"},
+    {"--eval-tokens", NULL, KV_OPT_INT, offsetof(bench_args, eval_tokens), "N", 2, 1099511627776.0,
+     .def = "8192", .help = "search tokens"},
+};
+
+static const kv_cli_spec bench_spec = {
+    "bench_search",
+    "usage: bench_search [--model M] [--profile P] [--text T] [--ratios 0.25,0.5] [--eta 3,4]\n"
+    "                    [--context C] [--eval-tokens N]\n",
+    NULL,
+    NULL,
+    {{NULL, bench_opts, sizeof bench_opts / sizeof bench_opts[0], 0}},
+};
+
 int main(int argc, char **argv) {
     char model_path[4096], text_path[4096], prof_tmp[4096] = "";
+    bench_args a = {0};
+    int code = kv_cli_parse(&bench_spec, argc, argv, &a);
+    if (code >= 0) return code ? 2 : 0;
     snprintf(model_path, sizeof model_path, "%s/models/stories260K/stories260K.bin",
              kv_shared_dir());
     snprintf(text_path, sizeof text_path, "%s/text/tinystories_val_head.txt", kv_shared_dir());
-    const char *profile = NULL, *ratios_s = "0.25,0.5", *etas_s = "2,3,4";
-    long context = 0, eval_tokens = 8192;
+    if (a.model) snprintf(model_path, sizeof model_path, "%s", a.model);
+    if (a.text) snprintf(text_path, sizeof text_path, "%s", a.text);
+    const char *profile = a.profile, *ratios_s = a.ratios, *etas_s = a.etas;
+    long context = a.context, eval_tokens = a.eval_tokens;
     kv_error err = {0};
-    for (int i = 1; i < argc; i++) {
-        const char *v = NULL;
-        int r = 0;
-        if ((r = kv_cli_opt(argc, argv, &i, "--model", &v, &err)) > 0) {
-            snprintf(model_path, sizeof model_path, "%s", v);
-        } else if (!r && (r = kv_cli_opt(argc, argv, &i, "--text", &v, &err)) > 0) {
-            snprintf(text_path, sizeof text_path, "%s", v);
-        } else if (!r && (r = kv_cli_opt(argc, argv, &i, "--profile", &profile, &err)) > 0) {
-        } else if (!r && (r = kv_cli_opt(argc, argv, &i, "--ratios", &ratios_s, &err)) > 0) {
-        } else if (!r && (r = kv_cli_opt(argc, argv, &i, "--eta", &etas_s, &err)) > 0) {
-        } else if (!r && (r = kv_cli_opt(argc, argv, &i, "--context", &v, &err)) > 0) {
-            if (kv_parse_int(v, "--context", 2, 1 << 20, &context, &err)) return fail(&err);
-        } else if (!r && (r = kv_cli_opt(argc, argv, &i, "--eval-tokens", &v, &err)) > 0) {
-            if (kv_parse_int(v, "--eval-tokens", 2, 1L << 40, &eval_tokens, &err))
-                return fail(&err);
-        }
-        if (r < 0) return fail(&err);
-        if (r == 0) {
-            fprintf(stderr, "bench_search: unknown argument %s (see the header comment)\n",
-                    argv[i]);
-            return 2;
-        }
-    }
     if (!profile) {
         snprintf(prof_tmp, sizeof prof_tmp, "/tmp/bench_search_profile.%ld.h5", (long)getpid());
         char *pargv[] = {"profile", model_path, "--no-hw", "--quiet", "-o", prof_tmp, NULL};

@@ -1,60 +1,35 @@
 /* --plan / --ratio / --allocation / --policy / --evict-block / --block-size (cli/cli.h). */
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
 #include "kvplan/eval.h"
 
-const char kv_budget_args_help[] =
-    "KV budget options (default: the full cache):\n"
-    "  --plan PLAN.h5         per-head budgets from a plan (kvplan search / kvplan plan)\n"
-    "  --ratio R              kept fraction of the full cache, 0 < R <= 1 ...\n"
-    "  --allocation uniform   ... shared equally by every KV head (rounded down to blocks)\n"
-    "  --policy P             eviction policy: sink (default), h2o, avgattn, l2attn\n"
-    "  --evict-block p        tokens processed between evictions (default: the plan's, else\n"
-    "                         16; 1 = token-by-token streaming)\n"
-    "  --block-size b         tokens per KV block (default 16, or the plan's)\n"
-    "  --device D             auto (default: CUDA when built and a device is present, else\n"
-    "                         the CPU), cpu or cuda\n";
-
-int kv_budget_args_take(kv_budget_args *a, int argc, char **argv, int *i, kv_error *err) {
-    const char *v = NULL;
-    int r;
-    if ((r = kv_cli_opt(argc, argv, i, "--device", &v, err))) {
-        if (r > 0) a->device = v;
-        return r;
-    }
-    if ((r = kv_cli_opt(argc, argv, i, "--plan", &v, err))) {
-        if (r > 0) a->plan = v;
-        return r;
-    }
-    if ((r = kv_cli_opt(argc, argv, i, "--ratio", &v, err))) {
-        if (r < 0) return r;
-        if (kv_parse_double(v, "--ratio", -1e300, 1e300, &a->ratio, err)) return -1;
-        if (!(a->ratio > 0.0 && a->ratio <= 1.0)) {
-            kv_fail(err, KV_EINPUT, "--ratio %g must be in (0, 1] (1 = the full cache)", a->ratio);
-            return -1;
-        }
-        return 1;
-    }
-    if ((r = kv_cli_opt(argc, argv, i, "--allocation", &v, err))) {
-        if (r > 0) a->allocation = v;
-        return r;
-    }
-    if ((r = kv_cli_opt(argc, argv, i, "--policy", &v, err))) {
-        if (r > 0) a->policy = v;
-        return r;
-    }
-    if ((r = kv_cli_opt(argc, argv, i, "--evict-block", &v, err))) {
-        if (r < 0) return r;
-        return kv_parse_int(v, "--evict-block", 1, 1 << 20, &a->evict_block, err) ? -1 : 1;
-    }
-    if ((r = kv_cli_opt(argc, argv, i, "--block-size", &v, err))) {
-        if (r < 0) return r;
-        return kv_parse_int(v, "--block-size", 1, 4096, &a->block_size, err) ? -1 : 1;
-    }
-    return 0;
-}
+/* The KV budget options, one table for run, eval, search and plan (cli/cli.h). --ratio is a
+ * kept fraction in (0, 1]: kv_plan_uniform's definition (0 keeps nothing, 1 the full cache);
+ * plan and search used to refuse below 1e-9 instead, a stand-in for the open bound. */
+const kv_opt kv_budget_opts[KV_BUDGET_OPTS_ALL] = {
+    {"--ratio", NULL, KV_OPT_NUM, offsetof(kv_budget_args, ratio), "R", 0.0, 1.0, .lo_open = 1,
+     .help = "kept fraction of the full cache (1 = the full cache)"},
+    {"--allocation", NULL, KV_OPT_STR, offsetof(kv_budget_args, allocation), "A",
+     .help = "how R is shared among the KV heads: uniform (run, eval: equal shares rounded "
+             "down to blocks; other allocations come from a plan), baklava (plan's default), "
+             "squeeze; search also takes sensitivity and both (its default)"},
+    {"--policy", NULL, KV_OPT_STR, offsetof(kv_budget_args, policy), "P",
+     .help = "eviction policy: sink (default; run, eval: the plan's), h2o, avgattn, l2attn"},
+    {"--evict-block", NULL, KV_OPT_INT, offsetof(kv_budget_args, evict_block), "p", 1, 1 << 20,
+     .help = "tokens processed between evictions (default: the plan's, else 16; search chooses "
+             "it from R and C; 1 = token-by-token streaming)"},
+    {"--block-size", NULL, KV_OPT_INT, offsetof(kv_budget_args, block_size), "b", 1, 4096,
+     .help = "tokens per KV block (default: the plan's, else 16; search chooses it from R and "
+             "C)"},
+    {"--device", NULL, KV_OPT_STR, offsetof(kv_budget_args, device), "D",
+     .help = "auto (default: CUDA when built and a device is present, else the CPU), cpu or "
+             "cuda"},
+    {"--plan", NULL, KV_OPT_STR, offsetof(kv_budget_args, plan), "PLAN.h5",
+     .help = "per-head budgets from a plan (kvplan search / kvplan plan) instead of --ratio"},
+};
 
 int kv_cli_device(const char *s, kv_device *out, kv_error *err) {
     *out = KV_DEVICE_AUTO;

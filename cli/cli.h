@@ -9,6 +9,7 @@
 #include "kvplan/model.h"
 #include "kvplan/plan.h"
 #include "kvplan/tasks.h"
+#include "opts.h"
 
 int kv_cmd_run(int argc, char **argv);
 int kv_cmd_eval(int argc, char **argv);
@@ -20,6 +21,10 @@ int kv_cmd_kvpr(int argc, char **argv);
 int kv_cmd_batch(int argc, char **argv);
 int kv_cmd_inspect(int argc, char **argv);
 
+/* Each command's options (cli/cmd_*.c): the tables its parser and --help are made from. */
+extern const kv_cli_spec kv_spec_run, kv_spec_eval, kv_spec_tokenize, kv_spec_profile,
+    kv_spec_search, kv_spec_plan, kv_spec_kvpr, kv_spec_batch, kv_spec_inspect;
+
 /* kv_model_load, then the BLAS thread count for the model: unless the user set
  * OPENBLAS_NUM_THREADS, models whose weights fit in KV_CLI_SMALL_MODEL_BYTES run their GEMMs
  * on one thread. Measured on the bundled models (2-core Xeon): waking OpenBLAS's thread pool
@@ -27,11 +32,6 @@ int kv_cmd_inspect(int argc, char **argv);
  * 10.3k tokens/s. A process-wide setting made by the command, not by the library. */
 #define KV_CLI_SMALL_MODEL_BYTES (16u << 20)
 int kv_cli_load_model(const char *path, kv_model **m, kv_error *err);
-
-/* A command's non-option argument: the first is MODEL (stored in *model_path); an unknown
- * option or a second positional argument prints "kvplan <cmd>: ..." with a pointer to --help.
- * Returns 0 when taken, else the exit code 1. */
-int kv_cli_take_model(const char *cmd, const char *arg, const char **model_path);
 
 /* Print "kvplan <cmd>: <msg>" and return the exit code for err->code (1 or 2). */
 int kv_cli_report(const char *cmd, const kv_error *err);
@@ -45,56 +45,26 @@ int kv_cli_finish_tasks(const char *cmd, kv_tasks *tasks, int rc, const kv_error
 /* The command line joined with spaces into buf (for the `command` provenance attribute). */
 void kv_cli_command_line(int argc, char **argv, char *buf, size_t cap);
 
-/* Option scanning: if argv[*i] equals `name`, take its value from argv[*i + 1] (advancing *i)
- * into *val and return 1; when the value is missing set err and return -1; else 0. */
-int kv_cli_opt(int argc, char **argv, int *i, const char *name, const char **val, kv_error *err);
-
 /* A quantity with an optional SI (K, M, G, T: powers of 1000) or binary (Ki, Mi, Gi, Ti: powers
  * of 1024) suffix and an optional trailing B ("80Gi", "3.35T", "1e9"). KV_EINPUT names `opt`. */
 int kv_cli_parse_qty(const char *s, const char *opt, double *out, kv_error *err);
 
-/* A table of string-valued options: if argv[*i] is one of them, its value is stored (1), a
- * missing value sets err (-1), else 0. */
-typedef struct kv_cli_optval {
-    const char *name;
-    const char **val;
-} kv_cli_optval;
-int kv_cli_opt_table(int argc, char **argv, int *i, const kv_cli_optval *t, size_t n,
-                     kv_error *err);
-/* A table of numeric options: with lval set, a whole number in [llo, lhi] into *lval, else a
- * finite number in [dlo, dhi] into *dval. If argv[*i] is one of them its value is parsed and
- * stored (1); a missing or bad value sets err naming the option (-1); else 0. */
-typedef struct kv_cli_numopt {
-    const char *name;
-    long *lval;
-    long llo, lhi;
-    double *dval;
-    double dlo, dhi;
-} kv_cli_numopt;
-int kv_cli_num_table(int argc, char **argv, int *i, const kv_cli_numopt *t, size_t n,
-                     kv_error *err);
-
-/* The whole command line of a command whose options are all in table t plus --json (stored in
- * *json) and --help (prints `help`). Returns -1 when every argument was taken, else the exit
- * code to return (0 after --help, 1 for an unknown or incomplete option, with the message). */
-int kv_cli_scan(const char *cmd, int argc, char **argv, const kv_cli_optval *t, size_t n,
-                const char *help, int *json);
-
-/* ---- KV budget options shared by run and eval ----
- * --plan PLAN | --ratio R [--allocation uniform], --policy P, --evict-block p, --block-size b,
- * --device D */
+/* ---- KV budget options: one group (kv_budget_opts) ----
+ * run and eval take all of them; search all but --plan; plan the first five. */
 typedef struct kv_budget_args {
-    const char *plan;       /* plan.h5 path or NULL */
     double ratio;           /* 0 = not given */
-    const char *allocation; /* "uniform" */
+    const char *allocation; /* "uniform" (run, eval), an allocation name (plan, search) */
     const char *policy;     /* NULL = the plan's, else sink */
     long evict_block;       /* 0 = the plan's, else 16 */
     long block_size;        /* 0 = the plan's or 16 */
     const char *device;     /* NULL = auto */
+    const char *plan;       /* plan.h5 path or NULL */
 } kv_budget_args;
 
-/* Take one budget option at argv[*i]: 1 taken, 0 not a budget option, -1 error. */
-int kv_budget_args_take(kv_budget_args *a, int argc, char **argv, int *i, kv_error *err);
+#define KV_BUDGET_OPTS_CORE 5   /* --ratio --allocation --policy --evict-block --block-size */
+#define KV_BUDGET_OPTS_DEVICE 6 /* ... --device */
+#define KV_BUDGET_OPTS_ALL 7    /* ... --plan */
+extern const kv_opt kv_budget_opts[KV_BUDGET_OPTS_ALL];
 
 /* The plan these options describe, for context C: the plan file (checked against the model
  * and the context; --policy sets every head's policy, --evict-block / --block-size override),
@@ -105,8 +75,5 @@ int kv_budget_args_plan(const kv_budget_args *a, const kv_model *m, int context,
 
 /* Parse a --device value (NULL = auto). */
 int kv_cli_device(const char *s, kv_device *out, kv_error *err);
-
-/* Usage text of the budget options. */
-extern const char kv_budget_args_help[];
 
 #endif

@@ -1,5 +1,6 @@
 /* kvplan eval: perplexity of a text under the full or a budgeted KV cache. */
 #include <cjson/cJSON.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -7,18 +8,44 @@
 #include "cli.h"
 #include "kvplan/eval.h"
 
-static void help(FILE *f) {
-    fprintf(
-        f,
-        "usage: kvplan eval MODEL (--text FILE | --tokens FILE) [--tokenizer TOK]\n"
-        "                   [--context C] [--max-tokens N] [--json] [--quiet] [budget options]\n"
-        "Perplexity: the text is tokenized once (BOS first) or read as whitespace-separated\n"
-        "ids, cut into consecutive chunks of C tokens (default: the model's context), a\n"
-        "final partial chunk is dropped, and the C - 1 next-token predictions of each chunk\n"
-        "are scored with a fresh cache per chunk.\n%s"
-        "--json prints one JSON object on the last line.\n",
-        kv_budget_args_help);
-}
+typedef struct eval_args {
+    const char *model, *tokenizer, *text, *tokens;
+    long context, max_tokens;
+    int json, quiet;
+    kv_budget_args budget;
+} eval_args;
+
+static const kv_opt eval_opts[] = {
+    {"--model", NULL, KV_OPT_STR, offsetof(eval_args, model), "MODEL", .positional = 1,
+     .help = "llama2.c .bin, .gguf or Hugging Face directory"},
+    {"--text", NULL, KV_OPT_STR, offsetof(eval_args, text), "FILE",
+     .help = "the text, tokenized once with BOS first"},
+    {"--tokens", NULL, KV_OPT_STR, offsetof(eval_args, tokens), "FILE",
+     .help = "whitespace-separated token ids instead of a text"},
+    {"--tokenizer", NULL, KV_OPT_STR, offsetof(eval_args, tokenizer), "TOK",
+     .help = "tokenizer file (default: the model's)"},
+    {"--context", NULL, KV_OPT_INT, offsetof(eval_args, context), "C", 2, 1 << 22,
+     .help = "tokens per chunk (default: the model's context)"},
+    {"--max-tokens", NULL, KV_OPT_INT, offsetof(eval_args, max_tokens), "N", 2, 1099511627776.0,
+     .help = "use only the first N tokens (default: all)"},
+    {"--json", NULL, KV_OPT_FLAG, offsetof(eval_args, json),
+     .help = "one JSON object on the last line"},
+    {"--quiet", NULL, KV_OPT_FLAG, offsetof(eval_args, quiet), .help = "no progress on stderr"},
+};
+
+const kv_cli_spec kv_spec_eval = {
+    "eval",
+    "usage: kvplan eval MODEL (--text FILE | --tokens FILE) [--tokenizer TOK]\n"
+    "                   [--context C] [--max-tokens N] [--json] [--quiet] [budget options]\n",
+    "Perplexity: the text is tokenized once (BOS first) or read as whitespace-separated\n"
+    "ids, cut into consecutive chunks of C tokens (default: the model's context), a\n"
+    "final partial chunk is dropped, and the C - 1 next-token predictions of each chunk\n"
+    "are scored with a fresh cache per chunk.\n",
+    NULL,
+    {{NULL, eval_opts, sizeof eval_opts / sizeof eval_opts[0], 0},
+     {"KV budget options (default: the full cache)", kv_budget_opts, KV_BUDGET_OPTS_ALL,
+      offsetof(eval_args, budget)}},
+};
 
 /* Whitespace-separated token ids; caller frees *ids. */
 static int read_ids(const char *path, int **ids, long *n, kv_error *err) {
@@ -59,115 +86,102 @@ static int read_ids(const char *path, int **ids, long *n, kv_error *err) {
     return KV_OK;
 }
 
-int kv_cmd_eval(int argc, char **argv) {
-    kv_error err = {0};
-    const char *model_path = NULL, *tok_path = NULL, *text_path = NULL, *ids_path = NULL;
-    long context = 0, max_tokens = 0;
-    int json = 0, quiet = 0;
-    kv_budget_args ba = {0};
-    const kv_cli_numopt nums[] = {{"--context", .lval = &context, .llo = 2, .lhi = 1 << 22},
-                                  {"--max-tokens", .lval = &max_tokens, .llo = 2, .lhi = 1L << 40}};
-    for (int i = 1; i < argc; i++) {
-        int r;
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            help(stdout);
-            return 0;
-        }
-        if (!strcmp(argv[i], "--json"))
-            json = 1;
-        else if (!strcmp(argv[i], "--quiet"))
-            quiet = 1;
-        else if ((r = kv_cli_opt(argc, argv, &i, "--tokenizer", &tok_path, &err)) ||
-                 (r = kv_cli_opt(argc, argv, &i, "--text", &text_path, &err)) ||
-                 (r = kv_cli_opt(argc, argv, &i, "--tokens", &ids_path, &err))) {
-            if (r < 0) return kv_cli_report("eval", &err);
-        } else if ((r = kv_cli_num_table(argc, argv, &i, nums, sizeof nums / sizeof nums[0],
-                                         &err))) {
-            if (r < 0) return kv_cli_report("eval", &err);
-        } else if ((r = kv_budget_args_take(&ba, argc, argv, &i, &err))) {
-            if (r < 0) return kv_cli_report("eval", &err);
-        } else if (kv_cli_take_model("eval", argv[i], &model_path)) {
-            return 1;
-        }
+/* The token ids to score: the text tokenized (BOS first; *tok loaded for it) or the ids
+ * file; at most max_tokens of them when that is set. */
+static int load_ids(const eval_args *a, const kv_model *m, kv_tokenizer **tok, int **ids, long *n,
+                    kv_error *err) {
+    int rc;
+    if (a->tokens) {
+        rc = read_ids(a->tokens, ids, n, err);
+    } else {
+        char *text = NULL;
+        size_t len = 0;
+        int ni = 0;
+        rc = kv_tokenizer_load(a->tokenizer, m, tok, err);
+        if (!rc) rc = kv_read_file(a->text, &text, &len, err);
+        if (!rc) rc = kv_tokenizer_encode(*tok, text, len, 1, ids, &ni, err);
+        *n = ni;
+        free(text);
     }
-    if (!model_path || (!text_path == !ids_path)) {
+    if (!rc && a->max_tokens && a->max_tokens < *n) *n = a->max_tokens;
+    return rc;
+}
+
+static void print_result(const kv_model *m, const kv_plan *plan, const kv_engine *eng, int C,
+                         const kv_eval_result *res, int json) {
+    int budgeted = !plan->full;
+    printf("model        %s (%s, %d layers, %d heads, %d KV heads)\n", m->path, m->format,
+           m->cfg.n_layers, m->cfg.n_heads, m->cfg.n_kv_heads);
+    printf("cache        %s", budgeted ? "budgeted" : "full");
+    if (budgeted)
+        printf(" (ratio %.4g, policy %s%s, p %d, b_s %d)", plan->ratio,
+               kv_policy_name(plan->policy), kv_plan_mixed_policies(plan) ? " and per-head" : "",
+               plan->evict_block, plan->block_size);
+    printf(", device %s", kv_device_name(kv_engine_device(eng)));
+    printf("\nperplexity   %.6f\nnll          %.6f nats/token\ntokens       %ld scored "
+           "in %d chunks of %d\nspeed        %.0f tokens/s\nkv bytes     %zu peak / %zu full "
+           "(%.4f)\n",
+           res->perplexity, res->nll, res->tokens_scored, res->chunks, C, res->tokens_per_s,
+           res->kv_bytes_peak, res->kv_bytes_full,
+           (double)res->kv_bytes_peak / (double)res->kv_bytes_full);
+    if (!json) return;
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddNumberToObject(j, "perplexity", res->perplexity);
+    cJSON_AddNumberToObject(j, "nll", res->nll);
+    cJSON_AddNumberToObject(j, "tokens_scored", (double)res->tokens_scored);
+    cJSON_AddNumberToObject(j, "chunks", res->chunks);
+    cJSON_AddNumberToObject(j, "context", C);
+    cJSON_AddNumberToObject(j, "tokens_per_s", res->tokens_per_s);
+    cJSON_AddNumberToObject(j, "kv_bytes_peak", (double)res->kv_bytes_peak);
+    cJSON_AddNumberToObject(j, "kv_bytes_full", (double)res->kv_bytes_full);
+    cJSON_AddNumberToObject(j, "ratio", plan->ratio);
+    cJSON_AddStringToObject(j, "policy", budgeted ? kv_policy_name(plan->policy) : "full");
+    cJSON_AddStringToObject(j, "device", kv_device_name(kv_engine_device(eng)));
+    char *s = cJSON_PrintUnformatted(j);
+    if (s) printf("%s\n", s);
+    free(s);
+    cJSON_Delete(j);
+}
+
+int kv_cmd_eval(int argc, char **argv) {
+    eval_args a = {0};
+    int code = kv_cli_parse(&kv_spec_eval, argc, argv, &a);
+    if (code >= 0) return code;
+    if (!a.model || (!a.text == !a.tokens)) {
         fprintf(stderr, "kvplan eval: MODEL and exactly one of --text / --tokens are required\n");
-        help(stderr);
+        kv_cli_help(&kv_spec_eval, stderr);
         return 1;
     }
+    /* build: model, token ids, plan, engine */
+    kv_error err = {0};
     kv_model *m = NULL;
     kv_tokenizer *tok = NULL;
     int *ids = NULL;
     long n = 0;
-    int rc = kv_cli_load_model(model_path, &m, &err);
-    if (!rc && text_path) {
-        char *text = NULL;
-        size_t len = 0;
-        int ni = 0;
-        rc = kv_tokenizer_load(tok_path, m, &tok, &err);
-        if (!rc) rc = kv_read_file(text_path, &text, &len, &err);
-        if (!rc) rc = kv_tokenizer_encode(tok, text, len, 1, &ids, &ni, &err);
-        n = ni;
-        free(text);
-    } else if (!rc) {
-        rc = read_ids(ids_path, &ids, &n, &err);
-    }
-    kv_eval_result res;
-    kv_progress prog;
-    kv_progress_init(&prog, quiet);
     kv_plan plan = {0};
     kv_engine *eng = NULL;
     kv_device device = KV_DEVICE_AUTO;
-    int C = m ? (context ? (int)context : m->cfg.seq_len) : 0;
+    int rc = kv_cli_load_model(a.model, &m, &err);
+    if (!rc) rc = load_ids(&a, m, &tok, &ids, &n, &err);
+    int C = m ? (a.context ? (int)a.context : m->cfg.seq_len) : 0;
     if (!rc && C > m->cfg.seq_len)
         rc = kv_fail(&err, KV_EINPUT, "--context %d exceeds the model's context %d", C,
                      m->cfg.seq_len);
-    if (!rc) rc = kv_budget_args_plan(&ba, m, C, &plan, &device, &err);
+    if (!rc) rc = kv_budget_args_plan(&a.budget, m, C, &plan, &device, &err);
     if (!rc) {
         kv_engine_opts eo = {.device = device, .max_seqs = 1};
         rc = kv_engine_new(m, &plan, &eo, &eng, &err);
     }
+    /* run: budgeted perplexity over the chunks */
+    kv_eval_result res;
+    kv_progress prog;
+    kv_progress_init(&prog, a.quiet);
     if (!rc) {
-        if (max_tokens && max_tokens < n) n = max_tokens;
         rc = kv_eval_engine(eng, ids, n, 0, &prog, &res, &err);
         kv_progress_done(&prog);
     }
-    int budgeted = !plan.full;
-    if (!rc) {
-        printf("model        %s (%s, %d layers, %d heads, %d KV heads)\n", m->path, m->format,
-               m->cfg.n_layers, m->cfg.n_heads, m->cfg.n_kv_heads);
-        printf("cache        %s", budgeted ? "budgeted" : "full");
-        if (budgeted)
-            printf(" (ratio %.4g, policy %s%s, p %d, b_s %d)", plan.ratio,
-                   kv_policy_name(plan.policy),
-                   kv_plan_mixed_policies(&plan) ? " and per-head" : "", plan.evict_block,
-                   plan.block_size);
-        printf(", device %s", kv_device_name(kv_engine_device(eng)));
-        printf("\nperplexity   %.6f\nnll          %.6f nats/token\ntokens       %ld scored "
-               "in %d chunks of %d\nspeed        %.0f tokens/s\nkv bytes     %zu peak / %zu full "
-               "(%.4f)\n",
-               res.perplexity, res.nll, res.tokens_scored, res.chunks, C, res.tokens_per_s,
-               res.kv_bytes_peak, res.kv_bytes_full,
-               (double)res.kv_bytes_peak / (double)res.kv_bytes_full);
-        if (json) {
-            cJSON *j = cJSON_CreateObject();
-            cJSON_AddNumberToObject(j, "perplexity", res.perplexity);
-            cJSON_AddNumberToObject(j, "nll", res.nll);
-            cJSON_AddNumberToObject(j, "tokens_scored", (double)res.tokens_scored);
-            cJSON_AddNumberToObject(j, "chunks", res.chunks);
-            cJSON_AddNumberToObject(j, "context", C);
-            cJSON_AddNumberToObject(j, "tokens_per_s", res.tokens_per_s);
-            cJSON_AddNumberToObject(j, "kv_bytes_peak", (double)res.kv_bytes_peak);
-            cJSON_AddNumberToObject(j, "kv_bytes_full", (double)res.kv_bytes_full);
-            cJSON_AddNumberToObject(j, "ratio", plan.ratio);
-            cJSON_AddStringToObject(j, "policy", budgeted ? kv_policy_name(plan.policy) : "full");
-            cJSON_AddStringToObject(j, "device", kv_device_name(kv_engine_device(eng)));
-            char *s = cJSON_PrintUnformatted(j);
-            if (s) printf("%s\n", s);
-            free(s);
-            cJSON_Delete(j);
-        }
-    }
+    /* report */
+    if (!rc) print_result(m, &plan, eng, C, &res, a.json);
     kv_engine_free(eng);
     kv_plan_free(&plan);
     free(ids);

@@ -3,6 +3,7 @@
 #include <cairo.h>
 #include <fontconfig/fontconfig.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,29 +12,43 @@
 #include "inspect.h"
 #include "kvplan/plan.h"
 
-static const char *help =
-    "usage: kvplan inspect FILE.h5 [--png DIR] [--json] [--export FORMAT]\n"
+typedef struct inspect_args {
+    const char *file, *png_dir, *export_fmt;
+    int json;
+} inspect_args;
+
+static const kv_opt inspect_opts[] = {
+    {NULL, NULL, KV_OPT_STR, offsetof(inspect_args, file), "FILE.h5", .positional = 1,
+     .help = "a kvplan profile or plan file"},
+    {"--png", NULL, KV_OPT_STR, offsetof(inspect_args, png_dir), "DIR",
+     .help = "also write heatmaps (1200x800 PNG) into DIR: head_importance.png, "
+             "token_cos.png, layer_similarity.png, consistency.png (profile); "
+             "search_perplexity.png (the (t, r) grid, one panel per SqueezeAttention p), "
+             "budget_tokens.png (plan)"},
+    {"--json", NULL, KV_OPT_FLAG, offsetof(inspect_args, json),
+     .help = "print the same content as one JSON document instead of text (every dataset as "
+             "nested lists, NaN as null)"},
+    {"--export", NULL, KV_OPT_STR, offsetof(inspect_args, export_fmt), "FORMAT",
+     .help = "print only one table, for other tools:\n"
+             "budgets-tsv: plan budgets B[l][j] in tokens, one row per layer, one tab-separated "
+             "column per KV head (DuoAttention's pattern-file shape)\n"
+             "importance-tsv: profile head importance, same shape\n"
+             "layer-fractions: the plan's kept fraction per layer as a list [f_0, ..., f_L-1] "
+             "(kvpress per-layer compression takes 1 - f as its compression ratios)"},
+};
+
+const kv_cli_spec kv_spec_inspect = {
+    "inspect",
+    "usage: kvplan inspect FILE.h5 [--png DIR] [--json] [--export FORMAT]\n",
     "Summarise a kvplan file: provenance and model; for a profile the KV heads of each layer\n"
     "ordered by importance, layer similarity, prompt consistency and hardware fits (with the\n"
     "sizes each bandwidth fit used); for a plan the ratio, policy, allocation, the winner\n"
     "(/search@winner), budgets per layer and KV head, the search grid (best and worst cell\n"
-    "over p, t, r), baselines, and whatever KVPR and batch tables it holds.\n"
-    "  --png DIR        also write heatmaps (1200x800 PNG) into DIR: head_importance.png,\n"
-    "                   token_cos.png, layer_similarity.png, consistency.png (profile);\n"
-    "                   search_perplexity.png (the (t, r) grid, one panel per\n"
-    "                   SqueezeAttention p), budget_tokens.png (plan)\n"
-    "  --json           print the same content as one JSON document instead of text\n"
-    "                   (every dataset as nested lists, NaN as null)\n"
-    "  --export FORMAT  print only one table, for other tools:\n"
-    "                   budgets-tsv     plan budgets B[l][j] in tokens: one row per layer, one\n"
-    "                                   tab-separated column per KV head (DuoAttention's\n"
-    "                                   pattern-file shape)\n"
-    "                   importance-tsv  profile head importance, same shape\n"
-    "                   layer-fractions plan's kept fraction per layer as a list\n"
-    "                                   [f_0, ..., f_L-1] (kvpress per-layer compression takes\n"
-    "                                   1 - f as its compression ratios)\n"
+    "over p, t, r), baselines, and whatever KVPR and batch tables it holds.\n",
     "Exit codes: 0 ok, 1 bad input (not HDF5, not a kvplan file, newer schema, missing data),\n"
-    "2 internal error.\n";
+    "2 internal error.\n",
+    {{NULL, inspect_opts, sizeof inspect_opts / sizeof inspect_opts[0], 0}},
+};
 
 static int export_matrix(const ki_file *f, const char *path, int as_int, kv_error *err) {
     int L = 0, hkv = 0;
@@ -69,48 +84,37 @@ static int export_fractions(const ki_file *f, kv_error *err) {
     return KV_OK;
 }
 
-int kv_cmd_inspect(int argc, char **argv) {
-    kv_error err = {0};
-    const char *file = NULL, *png_dir = NULL, *export_fmt = NULL;
-    int json = 0;
-    for (int i = 1; i < argc; i++) {
-        int r;
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            fputs(help, stdout);
-            return 0;
-        }
-        if (!strcmp(argv[i], "--json")) {
-            json = 1;
-        } else if ((r = kv_cli_opt(argc, argv, &i, "--png", &png_dir, &err))) {
-            if (r < 0) return kv_cli_report("inspect", &err);
-        } else if ((r = kv_cli_opt(argc, argv, &i, "--export", &export_fmt, &err))) {
-            if (r < 0) return kv_cli_report("inspect", &err);
-        } else if (argv[i][0] == '-' && argv[i][1]) {
-            fprintf(stderr, "kvplan inspect: unknown option %s\n%s", argv[i], help);
-            return 1;
-        } else if (!file) {
-            file = argv[i];
-        } else {
-            fprintf(stderr, "kvplan inspect: unexpected argument %s\n%s", argv[i], help);
-            return 1;
-        }
-    }
-    if (!file) {
-        fprintf(stderr, "kvplan inspect: FILE.h5 is required\n%s", help);
-        return 1;
-    }
-    if (json && export_fmt) {
+/* The output choice: --json or one --export table (or the text summary). */
+static int check_output_choice(const inspect_args *a) {
+    if (a->json && a->export_fmt) {
         fprintf(stderr, "kvplan inspect: --json and --export both choose the output; pick one\n");
         return 1;
     }
-    if (export_fmt && strcmp(export_fmt, "budgets-tsv") && strcmp(export_fmt, "importance-tsv") &&
-        strcmp(export_fmt, "layer-fractions")) {
+    if (a->export_fmt && strcmp(a->export_fmt, "budgets-tsv") &&
+        strcmp(a->export_fmt, "importance-tsv") && strcmp(a->export_fmt, "layer-fractions")) {
         fprintf(stderr,
                 "kvplan inspect: --export '%s' is not one of budgets-tsv, "
                 "importance-tsv, layer-fractions\n",
-                export_fmt);
+                a->export_fmt);
         return 1;
     }
+    return 0;
+}
+
+int kv_cmd_inspect(int argc, char **argv) {
+    inspect_args a = {0};
+    int code = kv_cli_parse(&kv_spec_inspect, argc, argv, &a);
+    if (code >= 0) return code;
+    if (!a.file) {
+        fprintf(stderr, "kvplan inspect: FILE.h5 is required\n");
+        kv_cli_help(&kv_spec_inspect, stderr);
+        return 1;
+    }
+    if (check_output_choice(&a)) return 1;
+    kv_error err = {0};
+    const char *file = a.file, *png_dir = a.png_dir, *export_fmt = a.export_fmt;
+    int json = a.json;
+    /* build: the file (and, for a plan, its validation) */
     ki_file f;
     int rc = ki_load(file, &f, &err);
     int invalid_plan = 0;
@@ -122,6 +126,7 @@ int kv_cmd_inspect(int argc, char **argv) {
         invalid_plan = kv_plan_read(file, &p, &plan_err) != KV_OK;
         kv_plan_free(&p);
     }
+    /* run and report: pictures, then one of export, JSON or text */
     if (!rc && png_dir) {
         int n = 0;
         rc = ki_write_pngs(&f, png_dir, stderr, &n, &err);

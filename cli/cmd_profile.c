@@ -1,4 +1,5 @@
 /* kvplan profile: head/layer similarity, prompt consistency and hardware speeds -> profile.h5 */
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,154 +10,169 @@
 #include "kvplan/tasks.h"
 #include "kvplan/tokenizer.h"
 
-static void help(FILE *f) {
-    fprintf(f,
-            "usage: kvplan profile MODEL [--tokenizer TOK] [--text FILE] [--prompts N]\n"
-            "                      [--prompt-len T] [--seed S] [--no-hw] [--quick-hw] [--quiet]\n"
-            "                      [--device auto|cpu|cuda]\n"
-            "                      [-o profile.h5]\n"
-            "Runs N prompts of T tokens (defaults 8 and 256, picked deterministically from FILE,\n"
-            "default ../shared/text/tinystories_val_head.txt) through the full-cache forward pass\n"
-            "and records per-head cos(V, softmax(QK^T)V) (BaKlaVa Alg. 1), layer similarity\n"
-            "(SqueezeAttention), Kendall tau / Spearman rho between prompts, and host (and CUDA)\n"
-            "copy and GEMM speeds (skipped by --no-hw; --quick-hw measures small sizes only).\n"
-            "The file is written atomically (default: profile.h5).\n"
-            "Under `mpirun -np N` or `srun` the prompts are shared among the ranks (rank 0\n"
-            "probes the hardware and writes the file, identical to a one-process run's).\n");
-}
+typedef struct profile_args {
+    const char *model, *tokenizer, *text, *out, *device;
+    long n_prompts, prompt_len, seed;
+    int no_hw, quick_hw, quiet;
+} profile_args;
 
-int kv_cmd_profile(int argc, char **argv) {
-    kv_error err = {0};
-    const char *model_path = NULL, *tok_path = NULL, *text_path = NULL, *out = "profile.h5",
-               *device_name = NULL;
-    const char *v = NULL;
-    long n_prompts = 8, prompt_len = 256, seed = 0;
-    int no_hw = 0, quick_hw = 0, quiet = 0;
-    char default_text[4200];
-    snprintf(default_text, sizeof default_text, "%s/text/tinystories_val_head.txt",
-             kv_shared_dir());
-    for (int i = 1; i < argc; i++) {
-        int r;
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            help(stdout);
-            return 0;
-        }
-        if (!strcmp(argv[i], "--no-hw"))
-            no_hw = 1;
-        else if (!strcmp(argv[i], "--quick-hw"))
-            quick_hw = 1;
-        else if (!strcmp(argv[i], "--quiet"))
-            quiet = 1;
-        else if ((r = kv_cli_opt(argc, argv, &i, "--tokenizer", &tok_path, &err)) ||
-                 (r = kv_cli_opt(argc, argv, &i, "--text", &text_path, &err)) ||
-                 (r = kv_cli_opt(argc, argv, &i, "-o", &out, &err)) ||
-                 (r = kv_cli_opt(argc, argv, &i, "--device", &device_name, &err))) {
-            if (r < 0) return kv_cli_report("profile", &err);
-        } else if ((r = kv_cli_opt(argc, argv, &i, "--prompts", &v, &err))) {
-            if (r < 0 || kv_parse_int(v, "--prompts", 1, 100000, &n_prompts, &err))
-                return kv_cli_report("profile", &err);
-        } else if ((r = kv_cli_opt(argc, argv, &i, "--prompt-len", &v, &err))) {
-            if (r < 0 || kv_parse_int(v, "--prompt-len", 2, 1 << 22, &prompt_len, &err))
-                return kv_cli_report("profile", &err);
-        } else if ((r = kv_cli_opt(argc, argv, &i, "--seed", &v, &err))) {
-            if (r < 0 || kv_parse_int(v, "--seed", 0, 0x7fffffffffffffffL, &seed, &err))
-                return kv_cli_report("profile", &err);
-        } else if (kv_cli_take_model("profile", argv[i], &model_path)) {
-            return 1;
-        }
-    }
-    if (!model_path) {
-        fprintf(stderr, "kvplan profile: MODEL is required\n");
-        help(stderr);
-        return 1;
-    }
-    if (!text_path) text_path = default_text;
-    char cmdline[8192];
-    kv_cli_command_line(argc, argv, cmdline, sizeof cmdline);
-    char full_cmd[8300];
-    snprintf(full_cmd, sizeof full_cmd, "kvplan %s", cmdline);
-    kv_tasks *tasks = NULL; /* MPI ranks when started by mpirun / srun */
-    if (kv_tasks_init(NULL, NULL, &tasks, &err)) return kv_cli_report("profile", &err);
-    const int rank = kv_tasks_rank(tasks);
-    kv_model *m = NULL;
+static const kv_opt profile_opts[] = {
+    {"--model", NULL, KV_OPT_STR, offsetof(profile_args, model), "MODEL", .positional = 1,
+     .help = "llama2.c .bin, .gguf or Hugging Face directory"},
+    {"--tokenizer", NULL, KV_OPT_STR, offsetof(profile_args, tokenizer), "TOK",
+     .help = "tokenizer file (default: the model's)"},
+    {"--text", NULL, KV_OPT_STR, offsetof(profile_args, text), "FILE",
+     .help = "text the prompts are picked from (default "
+             "../shared/text/tinystories_val_head.txt)"},
+    {"--prompts", NULL, KV_OPT_INT, offsetof(profile_args, n_prompts), "N", 1, 100000, .def = "8",
+     .help = "prompts"},
+    {"--prompt-len", NULL, KV_OPT_INT, offsetof(profile_args, prompt_len), "T", 2, 1 << 22,
+     .def = "256", .help = "tokens per prompt (at most the model's context)"},
+    {"--seed", NULL, KV_OPT_INT, offsetof(profile_args, seed), "S", 0, 9.3e18, .def = "0",
+     .help = "seed of the prompt picking"},
+    {"--no-hw", NULL, KV_OPT_FLAG, offsetof(profile_args, no_hw),
+     .help = "skip the hardware measurements"},
+    {"--quick-hw", NULL, KV_OPT_FLAG, offsetof(profile_args, quick_hw),
+     .help = "measure small sizes only"},
+    {"--device", NULL, KV_OPT_STR, offsetof(profile_args, device), "D",
+     .help = "auto (default), cpu or cuda: where the prompts run"},
+    {"-o", "--output", KV_OPT_STR, offsetof(profile_args, out), "profile.h5", .def = "profile.h5",
+     .help = "output file (written atomically)"},
+    {"--quiet", NULL, KV_OPT_FLAG, offsetof(profile_args, quiet), .help = "no progress on stderr"},
+};
+
+const kv_cli_spec kv_spec_profile = {
+    "profile",
+    "usage: kvplan profile MODEL [--tokenizer TOK] [--text FILE] [--prompts N]\n"
+    "                      [--prompt-len T] [--seed S] [--no-hw] [--quick-hw] [--quiet]\n"
+    "                      [--device auto|cpu|cuda] [-o profile.h5]\n",
+    "Runs N prompts of T tokens (picked deterministically from FILE) through the full-cache\n"
+    "forward pass and records per-head cos(V, softmax(QK^T)V) (BaKlaVa Alg. 1), layer\n"
+    "similarity (SqueezeAttention), Kendall tau / Spearman rho between prompts, and host (and\n"
+    "CUDA) copy and GEMM speeds.\n",
+    "Under `mpirun -np N` or `srun` the prompts are shared among the ranks (rank 0\n"
+    "probes the hardware and writes the file, identical to a one-process run's).\n",
+    {{NULL, profile_opts, sizeof profile_opts / sizeof profile_opts[0], 0}},
+};
+
+/* What a profile run needs, built by every rank: the model and the prompts [P * T] picked
+ * from the text. */
+typedef struct profile_job {
+    kv_model *m;
+    int *prompts;
+} profile_job;
+
+static int build_job(const profile_args *a, profile_job *j, kv_error *err) {
     kv_tokenizer *tok = NULL;
     char *text = NULL;
     size_t len = 0;
-    int *stream = NULL, n = 0, *prompts = NULL;
-    kv_profile pr = {0};
-    kv_h5 *f = NULL;
-    kv_progress prog;
-    kv_progress_init(&prog, quiet || rank != 0); /* progress from rank 0 only */
-    const char *inputs[] = {model_path, text_path, tok_path};
-    int rc = kv_check_output(out, "-o", inputs, 3, &err);
-    if (!rc) rc = kv_check_regular(text_path, "text", &err);
-    if (!rc && tok_path) rc = kv_check_regular(tok_path, "tokenizer", &err);
-    if (!rc) rc = kv_cli_load_model(model_path, &m, &err);
-    if (!rc && prompt_len > m->cfg.seq_len)
-        rc = kv_fail(&err, KV_EINPUT,
+    int *stream = NULL, n = 0;
+    const char *inputs[] = {a->model, a->text, a->tokenizer};
+    int rc = kv_check_output(a->out, "-o", inputs, 3, err);
+    if (!rc) rc = kv_check_regular(a->text, "text", err);
+    if (!rc && a->tokenizer) rc = kv_check_regular(a->tokenizer, "tokenizer", err);
+    if (!rc) rc = kv_cli_load_model(a->model, &j->m, err);
+    if (!rc && a->prompt_len > j->m->cfg.seq_len)
+        rc = kv_fail(err, KV_EINPUT,
                      "--prompt-len %ld exceeds the context length %d of %s; choose T <= %d",
-                     prompt_len, m->cfg.seq_len, model_path, m->cfg.seq_len);
-    if (!rc) rc = kv_tokenizer_load(tok_path, m, &tok, &err);
-    if (!rc) rc = kv_read_file(text_path, &text, &len, &err);
-    if (!rc) rc = kv_tokenizer_encode(tok, text, len, 1, &stream, &n, &err);
+                     a->prompt_len, j->m->cfg.seq_len, a->model, j->m->cfg.seq_len);
+    if (!rc) rc = kv_tokenizer_load(a->tokenizer, j->m, &tok, err);
+    if (!rc) rc = kv_read_file(a->text, &text, &len, err);
+    if (!rc) rc = kv_tokenizer_encode(tok, text, len, 1, &stream, &n, err);
     if (!rc) {
-        prompts = malloc((size_t)n_prompts * (size_t)prompt_len * sizeof *prompts);
-        if (!prompts) rc = kv_fail(&err, KV_EINTERNAL, "out of memory");
+        j->prompts = malloc((size_t)a->n_prompts * (size_t)a->prompt_len * sizeof *j->prompts);
+        if (!j->prompts) rc = kv_fail(err, KV_EINTERNAL, "out of memory");
     }
     if (!rc) {
-        rc =
-            kv_profile_pick_prompts(stream, n, kv_tokenizer_bos(tok) >= 0 ? kv_tokenizer_bos(tok) : stream[0],
-                                    (int)n_prompts, (int)prompt_len, (uint64_t)seed, prompts, &err);
-        if (rc) kv_fail_context(&err, "%s", text_path);
+        rc = kv_profile_pick_prompts(stream, n, kv_tokenizer_bos(tok) >= 0 ? kv_tokenizer_bos(tok) : stream[0],
+                                     (int)a->n_prompts, (int)a->prompt_len, (uint64_t)a->seed,
+                                     j->prompts, err);
+        if (rc) kv_fail_context(err, "%s", a->text);
     }
-    kv_device device = KV_DEVICE_AUTO;
-    if (!rc) rc = kv_cli_device(device_name, &device, &err);
-    rc = kv_tasks_agree(tasks, rc, &err); /* no rank enters the prompts alone */
-    if (!rc)
-        rc = kv_profile_run_tasks(m, prompts, (int)n_prompts, (int)prompt_len, device, tasks, &pr,
-                                  &prog, &err);
-    kv_progress_done(&prog);
-    /* only rank 0 writes the file and probes the hardware (the other ranks wait, idle) */
-    if (!rc && rank == 0) rc = kv_h5_create(out, &f, &err);
-    if (!rc && f) rc = kv_h5_write_provenance(f, full_cmd, m, &err);
-    if (!rc && f) rc = kv_h5_attr_str(f, "/", "file_kind", "profile", &err);
-    if (!rc && f) rc = kv_h5_attr_str(f, "/", "text", text_path, &err);
-    if (!rc && f) rc = kv_h5_attr_i64(f, "/", "seed", seed, &err);
-    if (!rc && f) rc = kv_profile_write(f, &pr, &err);
-    if (!rc && rank == 0 && !no_hw) {
-        kv_hw_opts ho;
-        kv_hw_opts_default(&ho, quick_hw);
-        rc = kv_hw_probe_and_write(f, &m->cfg, &ho, &prog, &err);
-        kv_progress_done(&prog);
-    }
-    if (!rc && rank == 0) {
-        rc = kv_h5_commit(f, &err);
-        f = NULL;
-    }
-    if (f) kv_h5_abort(f);
-    if (!rc && !quiet && rank == 0) {
-        fprintf(stderr, "kvplan profile: wrote %s (%ld prompts x %ld tokens, %.0f tokens/s)\n", out,
-                n_prompts, prompt_len, pr.tokens_per_s);
-        int L = pr.L, K = pr.H_kv, best = 0, worst = 0;
-        for (int i = 1; i < L * K; i++) {
-            if (pr.importance[i] > pr.importance[best]) best = i;
-            if (pr.importance[i] < pr.importance[worst]) worst = i;
-        }
-        double tau = 0;
-        int cnt = 0;
-        for (int a = 0; a < pr.P; a++)
-            for (int b = a + 1; b < pr.P; b++, cnt++) tau += pr.kendall_tau[a * pr.P + b];
-        fprintf(stderr,
-                "kvplan profile: most important KV head: layer %d head %d (%.4f); least: layer %d "
-                "head %d (%.4f); mean Kendall tau between prompts %.3f\n",
-                best / K, best % K, pr.importance[best], worst / K, worst % K, pr.importance[worst],
-                cnt ? tau / cnt : 1.0);
-    }
-    kv_profile_free(&pr);
-    free(prompts);
     free(stream);
     free(text);
     kv_tokenizer_free(tok);
-    kv_model_free(m);
+    return rc;
+}
+
+/* Rank 0's file: provenance, the profile and (unless --no-hw) the hardware fits. */
+static int write_profile(const profile_args *a, const char *cmd, const kv_model *m,
+                         const kv_profile *pr, kv_progress *prog, kv_error *err) {
+    kv_h5 *f = NULL;
+    int rc = kv_h5_create(a->out, &f, err);
+    if (!rc) rc = kv_h5_write_provenance(f, cmd, m, err);
+    if (!rc) rc = kv_h5_attr_str(f, "/", "file_kind", "profile", err);
+    if (!rc) rc = kv_h5_attr_str(f, "/", "text", a->text, err);
+    if (!rc) rc = kv_h5_attr_i64(f, "/", "seed", a->seed, err);
+    if (!rc) rc = kv_profile_write(f, pr, err);
+    if (!rc && !a->no_hw) {
+        kv_hw_opts ho;
+        kv_hw_opts_default(&ho, a->quick_hw);
+        rc = kv_hw_probe_and_write(f, &m->cfg, &ho, prog, err);
+        kv_progress_done(prog);
+    }
+    if (!rc) return kv_h5_commit(f, err);
+    if (f) kv_h5_abort(f);
+    return rc;
+}
+
+static void print_summary(const profile_args *a, const kv_profile *pr) {
+    fprintf(stderr, "kvplan profile: wrote %s (%ld prompts x %ld tokens, %.0f tokens/s)\n", a->out,
+            a->n_prompts, a->prompt_len, pr->tokens_per_s);
+    int L = pr->L, K = pr->H_kv, best = 0, worst = 0;
+    for (int i = 1; i < L * K; i++) {
+        if (pr->importance[i] > pr->importance[best]) best = i;
+        if (pr->importance[i] < pr->importance[worst]) worst = i;
+    }
+    double tau = 0;
+    int cnt = 0;
+    for (int x = 0; x < pr->P; x++)
+        for (int y = x + 1; y < pr->P; y++, cnt++) tau += pr->kendall_tau[x * pr->P + y];
+    fprintf(stderr,
+            "kvplan profile: most important KV head: layer %d head %d (%.4f); least: layer %d "
+            "head %d (%.4f); mean Kendall tau between prompts %.3f\n",
+            best / K, best % K, pr->importance[best], worst / K, worst % K, pr->importance[worst],
+            cnt ? tau / cnt : 1.0);
+}
+
+int kv_cmd_profile(int argc, char **argv) {
+    profile_args a = {0};
+    int code = kv_cli_parse(&kv_spec_profile, argc, argv, &a);
+    if (code >= 0) return code;
+    if (!a.model) {
+        fprintf(stderr, "kvplan profile: MODEL is required\n");
+        kv_cli_help(&kv_spec_profile, stderr);
+        return 1;
+    }
+    char default_text[4200], cmdline[8192], full_cmd[8300];
+    snprintf(default_text, sizeof default_text, "%s/text/tinystories_val_head.txt",
+             kv_shared_dir());
+    if (!a.text) a.text = default_text;
+    kv_cli_command_line(argc, argv, cmdline, sizeof cmdline);
+    snprintf(full_cmd, sizeof full_cmd, "kvplan %s", cmdline);
+    /* build: tasks (MPI ranks when started by mpirun / srun), model, prompts */
+    kv_error err = {0};
+    kv_tasks *tasks = NULL;
+    if (kv_tasks_init(NULL, NULL, &tasks, &err)) return kv_cli_report("profile", &err);
+    const int rank = kv_tasks_rank(tasks);
+    kv_progress prog;
+    kv_progress_init(&prog, a.quiet || rank != 0); /* progress from rank 0 only */
+    profile_job job = {0};
+    kv_profile pr = {0};
+    kv_device device = KV_DEVICE_AUTO;
+    int rc = build_job(&a, &job, &err);
+    if (!rc) rc = kv_cli_device(a.device, &device, &err);
+    /* run: the prompts, shared among the ranks */
+    rc = kv_tasks_agree(tasks, rc, &err); /* no rank enters the prompts alone */
+    if (!rc)
+        rc = kv_profile_run_tasks(job.m, job.prompts, (int)a.n_prompts, (int)a.prompt_len, device,
+                                  tasks, &pr, &prog, &err);
+    kv_progress_done(&prog);
+    /* report: only rank 0 writes the file and probes the hardware (the others wait, idle) */
+    if (!rc && rank == 0) rc = write_profile(&a, full_cmd, job.m, &pr, &prog, &err);
+    if (!rc && !a.quiet && rank == 0) print_summary(&a, &pr);
+    kv_profile_free(&pr);
+    free(job.prompts);
+    kv_model_free(job.m);
     return kv_cli_finish_tasks("profile", tasks, rc, &err);
 }

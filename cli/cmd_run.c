@@ -1,4 +1,6 @@
-/* kvplan run: text generation, optionally batched and under per-head KV budgets. */
+/* kvplan run: text generation, optionally batched and under per-head KV budgets. The
+ * generation loop is the runtime's (kvplan/generate.h). */
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -6,42 +8,51 @@
 #include "cli.h"
 #include "kvplan/engine.h"
 #include "kvplan/eval.h"
+#include "kvplan/generate.h"
 
-static void help(FILE *f) {
-    fprintf(f,
-            "usage: kvplan run MODEL [--tokenizer TOK] [--prompt TEXT | --prompts FILE]\n"
-            "                  [-n N] [--temperature T] [--top-p P] [--seed S] [--batch B]\n"
-            "                  [--quiet] [budget options]\n"
-            "Generate up to N new tokens (default 256, capped by the context) after each prompt\n"
-            "(BOS first; an empty prompt starts from BOS alone). --temperature 0 is greedy.\n"
-            "--prompts FILE takes one prompt per line; --batch B decodes B sequences together\n"
-            "sharing one KV block pool (prompts are repeated to fill the batch; sequence i uses\n"
-            "seed S + i). One sequence streams to stdout; a batch prints each sequence after it.\n"
-            "Timing and KV bytes in use go to stderr.\n%s",
-            kv_budget_args_help);
-}
+typedef struct run_args {
+    const char *model, *tokenizer, *prompt, *prompts;
+    long n_new, batch, seed;
+    double temperature, top_p;
+    int quiet;
+    kv_budget_args budget;
+} run_args;
 
-typedef struct seq_state {
-    int *ids; /* prompt + generated */
-    int n, cap, n_prompt;
-    int done;
-    kv_sampler sampler;
-    int seq; /* engine sequence handle */
-    char *text;
-    size_t text_len, text_cap;
-} seq_state;
+static const kv_opt run_opts[] = {
+    {"--model", NULL, KV_OPT_STR, offsetof(run_args, model), "MODEL", .positional = 1,
+     .help = "llama2.c .bin, .gguf or Hugging Face directory"},
+    {"--tokenizer", NULL, KV_OPT_STR, offsetof(run_args, tokenizer), "TOK",
+     .help = "tokenizer file (default: the model's)"},
+    {"--prompt", NULL, KV_OPT_STR, offsetof(run_args, prompt), "TEXT", .def = "",
+     .help = "the prompt (BOS first; empty: BOS alone)"},
+    {"--prompts", NULL, KV_OPT_STR, offsetof(run_args, prompts), "FILE",
+     .help = "one prompt per line"},
+    {"-n", NULL, KV_OPT_INT, offsetof(run_args, n_new), "N", 0, 1 << 24, .def = "256",
+     .help = "new tokens per sequence, capped by the context"},
+    {"--temperature", NULL, KV_OPT_NUM, offsetof(run_args, temperature), "T", 0.0, 100.0,
+     .def = "1", .help = "sampling temperature; 0 is greedy"},
+    {"--top-p", NULL, KV_OPT_NUM, offsetof(run_args, top_p), "P", 0.0, 1.0, .def = "0.9",
+     .help = "nucleus sampling threshold"},
+    {"--seed", NULL, KV_OPT_INT, offsetof(run_args, seed), "S", 0, 9.3e18, .def = "0",
+     .help = "sampling seed; sequence i uses S + i"},
+    {"--batch", NULL, KV_OPT_INT, offsetof(run_args, batch), "B", 1, 4096,
+     .help = "sequences decoded together, sharing one KV block pool (default: one per prompt); "
+             "prompts are repeated to fill the batch"},
+    {"--quiet", NULL, KV_OPT_FLAG, offsetof(run_args, quiet), .help = "no timing on stderr"},
+};
 
-static int seq_push(seq_state *s, int id) {
-    if (s->n == s->cap) {
-        int nc = s->cap ? 2 * s->cap : 256;
-        int *nw = realloc(s->ids, (size_t)nc * sizeof *nw);
-        if (!nw) return -1;
-        s->ids = nw;
-        s->cap = nc;
-    }
-    s->ids[s->n++] = id;
-    return 0;
-}
+const kv_cli_spec kv_spec_run = {
+    "run",
+    "usage: kvplan run MODEL [--tokenizer TOK] [--prompt TEXT | --prompts FILE]\n"
+    "                  [-n N] [--temperature T] [--top-p P] [--seed S] [--batch B]\n"
+    "                  [--quiet] [budget options]\n",
+    "Generate up to N new tokens after each prompt. One sequence streams to stdout; a batch\n"
+    "prints each sequence after it. Timing and KV bytes in use go to stderr.\n",
+    NULL,
+    {{NULL, run_opts, sizeof run_opts / sizeof run_opts[0], 0},
+     {"KV budget options (default: the full cache)", kv_budget_opts, KV_BUDGET_OPTS_ALL,
+      offsetof(run_args, budget)}},
+};
 
 static int read_prompts(const char *path, char ***out, int *n, kv_error *err) {
     char *data = NULL;
@@ -71,190 +82,100 @@ static int read_prompts(const char *path, char ***out, int *n, kv_error *err) {
     return KV_OK;
 }
 
-int kv_cmd_run(int argc, char **argv) {
-    kv_error err = {0};
-    const char *model_path = NULL, *tok_path = NULL, *prompt = "", *prompts_path = NULL;
-    long n_new = 256, batch = 0, seed = 0;
-    double temperature = 1.0, top_p = 0.9;
-    int quiet = 0;
-    kv_budget_args ba = {0};
-    const kv_cli_numopt nums[] = {
-        {"-n", .lval = &n_new, .llo = 0, .lhi = 1 << 24},
-        {"--batch", .lval = &batch, .llo = 1, .lhi = 4096},
-        {"--seed", .lval = &seed, .llo = 0, .lhi = 0x7fffffffffffffffL},
-        {"--temperature", .dval = &temperature, .dlo = 0.0, .dhi = 100.0},
-        {"--top-p", .dval = &top_p, .dlo = 0.0, .dhi = 1.0},
-    };
-    for (int i = 1; i < argc; i++) {
-        int r;
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            help(stdout);
-            return 0;
-        }
-        if (!strcmp(argv[i], "--quiet"))
-            quiet = 1;
-        else if ((r = kv_cli_opt(argc, argv, &i, "--tokenizer", &tok_path, &err)) ||
-                 (r = kv_cli_opt(argc, argv, &i, "--prompt", &prompt, &err)) ||
-                 (r = kv_cli_opt(argc, argv, &i, "--prompts", &prompts_path, &err))) {
-            if (r < 0) return kv_cli_report("run", &err);
-        } else if ((r = kv_cli_num_table(argc, argv, &i, nums, sizeof nums / sizeof nums[0],
-                                         &err))) {
-            if (r < 0) return kv_cli_report("run", &err);
-        } else if ((r = kv_budget_args_take(&ba, argc, argv, &i, &err))) {
-            if (r < 0) return kv_cli_report("run", &err);
-        } else if (kv_cli_take_model("run", argv[i], &model_path)) {
-            return 1;
-        }
+/* Streaming output of a single sequence: each token's text as it comes. */
+typedef struct stream_out {
+    const kv_tokenizer *tok;
+    int started;
+} stream_out;
+
+static void stream_token(void *user, int seq, int prev, int token) {
+    stream_out *so = user;
+    char piece[512];
+    (void)seq;
+    int k = kv_tokenizer_piece(so->tok, prev, token, piece, sizeof piece);
+    fwrite(piece, 1, (size_t)k, stdout);
+    fflush(stdout);
+    so->started = 1;
+}
+
+/* A batch prints each sequence after generation; one sequence has streamed already. */
+static int print_sequences(const kv_tokenizer *tok, const kv_gen_result *g, kv_error *err) {
+    for (int s = 0; s < g->n_seqs; s++) {
+        char *text = NULL;
+        int rc = kv_tokenizer_decode(tok, g->seqs[s].ids, g->seqs[s].n, &text, err);
+        if (rc) return rc;
+        printf("--- sequence %d ---\n%s\n", s, text);
+        free(text);
     }
-    if (!model_path) {
+    return KV_OK;
+}
+
+static void print_stats(const kv_engine *eng, const kv_plan *plan, const kv_gen_result *g, int C) {
+    size_t full = (size_t)g->n_seqs * kv_engine_bytes_full(eng, C);
+    double t1 = g->prefill_s > 0 ? g->prefill_s : 1e-9, t2 = g->decode_s > 0 ? g->decode_s : 1e-9;
+    fprintf(stderr,
+            "kvplan run: batch %d on %s, prefill %ld tokens in %.3f s (%.0f tokens/s), "
+            "decode %ld tokens in %.3f s (%.1f tokens/s)\n"
+            "kvplan run: KV cache %s: %zu bytes in use now, %zu peak (pool peak %zu), full "
+            "cache at context %d would take %zu\n",
+            g->n_seqs, kv_device_name(kv_engine_device(eng)), g->prefill_tokens, g->prefill_s,
+            (double)g->prefill_tokens / t1, g->decoded, g->decode_s, (double)g->decoded / t2,
+            plan->full ? "full" : kv_policy_name(plan->policy), kv_engine_bytes_in_use(eng),
+            g->kv_peak, kv_engine_bytes_peak(eng), C, full);
+}
+
+int kv_cmd_run(int argc, char **argv) {
+    run_args a = {0};
+    int code = kv_cli_parse(&kv_spec_run, argc, argv, &a);
+    if (code >= 0) return code;
+    if (!a.model) {
         fprintf(stderr, "kvplan run: MODEL is required\n");
-        help(stderr);
+        kv_cli_help(&kv_spec_run, stderr);
         return 1;
     }
+    /* build: model, tokenizer, prompts, plan, engine */
+    kv_error err = {0};
     kv_model *m = NULL;
     kv_tokenizer *tok = NULL;
     char **prompts = NULL;
-    int n_prompts = 0;
+    int n_prompts = 0, B = 0;
     kv_plan plan = {0};
     kv_engine *eng = NULL;
     kv_device device = KV_DEVICE_AUTO;
-    seq_state *seqs = NULL;
-    int *step_seqs = NULL, *step_tokens = NULL, *act_idx = NULL;
-    float *logits = NULL;
-    void *scratch = NULL;
-    int B = 0;
-    int rc = kv_cli_load_model(model_path, &m, &err);
-    if (!rc) rc = kv_tokenizer_load(tok_path, m, &tok, &err);
-    if (!rc && prompts_path) rc = read_prompts(prompts_path, &prompts, &n_prompts, &err);
+    kv_gen_result g = {0};
+    int rc = kv_cli_load_model(a.model, &m, &err);
+    if (!rc) rc = kv_tokenizer_load(a.tokenizer, m, &tok, &err);
+    if (!rc && a.prompts) rc = read_prompts(a.prompts, &prompts, &n_prompts, &err);
     int C = m ? m->cfg.seq_len : 0;
-    if (!rc) rc = kv_budget_args_plan(&ba, m, C, &plan, &device, &err);
-    if (!rc) {
-        B = batch ? (int)batch : (n_prompts ? n_prompts : 1);
-        seqs = calloc((size_t)B, sizeof *seqs);
-        step_seqs = calloc((size_t)B, sizeof *step_seqs);
-        act_idx = calloc((size_t)B, sizeof *act_idx);
-        step_tokens = calloc((size_t)B, sizeof *step_tokens);
-        logits = malloc((size_t)B * (size_t)m->cfg.vocab_size * sizeof *logits);
-        scratch = malloc((size_t)m->cfg.vocab_size * 2 * sizeof(float) * 2);
-        if (!seqs || !step_seqs || !act_idx || !step_tokens || !logits || !scratch)
-            rc = kv_fail(&err, KV_EINTERNAL, "out of memory");
-    }
+    if (!rc) rc = kv_budget_args_plan(&a.budget, m, C, &plan, &device, &err);
+    B = a.batch ? (int)a.batch : (n_prompts ? n_prompts : 1);
     if (!rc) {
         kv_engine_opts eo = {.device = device, .max_seqs = B};
         rc = kv_engine_new(m, &plan, &eo, &eng, &err);
     }
-    int max_rows = 0;
-    for (int s = 0; !rc && s < B; s++) {
-        seq_state *q = &seqs[s];
-        q->seq = -1;
-        const char *p = prompts ? prompts[s % n_prompts] : prompt;
-        int *ids = NULL, n = 0;
-        rc = kv_tokenizer_encode(tok, p, strlen(p), 1, &ids, &n, &err);
-        if (rc) break;
-        q->ids = ids;
-        q->n = q->cap = q->n_prompt = n;
-        if (n >= C)
-            rc = kv_fail(&err, KV_EINPUT, "prompt %d has %d tokens, the context is %d", s, n, C);
-        if (n > max_rows) max_rows = n;
-        kv_sampler_init(&q->sampler, (float)temperature, (float)top_p,
-                        (uint64_t)seed + (uint64_t)s + 1);
-        if (!rc) rc = kv_engine_seq_open(eng, NULL, NULL, &q->seq, &err);
-    }
-    /* prefill each sequence (Batch-Max Alg. 1 blocks of p when a head can be over budget) */
-    double t0 = kv_now();
-    long prefill_tokens = 0;
-    for (int s = 0; !rc && s < B; s++) {
-        seq_state *q = &seqs[s];
-        rc = kv_engine_prefill(eng, q->seq, q->ids, q->n_prompt, KV_LOGITS_LAST,
-                               logits + (size_t)s * m->cfg.vocab_size, NULL, &err);
-        prefill_tokens += q->n_prompt;
-    }
-    double t1 = kv_now();
-    /* decode all sequences together */
-    long decoded = 0;
-    if (n_new > C - max_rows) n_new = C - max_rows;
-    char piece[512];
-    int stream = B == 1, streamed = 0;
-    if (!rc && stream) {
-        int k = kv_tokenizer_piece(tok, -1, seqs[0].ids[0], piece, sizeof piece);
-        fwrite(piece, 1, (size_t)k, stdout);
-        for (int i = 1; i < seqs[0].n_prompt; i++) {
-            k = kv_tokenizer_piece(tok, seqs[0].ids[i - 1], seqs[0].ids[i], piece, sizeof piece);
-            fwrite(piece, 1, (size_t)k, stdout);
-        }
-        fflush(stdout);
-        streamed = 1;
-    }
-    size_t kv_peak = 0;
-    for (long step = 0; !rc && step < n_new; step++) {
-        int na = 0;
-        for (int s = 0; s < B; s++) {
-            seq_state *q = &seqs[s];
-            if (q->done) continue;
-            int next = kv_sample(&q->sampler, logits + (size_t)s * m->cfg.vocab_size,
-                                 m->cfg.vocab_size, scratch);
-            if (next == kv_tokenizer_eos(tok) || next == kv_tokenizer_bos(tok) || seq_push(q, next) != 0) {
-                q->done = 1;
-                continue;
-            }
-            if (stream) {
-                int k = kv_tokenizer_piece(tok, q->ids[q->n - 2], next, piece, sizeof piece);
-                fwrite(piece, 1, (size_t)k, stdout);
-                fflush(stdout);
-            }
-            if (step + 1 == n_new) continue;
-            step_seqs[na] = q->seq;
-            act_idx[na] = s;
-            step_tokens[na] = next;
-            na++;
-        }
-        if (na == 0) break;
-        rc = kv_engine_decode(eng, step_seqs, na, step_tokens, logits, &err);
-        /* scatter logits back to their sequences (in place, descending is safe: act_idx >= i) */
-        for (int i = na - 1; !rc && i >= 0; i--)
-            if (act_idx[i] != i)
-                memmove(logits + (size_t)act_idx[i] * m->cfg.vocab_size,
-                        logits + (size_t)i * m->cfg.vocab_size,
-                        (size_t)m->cfg.vocab_size * sizeof(float));
-        decoded += na;
-        if (kv_engine_bytes_in_use(eng) > kv_peak) kv_peak = kv_engine_bytes_in_use(eng);
-    }
-    double t2 = kv_now();
-    /* the generated text always ends its line, also when an error stopped it */
-    if (streamed) {
+    /* run: prefill and decode the batch (one sequence streams) */
+    stream_out so = {tok, 0};
+    const char *one[1] = {a.prompt};
+    kv_gen_opts go = {.prompts = prompts ? (const char *const *)prompts : one,
+                      .n_prompts = prompts ? n_prompts : 1,
+                      .n_seqs = B,
+                      .max_new = a.n_new,
+                      .temperature = (float)a.temperature,
+                      .top_p = (float)a.top_p,
+                      .seed = (uint64_t)a.seed,
+                      .on_token = B == 1 ? stream_token : NULL,
+                      .user = &so};
+    if (!rc) rc = kv_generate(eng, m, tok, &go, &g, &err);
+    /* report: the generated text always ends its line, also when an error stopped it */
+    if (so.started) {
         printf("\n");
         fflush(stdout);
     }
-    if (!rc && !stream) {
-        for (int s = 0; s < B && !rc; s++) {
-            char *text = NULL;
-            rc = kv_tokenizer_decode(tok, seqs[s].ids, seqs[s].n, &text, &err);
-            if (!rc) printf("--- sequence %d ---\n%s\n", s, text);
-            free(text);
-        }
-    }
-    if (!rc && !quiet) {
-        size_t full = (size_t)B * kv_engine_bytes_full(eng, C);
-        fprintf(stderr,
-                "kvplan run: batch %d on %s, prefill %ld tokens in %.3f s (%.0f tokens/s), "
-                "decode %ld tokens in %.3f s (%.1f tokens/s)\n"
-                "kvplan run: KV cache %s: %zu bytes in use now, %zu peak (pool peak %zu), full "
-                "cache at context %d would take %zu\n",
-                B, kv_device_name(kv_engine_device(eng)), prefill_tokens, t1 - t0,
-                (double)prefill_tokens / (t1 - t0 > 0 ? t1 - t0 : 1e-9), decoded, t2 - t1,
-                (double)decoded / (t2 - t1 > 0 ? t2 - t1 : 1e-9),
-                plan.full ? "full" : kv_policy_name(plan.policy), kv_engine_bytes_in_use(eng),
-                kv_peak, kv_engine_bytes_peak(eng), C, full);
-    }
-    for (int s = 0; seqs && s < B; s++) free(seqs[s].ids);
+    if (!rc && B > 1) rc = print_sequences(tok, &g, &err);
+    if (!rc && !a.quiet) print_stats(eng, &plan, &g, C);
+    kv_gen_result_free(&g);
     for (int i = 0; i < n_prompts; i++) free(prompts[i]);
     free(prompts);
-    free(seqs);
-    free(step_seqs);
-    free(act_idx);
-    free(step_tokens);
-    free(logits);
-    free(scratch);
     kv_engine_free(eng);
     kv_plan_free(&plan);
     kv_tokenizer_free(tok);

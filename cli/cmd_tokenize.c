@@ -1,4 +1,5 @@
 /* kvplan tokenize [MODEL] [--tokenizer TOK] --text FILE: print token ids. */
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -7,55 +8,54 @@
 #include "kvplan/model.h"
 #include "kvplan/tokenizer.h"
 
-static const char *help =
-    "usage: kvplan tokenize [MODEL] [--tokenizer TOK] --text FILE [--no-bos] [--no-special]\n"
-    "Print the token ids of FILE, space-separated, BOS first (when the vocabulary has one).\n"
-    "MODEL is a llama2.c .bin, a .gguf file or a Hugging Face directory; its own tokenizer is\n"
-    "used unless --tokenizer names one. TOK is a llama2.c tokenizer.bin, a tokenizer.json or\n"
-    "any GGUF file with a vocabulary (a vocabulary-only GGUF included), detected from the\n"
-    "content; with --tokenizer, MODEL may be left out.\n"
-    "  --no-bos       no BOS token\n"
-    "  --no-special   control-token texts in FILE are plain text (llama.cpp parse_special =\n"
-    "                 false); user-defined tokens are still recognised\n";
+typedef struct tokenize_args {
+    const char *model, *tokenizer, *text;
+    int no_bos, no_special;
+} tokenize_args;
+
+static const kv_opt tokenize_opts[] = {
+    {"--model", NULL, KV_OPT_STR, offsetof(tokenize_args, model), "MODEL", .positional = 1,
+     .help = "llama2.c .bin, .gguf or Hugging Face directory whose tokenizer is used"},
+    {"--tokenizer", NULL, KV_OPT_STR, offsetof(tokenize_args, tokenizer), "TOK",
+     .help = "llama2.c tokenizer.bin, tokenizer.json or any GGUF file with a vocabulary, "
+             "detected from the content; with it MODEL may be left out"},
+    {"--text", NULL, KV_OPT_STR, offsetof(tokenize_args, text), "FILE", .help = "the text"},
+    {"--no-bos", NULL, KV_OPT_FLAG, offsetof(tokenize_args, no_bos), .help = "no BOS token"},
+    {"--no-special", NULL, KV_OPT_FLAG, offsetof(tokenize_args, no_special),
+     .help = "control-token texts in FILE are plain text (llama.cpp parse_special = false); "
+             "user-defined tokens are still recognised"},
+};
+
+const kv_cli_spec kv_spec_tokenize = {
+    "tokenize",
+    "usage: kvplan tokenize [MODEL] [--tokenizer TOK] --text FILE [--no-bos] [--no-special]\n",
+    "Print the token ids of FILE, space-separated, BOS first (when the vocabulary has one).\n",
+    NULL,
+    {{NULL, tokenize_opts, sizeof tokenize_opts / sizeof tokenize_opts[0], 0}},
+};
 
 int kv_cmd_tokenize(int argc, char **argv) {
-    kv_error err = {0};
-    const char *model_path = NULL, *tok_path = NULL, *text_path = NULL;
-    int add_bos = 1, parse_special = 1;
-    for (int i = 1; i < argc; i++) {
-        int r;
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            fputs(help, stdout);
-            return 0;
-        }
-        if (!strcmp(argv[i], "--no-bos")) {
-            add_bos = 0;
-        } else if (!strcmp(argv[i], "--no-special")) {
-            parse_special = 0;
-        } else if ((r = kv_cli_opt(argc, argv, &i, "--tokenizer", &tok_path, &err))) {
-            if (r < 0) return kv_cli_report("tokenize", &err);
-        } else if ((r = kv_cli_opt(argc, argv, &i, "--text", &text_path, &err))) {
-            if (r < 0) return kv_cli_report("tokenize", &err);
-        } else if (kv_cli_take_model("tokenize", argv[i], &model_path)) {
-            return 1;
-        }
-    }
-    if ((!model_path && !tok_path) || !text_path) {
-        fprintf(stderr,
-                "kvplan tokenize: --text FILE and a MODEL or --tokenizer TOK are "
-                "required\n%s",
-                help);
+    tokenize_args a = {0};
+    int code = kv_cli_parse(&kv_spec_tokenize, argc, argv, &a);
+    if (code >= 0) return code;
+    if ((!a.model && !a.tokenizer) || !a.text) {
+        fprintf(stderr, "kvplan tokenize: --text FILE and a MODEL or --tokenizer TOK are "
+                        "required\n");
+        kv_cli_help(&kv_spec_tokenize, stderr);
         return 1;
     }
+    /* build: the model (when given) and its or the named tokenizer */
+    kv_error err = {0};
     kv_model *m = NULL;
     kv_tokenizer *tok = NULL;
     char *text = NULL;
     size_t len = 0;
     int *ids = NULL, n = 0;
-    int rc = model_path ? kv_cli_load_model(model_path, &m, &err) : KV_OK;
-    if (!rc) rc = kv_tokenizer_load(tok_path, m, &tok, &err);
-    if (!rc) rc = kv_read_file(text_path, &text, &len, &err);
-    if (!rc) rc = kv_tokenizer_encode_ex(tok, text, len, add_bos, parse_special, &ids, &n, &err);
+    int rc = a.model ? kv_cli_load_model(a.model, &m, &err) : KV_OK;
+    if (!rc) rc = kv_tokenizer_load(a.tokenizer, m, &tok, &err);
+    /* run and report: the ids on one line */
+    if (!rc) rc = kv_read_file(a.text, &text, &len, &err);
+    if (!rc) rc = kv_tokenizer_encode_ex(tok, text, len, !a.no_bos, !a.no_special, &ids, &n, &err);
     if (!rc) {
         for (int i = 0; i < n; i++) printf(i ? " %d" : "%d", ids[i]);
         printf("\n");

@@ -152,18 +152,18 @@ static cairo_status_t png_buf_write(void *closure, const unsigned char *data, un
     return CAIRO_STATUS_SUCCESS;
 }
 
-static int render(const hm_spec *s, const char *path, kv_error *err) {
-    const double W = KI_PNG_W, H = KI_PNG_H;
-    cairo_surface_t *surf = cairo_image_surface_create(CAIRO_FORMAT_RGB24, KI_PNG_W, KI_PNG_H);
-    if (cairo_surface_status(surf) != CAIRO_STATUS_SUCCESS) {
-        cairo_surface_destroy(surf);
-        return kv_fail(err, KV_EINTERNAL, "%s: cairo cannot create an image", path);
-    }
-    cairo_t *cr = cairo_create(surf);
-    cairo_set_source_rgb(cr, 1, 1, 1);
-    cairo_paint(cr);
+/* Where things go on the image: the panel grid (prow x pcol panels of pw x ph pixels inside
+ * the margins) and the colour range [lo, hi] shared by every panel. */
+typedef struct hm_layout {
+    double W, H, left, right, top, bottom;
+    int prow, pcol;
+    double gapx, gapy, head, pw, ph;
+    double lo, hi;
+} hm_layout;
 
-    /* value range over every panel */
+/* value range over every panel; returns whether a cell is not drawable (NaN, <= 0 on a log
+ * scale) */
+static int value_range(const hm_spec *s, double *plo, double *phi) {
     double lo = INFINITY, hi = -INFINITY;
     int any_nan = 0;
     for (int p = 0; p < s->n_panels; p++)
@@ -184,148 +184,213 @@ static int render(const hm_spec *s, const char *path, kv_error *err) {
         hi = m;
     }
     if (hi == lo) hi = lo + (lo ? fabs(lo) * 0.01 : 1.0);
+    *plo = lo;
+    *phi = hi;
+    return any_nan;
+}
 
-    /* title */
+static hm_layout layout(const hm_spec *s) {
+    hm_layout L = {.W = KI_PNG_W, .H = KI_PNG_H, .left = 95, .right = 150, .bottom = 75};
+    L.top = s->subtitle2 ? 96 : 80;
+    L.prow = (s->n_panels + 7) / 8;
+    L.pcol = (s->n_panels + L.prow - 1) / L.prow;
+    L.gapx = s->n_panels > 1 ? 45 : 0;
+    L.gapy = s->n_panels > 1 ? 55 : 0;
+    L.head = s->n_panels > 1 ? 18 : 0; /* panel title space */
+    L.pw = (L.W - L.left - L.right - L.gapx * (L.pcol - 1)) / L.pcol;
+    L.ph = (L.H - L.top - L.bottom - L.gapy * (L.prow - 1)) / L.prow - L.head;
+    return L;
+}
+
+static void draw_titles(cairo_t *cr, const hm_spec *s, const hm_layout *L) {
     cairo_set_source_rgb(cr, 0, 0, 0);
-    text_at(cr, W / 2, 34, 22, 1, 0.5, s->title);
+    text_at(cr, L->W / 2, 34, 22, 1, 0.5, s->title);
     if (s->subtitle) {
         cairo_set_source_rgb(cr, 0.25, 0.25, 0.25);
-        text_at(cr, W / 2, 58, 13, 0, 0.5, s->subtitle);
+        text_at(cr, L->W / 2, 58, 13, 0, 0.5, s->subtitle);
     }
     if (s->subtitle2) {
         cairo_set_source_rgb(cr, 0.25, 0.25, 0.25);
-        text_at(cr, W / 2, 76, 13, 0, 0.5, s->subtitle2);
+        text_at(cr, L->W / 2, 76, 13, 0, 0.5, s->subtitle2);
     }
+}
 
-    /* panel grid */
-    const double left = 95, right = 150, top = s->subtitle2 ? 96 : 80, bottom = 75;
-    int prow = (s->n_panels + 7) / 8, pcol = (s->n_panels + prow - 1) / prow;
-    double gapx = s->n_panels > 1 ? 45 : 0, gapy = s->n_panels > 1 ? 55 : 0;
-    double head = s->n_panels > 1 ? 18 : 0; /* panel title space */
-    double pw = (W - left - right - gapx * (pcol - 1)) / pcol;
-    double ph = (H - top - bottom - gapy * (prow - 1)) / prow - head;
+/* hatch: a cell that was not evaluated */
+static void draw_hatch(cairo_t *cr, double x, double y, double cw, double ch) {
+    cairo_set_source_rgb(cr, 0.9, 0.9, 0.9);
+    cairo_fill(cr);
+    cairo_save(cr);
+    cairo_rectangle(cr, x, y, cw, ch);
+    cairo_clip(cr);
+    cairo_set_source_rgb(cr, 0.6, 0.6, 0.6);
+    cairo_set_line_width(cr, 1);
+    for (double d = -ch; d < cw; d += 8) {
+        cairo_move_to(cr, x + d, y + ch);
+        cairo_line_to(cr, x + d + ch, y);
+    }
+    cairo_stroke(cr);
+    cairo_restore(cr);
+}
+
+/* cell (r, c) of a panel at (x, y), cw x ch pixels: its colour, dot and value */
+static void draw_cell(cairo_t *cr, const hm_spec *s, const hm_panel *pn, const hm_layout *L, int r,
+                      int c, double x, double y, double cw, double ch) {
+    double v = pn->v[(size_t)r * pn->cols + c];
+    int dot = pn->dots && pn->dots[(size_t)r * pn->cols + c];
+    cairo_rectangle(cr, x, y, cw + 0.5, ch + 0.5);
+    if (!isfinite(v) || (s->logscale && v <= 0)) {
+        draw_hatch(cr, x, y, cw, ch);
+        return;
+    }
+    rgb col = colour(s->cmap, norm(s, v, L->lo, L->hi));
+    if (s->fade_legend && pn->dots && !dot) {
+        col.r = 0.45 * col.r + 0.55;
+        col.g = 0.45 * col.g + 0.55;
+        col.b = 0.45 * col.b + 0.55;
+    }
+    cairo_set_source_rgb(cr, col.r, col.g, col.b);
+    cairo_fill(cr);
+    if (dot) {
+        double rad = fmax(1.5, fmin(4.0, fmin(cw, ch) / 6));
+        cairo_set_source_rgb(cr, 0.1, 0.1, 0.1);
+        cairo_arc(cr, x + rad + 4, y + rad + 4, rad, 0, 2 * M_PI);
+        cairo_fill(cr);
+    }
+    if (s->annotate && cw >= 38 && ch >= 15) {
+        char buf[32];
+        snprintf(buf, sizeof buf, s->ann_fmt ? s->ann_fmt : "%.3g", v);
+        double lum = 0.299 * col.r + 0.587 * col.g + 0.114 * col.b;
+        cairo_set_source_rgb(cr, lum < 0.5 ? 1 : 0, lum < 0.5 ? 1 : 0, lum < 0.5 ? 1 : 0);
+        text_at(cr, x + cw / 2, y + ch / 2 + 4, fmin(12, ch * 0.6), dot, 0.5, buf);
+    }
+}
+
+/* outlines: the good and bad columns, the marked cell and the second (dashed) mark */
+static void draw_outlines(cairo_t *cr, const hm_spec *s, const hm_panel *pn, double x0, double y0,
+                          double cw, double ch, double ph) {
+    cairo_set_line_width(cr, 2.5);
+    if (pn->good_col >= 0) {
+        cairo_set_source_rgb(cr, 0.0, 0.75, 0.0);
+        cairo_rectangle(cr, x0 + pn->good_col * cw + 1.25, y0 + 1.25, cw - 2.5, ph - 2.5);
+        cairo_stroke(cr);
+    }
+    if (pn->bad_col >= 0) {
+        cairo_set_source_rgb(cr, 0.9, 0.0, 0.0);
+        cairo_rectangle(cr, x0 + pn->bad_col * cw + 1.25, y0 + 1.25, cw - 2.5, ph - 2.5);
+        cairo_stroke(cr);
+    }
+    if (pn->mark_r >= 0 && pn->mark_c >= 0) {
+        double y = s->y_up ? y0 + (pn->rows - 1 - pn->mark_r) * ch : y0 + pn->mark_r * ch;
+        cairo_set_source_rgb(cr, 0, 0, 0);
+        cairo_set_line_width(cr, 3);
+        cairo_rectangle(cr, x0 + pn->mark_c * cw + 1.5, y + 1.5, cw - 3, ch - 3);
+        cairo_stroke(cr);
+    }
+    if (pn->mark2_r >= 0 && pn->mark2_c >= 0) {
+        double y = s->y_up ? y0 + (pn->rows - 1 - pn->mark2_r) * ch : y0 + pn->mark2_r * ch;
+        static const double dash[] = {5, 3};
+        cairo_set_source_rgb(cr, 0, 0, 0);
+        cairo_set_line_width(cr, 2);
+        cairo_set_dash(cr, dash, 2, 0);
+        cairo_rectangle(cr, x0 + pn->mark2_c * cw + 1.5, y + 1.5, cw - 3, ch - 3);
+        cairo_stroke(cr);
+        cairo_set_dash(cr, NULL, 0, 0);
+    }
+}
+
+/* frame and ticks of panel p (y ticks on the first panel of each row) */
+static void draw_frame(cairo_t *cr, const hm_spec *s, const hm_panel *pn, const hm_layout *L, int p,
+                       double x0, double y0, double cw, double ch) {
+    cairo_set_source_rgb(cr, 0, 0, 0);
+    cairo_set_line_width(cr, 1);
+    cairo_rectangle(cr, x0, y0, L->pw, L->ph);
+    cairo_stroke(cr);
+    char buf[48];
+    double fs = pn->cols > 40 || s->n_panels > 4 ? 10 : 12;
+    int xs = tick_step(pn->cols, cw, s->xvals ? 42 : 22);
+    for (int c = 0; c < pn->cols; c += xs) {
+        double x = x0 + (c + 0.5) * cw;
+        cairo_move_to(cr, x, y0 + L->ph);
+        cairo_line_to(cr, x, y0 + L->ph + 4);
+        cairo_stroke(cr);
+        tick_label(buf, sizeof buf, s->xvals, s->xscale, s->xfmt, c);
+        text_at(cr, x, y0 + L->ph + 17, fs, 0, 0.5, buf);
+    }
+    if (p % L->pcol != 0 || s->no_yticks) return;
+    int ys = tick_step(pn->rows, ch, 16);
+    for (int r = 0; r < pn->rows; r += ys) {
+        double y = s->y_up ? y0 + (pn->rows - 1 - r + 0.5) * ch : y0 + (r + 0.5) * ch;
+        cairo_move_to(cr, x0 - 4, y);
+        cairo_line_to(cr, x0, y);
+        cairo_stroke(cr);
+        tick_label(buf, sizeof buf, s->yvals, s->yscale, s->yfmt, r);
+        text_at(cr, x0 - 7, y + 4, fs, 0, 1.0, buf);
+    }
+}
+
+/* panel grid */
+static void draw_panels(cairo_t *cr, const hm_spec *s, const hm_layout *L) {
     for (int p = 0; p < s->n_panels; p++) {
         const hm_panel *pn = &s->panels[p];
-        double x0 = left + (p % pcol) * (pw + gapx);
-        double y0 = top + (p / pcol) * (ph + gapy + head) + head;
-        double cw = pw / pn->cols, ch = ph / pn->rows;
-        if (head > 0) {
+        double x0 = L->left + (p % L->pcol) * (L->pw + L->gapx);
+        double y0 = L->top + (p / L->pcol) * (L->ph + L->gapy + L->head) + L->head;
+        double cw = L->pw / pn->cols, ch = L->ph / pn->rows;
+        if (L->head > 0) {
             cairo_set_source_rgb(cr, 0, 0, 0);
-            text_at(cr, x0 + pw / 2, y0 - 6, 13, 1, 0.5, pn->title);
+            text_at(cr, x0 + L->pw / 2, y0 - 6, 13, 1, 0.5, pn->title);
         }
         for (int r = 0; r < pn->rows; r++) {
             double y = s->y_up ? y0 + (pn->rows - 1 - r) * ch : y0 + r * ch;
-            for (int c = 0; c < pn->cols; c++) {
-                double v = pn->v[(size_t)r * pn->cols + c];
-                double x = x0 + c * cw;
-                cairo_rectangle(cr, x, y, cw + 0.5, ch + 0.5);
-                if (!isfinite(v) || (s->logscale && v <= 0)) {
-                    cairo_set_source_rgb(cr, 0.9, 0.9, 0.9);
-                    cairo_fill(cr);
-                    /* hatch: not evaluated */
-                    cairo_save(cr);
-                    cairo_rectangle(cr, x, y, cw, ch);
-                    cairo_clip(cr);
-                    cairo_set_source_rgb(cr, 0.6, 0.6, 0.6);
-                    cairo_set_line_width(cr, 1);
-                    for (double d = -ch; d < cw; d += 8) {
-                        cairo_move_to(cr, x + d, y + ch);
-                        cairo_line_to(cr, x + d + ch, y);
-                    }
-                    cairo_stroke(cr);
-                    cairo_restore(cr);
-                    continue;
-                }
-                rgb col = colour(s->cmap, norm(s, v, lo, hi));
-                if (s->fade_legend && pn->dots && !pn->dots[(size_t)r * pn->cols + c]) {
-                    col.r = 0.45 * col.r + 0.55;
-                    col.g = 0.45 * col.g + 0.55;
-                    col.b = 0.45 * col.b + 0.55;
-                }
-                cairo_set_source_rgb(cr, col.r, col.g, col.b);
-                cairo_fill(cr);
-                if (pn->dots && pn->dots[(size_t)r * pn->cols + c]) {
-                    double rad = fmax(1.5, fmin(4.0, fmin(cw, ch) / 6));
-                    cairo_set_source_rgb(cr, 0.1, 0.1, 0.1);
-                    cairo_arc(cr, x + rad + 4, y + rad + 4, rad, 0, 2 * M_PI);
-                    cairo_fill(cr);
-                }
-                if (s->annotate && cw >= 38 && ch >= 15) {
-                    char buf[32];
-                    snprintf(buf, sizeof buf, s->ann_fmt ? s->ann_fmt : "%.3g", v);
-                    double lum = 0.299 * col.r + 0.587 * col.g + 0.114 * col.b;
-                    cairo_set_source_rgb(cr, lum < 0.5 ? 1 : 0, lum < 0.5 ? 1 : 0,
-                                         lum < 0.5 ? 1 : 0);
-                    int bold = pn->dots && pn->dots[(size_t)r * pn->cols + c];
-                    text_at(cr, x + cw / 2, y + ch / 2 + 4, fmin(12, ch * 0.6), bold, 0.5, buf);
-                }
-            }
+            for (int c = 0; c < pn->cols; c++)
+                draw_cell(cr, s, pn, L, r, c, x0 + c * cw, y, cw, ch);
         }
-        /* outlines */
-        cairo_set_line_width(cr, 2.5);
-        if (pn->good_col >= 0) {
-            cairo_set_source_rgb(cr, 0.0, 0.75, 0.0);
-            cairo_rectangle(cr, x0 + pn->good_col * cw + 1.25, y0 + 1.25, cw - 2.5, ph - 2.5);
-            cairo_stroke(cr);
-        }
-        if (pn->bad_col >= 0) {
-            cairo_set_source_rgb(cr, 0.9, 0.0, 0.0);
-            cairo_rectangle(cr, x0 + pn->bad_col * cw + 1.25, y0 + 1.25, cw - 2.5, ph - 2.5);
-            cairo_stroke(cr);
-        }
-        if (pn->mark_r >= 0 && pn->mark_c >= 0) {
-            double y = s->y_up ? y0 + (pn->rows - 1 - pn->mark_r) * ch : y0 + pn->mark_r * ch;
-            cairo_set_source_rgb(cr, 0, 0, 0);
-            cairo_set_line_width(cr, 3);
-            cairo_rectangle(cr, x0 + pn->mark_c * cw + 1.5, y + 1.5, cw - 3, ch - 3);
-            cairo_stroke(cr);
-        }
-        if (pn->mark2_r >= 0 && pn->mark2_c >= 0) {
-            double y = s->y_up ? y0 + (pn->rows - 1 - pn->mark2_r) * ch : y0 + pn->mark2_r * ch;
-            static const double dash[] = {5, 3};
-            cairo_set_source_rgb(cr, 0, 0, 0);
-            cairo_set_line_width(cr, 2);
-            cairo_set_dash(cr, dash, 2, 0);
-            cairo_rectangle(cr, x0 + pn->mark2_c * cw + 1.5, y + 1.5, cw - 3, ch - 3);
-            cairo_stroke(cr);
-            cairo_set_dash(cr, NULL, 0, 0);
-        }
-        /* frame and ticks */
-        cairo_set_source_rgb(cr, 0, 0, 0);
-        cairo_set_line_width(cr, 1);
-        cairo_rectangle(cr, x0, y0, pw, ph);
-        cairo_stroke(cr);
-        char buf[48];
-        double fs = pn->cols > 40 || s->n_panels > 4 ? 10 : 12;
-        int xs = tick_step(pn->cols, cw, s->xvals ? 42 : 22);
-        for (int c = 0; c < pn->cols; c += xs) {
-            double x = x0 + (c + 0.5) * cw;
-            cairo_move_to(cr, x, y0 + ph);
-            cairo_line_to(cr, x, y0 + ph + 4);
-            cairo_stroke(cr);
-            tick_label(buf, sizeof buf, s->xvals, s->xscale, s->xfmt, c);
-            text_at(cr, x, y0 + ph + 17, fs, 0, 0.5, buf);
-        }
-        if (p % pcol == 0 && !s->no_yticks) {
-            int ys = tick_step(pn->rows, ch, 16);
-            for (int r = 0; r < pn->rows; r += ys) {
-                double y = s->y_up ? y0 + (pn->rows - 1 - r + 0.5) * ch : y0 + (r + 0.5) * ch;
-                cairo_move_to(cr, x0 - 4, y);
-                cairo_line_to(cr, x0, y);
-                cairo_stroke(cr);
-                tick_label(buf, sizeof buf, s->yvals, s->yscale, s->yfmt, r);
-                text_at(cr, x0 - 7, y + 4, fs, 0, 1.0, buf);
-            }
-        }
+        draw_outlines(cr, s, pn, x0, y0, cw, ch, L->ph);
+        draw_frame(cr, s, pn, L, p, x0, y0, cw, ch);
     }
     /* axis labels */
     cairo_set_source_rgb(cr, 0, 0, 0);
-    double plot_w = pcol * pw + (pcol - 1) * gapx;
-    text_at(cr, left + plot_w / 2, H - 28, 15, 0, 0.5, s->xlabel);
-    text_vertical(cr, 28, top + (H - top - bottom) / 2, 15, s->ylabel);
+    double plot_w = L->pcol * L->pw + (L->pcol - 1) * L->gapx;
+    text_at(cr, L->left + plot_w / 2, L->H - 28, 15, 0, 0.5, s->xlabel);
+    text_vertical(cr, 28, L->top + (L->H - L->top - L->bottom) / 2, 15, s->ylabel);
+}
 
-    /* colour bar */
-    double bx = W - right + 35, bw = 22, by = top + 10, bh = H - top - bottom - 60;
+/* the legend lines under the colour bar, from (bx, ly) */
+static void draw_legend(cairo_t *cr, const hm_spec *s, double bx, double ly, int any_nan) {
+    if (s->fade_legend) {
+        rgb col = colour(s->cmap, 0.25);
+        cairo_set_source_rgb(cr, 0.45 * col.r + 0.55, 0.45 * col.g + 0.55, 0.45 * col.b + 0.55);
+        cairo_rectangle(cr, bx - 20, ly - 10, 12, 12);
+        cairo_fill(cr);
+        cairo_set_source_rgb(cr, 0, 0, 0);
+        text_at(cr, bx - 4, ly, 11, 0, 0, s->fade_legend);
+        ly += 18;
+    }
+    if (s->dot_legend) {
+        cairo_set_source_rgb(cr, 0.1, 0.1, 0.1);
+        cairo_arc(cr, bx - 14, ly - 4, 3.5, 0, 2 * M_PI);
+        cairo_fill(cr);
+        text_at(cr, bx - 4, ly, 11, 0, 0, s->dot_legend);
+        ly += 18;
+    }
+    if (any_nan) {
+        cairo_set_source_rgb(cr, 0.9, 0.9, 0.9);
+        cairo_rectangle(cr, bx - 20, ly - 10, 12, 12);
+        cairo_fill(cr);
+        cairo_set_source_rgb(cr, 0.6, 0.6, 0.6);
+        cairo_move_to(cr, bx - 20, ly + 2);
+        cairo_line_to(cr, bx - 8, ly - 10);
+        cairo_stroke(cr);
+        cairo_set_source_rgb(cr, 0, 0, 0);
+        text_at(cr, bx - 4, ly, 11, 0, 0, "not evaluated");
+        ly += 18;
+    }
+    if (s->legend) text_at(cr, bx - 20, ly, 11, 0, 0, s->legend);
+}
+
+/* colour bar */
+static void draw_colour_bar(cairo_t *cr, const hm_spec *s, const hm_layout *L, int any_nan) {
+    double bx = L->W - L->right + 35, bw = 22, by = L->top + 10;
+    double bh = L->H - L->top - L->bottom - 60, lo = L->lo, hi = L->hi;
     for (int i = 0; i < (int)bh; i++) {
         rgb col = colour(s->cmap, 1.0 - (double)i / (bh - 1));
         cairo_set_source_rgb(cr, col.r, col.g, col.b);
@@ -347,51 +412,44 @@ static int render(const hm_spec *s, const char *path, kv_error *err) {
         text_at(cr, bx + bw + 7, y + 4, 11, 0, 0, buf);
     }
     text_vertical(cr, bx - 10, by + bh / 2, 13, s->cbar_label);
-    if (s->legend || s->dot_legend || s->fade_legend || any_nan) {
-        double ly = by + bh + 22;
-        if (s->fade_legend) {
-            rgb col = colour(s->cmap, 0.25);
-            cairo_set_source_rgb(cr, 0.45 * col.r + 0.55, 0.45 * col.g + 0.55, 0.45 * col.b + 0.55);
-            cairo_rectangle(cr, bx - 20, ly - 10, 12, 12);
-            cairo_fill(cr);
-            cairo_set_source_rgb(cr, 0, 0, 0);
-            text_at(cr, bx - 4, ly, 11, 0, 0, s->fade_legend);
-            ly += 18;
-        }
-        if (s->dot_legend) {
-            cairo_set_source_rgb(cr, 0.1, 0.1, 0.1);
-            cairo_arc(cr, bx - 14, ly - 4, 3.5, 0, 2 * M_PI);
-            cairo_fill(cr);
-            text_at(cr, bx - 4, ly, 11, 0, 0, s->dot_legend);
-            ly += 18;
-        }
-        if (any_nan) {
-            cairo_set_source_rgb(cr, 0.9, 0.9, 0.9);
-            cairo_rectangle(cr, bx - 20, ly - 10, 12, 12);
-            cairo_fill(cr);
-            cairo_set_source_rgb(cr, 0.6, 0.6, 0.6);
-            cairo_move_to(cr, bx - 20, ly + 2);
-            cairo_line_to(cr, bx - 8, ly - 10);
-            cairo_stroke(cr);
-            cairo_set_source_rgb(cr, 0, 0, 0);
-            text_at(cr, bx - 4, ly, 11, 0, 0, "not evaluated");
-            ly += 18;
-        }
-        if (s->legend) text_at(cr, bx - 20, ly, 11, 0, 0, s->legend);
-    }
-    cairo_destroy(cr);
+    if (s->legend || s->dot_legend || s->fade_legend || any_nan)
+        draw_legend(cr, s, bx, by + bh + 22, any_nan);
+}
+
+/* encode the image and write it: the whole PNG reaches the disk atomically, so a full disk
+ * leaves no truncated image */
+static int write_png(cairo_surface_t *surf, const char *path, kv_error *err) {
     cairo_surface_flush(surf);
     png_buf pb = {NULL, 0, 0};
     cairo_status_t st = cairo_surface_write_to_png_stream(surf, png_buf_write, &pb);
-    cairo_surface_destroy(surf);
     if (st != CAIRO_STATUS_SUCCESS) {
         free(pb.data);
         return kv_fail(err, KV_EINTERNAL, "%s: cannot encode the PNG: %s", path,
                        cairo_status_to_string(st));
     }
-    /* the whole PNG reaches the disk atomically: a full disk leaves no truncated image */
     int rc = kv_write_file_atomic(path, pb.data, pb.len, err);
     free(pb.data);
+    return rc;
+}
+
+/* One heatmap image: titles, the panel grid, the colour bar and legend, written to path. */
+static int render(const hm_spec *s, const char *path, kv_error *err) {
+    cairo_surface_t *surf = cairo_image_surface_create(CAIRO_FORMAT_RGB24, KI_PNG_W, KI_PNG_H);
+    if (cairo_surface_status(surf) != CAIRO_STATUS_SUCCESS) {
+        cairo_surface_destroy(surf);
+        return kv_fail(err, KV_EINTERNAL, "%s: cairo cannot create an image", path);
+    }
+    cairo_t *cr = cairo_create(surf);
+    cairo_set_source_rgb(cr, 1, 1, 1);
+    cairo_paint(cr);
+    hm_layout L = layout(s);
+    int any_nan = value_range(s, &L.lo, &L.hi);
+    draw_titles(cr, s, &L);
+    draw_panels(cr, s, &L);
+    draw_colour_bar(cr, s, &L, any_nan);
+    cairo_destroy(cr);
+    int rc = write_png(surf, path, err);
+    cairo_surface_destroy(surf);
     return rc;
 }
 
@@ -538,6 +596,119 @@ static void cell_label(char *buf, size_t cap, const ki_grid *g, long idx) {
 
 /* The search grid: one panel per SqueezeAttention p, each the (t, r) map (x = t, y = r), on one
  * colour scale; a p-only grid is one row over p. */
+/* Panel k of the search picture: its cells (v, dots: [rows, cols] at pv, pd), its title, the
+ * overall best cell (solid) and, when it lacks that, its own best (dashed). */
+static hm_panel search_panel(const ki_grid *g, int k, int rows, int cols, int halving, double *pv,
+                             char *pd) {
+    char title[64] = "";
+    const size_t cap = sizeof title;
+    for (int i = 0; i < cols; i++)
+        for (int j = 0; j < rows; j++) {
+            /* panel cell (row j, column i) */
+            long idx = g->rank == 1 ? i : ((long)k * g->nt + i) * g->nr + j;
+            pv[(size_t)j * cols + i] = g->ppl[idx];
+            pd[(size_t)j * cols + i] =
+                halving && isfinite(g->ppl[idx]) && ki_grid_chunks(g, idx) == g->all.max_chunks;
+        }
+    ki_grid_stats st = {0, 0, 0, -1, -1};
+    if (g->rank == 3) {
+        ki_grid_slice(g, k, &st);
+        double pk = g->p ? g->p[k] : k;
+        if (st.best >= 0 && g->chunks)
+            snprintf(title, cap, "p = %.3g: %sbest %.4g on %d chunk%s", pk,
+                     st.max_chunks < g->all.max_chunks ? "screened only, " : "", g->ppl[st.best],
+                     st.max_chunks, st.max_chunks == 1 ? "" : "s");
+        else if (st.best >= 0)
+            snprintf(title, cap, "p = %.3g: best %.4g", pk, g->ppl[st.best]);
+        else
+            snprintf(title, cap, "p = %.3g: nothing evaluated", pk);
+    }
+    hm_panel pn = panel(pv, rows, cols, title);
+    if (halving) pn.dots = pd;
+    int bk, bi, bj;
+    if (g->all.best >= 0) {
+        ki_grid_cell(g, g->all.best, &bk, &bi, &bj);
+        if (g->rank == 1)
+            pn.mark_r = 0, pn.mark_c = bk;
+        else if (bk == k)
+            pn.mark_r = bj, pn.mark_c = bi;
+    }
+    /* a panel without the overall best: its own best, dashed */
+    if (g->rank == 3 && st.best >= 0 && st.best != g->all.best) {
+        ki_grid_cell(g, st.best, &bk, &bi, &bj);
+        pn.mark2_r = bj;
+        pn.mark2_c = bi;
+    }
+    return pn;
+}
+
+/* The two subtitle lines: the grid's evaluation and best cell; the winner. */
+static void search_subtitles(const ki_file *f, const ki_grid *g, int halving, char *sub, char *sub2,
+                             size_t cap) {
+    char best[64];
+    double R = ki_attr_num(f, "/", "ratio", NAN);
+    if (g->all.best >= 0) {
+        cell_label(best, sizeof best, g, g->all.best);
+        if (halving)
+            snprintf(sub, cap,
+                     "ratio R = %.3g; successive halving: %d cells on %d chunks "
+                     "(dot, bold), the rest screened on fewer; solid outline: the grid's best, "
+                     "%.4g at %s",
+                     R, g->all.n_max, g->all.max_chunks, g->ppl[g->all.best], best);
+        else
+            snprintf(sub, cap,
+                     "ratio R = %.3g; %d of %ld cells evaluated; solid outline: "
+                     "the grid's best, perplexity %.4g at %s",
+                     R, g->all.evaluated, (long)g->np * g->nt * g->nr, g->ppl[g->all.best], best);
+    } else {
+        snprintf(sub, cap, "ratio R = %.3g; no cell evaluated", R);
+    }
+    int from_grid = 0;
+    const char *w = ki_search_winner(f, g, &from_grid);
+    double wp = ki_attr_num(f, "/search", "best_perplexity", NAN);
+    char wps[48] = "";
+    if (!isnan(wp)) snprintf(wps, sizeof wps, ", perplexity %.4g", wp);
+    sub2[0] = '\0';
+    if (w && from_grid)
+        snprintf(sub2, cap, "winner: %s grid cell%s%s", w, wps,
+                 g->rank == 3 ? "; dashed outline: the best of a p's own most-evaluated cells"
+                              : "");
+    else if (w)
+        snprintf(sub2, cap,
+                 "winner: the %s baseline%s on the same chunks, beat every "
+                 "grid cell%s",
+                 w, wps, g->rank == 3 ? "; dashed: a p's own best" : "");
+    else if (g->rank == 3)
+        snprintf(sub2, cap, "dashed outline: the best of a p's own most-evaluated cells");
+}
+
+/* The picture's axes: perplexity over p (rank 1) or over (t, r) with one panel per p. */
+static hm_spec search_spec(const ki_grid *g, const hm_panel *ps, int np) {
+    hm_spec s;
+    if (g->rank == 1) {
+        s = spec("Budget search: perplexity over SqueezeAttention p", "SqueezeAttention p", "",
+                 "perplexity (lower is better)", ps, 1, CMAP_GOOD_BAD);
+        s.xvals = g->p;
+        s.xfmt = "%.3g";
+        s.no_yticks = 1;
+    } else {
+        s = spec(g->rank == 3 ? "Budget search: perplexity over (t, r), one panel per "
+                                "SqueezeAttention p"
+                              : "Budget search: perplexity over (t, r)",
+                 "similarity threshold t", "reduction r of low-importance heads (%)",
+                 "perplexity (lower is better)", ps, np, CMAP_GOOD_BAD);
+        s.xvals = g->t;
+        s.xfmt = "%.2f";
+        s.yvals = g->r;
+        s.yscale = 100;
+        s.yfmt = "%.0f";
+        s.y_up = 1;
+    }
+    s.annotate = 1;
+    s.ann_fmt = "%.4g";
+    return s;
+}
+
 static int png_search(const ki_file *f, const char *path, kv_error *err) {
     ki_grid g;
     if (!ki_search_grid(f, &g)) return KV_OK;
@@ -547,129 +718,33 @@ static int png_search(const ki_file *f, const char *path, kv_error *err) {
     double *v = kv_malloc((size_t)np * cells * sizeof *v, "search picture", err);
     char *dots = kv_calloc((size_t)np * cells, 1, "search picture", err);
     hm_panel *ps = kv_calloc((size_t)np, sizeof *ps, "search panels", err);
-    if (!v || !dots || !ps) {
-        free(v);
-        free(dots);
-        free(ps);
-        return KV_EINTERNAL;
-    }
+    int rc = !v || !dots || !ps ? KV_EINTERNAL : KV_OK;
     /* a dot marks the cells evaluated on the most chunks when halving left others behind:
      * those are the comparable figures the best cell is chosen from */
     int halving = g.chunks && g.all.n_max < g.all.evaluated;
-    for (int k = 0; k < np; k++) {
-        double *pv = v + (size_t)k * cells;
-        char *pd = dots + (size_t)k * cells;
-        for (int i = 0; i < cols; i++)
-            for (int j = 0; j < rows; j++) {
-                /* panel cell (row j, column i) */
-                long idx = g.rank == 1 ? i : ((long)k * g.nt + i) * g.nr + j;
-                pv[(size_t)j * cols + i] = g.ppl[idx];
-                pd[(size_t)j * cols + i] =
-                    halving && isfinite(g.ppl[idx]) && ki_grid_chunks(&g, idx) == g.all.max_chunks;
-            }
-        char title[64] = "";
-        ki_grid_stats st = {0, 0, 0, -1, -1};
-        if (g.rank == 3) {
-            ki_grid_slice(&g, k, &st);
-            if (st.best >= 0 && g.chunks)
-                snprintf(title, sizeof title, "p = %.3g: %sbest %.4g on %d chunk%s",
-                         g.p ? g.p[k] : k,
-                         st.max_chunks < g.all.max_chunks ? "screened only, " : "", g.ppl[st.best],
-                         st.max_chunks, st.max_chunks == 1 ? "" : "s");
-            else if (st.best >= 0)
-                snprintf(title, sizeof title, "p = %.3g: best %.4g", g.p ? g.p[k] : k,
-                         g.ppl[st.best]);
-            else
-                snprintf(title, sizeof title, "p = %.3g: nothing evaluated", g.p ? g.p[k] : k);
-        }
-        ps[k] = panel(pv, rows, cols, title);
-        if (halving) ps[k].dots = pd;
-        int bk, bi, bj;
-        if (g.all.best >= 0) {
-            ki_grid_cell(&g, g.all.best, &bk, &bi, &bj);
-            if (g.rank == 1)
-                ps[k].mark_r = 0, ps[k].mark_c = bk;
-            else if (bk == k)
-                ps[k].mark_r = bj, ps[k].mark_c = bi;
-        }
-        /* a panel without the overall best: its own best, dashed */
-        if (g.rank == 3 && st.best >= 0 && st.best != g.all.best) {
-            ki_grid_cell(&g, st.best, &bk, &bi, &bj);
-            ps[k].mark2_r = bj;
-            ps[k].mark2_c = bi;
-        }
-    }
-    char sub[240], sub2[240], best[64];
-    double R = ki_attr_num(f, "/", "ratio", NAN);
-    if (g.all.best >= 0) {
-        cell_label(best, sizeof best, &g, g.all.best);
-        if (halving)
-            snprintf(sub, sizeof sub,
-                     "ratio R = %.3g; successive halving: %d cells on %d chunks "
-                     "(dot, bold), the rest screened on fewer; solid outline: the grid's best, "
-                     "%.4g at %s",
-                     R, g.all.n_max, g.all.max_chunks, g.ppl[g.all.best], best);
-        else
-            snprintf(sub, sizeof sub,
-                     "ratio R = %.3g; %d of %ld cells evaluated; solid outline: "
-                     "the grid's best, perplexity %.4g at %s",
-                     R, g.all.evaluated, (long)g.np * g.nt * g.nr, g.ppl[g.all.best], best);
-    } else {
-        snprintf(sub, sizeof sub, "ratio R = %.3g; no cell evaluated", R);
-    }
-    int from_grid = 0;
-    const char *w = ki_search_winner(f, &g, &from_grid);
-    double wp = ki_attr_num(f, "/search", "best_perplexity", NAN);
-    char wps[48] = "";
-    if (!isnan(wp)) snprintf(wps, sizeof wps, ", perplexity %.4g", wp);
-    sub2[0] = '\0';
-    if (w && from_grid)
-        snprintf(sub2, sizeof sub2, "winner: %s grid cell%s%s", w, wps,
-                 g.rank == 3 ? "; dashed outline: the best of a p's own most-evaluated cells" : "");
-    else if (w)
-        snprintf(sub2, sizeof sub2,
-                 "winner: the %s baseline%s on the same chunks, beat every "
-                 "grid cell%s",
-                 w, wps, g.rank == 3 ? "; dashed: a p's own best" : "");
-    else if (g.rank == 3)
-        snprintf(sub2, sizeof sub2, "dashed outline: the best of a p's own most-evaluated cells");
+    for (int k = 0; !rc && k < np; k++)
+        ps[k] = search_panel(&g, k, rows, cols, halving, v + (size_t)k * cells,
+                             dots + (size_t)k * cells);
+    char sub[240], sub2[240], dl[64];
     hm_spec s;
-    if (g.rank == 1) {
-        s = spec("Budget search: perplexity over SqueezeAttention p", "SqueezeAttention p", "",
-                 "perplexity (lower is better)", ps, 1, CMAP_GOOD_BAD);
-        s.xvals = g.p;
-        s.xfmt = "%.3g";
-        s.no_yticks = 1;
-    } else {
-        s = spec(g.rank == 3 ? "Budget search: perplexity over (t, r), one panel per "
-                               "SqueezeAttention p"
-                             : "Budget search: perplexity over (t, r)",
-                 "similarity threshold t", "reduction r of low-importance heads (%)",
-                 "perplexity (lower is better)", ps, np, CMAP_GOOD_BAD);
-        s.xvals = g.t;
-        s.xfmt = "%.2f";
-        s.yvals = g.r;
-        s.yscale = 100;
-        s.yfmt = "%.0f";
-        s.y_up = 1;
+    if (!rc) {
+        search_subtitles(f, &g, halving, sub, sub2, sizeof sub);
+        s = search_spec(&g, ps, np);
+        s.subtitle = sub;
+        s.subtitle2 = sub2[0] ? sub2 : NULL;
+        if (halving) {
+            snprintf(dl, sizeof dl, "%d chunk%s (bold)", g.all.max_chunks,
+                     g.all.max_chunks == 1 ? "" : "s");
+            s.dot_legend = dl;
+            s.fade_legend = "pale: fewer chunks";
+        }
+        double lo = INFINITY, hi = 0;
+        for (size_t i = 0; i < (size_t)np * cells; i++)
+            if (isfinite(v[i]) && v[i] > 0) lo = fmin(lo, v[i]), hi = fmax(hi, v[i]);
+        s.logscale = isfinite(lo) && hi / lo > 2.0;
+        if (s.logscale) s.legend = "log colour scale";
+        rc = render(&s, path, err);
     }
-    s.subtitle = sub;
-    s.subtitle2 = sub2[0] ? sub2 : NULL;
-    char dl[64];
-    if (halving) {
-        snprintf(dl, sizeof dl, "%d chunk%s (bold)", g.all.max_chunks,
-                 g.all.max_chunks == 1 ? "" : "s");
-        s.dot_legend = dl;
-        s.fade_legend = "pale: fewer chunks";
-    }
-    s.annotate = 1;
-    s.ann_fmt = "%.4g";
-    double lo = INFINITY, hi = 0;
-    for (size_t i = 0; i < (size_t)np * cells; i++)
-        if (isfinite(v[i]) && v[i] > 0) lo = fmin(lo, v[i]), hi = fmax(hi, v[i]);
-    s.logscale = isfinite(lo) && hi / lo > 2.0;
-    if (s.logscale) s.legend = "log colour scale";
-    int rc = render(&s, path, err);
     free(ps);
     free(dots);
     free(v);

@@ -5,29 +5,13 @@
 
 #include "cli.h"
 
-typedef struct command {
-    const char *name;
-    int (*fn)(int argc, char **argv);
-    const char *summary;
-} command;
-
-static const command commands[] = {
-    {"run", kv_cmd_run, "generate text (optionally batched, under a plan's KV budgets)"},
-    {"eval", kv_cmd_eval, "perplexity of a text, full or budgeted KV cache"},
-    {"tokenize", kv_cmd_tokenize, "print the token ids of a text"},
-    {"profile", kv_cmd_profile, "profile head/layer similarity and hardware -> profile.h5"},
-    {"search", kv_cmd_search, "search allocation parameters by budgeted perplexity -> plan.h5"},
-    {"plan", kv_cmd_plan, "write a plan for given allocation parameters -> plan.h5"},
-    {"kvpr", kv_cmd_kvpr, "KVPR split point: recompute vs transfer an offloaded KV cache"},
-    {"batch", kv_cmd_batch, "largest batch for a memory budget (full / compressed KV cache)"},
-    {"inspect", kv_cmd_inspect, "summarise, draw (--png) or export a profile / plan .h5 file"},
-};
-
 static void usage(FILE *f) {
     fprintf(f, "usage: kvplan COMMAND [options]   (kvplan COMMAND --help for each)\n\n"
                "kvplan profiles a model's attention heads and hardware, plans per-head KV-cache\n"
                "budgets for a memory target, and runs the plan.\n\ncommands:\n");
-    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+    size_t n = 0;
+    const kv_cli_command *commands = kv_cli_commands(&n);
+    for (size_t i = 0; i < n; i++)
         fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].summary);
 }
 
@@ -64,7 +48,9 @@ int main(int argc, char **argv) {
         printf("kvplan %s\n", KVPLAN_VERSION_STRING);
         return finish(NULL, 0);
     }
-    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+    size_t n = 0;
+    const kv_cli_command *commands = kv_cli_commands(&n);
+    for (size_t i = 0; i < n; i++)
         if (!strcmp(argv[1], commands[i].name))
             return finish(commands[i].name, commands[i].fn(argc - 1, argv + 1));
     fprintf(stderr, "kvplan: unknown command '%s'\n\n", argv[1]);

@@ -23,16 +23,6 @@ void kv_cli_command_line(int argc, char **argv, char *buf, size_t cap) {
     }
 }
 
-int kv_cli_opt(int argc, char **argv, int *i, const char *name, const char **val, kv_error *err) {
-    if (strcmp(argv[*i], name) != 0) return 0;
-    if (*i + 1 >= argc) {
-        kv_fail(err, KV_EINPUT, "%s needs a value (see --help)", name);
-        return -1;
-    }
-    *val = argv[++*i];
-    return 1;
-}
-
 int kv_cli_load_model(const char *path, kv_model **m, kv_error *err) {
     int rc = kv_model_load(path, m, err);
     if (rc) return rc;
@@ -40,20 +30,6 @@ int kv_cli_load_model(const char *path, kv_model **m, kv_error *err) {
     if ((!env || !*env) && kv_model_weight_bytes(*m) <= KV_CLI_SMALL_MODEL_BYTES)
         openblas_set_num_threads(1);
     return KV_OK;
-}
-
-int kv_cli_take_model(const char *cmd, const char *arg, const char **model_path) {
-    if (arg[0] == '-') {
-        fprintf(stderr, "kvplan %s: unknown option %s (see kvplan %s --help)\n", cmd, arg, cmd);
-        return 1;
-    }
-    if (*model_path) {
-        fprintf(stderr, "kvplan %s: unexpected argument %s (MODEL is already %s)\n", cmd, arg,
-                *model_path);
-        return 1;
-    }
-    *model_path = arg;
-    return 0;
 }
 
 int kv_cli_parse_qty(const char *s, const char *opt, double *out, kv_error *err) {
@@ -75,51 +51,6 @@ int kv_cli_parse_qty(const char *s, const char *opt, double *out, kv_error *err)
     }
     *out = v * mul;
     return KV_OK;
-}
-
-int kv_cli_opt_table(int argc, char **argv, int *i, const kv_cli_optval *t, size_t n,
-                     kv_error *err) {
-    int r = 0;
-    for (size_t k = 0; k < n && !r; k++) r = kv_cli_opt(argc, argv, i, t[k].name, t[k].val, err);
-    return r;
-}
-
-int kv_cli_num_table(int argc, char **argv, int *i, const kv_cli_numopt *t, size_t n,
-                     kv_error *err) {
-    for (size_t k = 0; k < n; k++) {
-        const char *v = NULL;
-        int r = kv_cli_opt(argc, argv, i, t[k].name, &v, err);
-        if (r <= 0) {
-            if (r < 0) return -1;
-            continue;
-        }
-        int rc = t[k].lval ? kv_parse_int(v, t[k].name, t[k].llo, t[k].lhi, t[k].lval, err)
-                           : kv_parse_double(v, t[k].name, t[k].dlo, t[k].dhi, t[k].dval, err);
-        return rc ? -1 : 1;
-    }
-    return 0;
-}
-
-int kv_cli_scan(const char *cmd, int argc, char **argv, const kv_cli_optval *t, size_t n,
-                const char *help, int *json) {
-    kv_error err = {0};
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            fputs(help, stdout);
-            return 0;
-        }
-        if (!strcmp(argv[i], "--json")) {
-            *json = 1;
-            continue;
-        }
-        int r = kv_cli_opt_table(argc, argv, &i, t, n, &err);
-        if (r < 0) return kv_cli_report(cmd, &err);
-        if (r) continue;
-        fprintf(stderr, "kvplan %s: unknown %s %s\n%s", cmd,
-                argv[i][0] == '-' ? "option" : "argument", argv[i], help);
-        return 1;
-    }
-    return -1;
 }
 
 int kv_cli_finish_tasks(const char *cmd, kv_tasks *tasks, int rc, const kv_error *err) {
