@@ -1,5 +1,5 @@
 /* The CUDA backend's kernel bodies (cuda/kernels/kv_kernels.cuh), run on this machine through
- * the host shim (tests/cuda_shim.hpp: each block's threads on host threads, shared memory,
+ * the host shim (tests/support/cuda_shim.hpp: each block's threads on host threads, shared memory,
  * barriers and warp shuffles), compared with the CPU backend at small sizes on real inputs:
  * activations of stories260K (adjacent RoPE, d_h 8, GQA g = 2) and TinyStories-656K (Hugging
  * Face, half RoPE, d_h 16), text from tinystories_val_head.txt.

@@ -23,7 +23,7 @@ static double ppl[NT][NR];
 static double t_values[NT], r_values[NR];
 static const int best_t = 4, best_r = 6, worst_t = 9, worst_r = 18;
 
-/* stories260K's shape (L = 5 layers), no weights (tests/testutil.h) */
+/* stories260K's shape (L = 5 layers), no weights (tests/support/testutil.h) */
 static void fake_model(kv_model *m) {
     char sha[65];
     snprintf(sha, sizeof sha, "%064d", 7);

@@ -9,9 +9,9 @@
  *     bounds that follow from each type's definition, and pinned relative RMS errors;
  *   - typed dot products (AVX2 and portable kernels) and the typed matmul (dot path, tiled GEMM
  *     path, F32 BLAS path) against the dequantise-then-fp32 reference computed in double;
- *   - whole models written by the test GGUF writer (tests/gguf_writer.c): 656K in F32, Q8_0,
- *     Q4_0, Q4_1, Q5_0, Q5_1 (perplexity against F32), and the K-quants on a synthetic model whose
- *     rows are multiples of 256 (logits against F32). */
+ *   - whole models written by the test GGUF writer (tests/support/gguf_writer.c): 656K in F32,
+ *     Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 (perplexity against F32), and the K-quants on a synthetic model
+ *     whose rows are multiples of 256 (logits against F32). */
 #include <CUnit/CUnit.h>
 #include <cblas.h>
 #include <math.h>
