@@ -1,6 +1,6 @@
-/* Engine tests on the real stories260K checkpoint: loader errors, tokenizer, the forward pass
- * against a naive implementation written here, prefill == decode, greedy text, perplexity by
- * prefill and by decode. */
+/* The forward pass (runtime/engine/forward.c) on the real stories260K checkpoint: loader
+ * errors, tokenizer, the forward pass against a naive implementation written here, prefill ==
+ * decode, greedy text, perplexity by prefill and by decode. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -322,5 +322,5 @@ int main(void) {
         {"greedy text of stories260K", test_greedy_text},
         {"CLI errors name the file", test_cli_errors},
     };
-    return tu_main("engine", tests, sizeof tests / sizeof tests[0]);
+    return tu_main("forward", tests, sizeof tests / sizeof tests[0]);
 }

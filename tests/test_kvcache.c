@@ -1,5 +1,5 @@
-/* Runtime tests (issue 5): the paged per-head KV cache under budgets, eviction policies,
- * prefill-and-decode compression (Batch-Max Alg. 1), budgeted perplexity and batched
+/* The KV cache (runtime/cache/kvcache.c): the paged per-head KV cache under budgets, eviction
+ * policies, prefill-and-decode compression (Batch-Max Alg. 1), budgeted perplexity and batched
  * generation, on the real stories260K checkpoint and (when its loader is present) the
  * TinyStories-656K Hugging Face directory.
  *
@@ -799,5 +799,5 @@ int main(void) {
         {"bad input: budgets, ratios, plans", test_bad_input},
         {"batched generation equals single runs", test_batched_generation},
     };
-    return tu_main("runtime", tests, sizeof tests / sizeof tests[0]);
+    return tu_main("kvcache", tests, sizeof tests / sizeof tests[0]);
 }

@@ -1,4 +1,4 @@
-/* Tokenizers against llama.cpp's own tokenizer tests (issue 14, parts 1, 2 and 5).
+/* Tokenizers (runtime/tokenizer/) against llama.cpp's own tokenizer tests.
  *
  * ../shared/vocab/ holds six vocabulary-only GGUF files written by llama.cpp's converter with
  * llama.cpp's test strings (NAME.gguf.inp, separated by "\n__ggml_vocab_test__\n") and the ids
@@ -437,5 +437,5 @@ int main(void) {
         {"llama-2-tiny-random F16 GGUF: load, tokenize, generate", test_tiny_random_f16},
         {"CLI tokenize without a model; bad vocabulary files", test_cli_and_errors},
     };
-    return tu_main("vocab", tests, sizeof tests / sizeof tests[0]);
+    return tu_main("tokenizer", tests, sizeof tests / sizeof tests[0]);
 }
