@@ -627,7 +627,7 @@ void test_shim_primitives() {
 
 } // namespace
 
-int main(void) {
+int main(int argc, char **argv) {
     static const tu_test tests[] = {
         {"shim primitives (shuffles, block reductions)", test_shim_primitives},
         {"rmsnorm kernel vs kv_op_rmsnorm", test_rmsnorm},
@@ -640,5 +640,5 @@ int main(void) {
         {"paged attention is reproducible, weights sum to 1", test_attention_reproducible},
         {"gather (eviction move lists) vs the CPU", test_gather},
     };
-    return tu_main("cuda_kernels", tests, sizeof tests / sizeof tests[0]);
+    return tu_main(argc, argv, "cuda_kernels", tests, sizeof tests / sizeof tests[0]);
 }

@@ -756,7 +756,7 @@ static void test_file_load(void) {
     unlink(big);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
     static const tu_test tests[] = {
         {"disk full (RLIMIT_FSIZE): exit 2, old file kept, no temporary", test_full_disk_rlimit},
         {"disk full (64 KiB tmpfs)", test_full_disk_tmpfs},
@@ -775,5 +775,5 @@ int main(void) {
         {"a model file truncated after loading: same logits, no SIGBUS",
          test_truncated_while_loaded},
     };
-    return tu_main("faults", tests, sizeof tests / sizeof tests[0]);
+    return tu_main(argc, argv, "faults", tests, sizeof tests / sizeof tests[0]);
 }

@@ -312,7 +312,7 @@ static void test_cli_errors(void) {
     CU_ASSERT_EQUAL(tu_run_kvplan("frobnicate", NULL, 1), 1);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
     static const tu_test tests[] = {
         {"config and sha256 of stories260K", test_config_and_hash},
         {"loader errors: truncated, oversized, bad header, short", test_loader_errors},
@@ -322,5 +322,5 @@ int main(void) {
         {"greedy text of stories260K", test_greedy_text},
         {"CLI errors name the file", test_cli_errors},
     };
-    return tu_main("forward", tests, sizeof tests / sizeof tests[0]);
+    return tu_main(argc, argv, "forward", tests, sizeof tests / sizeof tests[0]);
 }

@@ -435,7 +435,7 @@ static void test_list(void) {
     kv_h5_close(f);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
     const tu_test tests[] = {
         {"round trip of datasets and attributes", test_roundtrip},
         {"provenance attributes", test_provenance},
@@ -446,5 +446,5 @@ int main(void) {
         {"HDF5 prints nothing itself", test_quiet_errors},
         {"list datasets, groups and attributes", test_list},
     };
-    return tu_main("h5io", tests, sizeof tests / sizeof tests[0]);
+    return tu_main(argc, argv, "h5io", tests, sizeof tests / sizeof tests[0]);
 }

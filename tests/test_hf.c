@@ -675,7 +675,7 @@ static void test_bad_hf(void) {
     printf("\n");
 }
 
-int main(void) {
+int main(int argc, char **argv) {
     const tu_test tests[] = {
         {"656K directory: config, tied alias, sha256", test_656k_model},
         {"656K tokenizer.json: ids, special tokens, add_bos", test_656k_tokenizer},
@@ -686,5 +686,5 @@ int main(void) {
         {"qwen2 attention biases", test_qwen2_bias},
         {"bad input: JSON, fields, dtype, truncation, tensors, shapes", test_bad_hf},
     };
-    return tu_main("hf", tests, sizeof tests / sizeof tests[0]);
+    return tu_main(argc, argv, "hf", tests, sizeof tests / sizeof tests[0]);
 }

@@ -831,7 +831,7 @@ static void test_generic_file(void) {
     free(out);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
     const tu_test tests[] = {
         {"text summary of a profile", test_text_profile},
         {"text summary of a plan", test_text_plan},
@@ -846,5 +846,5 @@ int main(void) {
         {"a p-only [NP] grid", test_grid_p_only},
         {"a generic kvplan file", test_generic_file},
     };
-    return tu_main("inspect", tests, sizeof tests / sizeof tests[0]);
+    return tu_main(argc, argv, "inspect", tests, sizeof tests / sizeof tests[0]);
 }

@@ -945,5 +945,5 @@ int main(int argc, char **argv) {
         {"F16/BF16 in their own type: logits within 1e-5 of fp32", test_half_logits_vs_fp32},
         {"F16/Q8_0 model of real shape: peak RSS ~ file + KV + workspace", test_memory_own_type},
     };
-    return tu_main("quant", tests, sizeof tests / sizeof tests[0]);
+    return tu_main(argc, argv, "quant", tests, sizeof tests / sizeof tests[0]);
 }

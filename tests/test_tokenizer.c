@@ -427,7 +427,7 @@ static void test_cli_and_errors(void) {
     CU_ASSERT(strstr(err.msg, "tokenizer.ggml.model") != NULL);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
     const tu_test tests[] = {
         {"llama.cpp tokenizer vectors, six vocabularies", test_llamacpp_vectors},
         {"special and user-defined tokens", test_special_tokens},
@@ -437,5 +437,5 @@ int main(void) {
         {"llama-2-tiny-random F16 GGUF: load, tokenize, generate", test_tiny_random_f16},
         {"CLI tokenize without a model; bad vocabulary files", test_cli_and_errors},
     };
-    return tu_main("tokenizer", tests, sizeof tests / sizeof tests[0]);
+    return tu_main(argc, argv, "tokenizer", tests, sizeof tests / sizeof tests[0]);
 }
