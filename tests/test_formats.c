@@ -1,6 +1,7 @@
-/* Cross-format equality (issue 3): the same weights read from llama2.c, GGUF (F32, F16, Q8_0)
- * and Hugging Face safetensors give the same tokens, logits and perplexity, and every CLI
- * command works on every format. Also prints load times and the GGUF dequantisation cost. */
+/* Cross-format equality of the model readers (runtime/model/): the same weights read from llama2.c,
+ * GGUF (F32, F16, Q8_0) and Hugging Face safetensors give the same tokens, logits and perplexity,
+ * and every CLI command works on every format. Also prints load times and the GGUF dequantisation
+ * cost. */
 #include <CUnit/CUnit.h>
 #include <math.h>
 #include <stdio.h>

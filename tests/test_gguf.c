@@ -1,6 +1,6 @@
-/* GGUF reader (issue 3): stories260K.gguf against stories260K.bin (config, weights, embedded
- * vocabulary vs tok512.bin), a synthetic GGUF v2 exercising every metadata type, F16, BF16 and
- * Q8_0 tensors, alignment and a "gpt2" (byte-level BPE) vocabulary, and bad input made by
+/* GGUF reader (runtime/model/gguf.c): stories260K.gguf against stories260K.bin (config, weights,
+ * embedded vocabulary vs tok512.bin), a synthetic GGUF v2 exercising every metadata type, F16, BF16
+ * and Q8_0 tensors, alignment and a "gpt2" (byte-level BPE) vocabulary, and bad input made by
  * corrupting copies of the real file under tu_tmpdir(). */
 #include <CUnit/CUnit.h>
 #include <math.h>
@@ -279,7 +279,7 @@ static void test_synthetic_types(void) {
         CU_ASSERT(equal_values(l->w_gate, 8, SY_DIM * SY_HID)); /* Q8_0 */
         CU_ASSERT(equal_values(l->w_down, 9, SY_DIM * SY_HID)); /* F16 */
         CU_ASSERT(equal_values(l->w_up, 10, SY_DIM * SY_HID));  /* BF16 */
-        /* the matrices stay in their file's type (issue 14) */
+        /* the matrices stay in their file's type */
         CU_ASSERT_EQUAL(l->wq.type, KV_DT_F16);
         CU_ASSERT_EQUAL(l->wk.type, KV_DT_BF16);
         CU_ASSERT_EQUAL(l->wv.type, KV_DT_Q8_0);

@@ -1,5 +1,5 @@
-/* Hugging Face directories (issue 3): config.json + safetensors (single file, sharded index,
- * F32/F16/BF16, tied embeddings through the __metadata__ alias), tokenizer.json BPE in the
+/* Hugging Face directories (runtime/model/hf.c): config.json + safetensors (single file, sharded
+ * index, F32/F16/BF16, tied embeddings through the __metadata__ alias), tokenizer.json BPE in the
  * SentencePiece style (tinystories-656k) and the GPT-2 byte-level style (synthetic), and bad
  * input made by corrupting copies of the real files under tu_tmpdir(). */
 #include <CUnit/CUnit.h>

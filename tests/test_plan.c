@@ -176,7 +176,7 @@ static void expect_refused(const char *path, const char *what) {
     CU_ASSERT_PTR_NULL(b.budget);
 }
 
-/* Plans are checked against what they claim (issue 16, item 4), each error naming the file. */
+/* Plans are checked against what they claim, each error naming the file. */
 static void test_validation(void) {
     kv_error err = {0};
     kv_model m;

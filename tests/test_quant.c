@@ -1,4 +1,4 @@
-/* Weight types in their own type (issue 14, parts 3-4): runtime/quant.c.
+/* Weight types in their own type: runtime/model/quant.c.
  *
  *   - the type table (block sizes and bytes: ggml-common.h's static_asserts on the block_*
  *     structs) and row sizes;

@@ -342,7 +342,7 @@ static void test_tiny_random_f16(void) {
     CU_ASSERT_EQUAL(c->seq_len, 4096);
     CU_ASSERT_STRING_EQUAL(m->sha256,
                            "81f226c62d28ed4a1a9b9fa080fcd9f0cc40e0f9d5680036583ff98fbcd035cb");
-    /* the weights are the file's F16 values, kept in place in their type (issue 14) */
+    /* the weights are the file's F16 values, kept in place in their type */
     kv_gguf *g = NULL;
     CU_ASSERT_EQUAL_FATAL(kv_gguf_open(tu_shared(TINY), &g, &err), KV_OK);
     const char *names[] = {"token_embd.weight", "blk.0.attn_q.weight", "blk.0.ffn_down.weight"};
