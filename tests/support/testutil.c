@@ -93,10 +93,11 @@ int tu_main_suites(int argc, char **argv, const tu_suite *suites, size_t n_suite
             want = argv[++a];
         } else {
             fprintf(stderr,
-                    "%s: unknown argument '%s'\n"
+                    "%s: %s '%s'\n"
                     "usage: %s [-t NAME] [-l]   (-t: only the tests named NAME, else those whose "
                     "name contains NAME; also KVPLAN_TEST=NAME; -l: list the tests)\n",
-                    prog, argv[a], prog);
+                    prog, strcmp(argv[a], "-t") ? "unknown argument" : "a test name must follow",
+                    argv[a], prog);
             return 2;
         }
     }
