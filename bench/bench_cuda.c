@@ -12,14 +12,14 @@
 #include "kvplan/engine.h"
 #include "kvplan/kvcuda.h"
 #include "kvplan/plan.h"
-#include "synthetic.h" /* tests/synthetic.c, shared with the tests */
+#include "synthetic.h" /* tests/support/synthetic.c, shared with the tests */
 
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* The benchmark's model: tests/synthetic.c at the shape above, embedding tied to the
+/* The benchmark's model: tests/support/synthetic.c at the shape above, embedding tied to the
  * classifier, BOS 1 / EOS 2. */
 static kv_model *synthetic(kv_error *err) {
     kv_model *m = synth_model((synth_shape){768, 12, 12, 4, 2048, 32000, 4096}, 1, 7, err);

@@ -35,7 +35,7 @@
 #include "kvplan/forward.h"
 #include "kvplan/kvcache.h"
 #include "kvplan/model.h"
-#include "synthetic.h" /* tests/synthetic.c, shared with the tests */
+#include "synthetic.h" /* tests/support/synthetic.c, shared with the tests */
 
 /* ---- memcpy bandwidth: best of `reps` copies of `bytes`, with 1 and with all threads */
 static double memcpy_gbps(size_t bytes, int threads, int reps) {

@@ -2,24 +2,26 @@
 # Set up, build and run every test: the CUnit suites under ctest, once in a release build and
 # once in an AddressSanitizer + UndefinedBehaviorSanitizer build; then every libFuzzer target
 # of tests/fuzz/ for a short fixed time in the clang sanitizer build (scripts/fuzz.sh; any
-# finding fails the run).
-# Usage: scripts/test.sh [--no-sanitize] [--no-fuzz]   (KVPLAN_FUZZ_SECONDS, default 20)
+# finding fails the run). Every ctest label runs (README "Testing"); --unit runs only the quick
+# tier (ctest -L unit) of the release build, without the sanitizer build and the fuzzers.
+# Usage: scripts/test.sh [--no-sanitize] [--no-fuzz] [--unit]   (KVPLAN_FUZZ_SECONDS, default 20)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
-sanitize=1 fuzz=1
+sanitize=1 fuzz=1 labels=()
 for a in "$@"; do
     case "$a" in
         --no-sanitize) sanitize=0 ;;
         --no-fuzz) fuzz=0 ;;
-        *) echo "usage: scripts/test.sh [--no-sanitize] [--no-fuzz]" >&2; exit 1 ;;
+        --unit) labels=(-L unit) sanitize=0 fuzz=0 ;;
+        *) echo "usage: scripts/test.sh [--no-sanitize] [--no-fuzz] [--unit]" >&2; exit 1 ;;
     esac
 done
 export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-2}
 scripts/build.sh build
 scripts/check-deps.sh build   # no call cycle between files or libraries
 scripts/check-install.sh build # install + the example program; the CPU binary's footprint
-(cd build && ctest --output-on-failure -j 2)
+(cd build && ctest --output-on-failure -j 2 "${labels[@]}")
 if [ "$sanitize" = 1 ]; then
     scripts/build.sh build-asan -DKVPLAN_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug
     (cd build-asan && ctest --output-on-failure -j 2)

@@ -379,7 +379,7 @@ static void test_halving(void) {
     CU_ASSERT_EQUAL(kv_successive_halving(27, &o, synth_eval, &u, &r, NULL, &e), KV_EINPUT);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
     static const tu_test tests[] = {
         {"kmeans_known", test_kmeans_known},
         {"kmeans_small_and_ties", test_kmeans_small_and_ties},
@@ -393,5 +393,5 @@ int main(void) {
         {"infeasible", test_infeasible},
         {"halving", test_halving},
     };
-    return tu_main("alloc", tests, sizeof tests / sizeof tests[0]);
+    return tu_main(argc, argv, "alloc", tests, sizeof tests / sizeof tests[0]);
 }

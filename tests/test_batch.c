@@ -427,7 +427,7 @@ static void test_cli(void) {
     free(out);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
     static const tu_test tests[] = {
         {"article: Llama-3-70B, batch 64, 4096 tokens, FP16 = 85,899,345,920 bytes",
          test_article_llama3_70b},
@@ -438,5 +438,5 @@ int main(void) {
         {"plan groups from a profile (and none without /hardware)", test_plan_from_profile},
         {"CLI kvplan batch", test_cli},
     };
-    return tu_main("batch", tests, sizeof tests / sizeof tests[0]);
+    return tu_main(argc, argv, "batch", tests, sizeof tests / sizeof tests[0]);
 }

@@ -455,19 +455,28 @@ void test_budgeted_l2attn() {
 
 } // namespace
 
-int main(void) {
+/* Suite fixture: stories260K (g_model). */
+static int model_init(void) {
     kv_error err = {};
-    if (kv_model_load(tu_shared(M260), &g_model, &err)) {
-        std::fprintf(stderr, "%s\n", err.msg);
-        return 1;
-    }
+    if (kv_model_load(tu_shared(M260), &g_model, &err) == KV_OK) return 0;
+    std::fprintf(stderr, "%s\n", err.msg);
+    return 1;
+}
+
+static int model_cleanup(void) {
+    kv_model_free(g_model);
+    g_model = nullptr;
+    return 0;
+}
+
+int main(int argc, char **argv) {
     static const tu_test tests[] = {
         {"every layer-step op vs the CPU backend (hooks, logits)", test_layer_ops},
         {"greedy tokens equal to the CPU backend", test_greedy},
         {"budgeted chunk, h2o: NLL and bytes in use", test_budgeted_h2o},
         {"budgeted chunk, l2attn: NLL and bytes in use", test_budgeted_l2attn},
     };
-    int rc = tu_main("cuda_backend_shim", tests, sizeof tests / sizeof tests[0]);
-    kv_model_free(g_model);
-    return rc;
+    static const tu_suite suite = {"cuda_backend_shim", model_init, model_cleanup, tests,
+                                   sizeof tests / sizeof tests[0]};
+    return tu_main_suites(argc, argv, &suite, 1);
 }

@@ -329,17 +329,26 @@ static void test_kvpr_rebuild(void) {
     free(ids);
 }
 
-int main(void) {
+/* Suite fixture: stories260K (g_model). */
+static int model_init(void) {
+    kv_error err = {0};
+    if (kv_model_load(tu_shared(M260), &g_model, &err) == KV_OK) return 0;
+    fprintf(stderr, "%s\n", err.msg);
+    return 1;
+}
+
+static int model_cleanup(void) {
+    kv_model_free(g_model);
+    g_model = NULL;
+    return 0;
+}
+
+int main(int argc, char **argv) {
     char why[256] = "";
     if (!kv_cuda_built() || kv_cuda_device_count(why) <= 0) {
         printf("test_cuda_conformance: SKIPPED, nothing compared: %s\n",
                kv_cuda_built() ? why : "kvplan was built without a CUDA toolkit");
         return KV_SKIP_CODE;
-    }
-    kv_error err = {0};
-    if (kv_model_load(tu_shared(M260), &g_model, &err)) {
-        fprintf(stderr, "%s\n", err.msg);
-        return 1;
     }
     static const tu_test tests[] = {
         {"each layer-step op, CUDA vs CPU (hooks)", test_ops_per_layer},
@@ -348,7 +357,7 @@ int main(void) {
         {"bytes in use equal to the block arithmetic", test_bytes_in_use},
         {"KVPR rebuild on two streams vs kv_kvpr_rebuild", test_kvpr_rebuild},
     };
-    int rc = tu_main("cuda_conformance", tests, sizeof tests / sizeof tests[0]);
-    kv_model_free(g_model);
-    return rc;
+    static const tu_suite suite = {"cuda_conformance", model_init, model_cleanup, tests,
+                                   sizeof tests / sizeof tests[0]};
+    return tu_main_suites(argc, argv, &suite, 1);
 }

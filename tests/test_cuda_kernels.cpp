@@ -1,5 +1,5 @@
 /* The CUDA backend's kernel bodies (cuda/kernels/kv_kernels.cuh), run on this machine through
- * the host shim (tests/cuda_shim.hpp: each block's threads on host threads, shared memory,
+ * the host shim (tests/support/cuda_shim.hpp: each block's threads on host threads, shared memory,
  * barriers and warp shuffles), compared with the CPU backend at small sizes on real inputs:
  * activations of stories260K (adjacent RoPE, d_h 8, GQA g = 2) and TinyStories-656K (Hugging
  * Face, half RoPE, d_h 16), text from tinystories_val_head.txt.
@@ -627,7 +627,7 @@ void test_shim_primitives() {
 
 } // namespace
 
-int main(void) {
+int main(int argc, char **argv) {
     static const tu_test tests[] = {
         {"shim primitives (shuffles, block reductions)", test_shim_primitives},
         {"rmsnorm kernel vs kv_op_rmsnorm", test_rmsnorm},
@@ -640,5 +640,5 @@ int main(void) {
         {"paged attention is reproducible, weights sum to 1", test_attention_reproducible},
         {"gather (eviction move lists) vs the CPU", test_gather},
     };
-    return tu_main("cuda_kernels", tests, sizeof tests / sizeof tests[0]);
+    return tu_main(argc, argv, "cuda_kernels", tests, sizeof tests / sizeof tests[0]);
 }

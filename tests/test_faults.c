@@ -1,4 +1,4 @@
-/* Faults and hostile inputs (issue 16): a full disk, kill -9 during a write, an output that is
+/* Faults and hostile inputs: a full disk, kill -9 during a write, an output that is
  * also an input, symlinks planted at temporary names, a read-only directory, stdout on
  * /dev/full, FIFOs and devices as inputs, HDF5 datasets whose declared shape is far larger
  * than their file, out-of-range profile values, header fields that used to be undefined
@@ -608,7 +608,7 @@ static void test_long_attributes(void) {
     free(o);
 }
 
-/* ---- a model file truncated while kvplan runs (issue 16, item 8) ----
+/* ---- a model file truncated while kvplan runs ----
  * The model is copied to a temporary file, loaded, decoded for a few greedy steps, the file
  * is cut to half its size with ftruncate, and the same steps are decoded again with the
  * loaded model. While the weights pointed into a MAP_PRIVATE mapping of the file, the second
@@ -756,7 +756,7 @@ static void test_file_load(void) {
     unlink(big);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
     static const tu_test tests[] = {
         {"disk full (RLIMIT_FSIZE): exit 2, old file kept, no temporary", test_full_disk_rlimit},
         {"disk full (64 KiB tmpfs)", test_full_disk_tmpfs},
@@ -775,5 +775,5 @@ int main(void) {
         {"a model file truncated after loading: same logits, no SIGBUS",
          test_truncated_while_loaded},
     };
-    return tu_main("faults", tests, sizeof tests / sizeof tests[0]);
+    return tu_main(argc, argv, "faults", tests, sizeof tests / sizeof tests[0]);
 }

@@ -1,6 +1,7 @@
-/* Cross-format equality (issue 3): the same weights read from llama2.c, GGUF (F32, F16, Q8_0)
- * and Hugging Face safetensors give the same tokens, logits and perplexity, and every CLI
- * command works on every format. Also prints load times and the GGUF dequantisation cost. */
+/* Cross-format equality of the model readers (runtime/model/): the same weights read from llama2.c,
+ * GGUF (F32, F16, Q8_0) and Hugging Face safetensors give the same tokens, logits and perplexity,
+ * and every CLI command works on every format. Also prints load times and the GGUF dequantisation
+ * cost. */
 #include <CUnit/CUnit.h>
 #include <math.h>
 #include <stdio.h>
@@ -253,7 +254,7 @@ static void test_load_times(void) {
     }
 }
 
-int main(void) {
+int main(int argc, char **argv) {
     const tu_test tests[] = {
         {"656K safetensors vs F16 GGUF: greedy 40, logits", test_656k_safetensors_vs_f16_gguf},
         {"656K Q8_0 GGUF: greedy 20, perplexity within 2%", test_656k_q8_0},
@@ -262,5 +263,5 @@ int main(void) {
         {"CLI tokenize/run/eval on every format", test_cli_all_formats},
         {"load times and dequantisation cost", test_load_times},
     };
-    return tu_main("formats", tests, sizeof tests / sizeof tests[0]);
+    return tu_main(argc, argv, "formats", tests, sizeof tests / sizeof tests[0]);
 }

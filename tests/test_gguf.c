@@ -1,6 +1,6 @@
-/* GGUF reader (issue 3): stories260K.gguf against stories260K.bin (config, weights, embedded
- * vocabulary vs tok512.bin), a synthetic GGUF v2 exercising every metadata type, F16, BF16 and
- * Q8_0 tensors, alignment and a "gpt2" (byte-level BPE) vocabulary, and bad input made by
+/* GGUF reader (runtime/model/gguf.c): stories260K.gguf against stories260K.bin (config, weights,
+ * embedded vocabulary vs tok512.bin), a synthetic GGUF v2 exercising every metadata type, F16, BF16
+ * and Q8_0 tensors, alignment and a "gpt2" (byte-level BPE) vocabulary, and bad input made by
  * corrupting copies of the real file under tu_tmpdir(). */
 #include <CUnit/CUnit.h>
 #include <math.h>
@@ -11,6 +11,7 @@
 #include "kvplan/model.h"
 #include "model/model_impl.h"
 #include "kvplan/tokenizer.h"
+#include "gguf_writer.h"
 #include "testutil.h"
 #include "../runtime/util/f16.h"
 
@@ -95,45 +96,7 @@ static void test_260k_vocab_vs_tok512(void) {
     kv_model_free(b);
 }
 
-/* ---- a tiny GGUF writer for synthetic files ---- */
-typedef struct wbuf {
-    unsigned char *p;
-    size_t n, cap;
-} wbuf;
-static void put(wbuf *w, const void *s, size_t n) {
-    if (w->n + n > w->cap) {
-        w->cap = (w->n + n) * 2 + 1024;
-        w->p = realloc(w->p, w->cap);
-    }
-    memcpy(w->p + w->n, s, n);
-    w->n += n;
-}
-static void u32(wbuf *w, uint32_t v) {
-    put(w, &v, 4);
-}
-static void u64(wbuf *w, uint64_t v) {
-    put(w, &v, 8);
-}
-static void str(wbuf *w, const char *s) {
-    u64(w, strlen(s));
-    put(w, s, strlen(s));
-}
-static void kv_u32(wbuf *w, const char *k, uint32_t v) {
-    str(w, k);
-    u32(w, 4);
-    u32(w, v);
-}
-static void kv_f32(wbuf *w, const char *k, float v) {
-    str(w, k);
-    u32(w, 6);
-    put(w, &v, 4);
-}
-static void kv_str(wbuf *w, const char *k, const char *v) {
-    str(w, k);
-    u32(w, 8);
-    str(w, v);
-}
-
+/* ---- synthetic files, written with the tests' GGUF writer (tests/support/gguf_writer.h) ---- */
 static uint16_t to_f16(float f) { /* exact for the small dyadic values used here */
     uint32_t b;
     memcpy(&b, &f, 4);
@@ -205,90 +168,59 @@ static size_t sy_bytes(const sy_tensor *t) {
 }
 
 static void write_synthetic(const char *path, uint32_t version, uint32_t align, const char *pre) {
-    wbuf w = {0};
-    put(&w, "GGUF", 4);
-    u32(&w, version);
-    u64(&w, SY_N);
-    u64(&w, 32); /* kv count, counted below */
-    size_t nkv = 0;
-#define KV(x) (x, nkv++)
-    KV(kv_str(&w, "general.architecture", "llama"));
-    KV(kv_u32(&w, "general.alignment", align));
-    KV(kv_u32(&w, "llama.embedding_length", SY_DIM));
-    KV(kv_u32(&w, "llama.feed_forward_length", SY_HID));
-    KV(kv_u32(&w, "llama.block_count", 1));
-    KV(kv_u32(&w, "llama.attention.head_count", 2));
-    KV(kv_u32(&w, "llama.attention.head_count_kv", 1));
-    KV(kv_u32(&w, "llama.context_length", 64));
-    KV(kv_f32(&w, "llama.attention.layer_norm_rms_epsilon", 1e-5f));
-    KV(kv_f32(&w, "llama.rope.freq_base", 5000.0f));
+    tw_buf w = {0};
+    tw_gguf_header(&w, version, SY_N);
+    tw_kv_str(&w, "general.architecture", "llama");
+    tw_kv_u32(&w, "general.alignment", align);
+    tw_kv_u32(&w, "llama.embedding_length", SY_DIM);
+    tw_kv_u32(&w, "llama.feed_forward_length", SY_HID);
+    tw_kv_u32(&w, "llama.block_count", 1);
+    tw_kv_u32(&w, "llama.attention.head_count", 2);
+    tw_kv_u32(&w, "llama.attention.head_count_kv", 1);
+    tw_kv_u32(&w, "llama.context_length", 64);
+    tw_kv_f32(&w, "llama.attention.layer_norm_rms_epsilon", 1e-5f);
+    tw_kv_f32(&w, "llama.rope.freq_base", 5000.0f);
     /* one scalar of every type, and arrays of every type (skipped by the reader) */
     for (uint32_t t = 0; t <= 12; t++) {
-        if (t == 8 || t == 9) continue;
+        if (t == TW_STRING || t == TW_ARRAY) continue;
         char k[64];
+        uint64_t one = 1;
+        size_t size = t == 0 || t == 1 || t == 7 ? 1 : t == 2 || t == 3 ? 2 : t >= 10 ? 8 : 4;
         snprintf(k, sizeof k, "test.scalar.%u", t);
-        str(&w, k);
-        u32(&w, t);
-        uint64_t zero = 1;
-        put(&w, &zero, t == 0 || t == 1 || t == 7 ? 1 : t == 2 || t == 3 ? 2 : t >= 10 ? 8 : 4);
-        nkv++;
+        tw_key(&w, k, t);
+        tw_put(&w, &one, size);
         snprintf(k, sizeof k, "test.array.%u", t);
-        str(&w, k);
-        u32(&w, 9);
-        u32(&w, t);
-        u64(&w, 3);
-        for (int i = 0; i < 3; i++)
-            put(&w, &zero, t == 0 || t == 1 || t == 7 ? 1 : t == 2 || t == 3 ? 2 : t >= 10 ? 8 : 4);
-        nkv++;
+        tw_kv_array(&w, k, t, 3);
+        for (int i = 0; i < 3; i++) tw_put(&w, &one, size);
     }
-    KV(kv_str(&w, "tokenizer.ggml.model", "gpt2"));
-    KV(kv_str(&w, "tokenizer.ggml.pre", pre));
+    tw_kv_str(&w, "tokenizer.ggml.model", "gpt2");
+    tw_kv_str(&w, "tokenizer.ggml.pre", pre);
     char tok[SY_NTOK][32];
     gpt2_tokens(tok);
-    str(&w, "tokenizer.ggml.tokens");
-    u32(&w, 9);
-    u32(&w, 8);
-    u64(&w, SY_NTOK);
-    for (int i = 0; i < SY_NTOK; i++) str(&w, tok[i]);
-    nkv++;
-    str(&w, "tokenizer.ggml.token_type");
-    u32(&w, 9);
-    u32(&w, 5);
-    u64(&w, SY_NTOK);
-    for (int i = 0; i < SY_NTOK; i++) u32(&w, i == SY_NTOK - 1 ? 3 : 1);
-    nkv++;
-    str(&w, "tokenizer.ggml.merges");
-    u32(&w, 9);
-    u32(&w, 8);
-    u64(&w, 9);
-    for (int i = 0; i < 9; i++) str(&w, gpt2_merges[i]);
-    nkv++;
-    KV(kv_u32(&w, "tokenizer.ggml.bos_token_id", SY_NTOK - 1));
-    KV(kv_u32(&w, "tokenizer.ggml.eos_token_id", SY_NTOK - 1));
-#undef KV
-    memcpy(w.p + 16, &(uint64_t){nkv}, 8);
+    tw_kv_array(&w, "tokenizer.ggml.tokens", TW_STRING, SY_NTOK);
+    for (int i = 0; i < SY_NTOK; i++) tw_str(&w, tok[i]);
+    tw_kv_array(&w, "tokenizer.ggml.token_type", TW_INT32, SY_NTOK);
+    for (int i = 0; i < SY_NTOK; i++) tw_u32(&w, i == SY_NTOK - 1 ? 3 : 1);
+    tw_kv_array(&w, "tokenizer.ggml.merges", TW_STRING, 9);
+    for (int i = 0; i < 9; i++) tw_str(&w, gpt2_merges[i]);
+    tw_kv_u32(&w, "tokenizer.ggml.bos_token_id", SY_NTOK - 1);
+    tw_kv_u32(&w, "tokenizer.ggml.eos_token_id", SY_NTOK - 1);
+    tw_gguf_kv_count(&w);
     uint64_t off = 0;
     for (size_t k = 0; k < SY_N; k++) {
-        str(&w, sy_t[k].name);
-        u32(&w, sy_t[k].ne1 ? 2 : 1);
-        u64(&w, sy_t[k].ne0);
-        if (sy_t[k].ne1) u64(&w, sy_t[k].ne1);
-        u32(&w, sy_t[k].type);
-        u64(&w, off);
+        tw_tensor_info(&w, sy_t[k].name, sy_t[k].ne1 ? 2 : 1, sy_t[k].ne0, sy_t[k].ne1,
+                       sy_t[k].type, off);
         off += (sy_bytes(&sy_t[k]) + align - 1) / align * align;
     }
-    while (w.n % align) put(&w, "", 1);
+    tw_pad(&w, align);
     for (size_t k = 0; k < SY_N; k++) {
-        size_t n = sy_t[k].ne0 * (sy_t[k].ne1 ? sy_t[k].ne1 : 1), start = w.n;
+        size_t n = sy_t[k].ne0 * (sy_t[k].ne1 ? sy_t[k].ne1 : 1);
         if (sy_t[k].type == 0)
-            for (size_t i = 0; i < n; i++) {
-                float v = sy_value((int)k, i);
-                put(&w, &v, 4);
-            }
+            for (size_t i = 0; i < n; i++) tw_f32(&w, sy_value((int)k, i));
         else if (sy_t[k].type == 1)
             for (size_t i = 0; i < n; i++) {
                 uint16_t h = to_f16(sy_value((int)k, i));
-                put(&w, &h, 2);
+                tw_put(&w, &h, 2);
             }
         else if (sy_t[k].type == 30)
             for (size_t i = 0; i < n; i++) {
@@ -296,24 +228,24 @@ static void write_synthetic(const char *path, uint32_t version, uint32_t align, 
                 uint32_t b;
                 memcpy(&b, &v, 4);
                 uint16_t h = (uint16_t)(b >> 16);
-                put(&w, &h, 2);
+                tw_put(&w, &h, 2);
             }
         else
             for (size_t b = 0; b < n / 32; b++) {
                 uint16_t d = to_f16(1.0f / 64.0f);
-                put(&w, &d, 2);
+                tw_put(&w, &d, 2);
                 for (int j = 0; j < 32; j++) {
                     int8_t q = (int8_t)lrintf(sy_value((int)k, b * 32 + (size_t)j) * 64.0f);
-                    put(&w, &q, 1);
+                    tw_put(&w, &q, 1);
                 }
             }
-        while ((w.n - start) % align) put(&w, "", 1);
+        tw_pad(&w, align);
     }
-    FILE *f = fopen(path, "wb");
-    CU_ASSERT_PTR_NOT_NULL_FATAL(f);
-    fwrite(w.p, 1, w.n, f);
-    fclose(f);
-    free(w.p);
+    kv_error err = {0};
+    int rc = tw_save(&w, path, &err);
+    if (rc) fprintf(stderr, "%s\n", err.msg);
+    tw_buf_free(&w);
+    CU_ASSERT_EQUAL_FATAL(rc, KV_OK);
 }
 
 /* The weight's n values, dequantised from the type it is kept in, are tensor k's. */
@@ -348,7 +280,7 @@ static void test_synthetic_types(void) {
         CU_ASSERT(equal_values(l->w_gate, 8, SY_DIM * SY_HID)); /* Q8_0 */
         CU_ASSERT(equal_values(l->w_down, 9, SY_DIM * SY_HID)); /* F16 */
         CU_ASSERT(equal_values(l->w_up, 10, SY_DIM * SY_HID));  /* BF16 */
-        /* the matrices stay in their file's type (issue 14) */
+        /* the matrices stay in their file's type */
         CU_ASSERT_EQUAL(l->wq.type, KV_DT_F16);
         CU_ASSERT_EQUAL(l->wk.type, KV_DT_BF16);
         CU_ASSERT_EQUAL(l->wv.type, KV_DT_Q8_0);
@@ -542,7 +474,7 @@ static void test_half_conversions(void) {
     CU_ASSERT_EQUAL(kv_load_u16le((const unsigned char *)"\x34\x12"), 0x1234);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
     const tu_test tests[] = {
         {"F16 / BF16 conversions, all 65536 halves", test_half_conversions},
         {"stories260K.gguf config and weights equal the .bin", test_260k_config_and_weights},
@@ -552,5 +484,5 @@ int main(void) {
         {"synthetic gpt2 vocabulary: qwen2 / llama-bpe patterns", test_synthetic_pre},
         {"bad input: magic, version, truncation, offsets, types, tensors, shapes", test_bad_gguf},
     };
-    return tu_main("gguf", tests, sizeof tests / sizeof tests[0]);
+    return tu_main(argc, argv, "gguf", tests, sizeof tests / sizeof tests[0]);
 }

@@ -241,6 +241,32 @@ static void test_create_unwritable(void) {
     CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, "/nonexistent-dir-kvplan/x.h5"));
 }
 
+/* Suite fixture: foreign.h5 (an HDF5 file that is not kvplan's: one group /data) and good.h5
+ * (a kvplan file with provenance only) under tu_tmpdir(), read by test_bad_files and
+ * test_quiet_errors. Non-zero, with the reason printed, when either cannot be written. */
+static int h5io_init(void) {
+    hid_t fid = H5Fcreate(tu_tmp("foreign.h5"), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    if (fid < 0) {
+        fprintf(stderr, "h5io fixture: cannot create %s\n", tu_tmp("foreign.h5"));
+        return 1;
+    }
+    hid_t g = H5Gcreate2(fid, "/data", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    H5Gclose(g);
+    H5Fclose(fid);
+    kv_error err = {0};
+    kv_h5 *f = NULL;
+    int rc = kv_h5_create(tu_tmp("good.h5"), &f, &err);
+    if (!rc) {
+        rc = kv_h5_write_provenance(f, "good", NULL, &err);
+        if (rc)
+            kv_h5_abort(f);
+        else
+            rc = kv_h5_commit(f, &err);
+    }
+    if (rc) fprintf(stderr, "h5io fixture: %s\n", err.msg);
+    return rc ? 1 : 0;
+}
+
 static void test_bad_files(void) {
     kv_error err = {0};
     kv_h5 *f = NULL;
@@ -257,13 +283,8 @@ static void test_bad_files(void) {
     CU_ASSERT_EQUAL(kv_h5_open_read(txt, &f, &err), KV_EINPUT);
     CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, "text.h5"));
     CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, "not an HDF5 file"));
-    /* HDF5, but not kvplan's */
+    /* HDF5, but not kvplan's (the suite fixture's) */
     const char *foreign = tu_tmp("foreign.h5");
-    hid_t fid = H5Fcreate(foreign, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
-    CU_ASSERT_FATAL(fid >= 0);
-    hid_t g = H5Gcreate2(fid, "/data", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
-    H5Gclose(g);
-    H5Fclose(fid);
     CU_ASSERT_EQUAL(kv_h5_open_read(foreign, &f, &err), KV_EINPUT);
     CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, "foreign.h5"));
     CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, "not one of kvplan's"));
@@ -277,11 +298,8 @@ static void test_bad_files(void) {
     CU_ASSERT_PTR_NULL(f);
     CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, "newer.h5"));
     CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, "schema version 3"));
-    /* missing dataset / attribute in a good file */
+    /* missing dataset / attribute in a good file (the suite fixture's) */
     const char *good = tu_tmp("good.h5");
-    CU_ASSERT_EQUAL_FATAL(kv_h5_create(good, &f, &err), KV_OK);
-    CU_ASSERT_EQUAL(kv_h5_write_provenance(f, "good", NULL, &err), KV_OK);
-    CU_ASSERT_EQUAL_FATAL(kv_h5_commit(f, &err), KV_OK);
     CU_ASSERT_EQUAL_FATAL(kv_h5_open_read(good, &f, &err), KV_OK);
     int rank;
     long dims[KV_H5_MAX_RANK];
@@ -435,7 +453,7 @@ static void test_list(void) {
     kv_h5_close(f);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
     const tu_test tests[] = {
         {"round trip of datasets and attributes", test_roundtrip},
         {"provenance attributes", test_provenance},
@@ -446,5 +464,6 @@ int main(void) {
         {"HDF5 prints nothing itself", test_quiet_errors},
         {"list datasets, groups and attributes", test_list},
     };
-    return tu_main("h5io", tests, sizeof tests / sizeof tests[0]);
+    const tu_suite suite = {"h5io", h5io_init, NULL, tests, sizeof tests / sizeof tests[0]};
+    return tu_main_suites(argc, argv, &suite, 1);
 }

@@ -1,5 +1,5 @@
-/* Hugging Face directories (issue 3): config.json + safetensors (single file, sharded index,
- * F32/F16/BF16, tied embeddings through the __metadata__ alias), tokenizer.json BPE in the
+/* Hugging Face directories (runtime/model/hf.c): config.json + safetensors (single file, sharded
+ * index, F32/F16/BF16, tied embeddings through the __metadata__ alias), tokenizer.json BPE in the
  * SentencePiece style (tinystories-656k) and the GPT-2 byte-level style (synthetic), and bad
  * input made by corrupting copies of the real files under tu_tmpdir(). */
 #include <CUnit/CUnit.h>
@@ -677,7 +677,7 @@ static void test_bad_hf(void) {
     printf("\n");
 }
 
-int main(void) {
+int main(int argc, char **argv) {
     const tu_test tests[] = {
         {"656K directory: config, tied alias, sha256", test_656k_model},
         {"656K tokenizer.json: ids, special tokens, add_bos", test_656k_tokenizer},
@@ -688,5 +688,5 @@ int main(void) {
         {"qwen2 attention biases", test_qwen2_bias},
         {"bad input: JSON, fields, dtype, truncation, tensors, shapes", test_bad_hf},
     };
-    return tu_main("hf", tests, sizeof tests / sizeof tests[0]);
+    return tu_main(argc, argv, "hf", tests, sizeof tests / sizeof tests[0]);
 }

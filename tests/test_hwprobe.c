@@ -457,7 +457,7 @@ static void test_read_without_hardware(void) {
     kv_h5_close(f);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
     const tu_test tests[] = {
         {"fit recovers an exact line", test_fit_exact},
         {"fit with noise, R2 in [0,1]", test_fit_noise},
@@ -472,5 +472,5 @@ int main(void) {
         {"profile without /hardware", test_read_without_hardware},
         {"CUDA probes (device only)", test_cuda_probes},
     };
-    return tu_main("hwprobe", tests, sizeof tests / sizeof tests[0]);
+    return tu_main(argc, argv, "hwprobe", tests, sizeof tests / sizeof tests[0]);
 }

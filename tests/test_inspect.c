@@ -1,6 +1,7 @@
-/* Tests of `kvplan inspect` (issue 8): profile and plan files built here with the h5io API in
- * the DESIGN.md schema (stories260K's shape: L = 5, H = 8, H_kv = 4), then the text summary,
- * the JSON round trip, the PNGs (decoded with libpng), the exports and every bad-file case. */
+/* Tests of `kvplan inspect` (cli/cmd_inspect.c, cli/inspect_*.c): profile and plan files built here
+ * with the h5io API in the DESIGN.md schema (stories260K's shape: L = 5, H = 8, H_kv = 4), then the
+ * text summary, the JSON round trip, the PNGs (decoded with libpng), the exports and every bad-file
+ * case. */
 #include <CUnit/CUnit.h>
 #include <cjson/cJSON.h>
 #include <hdf5.h>
@@ -23,7 +24,7 @@ static double ppl[NT][NR];
 static double t_values[NT], r_values[NR];
 static const int best_t = 4, best_r = 6, worst_t = 9, worst_r = 18;
 
-/* stories260K's shape (L = 5 layers), no weights (tests/testutil.h) */
+/* stories260K's shape (L = 5 layers), no weights (tests/support/testutil.h) */
 static void fake_model(kv_model *m) {
     char sha[65];
     snprintf(sha, sizeof sha, "%064d", 7);
@@ -831,7 +832,7 @@ static void test_generic_file(void) {
     free(out);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
     const tu_test tests[] = {
         {"text summary of a profile", test_text_profile},
         {"text summary of a plan", test_text_plan},
@@ -846,5 +847,5 @@ int main(void) {
         {"a p-only [NP] grid", test_grid_p_only},
         {"a generic kvplan file", test_generic_file},
     };
-    return tu_main("inspect", tests, sizeof tests / sizeof tests[0]);
+    return tu_main(argc, argv, "inspect", tests, sizeof tests / sizeof tests[0]);
 }

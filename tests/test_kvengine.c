@@ -199,12 +199,12 @@ static void test_refusals(void) {
     kv_model_free(m);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
     const tu_test tests[] = {
         {"each head evicts by its own policy", test_per_head_policies},
         {"batched budget sets equal sets one by one", test_batched_sets},
         {"a forked sequence decodes like its source", test_fork},
         {"plans, devices and sequences the engine refuses", test_refusals},
     };
-    return tu_main("kvengine", tests, sizeof tests / sizeof tests[0]);
+    return tu_main(argc, argv, "kvengine", tests, sizeof tests / sizeof tests[0]);
 }

@@ -416,7 +416,7 @@ static void test_cli_profile_and_errors(void) {
     free(out);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
     static const tu_test tests[] = {
         {"GLPK split equals brute force (MHA, GQA; row, column)", test_glpk_matches_brute_force},
         {"Llama-3-8B-like GQA: X dearer than K+V, l = 0", test_llama3_8b_gqa_is_zero},
@@ -431,5 +431,5 @@ int main(void) {
         {"CLI: stories260K GQA and decode table", test_cli_model_gqa_and_decode},
         {"CLI: profile figures and errors", test_cli_profile_and_errors},
     };
-    return tu_main("kvpr", tests, sizeof tests / sizeof tests[0]);
+    return tu_main(argc, argv, "kvpr", tests, sizeof tests / sizeof tests[0]);
 }

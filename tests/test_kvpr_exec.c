@@ -438,7 +438,7 @@ static void test_timing_report(void) {
         free(V2);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
     static const tu_test tests[] = {
         {"rebuilt K, V equal the cache (stories260K)", test_rebuild_260k},
         {"rebuilt K, V equal the cache (tinystories-656k, rotate-half)", test_rebuild_656k},
@@ -447,5 +447,5 @@ int main(void) {
         {"bad inputs give clear errors", test_bad_inputs},
         {"timing report t_recompute vs t_transfer", test_timing_report},
     };
-    return tu_main("kvpr_exec", tests, sizeof tests / sizeof tests[0]);
+    return tu_main(argc, argv, "kvpr_exec", tests, sizeof tests / sizeof tests[0]);
 }

@@ -176,7 +176,7 @@ static void expect_refused(const char *path, const char *what) {
     CU_ASSERT_PTR_NULL(b.budget);
 }
 
-/* Plans are checked against what they claim (issue 16, item 4), each error naming the file. */
+/* Plans are checked against what they claim, each error naming the file. */
 static void test_validation(void) {
     kv_error err = {0};
     kv_model m;
@@ -317,7 +317,7 @@ static void test_eval_ratio_equals_uniform_plan(void) {
     free(b);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
     const tu_test tests[] = {
         {"plan round trip (v2, per-head policies) and model check",
          test_round_trip_and_model_check},
@@ -326,5 +326,5 @@ int main(void) {
         {"uniform at R is defined once", test_uniform_defined_once},
         {"eval --ratio uniform equals a uniform plan", test_eval_ratio_equals_uniform_plan},
     };
-    return tu_main("plan", tests, sizeof tests / sizeof tests[0]);
+    return tu_main(argc, argv, "plan", tests, sizeof tests / sizeof tests[0]);
 }

@@ -162,10 +162,10 @@ static void test_shipped_plan(void) {
     free(ppl), free(chunks), free(tv), free(rv), free(pv);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
     static const tu_test tests[] = {
         {"shipped plan: reproducible, random cells re-evaluated, bytes, wrong model",
          test_shipped_plan},
     };
-    return tu_main("plans", tests, sizeof tests / sizeof tests[0]);
+    return tu_main(argc, argv, "plans", tests, sizeof tests / sizeof tests[0]);
 }

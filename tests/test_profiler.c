@@ -240,7 +240,7 @@ static void test_profile_bad_input(void) {
     CU_ASSERT_EQUAL(before.st_mtime, after.st_mtime);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
     static const tu_test tests[] = {
         {"head cos = naive recomputation (stories260K)", test_head_cos_stories260k},
         {"head cos = naive recomputation (656K, HF)", test_head_cos_656k},
@@ -248,5 +248,5 @@ int main(void) {
         {"profile command: schema, determinism, provenance", test_profile_command},
         {"profile bad input: text, length, prompts, output", test_profile_bad_input},
     };
-    return tu_main("profiler", tests, sizeof tests / sizeof tests[0]);
+    return tu_main(argc, argv, "profiler", tests, sizeof tests / sizeof tests[0]);
 }

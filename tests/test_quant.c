@@ -1,4 +1,4 @@
-/* Weight types in their own type (issue 14, parts 3-4): runtime/quant.c.
+/* Weight types in their own type: runtime/model/quant.c.
  *
  *   - the type table (block sizes and bytes: ggml-common.h's static_asserts on the block_*
  *     structs) and row sizes;
@@ -9,9 +9,9 @@
  *     bounds that follow from each type's definition, and pinned relative RMS errors;
  *   - typed dot products (AVX2 and portable kernels) and the typed matmul (dot path, tiled GEMM
  *     path, F32 BLAS path) against the dequantise-then-fp32 reference computed in double;
- *   - whole models written by the test GGUF writer (tests/gguf_writer.c): 656K in F32, Q8_0,
- *     Q4_0, Q4_1, Q5_0, Q5_1 (perplexity against F32), and the K-quants on a synthetic model whose
- *     rows are multiples of 256 (logits against F32). */
+ *   - whole models written by the test GGUF writer (tests/support/gguf_writer.c): 656K in F32,
+ *     Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 (perplexity against F32), and the K-quants on a synthetic model
+ *     whose rows are multiples of 256 (logits against F32). */
 #include <CUnit/CUnit.h>
 #include <cblas.h>
 #include <math.h>
@@ -945,5 +945,5 @@ int main(int argc, char **argv) {
         {"F16/BF16 in their own type: logits within 1e-5 of fp32", test_half_logits_vs_fp32},
         {"F16/Q8_0 model of real shape: peak RSS ~ file + KV + workspace", test_memory_own_type},
     };
-    return tu_main("quant", tests, sizeof tests / sizeof tests[0]);
+    return tu_main(argc, argv, "quant", tests, sizeof tests / sizeof tests[0]);
 }

@@ -49,14 +49,27 @@ static int write_profile(const char *path, const kv_model *m, const char *sha) {
 
 static kv_model *model;
 
+/* Suite fixture: stories260K, its profile (profile.h5) and the same profile claiming another
+ * model (other.h5) under tu_tmpdir(). Non-zero, with the reason printed, when a step fails. */
+static int search_init(void) {
+    kv_error e = {0};
+    int rc = kv_model_load(model_path(), &model, &e);
+    if (!rc) rc = write_profile(tu_tmp("profile.h5"), model, NULL);
+    if (!rc)
+        rc = write_profile(tu_tmp("other.h5"), model,
+                           "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef");
+    if (rc) fprintf(stderr, "search fixture: %s\n", e.msg[0] ? e.msg : "cannot write a profile");
+    return rc ? 1 : 0;
+}
+
+static int search_cleanup(void) {
+    kv_model_free(model);
+    model = NULL;
+    return 0;
+}
+
 static void test_profile_inputs(void) {
     kv_error e;
-    CU_ASSERT_EQUAL_FATAL(kv_model_load(model_path(), &model, &e), KV_OK);
-    CU_ASSERT_EQUAL_FATAL(write_profile(tu_tmp("profile.h5"), model, NULL), KV_OK);
-    CU_ASSERT_EQUAL_FATAL(
-        write_profile(tu_tmp("other.h5"), model,
-                      "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"),
-        KV_OK);
     kv_profile_inputs p;
     CU_ASSERT_EQUAL_FATAL(kv_profile_inputs_read(tu_tmp("profile.h5"), model, &p, &e), KV_OK);
     CU_ASSERT_EQUAL(p.n_layers, L);
@@ -323,8 +336,6 @@ static void test_search_command(void) {
     CU_ASSERT_EQUAL(tu_run_kvplan(args, &out, 1), 1);
     CU_ASSERT_PTR_NOT_NULL(out && strstr(out, "held-out"));
     free(out);
-    kv_model_free(model);
-    model = NULL;
 }
 
 /* Library level: a p x t x r grid, exhaustive vs halving, squeeze and uniform searches. */
@@ -423,7 +434,7 @@ static void test_search_library(void) {
     kv_model_free(m);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
     /* the tiny model runs fastest single-threaded */
     setenv("OMP_NUM_THREADS", "1", 0);
     setenv("OPENBLAS_NUM_THREADS", "1", 1);
@@ -432,5 +443,7 @@ int main(void) {
         {"plan_command", test_plan_command},     {"search_command", test_search_command},
         {"search_library", test_search_library},
     };
-    return tu_main("search", tests, sizeof tests / sizeof tests[0]);
+    static const tu_suite suite = {"search", search_init, search_cleanup, tests,
+                                   sizeof tests / sizeof tests[0]};
+    return tu_main_suites(argc, argv, &suite, 1);
 }

@@ -99,19 +99,27 @@ static kv_sens_curves cur;
 
 enum { CTX = 128 };
 
-static void setup_model(void) {
+/* Suite fixture: the model, 20000 bytes of text as tokens, an engine of 16 sequences over the
+ * full plan (C = 128, blocks of 4) and the loss curves measured on the first chunk (test_curves
+ * checks them). Returns non-zero, with the reason printed, when any step fails. */
+static int measured_init(void) {
     kv_error err = {0};
-    CU_ASSERT_EQUAL_FATAL(kv_model_load(tu_shared(MODEL), &model, &err), KV_OK);
     kv_tokenizer *t = NULL;
     char *text = NULL;
     size_t len = 0;
-    CU_ASSERT_EQUAL_FATAL(kv_tokenizer_load(NULL, model, &t, &err), KV_OK);
-    CU_ASSERT_EQUAL_FATAL(kv_read_file(tu_shared(TEXT), &text, &len, &err), KV_OK);
-    if (len > 20000) len = 20000;
-    CU_ASSERT_EQUAL_FATAL(kv_tokenizer_encode(t, text, len, 1, &ids, &n_ids, &err), KV_OK);
+    int rc = kv_model_load(tu_shared(MODEL), &model, &err);
+    if (!rc) rc = kv_tokenizer_load(NULL, model, &t, &err);
+    if (!rc) rc = kv_read_file(tu_shared(TEXT), &text, &len, &err);
+    if (!rc && len > 20000) len = 20000;
+    if (!rc) rc = kv_tokenizer_encode(t, text, len, 1, &ids, &n_ids, &err);
     free(text);
     kv_tokenizer_free(t);
-    CU_ASSERT_FATAL(n_ids >= 4 * CTX);
+    if (!rc && n_ids < 4 * CTX)
+        rc = kv_fail(&err, KV_EINPUT, "%d tokens, fewer than 4 x %d", n_ids, CTX);
+    if (rc) {
+        fprintf(stderr, "sensitivity fixture: %s\n", err.msg);
+        return 1;
+    }
     kv_sens_opts_default(&so, model);
     so.ratio = 0.25; /* 32 tokens per head of C = 128: 8 blocks of 4, floor 4 + 4 = 2 blocks */
     so.context = CTX;
@@ -121,10 +129,23 @@ static void setup_model(void) {
     so.batch = 16;
     so.calib_chunks = 1;
     kv_plan full;
-    CU_ASSERT_EQUAL_FATAL(kv_plan_full(&model->cfg, CTX, 4, 4, KV_POLICY_SINK, &full, &err), KV_OK);
-    kv_engine_opts eo = {.device = KV_DEVICE_CPU, .max_seqs = 16};
-    CU_ASSERT_EQUAL_FATAL(kv_engine_new(model, &full, &eo, &eng, &err), KV_OK);
-    kv_plan_free(&full);
+    rc = kv_plan_full(&model->cfg, CTX, 4, 4, KV_POLICY_SINK, &full, &err);
+    if (!rc) {
+        kv_engine_opts eo = {.device = KV_DEVICE_CPU, .max_seqs = 16};
+        rc = kv_engine_new(model, &full, &eo, &eng, &err);
+        kv_plan_free(&full);
+    }
+    if (!rc) rc = kv_sens_measure(eng, model, ids, 1, NULL, NULL, NULL, 0, &so, &cur, &err);
+    if (rc) fprintf(stderr, "sensitivity fixture: %s\n", err.msg);
+    return rc ? 1 : 0;
+}
+
+static int measured_cleanup(void) {
+    kv_sens_curves_free(&cur);
+    kv_engine_free(eng);
+    free(ids);
+    kv_model_free(model);
+    return 0;
 }
 
 /* Levels: a geometric ladder from the floor (2 blocks) to C (32 blocks) with the uniform
@@ -146,9 +167,8 @@ static void test_curves(void) {
     CU_ASSERT(nl <= so.max_levels);
     free(lv);
 
-    int rc = kv_sens_measure(eng, model, ids, 1, NULL, NULL, NULL, 0, &so, &cur, &err);
-    if (rc) fprintf(stderr, "%s\n", err.msg);
-    CU_ASSERT_EQUAL_FATAL(rc, KV_OK);
+    /* the curves measured by the fixture (measured_init) */
+    CU_ASSERT_PTR_NOT_NULL_FATAL(cur.levels);
     int nh = cur.n_heads, K = cur.n_levels;
     CU_ASSERT_EQUAL(nh, 20);
     CU_ASSERT_EQUAL(cur.tokens, CTX);
@@ -420,22 +440,21 @@ static void test_cli(void) {
     free(out);
 }
 
-static void teardown(void) {
-    kv_sens_curves_free(&cur);
-    kv_engine_free(eng);
-    free(ids);
-    kv_model_free(model);
-}
-
-int main(void) {
-    static const tu_test tests[] = {{"mckp_small", test_mckp_small},
-                                    {"setup_model", setup_model},
-                                    {"curves", test_curves},
-                                    {"allocate", test_allocate},
-                                    {"search_and_write", test_search_and_write},
-                                    {"policy_choice", test_policy_choice},
-                                    {"search_run", test_search_run},
-                                    {"cli", test_cli},
-                                    {"teardown", teardown}};
-    return tu_main("sensitivity", tests, sizeof tests / sizeof tests[0]);
+int main(int argc, char **argv) {
+    static const tu_test pure[] = {{"mckp_small", test_mckp_small}};
+    static const tu_test measured[] = {
+        {"curves", test_curves},
+        {"allocate", test_allocate},
+        {"search_and_write", test_search_and_write},
+        {"policy_choice", test_policy_choice},
+        {"search_run", test_search_run},
+    };
+    static const tu_test cli[] = {{"cli", test_cli}};
+    static const tu_suite suites[] = {
+        {"sensitivity", NULL, NULL, pure, 1},
+        {"sensitivity on stories260K", measured_init, measured_cleanup, measured,
+         sizeof measured / sizeof measured[0]},
+        {"sensitivity CLI", NULL, NULL, cli, 1},
+    };
+    return tu_main_suites(argc, argv, suites, sizeof suites / sizeof suites[0]);
 }

@@ -398,5 +398,5 @@ int main(int argc, char **argv) {
         {"killed run, --resume: same file, log removed", test_resume},
         {"mpirun -np 3: a failing or dying worker fails the run", test_mpi_faults},
     };
-    return tu_main("tasks", tests, sizeof tests / sizeof tests[0]);
+    return tu_main(argc, argv, "tasks", tests, sizeof tests / sizeof tests[0]);
 }

@@ -1,6 +1,6 @@
 /* The thin layer under kvplan's kernel bodies (cuda/kernels/kv_kernels.cuh): the same source
  * compiles under nvcc for the device and under a C++ compiler for the host shim the tests use
- * (tests/cuda_shim.hpp), which runs a kernel's grid on host threads.
+ * (tests/support/cuda_shim.hpp), which runs a kernel's grid on host threads.
  *
  * Kernel bodies use only these names for CUDA's built-ins:
  *   KV_GLOBAL / KV_DEVICE          kernel / device-function qualifiers
@@ -14,8 +14,9 @@
  * multiple of 32; every thread of a block reaches every kv_syncthreads(); every lane of a
  * warp reaches every shuffle.
  *
- * Under the shim, the file that includes the kernels must include tests/cuda_shim.hpp first
- * (it defines KV_HOST_SHIM and the kv_shim_* functions used below).
+ * Under the shim, the file that includes the kernels must include
+ * tests/support/cuda_shim.hpp first (it defines KV_HOST_SHIM and the kv_shim_* functions used
+ * below).
  */
 #ifndef KVPLAN_CUDA_KV_DEFS_CUH
 #define KVPLAN_CUDA_KV_DEFS_CUH
@@ -58,7 +59,7 @@
 #define kv_shfl_down(v, d) kv_shim_shfl_down((v), (d))
 
 #else
-#error "cuda/kernels/kv_defs.cuh: compile with nvcc, or include tests/cuda_shim.hpp first"
+#error "cuda/kernels/kv_defs.cuh: compile with nvcc, or include tests/support/cuda_shim.hpp first"
 #endif
 
 /* ---- reductions shared by the kernels (fixed order: the same result on every run) ---- */

@@ -1,6 +1,7 @@
 /* kvplan's layer kernels, written once for the CUDA device (cuda/kernels.cu launches them)
- * and for the host shim the tests run them on (tests/cuda_shim.hpp). Each kernel computes what
- * the CPU backend computes (runtime/ops.c, runtime/backend_cpu.c, runtime/kvcache.c); the tests in
+ * and for the host shim the tests run them on (tests/support/cuda_shim.hpp). Each kernel
+ * computes what the CPU backend computes (runtime/ops.c, runtime/backend_cpu.c,
+ * runtime/kvcache.c); the tests in
  * tests/test_cuda_kernels.cpp compare them at small sizes.
  *
  * Conventions: all matrices row-major fp32; `rows` is the number of token rows of a step (the

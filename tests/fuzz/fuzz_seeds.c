@@ -1,56 +1,30 @@
 /* Writes the tiny seed inputs of the fuzz targets (tests/fuzz/fuzz_*.c) into DIR/<target>/:
  * small but valid files of every format, made here from constants, so that the fuzzers start
- * inside the readers instead of at their first check. No data from ../shared is copied.
+ * inside the readers instead of at their first check. No data from ../shared is copied. Every
+ * file is built in a tw_buf, the GGUF one with the tests' GGUF writer (tests/support/).
  * Usage: fuzz_seeds DIR */
-#include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
+#include "gguf_writer.h"
+
 /* the one tiny model every seed describes: dim 8, FFN 16, 1 layer, 2 heads of 4, vocab 16 */
 enum { DIM = 8, HID = 16, NL = 1, NH = 2, NKV = 2, HD = 4, VOC = 16, SEQ = 8 };
 static const char *pieces[VOC] = {"<unk>", "<s>", "</s>", " ",  "a",  "b",  "c",  "d",
                                   "e",     "ab",  "cd",   " a", "ba", "de", "ed", "e "};
 
-typedef struct buf {
-    unsigned char *p;
-    size_t n, cap;
-} buf;
-
-static void put(buf *b, const void *s, size_t n) {
-    if (b->n + n > b->cap) {
-        b->cap = (b->n + n) * 2 + 256;
-        b->p = realloc(b->p, b->cap);
-        if (!b->p) abort();
-    }
-    memcpy(b->p + b->n, s, n);
-    b->n += n;
-}
-static void u32(buf *b, uint32_t v) {
-    put(b, &v, 4);
-}
-static void u64(buf *b, uint64_t v) {
-    put(b, &v, 8);
-}
-static void f32(buf *b, float v) {
-    put(b, &v, 4);
-}
-static void gstr(buf *b, const char *s) {
-    u64(b, strlen(s));
-    put(b, s, strlen(s));
-}
-
 static char root[4096];
-static void save(const char *target, const char *name, const buf *b) {
+static void save(const char *target, const char *name, const tw_buf *b) {
     char path[8192];
     snprintf(path, sizeof path, "%s/%s", root, target);
     mkdir(path, 0777);
     snprintf(path, sizeof path, "%s/%s/%s", root, target, name);
-    FILE *f = fopen(path, "wb");
-    if (!f || fwrite(b->p, 1, b->n, f) != b->n || fclose(f) != 0) {
-        fprintf(stderr, "fuzz_seeds: cannot write %s: %s\n", path, strerror(errno));
+    kv_error err = {0};
+    if (tw_save(b, path, &err)) {
+        fprintf(stderr, "fuzz_seeds: %s\n", err.msg);
         exit(1);
     }
 }
@@ -59,14 +33,14 @@ static void save(const char *target, const char *name, const buf *b) {
 static float w(size_t i) {
     return (float)((int)(i * 7 % 23) - 11) / 64.0f;
 }
-static void floats(buf *b, size_t n) {
-    for (size_t i = 0; i < n; i++) f32(b, w(i));
+static void floats(tw_buf *b, size_t n) {
+    for (size_t i = 0; i < n; i++) tw_f32(b, w(i));
 }
 
 static void seed_llama2c(void) {
-    buf b = {0};
+    tw_buf b = {0};
     int32_t hdr[7] = {DIM, HID, NL, NH, NKV, VOC, SEQ};
-    put(&b, hdr, sizeof hdr);
+    tw_put(&b, hdr, sizeof hdr);
     size_t kvd = (size_t)NKV * HD;
     floats(&b, (size_t)VOC * DIM + NL * DIM + NL * DIM * DIM + 2 * NL * kvd * DIM + NL * DIM * DIM +
                    NL * DIM + 3 * (size_t)NL * HID * DIM + DIM + (size_t)SEQ * HD);
@@ -76,40 +50,21 @@ static void seed_llama2c(void) {
     memcpy(b.p + 20, &neg, 4);
     floats(&b, (size_t)VOC * DIM);
     save("llama2c", "tiny-untied.bin", &b);
-    free(b.p);
+    tw_buf_free(&b);
 }
 
 static void seed_tokenizer_bin(void) {
-    buf b = {0};
+    tw_buf b = {0};
     unsigned char vocab_byte = VOC - 1; /* the target reads vocab = 1 + first byte */
-    put(&b, &vocab_byte, 1);
-    u32(&b, 5); /* max_token_length */
+    tw_put(&b, &vocab_byte, 1);
+    tw_u32(&b, 5); /* max_token_length */
     for (int i = 0; i < VOC; i++) {
-        f32(&b, i < 3 ? 0.0f : -(float)i);
-        u32(&b, (uint32_t)strlen(pieces[i]));
-        put(&b, pieces[i], strlen(pieces[i]));
+        tw_f32(&b, i < 3 ? 0.0f : -(float)i);
+        tw_u32(&b, (uint32_t)strlen(pieces[i]));
+        tw_put(&b, pieces[i], strlen(pieces[i]));
     }
     save("tokenizer_bin", "tok16.bin", &b);
-    free(b.p);
-}
-
-static void gkv_u32(buf *b, uint64_t *n, const char *k, uint32_t v) {
-    gstr(b, k);
-    u32(b, 4);
-    u32(b, v);
-    ++*n;
-}
-static void gkv_f32(buf *b, uint64_t *n, const char *k, float v) {
-    gstr(b, k);
-    u32(b, 6);
-    f32(b, v);
-    ++*n;
-}
-static void gkv_str(buf *b, uint64_t *n, const char *k, const char *v) {
-    gstr(b, k);
-    u32(b, 8);
-    gstr(b, v);
-    ++*n;
+    tw_buf_free(&b);
 }
 
 /* GGUF v3 (ggml docs/gguf.md): magic, version, tensor count, metadata count, metadata
@@ -129,63 +84,40 @@ static void seed_gguf(void) {
     };
     const size_t nt = sizeof t / sizeof t[0];
     const uint32_t align = 32;
-    buf b = {0};
-    put(&b, "GGUF", 4);
-    u32(&b, 3);
-    u64(&b, nt);
-    size_t nkv_at = b.n;
-    u64(&b, 0);
-    uint64_t nkv = 0;
-    gkv_str(&b, &nkv, "general.architecture", "llama");
-    gkv_u32(&b, &nkv, "general.alignment", align);
-    gkv_u32(&b, &nkv, "llama.embedding_length", DIM);
-    gkv_u32(&b, &nkv, "llama.feed_forward_length", HID);
-    gkv_u32(&b, &nkv, "llama.block_count", NL);
-    gkv_u32(&b, &nkv, "llama.attention.head_count", NH);
-    gkv_u32(&b, &nkv, "llama.attention.head_count_kv", NKV);
-    gkv_u32(&b, &nkv, "llama.context_length", SEQ);
-    gkv_f32(&b, &nkv, "llama.attention.layer_norm_rms_epsilon", 1e-5f);
-    gkv_f32(&b, &nkv, "llama.rope.freq_base", 10000.0f);
-    gkv_str(&b, &nkv, "tokenizer.ggml.model", "llama");
-    gstr(&b, "tokenizer.ggml.tokens");
-    u32(&b, 9); /* array */
-    u32(&b, 8); /* of strings */
-    u64(&b, VOC);
-    for (int i = 0; i < VOC; i++) gstr(&b, pieces[i]);
-    nkv++;
-    gstr(&b, "tokenizer.ggml.scores");
-    u32(&b, 9);
-    u32(&b, 6);
-    u64(&b, VOC);
-    for (int i = 0; i < VOC; i++) f32(&b, i < 3 ? 0.0f : -(float)i);
-    nkv++;
-    gstr(&b, "tokenizer.ggml.token_type");
-    u32(&b, 9);
-    u32(&b, 5);
-    u64(&b, VOC);
-    for (int i = 0; i < VOC; i++) u32(&b, i < 3 ? 3 : 1);
-    nkv++;
-    gkv_u32(&b, &nkv, "tokenizer.ggml.bos_token_id", 1);
-    gkv_u32(&b, &nkv, "tokenizer.ggml.eos_token_id", 2);
-    memcpy(b.p + nkv_at, &nkv, 8);
+    tw_buf b = {0};
+    tw_gguf_header(&b, 3, nt);
+    tw_kv_str(&b, "general.architecture", "llama");
+    tw_kv_u32(&b, "general.alignment", align);
+    tw_kv_u32(&b, "llama.embedding_length", DIM);
+    tw_kv_u32(&b, "llama.feed_forward_length", HID);
+    tw_kv_u32(&b, "llama.block_count", NL);
+    tw_kv_u32(&b, "llama.attention.head_count", NH);
+    tw_kv_u32(&b, "llama.attention.head_count_kv", NKV);
+    tw_kv_u32(&b, "llama.context_length", SEQ);
+    tw_kv_f32(&b, "llama.attention.layer_norm_rms_epsilon", 1e-5f);
+    tw_kv_f32(&b, "llama.rope.freq_base", 10000.0f);
+    tw_kv_str(&b, "tokenizer.ggml.model", "llama");
+    tw_kv_array(&b, "tokenizer.ggml.tokens", TW_STRING, VOC);
+    for (int i = 0; i < VOC; i++) tw_str(&b, pieces[i]);
+    tw_kv_array(&b, "tokenizer.ggml.scores", TW_FLOAT32, VOC);
+    for (int i = 0; i < VOC; i++) tw_f32(&b, i < 3 ? 0.0f : -(float)i);
+    tw_kv_array(&b, "tokenizer.ggml.token_type", TW_INT32, VOC);
+    for (int i = 0; i < VOC; i++) tw_u32(&b, i < 3 ? 3 : 1);
+    tw_kv_u32(&b, "tokenizer.ggml.bos_token_id", 1);
+    tw_kv_u32(&b, "tokenizer.ggml.eos_token_id", 2);
+    tw_gguf_kv_count(&b);
     uint64_t off = 0;
     for (size_t k = 0; k < nt; k++) {
-        gstr(&b, t[k].name);
-        u32(&b, t[k].ne1 ? 2 : 1);
-        u64(&b, t[k].ne0);
-        if (t[k].ne1) u64(&b, t[k].ne1);
-        u32(&b, 0);
-        u64(&b, off);
+        tw_tensor_info(&b, t[k].name, t[k].ne1 ? 2 : 1, t[k].ne0, t[k].ne1, 0, off);
         off += (4 * t[k].ne0 * (t[k].ne1 ? t[k].ne1 : 1) + align - 1) / align * align;
     }
-    while (b.n % align) put(&b, "", 1);
+    tw_pad(&b, align);
     for (size_t k = 0; k < nt; k++) {
-        size_t start = b.n;
         floats(&b, t[k].ne0 * (t[k].ne1 ? t[k].ne1 : 1));
-        while ((b.n - start) % align) put(&b, "", 1);
+        tw_pad(&b, align);
     }
     save("gguf", "tiny.gguf", &b);
-    free(b.p);
+    tw_buf_free(&b);
 }
 
 static void seed_tokenizer_json(void) {
@@ -212,13 +144,13 @@ static void seed_tokenizer_json(void) {
         "\"model\":{\"type\":\"BPE\",\"byte_fallback\":true,\"vocab\":{\"<unk>\":0,\"<s>\":1,"
         "\"</s>\":2,\"<0x41>\":3,\"\\u2581\":4,\"a\":5,\"b\":6,\"\\u2581a\":7,\"ab\":8},"
         "\"merges\":[\"\\u2581 a\",\"a b\"]}}";
-    buf b = {0};
-    put(&b, bytelevel, sizeof bytelevel - 1);
+    tw_buf b = {0};
+    tw_put(&b, bytelevel, sizeof bytelevel - 1);
     save("tokenizer_json", "bytelevel.json", &b);
     b.n = 0;
-    put(&b, spm, sizeof spm - 1);
+    tw_put(&b, spm, sizeof spm - 1);
     save("tokenizer_json", "spm.json", &b);
-    free(b.p);
+    tw_buf_free(&b);
 }
 
 /* safetensors (huggingface/safetensors README): u64 header length, JSON header, data */
@@ -266,15 +198,15 @@ static void seed_hf(void) {
         off += bytes;
     }
     hn += (size_t)snprintf(hdr + hn, sizeof hdr - hn, "}");
-    buf b = {0};
+    tw_buf b = {0};
     uint16_t cn = (uint16_t)(sizeof config - 1);
-    put(&b, &cn, 2);
-    put(&b, config, sizeof config - 1);
-    u64(&b, hn);
-    put(&b, hdr, hn);
+    tw_put(&b, &cn, 2);
+    tw_put(&b, config, sizeof config - 1);
+    tw_u64(&b, hn);
+    tw_put(&b, hdr, hn);
     floats(&b, off / 4);
     save("hf", "tiny.bin", &b);
-    free(b.p);
+    tw_buf_free(&b);
 }
 
 /* Programs for the structure-aware fuzz_h5 target (its comment gives the encoding): one that
@@ -300,13 +232,13 @@ static void seed_h5(void) {
         3, 6, 0, 2, 1, 3,                /* /layers/similarity [2] */
         0, 0, 4, 3, 0, 'k', 'v', 'p', 'l', 'a', 'n', ' ', 'p', 'r', 'o', 'f', 'i', /* command */
     };
-    buf b = {0};
-    put(&b, plan, sizeof plan);
+    tw_buf b = {0};
+    tw_put(&b, plan, sizeof plan);
     save("h5", "plan.prog", &b);
     b.n = 0;
-    put(&b, profile, sizeof profile);
+    tw_put(&b, profile, sizeof profile);
     save("h5", "profile.prog", &b);
-    free(b.p);
+    tw_buf_free(&b);
 }
 
 int main(int argc, char **argv) {

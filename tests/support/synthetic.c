@@ -1,4 +1,4 @@
-/* Synthetic Llama-shaped model for tests and benchmarks: see tests/synthetic.h. */
+/* Synthetic Llama-shaped model for tests and benchmarks: see tests/support/synthetic.h. */
 #include "synthetic.h"
 
 #include "model/model_impl.h"

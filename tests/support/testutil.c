@@ -68,20 +68,83 @@ int tu_run_kvplan(const char *args, char **out, int merge_stderr) {
     return tu_run_sh(cmd, out);
 }
 
-int tu_main(const char *suite_name, const tu_test *tests, size_t n) {
+/* Test i of suite s is selected by `want` (NULL: all): exact name, or (when no test anywhere
+ * has exactly that name) a name containing it or the suite's name. */
+static int tu_selected(const tu_suite *s, size_t i, const char *want, int exact) {
+    if (!want) return 1;
+    if (exact) return strcmp(s->tests[i].name, want) == 0;
+    return strstr(s->tests[i].name, want) != NULL || strcmp(s->name, want) == 0;
+}
+
+static void tu_list(FILE *f, const tu_suite *suites, size_t n_suites) {
+    for (size_t k = 0; k < n_suites; k++)
+        for (size_t i = 0; i < suites[k].n_tests; i++)
+            fprintf(f, "%s: %s\n", suites[k].name, suites[k].tests[i].name);
+}
+
+int tu_main_suites(int argc, char **argv, const tu_suite *suites, size_t n_suites) {
+    const char *want = getenv("KVPLAN_TEST"), *prog = argc > 0 ? argv[0] : "test";
+    if (want && !want[0]) want = NULL;
+    for (int a = 1; a < argc; a++) {
+        if (!strcmp(argv[a], "-l")) {
+            tu_list(stdout, suites, n_suites);
+            return 0;
+        } else if (!strcmp(argv[a], "-t") && a + 1 < argc) {
+            want = argv[++a];
+        } else {
+            fprintf(stderr,
+                    "%s: %s '%s'\n"
+                    "usage: %s [-t NAME] [-l]   (-t: only the tests named NAME, else those whose "
+                    "name contains NAME; also KVPLAN_TEST=NAME; -l: list the tests)\n",
+                    prog, strcmp(argv[a], "-t") ? "unknown argument" : "a test name must follow",
+                    argv[a], prog);
+            return 2;
+        }
+    }
+    int exact = 0;
+    size_t chosen = 0;
+    for (size_t k = 0; want && k < n_suites; k++)
+        for (size_t i = 0; i < suites[k].n_tests; i++)
+            if (tu_selected(&suites[k], i, want, 1)) exact = 1;
+    for (size_t k = 0; k < n_suites; k++)
+        for (size_t i = 0; i < suites[k].n_tests; i++)
+            chosen += tu_selected(&suites[k], i, want, exact);
+    if (!chosen) {
+        fprintf(stderr, "%s: no test named or containing '%s'; the tests are:\n", prog, want);
+        tu_list(stderr, suites, n_suites);
+        return 2;
+    }
     /* One BLAS thread count for this process and the kvplan commands it runs, so results
      * computed here and by the CLI agree bit for bit (OPENBLAS_NUM_THREADS, default 1). */
     setenv("OPENBLAS_NUM_THREADS", "1", 0);
     openblas_set_num_threads(atoi(getenv("OPENBLAS_NUM_THREADS")));
     if (CU_initialize_registry() != CUE_SUCCESS) return 2;
-    CU_pSuite s = CU_add_suite(suite_name, NULL, NULL);
-    for (size_t i = 0; i < n; i++) CU_add_test(s, tests[i].name, tests[i].fn);
+    for (size_t k = 0; k < n_suites; k++) {
+        const tu_suite *s = &suites[k];
+        CU_pSuite cs = NULL;
+        for (size_t i = 0; i < s->n_tests; i++) {
+            if (!tu_selected(s, i, want, exact)) continue;
+            if (!cs) cs = CU_add_suite(s->name, s->init, s->cleanup);
+            if (!cs || !CU_add_test(cs, s->tests[i].name, s->tests[i].fn)) {
+                fprintf(stderr, "%s: cannot register %s: %s\n", prog, s->tests[i].name,
+                        CU_get_error_msg());
+                CU_cleanup_registry();
+                return 2;
+            }
+        }
+    }
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
-    unsigned failed = CU_get_number_of_failures() + CU_get_number_of_tests_failed();
+    unsigned failed = CU_get_number_of_failures() + CU_get_number_of_tests_failed() +
+                      CU_get_number_of_suites_failed();
     unsigned run = CU_get_number_of_tests_run();
     CU_cleanup_registry();
     return (failed || run == 0) ? 1 : 0;
+}
+
+int tu_main(int argc, char **argv, const char *suite, const tu_test *tests, size_t n) {
+    const tu_suite s = {suite, NULL, NULL, tests, n};
+    return tu_main_suites(argc, argv, &s, 1);
 }
 
 kv_model *tu_load_model(const char *path) {

@@ -1,6 +1,6 @@
-/* Engine tests on the real stories260K checkpoint: loader errors, tokenizer, the forward pass
- * against a naive implementation written here, prefill == decode, greedy text, perplexity by
- * prefill and by decode. */
+/* The forward pass (runtime/engine/forward.c) on the real stories260K checkpoint: loader
+ * errors, tokenizer, the forward pass against a naive implementation written here, prefill ==
+ * decode, greedy text, perplexity by prefill and by decode. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -388,7 +388,7 @@ static void test_cli_errors(void) {
     CU_ASSERT_EQUAL(tu_run_kvplan("frobnicate", NULL, 1), 1);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
     static const tu_test tests[] = {
         {"config and sha256 of stories260K", test_config_and_hash},
         {"loader errors: truncated, oversized, bad header, short", test_loader_errors},
@@ -399,5 +399,5 @@ int main(void) {
         {"kv_generate: a batch of three reproduces the greedy text", test_generate_api},
         {"CLI errors name the file", test_cli_errors},
     };
-    return tu_main("engine", tests, sizeof tests / sizeof tests[0]);
+    return tu_main(argc, argv, "forward", tests, sizeof tests / sizeof tests[0]);
 }

@@ -1,5 +1,5 @@
-/* Runtime tests (issue 5): the paged per-head KV cache under budgets, eviction policies,
- * prefill-and-decode compression (Batch-Max Alg. 1), budgeted perplexity and batched
+/* The KV cache (runtime/cache/kvcache.c): the paged per-head KV cache under budgets, eviction
+ * policies, prefill-and-decode compression (Batch-Max Alg. 1), budgeted perplexity and batched
  * generation, on the real stories260K checkpoint and (when its loader is present) the
  * TinyStories-656K Hugging Face directory.
  *
@@ -781,7 +781,7 @@ static void test_batched_generation(void) {
     free(batch);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
     static const tu_test tests[] = {
         {"budgets >= context: budgeted perplexity == full, bit for bit",
          test_budget_ge_context_is_exact},
@@ -799,5 +799,5 @@ int main(void) {
         {"bad input: budgets, ratios, plans", test_bad_input},
         {"batched generation equals single runs", test_batched_generation},
     };
-    return tu_main("runtime", tests, sizeof tests / sizeof tests[0]);
+    return tu_main(argc, argv, "kvcache", tests, sizeof tests / sizeof tests[0]);
 }

@@ -1,4 +1,4 @@
-/* Test-side GGUF writer; see gguf_writer.h. */
+/* The tests' GGUF writer; see gguf_writer.h. */
 #include "gguf_writer.h"
 
 #include <errno.h>
@@ -20,38 +20,96 @@ typedef struct tw_tensor {
     size_t bytes, offset;
 } tw_tensor;
 
-typedef struct tw_file {
-    FILE *f;
-    int failed;
-} tw_file;
+void tw_buf_free(tw_buf *b) {
+    free(b->p);
+    memset(b, 0, sizeof *b);
+}
 
-static void put(tw_file *w, const void *p, size_t n) {
-    if (!w->failed && fwrite(p, 1, n, w->f) != n) w->failed = 1;
+void tw_put(tw_buf *b, const void *p, size_t n) {
+    if (b->failed) return;
+    if (b->n + n > b->cap) {
+        size_t cap = (b->n + n) * 2 + 1024;
+        unsigned char *q = realloc(b->p, cap);
+        if (!q) {
+            b->failed = 1;
+            return;
+        }
+        b->p = q, b->cap = cap;
+    }
+    if (n) memcpy(b->p + b->n, p, n);
+    b->n += n;
 }
-static void put_u32(tw_file *w, uint32_t v) {
-    put(w, &v, 4);
+void tw_u32(tw_buf *b, uint32_t v) {
+    tw_put(b, &v, 4);
 }
-static void put_u64(tw_file *w, uint64_t v) {
-    put(w, &v, 8);
+void tw_u64(tw_buf *b, uint64_t v) {
+    tw_put(b, &v, 8);
 }
-static void put_str(tw_file *w, const char *s) {
-    put_u64(w, strlen(s));
-    put(w, s, strlen(s));
+void tw_f32(tw_buf *b, float v) {
+    tw_put(b, &v, 4);
 }
-static void kv_u32(tw_file *w, const char *k, uint32_t v) {
-    put_str(w, k);
-    put_u32(w, 4); /* GGUF_TYPE_UINT32 */
-    put_u32(w, v);
+void tw_str(tw_buf *b, const char *s) {
+    tw_u64(b, strlen(s));
+    tw_put(b, s, strlen(s));
 }
-static void kv_f32(tw_file *w, const char *k, float v) {
-    put_str(w, k);
-    put_u32(w, 6); /* GGUF_TYPE_FLOAT32 */
-    put(w, &v, 4);
+void tw_pad(tw_buf *b, size_t align) {
+    static const unsigned char zero[64];
+    while (!b->failed && b->n % align) {
+        size_t k = align - b->n % align;
+        tw_put(b, zero, k < sizeof zero ? k : sizeof zero);
+    }
 }
-static void kv_string(tw_file *w, const char *k, const char *v) {
-    put_str(w, k);
-    put_u32(w, 8); /* GGUF_TYPE_STRING */
-    put_str(w, v);
+
+void tw_gguf_header(tw_buf *b, uint32_t version, uint64_t n_tensors) {
+    tw_put(b, "GGUF", 4);
+    tw_u32(b, version);
+    tw_u64(b, n_tensors);
+    tw_u64(b, 0);
+    b->n_kv = 0;
+}
+void tw_gguf_kv_count(tw_buf *b) {
+    if (!b->failed && b->n >= 24) memcpy(b->p + 16, &b->n_kv, 8);
+}
+void tw_key(tw_buf *b, const char *key, uint32_t type) {
+    tw_str(b, key);
+    tw_u32(b, type);
+    b->n_kv++;
+}
+void tw_kv_u32(tw_buf *b, const char *key, uint32_t v) {
+    tw_key(b, key, TW_UINT32);
+    tw_u32(b, v);
+}
+void tw_kv_f32(tw_buf *b, const char *key, float v) {
+    tw_key(b, key, TW_FLOAT32);
+    tw_f32(b, v);
+}
+void tw_kv_str(tw_buf *b, const char *key, const char *v) {
+    tw_key(b, key, TW_STRING);
+    tw_str(b, v);
+}
+void tw_kv_array(tw_buf *b, const char *key, uint32_t elem_type, uint64_t count) {
+    tw_key(b, key, TW_ARRAY);
+    tw_u32(b, elem_type);
+    tw_u64(b, count);
+}
+void tw_tensor_info(tw_buf *b, const char *name, int n_dims, uint64_t ne0, uint64_t ne1,
+                    uint32_t type, uint64_t offset) {
+    tw_str(b, name);
+    tw_u32(b, (uint32_t)n_dims);
+    tw_u64(b, ne0);
+    if (n_dims > 1) tw_u64(b, ne1);
+    tw_u32(b, type);
+    tw_u64(b, offset);
+}
+
+int tw_save(const tw_buf *b, const char *path, kv_error *err) {
+    if (b->failed) return kv_fail(err, KV_EINTERNAL, "%s: out of memory building the file", path);
+    FILE *f = fopen(path, "wb");
+    if (!f) return kv_fail(err, KV_EINTERNAL, "%s: cannot create: %s", path, strerror(errno));
+    int bad = fwrite(b->p, 1, b->n, f) != b->n;
+    if (fclose(f) != 0) bad = 1;
+    if (bad) return kv_fail(err, KV_EINTERNAL, "%s: write failed: %s", path, strerror(errno));
+    return KV_OK;
 }
 
 static int add(tw_tensor *t, int *n, const char *name, int rows, int cols, int one_d, kv_dtype type,
@@ -119,51 +177,33 @@ int tw_write_gguf(const char *path, const kv_model *m, kv_dtype type, size_t *by
         t[i].offset = off;
         off = (off + t[i].bytes + TW_ALIGN - 1) / TW_ALIGN * TW_ALIGN;
     }
-    tw_file w = {fopen(path, "wb"), 0};
-    if (!w.f) {
-        free(t);
-        return kv_fail(err, KV_EINTERNAL, "%s: cannot create: %s", path, strerror(errno));
-    }
-    int n_kv = 11 + (c->bos_id >= 0) + (c->eos_id >= 0);
-    put(&w, "GGUF", 4);
-    put_u32(&w, 3);
-    put_u64(&w, (uint64_t)n);
-    put_u64(&w, (uint64_t)n_kv);
-    kv_string(&w, "general.architecture", "llama");
-    kv_u32(&w, "general.alignment", TW_ALIGN);
-    kv_u32(&w, "llama.embedding_length", (uint32_t)d);
-    kv_u32(&w, "llama.feed_forward_length", (uint32_t)hid);
-    kv_u32(&w, "llama.block_count", (uint32_t)c->n_layers);
-    kv_u32(&w, "llama.attention.head_count", (uint32_t)c->n_heads);
-    kv_u32(&w, "llama.attention.head_count_kv", (uint32_t)c->n_kv_heads);
-    kv_u32(&w, "llama.context_length", (uint32_t)c->seq_len);
-    kv_f32(&w, "llama.attention.layer_norm_rms_epsilon", c->norm_eps);
-    kv_f32(&w, "llama.rope.freq_base", c->rope_theta);
-    kv_u32(&w, "llama.vocab_size", (uint32_t)V);
-    if (c->bos_id >= 0) kv_u32(&w, "tokenizer.ggml.bos_token_id", (uint32_t)c->bos_id);
-    if (c->eos_id >= 0) kv_u32(&w, "tokenizer.ggml.eos_token_id", (uint32_t)c->eos_id);
-    for (int i = 0; i < n; i++) {
-        put_str(&w, t[i].name);
-        put_u32(&w, t[i].one_d ? 1 : 2);
-        put_u64(&w, (uint64_t)t[i].cols);
-        if (!t[i].one_d) put_u64(&w, (uint64_t)t[i].rows);
-        put_u32(&w, (uint32_t)t[i].type);
-        put_u64(&w, (uint64_t)t[i].offset);
-    }
-    static const unsigned char zeros[TW_ALIGN];
-    long pos = ftell(w.f);
-    if (pos < 0) w.failed = 1;
-    size_t here = pos < 0 ? 0 : (size_t)pos;
-    put(&w, zeros, (TW_ALIGN - here % TW_ALIGN) % TW_ALIGN);
-    size_t data_start = (here + TW_ALIGN - 1) / TW_ALIGN * TW_ALIGN;
-    size_t written = 0; /* bytes of the data section so far */
+    tw_buf w = {0};
+    tw_gguf_header(&w, 3, (uint64_t)n);
+    tw_kv_str(&w, "general.architecture", "llama");
+    tw_kv_u32(&w, "general.alignment", TW_ALIGN);
+    tw_kv_u32(&w, "llama.embedding_length", (uint32_t)d);
+    tw_kv_u32(&w, "llama.feed_forward_length", (uint32_t)hid);
+    tw_kv_u32(&w, "llama.block_count", (uint32_t)c->n_layers);
+    tw_kv_u32(&w, "llama.attention.head_count", (uint32_t)c->n_heads);
+    tw_kv_u32(&w, "llama.attention.head_count_kv", (uint32_t)c->n_kv_heads);
+    tw_kv_u32(&w, "llama.context_length", (uint32_t)c->seq_len);
+    tw_kv_f32(&w, "llama.attention.layer_norm_rms_epsilon", c->norm_eps);
+    tw_kv_f32(&w, "llama.rope.freq_base", c->rope_theta);
+    tw_kv_u32(&w, "llama.vocab_size", (uint32_t)V);
+    if (c->bos_id >= 0) tw_kv_u32(&w, "tokenizer.ggml.bos_token_id", (uint32_t)c->bos_id);
+    if (c->eos_id >= 0) tw_kv_u32(&w, "tokenizer.ggml.eos_token_id", (uint32_t)c->eos_id);
+    tw_gguf_kv_count(&w);
+    for (int i = 0; i < n; i++)
+        tw_tensor_info(&w, t[i].name, t[i].one_d ? 1 : 2, (uint64_t)t[i].cols, (uint64_t)t[i].rows,
+                       (uint32_t)t[i].type, (uint64_t)t[i].offset);
     int maxc = 0;
     for (int i = 0; i < n; i++) maxc = t[i].cols > maxc ? t[i].cols : maxc;
     unsigned char *row = malloc((size_t)maxc * 4 + 64);
     float *f32 = malloc((size_t)maxc * sizeof *f32);
     if (!row || !f32) w.failed = 1;
+    /* the data: every tensor at a multiple of the alignment (the data section starts at one) */
     for (int i = 0; i < n && !w.failed && !rc; i++) {
-        put(&w, zeros, t[i].offset - written);
+        tw_pad(&w, TW_ALIGN);
         size_t rb = t[i].bytes / (size_t)t[i].rows;
         for (int r = 0; r < t[i].rows && !rc; r++) {
             int src = r;
@@ -175,21 +215,21 @@ int tw_write_gguf(const char *path, const kv_model *m, kv_dtype type, size_t *by
             kv_dtype_row_bytes(t[i].src.type, t[i].cols, t[i].name, &sb, NULL);
             const unsigned char *sp = (const unsigned char *)t[i].src.data + (size_t)src * sb;
             if (t[i].src.type == t[i].type) { /* same type: the bytes as they are */
-                put(&w, sp, rb);
+                tw_put(&w, sp, rb);
                 continue;
             }
             rc = kv_dequantize_row(t[i].src.type, sp, f32, t[i].cols, err);
             if (!rc) rc = kv_quantize_row(t[i].type, f32, row, t[i].cols, err);
-            put(&w, row, rb);
+            tw_put(&w, row, rb);
         }
-        written = t[i].offset + t[i].bytes;
     }
     free(row);
     free(f32);
     free(t);
-    if (fclose(w.f) != 0) w.failed = 1;
-    if (rc) return kv_fail_context(err, "writing %s", path);
-    if (w.failed) return kv_fail(err, KV_EINTERNAL, "%s: write failed: %s", path, strerror(errno));
-    if (bytes) *bytes = data_start + written;
+    rc = rc ? kv_fail_context(err, "writing %s", path) : tw_save(&w, path, err);
+    size_t size = w.n;
+    tw_buf_free(&w);
+    if (rc) return rc;
+    if (bytes) *bytes = size;
     return KV_OK;
 }

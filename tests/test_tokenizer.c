@@ -1,4 +1,4 @@
-/* Tokenizers against llama.cpp's own tokenizer tests (issue 14, parts 1, 2 and 5).
+/* Tokenizers (runtime/tokenizer/) against llama.cpp's own tokenizer tests.
  *
  * ../shared/vocab/ holds six vocabulary-only GGUF files written by llama.cpp's converter with
  * llama.cpp's test strings (NAME.gguf.inp, separated by "\n__ggml_vocab_test__\n") and the ids
@@ -343,7 +343,7 @@ static void test_tiny_random_f16(void) {
     CU_ASSERT_EQUAL(c->seq_len, 4096);
     CU_ASSERT_STRING_EQUAL(m->sha256,
                            "81f226c62d28ed4a1a9b9fa080fcd9f0cc40e0f9d5680036583ff98fbcd035cb");
-    /* the weights are the file's F16 values, kept in place in their type (issue 14) */
+    /* the weights are the file's F16 values, kept in place in their type */
     kv_gguf *g = NULL;
     CU_ASSERT_EQUAL_FATAL(kv_gguf_open(tu_shared(TINY), &g, &err), KV_OK);
     const char *names[] = {"token_embd.weight", "blk.0.attn_q.weight", "blk.0.ffn_down.weight"};
@@ -428,7 +428,7 @@ static void test_cli_and_errors(void) {
     CU_ASSERT(strstr(err.msg, "tokenizer.ggml.model") != NULL);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
     const tu_test tests[] = {
         {"llama.cpp tokenizer vectors, six vocabularies", test_llamacpp_vectors},
         {"special and user-defined tokens", test_special_tokens},
@@ -438,5 +438,5 @@ int main(void) {
         {"llama-2-tiny-random F16 GGUF: load, tokenize, generate", test_tiny_random_f16},
         {"CLI tokenize without a model; bad vocabulary files", test_cli_and_errors},
     };
-    return tu_main("vocab", tests, sizeof tests / sizeof tests[0]);
+    return tu_main(argc, argv, "tokenizer", tests, sizeof tests / sizeof tests[0]);
 }

@@ -1,5 +1,5 @@
 /* Helpers shared by the CUnit suites: locating ../shared data, running the kvplan binary,
- * and a main() that runs one suite and exits non-zero on any failure. */
+ * and the main() of every suite binary (fixtures, one test by name, exit status). */
 #ifndef KVPLAN_TESTUTIL_H
 #define KVPLAN_TESTUTIL_H
 
@@ -40,11 +40,34 @@ void tu_fake_model(kv_model *m, int n_layers, const char *sha);
 /* Run a shell command; its stdout (what the command redirects there) into *out (malloc'ed,
  * may be NULL). Returns the exit code, 128 + the signal when killed, -1 when it cannot run. */
 int tu_run_sh(const char *cmd, char **out);
-/* Run a whole suite: registers the tests, runs them, returns 0 when all passed. */
+/* One test: its name (what -t / KVPLAN_TEST match) and its function. */
 typedef struct tu_test {
     const char *name;
     void (*fn)(void);
 } tu_test;
-int tu_main(const char *suite, const tu_test *tests, size_t n);
+/* One CUnit suite: name, fixture and tests. init (may be NULL) runs once before the suite's
+ * first test and returns 0 when the fixture is ready; when it returns non-zero (after printing
+ * why) CUnit runs none of the suite's tests and counts the suite failed. cleanup (may be NULL)
+ * runs once after the suite's last test, also when a test failed, and returns 0. */
+typedef struct tu_suite {
+    const char *name;
+    int (*init)(void);
+    int (*cleanup)(void);
+    const tu_test *tests;
+    size_t n_tests;
+} tu_suite;
+/* The test binary's main: registers the suites, runs them (CUnit basic mode, verbose) and
+ * returns 0 when every registered test passed and every suite's init and cleanup succeeded, 1
+ * otherwise, 2 on a usage error.
+ *
+ * Command line (argc, argv of main), also read from the environment:
+ *   -t NAME (or KVPLAN_TEST=NAME)  run only the tests named NAME; when no test has exactly that
+ *       name, every test whose name contains NAME (or whose suite is named NAME). A suite's
+ *       init and cleanup run only when one of its tests is selected. No match: the list of
+ *       tests and exit status 2.
+ *   -l  list the suites and tests ("suite: test", one a line) and exit 0. */
+int tu_main_suites(int argc, char **argv, const tu_suite *suites, size_t n_suites);
+/* tu_main_suites with one suite without a fixture. */
+int tu_main(int argc, char **argv, const char *suite, const tu_test *tests, size_t n);
 
 #endif
