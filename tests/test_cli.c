@@ -287,7 +287,7 @@ static void test_refusals(void) {
     }
 }
 
-int main(void) {
+int main(int argc, char **argv) {
     static const tu_test tests[] = {
         {"run: --opt value == --opt=value == MODEL positional", test_run},
         {"eval: --opt value == --opt=value == MODEL positional", test_eval},
@@ -302,5 +302,5 @@ int main(void) {
          test_out_of_range_names_option_and_range},
         {"unknown, abbreviated, valueless and extra arguments", test_refusals},
     };
-    return tu_main("cli", tests, sizeof tests / sizeof tests[0]);
+    return tu_main(argc, argv, "cli", tests, sizeof tests / sizeof tests[0]);
 }
