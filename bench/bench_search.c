@@ -1,4 +1,4 @@
-/* Benchmark: successive halving vs the exhaustive BaKlaVa grid (DESIGN.md Planning 4).
+/* Benchmark: successive halving vs the exhaustive BaKlaVa grid (docs/design.md Planning 4).
  *
  * usage: bench_search [--model M] [--profile P] [--text T] [--ratios 0.25,0.5] [--eta 3,4]
  *                     [--context C] [--eval-tokens N]

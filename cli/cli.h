@@ -1,6 +1,6 @@
 /* kvplan command line: one function per subcommand (cli/cmd_*.c) and shared option helpers.
  * Each kv_cmd_* returns the process exit code: 0 ok, 1 bad input, 2 internal error
- * (DESIGN.md CLI). Errors are printed as "kvplan <cmd>: <message>" on stderr. */
+ * (docs/design.md CLI). Errors are printed as "kvplan <cmd>: <message>" on stderr. */
 #ifndef KVPLAN_CLI_H
 #define KVPLAN_CLI_H
 

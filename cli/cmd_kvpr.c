@@ -1,5 +1,5 @@
 /* kvplan kvpr: the KVPR split point for one shape (and over the decode steps with --gen-len).
- * KVPR Eq. 6-11 generalised to GQA (DESIGN.md Planning 5); the solver is planner/kvpr.c. */
+ * KVPR Eq. 6-11 generalised to GQA (docs/design.md Planning 5); the solver is planner/kvpr.c. */
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stddef.h>

@@ -1,6 +1,6 @@
 /* kvplan CUDA backend: the engine's layer-step ops (include/kvplan/backend.h) on one CUDA
  * device, with the driver, block-table metadata, policies and eviction schedule shared with the
- * CPU backend (runtime/forward.c, runtime/kvcache.c).
+ * CPU backend (runtime/engine/forward.c, runtime/cache/kvcache.c).
  *
  * - Weights are uploaded once at creation. The loaders keep every matrix as fp32
  *   (include/kvplan/model.h), so the GEMMs are cublasGemmEx with fp32 inputs and

@@ -1,5 +1,5 @@
 /* KVPR executor on a CUDA device (include/kvplan/kvcuda.h; KVPR, Jiang et al., §3.2-3.3, Eq.
- * 6-11): the device half of runtime/kvpr_exec.c's rebuild. For each offloaded layer (host
+ * 6-11): the device half of runtime/offload/kvpr_exec.c's rebuild. For each offloaded layer (host
  * memory, kv_kvpr_layer) with split l over s' tokens:
  *   copy stream:    K[l:s'], V[l:s'] host -> device (Eq. 6, M_KV = 2 (s' - l) h_kv p bytes),
  *   compute stream: X[0:l] host -> device, K[0:l] = X W_K^T (+ b_K, RoPE at 0..l-1),

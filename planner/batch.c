@@ -1,4 +1,4 @@
-/* Batch sizing (Batch-Max §3-4, DESIGN.md Planning 6), the KV memory arithmetic (article 003)
+/* Batch sizing (Batch-Max §3-4, docs/design.md Planning 6), the KV memory arithmetic (article 003)
  * and the /kvpr and /batch groups of plan.h5. See include/kvplan/batch.h. */
 #include "kvplan/batch.h"
 
@@ -189,8 +189,8 @@ int kv_batch_size(const kv_batch_config *c, kv_batch_result *out, kv_error *err)
 
 /* ---- plan.h5 /kvpr and /batch ---- */
 
-int kv_plan_write_kvpr_batch(kv_h5 *plan, const kv_model *m, const kv_hw *hw,
-                             const kv_plan *b, kv_error *err) {
+int kv_plan_write_kvpr_batch(kv_h5 *plan, const kv_model *m, const kv_hw *hw, const kv_plan *b,
+                             kv_error *err) {
     const kv_config *cf = &m->cfg;
     if (!b || b->n_layers != cf->n_layers || b->n_kv_heads != cf->n_kv_heads || !b->budget)
         return kv_fail(err, KV_EINPUT, "plan budgets do not match the model (L %d, H_kv %d)",

@@ -87,7 +87,7 @@ int kv_profile_inputs_read(const char *path, const kv_model *m, kv_profile_input
         for (int i = 0; !rc && i < L * H; i++) out->head_imp[i] = 1.0 - out->head_sim[i];
     }
     /* head similarity s = (mean cos + 1) / 2 and importance 1 - s lie in [0, 1]; layer
-     * similarity is a cosine in [-1, 1] (DESIGN.md, profile; include/kvplan/profiler.h) */
+     * similarity is a cosine in [-1, 1] (docs/design.md Profiling; include/kvplan/profiler.h) */
     for (int i = 0; !rc && i < L * H; i++)
         if (!(out->head_sim[i] >= -KV_PROFILE_RANGE_TOL &&
               out->head_sim[i] <= 1.0 + KV_PROFILE_RANGE_TOL) ||

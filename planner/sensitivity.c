@@ -1,6 +1,6 @@
 /* kvplan sensitivity planning: loss curves by batched perturbation, the multiple-choice
  * knapsack (GLPK MIP and an exact DP), and the refinement loop. See
- * include/kvplan/sensitivity.h and DESIGN.md "Sensitivity planning". */
+ * include/kvplan/sensitivity.h and docs/design.md "Sensitivity planning". */
 #include "kvplan/sensitivity.h"
 
 #include <glpk.h>

@@ -1,4 +1,4 @@
-/* Conformance of the CUDA backend with the CPU backend (DESIGN.md "One engine, one plan,
+/* Conformance of the CUDA backend with the CPU backend (docs/design.md "One engine, one plan,
  * several backends"): the same engine, plan and driver on both devices, stories260K.
  *  - every layer-step op, through the engine's observation hooks on one prefill: attention
  *    output per head (qkv + cache write + attention), W_o output (out_residual), the block's

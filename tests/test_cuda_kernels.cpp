@@ -6,7 +6,7 @@
  *
  * What each comparison expects:
  *  - row gather, bias, cache write, KV gather: exact (pure copies or one addition).
- *  - RMSNorm, RoPE, SwiGLU: the same float expressions as runtime/ops.c; a relative 1e-6
+ *  - RMSNorm, RoPE, SwiGLU: the same float expressions as runtime/backend/ops.c; a relative 1e-6
  *    bound leaves room for libm's expf and the double sum's association.
  *  - attention: the kernel sums q.k with a warp butterfly and the softmax with a block tree,
  *    the CPU left to right. A score's rounding (~1e-7 of |q||k|, scores reach ~30 here) moves
@@ -269,8 +269,8 @@ qkv real_qkv(const kv_model *m, const std::vector<int> &ids, int n_kv) {
 }
 
 /* CPU reference of one (sequence, KV head) attention step, the semantics of attend_task_hd in
- * runtime/backend_cpu.c (whose activations are private to the CPU backend, so its op cannot be
- * fed these q rows directly): query i of the n new ones attends entries 0 .. len - n + i;
+ * runtime/backend/backend_cpu.c (whose activations are private to the CPU backend, so its op cannot
+ * be fed these q rows directly): query i of the n new ones attends entries 0 .. len - n + i;
  * statistics per entry in query-head order. q/o rows of stride H*hd starting at row0. */
 void cpu_attend(kv_cache *c, kv_head *h, int j, int g, int hd, int n, const float *q, float *o,
                 int q_stride, int row0) {

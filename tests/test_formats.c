@@ -15,7 +15,7 @@
 #include "kvplan/tokenizer.h"
 #include "testutil.h"
 
-double kv_gguf_dequant_seconds(const kv_model *m); /* runtime/gguf.c, for measurements */
+double kv_gguf_dequant_seconds(const kv_model *m); /* runtime/model/gguf.c, for measurements */
 
 #define M656 "models/tinystories-656k"
 #define TEXT "text/tinystories_val_head.txt"

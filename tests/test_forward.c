@@ -316,7 +316,7 @@ static void gen_collect(void *user, int seq, int prev, int token) {
     g->text[g->len] = '\0';
 }
 
-/* kv_generate (runtime/generate.c) without the CLI: three greedy sequences decoded together
+/* kv_generate (runtime/engine/generate.c) without the CLI: three greedy sequences decoded together
  * (prompts "", "Tom and Sue went to the park", "" again) reproduce the published continuation
  * of BOS alone in sequences 0 and 2, token for token, and the streamed text equals the
  * decoded one. */

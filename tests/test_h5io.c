@@ -1,4 +1,4 @@
-/* Tests of runtime/h5io.c: round trips, atomic writes, provenance, rejection of bad files, and
+/* Tests of runtime/util/h5io.c: round trips, atomic writes, provenance, rejection of bad files, and
  * the plan budget part. */
 #include <CUnit/CUnit.h>
 #include <dirent.h>

@@ -1,7 +1,7 @@
 /* Tests of `kvplan inspect` (cli/cmd_inspect.c, cli/inspect_*.c): profile and plan files built here
- * with the h5io API in the DESIGN.md schema (stories260K's shape: L = 5, H = 8, H_kv = 4), then the
- * text summary, the JSON round trip, the PNGs (decoded with libpng), the exports and every bad-file
- * case. */
+ * with the h5io API in the docs/design.md schema (stories260K's shape: L = 5, H = 8, H_kv = 4),
+ * then the text summary, the JSON round trip, the PNGs (decoded with libpng), the exports and every
+ * bad-file case. */
 #include <CUnit/CUnit.h>
 #include <cjson/cJSON.h>
 #include <hdf5.h>

@@ -3,7 +3,7 @@
  * generation, on the real stories260K checkpoint and (when its loader is present) the
  * TinyStories-656K Hugging Face directory.
  *
- * The reference used here is written in this file and shares nothing with runtime/kvcache.c:
+ * The reference used here is written in this file and shares nothing with runtime/cache/kvcache.c:
  * a double-precision Llama forward pass whose attention mask is an explicit rule
  * "query t sees key u" (e.g. the first 4 positions plus the most recent 28, StreamingLLM).
  */

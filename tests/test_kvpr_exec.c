@@ -1,4 +1,4 @@
-/* KVPR executor tests (runtime/kvpr_exec.c): on the real stories260K checkpoint (adjacent
+/* KVPR executor tests (runtime/offload/kvpr_exec.c): on the real stories260K checkpoint (adjacent
  * RoPE) and the TinyStories-656K Hugging Face directory (rotate-half RoPE, GQA 8/4) with
  * tokens of real text, the K and V rebuilt from X[0:l] and K, V [l:s'] equal what the
  * ordinary forward pass stored in its paged cache for l = 0, 1, s'/2, s'-1, s'; the rebuilt

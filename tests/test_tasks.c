@@ -1,4 +1,4 @@
-/* Tests of runtime/tasks.c (the task model of DESIGN.md "Past one machine") and of
+/* Tests of runtime/util/tasks.c (the task model of docs/design.md "Past one machine") and of
  * `kvplan search` (grid, sensitivity, held-out) and `kvplan profile` under mpirun: the file of
  * an MPI run equals the one-process run's
  * (every dataset bit for bit; only the attributes command, created and the timings may differ),

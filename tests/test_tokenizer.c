@@ -187,9 +187,9 @@ static void test_special_tokens(void) {
  * gives a lossless tokenizer; an unknown value is refused by name. The values are written
  * into copies of ggml-vocab-gpt-2.gguf (a vocabulary-only GGUF has no tensor offsets to fix). */
 static void test_every_pre_value(void) {
-    /* one name of each of kvplan's pre-tokenizer lists (runtime/tokenizer_gguf.c), and the
-     * three whose digit grouping is checked below; loading a 50257-token vocabulary per name
-     * is the cost, so the aliases of each list are not all loaded */
+    /* one name of each of kvplan's pre-tokenizer lists (runtime/tokenizer/tokenizer_gguf.c), and
+     * the three whose digit grouping is checked below; loading a 50257-token vocabulary per name is
+     * the cost, so the aliases of each list are not all loaded */
     static const char *pres[] = {"default",        "llama-bpe",   "dbrx",       "deepseek-llm",
                                  "deepseek-coder", "deepseek-v3", "falcon",     "starcoder",
                                  "gpt-2",          "qwen2",       "poro-chat",  "seed-coder",

@@ -1,6 +1,6 @@
 /* kvplan budget allocation (planner/alloc.c): pure planning functions, no model needed.
  *
- * DESIGN.md "Planning" 1-4:
+ * docs/design.md "Planning" 1-4:
  *   1. layer budgets: `uniform` or `squeeze` (SqueezeAttention, Wang et al. 2024, as summarised
  *      in BaKlaVa §3.1.4: 1-D k-means with k = 3 on the layer similarity, the most similar
  *      cluster keeps a fraction p of its share, the rest goes equally to the other layers);
@@ -32,7 +32,7 @@
 extern "C" {
 #endif
 
-/* Allocation methods (DESIGN.md Planning 1-2). */
+/* Allocation methods (docs/design.md Planning 1-2). */
 typedef enum {
     KV_ALLOC_UNIFORM = 0, /* every head R * C tokens */
     KV_ALLOC_SQUEEZE = 1, /* SqueezeAttention layer budgets, equal heads inside a layer */
@@ -73,18 +73,16 @@ int kv_kmeans_1d(const double *x, int n, int k_req, int *labels, double *centers
 
 /* ---- 1. layer budgets ---- */
 
-/* Real-valued layer budgets (tokens per layer, summed over its H_kv heads), DESIGN.md Planning 1.
- * Total = ratio * L * H_kv * C.
- *   uniform: every layer total / L.
- *   squeeze (SqueezeAttention): k-means (k = 3, kv_kmeans_1d) on layer_sim [L]; the layers of
- *     the cluster with the highest centre (most similar input/output = least important) keep
- *     p * (total / L) each, and what they give up is shared equally by all other layers. When
- *     every layer falls in one cluster nothing changes (uniform).
- * Then every layer is kept within [H_kv * min_tokens, H_kv * C] by kv_project_box (what the cap
- * removes is shared equally by the layers below it). layer_sim may be NULL for uniform.
- * out: [L] tokens. Errors: KV_EINPUT for ratio outside (0, 1], p outside [0, 1], L, H_kv or C
- * < 1, a kind other than uniform/squeeze, or when H_kv * min_tokens * L > total (the ratio is
- * too small for the policy's fixed part; the message gives both numbers). */
+/* Real-valued layer budgets (tokens per layer, summed over its H_kv heads), docs/design.md
+ * Planning 1. Total = ratio * L * H_kv * C. uniform: every layer total / L. squeeze
+ * (SqueezeAttention): k-means (k = 3, kv_kmeans_1d) on layer_sim [L]; the layers of the cluster
+ * with the highest centre (most similar input/output = least important) keep p * (total / L) each,
+ * and what they give up is shared equally by all other layers. When every layer falls in one
+ * cluster nothing changes (uniform). Then every layer is kept within [H_kv * min_tokens, H_kv * C]
+ * by kv_project_box (what the cap removes is shared equally by the layers below it). layer_sim may
+ * be NULL for uniform. out: [L] tokens. Errors: KV_EINPUT for ratio outside (0, 1], p outside [0,
+ * 1], L, H_kv or C < 1, a kind other than uniform/squeeze, or when H_kv * min_tokens * L > total
+ * (the ratio is too small for the policy's fixed part; the message gives both numbers). */
 int kv_layer_budgets(kv_alloc_kind kind, const double *layer_sim, int n_layers, int n_kv_heads,
                      double ratio, int context, double p, int min_tokens, double *out,
                      kv_error *err);
@@ -138,7 +136,7 @@ int kv_alloc_budgets(const kv_alloc_params *a, int n_layers, int n_kv_heads,
 
 /* ---- 4. rounding to blocks (GLPK MIP) ---- */
 
-/* Round real budgets x [n] (tokens) to whole blocks (DESIGN.md Planning 3):
+/* Round real budgets x [n] (tokens) to whole blocks (docs/design.md Planning 3):
  *   variables  b_i integer blocks, lo <= b_i <= hi with lo = ceil(min_tokens / b_s),
  *              hi = ceil(C / b_s); d_i >= 0 continuous (|b_i - y_i|, y_i = x_i / b_s);
  *   constraint sum_i b_i = N = floor(total / b_s);
@@ -164,7 +162,7 @@ int kv_plan_budgets(const kv_alloc_params *a, int n_layers, int n_kv_heads, cons
                     const double *head_sim, const double *head_imp, int *tokens, int *blocks,
                     double *real_out, kv_error *err);
 
-/* ---- 5. successive halving (DESIGN.md Planning 4) ---- */
+/* ---- 5. successive halving (docs/design.md Planning 4) ---- */
 
 /* Evaluate configuration `config` (0..n_configs-1) on the first `n_chunks` chunks of the
  * evaluation text; write its perplexity (lower is better; NaN counts as worst) to *ppl.

@@ -1,5 +1,5 @@
 /* kvplan backend: the ops table the engine's driver (kv_forward) calls at layer-step
- * granularity, and the devices that implement it (DESIGN.md "One engine, one plan, several
+ * granularity, and the devices that implement it (docs/design.md "One engine, one plan, several
  * backends").
  *
  * The driver, the block-table metadata (kvplan/kvcache.h), the policies' choices and the
@@ -13,8 +13,8 @@
  *   -> out_residual (W_o GEMM, hooks, residual) -> ffn (RMSNorm, SwiGLU, residual);
  * embed before the first layer, logits after the last.
  *
- * Backends: cpu (BLAS + C kernels, runtime/backend_cpu.c) and cuda (cuBLAS + kernels, cuda/,
- * when built with a CUDA toolkit and a device is present). A backend instance is not shared
+ * Backends: cpu (BLAS + C kernels, runtime/backend/backend_cpu.c) and cuda (cuBLAS + kernels,
+ * cuda/, when built with a CUDA toolkit and a device is present). A backend instance is not shared
  * between threads. Errors travel as kv_error; no backend calls exit().
  */
 #ifndef KVPLAN_BACKEND_H
@@ -128,7 +128,7 @@ int kv_backend_new(const kv_model *m, kv_device dev, int max_rows, int max_ctx, 
                    kv_error *err);
 void kv_backend_free(kv_backend *b);
 
-/* The CPU backend (runtime/backend_cpu.c). */
+/* The CPU backend (runtime/backend/backend_cpu.c). */
 int kv_backend_cpu_new(const kv_model *m, int max_rows, int max_ctx, kv_backend **out,
                        kv_error *err);
 

@@ -2,7 +2,7 @@
  *
  * Memory arithmetic (KV Cache: The Hidden Memory Giant, article 003, "The Formula"):
  *   KV bytes = 2 x L x H_kv x d_h x S x B x bytes_per_element.
- * Batch sizing (Batch-Max, Metel et al., §1 and §3-4; DESIGN.md Planning 6): for device
+ * Batch sizing (Batch-Max, Metel et al., §1 and §3-4; docs/design.md Planning 6): for device
  * memory M, weights W and workspace A(b), the largest batch b with W + b (KV + A) <= M in
  * every phase, for three ways of running:
  *   full            - the whole cache, prefill of the whole prompt at once;
@@ -126,8 +126,8 @@ int kv_batch_size(const kv_batch_config *c, kv_batch_result *out, kv_error *err)
  *   `note` when the device memory does not exceed the weights (then max_batch is 0).
  * /kvpr needs hw->v_com and hw->v_gpu > 0; /batch needs hw->device_mem > 0, else that group
  * is skipped (not an error). The budget must match the model (L, H_kv). */
-int kv_plan_write_kvpr_batch(kv_h5 *plan, const kv_model *m, const kv_hw *hw,
-                             const kv_plan *b, kv_error *err);
+int kv_plan_write_kvpr_batch(kv_h5 *plan, const kv_model *m, const kv_hw *hw, const kv_plan *b,
+                             kv_error *err);
 
 /* The one call for `kvplan search`: read the hardware figures of the profile at
  * `profile_path` (kv_hw_from_profile) and, when it has them, write /kvpr and /batch with

@@ -3,7 +3,7 @@
  * Errors travel as return codes with a message: every fallible function takes a
  * `kv_error *err` (may be NULL), fills it on failure and returns one of the KV_E* codes.
  * Library code never calls exit(). The CLI maps KV_EINPUT to exit code 1 and anything else
- * non-zero to exit code 2 (DESIGN.md, CLI).
+ * non-zero to exit code 2 (docs/design.md CLI).
  */
 #ifndef KVPLAN_COMMON_H
 #define KVPLAN_COMMON_H

@@ -1,4 +1,4 @@
-/* kvplan engine: what running a plan needs, in one object (DESIGN.md "One engine, one plan,
+/* kvplan engine: what running a plan needs, in one object (docs/design.md "One engine, one plan,
  * several backends"). It owns the backend (kvplan/backend.h), the block pool and the
  * sequences' caches; it prefills in blocks of the plan's eviction block p (Batch-Max Alg. 1),
  * decodes batches, scores chunks (budgeted perplexity) and forks sequences. `kvplan run`,
@@ -74,7 +74,7 @@ int kv_engine_prefill(kv_engine *e, int seq, const int *tokens, int n, kv_logits
 int kv_engine_decode(kv_engine *e, const int *seqs, int n_seqs, const int *tokens, float *logits,
                      kv_error *err);
 
-/* Budgeted perplexity of one chunk for several budget sets at once (DESIGN.md Runtime,
+/* Budgeted perplexity of one chunk for several budget sets at once (docs/design.md Runtime,
  * "Budgeted perplexity"): n_sets fresh sequences (set s: budgets[s] [L * H_kv] tokens, or NULL
  * for the plan's; policies[s] or NULL) run the same n tokens in lockstep steps of p (one
  * batched forward per step), and nll_sum[s] gets the sum of the n - 1 next-token negative
@@ -85,7 +85,7 @@ int kv_engine_chunk_nll(kv_engine *e, const int *tokens, int n, int n_sets,
                         double *nll_sum, size_t *peak_bytes, kv_error *err);
 
 /* kv_engine_chunk_nll, and also the divergence from a reference distribution (sensitivity
- * curves, DESIGN.md "Sensitivity planning"): ref_logprobs [n, vocab] are log-probabilities of
+ * curves, docs/design.md "Sensitivity planning"): ref_logprobs [n, vocab] are log-probabilities of
  * the next token at each position (e.g. the full cache's log-softmax); kl_sum[s] gets
  * sum over the n - 1 scored positions of KL(ref || set s) in nats. ref_logprobs and kl_sum may
  * be NULL (then this is kv_engine_chunk_nll). Errors as kv_engine_chunk_nll. */

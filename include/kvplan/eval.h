@@ -1,6 +1,6 @@
 /* kvplan evaluation: perplexity under a (possibly budgeted) KV cache, and generation.
  *
- * Perplexity (DESIGN.md Runtime, "Budgeted perplexity"; BaKlaVa §4 uses the same measure for
+ * Perplexity (docs/design.md Runtime, "Budgeted perplexity"; BaKlaVa §4 uses the same measure for
  * its search): the token stream is cut into consecutive non-overlapping chunks of C tokens, a
  * final partial chunk is dropped, each chunk gets a fresh cache, and the C - 1 next-token
  * predictions of each chunk are scored. With budgets, the chunk is processed in blocks of p

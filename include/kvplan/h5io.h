@@ -1,5 +1,5 @@
 /* kvplan HDF5 I/O: the one place that reads and writes kvplan's HDF5 files (schema v1,
- * DESIGN.md "Files"). Every module uses these helpers.
+ * docs/design.md "Files"). Every module uses these helpers.
  *
  * Writing is atomic: kv_h5_create opens a temporary file beside the target; kv_h5_commit
  * closes it and renames it into place; kv_h5_abort removes it. A crash or an error never

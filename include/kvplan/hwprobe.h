@@ -1,4 +1,4 @@
-/* kvplan hardware probes: the `/hardware` part of profile.h5 (DESIGN.md "Profiling",
+/* kvplan hardware probes: the `/hardware` part of profile.h5 (docs/design.md "Profiling",
  * docs/hardware-schema.md).
  *
  * On every machine: host memcpy time at sizes from 4 KiB to 1 GiB and CBLAS sgemm throughput
@@ -166,7 +166,7 @@ int kv_hw_write(kv_h5 *f, const kv_hw_result *r, kv_error *err);
 int kv_hw_probe_and_write(kv_h5 *f, const kv_config *cfg, const kv_hw_opts *o, kv_progress *p,
                           kv_error *err);
 
-/* What the planner needs from /hardware (DESIGN.md "Planning" 5 and 6). */
+/* What the planner needs from /hardware (docs/design.md "Planning" 5 and 6). */
 typedef struct kv_hw_rates {
     char kind[8]; /* "cuda" or "cpu" */
     char device_name[256];

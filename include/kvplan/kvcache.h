@@ -17,7 +17,7 @@
 extern "C" {
 #endif
 
-/* Eviction policies (DESIGN.md Runtime). */
+/* Eviction policies (docs/design.md Runtime). */
 typedef enum {
     KV_POLICY_SINK = 0,    /* StreamingLLM: first KV_SINK_TOKENS positions + most recent */
     KV_POLICY_H2O = 1,     /* H2O: recent half of the budget + largest accumulated attention */

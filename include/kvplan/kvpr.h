@@ -4,7 +4,7 @@
  * batch sizing and the KV memory arithmetic are in kvplan/batch.h.
  *
  * Cost model (KVPR, Jiang et al., Eq. 6-11), generalised to grouped-query attention (GQA)
- * as in DESIGN.md Planning 5. For batch b, current length s' (tokens whose K and V live in
+ * as in docs/design.md Planning 5. For batch b, current length s' (tokens whose K and V live in
  * host memory), hidden size h, KV width h_kv = H_kv * d_h and element bytes p, with split
  * point l (the first l tokens are recomputed, 0 <= l <= s'):
  *   M_X(l)  = b * l * h * p              bytes of activations X[0:l] sent     (Eq. 6)

@@ -1,6 +1,6 @@
 /* kvplan KVPR executor (CPU path): rebuild one decoder layer's K and V from an offloaded
  * cache that holds the activations of the first l tokens and the K, V of the rest, then
- * attend (DESIGN.md Runtime, last bullet; KVPR, Jiang et al., §3.2-3.3 and Eq. 6-11).
+ * attend (docs/design.md Runtime, KVPR execution; KVPR, Jiang et al., §3.2-3.3 and Eq. 6-11).
  *
  * KVPR keeps layer i's KV cache in host memory. At a decode step the device receives
  *   X[0:l]       = RMSNorm(x_in[0:l]) of the layer (the input of the K/V projections), and

@@ -69,7 +69,7 @@ typedef struct kv_model {
     /* ownership (internal): the owned heap buffers (the loaded file among them) */
     void **owned;
     int n_owned, cap_owned;
-    void *gguf; /* the parsed GGUF file (runtime/gguf_meta.h): owns the loaded file's bytes,
+    void *gguf; /* the parsed GGUF file (runtime/model/gguf_meta.h): owns the loaded file's bytes,
                  * kept for the embedded tokenizer; owned, or NULL */
 } kv_model;
 

@@ -1,6 +1,6 @@
 /* kvplan plan: the one in-memory form of a KV budget plan, and the one module that reads,
- * writes, validates and defines plans (DESIGN.md "One engine, one plan, several backends";
- * plan.h5 schema v1 and v2 in DESIGN.md "Files" and plans/README.md).
+ * writes, validates and defines plans (docs/design.md "One engine, one plan, several backends";
+ * plan.h5 schema v1 and v2 in docs/formats.md and plans/README.md).
  *
  * A plan gives every (layer, KV head) a budget B[l][j] in tokens and an eviction policy, for
  * chunks/sequences of context C, KV blocks of b_s tokens and Batch-Max eviction blocks of p
@@ -54,12 +54,12 @@ typedef struct kv_plan {
 int kv_plan_full(const kv_config *cfg, int context, int block_size, int evict_block,
                  kv_policy policy, kv_plan *out, kv_error *err);
 
-/* THE definition of "uniform at ratio R" (DESIGN.md Planning 1-3 with equal heads): the total
+/* THE definition of "uniform at ratio R" (docs/design.md Planning 1-3 with equal heads): the total
  * N = floor(R * L * H_kv * C / b_s) blocks is shared as evenly as whole blocks allow, head i
  * (layer-major) getting floor((i + 1) N / n) - floor(i N / n) blocks, n = L * H_kv (so the
  * heads differ by at most one block, the extra blocks spread evenly over the layers); a head
  * keeps b_s * blocks tokens, capped at C. This is the exact-sum, least-absolute-deviation
- * rounding of R * C per head (DESIGN.md Planning 3), solved in closed form.
+ * rounding of R * C per head (docs/design.md Planning 3), solved in closed form.
  * Errors KV_EINPUT: R outside (0, 1]; a head below the policy's floor (fixed part + p) or
  * below one block, naming the ratio to pass instead. Fills *out (kv_plan_free). */
 /* The arithmetic of kv_plan_uniform alone, for n heads: tokens [n] (and blocks [n], may be

@@ -1,7 +1,7 @@
 /* kvplan profiler: per-head and per-layer similarity of a model on real prompts, prompt
  * consistency, and (through hwprobe.h) hardware speeds, written to profile.h5.
  *
- * Definitions (DESIGN.md "Profiling"; BaKlaVa Alg. 1; SqueezeAttention §3):
+ * Definitions (docs/design.md "Profiling"; BaKlaVa Alg. 1; SqueezeAttention §3):
  *  - head cos: for layer l, query head h, KV head j = h / g and token t,
  *      c[t] = cos(V[t, j], O[t, h]),  O = softmax(Q K^T / sqrt(d_h) + causal mask) V,
  *    before the output projection; per prompt its mean and (population) variance over t.
@@ -71,7 +71,7 @@ int kv_profile_run_tasks(const kv_model *m, const int *tokens, int P, int T, kv_
                          kv_tasks *tasks, kv_profile *out, kv_progress *p, kv_error *err);
 void kv_profile_free(kv_profile *pr);
 
-/* Write the profile's datasets (DESIGN.md "Files": /heads, /layers, /consistency, /prompts)
+/* Write the profile's datasets (docs/design.md "Files": /heads, /layers, /consistency, /prompts)
  * into an open file. Provenance and /hardware are written by the caller. */
 int kv_profile_write(kv_h5 *f, const kv_profile *pr, kv_error *err);
 

@@ -1,6 +1,6 @@
 /* kvplan search: perplexity-driven choice of the allocation parameters (planner/search.c).
  *
- * BaKlaVa Alg. 3 (DESIGN.md Planning 4): for every grid point (t, r[, p]) build the budgets
+ * BaKlaVa Alg. 3 (docs/design.md Planning 4): for every grid point (t, r[, p]) build the budgets
  * (kv_plan_budgets, include/kvplan/alloc.h), run budgeted perplexity on the first
  * `eval_tokens` tokens of the evaluation text (chunks of C tokens, a fresh cache per chunk,
  * kv_engine_chunk_nll), keep the minimum. The baselines `full`, `uniform` and `squeeze` are
@@ -31,7 +31,7 @@
 extern "C" {
 #endif
 
-/* The profile inputs of the planner (profile.h5, DESIGN.md Files). */
+/* The profile inputs of the planner (profile.h5, docs/design.md Files). */
 typedef struct kv_profile_inputs {
     int n_layers, n_kv_heads; /* L, H_kv */
     double *head_sim;         /* [L * H_kv] /heads/similarity, owned */

@@ -1,5 +1,5 @@
 /* kvplan sensitivity planning: measured per-head loss curves, a multiple-choice knapsack over
- * them, refinement (planner/sensitivity.c; DESIGN.md "Sensitivity planning").
+ * them, refinement (planner/sensitivity.c; docs/design.md "Sensitivity planning").
  *
  * Loss curves. For a target ratio R, context C, block size b_s, eviction block p and policy:
  * start from the uniform budgets (kv_uniform_budgets: R * C per head in whole blocks), set ONE

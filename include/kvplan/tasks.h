@@ -1,4 +1,4 @@
-/* kvplan tasks: one task model for independent work (DESIGN.md "Past one machine").
+/* kvplan tasks: one task model for independent work (docs/design.md "Past one machine").
  *
  * A task list is n independent tasks 0..n-1, each producing n_out doubles (e.g. the NLL sum of
  * one (budget set, chunk) pair of a search). kv_tasks_run computes all of them and fills
@@ -55,7 +55,7 @@ int kv_tasks_size(const kv_tasks *t);
 int kv_tasks_run(kv_tasks *t, long n_tasks, int n_out, kv_task_fn fn, void *user, double *results,
                  kv_error *err);
 
-/* Resume (DESIGN.md "Past one machine"): a task log at `path` (rank 0 writes it; other ranks
+/* Resume (docs/design.md "Past one machine"): a task log at `path` (rank 0 writes it; other ranks
  * ignore these calls). From now on every finished task of every kv_tasks_run call is appended
  * to the log as (call number, task index, results) and fsync'd, so a killed run loses at most
  * the tasks that were running. With resume = 1 and a log whose key equals `key` (e.g. the

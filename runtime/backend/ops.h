@@ -25,7 +25,7 @@ typedef struct kv_op_scratch {
     size_t n; /* floats */
 } kv_op_scratch;
 
-/* y[rows, out] = x[rows, in] W^T, W [out, in] in its own type (kv_qmatmul, runtime/quant.c):
+/* y[rows, out] = x[rows, in] W^T, W [out, in] in its own type (kv_qmatmul, runtime/model/quant.c):
  * F32 weights take one sgemv per row for up to 4 rows (sgemm's packing of W costs more than the
  * work for a handful of rows) and sgemm above; other types a typed dot per (row, output) for
  * up to 4 rows, dequantised tiles of W in `s` and sgemm above. */

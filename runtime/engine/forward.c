@@ -1,6 +1,6 @@
 /* kvplan forward driver: see include/kvplan/forward.h. Backend-neutral: the arithmetic is the
- * backend's (runtime/backend_cpu.c, cuda/), the block tables, eviction schedule and policies
- * are the cache's (runtime/kvcache.c). */
+ * backend's (runtime/backend/backend_cpu.c, cuda/), the block tables, eviction schedule and
+ * policies are the cache's (runtime/cache/kvcache.c). */
 #include "kvplan/forward.h"
 
 #include <string.h>

@@ -1,16 +1,16 @@
-/* GGUF model loader (ggml docs/gguf.md; the container itself is read by runtime/gguf_meta.c).
+/* GGUF model loader (ggml docs/gguf.md; the container itself is read by runtime/model/gguf_meta.c).
  *
  * A ggml tensor with ne = [in, out] is the row-major matrix [out, in], the kv_model layout.
  * Weight matrices stay in their file's type (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
  * Q4_K, Q5_K, Q6_K; layouts: include/kvplan/quant.h), in place in the loaded file (issue 14);
- * norms and biases in another type than F32 are dequantised on load (runtime/quant.c) into
+ * norms and biases in another type than F32 are dequantised on load (runtime/model/quant.c) into
  * buffers the model owns. GGUF conversions of llama models permute the Q and K rows for RoPE
  * on adjacent pairs (KV_ROPE_ADJACENT); qwen2 conversions keep the rotate-half layout
  * (KV_ROPE_HALF).
  *
  * The parsed file (kv_gguf, owning the loaded file bytes the weights point into) is kept in
- * model->gguf; the tokenizer reads the embedded vocabulary from it (runtime/tokenizer_gguf.c).
- * This loader never builds a tokenizer.
+ * model->gguf; the tokenizer reads the embedded vocabulary from it
+ * (runtime/tokenizer/tokenizer_gguf.c). This loader never builds a tokenizer.
  */
 #include "kvplan/model.h"
 #include "model/model_impl.h"

@@ -1,4 +1,4 @@
-/* GGUF container reader: header, metadata, tensor infos. See runtime/gguf_meta.h. */
+/* GGUF container reader: header, metadata, tensor infos. See runtime/model/gguf_meta.h. */
 #include "model/gguf_meta.h"
 
 #include "kvplan/quant.h"
@@ -244,8 +244,8 @@ int kv_gguf_get_str(const kv_gguf *g, const char *key, char *buf, size_t cap, kv
     return 1;
 }
 
-/* Bytes of tensor t's data from its type and shape (runtime/quant.c): rows of ne[0] elements in
- * whole blocks. Unsupported types and rows that are not a multiple of the block size fail here,
+/* Bytes of tensor t's data from its type and shape (runtime/model/quant.c): rows of ne[0] elements
+ * in whole blocks. Unsupported types and rows that are not a multiple of the block size fail here,
  * naming the tensor. */
 static int tensor_nbytes(const char *path, kv_gguf_tensor *t, kv_error *err) {
     uint64_t n = 1;

@@ -1,8 +1,8 @@
 /* Internal to runtime/: the GGUF container reader (ggml docs/gguf.md, versions 2 and 3,
- * little-endian) shared by the GGUF model loader (runtime/gguf.c) and the GGUF vocabulary
- * reader (runtime/tokenizer_gguf.c). It knows the file layout and typed metadata access; it
- * knows nothing about models or tokenizers, so the dependency runs one way:
- *   model.c -> gguf.c -> gguf_meta.c <- tokenizer_gguf.c <- tokenizer.c
+ * little-endian) shared by the GGUF model loader (runtime/model/gguf.c) and the GGUF vocabulary
+ * reader (runtime/tokenizer/tokenizer_gguf.c). It knows the file layout and typed metadata access;
+ * it knows nothing about models or tokenizers, so the dependency runs one way: model.c -> gguf.c ->
+ * gguf_meta.c <- tokenizer_gguf.c <- tokenizer.c
  *
  * File layout: "GGUF" magic, uint32 version, uint64 tensor_count, uint64 metadata_kv_count;
  * the key/value pairs (gguf string key = uint64 length + bytes, uint32 value type, value;
@@ -72,7 +72,7 @@ typedef struct kv_gguf {
     int n_tensors;
     kv_gguf_tensor *t; /* [n_tensors], owned */
     size_t data_start; /* file offset of the tensor data section */
-    double dequant_s;  /* seconds the model loader spent dequantising (runtime/gguf.c) */
+    double dequant_s;  /* seconds the model loader spent dequantising (runtime/model/gguf.c) */
 } kv_gguf;
 
 /* Load `path` into memory (kv_file_load: regular files only, no memory map) and parse its header

@@ -841,7 +841,7 @@ float kv_dot_row_portable(kv_dtype t, const void *w, const float *x, int64_t n) 
 /* ---- typed matmul ---- */
 
 /* Rows at or below which one dot per (row, output) beats dequantise + sgemm (decode, small
- * batches); the same threshold as the fp32 path's sgemv/sgemm switch (runtime/ops.c). */
+ * batches); the same threshold as the fp32 path's sgemv/sgemm switch (runtime/backend/ops.c). */
 #define KV_QDOT_MAX_ROWS 4
 /* Floats of one dequantised tile of W for the sgemm path (4 MiB: few, large sgemm calls;
  * each call is a synchronisation of the BLAS threads). */

@@ -1,5 +1,5 @@
 /* Merge-ranked BPE tokenizer (KV_TOK_BPE) and the Hugging Face tokenizer.json reader.
- * See runtime/tokenizer_bpe.h for the two styles and the merge algorithm.
+ * See runtime/tokenizer/tokenizer_bpe.h for the two styles and the merge algorithm.
  *
  * tokenizer.json (Hugging Face `tokenizers` serialisation) fields read:
  *   model: {type "BPE", vocab {token: id}, merges ["a b", ...] or [["a","b"], ...],

@@ -1,9 +1,10 @@
 /* Internal to runtime/: the tokenizer constructors the vocabulary readers share, and the
- * readers' entry points for the front end (runtime/tokenizer.c).
+ * readers' entry points for the front end (runtime/tokenizer/tokenizer.c).
  *
  * The merge-ranked BPE tokenizer (KV_TOK_BPE) is shared by the tokenizer.json reader
- * (runtime/tokenizer_bpe.c) and the GGUF "gpt2" vocabulary reader (runtime/tokenizer_gguf.c).
- * Both readers fill a kv_bpe_spec and call kv_tokenizer_bpe_new.
+ * (runtime/tokenizer/tokenizer_bpe.c) and the GGUF "gpt2" vocabulary reader
+ * (runtime/tokenizer/tokenizer_gguf.c). Both readers fill a kv_bpe_spec and call
+ * kv_tokenizer_bpe_new.
  *
  * Two styles (Hugging Face `tokenizers` semantics, models/bpe/model.rs and word.rs):
  *  - KV_BPE_SPM: SentencePiece-style. The normaliser prepends "▁" to each text segment and
@@ -27,7 +28,7 @@
 
 #include "tokenizer/tokenizer_impl.h"
 
-struct kv_gguf; /* runtime/gguf_meta.h */
+struct kv_gguf; /* runtime/model/gguf_meta.h */
 
 typedef enum { KV_BPE_SPM = 0, KV_BPE_BYTELEVEL = 1 } kv_bpe_style;
 
@@ -77,12 +78,12 @@ int kv_spm_configure(kv_tokenizer *t, int add_space_prefix, const unsigned char 
 
 /* The readers behind kv_tokenizer_load: a Hugging Face tokenizer.json (+ tokenizer_config.json
  * beside it; m may be NULL, else ids are padded to the model's vocabulary), and the
- * tokenizer.ggml.* vocabulary of a parsed GGUF file (runtime/tokenizer_gguf.c). */
+ * tokenizer.ggml.* vocabulary of a parsed GGUF file (runtime/tokenizer/tokenizer_gguf.c). */
 int kv_tokenizer_load_json(const char *path, const kv_model *m, kv_tokenizer **out, kv_error *err);
 int kv_tokenizer_load_gguf(const struct kv_gguf *g, kv_tokenizer **out, kv_error *err);
 
 /* Append `id` to a growing id array (*ids, *n, *cap; realloc, doubling). KV_EINTERNAL when out
- * of memory. Shared by every tokenizer kind (runtime/tokenizer.c). */
+ * of memory. Shared by every tokenizer kind (runtime/tokenizer/tokenizer.c). */
 int kv_tok_push_id(int **ids, int *n, int *cap, int id, kv_error *err);
 
 #endif

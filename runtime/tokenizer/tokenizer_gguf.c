@@ -1,9 +1,9 @@
 /* The tokenizer of a GGUF vocabulary (tokenizer.ggml.* metadata, ggml docs/gguf.md
  * "Tokenizer"), read from any parsed GGUF file: a model's, or a vocabulary-only file.
  *
- * tokenizer.ggml.model "llama": scored pieces (runtime/tokenizer.c), "▁" read as ' ', the
+ * tokenizer.ggml.model "llama": scored pieces (runtime/tokenizer/tokenizer.c), "▁" read as ' ', the
  * dummy prefix from tokenizer.ggml.add_space_prefix (default on), BOS/EOS default 1/2 as
- * llama.cpp. "gpt2": byte-level BPE (runtime/tokenizer_bpe.c) whose pre-tokenizer regexes
+ * llama.cpp. "gpt2": byte-level BPE (runtime/tokenizer/tokenizer_bpe.c) whose pre-tokenizer regexes
  * follow tokenizer.ggml.pre exactly as llama.cpp's llm_tokenizer_bpe does (src/llama-vocab.cpp:
  * the name -> type table in llama_vocab::impl::load, the regex lists in the llm_tokenizer_bpe
  * constructor; each list originally from the family's Hugging Face tokenizer.json). An unknown

@@ -1,4 +1,4 @@
-/* libFuzzer target: the GGUF reader (runtime/gguf.c): header, metadata, tensor table and
+/* libFuzzer target: the GGUF reader (runtime/model/gguf.c): header, metadata, tensor table and
  * weights through kv_model_load, then the embedded vocabulary through kv_tokenizer_load with
  * an encode / decode round of a fixed text. */
 #include "fuzz_util.h"

@@ -1,4 +1,4 @@
-/* libFuzzer target: kvplan's readers of its own HDF5 files (runtime/h5io.c and its users):
+/* libFuzzer target: kvplan's readers of its own HDF5 files (runtime/util/h5io.c and its users):
  * kv_h5_open_read, the plan reader and validator (kv_plan_read), the planner's profile reader
  * (kv_profile_inputs_read, for a 2-layer, 2-KV-head model) and the whole of `kvplan inspect`
  * (ki_load, text and JSON output to /dev/null).

@@ -1,4 +1,4 @@
-/* libFuzzer target: the Hugging Face checkpoint loader (runtime/hf.c): config.json and the
+/* libFuzzer target: the Hugging Face checkpoint loader (runtime/model/hf.c): config.json and the
  * safetensors header. Input layout: a 2-byte little-endian length n, n bytes of config.json,
  * then model.safetensors. Both go into a private directory made once per process. */
 #include <sys/stat.h>

@@ -1,4 +1,4 @@
-/* libFuzzer target: the llama2.c legacy checkpoint loader (runtime/llama2c.c) through
+/* libFuzzer target: the llama2.c legacy checkpoint loader (runtime/model/llama2c.c) through
  * kv_model_load, and a short forward pass when a model loads. */
 #include "fuzz_util.h"
 #include "kvplan/forward.h"

@@ -1,5 +1,5 @@
-/* libFuzzer target: the llama2.c tokenizer.bin reader (runtime/tokenizer.c). The first byte
- * picks the vocabulary size the reader is told (1..256), the rest is the file; a loaded
+/* libFuzzer target: the llama2.c tokenizer.bin reader (runtime/tokenizer/tokenizer.c). The first
+ * byte picks the vocabulary size the reader is told (1..256), the rest is the file; a loaded
  * tokenizer encodes a fixed text and the input's tail, and decodes every id once. */
 #include "fuzz_util.h"
 #include "kvplan/tokenizer.h"

@@ -1,11 +1,11 @@
 /* libFuzzer target: the Hugging Face tokenizer.json reader and its byte-level / SentencePiece
- * BPE (runtime/tokenizer_bpe.c), with encode / decode of a fixed text and of the input's
+ * BPE (runtime/tokenizer/tokenizer_bpe.c), with encode / decode of a fixed text and of the input's
  * tail, and a decode of every id. */
 #include "fuzz_util.h"
 #include "kvplan/model.h"
 #include "kvplan/tokenizer.h"
 
-/* implemented in runtime/tokenizer_bpe.c (declared where the dispatcher uses it) */
+/* implemented in runtime/tokenizer/tokenizer_bpe.c (declared where the dispatcher uses it) */
 int kv_tokenizer_load_json(const char *path, const kv_model *m, kv_tokenizer **out, kv_error *err);
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);

@@ -1,5 +1,5 @@
 /* A slow, naive Llama forward pass in double precision, written from the model definition
- * for the tests (independent of runtime/forward.c and the KV cache): token by token, full
+ * for the tests (independent of runtime/engine/forward.c and the KV cache): token by token, full
  * causal attention, RoPE in either layout, optional q/k/v biases. */
 #ifndef KVPLAN_TEST_NAIVE_REF_H
 #define KVPLAN_TEST_NAIVE_REF_H
