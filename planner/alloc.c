@@ -392,8 +392,10 @@ static const char *glp_ret_name(int ret) {
     }
 }
 
-int kv_round_budgets(int n, const double *x, double total, int block_size, int min_tokens,
-                     int context, int *tokens, int *blocks, kv_error *err) {
+/* Stage 1 of kv_round_budgets: the arguments, and whether N blocks fit between n heads' lower
+ * (policy floor) and upper (context) bounds lo, hi. */
+static int round_check(int n, const double *x, double total, int block_size, int min_tokens,
+                       int context, long *N, long *lo, long *hi, kv_error *err) {
     if (n < 1 || block_size < 1 || context < 1 || min_tokens < 0)
         return kv_fail(err, KV_EINPUT,
                        "rounding needs n, b_s, C >= 1 and min_tokens >= 0 "
@@ -406,25 +408,31 @@ int kv_round_budgets(int n, const double *x, double total, int block_size, int m
                        min_tokens, context);
     if (!(total >= 0.0) || !isfinite(total))
         return kv_fail(err, KV_EINPUT, "total budget %g is not a non-negative number", total);
-    const double bs = block_size;
-    long N = (long)floor(total / bs + 1e-9);
-    long lo = (min_tokens + block_size - 1) / block_size;
-    long hi = (context + block_size - 1) / block_size;
-    if (lo * n > N)
+    *N = (long)floor(total / block_size + 1e-9);
+    *lo = (min_tokens + block_size - 1) / block_size;
+    *hi = (context + block_size - 1) / block_size;
+    if (*lo * n > *N)
         return kv_fail(err, KV_EINPUT,
                        "infeasible rounding: the lower bounds need %ld blocks (%d heads x %ld "
                        "blocks for the policy's %d fixed tokens) but the budget has %ld blocks of "
                        "%d tokens; the ratio is too small, short by %ld blocks",
-                       lo * n, n, lo, min_tokens, N, block_size, lo * n - N);
-    if (hi * n < N)
+                       *lo * n, n, *lo, min_tokens, *N, block_size, *lo * n - *N);
+    if (*hi * n < *N)
         return kv_fail(err, KV_EINPUT,
                        "infeasible rounding: the upper bounds allow %ld blocks (%d heads x %ld "
                        "blocks for the context %d) but the budget has %ld blocks; over by %ld "
                        "blocks",
-                       hi * n, n, hi, context, N, N - hi * n);
+                       *hi * n, n, *hi, context, *N, *N - *hi * n);
     for (int i = 0; i < n; i++)
         if (!isfinite(x[i])) return kv_fail(err, KV_EINPUT, "budget %d is not finite", i);
+    return KV_OK;
+}
 
+/* Stage 2: the MIP. Columns b_i (integer blocks in [lo, hi]) and d_i >= |b_i - y_i| with
+ * y_i = x_i / b_s; minimise sum d_i subject to sum b_i = N. The chord row makes d_i exact at
+ * the two integers around y_i, so the LP relaxation is already tight. */
+static int round_build(int n, const double *x, int block_size, long N, long lo, long hi,
+                       glp_prob **out, kv_error *err) {
     int *ia = kv_malloc((size_t)(7 * n + 1) * sizeof *ia, "MIP rows", err);
     int *ja = kv_malloc((size_t)(7 * n + 1) * sizeof *ja, "MIP cols", err);
     double *ar = kv_malloc((size_t)(7 * n + 1) * sizeof *ar, "MIP coefficients", err);
@@ -434,7 +442,6 @@ int kv_round_budgets(int n, const double *x, double total, int block_size, int m
         free(ar);
         return err ? err->code : KV_EINTERNAL;
     }
-    int old_term = glp_term_out(GLP_OFF);
     glp_prob *P = glp_create_prob();
     glp_set_obj_dir(P, GLP_MIN);
     glp_add_cols(P, 2 * n);
@@ -444,7 +451,7 @@ int kv_round_budgets(int n, const double *x, double total, int block_size, int m
     glp_set_row_bnds(P, 1, GLP_FX, (double)N, (double)N);
     for (int i = 0; i < n; i++) {
         int cb = 1 + i, cd = 1 + n + i;
-        double y = x[i] / bs, fl = floor(y), phi = y - fl;
+        double y = x[i] / block_size, fl = floor(y), phi = y - fl;
         glp_set_col_kind(P, cb, GLP_IV);
         if (lo == hi)
             glp_set_col_bnds(P, cb, GLP_FX, (double)lo, (double)hi);
@@ -471,43 +478,56 @@ int kv_round_budgets(int n, const double *x, double total, int block_size, int m
     free(ia);
     free(ja);
     free(ar);
+    *out = P;
+    return KV_OK;
+}
+
+/* Stage 3: solve, check the status, and read blocks (and tokens = blocks x b_s) per head. */
+static int round_solve(glp_prob *P, int n, int block_size, long N, long lo, long hi, int *tokens,
+                       int *blocks, kv_error *err) {
     glp_iocp parm;
     glp_init_iocp(&parm);
     parm.presolve = GLP_ON;
     parm.msg_lev = GLP_MSG_OFF;
     parm.tm_lim = 60000;
     int ret = glp_intopt(P, &parm);
-    int rc = KV_OK;
-    if (ret != 0) {
-        rc = kv_fail(err, ret == GLP_ENOPFS ? KV_EINPUT : KV_EINTERNAL,
-                     "GLPK rounding of %d budgets to %ld blocks failed: %s", n, N,
-                     glp_ret_name(ret));
-    } else {
-        int st = glp_mip_status(P);
-        if (st != GLP_OPT) {
-            rc = kv_fail(err, st == GLP_NOFEAS ? KV_EINPUT : KV_EINTERNAL,
-                         "GLPK rounding of %d budgets: MIP status %s, not optimal", n,
-                         st == GLP_NOFEAS ? "GLP_NOFEAS (infeasible)"
-                         : st == GLP_FEAS ? "GLP_FEAS"
-                                          : "GLP_UNDEF");
-        } else {
-            long sum = 0;
-            for (int i = 0; i < n && !rc; i++) {
-                long b = lround(glp_mip_col_val(P, 1 + i));
-                if (b < lo || b > hi)
-                    rc = kv_fail(err, KV_EINTERNAL,
-                                 "GLPK returned %ld blocks for head %d, "
-                                 "outside [%ld, %ld]",
-                                 b, i, lo, hi);
-                sum += b;
-                tokens[i] = (int)(b * block_size);
-                if (blocks) blocks[i] = (int)b;
-            }
-            if (!rc && sum != N)
-                rc = kv_fail(err, KV_EINTERNAL, "GLPK returned %ld blocks in all, not %ld", sum, N);
-        }
+    if (ret != 0)
+        return kv_fail(err, ret == GLP_ENOPFS ? KV_EINPUT : KV_EINTERNAL,
+                       "GLPK rounding of %d budgets to %ld blocks failed: %s", n, N,
+                       glp_ret_name(ret));
+    int st = glp_mip_status(P);
+    if (st != GLP_OPT)
+        return kv_fail(err, st == GLP_NOFEAS ? KV_EINPUT : KV_EINTERNAL,
+                       "GLPK rounding of %d budgets: MIP status %s, not optimal", n,
+                       st == GLP_NOFEAS ? "GLP_NOFEAS (infeasible)"
+                       : st == GLP_FEAS ? "GLP_FEAS"
+                                        : "GLP_UNDEF");
+    long sum = 0;
+    for (int i = 0; i < n; i++) {
+        long b = lround(glp_mip_col_val(P, 1 + i));
+        if (b < lo || b > hi)
+            return kv_fail(err, KV_EINTERNAL,
+                           "GLPK returned %ld blocks for head %d, outside [%ld, %ld]", b, i, lo,
+                           hi);
+        sum += b;
+        tokens[i] = (int)(b * block_size);
+        if (blocks) blocks[i] = (int)b;
     }
-    glp_delete_prob(P);
+    if (sum != N)
+        return kv_fail(err, KV_EINTERNAL, "GLPK returned %ld blocks in all, not %ld", sum, N);
+    return KV_OK;
+}
+
+int kv_round_budgets(int n, const double *x, double total, int block_size, int min_tokens,
+                     int context, int *tokens, int *blocks, kv_error *err) {
+    long N = 0, lo = 0, hi = 0;
+    int rc = round_check(n, x, total, block_size, min_tokens, context, &N, &lo, &hi, err);
+    if (rc) return rc;
+    glp_prob *P = NULL;
+    int old_term = glp_term_out(GLP_OFF);
+    rc = round_build(n, x, block_size, N, lo, hi, &P, err);
+    if (!rc) rc = round_solve(P, n, block_size, N, lo, hi, tokens, blocks, err);
+    if (P) glp_delete_prob(P);
     glp_term_out(old_term);
     return rc;
 }

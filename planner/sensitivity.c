@@ -200,16 +200,11 @@ static int sens_task(void *user, long task, double *out, kv_error *err) {
     return rc;
 }
 
-int kv_sens_measure(kv_engine *e, const kv_model *m, const int *ids, int n_chunks, const int *base,
-                    const kv_policy *base_policy, const int *levels_blocks, int n_levels,
-                    const kv_sens_opts *o, kv_sens_curves *out, kv_error *err) {
-    memset(out, 0, sizeof *out);
-    int rc = check_opts(o, err);
-    if (rc) return rc;
-    if (n_chunks < 1) return kv_fail(err, KV_EINPUT, "sensitivity: no calibration chunk");
-    const int nh = m->cfg.n_layers * m->cfg.n_kv_heads, Q = n_pol(o), C = o->context;
-    const int V = m->cfg.vocab_size;
-    double t0 = kv_now();
+/* Stage 1 of kv_sens_measure: the curves' shape (heads, policies, levels: the given block
+ * levels or the defaults) and their arrays. */
+static int sens_curves_init(const kv_model *m, const int *levels_blocks, int n_levels,
+                            const kv_sens_opts *o, kv_sens_curves *out, kv_error *err) {
+    const int nh = m->cfg.n_layers * m->cfg.n_kv_heads, Q = n_pol(o);
     out->n_heads = nh;
     out->n_policies = Q;
     for (int q = 0; q < Q; q++) out->policies[q] = pol_at(o, q);
@@ -219,7 +214,7 @@ int kv_sens_measure(kv_engine *e, const kv_model *m, const int *ids, int n_chunk
         memcpy(out->levels, levels_blocks, (size_t)n_levels * sizeof *out->levels);
         out->n_levels = n_levels;
     } else {
-        rc = kv_sens_default_levels(o, &out->levels, &out->n_levels, err);
+        int rc = kv_sens_default_levels(o, &out->levels, &out->n_levels, err);
         if (rc) return rc;
     }
     const int K = out->n_levels;
@@ -227,41 +222,38 @@ int kv_sens_measure(kv_engine *e, const kv_model *m, const int *ids, int n_chunk
     out->base_policy = kv_malloc((size_t)nh * sizeof *out->base_policy, "base policies", err);
     out->delta_nll = kv_malloc((size_t)nh * Q * K * sizeof *out->delta_nll, "curves", err);
     out->kl = kv_malloc((size_t)nh * Q * K * sizeof *out->kl, "curves", err);
-    const int B = o->batch;
-    int *set_budget = kv_malloc((size_t)B * nh * sizeof *set_budget, "batch budgets", err);
-    kv_policy *set_policy = kv_malloc((size_t)B * nh * sizeof *set_policy, "batch policies", err);
-    int *pert = kv_malloc((size_t)nh * Q * K * sizeof *pert, "perturbations", err);
-    double *nll = kv_calloc((size_t)nh * Q * K, sizeof *nll, "losses", err);
-    double *kl = kv_calloc((size_t)nh * Q * K, sizeof *kl, "losses", err);
-    float *ref = kv_malloc((size_t)C * V * sizeof *ref, "reference log-probabilities", err);
-    double *res = NULL;
-    if (!out->base || !out->base_policy || !out->delta_nll || !out->kl || !set_budget ||
-        !set_policy || !pert || !nll || !kl || !ref) {
-        rc = KV_EINTERNAL;
-        goto done;
-    }
-    if (B > 64) {
-        rc = kv_fail(err, KV_EINPUT, "sensitivity: batch %d is more than 64 sequences", B);
-        goto done;
-    }
+    return out->base && out->base_policy && out->delta_nll && out->kl ? KV_OK : KV_EINTERNAL;
+}
+
+/* Stage 2: the base budgets and policies (given, or uniform at the ratio), each head at least
+ * its policy's floor (fixed part + p) unless it keeps the whole context. */
+static int sens_set_base(const kv_model *m, const int *base, const kv_policy *base_policy,
+                         const kv_sens_opts *o, kv_sens_curves *out, kv_error *err) {
+    const int nh = out->n_heads, C = o->context;
+    int rc = KV_OK;
     if (base)
         memcpy(out->base, base, (size_t)nh * sizeof *out->base);
     else if ((rc = kv_uniform_budgets(nh, o->ratio, C, o->block_size, out->base, NULL, err)))
-        goto done;
+        return rc;
     for (int h = 0; h < nh; h++) {
         out->base_policy[h] = base_policy ? base_policy[h] : o->policy;
         int fl = kv_policy_fixed_tokens(out->base_policy[h]) + o->evict_block;
-        if (out->base[h] < C && out->base[h] < fl) {
-            rc = kv_fail(err, KV_EINPUT,
-                         "sensitivity: head %d (layer %d) starts at %d tokens, below the %s "
-                         "floor %d (fixed part + p); pass a larger --ratio or a smaller "
-                         "--evict-block",
-                         h, h / m->cfg.n_kv_heads, out->base[h],
-                         kv_policy_name(out->base_policy[h]), fl);
-            goto done;
-        }
+        if (out->base[h] < C && out->base[h] < fl)
+            return kv_fail(err, KV_EINPUT,
+                           "sensitivity: head %d (layer %d) starts at %d tokens, below the %s "
+                           "floor %d (fixed part + p); pass a larger --ratio or a smaller "
+                           "--evict-block",
+                           h, h / m->cfg.n_kv_heads, out->base[h],
+                           kv_policy_name(out->base_policy[h]), fl);
     }
-    /* which (head, policy, level) runs: not below the policy's floor, not the base itself */
+    return KV_OK;
+}
+
+/* Stage 3: which curve points (head, policy, level) run, into pert; returns their count. Points
+ * below the policy's floor stay NaN; the base run itself has delta 0 (its KL is set at the
+ * end). */
+static int sens_list_perturbations(const kv_sens_opts *o, kv_sens_curves *out, int *pert) {
+    const int nh = out->n_heads, Q = out->n_policies, K = out->n_levels, C = o->context;
     int n_pert = 0;
     for (int h = 0; h < nh; h++)
         for (int q = 0; q < Q; q++)
@@ -272,42 +264,24 @@ int kv_sens_measure(kv_engine *e, const kv_model *m, const int *ids, int n_chunk
                 out->delta_nll[i] = out->kl[i] = NAN;
                 if (tok < C && tok < fl) continue;
                 if (tok == out->base[h] && pq == out->base_policy[h]) {
-                    out->delta_nll[i] = 0.0; /* the base run itself; kl set below */
+                    out->delta_nll[i] = 0.0;
                     continue;
                 }
                 pert[n_pert++] = i;
             }
-    /* the batched passes as tasks (kvplan/tasks.h): per chunk, task 0 scores the base budgets
-     * and task 1 + b the perturbation batch b; every rank computes the reference of a chunk
-     * once (tasks come in index order) */
-    const int n_batch = (n_pert + B - 1) / B, per_chunk = 1 + n_batch;
-    sens_tasks st = {.e = e,
-                     .ids = ids,
-                     .C = C,
-                     .V = V,
-                     .B = B,
-                     .cv = out,
-                     .o = o,
-                     .pert = pert,
-                     .n_pert = n_pert,
-                     .per_chunk = per_chunk,
-                     .n_chunks = n_chunks,
-                     .set_budget = set_budget,
-                     .set_policy = set_policy,
-                     .ref = ref,
-                     .ref_chunk = -1,
-                     .t0 = t0};
-    const long n_tasks = (long)n_chunks * per_chunk;
-    res = kv_malloc((size_t)n_tasks * 2 * B * sizeof *res, "batch losses", err);
-    if (!res) {
-        rc = KV_EINTERNAL;
-        goto done;
-    }
-    rc = kv_tasks_run(o->tasks, n_tasks, 2 * B, sens_task, &st, res, err);
-    /* sums in chunk order, as one process running the chunks one after another */
+    return n_pert;
+}
+
+/* Stage 5: the tasks' results res (per chunk: the base, then each perturbation batch; NLL sums
+ * [B] then KL sums [B]) summed in chunk order, as one process running the chunks one after
+ * another, into mean ΔNLL and KL per token. */
+static void sens_reduce(const sens_tasks *st, const double *res, kv_sens_curves *out) {
+    const int B = st->B, C = st->C, n_pert = st->n_pert, n_batch = st->per_chunk - 1;
+    const int n = out->n_heads * out->n_policies * out->n_levels;
     double base_nll_sum = 0, base_kl_sum = 0;
-    for (int ch = 0; ch < n_chunks && !rc; ch++) {
-        const double *r0 = res + (size_t)ch * per_chunk * 2 * B;
+    for (int j = 0; j < n_pert; j++) out->delta_nll[st->pert[j]] = out->kl[st->pert[j]] = 0.0;
+    for (int ch = 0; ch < st->n_chunks; ch++) {
+        const double *r0 = res + (size_t)ch * st->per_chunk * 2 * B;
         base_nll_sum += r0[0];
         base_kl_sum += r0[B];
         out->token_evals += 2L * C;
@@ -315,31 +289,74 @@ int kv_sens_measure(kv_engine *e, const kv_model *m, const int *ids, int n_chunk
             const double *rb = r0 + (size_t)(1 + b) * 2 * B;
             int b0 = b * B, ns = n_pert - b0 < B ? n_pert - b0 : B;
             for (int s = 0; s < ns; s++) {
-                nll[pert[b0 + s]] += rb[s];
-                kl[pert[b0 + s]] += rb[B + s];
+                out->delta_nll[st->pert[b0 + s]] += rb[s];
+                out->kl[st->pert[b0 + s]] += rb[B + s];
             }
             out->token_evals += (long)ns * C;
         }
     }
-    if (!rc) {
-        double denom = (double)n_chunks * (C - 1);
-        out->base_nll = base_nll_sum / denom;
-        out->base_kl = base_kl_sum / denom;
-        for (int j = 0; j < n_pert; j++) {
-            int i = pert[j];
-            out->delta_nll[i] = (nll[i] - base_nll_sum) / denom;
-            out->kl[i] = kl[i] / denom;
-        }
-        for (int i = 0; i < nh * Q * K; i++)
-            if (out->delta_nll[i] == 0.0 && isnan(out->kl[i])) out->kl[i] = out->base_kl;
-        out->tokens = (long)n_chunks * C;
+    double denom = (double)st->n_chunks * (C - 1);
+    out->base_nll = base_nll_sum / denom;
+    out->base_kl = base_kl_sum / denom;
+    for (int j = 0; j < n_pert; j++) {
+        int i = st->pert[j];
+        out->delta_nll[i] = (out->delta_nll[i] - base_nll_sum) / denom;
+        out->kl[i] = out->kl[i] / denom;
     }
-done:
+    for (int i = 0; i < n; i++)
+        if (out->delta_nll[i] == 0.0 && isnan(out->kl[i])) out->kl[i] = out->base_kl;
+    out->tokens = (long)st->n_chunks * C;
+}
+
+int kv_sens_measure(kv_engine *e, const kv_model *m, const int *ids, int n_chunks, const int *base,
+                    const kv_policy *base_policy, const int *levels_blocks, int n_levels,
+                    const kv_sens_opts *o, kv_sens_curves *out, kv_error *err) {
+    memset(out, 0, sizeof *out);
+    int rc = check_opts(o, err);
+    if (rc) return rc;
+    if (n_chunks < 1) return kv_fail(err, KV_EINPUT, "sensitivity: no calibration chunk");
+    if (o->batch > 64)
+        return kv_fail(err, KV_EINPUT, "sensitivity: batch %d is more than 64 sequences", o->batch);
+    double t0 = kv_now();
+    rc = sens_curves_init(m, levels_blocks, n_levels, o, out, err);
+    if (!rc) rc = sens_set_base(m, base, base_policy, o, out, err);
+    const int nh = out->n_heads, C = o->context, B = o->batch;
+    const size_t n = (size_t)nh * out->n_policies * out->n_levels;
+    int *set_budget = kv_malloc((size_t)B * nh * sizeof *set_budget, "batch budgets", err);
+    kv_policy *set_policy = kv_malloc((size_t)B * nh * sizeof *set_policy, "batch policies", err);
+    int *pert = kv_malloc(n * sizeof *pert + 1, "perturbations", err);
+    float *ref =
+        kv_malloc((size_t)C * m->cfg.vocab_size * sizeof *ref, "reference log-probabilities", err);
+    double *res = NULL;
+    if (!rc && (!set_budget || !set_policy || !pert || !ref)) rc = KV_EINTERNAL;
+    /* Stage 4: the batched passes as tasks (kvplan/tasks.h): per chunk, task 0 scores the base
+     * budgets and task 1 + b the perturbation batch b; every rank computes the reference of a
+     * chunk once (tasks come in index order) */
+    sens_tasks st = {.e = e,
+                     .ids = ids,
+                     .C = C,
+                     .V = m->cfg.vocab_size,
+                     .B = B,
+                     .cv = out,
+                     .o = o,
+                     .pert = pert,
+                     .n_chunks = n_chunks,
+                     .set_budget = set_budget,
+                     .set_policy = set_policy,
+                     .ref = ref,
+                     .ref_chunk = -1,
+                     .t0 = t0};
+    if (!rc) {
+        st.n_pert = sens_list_perturbations(o, out, pert);
+        st.per_chunk = 1 + (st.n_pert + B - 1) / B;
+        const long n_tasks = (long)n_chunks * st.per_chunk;
+        res = kv_malloc((size_t)n_tasks * 2 * B * sizeof *res, "batch losses", err);
+        rc = res ? kv_tasks_run(o->tasks, n_tasks, 2 * B, sens_task, &st, res, err) : KV_EINTERNAL;
+    }
+    if (!rc) sens_reduce(&st, res, out);
     free(set_budget);
     free(set_policy);
     free(pert);
-    free(nll);
-    free(kl);
     free(ref);
     free(res);
     out->seconds = kv_now() - t0;

@@ -196,16 +196,9 @@ int kv_profile_run(const kv_model *m, const int *tokens, int P, int T, kv_device
     return kv_profile_run_tasks(m, tokens, P, T, device, NULL, out, p, err);
 }
 
-int kv_profile_run_tasks(const kv_model *m, const int *tokens, int P, int T, kv_device device,
-                         kv_tasks *tasks, kv_profile *out, kv_progress *p, kv_error *err) {
-    memset(out, 0, sizeof *out);
-    const kv_config *cfg = &m->cfg;
-    if (P < 1) return kv_fail(err, KV_EINPUT, "no prompts to profile (--prompts must be >= 1)");
-    if (T < 2 || T > cfg->seq_len)
-        return kv_fail(err, KV_EINPUT,
-                       "prompt length %d must be in [2, %d] (the model's context length)", T,
-                       cfg->seq_len);
-    int L = cfg->n_layers, H = cfg->n_heads, Hkv = cfg->n_kv_heads, g = H / Hkv;
+/* Stage 1 of kv_profile_run_tasks: the profile's arrays for P prompts of T tokens. */
+static int profile_alloc(const kv_config *cfg, int P, int T, kv_profile *out, kv_error *err) {
+    int L = cfg->n_layers, H = cfg->n_heads, Hkv = cfg->n_kv_heads;
     out->P = P;
     out->L = L;
     out->H = H;
@@ -224,8 +217,85 @@ int kv_profile_run_tasks(const kv_model *m, const int *tokens, int P, int T, kv_
     out->layer_similarity = calloc((size_t)L, sizeof(double));
     out->kendall_tau = calloc((size_t)P * P, sizeof(double));
     out->spearman_rho = calloc((size_t)P * P, sizeof(double));
-    /* at most 4 tasks per rank: the token_cos slot of every task stays small next to the
-     * prompts' records */
+    if (!out->tokens || !out->lengths || !out->cos_mean || !out->cos_var || !out->similarity ||
+        !out->importance || !out->token_cos || !out->cos_attn || !out->cos_block ||
+        !out->layer_similarity || !out->kendall_tau || !out->spearman_rho)
+        return kv_fail(err, KV_EINTERNAL, "out of memory (profile of %d prompts x %d tokens)", P,
+                       T);
+    return KV_OK;
+}
+
+/* Stage 3: every prompt's record (from task results res, G prompts per task, n_out values per
+ * task) into the profile, in prompt order; the first prompt's per-token cosines. */
+static void profile_gather(const double *res, int G, size_t n_out, kv_profile *out) {
+    int L = out->L, H = out->H;
+    size_t rec = prompt_rec(L, H);
+    for (int i = 0; i < out->P; i++) {
+        const double *r = res + (size_t)(i / G) * n_out + (size_t)(i % G) * rec;
+        memcpy(out->cos_mean + (size_t)i * L * H, r, (size_t)L * H * sizeof *r);
+        memcpy(out->cos_var + (size_t)i * L * H, r + (size_t)L * H, (size_t)L * H * sizeof *r);
+        memcpy(out->cos_attn + (size_t)i * L, r + (size_t)2 * L * H, (size_t)L * sizeof *r);
+        memcpy(out->cos_block + (size_t)i * L, r + (size_t)2 * L * H + L, (size_t)L * sizeof *r);
+    }
+    memcpy(out->token_cos, res + (size_t)G * rec, (size_t)L * H * out->T * sizeof *res);
+}
+
+/* Stage 4: head similarity s = mean over prompts and the GQA group of (cos + 1) / 2, importance
+ * 1 - s [L, H_kv] (BaKlaVa Alg. 1); layer similarity = mean over prompts of cos_attn [L]
+ * (SqueezeAttention §3). Refuses non-finite cosines (a broken model) naming the layer. */
+static int profile_reduce(const kv_model *m, kv_profile *out, kv_error *err) {
+    int P = out->P, L = out->L, H = out->H, Hkv = out->H_kv, g = H / Hkv;
+    for (size_t i = 0; i < (size_t)P * L * H; i++)
+        if (!isfinite(out->cos_mean[i]))
+            return kv_fail(err, KV_EINPUT,
+                           "%s: the forward pass produced non-finite values (NaN/Inf) in layer "
+                           "%zu: the weights are corrupt",
+                           m->path, (i / (size_t)H) % (size_t)L);
+    for (int l = 0; l < L; l++) {
+        for (int j = 0; j < Hkv; j++) {
+            double s = 0;
+            for (int i = 0; i < P; i++)
+                for (int k = 0; k < g; k++)
+                    s += (out->cos_mean[((size_t)i * L + l) * H + j * g + k] + 1.0) / 2.0;
+            s /= (double)P * g;
+            out->similarity[l * Hkv + j] = s;
+            out->importance[l * Hkv + j] = 1.0 - s;
+        }
+        double ls = 0;
+        for (int i = 0; i < P; i++) ls += out->cos_attn[(size_t)i * L + l];
+        out->layer_similarity[l] = ls / P;
+    }
+    return KV_OK;
+}
+
+/* Stage 5: Kendall's tau and Spearman's rho (GSL) between the head rankings of each pair of
+ * prompts [P, P]. */
+static void profile_consistency(kv_profile *out) {
+    int P = out->P, n = out->L * out->H;
+    for (int a = 0; a < P; a++)
+        for (int b = 0; b < P; b++) {
+            const double *va = out->cos_mean + (size_t)a * n, *vb = out->cos_mean + (size_t)b * n;
+            double work[2 * 1024];
+            double *wk = n <= 1024 ? work : malloc((size_t)2 * n * sizeof *wk);
+            out->kendall_tau[a * P + b] = a == b ? 1.0 : kv_kendall_tau(va, vb, n);
+            out->spearman_rho[a * P + b] =
+                a == b ? 1.0 : (wk ? gsl_stats_spearman(va, 1, vb, 1, (size_t)n, wk) : NAN);
+            if (wk != work) free(wk);
+        }
+}
+
+int kv_profile_run_tasks(const kv_model *m, const int *tokens, int P, int T, kv_device device,
+                         kv_tasks *tasks, kv_profile *out, kv_progress *p, kv_error *err) {
+    memset(out, 0, sizeof *out);
+    const kv_config *cfg = &m->cfg;
+    if (P < 1) return kv_fail(err, KV_EINPUT, "no prompts to profile (--prompts must be >= 1)");
+    if (T < 2 || T > cfg->seq_len)
+        return kv_fail(err, KV_EINPUT,
+                       "prompt length %d must be in [2, %d] (the model's context length)", T,
+                       cfg->seq_len);
+    int L = cfg->n_layers, H = cfg->n_heads;
+    /* Stage 2: prompts in groups of G as tasks, at most 4 per rank, so that the token_cos slot
+     * of every task stays small next to the prompts' records */
     const int ranks = kv_tasks_size(tasks), per = 4 * ranks;
     const int G = (P + per - 1) / per, n_tasks = (P + G - 1) / G;
     const size_t rec = prompt_rec(L, H), n_out = (size_t)G * rec + (size_t)L * H * T;
@@ -240,10 +310,8 @@ int kv_profile_run_tasks(const kv_model *m, const int *tokens, int P, int T, kv_
         .H = H,
         .p = p};
     kv_plan full = {0};
-    int rc = KV_OK;
-    if (!out->tokens || !out->lengths || !out->cos_mean || !out->cos_var || !out->similarity ||
-        !out->importance || !out->token_cos || !out->cos_attn || !out->cos_block ||
-        !out->layer_similarity || !out->kendall_tau || !out->spearman_rho || !pt.col.x_in || !res)
+    int rc = profile_alloc(cfg, P, T, out, err);
+    if (!rc && (!pt.col.x_in || !res))
         rc = kv_fail(err, KV_EINTERNAL, "out of memory (profile of %d prompts x %d tokens)", P, T);
     if (!rc && n_out > (size_t)0x7fffffff)
         rc = kv_fail(err, KV_EINPUT, "profile: %zu values per prompt group are too many", n_out);
@@ -263,15 +331,7 @@ int kv_profile_run_tasks(const kv_model *m, const int *tokens, int P, int T, kv_
     double t0 = kv_now();
     pt.t0 = t0;
     if (!rc) rc = kv_tasks_run(tasks, n_tasks, (int)n_out, profile_task, &pt, res, err);
-    /* every prompt's record into the profile, in prompt order */
-    for (int i = 0; i < P && !rc; i++) {
-        const double *r = res + (size_t)(i / G) * n_out + (size_t)(i % G) * rec;
-        memcpy(out->cos_mean + (size_t)i * L * H, r, (size_t)L * H * sizeof *r);
-        memcpy(out->cos_var + (size_t)i * L * H, r + (size_t)L * H, (size_t)L * H * sizeof *r);
-        memcpy(out->cos_attn + (size_t)i * L, r + (size_t)2 * L * H, (size_t)L * sizeof *r);
-        memcpy(out->cos_block + (size_t)i * L, r + (size_t)2 * L * H + L, (size_t)L * sizeof *r);
-    }
-    if (!rc) memcpy(out->token_cos, res + (size_t)G * rec, (size_t)L * H * T * sizeof *res);
+    if (!rc) profile_gather(res, G, n_out, out);
     out->seconds = kv_now() - t0;
     out->tokens_per_s = (double)P * T / (out->seconds > 0 ? out->seconds : 1e-9);
     if (!rc && p)
@@ -280,44 +340,12 @@ int kv_profile_run_tasks(const kv_model *m, const int *tokens, int P, int T, kv_
     kv_plan_free(&full);
     free(pt.col.x_in);
     free(res);
+    if (!rc) rc = profile_reduce(m, out, err);
     if (rc) {
         kv_profile_free(out);
         return rc;
     }
-    /* non-finite activations mean a broken model: refuse rather than write NaNs */
-    for (size_t i = 0; i < plh; i++)
-        if (!isfinite(out->cos_mean[i])) {
-            kv_profile_free(out);
-            return kv_fail(err, KV_EINPUT,
-                           "%s: the forward pass produced non-finite values (NaN/Inf) in layer "
-                           "%zu: the weights are corrupt",
-                           m->path, (i / (size_t)H) % (size_t)L);
-        }
-    for (int l = 0; l < L; l++) {
-        for (int j = 0; j < Hkv; j++) {
-            double s = 0;
-            for (int i = 0; i < P; i++)
-                for (int k = 0; k < g; k++)
-                    s += (out->cos_mean[((size_t)i * L + l) * H + j * g + k] + 1.0) / 2.0;
-            s /= (double)P * g;
-            out->similarity[l * Hkv + j] = s;
-            out->importance[l * Hkv + j] = 1.0 - s;
-        }
-        double ls = 0;
-        for (int i = 0; i < P; i++) ls += out->cos_attn[(size_t)i * L + l];
-        out->layer_similarity[l] = ls / P;
-    }
-    int n = L * H;
-    for (int a = 0; a < P; a++)
-        for (int b = 0; b < P; b++) {
-            const double *va = out->cos_mean + (size_t)a * n, *vb = out->cos_mean + (size_t)b * n;
-            double work[2 * 1024];
-            double *wk = n <= 1024 ? work : malloc((size_t)2 * n * sizeof *wk);
-            out->kendall_tau[a * P + b] = a == b ? 1.0 : kv_kendall_tau(va, vb, n);
-            out->spearman_rho[a * P + b] =
-                a == b ? 1.0 : (wk ? gsl_stats_spearman(va, 1, vb, 1, (size_t)n, wk) : NAN);
-            if (wk != work) free(wk);
-        }
+    profile_consistency(out);
     return KV_OK;
 }
 

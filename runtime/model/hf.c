@@ -79,12 +79,83 @@ static int parse_json(const char *path, const char *data, size_t len, cJSON **ou
     return kv_fail(err, KV_EINPUT, "%s: invalid JSON at byte %zu", path, at);
 }
 
-/* Read one shard and index its tensors into s. */
+/* One header entry `it` of shard fi into s's tensor index: dtype, shape and data offsets
+ * (relative to the data at byte `base`, data_len bytes), checked against each other. */
+static int read_entry(st_set *s, int fi, const cJSON *it, size_t base, size_t data_len,
+                      kv_error *err) {
+    const st_file *f = &s->files[fi];
+    const cJSON *dt = cJSON_GetObjectItemCaseSensitive(it, "dtype");
+    const cJSON *sh = cJSON_GetObjectItemCaseSensitive(it, "shape");
+    const cJSON *off = cJSON_GetObjectItemCaseSensitive(it, "data_offsets");
+    if (!cJSON_IsString(dt) || !cJSON_IsArray(sh) || !cJSON_IsArray(off) ||
+        cJSON_GetArraySize(off) != 2)
+        return kv_fail(err, KV_EINPUT,
+                       "%s: tensor '%s' lacks \"dtype\", \"shape\" or \"data_offsets\"", f->path,
+                       it->string);
+    if (s->n_t == s->cap_t) {
+        int nc = s->cap_t ? 2 * s->cap_t : 64;
+        st_tensor *nt = realloc(s->t, (size_t)nc * sizeof *nt);
+        if (!nt) return kv_fail(err, KV_EINTERNAL, "out of memory (tensor index)");
+        s->t = nt;
+        s->cap_t = nc;
+    }
+    st_tensor *t = &s->t[s->n_t];
+    memset(t, 0, sizeof *t);
+    t->name = it->string;
+    t->file = fi;
+    size_t esz;
+    if (!strcmp(dt->valuestring, "F32"))
+        t->dtype = 0, esz = 4;
+    else if (!strcmp(dt->valuestring, "F16"))
+        t->dtype = 1, esz = 2;
+    else if (!strcmp(dt->valuestring, "BF16"))
+        t->dtype = 2, esz = 2;
+    else
+        return kv_fail(err, KV_EINPUT,
+                       "%s: tensor '%s' has dtype \"%s\", which kvplan does "
+                       "not read (F32, F16, BF16)",
+                       f->path, it->string, dt->valuestring);
+    t->n_dims = cJSON_GetArraySize(sh);
+    if (t->n_dims > 8)
+        return kv_fail(err, KV_EINPUT, "%s: tensor '%s' has %d dimensions", f->path, it->string,
+                       t->n_dims);
+    double count = 1;
+    for (int d = 0; d < t->n_dims; d++) {
+        const cJSON *v = cJSON_GetArrayItem(sh, d);
+        if (!cJSON_IsNumber(v) || !(v->valuedouble >= 0 && v->valuedouble <= 1e12))
+            return kv_fail(err, KV_EINPUT, "%s: tensor '%s': shape[%d] is not a valid size",
+                           f->path, it->string, d);
+        t->shape[d] = (long long)v->valuedouble;
+        count *= v->valuedouble;
+    }
+    const cJSON *b = cJSON_GetArrayItem(off, 0), *e = cJSON_GetArrayItem(off, 1);
+    if (!cJSON_IsNumber(b) || !cJSON_IsNumber(e) || !(b->valuedouble >= 0) ||
+        !(e->valuedouble >= b->valuedouble))
+        return kv_fail(err, KV_EINPUT, "%s: tensor '%s': data_offsets are not a valid [begin, end)",
+                       f->path, it->string);
+    if (e->valuedouble > (double)data_len)
+        return kv_fail(err, KV_EINPUT,
+                       "%s: tensor '%s': data_offsets [%.0f, %.0f) extend past "
+                       "the end of the data (%zu bytes): the file is truncated",
+                       f->path, it->string, b->valuedouble, e->valuedouble, data_len);
+    t->begin = base + (size_t)b->valuedouble;
+    t->end = base + (size_t)e->valuedouble;
+    if ((double)(t->end - t->begin) != count * (double)esz)
+        return kv_fail(err, KV_EINPUT,
+                       "%s: tensor '%s': data_offsets cover %zu bytes but "
+                       "shape and dtype %s need %.0f",
+                       f->path, it->string, t->end - t->begin, dt->valuestring,
+                       count * (double)esz);
+    s->n_t++;
+    return KV_OK;
+}
+
+/* Read one shard and index its tensors into s: the file into memory the model will own (the
+ * weights point into it), the 8-byte header size, the JSON header, then each entry. */
 static int read_shard(st_set *s, int fi, kv_error *err) {
     st_file *f = &s->files[fi];
     void *bytes = NULL;
     size_t len = 0;
-    /* whole shard into memory the model will own: the weights point into it */
     int rc = kv_file_load(f->path, "safetensors file", 0, &bytes, &len, err);
     if (rc) return rc;
     const char *data = bytes;
@@ -107,79 +178,13 @@ static int read_shard(st_set *s, int fi, kv_error *err) {
     if ((rc = parse_json(hp, data + 8, (size_t)hn, &f->json, err))) return rc;
     if (!cJSON_IsObject(f->json))
         return kv_fail(err, KV_EINPUT, "%s: the safetensors header is not a JSON object", f->path);
-    size_t base = 8 + (size_t)hn, data_len = len - base;
+    size_t base = 8 + (size_t)hn;
     const cJSON *it;
     cJSON_ArrayForEach(it, f->json) {
-        if (!strcmp(it->string, "__metadata__")) {
+        if (!strcmp(it->string, "__metadata__"))
             s->alias[fi] = (cJSON *)it;
-            continue;
-        }
-        const cJSON *dt = cJSON_GetObjectItemCaseSensitive(it, "dtype");
-        const cJSON *sh = cJSON_GetObjectItemCaseSensitive(it, "shape");
-        const cJSON *off = cJSON_GetObjectItemCaseSensitive(it, "data_offsets");
-        if (!cJSON_IsString(dt) || !cJSON_IsArray(sh) || !cJSON_IsArray(off) ||
-            cJSON_GetArraySize(off) != 2)
-            return kv_fail(err, KV_EINPUT,
-                           "%s: tensor '%s' lacks \"dtype\", \"shape\" or "
-                           "\"data_offsets\"",
-                           f->path, it->string);
-        if (s->n_t == s->cap_t) {
-            int nc = s->cap_t ? 2 * s->cap_t : 64;
-            st_tensor *nt = realloc(s->t, (size_t)nc * sizeof *nt);
-            if (!nt) return kv_fail(err, KV_EINTERNAL, "out of memory (tensor index)");
-            s->t = nt;
-            s->cap_t = nc;
-        }
-        st_tensor *t = &s->t[s->n_t];
-        memset(t, 0, sizeof *t);
-        t->name = it->string;
-        t->file = fi;
-        size_t esz;
-        if (!strcmp(dt->valuestring, "F32"))
-            t->dtype = 0, esz = 4;
-        else if (!strcmp(dt->valuestring, "F16"))
-            t->dtype = 1, esz = 2;
-        else if (!strcmp(dt->valuestring, "BF16"))
-            t->dtype = 2, esz = 2;
-        else
-            return kv_fail(err, KV_EINPUT,
-                           "%s: tensor '%s' has dtype \"%s\", which kvplan does "
-                           "not read (F32, F16, BF16)",
-                           f->path, it->string, dt->valuestring);
-        t->n_dims = cJSON_GetArraySize(sh);
-        if (t->n_dims > 8)
-            return kv_fail(err, KV_EINPUT, "%s: tensor '%s' has %d dimensions", f->path, it->string,
-                           t->n_dims);
-        double count = 1;
-        for (int d = 0; d < t->n_dims; d++) {
-            const cJSON *v = cJSON_GetArrayItem(sh, d);
-            if (!cJSON_IsNumber(v) || !(v->valuedouble >= 0 && v->valuedouble <= 1e12))
-                return kv_fail(err, KV_EINPUT, "%s: tensor '%s': shape[%d] is not a valid size",
-                               f->path, it->string, d);
-            t->shape[d] = (long long)v->valuedouble;
-            count *= v->valuedouble;
-        }
-        const cJSON *b = cJSON_GetArrayItem(off, 0), *e = cJSON_GetArrayItem(off, 1);
-        if (!cJSON_IsNumber(b) || !cJSON_IsNumber(e) || !(b->valuedouble >= 0) ||
-            !(e->valuedouble >= b->valuedouble))
-            return kv_fail(err, KV_EINPUT,
-                           "%s: tensor '%s': data_offsets are not a valid "
-                           "[begin, end)",
-                           f->path, it->string);
-        if (e->valuedouble > (double)data_len)
-            return kv_fail(err, KV_EINPUT,
-                           "%s: tensor '%s': data_offsets [%.0f, %.0f) extend past "
-                           "the end of the data (%zu bytes): the file is truncated",
-                           f->path, it->string, b->valuedouble, e->valuedouble, data_len);
-        t->begin = base + (size_t)b->valuedouble;
-        t->end = base + (size_t)e->valuedouble;
-        if ((double)(t->end - t->begin) != count * (double)esz)
-            return kv_fail(err, KV_EINPUT,
-                           "%s: tensor '%s': data_offsets cover %zu bytes but "
-                           "shape and dtype %s need %.0f",
-                           f->path, it->string, t->end - t->begin, dt->valuestring,
-                           count * (double)esz);
-        s->n_t++;
+        else if ((rc = read_entry(s, fi, it, base, len - base, err)))
+            return rc;
     }
     return KV_OK;
 }

@@ -442,19 +442,8 @@ static char *decode_token(const bpe_impl *b, const char *s, int *out_len) {
     return o;
 }
 
-int kv_tokenizer_bpe_new(const kv_bpe_spec *sp, const char *what, kv_tokenizer **out,
-                         kv_error *err) {
-    *out = NULL;
-    if (sp->n_vocab <= 0)
-        return kv_fail(err, KV_EINPUT, "%s: the tokenizer vocabulary is empty", what);
-    bpe_impl *b = kv_calloc(1, sizeof *b, "tokenizer", err);
-    kv_tokenizer *t = kv_calloc(1, sizeof *t, "tokenizer", err);
-    if (!b || !t) {
-        free(b);
-        free(t);
-        return KV_EINTERNAL;
-    }
-    int rc = KV_OK;
+/* Stage 1 of kv_tokenizer_bpe_new: the spec's flags, the byte-level alphabet and the tables. */
+static int bpe_alloc(const kv_bpe_spec *sp, bpe_impl *b, kv_error *err) {
     b->n = sp->n_vocab;
     b->style = sp->style;
     b->add_prefix_space = sp->add_prefix_space;
@@ -475,20 +464,32 @@ int kv_tokenizer_bpe_new(const kv_bpe_spec *sp, const char *what, kv_tokenizer *
     b->merge_new = calloc((size_t)sp->n_merges + 1, sizeof *b->merge_new);
     if (!b->dec || !b->dec_len || !b->silent || !b->merge_new ||
         kv_strmap_init(&b->vocab, (size_t)b->n) || kv_strmap_init(&b->merges, (size_t)sp->n_merges))
-        rc = kv_fail(err, KV_EINTERNAL, "out of memory (tokenizer)");
-    for (int i = 0; i < b->n && !rc; i++) {
+        return kv_fail(err, KV_EINTERNAL, "out of memory (tokenizer)");
+    return KV_OK;
+}
+
+/* Stage 2: piece -> id (the first id of a piece wins), byte tokens <0xXX>, decoded bytes. */
+static int bpe_read_vocab(const kv_bpe_spec *sp, bpe_impl *b, kv_error *err) {
+    for (int i = 0; i < b->n; i++) {
         const char *s = sp->tokens[i];
         if (!s) continue;
         size_t l = strlen(s);
-        if (kv_strmap_get(&b->vocab, s, l) >= 0) continue; /* first id wins */
-        if (kv_strmap_put(&b->vocab, s, l, i)) rc = kv_fail(err, KV_EINTERNAL, "out of memory");
+        if (kv_strmap_get(&b->vocab, s, l) >= 0) continue;
+        if (kv_strmap_put(&b->vocab, s, l, i)) return kv_fail(err, KV_EINTERNAL, "out of memory");
         unsigned int byte;
-        if (!rc && l == 6 && sscanf(s, "<0x%02X>", &byte) == 1 && byte < 256) b->byte_id[byte] = i;
-        if (!rc && !(b->dec[i] = decode_token(b, s, &b->dec_len[i])))
-            rc = kv_fail(err, KV_EINTERNAL, "out of memory (tokenizer)");
+        if (l == 6 && sscanf(s, "<0x%02X>", &byte) == 1 && byte < 256) b->byte_id[byte] = i;
+        if (!(b->dec[i] = decode_token(b, s, &b->dec_len[i])))
+            return kv_fail(err, KV_EINTERNAL, "out of memory (tokenizer)");
     }
+    return KV_OK;
+}
+
+/* Stage 3: (left id, right id) -> rank, and the id each merge makes; every part must be in the
+ * vocabulary. The first rank of a pair wins. */
+static int bpe_read_merges(const kv_bpe_spec *sp, const char *what, bpe_impl *b, kv_error *err) {
     char *cat = NULL;
     size_t cat_cap = 0;
+    int rc = KV_OK;
     for (int r = 0; r < sp->n_merges && !rc; r++) {
         const char *l = sp->merge_left[r], *rt = sp->merge_right[r];
         size_t ll = strlen(l), rl = strlen(rt);
@@ -522,28 +523,37 @@ int kv_tokenizer_bpe_new(const kv_bpe_spec *sp, const char *what, kv_tokenizer *
         b->merge_new[r] = m;
     }
     free(cat);
-    for (int k = 0; k < sp->n_special && !rc; k++) {
+    return rc;
+}
+
+/* Stage 4: added tokens decode to their content as written; silent ids (the spec's, BOS, EOS)
+ * decode to nothing. */
+static int bpe_read_special(const kv_bpe_spec *sp, bpe_impl *b, kv_error *err) {
+    for (int k = 0; k < sp->n_special; k++) {
         int id = sp->special[k];
         if (id < 0 || id >= b->n || !sp->tokens[id] || !sp->tokens[id][0] || !b->dec[id]) continue;
-        size_t l = strlen(sp->tokens[id]); /* an added token decodes to its content as written */
+        size_t l = strlen(sp->tokens[id]);
         free(b->dec[id]);
         b->dec[id] = malloc(l + 1);
-        if (!b->dec[id])
-            rc = kv_fail(err, KV_EINTERNAL, "out of memory (tokenizer)");
-        else {
-            memcpy(b->dec[id], sp->tokens[id], l + 1);
-            b->dec_len[id] = (int)l;
-        }
+        if (!b->dec[id]) return kv_fail(err, KV_EINTERNAL, "out of memory (tokenizer)");
+        memcpy(b->dec[id], sp->tokens[id], l + 1);
+        b->dec_len[id] = (int)l;
     }
     for (int k = 0; sp->silent && k < b->n; k++) b->silent[k] = sp->silent[k];
     if (sp->bos_id >= 0 && sp->bos_id < b->n) b->silent[sp->bos_id] = 1;
     if (sp->eos_id >= 0 && sp->eos_id < b->n) b->silent[sp->eos_id] = 1;
+    return KV_OK;
+}
+
+/* Stage 5: the pre-tokenizer regexes compiled with PCRE2 (JIT where available). */
+static int bpe_compile_regexes(const kv_bpe_spec *sp, const char *what, bpe_impl *b,
+                               kv_error *err) {
     const char *const *res = sp->regex ? &sp->regex : sp->regexes;
     int n_res = sp->regex ? 1 : sp->n_regexes;
-    if (!rc && n_res > KV_BPE_MAX_REGEX)
-        rc = kv_fail(err, KV_EINTERNAL, "%s: %d pre-tokenizer regexes, at most %d", what, n_res,
-                     KV_BPE_MAX_REGEX);
-    for (int r = 0; r < n_res && !rc; r++) {
+    if (n_res > KV_BPE_MAX_REGEX)
+        return kv_fail(err, KV_EINTERNAL, "%s: %d pre-tokenizer regexes, at most %d", what, n_res,
+                       KV_BPE_MAX_REGEX);
+    for (int r = 0; r < n_res; r++) {
         int ec;
         PCRE2_SIZE eo;
         /* DOLLAR_ENDONLY: '$' is the end of the piece only, as in ECMAScript (llama.cpp) */
@@ -552,26 +562,49 @@ int kv_tokenizer_bpe_new(const kv_bpe_spec *sp, const char *what, kv_tokenizer *
         if (!b->re[r]) {
             PCRE2_UCHAR msg[256];
             pcre2_get_error_message(ec, msg, sizeof msg);
-            rc = kv_fail(err, KV_EINPUT,
-                         "%s: pre-tokenizer regex %d does not compile at offset %zu: %s", what,
-                         r + 1, (size_t)eo, (const char *)msg);
-        } else {
-            b->n_re++;
-            pcre2_jit_compile(b->re[r], PCRE2_JIT_COMPLETE); /* optional speed-up */
+            return kv_fail(err, KV_EINPUT,
+                           "%s: pre-tokenizer regex %d does not compile at offset %zu: %s", what,
+                           r + 1, (size_t)eo, (const char *)msg);
         }
+        b->n_re++;
+        pcre2_jit_compile(b->re[r], PCRE2_JIT_COMPLETE); /* optional speed-up */
     }
-    if (!rc) {
-        const char **texts = calloc((size_t)sp->n_special + 1, sizeof *texts);
-        if (!texts) rc = kv_fail(err, KV_EINTERNAL, "out of memory (tokenizer)");
-        for (int k = 0; texts && k < sp->n_special; k++) {
-            int id = sp->special[k];
-            texts[k] = id >= 0 && id < b->n ? sp->tokens[id] : NULL;
-        }
-        if (!rc)
-            rc = kv_tokenizer_set_special(t, sp->special, texts, sp->special_control, sp->n_special,
-                                          sp->special_order, err);
-        free(texts);
+    return KV_OK;
+}
+
+/* Stage 6: the special tokens' texts for the splitter in front of BPE. */
+static int bpe_set_special(const kv_bpe_spec *sp, const bpe_impl *b, kv_tokenizer *t,
+                           kv_error *err) {
+    const char **texts = calloc((size_t)sp->n_special + 1, sizeof *texts);
+    if (!texts) return kv_fail(err, KV_EINTERNAL, "out of memory (tokenizer)");
+    for (int k = 0; k < sp->n_special; k++) {
+        int id = sp->special[k];
+        texts[k] = id >= 0 && id < b->n ? sp->tokens[id] : NULL;
     }
+    int rc = kv_tokenizer_set_special(t, sp->special, texts, sp->special_control, sp->n_special,
+                                      sp->special_order, err);
+    free(texts);
+    return rc;
+}
+
+int kv_tokenizer_bpe_new(const kv_bpe_spec *sp, const char *what, kv_tokenizer **out,
+                         kv_error *err) {
+    *out = NULL;
+    if (sp->n_vocab <= 0)
+        return kv_fail(err, KV_EINPUT, "%s: the tokenizer vocabulary is empty", what);
+    bpe_impl *b = kv_calloc(1, sizeof *b, "tokenizer", err);
+    kv_tokenizer *t = kv_calloc(1, sizeof *t, "tokenizer", err);
+    if (!b || !t) {
+        free(b);
+        free(t);
+        return KV_EINTERNAL;
+    }
+    int rc = bpe_alloc(sp, b, err);
+    if (!rc) rc = bpe_read_vocab(sp, b, err);
+    if (!rc) rc = bpe_read_merges(sp, what, b, err);
+    if (!rc) rc = bpe_read_special(sp, b, err);
+    if (!rc) rc = bpe_compile_regexes(sp, what, b, err);
+    if (!rc) rc = bpe_set_special(sp, b, t, err);
     if (rc) {
         bpe_free(b);
         for (int k = 0; k < t->n_special; k++) free(t->special[k].text);
@@ -732,12 +765,23 @@ static int read_pretok(const char *path, const cJSON *p, json_style *st, kv_erro
                    path, t);
 }
 
-int kv_tokenizer_load_json(const char *path, const kv_model *m, kv_tokenizer **out, kv_error *err) {
-    *out = NULL;
-    cJSON *j = NULL, *cfg = NULL;
-    int rc = parse_json_file(path, &j, err);
-    if (rc) return rc;
-    /* tokenizer_config.json beside it (optional) */
+/* What tokenizer.json (and tokenizer_config.json beside it) hold, gathered stage by stage by
+ * kv_tokenizer_load_json; the strings point into the parsed documents. */
+typedef struct json_vocab {
+    cJSON *doc, *cfg;        /* tokenizer.json, tokenizer_config.json (NULL when absent) */
+    const cJSON *model;      /* doc.model */
+    int n;                   /* vocabulary size (the model's when given) */
+    const char **tokens;     /* [n] id -> piece (NULL for unused ids) */
+    int n_merges, r;         /* merges in the file, merges read */
+    char **left, **right;    /* [n_merges] the merge pairs, owned */
+    int *special, n_special; /* ids of added_tokens */
+    unsigned char *silent;   /* [n] 1 for added tokens marked "special" */
+    json_style st;
+    int bos, eos, unk, add_bos;
+} json_vocab;
+
+/* Stage 1: tokenizer_config.json beside `path`, parsed when present. */
+static int read_config(const char *path, json_vocab *v, kv_error *err) {
     char cfg_path[4200];
     snprintf(cfg_path, sizeof cfg_path, "%s", path);
     char *slash = strrchr(cfg_path, '/');
@@ -747,197 +791,234 @@ int kv_tokenizer_load_json(const char *path, const kv_model *m, kv_tokenizer **o
     else
         snprintf(cfg_path, sizeof cfg_path, "tokenizer_config.json");
     FILE *f = fopen(cfg_path, "rb");
-    if (f) {
-        fclose(f);
-        rc = parse_json_file(cfg_path, &cfg, err);
-    }
-    const cJSON *model = cJSON_GetObjectItemCaseSensitive(j, "model");
-    const cJSON *vocab = cJSON_GetObjectItemCaseSensitive(model, "vocab");
-    const cJSON *merges = cJSON_GetObjectItemCaseSensitive(model, "merges");
+    if (!f) return KV_OK;
+    fclose(f);
+    return parse_json_file(cfg_path, &v->cfg, err);
+}
+
+/* Stage 2: the fields kvplan reads are present with the right JSON types. */
+static int check_fields(const char *path, const json_vocab *v, kv_error *err) {
+    const cJSON *model = v->model;
     const cJSON *mtype = cJSON_GetObjectItemCaseSensitive(model, "type");
-    const cJSON *added = cJSON_GetObjectItemCaseSensitive(j, "added_tokens");
-    if (!rc && !cJSON_IsObject(model))
-        rc = kv_fail(err, KV_EINPUT, "%s: field \"model\" is missing or not an object", path);
-    if (!rc && mtype && (!cJSON_IsString(mtype) || strcmp(mtype->valuestring, "BPE")))
-        rc = kv_fail(err, KV_EINPUT, "%s: model.type \"%s\" is not supported (kvplan reads BPE)",
-                     path, cJSON_IsString(mtype) ? mtype->valuestring : "?");
-    if (!rc && !cJSON_IsObject(vocab))
-        rc = kv_fail(err, KV_EINPUT, "%s: field \"model.vocab\" is missing or not an object", path);
+    const cJSON *added = cJSON_GetObjectItemCaseSensitive(v->doc, "added_tokens");
+    if (!cJSON_IsObject(model))
+        return kv_fail(err, KV_EINPUT, "%s: field \"model\" is missing or not an object", path);
+    if (mtype && (!cJSON_IsString(mtype) || strcmp(mtype->valuestring, "BPE")))
+        return kv_fail(err, KV_EINPUT, "%s: model.type \"%s\" is not supported (kvplan reads BPE)",
+                       path, cJSON_IsString(mtype) ? mtype->valuestring : "?");
+    if (!cJSON_IsObject(cJSON_GetObjectItemCaseSensitive(model, "vocab")))
+        return kv_fail(err, KV_EINPUT, "%s: field \"model.vocab\" is missing or not an object",
+                       path);
     const char *unsup[] = {"continuing_subword_prefix", "end_of_word_suffix"};
-    for (int i = 0; i < 2 && !rc; i++) {
-        const cJSON *v = cJSON_GetObjectItemCaseSensitive(model, unsup[i]);
-        if (v && !cJSON_IsNull(v) && !(cJSON_IsString(v) && !v->valuestring[0]))
-            rc = kv_fail(err, KV_EINPUT, "%s: model.%s is set, which kvplan does not support", path,
-                         unsup[i]);
+    for (int i = 0; i < 2; i++) {
+        const cJSON *u = cJSON_GetObjectItemCaseSensitive(model, unsup[i]);
+        if (u && !cJSON_IsNull(u) && !(cJSON_IsString(u) && !u->valuestring[0]))
+            return kv_fail(err, KV_EINPUT, "%s: model.%s is set, which kvplan does not support",
+                           path, unsup[i]);
     }
-    if (!rc && !cJSON_IsArray(merges))
-        rc = kv_fail(err, KV_EINPUT, "%s: field \"model.merges\" is missing or not an array", path);
-    if (!rc && added && !cJSON_IsArray(added))
-        rc = kv_fail(err, KV_EINPUT, "%s: field \"added_tokens\" is not an array", path);
-    /* ids */
-    int n = 0;
+    if (!cJSON_IsArray(cJSON_GetObjectItemCaseSensitive(model, "merges")))
+        return kv_fail(err, KV_EINPUT, "%s: field \"model.merges\" is missing or not an array",
+                       path);
+    if (added && !cJSON_IsArray(added))
+        return kv_fail(err, KV_EINPUT, "%s: field \"added_tokens\" is not an array", path);
+    return KV_OK;
+}
+
+/* Stage 3: the vocabulary size from the largest id of model.vocab and added_tokens, checked
+ * against the model's (ids past the tokenizer's are the model's padding). */
+static int count_ids(const char *path, const kv_model *m, json_vocab *v, kv_error *err) {
     const cJSON *it;
-    if (!rc) {
-        cJSON_ArrayForEach(it, vocab) {
-            if (!cJSON_IsNumber(it) || it->valuedouble < 0 || it->valuedouble >= (1 << 24)) {
-                rc = kv_fail(err, KV_EINPUT, "%s: model.vocab[\"%.60s\"] is not a valid id", path,
-                             it->string);
-                break;
-            }
-            if (it->valueint + 1 > n) n = it->valueint + 1;
-        }
+    int n = 0;
+    cJSON_ArrayForEach(it, cJSON_GetObjectItemCaseSensitive(v->model, "vocab")) {
+        if (!cJSON_IsNumber(it) || it->valuedouble < 0 || it->valuedouble >= (1 << 24))
+            return kv_fail(err, KV_EINPUT, "%s: model.vocab[\"%.60s\"] is not a valid id", path,
+                           it->string);
+        if (it->valueint + 1 > n) n = it->valueint + 1;
     }
-    if (!rc && added) {
-        cJSON_ArrayForEach(it, added) {
-            const cJSON *id = cJSON_GetObjectItemCaseSensitive(it, "id");
-            const cJSON *c = cJSON_GetObjectItemCaseSensitive(it, "content");
-            if (!cJSON_IsNumber(id) || id->valuedouble < 0 || id->valuedouble >= (1 << 24) ||
-                !cJSON_IsString(c)) {
-                rc = kv_fail(err, KV_EINPUT,
-                             "%s: an added_tokens entry lacks a valid \"id\" or "
-                             "\"content\"",
-                             path);
-                break;
-            }
-            if (id->valueint + 1 > n) n = id->valueint + 1;
-        }
+    cJSON_ArrayForEach(it, cJSON_GetObjectItemCaseSensitive(v->doc, "added_tokens")) {
+        const cJSON *id = cJSON_GetObjectItemCaseSensitive(it, "id");
+        const cJSON *c = cJSON_GetObjectItemCaseSensitive(it, "content");
+        if (!cJSON_IsNumber(id) || id->valuedouble < 0 || id->valuedouble >= (1 << 24) ||
+            !cJSON_IsString(c))
+            return kv_fail(err, KV_EINPUT,
+                           "%s: an added_tokens entry lacks a valid \"id\" or \"content\"", path);
+        if (id->valueint + 1 > n) n = id->valueint + 1;
     }
-    if (!rc && m && n > m->cfg.vocab_size)
-        rc = kv_fail(err, KV_EINPUT,
-                     "%s: token ids reach %d but the model %s has a vocabulary "
-                     "of %d: they do not belong together",
-                     path, n - 1, m->path, m->cfg.vocab_size);
-    if (!rc && m) n = m->cfg.vocab_size; /* ids past the tokenizer's are padding */
-    int n_merges = rc ? 0 : cJSON_GetArraySize(merges);
-    const char **tokens = calloc((size_t)n + 1, sizeof *tokens);
-    char **left = calloc((size_t)n_merges + 1, sizeof *left);
-    char **right = calloc((size_t)n_merges + 1, sizeof *right);
-    int *special = calloc((size_t)cJSON_GetArraySize(added) + 1, sizeof *special);
-    unsigned char *silent = calloc((size_t)n + 1, 1);
-    int n_special = 0;
-    if (!rc && (!tokens || !left || !right || !special || !silent))
-        rc = kv_fail(err, KV_EINTERNAL, "out of memory (tokenizer.json)");
-    if (!rc) cJSON_ArrayForEach(it, vocab) tokens[it->valueint] = it->string;
-    if (!rc && added) {
-        cJSON_ArrayForEach(it, added) {
-            int id = cJSON_GetObjectItemCaseSensitive(it, "id")->valueint;
-            tokens[id] = cJSON_GetObjectItemCaseSensitive(it, "content")->valuestring;
-            special[n_special++] = id;
-            if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(it, "special"))) silent[id] = 1;
-        }
+    if (m && n > m->cfg.vocab_size)
+        return kv_fail(err, KV_EINPUT,
+                       "%s: token ids reach %d but the model %s has a vocabulary "
+                       "of %d: they do not belong together",
+                       path, n - 1, m->path, m->cfg.vocab_size);
+    v->n = m ? m->cfg.vocab_size : n;
+    return KV_OK;
+}
+
+/* Stage 4: id -> piece for the vocabulary and the added tokens (which are special; those
+ * marked "special" are also silent when decoded). */
+static int collect_tokens(json_vocab *v, kv_error *err) {
+    const cJSON *added = cJSON_GetObjectItemCaseSensitive(v->doc, "added_tokens"), *it;
+    v->n_merges = cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(v->model, "merges"));
+    v->tokens = calloc((size_t)v->n + 1, sizeof *v->tokens);
+    v->left = calloc((size_t)v->n_merges + 1, sizeof *v->left);
+    v->right = calloc((size_t)v->n_merges + 1, sizeof *v->right);
+    v->special = calloc((size_t)cJSON_GetArraySize(added) + 1, sizeof *v->special);
+    v->silent = calloc((size_t)v->n + 1, 1);
+    if (!v->tokens || !v->left || !v->right || !v->special || !v->silent)
+        return kv_fail(err, KV_EINTERNAL, "out of memory (tokenizer.json)");
+    cJSON_ArrayForEach(it, cJSON_GetObjectItemCaseSensitive(v->model, "vocab"))
+        v->tokens[it->valueint] = it->string;
+    cJSON_ArrayForEach(it, added) {
+        int id = cJSON_GetObjectItemCaseSensitive(it, "id")->valueint;
+        v->tokens[id] = cJSON_GetObjectItemCaseSensitive(it, "content")->valuestring;
+        v->special[v->n_special++] = id;
+        if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(it, "special"))) v->silent[id] = 1;
     }
-    int r = 0;
-    if (!rc) {
-        cJSON_ArrayForEach(it, merges) {
-            if (cJSON_IsString(it)) {
-                const char *s = it->valuestring, *sp = strchr(s, ' ');
-                if (!sp || sp == s || !sp[1] || strchr(sp + 1, ' ')) {
-                    rc = kv_fail(err, KV_EINPUT,
-                                 "%s: model.merges[%d] = \"%.60s\" is not two "
-                                 "tokens separated by one space",
-                                 path, r, s);
-                    break;
-                }
-                left[r] = strndup(s, (size_t)(sp - s));
-                right[r] = strdup(sp + 1);
-            } else if (cJSON_IsArray(it) && cJSON_GetArraySize(it) == 2 &&
-                       cJSON_IsString(cJSON_GetArrayItem(it, 0)) &&
-                       cJSON_IsString(cJSON_GetArrayItem(it, 1))) {
-                left[r] = strdup(cJSON_GetArrayItem(it, 0)->valuestring);
-                right[r] = strdup(cJSON_GetArrayItem(it, 1)->valuestring);
-            } else {
-                rc = kv_fail(err, KV_EINPUT,
-                             "%s: model.merges[%d] is neither \"a b\" nor "
-                             "[\"a\", \"b\"]",
-                             path, r);
-                break;
-            }
-            r++;
-            if (!left[r - 1] || !right[r - 1]) {
-                rc = kv_fail(err, KV_EINTERNAL, "out of memory (merges)");
-                break;
-            }
+    return KV_OK;
+}
+
+/* Stage 5: model.merges, each "a b" or ["a", "b"], copied into left/right. */
+static int read_merges(const char *path, json_vocab *v, kv_error *err) {
+    const cJSON *it;
+    cJSON_ArrayForEach(it, cJSON_GetObjectItemCaseSensitive(v->model, "merges")) {
+        int r = v->r;
+        if (cJSON_IsString(it)) {
+            const char *s = it->valuestring, *sp = strchr(s, ' ');
+            if (!sp || sp == s || !sp[1] || strchr(sp + 1, ' '))
+                return kv_fail(err, KV_EINPUT,
+                               "%s: model.merges[%d] = \"%.60s\" is not two "
+                               "tokens separated by one space",
+                               path, r, s);
+            v->left[r] = strndup(s, (size_t)(sp - s));
+            v->right[r] = strdup(sp + 1);
+        } else if (cJSON_IsArray(it) && cJSON_GetArraySize(it) == 2 &&
+                   cJSON_IsString(cJSON_GetArrayItem(it, 0)) &&
+                   cJSON_IsString(cJSON_GetArrayItem(it, 1))) {
+            v->left[r] = strdup(cJSON_GetArrayItem(it, 0)->valuestring);
+            v->right[r] = strdup(cJSON_GetArrayItem(it, 1)->valuestring);
+        } else {
+            return kv_fail(err, KV_EINPUT,
+                           "%s: model.merges[%d] is neither \"a b\" nor [\"a\", \"b\"]", path, r);
         }
+        v->r++;
+        if (!v->left[r] || !v->right[r])
+            return kv_fail(err, KV_EINTERNAL, "out of memory (merges)");
     }
-    json_style st = {0};
+    return KV_OK;
+}
+
+/* Stage 6: the pre-tokenisation style from the normalizer and pre_tokenizer. */
+static int read_style(const char *path, json_vocab *v, kv_error *err) {
+    json_style *st = &v->st;
+    int rc = read_normalizer(path, cJSON_GetObjectItemCaseSensitive(v->doc, "normalizer"), st, err);
     if (!rc)
-        rc = read_normalizer(path, cJSON_GetObjectItemCaseSensitive(j, "normalizer"), &st, err);
-    if (!rc) rc = read_pretok(path, cJSON_GetObjectItemCaseSensitive(j, "pre_tokenizer"), &st, err);
-    if (!rc && st.bytelevel && (st.prepend || st.replace_space))
+        rc = read_pretok(path, cJSON_GetObjectItemCaseSensitive(v->doc, "pre_tokenizer"), st, err);
+    if (!rc && st->bytelevel && (st->prepend || st->replace_space))
         rc = kv_fail(err, KV_EINPUT,
                      "%s: a ByteLevel pre_tokenizer combined with a \"\xe2\x96\x81\" "
                      "normaliser is not supported",
                      path);
-    if (!rc && !st.bytelevel && st.prepend != st.replace_space && st.prepend)
+    if (!rc && !st->bytelevel && st->prepend != st->replace_space && st->prepend)
         rc = kv_fail(err, KV_EINPUT,
                      "%s: normalizer prepends \"\xe2\x96\x81\" but does not "
                      "replace spaces, which kvplan does not support",
                      path);
-    /* special ids and add_bos */
-    int bos = m ? m->cfg.bos_id : -1, eos = m ? m->cfg.eos_id : -1, add_bos = -1, unk = -1;
-    const cJSON *unk_tok = cJSON_GetObjectItemCaseSensitive(model, "unk_token");
-    for (int i = 0; i < n && !rc; i++) {
-        if (!tokens[i]) continue;
-        const char *bt =
-            cfg ? token_content(cJSON_GetObjectItemCaseSensitive(cfg, "bos_token")) : NULL;
-        const char *et =
-            cfg ? token_content(cJSON_GetObjectItemCaseSensitive(cfg, "eos_token")) : NULL;
-        if (bt && !strcmp(bt, tokens[i])) bos = i;
-        if (et && !strcmp(et, tokens[i])) eos = i;
-        if (cJSON_IsString(unk_tok) && !strcmp(unk_tok->valuestring, tokens[i]) && unk < 0) unk = i;
+    return rc;
+}
+
+/* Stage 7: BOS, EOS and UNK ids (tokenizer_config.json's bos_token/eos_token, model.unk_token;
+ * the model's ids otherwise) and whether a BOS is added (add_bos_token, else a post_processor
+ * template that starts with the BOS). */
+static void read_special_ids(const kv_model *m, json_vocab *v) {
+    v->bos = m ? m->cfg.bos_id : -1, v->eos = m ? m->cfg.eos_id : -1;
+    v->add_bos = -1, v->unk = -1;
+    const cJSON *unk_tok = cJSON_GetObjectItemCaseSensitive(v->model, "unk_token");
+    const char *bt =
+        v->cfg ? token_content(cJSON_GetObjectItemCaseSensitive(v->cfg, "bos_token")) : NULL;
+    const char *et =
+        v->cfg ? token_content(cJSON_GetObjectItemCaseSensitive(v->cfg, "eos_token")) : NULL;
+    for (int i = 0; i < v->n; i++) {
+        const char *t = v->tokens[i];
+        if (!t) continue;
+        if (bt && !strcmp(bt, t)) v->bos = i;
+        if (et && !strcmp(et, t)) v->eos = i;
+        if (cJSON_IsString(unk_tok) && !strcmp(unk_tok->valuestring, t) && v->unk < 0) v->unk = i;
     }
-    if (!rc && cfg) {
-        const cJSON *ab = cJSON_GetObjectItemCaseSensitive(cfg, "add_bos_token");
-        if (cJSON_IsBool(ab)) add_bos = cJSON_IsTrue(ab);
+    if (v->cfg) {
+        const cJSON *ab = cJSON_GetObjectItemCaseSensitive(v->cfg, "add_bos_token");
+        if (cJSON_IsBool(ab)) v->add_bos = cJSON_IsTrue(ab);
     }
-    if (!rc && add_bos < 0) { /* post_processor TemplateProcessing starting with the BOS */
-        const cJSON *pp = cJSON_GetObjectItemCaseSensitive(j, "post_processor");
-        const cJSON *single = cJSON_GetObjectItemCaseSensitive(pp, "single");
-        const cJSON *first = cJSON_GetArrayItem(single, 0);
-        const cJSON *stok = cJSON_GetObjectItemCaseSensitive(first, "SpecialToken");
-        const cJSON *sid = cJSON_GetObjectItemCaseSensitive(stok, "id");
-        add_bos = 0;
-        for (int i = 0; cJSON_IsString(sid) && i < n && !add_bos; i++)
-            if (tokens[i] && !strcmp(sid->valuestring, tokens[i]) && (bos < 0 || bos == i)) {
-                bos = i; /* the template's leading special token is the BOS */
-                add_bos = 1;
-            }
+    if (v->add_bos >= 0) return;
+    const cJSON *pp = cJSON_GetObjectItemCaseSensitive(v->doc, "post_processor");
+    const cJSON *single = cJSON_GetObjectItemCaseSensitive(pp, "single");
+    const cJSON *stok =
+        cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(single, 0), "SpecialToken");
+    const cJSON *sid = cJSON_GetObjectItemCaseSensitive(stok, "id");
+    v->add_bos = 0;
+    for (int i = 0; cJSON_IsString(sid) && i < v->n && !v->add_bos; i++)
+        if (v->tokens[i] && !strcmp(sid->valuestring, v->tokens[i]) &&
+            (v->bos < 0 || v->bos == i)) {
+            v->bos = i; /* the template's leading special token is the BOS */
+            v->add_bos = 1;
+        }
+}
+
+/* Stage 8: the BPE tokenizer from what was gathered. */
+static int build_tokenizer(const char *path, const json_vocab *v, kv_tokenizer **out,
+                           kv_error *err) {
+    const cJSON *model = v->model;
+    kv_bpe_spec s;
+    memset(&s, 0, sizeof s);
+    s.n_vocab = v->n;
+    s.tokens = v->tokens;
+    s.n_merges = v->r;
+    s.merge_left = (const char *const *)v->left;
+    s.merge_right = (const char *const *)v->right;
+    s.style = v->st.bytelevel ? KV_BPE_BYTELEVEL : KV_BPE_SPM;
+    s.regex = v->st.metaspace_split ? "\xe2\x96\x81[^\xe2\x96\x81]*|[^\xe2\x96\x81]+" : v->st.regex;
+    s.add_prefix_space = v->st.add_prefix_space;
+    s.prepend_space = v->st.prepend;
+    s.replace_space = v->st.replace_space;
+    s.byte_fallback = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(model, "byte_fallback"));
+    s.unk_id = v->unk;
+    s.fuse_unk = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(model, "fuse_unk"));
+    s.ignore_merges = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(model, "ignore_merges"));
+    s.special = v->special;
+    s.n_special = v->n_special;
+    s.silent = v->silent;
+    s.bos_id = v->bos;
+    s.eos_id = v->eos;
+    s.add_bos = v->add_bos > 0;
+    return kv_tokenizer_bpe_new(&s, path, out, err);
+}
+
+static void json_vocab_free(json_vocab *v) {
+    for (int i = 0; i < v->n_merges && v->left && v->right; i++) {
+        free(v->left[i]);
+        free(v->right[i]);
     }
-    if (!rc) {
-        kv_bpe_spec s;
-        memset(&s, 0, sizeof s);
-        s.n_vocab = n;
-        s.tokens = tokens;
-        s.n_merges = r;
-        s.merge_left = (const char *const *)left;
-        s.merge_right = (const char *const *)right;
-        s.style = st.bytelevel ? KV_BPE_BYTELEVEL : KV_BPE_SPM;
-        s.regex = st.metaspace_split ? "\xe2\x96\x81[^\xe2\x96\x81]*|[^\xe2\x96\x81]+" : st.regex;
-        s.add_prefix_space = st.add_prefix_space;
-        s.prepend_space = st.prepend;
-        s.replace_space = st.replace_space;
-        s.byte_fallback = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(model, "byte_fallback"));
-        s.unk_id = unk;
-        s.fuse_unk = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(model, "fuse_unk"));
-        s.ignore_merges = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(model, "ignore_merges"));
-        s.special = special;
-        s.n_special = n_special;
-        s.silent = silent;
-        s.bos_id = bos;
-        s.eos_id = eos;
-        s.add_bos = add_bos > 0;
-        rc = kv_tokenizer_bpe_new(&s, path, out, err);
-    }
-    for (int i = 0; i < n_merges && left && right; i++) {
-        free(left[i]);
-        free(right[i]);
-    }
-    free(left);
-    free(right);
-    free(tokens);
-    free(special);
-    free(silent);
-    cJSON_Delete(j);
-    cJSON_Delete(cfg);
+    free(v->left);
+    free(v->right);
+    free(v->tokens);
+    free(v->special);
+    free(v->silent);
+    cJSON_Delete(v->doc);
+    cJSON_Delete(v->cfg);
+}
+
+int kv_tokenizer_load_json(const char *path, const kv_model *m, kv_tokenizer **out, kv_error *err) {
+    *out = NULL;
+    json_vocab v = {0};
+    int rc = parse_json_file(path, &v.doc, err);
+    if (rc) return rc;
+    v.model = cJSON_GetObjectItemCaseSensitive(v.doc, "model");
+    rc = read_config(path, &v, err);
+    if (!rc) rc = check_fields(path, &v, err);
+    if (!rc) rc = count_ids(path, m, &v, err);
+    if (!rc) rc = collect_tokens(&v, err);
+    if (!rc) rc = read_merges(path, &v, err);
+    if (!rc) rc = read_style(path, &v, err);
+    if (!rc) read_special_ids(m, &v);
+    if (!rc) rc = build_tokenizer(path, &v, out, err);
+    json_vocab_free(&v);
     return rc;
 }
