@@ -1,5 +1,5 @@
 /* kvplan inspect FILE.h5 [--png DIR] [--json] [--export FORMAT]: summarise, draw and export a
- * kvplan profile or plan file (issue 8). */
+ * kvplan profile or plan file. */
 #include <cairo.h>
 #include <fontconfig/fontconfig.h>
 #include <math.h>

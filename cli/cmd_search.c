@@ -90,7 +90,7 @@ const kv_cli_spec kv_spec_search = {
       KV_BUDGET_OPTS_DEVICE, offsetof(search_args, a) + offsetof(kv_plan_args, b)}},
 };
 
-/* Default b_s = p from R and C (docs/design.md "Sensitivity planning"; issue 13): the largest of
+/* Default b_s = p from R and C (docs/design.md "Sensitivity planning"): the largest of
  * 16, 8, 4, 2, 1 with at least 8 blocks per head on average (R * C / b_s >= 8) and the
  * policy's floor (fixed part + p) at most half of R * C, so budget can move between heads.
  * Values given on the command line are kept. Refuses when even b_s = p = 1 leaves no room. */

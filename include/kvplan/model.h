@@ -7,7 +7,7 @@
  * file's bytes, which the loader read into a buffer the model owns (kv_file_load: never a
  * memory map, which a truncation of the file by another process would turn into SIGBUS); the
  * matmuls convert while they compute (kv_qmatmul), so a model needs about its file size in
- * memory (issue 14). Norms and biases are fp32 (converted on
+ * memory (docs/design.md). Norms and biases are fp32 (converted on
  * load when the file stores them otherwise).
  *
  * RoPE layout: KV_ROPE_ADJACENT rotates pairs (2i, 2i+1) of each head (llama2.c, GGUF);

@@ -1,4 +1,4 @@
-/* kvplan quant: weight data types of GGUF files, kept in their own type (issue 14).
+/* kvplan quant: weight data types of GGUF files, kept in their own type (docs/design.md).
  *
  * A weight row of n elements is stored as n / B blocks of a fixed byte size; each type has its
  * own block layout, defined by ggml (ggml/src/ggml-common.h, block_* structs; dequantisation

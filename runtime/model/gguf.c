@@ -2,11 +2,11 @@
  *
  * A ggml tensor with ne = [in, out] is the row-major matrix [out, in], the kv_model layout.
  * Weight matrices stay in their file's type (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
- * Q4_K, Q5_K, Q6_K; layouts: include/kvplan/quant.h), in place in the loaded file (issue 14);
- * norms and biases in another type than F32 are dequantised on load (runtime/model/quant.c) into
- * buffers the model owns. GGUF conversions of llama models permute the Q and K rows for RoPE
- * on adjacent pairs (KV_ROPE_ADJACENT); qwen2 conversions keep the rotate-half layout
- * (KV_ROPE_HALF).
+ * Q4_K, Q5_K, Q6_K; layouts: include/kvplan/quant.h), in place in the loaded file (docs/design.md,
+ * "One engine": weights stay in the file's type); norms and biases in another type than F32 are
+ * dequantised on load (runtime/model/quant.c) into buffers the model owns. GGUF conversions of
+ * llama models permute the Q and K rows for RoPE on adjacent pairs (KV_ROPE_ADJACENT); qwen2
+ * conversions keep the rotate-half layout (KV_ROPE_HALF).
  *
  * The parsed file (kv_gguf, owning the loaded file bytes the weights point into) is kept in
  * model->gguf; the tokenizer reads the embedded vocabulary from it
@@ -32,8 +32,8 @@ double kv_gguf_dequant_seconds(const kv_model *m) {
 
 /* Tensor `name` expected to be [rows, cols] row-major (ne = [cols, rows]; a 1-D tensor has
  * rows = 1). With `wout` (matrices): the tensor in its own type, in place in the loaded file
- * (issue 14: weights stay in their file's type). With `out` (norms, biases): an fp32 view, F32
- * in place, other types dequantised into a buffer the model adopts. Absent and optional: NULL
+ * (weights stay in their file's type, docs/design.md). With `out` (norms, biases): an fp32 view,
+ * F32 in place, other types dequantised into a buffer the model adopts. Absent and optional: NULL
  * data and KV_OK. */
 static int get_weight(kv_model *m, kv_gguf *g, const char *name, uint64_t rows, uint64_t cols,
                       int optional, const char *why, const float **out, kv_weight *wout,

@@ -12,7 +12,7 @@
  * shard of every tensor. safetensors (huggingface/safetensors): uint64 little-endian header
  * size N, an N-byte JSON header {name: {dtype, shape, data_offsets [begin, end)}, optional
  * "__metadata__": {string: string}}, then the data; offsets are relative to byte 8 + N.
- * dtypes F32, F16 and BF16: matrices are kept in their type in place (issue 14), norms and
+ * dtypes F32, F16 and BF16: matrices are kept in their type in place (docs/design.md), norms and
  * biases converted to fp32 on load (F32 in place when aligned).
  * `__metadata__` entries whose key and value are both tensor names record an alias (a tied
  * tensor saved once): TinyStories-656K stores only lm_head.weight and maps
@@ -204,7 +204,7 @@ static const st_tensor *st_find(const st_set *s, const char *name) {
 
 /* Tensor `name` as [rows, cols] (rows = 0: 1-D of length cols): with `out`, an fp32 view (F16
  * and BF16 converted into a buffer the model adopts); with `wout` (matrices), the tensor in its
- * own type in place (F32, F16, BF16: the weights stay in the file's type, issue 14). */
+ * own type in place (F32, F16, BF16: the weights stay in the file's type, docs/design.md). */
 static int st_weight(kv_model *m, const st_set *s, const char *name, long long rows, long long cols,
                      int optional, const char *why, const float **out, kv_weight *wout,
                      kv_error *err) {
