@@ -314,6 +314,13 @@ static void test_llama2_tokenizer_bin(void) {
     CU_ASSERT_EQUAL_FATAL(kv_tokenizer_encode(g, text, len, 1, &c, &nc, &err), KV_OK);
     printf("  TinyStories text: %d tokens (tokenizer.bin), %d (GGUF)\n", na, nc);
     CU_ASSERT(na == nc && !memcmp(a, c, (size_t)na * sizeof *a));
+    /* The 794 KB text is encoded in spans of ~64 KiB cut where no piece can cross
+     * (runtime/tokenizer/tokenizer.c, spm_cut_ok); the count and hash are those of one pass
+     * over the whole text, measured before the spans existed. */
+    unsigned long long hash = 0;
+    for (int i = 0; i < na; i++) hash = (hash * 1000003ULL + (unsigned)a[i]) % 2147483647ULL;
+    CU_ASSERT_EQUAL(na, 212398);
+    CU_ASSERT_EQUAL(hash, 2011581378ULL);
     char *back = NULL;
     CU_ASSERT_EQUAL(kv_tokenizer_decode(g, c, nc, &back, &err), KV_OK);
     CU_ASSERT(back && strcmp(back, text) == 0);

@@ -34,6 +34,7 @@ typedef struct spm_impl {
     int byte_id[256];      /* id of "<0xXX>" or -1 */
     int has_bytes;         /* the vocabulary has at least one "<0xXX>" piece */
     int add_space_prefix;  /* prepend " " to every fragment (SentencePiece dummy prefix) */
+    int max_len;           /* the longest piece, bytes */
     unsigned char *silent; /* [n] 1 = decodes to no text (control, unknown), or NULL */
 } spm_impl;
 
@@ -143,21 +144,12 @@ static int byte_token(const spm_impl *s, unsigned char b) {
     return id < s->n ? id : -1;
 }
 
-static int spm_encode(const kv_tokenizer *t, const char *frag, size_t flen, int **ids, int *n,
-                      int *cap, kv_error *err) {
-    const spm_impl *s = t->impl;
-    if (flen == 0) return KV_OK;
-    size_t pre = s->add_space_prefix ? 1 : 0, len = flen + pre;
-    char *text = malloc(len);
+/* Encode the span text [0, len) on its own (the merge loop of the file comment). */
+static int spm_encode_span(const spm_impl *s, const char *text, size_t len, int **ids, int *n,
+                           int *cap, kv_error *err) {
     sym *syms = malloc(len * sizeof *syms);
     heap h = {0};
-    if (!text || !syms) {
-        free(text);
-        free(syms);
-        return kv_fail(err, KV_EINTERNAL, "out of memory (tokenizer)");
-    }
-    if (pre) text[0] = ' ';
-    memcpy(text + pre, frag, flen);
+    if (!syms) return kv_fail(err, KV_EINTERNAL, "out of memory (tokenizer)");
     int ns = 0;
     for (size_t i = 0; i < len;) { /* code points (a bad lead byte is one symbol) */
         unsigned char c = (unsigned char)text[i];
@@ -204,6 +196,44 @@ static int spm_encode(const kv_tokenizer *t, const char *frag, size_t flen, int 
     }
     free(h.v);
     free(syms);
+    return rc;
+}
+
+/* Whether no piece of the vocabulary spans the boundary before byte i of text [0, len): no
+ * substring [a, b) with a < i < b and b - a <= the longest piece is a piece. Then no symbol
+ * ever crosses it (every merged symbol is a piece), and the two sides encode independently to
+ * the same ids as the whole. i must start a code point. */
+static int spm_cut_ok(const spm_impl *s, const char *text, size_t len, size_t i) {
+    if (((unsigned char)text[i] & 0xC0) == 0x80) return 0;
+    size_t m = (size_t)s->max_len;
+    for (size_t w = 2; w <= m; w++) /* short spans first: they are the likely pieces */
+        for (size_t a = i >= w - 1 ? i - (w - 1) : 0; a < i && a + w <= len; a++)
+            if (kv_strmap_get(&s->map, text + a, w) >= 0) return 0;
+    return 1;
+}
+
+/* Spans of about this many bytes bound the encoder's memory (symbols and heap, ~40 bytes per
+ * byte of text) on long texts; the ids equal one pass over the whole fragment. A span ends at
+ * the first safe cut in [SPM_SPAN, 2 SPM_SPAN) bytes; without one the rest is one span. */
+enum { SPM_SPAN = 1 << 16 };
+
+static int spm_encode(const kv_tokenizer *t, const char *frag, size_t flen, int **ids, int *n,
+                      int *cap, kv_error *err) {
+    const spm_impl *s = t->impl;
+    if (flen == 0) return KV_OK;
+    size_t pre = s->add_space_prefix ? 1 : 0, len = flen + pre;
+    char *text = malloc(len);
+    if (!text) return kv_fail(err, KV_EINTERNAL, "out of memory (tokenizer)");
+    if (pre) text[0] = ' ';
+    memcpy(text + pre, frag, flen);
+    int rc = KV_OK;
+    for (size_t a = 0; a < len && rc == KV_OK;) {
+        size_t b = a + SPM_SPAN;
+        while (b < len && b < a + 2 * (size_t)SPM_SPAN && !spm_cut_ok(s, text, len, b)) b++;
+        if (b >= len || b == a + 2 * (size_t)SPM_SPAN) b = len;
+        rc = spm_encode_span(s, text + a, b - a, ids, n, cap, err);
+        a = b;
+    }
     free(text);
     return rc;
 }
@@ -265,6 +295,7 @@ int kv_tokenizer_from_scored(const char *const *pieces, const float *scores, int
         }
         memcpy(s->pieces[i], pieces[i], len + 1);
         s->lens[i] = (int)len;
+        if ((int)len > s->max_len) s->max_len = (int)len;
         s->scores[i] = scores[i];
         unsigned int byte;
         if (len == 6 && sscanf(pieces[i], "<0x%02X>", &byte) == 1 && byte < 256)
