@@ -1,14 +1,20 @@
 /* kvplan search: BaKlaVa Alg. 3 parameter search by budgeted perplexity, with baselines,
  * held-out check and optional successive halving; writes plan.h5. */
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
+#include "kvplan/h5io.h"
 #include "kvplan/search.h"
 #include "kvplan/tokenizer.h"
 #include "plan_args.h"
+
+#ifndef KVPLAN_VERSION_STRING
+#define KVPLAN_VERSION_STRING "unknown"
+#endif
 
 #define STR_(x) #x
 #define STR(x) STR_(x)
@@ -166,6 +172,8 @@ typedef struct search_job {
     kv_policy spolicies[KV_SENS_MAX_POLICIES];
     int n_spol;
     int *ids, n_ids;
+    char text_sha[65]; /* SHA-256 of the text's bytes and of its token ids (task-log key) */
+    char ids_sha[65];
 } search_job;
 
 static void job_free(search_job *j) {
@@ -185,6 +193,13 @@ static int tokenize_text(const search_args *s, search_job *j, kv_error *err) {
     int rc = kv_tokenizer_load(s->tokenizer, j->m, &tok, err);
     if (!rc) rc = kv_read_file(s->text, &text, &len, err);
     if (!rc) rc = kv_tokenizer_encode(tok, text, len, 1, &j->ids, &j->n_ids, err);
+    if (!rc) {
+        const char *names[2] = {s->text, "token ids"};
+        const void *bufs[2] = {text, j->ids};
+        size_t lens[2] = {len, (size_t)j->n_ids * sizeof *j->ids};
+        rc = kv_sha256_parts(names, bufs, lens, 1, j->text_sha, err);
+        if (!rc) rc = kv_sha256_parts(names + 1, bufs + 1, lens + 1, 1, j->ids_sha, err);
+    }
     if (rc && text) kv_fail_context(err, "tokenizing %s", s->text);
     free(text);
     kv_tokenizer_free(tok);
@@ -253,19 +268,44 @@ static int fill_opts(const search_args *s, const search_job *j, kv_progress *pro
     return kv_cli_device(s->a.b.device, &so->device, err);
 }
 
-/* The task log beside the output, keyed by the arguments (not --resume, --quiet). */
-static int open_task_log(kv_tasks *tasks, const search_args *s, int argc, char **argv,
-                         char *log_path, size_t cap, kv_error *err) {
-    char key[4096] = "search";
-    snprintf(log_path, cap, "%s.tasks", s->a.out);
+/* The task log beside the output (kv_tasks_log_path), keyed by everything the logged
+ * results depend on: the log format and the build's schemas, a hash of the arguments (not
+ * --resume, --quiet), the SHA-256 of the model, the profile, the text, the --tokenizer file
+ * ("model": the model's own) and the text's token ids (so a changed tokenizer beside a
+ * llama2.c model counts too); a resume after any of them changed is refused naming it. Rank 0 only
+ * (the other ranks keep no log). */
+static int open_task_log(kv_tasks *tasks, const search_args *s, const search_job *j, int argc,
+                         char **argv, char *log_path, size_t cap, kv_error *err) {
+    int rc = kv_tasks_log_path(s->a.out, log_path, cap, err);
+    if (rc || kv_tasks_rank(tasks) != 0) return rc;
+    /* the arguments, each followed by a NUL, hashed */
+    size_t total = 1;
+    for (int i = 1; i < argc; i++) total += strlen(argv[i]) + 1;
+    char *args = kv_malloc(total, "task log key", err);
+    if (!args) return KV_EINTERNAL;
+    size_t used = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--resume") || !strcmp(argv[i], "--quiet")) continue;
-        size_t l = strlen(key);
-        snprintf(key + l, sizeof key - l, " %s", argv[i]);
+        size_t l = strlen(argv[i]) + 1;
+        memcpy(args + used, argv[i], l);
+        used += l;
     }
-    for (char *q = key; *q; q++)
-        if (*q == '\n') *q = ' ';
-    return kv_tasks_log_open(tasks, log_path, key, s->resume, err);
+    char cmd_sha[65], prof_sha[65] = "none", tok_sha[65] = "model";
+    const char *names[1] = {"command line"};
+    const void *bufs[1] = {args};
+    rc = kv_sha256_parts(names, bufs, &used, 1, cmd_sha, err);
+    free(args);
+    if (!rc && s->a.profile) rc = kv_sha256_file(s->a.profile, prof_sha, err);
+    if (!rc && s->tokenizer) rc = kv_sha256_file(s->tokenizer, tok_sha, err);
+    if (rc) return rc;
+    char key[1024];
+    snprintf(key, sizeof key,
+             "format=search-1 schema=%d plan_schema=%d kvplan=%s command=%s model=%s "
+             "profile=%s text=%s tokenizer=%s token_ids=%s",
+             KV_SCHEMA_VERSION, KV_PLAN_SCHEMA_VERSION, KVPLAN_VERSION_STRING, cmd_sha,
+             j->m->sha256, prof_sha, j->text_sha, tok_sha, j->ids_sha);
+    const char *inputs[] = {s->a.model, s->a.profile, s->text, s->tokenizer, s->a.out};
+    return kv_tasks_log_open(tasks, log_path, key, s->resume, inputs, 5, err);
 }
 
 static void print_perplexities(const kv_search_result *res) {
@@ -370,10 +410,10 @@ int kv_cmd_search(int argc, char **argv) {
     kv_progress prog;
     kv_progress_init(&prog, s.a.quiet || rank != 0); /* progress from rank 0 only */
     kv_search_opts so;
-    char log_path[4096];
+    char log_path[PATH_MAX + 64];
     int rc = build_job(&s, &j, &err);
     if (!rc) rc = fill_opts(&s, &j, &prog, &so, &err);
-    if (!rc) rc = open_task_log(tasks, &s, argc, argv, log_path, sizeof log_path, &err);
+    if (!rc) rc = open_task_log(tasks, &s, &j, argc, argv, log_path, sizeof log_path, &err);
     /* run: the search, its chunk evaluations shared among the ranks */
     rc = kv_tasks_agree(tasks, rc, &err); /* no rank enters the search alone */
     if (!rc) {

@@ -5,6 +5,7 @@
 
 #include "kvplan/batch.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -341,7 +342,8 @@ static int heldout_ppls(search_ctx *c, int n, const int *const *budget,
     if (!nll) return KV_EINTERNAL;
     heldout_tasks t = {c, budget, policy};
     long before = c->work_done;
-    int rc = kv_tasks_run(c->o->tasks, nt, 1, heldout_task, &t, nll, c->err);
+    int rc =
+        kv_tasks_run_range(c->o->tasks, nt, 1, DBL_MIN, DBL_MAX, heldout_task, &t, nll, c->err);
     c->work_done = before + nt; /* on rank 0 the task callback counted its own tasks only */
     for (int i = 0; i < n && !rc; i++) {
         double s = 0.0;
@@ -398,7 +400,7 @@ static int eval_chunks(search_ctx *c, const int *arms, int n_arms, int n, int gr
     }
     chunk_tasks t = {c, ta, tc, what};
     long before = c->work_done;
-    int rc = kv_tasks_run(c->o->tasks, nt, 1, chunk_task, &t, nll, c->err);
+    int rc = kv_tasks_run_range(c->o->tasks, nt, 1, DBL_MIN, DBL_MAX, chunk_task, &t, nll, c->err);
     c->work_done = before + nt; /* on rank 0 the task callback counted its own tasks only */
     for (long k = 0; k < nt && !rc; k++) c->arms[ta[k]].nll[tc[k]] = nll[k];
     for (int i = 0; i < n_arms && !rc; i++)
@@ -846,7 +848,9 @@ static int search_evict_block(search_ctx *c) {
         rc = engine_at(c, p, &e);
         ladder_tasks t = {c, e, {cand_tok, utok}, {cand_pol, upol}};
         long nt = (same ? 1L : 2L) * c->S, before = c->work_done;
-        if (!rc) rc = kv_tasks_run(o->tasks, nt, 1, ladder_task, &t, nll, c->err);
+        if (!rc)
+            rc =
+                kv_tasks_run_range(o->tasks, nt, 1, DBL_MIN, DBL_MAX, ladder_task, &t, nll, c->err);
         c->work_done = before + nt;
         res->ladder_token_evals += nt * o->context;
         double pc = NAN, pu = NAN;

@@ -4,6 +4,7 @@
 #include "kvplan/sensitivity.h"
 
 #include <glpk.h>
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -616,7 +617,7 @@ static int search_ppl(kv_engine *e, const int *ids, int n_search, const kv_sens_
     double *v = kv_malloc((size_t)n_search * sizeof *v, "chunk losses", err);
     if (!v) return KV_EINTERNAL;
     ppl_tasks t = {e, ids, C, budget, policy};
-    int rc = kv_tasks_run(o->tasks, n_search, 1, ppl_task, &t, v, err);
+    int rc = kv_tasks_run_range(o->tasks, n_search, 1, DBL_MIN, DBL_MAX, ppl_task, &t, v, err);
     double s = 0;
     for (int ch = 0; ch < n_search && !rc; ch++) s += v[ch];
     free(v);

@@ -411,6 +411,268 @@ static void test_fifo_inputs(void) {
     remove(fifo);
 }
 
+/* ---- the resume log PLAN.h5.tasks (issue 25, items 1-3) ---- */
+
+/* The small grid-only search of issue 25 on stories260K (4 grid points, 4 chunks), in
+ * tu_tmpdir() with relative names: profile rp.h5, text `text`, model `model`, output `out`,
+ * then `extra`. */
+static void small_search(char *buf, size_t cap, const char *model, const char *text,
+                         const char *out, const char *extra) {
+    snprintf(buf, cap,
+             "$K search --profile rp.h5 --model '%s' --text '%s' --ratio 0.125 --allocation "
+             "baklava --t-grid 0.5,0.7 --r-grid 0.2,0.4 --eval-tokens 2048 --heldout-tokens 0 "
+             "--quiet -o '%s' %s",
+             model, text, out, extra);
+}
+
+static void ensure_resume_files(void) {
+    static int done;
+    if (done) return;
+    make_profile("rp.h5");
+    char script[4096];
+    snprintf(script, sizeof script,
+             "cp '%s' rt.txt && cp '%s' rm.bin && cp '%s' rtok.bin && cp rtok.bin tok512.bin",
+             tu_shared("text/tinystories_val_head.txt"), tu_shared("models/" MODEL),
+             tu_shared("models/stories260K/tok512.bin"));
+    CU_ASSERT_EQUAL_FATAL(sh(script, NULL), 0);
+    done = 1;
+}
+
+/* Bytes of the log's two header lines (magic, key), or -1. */
+static long log_header_bytes(const char *log) {
+    FILE *f = fopen(log, "rb");
+    if (!f) return -1;
+    int lines = 0, c;
+    long n = 0;
+    while (lines < 2 && (c = fgetc(f)) != EOF) {
+        n++;
+        lines += c == '\n';
+    }
+    fclose(f);
+    return lines == 2 ? n : -1;
+}
+
+/* A search on rm.bin / rt.txt killed (SIGKILL) once `records` tasks are logged: leaves
+ * tu_tmp(out).tasks, copied to tu_tmp(save). */
+static void killed_search(const char *out, int records, const char *save) {
+    char script[8192], log[600];
+    snprintf(log, sizeof log, "%s.tasks", tu_tmp(out));
+    unlink(log);
+    small_search(script, sizeof script, "rm.bin", "rt.txt", out, "");
+    char cmd[12288];
+    snprintf(cmd, sizeof cmd, "cd '%s' && K='%s' && exec %s >/dev/null 2>&1", tu_tmpdir(),
+             KVPLAN_BINARY, script);
+    pid_t pid = fork();
+    CU_ASSERT_TRUE_FATAL(pid >= 0);
+    if (pid == 0) {
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    struct stat st;
+    for (int i = 0; i < 300000; i++) {
+        long h = log_header_bytes(log);
+        if (h > 0 && stat(log, &st) == 0 && st.st_size >= h + 24L * records) break;
+        if (waitpid(pid, NULL, WNOHANG) == pid) {
+            pid = -1;
+            break;
+        }
+        struct timespec ts = {0, 200000};
+        nanosleep(&ts, NULL);
+    }
+    CU_ASSERT_TRUE_FATAL(pid > 0); /* killed part-way, not finished */
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    snprintf(script, sizeof script, "cp '%s' '%s'", log, tu_tmp(save));
+    CU_ASSERT_EQUAL_FATAL(sh(script, NULL), 0);
+}
+
+/* Item 1: the log name gets the protections of a temporary file: a planted symlink is not
+ * followed (its target untouched), an input at that name is refused (not truncated, used and
+ * deleted), a FIFO is refused at once (no hang), with or without --resume; a disk that cannot
+ * take the log's header fails with exit 2 and leaves no log (not a 0-byte one). */
+static void test_log_name(void) {
+    ensure_resume_files();
+    char script[8192], *o = NULL;
+    const char *resume[2] = {"", "--resume"};
+    for (int r = 0; r < 2; r++) {
+        write_text(tu_tmp("victim.txt"), "precious\n");
+        unlink(tu_tmp("sym.h5.tasks"));
+        CU_ASSERT_EQUAL(symlink("victim.txt", tu_tmp("sym.h5.tasks")), 0);
+        small_search(script, sizeof script, "rm.bin", "rt.txt", "sym.h5", resume[r]);
+        CU_ASSERT_EQUAL(sh(script, &o), 1);
+        CU_ASSERT_TRUE(has(o, "sym.h5.tasks: the task log name is a symbolic link"));
+        free(o);
+        CU_ASSERT_EQUAL(file_size(tu_tmp("victim.txt")), 9);
+        struct stat ls;
+        CU_ASSERT_TRUE(lstat(tu_tmp("sym.h5.tasks"), &ls) == 0 && S_ISLNK(ls.st_mode));
+        CU_ASSERT_EQUAL(file_size(tu_tmp("sym.h5")), -1);
+        /* --text notes.h5.tasks -o notes.h5 */
+        snprintf(script, sizeof script, "cp rt.txt notes.h5.tasks");
+        CU_ASSERT_EQUAL(sh(script, NULL), 0);
+        small_search(script, sizeof script, "rm.bin", "notes.h5.tasks", "notes.h5", resume[r]);
+        CU_ASSERT_EQUAL(sh(script, &o), 1);
+        CU_ASSERT_TRUE(has(o, "task log name is the input file notes.h5.tasks"));
+        free(o);
+        CU_ASSERT_TRUE(same_bytes(tu_tmp("notes.h5.tasks"), tu_tmp("rt.txt")));
+        /* a FIFO: refused, not waited on */
+        unlink(tu_tmp("fifo.h5.tasks"));
+        CU_ASSERT_EQUAL_FATAL(mkfifo(tu_tmp("fifo.h5.tasks"), 0600), 0);
+        char s2[9000];
+        small_search(script, sizeof script, "rm.bin", "rt.txt", "fifo.h5", resume[r]);
+        snprintf(s2, sizeof s2, "timeout -s KILL 60 %s", script);
+        CU_ASSERT_EQUAL(sh(s2, &o), 1);
+        CU_ASSERT_TRUE(has(o, "fifo.h5.tasks: the task log name is a FIFO"));
+        free(o);
+    }
+    /* no room for the log's header (ulimit -f 0, SIGXFSZ ignored: EFBIG as a full disk's
+     * ENOSPC): exit 2, no log, no temporary */
+    small_search(script, sizeof script, "rm.bin", "rt.txt", "nospace.h5", "");
+    char s3[9000];
+    snprintf(s3, sizeof s3, "trap '' XFSZ; ulimit -f 0; %s", script);
+    CU_ASSERT_EQUAL(sh(s3, &o), 2);
+    CU_ASSERT_TRUE(has(o, "nospace.h5.tasks") && has(o, "File too large"));
+    free(o);
+    CU_ASSERT_EQUAL(count_named(tu_tmpdir(), "nospace.h5"), 0);
+}
+
+/* Item 2: a resume after an input changed (model weights, profile, text, tokenizer file) is
+ * refused naming what changed, and the log is left as it was; with the inputs restored the
+ * resume is taken and the finished run removes the log. */
+static void test_resume_inputs_changed(void) {
+    ensure_resume_files();
+    killed_search("rs.h5", 3, "rs.save");
+    char script[8192], *o = NULL;
+    struct {
+        const char *change, *restore, *model, *extra, *named;
+    } cases[] = {
+        /* perturbed weights at the same path: flip bytes well inside the weights */
+        {"cp rm.bin rm.orig && cp rp.h5 rp.orig && printf 'ZZZZ' | dd of=rm.bin bs=1 "
+         "seek=40000 conv=notrunc 2>/dev/null && $K profile rm.bin --no-hw --prompts 2 "
+         "--prompt-len 32 --quiet -o rp.h5",
+         "mv rm.orig rm.bin && mv rp.orig rp.h5", "rm.bin", "",
+         "changed since it was written: model, profile)"},
+        {"cp rp.h5 rp.orig && $K profile rm.bin --no-hw --prompts 3 --prompt-len 32 --quiet -o "
+         "rp.h5",
+         "mv rp.orig rp.h5", "rm.bin", "", "changed since it was written: profile)"},
+        {"cp rt.txt rt.orig && sed -i '1s/^/Once /' rt.txt", "mv rt.orig rt.txt", "rm.bin", "",
+         "changed since it was written: text, token_ids)"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        CU_ASSERT_EQUAL(sh(cases[i].change, NULL), 0);
+        snprintf(script, sizeof script, "cp rs.save rs.h5.tasks");
+        sh(script, NULL);
+        small_search(script, sizeof script, cases[i].model, "rt.txt", "rs.h5", "--resume");
+        CU_ASSERT_EQUAL(sh(script, &o), 1);
+        if (!has(o, cases[i].named)) fprintf(stderr, "\ncase %zu: %s\n", i, o ? o : "");
+        CU_ASSERT_TRUE(has(o, cases[i].named));
+        free(o);
+        CU_ASSERT_TRUE(same_bytes(tu_tmp("rs.h5.tasks"), tu_tmp("rs.save")));
+        CU_ASSERT_EQUAL(file_size(tu_tmp("rs.h5")), -1);
+        CU_ASSERT_EQUAL(sh(cases[i].restore, NULL), 0);
+    }
+    /* the tokenizer: a run with --tokenizer rtok.bin, then the file changed (the score of
+     * piece 3, a byte-fallback piece, lowered: another file) */
+    killed_search("rs.h5", 0, "rs.save"); /* any log of the plain run */
+    small_search(script, sizeof script, "rm.bin", "rt.txt", "rt.h5", "--tokenizer rtok.bin");
+    char bg[9000];
+    snprintf(bg, sizeof bg,
+             "%s & p=$!; while [ ! -s rt.h5.tasks ]; do sleep 0.01; done; kill -9 $p; "
+             "wait $p; cp rt.h5.tasks rt.save",
+             script);
+    sh(bg, NULL);
+    FILE *tf = fopen(tu_tmp("rtok.bin"), "r+b");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(tf);
+    long off = 4;
+    for (int piece = 0; piece < 3; piece++) {
+        int32_t len = 0;
+        fseek(tf, off + 4, SEEK_SET);
+        CU_ASSERT_EQUAL(fread(&len, sizeof len, 1, tf), 1);
+        off += 8 + len;
+    }
+    float score = -1000.0f;
+    fseek(tf, off, SEEK_SET);
+    fwrite(&score, sizeof score, 1, tf);
+    CU_ASSERT_EQUAL(fclose(tf), 0);
+    small_search(script, sizeof script, "rm.bin", "rt.txt", "rt.h5",
+                 "--tokenizer rtok.bin --resume");
+    CU_ASSERT_EQUAL(sh(script, &o), 1);
+    if (!has(o, "changed since it was written: tokenizer")) fprintf(stderr, "\n%s\n", o);
+    CU_ASSERT_TRUE(has(o, "changed since it was written: tokenizer"));
+    free(o);
+    CU_ASSERT_TRUE(same_bytes(tu_tmp("rt.h5.tasks"), tu_tmp("rt.save")));
+    snprintf(script, sizeof script, "cp '%s' rtok.bin", tu_shared("models/stories260K/tok512.bin"));
+    sh(script, NULL);
+    /* all restored: the resume is taken, the log removed */
+    snprintf(script, sizeof script, "cp rs.save rs.h5.tasks");
+    sh(script, NULL);
+    small_search(script, sizeof script, "rm.bin", "rt.txt", "rs.h5", "--resume");
+    CU_ASSERT_EQUAL(sh(script, &o), 0);
+    free(o);
+    CU_ASSERT_TRUE(file_size(tu_tmp("rs.h5")) > 0);
+    CU_ASSERT_EQUAL(file_size(tu_tmp("rs.h5.tasks")), -1);
+}
+
+/* Write the saved log `save` to `log` with the first record's first value (or its task index
+ * when value is NULL) replaced. */
+static void forge_log(const char *save, const char *log, const double *value, long task) {
+    FILE *f = fopen(tu_tmp(save), "rb");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+    unsigned char buf[1 << 16];
+    size_t n = fread(buf, 1, sizeof buf, f);
+    fclose(f);
+    long h = log_header_bytes(tu_tmp(save));
+    CU_ASSERT_TRUE_FATAL(h > 0 && (size_t)h + 24 <= n);
+    if (value)
+        memcpy(buf + h + 16, value, sizeof *value);
+    else {
+        int64_t t = task;
+        memcpy(buf + h + 8, &t, sizeof t);
+    }
+    f = fopen(tu_tmp(log), "wb");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+    fwrite(buf, 1, n, f);
+    fclose(f);
+}
+
+/* Item 3: logged values that a chunk's NLL sum cannot take (NaN, inf, -1, 0), a task index
+ * beyond the step's tasks and a complete record with a bad header refuse the log (exit 1,
+ * naming the log), instead of winning the search. */
+static void test_resume_bad_records(void) {
+    ensure_resume_files();
+    killed_search("rb.h5", 3, "rb.save");
+    const double bad[] = {NAN, INFINITY, -1.0, 0.0};
+    const char *said[] = {"not a finite number", "not a finite number", "has the value -1",
+                          "has the value 0"};
+    char script[8192], *o = NULL;
+    for (int i = 0; i < 5; i++) {
+        forge_log("rb.save", "rb.h5.tasks", i < 4 ? &bad[i] : NULL, 1000000);
+        small_search(script, sizeof script, "rm.bin", "rt.txt", "rb.h5", "--resume");
+        CU_ASSERT_EQUAL(sh(script, &o), 1);
+        const char *want = i < 4 ? said[i] : "task 1000000 of step 1";
+        if (!has(o, want)) fprintf(stderr, "\ncase %d: %s\n", i, o ? o : "");
+        CU_ASSERT_TRUE(has(o, "rb.h5.tasks") && has(o, want) && has(o, "damaged"));
+        free(o);
+        CU_ASSERT_EQUAL(file_size(tu_tmp("rb.h5")), -1);
+    }
+    /* a complete record with n_out 0 */
+    forge_log("rb.save", "rb.h5.tasks", NULL, 0);
+    FILE *f = fopen(tu_tmp("rb.h5.tasks"), "r+b");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+    int32_t zero = 0;
+    fseek(f, log_header_bytes(tu_tmp("rb.save")) + 4, SEEK_SET);
+    fwrite(&zero, sizeof zero, 1, f);
+    fclose(f);
+    CU_ASSERT_EQUAL(sh(script, &o), 1);
+    CU_ASSERT_TRUE(has(o, "record header out of range"));
+    free(o);
+    /* the log as it was resumes */
+    snprintf(script, sizeof script, "cp rb.save rb.h5.tasks");
+    sh(script, NULL);
+    small_search(script, sizeof script, "rm.bin", "rt.txt", "rb.h5", "--resume");
+    CU_ASSERT_EQUAL(sh(script, &o), 0);
+    free(o);
+}
+
 /* ---- HDF5 datasets declared far larger than their file ---- */
 
 /* A kvplan file whose dataset `path` declares `dims` but stores nothing (chunked, never
@@ -767,6 +1029,9 @@ int main(int argc, char **argv) {
         {"read-only output directory", test_readonly_dir},
         {"stdout on /dev/full exits 2", test_stdout_full},
         {"FIFOs and devices as inputs are refused", test_fifo_inputs},
+        {"the task log's name: symlink, input, FIFO, full disk", test_log_name},
+        {"resume after an input changed is refused", test_resume_inputs_changed},
+        {"resume with damaged records is refused", test_resume_bad_records},
         {"datasets declared larger than their file", test_sparse_datasets},
         {"profile values outside [0, 1]", test_profile_ranges},
         {"header fields that were undefined behaviour", test_ub_headers},

@@ -319,7 +319,7 @@ static void test_resume(void) {
     /* a log of another run is refused by name */
     FILE *f = fopen(log, "w");
     CU_ASSERT_PTR_NOT_NULL_FATAL(f);
-    fputs("kvplan task log 1\nsearch --other-run\n", f);
+    fputs("kvplan task log 2\nformat=search-1 command=other\n", f);
     fclose(f);
     snprintf(cmd, sizeof cmd, "'%s' %s 2>&1", KVPLAN_BINARY, args);
     rc = tu_run_sh(cmd, &out);

@@ -75,6 +75,10 @@ int kv_open_regular(const char *path, const char *what, uint64_t max_bytes, int 
 /* Refuse anything but an existing regular file (see kv_open_regular), without reading it. */
 int kv_check_regular(const char *path, const char *what, kv_error *err);
 
+/* What a file of mode m (st_mode) is, for messages: "a directory", "a FIFO (named pipe)",
+ * "a character device", ..., "not a regular file". A static string. */
+const char *kv_file_kind(unsigned m);
+
 /* Read a whole regular file of at most `max_bytes` (0: KV_READ_FILE_MAX) into a NUL-terminated
  * buffer owned by the caller (free()). `len` gets the byte count without the terminator.
  * Errors name the file: KV_EINPUT when it cannot be opened or read, is not a regular file or

@@ -33,6 +33,10 @@ extern "C" {
 
 typedef struct kv_tasks kv_tasks;
 
+/* The longest task-log key (characters) and the most results one task may log. */
+#define KV_TASKS_KEY_MAX 4000
+#define KV_TASKS_MAX_OUT (1 << 20)
+
 /* Compute task `task` (0..n-1): write n_out doubles to out. Return KV_OK or an error code with
  * err filled (the whole run then fails). */
 typedef int (*kv_task_fn)(void *user, long task, double *out, kv_error *err);
@@ -51,21 +55,53 @@ int kv_tasks_size(const kv_tasks *t);
 
 /* Run tasks 0..n_tasks-1 (see above) and fill results [n_tasks * n_out]. t may be NULL (one
  * process). Collective under MPI. Errors: the first failing task's code and message, prefixed
- * with "rank R, task T: " when it ran on another rank; KV_EINPUT for n_out < 1. */
+ * with "rank R, task T: " when it ran on another rank; KV_EINPUT for n_out < 1, and for a
+ * resumed log whose records of this call do not fit it (see kv_tasks_run_range). */
 int kv_tasks_run(kv_tasks *t, long n_tasks, int n_out, kv_task_fn fn, void *user, double *results,
                  kv_error *err);
+
+/* kv_tasks_run whose every result lies in [lo, hi] (e.g. a chunk's NLL sum: (0, inf), given
+ * as lo = DBL_MIN, hi = DBL_MAX): a result taken from a resumed log is checked against it, and
+ * a logged record of this call with another result count, a task index beyond n_tasks, a
+ * repeated task or a value outside [lo, hi] refuses the log (KV_EINPUT naming the log, the
+ * task and the value; under MPI every rank returns it). kv_tasks_run is
+ * [-DBL_MAX, DBL_MAX]. */
+int kv_tasks_run_range(kv_tasks *t, long n_tasks, int n_out, double lo, double hi, kv_task_fn fn,
+                       void *user, double *results, kv_error *err);
+
+/* The task log's name for the output `out` into path[cap]: "OUT.tasks", or, when that base
+ * name would exceed NAME_MAX (255 bytes), OUT's directory, the first 232 bytes of its base
+ * name, "." and 16 hex digits of the SHA-256 of the whole base name, ".tasks". Errors:
+ * KV_EINPUT (no name, path longer than cap). */
+int kv_tasks_log_path(const char *out, char *path, size_t cap, kv_error *err);
 
 /* Resume (docs/design.md "Past one machine"): a task log at `path` (rank 0 writes it; other ranks
  * ignore these calls). From now on every finished task of every kv_tasks_run call is appended
  * to the log as (call number, task index, results) and fsync'd, so a killed run loses at most
- * the tasks that were running. With resume = 1 and a log whose key equals `key` (e.g. the
- * command line without --resume), the logged results are taken instead of running their
- * tasks again (a torn last record is cut off); the calls must come in the same order with the
- * same task lists, which a deterministic command guarantees. With resume = 0 an old log is
- * replaced. Errors: KV_EINPUT (the log cannot be created or read, or it belongs to another
- * run: the message names the file and what to do); a failed append fails the kv_tasks_run
- * call with KV_EINTERNAL. */
-int kv_tasks_log_open(kv_tasks *t, const char *path, const char *key, int resume, kv_error *err);
+ * the tasks that were running.
+ *
+ * `key` (one line, at most KV_TASKS_KEY_MAX characters) names the run: fields "name=value"
+ * separated by spaces, which should cover everything the results depend on (the CLI's: the
+ * log format, the build's schema, a hash of the command line, the SHA-256 of the model, the
+ * profile, the text and the token ids). With resume = 1 and a log whose key equals `key`, the
+ * logged results are taken instead of running their tasks again (a torn last record is cut
+ * off); the calls must come in the same order with the same task lists, which a deterministic
+ * command guarantees. A log with another key is refused naming the fields that differ; a
+ * complete record that is invalid (header out of range, a non-finite value, a step number
+ * going back, a repeated task) refuses the log. Without resume, or without a log, a new log
+ * is made: its header written to a fresh temporary file (kv_temp_create: O_EXCL | O_NOFOLLOW)
+ * and renamed over `path`, so an old log is replaced and nothing planted there is written.
+ *
+ * The name must be free or a regular file (never followed when a symbolic link, never opened
+ * when a FIFO or device: refused) and not one of inputs[n_inputs] (same st_dev / st_ino; NULL
+ * entries skipped): the log is never an input.
+ *
+ * Errors: KV_EINPUT (the name is refused, the log cannot be read or belongs to another run,
+ * or is damaged: the message names the file and what to do); KV_EINTERNAL (the header cannot
+ * be written, e.g. a full disk: no log is left). A failed append fails the kv_tasks_run call
+ * with KV_EINTERNAL. */
+int kv_tasks_log_open(kv_tasks *t, const char *path, const char *key, int resume,
+                      const char *const *inputs, int n_inputs, kv_error *err);
 /* Close the log; remove = 1 deletes it (the run finished and its output is written). */
 void kv_tasks_log_close(kv_tasks *t, int remove);
 /* Tasks of the kv_tasks_run calls so far taken from the log instead of being run. */

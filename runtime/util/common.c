@@ -114,6 +114,10 @@ static const char *file_kind(mode_t m) {
     return "not a regular file";
 }
 
+const char *kv_file_kind(unsigned m) {
+    return file_kind((mode_t)m);
+}
+
 int kv_open_regular(const char *path, const char *what, uint64_t max_bytes, int *fd, uint64_t *size,
                     kv_error *err) {
     *fd = -1;

@@ -2,11 +2,16 @@
 #include "kvplan/tasks.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <float.h>
+#include <limits.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #ifdef KVPLAN_HAVE_MPI
@@ -25,7 +30,7 @@ typedef struct log_head {
     int64_t task;
 } log_head;
 
-static const char log_magic[] = "kvplan task log 1\n";
+static const char log_magic[] = "kvplan task log 2\n";
 
 struct kv_tasks {
     int rank, size;
@@ -139,25 +144,85 @@ long kv_tasks_resumed(const kv_tasks *t) {
     return t ? t->resumed : 0;
 }
 
-/* Read the records of an existing log whose key matches; *valid_end: bytes of whole records. */
+/* Names of the fields ("name=value", separated by spaces) of `want` that `have` lacks or
+ * gives another value, comma-separated into out (at most cap bytes). */
+static void key_diff(const char *have, const char *want, char *out, size_t cap) {
+    out[0] = '\0';
+    size_t used = 0;
+    for (const char *w = want; *w;) {
+        while (*w == ' ') w++;
+        size_t wl = strcspn(w, " ");
+        if (!wl) break;
+        const char *eq = memchr(w, '=', wl);
+        size_t nl = eq ? (size_t)(eq - w) : wl;
+        int same = 0;
+        for (const char *h = have; *h && !same;) {
+            while (*h == ' ') h++;
+            size_t hl = strcspn(h, " ");
+            if (!hl) break;
+            if (hl == wl && !memcmp(h, w, wl)) same = 1;
+            h += hl;
+        }
+        if (!same && used + nl + 3 < cap) {
+            if (used) out[used++] = ',', out[used++] = ' ';
+            memcpy(out + used, w, nl);
+            used += nl;
+            out[used] = '\0';
+        }
+        w += wl;
+    }
+    if (!out[0]) snprintf(out, cap, "the run's settings");
+}
+
+static int log_damaged(kv_error *err, const char *path, const char *what) {
+    return kv_fail(err, KV_EINPUT,
+                   "%s: the task log is damaged (%s); delete it or run without --resume", path,
+                   what);
+}
+
+/* Read the records of an existing log whose key matches; *valid_end: bytes of whole records.
+ * A complete record that is not valid (bad header, non-finite value, a step number going
+ * back, a repeated task, another result count within one step) refuses the whole log; only a
+ * torn last record (a kill during its write) is cut off. */
 static int log_read(kv_tasks *t, FILE *f, const char *path, const char *key, long *valid_end,
                     kv_error *err) {
-    char line[4096];
+    char line[KV_TASKS_KEY_MAX + 2];
     size_t klen = strlen(key);
-    if (!fgets(line, sizeof line, f) || strcmp(line, log_magic) != 0)
+    if (!fgets(line, sizeof line, f) || strcmp(line, log_magic) != 0) {
+        if (!strncmp(line, "kvplan task log ", 16))
+            return kv_fail(err, KV_EINPUT,
+                           "%s: a task log of another kvplan version; delete it or run without "
+                           "--resume",
+                           path);
         return kv_fail(err, KV_EINPUT,
                        "%s: not a kvplan task log; delete it or run without --resume", path);
-    if (!fgets(line, sizeof line, f) || strncmp(line, key, klen) != 0 || line[klen] != '\n')
+    }
+    if (!fgets(line, sizeof line, f) || !strchr(line, '\n'))
+        return log_damaged(err, path, "its key line is cut or too long");
+    line[strcspn(line, "\n")] = '\0';
+    if (strlen(line) != klen || memcmp(line, key, klen) != 0) {
+        char diff[512];
+        key_diff(line, key, diff, sizeof diff);
         return kv_fail(err, KV_EINPUT,
-                       "%s: the task log belongs to another run (other command line); run the "
-                       "same command with --resume, or drop --resume to start afresh",
-                       path);
+                       "%s: the task log belongs to another run (changed since it was written: "
+                       "%s); run the same command on the same inputs with --resume, or drop "
+                       "--resume to start afresh",
+                       path, diff);
+    }
     *valid_end = ftell(f);
     long cap_r = 0, cap_v = 0, n_v = 0;
     for (;;) {
         log_head h;
-        if (fread(&h, sizeof h, 1, f) != 1) break;
-        if (h.n_out < 1 || h.n_out > 1 << 20 || h.task < 0 || h.call < 1) break;
+        if (fread(&h, sizeof h, 1, f) != 1) break; /* the end, or a torn header */
+        if (h.n_out < 1 || h.n_out > KV_TASKS_MAX_OUT || h.task < 0 || h.task > INT64_MAX / 2 ||
+            h.call < 1)
+            return log_damaged(err, path, "a record header out of range");
+        if (t->n_recs > 0) {
+            const log_rec *prev = &t->recs[t->n_recs - 1];
+            if (h.call < prev->call) return log_damaged(err, path, "a step number goes back");
+            if (h.call == prev->call && h.n_out != prev->n_out)
+                return log_damaged(err, path, "two result counts in one step");
+        }
         if (t->n_recs == cap_r) {
             cap_r = cap_r ? 2 * cap_r : 256;
             log_rec *nr = realloc(t->recs, (size_t)cap_r * sizeof *nr);
@@ -172,45 +237,156 @@ static int log_read(kv_tasks *t, FILE *f, const char *path, const char *key, lon
         }
         if (fread(t->vals + n_v, sizeof(double), (size_t)h.n_out, f) != (size_t)h.n_out)
             break; /* a torn last record: cut off below */
+        for (int i = 0; i < h.n_out; i++)
+            if (!isfinite(t->vals[n_v + i]))
+                return log_damaged(err, path, "a value that is not a finite number");
         t->recs[t->n_recs++] = (log_rec){h.call, h.n_out, (long)h.task, n_v};
         n_v += h.n_out;
         *valid_end = ftell(f);
     }
+    if (ferror(f))
+        return kv_fail(err, KV_EINPUT, "%s: cannot read the task log: %s", path, strerror(errno));
     return KV_OK;
 }
 
-int kv_tasks_log_open(kv_tasks *t, const char *path, const char *key, int resume, kv_error *err) {
-    if (!t || t->rank != 0) return KV_OK;
-    kv_tasks_log_close(t, 0);
-    if (strchr(key, '\n') || strlen(key) > 4000)
-        return kv_fail(err, KV_EINPUT, "task log key: one line of at most 4000 characters");
-    t->log_path = kv_malloc(strlen(path) + 1, "task log", err);
-    if (!t->log_path) return KV_EINTERNAL;
-    strcpy(t->log_path, path);
-    FILE *f = resume ? fopen(path, "r+b") : NULL;
-    if (f) {
-        long end = 0;
-        int rc = log_read(t, f, path, key, &end, err);
-        if (!rc && (fflush(f) || ftruncate(fileno(f), end) || fseek(f, end, SEEK_SET)))
-            rc = kv_fail(err, KV_EINPUT, "%s: cannot truncate the task log: %s", path,
-                         strerror(errno));
-        if (rc) {
-            fclose(f);
-            kv_tasks_log_close(t, 0);
-            return rc;
-        }
-        t->log = f;
-        return KV_OK;
+/* Refuse a log name that is not ours to write: a symbolic link, anything but a regular file,
+ * or one of the inputs (same st_dev / st_ino). *exists: a regular file is there. */
+static int log_check_name(const char *path, const char *const *inputs, int n_inputs, int *exists,
+                          struct stat *ls, kv_error *err) {
+    *exists = 0;
+    if (lstat(path, ls) != 0) {
+        if (errno == ENOENT) return KV_OK;
+        return kv_fail(err, KV_EINPUT, "%s: cannot use this task log name: %s", path,
+                       strerror(errno));
     }
-    f = fopen(path, "wb");
-    if (!f || fprintf(f, "%s%s\n", log_magic, key) < 0 || fflush(f) || fsync(fileno(f))) {
+    if (S_ISLNK(ls->st_mode))
+        return kv_fail(err, KV_EINPUT,
+                       "%s: the task log name is a symbolic link, which kvplan does not follow; "
+                       "remove it or choose another -o",
+                       path);
+    if (!S_ISREG(ls->st_mode))
+        return kv_fail(err, KV_EINPUT,
+                       "%s: the task log name is %s, not a task log; remove it or choose "
+                       "another -o",
+                       path, kv_file_kind(ls->st_mode));
+    for (int i = 0; i < n_inputs; i++) {
+        struct stat si;
+        if (!inputs || !inputs[i] || stat(inputs[i], &si) != 0) continue;
+        if (si.st_dev == ls->st_dev && si.st_ino == ls->st_ino)
+            return kv_fail(err, KV_EINPUT,
+                           "%s: the task log name is the input file %s; the log would destroy "
+                           "it: choose another -o",
+                           path, inputs[i]);
+    }
+    *exists = 1;
+    return KV_OK;
+}
+
+/* Resume: open the regular file that was checked (O_NOFOLLOW, O_NONBLOCK: no symlink, no
+ * waiting on a FIFO swapped in since) and read it. */
+static int log_resume(kv_tasks *t, const char *path, const char *key, const struct stat *ls,
+                      kv_error *err) {
+    int fd = open(path, O_RDWR | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_dev != ls->st_dev ||
+        st.st_ino != ls->st_ino) {
         int e = errno;
-        if (f) fclose(f);
-        kv_tasks_log_close(t, 0);
-        return kv_fail(err, KV_EINPUT, "%s: cannot write the task log: %s", path, strerror(e));
+        if (fd >= 0) close(fd);
+        return kv_fail(err, KV_EINPUT, "%s: cannot open the task log: %s", path,
+                       fd < 0 ? strerror(e) : "it was replaced while being opened");
+    }
+    int fl = fcntl(fd, F_GETFL);
+    if (fl >= 0) fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+    FILE *f = fdopen(fd, "r+b");
+    if (!f) {
+        close(fd);
+        return kv_fail(err, KV_EINTERNAL, "%s: cannot open the task log: %s", path,
+                       strerror(errno));
+    }
+    long end = 0;
+    int rc = log_read(t, f, path, key, &end, err);
+    if (!rc && (fflush(f) || ftruncate(fileno(f), end) || fseek(f, end, SEEK_SET)))
+        rc = kv_fail(err, KV_EINPUT, "%s: cannot truncate the task log: %s", path, strerror(errno));
+    if (rc) {
+        fclose(f);
+        return rc;
     }
     t->log = f;
     return KV_OK;
+}
+
+/* A fresh log: its header written and fsync'd in a temporary file (O_EXCL | O_NOFOLLOW,
+ * kv_temp_create), renamed over the name, so a planted file is replaced, never written. */
+static int log_create(kv_tasks *t, const char *path, const char *key, kv_error *err) {
+    char tmp[PATH_MAX + 64];
+    int fd = -1;
+    int rc = kv_temp_create(path, tmp, sizeof tmp, &fd, err);
+    if (rc) return rc;
+    size_t nm = strlen(log_magic), nk = strlen(key);
+    char *head = kv_malloc(nm + nk + 2, "task log", err);
+    if (!head) rc = KV_EINTERNAL;
+    if (!rc) {
+        memcpy(head, log_magic, nm);
+        memcpy(head + nm, key, nk);
+        head[nm + nk] = '\n';
+        rc = kv_write_all(fd, head, nm + nk + 1, tmp, err);
+    }
+    free(head);
+    if (!rc) rc = kv_commit_file(tmp, path, err);
+    if (rc) {
+        close(fd);
+        unlink(tmp);
+        return kv_fail_context(err, "%s: the task log was not created", path);
+    }
+    t->log = fdopen(fd, "ab");
+    if (!t->log) {
+        close(fd);
+        return kv_fail(err, KV_EINTERNAL, "%s: cannot open the task log: %s", path,
+                       strerror(errno));
+    }
+    return KV_OK;
+}
+
+int kv_tasks_log_path(const char *out, char *path, size_t cap, kv_error *err) {
+    if (!out || !*out) return kv_fail(err, KV_EINPUT, "the task log needs an output name (-o)");
+    const char *slash = strrchr(out, '/');
+    const char *base = slash ? slash + 1 : out;
+    size_t nb = strlen(base);
+    int n;
+    if (nb + 6 <= NAME_MAX) {
+        n = snprintf(path, cap, "%s.tasks", out);
+    } else { /* OUT.tasks would be too long a name: a prefix and a hash of the whole name */
+        char hex[65];
+        const void *bufs[1] = {base};
+        const char *names[1] = {out};
+        int rc = kv_sha256_parts(names, bufs, &nb, 1, hex, err);
+        if (rc) return rc;
+        size_t keep = NAME_MAX - 6 - 17;
+        n = snprintf(path, cap, "%.*s%.*s.%.16s.tasks", (int)(base - out), out, (int)keep, base,
+                     hex);
+    }
+    if (n < 0 || (size_t)n >= cap) return kv_fail(err, KV_EINPUT, "%s: path too long", out);
+    return KV_OK;
+}
+
+int kv_tasks_log_open(kv_tasks *t, const char *path, const char *key, int resume,
+                      const char *const *inputs, int n_inputs, kv_error *err) {
+    if (!t || t->rank != 0) return KV_OK;
+    kv_tasks_log_close(t, 0);
+    if (!path || !*path) return kv_fail(err, KV_EINPUT, "no task log name given");
+    if (strchr(key, '\n') || strlen(key) > KV_TASKS_KEY_MAX)
+        return kv_fail(err, KV_EINPUT, "task log key: one line of at most %d characters",
+                       KV_TASKS_KEY_MAX);
+    struct stat ls;
+    int exists = 0;
+    int rc = log_check_name(path, inputs, n_inputs, &exists, &ls, err);
+    if (rc) return rc;
+    t->log_path = kv_malloc(strlen(path) + 1, "task log", err);
+    if (!t->log_path) return KV_EINTERNAL;
+    strcpy(t->log_path, path);
+    rc = resume && exists ? log_resume(t, path, key, &ls, err) : log_create(t, path, key, err);
+    if (rc) kv_tasks_log_close(t, 0);
+    return rc;
 }
 
 /* Append one finished task to the log (rank 0), fsync'd. */
@@ -429,10 +605,61 @@ static int run_worker(kv_tasks *t, int n_out, kv_task_fn fn, void *user, kv_erro
 }
 #endif
 
+/* Take the logged results of this call into results; a record that does not fit this task
+ * list (another result count, a task beyond it, a repeat, a value outside [lo, hi]) refuses
+ * the log. */
+static int take_logged(kv_tasks *t, long n_tasks, int n_out, double lo, double hi, double *results,
+                       char *have, kv_error *err) {
+    for (long r = 0; r < t->n_recs; r++) {
+        const log_rec *x = &t->recs[r];
+        if (x->call != t->call) continue;
+        if (x->n_out != n_out || x->task >= n_tasks)
+            return kv_fail(err, KV_EINPUT,
+                           "%s: task %ld of step %d in the task log (%d values) does not fit "
+                           "the run's step of %ld tasks of %d values each; the log is damaged: "
+                           "delete it or run without --resume",
+                           t->log_path, x->task, x->call, x->n_out, n_tasks, n_out);
+        if (have[x->task])
+            return kv_fail(err, KV_EINPUT,
+                           "%s: task %ld of step %d is in the task log twice; the log is "
+                           "damaged: delete it or run without --resume",
+                           t->log_path, x->task, x->call);
+        for (int i = 0; i < n_out; i++) {
+            double v = t->vals[x->off + i];
+            if (v >= lo && v <= hi) continue;
+            char lo_s[40], hi_s[40];
+            if (lo == DBL_MIN)
+                snprintf(lo_s, sizeof lo_s, "(0");
+            else if (lo == -DBL_MAX)
+                snprintf(lo_s, sizeof lo_s, "(-inf");
+            else
+                snprintf(lo_s, sizeof lo_s, "[%g", lo);
+            if (hi == DBL_MAX)
+                snprintf(hi_s, sizeof hi_s, "inf)");
+            else
+                snprintf(hi_s, sizeof hi_s, "%g]", hi);
+            return kv_fail(err, KV_EINPUT,
+                           "%s: task %ld of step %d in the task log has the value %g, outside "
+                           "%s, %s; the log is damaged: delete it or run without --resume",
+                           t->log_path, x->task, x->call, v, lo_s, hi_s);
+        }
+        memcpy(results + x->task * n_out, t->vals + x->off, (size_t)n_out * sizeof(double));
+        have[x->task] = 1;
+    }
+    for (long i = 0; i < n_tasks; i++) t->resumed += have[i];
+    return KV_OK;
+}
+
 int kv_tasks_run(kv_tasks *t, long n_tasks, int n_out, kv_task_fn fn, void *user, double *results,
                  kv_error *err) {
-    if (n_out < 1 || n_tasks < 0 || !fn)
-        return kv_fail(err, KV_EINPUT, "task list: need n_out >= 1, n_tasks >= 0 and a function");
+    return kv_tasks_run_range(t, n_tasks, n_out, -DBL_MAX, DBL_MAX, fn, user, results, err);
+}
+
+int kv_tasks_run_range(kv_tasks *t, long n_tasks, int n_out, double lo, double hi, kv_task_fn fn,
+                       void *user, double *results, kv_error *err) {
+    if (n_out < 1 || n_tasks < 0 || !fn || !(lo <= hi))
+        return kv_fail(err, KV_EINPUT,
+                       "task list: need n_out >= 1, n_tasks >= 0, lo <= hi and a function");
     if (t) t->call++;
     int rc = KV_OK;
     long *todo = NULL, n_todo = 0;
@@ -440,14 +667,8 @@ int kv_tasks_run(kv_tasks *t, long n_tasks, int n_out, kv_task_fn fn, void *user
         todo = kv_malloc((size_t)(n_tasks > 0 ? n_tasks : 1) * sizeof *todo, "task list", err);
         char *have = kv_calloc((size_t)(n_tasks > 0 ? n_tasks : 1), 1, "task list", err);
         if (!todo || !have) rc = KV_EINTERNAL;
-        for (long r = 0; !rc && t && r < t->n_recs; r++) {
-            const log_rec *x = &t->recs[r];
-            if (x->call != t->call || x->n_out != n_out || x->task >= n_tasks || have[x->task])
-                continue;
-            memcpy(results + x->task * n_out, t->vals + x->off, (size_t)n_out * sizeof(double));
-            have[x->task] = 1;
-            t->resumed++;
-        }
+        if (!rc && t && t->n_recs > 0)
+            rc = take_logged(t, n_tasks, n_out, lo, hi, results, have, err);
         for (long i = 0; !rc && i < n_tasks; i++)
             if (!have[i]) todo[n_todo++] = i;
         free(have);
@@ -459,7 +680,9 @@ int kv_tasks_run(kv_tasks *t, long n_tasks, int n_out, kv_task_fn fn, void *user
     }
 #ifdef KVPLAN_HAVE_MPI
     if (t->rank == 0)
-        rc = rc ? rc : run_master(t, n_tasks, todo, n_todo, n_out, fn, user, results, err);
+        /* on an error here the workers are still released (no tasks, then the stop) */
+        rc = rc ? (run_master(t, n_tasks, todo, 0, n_out, fn, user, results, err), rc)
+                : run_master(t, n_tasks, todo, n_todo, n_out, fn, user, results, err);
     else
         rc = run_worker(t, n_out, fn, user, err);
     free(todo);
