@@ -3,9 +3,6 @@
 #include "kernels.h"
 #include "kernels/kv_kernels.cuh"
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
 namespace kvcu {
 
 namespace {
@@ -17,24 +14,12 @@ unsigned grid_for(size_t n) {
     return b ? (unsigned)b : 1u;
 }
 
-__global__ void widen_f16_k(float *dst, const __half *src, size_t n) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x)
-        dst[i] = __half2float(src[i]);
-}
-
-__global__ void widen_bf16_k(float *dst, const __nv_bfloat16 *src, size_t n) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x)
-        dst[i] = __bfloat162float(src[i]);
-}
-
 } // namespace
 
 cudaError_t rmsnorm(float *out, const float *x, const int *idx, const float *w, int rows, int dim,
                     float eps, cudaStream_t s) {
     if (rows <= 0) return cudaSuccess;
-    kv_k_rmsnorm<<<rows, kThreads, 0, s>>>(out, x, idx, w, dim, eps);
+    KV_LAUNCH(kv_k_rmsnorm, rows, kThreads, 0, s)(out, x, idx, w, dim, eps);
     return cudaGetLastError();
 }
 
@@ -42,33 +27,33 @@ cudaError_t rope(float *x, int rows, int row_stride, int n_heads, int hd, const 
                  const float *cos_t, const float *sin_t, int layout, cudaStream_t s) {
     size_t n = (size_t)rows * (size_t)n_heads * (size_t)(hd / 2);
     if (!n) return cudaSuccess;
-    kv_k_rope<<<grid_for(n), kThreads, 0, s>>>(x, rows, row_stride, n_heads, hd, pos, cos_t, sin_t,
-                                               layout);
+    KV_LAUNCH(kv_k_rope, grid_for(n), kThreads, 0, s)
+    (x, rows, row_stride, n_heads, hd, pos, cos_t, sin_t, layout);
     return cudaGetLastError();
 }
 
 cudaError_t swiglu(float *gate, const float *up, size_t n, cudaStream_t s) {
     if (!n) return cudaSuccess;
-    kv_k_swiglu<<<grid_for(n), kThreads, 0, s>>>(gate, up, n);
+    KV_LAUNCH(kv_k_swiglu, grid_for(n), kThreads, 0, s)(gate, up, n);
     return cudaGetLastError();
 }
 
 cudaError_t add(float *x, const float *y, size_t n, cudaStream_t s) {
     if (!n) return cudaSuccess;
-    kv_k_add<<<grid_for(n), kThreads, 0, s>>>(x, y, n);
+    KV_LAUNCH(kv_k_add, grid_for(n), kThreads, 0, s)(x, y, n);
     return cudaGetLastError();
 }
 
 cudaError_t add_bias(float *y, const float *b, int rows, int n, cudaStream_t s) {
     if (!b || rows <= 0 || n <= 0) return cudaSuccess;
-    kv_k_add_bias<<<grid_for((size_t)rows * n), kThreads, 0, s>>>(y, b, rows, n);
+    KV_LAUNCH(kv_k_add_bias, grid_for((size_t)rows * n), kThreads, 0, s)(y, b, rows, n);
     return cudaGetLastError();
 }
 
 cudaError_t gather_rows(float *out, const float *src, const int *idx, int rows, int dim,
                         cudaStream_t s) {
     if (rows <= 0) return cudaSuccess;
-    kv_k_gather_rows<<<rows, kThreads, 0, s>>>(out, src, idx, dim);
+    KV_LAUNCH(kv_k_gather_rows, rows, kThreads, 0, s)(out, src, idx, dim);
     return cudaGetLastError();
 }
 
@@ -76,7 +61,8 @@ cudaError_t cache_write(float *pool, const kv_k_write *writes, int n, const floa
                         const float *v, int kv_stride, int hd, int bs, cudaStream_t s) {
     size_t total = (size_t)n * (size_t)hd;
     if (!total) return cudaSuccess;
-    kv_k_cache_write<<<grid_for(total), kThreads, 0, s>>>(pool, writes, n, k, v, kv_stride, hd, bs);
+    KV_LAUNCH(kv_k_cache_write, grid_for(total), kThreads, 0, s)
+    (pool, writes, n, k, v, kv_stride, hd, bs);
     return cudaGetLastError();
 }
 
@@ -86,8 +72,8 @@ cudaError_t paged_attention(const float *pool, const int *tables, const kv_k_att
                             int scratch_stride, cudaStream_t s) {
     if (n_tasks <= 0) return cudaSuccess;
     size_t shm = (size_t)g * (size_t)hd * sizeof(float);
-    kv_k_paged_attention<<<n_tasks, kThreads, shm, s>>>(
-        pool, tables, tasks, pos, acc, acc2, q, o, q_stride, g, hd, bs, scratch, scratch_stride);
+    KV_LAUNCH(kv_k_paged_attention, n_tasks, kThreads, shm, s)
+    (pool, tables, tasks, pos, acc, acc2, q, o, q_stride, g, hd, bs, scratch, scratch_stride);
     return cudaGetLastError();
 }
 
@@ -95,20 +81,8 @@ cudaError_t gather_pass(float *pool, const kv_k_move *moves, int n, float *scrat
                         cudaStream_t s) {
     size_t total = (size_t)n * 2 * (size_t)hd;
     if (!total) return cudaSuccess;
-    kv_k_gather_read<<<grid_for(total), kThreads, 0, s>>>(pool, moves, n, scratch, hd, bs);
-    kv_k_gather_write<<<grid_for(total), kThreads, 0, s>>>(pool, moves, n, scratch, hd, bs);
-    return cudaGetLastError();
-}
-
-cudaError_t widen_f16(float *dst, const void *src, size_t n, cudaStream_t s) {
-    if (!n) return cudaSuccess;
-    widen_f16_k<<<grid_for(n), kThreads, 0, s>>>(dst, static_cast<const __half *>(src), n);
-    return cudaGetLastError();
-}
-
-cudaError_t widen_bf16(float *dst, const void *src, size_t n, cudaStream_t s) {
-    if (!n) return cudaSuccess;
-    widen_bf16_k<<<grid_for(n), kThreads, 0, s>>>(dst, static_cast<const __nv_bfloat16 *>(src), n);
+    KV_LAUNCH(kv_k_gather_read, grid_for(total), kThreads, 0, s)(pool, moves, n, scratch, hd, bs);
+    KV_LAUNCH(kv_k_gather_write, grid_for(total), kThreads, 0, s)(pool, moves, n, scratch, hd, bs);
     return cudaGetLastError();
 }
 

@@ -33,11 +33,6 @@ cudaError_t paged_attention(const float *pool, const int *tables, const kv_k_att
 /* One pass of kv_k_split_moves: moves [n] (device), scratch n * 2 * hd floats. */
 cudaError_t gather_pass(float *pool, const kv_k_move *moves, int n, float *scratch, int hd, int bs,
                         cudaStream_t s);
-/* dst[i] = (float)src[i] for F16 / BF16 weights (uploaded as they are, widened where an op
- * needs fp32, e.g. the token embedding rows). */
-cudaError_t widen_f16(float *dst, const void *src, size_t n, cudaStream_t s);
-cudaError_t widen_bf16(float *dst, const void *src, size_t n, cudaStream_t s);
-
 } // namespace kvcu
 
 #endif

@@ -9,8 +9,10 @@
  * is still in flight; a set is refilled only after its previous layer's download finished.
  * t_transfer and t_recompute are the CUDA events' elapsed times around each part (Eq. 9 and
  * M_KV / v_com), t_total the host wall time of the call divided evenly over the layers.
- * Nothing here runs on a machine without a device; the conformance suite compares it with
- * kv_kvpr_rebuild on a GPU. */
+ * An error mid-call leaves the executor reusable: what was queued finishes and no buffer set
+ * keeps naming a layer of the failed call. The conformance suite compares it with
+ * kv_kvpr_rebuild on a GPU and on the fake CUDA runtime (tests/cuda_fake/), where
+ * tests/test_cuda_fake.c also fails its GEMMs and allocations. */
 #include "kernels.h"
 
 #include "kvplan/kvcuda.h"
@@ -235,22 +237,14 @@ extern "C" int kv_cuda_kvpr_new(const struct kv_model *m, int max_ctx, kv_cuda_k
     return KV_OK;
 }
 
-extern "C" int kv_cuda_kvpr_rebuild(kv_cuda_kvpr *e, const struct kv_kvpr_layer *layers, int n,
-                                    float *const *k_out, float *const *v_out,
-                                    struct kv_kvpr_timing *t, kv_error *err) {
+namespace {
+
+/* Queue the n layers (rebuild's loop) and wait for them; on an error returns at once, with
+ * work possibly still queued and sets naming layers of this call (the caller cleans up). */
+int queue_layers(kv_cuda_kvpr *e, const kv_kvpr_layer *layers, int n, float *const *k_out,
+                 float *const *v_out, kv_kvpr_timing *t, kv_error *err) {
     const kv_config *c = &e->m->cfg;
     int dim = c->dim, hd = c->head_dim, Hkv = c->n_kv_heads, kvw = Hkv * hd;
-    for (int i = 0; i < n; i++) { /* check everything before queuing anything */
-        const kv_kvpr_layer &lc = layers[i];
-        if (lc.layer < 0 || lc.layer >= c->n_layers || lc.dim != dim || lc.kv_width != kvw ||
-            lc.split < 0 || lc.split > lc.seq || lc.seq > e->max_ctx || (lc.split > 0 && !lc.x) ||
-            (lc.split < lc.seq && (!lc.k || !lc.v)) || !k_out[i] || !v_out[i])
-            return kv_fail(err, KV_EINPUT,
-                           "CUDA KVPR: layer entry %d is inconsistent with the model or the "
-                           "executor (layer %d, split %d of %d, max %d)",
-                           i, lc.layer, lc.split, lc.seq, e->max_ctx);
-    }
-    double t0 = kv_now();
     int layout = c->rope_layout == KV_ROPE_ADJACENT ? KV_K_ROPE_ADJACENT : KV_K_ROPE_HALF;
     for (int i = 0; i < n; i++) {
         const kv_kvpr_layer &lc = layers[i];
@@ -294,6 +288,37 @@ extern "C" int kv_cuda_kvpr_rebuild(kv_cuda_kvpr *e, const struct kv_kvpr_layer 
     }
     CK(cudaStreamSynchronize(e->compute));
     CK(cudaStreamSynchronize(e->copy));
+    return KV_OK;
+}
+
+} // namespace
+
+extern "C" int kv_cuda_kvpr_rebuild(kv_cuda_kvpr *e, const struct kv_kvpr_layer *layers, int n,
+                                    float *const *k_out, float *const *v_out,
+                                    struct kv_kvpr_timing *t, kv_error *err) {
+    const kv_config *c = &e->m->cfg;
+    int dim = c->dim, hd = c->head_dim, Hkv = c->n_kv_heads, kvw = Hkv * hd;
+    for (int i = 0; i < n; i++) { /* check everything before queuing anything */
+        const kv_kvpr_layer &lc = layers[i];
+        if (lc.layer < 0 || lc.layer >= c->n_layers || lc.dim != dim || lc.kv_width != kvw ||
+            lc.split < 0 || lc.split > lc.seq || lc.seq > e->max_ctx || (lc.split > 0 && !lc.x) ||
+            (lc.split < lc.seq && (!lc.k || !lc.v)) || !k_out[i] || !v_out[i])
+            return kv_fail(err, KV_EINPUT,
+                           "CUDA KVPR: layer entry %d is inconsistent with the model or the "
+                           "executor (layer %d, split %d of %d, max %d)",
+                           i, lc.layer, lc.split, lc.seq, e->max_ctx);
+    }
+    double t0 = kv_now();
+    int rc = queue_layers(e, layers, n, k_out, v_out, t, err);
+    if (rc) {
+        /* an error mid-loop: let what was queued finish (it writes only this call's arrays)
+         * and forget this call's layers, so the next call never reads or writes past its own
+         * arrays through a stale set[].layer; t is then unspecified */
+        cudaStreamSynchronize(e->compute);
+        cudaStreamSynchronize(e->copy);
+        for (kset &s : e->set) s.layer = -1;
+        return rc;
+    }
     for (kset &s : e->set)
         if (s.layer >= 0) {
             if (t) fill_timing(e, s, layers[s.layer], &t[s.layer]);

@@ -10,6 +10,10 @@
  *   KV_DYNAMIC_SHARED(T, name)     the launch's dynamic shared memory as T*
  *   kv_syncthreads()               __syncthreads()
  *   kv_shfl_xor(v, m), kv_shfl_down(v, d)   full-warp shuffles (__shfl_*_sync, mask all 32)
+ * and launchers (cuda/kernels.cu) write kernel<<<grid, block, shm, stream>>>(args) as
+ *   KV_LAUNCH(kernel, grid, block, shm, stream)(args)
+ * which is the triple-chevron launch under nvcc and, on the fake CUDA runtime
+ * (tests/cuda_fake/), a deferred launch on the fake stream that runs the grid on the shim.
  * Rules the kernels follow (and the shim enforces by deadlocking otherwise): blockDim.x is a
  * multiple of 32; every thread of a block reaches every kv_syncthreads(); every lane of a
  * warp reaches every shuffle.
@@ -39,6 +43,7 @@
 #define kv_syncthreads() __syncthreads()
 #define kv_shfl_xor(v, m) __shfl_xor_sync(0xffffffffu, (v), (m))
 #define kv_shfl_down(v, d) __shfl_down_sync(0xffffffffu, (v), (d))
+#define KV_LAUNCH(k, grid, block, shm, s) k<<<(grid), (block), (shm), (s)>>>
 
 #elif defined(KV_HOST_SHIM)
 
@@ -57,6 +62,9 @@
 #define kv_syncthreads() kv_shim_syncthreads()
 #define kv_shfl_xor(v, m) kv_shim_shfl_xor((v), (m))
 #define kv_shfl_down(v, d) kv_shim_shfl_down((v), (d))
+#if defined(KVPLAN_FAKE_CUDA_RUNTIME_H)
+#define KV_LAUNCH(k, grid, block, shm, s) kvfake_kernel(k, grid, block, shm, s)
+#endif
 
 #else
 #error "cuda/kernels/kv_defs.cuh: compile with nvcc, or include tests/support/cuda_shim.hpp first"

@@ -92,7 +92,8 @@ void kv_cuda_kvpr_free(kv_cuda_kvpr *e);
  * NULL) receives per layer t_transfer and t_recompute from CUDA events, the bytes and FLOPs
  * of Eq. 6 and 8, and t_total = the call's wall time / n. Errors: KV_EINPUT for an entry
  * inconsistent with the model or beyond max_ctx (checked before anything is queued);
- * KV_EINTERNAL on CUDA / cuBLAS failures. */
+ * KV_EINTERNAL on CUDA / cuBLAS failures, after which k_out, v_out and t are unspecified and
+ * the executor can be used again. */
 int kv_cuda_kvpr_rebuild(kv_cuda_kvpr *e, const struct kv_kvpr_layer *layers, int n,
                          float *const *k_out, float *const *v_out, struct kv_kvpr_timing *t,
                          kv_error *err);

@@ -21,6 +21,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -30,7 +31,8 @@
 
 namespace {
 
-constexpr size_t kStaticShared = 48 * 1024; /* CUDA's static __shared__ limit per block */
+constexpr size_t kStaticShared = 48 * 1024; /* CUDA's static + dynamic limit without opt-in */
+constexpr size_t kMaxShared = 227 * 1024;   /* the most a kernel can opt into (sm_90) */
 #if defined(KV_SHIM_ASAN)
 constexpr size_t kStack = 512 * 1024; /* ASan's redzones need room */
 #else
@@ -59,6 +61,7 @@ struct shim_launch {
     std::unique_ptr<std::max_align_t[]> static_mem, dyn_mem;
     const std::function<void()> *body;
     fiber *cur;
+    size_t dyn_bytes, limit; /* dynamic shared bytes; static + dynamic limit */
 #if defined(KV_SHIM_ASAN)
     void *fake_stack;
 #endif
@@ -187,9 +190,14 @@ void kv_shim_syncthreads() {
 void *kv_shim_static_shared(size_t bytes) {
     fiber *f = g_run->cur;
     size_t off = (f->static_off + 15) / 16 * 16;
-    if (off + bytes > kStaticShared) shim_die("static shared memory beyond 48 KiB");
+    if (off + bytes + g_run->dyn_bytes > g_run->limit)
+        shim_die("static + dynamic shared memory beyond the kernel's limit (48 KiB unless the "
+                 "launcher opted in)");
     f->static_off = off + bytes;
-    return reinterpret_cast<unsigned char *>(g_run->static_mem.get()) + off;
+    unsigned char *p = reinterpret_cast<unsigned char *>(g_run->static_mem.get()) + off;
+    /* thread 0 runs first in every block: it poisons the array before anyone writes it */
+    if (f->self.tid == 0) std::memset(p, 0xff, bytes);
+    return p;
 }
 
 void *kv_shim_dynamic_shared() {
@@ -212,8 +220,15 @@ uint64_t kv_shim_warp_exchange(uint64_t bits, int src) {
 
 int kv_shim_launch(int grid_x, int grid_y, int block, size_t dyn_shared,
                    const std::function<void()> &body) {
-    if (grid_x < 1 || grid_y < 1 || block < 32 || block > 1024 || block % 32) {
-        std::fprintf(stderr, "cuda shim: bad launch <<<(%d, %d), %d>>>\n", grid_x, grid_y, block);
+    return kv_shim_launch_limited(grid_x, grid_y, block, dyn_shared, kStaticShared, body);
+}
+
+int kv_shim_launch_limited(int grid_x, int grid_y, int block, size_t dyn_shared,
+                           size_t shared_limit, const std::function<void()> &body) {
+    if (grid_x < 1 || grid_y < 1 || block < 32 || block > 1024 || block % 32 ||
+        shared_limit > kMaxShared || dyn_shared > shared_limit) {
+        std::fprintf(stderr, "cuda shim: bad launch <<<(%d, %d), %d, %zu>>> (shared limit %zu)\n",
+                     grid_x, grid_y, block, dyn_shared, shared_limit);
         return -1;
     }
     if (g_run) shim_die("nested launch");
@@ -222,14 +237,29 @@ int kv_shim_launch(int grid_x, int grid_y, int block, size_t dyn_shared,
     L.fibers.resize((size_t)block);
     for (fiber &f : L.fibers) f.stack.reset(new unsigned char[kStack]);
     L.xchg.assign(2 * (size_t)block, 0);
-    L.static_mem.reset(new std::max_align_t[kStaticShared / sizeof(std::max_align_t)]);
+    L.static_mem.reset(new std::max_align_t[kMaxShared / sizeof(std::max_align_t)]);
     L.dyn_mem.reset(new std::max_align_t[words ? words : 1]);
     L.body = &body;
     L.cur = nullptr;
+    L.dyn_bytes = dyn_shared;
+    L.limit = shared_limit;
     g_run = &L;
-    /* blocks one after another, sharing the block state (CUDA allows any block order) */
-    for (int by = 0; by < grid_y; by++)
-        for (int bx = 0; bx < grid_x; bx++) run_block(L, bx, by, grid_x);
+    /* blocks one after another in a shuffled order (Fisher-Yates with a fixed-seed xorshift, so
+     * a failure reproduces), shared memory poisoned before each */
+    size_t n_blocks = (size_t)grid_x * (size_t)grid_y;
+    std::vector<size_t> order(n_blocks);
+    for (size_t i = 0; i < n_blocks; i++) order[i] = i;
+    uint64_t x = 0x9e3779b97f4a7c15ull ^ (uint64_t)n_blocks;
+    for (size_t i = n_blocks; i > 1; i--) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        std::swap(order[i - 1], order[(size_t)(x % i)]);
+    }
+    for (size_t i : order) {
+        std::memset(L.dyn_mem.get(), 0xff, dyn_shared); /* static arrays: kv_shim_static_shared */
+        run_block(L, (int)(i % (size_t)grid_x), (int)(i / (size_t)grid_x), grid_x);
+    }
     g_run = nullptr;
     return 0;
 }

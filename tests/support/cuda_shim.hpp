@@ -68,11 +68,19 @@ template <typename T> T kv_shim_shfl_down(T v, int d) {
     return kv_shim_shfl_from(v, lane + d < 32 ? lane + d : lane);
 }
 
-/* Run `body` as the kernel <<<dim3(grid_x, grid_y), block, dyn_shared>>>: for each block in
- * order, `block` host threads call body() with their own thread context. block must be a
- * positive multiple of 32, at most 1024; grid_x, grid_y >= 1. Returns 0, or -1 (with a
- * message on stderr) for a bad configuration; nothing runs then. */
+/* Run `body` as the kernel <<<dim3(grid_x, grid_y), block, dyn_shared>>>: for each block,
+ * `block` host threads call body() with their own thread context. Blocks run one after
+ * another in a shuffled order (CUDA promises no order; a kernel that depends on one gives a
+ * wrong result here), and every block starts with its static and dynamic shared memory
+ * filled with 0xFF bytes (NaN floats), as nothing in CUDA initialises it. block must be a
+ * positive multiple of 32, at most 1024; grid_x, grid_y >= 1; static + dynamic shared memory
+ * at most 48 KiB, CUDA's limit for a kernel that did not opt in (kv_shim_launch_limited takes
+ * the opted-in limit, cudaFuncAttributeMaxDynamicSharedMemorySize). Returns 0, or -1 (with a
+ * message on stderr) for a bad configuration; nothing runs then. A kernel whose static shared
+ * arrays exceed the limit at run time aborts with a message. */
 int kv_shim_launch(int grid_x, int grid_y, int block, size_t dyn_shared,
                    const std::function<void()> &body);
+int kv_shim_launch_limited(int grid_x, int grid_y, int block, size_t dyn_shared,
+                           size_t shared_limit, const std::function<void()> &body);
 
 #endif

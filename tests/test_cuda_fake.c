@@ -1,0 +1,318 @@
+/* The real CUDA backend (cuda/backend_cuda.cu) and KVPR executor (cuda/kvpr_cuda.cu) under
+ * faults, on the fake CUDA runtime (tests/cuda_fake/cuda_fake.h), stories260K:
+ *  - OOM sweep at creation: every cudaMalloc and every cudaHostAlloc of a backend's and of a
+ *    KVPR executor's creation failed in turn: each gives KV_EINTERNAL naming the call, and no
+ *    device or pinned byte stays allocated;
+ *  - OOM sweep in use: every allocation of an engine run (prefill, budgeted h2o decode steps
+ *    with evictions) failed in turn, and every 5th GEMM: the failing call returns KV_EINTERNAL, and
+ *    freeing the engine leaves nothing allocated;
+ *  - KVPR after a failed GEMM: the next rebuild of fewer layers touches only its own arrays
+ *    (a sentinel past the caller's timing array stays untouched) and gives the CPU's rows;
+ *  - --device auto when the CUDA backend cannot be made: the CPU runs and stderr says why,
+ *    once. */
+#include "testutil.h"
+
+#include "cuda_fake.h"
+#include "kvplan/backend.h"
+#include "kvplan/engine.h"
+#include "kvplan/forward.h"
+#include "kvplan/kvcuda.h"
+#include "kvplan/kvpr_exec.h"
+#include "kvplan/plan.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define M260 "models/stories260K/stories260K.bin"
+#define TOK260 "models/stories260K/tok512.bin"
+
+static kv_model *g_model;
+
+static int nothing_allocated(void) {
+    kvfake_counters c = kvfake_get();
+    if (c.device_live || c.pinned_live)
+        printf("\n    left allocated: %zu device bytes, %zu pinned bytes", c.device_live,
+               c.pinned_live);
+    return c.device_live == 0 && c.pinned_live == 0;
+}
+
+/* Backend creation with the nth call of `kind` failing (n = 0: none). Returns the rc. */
+static int create_backend(kvfake_fault kind, long n, kv_error *err) {
+    kvfake_reset();
+    kvfake_fail_nth(kind, n);
+    kv_backend *b = NULL;
+    int rc = kv_backend_cuda_new(g_model, 64, g_model->cfg.seq_len, &b, err);
+    if (b) kv_backend_free(b);
+    return rc;
+}
+
+static void sweep_backend(kvfake_fault kind, const char *name) {
+    kv_error err = {0};
+    CU_ASSERT_FATAL(create_backend(kind, 0, &err) == KV_OK);
+    long calls = kvfake_calls(kind);
+    CU_ASSERT_FATAL(calls > 0);
+    int clean = 0;
+    for (long n = 1; n <= calls; n++) {
+        memset(&err, 0, sizeof err);
+        int rc = create_backend(kind, n, &err);
+        int ok = rc == KV_EINTERNAL && strstr(err.msg, "out of memory") && nothing_allocated();
+        if (!ok) printf("\n    %s %ld of %ld: rc %d, %s", name, n, calls, rc, err.msg);
+        clean += ok;
+    }
+    printf("\n    backend creation: %d of %ld failed %s calls clean", clean, calls, name);
+    CU_ASSERT(clean == calls);
+}
+
+static void test_oom_backend_creation(void) {
+    sweep_backend(KVFAKE_MALLOC, "cudaMalloc");
+    sweep_backend(KVFAKE_HOST_ALLOC, "cudaHostAlloc");
+}
+
+/* KVPR executor creation, same sweep. */
+static void sweep_kvpr(kvfake_fault kind, const char *name) {
+    kv_error err = {0};
+    kv_cuda_kvpr *e = NULL;
+    kvfake_reset();
+    CU_ASSERT_FATAL(kv_cuda_kvpr_new(g_model, 64, &e, &err) == KV_OK);
+    kv_cuda_kvpr_free(e);
+    long calls = kvfake_calls(kind);
+    CU_ASSERT_FATAL(calls > 0);
+    int clean = 0;
+    for (long n = 1; n <= calls; n++) {
+        kvfake_reset();
+        kvfake_fail_nth(kind, n);
+        memset(&err, 0, sizeof err);
+        e = NULL;
+        int rc = kv_cuda_kvpr_new(g_model, 64, &e, &err);
+        if (e) kv_cuda_kvpr_free(e);
+        int ok = rc == KV_EINTERNAL && e == NULL && strstr(err.msg, "out of memory") &&
+                 nothing_allocated();
+        if (!ok) printf("\n    %s %ld of %ld: rc %d, %s", name, n, calls, rc, err.msg);
+        clean += ok;
+    }
+    printf("\n    KVPR creation: %d of %ld failed %s calls clean", clean, calls, name);
+    CU_ASSERT(clean == calls);
+}
+
+static void test_oom_kvpr_creation(void) {
+    sweep_kvpr(KVFAKE_MALLOC, "cudaMalloc");
+    sweep_kvpr(KVFAKE_HOST_ALLOC, "cudaHostAlloc");
+}
+
+/* One engine run on the CUDA backend: a 40-token prefill and 6 decode steps under a uniform
+ * R = 1/16 h2o plan (statistics, evictions, gathers). Returns the first error. */
+static int engine_run(const int *ids, kv_error *err) {
+    const kv_config *cfg = &g_model->cfg;
+    kv_plan plan;
+    int rc = kv_plan_uniform(cfg, 1.0 / 16, cfg->seq_len, 8, 4, KV_POLICY_H2O, &plan, err);
+    if (rc) return rc;
+    kv_engine_opts o = {0};
+    o.device = KV_DEVICE_CUDA;
+    o.max_seqs = 1;
+    kv_engine *e = NULL;
+    int seq = 0;
+    float *logits = malloc(sizeof(float) * (size_t)cfg->vocab_size);
+    rc = kv_engine_new(g_model, &plan, &o, &e, err);
+    if (!rc) rc = kv_engine_seq_open(e, NULL, NULL, &seq, err);
+    if (!rc) rc = kv_engine_prefill(e, seq, ids, 40, KV_LOGITS_LAST, logits, NULL, err);
+    for (int s = 0; s < 6 && !rc; s++) rc = kv_engine_decode(e, &seq, 1, &ids[40 + s], logits, err);
+    kv_engine_free(e);
+    kv_plan_free(&plan);
+    free(logits);
+    return rc;
+}
+
+/* Every `stride`-th call of `kind` failed in turn (1: every call). */
+static void sweep_engine(kvfake_fault kind, const char *name, const int *ids, long stride) {
+    kv_error err = {0};
+    kvfake_reset();
+    CU_ASSERT_FATAL(engine_run(ids, &err) == KV_OK);
+    long calls = kvfake_calls(kind), tried = 0;
+    int clean = 0;
+    for (long n = 1; n <= calls; n += stride, tried++) {
+        kvfake_reset();
+        kvfake_fail_nth(kind, n);
+        memset(&err, 0, sizeof err);
+        int rc = engine_run(ids, &err);
+        int ok = rc == KV_EINTERNAL && nothing_allocated();
+        if (!ok) printf("\n    %s %ld of %ld: rc %d, %s", name, n, calls, rc, err.msg);
+        clean += ok;
+    }
+    printf("\n    engine run: %d of %ld failed %s calls clean (every %ld. of %ld)", clean, tried,
+           name, stride, calls);
+    CU_ASSERT(calls > 0 && clean == tried);
+}
+
+static void test_oom_engine_run(void) {
+    int n = 0;
+    int *ids = tu_text_tokens(g_model, tu_shared(TOK260), 0, &n);
+    CU_ASSERT_FATAL(n >= 46);
+    sweep_engine(KVFAKE_MALLOC, "cudaMalloc", ids, 1);
+    sweep_engine(KVFAKE_HOST_ALLOC, "cudaHostAlloc", ids, 1);
+    /* GEMMs: 7 per layer step; every 5th reaches every op of every phase */
+    sweep_engine(KVFAKE_GEMM, "cublasGemmEx", ids, 5);
+    free(ids);
+}
+
+/* x_in of every layer of one prefill: [L, rows, dim] */
+typedef struct xin_capture {
+    int rows, dim;
+    float *x_in;
+} xin_capture;
+
+static void cap_xin(void *user, int layer, int rows, const float *x_in, const float *o,
+                    const float *v, const float *attn_out) {
+    (void)o;
+    (void)v;
+    (void)attn_out;
+    xin_capture *c = user;
+    if (rows == c->rows)
+        memcpy(c->x_in + (size_t)layer * rows * c->dim, x_in,
+               sizeof(float) * (size_t)rows * c->dim);
+}
+
+static void test_kvpr_after_failed_gemm(void) {
+    const kv_config *cfg = &g_model->cfg;
+    enum { S = 48, SPLIT = 20 };
+    int n = 0;
+    int *ids = tu_text_tokens(g_model, tu_shared(TOK260), 0, &n);
+    CU_ASSERT_FATAL(n >= S);
+    int L = cfg->n_layers, Hk = cfg->n_kv_heads, kvd = Hk * cfg->head_dim;
+    CU_ASSERT_FATAL(L >= 3);
+    kv_error err = {0};
+    kv_pool pool;
+    kv_cache cache;
+    kv_workspace *ws = NULL;
+    CU_ASSERT_FATAL(kv_pool_init(&pool, L * Hk * (S / 16 + 1), 16, cfg->head_dim, &err) == KV_OK);
+    CU_ASSERT_FATAL(kv_cache_init(&cache, &pool, L, Hk, NULL, KV_POLICY_SINK, &err) == KV_OK);
+    CU_ASSERT_FATAL(kv_workspace_new(g_model, S, S, &ws, &err) == KV_OK);
+    xin_capture cap = {S, cfg->dim, calloc((size_t)L * S * cfg->dim, sizeof(float))};
+    kv_hooks hk = {&cap, cap_xin, NULL};
+    kv_cache *cp = &cache;
+    CU_ASSERT_FATAL(kv_forward(g_model, ws, &cp, 1, ids, S, KV_LOGITS_NONE, NULL, &hk, &err) ==
+                    KV_OK);
+    kv_kvpr_layer *lcs = calloc((size_t)L, sizeof *lcs);
+    float **kd = calloc((size_t)L, sizeof *kd), **vd = calloc((size_t)L, sizeof *vd);
+    for (int l = 0; l < L; l++) {
+        CU_ASSERT_FATAL(kv_kvpr_layer_offload(g_model, &cache, l,
+                                              cap.x_in + (size_t)l * S * cfg->dim, SPLIT, &lcs[l],
+                                              &err) == KV_OK);
+        kd[l] = malloc(sizeof(float) * (size_t)S * kvd);
+        vd[l] = malloc(sizeof(float) * (size_t)S * kvd);
+    }
+    kvfake_reset();
+    kv_cuda_kvpr *dev = NULL;
+    CU_ASSERT_FATAL(kv_cuda_kvpr_new(g_model, S, &dev, &err) == KV_OK);
+    /* all layers, the GEMM of layer 2 failing: two layers are in flight then */
+    kv_kvpr_timing *t = calloc((size_t)L, sizeof *t);
+    kvfake_fail_nth(KVFAKE_GEMM, 5);
+    int rc = kv_cuda_kvpr_rebuild(dev, lcs, L, kd, vd, t, &err);
+    printf("\n    rebuild with a failed GEMM: rc %d (%s)", rc, err.msg);
+    CU_ASSERT(rc == KV_EINTERNAL);
+    /* one layer next, its timing array followed by a sentinel */
+    kv_kvpr_timing t1[2];
+    memset(t1, 0, sizeof t1);
+    t1[1].t_total = -12345.0;
+    t1[1].flops = -12345.0;
+    memset(&err, 0, sizeof err);
+    rc = kv_cuda_kvpr_rebuild(dev, &lcs[L - 1], 1, &kd[L - 1], &vd[L - 1], t1, &err);
+    if (rc) printf("\n    %s", err.msg);
+    CU_ASSERT(rc == KV_OK);
+    CU_ASSERT(t1[1].t_total == -12345.0 && t1[1].flops == -12345.0);
+    CU_ASSERT(t1[0].t_recompute > 0.0 && t1[0].t_transfer > 0.0);
+    /* its rows are the CPU's */
+    kv_kvpr_exec *cpu = NULL;
+    float *kc = malloc(sizeof(float) * (size_t)S * kvd), *vc = malloc(sizeof(float) * S * kvd);
+    CU_ASSERT_FATAL(kv_kvpr_exec_new(g_model, S, &cpu, &err) == KV_OK);
+    CU_ASSERT_FATAL(kv_kvpr_rebuild(cpu, &lcs[L - 1], kc, vc, 0, NULL, &err) == KV_OK);
+    size_t head = (size_t)SPLIT * kvd, all = (size_t)S * kvd;
+    CU_ASSERT(memcmp(kd[L - 1] + head, kc + head, sizeof(float) * (all - head)) == 0);
+    double worst = 0.0, mx = 0.0;
+    for (size_t i = 0; i < head; i++) {
+        double d = fabs((double)kd[L - 1][i] - kc[i]);
+        worst = d > worst || d != d ? d : worst;
+        mx = fabs(kc[i]) > mx ? fabs(kc[i]) : mx;
+    }
+    printf("\n    next rebuild: recomputed K within %.3g of the largest |K| %.3g", worst, mx);
+    CU_ASSERT(worst <= 1e-5 * mx);
+    kv_cuda_kvpr_free(dev);
+    CU_ASSERT(nothing_allocated());
+    kv_kvpr_exec_free(cpu);
+    free(kc);
+    free(vc);
+    free(t);
+    for (int l = 0; l < L; l++) {
+        kv_kvpr_layer_free(&lcs[l]);
+        free(kd[l]);
+        free(vd[l]);
+    }
+    free(kd);
+    free(vd);
+    free(lcs);
+    free(cap.x_in);
+    kv_workspace_free(ws);
+    kv_cache_destroy(&cache);
+    kv_pool_destroy(&pool);
+    free(ids);
+}
+
+static void test_device_auto_says_why(void) {
+    char path[] = "/tmp/kvplan_fake_stderrXXXXXX";
+    int fd = mkstemp(path);
+    CU_ASSERT_FATAL(fd >= 0);
+    fflush(stderr);
+    int saved = dup(2);
+    dup2(fd, 2);
+    kvfake_reset();
+    kvfake_fail_nth(KVFAKE_MALLOC, 3);
+    kv_backend *b = NULL;
+    kv_error err = {0};
+    int rc = kv_backend_new(g_model, KV_DEVICE_AUTO, 16, 64, &b, &err);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    CU_ASSERT(rc == KV_OK && b && b->device == KV_DEVICE_CPU);
+    if (b) kv_backend_free(b);
+    CU_ASSERT(nothing_allocated());
+    char text[2048] = "";
+    ssize_t got = pread(fd, text, sizeof text - 1, 0);
+    close(fd);
+    unlink(path);
+    text[got > 0 ? got : 0] = '\0';
+    int lines = 0;
+    for (const char *p = text; *p; p++) lines += *p == '\n';
+    printf("\n    stderr: %s", text);
+    CU_ASSERT(lines == 1);
+    CU_ASSERT(strstr(text, "--device auto") && strstr(text, "out of memory") &&
+              strstr(text, "running on the CPU"));
+}
+
+static int model_init(void) {
+    kv_error err = {0};
+    if (kv_model_load(tu_shared(M260), &g_model, &err) == KV_OK) return 0;
+    fprintf(stderr, "%s\n", err.msg);
+    return 1;
+}
+
+static int model_cleanup(void) {
+    kv_model_free(g_model);
+    g_model = NULL;
+    kvfake_reset();
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    static const tu_test tests[] = {
+        {"OOM sweep: backend creation", test_oom_backend_creation},
+        {"OOM sweep: KVPR executor creation", test_oom_kvpr_creation},
+        {"OOM and GEMM sweep: an engine run", test_oom_engine_run},
+        {"KVPR: a failed GEMM leaves no stale state", test_kvpr_after_failed_gemm},
+        {"--device auto says why it fell back", test_device_auto_says_why},
+    };
+    static const tu_suite suite = {"cuda_fake", model_init, model_cleanup, tests,
+                                   sizeof tests / sizeof tests[0]};
+    return tu_main_suites(argc, argv, &suite, 1);
+}
