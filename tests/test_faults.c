@@ -28,6 +28,7 @@
 #include "kvplan/h5io.h"
 #include "kvplan/kvcache.h"
 #include "kvplan/model.h"
+#include "kvplan/plan.h"
 #include "kvplan/search.h"
 #include "testutil.h"
 
@@ -730,10 +731,18 @@ static void test_sparse_datasets(void) {
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     char script[4096];
-    snprintf(script, sizeof script, "$K inspect '%s' --json >/dev/null", file);
-    int rc = sh(script, NULL);
+    /* inspect (text and JSON) refuses it naming the dataset, exit 1 (it showed it as "not
+     * numeric" with exit 0, issue 25) */
+    const char *modes[2] = {"", "--json"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(script, sizeof script, "$K inspect '%s' %s >/dev/null", file, modes[i]);
+        char *o = NULL;
+        int rc = sh(script, &o);
+        CU_ASSERT_EQUAL(rc, 1);
+        CU_ASSERT_TRUE(has(o, "/heads/big declares 300000000 elements"));
+        free(o);
+    }
     clock_gettime(CLOCK_MONOTONIC, &t1);
-    CU_ASSERT_TRUE(rc == 0 || rc == 1);
     CU_ASSERT_TRUE((t1.tv_sec - t0.tv_sec) < 10);
 
     /* a [5, 6e7] /heads/similarity for a 5-layer model: refused by its shape, unread */
@@ -747,6 +756,82 @@ static void test_sparse_datasets(void) {
     CU_ASSERT_EQUAL(kv_profile_inputs_read(prof, m, &pi, &err), KV_EINPUT);
     CU_ASSERT_TRUE(has(err.msg, "has shape [5, 60000000], expected [5, 4]"));
     kv_model_free(m);
+}
+
+/* ---- plan attributes and datasets that inspect and the plan reader took as they were ---- */
+
+/* Rewrite a root attribute (64-bit integer) or a dataset's values (doubles) of an HDF5 file. */
+static void set_root_i64(const char *file, const char *name, long long v) {
+    hid_t fid = H5Fopen(file, H5F_ACC_RDWR, H5P_DEFAULT);
+    CU_ASSERT_TRUE_FATAL(fid >= 0);
+    if (H5Aexists(fid, name) > 0) H5Adelete(fid, name);
+    hid_t sp = H5Screate(H5S_SCALAR);
+    hid_t a = H5Acreate2(fid, name, H5T_STD_I64LE, sp, H5P_DEFAULT, H5P_DEFAULT);
+    CU_ASSERT_TRUE(a >= 0 && H5Awrite(a, H5T_NATIVE_LLONG, &v) >= 0);
+    H5Aclose(a);
+    H5Sclose(sp);
+    H5Fclose(fid);
+}
+
+static void fill_dataset(const char *file, const char *path, double v) {
+    hid_t fid = H5Fopen(file, H5F_ACC_RDWR, H5P_DEFAULT);
+    CU_ASSERT_TRUE_FATAL(fid >= 0);
+    hid_t ds = H5Dopen2(fid, path, H5P_DEFAULT);
+    CU_ASSERT_TRUE_FATAL(ds >= 0);
+    hid_t sp = H5Dget_space(ds);
+    hssize_t n = H5Sget_simple_extent_npoints(sp);
+    double *buf = malloc((size_t)n * sizeof *buf);
+    for (hssize_t i = 0; i < n; i++) buf[i] = v;
+    CU_ASSERT(H5Dwrite(ds, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf) >= 0);
+    free(buf);
+    H5Sclose(sp);
+    H5Dclose(ds);
+    H5Fclose(fid);
+}
+
+/* Issue 25: /search/chunks = 2^62 was converted to int (undefined; the release build printed
+ * nonsense); plan_schema 99 was accepted; a plan that lost /budget was shown with exit 0. */
+static void test_plan_values(void) {
+    ensure_resume_files();
+    char script[8192], *o = NULL;
+    small_search(script, sizeof script, "rm.bin", "rt.txt", "pv.h5", "");
+    CU_ASSERT_EQUAL_FATAL(sh(script, NULL), 0);
+    const char *plan = tu_tmp("pv.h5");
+    snprintf(script, sizeof script, "$K inspect '%s'", plan);
+    CU_ASSERT_EQUAL(sh(script, &o), 0);
+    CU_ASSERT_TRUE(has(o, "on 4 chunks") || has(o, "4 chunks"));
+    free(o);
+    /* chunk counts that are no int: ignored (no chunk counts shown), exit 0 */
+    fill_dataset(plan, "/search/chunks", 4611686018427387904.0);
+    const char *modes[2] = {"", "--json"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(script, sizeof script, "$K inspect '%s' %s", plan, modes[i]);
+        CU_ASSERT_EQUAL(sh(script, &o), 0);
+        CU_ASSERT_FALSE(has(o, "-2147483648") || has(o, "4611686018427387904 chunks"));
+        free(o);
+    }
+    /* plan_schema newer than this build: run and inspect refuse it */
+    snprintf(script, sizeof script, "cp '%s' '%s'", plan, tu_tmp("pv99.h5"));
+    CU_ASSERT_EQUAL(sh(script, NULL), 0);
+    set_root_i64(tu_tmp("pv99.h5"), "plan_schema", 99);
+    snprintf(script, sizeof script, "$K inspect pv99.h5 >/dev/null");
+    CU_ASSERT_EQUAL(sh(script, &o), 1);
+    CU_ASSERT_TRUE(has(o, "pv99.h5: plan_schema 99 is newer than this kvplan reads"));
+    free(o);
+    kv_plan p;
+    kv_error err = {0};
+    CU_ASSERT_EQUAL(kv_plan_read(tu_tmp("pv99.h5"), &p, &err), KV_EINPUT);
+    CU_ASSERT_TRUE(has(err.msg, "plan_schema 99"));
+    /* a plan without /budget */
+    snprintf(script, sizeof script, "cp '%s' pvnb.h5", plan);
+    CU_ASSERT_EQUAL(sh(script, NULL), 0);
+    hid_t fid = H5Fopen(tu_tmp("pvnb.h5"), H5F_ACC_RDWR, H5P_DEFAULT);
+    CU_ASSERT_TRUE_FATAL(fid >= 0);
+    CU_ASSERT(H5Ldelete(fid, "/budget", H5P_DEFAULT) >= 0);
+    H5Fclose(fid);
+    CU_ASSERT_EQUAL(sh("$K inspect pvnb.h5 >/dev/null", &o), 1);
+    CU_ASSERT_TRUE(has(o, "pvnb.h5: not a plan file (no /budget group"));
+    free(o);
 }
 
 /* ---- profile values outside their range ---- */
@@ -1033,6 +1118,7 @@ int main(int argc, char **argv) {
         {"resume after an input changed is refused", test_resume_inputs_changed},
         {"resume with damaged records is refused", test_resume_bad_records},
         {"datasets declared larger than their file", test_sparse_datasets},
+        {"plan values: chunks 2^62, plan_schema 99, no /budget", test_plan_values},
         {"profile values outside [0, 1]", test_profile_ranges},
         {"header fields that were undefined behaviour", test_ub_headers},
         {"over-long attributes are cut in text output", test_long_attributes},
