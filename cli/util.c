@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 int kv_cli_report(const char *cmd, const kv_error *err) {
     fprintf(stderr, "kvplan %s: %s\n", cmd, err->msg[0] ? err->msg : "failed");
@@ -21,6 +22,39 @@ void kv_cli_command_line(int argc, char **argv, char *buf, size_t cap) {
         len += (size_t)n;
         if (len >= cap) len = cap - 1;
     }
+}
+
+uint64_t kv_cli_memory_limit(void) {
+    uint64_t lim = 0;
+    const int which[2] = {RLIMIT_AS, RLIMIT_DATA};
+    for (int i = 0; i < 2; i++) {
+        struct rlimit rl;
+        if (getrlimit(which[i], &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) continue;
+        if (!lim || (uint64_t)rl.rlim_cur < lim) lim = (uint64_t)rl.rlim_cur;
+    }
+    return lim;
+}
+
+int kv_cli_blas_ready(kv_error *err) {
+    uint64_t lim = kv_cli_memory_limit();
+    if (!lim) return KV_OK;
+    void *probe = malloc((size_t)KV_CLI_BLAS_BUFFER_BYTES);
+    if (!probe)
+        return kv_fail(err, KV_EINTERNAL,
+                       "out of memory: the BLAS library needs a %llu MiB work buffer beside the "
+                       "model, which the memory limit of %llu MiB (ulimit -v) does not leave; "
+                       "raise the limit",
+                       (unsigned long long)(KV_CLI_BLAS_BUFFER_BYTES >> 20),
+                       (unsigned long long)(lim >> 20));
+    free(probe);
+    /* large enough for OpenBLAS's blocked path (small sizes skip the buffer) */
+    enum { N = 256 };
+    float *a = calloc((size_t)3 * N * N, sizeof *a);
+    if (!a) return kv_fail(err, KV_EINTERNAL, "out of memory: BLAS warm-up");
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, N, N, 1.0f, a, N, a + N * N, N, 0.0f,
+                a + 2 * N * N, N);
+    free(a);
+    return KV_OK;
 }
 
 int kv_cli_load_model(const char *path, kv_model **m, kv_error *err) {

@@ -674,6 +674,56 @@ static void test_resume_bad_records(void) {
     free(o);
 }
 
+/* ---- an address-space limit (ulimit -v) ---- */
+
+/* Issue 25: under `ulimit -v` OpenBLAS's threads retried their 128 MiB buffer allocation
+ * forever: `kvplan --help` spun at 100% CPU and never exited, `eval` hung in the first GEMM.
+ * Now every command ends: 0, or exit 2 with "out of memory". 200000 KiB leaves less than the
+ * BLAS buffer beside the loaded libraries (the old binary hung here on this 2-core machine);
+ * 900000 KiB is enough for stories260K. Not under AddressSanitizer, which needs terabytes of
+ * address space for its shadow memory. */
+static void test_memory_limit(void) {
+#if defined(__SANITIZE_ADDRESS__)
+    fprintf(stderr, "\n  (AddressSanitizer build: ulimit -v cannot be used; skipped)\n");
+    return;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+    fprintf(stderr, "\n  (AddressSanitizer build: ulimit -v cannot be used; skipped)\n");
+    return;
+#endif
+#endif
+    ensure_resume_files();
+    const char *cmds[] = {
+        "--help",
+        "eval rm.bin --text rt.txt --max-tokens 1024 --quiet",
+        "run rm.bin --prompt Once -n 8 --quiet",
+        "profile rm.bin --no-hw --prompts 2 --prompt-len 32 --quiet -o lim-prof.h5",
+        "search --profile rp.h5 --model rm.bin --text rt.txt --ratio 0.125 --allocation baklava "
+        "--t-grid 0.5 --r-grid 0.2 --eval-tokens 1024 --heldout-tokens 0 --quiet -o lim-s.h5",
+        "plan --model rm.bin --ratio 0.5 --allocation uniform -o lim-plan.h5 --quiet",
+        "tokenize rm.bin --text rp.h5 --no-special",
+        "inspect rp.h5",
+    };
+    const long limits[] = {200000, 900000};
+    for (int l = 0; l < 2; l++)
+        for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
+            char script[4096], *o = NULL;
+            snprintf(script, sizeof script, "ulimit -v %ld; timeout -s KILL 120 $K %s >/dev/null",
+                     limits[l], cmds[i]);
+            int rc = sh(script, &o);
+            int runs_model = i >= 1 && i <= 4;
+            int ok = rc == 0 || (rc == 2 && has(o, "out of memory"));
+            if (l == 1) ok = rc == 0; /* stories260K fits in 900000 KiB */
+            if (l == 0 && runs_model) ok = rc == 2 && has(o, "out of memory") && has(o, "BLAS");
+            if (l == 0 && i == 0) ok = rc == 0;
+            if (!ok)
+                fprintf(stderr, "\nulimit -v %ld, %s: exit %d: %s\n", limits[l], cmds[i], rc,
+                        o ? o : "");
+            CU_ASSERT_TRUE(ok);
+            free(o);
+        }
+}
+
 /* ---- HDF5 datasets declared far larger than their file ---- */
 
 /* A kvplan file whose dataset `path` declares `dims` but stores nothing (chunked, never
@@ -1117,6 +1167,7 @@ int main(int argc, char **argv) {
         {"the task log's name: symlink, input, FIFO, full disk", test_log_name},
         {"resume after an input changed is refused", test_resume_inputs_changed},
         {"resume with damaged records is refused", test_resume_bad_records},
+        {"every command ends under ulimit -v", test_memory_limit},
         {"datasets declared larger than their file", test_sparse_datasets},
         {"plan values: chunks 2^62, plan_schema 99, no /budget", test_plan_values},
         {"profile values outside [0, 1]", test_profile_ranges},
