@@ -49,6 +49,12 @@ int kv_cli_blas_ready(kv_error *err);
 /* Print "kvplan <cmd>: <msg>" and return the exit code for err->code (1 or 2). */
 int kv_cli_report(const char *cmd, const kv_error *err);
 
+/* A copy of the NUL-terminated `s` for output (the caller frees it; NULL when out of memory):
+ * valid UTF-8 is kept; a byte that does not start a valid UTF-8 sequence becomes "\xNN"
+ * (escape_controls = 1, for messages; control characters and DEL too) or U+FFFD
+ * (escape_controls = 0, e.g. JSON text, whose control characters cJSON escapes itself). */
+char *kv_cli_clean_text(const char *s, int escape_controls);
+
 /* The end of a command that ran under kv_tasks (profile, search): rank 0 reports err when rc
  * is not KV_OK ("kvplan <cmd>: ...") and sends its exit code to every rank; workers print
  * nothing and return rank 0's code. Finalises tasks (MPI) in every rank. Returns the exit

@@ -8,8 +8,61 @@
 #include <string.h>
 #include <sys/resource.h>
 
+/* Length (2-4) of the valid UTF-8 multi-byte sequence at s, else 0 (RFC 3629: no overlong
+ * forms, no surrogates, nothing above U+10FFFF). */
+static int utf8_seq(const unsigned char *s) {
+    unsigned c = s[0];
+    int n = c >= 0xC2 && c <= 0xDF   ? 2
+            : c >= 0xE0 && c <= 0xEF ? 3
+            : c >= 0xF0 && c <= 0xF4 ? 4
+                                     : 0;
+    if (!n) return 0;
+    unsigned lo = 0x80, hi = 0xBF; /* the second byte's range */
+    if (c == 0xE0) lo = 0xA0;
+    if (c == 0xED) hi = 0x9F;
+    if (c == 0xF0) lo = 0x90;
+    if (c == 0xF4) hi = 0x8F;
+    if (s[1] < lo || s[1] > hi) return 0;
+    for (int i = 2; i < n; i++)
+        if (s[i] < 0x80 || s[i] > 0xBF) return 0;
+    return n;
+}
+
+char *kv_cli_clean_text(const char *s, int escape_controls) {
+    size_t n = strlen(s);
+    char *out = malloc(4 * n + 1);
+    if (!out) return NULL;
+    const unsigned char *p = (const unsigned char *)s;
+    size_t o = 0;
+    while (*p) {
+        int k = *p >= 0x80 ? utf8_seq(p) : 1;
+        if (k > 1) {
+            memcpy(out + o, p, (size_t)k);
+            o += (size_t)k;
+            p += k;
+        } else if (k == 0) { /* a byte that is not UTF-8 */
+            if (escape_controls)
+                o += (size_t)snprintf(out + o, 5, "\\x%02x", *p);
+            else
+                memcpy(out + o, "\xef\xbf\xbd", 3), o += 3; /* U+FFFD */
+            p++;
+        } else if (escape_controls && (*p < 0x20 || *p == 0x7f)) {
+            o += (size_t)snprintf(out + o, 5, "\\x%02x", *p);
+            p++;
+        } else {
+            out[o++] = (char)*p++;
+        }
+    }
+    out[o] = '\0';
+    return out;
+}
+
 int kv_cli_report(const char *cmd, const kv_error *err) {
-    fprintf(stderr, "kvplan %s: %s\n", cmd, err->msg[0] ? err->msg : "failed");
+    /* messages carry strings from files: control characters and bytes that are not UTF-8
+     * are shown as \xNN, so one message stays one printable line */
+    char *clean = kv_cli_clean_text(err->msg[0] ? err->msg : "failed", 1);
+    fprintf(stderr, "kvplan %s: %s\n", cmd, clean ? clean : err->msg);
+    free(clean);
     return err->code == KV_EINPUT ? 1 : 2;
 }
 

@@ -674,6 +674,41 @@ static void test_resume_bad_records(void) {
     free(o);
 }
 
+/* Issue 25: output names of 231-255 bytes failed (the temporary's suffix overflowed
+ * NAME_MAX), and `search` with a command line over 4000 characters was refused by the task
+ * log's key limit even without --resume. */
+static void test_long_names(void) {
+    ensure_resume_files();
+    char name[256], script[8192], *o = NULL;
+    for (int len = 231; len <= 255; len += 24) {
+        memset(name, 'n', (size_t)len - 3);
+        memcpy(name + len - 3, ".h5", 4);
+        snprintf(script, sizeof script,
+                 "$K plan --model rm.bin --ratio 0.5 --allocation uniform -o %s --quiet "
+                 ">/dev/null",
+                 name);
+        CU_ASSERT_EQUAL(sh(script, &o), 0);
+        free(o);
+        CU_ASSERT_TRUE(file_size(tu_tmp(name)) > 0);
+        /* search: its task log's name is cut and hashed to fit */
+        small_search(script, sizeof script, "rm.bin", "rt.txt", name, "--t-grid 0.5 --r-grid 0.2");
+        CU_ASSERT_EQUAL(sh(script, &o), 0);
+        free(o);
+        CU_ASSERT_EQUAL(count_named(tu_tmpdir(), "nnnnnnnn"), 1); /* the plan alone */
+        unlink(tu_tmp(name));
+    }
+    /* a --text path of 4000+ characters (./ repeated): the key is a hash now */
+    char text[4200] = "";
+    for (int i = 0; i < 2000; i++) strcat(text, "./");
+    strcat(text, "rt.txt");
+    small_search(script, sizeof script, "rm.bin", text, "longkey.h5", "");
+    int rc = sh(script, &o);
+    CU_ASSERT_EQUAL(rc, 0);
+    if (rc) fprintf(stderr, "\n%.300s\n", o ? o : "");
+    free(o);
+    CU_ASSERT_TRUE(file_size(tu_tmp("longkey.h5")) > 0);
+}
+
 /* ---- an address-space limit (ulimit -v) ---- */
 
 /* Issue 25: under `ulimit -v` OpenBLAS's threads retried their 128 MiB buffer allocation
@@ -881,6 +916,70 @@ static void test_plan_values(void) {
     H5Fclose(fid);
     CU_ASSERT_EQUAL(sh("$K inspect pvnb.h5 >/dev/null", &o), 1);
     CU_ASSERT_TRUE(has(o, "pvnb.h5: not a plan file (no /budget group"));
+    free(o);
+}
+
+/* Set a root string attribute (variable-length UTF-8 string type, as kvplan writes them). */
+static void set_root_str(const char *file, const char *name, const char *v) {
+    hid_t fid = H5Fopen(file, H5F_ACC_RDWR, H5P_DEFAULT);
+    CU_ASSERT_TRUE_FATAL(fid >= 0);
+    if (H5Aexists(fid, name) > 0) H5Adelete(fid, name);
+    hid_t ty = H5Tcopy(H5T_C_S1);
+    H5Tset_size(ty, H5T_VARIABLE);
+    hid_t sp = H5Screate(H5S_SCALAR);
+    hid_t a = H5Acreate2(fid, name, ty, sp, H5P_DEFAULT, H5P_DEFAULT);
+    CU_ASSERT_TRUE(a >= 0 && H5Awrite(a, ty, &v) >= 0);
+    H5Aclose(a);
+    H5Sclose(sp);
+    H5Tclose(ty);
+    H5Fclose(fid);
+}
+
+/* 1 when s[0..n) is valid UTF-8 (RFC 3629) without control characters other than '\n'. */
+static int clean_utf8(const char *s, size_t n) {
+    const unsigned char *p = (const unsigned char *)s, *e = p + n;
+    while (p < e) {
+        unsigned c = *p;
+        if (c < 0x80) {
+            if ((c < 0x20 && c != '\n') || c == 0x7f) return 0;
+            p++;
+            continue;
+        }
+        int k = c >= 0xC2 && c <= 0xDF   ? 2
+                : c >= 0xE0 && c <= 0xEF ? 3
+                : c >= 0xF0 && c <= 0xF4 ? 4
+                                         : 0;
+        if (!k || p + k > e) return 0;
+        unsigned lo = c == 0xE0 ? 0xA0 : c == 0xF0 ? 0x90 : 0x80;
+        unsigned hi = c == 0xED ? 0x9F : c == 0xF4 ? 0x8F : 0xBF;
+        if (p[1] < lo || p[1] > hi) return 0;
+        for (int i = 2; i < k; i++)
+            if (p[i] < 0x80 || p[i] > 0xBF) return 0;
+        p += k;
+    }
+    return 1;
+}
+
+/* Issue 25: control characters and bytes that are not UTF-8 in a file's strings reached the
+ * terminal through error messages and made `inspect --json` invalid UTF-8. */
+static void test_hostile_strings(void) {
+    ensure_resume_files();
+    char script[8192], *o = NULL;
+    small_search(script, sizeof script, "rm.bin", "rt.txt", "hs.h5", "");
+    CU_ASSERT_EQUAL_FATAL(sh(script, NULL), 0);
+    const char *bad = "si\x1b[2J\x07nk\xff\xfe\xc3(end";
+    set_root_str(tu_tmp("hs.h5"), "policy", bad);
+    set_root_str(tu_tmp("hs.h5"), "note", bad);
+    /* the plan is refused (unknown policy) with a one-line, printable message */
+    CU_ASSERT_EQUAL(sh("$K inspect hs.h5 >/dev/null", &o), 1);
+    CU_ASSERT_TRUE(o && clean_utf8(o, strlen(o)));
+    CU_ASSERT_TRUE(has(o, "\\x1b[2J\\x07nk\\xff\\xfe\\xc3(end"));
+    CU_ASSERT_TRUE(o && strchr(o, '\n') == o + strlen(o) - 1);
+    free(o);
+    /* JSON: valid UTF-8, control characters escaped, the bad bytes replaced by U+FFFD */
+    CU_ASSERT_EQUAL(sh("$K inspect hs.h5 --json 2>/dev/null", &o), 1);
+    CU_ASSERT_TRUE(o && clean_utf8(o, strlen(o)));
+    CU_ASSERT_TRUE(has(o, "si\\u001b[2J\\u0007nk\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd(end"));
     free(o);
 }
 
@@ -1167,7 +1266,9 @@ int main(int argc, char **argv) {
         {"the task log's name: symlink, input, FIFO, full disk", test_log_name},
         {"resume after an input changed is refused", test_resume_inputs_changed},
         {"resume with damaged records is refused", test_resume_bad_records},
+        {"output names of 231-255 bytes; a command line over 4000 characters", test_long_names},
         {"every command ends under ulimit -v", test_memory_limit},
+        {"control characters and non-UTF-8 from files: messages, JSON", test_hostile_strings},
         {"datasets declared larger than their file", test_sparse_datasets},
         {"plan values: chunks 2^62, plan_schema 99, no /budget", test_plan_values},
         {"profile values outside [0, 1]", test_profile_ranges},
