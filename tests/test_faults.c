@@ -709,6 +709,45 @@ static void test_long_names(void) {
     CU_ASSERT_TRUE(file_size(tu_tmp("longkey.h5")) > 0);
 }
 
+/* Issue 25: NaN weights gave `eval` exit 2 ("non-finite loss", no model named) and `run`
+ * exit 0 with blanks; `kvpr --v-com 1e-300` printed "inf ms" with exit 0. */
+static void test_nonfinite(void) {
+    ensure_resume_files();
+    char script[4096], *o = NULL;
+    CU_ASSERT_EQUAL_FATAL(sh("cp rm.bin nan.bin", NULL), 0);
+    /* layer 0's attention RMSNorm weights (after the 7-int header and the embedding) */
+    FILE *f = fopen(tu_tmp("nan.bin"), "r+b");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+    int32_t head[7];
+    CU_ASSERT_EQUAL_FATAL(fread(head, sizeof head, 1, f), 1);
+    long dim = head[0], vocab = head[5] < 0 ? -head[5] : head[5];
+    CU_ASSERT_EQUAL_FATAL(fseek(f, (long)sizeof head + 4 * vocab * dim, SEEK_SET), 0);
+    for (long i = 0; i < dim; i++) {
+        float nan = NAN;
+        fwrite(&nan, sizeof nan, 1, f);
+    }
+    CU_ASSERT_EQUAL_FATAL(fclose(f), 0);
+    const char *cmds[] = {"eval nan.bin --text rt.txt --max-tokens 1024 --quiet",
+                          "eval nan.bin --text rt.txt --max-tokens 1024 --quiet --ratio 0.5",
+                          "run nan.bin --prompt Once -n 8 --quiet"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(script, sizeof script, "$K %s >/dev/null", cmds[i]);
+        int rc = sh(script, &o);
+        CU_ASSERT_EQUAL(rc, 1);
+        if (rc != 1 || !has(o, "nan.bin: the model's output is not finite"))
+            fprintf(stderr, "\n%s: exit %d: %s\n", cmds[i], rc, o ? o : "");
+        CU_ASSERT_TRUE(has(o, "nan.bin: the model's output is not finite"));
+        free(o);
+    }
+    CU_ASSERT_EQUAL(sh("$K kvpr rm.bin --v-com 1e-300 --v-gpu 1e12 --batch 1 --seq-len 512", &o),
+                    1);
+    CU_ASSERT_TRUE(has(o, "not a finite time") && !has(o, "inf ms"));
+    free(o);
+    CU_ASSERT_EQUAL(
+        sh("$K kvpr rm.bin --v-com 16e9 --v-gpu 100e12 --batch 1 --seq-len 512 >/dev/null", NULL),
+        0);
+}
+
 /* ---- an address-space limit (ulimit -v) ---- */
 
 /* Issue 25: under `ulimit -v` OpenBLAS's threads retried their 128 MiB buffer allocation
@@ -1268,6 +1307,7 @@ int main(int argc, char **argv) {
         {"resume with damaged records is refused", test_resume_bad_records},
         {"output names of 231-255 bytes; a command line over 4000 characters", test_long_names},
         {"every command ends under ulimit -v", test_memory_limit},
+        {"NaN weights: eval and run exit 1 naming the model; kvpr inf times", test_nonfinite},
         {"control characters and non-UTF-8 from files: messages, JSON", test_hostile_strings},
         {"datasets declared larger than their file", test_sparse_datasets},
         {"plan values: chunks 2^62, plan_schema 99, no /budget", test_plan_values},
