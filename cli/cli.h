@@ -33,8 +33,27 @@ extern const kv_cli_spec kv_spec_run, kv_spec_eval, kv_spec_tokenize, kv_spec_pr
 #define KV_CLI_SMALL_MODEL_BYTES (16u << 20)
 int kv_cli_load_model(const char *path, kv_model **m, kv_error *err);
 
+/* OpenBLAS's work buffer per thread (BUFFER_SIZE of its x86-64 builds, 128 MiB, plus a page
+ * and a margin for malloc's own headers). */
+#define KV_CLI_BLAS_BUFFER_BYTES ((uint64_t)136 << 20)
+/* The process's address-space limit in bytes: the lower of RLIMIT_AS and RLIMIT_DATA (which
+ * counts private mappings, so malloc), 0 when neither is set. */
+uint64_t kv_cli_memory_limit(void);
+/* With a memory limit: allocate (and free) KV_CLI_BLAS_BUFFER_BYTES, then run one small GEMM
+ * so that OpenBLAS takes its buffer for this thread now, while it fits (it keeps it for later
+ * calls). KV_EINTERNAL "out of memory: ..." when it does not fit (exit 2), instead of OpenBLAS
+ * retrying its allocation forever in the first GEMM. Nothing without a limit. Called by the
+ * commands that run the model (eval, run, profile, search) after loading it. */
+int kv_cli_blas_ready(kv_error *err);
+
 /* Print "kvplan <cmd>: <msg>" and return the exit code for err->code (1 or 2). */
 int kv_cli_report(const char *cmd, const kv_error *err);
+
+/* A copy of the NUL-terminated `s` for output (the caller frees it; NULL when out of memory):
+ * valid UTF-8 is kept; a byte that does not start a valid UTF-8 sequence becomes "\xNN"
+ * (escape_controls = 1, for messages; control characters and DEL too) or U+FFFD
+ * (escape_controls = 0, e.g. JSON text, whose control characters cJSON escapes itself). */
+char *kv_cli_clean_text(const char *s, int escape_controls);
 
 /* The end of a command that ran under kv_tasks (profile, search): rank 0 reports err when rc
  * is not KV_OK ("kvplan <cmd>: ...") and sends its exit code to every rank; workers print

@@ -162,6 +162,7 @@ int kv_cmd_eval(int argc, char **argv) {
     kv_engine *eng = NULL;
     kv_device device = KV_DEVICE_AUTO;
     int rc = kv_cli_load_model(a.model, &m, &err);
+    if (!rc) rc = kv_cli_blas_ready(&err);
     if (!rc) rc = load_ids(&a, m, &tok, &ids, &n, &err);
     int C = m ? (a.context ? (int)a.context : m->cfg.seq_len) : 0;
     if (!rc && C > m->cfg.seq_len)

@@ -119,7 +119,8 @@ int kv_cmd_inspect(int argc, char **argv) {
     int rc = ki_load(file, &f, &err);
     int invalid_plan = 0;
     kv_error plan_err = {0};
-    if (!rc && f.is_plan) {
+    /* a plan: /budget, or a plan_schema attribute (a plan that lost /budget is invalid) */
+    if (!rc && (f.is_plan || ki_attr_find(&f, "/", "plan_schema"))) {
         /* a plan is validated by the plan module, the same checks as `run --plan`; a broken
          * one is still shown (that is what inspect is for) but the command exits 1 */
         kv_plan p;

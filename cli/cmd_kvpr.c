@@ -252,6 +252,16 @@ int kv_cmd_kvpr(int argc, char **argv) {
     /* run: the split point at s' */
     kv_kvpr_result r;
     if (kv_kvpr_solve(&sh, hw.v_com, hw.v_gpu, sched, &r, &err)) return kv_cli_report("kvpr", &err);
+    /* figures far from any machine (--v-com 1e-300) make the times overflow: refused, not
+     * printed as "inf ms" */
+    double worst = (r.time > r.time_no_recompute ? r.time : r.time_no_recompute) * (double)layers;
+    if (!isfinite(worst) || worst > 1e15) {
+        kv_fail(&err, KV_EINPUT,
+                "the step time for v_com %g bytes/s and v_gpu %g FLOP/s is %g s, not a finite "
+                "time of a real machine; check --v-com / --v-gpu (or the profile's fits)",
+                hw.v_com, hw.v_gpu, worst);
+        return kv_cli_report("kvpr", &err);
+    }
     /* report: text, the decode steps, JSON */
     print_split(&sh, &hw, sched, &r, layers, n_kv, hd, model_desc);
     cJSON *root = result_json(&sh, &hw, sched, &r, layers);

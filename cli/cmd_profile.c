@@ -72,6 +72,7 @@ static int build_job(const profile_args *a, profile_job *j, kv_error *err) {
     if (!rc) rc = kv_check_regular(a->text, "text", err);
     if (!rc && a->tokenizer) rc = kv_check_regular(a->tokenizer, "tokenizer", err);
     if (!rc) rc = kv_cli_load_model(a->model, &j->m, err);
+    if (!rc) rc = kv_cli_blas_ready(err);
     if (!rc && a->prompt_len > j->m->cfg.seq_len)
         rc = kv_fail(err, KV_EINPUT,
                      "--prompt-len %ld exceeds the context length %d of %s; choose T <= %d",
@@ -84,9 +85,9 @@ static int build_job(const profile_args *a, profile_job *j, kv_error *err) {
         if (!j->prompts) rc = kv_fail(err, KV_EINTERNAL, "out of memory");
     }
     if (!rc) {
-        rc = kv_profile_pick_prompts(stream, n, kv_tokenizer_bos(tok) >= 0 ? kv_tokenizer_bos(tok) : stream[0],
-                                     (int)a->n_prompts, (int)a->prompt_len, (uint64_t)a->seed,
-                                     j->prompts, err);
+        rc = kv_profile_pick_prompts(
+            stream, n, kv_tokenizer_bos(tok) >= 0 ? kv_tokenizer_bos(tok) : stream[0],
+            (int)a->n_prompts, (int)a->prompt_len, (uint64_t)a->seed, j->prompts, err);
         if (rc) kv_fail_context(err, "%s", a->text);
     }
     free(stream);

@@ -144,6 +144,7 @@ int kv_cmd_run(int argc, char **argv) {
     kv_device device = KV_DEVICE_AUTO;
     kv_gen_result g = {0};
     int rc = kv_cli_load_model(a.model, &m, &err);
+    if (!rc) rc = kv_cli_blas_ready(&err);
     if (!rc) rc = kv_tokenizer_load(a.tokenizer, m, &tok, &err);
     if (!rc && a.prompts) rc = read_prompts(a.prompts, &prompts, &n_prompts, &err);
     int C = m ? m->cfg.seq_len : 0;

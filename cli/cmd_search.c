@@ -224,6 +224,7 @@ static int build_job(search_args *s, search_job *j, kv_error *err) {
     if (!rc)
         rc = kv_plan_args_setup(a, &j->m, &j->prof, &j->have_prof, &j->ap, &j->policy,
                                 &j->evict_block, err);
+    if (!rc) rc = kv_cli_blas_ready(err);
     if (!rc) rc = choose_blocks(a, j->policy, &j->ap, &j->evict_block, err);
     if (!rc) rc = parse_objective(s->sens_objective, &j->objective, err);
     if (!rc && s->sens_policies)

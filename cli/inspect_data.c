@@ -1,5 +1,6 @@
 /* kvplan inspect: loading a kvplan HDF5 file whole and the summaries derived from it
  * (cli/inspect.h). */
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -124,8 +125,10 @@ static void on_dset(void *user, const char *path) {
                 d->is_int = 0;
                 break;
             }
-    } else if (e2.code == KV_EINTERNAL) {
-        c->rc = kv_fail(c->err, KV_EINTERNAL, "%s", e2.msg);
+    } else if (e2.code == KV_EINTERNAL || kv_h5_dataset_numeric(c->h, path)) {
+        /* a numeric dataset that cannot be read (declared larger than the file, damaged) is
+         * an error, not "not numeric" */
+        c->rc = kv_fail(c->err, e2.code ? e2.code : KV_EINPUT, "%s", e2.msg);
     }
 }
 
@@ -296,8 +299,8 @@ static const double *grid_axis(const ki_file *f, const char *path, int n) {
 }
 
 int ki_grid_chunks(const ki_grid *g, long idx) {
-    if (!g->chunks || !isfinite(g->ppl[idx]) || !isfinite(g->chunks[idx])) return 0;
-    return (int)g->chunks[idx];
+    if (!g->chunks || !isfinite(g->ppl[idx])) return 0;
+    return (int)g->chunks[idx]; /* whole numbers in [0, INT_MAX]: checked by ki_search_grid */
 }
 
 /* Statistics of the cells [from, to). */
@@ -349,6 +352,9 @@ int ki_search_grid(const ki_file *f, ki_grid *g) {
         int same = 1;
         for (int k = 0; k < d->rank; k++)
             if (c->dims[k] != d->dims[k]) same = 0;
+        /* chunk counts are whole numbers an int holds (else the dataset is ignored) */
+        for (size_t i = 0; same && i < c->count; i++)
+            if (!(c->v[i] >= 0 && c->v[i] <= INT_MAX && c->v[i] == floor(c->v[i]))) same = 0;
         if (same) g->chunks = c->v;
     }
     grid_stats(g, 0, (long)d->count, &g->all);

@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli.h"
 #include "inspect.h"
 
 /* Nested lists for dims[k..rank) of v. */
@@ -290,8 +291,13 @@ int ki_print_json(FILE *out, const ki_file *f, kv_error *err) {
     char *text = cJSON_PrintUnformatted(root);
     cJSON_Delete(root);
     if (!text) return kv_fail(err, KV_EINTERNAL, "out of memory: JSON text");
-    fputs(text, out);
-    fputc('\n', out);
+    /* strings from the file (attributes, names) may hold bytes that are not UTF-8; JSON must
+     * be UTF-8: each such byte becomes U+FFFD (cJSON escapes control characters itself) */
+    char *clean = kv_cli_clean_text(text, 0);
     cJSON_free(text);
+    if (!clean) return kv_fail(err, KV_EINTERNAL, "out of memory: JSON text");
+    fputs(clean, out);
+    fputc('\n', out);
+    free(clean);
     return KV_OK;
 }

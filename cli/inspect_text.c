@@ -364,7 +364,7 @@ static void print_copy_fit(FILE *out, const ki_file *f, const char *grp, const c
             fprintf(out, "; not fitted: %zu smaller size%s from %s", below, below > 1 ? "s" : "",
                     b);
         }
-        if (!isnan(pts) && shown != (int)pts)
+        if (!isnan(pts) && (double)shown != pts)
             fprintf(out, " (note: %d sizes >= fit_min_bytes, fit_points says %.0f)", shown, pts);
         fputc('\n', out);
     }
@@ -617,22 +617,22 @@ static void print_sensitivity(FILE *out, const ki_file *f) {
     const char *obj = ki_attr_str(f, "/sensitivity", "objective");
     int use_kl = !obj || strcmp(obj, "nll") != 0;
     double base_kl = ki_attr_num(f, "/sensitivity", "base_kl", 0.0);
-    fprintf(out, "\nsensitivity (R %.4g, policies %s, %ld calibration tokens, objective %s):\n",
+    fprintf(out, "\nsensitivity (R %.4g, policies %s, %.0f calibration tokens, objective %s):\n",
             ki_attr_num(f, "/sensitivity", "ratio", NAN),
             ki_attr_str(f, "/sensitivity", "policies") ? ki_attr_str(f, "/sensitivity", "policies")
                                                        : "?",
-            (long)ki_attr_num(f, "/sensitivity", "calibration_tokens", 0),
+            ki_attr_num(f, "/sensitivity", "calibration_tokens", 0),
             use_kl ? "KL to the full cache (x 1e3, minus the uniform start's)"
                    : "change of mean NLL (x 1e3 nats/token)");
     fprintf(out,
-            "  curves cost %ld token evaluations in %.1f s; search perplexity: uniform %.4f, "
-            "sensitivity %.4f (round %ld of %ld)\n",
-            (long)ki_attr_num(f, "/sensitivity", "curve_token_evals", 0),
+            "  curves cost %.0f token evaluations in %.1f s; search perplexity: uniform %.4f, "
+            "sensitivity %.4f (round %.0f of %.0f)\n",
+            ki_attr_num(f, "/sensitivity", "curve_token_evals", 0),
             ki_attr_num(f, "/sensitivity", "curve_seconds", NAN),
             ki_attr_num(f, "/sensitivity", "uniform_perplexity", NAN),
             ki_attr_num(f, "/sensitivity", "perplexity", NAN),
-            (long)ki_attr_num(f, "/sensitivity", "best_round", -1) + 1,
-            (long)ki_attr_num(f, "/sensitivity", "rounds", 0));
+            ki_attr_num(f, "/sensitivity", "best_round", -1) + 1,
+            ki_attr_num(f, "/sensitivity", "rounds", 0));
     for (int q = 0; q < Q; q++) {
         if (Q > 1) fprintf(out, "  policy %d:\n", q);
         fprintf(out, "  %-8s", "tokens");

@@ -1,7 +1,10 @@
 /* kvplan: offline profiler and KV-cache budget planner for decoder-only LLMs. */
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include "cli.h"
 
@@ -35,7 +38,45 @@ static int finish(const char *cmd, int code) {
     return code;
 }
 
+/* Under an address-space limit (ulimit -v, RLIMIT_AS, or RLIMIT_DATA) OpenBLAS must not start
+ * more threads than the limit holds. Its pthreads build starts its thread pool when the
+ * library is loaded, before main, with one thread per core (or OPENBLAS_NUM_THREADS /
+ * GOTO_NUM_THREADS / OMP_NUM_THREADS), and each thread allocates a 128 MiB work buffer at
+ * once; when malloc fails it retries forever (0.3.21 blas_memory_alloc): the thread spins at
+ * 100% CPU, a GEMM that needs it never returns and exit() waits for it (issue 25: `ulimit -v
+ * 900000; kvplan --help` never ended on a many-core machine). So when a limit is set and the
+ * pool would exceed a quarter of it (KV_CLI_BLAS_BUFFER_BYTES per thread), kvplan sets
+ * OPENBLAS_NUM_THREADS to what fits (at least 1: no pool thread) and executes itself again
+ * once, before any work. The main thread's own buffer is checked by kv_cli_load_model. */
+static void fit_blas_threads(char **argv) {
+    if (getenv("KVPLAN_BLAS_FITTED")) {
+        unsetenv("KVPLAN_BLAS_FITTED"); /* a kvplan started by this one decides again */
+        return;
+    }
+    uint64_t limit = kv_cli_memory_limit();
+    if (!limit) return;
+    const char *vars[] = {"OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS"};
+    long want = 0;
+    for (int i = 0; i < 3 && want <= 0; i++) {
+        const char *v = getenv(vars[i]);
+        want = v && *v ? strtol(v, NULL, 10) : 0;
+    }
+    if (want <= 0) want = sysconf(_SC_NPROCESSORS_ONLN);
+    if (want <= 1) return;
+    uint64_t fit = limit / 4 / KV_CLI_BLAS_BUFFER_BYTES;
+    if (fit < 1) fit = 1;
+    if ((uint64_t)want <= fit) return;
+    char n[32];
+    snprintf(n, sizeof n, "%llu", (unsigned long long)fit);
+    setenv("OPENBLAS_NUM_THREADS", n, 1);
+    setenv("KVPLAN_BLAS_FITTED", "1", 1);
+    fflush(NULL);
+    execv("/proc/self/exe", argv);
+    unsetenv("KVPLAN_BLAS_FITTED"); /* no /proc: go on as before */
+}
+
 int main(int argc, char **argv) {
+    fit_blas_threads(argv);
     if (argc < 2) {
         usage(stderr);
         return 1;

@@ -167,7 +167,12 @@ static size_t sy_bytes(const sy_tensor *t) {
     return t->type == 0 ? 4 * n : t->type == 8 ? n / 32 * 34 : 2 * n;
 }
 
-static void write_synthetic(const char *path, uint32_t version, uint32_t align, const char *pre) {
+/* Variants of the synthetic file with hostile metadata (issue 25): llama.vocab_size as a u64
+ * of 2^32 + 256; token_type as float32 with one value 2^31 or NaN. */
+enum { SY_PLAIN, SY_VOCAB_2P32, SY_TYPE_2P31, SY_TYPE_NAN };
+
+static void write_synthetic_v(const char *path, uint32_t version, uint32_t align, const char *pre,
+                              int variant) {
     tw_buf w = {0};
     tw_gguf_header(&w, version, SY_N);
     tw_kv_str(&w, "general.architecture", "llama");
@@ -199,8 +204,18 @@ static void write_synthetic(const char *path, uint32_t version, uint32_t align, 
     gpt2_tokens(tok);
     tw_kv_array(&w, "tokenizer.ggml.tokens", TW_STRING, SY_NTOK);
     for (int i = 0; i < SY_NTOK; i++) tw_str(&w, tok[i]);
-    tw_kv_array(&w, "tokenizer.ggml.token_type", TW_INT32, SY_NTOK);
-    for (int i = 0; i < SY_NTOK; i++) tw_u32(&w, i == SY_NTOK - 1 ? 3 : 1);
+    if (variant == SY_VOCAB_2P32) {
+        tw_key(&w, "llama.vocab_size", TW_UINT64);
+        tw_u64(&w, ((uint64_t)1 << 32) + 256);
+    }
+    if (variant == SY_TYPE_2P31 || variant == SY_TYPE_NAN) {
+        tw_kv_array(&w, "tokenizer.ggml.token_type", TW_FLOAT32, SY_NTOK);
+        for (int i = 0; i < SY_NTOK; i++)
+            tw_f32(&w, i != 5 ? 1.0f : variant == SY_TYPE_NAN ? NAN : 2147483648.0f);
+    } else {
+        tw_kv_array(&w, "tokenizer.ggml.token_type", TW_INT32, SY_NTOK);
+        for (int i = 0; i < SY_NTOK; i++) tw_u32(&w, i == SY_NTOK - 1 ? 3 : 1);
+    }
     tw_kv_array(&w, "tokenizer.ggml.merges", TW_STRING, 9);
     for (int i = 0; i < 9; i++) tw_str(&w, gpt2_merges[i]);
     tw_kv_u32(&w, "tokenizer.ggml.bos_token_id", SY_NTOK - 1);
@@ -246,6 +261,53 @@ static void write_synthetic(const char *path, uint32_t version, uint32_t align, 
     if (rc) fprintf(stderr, "%s\n", err.msg);
     tw_buf_free(&w);
     CU_ASSERT_EQUAL_FATAL(rc, KV_OK);
+}
+
+static void write_synthetic(const char *path, uint32_t version, uint32_t align, const char *pre) {
+    write_synthetic_v(path, version, align, pre, SY_PLAIN);
+}
+
+/* Issue 25: a token_type of 2^31 or NaN was converted to int (undefined behaviour; found by
+ * the gguf fuzz target) and a u64 vocab_size of 2^32 + 256 was read as 256. Each is refused
+ * with exit 1 naming the file and the key, through the library and `kvplan tokenize`. */
+static void test_hostile_metadata(void) {
+    struct {
+        int variant;
+        const char *key, *what;
+    } cases[] = {
+        {SY_TYPE_2P31, "tokenizer.ggml.token_type[5]", "2.14748e+09"},
+        {SY_TYPE_NAN, "tokenizer.ggml.token_type[5]", "nan"},
+        {SY_VOCAB_2P32, "llama.vocab_size", "4294967552"},
+    };
+    const char *path = tu_tmp("hostile.gguf");
+    for (int i = 0; i < 3; i++) {
+        write_synthetic_v(path, 3, 32, "default", cases[i].variant);
+        kv_error err = {0};
+        kv_model *m = NULL;
+        kv_tokenizer *t = NULL;
+        int rc = kv_model_load(path, &m, &err);
+        if (!rc) rc = kv_tokenizer_load(NULL, m, &t, &err);
+        CU_ASSERT_EQUAL(rc, KV_EINPUT);
+        if (!strstr(err.msg, cases[i].key) || !strstr(err.msg, cases[i].what))
+            fprintf(stderr, "\ncase %d: %s\n", i, err.msg);
+        CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, cases[i].key));
+        CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, cases[i].what));
+        CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, path));
+        kv_tokenizer_free(t);
+        kv_model_free(m);
+        /* the command: a crafted vocabulary given as --tokenizer */
+        if (cases[i].variant == SY_VOCAB_2P32) continue;
+        FILE *f = fopen(tu_tmp("hostile.txt"), "w");
+        CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+        fputs("Hello world\n", f);
+        fclose(f);
+        char args[2048], *out = NULL;
+        snprintf(args, sizeof args, "tokenize --tokenizer '%s' --text '%s'", path,
+                 tu_tmp("hostile.txt"));
+        CU_ASSERT_EQUAL(tu_run_kvplan(args, &out, 1), 1);
+        CU_ASSERT_PTR_NOT_NULL(out ? strstr(out, cases[i].key) : NULL);
+        free(out);
+    }
 }
 
 /* The weight's n values, dequantised from the type it is kept in, are tensor k's. */
@@ -483,6 +545,7 @@ int main(int argc, char **argv) {
         {"synthetic gpt2 vocabulary", test_synthetic_gpt2_vocab},
         {"synthetic gpt2 vocabulary: qwen2 / llama-bpe patterns", test_synthetic_pre},
         {"bad input: magic, version, truncation, offsets, types, tensors, shapes", test_bad_gguf},
+        {"hostile metadata: token_type 2^31 / NaN, vocab_size 2^32 + 256", test_hostile_metadata},
     };
     return tu_main(argc, argv, "gguf", tests, sizeof tests / sizeof tests[0]);
 }

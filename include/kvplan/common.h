@@ -132,9 +132,11 @@ const char *kv_shared_dir(void);
  * An output is written to a temporary file beside it and renamed over it when complete, so a
  * crash, a kill or a full disk never leaves a half-written file under the final name and never
  * destroys the old one (rename(2) is atomic within a directory).
- * Temporary names are "<final>.tmp.<pid>.<12 random hex digits>" (getrandom(2)): not
- * predictable, and created with O_CREAT | O_EXCL | O_NOFOLLOW, so a file or a symlink planted
- * under the name is never opened or followed; creation retries with a fresh name. */
+ * Temporary names are "<final>.tmp.<pid>.<12 random hex digits>" (getrandom(2); a base name
+ * longer than NAME_MAX - 28 bytes is cut to that length first, so the name stays within
+ * NAME_MAX): not predictable, and created with O_CREAT | O_EXCL | O_NOFOLLOW, so a file or a
+ * symlink planted under the name is never opened or followed; creation retries with a fresh name.
+ */
 
 /* Create a new temporary file for `final_path` in the same directory: fills `tmp` (size `cap`)
  * with its name and *fd with a descriptor open for writing (caller closes it, and removes the

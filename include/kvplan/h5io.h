@@ -66,6 +66,9 @@ int kv_h5_read_i32(kv_h5 *f, const char *path, int *rank, long dims[KV_H5_MAX_RA
  * needs more memory than max(16 MiB, twice the file's size), before allocating. */
 int kv_h5_dataset_shape(kv_h5 *f, const char *path, int *rank, long dims[KV_H5_MAX_RANK],
                         kv_error *err);
+/* 1 when `path` is a dataset of integers or floating-point numbers (what kv_h5_read_f64
+ * converts), else 0 (strings, compounds, a missing path). Reads no data. */
+int kv_h5_dataset_numeric(kv_h5 *f, const char *path);
 /* 1 when the object (group or dataset) exists, else 0. */
 int kv_h5_exists(kv_h5 *f, const char *path);
 

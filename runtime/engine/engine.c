@@ -292,7 +292,10 @@ int kv_engine_chunk_score(kv_engine *e, const int *tokens, int n, int n_sets,
                     double v =
                         token_nll(e->logits + ((size_t)s * cnt + i) * V, V, tokens[t0 + i + 1]);
                     if (!isfinite(v))
-                        rc = kv_fail(err, KV_EINTERNAL, "non-finite loss at token %d", t0 + i);
+                        rc = kv_fail(err, KV_EINPUT,
+                                     "%s: the model's output is not finite (NaN or infinite "
+                                     "logits at token %d); its weights are damaged or overflow",
+                                     e->m->path, t0 + i);
                     nll_sum[s] += v;
                     if (ref_logprobs && kl_sum)
                         kl_sum[s] += token_kl(ref_logprobs + (size_t)(t0 + i) * V,

@@ -1,6 +1,7 @@
 /* Batched generation on an engine (kvplan/generate.h). */
 #include "kvplan/generate.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -12,6 +13,7 @@ typedef struct gen_state {
     kv_engine *e;
     const kv_tokenizer *tok;
     const kv_gen_opts *o;
+    const kv_model *m;
     int B, vocab;
     kv_gen_seq *seqs; /* [B], handed to the result */
     int *cap, *done, *handle;
@@ -95,8 +97,14 @@ static int sample_step(gen_state *g, long step, long max_new, int *na, kv_error 
     for (int s = 0; s < g->B; s++) {
         kv_gen_seq *q = &g->seqs[s];
         if (g->done[s]) continue;
-        int next =
-            kv_sample(&g->sampler[s], g->logits + (size_t)s * g->vocab, g->vocab, g->scratch);
+        float *row = g->logits + (size_t)s * g->vocab;
+        for (int v = 0; v < g->vocab; v++)
+            if (!isfinite(row[v]))
+                return kv_fail(err, KV_EINPUT,
+                               "%s: the model's output is not finite (logit %d of sequence %d "
+                               "is %g after %d tokens); its weights are damaged or overflow",
+                               g->m->path, v, s, (double)row[v], q->n);
+        int next = kv_sample(&g->sampler[s], row, g->vocab, g->scratch);
         if (next == kv_tokenizer_eos(g->tok) || next == kv_tokenizer_bos(g->tok)) {
             g->done[s] = 1;
             continue;
@@ -136,7 +144,7 @@ int kv_generate(kv_engine *e, const kv_model *m, const kv_tokenizer *tok, const 
     memset(res, 0, sizeof *res);
     if (o->n_seqs < 1 || o->n_prompts < 1 || !o->prompts)
         return kv_fail(err, KV_EINPUT, "generation needs a prompt and at least one sequence");
-    gen_state g = {.e = e, .tok = tok, .o = o, .B = o->n_seqs, .vocab = m->cfg.vocab_size};
+    gen_state g = {.e = e, .tok = tok, .o = o, .m = m, .B = o->n_seqs, .vocab = m->cfg.vocab_size};
     const int C = m->cfg.seq_len;
     int max_rows = 0;
     int rc = state_init(&g, err);

@@ -387,6 +387,17 @@ int kv_plan_read(const char *path, kv_plan *out, kv_error *err) {
                      path);
         goto done;
     }
+    if (kv_h5_attr_exists(f, "/", "plan_schema")) { /* absent in the first v1 plans */
+        int ps = 0;
+        if ((rc = read_int_attr(f, "plan_schema", 1, INT_MAX, &ps, err))) goto done;
+        if (ps > KV_PLAN_SCHEMA_VERSION) {
+            rc = kv_fail(err, KV_EINPUT,
+                         "%s: plan_schema %d is newer than this kvplan reads (%d); upgrade "
+                         "kvplan or remake the plan",
+                         path, ps, KV_PLAN_SCHEMA_VERSION);
+            goto done;
+        }
+    }
     if ((rc = budget_shape(f, &p.n_layers, &p.n_kv_heads, err))) goto done;
     if ((rc = kv_h5_read_attr_f64(f, "/", "ratio", &p.ratio, err))) goto done;
     if (!(isfinite(p.ratio) && p.ratio > 0.0 && p.ratio <= 1.0)) {

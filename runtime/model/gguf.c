@@ -16,6 +16,7 @@
 #include "model/model_impl.h"
 #include "kvplan/quant.h"
 
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -201,6 +202,9 @@ int kv_model_load_gguf(const char *path, kv_model **out, kv_error *err) {
         const kv_gguf_tensor *emb = kv_gguf_find_tensor(g, "token_embd.weight");
         if (got < 0)
             rc = KV_EINPUT;
+        else if (got && (v <= 0 || v > INT_MAX))
+            rc = kv_fail(err, KV_EINPUT, "%s: metadata '%s' = %lld is not a vocabulary size", path,
+                         key, (long long)v);
         else if (got)
             c.vocab_size = (int)v;
         else if (toks && toks->type == KV_GGUF_ARRAY)

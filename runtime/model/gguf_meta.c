@@ -5,6 +5,8 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <float.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -189,7 +191,7 @@ int kv_gguf_get_int(const kv_gguf *g, const char *key, int64_t *out, kv_error *e
     case KV_GGUF_U64: {
         uint64_t v;
         memcpy(&v, p, 8);
-        *out = (int64_t)v;
+        *out = v > (uint64_t)INT64_MAX ? INT64_MAX : (int64_t)v; /* no wrap to negative */
         return 1;
     }
     case KV_GGUF_I64: {
@@ -437,7 +439,8 @@ int kv_gguf_get_floats(const kv_gguf *g, const char *key, int n, float **out, kv
         case KV_GGUF_F64: {
             double x;
             memcpy(&x, p, 8);
-            v[i] = (float)x;
+            /* beyond float's range the conversion is undefined: saturate to infinity */
+            v[i] = x > FLT_MAX ? INFINITY : x < -FLT_MAX ? -INFINITY : (float)x;
             break;
         }
         case KV_GGUF_I32: {

@@ -14,6 +14,7 @@
  * 4 user-defined tokens are always cut out and decode to their text; 6 byte tokens <0xXX>.
  */
 #include <stdio.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -164,7 +165,19 @@ static int token_types(const kv_gguf *g, int n, int **out, kv_error *err) {
         free(f);
         return KV_EINTERNAL;
     }
-    for (int i = 0; i < n; i++) t[i] = f ? (int)f[i] : TT_NORMAL;
+    for (int i = 0; i < n; i++) {
+        /* a float from the file: only whole numbers in [0, 255] are converted */
+        if (f && !(f[i] >= 0.0f && f[i] <= 255.0f && f[i] == floorf(f[i]))) {
+            rc = kv_fail(err, KV_EINPUT,
+                         "%s: tokenizer.ggml.token_type[%d] is %g, not a token type (a whole "
+                         "number 0-6); the file is damaged",
+                         g->path, i, (double)f[i]);
+            free(f);
+            free(t);
+            return rc;
+        }
+        t[i] = f ? (int)f[i] : TT_NORMAL;
+    }
     free(f);
     *out = t;
     return KV_OK;

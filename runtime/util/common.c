@@ -400,10 +400,19 @@ static long temp_suffix_pid(const char *s) {
     return pid;
 }
 
+/* The part of a base name that temporary names keep: all of it, or, when the temporary's
+ * name would exceed NAME_MAX, its first NAME_MAX - KV_TEMP_SUFFIX_MAX bytes (".tmp.", a pid
+ * of up to 10 digits, "." and 12 hex digits). */
+#define KV_TEMP_SUFFIX_MAX 28
+static size_t temp_base_len(const char *base) {
+    size_t nb = strlen(base);
+    return nb + KV_TEMP_SUFFIX_MAX > NAME_MAX ? NAME_MAX - KV_TEMP_SUFFIX_MAX : nb;
+}
+
 int kv_temp_cleanup(const char *final_path) {
     char dir[4096];
     const char *base = split_dir(final_path, dir, sizeof dir);
-    size_t nb = strlen(base);
+    size_t nb = temp_base_len(base);
     if (!nb) return 0;
     DIR *d = opendir(dir);
     if (!d) return 0;
@@ -437,7 +446,11 @@ int kv_temp_create(const char *final_path, char *tmp, size_t cap, int *fd, kv_er
             uint64_t t = (uint64_t)(kv_now() * 1e9) ^ ((uint64_t)attempt << 40);
             for (size_t i = 0; i < sizeof rnd; i++) rnd[i] = (unsigned char)(t >> (8 * i));
         }
-        int n = snprintf(tmp, cap, "%s.tmp.%ld.%02x%02x%02x%02x%02x%02x", final_path,
+        /* the directory, the base name (cut so that the whole name fits NAME_MAX), the suffix */
+        const char *slash = strrchr(final_path, '/');
+        const char *base = slash ? slash + 1 : final_path;
+        int n = snprintf(tmp, cap, "%.*s%.*s.tmp.%ld.%02x%02x%02x%02x%02x%02x",
+                         (int)(base - final_path), final_path, (int)temp_base_len(base), base,
                          (long)getpid(), rnd[0], rnd[1], rnd[2], rnd[3], rnd[4], rnd[5]);
         if (n < 0 || (size_t)n >= cap)
             return kv_fail(err, KV_EINPUT, "%s: path too long", final_path);

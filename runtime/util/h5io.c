@@ -604,6 +604,23 @@ int kv_h5_dataset_shape(kv_h5 *f, const char *path, int *rank, long dims[KV_H5_M
     return rc;
 }
 
+int kv_h5_dataset_numeric(kv_h5 *f, const char *path) {
+    if (!f) return 0;
+    h5_quiet q;
+    h5_quiet_begin(&q);
+    int numeric = 0;
+    if (path_exists(f->fid, path)) {
+        hid_t ds = H5Dopen2(f->fid, path, H5P_DEFAULT);
+        hid_t ty = ds >= 0 ? H5Dget_type(ds) : -1;
+        H5T_class_t c = ty >= 0 ? H5Tget_class(ty) : H5T_NO_CLASS;
+        numeric = c == H5T_INTEGER || c == H5T_FLOAT;
+        if (ty >= 0) H5Tclose(ty);
+        if (ds >= 0) H5Dclose(ds);
+    }
+    h5_quiet_end(&q);
+    return numeric;
+}
+
 int kv_h5_exists(kv_h5 *f, const char *path) {
     if (!f) return 0;
     h5_quiet q;
