@@ -8,7 +8,17 @@
  *     5% at this context) against the cuBLAS FP32 GEMM probe at the prefill's largest shape;
  * at R = 1, 1/4 and 1/16 (uniform plans, sink policy so no statistics are copied back).
  * Without a CUDA build or device it prints one line saying the rows were skipped, exit 0.
- * Usage: bench_cuda [--context N (2048)] [--decode N (64)] */
+ * Usage: bench_cuda [--context N (2048)] [--decode N (64)]
+ *
+ * bench_cuda_fake, the same file linked with the real cuda/ sources on the fake CUDA runtime
+ * (tests/cuda_fake/, count-only: device memory is address space, nothing runs), counts instead
+ * of timing, on a Llama-2-7B-shaped model (32 layers, 4096 wide, 32 query / 8 KV heads, FFN
+ * 11008, vocabulary 32000) whose weights are zero pages of the file's type (F16, Q4_K): what
+ * the backend uploads per file byte, and per decode step at batch 1 and 32, context 1k and 4k,
+ * the host synchronisations, kernel launches and GEMMs, host-to-device bytes and copies, and
+ * the attention kernel's grid; then a tokens/s estimate on the H100 preset from those counts
+ * (bytes at 3.35 TB/s + 10 us per synchronisation + 3 us per launch) next to the bandwidth
+ * limit (F16 weights + the K/V read once per step at 3.35 TB/s). Usage: bench_cuda_fake */
 #include "kvplan/engine.h"
 #include "kvplan/kvcuda.h"
 #include "kvplan/plan.h"
@@ -18,6 +28,141 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#ifdef KVPLAN_FAKE_CUDA
+#include "cuda_fake.h"
+#include "kvplan/backend.h"
+#include "kvplan/quant.h"
+
+#include <sys/mman.h>
+
+static int fail(const char *what, kv_error *err);
+
+/* Llama-2-7B's shape with 8 KV heads; every matrix of type t reading the zero pages at `zero`
+ * (never written, so never backed), norms `ones`. Owned: the struct and its layers. */
+static kv_model *fake_7b(kv_dtype t, const void *zero, const float *ones) {
+    kv_model *m = calloc(1, sizeof *m);
+    if (!m) return NULL;
+    kv_config *c = &m->cfg;
+    c->dim = 4096, c->hidden_dim = 11008, c->n_layers = 32, c->n_heads = 32, c->n_kv_heads = 8;
+    c->head_dim = 128, c->vocab_size = 32000, c->seq_len = 4096, c->norm_eps = 1e-5f;
+    c->rope_theta = 10000.0f, c->rope_layout = KV_ROPE_HALF, c->bos_id = 1, c->eos_id = 2;
+    snprintf(c->arch, sizeof c->arch, "llama");
+    m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
+    if (!m->layers) {
+        free(m);
+        return NULL;
+    }
+    kv_weight w = {zero, t};
+    for (int l = 0; l < c->n_layers; l++) {
+        kv_layer_weights *L = &m->layers[l];
+        L->attn_norm = L->ffn_norm = ones;
+        L->wq = L->wk = L->wv = L->wo = L->w_gate = L->w_down = L->w_up = w;
+    }
+    m->tok_emb = m->classifier = w; /* tied */
+    c->tied_embeddings = 1;
+    m->final_norm = ones;
+    snprintf(m->format, sizeof m->format, "synthetic");
+    return m;
+}
+
+/* The matrices' bytes in type t (what a GGUF file of this model holds for them; the
+ * classifier is the embedding, as fake_7b ties them). */
+static double file_bytes(const kv_config *c, kv_dtype t) {
+    size_t r_dim = 0, r_hid = 0;
+    kv_error err = {0};
+    kv_dtype_row_bytes(t, c->dim, "bench", &r_dim, &err);
+    kv_dtype_row_bytes(t, c->hidden_dim, "bench", &r_hid, &err);
+    double qd = (double)c->n_heads * c->head_dim, kvd = (double)c->n_kv_heads * c->head_dim;
+    double per_layer = (qd + 2 * kvd + qd /* wo: dim rows of qd */) * r_dim +
+                       2.0 * c->hidden_dim * r_dim + (double)c->dim * r_hid;
+    return c->n_layers * per_layer + (double)c->vocab_size * r_dim; /* tied embedding */
+}
+
+static int fake_rows(void) {
+    printf("== fake CUDA runtime, count-only (the real cuda/ backend, nothing executed) ==\n");
+    size_t zbytes = (size_t)32000 * 4096 * 4;
+    void *zero = mmap(NULL, zbytes, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    float *ones = malloc(sizeof(float) * 11008);
+    if (zero == MAP_FAILED || !ones) return fprintf(stderr, "bench_cuda_fake: out of memory\n"), 2;
+    for (int i = 0; i < 11008; i++) ones[i] = 1.0f;
+    kv_error err = {0};
+    const kv_dtype types[2] = {KV_DT_F16, KV_DT_Q4_K};
+    const char *tnames[2] = {"F16", "Q4_K"};
+    double wdev = 0.0;
+    for (int i = 0; i < 2; i++) {
+        kv_model *m = fake_7b(types[i], zero, ones);
+        kvfake_reset();
+        kvfake_set_count_only(1);
+        kv_backend *b = NULL;
+        if (!m || kv_backend_cuda_new(m, 1, 4096, &b, &err)) return fail("backend", &err);
+        kvfake_counters k = kvfake_get();
+        double fb = file_bytes(&m->cfg, types[i]);
+        /* what creation uploaded, less the RoPE tables (2 x 4096 x 64 floats) and the norms */
+        double up = k.h2d_bytes - 2.0 * 4096 * 64 * 4 - (2.0 * 32 + 1) * 4096 * 4;
+        printf("weights %-5s file %6.2f GB, uploaded to the device %6.2f GB: %.2f x the file\n",
+               tnames[i], fb / 1e9, up / 1e9, up / fb);
+        if (i == 0) wdev = up;
+        kv_backend_free(b);
+        free(m->layers);
+        free(m);
+    }
+    kv_model *m = fake_7b(KV_DT_F16, zero, ones);
+    const kv_config *c = &m->cfg;
+    double f16 = file_bytes(c, KV_DT_F16);
+    printf("%-5s %5s %7s %9s %9s %7s %12s %10s %11s %12s %12s\n", "batch", "ctx", "syncs",
+           "launches", "gemms", "H2D n", "H2D bytes", "attn grid", "syncs/layer", "est tok/s",
+           "limit tok/s");
+    const int batches[2] = {1, 32}, ctxs[2] = {1024, 4096};
+    int *tok = malloc(sizeof(int) * 4096);
+    uint64_t s = 11;
+    for (int i = 0; i < 4096; i++) tok[i] = 3 + (int)(synth_next(&s) % 31000);
+    float *logits = malloc(sizeof(float) * 32 * (size_t)c->vocab_size);
+    for (int bi = 0; bi < 2; bi++)
+        for (int ci = 0; ci < 2; ci++) {
+            int B = batches[bi], ctx = ctxs[ci];
+            kv_plan plan;
+            if (kv_plan_full(c, ctx, 16, 16, KV_POLICY_SINK, &plan, &err))
+                return fail("plan", &err);
+            kvfake_reset();
+            kvfake_set_count_only(1);
+            kvfake_watch_grid(kvfake_paged_attention_kernel());
+            kv_engine_opts o = {0};
+            o.device = KV_DEVICE_CUDA;
+            o.max_seqs = B;
+            o.max_step = ctx;
+            kv_engine *e = NULL;
+            if (kv_engine_new(m, &plan, &o, &e, &err)) return fail("engine", &err);
+            int seqs[32];
+            for (int q = 0; q < B; q++)
+                if (kv_engine_seq_open(e, NULL, NULL, &seqs[q], &err) ||
+                    kv_engine_prefill(e, seqs[q], tok, ctx - 1, KV_LOGITS_NONE, NULL, NULL, &err))
+                    return fail("prefill", &err);
+            kvfake_zero_traffic();
+            if (kv_engine_decode(e, seqs, B, tok, logits, &err)) return fail("decode", &err);
+            kvfake_counters k = kvfake_get();
+            double kv = (double)B * ctx * c->n_layers * c->n_kv_heads * 2.0 * c->head_dim;
+            double bytes = wdev + kv * 4.0 + k.h2d_bytes; /* fp32 weights and K/V today */
+            double t = bytes / 3.35e12 + k.syncs * 10e-6 + (k.launches + k.gemms) * 3e-6;
+            double limit = (f16 + kv * 2.0) / 3.35e12; /* F16 weights, F16 K/V */
+            printf("%-5d %5d %7ld %9ld %9ld %7ld %12.0f %10ld %11.2f %12.1f %12.1f\n", B, ctx,
+                   k.syncs, k.launches, k.gemms, k.h2d_copies, k.h2d_bytes, k.last_grid,
+                   (double)k.syncs / c->n_layers, B / t, B / limit);
+            kv_engine_free(e);
+            kv_plan_free(&plan);
+        }
+    printf("(device: %d SMs; the attention grid is one block per sequence and KV head)\n",
+           kvfake_sm_count());
+    free(tok);
+    free(logits);
+    free(m->layers);
+    free(m);
+    free(ones);
+    munmap(zero, zbytes);
+    kvfake_reset();
+    return 0;
+}
+#endif
 
 /* The benchmark's model: tests/support/synthetic.c at the shape above, embedding tied to the
  * classifier, BOS 1 / EOS 2. */
@@ -33,6 +178,11 @@ static int fail(const char *what, kv_error *err) {
 }
 
 int main(int argc, char **argv) {
+#ifdef KVPLAN_FAKE_CUDA
+    (void)argc;
+    (void)argv;
+    return fake_rows();
+#endif
     int context = 2048, decode = 64;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--context") && i + 1 < argc)

@@ -15,7 +15,9 @@
  *    kv_kvpr_rebuild: transferred rows bit-equal, recomputed rows within 1e-5 of the largest
  *    |K|, |V|; event timings positive where a part exists.
  * Without a CUDA device (or without a CUDA build) nothing can be compared: the suite says so
- * and exits with ctest's SKIP code (SKIP_RETURN_CODE 77 in CMakeLists.txt), never a pass. */
+ * and exits with ctest's SKIP code (SKIP_RETURN_CODE 77 in CMakeLists.txt), never a pass.
+ * The same file, linked with the real cuda/ sources on the fake CUDA runtime
+ * (tests/cuda_fake/), is test_cuda_conformance_fake, which runs everywhere. */
 #include "testutil.h"
 
 #include "kvplan/engine.h"

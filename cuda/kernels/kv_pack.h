@@ -1,8 +1,8 @@
 /* Host side of one attention step of a device backend: the engine's tasks (host block tables,
  * positions and statistics, include/kvplan/backend.h) packed into one contiguous buffer that
  * is mirrored to the device with a single copy, and the statistics written back after the
- * kernel. Used by the CUDA backend (cuda/backend_cuda.cu) and by the tests' shim backend
- * (tests/test_cuda_backend_shim.cpp), so the packing the GPU relies on runs here too.
+ * kernel. Used by the CUDA backend (cuda/backend_cuda.cu), which the tests run on the fake
+ * CUDA runtime (tests/cuda_fake/), so the packing the GPU relies on runs there too.
  * C and C++; no CUDA needed.
  *
  * Buffer layout, each section 16-byte aligned:
