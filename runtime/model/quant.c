@@ -11,11 +11,14 @@
 #include "kvplan/quant.h"
 
 #include <cblas.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
+#include "model/quant_dot.h"
 #include "util/f16.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -861,9 +864,32 @@ static int tile_rows(int in, int out) {
     return t < out ? t : out;
 }
 
+/* Rows at or below which quantised weights take the integer dots (kv_qmatmul_int) rather
+ * than dequantised F32 tiles + sgemm (measured with bench_quant --gemm, see docs). */
+#define KV_QINT_MAX_ROWS INT_MAX
+
 size_t kv_qmatmul_scratch_floats(kv_dtype wt, int rows, int in, int out) {
-    if (wt == KV_DT_F32 || rows <= KV_QDOT_MAX_ROWS || in <= 0 || out <= 0) return 0;
+    if (wt == KV_DT_F32 || in <= 0 || out <= 0 || rows <= 0) return 0;
+    if (kv_qdot_act_kind(wt) && rows <= KV_QINT_MAX_ROWS)
+        return ((size_t)rows * kv_qdot_act_bytes(wt, in) + sizeof(float) - 1) / sizeof(float);
+    if (rows <= KV_QDOT_MAX_ROWS) return 0;
     return (size_t)tile_rows(in, out) * (size_t)in;
+}
+
+void kv_qmatmul_tiles(float *y, const float *x, const void *w, kv_dtype wt, int rows, int in,
+                      int out, float *scratch) {
+    const uint8_t *W = w;
+    size_t rb = (size_t)(in / kv_dtype_block(wt)) * kv_dtype_block_bytes(wt);
+    int tile = tile_rows(in, out);
+    for (int o0 = 0; o0 < out; o0 += tile) {
+        int nt = out - o0 < tile ? out - o0 : tile;
+        /* one thread: converting is ~1/rows of the sgemm's work, and an OpenMP region
+         * between BLAS calls makes the two thread pools contend on small machines */
+        for (int i = 0; i < nt; i++)
+            kv_dequantize_row(wt, W + (size_t)(o0 + i) * rb, scratch + (size_t)i * in, in, NULL);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, nt, in, 1.0f, x, in, scratch, in,
+                    0.0f, y + o0, out);
+    }
 }
 
 void kv_qmatmul(float *y, const float *x, const void *w, kv_dtype wt, int rows, int in, int out,
@@ -882,18 +908,19 @@ void kv_qmatmul(float *y, const float *x, const void *w, kv_dtype wt, int rows, 
     const uint8_t *W = w;
     size_t rb = (size_t)(in / kv_dtype_block(wt)) * kv_dtype_block_bytes(wt);
     size_t need = kv_qmatmul_scratch_floats(wt, rows, in, out);
-    if (rows > KV_QDOT_MAX_ROWS && scratch && scratch_floats >= need) {
-        int tile = tile_rows(in, out);
-        for (int o0 = 0; o0 < out; o0 += tile) {
-            int nt = out - o0 < tile ? out - o0 : tile;
-            /* one thread: converting is ~1/rows of the sgemm's work, and an OpenMP region
-             * between BLAS calls makes the two thread pools contend on small machines */
-            for (int i = 0; i < nt; i++)
-                kv_dequantize_row(wt, W + (size_t)(o0 + i) * rb, scratch + (size_t)i * in, in,
-                                  NULL);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, nt, in, 1.0f, x, in, scratch,
-                        in, 0.0f, y + o0, out);
+    if (kv_qdot_act_kind(wt) && rows <= KV_QINT_MAX_ROWS) {
+        if (scratch && scratch_floats >= need) {
+            kv_qmatmul_int(y, x, w, wt, rows, in, out, scratch);
+            return;
         }
+        void *act = malloc(need * sizeof(float));
+        if (act) {
+            kv_qmatmul_int(y, x, w, wt, rows, in, out, act);
+            free(act);
+            return;
+        } /* out of memory: the fp32 dots below */
+    } else if (rows > KV_QDOT_MAX_ROWS && scratch && scratch_floats >= need) {
+        kv_qmatmul_tiles(y, x, w, wt, rows, in, out, scratch);
         return;
     }
     dot_fn f = pick_dot(wt);
