@@ -9,6 +9,8 @@
  *     bounds that follow from each type's definition, and pinned relative RMS errors;
  *   - typed dot products (AVX2 and portable kernels) and the typed matmul (dot path, tiled GEMM
  *     path, F32 BLAS path) against the dequantise-then-fp32 reference computed in double;
+ *   - the integer dots with 8-bit activations (issue 23): every isa's kernel equals the
+ *     portable one bit for bit, and the error against fp32 stays within the activation rounding;
  *   - whole models written by the test GGUF writer (tests/support/gguf_writer.c): 656K in F32,
  *     Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 (perplexity against F32), and the K-quants on a synthetic model
  *     whose rows are multiples of 256 (logits against F32). */
@@ -697,7 +699,9 @@ static void test_656k_types_perplexity(void) {
     /* the written F32 file is the same model (Q/K rows permuted for RoPE on adjacent pairs) */
     CU_ASSERT(fabs(p_f - p_st) / p_st < 1e-5);
     /* Tolerances on |perplexity / F32 - 1|, pinned from the values measured here (Q8_0
-     * -0.04 %, Q5_1 +2.8 %, Q5_0 -0.3 %, Q4_1 +6.1 %, Q4_0 +10.3 %; 8 x 512 tokens) with a
+     * -0.04 %, Q5_1 +2.8 %, Q5_0 -0.3 %, Q4_1 +6.1 %, Q4_0 +10.3 %; 8 x 512 tokens; with the
+     * 8-bit activations of the integer dots, issue 23: -0.061, +2.841, -0.251, +6.036,
+     * +10.244 %, within the same tolerances) with a
      * margin of ~1.5x for the 4- and 5-bit types: a model of 656K parameters has no redundancy
      * to absorb 4-bit noise (relative weight error ~8 %, test above), and 4088 scored tokens
      * leave the 5-bit results within noise of each other. Q8_0 (weight error 0.5 %) must stay
@@ -780,12 +784,16 @@ static void test_k_quants_synthetic(void) {
     /* Tolerances on the relative L2 error of all logits, pinned from the values measured here
      * (Q8_0 0.0089, Q6_K 0.032, Q5_K 0.066, Q4_K 0.134) with a ~1.35x margin; the logits error
      * follows the weights' relative error (Q8_0 : Q4_K ~ 1 : 15 in both). K-quants ordered by
-     * bits; Q8_0 for scale. */
+     * bits; Q8_0 for scale. Issue 23 (activations quantised to 8 bits in the integer dots, as
+     * llama.cpp's CPU backend does): Q8_0 0.0117, Q6_K 0.0341, Q5_K 0.0672, Q4_K 0.1347. The
+     * activation rounding is about as large as Q8_0's weight rounding (0.0089 * sqrt(2) =
+     * 0.0126 expected for two independent errors of that size), so Q8_0 is re-pinned at
+     * 0.016 (1.35x); the others' share is small against their weight error. */
     struct {
         kv_dtype t;
         const char *file;
         double tol;
-    } ty[] = {{KV_DT_Q8_0, "syn-q8_0.gguf", 0.013},
+    } ty[] = {{KV_DT_Q8_0, "syn-q8_0.gguf", 0.016},
               {KV_DT_Q6_K, "syn-q6_k.gguf", 0.045},
               {KV_DT_Q5_K, "syn-q5_k.gguf", 0.09},
               {KV_DT_Q4_K, "syn-q4_k.gguf", 0.18}};

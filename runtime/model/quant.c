@@ -23,7 +23,6 @@
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define KV_QUANT_X86 1
-#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -373,12 +372,9 @@ KV_AVX2 static void dequant_avx2(kv_dtype t, const uint8_t *p, float *dst, int64
 }
 #undef DEQUANT_F16
 
-/* AVX2, FMA and F16C. F16C is read from CPUID leaf 1 (ECX bit 29) because clang's
- * __builtin_cpu_supports does not know "f16c". */
+/* AVX2, FMA and F16C (kv_isa_available, runtime/model/quant_dot.c: no CPUID per call). */
 static int have_avx2(void) {
-    unsigned a = 0, b = 0, c = 0, d = 0;
-    if (!__get_cpuid(1, &a, &b, &c, &d)) return 0;
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && ((c >> 29) & 1u);
+    return kv_isa_available(KV_ISA_AVX2);
 }
 #endif
 
