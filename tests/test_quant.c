@@ -563,8 +563,8 @@ static void test_matmul(void) {
     kv_model *m = tu_load_shared(M656);
     /* W [1100, 1024]: rows of the 656K embedding (flattened, 256 rows of 1024) reused
      * cyclically, so the tiled path needs two tiles (tiles of 2^20 floats: 1024 rows at
-     * in = 1024); x: 7 rows of real weights. */
-    int in = 1024, out = 1100, R = 7;
+     * in = 1024); x: 20 rows of real weights (w_up holds 48 rows of 1024). */
+    int in = 1024, out = 1100, R = 20;
     const float *E = m->tok_emb.data, *X = m->layers[1].w_up.data;
     float *wf = malloc((size_t)out * in * sizeof *wf);
     for (int o = 0; o < out; o++)
@@ -581,18 +581,22 @@ static void test_matmul(void) {
         kv_dequantize_row(t, w, deq, (int64_t)out * in, NULL);
         size_t sf = kv_qmatmul_scratch_floats(t, R, in, out);
         int integer = t != KV_DT_F32 && t != KV_DT_F16 && t != KV_DT_BF16;
-        /* quantised types: R rows of int8 + scales (~1.16-1.25 bytes per element) */
+        CU_ASSERT_EQUAL(sf, t == KV_DT_F32 ? 0 : (size_t)1024 * in);
+        /* up to 16 rows the quantised rows of x (~1.16-1.25 bytes per element) */
+        size_t s16 = kv_qmatmul_scratch_floats(t, 16, in, out);
         if (integer) {
-            CU_ASSERT(sf * 4 >= (size_t)R * in && sf * 4 <= (size_t)R * in * 13 / 10 + 64 * R);
+            CU_ASSERT(s16 * 4 >= (size_t)16 * in && s16 * 4 <= (size_t)16 * in * 13 / 10 + 64 * 16);
         } else {
-            CU_ASSERT_EQUAL(sf, t == KV_DT_F32 ? 0 : (size_t)1024 * in);
+            CU_ASSERT_EQUAL(s16, t == KV_DT_F32 ? 0 : (size_t)1024 * in);
         }
         float *scratch = sf ? malloc(sf * sizeof *scratch) : NULL;
-        int rows_list[] = {1, 3, 4, R, R};
-        for (int c = 0; c < 5; c++) {
+        int rows_list[] = {1, 3, 4, R, R, 16};
+        for (int c = 0; c < 6; c++) {
             int rows = rows_list[c];
             kv_qmatmul(y, X, w, t, rows, in, out, c == 3 ? scratch : NULL, c == 3 ? sf : 0);
-            for (int r = 0; r < rows && integer; r++) /* the bits of the integer dot */
+            /* quantised types: the integer dots up to 16 rows or without tile scratch */
+            int int_path = integer && (rows <= 16 || c != 3);
+            for (int r = 0; r < rows && int_path; r++) /* the bits of the integer dot */
                 for (int o = 0; o < out; o++) {
                     float e = 0;
                     kv_dot_row_q8(t, w + rb * o, X + (size_t)r * in, in, kv_isa_best(), &e, NULL);
@@ -603,7 +607,7 @@ static void test_matmul(void) {
                         o = out, r = rows;
                     }
                 }
-            for (int r = 0; r < rows && !integer; r++)
+            for (int r = 0; r < rows && !int_path; r++)
                 for (int o = 0; o < out; o++) {
                     double s = 0, a = 0;
                     for (int i = 0; i < in; i++) {
@@ -618,7 +622,7 @@ static void test_matmul(void) {
                     CU_ASSERT(e <= bound);
                 }
             /* a batched decode step gives each row the bits it gets alone */
-            if ((rows <= 4 || integer) && rows > 1) {
+            if ((rows <= 4 || int_path) && rows > 1) {
                 kv_qmatmul(y1, X + (size_t)(rows - 1) * in, w, t, 1, in, out, NULL, 0);
                 CU_ASSERT_EQUAL(memcmp(y1, y + (size_t)(rows - 1) * out, (size_t)out * 4), 0);
             }

@@ -164,16 +164,18 @@ void kv_weight_row(kv_weight w, int in, int64_t row, float *dst);
 /* Typed matmul y[rows, out] = x[rows, in] W^T with W [out, in] row-major in type wt (each of
  * the `out` rows is kv_dtype_row_bytes(wt, in) bytes; `in` a multiple of the block size).
  *   - F32 weights: the BLAS path (cblas_sgemv per row for rows <= 4, sgemm above).
- *   - Quantised weights (Q8_0 ... Q6_K), any number of rows: each row of x is quantised once
- *     to 8-bit blocks (kv_dot_row_q8) in `scratch` and every W row is multiplied with it by the
- *     integer kernels of kv_isa_best(), W rows read once per 16 rows of x. Each result depends
- *     only on its own row of x and W row: the same bits for any batch, prefill or decode step,
- *     thread count and isa. Scratch smaller than kv_qmatmul_scratch_floats or NULL: a buffer
- *     is allocated for the call (out of memory: the fp32 dots of kv_dot_row instead).
+ *   - Quantised weights (Q8_0 ... Q6_K), rows <= 16 (decode, batched decode, eviction blocks):
+ *     each row of x is quantised once to 8-bit blocks (kv_dot_row_q8) in `scratch` and every
+ *     W row is multiplied with it by the integer kernels of kv_isa_best(), a W row meeting
+ *     the rows of x from L1. Each result depends only on its own row of x and W row: the same
+ *     bits for any batch of up to 16 rows, thread count and isa. Scratch smaller than
+ *     kv_qmatmul_scratch_floats or NULL: a buffer is allocated for the call (out of memory:
+ *     the fp32 dots of kv_dot_row instead).
  *   - F16 / BF16, rows <= 4 (decode): one fp32 typed dot (kv_dot_row) per (row, output).
- *   - F16 / BF16, rows > 4 (prefill): tiles of W rows are dequantised into `scratch` (at least
- *     kv_qmatmul_scratch_floats(wt, rows, in, out) floats) and multiplied by cblas_sgemm; with
- *     a smaller or NULL scratch the dot path (same result up to summation order).
+ *   - F16 / BF16 above 4 rows, quantised types above 16 (prefill): tiles of W rows are
+ *     dequantised into `scratch` (at least kv_qmatmul_scratch_floats(wt, rows, in, out)
+ *     floats) and multiplied by cblas_sgemm (fp32 activations); with a smaller or NULL scratch
+ *     the dot path (fp32 dots for F16 / BF16, the integer dots for quantised types).
  * Preconditions (not checked, the hot path): rows, in, out > 0, in a multiple of
  * kv_dtype_block(wt), y not aliasing x. No global state. */
 void kv_qmatmul(float *y, const float *x, const void *w, kv_dtype wt, int rows, int in, int out,

@@ -11,7 +11,6 @@
 #include "kvplan/quant.h"
 
 #include <cblas.h>
-#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -861,8 +860,13 @@ static int tile_rows(int in, int out) {
 }
 
 /* Rows at or below which quantised weights take the integer dots (kv_qmatmul_int) rather
- * than dequantised F32 tiles + sgemm (measured with bench_quant --gemm, see docs). */
-#define KV_QINT_MAX_ROWS INT_MAX
+ * than dequantised F32 tiles + sgemm. Measured with bench_quant --kernels (W [2048, 2048], one
+ * thread, shared 2-core machine), integer / tile time: Q8_0 0.09 (5 rows), 0.16 (8), 0.70 (16),
+ * 1.27 (32), 1.6 (512); Q4_0 0.06 (5) .. 0.33 (16), 0.46 (32), 1.9 (512); Q4_K 0.92 (5),
+ * 0.61 (8), 0.64 (16), 1.3 (32), 2.2 (512); Q6_K 0.25 (5), 0.30 (8), 1.15 (16). Up to 16 rows
+ * (decode, batched decode, the eviction blocks of p <= 16 tokens) the integer dots; above,
+ * the tiles, whose conversion is then amortised over the rows. */
+#define KV_QINT_MAX_ROWS 16
 
 size_t kv_qmatmul_scratch_floats(kv_dtype wt, int rows, int in, int out) {
     if (wt == KV_DT_F32 || in <= 0 || out <= 0 || rows <= 0) return 0;
@@ -904,20 +908,23 @@ void kv_qmatmul(float *y, const float *x, const void *w, kv_dtype wt, int rows, 
     const uint8_t *W = w;
     size_t rb = (size_t)(in / kv_dtype_block(wt)) * kv_dtype_block_bytes(wt);
     size_t need = kv_qmatmul_scratch_floats(wt, rows, in, out);
-    if (kv_qdot_act_kind(wt) && rows <= KV_QINT_MAX_ROWS) {
-        if (scratch && scratch_floats >= need) {
+    int kind = kv_qdot_act_kind(wt);
+    if (rows > (kind ? KV_QINT_MAX_ROWS : KV_QDOT_MAX_ROWS) && scratch && scratch_floats >= need) {
+        kv_qmatmul_tiles(y, x, w, wt, rows, in, out, scratch);
+        return;
+    }
+    if (kind) {
+        size_t act = (size_t)rows * kv_qdot_act_bytes(wt, in);
+        if (scratch && scratch_floats * sizeof(float) >= act) {
             kv_qmatmul_int(y, x, w, wt, rows, in, out, scratch);
             return;
         }
-        void *act = malloc(need * sizeof(float));
-        if (act) {
-            kv_qmatmul_int(y, x, w, wt, rows, in, out, act);
-            free(act);
+        void *buf = malloc(act);
+        if (buf) {
+            kv_qmatmul_int(y, x, w, wt, rows, in, out, buf);
+            free(buf);
             return;
         } /* out of memory: the fp32 dots below */
-    } else if (rows > KV_QDOT_MAX_ROWS && scratch && scratch_floats >= need) {
-        kv_qmatmul_tiles(y, x, w, wt, rows, in, out, scratch);
-        return;
     }
     dot_fn f = pick_dot(wt);
     int par = (size_t)out * (size_t)in * (size_t)rows >= KV_QPAR_MIN;

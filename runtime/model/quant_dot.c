@@ -570,10 +570,17 @@ KV_QD_AVX2 static float dot_q6_k_avx2(const uint8_t *w, const void *act, int n) 
         const int8_t *sc = (const int8_t *)(blk + 192);
         const int16_t *s16 = a.s16 + (size_t)b * 16;
         const int8_t *x = a.q + (size_t)b * QKB;
-        __m256i sum = _mm256_setzero_si256();
-        int32_t off = 0;
-        for (int g = 0; g < 16; g++) off += sc[g] * (int32_t)s16[g];
+        /* 32 * sum_g sc[g] s16[g], subtracted from the lanes before the one reduction */
+        __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)sc));
+        __m256i sum = _mm256_sub_epi32(
+            _mm256_setzero_si256(),
+            _mm256_slli_epi32(
+                _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)(const void *)s16)),
+                5));
         for (int h = 0; h < 2; h++) {
+            /* this half's 8 scales as int16 in both 128-bit lanes */
+            __m256i sh = _mm256_broadcastsi128_si256(
+                _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)(const void *)(sc + 8 * h))));
             const uint8_t *ql = blk + 64 * h;
             __m256i L0 = _mm256_loadu_si256((const __m256i *)(const void *)ql);
             __m256i L1 = _mm256_loadu_si256((const __m256i *)(const void *)(ql + 32));
@@ -593,12 +600,19 @@ KV_QD_AVX2 static float dot_q6_k_avx2(const uint8_t *w, const void *act, int n) 
             for (int k = 0; k < 4; k++) {
                 __m256i xv =
                     _mm256_loadu_si256((const __m256i *)(const void *)(x + 128 * h + 32 * k));
-                __m256i s = _mm256_set_m128i(_mm_set1_epi16(sc[8 * h + 2 * k + 1]),
-                                             _mm_set1_epi16(sc[8 * h + 2 * k]));
+                /* int16 scale 2k in the low lane, 2k + 1 in the high lane */
+                const char lo = (char)(4 * k), hi = (char)(4 * k + 2);
+                __m256i s = _mm256_shuffle_epi8(
+                    sh, _mm256_setr_epi8(lo, (char)(lo + 1), lo, (char)(lo + 1), lo, (char)(lo + 1),
+                                         lo, (char)(lo + 1), lo, (char)(lo + 1), lo, (char)(lo + 1),
+                                         lo, (char)(lo + 1), lo, (char)(lo + 1), hi, (char)(hi + 1),
+                                         hi, (char)(hi + 1), hi, (char)(hi + 1), hi, (char)(hi + 1),
+                                         hi, (char)(hi + 1), hi, (char)(hi + 1), hi, (char)(hi + 1),
+                                         hi, (char)(hi + 1)));
                 sum = _mm256_add_epi32(sum, _mm256_madd_epi16(_mm256_maddubs_epi16(q[k], xv), s));
             }
         }
-        int32_t isum = hsum_i32(sum) - 32 * off;
+        int32_t isum = hsum_i32(sum);
         lane[b & 7] = lane[b & 7] + (a.d[b] * h2f(blk + 208)) * (float)isum;
     }
     return fin8(lane);
