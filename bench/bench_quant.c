@@ -16,7 +16,16 @@
  *     the norms, plus the K/V entries attended (fp32), and the GB/s that makes,
  *   - each rate relative to F32. Targets (issue 14): decode F16 >= 1.5x, Q8_0 >= 2x F32 (decode
  *     is bound by the bytes it reads), prefill >= 0.8x F32.
- * Also the memcpy bandwidth of the same run for scale (bytes copied per second).
+ * Also the memcpy bandwidth of the same run for scale (bytes copied per second) and the
+ * single-thread read bandwidth (a sum over 256 MiB), against which the decode GB/s is set
+ * (issue 23 item 4: decode at >= 0.8 of the read bandwidth).
+ *
+ *   bench_quant --kernels [--types LIST]
+ * times the kernels alone on one thread (issue 23): the decode GEMV (one row of x times ~96 MiB
+ * of W [out, 2048] in its type, kv_qmatmul's integer dots against the fp32-activation dots
+ * kvplan used before) in GB/s and as a fraction of the read bandwidth measured in the same run,
+ * and for quantised types the two prefill paths (integer dots vs dequantised F32 tiles +
+ * sgemm) on W [2048, 2048] for 5, 8, 16, 32 and 512 rows.
  */
 #include <math.h>
 #include <omp.h>
@@ -379,20 +388,22 @@ int main(int argc, char **argv) {
         kv_model_free(m);
         n++;
     }
-    double mc = memcpy_gbps((size_t)256 << 20, 5);
+    double mc = memcpy_gbps((size_t)256 << 20, 5), sink = 0;
+    double rd = read_gbps((size_t)256 << 20, 5, &sink);
     printf("bench_quant: synthetic 768-dim model (12 layers, 12/4 heads, FFN 2048, vocab 32000), "
-           "prompt %d, %d decode steps, %d threads; memcpy %.1f GB/s\n",
-           T, D, omp_get_max_threads(), mc);
-    printf("%-5s %11s %12s %12s %10s %8s %12s %12s\n", "type", "weights MB", "prefill t/s",
-           "decode t/s", "MB/token", "GB/s", "prefill/F32", "decode/F32");
+           "prompt %d, %d decode steps, %d threads, isa %s; memcpy %.1f GB/s, single-thread read "
+           "%.1f GB/s (machine shared with other jobs)\n",
+           T, D, omp_get_max_threads(), kv_isa_name(kv_isa_best()), mc, rd);
+    printf("%-5s %11s %12s %12s %10s %8s %9s %12s %12s\n", "type", "weights MB", "prefill t/s",
+           "decode t/s", "MB/token", "GB/s", "GB/s/read", "prefill/F32", "decode/F32");
     double pf = 0, df = 0;
     for (int i = 0; i < n; i++)
         if (rows[i].t == KV_DT_F32) pf = rows[i].prefill_tps, df = rows[i].decode_tps;
     for (int i = 0; i < n; i++) {
         row *r = &rows[i];
-        printf("%-5s %11.1f %12.1f %12.2f %10.1f %8.2f", kv_dtype_name(r->t), r->resident / 1e6,
-               r->prefill_tps, r->decode_tps, r->bytes_per_tok / 1e6,
-               r->bytes_per_tok * r->decode_tps / 1e9);
+        printf("%-5s %11.1f %12.1f %12.2f %10.1f %8.2f %9.2f", kv_dtype_name(r->t),
+               r->resident / 1e6, r->prefill_tps, r->decode_tps, r->bytes_per_tok / 1e6,
+               r->bytes_per_tok * r->decode_tps / 1e9, r->bytes_per_tok * r->decode_tps / 1e9 / rd);
         if (pf > 0)
             printf(" %12.2f %12.2f\n", r->prefill_tps / pf, r->decode_tps / df);
         else
@@ -400,5 +411,5 @@ int main(int argc, char **argv) {
     }
     free(tokens);
     kv_model_free(f32);
-    return 0;
+    return sink == 12345.678;
 }

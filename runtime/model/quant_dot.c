@@ -435,6 +435,15 @@ KV_QD_AVX2 static inline __attribute__((always_inline)) int32_t hsum_i32(__m256i
     return _mm_cvtsi128_si32(s);
 }
 
+/* The f16 at p, p + stride, ..., p + 7 stride as one vector (inserts, not 8 stores and a
+ * wider load, which stalls store-to-load forwarding). */
+KV_QD_AVX2 static inline __attribute__((always_inline)) __m128i half8(const uint8_t *p, int st) {
+    return _mm_setr_epi16((short)kv_load_u16le(p), (short)kv_load_u16le(p + st),
+                          (short)kv_load_u16le(p + 2 * st), (short)kv_load_u16le(p + 3 * st),
+                          (short)kv_load_u16le(p + 4 * st), (short)kv_load_u16le(p + 5 * st),
+                          (short)kv_load_u16le(p + 6 * st), (short)kv_load_u16le(p + 7 * st));
+}
+
 /* The 32-element types: 8 blocks at a time, lane k of the accumulator taking block 8g + k;
  * the last partial group lane by lane in scalar code (the same operations). */
 #define DOT32_BODY(BLK)                                                                            \
@@ -444,21 +453,16 @@ KV_QD_AVX2 static inline __attribute__((always_inline)) int32_t hsum_i32(__m256i
     __m256 acc = _mm256_setzero_ps();                                                              \
     for (; b + 8 <= nb; b += 8) {                                                                  \
         __m256i v[8];                                                                              \
-        uint16_t dh[8], mh[8];                                                                     \
-        for (int k = 0; k < 8; k++) {                                                              \
-            const uint8_t *blk = w + (size_t)(b + k) * L.bytes;                                    \
-            v[k] = BLK(t, blk, a.q + (size_t)(b + k) * QA);                                        \
-            dh[k] = kv_load_u16le(blk);                                                            \
-            mh[k] = L.has_m ? kv_load_u16le(blk + 2) : 0;                                          \
-        }                                                                                          \
+        for (int k = 0; k < 8; k++)                                                                \
+            v[k] = BLK(t, w + (size_t)(b + k) * L.bytes, a.q + (size_t)(b + k) * QA);              \
         __m256i isum = sum8x8(v);                                                                  \
         __m256i S = _mm256_loadu_si256((const __m256i *)(const void *)(a.s + b));                  \
         if (L.off) isum = _mm256_sub_epi32(isum, _mm256_mullo_epi32(S, _mm256_set1_epi32(L.off))); \
         __m256 dx = _mm256_loadu_ps(a.d + b);                                                      \
-        __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)dh));           \
+        __m256 dw = _mm256_cvtph_ps(half8(w + (size_t)b * L.bytes, L.bytes));                      \
         __m256 f = _mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(isum));                 \
         if (L.has_m) {                                                                             \
-            __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)mh));        \
+            __m256 m = _mm256_cvtph_ps(half8(w + (size_t)b * L.bytes + 2, L.bytes));               \
             f = _mm256_add_ps(f, _mm256_mul_ps(m, _mm256_mul_ps(dx, _mm256_cvtepi32_ps(S))));      \
         }                                                                                          \
         acc = _mm256_add_ps(acc, f);                                                               \
