@@ -9,6 +9,8 @@
  *     bounds that follow from each type's definition, and pinned relative RMS errors;
  *   - typed dot products (AVX2 and portable kernels) and the typed matmul (dot path, tiled GEMM
  *     path, F32 BLAS path) against the dequantise-then-fp32 reference computed in double;
+ *   - the integer dots with 8-bit activations (issue 23): every isa's kernel equals the
+ *     portable one bit for bit, and the error against fp32 stays within the activation rounding;
  *   - whole models written by the test GGUF writer (tests/support/gguf_writer.c): 656K in F32,
  *     Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 (perplexity against F32), and the K-quants on a synthetic model
  *     whose rows are multiples of 256 (logits against F32). */
@@ -480,12 +482,89 @@ static void test_dot(void) {
     kv_model_free(m);
 }
 
+/* Issue 23: the integer dots (x quantised to 8-bit blocks, kv_dot_row_q8). Every kernel the
+ * CPU has (portable C, AVX2, AVX-512 VNNI) gives the portable kernel's bits exactly; the result
+ * differs from the fp32 dot of the dequantised row with x only by the activation rounding:
+ * |x_i - d_b q_i| <= d_b / 2 (d_b = max|x| / 127 over x's block of 32 or 256), so
+ * |error| <= sum_i |w_i| d_b / 2 (x 1.01 for the rounding of x / d) + fp32 summation
+ * (4 n u sum |w_i| (|x_i| + d_b / 2)). Lengths with 1-2 blocks, a partial group of 8 blocks
+ * (96, 288, 768) and many blocks; weights and x real 656K rows. */
+static void test_int_dot(void) {
+    kv_model *m = tu_load_shared(M656);
+    const float *wsrc = m->layers[0].w_gate.data, *xsrc = m->tok_emb.data;
+    int lens[] = {32, 96, 256, 288, 768, 4096};
+    double worst = 0;
+    int checked = 0;
+    for (int isa = 0; isa <= KV_ISA_AVX512_VNNI; isa++)
+        printf("\n  isa %s: %s", kv_isa_name((kv_isa)isa),
+               kv_isa_available((kv_isa)isa) ? "available" : "not on this CPU");
+    for (int li = 0; li < 6; li++) {
+        int n = lens[li];
+        for (int ti = 0; ti < KV_DT_COUNT; ti++) {
+            kv_dtype t = kv_dtype_all[ti];
+            if (t == KV_DT_F32 || t == KV_DT_F16 || t == KV_DT_BF16 || n % kv_dtype_block(t))
+                continue;
+            int qb = kv_dtype_block(t) == 256 ? 256 : 32;
+            size_t rb = 0;
+            kv_dtype_row_bytes(t, n, "w", &rb, NULL);
+            unsigned char *q = malloc(rb);
+            float *wd = malloc((size_t)n * sizeof *wd);
+            for (int r = 0; r < 6; r++) {
+                kv_quantize_row(t, wsrc + (size_t)r * 997, q, n, NULL);
+                kv_dequantize_row(t, q, wd, n, NULL);
+                const float *x = xsrc + (size_t)r * 5003;
+                double ref = 0, bound = 0, mag = 0;
+                for (int b = 0; b < n / qb; b++) {
+                    double amax = 0;
+                    for (int j = 0; j < qb; j++) amax = fmax(amax, fabs(x[b * qb + j]));
+                    double d = amax / 127;
+                    for (int j = 0; j < qb; j++) {
+                        int i = b * qb + j;
+                        ref += (double)wd[i] * x[i];
+                        bound += 1.01 * fabs(wd[i]) * d / 2;
+                        mag += fabs(wd[i]) * (fabs(x[i]) + d / 2);
+                    }
+                }
+                bound += 4.0 * n * 0x1p-24 * mag;
+                float p = 0, a = 0;
+                CU_ASSERT_EQUAL(kv_dot_row_q8(t, q, x, n, KV_ISA_PORTABLE, &p, NULL), KV_OK);
+                for (int isa = 1; isa <= KV_ISA_AVX512_VNNI; isa++) {
+                    if (!kv_isa_available((kv_isa)isa)) continue;
+                    CU_ASSERT_EQUAL(kv_dot_row_q8(t, q, x, n, (kv_isa)isa, &a, NULL), KV_OK);
+                    if (memcmp(&a, &p, sizeof a))
+                        printf("\n  %s n=%d %s: %.9g, portable %.9g", kv_dtype_name(t), n,
+                               kv_isa_name((kv_isa)isa), a, p);
+                    CU_ASSERT_EQUAL(memcmp(&a, &p, sizeof a), 0);
+                    checked++;
+                }
+                worst = fmax(worst, fabs(p - ref) / bound);
+                if (fabs(p - ref) > bound)
+                    printf("\n  %s n=%d: int %.9g vs fp32 %.9g (bound %.3g)", kv_dtype_name(t), n,
+                           p, ref, bound);
+                CU_ASSERT(fabs(p - ref) <= bound);
+            }
+            free(wd);
+            free(q);
+        }
+    }
+    printf("\n  integer dot: %d SIMD results equal to portable; worst |error| / bound = %.3f",
+           checked, worst);
+    kv_error err = {0};
+    float o;
+    unsigned char f16row[64] = {0};
+    CU_ASSERT_EQUAL(kv_dot_row_q8(KV_DT_F16, f16row, xsrc, 32, KV_ISA_PORTABLE, &o, &err),
+                    KV_EINPUT);
+    CU_ASSERT_EQUAL(kv_dot_row_q8(KV_DT_Q4_K, f16row, xsrc, 32, KV_ISA_PORTABLE, &o, &err),
+                    KV_EINPUT);
+    kv_model_free(m);
+}
+
 static void test_matmul(void) {
     kv_model *m = tu_load_shared(M656);
     /* W [1100, 1024]: rows of the 656K embedding (flattened, 256 rows of 1024) reused
      * cyclically, so the tiled path needs two tiles (tiles of 2^20 floats: 1024 rows at
-     * in = 1024); x: 7 rows of real weights. */
-    int in = 1024, out = 1100, R = 7;
+     * in = 1024); x: 20 rows of real weights (w_up holds 48 rows of 1024). */
+    int in = 1024, out = 1100, R = 20;
     const float *E = m->tok_emb.data, *X = m->layers[1].w_up.data;
     float *wf = malloc((size_t)out * in * sizeof *wf);
     for (int o = 0; o < out; o++)
@@ -501,13 +580,34 @@ static void test_matmul(void) {
         for (int o = 0; o < out; o++) kv_quantize_row(t, wf + (size_t)o * in, w + rb * o, in, NULL);
         kv_dequantize_row(t, w, deq, (int64_t)out * in, NULL);
         size_t sf = kv_qmatmul_scratch_floats(t, R, in, out);
+        int integer = t != KV_DT_F32 && t != KV_DT_F16 && t != KV_DT_BF16;
         CU_ASSERT_EQUAL(sf, t == KV_DT_F32 ? 0 : (size_t)1024 * in);
+        /* up to 16 rows the quantised rows of x (~1.16-1.25 bytes per element) */
+        size_t s16 = kv_qmatmul_scratch_floats(t, 16, in, out);
+        if (integer) {
+            CU_ASSERT(s16 * 4 >= (size_t)16 * in && s16 * 4 <= (size_t)16 * in * 13 / 10 + 64 * 16);
+        } else {
+            CU_ASSERT_EQUAL(s16, t == KV_DT_F32 ? 0 : (size_t)1024 * in);
+        }
         float *scratch = sf ? malloc(sf * sizeof *scratch) : NULL;
-        int rows_list[] = {1, 3, 4, R, R};
-        for (int c = 0; c < 5; c++) {
+        int rows_list[] = {1, 3, 4, R, R, 16};
+        for (int c = 0; c < 6; c++) {
             int rows = rows_list[c];
             kv_qmatmul(y, X, w, t, rows, in, out, c == 3 ? scratch : NULL, c == 3 ? sf : 0);
-            for (int r = 0; r < rows; r++)
+            /* quantised types: the integer dots up to 16 rows or without tile scratch */
+            int int_path = integer && (rows <= 16 || c != 3);
+            for (int r = 0; r < rows && int_path; r++) /* the bits of the integer dot */
+                for (int o = 0; o < out; o++) {
+                    float e = 0;
+                    kv_dot_row_q8(t, w + rb * o, X + (size_t)r * in, in, kv_isa_best(), &e, NULL);
+                    if (memcmp(&e, y + (size_t)r * out + o, 4)) {
+                        printf("\n  %s rows %d (%d, %d): %.9g vs %.9g", kv_dtype_name(t), rows, r,
+                               o, y[(size_t)r * out + o], e);
+                        CU_FAIL("integer matmul differs from kv_dot_row_q8");
+                        o = out, r = rows;
+                    }
+                }
+            for (int r = 0; r < rows && !int_path; r++)
                 for (int o = 0; o < out; o++) {
                     double s = 0, a = 0;
                     for (int i = 0; i < in; i++) {
@@ -522,7 +622,7 @@ static void test_matmul(void) {
                     CU_ASSERT(e <= bound);
                 }
             /* a batched decode step gives each row the bits it gets alone */
-            if (rows <= 4 && rows > 1) {
+            if ((rows <= 4 || int_path) && rows > 1) {
                 kv_qmatmul(y1, X + (size_t)(rows - 1) * in, w, t, 1, in, out, NULL, 0);
                 CU_ASSERT_EQUAL(memcmp(y1, y + (size_t)(rows - 1) * out, (size_t)out * 4), 0);
             }
@@ -603,7 +703,9 @@ static void test_656k_types_perplexity(void) {
     /* the written F32 file is the same model (Q/K rows permuted for RoPE on adjacent pairs) */
     CU_ASSERT(fabs(p_f - p_st) / p_st < 1e-5);
     /* Tolerances on |perplexity / F32 - 1|, pinned from the values measured here (Q8_0
-     * -0.04 %, Q5_1 +2.8 %, Q5_0 -0.3 %, Q4_1 +6.1 %, Q4_0 +10.3 %; 8 x 512 tokens) with a
+     * -0.04 %, Q5_1 +2.8 %, Q5_0 -0.3 %, Q4_1 +6.1 %, Q4_0 +10.3 %; 8 x 512 tokens; with the
+     * 8-bit activations of the integer dots, issue 23: -0.061, +2.841, -0.251, +6.036,
+     * +10.244 %, within the same tolerances) with a
      * margin of ~1.5x for the 4- and 5-bit types: a model of 656K parameters has no redundancy
      * to absorb 4-bit noise (relative weight error ~8 %, test above), and 4088 scored tokens
      * leave the 5-bit results within noise of each other. Q8_0 (weight error 0.5 %) must stay
@@ -686,12 +788,16 @@ static void test_k_quants_synthetic(void) {
     /* Tolerances on the relative L2 error of all logits, pinned from the values measured here
      * (Q8_0 0.0089, Q6_K 0.032, Q5_K 0.066, Q4_K 0.134) with a ~1.35x margin; the logits error
      * follows the weights' relative error (Q8_0 : Q4_K ~ 1 : 15 in both). K-quants ordered by
-     * bits; Q8_0 for scale. */
+     * bits; Q8_0 for scale. Issue 23 (activations quantised to 8 bits in the integer dots, as
+     * llama.cpp's CPU backend does): Q8_0 0.0117, Q6_K 0.0341, Q5_K 0.0672, Q4_K 0.1347. The
+     * activation rounding is about as large as Q8_0's weight rounding (0.0089 * sqrt(2) =
+     * 0.0126 expected for two independent errors of that size), so Q8_0 is re-pinned at
+     * 0.016 (1.35x); the others' share is small against their weight error. */
     struct {
         kv_dtype t;
         const char *file;
         double tol;
-    } ty[] = {{KV_DT_Q8_0, "syn-q8_0.gguf", 0.013},
+    } ty[] = {{KV_DT_Q8_0, "syn-q8_0.gguf", 0.016},
               {KV_DT_Q6_K, "syn-q6_k.gguf", 0.045},
               {KV_DT_Q5_K, "syn-q5_k.gguf", 0.09},
               {KV_DT_Q4_K, "syn-q4_k.gguf", 0.18}};
@@ -939,6 +1045,7 @@ int main(int argc, char **argv) {
         {"quantise -> dequantise error on 656K weights", test_quant_error_real},
         {"Q8_0 quantiser vs llama.cpp's Q8_0 file", test_q8_0_vs_llama_cpp},
         {"typed dot vs dequantise + double", test_dot},
+        {"integer dots: every isa = portable, within the activation rounding", test_int_dot},
         {"typed matmul: dot, tiled GEMM, F32 paths", test_matmul},
         {"656K written in Q8_0/Q5_x/Q4_x: perplexity vs F32", test_656k_types_perplexity},
         {"K-quants on a synthetic 256-multiple model: logits vs F32", test_k_quants_synthetic},

@@ -111,6 +111,33 @@ float kv_dot_row(kv_dtype t, const void *w, const float *x, int64_t n);
 /* The same with the portable C kernels only (what CPUs without AVX2 run); for tests. */
 float kv_dot_row_portable(kv_dtype t, const void *w, const float *x, int64_t n);
 
+/* Instruction sets of the integer dot kernels (issue 23), detected at run time from CPUID. */
+typedef enum kv_isa {
+    KV_ISA_PORTABLE = 0,    /* C, any CPU: the reference */
+    KV_ISA_AVX2 = 1,        /* AVX2 + FMA + F16C: maddubs / madd */
+    KV_ISA_AVX512_VNNI = 2, /* AVX-512 F/VL/BW + VNNI on 256-bit vectors: vpdpbusd */
+} kv_isa;
+
+/* 1 when this CPU (and build) can run isa's kernels. */
+int kv_isa_available(kv_isa isa);
+/* The best available: what kv_qmatmul uses. */
+kv_isa kv_isa_best(void);
+/* "portable", "avx2", "avx512-vnni". Static string. */
+const char *kv_isa_name(kv_isa isa);
+
+/* The integer dot of kv_qmatmul for quantised weights (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K,
+ * Q5_K, Q6_K): x [n] is quantised to 8 bits per element (blocks of 32 with an fp32 scale for
+ * the 32-element types, blocks of 256 for the K-quants; max |x| / 127 per block, as ggml's Q8_0 /
+ * Q8_K activation blocks), each block's integer dot is exact, and the block results are scaled
+ * and summed in one fixed order (runtime/model/quant_dot.h), so every isa gives the same bits.
+ * The difference from the fp32 dot sum w x is the activation rounding: per element at most
+ * |w_i| d_b / 2 (d_b = max |x| / 127 of its block), plus fp32 summation error.
+ * Result in *out. KV_EINPUT when n is not a positive multiple of the type's block, t has no
+ * integer kernel (F32, F16, BF16) or the CPU lacks isa; KV_EINTERNAL out of memory (a buffer of
+ * ~1.2 n bytes, freed before return). */
+int kv_dot_row_q8(kv_dtype t, const void *w, const float *x, int64_t n, kv_isa isa, float *out,
+                  kv_error *err);
+
 /* A weight matrix [out, in] kept in its file's type: `out` rows of kv_dtype_row_bytes(type, in)
  * bytes each, row-major, at `data` (the model's loaded file or another buffer the model owns; not
  * owned by this handle). */
@@ -137,18 +164,26 @@ void kv_weight_row(kv_weight w, int in, int64_t row, float *dst);
 /* Typed matmul y[rows, out] = x[rows, in] W^T with W [out, in] row-major in type wt (each of
  * the `out` rows is kv_dtype_row_bytes(wt, in) bytes; `in` a multiple of the block size).
  *   - F32 weights: the BLAS path (cblas_sgemv per row for rows <= 4, sgemm above).
- *   - rows <= 4 (decode): one typed dot per (row, output), the W row read once for all rows,
- *     parallel over outputs (OpenMP) when out * in is large enough. Each row's result does not
- *     depend on the other rows (a batched step gives the bits of a single one).
- *   - rows > 4 (prefill): tiles of W rows are dequantised into `scratch` (caller-owned, at least
- *     kv_qmatmul_scratch_floats(wt, rows, in, out) floats) and multiplied by cblas_sgemm.
- *     With a smaller or NULL scratch the dot path is used (same result up to summation order).
- * No allocation, no global state. Preconditions (not checked, the hot path): rows, in, out > 0,
- * in a multiple of kv_dtype_block(wt), y not aliasing x. */
+ *   - Quantised weights (Q8_0 ... Q6_K), rows <= 16 (decode, batched decode, eviction blocks):
+ *     each row of x is quantised once to 8-bit blocks (kv_dot_row_q8) in `scratch` and every
+ *     W row is multiplied with it by the integer kernels of kv_isa_best(), a W row meeting
+ *     the rows of x from L1. Each result depends only on its own row of x and W row: the same
+ *     bits for any batch of up to 16 rows, thread count and isa. Scratch smaller than
+ *     kv_qmatmul_scratch_floats or NULL: a buffer is allocated for the call (out of memory:
+ *     the fp32 dots of kv_dot_row instead).
+ *   - F16 / BF16, rows <= 4 (decode): one fp32 typed dot (kv_dot_row) per (row, output).
+ *   - F16 / BF16 above 4 rows, quantised types above 16 (prefill): tiles of W rows are
+ *     dequantised into `scratch` (at least kv_qmatmul_scratch_floats(wt, rows, in, out)
+ *     floats) and multiplied by cblas_sgemm (fp32 activations); with a smaller or NULL scratch
+ *     the dot path (fp32 dots for F16 / BF16, the integer dots for quantised types).
+ * Preconditions (not checked, the hot path): rows, in, out > 0, in a multiple of
+ * kv_dtype_block(wt), y not aliasing x. No global state. */
 void kv_qmatmul(float *y, const float *x, const void *w, kv_dtype wt, int rows, int in, int out,
                 float *scratch, size_t scratch_floats);
 
-/* Floats of scratch kv_qmatmul wants for these sizes (0 when it needs none: F32, rows <= 4). */
+/* Floats of scratch kv_qmatmul wants for these sizes: the quantised rows of x for quantised
+ * types (~0.3 rows * in floats), a dequantised tile for F16 / BF16 prefill, 0 for F32 and
+ * F16 / BF16 decode. */
 size_t kv_qmatmul_scratch_floats(kv_dtype wt, int rows, int in, int out);
 
 #ifdef __cplusplus

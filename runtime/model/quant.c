@@ -13,14 +13,15 @@
 #include <cblas.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
+#include "model/quant_dot.h"
 #include "util/f16.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define KV_QUANT_X86 1
-#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -370,12 +371,9 @@ KV_AVX2 static void dequant_avx2(kv_dtype t, const uint8_t *p, float *dst, int64
 }
 #undef DEQUANT_F16
 
-/* AVX2, FMA and F16C. F16C is read from CPUID leaf 1 (ECX bit 29) because clang's
- * __builtin_cpu_supports does not know "f16c". */
+/* AVX2, FMA and F16C (kv_isa_available, runtime/model/quant_dot.c: no CPUID per call). */
 static int have_avx2(void) {
-    unsigned a = 0, b = 0, c = 0, d = 0;
-    if (!__get_cpuid(1, &a, &b, &c, &d)) return 0;
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && ((c >> 29) & 1u);
+    return kv_isa_available(KV_ISA_AVX2);
 }
 #endif
 
@@ -861,9 +859,37 @@ static int tile_rows(int in, int out) {
     return t < out ? t : out;
 }
 
+/* Rows at or below which quantised weights take the integer dots (kv_qmatmul_int) rather
+ * than dequantised F32 tiles + sgemm. Measured with bench_quant --kernels (W [2048, 2048], one
+ * thread, shared 2-core machine), integer / tile time: Q8_0 0.09 (5 rows), 0.16 (8), 0.70 (16),
+ * 1.27 (32), 1.6 (512); Q4_0 0.06 (5) .. 0.33 (16), 0.46 (32), 1.9 (512); Q4_K 0.92 (5),
+ * 0.61 (8), 0.64 (16), 1.3 (32), 2.2 (512); Q6_K 0.25 (5), 0.30 (8), 1.15 (16). Up to 16 rows
+ * (decode, batched decode, the eviction blocks of p <= 16 tokens) the integer dots; above,
+ * the tiles, whose conversion is then amortised over the rows. */
+#define KV_QINT_MAX_ROWS 16
+
 size_t kv_qmatmul_scratch_floats(kv_dtype wt, int rows, int in, int out) {
-    if (wt == KV_DT_F32 || rows <= KV_QDOT_MAX_ROWS || in <= 0 || out <= 0) return 0;
+    if (wt == KV_DT_F32 || in <= 0 || out <= 0 || rows <= 0) return 0;
+    if (kv_qdot_act_kind(wt) && rows <= KV_QINT_MAX_ROWS)
+        return ((size_t)rows * kv_qdot_act_bytes(wt, in) + sizeof(float) - 1) / sizeof(float);
+    if (rows <= KV_QDOT_MAX_ROWS) return 0;
     return (size_t)tile_rows(in, out) * (size_t)in;
+}
+
+void kv_qmatmul_tiles(float *y, const float *x, const void *w, kv_dtype wt, int rows, int in,
+                      int out, float *scratch) {
+    const uint8_t *W = w;
+    size_t rb = (size_t)(in / kv_dtype_block(wt)) * kv_dtype_block_bytes(wt);
+    int tile = tile_rows(in, out);
+    for (int o0 = 0; o0 < out; o0 += tile) {
+        int nt = out - o0 < tile ? out - o0 : tile;
+        /* one thread: converting is ~1/rows of the sgemm's work, and an OpenMP region
+         * between BLAS calls makes the two thread pools contend on small machines */
+        for (int i = 0; i < nt; i++)
+            kv_dequantize_row(wt, W + (size_t)(o0 + i) * rb, scratch + (size_t)i * in, in, NULL);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, nt, in, 1.0f, x, in, scratch, in,
+                    0.0f, y + o0, out);
+    }
 }
 
 void kv_qmatmul(float *y, const float *x, const void *w, kv_dtype wt, int rows, int in, int out,
@@ -882,19 +908,23 @@ void kv_qmatmul(float *y, const float *x, const void *w, kv_dtype wt, int rows, 
     const uint8_t *W = w;
     size_t rb = (size_t)(in / kv_dtype_block(wt)) * kv_dtype_block_bytes(wt);
     size_t need = kv_qmatmul_scratch_floats(wt, rows, in, out);
-    if (rows > KV_QDOT_MAX_ROWS && scratch && scratch_floats >= need) {
-        int tile = tile_rows(in, out);
-        for (int o0 = 0; o0 < out; o0 += tile) {
-            int nt = out - o0 < tile ? out - o0 : tile;
-            /* one thread: converting is ~1/rows of the sgemm's work, and an OpenMP region
-             * between BLAS calls makes the two thread pools contend on small machines */
-            for (int i = 0; i < nt; i++)
-                kv_dequantize_row(wt, W + (size_t)(o0 + i) * rb, scratch + (size_t)i * in, in,
-                                  NULL);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, nt, in, 1.0f, x, in, scratch,
-                        in, 0.0f, y + o0, out);
-        }
+    int kind = kv_qdot_act_kind(wt);
+    if (rows > (kind ? KV_QINT_MAX_ROWS : KV_QDOT_MAX_ROWS) && scratch && scratch_floats >= need) {
+        kv_qmatmul_tiles(y, x, w, wt, rows, in, out, scratch);
         return;
+    }
+    if (kind) {
+        size_t act = (size_t)rows * kv_qdot_act_bytes(wt, in);
+        if (scratch && scratch_floats * sizeof(float) >= act) {
+            kv_qmatmul_int(y, x, w, wt, rows, in, out, scratch);
+            return;
+        }
+        void *buf = malloc(act);
+        if (buf) {
+            kv_qmatmul_int(y, x, w, wt, rows, in, out, buf);
+            free(buf);
+            return;
+        } /* out of memory: the fp32 dots below */
     }
     dot_fn f = pick_dot(wt);
     int par = (size_t)out * (size_t)in * (size_t)rows >= KV_QPAR_MIN;
