@@ -146,6 +146,11 @@ int kv_plan_uniform_typed(const kv_config *cfg, double ratio, kv_cache_type t, i
                        ratio, KV_PLAN_MAX_RATIO);
     if (!kv_type_valid((int)t)) return kv_fail(err, KV_EINPUT, "unknown KV type code %d", (int)t);
     double tr = cfg ? kv_type_token_ratio(ratio, t, cfg->head_dim) : ratio;
+    if (tr > 1.0 + 1e-12)
+        return kv_fail(err, KV_EINPUT,
+                       "ratio %g of the full F16 cache is more than the full cache in %s (ratio "
+                       "%g)",
+                       ratio, kv_type_name(t), ratio / tr);
     int capped = tr > 1.0;
     if (capped) tr = 1.0;
     int rc = plan_alloc(out, cfg, ratio, context, block_size, evict_block, policy, "uniform", err);
