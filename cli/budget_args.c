@@ -71,7 +71,8 @@ int kv_budget_args_plan(const kv_budget_args *a, const kv_model *m, int context,
     int bs = a->block_size ? (int)a->block_size : KV_DEFAULT_BLOCK_SIZE;
     if (p > context) p = context;
     if (!a->plan) {
-        if (a->ratio > 0.0 && kv_type_token_ratio(a->ratio, type, m->cfg.head_dim) < 1.0)
+        /* a ratio above what the type holds in full is refused by kv_plan_uniform_typed */
+        if (a->ratio > 0.0 && kv_type_token_ratio(a->ratio, type, m->cfg.head_dim) != 1.0)
             return kv_plan_uniform_typed(&m->cfg, a->ratio, type, context, bs, p, policy, out, err);
         rc = kv_plan_full(&m->cfg, context, bs, p, policy, out, err);
         if (!rc) kv_plan_set_kv_type(out, type);
