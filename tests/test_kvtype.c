@@ -385,6 +385,43 @@ static void test_plan_v3(void) {
     kv_model_free(m);
 }
 
+/* The CLI: kvplan plan --kv-type q8 at R = 1/4 of the F16 bytes keeps 0.4 of the tokens;
+ * inspect shows the type per head in text, JSON and the kv-types-tsv export; eval runs it with
+ * bytes within one block per head of the plan. */
+static void test_cli_kv_type(void) {
+    char args[4096], *out = NULL;
+    const char *plan = tu_tmp("q8.h5");
+    snprintf(args, sizeof args,
+             "plan --model '%s' --ratio 0.25 --kv-type q8 --allocation uniform --context 512 "
+             "--quiet -o %s",
+             tu_shared(M260), plan);
+    CU_ASSERT_EQUAL_FATAL(tu_run_kvplan(args, NULL, 0), 0);
+    snprintf(args, sizeof args, "inspect %s --export kv-types-tsv", plan);
+    CU_ASSERT_EQUAL_FATAL(tu_run_kvplan(args, &out, 0), 0);
+    CU_ASSERT_PTR_NOT_NULL(out && strstr(out, "q8\tq8\tq8\tq8\n"));
+    free(out);
+    snprintf(args, sizeof args, "inspect %s --json", plan);
+    CU_ASSERT_EQUAL_FATAL(tu_run_kvplan(args, &out, 0), 0);
+    CU_ASSERT_PTR_NOT_NULL(out && strstr(out, "\"kv_types\":[[\"q8\",\"q8\""));
+    CU_ASSERT_PTR_NOT_NULL(out && strstr(out, "\"kv_bytes\":81920"));
+    free(out);
+    snprintf(args, sizeof args, "inspect %s", plan);
+    CU_ASSERT_EQUAL_FATAL(tu_run_kvplan(args, &out, 0), 0);
+    CU_ASSERT_PTR_NOT_NULL(out && strstr(out, "0.2500 of the full F16 cache"));
+    free(out);
+    snprintf(args, sizeof args,
+             "eval '%s' --tokenizer '%s' --text '%s' --plan %s --max-tokens 1024 --json --quiet",
+             tu_shared(M260), tu_shared(TOK260), tu_shared(TEXT), plan);
+    CU_ASSERT_EQUAL_FATAL(tu_run_kvplan(args, &out, 0), 0);
+    const char *pk = out ? strstr(out, "\"kv_bytes_peak\":") : NULL;
+    CU_ASSERT_PTR_NOT_NULL_FATAL(pk);
+    double peak = atof(pk + 16);
+    printf("\n    q8 plan at R 1/4: peak %.0f B, plan 81920 B (+%d per block and head)\n", peak,
+           16 * 20);
+    CU_ASSERT(peak <= 81920 + 20 * 16 * 20);
+    free(out);
+}
+
 int main(int argc, char **argv) {
     static const tu_test tests[] = {
         {"row round trip within each type's bound (real K/V, both models)", test_round_trip},
@@ -394,6 +431,7 @@ int main(int argc, char **argv) {
         {"full-cache perplexity per type (F16 default moves by rounding)",
          test_default_f16_perplexity},
         {"plan schema v3: per-head types, byte ratio, engine bytes", test_plan_v3},
+        {"CLI: plan --kv-type, inspect text/JSON/TSV, eval bytes", test_cli_kv_type},
     };
     return tu_main(argc, argv, "kvtype", tests, sizeof tests / sizeof tests[0]);
 }
