@@ -69,8 +69,10 @@ void kv_cli_command_line(int argc, char **argv, char *buf, size_t cap);
 int kv_cli_parse_qty(const char *s, const char *opt, double *out, kv_error *err);
 
 /* ---- KV budget options: one group (kv_budget_opts) ----
- * run and eval take all of them; search all but --plan; plan the first five. */
+ * run and eval take all of them; search all but --plan; plan the first six; profile only
+ * --kv-type (the first). */
 typedef struct kv_budget_args {
+    const char *kv_type;    /* NULL = f16 (a plan file: its own types) */
     double ratio;           /* 0 = not given */
     const char *allocation; /* "uniform" (run, eval), an allocation name (plan, search) */
     const char *policy;     /* NULL = the plan's, else sink */
@@ -80,17 +82,23 @@ typedef struct kv_budget_args {
     const char *plan;       /* plan.h5 path or NULL */
 } kv_budget_args;
 
-#define KV_BUDGET_OPTS_CORE 5   /* --ratio --allocation --policy --evict-block --block-size */
-#define KV_BUDGET_OPTS_DEVICE 6 /* ... --device */
-#define KV_BUDGET_OPTS_ALL 7    /* ... --plan */
+#define KV_BUDGET_OPTS_TYPE 1   /* --kv-type */
+#define KV_BUDGET_OPTS_CORE 6   /* ... --ratio --allocation --policy --evict-block --block-size */
+#define KV_BUDGET_OPTS_DEVICE 7 /* ... --device */
+#define KV_BUDGET_OPTS_ALL 8    /* ... --plan */
 extern const kv_opt kv_budget_opts[KV_BUDGET_OPTS_ALL];
 
 /* The plan these options describe, for context C: the plan file (checked against the model
- * and the context; --policy sets every head's policy, --evict-block / --block-size override),
- * uniform at --ratio (kv_plan_uniform, the one definition), or the full cache. Fills *out
+ * and the context; --policy sets every head's policy, --evict-block / --block-size override,
+ * --kv-type retypes every head keeping the budgets), uniform at --ratio of the full F16
+ * cache's bytes in --kv-type (kv_plan_uniform_typed, the one definition), or the full cache
+ * in --kv-type. Fills *out
  * (kv_plan_free) and *device. */
 int kv_budget_args_plan(const kv_budget_args *a, const kv_model *m, int context, kv_plan *out,
                         kv_device *device, kv_error *err);
+
+/* The --kv-type value (NULL: KV_TYPE_DEFAULT). */
+int kv_budget_args_type(const kv_budget_args *a, kv_cache_type *out, kv_error *err);
 
 /* Parse a --device value (NULL = auto). */
 int kv_cli_device(const char *s, kv_device *out, kv_error *err);

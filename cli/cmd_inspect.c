@@ -33,6 +33,8 @@ static const kv_opt inspect_opts[] = {
              "budgets-tsv: plan budgets B[l][j] in tokens, one row per layer, one tab-separated "
              "column per KV head (DuoAttention's pattern-file shape)\n"
              "importance-tsv: profile head importance, same shape\n"
+             "kv-types-tsv: plan KV storage type of each head (f32, f16, q8, q4), same shape "
+             "(schema v1/v2 plans: f32)\n"
              "layer-fractions: the plan's kept fraction per layer as a list [f_0, ..., f_L-1] "
              "(kvpress per-layer compression takes 1 - f as its compression ratios)"},
 };
@@ -73,6 +75,22 @@ static int export_matrix(const ki_file *f, const char *path, int as_int, kv_erro
     return KV_OK;
 }
 
+/* The plan's KV type per head as names, [L] rows x [H_kv] tab-separated columns. */
+static int export_types(const ki_file *f, kv_error *err) {
+    int L = 0, hkv = 0;
+    if (!ki_matrix(f, "/budget/tokens", 0, &L, &hkv))
+        return kv_fail(err, KV_EINPUT,
+                       "%s: no /budget/tokens [L, H_kv] dataset (is it a plan "
+                       "file?)",
+                       f->path);
+    for (int l = 0; l < L; l++) {
+        for (int j = 0; j < hkv; j++)
+            printf("%s%s", j ? "\t" : "", kv_type_name(ki_head_type(f, l * hkv + j)));
+        putchar('\n');
+    }
+    return KV_OK;
+}
+
 static int export_fractions(const ki_file *f, kv_error *err) {
     int L = 0;
     double *fr = ki_layer_fractions(f, &L, err);
@@ -91,10 +109,11 @@ static int check_output_choice(const inspect_args *a) {
         return 1;
     }
     if (a->export_fmt && strcmp(a->export_fmt, "budgets-tsv") &&
-        strcmp(a->export_fmt, "importance-tsv") && strcmp(a->export_fmt, "layer-fractions")) {
+        strcmp(a->export_fmt, "importance-tsv") && strcmp(a->export_fmt, "layer-fractions") &&
+        strcmp(a->export_fmt, "kv-types-tsv")) {
         fprintf(stderr,
                 "kvplan inspect: --export '%s' is not one of budgets-tsv, "
-                "importance-tsv, layer-fractions\n",
+                "importance-tsv, kv-types-tsv, layer-fractions\n",
                 a->export_fmt);
         return 1;
     }
@@ -142,6 +161,8 @@ int kv_cmd_inspect(int argc, char **argv) {
             rc = export_matrix(&f, "/budget/tokens", 1, &err);
         else if (export_fmt && !strcmp(export_fmt, "importance-tsv"))
             rc = export_matrix(&f, "/heads/importance", 0, &err);
+        else if (export_fmt && !strcmp(export_fmt, "kv-types-tsv"))
+            rc = export_types(&f, &err);
         else if (export_fmt)
             rc = export_fractions(&f, &err);
         else if (json)

@@ -30,7 +30,9 @@ int kv_plan_args_setup(const kv_plan_args *a, kv_model **m, kv_profile_inputs *p
     memset(prof, 0, sizeof *prof);
     kv_alloc_params_default(ap);
     if (!a->model) return kv_fail(err, KV_EINPUT, "--model MODEL is required");
-    if (!(a->b.ratio > 0.0)) return kv_fail(err, KV_EINPUT, "--ratio R is required (0 < R <= 1)");
+    if (!(a->b.ratio > 0.0))
+        return kv_fail(err, KV_EINPUT,
+                       "--ratio R is required (0 < R <= 1 of the full F16 cache, up to 2 in f32)");
     if (!a->out) return kv_fail(err, KV_EINPUT, "-o PLAN.h5 is required");
     int rc = a->b.allocation ? kv_alloc_parse(a->b.allocation, &ap->kind, err) : KV_OK;
     if (rc) return rc;
@@ -42,7 +44,15 @@ int kv_plan_args_setup(const kv_plan_args *a, kv_model **m, kv_profile_inputs *p
     const char *inputs[] = {a->model, a->profile};
     if ((rc = kv_check_output(a->out, "-o", inputs, 2, err))) return rc;
     if ((rc = kv_cli_load_model(a->model, m, err))) return rc;
-    ap->ratio = a->b.ratio;
+    if ((rc = kv_budget_args_type(&a->b, &ap->kv_type, err))) return rc;
+    /* the allocators share tokens: R in bytes over the full F16 cache -> a token fraction */
+    ap->ratio = kv_type_token_ratio(a->b.ratio, ap->kv_type, (*m)->cfg.head_dim);
+    if (ap->ratio > 1.0 + 1e-12)
+        return kv_fail(err, KV_EINPUT,
+                       "--ratio %g of the full F16 cache is more than the full cache in %s (at "
+                       "most %g)",
+                       a->b.ratio, kv_type_name(ap->kv_type), a->b.ratio / ap->ratio);
+    if (ap->ratio > 1.0) ap->ratio = 1.0;
     ap->context = a->context ? (int)a->context : (*m)->cfg.seq_len;
     if (ap->context > (*m)->cfg.seq_len)
         return kv_fail(err, KV_EINPUT, "--context %d exceeds the model's context %d", ap->context,
@@ -106,8 +116,10 @@ static void print_plan(const kv_plan_args *a, const kv_model *m, const kv_alloc_
         printf(" (t %.3g, r %.3g, p %.3g)", ap->t, ap->r, ap->p);
     else if (ap->kind == KV_ALLOC_SQUEEZE)
         printf(" (p %.3g)", ap->p);
-    printf("\nratio        %.4g of %d layers x %d KV heads x %d tokens\n", ap->ratio,
-           m->cfg.n_layers, m->cfg.n_kv_heads, ap->context);
+    printf("\nratio        %.4g of the full F16 cache (%s: %.4g of %d layers x %d KV heads x %d "
+           "tokens)\n",
+           a->b.ratio, kv_type_name(ap->kv_type), ap->ratio, m->cfg.n_layers, m->cfg.n_kv_heads,
+           ap->context);
     printf("budget       %ld tokens in %d-token blocks (%.4f of the full cache)\n", sum,
            ap->block_size, (double)sum / ((double)nh * ap->context));
     for (int l = 0; l < m->cfg.n_layers; l++) {

@@ -14,6 +14,7 @@ typedef struct profile_args {
     const char *model, *tokenizer, *text, *out, *device;
     long n_prompts, prompt_len, seed;
     int no_hw, quick_hw, quiet;
+    kv_budget_args kv; /* only --kv-type (KV_BUDGET_OPTS_TYPE) */
 } profile_args;
 
 static const kv_opt profile_opts[] = {
@@ -45,14 +46,15 @@ const kv_cli_spec kv_spec_profile = {
     "profile",
     "usage: kvplan profile MODEL [--tokenizer TOK] [--text FILE] [--prompts N]\n"
     "                      [--prompt-len T] [--seed S] [--no-hw] [--quick-hw] [--quiet]\n"
-    "                      [--device auto|cpu|cuda] [-o profile.h5]\n",
+    "                      [--device auto|cpu|cuda] [--kv-type T] [-o profile.h5]\n",
     "Runs N prompts of T tokens (picked deterministically from FILE) through the full-cache\n"
     "forward pass and records per-head cos(V, softmax(QK^T)V) (BaKlaVa Alg. 1), layer\n"
     "similarity (SqueezeAttention), Kendall tau / Spearman rho between prompts, and host (and\n"
     "CUDA) copy and GEMM speeds.\n",
     "Under `mpirun -np N` or `srun` the prompts are shared among the ranks (rank 0\n"
     "probes the hardware and writes the file, identical to a one-process run's).\n",
-    {{NULL, profile_opts, sizeof profile_opts / sizeof profile_opts[0], 0}},
+    {{NULL, profile_opts, sizeof profile_opts / sizeof profile_opts[0], 0},
+     {"KV cache", kv_budget_opts, KV_BUDGET_OPTS_TYPE, offsetof(profile_args, kv)}},
 };
 
 /* What a profile run needs, built by every rank: the model and the prompts [P * T] picked
@@ -163,11 +165,13 @@ int kv_cmd_profile(int argc, char **argv) {
     kv_device device = KV_DEVICE_AUTO;
     int rc = build_job(&a, &job, &err);
     if (!rc) rc = kv_cli_device(a.device, &device, &err);
+    kv_cache_type kv_type = KV_TYPE_DEFAULT;
+    if (!rc) rc = kv_budget_args_type(&a.kv, &kv_type, &err);
     /* run: the prompts, shared among the ranks */
     rc = kv_tasks_agree(tasks, rc, &err); /* no rank enters the prompts alone */
     if (!rc)
         rc = kv_profile_run_tasks(job.m, job.prompts, (int)a.n_prompts, (int)a.prompt_len, device,
-                                  tasks, &pr, &prog, &err);
+                                  kv_type, tasks, &pr, &prog, &err);
     kv_progress_done(&prog);
     /* report: only rank 0 writes the file and probes the hardware (the others wait, idle) */
     if (!rc && rank == 0) rc = write_profile(&a, full_cmd, job.m, &pr, &prog, &err);

@@ -246,6 +246,7 @@ static int fill_opts(const search_args *s, const search_job *j, kv_progress *pro
     kv_search_opts_default(so, j->m);
     so->allocation = j->ap.kind;
     so->ratio = j->ap.ratio;
+    so->kv_type = j->ap.kv_type;
     so->context = j->ap.context;
     so->block_size = j->ap.block_size;
     so->evict_block = j->evict_block;

@@ -7,6 +7,7 @@
 #include <stdio.h>
 
 #include "kvplan/common.h"
+#include "kvplan/kvcache.h"
 #include "kvplan/h5io.h"
 
 /* One attribute: kind 's' (str set), 'i' or 'f' (num set), '?' (unreadable: both unset). */
@@ -57,6 +58,9 @@ const char *ki_units(const ki_file *f, const char *path);
 /* A numeric dataset of rank 2 (shape [*rows, *cols]) or NULL. Rank 1 counts as [1, n] when
  * allow_1d is set. */
 const double *ki_matrix(const ki_file *f, const char *path, int allow_1d, int *rows, int *cols);
+/* KV storage type of head i (layer-major) of a plan file: /budget/kv_type (schema v3) or f32
+ * for v1/v2 plans (the rule of kv_plan_read); a code out of range reads as f32. */
+kv_cache_type ki_head_type(const ki_file *f, int i);
 
 /* ---- derived summaries (shared by text and JSON) ---- */
 

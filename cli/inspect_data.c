@@ -215,6 +215,14 @@ const double *ki_matrix(const ki_file *f, const char *path, int allow_1d, int *r
     return NULL;
 }
 
+kv_cache_type ki_head_type(const ki_file *f, int i) {
+    int L = 0, H = 0;
+    const double *t = ki_matrix(f, "/budget/kv_type", 0, &L, &H);
+    if (!t || i < 0 || i >= L * H || !kv_type_valid((int)t[i]) || t[i] != floor(t[i]))
+        return KV_TYPE_F32;
+    return (kv_cache_type)(int)t[i];
+}
+
 /* ---- derived ---- */
 
 double *ki_head_importance(const ki_file *f, int *L, int *hkv) {

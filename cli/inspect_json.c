@@ -172,9 +172,34 @@ static void plan_summary(cJSON *s, const ki_file *f) {
         double total = 0;
         for (int i = 0; i < L * hkv; i++) total += tok[i];
         cJSON_AddNumberToObject(p, "total_tokens", total);
-        cJSON_AddNumberToObject(p, "target_tokens",
-                                ki_attr_num(f, "/", "ratio", NAN) * L * hkv *
-                                    ki_attr_num(f, "/", "context_length", NAN));
+        /* per-head KV storage types [L][H_kv] (v1/v2 plans: f32) and the stored bytes */
+        cJSON *types = cJSON_AddArrayToObject(p, "kv_types");
+        double hd = ki_attr_num(f, "/", "model_head_dim", NAN), bytes = 0;
+        for (int l = 0; types && l < L; l++) {
+            cJSON *row = cJSON_CreateArray();
+            for (int j = 0; row && j < hkv; j++) {
+                kv_cache_type ty = ki_head_type(f, l * hkv + j);
+                cJSON_AddItemToArray(row, cJSON_CreateString(kv_type_name(ty)));
+                if (hd > 0) bytes += tok[l * hkv + j] * (double)kv_type_token_bytes(ty, (int)hd);
+            }
+            if (row) cJSON_AddItemToArray(types, row);
+        }
+        double full16 = hd > 0 ? L * hkv * ki_attr_num(f, "/", "context_length", NAN) *
+                                     (double)kv_type_token_bytes(KV_TYPE_F16, (int)hd)
+                               : NAN;
+        /* the ratio is bytes over the full F16 cache (v1/v2 files store the token fraction,
+         * which is half of it for their f32 heads); target tokens: what R buys at the plan's
+         * bytes per token */
+        double Rb =
+            ki_attr_num(f, "/", "ratio", NAN) * (ki_dset_find(f, "/budget/kv_type") ? 1.0 : 2.0);
+        cJSON_AddNumberToObject(p, "target_tokens", Rb * full16 * total / bytes);
+        cJSON_AddNumberToObject(p, "kv_bytes", hd > 0 ? bytes : NAN);
+        cJSON_AddNumberToObject(p, "kv_bytes_full_f16", full16);
+        cJSON_AddNumberToObject(p, "ratio_f16_bytes", Rb);
+        cJSON_AddNumberToObject(p, "kv_bytes_full_f16",
+                                hd > 0 ? L * hkv * ki_attr_num(f, "/", "context_length", NAN) *
+                                             (double)kv_type_token_bytes(KV_TYPE_F16, (int)hd)
+                                       : NAN);
     }
     kv_error e = {0};
     int n = 0;

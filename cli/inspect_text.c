@@ -459,11 +459,32 @@ static void print_plan(FILE *out, const ki_file *f) {
             bar(out, C > 0 ? s / (hkv * C) : 0, 1.0, 10);
             fputc('\n', out);
         }
-        double target = R * L * hkv * C;
+        /* KV storage types (schema v3; v1/v2 plans are f32) and the stored bytes */
+        int v3 = ki_dset_find(f, "/budget/kv_type") != NULL;
+        double hd = ki_attr_num(f, "/", "model_head_dim", NAN), bytes = 0;
+        fprintf(out, "KV storage type per head%s:\n  layer |", v3 ? "" : " (schema v1/v2: f32)");
+        for (int j = 0; j < hkv; j++) fprintf(out, " %6s%-2d", "kv", j);
+        fputc('\n', out);
+        for (int l = 0; l < L; l++) {
+            fprintf(out, "  %5d |", l);
+            for (int j = 0; j < hkv; j++) {
+                kv_cache_type ty = ki_head_type(f, l * hkv + j);
+                fprintf(out, " %8s", kv_type_name(ty));
+                if (hd > 0)
+                    bytes += tok[(size_t)l * hkv + j] * (double)kv_type_token_bytes(ty, (int)hd);
+            }
+            fputc('\n', out);
+        }
+        double full16 =
+            hd > 0 ? L * hkv * C * (double)kv_type_token_bytes(KV_TYPE_F16, (int)hd) : NAN;
+        /* v1/v2 files store the token fraction: in bytes over the F16 cache it is 2 R */
+        double Rb = v3 ? R : 2.0 * R;
         fprintf(out, "  total %.0f tokens", total);
         if (blk) fprintf(out, " in %.0f blocks", tb);
-        fprintf(out, "; target R * L * H_kv * C = %.0f (kept fraction %.4f of the full cache)\n",
-                target, C > 0 ? total / (L * hkv * C) : NAN);
+        fprintf(out,
+                " (kept fraction %.4f of the full cache's tokens); %.0f bytes of K/V, %.4f of "
+                "the full F16 cache (target R %.4g)\n",
+                C > 0 ? total / (L * hkv * C) : NAN, bytes, bytes / full16, Rb);
     }
 }
 

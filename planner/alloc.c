@@ -36,6 +36,7 @@ void kv_alloc_params_default(kv_alloc_params *a) {
     a->kind = KV_ALLOC_BAKLAVA;
     a->layer_kind = KV_ALLOC_SQUEEZE;
     a->ratio = 0.5;
+    a->kv_type = KV_TYPE_DEFAULT;
     a->context = 256;
     a->block_size = 16;
     a->min_tokens = 20;

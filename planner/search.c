@@ -173,6 +173,7 @@ int kv_grid_parse(const char *s, const char *opt, double lo, double hi, double *
 
 void kv_search_opts_default(kv_search_opts *o, const kv_model *m) {
     memset(o, 0, sizeof *o);
+    o->kv_type = KV_TYPE_DEFAULT;
     static const double default_p = KV_SQUEEZE_DEFAULT_P;
     o->allocation = KV_ALLOC_BAKLAVA;
     o->ratio = 0.5;
@@ -615,6 +616,7 @@ static int search_engine(search_ctx *c) {
     int rc = kv_plan_full(&c->m->cfg, c->o->context, c->o->block_size, c->o->evict_block,
                           c->o->policy, &full, c->err);
     if (rc) return rc;
+    kv_plan_set_kv_type(&full, c->o->kv_type);
     kv_engine_opts eo = {.device = c->o->device,
                          .max_seqs =
                              c->o->sensitivity && c->o->sens.batch > 1 ? c->o->sens.batch : 1};
@@ -801,6 +803,7 @@ static int engine_at(search_ctx *c, int p, kv_engine **out) {
     int rc =
         kv_plan_full(&c->m->cfg, c->o->context, c->o->block_size, p, c->o->policy, &full, c->err);
     if (rc) return rc;
+    kv_plan_set_kv_type(&full, c->o->kv_type);
     kv_engine_opts eo = {.device = c->o->device, .max_seqs = 1};
     rc = kv_engine_new(c->m, &full, &eo, out, c->err);
     kv_plan_free(&full);
@@ -1088,6 +1091,16 @@ int kv_plan_file_write(const char *path, const char *command, const char *profil
         !sens && a->kind == KV_ALLOC_BAKLAVA ? a->r : NAN,
         sens || a->kind == KV_ALLOC_UNIFORM ? NAN : a->p, a->min_tokens, &plan, err);
     if (rc) return rc;
+    if (a->kv_type != KV_TYPE_F16) { /* the ratio in bytes over the full F16 cache */
+        for (int i = 0; i < plan.n_layers * plan.n_kv_heads; i++) plan.kv_type[i] = a->kv_type;
+        plan.ratio = a->ratio * (double)kv_type_token_bytes(a->kv_type, m->cfg.head_dim) /
+                     (double)kv_type_token_bytes(KV_TYPE_F16, m->cfg.head_dim);
+        rc = kv_plan_validate(&plan, path, err);
+        if (rc) {
+            kv_plan_free(&plan);
+            return rc;
+        }
+    }
     kv_h5 *f = NULL;
     rc = kv_h5_create(path, &f, err);
     if (!rc) rc = kv_h5_write_provenance(f, command, m, err);

@@ -192,8 +192,8 @@ static int profile_task(void *user, long task, double *out, kv_error *err) {
 }
 
 int kv_profile_run(const kv_model *m, const int *tokens, int P, int T, kv_device device,
-                   kv_profile *out, kv_progress *p, kv_error *err) {
-    return kv_profile_run_tasks(m, tokens, P, T, device, NULL, out, p, err);
+                   kv_cache_type kv_type, kv_profile *out, kv_progress *p, kv_error *err) {
+    return kv_profile_run_tasks(m, tokens, P, T, device, kv_type, NULL, out, p, err);
 }
 
 /* Stage 1 of kv_profile_run_tasks: the profile's arrays for P prompts of T tokens. */
@@ -285,7 +285,8 @@ static void profile_consistency(kv_profile *out) {
 }
 
 int kv_profile_run_tasks(const kv_model *m, const int *tokens, int P, int T, kv_device device,
-                         kv_tasks *tasks, kv_profile *out, kv_progress *p, kv_error *err) {
+                         kv_cache_type kv_type, kv_tasks *tasks, kv_profile *out, kv_progress *p,
+                         kv_error *err) {
     memset(out, 0, sizeof *out);
     const kv_config *cfg = &m->cfg;
     if (P < 1) return kv_fail(err, KV_EINPUT, "no prompts to profile (--prompts must be >= 1)");
@@ -322,6 +323,8 @@ int kv_profile_run_tasks(const kv_model *m, const int *tokens, int P, int T, kv_
         rc = kv_plan_full(cfg, T, KV_DEFAULT_BLOCK_SIZE,
                           T < KV_DEFAULT_EVICT_BLOCK ? T : KV_DEFAULT_EVICT_BLOCK, KV_POLICY_SINK,
                           &full, err);
+        if (!rc) kv_plan_set_kv_type(&full, kv_type);
+        out->kv_type = kv_type;
     }
     if (!rc) {
         kv_engine_opts eo = {.device = device, .max_seqs = 1};
@@ -380,5 +383,6 @@ int kv_profile_write(kv_h5 *f, const kv_profile *pr, kv_error *err) {
                             "similarity = mean over prompts of cos_attn",
                             err);
     if (!rc) rc = kv_h5_attr_f64(f, "/prompts", "profile_tokens_per_s", pr->tokens_per_s, err);
+    if (!rc) rc = kv_h5_attr_str(f, "/prompts", "kv_type", kv_type_name(pr->kv_type), err);
     return rc;
 }

@@ -272,6 +272,7 @@ static void test_prefill_equals_decode(void) {
     kv_error err = {0};
     kv_eval_opts o;
     kv_eval_opts_default(&o, m);
+    o.kv_type = KV_TYPE_F32; /* like the f32 pool above */
     kv_eval_result r;
     CU_ASSERT_FATAL(kv_eval_perplexity(m, ids, T, &o, &r, &err) == KV_OK);
     CU_ASSERT(fabs(r.nll - nll_a / (T - 1)) / r.nll < 1e-6);

@@ -354,8 +354,9 @@ static void test_attention_statistics(void) {
     kv_model_free(m);
 }
 
+/* One token of one head in the default KV type (f16): K and V rows of 2 d_h bytes. */
 static size_t entry_bytes(const kv_model *m) {
-    return 2 * (size_t)m->cfg.head_dim * sizeof(float);
+    return kv_type_token_bytes(KV_TYPE_DEFAULT, m->cfg.head_dim);
 }
 
 /* Done-when 3: kv_bytes_peak <= the plan's arithmetic (sum(B) entries of K and V) plus one
@@ -705,8 +706,10 @@ static void test_bad_input(void) {
                         KV_EINPUT);
         CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, "ratio"));
     }
-    expect_cli_error("--ratio -0.5", "--ratio -0.5 must be in (0, 1]");
-    expect_cli_error("--ratio 1.5", "--ratio 1.5 must be in (0, 1]");
+    expect_cli_error("--ratio -0.5", "--ratio -0.5 must be in (0, 2]");
+    expect_cli_error("--ratio 2.5", "--ratio 2.5 must be in (0, 2]");
+    expect_cli_error("--ratio 1.5", "more than the full cache in f16");
+    expect_cli_error("--ratio 0.5 --kv-type q5", "unknown KV type 'q5'");
     expect_cli_error("--ratio 0.01 --policy sink --evict-block 16", "below the 20");
     /* plans: another model (shape), another model file (same shape), missing dataset */
     const char *good = tu_tmp("plan_good.h5"), *other = tu_tmp("plan_other.h5"),
@@ -718,7 +721,8 @@ static void test_bad_input(void) {
     snprintf(extra, sizeof extra, "--plan '%s' --json", good);
     CU_ASSERT_EQUAL(cli_eval(extra, &out), 0);
     CU_ASSERT_PTR_NOT_NULL(out && strstr(out, "\"policy\":\"h2o\""));
-    CU_ASSERT_PTR_NOT_NULL(out && strstr(out, "\"ratio\":0.25"));
+    /* a v1 plan (no /budget/kv_type) is f32: its token ratio 0.25 is 0.5 of the F16 cache */
+    CU_ASSERT_PTR_NOT_NULL(out && strstr(out, "\"ratio\":0.5"));
     free(out);
     snprintf(extra, sizeof extra, "--plan '%s'", sha);
     expect_cli_error(extra, "another model file");
@@ -773,11 +777,11 @@ static void test_batched_generation(void) {
         CU_ASSERT(strncmp(s, one, strlen(one)) == 0);
         free(one);
     }
-    /* peak: 3 sequences x 20 heads x 64 tokens x 64 B = 245760 (+ one block per head) */
+    /* peak: 3 sequences x 20 heads x 64 tokens x 32 B (f16) = 122880 (+ one block per head) */
     const char *p = strstr(batch, "peak (pool peak ");
     CU_ASSERT_PTR_NOT_NULL_FATAL(p);
     long peak = strtol(p + strlen("peak (pool peak "), NULL, 10);
-    CU_ASSERT(peak >= 3L * 20 * 64 * 64 && peak <= 3L * 20 * (64 + 16) * 64);
+    CU_ASSERT(peak >= 3L * 20 * 64 * 32 && peak <= 3L * 20 * (64 + 16) * 32);
     free(batch);
 }
 

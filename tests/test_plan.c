@@ -51,7 +51,7 @@ static void test_round_trip_and_model_check(void) {
     make_plan(&m, &p);
     CU_ASSERT_EQUAL_FATAL(write_plan(path, &m, &p, &err), KV_OK);
     CU_ASSERT_EQUAL_FATAL(kv_plan_read(path, &b, &err), KV_OK);
-    CU_ASSERT_EQUAL(b.schema_version, 2);
+    CU_ASSERT_EQUAL(b.schema_version, 3);
     CU_ASSERT_EQUAL(b.n_layers, 5);
     CU_ASSERT_EQUAL(b.n_kv_heads, 4);
     CU_ASSERT_EQUAL(b.context, 256);

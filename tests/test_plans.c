@@ -113,9 +113,9 @@ static void test_shipped_plan(void) {
         if (chunks[cell] < 1 || !isfinite(ppl[cell])) continue;
         long ip = cell / (NT * NR), it = (cell / NR) % NT, ir = cell % NR;
         snprintf(args, sizeof args,
-                 "plan --profile %s --model '%s' --ratio %.17g --allocation baklava --t %.17g "
-                 "--r %.17g --p %.17g --context 512 --evict-block %d --block-size %d --quiet "
-                 "-o %s",
+                 "plan --profile %s --model '%s' --ratio %.17g --kv-type f32 --allocation baklava "
+                 "--t %.17g --r %.17g --p %.17g --context 512 --evict-block %d --block-size %d "
+                 "--quiet -o %s",
                  prof, tu_shared(MODEL), shipped.ratio, tv[it], rv[ir], pv[ip], (int)grid_p,
                  shipped.block_size, tu_tmp("cell.h5"));
         CU_ASSERT_EQUAL_FATAL(tu_run_kvplan(args, NULL, 0), 0);
@@ -150,7 +150,8 @@ static void test_shipped_plan(void) {
     printf("    R = 1/16 plan: peak %.0f bytes, plan arithmetic %.0f, full %.0f (%.4f)\n", peak,
            plan_bytes, full, peak / full);
     CU_ASSERT(peak <= plan_bytes + block_bytes * shipped.n_layers * shipped.n_kv_heads);
-    CU_ASSERT(peak / full <= 0.094);
+    /* the shipped plans are f32 (schema v2) and the full cache is the F16 one: twice 0.094 */
+    CU_ASSERT(peak / full <= 0.188);
 
     /* 4. refused for another model */
     snprintf(args, sizeof args, "eval '%s' --text '%s' --plan %s --quiet",

@@ -410,7 +410,7 @@ static void test_cli(void) {
     kv_plan p;
     kv_error err = {0};
     CU_ASSERT_EQUAL_FATAL(kv_plan_read(tu_tmp("cli.h5"), &p, &err), KV_OK);
-    CU_ASSERT_EQUAL(p.schema_version, 2);
+    CU_ASSERT_EQUAL(p.schema_version, 3);
     CU_ASSERT_EQUAL(kv_plan_total_tokens(&p), 32L * 20);
     CU_ASSERT_EQUAL(p.evict_block, plan_p);
     kv_plan_free(&p);

@@ -27,6 +27,7 @@
 #define KVPLAN_ALLOC_H
 
 #include "kvplan/common.h"
+#include "kvplan/kvcache.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -110,7 +111,9 @@ int kv_head_realloc(int m, const double *sim, const double *importance, double t
 typedef struct kv_alloc_params {
     kv_alloc_kind kind;       /* uniform, squeeze or baklava */
     kv_alloc_kind layer_kind; /* baklava only: the layer budgets, uniform or squeeze */
-    double ratio;             /* R in (0, 1] */
+    double ratio;             /* R in (0, 1]: the token fraction the budgets share */
+    kv_cache_type kv_type;    /* KV type of every head (default f16); the plan's byte ratio
+                               * over the full F16 cache is R * token_bytes(T) / token_bytes(f16) */
     int context;              /* C tokens */
     int block_size;           /* b_s tokens per KV block */
     int min_tokens;           /* policy fixed part + eviction block p (>= 1) */

@@ -136,6 +136,11 @@ int kv_backend_cpu_new(const kv_model *m, int max_rows, int max_ctx, kv_backend 
  * the CPU backend). Release with kv_backend_pool_destroy. */
 int kv_backend_pool_init(kv_backend *b, kv_pool *p, int n_blocks, int block_size, int head_dim,
                          kv_error *err);
+/* The same with counts[t] blocks of each KV storage type t (kvplan/kvcache.h). Only the CPU
+ * backend stores types other than f32 today; another backend gets KV_EINPUT naming the type
+ * and --kv-type f32. */
+int kv_backend_pool_init_typed(kv_backend *b, kv_pool *p, const int *counts, int block_size,
+                               int head_dim, kv_error *err);
 void kv_backend_pool_destroy(kv_backend *b, kv_pool *p);
 
 #ifdef __cplusplus

@@ -54,13 +54,16 @@ typedef struct kv_eval_opts {
     int block_size;        /* b_s tokens per KV block */
     int max_chunks;        /* 0 = all full chunks */
     kv_progress *progress; /* NULL = silent */
+    kv_cache_type kv_type; /* KV storage type of every head */
 } kv_eval_opts;
 
-/* Defaults: context = model seq_len, budget NULL, policy sink, p = 16, b_s = 16. */
+/* Defaults: context = model seq_len, budget NULL, policy sink, p = 16, b_s = 16, KV type
+ * KV_TYPE_DEFAULT (f16). */
 void kv_eval_opts_default(kv_eval_opts *o, const kv_model *m);
 
 /* The plan these options describe (kv_plan_full or kv_plan_from_budgets with allocation
- * "custom"); KV_EINPUT as kv_plan_validate, naming the failing head. */
+ * "custom", every head of type kv_type, the ratio in bytes over the full F16 cache); KV_EINPUT as
+ * kv_plan_validate, naming the failing head. */
 int kv_eval_opts_plan(const kv_model *m, const kv_eval_opts *o, kv_plan *out, kv_error *err);
 
 int kv_eval_perplexity(const kv_model *m, const int *tokens, long n_tokens, const kv_eval_opts *o,

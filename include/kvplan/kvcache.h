@@ -2,8 +2,11 @@
  * per-head token budgets, eviction with compaction. (KV-Compress §3: per-head block tables
  * and MoveCache; Batch-Max §3.1: eviction during prefill and decode.)
  *
- * A block holds K and V of one (layer, KV head) for `block_size` tokens:
- *   data[block][0][slot][d_h] = K, data[block][1][slot][d_h] = V, fp32.
+ * A block holds K and V of one (layer, KV head) for `block_size` tokens, in that head's KV
+ * storage type (kv_cache_type: f32, f16, q8, q4; docs/formats.md "KV storage types"):
+ *   block = [K row 0 .. K row b_s-1][V row 0 .. V row b_s-1], each row kv_type_row_bytes(T, d_h)
+ * bytes (scales included). The pool keeps one block range per type, so a block's type follows
+ * from its id and every byte count is the stored bytes.
  * A head owns ceil(len / block_size) blocks; eviction keeps the survivors in their original
  * order, moves them to the front (MoveCache) and returns the trailing whole blocks to the
  * pool, so bytes in use follow the retained entries, not the evicted ones.
@@ -33,6 +36,42 @@ typedef enum {
 #define KV_DEFAULT_EVICT_BLOCK 16
 #define KV_BUDGET_UNBOUNDED 0x3fffffff
 
+/* KV storage types of one (layer, KV head) (issue 22; docs/formats.md "KV storage types").
+ * A stored row is one token's K (or V) of one head: d_h values. The group of a scale is the
+ * whole row, which exists for every d_h (8 for stories260K, 16 for TinyStories-656K):
+ *   f32: d_h float32                                      4 d_h bytes
+ *   f16: d_h IEEE binary16 (round to nearest even; beyond +-65504 saturates)   2 d_h bytes
+ *   q8:  binary16 scale s, then d_h int8 q: x = s q, s = max|x| / 127 rounded up  d_h + 2
+ *   q4:  binary16 scale s and minimum m, then ceil(d_h / 2) bytes of 4-bit q (element 2i in
+ *        the low nibble of byte i): x = m + s q, q in [0, 15], m = min x rounded down,
+ *        s = (max x - m) / 15 rounded up (KIVI-style asymmetric; Liu et al. 2024)
+ *                                                         ceil(d_h / 2) + 4 bytes
+ * Codes (plan.h5 /budget/kv_type) are the enum values. */
+typedef enum {
+    KV_TYPE_F32 = 0,
+    KV_TYPE_F16 = 1,
+    KV_TYPE_Q8 = 2,
+    KV_TYPE_Q4 = 3,
+} kv_cache_type;
+#define KV_CACHE_TYPES 4
+/* The runtime's default KV type (as llama.cpp and vLLM): F16. */
+#define KV_TYPE_DEFAULT KV_TYPE_F16
+
+/* "f32", "f16", "q8", "q4" ("?" for anything else). */
+const char *kv_type_name(kv_cache_type t);
+/* Parse a type name; KV_EINPUT names the bad value and the choices. */
+int kv_type_parse(const char *s, kv_cache_type *out, kv_error *err);
+/* 1 for a known type code. */
+int kv_type_valid(int code);
+/* Bytes of one stored row of d_h values (table above); 0 for an unknown type. */
+size_t kv_type_row_bytes(kv_cache_type t, int head_dim);
+/* Bytes one token takes in one head: K and V rows, 2 * kv_type_row_bytes. */
+size_t kv_type_token_bytes(kv_cache_type t, int head_dim);
+/* Encode one row x [d_h] fp32 into dst [kv_type_row_bytes] (caller's memory). */
+void kv_type_encode_row(kv_cache_type t, int head_dim, const float *x, unsigned char *dst);
+/* Decode one stored row src into x [d_h] fp32 (exactly the values attention uses). */
+void kv_type_decode_row(kv_cache_type t, int head_dim, const unsigned char *src, float *x);
+
 const char *kv_policy_name(kv_policy p);
 /* Parse "sink", "h2o", "avgattn", "l2attn"; KV_EINPUT names the bad value. */
 int kv_policy_parse(const char *s, kv_policy *out, kv_error *err);
@@ -43,29 +82,53 @@ int kv_policy_fixed_tokens(kv_policy p);
 int kv_policy_needs_stats(kv_policy p);
 
 /* ---- block pool ----
- * The pool is the block metadata (free list, peak); the block *storage* belongs to a backend
+ * The pool is the block metadata (free lists, peak); the block *storage* belongs to a backend
  * (kvplan/backend.h): host memory for the CPU backend (`data`), device memory for CUDA. Slot
- * s = block * block_size + offset names one token's K and V inside the storage. */
+ * s = block * block_size + offset names one token's K and V inside the storage.
+ * Blocks of type t are the ids [type_first[t], type_first[t + 1]) and start at byte
+ * type_offset[t] of the storage; type ranges follow each other in type order (f32 first, so
+ * an all-f32 pool has the layout [n_blocks][2][block_size][head_dim] floats). */
 typedef struct kv_pool {
     int block_size; /* b_s tokens */
     int head_dim;   /* d_h */
     int n_blocks;
-    float *data;     /* host storage [n_blocks][2][block_size][head_dim] (kv_pool_init), owned; NULL
-                      * when a backend keeps the storage elsewhere (`storage`) */
+    float *data;     /* host storage, kv_pool_storage_bytes bytes (kv_pool_init), owned; NULL
+                      * when a backend keeps the storage elsewhere (`storage`). Typed blocks are
+                      * bytes: use kv_pool_block_ptr. */
     void *storage;   /* backend-owned storage handle (device pointer), or NULL */
-    int *free_stack; /* [n_blocks] ids of free blocks, owned */
+    int *free_stack; /* [n_blocks] ids of free blocks, owned; type t's free ids are at
+                      * [type_first[t], type_first[t] + n_free_type[t]) */
     int n_free;
     long peak_in_use; /* most blocks in use at once since init or kv_pool_reset_peak */
+    int type_first[KV_CACHE_TYPES + 1];
+    size_t type_offset[KV_CACHE_TYPES + 1]; /* [KV_CACHE_TYPES] = total storage bytes */
+    int n_free_type[KV_CACHE_TYPES];
+    size_t bytes_in_use, peak_bytes; /* stored bytes of the blocks in use (scales included) */
 } kv_pool;
 
-/* One allocation of n_blocks blocks of host storage. KV_EINTERNAL when memory runs out. */
+/* One allocation of n_blocks f32 blocks of host storage. KV_EINTERNAL when memory runs out. */
 int kv_pool_init(kv_pool *p, int n_blocks, int block_size, int head_dim, kv_error *err);
+/* Host storage with counts[t] blocks of each type t (KV_CACHE_TYPES counts, >= 0, sum > 0). */
+int kv_pool_init_typed(kv_pool *p, const int *counts, int block_size, int head_dim, kv_error *err);
 /* The metadata only (no storage): a backend attaches its own (kv_backend_pool_init). */
 int kv_pool_init_meta(kv_pool *p, int n_blocks, int block_size, int head_dim, kv_error *err);
+int kv_pool_init_meta_typed(kv_pool *p, const int *counts, int block_size, int head_dim,
+                            kv_error *err);
 void kv_pool_destroy(kv_pool *p);
-/* Bytes of one block: 2 * block_size * head_dim * sizeof(float). */
+/* Bytes of one f32 block: 2 * block_size * head_dim * sizeof(float). */
 size_t kv_pool_block_bytes(const kv_pool *p);
+/* Bytes of one block of type t: 2 * block_size * kv_type_row_bytes(t, head_dim). */
+size_t kv_pool_type_block_bytes(const kv_pool *p, kv_cache_type t);
+/* Bytes of the whole storage (every block of every type). */
+size_t kv_pool_storage_bytes(const kv_pool *p);
+/* Type of block `block` (its range). */
+kv_cache_type kv_pool_block_type(const kv_pool *p, int block);
+/* 1 when the pool has blocks of type t. */
+int kv_pool_has_type(const kv_pool *p, kv_cache_type t);
+/* Host address of block `block` (host storage only). */
+unsigned char *kv_pool_block_ptr(const kv_pool *p, int block);
 long kv_pool_blocks_in_use(const kv_pool *p);
+/* Stored bytes of the blocks in use now / at most since init or kv_pool_reset_peak. */
 size_t kv_pool_bytes_in_use(const kv_pool *p);
 size_t kv_pool_peak_bytes(const kv_pool *p);
 void kv_pool_reset_peak(kv_pool *p);
@@ -74,15 +137,16 @@ void kv_pool_reset_peak(kv_pool *p);
 typedef struct kv_head {
     int *table; /* block ids, [cap_blocks] */
     int n_blocks, cap_blocks;
-    int len;          /* retained entries */
-    int budget;       /* max retained entries after a step (tokens) */
-    kv_policy policy; /* how this head evicts (a plan may give each head its own) */
-    int track_stats;  /* accumulate acc/acc2 in attention (the policy needs them and the head
-                       * can be over budget) */
-    int cap;          /* capacity of the per-entry arrays */
-    int *pos;         /* [cap] position id each entry came from */
-    float *acc;       /* [cap] sum of attention weights (summed over the GQA group) */
-    float *acc2;      /* [cap] sum of squared attention weights */
+    int len;            /* retained entries */
+    int budget;         /* max retained entries after a step (tokens) */
+    kv_policy policy;   /* how this head evicts (a plan may give each head its own) */
+    kv_cache_type type; /* storage type of its K/V rows (its blocks come from that range) */
+    int track_stats;    /* accumulate acc/acc2 in attention (the policy needs them and the head
+                         * can be over budget) */
+    int cap;            /* capacity of the per-entry arrays */
+    int *pos;           /* [cap] position id each entry came from */
+    float *acc;         /* [cap] sum of attention weights (summed over the GQA group) */
+    float *acc2;        /* [cap] sum of squared attention weights */
 } kv_head;
 
 /* ---- one sequence's cache ---- */
@@ -103,6 +167,9 @@ int kv_cache_init(kv_cache *c, kv_pool *pool, int n_layers, int n_kv_heads, cons
  * budget is below `context` (a head that never evicts needs none). KV_EINPUT for a budget < 1. */
 int kv_cache_set_budgets(kv_cache *c, const int *budget, const kv_policy *policy, int context,
                          kv_error *err);
+/* Set every head's storage type [L * H_kv] (NULL: the pool's first type). Only on an empty
+ * cache; KV_EINPUT for an unknown type, one the pool has no blocks of, or a live cache. */
+int kv_cache_set_types(kv_cache *c, const kv_cache_type *types, kv_error *err);
 /* Return every block to the pool and free the tables. */
 void kv_cache_destroy(kv_cache *c);
 /* Drop all entries (blocks back to the pool), n_past = 0; budgets and policy stay. */
@@ -115,10 +182,15 @@ static inline kv_head *kv_cache_head(kv_cache *c, int layer, int kv_head_idx) {
 static inline int kv_head_slot(const kv_pool *p, const kv_head *h, int i) {
     return h->table[i / p->block_size] * p->block_size + i % p->block_size;
 }
-/* Host pointers to K and V of entry `i` of head `h` (host storage only; valid until the next
- * append or eviction). */
+/* Host pointers to K and V of entry `i` of an f32 head `h` (host storage only; valid until the
+ * next append or eviction). Any type: kv_head_read. */
 float *kv_head_k(const kv_pool *p, const kv_head *h, int i);
 float *kv_head_v(const kv_pool *p, const kv_head *h, int i);
+/* K and V [d_h] of entry `i` of head `h` decoded to fp32 (host storage; any type; k or v may be
+ * NULL). */
+void kv_head_read(const kv_pool *p, const kv_head *h, int i, float *k, float *v);
+/* Host address of K (which 0) or V (which 1) of slot `slot`, kv_type_row_bytes bytes. */
+unsigned char *kv_pool_slot_row(const kv_pool *p, int slot, int which);
 
 /* One K/V copy inside a pool's storage (KV-Compress MoveCache): slot src -> slot dst. A move
  * list is applied in order (a later move may overwrite an earlier move's source). */
@@ -145,7 +217,7 @@ int kv_head_schedule_room(kv_cache *c, kv_head *h, int n_new, int curr_pos, kv_m
  * backend writes K and V there); takes a new block when the last one is full. KV_EINTERNAL
  * when the pool is exhausted. */
 int kv_head_append_slot(kv_cache *c, kv_head *h, int pos, int *slot, kv_error *err);
-/* Host storage convenience: append with K, V [d_h] copied in. */
+/* Host storage convenience: append with K, V [d_h] encoded in the head's type. */
 int kv_head_append(kv_cache *c, kv_head *h, const float *k, const float *v, int pos, kv_error *err);
 /* Host storage convenience: schedule + apply the moves (make room for n_new tokens). */
 int kv_head_make_room(kv_cache *c, kv_head *h, int n_new, int curr_pos, kv_error *err);
@@ -164,6 +236,11 @@ void kv_policy_select(kv_policy p, const int *pos, const float *acc, const float
  * (the budget plus one eviction block p as it arrives), summed over heads. */
 long kv_cache_blocks_needed(int n_layers, int n_kv_heads, const int *budget, int context,
                             int evict_block, int block_size);
+/* The same per type: counts[t] (KV_CACHE_TYPES longs, overwritten) sums the heads whose type
+ * [L * H_kv] is t (types NULL: all KV_TYPE_DEFAULT). */
+void kv_cache_blocks_needed_typed(int n_layers, int n_kv_heads, const int *budget,
+                                  const kv_cache_type *types, int context, int evict_block,
+                                  int block_size, long *counts);
 
 #ifdef __cplusplus
 }

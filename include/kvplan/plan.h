@@ -24,19 +24,27 @@
 extern "C" {
 #endif
 
-/* Schema of the plan files this build writes (v2 adds /budget/policy [L, H_kv]); v1 files
- * (one policy for every head) stay readable. */
-#define KV_PLAN_SCHEMA_VERSION 2
+/* Schema of the plan files this build writes (v2 adds /budget/policy [L, H_kv]; v3 adds
+ * /budget/kv_type [L, H_kv] and measures the ratio in bytes); v1 files (one policy for every
+ * head) and v2 files stay readable: their heads are f32 (the only type of the runtime that
+ * wrote them) and their stored token ratio r becomes the byte ratio 2 r (docs/formats.md). */
+#define KV_PLAN_SCHEMA_VERSION 3
+
+/* The largest ratio: a full f32 cache is twice the F16 reference. */
+#define KV_PLAN_MAX_RATIO 2.0
 
 typedef struct kv_plan {
     int n_layers, n_kv_heads; /* L, H_kv */
     int context;              /* C: tokens per chunk / sequence the budgets refer to */
     int block_size;           /* b_s tokens per KV block */
     int evict_block;          /* Batch-Max p: tokens processed between evictions */
-    double ratio;             /* R: sum(B) = R * L * H_kv * C, within one block per head */
+    double ratio;             /* R: stored bytes / the full F16 cache's bytes (issue 22):
+                               * sum_i B_i * token_bytes(T_i) = R * L * H_kv * C * 2 * d_h * 2,
+                               * within one block per head; for F16 heads the token fraction */
     kv_policy policy;         /* the plan's default policy (root attribute `policy`) */
     kv_policy *head_policy;   /* [L * H_kv] the policy of each head, owned */
     int *budget;              /* [L * H_kv] B[l][j] tokens, owned; each in [1, C] */
+    kv_cache_type *kv_type;   /* [L * H_kv] KV storage type of each head, owned */
     int full;                 /* 1 when every budget is C: the full cache, nothing evicted */
     char allocation[32];      /* "full", "uniform", "squeeze", "baklava", ... */
     double t, r, p;           /* BaKlaVa threshold / reduction, SqueezeAttention p; NaN unused */
@@ -68,6 +76,15 @@ int kv_uniform_budgets(int n, double ratio, int context, int block_size, int *to
                        kv_error *err);
 int kv_plan_uniform(const kv_config *cfg, double ratio, int context, int block_size,
                     int evict_block, kv_policy policy, kv_plan *out, kv_error *err);
+/* Uniform at byte ratio R with every head of type t: the token fraction
+ * r = R * token_bytes(f16) / token_bytes(t) (capped at 1) is shared as kv_plan_uniform shares
+ * R, and the plan records the byte ratio its budgets keep (R, or less when r was capped).
+ * kv_plan_uniform is this with t = KV_TYPE_F16 (r = R). Errors as kv_plan_uniform. */
+int kv_plan_uniform_typed(const kv_config *cfg, double ratio, kv_cache_type t, int context,
+                          int block_size, int evict_block, kv_policy policy, kv_plan *out,
+                          kv_error *err);
+/* The token fraction of byte ratio R for heads of type t at head size d_h (see above). */
+double kv_type_token_ratio(double ratio, kv_cache_type t, int head_dim);
 
 /* A plan from per-head budgets (the planner's result): budget [L * H_kv] tokens (copied),
  * one policy for all heads (head_policy NULL) or per head [L * H_kv] (copied). allocation,
@@ -78,9 +95,10 @@ int kv_plan_from_budgets(const kv_config *cfg, const int *budget, const kv_polic
                          int evict_block, const char *allocation, double t, double r, double p,
                          int min_tokens, kv_plan *out, kv_error *err);
 
-/* Validate a plan: L, H_kv >= 1; C >= 2; b_s in [1, 4096]; p in [1, C]; R finite in (0, 1];
+/* Validate a plan: L, H_kv >= 1; C >= 2; b_s in [1, 4096]; p in [1, C]; R finite in (0, 2];
  * every budget in [1, C] and at least its policy's fixed part + p (unless it is C, which never
- * evicts); every policy known; sum(B) within one block per head of R * L * H_kv * C (a plan
+ * evicts); every policy and KV type known; the stored bytes sum_i B_i * token_bytes(T_i)
+ * within one block per head (b_s * token_bytes(T_i) each) of R times the full F16 cache (a plan
  * that claims a ratio it does not keep is refused). `what` names the plan in messages (its
  * file); every error is KV_EINPUT and says which head or value fails and what to do. */
 int kv_plan_validate(const kv_plan *p, const char *what, kv_error *err);
@@ -90,15 +108,16 @@ int kv_plan_validate(const kv_plan *p, const char *what, kv_error *err);
  * error); a plan made in memory (source "") is only checked for shape. KV_EINPUT names both. */
 int kv_plan_check_model(const kv_plan *p, const kv_model *m, kv_error *err);
 
-/* Read plan.h5 (schema v1 or v2) and validate it (kv_plan_validate, and /budget/blocks must
+/* Read plan.h5 (schema v1, v2 or v3) and validate it (kv_plan_validate, and /budget/blocks must
  * equal ceil(tokens / b_s) per head; fractional, NaN or out-of-range budgets are refused).
  * Errors KV_EINPUT name the file and the dataset or attribute. Fills *out (kv_plan_free). */
 int kv_plan_read(const char *path, kv_plan *out, kv_error *err);
 
 /* Write the plan's part of plan.h5 into an open file: root attributes ratio, context_length,
  * block_size, evict_block, policy, allocation, t, r, p, min_tokens (when > 0), plan_schema;
- * /budget/tokens, /budget/blocks [L, H_kv] int32 and /budget/policy [L, H_kv] int32 (codes of
- * kv_policy, named in its `codes` attribute). Provenance (model identity) is written by
+ * /budget/tokens, /budget/blocks [L, H_kv] int32, /budget/policy [L, H_kv] int32 (codes of
+ * kv_policy, named in its `codes` attribute) and /budget/kv_type [L, H_kv] int32 (codes of
+ * kv_cache_type, named in its `codes` attribute). Provenance (model identity) is written by
  * kv_h5_write_provenance. */
 int kv_plan_write(kv_h5 *f, const kv_plan *p, kv_error *err);
 
@@ -114,6 +133,15 @@ static inline int kv_plan_head_blocks(const kv_plan *p, int i) {
 }
 /* Total budget sum(B) in tokens. */
 long kv_plan_total_tokens(const kv_plan *p);
+/* Bytes the budgets keep: sum_i B_i * kv_type_token_bytes(T_i, d_h) (d_h: model_head_dim). */
+double kv_plan_bytes(const kv_plan *p);
+/* The ratio reference: the full F16 cache, L * H_kv * C * 2 * d_h * 2 bytes. */
+double kv_plan_full_f16_bytes(const kv_plan *p);
+/* Set every head's KV type to t keeping the budgets; the ratio becomes the byte ratio the
+ * budgets keep in t (kv_plan_bytes / kv_plan_full_f16_bytes). */
+void kv_plan_set_kv_type(kv_plan *p, kv_cache_type t);
+/* 1 when the heads have more than one KV type; the type of head 0 in *first. */
+int kv_plan_mixed_types(const kv_plan *p, kv_cache_type *first);
 /* 1 when some head has a policy other than the plan's default. */
 int kv_plan_mixed_policies(const kv_plan *p);
 

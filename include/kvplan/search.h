@@ -56,7 +56,8 @@ int kv_grid_parse(const char *s, const char *opt, double lo, double hi, double *
 
 typedef struct kv_search_opts {
     kv_alloc_kind allocation; /* baklava (grid t x r [x p]), squeeze (grid p) or uniform */
-    double ratio;             /* R in (0, 1] */
+    double ratio;             /* R in (0, 1]: the token fraction (kv_type_token_ratio) */
+    kv_cache_type kv_type;    /* KV type of every head of the evaluated caches (default f16) */
     int context;              /* C tokens per chunk (<= model seq_len) */
     int block_size;           /* b_s */
     int evict_block;          /* Batch-Max p */

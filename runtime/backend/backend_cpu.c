@@ -6,6 +6,7 @@
 #include "kvplan/backend.h"
 
 #include "backend/ops.h"
+#include "cache/kvtype.h"
 
 #include <math.h>
 #include <omp.h>
@@ -52,8 +53,7 @@ static void cpu_destroy(kv_backend *b) {
 
 static int cpu_storage_alloc(kv_backend *b, kv_pool *p, kv_error *err) {
     (void)b;
-    size_t floats = (size_t)p->n_blocks * 2 * (size_t)p->block_size * (size_t)p->head_dim;
-    p->data = kv_malloc(floats * sizeof(float), "KV block pool", err);
+    p->data = kv_malloc(kv_pool_storage_bytes(p), "KV block pool", err);
     return p->data ? KV_OK : KV_EINTERNAL;
 }
 
@@ -108,13 +108,12 @@ static int cpu_cache_write(kv_backend *b, kv_pool *p, const kv_slot_write *w, in
     (void)err;
     cpu_backend *c = cpu(b);
     int hd = p->head_dim, kvd = b->model->cfg.n_kv_heads * hd;
-    size_t row = (size_t)hd * sizeof(float), vo = (size_t)p->block_size * hd;
     for (int i = 0; i < n; i++) {
-        size_t blk = (size_t)(w[i].slot / p->block_size), off = (size_t)(w[i].slot % p->block_size);
-        float *dst = p->data + (blk * 2 * (size_t)p->block_size + off) * (size_t)hd;
+        /* the new row in the head's stored type (its block's range) */
+        kv_cache_type t = kv_pool_block_type(p, w[i].slot / p->block_size);
         size_t src = (size_t)w[i].row * kvd + (size_t)w[i].kv_head * hd;
-        memcpy(dst, c->k + src, row);
-        memcpy(dst + vo, c->v + src, row);
+        kvt_encode(t, hd, c->k + src, kv_pool_slot_row(p, w[i].slot, 0));
+        kvt_encode(t, hd, c->v + src, kv_pool_slot_row(p, w[i].slot, 1));
     }
     return KV_OK;
 }
@@ -127,14 +126,18 @@ static int cpu_cache_write(kv_backend *b, kv_pool *p, const kv_slot_write *w, in
 #define KV_ATTN_PARALLEL_MACS 8388608.0
 
 /* Attention of one (sequence, KV head) task: n new queries per query head of the group over
- * the head's first `len - n + i + 1` entries for query i (retained + causal new). */
-static inline __attribute__((always_inline)) void attend_task_hd(const cpu_backend *c,
-                                                                 const kv_pool *p,
-                                                                 const kv_attn_task *t,
-                                                                 float *scores, const int hd) {
+ * the head's first `len - n + i + 1` entries for query i (retained + causal new). Rows are
+ * read in the head's stored type `ty` (the range of its blocks): f32 in place, the others
+ * decoded one row at a time into a [d_h] stack array (runtime/cache/kvtype.h), so no fp32
+ * copy of the cache exists and the weights (and the h2o / l2attn statistics) are exact
+ * functions of the stored values. */
+static inline __attribute__((always_inline)) void
+attend_task_hd(const cpu_backend *c, const kv_pool *p, const kv_attn_task *t, float *scores,
+               const int hd, const kv_cache_type ty) {
     const kv_config *cfg = &c->base.model->cfg;
     int g = cfg->n_heads / cfg->n_kv_heads, qd = cfg->n_heads * hd, j = t->kv_head;
     int base = t->len - t->n, bs = p->block_size;
+    size_t rb = kvt_row_bytes(ty, hd);
     float inv = 1.0f / sqrtf((float)hd);
     for (int i = 0; i < t->n; i++) {
         int n_ent = base + i + 1;
@@ -147,10 +150,15 @@ static inline __attribute__((always_inline)) void attend_task_hd(const cpu_backe
             float qv[hd];
             for (int d = 0; d < hd; d++) qv[d] = q[d] * inv;
             for (int e0 = 0; e0 < n_ent; e0 += bs) {
-                const float *kb = p->data + (size_t)t->table[e0 / bs] * 2 * bs * (size_t)hd;
+                const unsigned char *kb = kv_pool_block_ptr(p, t->table[e0 / bs]);
                 int cnt = n_ent - e0 < bs ? n_ent - e0 : bs;
                 for (int e = 0; e < cnt; e++) {
-                    const float *kk = kb + (size_t)e * hd;
+                    float kr[hd];
+                    const float *kk = kr;
+                    if (ty == KV_TYPE_F32)
+                        kk = (const float *)(const void *)(kb + (size_t)e * rb);
+                    else
+                        kvt_decode(ty, hd, kb + (size_t)e * rb, kr);
                     /* 8 partial sums: a fixed association order, vectorisable. Written as
                      * 8-lane chunks: `part[d & 7]` in one loop compiled to a scalar
                      * store-to-load chain through the stack (perf: ~60% of prefill attention
@@ -175,13 +183,17 @@ static inline __attribute__((always_inline)) void attend_task_hd(const cpu_backe
             float acc[hd];
             for (int d = 0; d < hd; d++) acc[d] = 0.0f;
             for (int e0 = 0; e0 < n_ent; e0 += bs) {
-                const float *vb =
-                    p->data + ((size_t)t->table[e0 / bs] * 2 * bs + (size_t)bs) * (size_t)hd;
+                const unsigned char *vb = kv_pool_block_ptr(p, t->table[e0 / bs]) + (size_t)bs * rb;
                 int cnt = n_ent - e0 < bs ? n_ent - e0 : bs;
                 for (int e = 0; e < cnt; e++) {
                     float w = scores[e0 + e] * rs;
                     scores[e0 + e] = w;
-                    const float *vv = vb + (size_t)e * hd;
+                    float vr[hd];
+                    const float *vv = vr;
+                    if (ty == KV_TYPE_F32)
+                        vv = (const float *)(const void *)(vb + (size_t)e * rb);
+                    else
+                        kvt_decode(ty, hd, vb + (size_t)e * rb, vr);
                     for (int d = 0; d < hd; d++) acc[d] += w * vv[d];
                 }
             }
@@ -198,26 +210,46 @@ static inline __attribute__((always_inline)) void attend_task_hd(const cpu_backe
 }
 
 /* One specialisation per common head size so the d_h loops unroll and vectorise. */
-static void attend_task(const cpu_backend *c, const kv_pool *p, const kv_attn_task *t,
-                        float *scores) {
+static inline __attribute__((always_inline)) void
+attend_task_ty(const cpu_backend *c, const kv_pool *p, const kv_attn_task *t, float *scores,
+               const kv_cache_type ty) {
     switch (c->base.model->cfg.head_dim) {
     case 8:
-        attend_task_hd(c, p, t, scores, 8);
+        attend_task_hd(c, p, t, scores, 8, ty);
         break;
     case 16:
-        attend_task_hd(c, p, t, scores, 16);
+        attend_task_hd(c, p, t, scores, 16, ty);
         break;
     case 32:
-        attend_task_hd(c, p, t, scores, 32);
+        attend_task_hd(c, p, t, scores, 32, ty);
         break;
     case 64:
-        attend_task_hd(c, p, t, scores, 64);
+        attend_task_hd(c, p, t, scores, 64, ty);
         break;
     case 128:
-        attend_task_hd(c, p, t, scores, 128);
+        attend_task_hd(c, p, t, scores, 128, ty);
         break;
     default:
-        attend_task_hd(c, p, t, scores, c->base.model->cfg.head_dim);
+        attend_task_hd(c, p, t, scores, c->base.model->cfg.head_dim, ty);
+        break;
+    }
+}
+
+/* ... and per stored type (the type of the head's blocks). */
+static void attend_task(const cpu_backend *c, const kv_pool *p, const kv_attn_task *t,
+                        float *scores) {
+    switch (kv_pool_block_type(p, t->table[0])) {
+    case KV_TYPE_F32:
+        attend_task_ty(c, p, t, scores, KV_TYPE_F32);
+        break;
+    case KV_TYPE_F16:
+        attend_task_ty(c, p, t, scores, KV_TYPE_F16);
+        break;
+    case KV_TYPE_Q8:
+        attend_task_ty(c, p, t, scores, KV_TYPE_Q8);
+        break;
+    case KV_TYPE_Q4:
+        attend_task_ty(c, p, t, scores, KV_TYPE_Q4);
         break;
     }
 }

@@ -5,6 +5,8 @@
  * StreamingLLM (attention sinks + recent window). */
 #include "kvplan/kvcache.h"
 
+#include "cache/kvtype.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -42,34 +44,102 @@ int kv_policy_needs_stats(kv_policy p) {
     return p != KV_POLICY_SINK;
 }
 
+/* ---- KV storage types ---- */
+const char *kv_type_name(kv_cache_type t) {
+    switch (t) {
+    case KV_TYPE_F32:
+        return "f32";
+    case KV_TYPE_F16:
+        return "f16";
+    case KV_TYPE_Q8:
+        return "q8";
+    case KV_TYPE_Q4:
+        return "q4";
+    }
+    return "?";
+}
+
+int kv_type_valid(int code) {
+    return code >= 0 && code < KV_CACHE_TYPES;
+}
+
+int kv_type_parse(const char *s, kv_cache_type *out, kv_error *err) {
+    for (int t = 0; t < KV_CACHE_TYPES; t++)
+        if (s && !strcmp(s, kv_type_name((kv_cache_type)t))) {
+            *out = (kv_cache_type)t;
+            return KV_OK;
+        }
+    return kv_fail(err, KV_EINPUT, "unknown KV type '%s' (choose f32, f16, q8 or q4)", s ? s : "");
+}
+
+size_t kv_type_row_bytes(kv_cache_type t, int head_dim) {
+    return kvt_row_bytes(t, head_dim);
+}
+size_t kv_type_token_bytes(kv_cache_type t, int head_dim) {
+    return 2u * kvt_row_bytes(t, head_dim);
+}
+void kv_type_encode_row(kv_cache_type t, int head_dim, const float *x, unsigned char *dst) {
+    kvt_encode(t, head_dim, x, dst);
+}
+void kv_type_decode_row(kv_cache_type t, int head_dim, const unsigned char *src, float *x) {
+    kvt_decode(t, head_dim, src, x);
+}
+
 /* ---- pool ---- */
-int kv_pool_init_meta(kv_pool *p, int n_blocks, int block_size, int head_dim, kv_error *err) {
+int kv_pool_init_meta_typed(kv_pool *p, const int *counts, int block_size, int head_dim,
+                            kv_error *err) {
     memset(p, 0, sizeof *p);
-    if (n_blocks <= 0 || block_size <= 0 || head_dim <= 0)
-        return kv_fail(err, KV_EINPUT, "KV pool: %d blocks of %d tokens x %d dims is empty",
+    long n_blocks = 0;
+    for (int t = 0; t < KV_CACHE_TYPES; t++) {
+        if (counts[t] < 0)
+            return kv_fail(err, KV_EINPUT, "KV pool: %d blocks of type %s", counts[t],
+                           kv_type_name((kv_cache_type)t));
+        n_blocks += counts[t];
+    }
+    if (n_blocks <= 0 || n_blocks > 0x7fffffffL || block_size <= 0 || head_dim <= 0)
+        return kv_fail(err, KV_EINPUT, "KV pool: %ld blocks of %d tokens x %d dims is empty",
                        n_blocks, block_size, head_dim);
     p->free_stack = kv_malloc((size_t)n_blocks * sizeof(int), "KV block pool free list", err);
     if (!p->free_stack) return KV_EINTERNAL;
-    p->n_blocks = n_blocks;
+    p->n_blocks = (int)n_blocks;
     p->block_size = block_size;
     p->head_dim = head_dim;
-    /* pop order: block 0 first */
-    for (int i = 0; i < n_blocks; i++) p->free_stack[i] = n_blocks - 1 - i;
-    p->n_free = n_blocks;
-    p->peak_in_use = 0;
+    int first = 0;
+    size_t off = 0;
+    for (int t = 0; t < KV_CACHE_TYPES; t++) {
+        p->type_first[t] = first;
+        p->type_offset[t] = off;
+        /* pop order inside a range: its lowest block first */
+        for (int i = 0; i < counts[t]; i++) p->free_stack[first + i] = first + counts[t] - 1 - i;
+        p->n_free_type[t] = counts[t];
+        first += counts[t];
+        off += (size_t)counts[t] * kv_pool_type_block_bytes(p, (kv_cache_type)t);
+    }
+    p->type_first[KV_CACHE_TYPES] = first;
+    p->type_offset[KV_CACHE_TYPES] = off;
+    p->n_free = p->n_blocks;
     return KV_OK;
 }
 
-int kv_pool_init(kv_pool *p, int n_blocks, int block_size, int head_dim, kv_error *err) {
-    int rc = kv_pool_init_meta(p, n_blocks, block_size, head_dim, err);
+int kv_pool_init_meta(kv_pool *p, int n_blocks, int block_size, int head_dim, kv_error *err) {
+    int counts[KV_CACHE_TYPES] = {n_blocks, 0, 0, 0};
+    return kv_pool_init_meta_typed(p, counts, block_size, head_dim, err);
+}
+
+int kv_pool_init_typed(kv_pool *p, const int *counts, int block_size, int head_dim, kv_error *err) {
+    int rc = kv_pool_init_meta_typed(p, counts, block_size, head_dim, err);
     if (rc) return rc;
-    size_t floats = (size_t)n_blocks * 2 * (size_t)block_size * (size_t)head_dim;
-    p->data = kv_malloc(floats * sizeof(float), "KV block pool", err);
+    p->data = kv_malloc(kv_pool_storage_bytes(p), "KV block pool", err);
     if (!p->data) {
         kv_pool_destroy(p);
         return KV_EINTERNAL;
     }
     return KV_OK;
+}
+
+int kv_pool_init(kv_pool *p, int n_blocks, int block_size, int head_dim, kv_error *err) {
+    int counts[KV_CACHE_TYPES] = {n_blocks, 0, 0, 0};
+    return kv_pool_init_typed(p, counts, block_size, head_dim, err);
 }
 
 void kv_pool_destroy(kv_pool *p) {
@@ -81,29 +151,60 @@ void kv_pool_destroy(kv_pool *p) {
 size_t kv_pool_block_bytes(const kv_pool *p) {
     return 2 * (size_t)p->block_size * (size_t)p->head_dim * sizeof(float);
 }
+size_t kv_pool_type_block_bytes(const kv_pool *p, kv_cache_type t) {
+    return 2 * (size_t)p->block_size * kvt_row_bytes(t, p->head_dim);
+}
+size_t kv_pool_storage_bytes(const kv_pool *p) {
+    return p->type_offset[KV_CACHE_TYPES];
+}
+kv_cache_type kv_pool_block_type(const kv_pool *p, int block) {
+    int t = 0;
+    while (t + 1 < KV_CACHE_TYPES && block >= p->type_first[t + 1]) t++;
+    return (kv_cache_type)t;
+}
+int kv_pool_has_type(const kv_pool *p, kv_cache_type t) {
+    return kv_type_valid((int)t) && p->type_first[t + 1] > p->type_first[t];
+}
+unsigned char *kv_pool_block_ptr(const kv_pool *p, int block) {
+    kv_cache_type t = kv_pool_block_type(p, block);
+    return (unsigned char *)p->data + p->type_offset[t] +
+           (size_t)(block - p->type_first[t]) * kv_pool_type_block_bytes(p, t);
+}
+unsigned char *kv_pool_slot_row(const kv_pool *p, int slot, int which) {
+    int b = slot / p->block_size, o = slot % p->block_size;
+    size_t row = kvt_row_bytes(kv_pool_block_type(p, b), p->head_dim);
+    return kv_pool_block_ptr(p, b) + ((size_t)which * (size_t)p->block_size + (size_t)o) * row;
+}
 long kv_pool_blocks_in_use(const kv_pool *p) {
     return (long)p->n_blocks - p->n_free;
 }
 size_t kv_pool_bytes_in_use(const kv_pool *p) {
-    return (size_t)kv_pool_blocks_in_use(p) * kv_pool_block_bytes(p);
+    return p->bytes_in_use;
 }
 size_t kv_pool_peak_bytes(const kv_pool *p) {
-    return (size_t)p->peak_in_use * kv_pool_block_bytes(p);
+    return p->peak_bytes;
 }
 void kv_pool_reset_peak(kv_pool *p) {
     p->peak_in_use = kv_pool_blocks_in_use(p);
+    p->peak_bytes = p->bytes_in_use;
 }
 
-static int pool_take(kv_pool *p) {
-    if (p->n_free == 0) return -1;
-    int id = p->free_stack[--p->n_free];
+static int pool_take(kv_pool *p, kv_cache_type t) {
+    if (!kv_type_valid((int)t) || p->n_free_type[t] == 0) return -1;
+    int id = p->free_stack[p->type_first[t] + --p->n_free_type[t]];
+    p->n_free--;
+    p->bytes_in_use += kv_pool_type_block_bytes(p, t);
     long used = kv_pool_blocks_in_use(p);
     if (used > p->peak_in_use) p->peak_in_use = used;
+    if (p->bytes_in_use > p->peak_bytes) p->peak_bytes = p->bytes_in_use;
     return id;
 }
 
 static void pool_give(kv_pool *p, int id) {
-    p->free_stack[p->n_free++] = id;
+    kv_cache_type t = kv_pool_block_type(p, id);
+    p->free_stack[p->type_first[t] + p->n_free_type[t]++] = id;
+    p->n_free++;
+    p->bytes_in_use -= kv_pool_type_block_bytes(p, t);
 }
 
 void kv_pool_release_block(kv_pool *p, int block) {
@@ -120,7 +221,12 @@ int kv_cache_init(kv_cache *c, kv_pool *pool, int n_layers, int n_kv_heads, cons
     c->pool = pool;
     c->n_layers = n_layers;
     c->n_kv_heads = n_kv_heads;
-    for (size_t i = 0; i < nh; i++) c->heads[i].policy = policy;
+    kv_cache_type t0 = KV_TYPE_F32;
+    while (t0 + 1 < KV_CACHE_TYPES && !kv_pool_has_type(pool, t0)) t0++;
+    for (size_t i = 0; i < nh; i++) {
+        c->heads[i].policy = policy;
+        c->heads[i].type = t0;
+    }
     /* the old rule: statistics whenever there are budgets and the policy needs them */
     int rc = kv_cache_set_budgets(c, budget, NULL, budget ? KV_BUDGET_UNBOUNDED : 0, err);
     if (rc) {
@@ -146,6 +252,25 @@ int kv_cache_set_budgets(kv_cache *c, const int *budget, const kv_policy *policy
         if (policy) h->policy = policy[i];
         h->track_stats = kv_policy_needs_stats(h->policy) && h->budget < context;
     }
+    return KV_OK;
+}
+
+int kv_cache_set_types(kv_cache *c, const kv_cache_type *types, kv_error *err) {
+    size_t nh = (size_t)c->n_layers * (size_t)c->n_kv_heads;
+    kv_cache_type t0 = KV_TYPE_F32;
+    while (t0 + 1 < KV_CACHE_TYPES && !kv_pool_has_type(c->pool, t0)) t0++;
+    for (size_t i = 0; i < nh; i++) {
+        kv_cache_type t = types ? types[i] : t0;
+        if (!kv_pool_has_type(c->pool, t))
+            return kv_fail(err, KV_EINPUT,
+                           "layer %zu KV head %zu has KV type %s (code %d), which the block pool "
+                           "does not hold",
+                           i / (size_t)c->n_kv_heads, i % (size_t)c->n_kv_heads, kv_type_name(t),
+                           (int)t);
+        if (c->heads[i].len > 0 && c->heads[i].type != t)
+            return kv_fail(err, KV_EINPUT, "the KV type of a live head cannot change");
+    }
+    for (size_t i = 0; i < nh; i++) c->heads[i].type = types ? types[i] : t0;
     return KV_OK;
 }
 
@@ -215,12 +340,16 @@ int kv_head_append_slot(kv_cache *c, kv_head *h, int pos, int *slot, kv_error *e
             h->table = t;
             h->cap_blocks = nc;
         }
-        int b = pool_take(p);
+        int b = pool_take(p, h->type);
         if (b < 0)
             return kv_fail(err, KV_EINTERNAL,
-                           "KV block pool exhausted (%d blocks of %d tokens): the budgets need "
-                           "more blocks than were reserved",
-                           p->n_blocks, p->block_size);
+                           "KV block pool exhausted (%d blocks of %d tokens, %d of type %s): the "
+                           "budgets need more blocks than were reserved",
+                           p->n_blocks, p->block_size,
+                           kv_type_valid((int)h->type)
+                               ? p->type_first[h->type + 1] - p->type_first[h->type]
+                               : 0,
+                           kv_type_name(h->type));
         h->table[h->n_blocks++] = b;
     }
     int i = h->len++;
@@ -231,19 +360,20 @@ int kv_head_append_slot(kv_cache *c, kv_head *h, int pos, int *slot, kv_error *e
     return KV_OK;
 }
 
-/* Slot s of host storage: K at data[block][0][off], V at data[block][1][off]. */
-static float *slot_k(const kv_pool *p, int s) {
-    size_t b = (size_t)(s / p->block_size), o = (size_t)(s % p->block_size);
-    return p->data + (b * 2 * (size_t)p->block_size + o) * (size_t)p->head_dim;
+void kv_head_read(const kv_pool *p, const kv_head *h, int i, float *k, float *v) {
+    int slot = kv_head_slot(p, h, i);
+    kv_cache_type t = kv_pool_block_type(p, slot / p->block_size);
+    if (k) kvt_decode(t, p->head_dim, kv_pool_slot_row(p, slot, 0), k);
+    if (v) kvt_decode(t, p->head_dim, kv_pool_slot_row(p, slot, 1), v);
 }
 
 void kv_pool_apply_moves_host(kv_pool *p, const kv_move *moves, int n) {
-    size_t row = (size_t)p->head_dim * sizeof(float), vo = (size_t)p->block_size * p->head_dim;
     for (int i = 0; i < n; i++) {
-        float *d = slot_k(p, moves[i].dst);
-        const float *s = slot_k(p, moves[i].src);
-        memcpy(d, s, row);
-        memcpy(d + vo, s + vo, row);
+        /* a move stays inside one head, so source and destination have one type */
+        size_t row =
+            kvt_row_bytes(kv_pool_block_type(p, moves[i].src / p->block_size), p->head_dim);
+        memcpy(kv_pool_slot_row(p, moves[i].dst, 0), kv_pool_slot_row(p, moves[i].src, 0), row);
+        memcpy(kv_pool_slot_row(p, moves[i].dst, 1), kv_pool_slot_row(p, moves[i].src, 1), row);
     }
 }
 
@@ -252,9 +382,8 @@ int kv_head_append(kv_cache *c, kv_head *h, const float *k, const float *v, int 
     int slot = 0, rc = kv_head_append_slot(c, h, pos, &slot, err);
     if (rc) return rc;
     kv_pool *p = c->pool;
-    float *d = slot_k(p, slot);
-    memcpy(d, k, (size_t)p->head_dim * sizeof(float));
-    memcpy(d + (size_t)p->block_size * p->head_dim, v, (size_t)p->head_dim * sizeof(float));
+    kvt_encode(h->type, p->head_dim, k, kv_pool_slot_row(p, slot, 0));
+    kvt_encode(h->type, p->head_dim, v, kv_pool_slot_row(p, slot, 1));
     return KV_OK;
 }
 
@@ -413,6 +542,18 @@ int kv_head_make_room(kv_cache *c, kv_head *h, int n_new, int curr_pos, kv_error
     if (!rc) kv_pool_apply_moves_host(c->pool, mv.v, mv.n);
     kv_moves_free(&mv);
     return rc;
+}
+
+void kv_cache_blocks_needed_typed(int n_layers, int n_kv_heads, const int *budget,
+                                  const kv_cache_type *types, int context, int evict_block,
+                                  int block_size, long *counts) {
+    for (int t = 0; t < KV_CACHE_TYPES; t++) counts[t] = 0;
+    for (int i = 0; i < n_layers * n_kv_heads; i++) {
+        long t = budget ? (long)budget[i] + evict_block : context;
+        if (t > context) t = context;
+        int ty = types ? (int)types[i] : (int)KV_TYPE_DEFAULT;
+        if (kv_type_valid(ty)) counts[ty] += (t + block_size - 1) / block_size;
+    }
 }
 
 long kv_cache_blocks_needed(int n_layers, int n_kv_heads, const int *budget, int context,

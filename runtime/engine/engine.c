@@ -71,18 +71,30 @@ int kv_engine_new(const kv_model *m, const kv_plan *plan, const kv_engine_opts *
     /* batched chunk scoring runs max_seqs sequences in steps of p */
     if ((long)e->max_seqs * plan->evict_block > rows) rows = (long)e->max_seqs * plan->evict_block;
     if (rows > (1L << 24)) rows = 1L << 24;
-    rc = kv_backend_new(m, o.device, (int)rows, e->max_ctx, &e->be, err);
-    long per_seq = o.seq_blocks > 0
-                       ? o.seq_blocks
-                       : kv_cache_blocks_needed(plan->n_layers, plan->n_kv_heads,
-                                                plan->full ? NULL : plan->budget, e->max_ctx,
-                                                plan->evict_block, plan->block_size);
-    if (!rc && per_seq * e->max_seqs > 0x7fffffffL)
-        rc = kv_fail(err, KV_EINPUT, "engine: %ld blocks for %d sequences exceed the pool's range",
-                     per_seq * e->max_seqs, e->max_seqs);
+    /* auto: a plan with types other than f32 runs where they are stored (the CPU today) */
+    kv_device dev = o.device;
+    for (int i = 0; dev == KV_DEVICE_AUTO && i < plan->n_layers * plan->n_kv_heads; i++)
+        if (plan->kv_type[i] != KV_TYPE_F32) dev = KV_DEVICE_CPU;
+    rc = kv_backend_new(m, dev, (int)rows, e->max_ctx, &e->be, err);
+    /* blocks per type: what the heads of that type need (a caller's seq_blocks, for sequences
+     * given larger budgets, is reserved in every type the plan uses) */
+    long per_type[KV_CACHE_TYPES], total = 0;
+    kv_cache_blocks_needed_typed(plan->n_layers, plan->n_kv_heads, plan->full ? NULL : plan->budget,
+                                 plan->kv_type, e->max_ctx, plan->evict_block, plan->block_size,
+                                 per_type);
+    int counts[KV_CACHE_TYPES] = {0};
+    for (int t = 0; t < KV_CACHE_TYPES; t++) {
+        long n = o.seq_blocks > 0 && per_type[t] > 0 ? o.seq_blocks : per_type[t];
+        if (n > 0x7fffffffL / e->max_seqs) n = 0x7fffffffL / e->max_seqs;
+        total += n * e->max_seqs;
+        counts[t] = (int)(n * e->max_seqs);
+    }
+    if (!rc && total >= 0x7fffffffL)
+        rc = kv_fail(err, KV_EINPUT, "engine: the blocks for %d sequences exceed the pool's range",
+                     e->max_seqs);
     if (!rc)
-        rc = kv_backend_pool_init(e->be, &e->pool, (int)(per_seq * e->max_seqs), plan->block_size,
-                                  m->cfg.head_dim, err);
+        rc = kv_backend_pool_init_typed(e->be, &e->pool, counts, plan->block_size, m->cfg.head_dim,
+                                        err);
     e->pool_ok = !rc;
     if (!rc) {
         e->seqs = kv_calloc((size_t)e->max_seqs, sizeof *e->seqs, "engine sequences", err);
@@ -113,6 +125,7 @@ int kv_engine_seq_open(kv_engine *e, const int *budget, const kv_policy *policy,
     if (!rc)
         rc = kv_cache_set_budgets(c, budget ? budget : p->budget, policy ? policy : p->head_policy,
                                   e->max_ctx, err);
+    if (!rc) rc = kv_cache_set_types(c, p->kv_type, err);
     if (rc) {
         kv_cache_destroy(c);
         return rc;
@@ -318,7 +331,8 @@ void kv_engine_reset_peak(kv_engine *e) {
     kv_pool_reset_peak(&e->pool);
 }
 size_t kv_engine_bytes_full(const kv_engine *e, int tokens) {
+    /* the ratio reference: the full cache in F16 (issue 22) */
     return (size_t)e->plan.n_layers * (size_t)e->plan.n_kv_heads *
-           (size_t)((tokens + e->plan.block_size - 1) / e->plan.block_size) *
-           kv_pool_block_bytes(&e->pool);
+           (size_t)((tokens + e->plan.block_size - 1) / e->plan.block_size) * 2 *
+           (size_t)e->plan.block_size * kv_type_row_bytes(KV_TYPE_F16, e->m->cfg.head_dim);
 }

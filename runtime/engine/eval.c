@@ -12,6 +12,7 @@ void kv_eval_opts_default(kv_eval_opts *o, const kv_model *m) {
     o->policy = KV_POLICY_SINK;
     o->evict_block = KV_DEFAULT_EVICT_BLOCK;
     o->block_size = KV_DEFAULT_BLOCK_SIZE;
+    o->kv_type = KV_TYPE_DEFAULT;
 }
 
 double kv_perplexity_from_nll(double nll_sum, long n_scored) {
@@ -22,9 +23,14 @@ int kv_eval_opts_plan(const kv_model *m, const kv_eval_opts *o, kv_plan *out, kv
     if (o->context < 2 || o->context > m->cfg.seq_len)
         return kv_fail(err, KV_EINPUT, "context %d must be in [2, %d] (the model's context)",
                        o->context, m->cfg.seq_len);
-    if (!o->budget)
-        return kv_plan_full(&m->cfg, o->context, o->block_size, o->evict_block, o->policy, out,
-                            err);
+    if (!kv_type_valid((int)o->kv_type))
+        return kv_fail(err, KV_EINPUT, "unknown KV type code %d", (int)o->kv_type);
+    if (!o->budget) {
+        int rc =
+            kv_plan_full(&m->cfg, o->context, o->block_size, o->evict_block, o->policy, out, err);
+        if (!rc) kv_plan_set_kv_type(out, o->kv_type);
+        return rc;
+    }
     int nh = m->cfg.n_layers * m->cfg.n_kv_heads;
     int *b = kv_malloc((size_t)nh * sizeof *b, "budgets", err);
     if (!b) return KV_EINTERNAL;
@@ -36,6 +42,7 @@ int kv_eval_opts_plan(const kv_model *m, const kv_eval_opts *o, kv_plan *out, kv
     double ratio = (double)sum / ((double)nh * (double)o->context);
     int rc = kv_plan_from_budgets(&m->cfg, b, NULL, o->policy, ratio, o->context, o->block_size,
                                   o->evict_block, "custom", NAN, NAN, NAN, 0, out, err);
+    if (!rc) kv_plan_set_kv_type(out, o->kv_type);
     free(b);
     return rc;
 }

@@ -11,7 +11,37 @@ void kv_plan_free(kv_plan *p) {
     if (!p) return;
     free(p->budget);
     free(p->head_policy);
+    free(p->kv_type);
     memset(p, 0, sizeof *p);
+}
+
+double kv_plan_bytes(const kv_plan *p) {
+    double s = 0.0;
+    for (int i = 0; i < p->n_layers * p->n_kv_heads; i++)
+        s += (double)p->budget[i] * (double)kv_type_token_bytes(p->kv_type[i], p->model_head_dim);
+    return s;
+}
+
+double kv_plan_full_f16_bytes(const kv_plan *p) {
+    return (double)p->n_layers * (double)p->n_kv_heads * (double)p->context *
+           (double)kv_type_token_bytes(KV_TYPE_F16, p->model_head_dim);
+}
+
+void kv_plan_set_kv_type(kv_plan *p, kv_cache_type t) {
+    for (int i = 0; i < p->n_layers * p->n_kv_heads; i++) p->kv_type[i] = t;
+    p->ratio = kv_plan_bytes(p) / kv_plan_full_f16_bytes(p);
+}
+
+int kv_plan_mixed_types(const kv_plan *p, kv_cache_type *first) {
+    if (first) *first = p->kv_type[0];
+    for (int i = 1; i < p->n_layers * p->n_kv_heads; i++)
+        if (p->kv_type[i] != p->kv_type[0]) return 1;
+    return 0;
+}
+
+double kv_type_token_ratio(double ratio, kv_cache_type t, int head_dim) {
+    return ratio * (double)kv_type_token_bytes(KV_TYPE_F16, head_dim) /
+           (double)kv_type_token_bytes(t, head_dim);
 }
 
 long kv_plan_total_tokens(const kv_plan *p) {
@@ -47,7 +77,8 @@ static int plan_alloc(kv_plan *p, const kv_config *cfg, double ratio, int contex
     size_t nh = (size_t)cfg->n_layers * (size_t)cfg->n_kv_heads;
     p->budget = kv_calloc(nh, sizeof *p->budget, "plan budgets", err);
     p->head_policy = kv_calloc(nh, sizeof *p->head_policy, "plan policies", err);
-    if (!p->budget || !p->head_policy) {
+    p->kv_type = kv_calloc(nh, sizeof *p->kv_type, "plan KV types", err);
+    if (!p->budget || !p->head_policy || !p->kv_type) {
         kv_plan_free(p);
         return KV_EINTERNAL;
     }
@@ -58,7 +89,10 @@ static int plan_alloc(kv_plan *p, const kv_config *cfg, double ratio, int contex
     p->evict_block = evict_block;
     p->ratio = ratio;
     p->policy = policy;
-    for (size_t i = 0; i < nh; i++) p->head_policy[i] = policy;
+    for (size_t i = 0; i < nh; i++) {
+        p->head_policy[i] = policy;
+        p->kv_type[i] = KV_TYPE_DEFAULT;
+    }
     snprintf(p->allocation, sizeof p->allocation, "%s", allocation ? allocation : "");
     p->t = p->r = p->p = NAN;
     p->model_dim = cfg->dim;
@@ -71,6 +105,7 @@ static int plan_alloc(kv_plan *p, const kv_config *cfg, double ratio, int contex
 
 int kv_plan_full(const kv_config *cfg, int context, int block_size, int evict_block,
                  kv_policy policy, kv_plan *out, kv_error *err) {
+    /* ratio 1: the full cache in the default type F16 is the reference itself */
     int rc = plan_alloc(out, cfg, 1.0, context, block_size, evict_block, policy, "full", err);
     if (rc) return rc;
     for (int i = 0; i < out->n_layers * out->n_kv_heads; i++) out->budget[i] = context;
@@ -99,12 +134,30 @@ int kv_uniform_budgets(int n, double ratio, int context, int block_size, int *to
 
 int kv_plan_uniform(const kv_config *cfg, double ratio, int context, int block_size,
                     int evict_block, kv_policy policy, kv_plan *out, kv_error *err) {
-    if (!(ratio > 0.0 && ratio <= 1.0))
-        return kv_fail(err, KV_EINPUT, "ratio %g must be in (0, 1] (1 = the full cache)", ratio);
+    return kv_plan_uniform_typed(cfg, ratio, KV_TYPE_F16, context, block_size, evict_block, policy,
+                                 out, err);
+}
+
+int kv_plan_uniform_typed(const kv_config *cfg, double ratio, kv_cache_type t, int context,
+                          int block_size, int evict_block, kv_policy policy, kv_plan *out,
+                          kv_error *err) {
+    if (!(ratio > 0.0 && ratio <= KV_PLAN_MAX_RATIO))
+        return kv_fail(err, KV_EINPUT, "ratio %g must be in (0, %g] (1 = the full F16 cache)",
+                       ratio, KV_PLAN_MAX_RATIO);
+    if (!kv_type_valid((int)t)) return kv_fail(err, KV_EINPUT, "unknown KV type code %d", (int)t);
+    double tr = cfg ? kv_type_token_ratio(ratio, t, cfg->head_dim) : ratio;
+    if (tr > 1.0 + 1e-12)
+        return kv_fail(err, KV_EINPUT,
+                       "ratio %g of the full F16 cache is more than the full cache in %s (ratio "
+                       "%g)",
+                       ratio, kv_type_name(t), ratio / tr);
+    int capped = tr > 1.0;
+    if (capped) tr = 1.0;
     int rc = plan_alloc(out, cfg, ratio, context, block_size, evict_block, policy, "uniform", err);
     if (rc) return rc;
+    for (int i = 0; i < out->n_layers * out->n_kv_heads; i++) out->kv_type[i] = t;
     long n = (long)out->n_layers * out->n_kv_heads;
-    rc = kv_uniform_budgets((int)n, ratio, context, block_size, out->budget, NULL, err);
+    rc = kv_uniform_budgets((int)n, tr, context, block_size, out->budget, NULL, err);
     if (rc) {
         kv_plan_free(out);
         return rc;
@@ -119,11 +172,12 @@ int kv_plan_uniform(const kv_config *cfg, double ratio, int context, int block_s
                     "policy '%s' needs (%d fixed + eviction block p = %d); use --ratio >= %.4g, "
                     "a smaller --block-size or a smaller --evict-block",
                     ratio, out->budget[i], block_size, floor_tok, kv_policy_name(policy),
-                    kv_policy_fixed_tokens(policy), evict_block, need);
+                    kv_policy_fixed_tokens(policy), evict_block, need * ratio / tr);
             kv_plan_free(out);
             return KV_EINPUT;
         }
     update_full(out);
+    if (capped) out->ratio = kv_plan_bytes(out) / kv_plan_full_f16_bytes(out);
     return KV_OK;
 }
 
@@ -151,14 +205,17 @@ int kv_plan_copy(kv_plan *dst, const kv_plan *src, kv_error *err) {
     *dst = *src;
     dst->budget = kv_malloc(nh * sizeof *dst->budget, "plan budgets", err);
     dst->head_policy = kv_malloc(nh * sizeof *dst->head_policy, "plan policies", err);
-    if (!dst->budget || !dst->head_policy) {
+    dst->kv_type = kv_malloc(nh * sizeof *dst->kv_type, "plan KV types", err);
+    if (!dst->budget || !dst->head_policy || !dst->kv_type) {
         free(dst->budget);
         free(dst->head_policy);
+        free(dst->kv_type);
         memset(dst, 0, sizeof *dst);
         return KV_EINTERNAL;
     }
     memcpy(dst->budget, src->budget, nh * sizeof *dst->budget);
     memcpy(dst->head_policy, src->head_policy, nh * sizeof *dst->head_policy);
+    memcpy(dst->kv_type, src->kv_type, nh * sizeof *dst->kv_type);
     return KV_OK;
 }
 
@@ -169,7 +226,8 @@ static int valid_policy(int v) {
 
 int kv_plan_validate(const kv_plan *p, const char *what, kv_error *err) {
     const char *w = what && *what ? what : "plan";
-    if (!p || !p->budget || !p->head_policy || p->n_layers < 1 || p->n_kv_heads < 1)
+    if (!p || !p->budget || !p->head_policy || !p->kv_type || p->n_layers < 1 ||
+        p->n_kv_heads < 1 || p->model_head_dim < 1)
         return kv_fail(err, KV_EINPUT, "%s: no budgets", w);
     if (p->context < 2)
         return kv_fail(err, KV_EINPUT, "%s: context_length %d must be at least 2", w, p->context);
@@ -178,8 +236,10 @@ int kv_plan_validate(const kv_plan *p, const char *what, kv_error *err) {
     if (p->evict_block < 1 || p->evict_block > p->context)
         return kv_fail(err, KV_EINPUT, "%s: evict_block p = %d must be in [1, context %d]", w,
                        p->evict_block, p->context);
-    if (!(isfinite(p->ratio) && p->ratio > 0.0 && p->ratio <= 1.0))
-        return kv_fail(err, KV_EINPUT, "%s: ratio %g must be in (0, 1]", w, p->ratio);
+    if (!(isfinite(p->ratio) && p->ratio > 0.0 && p->ratio <= KV_PLAN_MAX_RATIO))
+        return kv_fail(err, KV_EINPUT,
+                       "%s: ratio %g must be in (0, %g] (bytes over the full F16 cache's)", w,
+                       p->ratio, KV_PLAN_MAX_RATIO);
     if (!valid_policy((int)p->policy))
         return kv_fail(err, KV_EINPUT, "%s: unknown default policy code %d", w, (int)p->policy);
     int nh = p->n_layers * p->n_kv_heads;
@@ -190,6 +250,11 @@ int kv_plan_validate(const kv_plan *p, const char *what, kv_error *err) {
                            "%s: layer %d KV head %d has unknown policy code %d (known: 0 sink, "
                            "1 h2o, 2 avgattn, 3 l2attn)",
                            w, l, j, (int)p->head_policy[i]);
+        if (!kv_type_valid((int)p->kv_type[i]))
+            return kv_fail(err, KV_EINPUT,
+                           "%s: layer %d KV head %d has unknown KV type code %d (known: 0 f32, "
+                           "1 f16, 2 q8, 3 q4)",
+                           w, l, j, (int)p->kv_type[i]);
         if (b < 1 || b > p->context)
             return kv_fail(err, KV_EINPUT,
                            "%s: layer %d KV head %d has a budget of %d tokens, outside [1, "
@@ -204,14 +269,16 @@ int kv_plan_validate(const kv_plan *p, const char *what, kv_error *err) {
                            w, l, j, b, need, kv_policy_name(p->head_policy[i]),
                            kv_policy_fixed_tokens(p->head_policy[i]), p->evict_block);
     }
-    double want = p->ratio * (double)nh * (double)p->context;
-    double have = (double)kv_plan_total_tokens(p);
-    double slack = (double)nh * (double)p->block_size;
-    if (fabs(have - want) > slack)
+    double want = p->ratio * kv_plan_full_f16_bytes(p);
+    double have = kv_plan_bytes(p), slack = 0.0;
+    for (int i = 0; i < nh; i++)
+        slack +=
+            (double)p->block_size * (double)kv_type_token_bytes(p->kv_type[i], p->model_head_dim);
+    if (fabs(have - want) > slack * (1.0 + 1e-12))
         return kv_fail(err, KV_EINPUT,
-                       "%s: the budgets keep %.0f tokens in all, but ratio %g of the full cache "
-                       "is %.0f (more than one block per head apart); the plan does not keep "
-                       "the ratio it claims",
+                       "%s: the budgets keep %.0f bytes of K/V in all, but ratio %g of the full "
+                       "F16 cache is %.0f bytes (more than one block per head apart); the plan "
+                       "does not keep the ratio it claims",
                        w, have, p->ratio, want);
     return KV_OK;
 }
@@ -255,6 +322,7 @@ int kv_plan_check_model(const kv_plan *p, const kv_model *m, kv_error *err) {
 /* ---- plan.h5 ---- */
 
 static const char policy_codes[] = "0 sink, 1 h2o, 2 avgattn, 3 l2attn";
+static const char type_codes[] = "0 f32, 1 f16, 2 q8, 3 q4";
 
 int kv_plan_write(kv_h5 *f, const kv_plan *p, kv_error *err) {
     int rc = kv_plan_validate(p, kv_h5_path(f), err);
@@ -262,14 +330,17 @@ int kv_plan_write(kv_h5 *f, const kv_plan *p, kv_error *err) {
     int nh = p->n_layers * p->n_kv_heads;
     int *blocks = kv_malloc((size_t)nh * sizeof *blocks, "plan blocks", err);
     int *pol = kv_malloc((size_t)nh * sizeof *pol, "plan policies", err);
-    if (!blocks || !pol) {
+    int *ty = kv_malloc((size_t)nh * sizeof *ty, "plan KV types", err);
+    if (!blocks || !pol || !ty) {
         free(blocks);
         free(pol);
+        free(ty);
         return KV_EINTERNAL;
     }
     for (int i = 0; i < nh; i++) {
         blocks[i] = kv_plan_head_blocks(p, i);
         pol[i] = (int)p->head_policy[i];
+        ty[i] = (int)p->kv_type[i];
     }
     long dims[2] = {p->n_layers, p->n_kv_heads};
     if (!rc) rc = kv_h5_attr_f64(f, "/", "ratio", p->ratio, err);
@@ -287,8 +358,11 @@ int kv_plan_write(kv_h5 *f, const kv_plan *p, kv_error *err) {
     if (!rc) rc = kv_h5_write_i32(f, "/budget/blocks", 2, dims, blocks, "blocks", err);
     if (!rc) rc = kv_h5_write_i32(f, "/budget/policy", 2, dims, pol, NULL, err);
     if (!rc) rc = kv_h5_attr_str(f, "/budget/policy", "codes", policy_codes, err);
+    if (!rc) rc = kv_h5_write_i32(f, "/budget/kv_type", 2, dims, ty, NULL, err);
+    if (!rc) rc = kv_h5_attr_str(f, "/budget/kv_type", "codes", type_codes, err);
     free(blocks);
     free(pol);
+    free(ty);
     return rc;
 }
 
@@ -400,8 +474,9 @@ int kv_plan_read(const char *path, kv_plan *out, kv_error *err) {
     }
     if ((rc = budget_shape(f, &p.n_layers, &p.n_kv_heads, err))) goto done;
     if ((rc = kv_h5_read_attr_f64(f, "/", "ratio", &p.ratio, err))) goto done;
-    if (!(isfinite(p.ratio) && p.ratio > 0.0 && p.ratio <= 1.0)) {
-        rc = kv_fail(err, KV_EINPUT, "%s: attribute ratio = %g is outside (0, 1]", path, p.ratio);
+    if (!(isfinite(p.ratio) && p.ratio > 0.0 && p.ratio <= KV_PLAN_MAX_RATIO)) {
+        rc = kv_fail(err, KV_EINPUT, "%s: attribute ratio = %g is outside (0, %g]", path, p.ratio,
+                     KV_PLAN_MAX_RATIO);
         goto done;
     }
     if ((rc = read_int_attr(f, "context_length", 2, 1 << 24, &p.context, err))) goto done;
@@ -482,6 +557,32 @@ int kv_plan_read(const char *path, kv_plan *out, kv_error *err) {
         p.schema_version = 1;
     }
     if (!p.head_policy) {
+        rc = KV_EINTERNAL;
+        goto done;
+    }
+    if (kv_h5_exists(f, "/budget/kv_type")) {
+        int *codes = NULL;
+        if ((rc = read_matrix(f, "/budget/kv_type", p.n_layers, p.n_kv_heads, 0, KV_CACHE_TYPES - 1,
+                              &codes, err)))
+            goto done;
+        p.kv_type = kv_malloc(nh * sizeof *p.kv_type, "plan KV types", err);
+        for (size_t i = 0; p.kv_type && i < nh; i++) p.kv_type[i] = (kv_cache_type)codes[i];
+        free(codes);
+        p.schema_version = 3;
+    } else {
+        /* v1 / v2: the runtime that wrote them kept K/V in f32, and their ratio attribute is
+         * the token fraction r; in bytes over the full F16 cache that is 2 r (exact) */
+        if (p.ratio > 1.0) {
+            rc = kv_fail(err, KV_EINPUT, "%s: attribute ratio = %g is outside (0, 1] (schema %d)",
+                         path, p.ratio, p.schema_version);
+            goto done;
+        }
+        p.kv_type = kv_malloc(nh * sizeof *p.kv_type, "plan KV types", err);
+        for (size_t i = 0; p.kv_type && i < nh; i++) p.kv_type[i] = KV_TYPE_F32;
+        p.ratio *= (double)kv_type_token_bytes(KV_TYPE_F32, 1) /
+                   (double)kv_type_token_bytes(KV_TYPE_F16, 1);
+    }
+    if (!p.kv_type) {
         rc = KV_EINTERNAL;
         goto done;
     }

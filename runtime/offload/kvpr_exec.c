@@ -176,8 +176,7 @@ int kv_kvpr_layer_offload(const kv_model *m, const kv_cache *c, int layer, const
         for (int j = 0; j < Hkv; j++)
             for (int i = split; i < seq; i++) {
                 size_t off = (size_t)(i - split) * kvd + (size_t)j * hd;
-                memcpy(out->k + off, kv_head_k(c->pool, &heads[j], i), (size_t)hd * sizeof(float));
-                memcpy(out->v + off, kv_head_v(c->pool, &heads[j], i), (size_t)hd * sizeof(float));
+                kv_head_read(c->pool, &heads[j], i, out->k + off, out->v + off);
             }
     }
     return KV_OK;
@@ -313,10 +312,8 @@ int kv_kvpr_decode(kv_kvpr_exec *e, kv_kvpr_layer *layers, int token, float *log
         size_t row = (size_t)(lc->seq - lc->split) * kvd;
         for (int j = 0; j < Hkv && !rc; j++) {
             const kv_head *h = kv_cache_head(c0, l, j);
-            memcpy(lc->k + row + (size_t)j * hd, kv_head_k(&e->pool, h, pos),
-                   (size_t)hd * sizeof(float));
-            memcpy(lc->v + row + (size_t)j * hd, kv_head_v(&e->pool, h, pos),
-                   (size_t)hd * sizeof(float));
+            kv_head_read(&e->pool, h, pos, lc->k + row + (size_t)j * hd,
+                         lc->v + row + (size_t)j * hd);
         }
         /* this layer's blocks back to the pool before the next layer is refilled */
         for (int j = 0; j < Hkv; j++) {
