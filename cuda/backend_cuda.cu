@@ -19,14 +19,14 @@
 #include "kernels.h"
 #include "kernels/kv_pack.h"
 
-#include "kvplan/backend.h"
+#include "backend/backend_impl.h"
 #include "kvplan/kvcuda.h"
 #include "cache/kvslot.h"
 #include "kvplan/model.h"
 #include "kvplan/quant.h"
 
 extern "C" {
-#include "../runtime/backend/ops.h" /* kv_op_rope_tables: the CPU backend's tables, the same floats */
+#include "backend/ops.h" /* kv_op_rope_tables: the CPU backend's tables, the same floats */
 }
 
 #include <cublas_v2.h>

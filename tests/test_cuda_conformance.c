@@ -97,6 +97,7 @@ static void run_capture(kv_device dev, const int *ids, int n, capture *c, float 
     kv_plan plan;
     kv_error err = {0};
     CU_ASSERT_FATAL(kv_plan_full(cfg, cfg->seq_len, 16, 16, KV_POLICY_H2O, &plan, &err) == KV_OK);
+    kv_plan_set_kv_type(&plan, KV_TYPE_F32); /* the CUDA backend stores f32 */
     kv_engine *e = engine(dev, &plan, 1);
     int seq = 0;
     CU_ASSERT_FATAL(kv_engine_seq_open(e, NULL, NULL, &seq, &err) == KV_OK);
@@ -151,6 +152,7 @@ static void greedy(kv_device dev, int steps, int *out) {
     kv_plan plan;
     kv_error err = {0};
     CU_ASSERT_FATAL(kv_plan_full(cfg, cfg->seq_len, 16, 16, KV_POLICY_SINK, &plan, &err) == KV_OK);
+    kv_plan_set_kv_type(&plan, KV_TYPE_F32); /* the CUDA backend stores f32 */
     kv_engine *e = engine(dev, &plan, 1);
     int seq = 0, tok = cfg->bos_id >= 0 ? cfg->bos_id : 1;
     CU_ASSERT_FATAL(kv_engine_seq_open(e, NULL, NULL, &seq, &err) == KV_OK);
@@ -192,6 +194,7 @@ static void test_budgeted_perplexity(void) {
         kv_error err = {0};
         CU_ASSERT_FATAL(
             kv_plan_uniform(cfg, 0.25, cfg->seq_len, 8, 4, KV_POLICY_H2O, &plan, &err) == KV_OK);
+        kv_plan_set_kv_type(&plan, KV_TYPE_F32); /* the CUDA backend stores f32 */
         kv_engine *e = engine(d ? KV_DEVICE_CUDA : KV_DEVICE_CPU, &plan, 1);
         int rc = kv_engine_chunk_nll(e, ids, n, 1, NULL, NULL, &nll[d], &peak[d], &err);
         if (rc) fprintf(stderr, "%s\n", err.msg);
@@ -217,6 +220,7 @@ static void test_bytes_in_use(void) {
         kv_error err = {0};
         CU_ASSERT_FATAL(
             kv_plan_uniform(cfg, 0.25, cfg->seq_len, 8, 4, KV_POLICY_L2ATTN, &plan, &err) == KV_OK);
+        kv_plan_set_kv_type(&plan, KV_TYPE_F32); /* the CUDA backend stores f32 */
         kv_engine *e = engine(d ? KV_DEVICE_CUDA : KV_DEVICE_CPU, &plan, 1);
         int seq = 0;
         CU_ASSERT_FATAL(kv_engine_seq_open(e, NULL, NULL, &seq, &err) == KV_OK);

@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kvplan/backend.h"
+#include "backend/backend_impl.h"
 #include "kvplan/engine.h"
 #include "kvplan/eval.h"
 #include "kvplan/forward.h"

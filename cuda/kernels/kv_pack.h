@@ -14,7 +14,7 @@
 #define KVPLAN_CUDA_KV_PACK_H
 
 #include "kv_tasks.h"
-#include "kvplan/backend.h"
+#include "backend/backend_impl.h"
 #include "cache/kvslot.h"
 
 #include <stddef.h>

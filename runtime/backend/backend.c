@@ -1,6 +1,6 @@
 /* kvplan backends: the parts every backend shares (device names, the base object, pools). See
  * include/kvplan/backend.h. Which backend a run gets is decided in registry.c. */
-#include "kvplan/backend.h"
+#include "backend/backend_impl.h"
 
 #include <stdlib.h>
 #include <string.h>

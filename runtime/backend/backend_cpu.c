@@ -3,7 +3,7 @@
  * grouped-query attention (Ainslie et al. 2023) over the paged per-(layer, KV head) cache
  * (KV-Compress §3). Deterministic for a given thread count: each attention task writes only
  * its own rows and head, and the statistics of a head are summed in one fixed order. */
-#include "kvplan/backend.h"
+#include "backend/backend_impl.h"
 
 #include "backend/ops.h"
 #include "cache/kvtype.h"

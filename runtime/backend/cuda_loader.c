@@ -78,8 +78,10 @@ static const kv_cuda_plugin *plugin_get(char *why) {
     const kv_cuda_plugin *t = fn ? fn() : NULL;
     if (!t || t->abi != KV_CUDA_PLUGIN_ABI || t->table_size != sizeof *t) {
         if (why)
-            snprintf(why, WHY_CAP, "%.160s is a CUDA plugin of another kvplan build (ABI %d, "
-                     "want %d)", path, t ? t->abi : -1, KV_CUDA_PLUGIN_ABI);
+            snprintf(why, WHY_CAP,
+                     "%.160s is a CUDA plugin of another kvplan build (ABI %d, "
+                     "want %d)",
+                     path, t ? t->abi : -1, KV_CUDA_PLUGIN_ABI);
         return NULL;
     }
     return t;

@@ -1,7 +1,8 @@
 /* kvplan backend registry: which backend a run gets (include/kvplan/backend.h: kv_device_resolve,
  * kv_backend_new). One row per backend {device, available, new}; the backends live in their own
- * files (backend_cpu.c; the CUDA plugin through cuda_loader.c) and never call back into this one. */
-#include "kvplan/backend.h"
+ * files (backend_cpu.c; the CUDA plugin through cuda_loader.c) and never call back into this one.
+ */
+#include "backend/backend_impl.h"
 
 #include "kvplan/kvcuda.h"
 

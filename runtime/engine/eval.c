@@ -1,6 +1,7 @@
 /* kvplan perplexity under a full or budgeted KV cache, uniform budgets, and sampling.
  * See include/kvplan/eval.h. */
 #include "kvplan/eval.h"
+#include "backend/backend_impl.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -2,6 +2,7 @@
  * backend's (runtime/backend/backend_cpu.c, cuda/), the block tables, eviction schedule and
  * policies are the cache's (runtime/cache/kvcache.c). */
 #include "kvplan/forward.h"
+#include "backend/backend_impl.h"
 
 #include <string.h>
 

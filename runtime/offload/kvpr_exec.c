@@ -5,6 +5,7 @@
 #include "kvplan/kvpr_exec.h"
 
 #include "kvplan/forward.h"
+#include "backend/backend_impl.h"
 #include "backend/ops.h"
 
 #include <math.h>
