@@ -20,6 +20,7 @@
 #define KVPLAN_BATCH_H
 
 #include "kvplan/common.h"
+#include "kvplan/kvcache.h"
 #include "kvplan/h5io.h"
 #include "kvplan/kvpr.h"
 #include "kvplan/model.h"
@@ -51,6 +52,10 @@ typedef struct kv_batch_config {
     int evict_block;     /* e: Batch-Max p, tokens per prefill block / eviction */
     const int *budget;   /* [L * H_kv] budget B[l][j] in tokens (a plan), or NULL: only the
                             full-cache row is computed. Not owned. */
+    const kv_cache_type *kv_type; /* [L * H_kv] KV storage type per head (a plan, issue 22),
+                            or NULL: every K/V element takes dtype_bytes. With types, the
+                            cache figures of every row count the stored bytes (scales
+                            included, kv_type_token_bytes). Not owned. */
 } kv_batch_config;
 
 /* Fill the model part of *c from a loaded model (counts from its config and parameter count)
@@ -126,8 +131,8 @@ int kv_batch_size(const kv_batch_config *c, kv_batch_result *out, kv_error *err)
  *   `note` when the device memory does not exceed the weights (then max_batch is 0).
  * /kvpr needs hw->v_com and hw->v_gpu > 0; /batch needs hw->device_mem > 0, else that group
  * is skipped (not an error). The budget must match the model (L, H_kv). */
-int kv_plan_write_kvpr_batch(kv_h5 *plan, const kv_model *m, const kv_hw *hw,
-                             const kv_plan *b, kv_error *err);
+int kv_plan_write_kvpr_batch(kv_h5 *plan, const kv_model *m, const kv_hw *hw, const kv_plan *b,
+                             kv_error *err);
 
 /* The one call for `kvplan search`: read the hardware figures of the profile at
  * `profile_path` (kv_hw_from_profile) and, when it has them, write /kvpr and /batch with
