@@ -9,6 +9,10 @@
  *     (GQA), hidden 2048, vocab 32000, seq_len 4096: prefill and decode tokens/s.
  *   Decode rows give the bytes read per decoded token (every weight matrix once, plus the
  *   K/V entries attended) and the achieved GB/s against memcpy measured in the same run.
+ * Rows (issue 22, KV storage types; --part 4): on the synthetic model, prefill of 1024 tokens
+ * and decode 1024 -> 1087 with the full cache stored in f32, f16 (the default), q8 and q4:
+ * decode attention reads the stored rows and dequantises one row at a time, so the column
+ * "MB/token" shows what it reads and decode/s what the extra arithmetic costs.
  * Rows (issue 5, runtime under budgets), on the synthetic model at context >= 2048:
  *   - decode tokens/s after a prompt of N tokens for R = 1, 1/4, 1/16 (uniform budgets; the
  *     budgeted prompts are prefilled by Batch-Max Alg. 1 with p = 16, the full one in blocks
@@ -89,10 +93,14 @@ static int check(int rc, kv_error *err) {
     return rc;
 }
 
-static size_t cache_entries(const kv_cache *c) {
-    size_t e = 0;
-    for (int i = 0; i < c->n_layers * c->n_kv_heads; i++) e += (size_t)c->heads[i].len;
-    return e;
+/* Stored K/V bytes a decode step reads: every retained entry of every head at its type's
+ * bytes per token (scales included; issue 22). */
+static double cache_bytes(const kv_cache *c) {
+    double b = 0;
+    for (int i = 0; i < c->n_layers * c->n_kv_heads; i++)
+        b += (double)c->heads[i].len *
+             (double)kv_type_token_bytes(c->heads[i].type, c->pool->head_dim);
+    return b;
 }
 
 /* An engine for plan `plan` with `max_seqs` sequences of up to `ctx` positions, prefill steps
@@ -129,8 +137,7 @@ static int prefill_decode(kv_engine *e, const kv_model *m, const int *tokens, in
         double a = kv_now();
         check(kv_engine_decode(e, &seq, 1, &best, logits, &err), &err);
         dt[d] = kv_now() - a;
-        kv_read +=
-            (double)cache_entries(kv_engine_cache(e, seq)) * 2.0 * m->cfg.head_dim * sizeof(float);
+        kv_read += cache_bytes(kv_engine_cache(e, seq));
     }
     st->prefill_tps = T / (t1 - t0);
     st->decode_tps = D > 0 ? 1.0 / median(dt, D) : 0.0;
@@ -224,7 +231,7 @@ int main(int argc, char **argv) {
             part = atoi(argv[++i]);
         else {
             fprintf(stderr, "usage: bench_engine [--shared DIR] [--long-context N (>= 2048)] "
-                            "[--kv-mib M] [--max-batch B] [--quick] [--part 1|2|3]\n");
+                            "[--kv-mib M] [--max-batch B] [--quick] [--part 1|2|3|4]\n");
             return 1;
         }
     }
@@ -297,6 +304,30 @@ int main(int argc, char **argv) {
     uint64_t s = 7;
     for (int i = 0; i < maxT; i++) tok[i] = (int)(synth_next(&s) % (uint64_t)V);
     const char *syn = "synthetic 768d 12L 12H/4KV 2048f 32k";
+    double type_decode[KV_CACHE_TYPES] = {0};
+    if (part == 0 || part == 4) {
+        /* KV storage types: full cache at context 1024, every head in type t */
+        int T4 = 1024, D4 = quick ? 16 : 64;
+        for (int t = 0; t < KV_CACHE_TYPES; t++) {
+            kv_plan plan;
+            check(kv_plan_full(&m->cfg, T4 + D4, 16, 16, KV_POLICY_SINK, &plan, &err), &err);
+            kv_plan_set_kv_type(&plan, (kv_cache_type)t);
+            kv_engine *e = make_engine(m, &plan, 1, T4 + D4, 512, 0);
+            run_stat st;
+            kv_engine_seq_close(e, prefill_decode(e, m, tok, T4, D4, &st));
+            kv_engine_free(e);
+            type_decode[t] = st.decode_tps;
+            double bpt = (double)kv_model_weight_bytes(m) + st.kv_read_per_tok;
+            char label[64], note[96];
+            snprintf(label, sizeof label, "%s KV %s", "synthetic", kv_type_name((kv_cache_type)t));
+            snprintf(note, sizeof note, "full cache; KV read %.2f MB/token; decode %d->%d",
+                     st.kv_read_per_tok / 1e6, T4, T4 + D4 - 1);
+            printf(ROW, label, T4 + D4, plan.ratio, 1, st.prefill_tps, st.decode_tps, bpt / 1e6,
+                   bpt * st.decode_tps / 1e9, bpt * st.decode_tps / 1e9 / mc,
+                   (double)st.kv_peak / 1048576.0, note);
+            kv_plan_free(&plan);
+        }
+    }
     if (part == 0 || part == 2) {
         int D = quick ? 8 : 32;
         kv_plan full;
@@ -385,6 +416,10 @@ int main(int argc, char **argv) {
                "prefill/decode %.1fx (target >= 4x): %s\n",
                eng_frac, eng_frac >= 0.8 ? "met" : "NOT met", eng_prefill / eng_decode,
                eng_prefill >= 4 * eng_decode ? "met" : "NOT met");
+    if (part == 0 || part == 4)
+        printf("KV types (synthetic, context 1024, full cache): decode tokens/s f32 %.2f, f16 "
+               "%.2f, q8 %.2f, q4 %.2f\n",
+               type_decode[0], type_decode[1], type_decode[2], type_decode[3]);
     if (part == 0 || part == 3)
         printf("long context %d: decode tokens/s R=1 %.2f, R=1/4 %.2f, R=1/16 %.2f; batch x "
                "tokens/s at the largest batch: %.1f, %.1f, %.1f\n",

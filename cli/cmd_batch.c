@@ -34,7 +34,8 @@ static const kv_opt batch_opts[] = {
     {"--gen-len", NULL, KV_OPT_INT, offsetof(batch_args, gen_len), "g", 0, 1 << 30,
      .help = "generated tokens (required)"},
     {"--plan", NULL, KV_OPT_STR, offsetof(batch_args, plan), "PLAN",
-     .help = "a plan.h5 whose /budget/tokens give the per-head budgets (without it only the "
+     .help = "a plan.h5 whose /budget/tokens give the per-head budgets and, for schema v3, "
+             "/budget/kv_type the stored K/V bytes per head (without it only the "
              "full-cache row is computed)"},
     {"--profile", NULL, KV_OPT_STR, offsetof(batch_args, profile), "P",
      .help = "device memory and memory bandwidth (2 x copy_d2d) from a profile"},
@@ -105,6 +106,9 @@ static void make_config(const batch_args *a, const kv_model *m, const kv_plan *p
                                 : (plan && plan->block_size > 0 ? plan->block_size : 16));
     c->evict_block = (int)(a->evict_block > 0 ? a->evict_block : c->block_size);
     c->budget = plan ? plan->budget : NULL;
+    /* a schema v3 plan names the stored type of each head (issue 22): its K/V bytes are the
+     * stored bytes; v1/v2 plans (f32 in the runtime that made them) use --dtype-bytes */
+    c->kv_type = plan && plan->schema_version >= 3 ? plan->kv_type : NULL;
 }
 
 static void print_rows(const kv_batch_result *res, const kv_hw *hw) {
@@ -139,9 +143,15 @@ static void print_text(const batch_args *a, const kv_hw *hw, const kv_batch_conf
            hw->device_mem / 1073741824.0, !isnan(a->device_mem) ? "--device-mem" : hw->source);
     printf("weights: %.0f parameters x %g bytes = %.0f bytes; free for the batch: %.0f bytes\n",
            c->n_params, c->weight_bytes, res->weights, res->free_for_batch);
-    printf("KV: %g bytes per element, blocks of %d tokens, eviction block %d%s%s\n", a->dtype_bytes,
-           c->block_size, c->evict_block, c->budget ? ", budgets from " : " (no plan)",
-           c->budget ? a->plan : "");
+    if (c->kv_type) /* stored bytes per head (plan schema v3) */
+        printf("KV: the plan's stored types (head 0: %s, %zu bytes per token), blocks of %d "
+               "tokens, eviction block %d, budgets from %s\n",
+               kv_type_name(c->kv_type[0]), kv_type_token_bytes(c->kv_type[0], (int)c->head_dim),
+               c->block_size, c->evict_block, a->plan);
+    else
+        printf("KV: %g bytes per element, blocks of %d tokens, eviction block %d%s%s\n",
+               a->dtype_bytes, c->block_size, c->evict_block,
+               c->budget ? ", budgets from " : " (no plan)", c->budget ? a->plan : "");
     printf("workspace per sequence: one layer's activations at p bytes for the tokens in "
            "flight, one fp32 score row per query head, fp32 logits (docs/batch-sizing.md)\n");
     print_rows(res, hw);

@@ -12,7 +12,7 @@
 #include "kvplan/model.h"
 
 typedef struct kvpr_args {
-    const char *profile, *preset, *model, *schedule;
+    const char *profile, *preset, *model, *schedule, *kv_type;
     double v_com, v_gpu;                          /* NAN = not given */
     long hidden, kv_heads, head_dim, layers, gen; /* 0 = not given */
     long batch, seq;                              /* -1 = not given */
@@ -48,6 +48,9 @@ static const kv_opt kvpr_opts[] = {
      .help = "also tabulate the g decode steps, s' = s .. s + g - 1"},
     {"--dtype-bytes", NULL, KV_OPT_NUM, offsetof(kvpr_args, dtype_bytes), "p", 0, 64, .def = "2",
      .help = "bytes per element of X, K, V (2: fp16)"},
+    {"--kv-type", NULL, KV_OPT_STR, offsetof(kvpr_args, kv_type), "T",
+     .help = "K and V bytes as a kvplan cache of type T stores them (f32, f16, q8, q4; "
+             "scales included); default: --dtype-bytes"},
     {"--schedule", NULL, KV_OPT_STR, offsetof(kvpr_args, schedule), "S", .def = "column",
      .help = "column (activations are transferred too) or row"},
     {"--json", NULL, KV_OPT_FLAG, offsetof(kvpr_args, json),
@@ -115,7 +118,7 @@ static int get_hw(const kvpr_args *a, kv_hw *hw, kv_error *err) {
  * report, model_desc names the model ("" without one). */
 static int get_shape(const kvpr_args *a, kv_kvpr_shape *sh, long *layers, long *n_kv, long *hd,
                      char *model_desc, size_t cap, kv_error *err) {
-    *sh = (kv_kvpr_shape){0, 0, 0, 0, a->dtype_bytes};
+    *sh = (kv_kvpr_shape){0, 0, 0, 0, a->dtype_bytes, 0};
     *layers = 1;
     model_desc[0] = '\0';
     if (a->model) {
@@ -141,6 +144,11 @@ static int get_shape(const kvpr_args *a, kv_kvpr_shape *sh, long *layers, long *
     }
     if (a->layers) *layers = a->layers;
     sh->kv_width = *n_kv * *hd;
+    if (a->kv_type) { /* K and V as a kvplan cache of this type stores them, scales included */
+        kv_cache_type t = KV_TYPE_DEFAULT;
+        if (kv_type_parse(a->kv_type, &t, err)) return kv_fail_context(err, "--kv-type");
+        sh->kv_bytes = (double)kv_type_token_bytes(t, (int)*hd) / (2.0 * (double)*hd);
+    }
     if (a->batch < 0 || a->seq < 0)
         return kv_fail(err, KV_EINPUT, "--batch b and --seq-len s are required");
     sh->batch = a->batch;

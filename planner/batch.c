@@ -63,21 +63,28 @@ static long ceil_div(long a, long b) {
     return (a + b - 1) / b;
 }
 
-/* Bytes of one block: K and V of b_s tokens of one (layer, KV head). */
-static double block_bytes(const kv_batch_config *c) {
-    return 2.0 * (double)c->block_size * (double)c->head_dim * c->dtype_bytes;
+/* Bytes one token takes in head i: K and V, in the head's stored type when given. */
+static double token_bytes(const kv_batch_config *c, long i) {
+    if (c->kv_type) return (double)kv_type_token_bytes(c->kv_type[i], (int)c->head_dim);
+    return 2.0 * (double)c->head_dim * c->dtype_bytes;
+}
+
+/* Bytes of one block of head i: K and V of b_s tokens of one (layer, KV head). */
+static double block_bytes(const kv_batch_config *c, long i) {
+    return (double)c->block_size * token_bytes(c, i);
 }
 
 /* KV bytes of one sequence when every head holds `len` entries (or, with budgets, at most
  * its budget plus the eviction block), counted in whole blocks. */
 static double kv_held(const kv_batch_config *c, long len, const int *budget) {
-    long heads = c->n_layers * c->n_kv_heads, blocks = 0;
+    long heads = c->n_layers * c->n_kv_heads;
+    double bytes = 0;
     for (long i = 0; i < heads; i++) {
         long n = len;
         if (budget && (long)budget[i] + c->evict_block < n) n = (long)budget[i] + c->evict_block;
-        blocks += ceil_div(n, c->block_size);
+        bytes += (double)ceil_div(n, c->block_size) * block_bytes(c, i);
     }
-    return (double)blocks * block_bytes(c);
+    return bytes;
 }
 
 /* Largest number of entries any head attends over: min(max B + e, len) with budgets. */
@@ -94,10 +101,10 @@ static long ctx_held(const kv_batch_config *c, long len, const int *budget) {
 /* Entries read by a decode step with `len` cached tokens: per head min(B, len) (or len). */
 static double kv_read(const kv_batch_config *c, long len, const int *budget) {
     long heads = c->n_layers * c->n_kv_heads;
-    double entries = 0;
+    double bytes = 0;
     for (long i = 0; i < heads; i++)
-        entries += (double)(budget && budget[i] < len ? budget[i] : len);
-    return entries * 2.0 * (double)c->head_dim * c->dtype_bytes;
+        bytes += (double)(budget && budget[i] < len ? budget[i] : len) * token_bytes(c, i);
+    return bytes;
 }
 
 static int check_config(const kv_batch_config *c, kv_error *err) {
@@ -195,7 +202,14 @@ int kv_plan_write_kvpr_batch(kv_h5 *plan, const kv_model *m, const kv_hw *hw, co
     if (!b || b->n_layers != cf->n_layers || b->n_kv_heads != cf->n_kv_heads || !b->budget)
         return kv_fail(err, KV_EINPUT, "plan budgets do not match the model (L %d, H_kv %d)",
                        cf->n_layers, cf->n_kv_heads);
-    const double p = 4.0; /* kvplan's runtime keeps weights, K and V in fp32 */
+    const double p = 4.0; /* kvplan's runtime keeps weights and activations in fp32 */
+    /* K and V as the plan stores them (issue 22): the mean stored bytes per element over the
+     * heads (each head holds the same tokens in the KVPR model) */
+    double pk = 0;
+    for (int i = 0; i < b->n_layers * b->n_kv_heads; i++)
+        pk += b->kv_type ? (double)kv_type_token_bytes(b->kv_type[i], cf->head_dim)
+                         : 8.0 * cf->head_dim;
+    pk /= 2.0 * (double)b->n_layers * b->n_kv_heads * cf->head_dim;
     long C = b->context > 0 ? b->context : cf->seq_len;
     if (C < 1) C = 1;
     int rc = KV_OK;
@@ -212,8 +226,8 @@ int kv_plan_write_kvpr_batch(kv_h5 *plan, const kv_model *m, const kv_hw *hw, co
         double time_c[NB * NSMAX], time_r[NB * NSMAX], time_0[NB * NSMAX];
         for (int i = 0; i < NB && !rc; i++) {
             for (int j = 0; j < ns && !rc; j++) {
-                kv_kvpr_shape sh = {batches[i], lens[j], cf->dim,
-                                    (long)cf->n_kv_heads * cf->head_dim, p};
+                kv_kvpr_shape sh = {
+                    batches[i], lens[j], cf->dim, (long)cf->n_kv_heads * cf->head_dim, p, pk};
                 kv_kvpr_result rcol, rrow;
                 rc = kv_kvpr_solve(&sh, hw->v_com, hw->v_gpu, KV_SCHED_COLUMN, &rcol, err);
                 if (!rc) rc = kv_kvpr_solve(&sh, hw->v_com, hw->v_gpu, KV_SCHED_ROW, &rrow, err);
@@ -237,6 +251,7 @@ int kv_plan_write_kvpr_batch(kv_h5 *plan, const kv_model *m, const kv_hw *hw, co
         if (!rc) rc = kv_h5_attr_f64(plan, "/kvpr", "v_com", hw->v_com, err);
         if (!rc) rc = kv_h5_attr_f64(plan, "/kvpr", "v_gpu", hw->v_gpu, err);
         if (!rc) rc = kv_h5_attr_f64(plan, "/kvpr", "dtype_bytes", p, err);
+        if (!rc) rc = kv_h5_attr_f64(plan, "/kvpr", "kv_bytes", pk, err);
         if (!rc) rc = kv_h5_attr_i64(plan, "/kvpr", "hidden", cf->dim, err);
         if (!rc)
             rc =
@@ -261,6 +276,7 @@ int kv_plan_write_kvpr_batch(kv_h5 *plan, const kv_model *m, const kv_hw *hw, co
     c.block_size = b->block_size > 0 ? b->block_size : 16;
     c.evict_block = c.block_size;
     c.budget = b->budget;
+    c.kv_type = b->kv_type;
     kv_batch_result res;
     kv_error local = {0};
     int brc = kv_batch_size(&c, &res, &local);

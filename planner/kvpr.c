@@ -24,6 +24,17 @@ int kv_schedule_parse(const char *s, kv_schedule *out, kv_error *err) {
                    s ? s : "(null)");
 }
 
+/* Bytes per K/V element as stored (kv_bytes, else p). */
+static double kv_elem_bytes(const kv_kvpr_shape *sh) {
+    return sh->kv_bytes > 0 ? sh->kv_bytes : sh->dtype_bytes;
+}
+
+/* Whether sending a token's activation costs at least its K and V: h p >= 2 h_kv p_kv. */
+static int activations_dearer(const kv_kvpr_shape *sh, kv_schedule sched) {
+    return sched == KV_SCHED_COLUMN &&
+           (double)sh->hidden * sh->dtype_bytes >= 2.0 * (double)sh->kv_width * kv_elem_bytes(sh);
+}
+
 int kv_kvpr_check(const kv_kvpr_shape *sh, double v_com, double v_gpu, kv_error *err) {
     if (!sh) return kv_fail(err, KV_EINPUT, "no KVPR shape given");
     if (sh->batch < 1) return kv_fail(err, KV_EINPUT, "batch b = %ld: need at least 1", sh->batch);
@@ -36,6 +47,9 @@ int kv_kvpr_check(const kv_kvpr_shape *sh, double v_com, double v_gpu, kv_error 
         return kv_fail(err, KV_EINPUT, "hidden size h = %ld: need >= 1", sh->hidden);
     if (sh->kv_width < 1)
         return kv_fail(err, KV_EINPUT, "KV width h_kv = H_kv * d_h = %ld: need >= 1", sh->kv_width);
+    if (sh->kv_bytes < 0 || !isfinite(sh->kv_bytes))
+        return kv_fail(err, KV_EINPUT, "KVPR: %g bytes per stored K/V element: need >= 0",
+                       sh->kv_bytes);
     if (!(sh->dtype_bytes > 0) || !isfinite(sh->dtype_bytes))
         return kv_fail(err, KV_EINPUT, "element size p = %g bytes: need a positive number",
                        sh->dtype_bytes);
@@ -58,18 +72,18 @@ int kv_kvpr_eval(const kv_kvpr_shape *sh, double v_com, double v_gpu, kv_schedul
         return kv_fail(err, KV_EINPUT, "split l = %ld is outside 0..s' = %ld", l, sh->seq);
     memset(out, 0, sizeof *out);
     double b = (double)sh->batch, s = (double)sh->seq, h = (double)sh->hidden;
-    double hkv = (double)sh->kv_width, p = sh->dtype_bytes, ld = (double)l;
+    double hkv = (double)sh->kv_width, p = sh->dtype_bytes, pk = kv_elem_bytes(sh), ld = (double)l;
     out->split = l;
-    out->bytes_activations = b * ld * h * p;      /* Eq. 6, M_X */
-    out->bytes_kv = 2.0 * b * (s - ld) * hkv * p; /* Eq. 6, M_KV with h_kv */
-    out->flops = 4.0 * b * ld * h * hkv;          /* Eq. 8 with W_K, W_V [h, h_kv] */
+    out->bytes_activations = b * ld * h * p;       /* Eq. 6, M_X */
+    out->bytes_kv = 2.0 * b * (s - ld) * hkv * pk; /* Eq. 6, M_KV with h_kv, stored bytes */
+    out->flops = 4.0 * b * ld * h * hkv;           /* Eq. 8 with W_K, W_V [h, h_kv] */
     out->t_activations = sched == KV_SCHED_COLUMN ? out->bytes_activations / v_com : 0.0;
     out->t_recompute = out->flops / v_gpu; /* Eq. 9 */
     out->t_transfer = out->bytes_kv / v_com;
     out->time = out->t_activations + fmax(out->t_recompute, out->t_transfer); /* Eq. 10 */
-    out->time_no_recompute = 2.0 * b * s * hkv * p / v_com;
+    out->time_no_recompute = 2.0 * b * s * hkv * pk / v_com;
     out->bound = out->t_recompute > out->t_transfer ? KV_BOUND_COMPUTE : KV_BOUND_TRANSFER;
-    out->activations_dearer = sched == KV_SCHED_COLUMN && sh->hidden >= 2 * sh->kv_width;
+    out->activations_dearer = activations_dearer(sh, sched);
     return KV_OK;
 }
 
@@ -82,19 +96,19 @@ static void explain(const kv_kvpr_shape *sh, double v_com, double v_gpu, kv_sche
                  "sending a token's activation (h*p = %.0f bytes) costs at least as much as "
                  "sending its K and V (2*h_kv*p = %.0f bytes) under GQA, so recomputation cannot "
                  "pay off: l = 0, transfer the whole cache",
-                 (double)sh->hidden * p, 2.0 * (double)sh->kv_width * p);
+                 (double)sh->hidden * p, 2.0 * (double)sh->kv_width * kv_elem_bytes(sh));
     } else if (r->split == 0) {
         snprintf(r->note, sizeof r->note,
                  "recomputing one token on the device (%.3g s) costs more than the transfer it "
                  "saves (%.3g s): l = 0, transfer the whole cache",
                  4.0 * (double)sh->batch * (double)sh->hidden * (double)sh->kv_width / v_gpu,
-                 2.0 * (double)sh->batch * (double)sh->kv_width * sh->dtype_bytes / v_com);
+                 2.0 * (double)sh->batch * (double)sh->kv_width * kv_elem_bytes(sh) / v_com);
     } else {
         double saved = r->time_no_recompute > 0 ? 1.0 - r->time / r->time_no_recompute : 0.0;
         /* per-token costs of the two overlapped terms: within one token of each other the
          * split sits at their crossing (l0 of kv_kvpr_closed_form) */
         double c = 4.0 * (double)sh->batch * (double)sh->hidden * (double)sh->kv_width / v_gpu;
-        double k = 2.0 * (double)sh->batch * (double)sh->kv_width * sh->dtype_bytes / v_com;
+        double k = 2.0 * (double)sh->batch * (double)sh->kv_width * kv_elem_bytes(sh) / v_com;
         int balanced = fabs(r->t_recompute - r->t_transfer) <= c + k;
         snprintf(r->note, sizeof r->note,
                  "recompute %ld of %ld tokens (%s schedule); bound by %s%s; %.1f%% faster than "
@@ -112,10 +126,11 @@ int kv_kvpr_closed_form(const kv_kvpr_shape *sh, double v_com, double v_gpu, kv_
     int rc = kv_kvpr_check(sh, v_com, v_gpu, err);
     if (rc) return rc;
     long best = 0;
-    /* a >= k  <=>  b h p / v_com >= 2 b h_kv p / v_com  <=>  h >= 2 h_kv (exact, integers) */
-    int dearer = sched == KV_SCHED_COLUMN && sh->hidden >= 2 * sh->kv_width;
+    /* a >= k  <=>  b h p / v_com >= 2 b h_kv p_kv / v_com  <=>  h p >= 2 h_kv p_kv (exact in
+     * integers when p_kv = p: h >= 2 h_kv) */
+    int dearer = activations_dearer(sh, sched);
     if (!dearer) {
-        double b = (double)sh->batch, p = sh->dtype_bytes;
+        double b = (double)sh->batch, p = kv_elem_bytes(sh);
         double c = 4.0 * b * (double)sh->hidden * (double)sh->kv_width / v_gpu;
         double k = 2.0 * b * (double)sh->kv_width * p / v_com;
         double l0 = k * (double)sh->seq / (c + k);
@@ -197,11 +212,14 @@ int kv_kvpr_solve(const kv_kvpr_shape *sh, double v_com, double v_gpu, kv_schedu
     int rc = kv_kvpr_check(sh, v_com, v_gpu, err);
     if (rc) return rc;
     /* Time unit: the transfer time of one token's K and V for the batch,
-     * k = 2 b h_kv p / v_com. In that unit a' = a / k = h / (2 h_kv), c' = c / k =
-     * 2 h v_com / (p v_gpu), k' = 1. */
+     * k = 2 b h_kv p_kv / v_com. In that unit a' = a / k = h p / (2 h_kv p_kv), c' = c / k =
+     * 2 h v_com / (p_kv v_gpu), k' = 1. */
     double s = (double)sh->seq;
-    double a1 = sched == KV_SCHED_COLUMN ? (double)sh->hidden / (2.0 * (double)sh->kv_width) : 0.0;
-    double c1 = 2.0 * (double)sh->hidden * v_com / (sh->dtype_bytes * v_gpu);
+    double pk = kv_elem_bytes(sh);
+    double a1 = sched == KV_SCHED_COLUMN
+                    ? (double)sh->hidden * sh->dtype_bytes / (2.0 * (double)sh->kv_width * pk)
+                    : 0.0;
+    double c1 = 2.0 * (double)sh->hidden * v_com / (pk * v_gpu);
     if (!isfinite(c1) || !isfinite(a1))
         return kv_fail(err, KV_EINPUT, "KVPR coefficients overflow (v_com %g, v_gpu %g, p %g)",
                        v_com, v_gpu, sh->dtype_bytes);

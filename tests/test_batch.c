@@ -218,8 +218,9 @@ static void test_plan_groups(void) {
         int row_nonzero = 0;
         for (int i = 0; i < 4; i++)
             for (int j = 0; j < 4; j++) {
-                /* stories260K: h 64, h_kv 32, fp32 runtime (p = 4) */
-                kv_kvpr_shape sh = {batches[i], lens[j], 64, 32, 4.0};
+                /* stories260K: h 64, h_kv 32, fp32 activations (p = 4), K and V in the plan's
+                 * default type f16 (p_kv = 2; issue 22) */
+                kv_kvpr_shape sh = {batches[i], lens[j], 64, 32, 4.0, 2.0};
                 kv_kvpr_result rc_, rr;
                 CU_ASSERT_EQUAL(kv_kvpr_solve(&sh, hw.v_com, hw.v_gpu, KV_SCHED_COLUMN, &rc_, &err),
                                 KV_OK);
@@ -250,8 +251,21 @@ static void test_plan_groups(void) {
         kv_batch_config_from_model(m, 4.0, &c);
         c.device_mem = 4e6, c.mem_bw = hw.mem_bw, c.prompt_len = 384, c.gen_len = 128;
         c.budget = budget;
+        kv_cache_type types[20];
+        for (int i = 0; i < 20; i++) types[i] = KV_TYPE_F16; /* the plan's default type */
+        c.kv_type = types;
         kv_batch_result r;
         CU_ASSERT_EQUAL(kv_batch_size(&c, &r, &err), KV_OK);
+        printf("\n    max batch (f16 K/V): full %ld, decode_only %ld, prefill_decode %ld\n",
+               r.row[0].max_batch, r.row[1].max_batch, r.row[2].max_batch);
+        /* the same plan with f32 K/V (types NULL, p = 4) holds no more sequences */
+        kv_batch_config c32 = c;
+        c32.kv_type = NULL;
+        kv_batch_result r32;
+        CU_ASSERT_EQUAL(kv_batch_size(&c32, &r32, &err), KV_OK);
+        printf("    max batch (f32 K/V): full %ld, decode_only %ld, prefill_decode %ld\n",
+               r32.row[0].max_batch, r32.row[1].max_batch, r32.row[2].max_batch);
+        for (int k = 0; k < 3; k++) CU_ASSERT(r.row[k].max_batch >= r32.row[k].max_batch);
         for (int k = 0; k < 3; k++) {
             CU_ASSERT_EQUAL(mb[k], r.row[k].max_batch);
             CU_ASSERT_DOUBLE_EQUAL(tps[k], r.row[k].tokens_per_s, 1e-9 * tps[k]);

@@ -45,8 +45,8 @@ static void test_glpk_matches_brute_force(void) {
                 for (size_t d = 0; d < 3; d++)
                     for (size_t e = 0; e < 2; e++)
                         for (int sc = 0; sc < 2; sc++) {
-                            kv_kvpr_shape sh = {batches[b], seqs[c], shapes[a][0], shapes[a][1],
-                                                2.0};
+                            kv_kvpr_shape sh = {batches[b],   seqs[c], shapes[a][0],
+                                                shapes[a][1], 2.0,     0};
                             kv_schedule sched = sc ? KV_SCHED_ROW : KV_SCHED_COLUMN;
                             kv_error err = {0};
                             double tmin;
@@ -82,7 +82,7 @@ static void test_glpk_matches_brute_force(void) {
 
 static void test_llama3_8b_gqa_is_zero(void) {
     /* h 4096, 8 KV heads of 128: X costs 4096 p per token, K and V 2 * 1024 p */
-    kv_kvpr_shape sh = {32, 1024, 4096, 8 * 128, 2.0};
+    kv_kvpr_shape sh = {32, 1024, 4096, 8 * 128, 2.0, 0};
     kv_error err = {0};
     kv_kvpr_result r;
     CU_ASSERT_EQUAL_FATAL(kv_kvpr_solve(&sh, 32 * GIB, 312e12, KV_SCHED_COLUMN, &r, &err), KV_OK);
@@ -102,7 +102,7 @@ static void test_llama3_8b_gqa_is_zero(void) {
     CU_ASSERT(r.split > 0);
     CU_ASSERT(r.time < r.time_no_recompute);
     /* the same width as MHA (OPT-6.7B-like) recomputes in the column schedule */
-    kv_kvpr_shape mha = {32, 1024, 4096, 4096, 2.0};
+    kv_kvpr_shape mha = {32, 1024, 4096, 4096, 2.0, 0};
     CU_ASSERT_EQUAL(kv_kvpr_solve(&mha, 32 * GIB, 312e12, KV_SCHED_COLUMN, &r, &err), KV_OK);
     CU_ASSERT(r.split > 0 && r.split < 1024);
     CU_ASSERT_EQUAL(r.activations_dearer, 0);
@@ -111,7 +111,7 @@ static void test_llama3_8b_gqa_is_zero(void) {
 
 static void test_opt67b_table1(void) {
     /* KVPR Table 1: OPT-6.7B, b 32, s 1024, fp16: 512 MB of KV per layer, 15.6 ms at 32 GB/s */
-    kv_kvpr_shape sh = {32, 1024, 4096, 4096, 2.0};
+    kv_kvpr_shape sh = {32, 1024, 4096, 4096, 2.0, 0};
     kv_error err = {0};
     kv_kvpr_result r;
     CU_ASSERT_EQUAL_FATAL(kv_kvpr_eval(&sh, 32 * GIB, 312e12, KV_SCHED_COLUMN, 0, &r, &err), KV_OK);
@@ -130,7 +130,7 @@ static void test_opt67b_table1(void) {
 
 static void test_closed_form_interior(void) {
     /* MHA column: a = k/2, l0 = k s' / (c + k); check the split sits at the crossing */
-    kv_kvpr_shape sh = {8, 1000, 1024, 1024, 2.0};
+    kv_kvpr_shape sh = {8, 1000, 1024, 1024, 2.0, 0};
     double v_com = 1e10, v_gpu = 1e13;
     double c = 4.0 * 8 * 1024 * 1024 / v_gpu, k = 2.0 * 8 * 1024 * 2 / v_com;
     double l0 = k * 1000 / (c + k);
@@ -145,7 +145,7 @@ static void test_closed_form_interior(void) {
 static void test_bad_inputs(void) {
     kv_error err = {0};
     kv_kvpr_result r;
-    kv_kvpr_shape ok = {4, 128, 256, 64, 2.0};
+    kv_kvpr_shape ok = {4, 128, 256, 64, 2.0, 0};
     kv_kvpr_shape s0 = ok;
     s0.seq = 0;
     CU_ASSERT_EQUAL(kv_kvpr_solve(&s0, 1e9, 1e12, KV_SCHED_COLUMN, &r, &err), KV_EINPUT);
@@ -190,7 +190,7 @@ static void test_glpk_failure_message(void) {
 
 static void test_slow_device_no_recompute(void) {
     /* MHA, row schedule, a device so slow that one recomputed token costs more than it saves */
-    kv_kvpr_shape sh = {1, 10, 4096, 4096, 2.0};
+    kv_kvpr_shape sh = {1, 10, 4096, 4096, 2.0, 0};
     kv_error err = {0};
     kv_kvpr_result r;
     CU_ASSERT_EQUAL_FATAL(kv_kvpr_solve(&sh, 1e12, 1e6, KV_SCHED_ROW, &r, &err), KV_OK);
@@ -309,7 +309,7 @@ static void test_cli_shape_table1(void) {
     cJSON *j = last_json(out);
     CU_ASSERT_PTR_NOT_NULL_FATAL(j);
     CU_ASSERT_DOUBLE_EQUAL(jnum(j, "time_no_recompute"), 0.015625, 1e-15);
-    kv_kvpr_shape sh = {32, 1024, 4096, 4096, 2.0};
+    kv_kvpr_shape sh = {32, 1024, 4096, 4096, 2.0, 0};
     kv_kvpr_result r;
     kv_error err = {0};
     CU_ASSERT_EQUAL(kv_kvpr_solve(&sh, 32 * GIB, 312e12, KV_SCHED_COLUMN, &r, &err), KV_OK);

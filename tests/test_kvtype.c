@@ -18,6 +18,7 @@
 #include "kvplan/model.h"
 #include "kvplan/plan.h"
 #include "testutil.h"
+#include "util/f16.h" /* internal: the binary16 conversions the cache rows use */
 
 #define M260 "models/stories260K/stories260K.bin"
 #define TOK260 "models/stories260K/tok512.bin"
@@ -123,6 +124,33 @@ static void test_round_trip(void) {
     m = tu_load_shared(M656);
     round_trip_on(m, 0, "TinyStories-656K");
     kv_model_free(m);
+}
+
+/* binary16: every finite half survives half -> f32 -> half; fp32 -> half rounds to nearest
+ * even at the midpoints; beyond the range saturates at 65504; NaN stays NaN. */
+static void test_f16_conversions(void) {
+    long bad = 0;
+    for (uint32_t h = 0; h < 65536; h++) {
+        if ((h & 0x7c00u) == 0x7c00u) continue;
+        if (kv_f32_to_f16(kv_f16_to_f32((uint16_t)h)) != h) bad++;
+    }
+    CU_ASSERT_EQUAL(bad, 0);
+    CU_ASSERT_EQUAL(kv_f32_to_f16(1.0f + 0x1p-11f), 0x3c00);     /* tie -> even (1.0) */
+    CU_ASSERT_EQUAL(kv_f32_to_f16(1.0f + 3 * 0x1p-11f), 0x3c02); /* tie -> even (up) */
+    CU_ASSERT_EQUAL(kv_f32_to_f16(1e9f), 0x7bff);
+    CU_ASSERT_EQUAL(kv_f32_to_f16(-INFINITY), 0xfbff);
+    CU_ASSERT_EQUAL(kv_f32_to_f16(0x1p-25f), 0x0000); /* half the smallest subnormal: even */
+    CU_ASSERT_EQUAL(kv_f32_to_f16(0x1p-24f), 0x0001);
+    CU_ASSERT(isnan(kv_f16_to_f32(kv_f32_to_f16(NAN))));
+    /* the row decoder (select form) equals the scalar conversion for every pattern */
+    long diff = 0;
+    for (uint32_t h = 0; h < 65536; h++) {
+        unsigned char row[2] = {(unsigned char)(h & 255u), (unsigned char)(h >> 8)};
+        float a = 0, b = kv_f16_to_f32((uint16_t)h);
+        kv_type_decode_row(KV_TYPE_F16, 1, row, &a);
+        if (memcmp(&a, &b, sizeof a) != 0 && !(isnan(a) && isnan(b))) diff++;
+    }
+    CU_ASSERT_EQUAL(diff, 0);
 }
 
 /* Stored bytes per token of one head (K + V): 8 d_h, 4 d_h, 2 d_h + 4, 2 ceil(d_h / 2) + 8;
@@ -425,6 +453,8 @@ static void test_cli_kv_type(void) {
 int main(int argc, char **argv) {
     static const tu_test tests[] = {
         {"row round trip within each type's bound (real K/V, both models)", test_round_trip},
+        {"binary16 conversions: exhaustive round trip, ties to even, saturation",
+         test_f16_conversions},
         {"bytes per token per type and the pool's byte accounting", test_bytes_per_token},
         {"attention on f16/q8/q4 = f32 cache of the dequantised values",
          test_attention_vs_dequantised},

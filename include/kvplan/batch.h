@@ -20,6 +20,7 @@
 #define KVPLAN_BATCH_H
 
 #include "kvplan/common.h"
+#include "kvplan/kvcache.h"
 #include "kvplan/h5io.h"
 #include "kvplan/kvpr.h"
 #include "kvplan/model.h"
@@ -51,6 +52,10 @@ typedef struct kv_batch_config {
     int evict_block;     /* e: Batch-Max p, tokens per prefill block / eviction */
     const int *budget;   /* [L * H_kv] budget B[l][j] in tokens (a plan), or NULL: only the
                             full-cache row is computed. Not owned. */
+    const kv_cache_type *kv_type; /* [L * H_kv] KV storage type per head (a plan, issue 22),
+                            or NULL: every K/V element takes dtype_bytes. With types, the
+                            cache figures of every row count the stored bytes (scales
+                            included, kv_type_token_bytes). Not owned. */
 } kv_batch_config;
 
 /* Fill the model part of *c from a loaded model (counts from its config and parameter count)

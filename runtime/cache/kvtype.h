@@ -38,8 +38,25 @@ static inline size_t kvt_row_bytes(kv_cache_type t, int hd) {
     return 0;
 }
 
+/* binary16 at p -> fp32, exact, written with selects instead of branches so the row loops
+ * vectorise (the same values as kv_f16_to_f32; the F16 decode of attention runs it d_h times
+ * per entry). Normal halves: exponent rebias by integer add; subnormal: the magic-number
+ * subtraction; Inf/NaN: the all-ones exponent. */
 static inline float kvt_h2f(const unsigned char *p) {
-    return kv_f16_to_f32(kv_load_u16le(p));
+    uint32_t h = kv_load_u16le(p);
+    uint32_t o = (h & 0x7fffu) << 13, e = o & 0x0f800000u;
+    o += (127u - 15u) << 23;
+    uint32_t on = o + ((128u - 16u) << 23); /* Inf/NaN */
+    uint32_t os = o + (1u << 23);           /* subnormal, before the correction below */
+    float fs, f;
+    memcpy(&fs, &os, sizeof fs);
+    fs -= 0x1p-14f; /* 2^-14: the magic 113 << 23 as a float */
+    uint32_t bs;
+    memcpy(&bs, &fs, sizeof bs);
+    o = e == 0x0f800000u ? on : e == 0 ? bs : o;
+    o |= (h & 0x8000u) << 16;
+    memcpy(&f, &o, sizeof f);
+    return f;
 }
 
 static inline void kvt_store_h(unsigned char *p, uint16_t h) {
