@@ -5,14 +5,14 @@
 # A finding (crash-*, leak-*, timeout-*, oom-*) is kept in build-fuzz/findings/TARGET/ and makes
 # the script exit 1; reproduce it with: build-fuzz/fuzz_TARGET FILE
 # Usage: scripts/fuzz.sh [SECONDS] [TARGET...]
-#   targets: llama2c gguf tokenizer_bin tokenizer_json hf h5 (default: all)
+#   targets: llama2c gguf tokenizer_bin tokenizer_json hf h5 tasklog (default: all)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 secs=${1:-300}
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(llama2c gguf tokenizer_bin tokenizer_json hf h5)
+[ ${#targets[@]} -gt 0 ] || targets=(llama2c gguf tokenizer_bin tokenizer_json hf h5 tasklog)
 "$root/scripts/install-deps.sh" --fuzz
 cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DKVPLAN_FUZZ=ON -DKVPLAN_CUDA=OFF \
     -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null

@@ -241,6 +241,36 @@ static void seed_h5(void) {
     tw_buf_free(&b);
 }
 
+/* Task logs (fuzz_tasklog): the key the target uses, then records of its three steps (call,
+ * n_out, task, values): a whole log, one with a torn last record, one of another run. */
+static void tasklog_record(tw_buf *b, int32_t call, int32_t n_out, int64_t task, double v) {
+    tw_put(b, &call, 4);
+    tw_put(b, &n_out, 4);
+    tw_put(b, &task, 8);
+    for (int k = 0; k < n_out; k++) {
+        double x = v + k / 8.0;
+        tw_put(b, &x, 8);
+    }
+}
+
+static void seed_tasklog(void) {
+    static const char head[] = "kvplan task log 2\nformat=fuzz-1 model=ab12 text=cd34\n";
+    tw_buf b = {0};
+    tw_put(&b, head, sizeof head - 1);
+    for (int t = 0; t < 6; t++) tasklog_record(&b, 1, 1, t, 3.5 + t);
+    for (int t = 2; t >= 0; t--) tasklog_record(&b, 2, 2, t, -1.0 + t);
+    tasklog_record(&b, 3, 1, 1, 2.0);
+    save("tasklog", "whole.log", &b);
+    b.n -= 5; /* torn */
+    save("tasklog", "torn.log", &b);
+    b.n = 0;
+    static const char other[] = "kvplan task log 2\nformat=fuzz-1 model=ffff text=cd34\n";
+    tw_put(&b, other, sizeof other - 1);
+    tasklog_record(&b, 1, 1, 0, 1.0);
+    save("tasklog", "other.log", &b);
+    tw_buf_free(&b);
+}
+
 int main(int argc, char **argv) {
     if (argc != 2) {
         fprintf(stderr, "usage: fuzz_seeds DIR\n");
@@ -254,5 +284,6 @@ int main(int argc, char **argv) {
     seed_tokenizer_json();
     seed_hf();
     seed_h5();
+    seed_tasklog();
     return 0;
 }
