@@ -23,7 +23,8 @@ typedef struct cpu_backend {
     int n_threads;
     float *scores;    /* [n_threads, max_ctx] */
     float *gather;    /* [rows, dim] rows selected for logits */
-    kv_op_scratch mm; /* dequantised weight tiles of the typed matmuls (prefill, issue 14) */
+    kv_op_scratch mm; /* typed matmuls: dequantised weight tiles (prefill, issue 14) or
+                       * quantised activation rows (integer dots, issue 23) */
 } cpu_backend;
 
 static cpu_backend *cpu(kv_backend *b) {
