@@ -24,7 +24,8 @@ typedef struct cpu_backend {
     int n_threads;
     float *scores;    /* [n_threads, max_ctx] */
     float *gather;    /* [rows, dim] rows selected for logits */
-    kv_op_scratch mm; /* dequantised weight tiles of the typed matmuls (prefill, docs/design.md) */
+    kv_op_scratch mm; /* typed matmuls: dequantised weight tiles (prefill) or quantised
+                       * activation rows (integer dots) */
 } cpu_backend;
 
 static cpu_backend *cpu(kv_backend *b) {

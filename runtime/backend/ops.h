@@ -18,7 +18,8 @@ void kv_op_rope_row(float *v, int n_heads, int hd, const float *cs, const float 
 /* out[r] = x[r] / rms(x[r]) * w for rows x dim (sum of squares in double). */
 void kv_op_rmsnorm(float *out, const float *x, const float *w, int rows, int dim, float eps);
 
-/* A caller-owned scratch buffer for the typed matmuls (kv_qmatmul's dequantised tiles), sized
+/* A caller-owned scratch buffer for the typed matmuls (kv_qmatmul's dequantised tiles and
+ * quantised activation rows), sized
  * by kv_model_matmul_scratch for the most rows a call will have. */
 typedef struct kv_op_scratch {
     float *p;
@@ -27,8 +28,9 @@ typedef struct kv_op_scratch {
 
 /* y[rows, out] = x[rows, in] W^T, W [out, in] in its own type (kv_qmatmul, runtime/model/quant.c):
  * F32 weights take one sgemv per row for up to 4 rows (sgemm's packing of W costs more than the
- * work for a handful of rows) and sgemm above; other types a typed dot per (row, output) for
- * up to 4 rows, dequantised tiles of W in `s` and sgemm above. */
+ * work for a handful of rows) and sgemm above; quantised types the integer dots with 8-bit
+ * activations up to 16 rows (issue 23), F16 / BF16 a typed fp32 dot per (row, output) up to 4
+ * rows; above those, dequantised tiles of W in `s` and sgemm. */
 void kv_op_matmul(float *y, const float *x, kv_weight w, int rows, int in, int out,
                   const kv_op_scratch *s);
 

@@ -687,11 +687,15 @@ int kv_dot_row_q8(kv_dtype t, const void *w, const float *x, int64_t n, kv_isa i
                   kv_error *err) {
     size_t rb;
     if (kv_dtype_row_bytes(t, n, "integer dot", &rb, err)) return KV_EINPUT;
-    if (!kv_qdot_act_kind(t) || n > (1 << 30))
+    if (!kv_qdot_act_kind(t))
         return kv_fail(err, KV_EINPUT,
                        "integer dot: weight type %s has no integer kernel (F32, F16 and BF16 "
                        "use fp32 activations: kv_dot_row)",
                        kv_dtype_name((uint32_t)t));
+    if (n > (1 << 30))
+        return kv_fail(err, KV_EINPUT,
+                       "integer dot: a row of %lld elements is too long (at most 2^30)",
+                       (long long)n);
     kv_qdot_fn f = kv_qdot_kernel(t, isa);
     if (!f)
         return kv_fail(err, KV_EINPUT, "integer dot: this CPU cannot run the %s kernels",

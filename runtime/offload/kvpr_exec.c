@@ -187,7 +187,8 @@ oom:
 }
 
 /* Eq. 7 for rows 0..l-1: K = X W_K^T (+ b_K, RoPE), V = X W_V^T (+ b_V). Typed (non-F32)
- * weights take kv_qmatmul's dot path here (no tile scratch): exact, slower than a GEMM. */
+ * weights take kv_qmatmul's dot paths here (no scratch: quantised types the integer dots with
+ * a buffer of their own, F16 / BF16 the fp32 dots), slower than a GEMM. */
 static void recompute(const kv_kvpr_exec *e, const kv_kvpr_layer *lc, float *k, float *v) {
     const kv_config *c = &e->m->cfg;
     const kv_layer_weights *w = &e->m->layers[lc->layer];
