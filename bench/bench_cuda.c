@@ -126,7 +126,8 @@ static int fake_rows(void) {
                 return fail("plan", &err);
             kvfake_reset();
             kvfake_set_count_only(1);
-            kvfake_watch_grid(kvfake_paged_attention_kernel());
+            kvfake_watch_grid(kvfake_paged_attention_kernel(0));
+            kvfake_watch_grid2(kvfake_paged_attention_kernel(1));
             kv_engine_opts o = {0};
             o.device = KV_DEVICE_CUDA;
             o.max_seqs = B;
@@ -151,7 +152,7 @@ static int fake_rows(void) {
             kv_engine_free(e);
             kv_plan_free(&plan);
         }
-    printf("(device: %d SMs; the attention grid is one block per sequence and KV head)\n",
+    printf("(device: %d SMs; attention grid: blocks of the decode step's attention kernel)\n",
            kvfake_sm_count());
     free(tok);
     free(logits);

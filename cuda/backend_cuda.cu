@@ -79,6 +79,8 @@ struct cuda_backend {
     size_t stage_used;
     dbuf d_meta;         /* attention: tasks | tables | pos | acc | acc2 */
     dbuf d_scores;       /* attention scores */
+    dbuf d_part;         /* split decode attention: per-chunk max, sum, output */
+    int sms;             /* the device's multiprocessors (split decode attention's grid) */
     dbuf d_list;         /* cache writes / moves */
     dbuf d_move_scratch; /* gather pass scratch */
     dbuf h_out;          /* logits and hook copies */
@@ -223,6 +225,7 @@ void cuda_destroy(kv_backend *b) {
     cudaFreeHost(c->stage.p);
     cudaFree(c->d_meta.p);
     cudaFree(c->d_scores.p);
+    cudaFree(c->d_part.p);
     cudaFree(c->d_list.p);
     cudaFree(c->d_move_scratch.p);
     cudaFreeHost(c->h_out.p);
@@ -378,6 +381,23 @@ int cuda_attention(kv_backend *b, const kv_pool *p, const kv_attn_task *tasks, i
     CK(cudaEventRecord(c->meta_ready, c->copy));
     CK(cudaStreamWaitEvent(c->compute, c->meta_ready, 0));
     char *d = static_cast<char *>(c->d_meta.p);
+    /* a decode step without statistics: split each task's entries into chunks so that the grid
+     * fills the device (kv_k_split_plan); else one block per task */
+    int decode = !L.tracked;
+    for (int i = 0; i < n_tasks && decode; i++) decode = tasks[i].n == 1;
+    kv_k_split sp = kv_k_split_plan(n_tasks, L.longest, bs, c->sms);
+    if (decode && sp.chunks > 1) {
+        rc = grow_dev(c->d_part, (size_t)n_tasks * sp.chunks * g * (size_t)(hd + 2) * sizeof(float),
+                      err);
+        if (rc) return rc;
+        CK(kvcu::decode_attention_split(storage(p), reinterpret_cast<const int *>(d + L.o_tab),
+                                        reinterpret_cast<const kv_k_attn_task *>(d), n_tasks, c->q,
+                                        c->o, cfg->n_heads * hd, g, hd, bs, sp.chunk, sp.chunks,
+                                        static_cast<float *>(c->d_scores.p), L.longest,
+                                        static_cast<float *>(c->d_part.p), c->compute));
+        CK(cudaEventRecord(c->attn_done, c->compute));
+        return KV_OK;
+    }
     CK(kvcu::paged_attention(
         storage(p), reinterpret_cast<const int *>(d + L.o_tab),
         reinterpret_cast<const kv_k_attn_task *>(d), n_tasks,
@@ -497,6 +517,7 @@ int setup(cuda_backend *c, const kv_model *m, int max_rows, int max_ctx, kv_erro
     CK(cudaGetDeviceCount(&n_dev));
     c->dev = 0;
     CK(cudaSetDevice(c->dev));
+    CK(cudaDeviceGetAttribute(&c->sms, cudaDevAttrMultiProcessorCount, c->dev));
     CK(cudaStreamCreateWithFlags(&c->compute, cudaStreamNonBlocking));
     CK(cudaStreamCreateWithFlags(&c->copy, cudaStreamNonBlocking));
     CK(cudaEventCreateWithFlags(&c->meta_ready, cudaEventDisableTiming));
