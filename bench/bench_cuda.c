@@ -127,7 +127,8 @@ static int fake_rows(void) {
             kv_plan_set_kv_type(&plan, KV_TYPE_F32); /* the CUDA backend stores f32 */
             kvfake_reset();
             kvfake_set_count_only(1);
-            kvfake_watch_grid(kvfake_paged_attention_kernel());
+            kvfake_watch_grid(kvfake_paged_attention_kernel(0));
+            kvfake_watch_grid2(kvfake_paged_attention_kernel(1));
             kv_engine_opts o = {0};
             o.device = KV_DEVICE_CUDA;
             o.max_seqs = B;
@@ -152,7 +153,7 @@ static int fake_rows(void) {
             kv_engine_free(e);
             kv_plan_free(&plan);
         }
-    printf("(device: %d SMs; the attention grid is one block per sequence and KV head)\n",
+    printf("(device: %d SMs; attention grid: blocks of the decode step's attention kernel)\n",
            kvfake_sm_count());
     free(tok);
     free(logits);

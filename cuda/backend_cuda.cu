@@ -8,10 +8,16 @@
  * - The K/V block storage lives on the device in the CPU layout (include/kvplan/kvslot.h);
  *   the pool's metadata (free list, block tables, positions, statistics) stays on the host.
  * - Per attention step the tasks, their block tables and positions (and the statistics of
- *   tracked heads) are packed into one pinned host buffer and mirrored to the device with one
+ *   tracked heads) are packed into pinned host memory and mirrored to the device with one
  *   asynchronous copy on the copy stream; the compute stream waits for it on an event. The
  *   statistics come back with one copy and are written into the heads' host arrays, where the
  *   policies read them.
+ * - Host-to-device staging (token ids, positions, cache-write and move lists, attention
+ *   metadata) goes to a pinned arena that is only appended to within a step and rewound where
+ *   the host has waited for the compute stream anyway (the logits, the statistics, a hook): no
+ *   staging buffer is rewritten while a queued copy may still read it, without a wait per
+ *   copy. The positions of a step are uploaded once, not once per layer. A decode step of an
+ *   untracked policy therefore waits for the device once (the logits), see bench_cuda_fake.
  * - Kernels: cuda/kernels/kv_kernels.cuh (checked against the CPU on the host shim by
  *   tests/test_cuda_kernels.cpp).
  * Errors: every CUDA / cuBLAS failure becomes KV_EINTERNAL naming the call; nothing exits.
@@ -56,7 +62,7 @@ struct cuda_backend {
     kv_backend base; /* first: the engine sees a kv_backend */
     int dev;
     cudaStream_t compute, copy;
-    cudaEvent_t meta_ready, meta_free, attn_done;
+    cudaEvent_t meta_ready, attn_done;
     cublasHandle_t blas;
     /* weights */
     dev_layer *layers;
@@ -64,12 +70,18 @@ struct cuda_backend {
     /* activations [max_rows, ...] */
     float *x, *xb, *xb2, *q, *k, *v, *o, *hb, *hb2, *sel;
     float *rope_cos, *rope_sin; /* [max_ctx, d_h / 2] */
-    int *d_rows;                /* [max_rows] token ids / positions / selected rows */
-    int *h_rows;                /* pinned [max_rows] */
+    int *d_rows;                /* [max_rows] token ids / selected rows */
+    int *d_pos;                 /* [max_rows] positions of the step's rows */
+    int *last_pos;              /* host [max_rows]: what d_pos holds (last_rows of them) */
+    int last_rows;              /* -1: d_pos holds nothing known */
     /* per-step staging, grown on demand */
-    dbuf h_meta, d_meta; /* attention: tasks | tables | pos | acc | acc2 */
+    dbuf stage; /* pinned staging arena, stage_used bytes queued since the rewind */
+    size_t stage_used;
+    dbuf d_meta;         /* attention: tasks | tables | pos | acc | acc2 */
     dbuf d_scores;       /* attention scores */
-    dbuf h_list, d_list; /* cache writes / moves */
+    dbuf d_part;         /* split decode attention: per-chunk max, sum, output */
+    int sms;             /* the device's multiprocessors (split decode attention's grid) */
+    dbuf d_list;         /* cache writes / moves */
     dbuf d_move_scratch; /* gather pass scratch */
     dbuf h_out;          /* logits and hook copies */
     int *stamp;          /* [n_slots] for kv_k_split_moves */
@@ -124,6 +136,31 @@ int grow_pinned(dbuf &b, size_t bytes, kv_error *err) {
     CK(cudaHostAlloc(&b.p, cap, cudaHostAllocDefault));
     b.cap = cap;
     return KV_OK;
+}
+
+/* `bytes` of the pinned staging arena (16-byte aligned) at *out, filled from src unless src is
+ * NULL. The arena is only appended to until stage_rewind; when it is full the host waits for
+ * both streams (every queued copy from it has run), and it starts over, at least twice as
+ * large. */
+int stage(cuda_backend *c, const void *src, size_t bytes, char **out, kv_error *err) {
+    size_t off = (c->stage_used + 15) / 16 * 16;
+    if (off + bytes > c->stage.cap) {
+        CK(cudaStreamSynchronize(c->compute));
+        CK(cudaStreamSynchronize(c->copy));
+        int rc = grow_pinned(c->stage, 2 * (off + bytes), err);
+        if (rc) return rc;
+        off = 0;
+    }
+    *out = static_cast<char *>(c->stage.p) + off;
+    if (src) memcpy(*out, src, bytes);
+    c->stage_used = off + bytes;
+    return KV_OK;
+}
+
+/* The host waited for the compute stream: every copy from the arena has run (copy-stream
+ * copies are all awaited by compute-stream work), so it can be reused from the start. */
+void stage_rewind(cuda_backend *c) {
+    c->stage_used = 0;
 }
 
 /* Upload n floats (NULL stays NULL). */
@@ -183,11 +220,12 @@ void cuda_destroy(kv_backend *b) {
                      c->o, c->hb, c->hb2, c->sel, c->rope_cos, c->rope_sin};
     for (float *p : acts) cudaFree(p);
     cudaFree(c->d_rows);
-    cudaFreeHost(c->h_rows);
-    cudaFreeHost(c->h_meta.p);
+    cudaFree(c->d_pos);
+    free(c->last_pos);
+    cudaFreeHost(c->stage.p);
     cudaFree(c->d_meta.p);
     cudaFree(c->d_scores.p);
-    cudaFreeHost(c->h_list.p);
+    cudaFree(c->d_part.p);
     cudaFree(c->d_list.p);
     cudaFree(c->d_move_scratch.p);
     cudaFreeHost(c->h_out.p);
@@ -195,7 +233,6 @@ void cuda_destroy(kv_backend *b) {
     free(c->pass_start);
     if (c->blas) cublasDestroy(c->blas);
     if (c->meta_ready) cudaEventDestroy(c->meta_ready);
-    if (c->meta_free) cudaEventDestroy(c->meta_free);
     if (c->attn_done) cudaEventDestroy(c->attn_done);
     if (c->compute) cudaStreamDestroy(c->compute);
     if (c->copy) cudaStreamDestroy(c->copy);
@@ -233,9 +270,10 @@ float *storage(const kv_pool *p) {
 
 int cuda_embed(kv_backend *b, const int *tokens, int rows, kv_error *err) {
     cuda_backend *c = cb(b);
-    CK(cudaStreamSynchronize(c->compute)); /* h_rows may still feed an earlier copy */
-    memcpy(c->h_rows, tokens, (size_t)rows * sizeof(int));
-    CK(cudaMemcpyAsync(c->d_rows, c->h_rows, (size_t)rows * sizeof(int), cudaMemcpyHostToDevice,
+    char *h = nullptr;
+    int rc = stage(c, tokens, (size_t)rows * sizeof(int), &h, err);
+    if (rc) return rc;
+    CK(cudaMemcpyAsync(c->d_rows, h, (size_t)rows * sizeof(int), cudaMemcpyHostToDevice,
                        c->compute));
     CK(kvcu::gather_rows(c->x, c->tok_emb, c->d_rows, rows, b->model->cfg.dim, c->compute));
     return KV_OK;
@@ -247,10 +285,16 @@ int cuda_qkv(kv_backend *b, int layer, int rows, const int *pos, kv_error *err) 
     const dev_layer &w = c->layers[layer];
     int dim = cfg->dim, hd = cfg->head_dim, H = cfg->n_heads, Hkv = cfg->n_kv_heads;
     int qd = H * hd, kvd = Hkv * hd;
-    CK(cudaStreamSynchronize(c->compute));
-    memcpy(c->h_rows, pos, (size_t)rows * sizeof(int));
-    CK(cudaMemcpyAsync(c->d_rows, c->h_rows, (size_t)rows * sizeof(int), cudaMemcpyHostToDevice,
-                       c->compute));
+    size_t pbytes = (size_t)rows * sizeof(int);
+    if (rows != c->last_rows || memcmp(pos, c->last_pos, pbytes)) { /* once per step */
+        char *h = nullptr;
+        c->last_rows = -1;
+        int rc = stage(c, pos, pbytes, &h, err);
+        if (rc) return rc;
+        CK(cudaMemcpyAsync(c->d_pos, h, pbytes, cudaMemcpyHostToDevice, c->compute));
+        memcpy(c->last_pos, pos, pbytes);
+        c->last_rows = rows;
+    }
     CK(kvcu::rmsnorm(c->xb, c->x, nullptr, w.attn_norm, rows, dim, cfg->norm_eps, c->compute));
     int rc = gemm(c, c->q, c->xb, w.wq, rows, dim, qd, err);
     if (!rc) rc = gemm(c, c->k, c->xb, w.wk, rows, dim, kvd, err);
@@ -260,21 +304,20 @@ int cuda_qkv(kv_backend *b, int layer, int rows, const int *pos, kv_error *err) 
     CK(kvcu::add_bias(c->k, w.bk, rows, kvd, c->compute));
     CK(kvcu::add_bias(c->v, w.bv, rows, kvd, c->compute));
     int layout = cfg->rope_layout == KV_ROPE_ADJACENT ? KV_K_ROPE_ADJACENT : KV_K_ROPE_HALF;
-    CK(kvcu::rope(c->q, rows, qd, H, hd, c->d_rows, c->rope_cos, c->rope_sin, layout, c->compute));
-    CK(kvcu::rope(c->k, rows, kvd, Hkv, hd, c->d_rows, c->rope_cos, c->rope_sin, layout,
+    CK(kvcu::rope(c->q, rows, qd, H, hd, c->d_pos, c->rope_cos, c->rope_sin, layout, c->compute));
+    CK(kvcu::rope(c->k, rows, kvd, Hkv, hd, c->d_pos, c->rope_cos, c->rope_sin, layout,
                   c->compute));
     return KV_OK;
 }
 
-/* Stage a host list into the pinned list buffer and copy it to the device list buffer on the
- * compute stream. */
+/* Stage a host list and copy it to the device list buffer on the compute stream (after the
+ * kernels that read the previous list, in stream order). */
 int stage_list(cuda_backend *c, const void *src, size_t bytes, kv_error *err) {
-    CK(cudaStreamSynchronize(c->compute)); /* the previous list's copy has finished */
-    int rc = grow_pinned(c->h_list, bytes, err);
-    if (!rc) rc = grow_dev(c->d_list, bytes, err);
+    int rc = grow_dev(c->d_list, bytes, err);
+    char *h = nullptr;
+    if (!rc) rc = stage(c, src, bytes, &h, err);
     if (rc) return rc;
-    memcpy(c->h_list.p, src, bytes);
-    CK(cudaMemcpyAsync(c->d_list.p, c->h_list.p, bytes, cudaMemcpyHostToDevice, c->compute));
+    CK(cudaMemcpyAsync(c->d_list.p, h, bytes, cudaMemcpyHostToDevice, c->compute));
     return KV_OK;
 }
 
@@ -324,22 +367,37 @@ int cuda_attention(kv_backend *b, const kv_pool *p, const kv_attn_task *tasks, i
     int bs = p->block_size, hd = cfg->head_dim, g = cfg->n_heads / cfg->n_kv_heads;
     kv_k_meta_layout L;
     kv_k_meta_plan(tasks, n_tasks, bs, &L);
-    /* the pinned buffer may still be the source of the previous step's copy */
-    CK(cudaEventSynchronize(c->meta_free));
-    int rc = grow_pinned(c->h_meta, L.total, err);
-    if (!rc) rc = grow_dev(c->d_meta, L.total, err);
+    int rc = grow_dev(c->d_meta, L.total, err);
     if (!rc) rc = grow_dev(c->d_scores, (size_t)n_tasks * g * L.longest * sizeof(float), err);
+    char *h = nullptr;
+    if (!rc) rc = stage(c, nullptr, L.total, &h, err);
     if (rc) return rc;
-    kv_k_meta_pack(tasks, n_tasks, bs, &L, c->h_meta.p);
+    kv_k_meta_pack(tasks, n_tasks, bs, &L, h);
     /* one mirror copy per step on the copy stream, after the previous step's attention has
      * read the device buffer; compute waits for it */
     size_t up = L.tracked ? L.total : L.o_acc;
     CK(cudaStreamWaitEvent(c->copy, c->attn_done, 0));
-    CK(cudaMemcpyAsync(c->d_meta.p, c->h_meta.p, up, cudaMemcpyHostToDevice, c->copy));
+    CK(cudaMemcpyAsync(c->d_meta.p, h, up, cudaMemcpyHostToDevice, c->copy));
     CK(cudaEventRecord(c->meta_ready, c->copy));
-    CK(cudaEventRecord(c->meta_free, c->copy));
     CK(cudaStreamWaitEvent(c->compute, c->meta_ready, 0));
     char *d = static_cast<char *>(c->d_meta.p);
+    /* a decode step without statistics: split each task's entries into chunks so that the grid
+     * fills the device (kv_k_split_plan); else one block per task */
+    int decode = !L.tracked;
+    for (int i = 0; i < n_tasks && decode; i++) decode = tasks[i].n == 1;
+    kv_k_split sp = kv_k_split_plan(n_tasks, L.longest, bs, c->sms);
+    if (decode && sp.chunks > 1) {
+        rc = grow_dev(c->d_part, (size_t)n_tasks * sp.chunks * g * (size_t)(hd + 2) * sizeof(float),
+                      err);
+        if (rc) return rc;
+        CK(kvcu::decode_attention_split(storage(p), reinterpret_cast<const int *>(d + L.o_tab),
+                                        reinterpret_cast<const kv_k_attn_task *>(d), n_tasks, c->q,
+                                        c->o, cfg->n_heads * hd, g, hd, bs, sp.chunk, sp.chunks,
+                                        static_cast<float *>(c->d_scores.p), L.longest,
+                                        static_cast<float *>(c->d_part.p), c->compute));
+        CK(cudaEventRecord(c->attn_done, c->compute));
+        return KV_OK;
+    }
     CK(kvcu::paged_attention(
         storage(p), reinterpret_cast<const int *>(d + L.o_tab),
         reinterpret_cast<const kv_k_attn_task *>(d), n_tasks,
@@ -349,11 +407,11 @@ int cuda_attention(kv_backend *b, const kv_pool *p, const kv_attn_task *tasks, i
     CK(cudaEventRecord(c->attn_done, c->compute));
     if (!L.tracked) return KV_OK;
     /* statistics back to the heads' host arrays, where the policies read them */
-    char *h = static_cast<char *>(c->h_meta.p);
     CK(cudaMemcpyAsync(h + L.o_acc, d + L.o_acc, L.total - L.o_acc, cudaMemcpyDeviceToHost,
                        c->compute));
     CK(cudaStreamSynchronize(c->compute));
     kv_k_meta_unpack_stats(tasks, n_tasks, &L, h);
+    stage_rewind(c);
     return KV_OK;
 }
 
@@ -372,6 +430,7 @@ int to_host(cuda_backend *c, const float *const *src, const size_t *n, float **d
         h += n[i];
     }
     CK(cudaStreamSynchronize(c->compute));
+    stage_rewind(c);
     return KV_OK;
 }
 
@@ -422,22 +481,28 @@ int cuda_logits(kv_backend *b, const int *rows, int n_sel, float *out, kv_error 
     cuda_backend *c = cb(b);
     const kv_model *m = b->model;
     int dim = m->cfg.dim, V = m->cfg.vocab_size;
-    CK(cudaStreamSynchronize(c->compute));
-    memcpy(c->h_rows, rows, (size_t)n_sel * sizeof(int));
-    CK(cudaMemcpyAsync(c->d_rows, c->h_rows, (size_t)n_sel * sizeof(int), cudaMemcpyHostToDevice,
+    char *h = nullptr;
+    int rc = stage(c, rows, (size_t)n_sel * sizeof(int), &h, err);
+    if (rc) return rc;
+    CK(cudaMemcpyAsync(c->d_rows, h, (size_t)n_sel * sizeof(int), cudaMemcpyHostToDevice,
                        c->compute));
     CK(kvcu::rmsnorm(c->sel, c->x, c->d_rows, c->final_norm, n_sel, dim, m->cfg.norm_eps,
                      c->compute));
     /* the logits reuse the hidden buffers: [n_sel, vocab] fits hb when vocab <= hidden, else
      * the scores buffer grown for it */
-    int rc = grow_dev(c->d_scores, (size_t)n_sel * V * sizeof(float), err);
+    rc = grow_dev(c->d_scores, (size_t)n_sel * V * sizeof(float), err);
     if (rc) return rc;
     float *dl = static_cast<float *>(c->d_scores.p);
     rc = gemm(c, dl, c->sel, c->classifier, n_sel, dim, V, err);
     if (rc) return rc;
-    CK(cudaMemcpyAsync(out, dl, (size_t)n_sel * V * sizeof(float), cudaMemcpyDeviceToHost,
-                       c->compute));
+    /* through pinned memory: a copy to the caller's pageable buffer would be a second wait */
+    size_t lb = (size_t)n_sel * V * sizeof(float);
+    rc = grow_pinned(c->h_out, lb, err);
+    if (rc) return rc;
+    CK(cudaMemcpyAsync(c->h_out.p, dl, lb, cudaMemcpyDeviceToHost, c->compute));
     CK(cudaStreamSynchronize(c->compute));
+    memcpy(out, c->h_out.p, lb);
+    stage_rewind(c);
     return KV_OK;
 }
 
@@ -452,12 +517,11 @@ int setup(cuda_backend *c, const kv_model *m, int max_rows, int max_ctx, kv_erro
     CK(cudaGetDeviceCount(&n_dev));
     c->dev = 0;
     CK(cudaSetDevice(c->dev));
+    CK(cudaDeviceGetAttribute(&c->sms, cudaDevAttrMultiProcessorCount, c->dev));
     CK(cudaStreamCreateWithFlags(&c->compute, cudaStreamNonBlocking));
     CK(cudaStreamCreateWithFlags(&c->copy, cudaStreamNonBlocking));
     CK(cudaEventCreateWithFlags(&c->meta_ready, cudaEventDisableTiming));
-    CK(cudaEventCreateWithFlags(&c->meta_free, cudaEventDisableTiming));
     CK(cudaEventCreateWithFlags(&c->attn_done, cudaEventDisableTiming));
-    CK(cudaEventRecord(c->meta_free, c->copy));
     CK(cudaEventRecord(c->attn_done, c->compute));
     CKB(cublasCreate(&c->blas));
     CKB(cublasSetStream(c->blas, c->compute));
@@ -505,7 +569,12 @@ int setup(cuda_backend *c, const kv_model *m, int max_rows, int max_ctx, kv_erro
     CK(cudaMalloc(&c->hb, R * hid * sizeof(float)));
     CK(cudaMalloc(&c->hb2, R * hid * sizeof(float)));
     CK(cudaMalloc(&c->d_rows, R * sizeof(int)));
-    CK(cudaHostAlloc(&c->h_rows, R * sizeof(int), cudaHostAllocDefault));
+    CK(cudaMalloc(&c->d_pos, R * sizeof(int)));
+    c->last_rows = -1;
+    c->last_pos = static_cast<int *>(malloc(R * sizeof(int)));
+    if (!c->last_pos) return kv_fail(err, KV_EINTERNAL, "out of memory (CUDA backend positions)");
+    /* the staging arena: room for a step's lists and metadata to start with */
+    if ((rc = grow_pinned(c->stage, (size_t)1 << 16, err))) return rc;
     /* RoPE tables: the CPU's (kv_op_rope_tables arithmetic, computed in double) */
     size_t half = hd / 2, nt = (size_t)max_ctx * half;
     float *cs = static_cast<float *>(malloc(nt * sizeof(float)));

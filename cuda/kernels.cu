@@ -77,6 +77,23 @@ cudaError_t paged_attention(const float *pool, const int *tables, const kv_k_att
     return cudaGetLastError();
 }
 
+cudaError_t decode_attention_split(const float *pool, const int *tables,
+                                   const kv_k_attn_task *tasks, int n_tasks, const float *q,
+                                   float *o, int q_stride, int g, int hd, int bs, int chunk,
+                                   int chunks, float *scratch, int scratch_stride, float *part,
+                                   cudaStream_t s) {
+    if (n_tasks <= 0) return cudaSuccess;
+    size_t n_parts = (size_t)n_tasks * (size_t)chunks * (size_t)g;
+    float *pm = part, *ps = part + n_parts, *po = part + 2 * n_parts;
+    size_t shm = (size_t)g * (size_t)hd * sizeof(float);
+    KV_LAUNCH(kv_k_decode_split, dim3((unsigned)n_tasks, (unsigned)chunks), kThreads, shm, s)
+    (pool, tables, tasks, q, q_stride, g, hd, bs, chunk, chunks, scratch, scratch_stride, pm, ps,
+     po);
+    KV_LAUNCH(kv_k_decode_merge, n_tasks, kThreads, 0, s)
+    (tasks, g, hd, chunks, pm, ps, po, o, q_stride);
+    return cudaGetLastError();
+}
+
 cudaError_t gather_pass(float *pool, const kv_k_move *moves, int n, float *scratch, int hd, int bs,
                         cudaStream_t s) {
     size_t total = (size_t)n * 2 * (size_t)hd;

@@ -30,6 +30,14 @@ cudaError_t paged_attention(const float *pool, const int *tables, const kv_k_att
                             int n_tasks, const int *pos, float *acc, float *acc2, const float *q,
                             float *o, int q_stride, int g, int hd, int bs, float *scratch,
                             int scratch_stride, cudaStream_t s);
+/* Split-sequence decode attention (kv_k_split_plan): kv_k_decode_split over (n_tasks,
+ * chunks) blocks, then kv_k_decode_merge into o. Every task must have n = 1 and no
+ * statistics. part: n_tasks * chunks * g * (hd + 2) floats of device scratch. */
+cudaError_t decode_attention_split(const float *pool, const int *tables,
+                                   const kv_k_attn_task *tasks, int n_tasks, const float *q,
+                                   float *o, int q_stride, int g, int hd, int bs, int chunk,
+                                   int chunks, float *scratch, int scratch_stride, float *part,
+                                   cudaStream_t s);
 /* One pass of kv_k_split_moves: moves [n] (device), scratch n * 2 * hd floats. */
 cudaError_t gather_pass(float *pool, const kv_k_move *moves, int n, float *scratch, int hd, int bs,
                         cudaStream_t s);

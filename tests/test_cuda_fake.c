@@ -9,7 +9,9 @@
  *  - KVPR after a failed GEMM: the next rebuild of fewer layers touches only its own arrays
  *    (a sentinel past the caller's timing array stays untouched) and gives the CPU's rows;
  *  - --device auto when the CUDA backend cannot be made: the CPU runs and stderr says why,
- *    once. */
+ *    once;
+ *  - a decode step of an untracked policy (sink) waits for the device once (the logits), and
+ *    uploads the step's positions once, not per layer. */
 #include "testutil.h"
 
 #include "cuda_fake.h"
@@ -291,6 +293,47 @@ static void test_device_auto_says_why(void) {
               strstr(text, "running on the CPU"));
 }
 
+static void test_decode_step_counters(void) {
+    const kv_config *cfg = &g_model->cfg;
+    int n = 0;
+    int *ids = tu_text_tokens(g_model, tu_shared(TOK260), 0, &n);
+    CU_ASSERT_FATAL(n >= 70);
+    kv_plan plan;
+    kv_error err = {0};
+    CU_ASSERT_FATAL(kv_plan_full(cfg, cfg->seq_len, 16, 16, KV_POLICY_SINK, &plan, &err) == KV_OK);
+    kvfake_reset();
+    kv_engine_opts o = {0};
+    o.device = KV_DEVICE_CUDA;
+    kv_engine *e = NULL;
+    int seq = 0;
+    float *logits = malloc(sizeof(float) * (size_t)cfg->vocab_size);
+    CU_ASSERT_FATAL(kv_engine_new(g_model, &plan, &o, &e, &err) == KV_OK);
+    CU_ASSERT_FATAL(kv_engine_seq_open(e, NULL, NULL, &seq, &err) == KV_OK);
+    CU_ASSERT_FATAL(kv_engine_prefill(e, seq, ids, 64, KV_LOGITS_LAST, logits, NULL, &err) ==
+                    KV_OK);
+    long worst_syncs = 0, copies = 0;
+    for (int s = 0; s < 4; s++) {
+        kvfake_zero_traffic();
+        CU_ASSERT_FATAL(kv_engine_decode(e, &seq, 1, &ids[64 + s], logits, &err) == KV_OK);
+        kvfake_counters k = kvfake_get();
+        worst_syncs = k.syncs > worst_syncs ? k.syncs : worst_syncs;
+        copies = k.h2d_copies;
+        if (s == 3)
+            printf("\n    decode step (%d layers): %ld syncs, %ld launches, %ld GEMMs, %ld H2D "
+                   "copies, %.0f H2D bytes",
+                   cfg->n_layers, k.syncs, k.launches, k.gemms, k.h2d_copies, k.h2d_bytes);
+    }
+    /* token, positions, logit rows once; a cache-write list and the attention metadata per
+     * layer */
+    CU_ASSERT(worst_syncs == 1);
+    CU_ASSERT(copies == 3 + 2L * cfg->n_layers);
+    kv_engine_free(e);
+    kv_plan_free(&plan);
+    free(logits);
+    free(ids);
+    CU_ASSERT(nothing_allocated());
+}
+
 static int model_init(void) {
     kv_error err = {0};
     if (kv_model_load(tu_shared(M260), &g_model, &err) == KV_OK) return 0;
@@ -312,6 +355,7 @@ int main(int argc, char **argv) {
         {"OOM and GEMM sweep: an engine run", test_oom_engine_run},
         {"KVPR: a failed GEMM leaves no stale state", test_kvpr_after_failed_gemm},
         {"--device auto says why it fell back", test_device_auto_says_why},
+        {"decode step: one sync, positions once", test_decode_step_counters},
     };
     static const tu_suite suite = {"cuda_fake", model_init, model_cleanup, tests,
                                    sizeof tests / sizeof tests[0]};

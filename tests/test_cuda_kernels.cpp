@@ -372,7 +372,8 @@ void run_attention_case(const kv_model *m, int n_kv, kv_policy pol, int track, i
     }
     size_t pool_floats = (size_t)pool.n_blocks * 2 * bs * hd;
     int t_used = 0, checked = 0, steps = 0;
-    double worst_o = 0.0, worst_stat = 0.0;
+    double worst_o = 0.0, worst_stat = 0.0, worst_split = 0.0;
+    int split_steps = 0;
     for (int n : kSteps) {
         int rows = n_seqs * n;
         std::vector<float> q((size_t)rows * qd), k((size_t)rows * kvd), v(k.size());
@@ -426,6 +427,30 @@ void run_attention_case(const kv_model *m, int n_kv, kv_policy pol, int track, i
         double eo = max_abs(o_dev.data(), o_cpu.data(), o_dev.size()) / omax;
         worst_o = eo > worst_o ? eo : worst_o;
         CU_ASSERT(eo <= 1e-5);
+        if (!track && n == 1) {
+            /* split-sequence decode as on a device of 4 SMs per task: up to 8 chunks per task
+             * of a block or more, tasks of unequal length (some chunks empty), merged */
+            kv_k_split sp = kv_k_split_plan(n_tasks, longest, bs, 4 * n_tasks);
+            CU_ASSERT(sp.chunks > 1);
+            size_t parts = (size_t)n_tasks * sp.chunks * a.g;
+            std::vector<float> part(parts * (size_t)(hd + 2), NAN), o_split(o_cpu.size(), NAN);
+            float *pm = part.data(), *ps = pm + parts, *po = ps + parts;
+            std::fill(scratch.begin(), scratch.end(), NAN);
+            CU_ASSERT_FATAL(
+                kv_shim_launch(n_tasks, sp.chunks, block, (size_t)a.g * hd * sizeof(float), [&] {
+                    kv_k_decode_split(d.pool.data(), d.tables.data(), d.tasks.data(), q.data(), qd,
+                                      a.g, hd, bs, sp.chunk, sp.chunks, scratch.data(), longest, pm,
+                                      ps, po);
+                }) == 0);
+            launch(n_tasks, block, 0, [&] {
+                kv_k_decode_merge(d.tasks.data(), a.g, hd, sp.chunks, pm, ps, po, o_split.data(),
+                                  qd);
+            });
+            double es = max_abs(o_split.data(), o_cpu.data(), o_split.size()) / omax;
+            worst_split = es > worst_split ? es : worst_split;
+            CU_ASSERT(es <= 1e-5);
+            split_steps++;
+        }
         /* statistics within 1e-5 (untracked: both stay 0) */
         for (const kv_k_attn_task &t : d.tasks) {
             kv_head *h = kv_cache_head(&seqs[t.row0 / n], 0, t.kv_head);
@@ -450,8 +475,44 @@ void run_attention_case(const kv_model *m, int n_kv, kv_policy pol, int track, i
                 "max diff o %.3g of the largest output, max abs diff acc/acc2 %.3g",
                 a.g, kv_policy_name(pol), track ? "on" : "off", block, steps, checked, worst_o,
                 worst_stat);
+    if (split_steps)
+        std::printf(", split decode (%d steps) max diff %.3g", split_steps, worst_split);
+    CU_ASSERT(track || split_steps > 0);
     for (int s = 0; s < n_seqs; s++) kv_cache_destroy(&seqs[s]);
     kv_pool_destroy(&pool);
+}
+
+/* kv_k_split_plan: the grid reaches 2 x the SMs whenever the longest task allows, chunks are
+ * whole blocks and cover the longest task exactly (no chunk past it), and the cases worked by
+ * hand from its definition. */
+void test_split_plan() {
+    int checked = 0;
+    for (int n_tasks : {1, 8, 32, 256, 1024})
+        for (int longest : {1, 15, 16, 17, 100, 1024, 4096, 32768})
+            for (int bs : {4, 16, 32})
+                for (int sms : {1, 2, 108, 132}) {
+                    kv_k_split p = kv_k_split_plan(n_tasks, longest, bs, sms);
+                    CU_ASSERT(p.chunk >= bs && p.chunk % bs == 0);
+                    CU_ASSERT((long)p.chunks * p.chunk >= longest);
+                    CU_ASSERT((long)(p.chunks - 1) * p.chunk < longest);
+                    CU_ASSERT(p.grid == (long)n_tasks * p.chunks);
+                    long blocks_max = (long)n_tasks * ((longest + bs - 1) / bs);
+                    long want = 2L * sms < blocks_max ? 2L * sms : blocks_max;
+                    CU_ASSERT(p.grid >= want);
+                    checked++;
+                }
+    /* Llama-2-7B shape with 8 KV heads on an H100 (132 SMs), block size 16: 264 blocks wanted,
+     * 33 chunks per task; 4096 / 33 = 124 -> 112 entries (7 blocks), ceil(4096 / 112) = 37 */
+    kv_k_split a = kv_k_split_plan(8, 4096, 16, 132);
+    CU_ASSERT(a.chunk == 112 && a.chunks == 37 && a.grid == 296);
+    kv_k_split b = kv_k_split_plan(8, 1024, 16, 132); /* 1024 / 33 = 31 -> 16 */
+    CU_ASSERT(b.chunk == 16 && b.chunks == 64 && b.grid == 512);
+    kv_k_split c = kv_k_split_plan(256, 4096, 16, 132); /* batch 32: 2 chunks per task */
+    CU_ASSERT(c.chunk == 2048 && c.chunks == 2 && c.grid == 512);
+    kv_k_split d = kv_k_split_plan(300, 100, 16, 132); /* enough tasks: no split */
+    CU_ASSERT(d.chunks == 1 && d.chunk == 112);
+    std::printf("\n    %d plans checked; 7B at 4k, batch 1: chunk %d, grid %ld", checked, a.chunk,
+                a.grid);
 }
 
 void test_attention_g2() {
@@ -639,6 +700,7 @@ int main(int argc, char **argv) {
         {"cache write + paged attention, TinyStories-656K d_h 16", test_attention_656k},
         {"paged attention is reproducible, weights sum to 1", test_attention_reproducible},
         {"gather (eviction move lists) vs the CPU", test_gather},
+        {"split-sequence decode launch plan", test_split_plan},
     };
     return tu_main(argc, argv, "cuda_kernels", tests, sizeof tests / sizeof tests[0]);
 }

@@ -200,6 +200,108 @@ KV_GLOBAL void kv_k_paged_attention(const float *pool, const int *tables,
     }
 }
 
+/* Split-sequence decode attention, part 1 (kv_k_split_plan): grid (n_tasks, chunks); block
+ * (task b, chunk c) takes entries [c * chunk, min(len, (c + 1) * chunk)) of task b, which must
+ * have n = 1 (one query per head, a decode step) and no statistics. For each query head gh of
+ * the group it writes, at part index pi = (b * chunks + c) * g + gh, the chunk's score
+ * maximum m[pi], the sum of exp(s_e - m) s[pi] and the unnormalised output
+ * o_part[pi * hd + d] = sum_e exp(s_e - m) v_e[d]; an empty chunk writes m = -inf, s = 0.
+ * Scores go to scratch as in kv_k_paged_attention (task b's rows, the chunk's columns).
+ * Dynamic shared memory: g * hd floats. */
+KV_GLOBAL void kv_k_decode_split(const float *pool, const int *tables, const kv_k_attn_task *tasks,
+                                 const float *q, int q_stride, int g, int hd, int bs, int chunk,
+                                 int chunks, float *scratch, int scratch_stride, float *part_m,
+                                 float *part_s, float *part_o) {
+    KV_DYNAMIC_SHARED(float, qs);
+    KV_SHARED_ARRAY(float, red, 32);
+    int b = kv_bid(), c = kv_bid_y();
+    kv_k_attn_task t = tasks[b];
+    const int *table = tables + t.table_off;
+    float *sc = scratch + (size_t)b * (size_t)g * (size_t)scratch_stride;
+    int e0 = c * chunk, e1 = e0 + chunk < t.len ? e0 + chunk : t.len;
+    int lane = kv_tid() % KV_WARP, warp = kv_tid() / KV_WARP, n_warps = kv_bdim() / KV_WARP;
+    int gw = g * hd;
+    size_t pi0 = ((size_t)b * (size_t)chunks + (size_t)c) * (size_t)g;
+    if (e0 >= e1) { /* past this task's end: an empty part (uniform over the block) */
+        for (int x = kv_tid(); x < gw; x += kv_bdim()) part_o[pi0 * hd + x] = 0.0f;
+        if (kv_tid() < g) {
+            part_m[pi0 + kv_tid()] = -INFINITY;
+            part_s[pi0 + kv_tid()] = 0.0f;
+        }
+        return;
+    }
+    float inv = 1.0f / sqrtf((float)hd);
+    const float *qrow = q + (size_t)t.row0 * (size_t)q_stride + (size_t)t.kv_head * gw;
+    for (int x = kv_tid(); x < gw; x += kv_bdim()) qs[x] = qrow[x] * inv;
+    kv_syncthreads();
+    /* scores: one warp per entry; each K row read once serves the g query heads */
+    for (int e = e0 + warp; e < e1; e += n_warps) {
+        const float *kk = pool + kv_slot_k_offset(kv_slot_of_entry(table, e, bs), bs, hd);
+        for (int gh = 0; gh < g; gh++) {
+            float part = 0.0f;
+            for (int d = lane; d < hd; d += KV_WARP) part += qs[gh * hd + d] * kk[d];
+            part = kv_warp_sum(part);
+            if (lane == 0) sc[(size_t)gh * scratch_stride + e] = part;
+        }
+    }
+    kv_syncthreads();
+    for (int gh = 0; gh < g; gh++) {
+        float *s = sc + (size_t)gh * scratch_stride;
+        float mx = -INFINITY;
+        for (int e = e0 + kv_tid(); e < e1; e += kv_bdim()) mx = s[e] > mx ? s[e] : mx;
+        mx = kv_block_max(mx, red);
+        float sum = 0.0f;
+        for (int e = e0 + kv_tid(); e < e1; e += kv_bdim()) {
+            s[e] = expf(s[e] - mx);
+            sum += s[e];
+        }
+        sum = kv_block_sum(sum, red);
+        if (kv_tid() == 0) {
+            part_m[pi0 + gh] = mx;
+            part_s[pi0 + gh] = sum;
+        }
+    }
+    kv_syncthreads();
+    for (int x = kv_tid(); x < gw; x += kv_bdim()) {
+        int gh = x / hd, d = x % hd;
+        const float *s = sc + (size_t)gh * scratch_stride;
+        float a = 0.0f;
+        for (int e = e0; e < e1; e++)
+            a += s[e] * pool[kv_slot_v_offset(kv_slot_of_entry(table, e, bs), bs, hd) + d];
+        part_o[pi0 * hd + x] = a;
+    }
+}
+
+/* Split-sequence decode attention, part 2: grid n_tasks; for each (query head, d) of task b,
+ * M = max_c m, S = sum_c s e^(m - M), o = sum_c o_part e^(m - M) / S, written to o at the
+ * task's row (the log-sum-exp merge of flash-decoding), chunks in order. */
+KV_GLOBAL void kv_k_decode_merge(const kv_k_attn_task *tasks, int g, int hd, int chunks,
+                                 const float *part_m, const float *part_s, const float *part_o,
+                                 float *o, int q_stride) {
+    int b = kv_bid();
+    kv_k_attn_task t = tasks[b];
+    int gw = g * hd;
+    float *orow = o + (size_t)t.row0 * (size_t)q_stride + (size_t)t.kv_head * gw;
+    for (int x = kv_tid(); x < gw; x += kv_bdim()) {
+        int gh = x / hd;
+        size_t base = (size_t)b * (size_t)chunks * (size_t)g + (size_t)gh;
+        float M = -INFINITY;
+        for (int c = 0; c < chunks; c++) {
+            float m = part_m[base + (size_t)c * g];
+            M = m > M ? m : M;
+        }
+        float S = 0.0f, a = 0.0f;
+        for (int c = 0; c < chunks; c++) {
+            size_t pi = base + (size_t)c * g;
+            if (part_s[pi] == 0.0f) continue; /* an empty chunk */
+            float w = expf(part_m[pi] - M);
+            S += part_s[pi] * w;
+            a += part_o[pi * hd + (size_t)(x % hd)] * w;
+        }
+        orow[x] = a / S;
+    }
+}
+
 /* Gather (the engine's gather op, KV-Compress MoveCache), one pass of kv_k_split_moves:
  * kv_k_gather_read copies K and V of every move's source slot into scratch [n][2][hd], then
  * kv_k_gather_write (launched after it on the same stream) copies scratch to the

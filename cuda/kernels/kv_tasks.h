@@ -60,4 +60,31 @@ static inline int kv_k_split_moves(const kv_k_move *moves, int n, int *stamp, in
     return passes;
 }
 
+/* Launch plan of split-sequence decode attention (flash-decoding, Dao et al. 2023; vLLM's
+ * paged_attention_v2 partitions the same way): each task's entries are cut into chunks of
+ * `chunk` entries (a multiple of the block size bs, so a chunk is whole blocks), one thread
+ * block per (task, chunk), so that even one sequence fills the device. Given n_tasks tasks
+ * (> 0), the longest task's len (> 0), bs (> 0) and the device's SM count (> 0): chunk is the
+ * largest multiple of bs (at least bs) with n_tasks * ceil(longest / chunk) >= 2 * sm_count
+ * blocks, or longest rounded up to bs when n_tasks alone reaches that; chunks =
+ * ceil(longest / chunk) (1: no split, the plain kernel serves), grid = n_tasks * chunks.
+ * A task shorter than the longest leaves its last blocks empty (they write an empty part). */
+typedef struct kv_k_split {
+    int chunk;  /* entries per chunk, a multiple of bs */
+    int chunks; /* chunks of the longest task: the grid's y extent */
+    long grid;  /* thread blocks: n_tasks * chunks */
+} kv_k_split;
+
+static inline kv_k_split kv_k_split_plan(int n_tasks, int longest, int bs, int sm_count) {
+    kv_k_split p;
+    long target = 2L * sm_count;
+    long per_task = (target + n_tasks - 1) / n_tasks; /* chunks each task needs */
+    int chunk = per_task > 1 ? (int)(longest / per_task) / bs * bs : (longest + bs - 1) / bs * bs;
+    if (chunk < bs) chunk = bs;
+    p.chunk = chunk;
+    p.chunks = (longest + chunk - 1) / chunk;
+    p.grid = (long)n_tasks * p.chunks;
+    return p;
+}
+
 #endif

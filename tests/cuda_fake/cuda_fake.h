@@ -67,8 +67,11 @@ void kvfake_set_count_only(int on);
 void kvfake_set_capacity(size_t bytes);
 /* The grid of launches of kernels whose host function is `func` is kept in last_grid. */
 void kvfake_watch_grid(const void *func);
-/* The paged attention kernel (cuda/kernels/kv_kernels.cuh) as the fake sees its launches. */
-const void *kvfake_paged_attention_kernel(void);
+/* Watch a second kernel too (its grid also lands in last_grid). */
+void kvfake_watch_grid2(const void *func);
+/* The attention kernel (cuda/kernels/kv_kernels.cuh) as the fake sees its launches:
+ * kv_k_paged_attention (split 0) or the split decode kernel kv_k_decode_split (split 1). */
+const void *kvfake_paged_attention_kernel(int split);
 /* The fake device's SM count (cudaDeviceProp.multiProcessorCount): 132, an H100 SXM. */
 int kvfake_sm_count(void);
 
