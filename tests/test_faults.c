@@ -573,7 +573,6 @@ static void test_resume_inputs_changed(void) {
     }
     /* the tokenizer: a run with --tokenizer rtok.bin, then the file changed (the score of
      * piece 3, a byte-fallback piece, lowered: another file) */
-    killed_search("rs.h5", 0, "rs.save"); /* any log of the plain run */
     small_search(script, sizeof script, "rm.bin", "rt.txt", "rt.h5", "--tokenizer rtok.bin");
     char bg[9000];
     snprintf(bg, sizeof bg,
