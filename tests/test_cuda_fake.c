@@ -301,6 +301,7 @@ static void test_decode_step_counters(void) {
     kv_plan plan;
     kv_error err = {0};
     CU_ASSERT_FATAL(kv_plan_full(cfg, cfg->seq_len, 16, 16, KV_POLICY_SINK, &plan, &err) == KV_OK);
+    kv_plan_set_kv_type(&plan, KV_TYPE_F32); /* the CUDA backend stores f32 */
     kvfake_reset();
     kv_engine_opts o = {0};
     o.device = KV_DEVICE_CUDA;
