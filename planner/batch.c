@@ -196,77 +196,69 @@ int kv_batch_size(const kv_batch_config *c, kv_batch_result *out, kv_error *err)
 
 /* ---- plan.h5 /kvpr and /batch ---- */
 
-int kv_plan_write_kvpr_batch(kv_h5 *plan, const kv_model *m, const kv_hw *hw, const kv_plan *b,
-                             kv_error *err) {
-    const kv_config *cf = &m->cfg;
-    if (!b || b->n_layers != cf->n_layers || b->n_kv_heads != cf->n_kv_heads || !b->budget)
-        return kv_fail(err, KV_EINPUT, "plan budgets do not match the model (L %d, H_kv %d)",
-                       cf->n_layers, cf->n_kv_heads);
-    const double p = 4.0; /* kvplan's runtime keeps weights and activations in fp32 */
-    /* K and V as the plan stores them (issue 22): the mean stored bytes per element over the
-     * heads (each head holds the same tokens in the KVPR model) */
-    double pk = 0;
-    for (int i = 0; i < b->n_layers * b->n_kv_heads; i++)
-        pk += b->kv_type ? (double)kv_type_token_bytes(b->kv_type[i], cf->head_dim)
-                         : 8.0 * cf->head_dim;
-    pk /= 2.0 * (double)b->n_layers * b->n_kv_heads * cf->head_dim;
-    long C = b->context > 0 ? b->context : cf->seq_len;
-    if (C < 1) C = 1;
+/* /kvpr of a plan: the KVPR split and step time (KVPR Eq. 6-11, generalised to GQA; GLPK) for
+ * batches 1, 4, 16, 64 and lengths C/8 .. C, column- and row-by-row, with activations of p bytes
+ * per element and K/V of pk bytes per element as the plan stores them. */
+static int write_kvpr(kv_h5 *plan, const kv_config *cf, const kv_hw *hw, long C, double p,
+                      double pk, kv_error *err) {
     int rc = KV_OK;
-    if (hw->v_com > 0 && hw->v_gpu > 0) {
-        enum { NB = 4, NSMAX = 4 };
-        const int batches[NB] = {1, 4, 16, 64};
-        int lens[NSMAX], ns = 0;
-        for (int k = 3; k >= 0; k--) {
-            long v = C >> k;
-            if (v < 1) v = 1;
-            if (ns == 0 || lens[ns - 1] != (int)v) lens[ns++] = (int)v;
-        }
-        int split_c[NB * NSMAX], split_r[NB * NSMAX];
-        double time_c[NB * NSMAX], time_r[NB * NSMAX], time_0[NB * NSMAX];
-        for (int i = 0; i < NB && !rc; i++) {
-            for (int j = 0; j < ns && !rc; j++) {
-                kv_kvpr_shape sh = {
-                    batches[i], lens[j], cf->dim, (long)cf->n_kv_heads * cf->head_dim, p, pk};
-                kv_kvpr_result rcol, rrow;
-                rc = kv_kvpr_solve(&sh, hw->v_com, hw->v_gpu, KV_SCHED_COLUMN, &rcol, err);
-                if (!rc) rc = kv_kvpr_solve(&sh, hw->v_com, hw->v_gpu, KV_SCHED_ROW, &rrow, err);
-                if (rc) break;
-                int k = i * ns + j;
-                split_c[k] = (int)rcol.split;
-                split_r[k] = (int)rrow.split;
-                time_c[k] = rcol.time;
-                time_r[k] = rrow.time;
-                time_0[k] = rcol.time_no_recompute;
-            }
-        }
-        long d1[1] = {NB}, d2[2] = {NB, ns}, ds[1] = {ns};
-        if (!rc) rc = kv_h5_write_i32(plan, "/kvpr/batch", 1, d1, batches, "sequences", err);
-        if (!rc) rc = kv_h5_write_i32(plan, "/kvpr/seq_len", 1, ds, lens, "tokens", err);
-        if (!rc) rc = kv_h5_write_i32(plan, "/kvpr/split_column", 2, d2, split_c, "tokens", err);
-        if (!rc) rc = kv_h5_write_i32(plan, "/kvpr/split_row", 2, d2, split_r, "tokens", err);
-        if (!rc) rc = kv_h5_write_f64(plan, "/kvpr/time_column", 2, d2, time_c, "s", err);
-        if (!rc) rc = kv_h5_write_f64(plan, "/kvpr/time_row", 2, d2, time_r, "s", err);
-        if (!rc) rc = kv_h5_write_f64(plan, "/kvpr/time_no_recompute", 2, d2, time_0, "s", err);
-        if (!rc) rc = kv_h5_attr_f64(plan, "/kvpr", "v_com", hw->v_com, err);
-        if (!rc) rc = kv_h5_attr_f64(plan, "/kvpr", "v_gpu", hw->v_gpu, err);
-        if (!rc) rc = kv_h5_attr_f64(plan, "/kvpr", "dtype_bytes", p, err);
-        if (!rc) rc = kv_h5_attr_f64(plan, "/kvpr", "kv_bytes", pk, err);
-        if (!rc) rc = kv_h5_attr_i64(plan, "/kvpr", "hidden", cf->dim, err);
-        if (!rc)
-            rc =
-                kv_h5_attr_i64(plan, "/kvpr", "kv_width", (long)cf->n_kv_heads * cf->head_dim, err);
-        if (!rc) rc = kv_h5_attr_str(plan, "/kvpr", "hardware", hw->name, err);
-        if (!rc) rc = kv_h5_attr_str(plan, "/kvpr", "source", hw->source, err);
-        if (!rc)
-            rc = kv_h5_attr_str(plan, "/kvpr", "model",
-                                "KVPR Eq. 6-11, generalised to GQA "
-                                "(per layer, split by GLPK MIP)",
-                                err);
-        if (rc) return kv_fail_context(err, "writing /kvpr");
+    enum { NB = 4, NSMAX = 4 };
+    const int batches[NB] = {1, 4, 16, 64};
+    int lens[NSMAX], ns = 0;
+    for (int k = 3; k >= 0; k--) {
+        long v = C >> k;
+        if (v < 1) v = 1;
+        if (ns == 0 || lens[ns - 1] != (int)v) lens[ns++] = (int)v;
     }
-    if (!(hw->device_mem > 0)) return KV_OK;
+    int split_c[NB * NSMAX], split_r[NB * NSMAX];
+    double time_c[NB * NSMAX], time_r[NB * NSMAX], time_0[NB * NSMAX];
+    for (int i = 0; i < NB && !rc; i++) {
+        for (int j = 0; j < ns && !rc; j++) {
+            kv_kvpr_shape sh = {batches[i], lens[j], cf->dim, (long)cf->n_kv_heads * cf->head_dim,
+                                p,          pk};
+            kv_kvpr_result rcol, rrow;
+            rc = kv_kvpr_solve(&sh, hw->v_com, hw->v_gpu, KV_SCHED_COLUMN, &rcol, err);
+            if (!rc) rc = kv_kvpr_solve(&sh, hw->v_com, hw->v_gpu, KV_SCHED_ROW, &rrow, err);
+            if (rc) break;
+            int k = i * ns + j;
+            split_c[k] = (int)rcol.split;
+            split_r[k] = (int)rrow.split;
+            time_c[k] = rcol.time;
+            time_r[k] = rrow.time;
+            time_0[k] = rcol.time_no_recompute;
+        }
+    }
+    long d1[1] = {NB}, d2[2] = {NB, ns}, ds[1] = {ns};
+    if (!rc) rc = kv_h5_write_i32(plan, "/kvpr/batch", 1, d1, batches, "sequences", err);
+    if (!rc) rc = kv_h5_write_i32(plan, "/kvpr/seq_len", 1, ds, lens, "tokens", err);
+    if (!rc) rc = kv_h5_write_i32(plan, "/kvpr/split_column", 2, d2, split_c, "tokens", err);
+    if (!rc) rc = kv_h5_write_i32(plan, "/kvpr/split_row", 2, d2, split_r, "tokens", err);
+    if (!rc) rc = kv_h5_write_f64(plan, "/kvpr/time_column", 2, d2, time_c, "s", err);
+    if (!rc) rc = kv_h5_write_f64(plan, "/kvpr/time_row", 2, d2, time_r, "s", err);
+    if (!rc) rc = kv_h5_write_f64(plan, "/kvpr/time_no_recompute", 2, d2, time_0, "s", err);
+    if (!rc) rc = kv_h5_attr_f64(plan, "/kvpr", "v_com", hw->v_com, err);
+    if (!rc) rc = kv_h5_attr_f64(plan, "/kvpr", "v_gpu", hw->v_gpu, err);
+    if (!rc) rc = kv_h5_attr_f64(plan, "/kvpr", "dtype_bytes", p, err);
+    if (!rc) rc = kv_h5_attr_f64(plan, "/kvpr", "kv_bytes", pk, err);
+    if (!rc) rc = kv_h5_attr_i64(plan, "/kvpr", "hidden", cf->dim, err);
+    if (!rc)
+        rc = kv_h5_attr_i64(plan, "/kvpr", "kv_width", (long)cf->n_kv_heads * cf->head_dim, err);
+    if (!rc) rc = kv_h5_attr_str(plan, "/kvpr", "hardware", hw->name, err);
+    if (!rc) rc = kv_h5_attr_str(plan, "/kvpr", "source", hw->source, err);
+    if (!rc)
+        rc = kv_h5_attr_str(plan, "/kvpr", "model",
+                            "KVPR Eq. 6-11, generalised to GQA "
+                            "(per layer, split by GLPK MIP)",
+                            err);
+    if (rc) return kv_fail_context(err, "writing /kvpr");
+    return KV_OK;
+}
 
+/* /batch of a plan: Batch-Max batch sizing (Batch-Max §3-4) for the device memory of the
+ * profile, with the plan's budgets and stored K/V types, prompt 3/4 and generation 1/4 of C. */
+static int write_batch(kv_h5 *plan, const kv_model *m, const kv_hw *hw, const kv_plan *b, long C,
+                       double p, kv_error *err) {
+    int rc = KV_OK;
     kv_batch_config c;
     kv_batch_config_from_model(m, p, &c);
     c.device_mem = hw->device_mem;
@@ -307,6 +299,28 @@ int kv_plan_write_kvpr_batch(kv_h5 *plan, const kv_model *m, const kv_hw *hw, co
     if (!rc && brc) rc = kv_h5_attr_str(plan, "/batch", "note", local.msg, err);
     if (rc) return kv_fail_context(err, "writing /batch");
     return KV_OK;
+}
+
+int kv_plan_write_kvpr_batch(kv_h5 *plan, const kv_model *m, const kv_hw *hw, const kv_plan *b,
+                             kv_error *err) {
+    const kv_config *cf = &m->cfg;
+    if (!b || b->n_layers != cf->n_layers || b->n_kv_heads != cf->n_kv_heads || !b->budget)
+        return kv_fail(err, KV_EINPUT, "plan budgets do not match the model (L %d, H_kv %d)",
+                       cf->n_layers, cf->n_kv_heads);
+    const double p = 4.0; /* kvplan's runtime keeps weights and activations in fp32 */
+    /* K and V as the plan stores them: the mean stored bytes per element over the
+     * heads (each head holds the same tokens in the KVPR model) */
+    double pk = 0;
+    for (int i = 0; i < b->n_layers * b->n_kv_heads; i++)
+        pk += b->kv_type ? (double)kv_type_token_bytes(b->kv_type[i], cf->head_dim)
+                         : 8.0 * cf->head_dim;
+    pk /= 2.0 * (double)b->n_layers * b->n_kv_heads * cf->head_dim;
+    long C = b->context > 0 ? b->context : cf->seq_len;
+    if (C < 1) C = 1;
+    int rc = KV_OK;
+    if (hw->v_com > 0 && hw->v_gpu > 0) rc = write_kvpr(plan, cf, hw, C, p, pk, err);
+    if (rc || !(hw->device_mem > 0)) return rc;
+    return write_batch(plan, m, hw, b, C, p, err);
 }
 
 int kv_plan_write_kvpr_batch_from_profile(kv_h5 *plan, const char *profile_path, const kv_model *m,

@@ -447,6 +447,144 @@ static int budget_shape(kv_h5 *f, int *L, int *H, kv_error *err) {
     return KV_OK;
 }
 
+/* Stage 1 of kv_plan_read: a plan (a /budget group) of a schema this build reads. */
+static int plan_check_schema(kv_h5 *f, const char *path, kv_error *err) {
+    if (!kv_h5_exists(f, "/budget"))
+        return kv_fail(err, KV_EINPUT,
+                       "%s: not a plan file (no /budget group; was it written by kvplan search?)",
+                       path);
+    if (!kv_h5_attr_exists(f, "/", "plan_schema")) return KV_OK; /* absent in the first v1 plans */
+    int ps = 0;
+    int rc = read_int_attr(f, "plan_schema", 1, INT_MAX, &ps, err);
+    if (!rc && ps > KV_PLAN_SCHEMA_VERSION)
+        rc = kv_fail(err, KV_EINPUT,
+                     "%s: plan_schema %d is newer than this kvplan reads (%d); upgrade "
+                     "kvplan or remake the plan",
+                     path, ps, KV_PLAN_SCHEMA_VERSION);
+    return rc;
+}
+
+/* Stage 2: the root attributes (ratio, C, b_s, p, policy, allocation and its parameters). */
+static int plan_read_attrs(kv_h5 *f, const char *path, kv_plan *p, kv_error *err) {
+    char pol[32] = "";
+    int rc = kv_h5_read_attr_f64(f, "/", "ratio", &p->ratio, err);
+    if (rc) return rc;
+    if (!(isfinite(p->ratio) && p->ratio > 0.0 && p->ratio <= KV_PLAN_MAX_RATIO))
+        return kv_fail(err, KV_EINPUT, "%s: attribute ratio = %g is outside (0, %g]", path,
+                       p->ratio, KV_PLAN_MAX_RATIO);
+    if ((rc = read_int_attr(f, "context_length", 2, 1 << 24, &p->context, err))) return rc;
+    if ((rc = read_int_attr(f, "block_size", 1, 4096, &p->block_size, err))) return rc;
+    p->evict_block = p->context < KV_DEFAULT_EVICT_BLOCK ? p->context : KV_DEFAULT_EVICT_BLOCK;
+    if (kv_h5_attr_exists(f, "/", "evict_block") &&
+        (rc = read_int_attr(f, "evict_block", 1, p->context, &p->evict_block, err)))
+        return rc;
+    if ((rc = read_str_attr(f, "policy", pol, sizeof pol, err))) return rc;
+    if ((rc = kv_policy_parse(pol, &p->policy, err))) {
+        kv_fail_context(err, "%s: attribute policy", path);
+        return rc;
+    }
+    if ((rc = read_str_attr(f, "allocation", p->allocation, sizeof p->allocation, err))) return rc;
+    p->t = p->r = p->p = NAN;
+    const struct {
+        const char *name;
+        double *dst;
+    } opt[] = {{"t", &p->t}, {"r", &p->r}, {"p", &p->p}};
+    for (int i = 0; i < 3; i++)
+        if (kv_h5_attr_exists(f, "/", opt[i].name) &&
+            (rc = kv_h5_read_attr_f64(f, "/", opt[i].name, opt[i].dst, err)))
+            return rc;
+    if (kv_h5_attr_exists(f, "/", "min_tokens") &&
+        (rc = read_int_attr(f, "min_tokens", 0, 1 << 24, &p->min_tokens, err)))
+        return rc;
+    return KV_OK;
+}
+
+/* Stage 3: the model's identity; its L and H_kv, when recorded, must match /budget/tokens. */
+static int plan_read_model(kv_h5 *f, const char *path, kv_plan *p, kv_error *err) {
+    int rc = read_str_attr(f, "model_sha256", p->model_sha256, sizeof p->model_sha256, err);
+    if (!rc) rc = read_int_attr(f, "model_dim", 1, INT_MAX, &p->model_dim, err);
+    if (!rc) rc = read_int_attr(f, "model_n_heads", 1, INT_MAX, &p->model_n_heads, err);
+    if (!rc) rc = read_int_attr(f, "model_head_dim", 1, INT_MAX, &p->model_head_dim, err);
+    if (!rc) rc = read_int_attr(f, "model_vocab_size", 1, INT_MAX, &p->model_vocab_size, err);
+    const struct {
+        const char *name;
+        int want;
+    } shape[] = {{"model_n_layers", p->n_layers}, {"model_n_kv_heads", p->n_kv_heads}};
+    for (int i = 0; i < 2 && !rc; i++) {
+        int v = 0;
+        if (!kv_h5_attr_exists(f, "/", shape[i].name)) continue;
+        if ((rc = read_int_attr(f, shape[i].name, 1, INT_MAX, &v, err))) break;
+        if (v != shape[i].want)
+            rc = kv_fail(err, KV_EINPUT, "%s: attribute %s = %d disagrees with /budget/tokens (%d)",
+                         path, shape[i].name, v, shape[i].want);
+    }
+    return rc;
+}
+
+/* Stage 4: /budget/tokens in [1, C] and /budget/blocks, which must be their block counts. */
+static int plan_read_budgets(kv_h5 *f, const char *path, kv_plan *p, kv_error *err) {
+    int rc = read_matrix(f, "/budget/tokens", p->n_layers, p->n_kv_heads, 1, p->context, &p->budget,
+                         err);
+    if (rc) return rc;
+    int *blocks = NULL;
+    const int bs = p->block_size;
+    long max_blocks = (p->context + bs - 1) / bs;
+    if ((rc = read_matrix(f, "/budget/blocks", p->n_layers, p->n_kv_heads, 1, max_blocks, &blocks,
+                          err)))
+        return rc;
+    for (int i = 0; i < p->n_layers * p->n_kv_heads && !rc; i++)
+        if (blocks[i] != (p->budget[i] + bs - 1) / bs)
+            rc = kv_fail(err, KV_EINPUT,
+                         "%s: /budget/blocks of layer %d KV head %d is %d, but %d tokens in "
+                         "blocks of %d need %d; the file is inconsistent",
+                         path, i / p->n_kv_heads, i % p->n_kv_heads, blocks[i], p->budget[i], bs,
+                         (p->budget[i] + bs - 1) / bs);
+    free(blocks);
+    return rc;
+}
+
+/* Stage 5: per-head policies (schema 2; the root policy for every head in schema 1). */
+static int plan_read_policies(kv_h5 *f, kv_plan *p, kv_error *err) {
+    size_t nh = (size_t)p->n_layers * (size_t)p->n_kv_heads;
+    int *codes = NULL;
+    p->schema_version = 1;
+    if (kv_h5_exists(f, "/budget/policy")) {
+        int rc = read_matrix(f, "/budget/policy", p->n_layers, p->n_kv_heads, 0, 3, &codes, err);
+        if (rc) return rc;
+        p->schema_version = 2;
+    }
+    p->head_policy = kv_malloc(nh * sizeof *p->head_policy, "plan policies", err);
+    for (size_t i = 0; p->head_policy && i < nh; i++)
+        p->head_policy[i] = codes ? (kv_policy)codes[i] : p->policy;
+    free(codes);
+    return p->head_policy ? KV_OK : KV_EINTERNAL;
+}
+
+/* Stage 6: per-head KV storage types (schema 3). Schema 1 and 2 plans were made by a runtime
+ * that kept K/V in f32, and their ratio attribute is the token fraction r: in bytes over the
+ * full F16 cache that is 2 r (exact). */
+static int plan_read_kv_types(kv_h5 *f, const char *path, kv_plan *p, kv_error *err) {
+    size_t nh = (size_t)p->n_layers * (size_t)p->n_kv_heads;
+    int *codes = NULL;
+    if (kv_h5_exists(f, "/budget/kv_type")) {
+        int rc = read_matrix(f, "/budget/kv_type", p->n_layers, p->n_kv_heads, 0,
+                             KV_CACHE_TYPES - 1, &codes, err);
+        if (rc) return rc;
+        p->schema_version = 3;
+    } else if (p->ratio > 1.0) {
+        return kv_fail(err, KV_EINPUT, "%s: attribute ratio = %g is outside (0, 1] (schema %d)",
+                       path, p->ratio, p->schema_version);
+    } else {
+        p->ratio *= (double)kv_type_token_bytes(KV_TYPE_F32, 1) /
+                    (double)kv_type_token_bytes(KV_TYPE_F16, 1);
+    }
+    p->kv_type = kv_malloc(nh * sizeof *p->kv_type, "plan KV types", err);
+    for (size_t i = 0; p->kv_type && i < nh; i++)
+        p->kv_type[i] = codes ? (kv_cache_type)codes[i] : KV_TYPE_F32;
+    free(codes);
+    return p->kv_type ? KV_OK : KV_EINTERNAL;
+}
+
 int kv_plan_read(const char *path, kv_plan *out, kv_error *err) {
     memset(out, 0, sizeof *out);
     kv_h5 *f = NULL;
@@ -454,143 +592,18 @@ int kv_plan_read(const char *path, kv_plan *out, kv_error *err) {
     if (rc) return rc;
     kv_plan p;
     memset(&p, 0, sizeof p);
-    char pol[32] = "", *s = NULL;
-    if (!kv_h5_exists(f, "/budget")) {
-        rc = kv_fail(err, KV_EINPUT,
-                     "%s: not a plan file (no /budget group; was it written by kvplan search?)",
-                     path);
-        goto done;
+    rc = plan_check_schema(f, path, err);
+    if (!rc) rc = budget_shape(f, &p.n_layers, &p.n_kv_heads, err);
+    if (!rc) rc = plan_read_attrs(f, path, &p, err);
+    if (!rc) rc = plan_read_model(f, path, &p, err);
+    if (!rc) rc = plan_read_budgets(f, path, &p, err);
+    if (!rc) rc = plan_read_policies(f, &p, err);
+    if (!rc) rc = plan_read_kv_types(f, path, &p, err);
+    if (!rc) {
+        snprintf(p.source, sizeof p.source, "%s", path);
+        update_full(&p);
+        rc = kv_plan_validate(&p, path, err);
     }
-    if (kv_h5_attr_exists(f, "/", "plan_schema")) { /* absent in the first v1 plans */
-        int ps = 0;
-        if ((rc = read_int_attr(f, "plan_schema", 1, INT_MAX, &ps, err))) goto done;
-        if (ps > KV_PLAN_SCHEMA_VERSION) {
-            rc = kv_fail(err, KV_EINPUT,
-                         "%s: plan_schema %d is newer than this kvplan reads (%d); upgrade "
-                         "kvplan or remake the plan",
-                         path, ps, KV_PLAN_SCHEMA_VERSION);
-            goto done;
-        }
-    }
-    if ((rc = budget_shape(f, &p.n_layers, &p.n_kv_heads, err))) goto done;
-    if ((rc = kv_h5_read_attr_f64(f, "/", "ratio", &p.ratio, err))) goto done;
-    if (!(isfinite(p.ratio) && p.ratio > 0.0 && p.ratio <= KV_PLAN_MAX_RATIO)) {
-        rc = kv_fail(err, KV_EINPUT, "%s: attribute ratio = %g is outside (0, %g]", path, p.ratio,
-                     KV_PLAN_MAX_RATIO);
-        goto done;
-    }
-    if ((rc = read_int_attr(f, "context_length", 2, 1 << 24, &p.context, err))) goto done;
-    if ((rc = read_int_attr(f, "block_size", 1, 4096, &p.block_size, err))) goto done;
-    p.evict_block = p.context < KV_DEFAULT_EVICT_BLOCK ? p.context : KV_DEFAULT_EVICT_BLOCK;
-    if (kv_h5_attr_exists(f, "/", "evict_block") &&
-        (rc = read_int_attr(f, "evict_block", 1, p.context, &p.evict_block, err)))
-        goto done;
-    if ((rc = read_str_attr(f, "policy", pol, sizeof pol, err))) goto done;
-    if ((rc = kv_policy_parse(pol, &p.policy, err))) {
-        kv_fail_context(err, "%s: attribute policy", path);
-        goto done;
-    }
-    if ((rc = read_str_attr(f, "allocation", p.allocation, sizeof p.allocation, err))) goto done;
-    p.t = p.r = p.p = NAN;
-    if (kv_h5_attr_exists(f, "/", "t") && (rc = kv_h5_read_attr_f64(f, "/", "t", &p.t, err)))
-        goto done;
-    if (kv_h5_attr_exists(f, "/", "r") && (rc = kv_h5_read_attr_f64(f, "/", "r", &p.r, err)))
-        goto done;
-    if (kv_h5_attr_exists(f, "/", "p") && (rc = kv_h5_read_attr_f64(f, "/", "p", &p.p, err)))
-        goto done;
-    if (kv_h5_attr_exists(f, "/", "min_tokens") &&
-        (rc = read_int_attr(f, "min_tokens", 0, 1 << 24, &p.min_tokens, err)))
-        goto done;
-    if ((rc = read_str_attr(f, "model_sha256", p.model_sha256, sizeof p.model_sha256, err)))
-        goto done;
-    if ((rc = read_int_attr(f, "model_dim", 1, INT_MAX, &p.model_dim, err))) goto done;
-    if ((rc = read_int_attr(f, "model_n_heads", 1, INT_MAX, &p.model_n_heads, err))) goto done;
-    if ((rc = read_int_attr(f, "model_head_dim", 1, INT_MAX, &p.model_head_dim, err))) goto done;
-    if ((rc = read_int_attr(f, "model_vocab_size", 1, INT_MAX, &p.model_vocab_size, err)))
-        goto done;
-    {
-        const struct {
-            const char *name;
-            int want;
-        } shape[] = {{"model_n_layers", p.n_layers}, {"model_n_kv_heads", p.n_kv_heads}};
-        for (int i = 0; i < 2; i++) {
-            int v = 0;
-            if (!kv_h5_attr_exists(f, "/", shape[i].name)) continue;
-            if ((rc = read_int_attr(f, shape[i].name, 1, INT_MAX, &v, err))) goto done;
-            if (v != shape[i].want) {
-                rc = kv_fail(err, KV_EINPUT,
-                             "%s: attribute %s = %d disagrees with /budget/tokens (%d)", path,
-                             shape[i].name, v, shape[i].want);
-                goto done;
-            }
-        }
-    }
-    if ((rc = read_matrix(f, "/budget/tokens", p.n_layers, p.n_kv_heads, 1, p.context, &p.budget,
-                          err)))
-        goto done;
-    int *blocks = NULL;
-    long max_blocks = (p.context + p.block_size - 1) / p.block_size;
-    if ((rc = read_matrix(f, "/budget/blocks", p.n_layers, p.n_kv_heads, 1, max_blocks, &blocks,
-                          err)))
-        goto done;
-    for (int i = 0; i < p.n_layers * p.n_kv_heads && !rc; i++)
-        if (blocks[i] != (p.budget[i] + p.block_size - 1) / p.block_size)
-            rc = kv_fail(err, KV_EINPUT,
-                         "%s: /budget/blocks of layer %d KV head %d is %d, but %d tokens in "
-                         "blocks of %d need %d; the file is inconsistent",
-                         path, i / p.n_kv_heads, i % p.n_kv_heads, blocks[i], p.budget[i],
-                         p.block_size, (p.budget[i] + p.block_size - 1) / p.block_size);
-    free(blocks);
-    if (rc) goto done;
-    size_t nh = (size_t)p.n_layers * (size_t)p.n_kv_heads;
-    if (kv_h5_exists(f, "/budget/policy")) {
-        int *codes = NULL;
-        if ((rc = read_matrix(f, "/budget/policy", p.n_layers, p.n_kv_heads, 0, 3, &codes, err)))
-            goto done;
-        p.head_policy = kv_malloc(nh * sizeof *p.head_policy, "plan policies", err);
-        for (size_t i = 0; p.head_policy && i < nh; i++) p.head_policy[i] = (kv_policy)codes[i];
-        free(codes);
-        p.schema_version = 2;
-    } else {
-        p.head_policy = kv_malloc(nh * sizeof *p.head_policy, "plan policies", err);
-        for (size_t i = 0; p.head_policy && i < nh; i++) p.head_policy[i] = p.policy;
-        p.schema_version = 1;
-    }
-    if (!p.head_policy) {
-        rc = KV_EINTERNAL;
-        goto done;
-    }
-    if (kv_h5_exists(f, "/budget/kv_type")) {
-        int *codes = NULL;
-        if ((rc = read_matrix(f, "/budget/kv_type", p.n_layers, p.n_kv_heads, 0, KV_CACHE_TYPES - 1,
-                              &codes, err)))
-            goto done;
-        p.kv_type = kv_malloc(nh * sizeof *p.kv_type, "plan KV types", err);
-        for (size_t i = 0; p.kv_type && i < nh; i++) p.kv_type[i] = (kv_cache_type)codes[i];
-        free(codes);
-        p.schema_version = 3;
-    } else {
-        /* v1 / v2: the runtime that wrote them kept K/V in f32, and their ratio attribute is
-         * the token fraction r; in bytes over the full F16 cache that is 2 r (exact) */
-        if (p.ratio > 1.0) {
-            rc = kv_fail(err, KV_EINPUT, "%s: attribute ratio = %g is outside (0, 1] (schema %d)",
-                         path, p.ratio, p.schema_version);
-            goto done;
-        }
-        p.kv_type = kv_malloc(nh * sizeof *p.kv_type, "plan KV types", err);
-        for (size_t i = 0; p.kv_type && i < nh; i++) p.kv_type[i] = KV_TYPE_F32;
-        p.ratio *= (double)kv_type_token_bytes(KV_TYPE_F32, 1) /
-                   (double)kv_type_token_bytes(KV_TYPE_F16, 1);
-    }
-    if (!p.kv_type) {
-        rc = KV_EINTERNAL;
-        goto done;
-    }
-    snprintf(p.source, sizeof p.source, "%s", path);
-    update_full(&p);
-    rc = kv_plan_validate(&p, path, err);
-done:
-    free(s);
     kv_h5_close(f);
     if (rc)
         kv_plan_free(&p);
