@@ -153,66 +153,41 @@ static void grid_stats_json(cJSON *o, const ki_grid *g, const ki_grid_stats *st)
     if (w) cell_json(w, g, st->worst, 1);
 }
 
-static void plan_summary(cJSON *s, const ki_file *f) {
-    cJSON *p = cJSON_AddObjectToObject(s, "plan");
-    const char *num[] = {"ratio", "context_length", "block_size", "t", "r", "p"};
-    for (int i = 0; i < 6; i++)
-        cJSON_AddNumberToObject(p, num[i], ki_attr_num(f, "/", num[i], NAN));
-    const char *str[] = {"policy", "allocation"};
-    for (int i = 0; i < 2; i++) {
-        const char *v = ki_attr_str(f, "/", str[i]);
-        if (v)
-            cJSON_AddStringToObject(p, str[i], v);
-        else
-            cJSON_AddNullToObject(p, str[i]);
-    }
+/* "plan": total tokens, per-head KV storage types [L][H_kv] (v1/v2 plans: f32), the stored
+ * bytes against the full F16 cache, and what R buys at the plan's bytes per token. */
+static void plan_budget_json(cJSON *p, const ki_file *f) {
     int L = 0, hkv = 0;
     const double *tok = ki_matrix(f, "/budget/tokens", 0, &L, &hkv);
-    if (tok) {
-        double total = 0;
-        for (int i = 0; i < L * hkv; i++) total += tok[i];
-        cJSON_AddNumberToObject(p, "total_tokens", total);
-        /* per-head KV storage types [L][H_kv] (v1/v2 plans: f32) and the stored bytes */
-        cJSON *types = cJSON_AddArrayToObject(p, "kv_types");
-        double hd = ki_attr_num(f, "/", "model_head_dim", NAN), bytes = 0;
-        for (int l = 0; types && l < L; l++) {
-            cJSON *row = cJSON_CreateArray();
-            for (int j = 0; row && j < hkv; j++) {
-                kv_cache_type ty = ki_head_type(f, l * hkv + j);
-                cJSON_AddItemToArray(row, cJSON_CreateString(kv_type_name(ty)));
-                if (hd > 0) bytes += tok[l * hkv + j] * (double)kv_type_token_bytes(ty, (int)hd);
-            }
-            if (row) cJSON_AddItemToArray(types, row);
+    if (!tok) return;
+    double total = 0;
+    for (int i = 0; i < L * hkv; i++) total += tok[i];
+    cJSON_AddNumberToObject(p, "total_tokens", total);
+    cJSON *types = cJSON_AddArrayToObject(p, "kv_types");
+    double hd = ki_attr_num(f, "/", "model_head_dim", NAN), bytes = 0;
+    for (int l = 0; types && l < L; l++) {
+        cJSON *row = cJSON_CreateArray();
+        for (int j = 0; row && j < hkv; j++) {
+            kv_cache_type ty = ki_head_type(f, l * hkv + j);
+            cJSON_AddItemToArray(row, cJSON_CreateString(kv_type_name(ty)));
+            if (hd > 0) bytes += tok[l * hkv + j] * (double)kv_type_token_bytes(ty, (int)hd);
         }
-        double full16 = hd > 0 ? L * hkv * ki_attr_num(f, "/", "context_length", NAN) *
-                                     (double)kv_type_token_bytes(KV_TYPE_F16, (int)hd)
-                               : NAN;
-        /* the ratio is bytes over the full F16 cache (v1/v2 files store the token fraction,
-         * which is half of it for their f32 heads); target tokens: what R buys at the plan's
-         * bytes per token */
-        double Rb =
-            ki_attr_num(f, "/", "ratio", NAN) * (ki_dset_find(f, "/budget/kv_type") ? 1.0 : 2.0);
-        cJSON_AddNumberToObject(p, "target_tokens", Rb * full16 * total / bytes);
-        cJSON_AddNumberToObject(p, "kv_bytes", hd > 0 ? bytes : NAN);
-        cJSON_AddNumberToObject(p, "kv_bytes_full_f16", full16);
-        cJSON_AddNumberToObject(p, "ratio_f16_bytes", Rb);
-        cJSON_AddNumberToObject(p, "kv_bytes_full_f16",
-                                hd > 0 ? L * hkv * ki_attr_num(f, "/", "context_length", NAN) *
-                                             (double)kv_type_token_bytes(KV_TYPE_F16, (int)hd)
-                                       : NAN);
+        if (row) cJSON_AddItemToArray(types, row);
     }
-    kv_error e = {0};
-    int n = 0;
-    double *fr = ki_layer_fractions(f, &n, &e);
-    if (fr) cJSON_AddItemToObject(p, "layer_fractions", num_array(fr, n));
-    free(fr);
-    ki_grid g;
-    int has_grid = ki_search_grid(f, &g);
-    cJSON *sr = NULL;
-    if (has_grid || ki_dset_find(f, "/search/baselines") || ki_dset_find(f, "/search/heldout") ||
-        ki_attr_find(f, "/search", "winner"))
-        sr = cJSON_AddObjectToObject(s, "search");
-    /* named figures: baselines (full, uniform, squeeze) and held-out perplexities */
+    double full16 = hd > 0 ? L * hkv * ki_attr_num(f, "/", "context_length", NAN) *
+                                 (double)kv_type_token_bytes(KV_TYPE_F16, (int)hd)
+                           : NAN;
+    /* the ratio is bytes over the full F16 cache (v1/v2 files store the token fraction, which
+     * is half of it for their f32 heads) */
+    double Rb =
+        ki_attr_num(f, "/", "ratio", NAN) * (ki_dset_find(f, "/budget/kv_type") ? 1.0 : 2.0);
+    cJSON_AddNumberToObject(p, "target_tokens", Rb * full16 * total / bytes);
+    cJSON_AddNumberToObject(p, "kv_bytes", hd > 0 ? bytes : NAN);
+    cJSON_AddNumberToObject(p, "kv_bytes_full_f16", full16);
+    cJSON_AddNumberToObject(p, "ratio_f16_bytes", Rb);
+}
+
+/* "search": the named figures, baselines (full, uniform, squeeze) and held-out perplexities. */
+static void search_named_json(cJSON *sr, const ki_file *f) {
     const struct {
         const char *path, *key, *names;
     } named[] = {{"/search/baselines", "baselines", "full,uniform,squeeze"},
@@ -234,49 +209,82 @@ static void plan_summary(cJSON *s, const ki_file *f) {
             q = q[strcspn(q, ",")] ? q + strcspn(q, ",") + 1 : NULL;
         }
     }
-    if (has_grid) {
-        cJSON_AddNumberToObject(sr, "rank", g.rank);
-        cJSON *axes = cJSON_AddArrayToObject(sr, "axes");
-        if (g.rank != 2) cJSON_AddItemToArray(axes, cJSON_CreateString("p"));
-        if (g.rank != 1) {
-            cJSON_AddItemToArray(axes, cJSON_CreateString("t"));
-            cJSON_AddItemToArray(axes, cJSON_CreateString("r"));
-        }
-        cJSON_AddNumberToObject(sr, "np", g.np);
-        cJSON_AddNumberToObject(sr, "nt", g.nt);
-        cJSON_AddNumberToObject(sr, "nr", g.nr);
-        if (g.p) cJSON_AddItemToObject(sr, "p_values", num_array(g.p, g.np));
-        grid_stats_json(sr, &g, &g.all);
-        if (g.rank == 3) {
-            /* one entry per p: its (t, r) map's statistics; the map itself is
-             * datasets["/search/perplexity"].data[k] */
-            cJSON *per = cJSON_AddArrayToObject(sr, "per_p");
-            for (int k = 0; per && k < g.np; k++) {
-                ki_grid_stats st;
-                ki_grid_slice(&g, k, &st);
-                cJSON *o = cJSON_CreateObject();
-                if (!o) break;
-                cJSON_AddNumberToObject(o, "p", g.p ? g.p[k] : NAN);
-                cJSON_AddNumberToObject(o, "index", k);
-                grid_stats_json(o, &g, &st);
-                cJSON_AddItemToArray(per, o);
-            }
-        }
+}
+
+/* "search": the grid's axes, sizes and statistics (per p too for a 3-D grid). */
+static void search_grid_json(cJSON *sr, const ki_grid *g) {
+    cJSON_AddNumberToObject(sr, "rank", g->rank);
+    cJSON *axes = cJSON_AddArrayToObject(sr, "axes");
+    if (g->rank != 2) cJSON_AddItemToArray(axes, cJSON_CreateString("p"));
+    if (g->rank != 1) {
+        cJSON_AddItemToArray(axes, cJSON_CreateString("t"));
+        cJSON_AddItemToArray(axes, cJSON_CreateString("r"));
     }
+    cJSON_AddNumberToObject(sr, "np", g->np);
+    cJSON_AddNumberToObject(sr, "nt", g->nt);
+    cJSON_AddNumberToObject(sr, "nr", g->nr);
+    if (g->p) cJSON_AddItemToObject(sr, "p_values", num_array(g->p, g->np));
+    grid_stats_json(sr, g, &g->all);
+    if (g->rank != 3) return;
+    /* one entry per p: its (t, r) map's statistics; the map itself is
+     * datasets["/search/perplexity"].data[k] */
+    cJSON *per = cJSON_AddArrayToObject(sr, "per_p");
+    for (int k = 0; per && k < g->np; k++) {
+        ki_grid_stats st;
+        ki_grid_slice(g, k, &st);
+        cJSON *o = cJSON_CreateObject();
+        if (!o) break;
+        cJSON_AddNumberToObject(o, "p", g->p ? g->p[k] : NAN);
+        cJSON_AddNumberToObject(o, "index", k);
+        grid_stats_json(o, g, &st);
+        cJSON_AddItemToArray(per, o);
+    }
+}
+
+/* "search.winner": the plan's allocation, where it came from, its perplexities. */
+static void search_winner_json(cJSON *sr, const ki_file *f, const ki_grid *g, int has_grid) {
     int from_grid = 0;
-    const char *w = ki_search_winner(f, has_grid ? &g : NULL, &from_grid);
-    if (w) {
-        if (!sr) sr = cJSON_AddObjectToObject(s, "search");
-        cJSON *o = cJSON_AddObjectToObject(sr, "winner");
-        cJSON_AddStringToObject(o, "allocation", w);
-        cJSON_AddStringToObject(o, "from", from_grid ? "grid" : "baseline");
-        if (from_grid && has_grid && g.all.best >= 0) cell_json(o, &g, g.all.best, 0);
-        cJSON_AddNumberToObject(o, "perplexity", ki_attr_num(f, "/search", "best_perplexity", NAN));
-        cJSON_AddNumberToObject(o, "chunks", ki_attr_num(f, "/search", "best_chunks", NAN));
-        const ki_dset *h = ki_dset_find(f, "/search/heldout");
-        if (h && h->v && h->rank == 1 && h->count > 0)
-            cJSON_AddNumberToObject(o, "heldout", h->v[0]);
+    const char *w = ki_search_winner(f, has_grid ? g : NULL, &from_grid);
+    if (!w) return;
+    cJSON *o = cJSON_AddObjectToObject(sr, "winner");
+    cJSON_AddStringToObject(o, "allocation", w);
+    cJSON_AddStringToObject(o, "from", from_grid ? "grid" : "baseline");
+    if (from_grid && has_grid && g->all.best >= 0) cell_json(o, g, g->all.best, 0);
+    cJSON_AddNumberToObject(o, "perplexity", ki_attr_num(f, "/search", "best_perplexity", NAN));
+    cJSON_AddNumberToObject(o, "chunks", ki_attr_num(f, "/search", "best_chunks", NAN));
+    const ki_dset *h = ki_dset_find(f, "/search/heldout");
+    if (h && h->v && h->rank == 1 && h->count > 0) cJSON_AddNumberToObject(o, "heldout", h->v[0]);
+}
+
+static void plan_summary(cJSON *s, const ki_file *f) {
+    cJSON *p = cJSON_AddObjectToObject(s, "plan");
+    const char *num[] = {"ratio", "context_length", "block_size", "t", "r", "p"};
+    for (int i = 0; i < 6; i++)
+        cJSON_AddNumberToObject(p, num[i], ki_attr_num(f, "/", num[i], NAN));
+    const char *str[] = {"policy", "allocation"};
+    for (int i = 0; i < 2; i++) {
+        const char *v = ki_attr_str(f, "/", str[i]);
+        if (v)
+            cJSON_AddStringToObject(p, str[i], v);
+        else
+            cJSON_AddNullToObject(p, str[i]);
     }
+    plan_budget_json(p, f);
+    kv_error e = {0};
+    int n = 0;
+    double *fr = ki_layer_fractions(f, &n, &e);
+    if (fr) cJSON_AddItemToObject(p, "layer_fractions", num_array(fr, n));
+    free(fr);
+    ki_grid g;
+    int has_grid = ki_search_grid(f, &g);
+    int from_grid = 0;
+    if (!has_grid && !ki_dset_find(f, "/search/baselines") && !ki_dset_find(f, "/search/heldout") &&
+        !ki_attr_find(f, "/search", "winner") && !ki_search_winner(f, NULL, &from_grid))
+        return;
+    cJSON *sr = cJSON_AddObjectToObject(s, "search");
+    search_named_json(sr, f);
+    if (has_grid) search_grid_json(sr, &g);
+    search_winner_json(sr, f, &g, has_grid);
 }
 
 int ki_print_json(FILE *out, const ki_file *f, kv_error *err) {
