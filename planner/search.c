@@ -979,8 +979,7 @@ static int search_type_baselines(search_ctx *c) {
         kv_plan full;
         /* at the plan's eviction block (the held-out baselines' p) */
         int p = res->evict_block > 0 ? res->evict_block : o->evict_block;
-        if ((rc = kv_plan_full(&c->m->cfg, C, o->block_size, p, o->policy, &full, c->err)))
-            break;
+        if ((rc = kv_plan_full(&c->m->cfg, C, o->block_size, p, o->policy, &full, c->err))) break;
         kv_plan_set_kv_type(&full, (kv_cache_type)t);
         kv_engine *e = NULL;
         kv_engine_opts eo = {.device = o->device, .max_seqs = 1};
