@@ -324,8 +324,10 @@ static void print_result(const search_args *s, const search_job *j, const kv_all
     if (!res->winner_sens && ap->kind != so->allocation)
         printf(" -- the %s baseline beat the %s grid's best on the search tokens",
                kv_alloc_name(ap->kind), kv_alloc_name(so->allocation));
-    printf("\nratio        %.4g, policy %s, C %d, b_s %d, p %d\n", ap->ratio,
-           kv_policy_name(j->policy), ap->context, ap->block_size, res->evict_block);
+    printf("\nratio        %.4g of the full F16 cache (%s: %.4g of the tokens), policy %s, C %d, "
+           "b_s %d, p %d\n",
+           s->a.b.ratio, kv_type_name(ap->kv_type), ap->ratio, kv_policy_name(j->policy),
+           ap->context, ap->block_size, res->evict_block);
     if (res->n_ladder > 1) {
         printf("evict block ");
         for (int i = 0; i < res->n_ladder; i++)
