@@ -20,7 +20,8 @@
 #define STR(x) STR_(x)
 
 typedef struct search_args {
-    const char *tokenizer, *text, *t_grid, *r_grid, *p_grid, *sens_objective, *sens_policies;
+    const char *tokenizer, *text, *t_grid, *r_grid, *p_grid, *sens_objective, *sens_policies,
+        *kv_types;
     long eval_tokens, heldout_tokens, halving, calib, levels, rounds, sbatch;
     int resume;
     kv_plan_args a;
@@ -60,6 +61,10 @@ static const kv_opt search_opts[] = {
     {"--sens-policies", NULL, KV_OPT_STR, offsetof(search_args, sens_policies), "LIST",
      .help = "sensitivity: policies a head may choose, e.g. sink,h2o (default: the --policy "
              "only)"},
+    {"--kv-types", NULL, KV_OPT_STR, offsetof(search_args, kv_types), "LIST",
+     .help = "also evaluate uniform budgets stored in each of these KV types (e.g. f16,q8,q4) at "
+             "the plan's bytes, on the search and held-out tokens, into /search/kv_types "
+             "(default: none; the plan's own heads are all --kv-type)"},
     {"--resume", NULL, KV_OPT_FLAG, offsetof(search_args, resume),
      .help = "continue a killed run from its task log PLAN.h5.tasks (written as the run goes, "
              "removed when it finishes)"},
@@ -247,6 +252,19 @@ static int fill_opts(const search_args *s, const search_job *j, kv_progress *pro
     so->allocation = j->ap.kind;
     so->ratio = j->ap.ratio;
     so->kv_type = j->ap.kv_type;
+    so->kv_types_mask = 0;
+    if (s->kv_types) { /* a comma-separated list of type names */
+        char buf[128];
+        snprintf(buf, sizeof buf, "%s", s->kv_types);
+        for (char *tok = buf; tok;) {
+            char *comma = strchr(tok, ',');
+            if (comma) *comma = '\0';
+            kv_cache_type t = KV_TYPE_DEFAULT;
+            if (kv_type_parse(tok, &t, err)) return kv_fail_context(err, "--kv-types");
+            so->kv_types_mask |= 1 << t;
+            tok = comma ? comma + 1 : NULL;
+        }
+    }
     so->context = j->ap.context;
     so->block_size = j->ap.block_size;
     so->evict_block = j->evict_block;
@@ -347,8 +365,10 @@ static void print_result(const search_args *s, const search_job *j, const kv_all
     if (!res->winner_sens && ap->kind != so->allocation)
         printf(" -- the %s baseline beat the %s grid's best on the search tokens",
                kv_alloc_name(ap->kind), kv_alloc_name(so->allocation));
-    printf("\nratio        %.4g, policy %s, C %d, b_s %d, p %d\n", ap->ratio,
-           kv_policy_name(j->policy), ap->context, ap->block_size, res->evict_block);
+    printf("\nratio        %.4g of the full F16 cache (%s: %.4g of the tokens), policy %s, C %d, "
+           "b_s %d, p %d\n",
+           s->a.b.ratio, kv_type_name(ap->kv_type), ap->ratio, kv_policy_name(j->policy),
+           ap->context, ap->block_size, res->evict_block);
     if (res->n_ladder > 1) {
         printf("evict block ");
         for (int i = 0; i < res->n_ladder; i++)
@@ -365,6 +385,15 @@ static void print_result(const search_args *s, const search_job *j, const kv_all
                (double)(res->token_evals_exhaustive ? res->token_evals_exhaustive : 1),
            res->seconds);
     print_perplexities(res);
+    if (so->kv_types_mask) {
+        printf(
+            "KV types     uniform at the plan's bytes, search / held-out ppl (tokens per head):");
+        for (int t = 0; t < KV_CACHE_TYPES; t++)
+            if (so->kv_types_mask & (1 << t))
+                printf(" %s %.4f / %.4f (%.0f)", kv_type_name((kv_cache_type)t), res->type_ppl[t],
+                       res->type_heldout[t], res->type_tokens[t]);
+        printf("\n");
+    }
     if (res->identical_to_uniform)
         fprintf(stderr,
                 "kvplan search: note: the plan is identical to the uniform plan (every head "

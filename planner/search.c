@@ -950,6 +950,65 @@ static int search_heldout(search_ctx *c) {
     return rc;
 }
 
+/* Stage 10 (issue 22): uniform budgets stored in each type of kv_types_mask at the plan's bytes
+ * (R of the full F16 cache), on all search chunks and the held-out chunks, each type on its own
+ * engine (the pool's blocks are typed). Runs in every process (the chunks are few); NaN where
+ * the uniform budget falls below the policy's floor. */
+static int search_type_baselines(search_ctx *c) {
+    kv_search_result *res = c->res;
+    const kv_search_opts *o = c->o;
+    int hd = c->m->cfg.head_dim, C = o->context, rc = KV_OK;
+    for (int t = 0; t < KV_CACHE_TYPES; t++)
+        res->type_ppl[t] = res->type_heldout[t] = res->type_tokens[t] = NAN;
+    if (!o->kv_types_mask) return KV_OK;
+    /* the plan's bytes: the token fraction in its own type, in bytes over the F16 cache */
+    double Rb = o->ratio * (double)kv_type_token_bytes(o->kv_type, hd) /
+                (double)kv_type_token_bytes(KV_TYPE_F16, hd);
+    int *bud = kv_malloc((size_t)c->nh * sizeof *bud, "type baseline budgets", c->err);
+    if (!bud) return KV_EINTERNAL;
+    for (int t = 0; t < KV_CACHE_TYPES && !rc; t++) {
+        if (!(o->kv_types_mask & (1 << t))) continue;
+        double tr = kv_type_token_ratio(Rb, (kv_cache_type)t, hd);
+        if (tr > 1.0) tr = 1.0;
+        if ((rc = kv_uniform_budgets(c->nh, tr, C, o->block_size, bud, NULL, c->err))) break;
+        long sum = 0;
+        int below = 0, floor_tok = kv_policy_fixed_tokens(o->policy) +
+                                   (res->evict_block > 0 ? res->evict_block : o->evict_block);
+        for (int i = 0; i < c->nh; i++) {
+            sum += bud[i];
+            below |= bud[i] < C && bud[i] < floor_tok;
+        }
+        res->type_tokens[t] = (double)sum / c->nh;
+        if (below) continue;
+        kv_plan full;
+        /* at the plan's eviction block (the held-out baselines' p) */
+        int p = res->evict_block > 0 ? res->evict_block : o->evict_block;
+        if ((rc = kv_plan_full(&c->m->cfg, C, o->block_size, p, o->policy, &full, c->err))) break;
+        kv_plan_set_kv_type(&full, (kv_cache_type)t);
+        kv_engine *e = NULL;
+        kv_engine_opts eo = {.device = o->device, .max_seqs = 1};
+        rc = kv_engine_new(c->m, &full, &eo, &e, c->err);
+        kv_plan_free(&full);
+        const int *b[1] = {bud};
+        for (int part = 0; part < 2 && !rc; part++) {
+            int n = part ? c->HC : c->S;
+            long start = part ? (long)c->S * C : 0;
+            double s = 0.0, nll = 0.0;
+            for (int ch = 0; ch < n && !rc; ch++) {
+                rc = kv_engine_chunk_nll(e, c->ids + start + (long)ch * C, C, 1, b, NULL, &nll,
+                                         NULL, c->err);
+                s += nll;
+            }
+            if (!rc && n > 0)
+                *(part ? &res->type_heldout[t] : &res->type_ppl[t]) =
+                    kv_perplexity_from_nll(s, (long)n * (C - 1));
+        }
+        kv_engine_free(e);
+    }
+    free(bud);
+    return rc;
+}
+
 int kv_search_run(const kv_model *m, const kv_profile_inputs *prof, const int *ids, long n_ids,
                   const kv_search_opts *o, kv_search_result *res, kv_error *err) {
     memset(res, 0, sizeof *res);
@@ -966,6 +1025,7 @@ int kv_search_run(const kv_model *m, const kv_profile_inputs *prof, const int *i
     if (!rc) rc = search_sensitivity(&c);
     if (!rc) rc = search_evict_block(&c);
     if (!rc) rc = search_heldout(&c);
+    if (!rc) rc = search_type_baselines(&c);
     res->seconds = kv_now() - c.t0;
     if (!rc && o->progress && !o->progress->quiet) {
         kv_progress_print(o->progress, 1, "search: done, %ld chunk evals in %.1fs", c.work_done,
@@ -1073,6 +1133,34 @@ int kv_search_write(kv_h5 *f, const kv_search_opts *o, const kv_search_result *r
         if (!rc)
             rc =
                 kv_h5_attr_i64(f, "/search/evict_block", "token_evals", r->ladder_token_evals, err);
+    }
+    if (!rc && o->kv_types_mask) { /* uniform per KV type at the plan's bytes (issue 22) */
+        double sp[KV_CACHE_TYPES], hp[KV_CACHE_TYPES], tk[KV_CACHE_TYPES];
+        char names[64] = "";
+        long n = 0;
+        for (int t = 0; t < KV_CACHE_TYPES; t++) {
+            if (!(o->kv_types_mask & (1 << t))) continue;
+            sp[n] = r->type_ppl[t];
+            hp[n] = r->type_heldout[t];
+            tk[n] = r->type_tokens[t];
+            size_t len = strlen(names);
+            snprintf(names + len, sizeof names - len, "%s%s", n ? "," : "",
+                     kv_type_name((kv_cache_type)t));
+            n++;
+        }
+        rc = kv_h5_write_f64(f, "/search/kv_types/uniform", 1, &n, sp, "perplexity", err);
+        if (!rc)
+            rc = kv_h5_write_f64(f, "/search/kv_types/uniform_heldout", 1, &n, hp, "perplexity",
+                                 err);
+        if (!rc)
+            rc = kv_h5_write_f64(f, "/search/kv_types/tokens_per_head", 1, &n, tk, "tokens", err);
+        if (!rc) rc = kv_h5_attr_str(f, "/search/kv_types/uniform", "names", names, err);
+        if (!rc)
+            rc = kv_h5_attr_str(f, "/search/kv_types/uniform", "definition",
+                                "uniform budgets stored in each type at the plan's bytes (R of "
+                                "the full F16 cache), on all search chunks; _heldout on the "
+                                "held-out chunks",
+                                err);
     }
     if (!rc) rc = kv_h5_attr_f64(f, "/search", "seconds", r->seconds, err);
     return rc;

@@ -434,6 +434,44 @@ static void test_search_library(void) {
     kv_model_free(m);
 }
 
+/* --kv-types (issue 22): uniform budgets stored in f16, q8 and q4 at the plan's bytes, on the
+ * search and held-out tokens. The f16 row is the uniform baseline itself (same budgets, same p,
+ * same chunks); q8 keeps 32 / 20 of its tokens per head and q4 2x (d_h 8). */
+static void test_search_kv_types(void) {
+    char args[4096], *out = NULL;
+    snprintf(args, sizeof args,
+             "search --profile %s --model %s --text %s --allocation uniform --ratio 0.25 "
+             "--context 256 --eval-tokens 2048 --heldout-tokens 1024 --evict-block 8 "
+             "--kv-types f16,q8,q4 --quiet -o %s",
+             tu_tmp("profile.h5"), model_path(), text_path(), tu_tmp("types.h5"));
+    CU_ASSERT_EQUAL_FATAL(tu_run_kvplan(args, &out, 1), 0);
+    CU_ASSERT_PTR_NOT_NULL(out && strstr(out, "KV types"));
+    free(out);
+    kv_error e;
+    kv_h5 *f = NULL;
+    CU_ASSERT_EQUAL_FATAL(kv_h5_open_read(tu_tmp("types.h5"), &f, &e), KV_OK);
+    int rank = 0;
+    long dims[KV_H5_MAX_RANK];
+    double *u = read_f64(f, "/search/kv_types/uniform", &rank, dims);
+    double *h = read_f64(f, "/search/kv_types/uniform_heldout", &rank, dims);
+    double *tk = read_f64(f, "/search/kv_types/tokens_per_head", &rank, dims);
+    double *base = read_f64(f, "/search/baselines", &rank, dims);
+    double *held = read_f64(f, "/search/heldout", &rank, dims);
+    CU_ASSERT_FATAL(u && h && tk && base && held);
+    printf("\n    uniform at R 1/4 of F16 bytes (search / held-out, tokens per head): f16 %.4f / "
+           "%.4f (%.0f), q8 %.4f / %.4f (%.0f), q4 %.4f / %.4f (%.0f)\n",
+           u[0], h[0], tk[0], u[1], h[1], tk[1], u[2], h[2], tk[2]);
+    CU_ASSERT_DOUBLE_EQUAL(u[0], base[1], 1e-12 * base[1]); /* f16 = the uniform baseline */
+    CU_ASSERT_DOUBLE_EQUAL(h[0], held[2], 1e-12 * held[2]);
+    CU_ASSERT_DOUBLE_EQUAL(tk[0], 64, 0);
+    /* q8: 0.4 of 256 tokens = 128 blocks of 16 over 20 heads, 6 or 7 each: mean 102.4 */
+    CU_ASSERT_DOUBLE_EQUAL(tk[1], 102.4, 1e-9);
+    CU_ASSERT_DOUBLE_EQUAL(tk[2], 128, 0);
+    for (int i = 0; i < 3; i++) CU_ASSERT(isfinite(u[i]) && isfinite(h[i]) && u[i] > 1.0);
+    free(u), free(h), free(tk), free(base), free(held);
+    kv_h5_close(f);
+}
+
 int main(int argc, char **argv) {
     /* the tiny model runs fastest single-threaded */
     setenv("OMP_NUM_THREADS", "1", 0);
@@ -441,7 +479,7 @@ int main(int argc, char **argv) {
     static const tu_test tests[] = {
         {"profile_inputs", test_profile_inputs}, {"grid_parse", test_grid_parse},
         {"plan_command", test_plan_command},     {"search_command", test_search_command},
-        {"search_library", test_search_library},
+        {"search_library", test_search_library}, {"search_kv_types", test_search_kv_types},
     };
     static const tu_suite suite = {"search", search_init, search_cleanup, tests,
                                    sizeof tests / sizeof tests[0]};

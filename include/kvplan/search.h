@@ -58,6 +58,9 @@ typedef struct kv_search_opts {
     kv_alloc_kind allocation; /* baklava (grid t x r [x p]), squeeze (grid p) or uniform */
     double ratio;             /* R in (0, 1]: the token fraction (kv_type_token_ratio) */
     kv_cache_type kv_type;    /* KV type of every head of the evaluated caches (default f16) */
+    int kv_types_mask;        /* bit t: also evaluate uniform budgets stored in type t at the
+                               * same bytes (R of the full F16 cache) on the search and held-out
+                               * tokens (issue 22 baselines per type); 0 = none (default) */
     int context;              /* C tokens per chunk (<= model seq_len) */
     int block_size;           /* b_s */
     int evict_block;          /* Batch-Max p */
@@ -134,6 +137,9 @@ typedef struct kv_search_result {
     long grid_token_evals_all; /* grid + baselines on the search tokens (token evaluations) */
     double grid_seconds;       /* seconds until the grid's winner and baselines were known */
     int identical_to_uniform;  /* 1 when the plan's budgets and policies are the uniform's */
+    /* uniform baselines per KV type at the plan's bytes (kv_types_mask): search and held-out
+     * perplexity (NaN when not run or below the policy's floor) and tokens per head (mean) */
+    double type_ppl[KV_CACHE_TYPES], type_heldout[KV_CACHE_TYPES], type_tokens[KV_CACHE_TYPES];
     /* the eviction block p of the plan (evict_block unless evict_block_search chose another),
      * and the measured ladder: ladder_p[i] (p, p/2, ..., 1), the plan candidate's and the
      * uniform budgets' perplexity on all search chunks at that p (entry 0: the grid's p) */

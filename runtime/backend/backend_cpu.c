@@ -22,7 +22,7 @@ typedef struct cpu_backend {
     float *hb, *hb2;            /* [rows, hidden] */
     float *rope_cos, *rope_sin; /* [max_ctx, d_h/2] */
     int n_threads;
-    float *scores;    /* [n_threads, max_ctx] */
+    float *scores;    /* [n_threads, g, max_ctx] (g = query heads per KV head) */
     float *gather;    /* [rows, dim] rows selected for logits */
     kv_op_scratch mm; /* typed matmuls: dequantised weight tiles (prefill) or quantised
                        * activation rows (integer dots) */
@@ -131,77 +131,89 @@ static int cpu_cache_write(kv_backend *b, kv_pool *p, const kv_slot_write *w, in
  * read in the head's stored type `ty` (the range of its blocks): f32 in place, the others
  * decoded one row at a time into a [d_h] stack array (runtime/cache/kvtype.h), so no fp32
  * copy of the cache exists and the weights (and the h2o / l2attn statistics) are exact
- * functions of the stored values. */
+ * functions of the stored values. Each row is read (decoded) once per query for all g query
+ * heads of the GQA group; per head the arithmetic and its order are those of a head-by-head
+ * loop. scores: [g][stride] floats of the calling thread. */
 static inline __attribute__((always_inline)) void
 attend_task_hd(const cpu_backend *c, const kv_pool *p, const kv_attn_task *t, float *scores,
-               const int hd, const kv_cache_type ty) {
+               size_t stride, const int hd, const kv_cache_type ty) {
     const kv_config *cfg = &c->base.model->cfg;
-    int g = cfg->n_heads / cfg->n_kv_heads, qd = cfg->n_heads * hd, j = t->kv_head;
+    const int g = cfg->n_heads / cfg->n_kv_heads;
+    int qd = cfg->n_heads * hd, j = t->kv_head;
     int base = t->len - t->n, bs = p->block_size;
     size_t rb = kvt_row_bytes(ty, hd);
     float inv = 1.0f / sqrtf((float)hd);
+    float qv[g][hd], acc[g][hd], mx[g], rs[g];
     for (int i = 0; i < t->n; i++) {
         int n_ent = base + i + 1;
         int qpos = t->pos[base + i];
         for (int gh = 0; gh < g; gh++) {
-            int qh = j * g + gh;
-            const float *q = c->q + (size_t)(t->row0 + i) * qd + (size_t)qh * hd;
-            float *o = c->o + (size_t)(t->row0 + i) * qd + (size_t)qh * hd;
-            float mx = -INFINITY;
-            float qv[hd];
-            for (int d = 0; d < hd; d++) qv[d] = q[d] * inv;
-            for (int e0 = 0; e0 < n_ent; e0 += bs) {
-                const unsigned char *kb = kv_pool_block_ptr(p, t->table[e0 / bs]);
-                int cnt = n_ent - e0 < bs ? n_ent - e0 : bs;
-                for (int e = 0; e < cnt; e++) {
-                    float kr[hd];
-                    const float *kk = kr;
-                    if (ty == KV_TYPE_F32)
-                        kk = (const float *)(const void *)(kb + (size_t)e * rb);
-                    else
-                        kvt_decode(ty, hd, kb + (size_t)e * rb, kr);
+            const float *q = c->q + (size_t)(t->row0 + i) * qd + (size_t)(j * g + gh) * hd;
+            for (int d = 0; d < hd; d++) qv[gh][d] = q[d] * inv;
+            mx[gh] = -INFINITY;
+        }
+        for (int e0 = 0; e0 < n_ent; e0 += bs) {
+            const unsigned char *kb = kv_pool_block_ptr(p, t->table[e0 / bs]);
+            int cnt = n_ent - e0 < bs ? n_ent - e0 : bs;
+            for (int e = 0; e < cnt; e++) {
+                float kr[hd];
+                const float *kk = kr;
+                if (ty == KV_TYPE_F32)
+                    kk = (const float *)(const void *)(kb + (size_t)e * rb);
+                else
+                    kvt_decode(ty, hd, kb + (size_t)e * rb, kr);
+                for (int gh = 0; gh < g; gh++) {
                     /* 8 partial sums: a fixed association order, vectorisable. Written as
                      * 8-lane chunks: `part[d & 7]` in one loop compiled to a scalar
                      * store-to-load chain through the stack (perf: ~60% of prefill attention
                      * time); this form keeps the same order of additions, so the same bits. */
+                    const float *qh = qv[gh];
                     float part[8] = {0};
                     int d = 0;
                     for (; d + 8 <= hd; d += 8)
-                        for (int u = 0; u < 8; u++) part[u] += qv[d + u] * kk[d + u];
-                    for (; d < hd; d++) part[d & 7] += qv[d] * kk[d];
+                        for (int u = 0; u < 8; u++) part[u] += qh[d + u] * kk[d + u];
+                    for (; d < hd; d++) part[d & 7] += qh[d] * kk[d];
                     float dot = ((part[0] + part[4]) + (part[1] + part[5])) +
                                 ((part[2] + part[6]) + (part[3] + part[7]));
-                    scores[e0 + e] = dot;
-                    mx = dot > mx ? dot : mx;
+                    scores[(size_t)gh * stride + (size_t)(e0 + e)] = dot;
+                    mx[gh] = dot > mx[gh] ? dot : mx[gh];
                 }
             }
-            float sum = 0.0f;
+        }
+        for (int gh = 0; gh < g; gh++) {
+            float *sc = scores + (size_t)gh * stride, sum = 0.0f;
             for (int e = 0; e < n_ent; e++) {
-                scores[e] = expf(scores[e] - mx);
-                sum += scores[e];
+                sc[e] = expf(sc[e] - mx[gh]);
+                sum += sc[e];
             }
-            float rs = 1.0f / sum;
-            float acc[hd];
-            for (int d = 0; d < hd; d++) acc[d] = 0.0f;
-            for (int e0 = 0; e0 < n_ent; e0 += bs) {
-                const unsigned char *vb = kv_pool_block_ptr(p, t->table[e0 / bs]) + (size_t)bs * rb;
-                int cnt = n_ent - e0 < bs ? n_ent - e0 : bs;
-                for (int e = 0; e < cnt; e++) {
-                    float w = scores[e0 + e] * rs;
-                    scores[e0 + e] = w;
-                    float vr[hd];
-                    const float *vv = vr;
-                    if (ty == KV_TYPE_F32)
-                        vv = (const float *)(const void *)(vb + (size_t)e * rb);
-                    else
-                        kvt_decode(ty, hd, vb + (size_t)e * rb, vr);
-                    for (int d = 0; d < hd; d++) acc[d] += w * vv[d];
+            rs[gh] = 1.0f / sum;
+            for (int d = 0; d < hd; d++) acc[gh][d] = 0.0f;
+        }
+        for (int e0 = 0; e0 < n_ent; e0 += bs) {
+            const unsigned char *vb = kv_pool_block_ptr(p, t->table[e0 / bs]) + (size_t)bs * rb;
+            int cnt = n_ent - e0 < bs ? n_ent - e0 : bs;
+            for (int e = 0; e < cnt; e++) {
+                float vr[hd];
+                const float *vv = vr;
+                if (ty == KV_TYPE_F32)
+                    vv = (const float *)(const void *)(vb + (size_t)e * rb);
+                else
+                    kvt_decode(ty, hd, vb + (size_t)e * rb, vr);
+                for (int gh = 0; gh < g; gh++) {
+                    float *sc = scores + (size_t)gh * stride;
+                    float w = sc[e0 + e] * rs[gh];
+                    sc[e0 + e] = w;
+                    for (int d = 0; d < hd; d++) acc[gh][d] += w * vv[d];
                 }
             }
-            for (int d = 0; d < hd; d++) o[d] = acc[d];
-            if (t->acc) {
+        }
+        for (int gh = 0; gh < g; gh++) {
+            float *o = c->o + (size_t)(t->row0 + i) * qd + (size_t)(j * g + gh) * hd;
+            for (int d = 0; d < hd; d++) o[d] = acc[gh][d];
+            if (t->acc) { /* per entry: head 0, 1, ... of the group, as head by head */
+                const float *sc = scores + (size_t)gh * stride;
                 for (int e = 0; e < n_ent; e++) {
-                    float w = scores[e];
+                    float w = sc[e];
                     t->acc[e] += w;
                     if (qpos - t->pos[e] >= KV_L2_EXCLUDED_WINDOW) t->acc2[e] += w * w;
                 }
@@ -214,24 +226,25 @@ attend_task_hd(const cpu_backend *c, const kv_pool *p, const kv_attn_task *t, fl
 static inline __attribute__((always_inline)) void
 attend_task_ty(const cpu_backend *c, const kv_pool *p, const kv_attn_task *t, float *scores,
                const kv_cache_type ty) {
+    size_t stride = (size_t)c->base.max_ctx;
     switch (c->base.model->cfg.head_dim) {
     case 8:
-        attend_task_hd(c, p, t, scores, 8, ty);
+        attend_task_hd(c, p, t, scores, stride, 8, ty);
         break;
     case 16:
-        attend_task_hd(c, p, t, scores, 16, ty);
+        attend_task_hd(c, p, t, scores, stride, 16, ty);
         break;
     case 32:
-        attend_task_hd(c, p, t, scores, 32, ty);
+        attend_task_hd(c, p, t, scores, stride, 32, ty);
         break;
     case 64:
-        attend_task_hd(c, p, t, scores, 64, ty);
+        attend_task_hd(c, p, t, scores, stride, 64, ty);
         break;
     case 128:
-        attend_task_hd(c, p, t, scores, 128, ty);
+        attend_task_hd(c, p, t, scores, stride, 128, ty);
         break;
     default:
-        attend_task_hd(c, p, t, scores, c->base.model->cfg.head_dim, ty);
+        attend_task_hd(c, p, t, scores, stride, c->base.model->cfg.head_dim, ty);
         break;
     }
 }
@@ -272,7 +285,9 @@ static int cpu_attention(kv_backend *b, const kv_pool *p, const kv_attn_task *ta
     int par = n_tasks > 1 && c->n_threads > 1 && macs >= KV_ATTN_PARALLEL_MACS;
 #pragma omp parallel for schedule(static) if (par)
     for (int i = 0; i < n_tasks; i++) {
-        float *scores = c->scores + (size_t)omp_get_thread_num() * (size_t)b->max_ctx;
+        float *scores = c->scores + (size_t)omp_get_thread_num() *
+                                        (size_t)(cfg->n_heads / cfg->n_kv_heads) *
+                                        (size_t)b->max_ctx;
         attend_task(c, p, &tasks[i], scores);
     }
     return KV_OK;
@@ -363,7 +378,8 @@ int kv_backend_cpu_new(const kv_model *m, int max_rows, int max_ctx, kv_backend 
     c->hb2 = malloc(R * hid * sizeof(float));
     c->rope_cos = malloc((size_t)max_ctx * half * sizeof(float));
     c->rope_sin = malloc((size_t)max_ctx * half * sizeof(float));
-    c->scores = malloc((size_t)c->n_threads * (size_t)max_ctx * sizeof(float));
+    c->scores = malloc((size_t)c->n_threads * (size_t)(cfg->n_heads / cfg->n_kv_heads) *
+                       (size_t)max_ctx * sizeof(float));
     c->mm.n = kv_model_matmul_scratch(m, max_rows);
     c->mm.p = c->mm.n ? malloc(c->mm.n * sizeof(float)) : NULL;
     if (!c->x || !c->xb || !c->xb2 || !c->xin || !c->gather || !c->q || !c->o || !c->k || !c->v ||
