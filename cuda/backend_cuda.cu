@@ -375,7 +375,9 @@ int cuda_attention(kv_backend *b, const kv_pool *p, const kv_attn_task *tasks, i
     kv_k_meta_pack(tasks, n_tasks, bs, &L, h);
     /* one mirror copy per step on the copy stream, after the previous step's attention has
      * read the device buffer; compute waits for it */
-    size_t up = L.tracked ? L.total : L.o_acc;
+    /* positions and statistics only where a head tracks them: the kernels read nothing else
+     * (the RoPE positions are d_pos) */
+    size_t up = L.tracked ? L.total : L.o_pos;
     CK(cudaStreamWaitEvent(c->copy, c->attn_done, 0));
     CK(cudaMemcpyAsync(c->d_meta.p, h, up, cudaMemcpyHostToDevice, c->copy));
     CK(cudaEventRecord(c->meta_ready, c->copy));

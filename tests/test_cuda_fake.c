@@ -4,8 +4,8 @@
  *    KVPR executor's creation failed in turn: each gives KV_EINTERNAL naming the call, and no
  *    device or pinned byte stays allocated;
  *  - OOM sweep in use: every allocation of an engine run (prefill, budgeted h2o decode steps
- *    with evictions) failed in turn, and every 5th GEMM: the failing call returns KV_EINTERNAL, and
- *    freeing the engine leaves nothing allocated;
+ *    with evictions) failed in turn, and every 5th GEMM (19th under ASan): the failing call
+ *    returns KV_EINTERNAL, and freeing the engine leaves nothing allocated;
  *  - KVPR after a failed GEMM: the next rebuild of fewer layers touches only its own arrays
  *    (a sentinel past the caller's timing array stays untouched) and gives the CPU's rows;
  *  - --device auto when the CUDA backend cannot be made: the CPU runs and stderr says why,
@@ -155,8 +155,13 @@ static void test_oom_engine_run(void) {
     CU_ASSERT_FATAL(n >= 46);
     sweep_engine(KVFAKE_MALLOC, "cudaMalloc", ids, 1);
     sweep_engine(KVFAKE_HOST_ALLOC, "cudaHostAlloc", ids, 1);
-    /* GEMMs: 7 per layer step; every 5th reaches every op of every phase */
+    /* GEMMs: 7 per layer step; every 5th reaches every op of every phase (every 19th under
+     * ASan, where each run costs ten times as much) */
+#if defined(__SANITIZE_ADDRESS__)
+    sweep_engine(KVFAKE_GEMM, "cublasGemmEx", ids, 19);
+#else
     sweep_engine(KVFAKE_GEMM, "cublasGemmEx", ids, 5);
+#endif
     free(ids);
 }
 

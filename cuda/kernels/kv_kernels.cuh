@@ -124,7 +124,8 @@ KV_GLOBAL void kv_k_cache_write(float *pool, const kv_k_write *writes, int n, co
  * acc[e] += w and, when pos(query) - pos(e) >= KV_K_L2_WINDOW, acc2[e] += w^2: each entry
  * is updated by one thread in the CPU's order (no atomics), so the statistics are
  * reproducible and equal the CPU's up to the softmax's rounding.
- * Entry e of a task: block tables[table_off + e / bs], metadata pos/acc/acc2[meta_off + e].
+ * Entry e of a task: block tables[table_off + e / bs], metadata pos/acc/acc2[meta_off + e]
+ * (read only with task.track: a step without statistics need not upload them).
  * q and o: [rows, q_stride] with query head h at h*hd. scratch: g * scratch_stride floats per
  * task (scratch_stride >= the longest len) for the scores. Dynamic shared memory: g*hd floats
  * (the scaled queries). */
@@ -143,7 +144,7 @@ KV_GLOBAL void kv_k_paged_attention(const float *pool, const int *tables,
     float inv = 1.0f / sqrtf((float)hd);
     for (int i = 0; i < t.n; i++) {
         int n_ent = base + i + 1;
-        int qpos = tpos[base + i];
+        int qpos = t.track ? tpos[base + i] : 0; /* positions are uploaded for tracked heads */
         const float *qrow = q + (size_t)(t.row0 + i) * (size_t)q_stride + (size_t)t.kv_head * gw;
         float *orow = o + (size_t)(t.row0 + i) * (size_t)q_stride + (size_t)t.kv_head * gw;
         for (int x = kv_tid(); x < gw; x += kv_bdim()) qs[x] = qrow[x] * inv;
