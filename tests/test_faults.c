@@ -426,9 +426,11 @@ static void small_search(char *buf, size_t cap, const char *model, const char *t
              model, text, out, extra);
 }
 
+/* The resume tests' inputs in the temporary folder: rp.h5 (a profile), copies of the text,
+ * model and tokenizer. Made once: the last file written (tok512.bin) marks them done. */
 static void ensure_resume_files(void) {
-    static int done;
-    if (done) return;
+    struct stat st;
+    if (stat(tu_tmp("tok512.bin"), &st) == 0) return;
     make_profile("rp.h5");
     char script[4096];
     snprintf(script, sizeof script,
@@ -436,21 +438,6 @@ static void ensure_resume_files(void) {
              tu_shared("text/tinystories_val_head.txt"), tu_shared("models/" MODEL),
              tu_shared("models/stories260K/tok512.bin"));
     CU_ASSERT_EQUAL_FATAL(sh(script, NULL), 0);
-    done = 1;
-}
-
-/* Bytes of the log's two header lines (magic, key), or -1. */
-static long log_header_bytes(const char *log) {
-    FILE *f = fopen(log, "rb");
-    if (!f) return -1;
-    int lines = 0, c;
-    long n = 0;
-    while (lines < 2 && (c = fgetc(f)) != EOF) {
-        n++;
-        lines += c == '\n';
-    }
-    fclose(f);
-    return lines == 2 ? n : -1;
 }
 
 /* A search on rm.bin / rt.txt killed (SIGKILL) once `records` tasks are logged: leaves
@@ -463,26 +450,8 @@ static void killed_search(const char *out, int records, const char *save) {
     char cmd[12288];
     snprintf(cmd, sizeof cmd, "cd '%s' && K='%s' && exec %s >/dev/null 2>&1", tu_tmpdir(),
              KVPLAN_BINARY, script);
-    pid_t pid = fork();
-    CU_ASSERT_TRUE_FATAL(pid >= 0);
-    if (pid == 0) {
-        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
-        _exit(127);
-    }
-    struct stat st;
-    for (int i = 0; i < 300000; i++) {
-        long h = log_header_bytes(log);
-        if (h > 0 && stat(log, &st) == 0 && st.st_size >= h + 24L * records) break;
-        if (waitpid(pid, NULL, WNOHANG) == pid) {
-            pid = -1;
-            break;
-        }
-        struct timespec ts = {0, 200000};
-        nanosleep(&ts, NULL);
-    }
-    CU_ASSERT_TRUE_FATAL(pid > 0); /* killed part-way, not finished */
-    kill(pid, SIGKILL);
-    waitpid(pid, NULL, 0);
+    /* a record: 16-byte header + one double */
+    CU_ASSERT_EQUAL_FATAL(tu_kill_when_logged(cmd, log, 2, 24L * records), 1); /* part-way */
     snprintf(script, sizeof script, "cp '%s' '%s'", log, tu_tmp(save));
     CU_ASSERT_EQUAL_FATAL(sh(script, NULL), 0);
 }
@@ -620,7 +589,7 @@ static void forge_log(const char *save, const char *log, const double *value, lo
     unsigned char buf[1 << 16];
     size_t n = fread(buf, 1, sizeof buf, f);
     fclose(f);
-    long h = log_header_bytes(tu_tmp(save));
+    long h = tu_header_bytes(tu_tmp(save), 2);
     CU_ASSERT_TRUE_FATAL(h > 0 && (size_t)h + 24 <= n);
     if (value)
         memcpy(buf + h + 16, value, sizeof *value);
@@ -659,7 +628,7 @@ static void test_resume_bad_records(void) {
     FILE *f = fopen(tu_tmp("rb.h5.tasks"), "r+b");
     CU_ASSERT_PTR_NOT_NULL_FATAL(f);
     int32_t zero = 0;
-    fseek(f, log_header_bytes(tu_tmp("rb.save")) + 4, SEEK_SET);
+    fseek(f, tu_header_bytes(tu_tmp("rb.save"), 2) + 4, SEEK_SET);
     fwrite(&zero, sizeof zero, 1, f);
     fclose(f);
     CU_ASSERT_EQUAL(sh(script, &o), 1);

@@ -6,6 +6,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <time.h>
+#include <sys/wait.h>
+#include <sys/stat.h>
+#include <signal.h>
 
 #include "kvplan/common.h"
 #include "kvplan/tokenizer.h"
@@ -60,6 +64,43 @@ int tu_run_sh(const char *cmd, char **out) {
         free(buf);
     if (WIFSIGNALED(st)) return 128 + WTERMSIG(st);
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+long tu_header_bytes(const char *path, int lines) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return -1;
+    int seen = 0, c;
+    long n = 0;
+    while (seen < lines && (c = fgetc(f)) != EOF) {
+        n++;
+        seen += c == '\n';
+    }
+    fclose(f);
+    return seen == lines ? n : -1;
+}
+
+int tu_kill_when_logged(const char *cmd, const char *log, int header_lines, long tail_bytes) {
+    pid_t pid = fork();
+    if (pid < 0) return -1;
+    if (pid == 0) {
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    int part_way = 0;
+    for (long i = 0; i < 600000; i++) { /* 600,000 x 0.2 ms = 120 s */
+        struct stat st;
+        long h = tu_header_bytes(log, header_lines);
+        if (h >= 0 && stat(log, &st) == 0 && st.st_size >= h + tail_bytes) {
+            part_way = 1;
+            break;
+        }
+        if (waitpid(pid, NULL, WNOHANG) == pid) return 0;
+        struct timespec ts = {0, 200000};
+        nanosleep(&ts, NULL);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    return part_way;
 }
 
 int tu_run_kvplan(const char *args, char **out, int merge_stderr) {

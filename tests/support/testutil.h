@@ -40,6 +40,15 @@ void tu_fake_model(kv_model *m, int n_layers, const char *sha);
 /* Run a shell command; its stdout (what the command redirects there) into *out (malloc'ed,
  * may be NULL). Returns the exit code, 128 + the signal when killed, -1 when it cannot run. */
 int tu_run_sh(const char *cmd, char **out);
+/* Bytes of the first `lines` lines of the file `path` (newlines included), or -1 when it cannot
+ * be read or has fewer lines (a task log's header is its first 2 lines). */
+long tu_header_bytes(const char *path, int lines);
+/* Run `cmd` under /bin/sh in a child process and kill it (SIGKILL) as soon as the file `log`
+ * holds its first `header_lines` lines plus at least `tail_bytes` more bytes (checked every
+ * 0.2 ms for at most 120 s): a run killed part-way through writing its task log. Returns 1 when
+ * the child was killed part-way, 0 when it ended first or the wait timed out (the child is
+ * killed then too), -1 when no child could be started. Reaps the child in every case. */
+int tu_kill_when_logged(const char *cmd, const char *log, int header_lines, long tail_bytes);
 /* One test: its name (what -t / KVPLAN_TEST match) and its function. */
 typedef struct tu_test {
     const char *name;
