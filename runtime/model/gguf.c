@@ -84,12 +84,7 @@ static int get_weight(kv_model *m, kv_gguf *g, const char *name, uint64_t rows, 
         return kv_fail_context(err, "%s: tensor '%s'", g->path, name);
     }
     g->dequant_s += kv_now() - t0;
-    if (kv_model_adopt(m, dst, err)) return KV_EINTERNAL;
-    if (wout)
-        *wout = kv_weight_f32(dst);
-    else
-        *out = dst;
-    return KV_OK;
+    return kv_model_give_f32(m, dst, out, wout, err);
 }
 
 /* Required positive integer "<arch>.<suffix>" (or optional with a default when dflt >= 0). */

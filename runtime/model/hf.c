@@ -253,12 +253,7 @@ static int st_weight(kv_model *m, const st_set *s, const char *name, long long r
         memcpy(dst, src, n * sizeof *dst);
     else
         kv_dequantize_row(t->dtype == 1 ? KV_DT_F16 : KV_DT_BF16, src, dst, (int64_t)n, NULL);
-    if (kv_model_adopt(m, dst, err)) return KV_EINTERNAL;
-    if (wout)
-        *wout = kv_weight_f32(dst);
-    else
-        *out = dst;
-    return KV_OK;
+    return kv_model_give_f32(m, dst, out, wout, err);
 }
 
 /* ---- config.json ---- */

@@ -39,6 +39,15 @@ int kv_model_adopt(kv_model *m, void *p, kv_error *err) {
     return KV_OK;
 }
 
+int kv_model_give_f32(kv_model *m, float *dst, const float **out, kv_weight *wout, kv_error *err) {
+    if (kv_model_adopt(m, dst, err)) return KV_EINTERNAL;
+    if (wout)
+        *wout = kv_weight_f32(dst);
+    else
+        *out = dst;
+    return KV_OK;
+}
+
 void kv_model_free(kv_model *m) {
     if (!m) return;
     for (int i = 0; i < m->n_owned; i++) free(m->owned[i]);

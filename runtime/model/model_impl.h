@@ -21,6 +21,10 @@ int kv_model_load_hf(const char *dir, kv_model **out, kv_error *err);
 kv_model *kv_model_alloc(int n_layers, kv_error *err);
 /* Adopt heap buffer p so that kv_model_free releases it; frees p itself when it fails. */
 int kv_model_adopt(kv_model *m, void *p, kv_error *err);
+/* A loader's fp32 copy `dst` (heap, one tensor's values) handed to the model: adopted (so
+ * kv_model_free releases it) and returned through *wout as an F32 weight when wout is given,
+ * else through *out. On failure dst is freed, the outputs untouched, KV_EINTERNAL. */
+int kv_model_give_f32(kv_model *m, float *dst, const float **out, kv_weight *wout, kv_error *err);
 
 /* Validate a filled config: positive sizes, H divisible by H_kv, dim == H * d_h (or d_h given),
  * even d_h. `what` names the file in the message. */
