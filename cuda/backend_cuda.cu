@@ -5,8 +5,11 @@
  * - Weights are uploaded once at creation. The loaders keep every matrix as fp32
  *   (include/kvplan/model.h), so the GEMMs are cublasGemmEx with fp32 inputs and
  *   CUBLAS_COMPUTE_32F (no TF32), the CPU's arithmetic up to summation order.
- * - The K/V block storage lives on the device in the CPU layout (include/kvplan/kvslot.h);
- *   the pool's metadata (free list, block tables, positions, statistics) stays on the host.
+ * - The K/V block storage lives on the device in the CPU layout and in each head's stored type
+ *   (f32, f16, q8, q4: runtime/cache/kvtype.h, the same codec on both devices), so the bytes
+ *   in use equal the CPU backend's; attention decodes rows as it reads them (no fp32 copy of
+ *   the cache). The pool's metadata (free list, block tables, positions, statistics) stays on
+ *   the host.
  * - Per attention step the tasks, their block tables and positions (and the statistics of
  *   tracked heads) are packed into pinned host memory and mirrored to the device with one
  *   asynchronous copy on the copy stream; the compute stream waits for it on an event. The
@@ -239,11 +242,12 @@ void cuda_destroy(kv_backend *b) {
     delete c;
 }
 
+/* The pool's K/V storage on the device: every block of every type at its stored bytes
+ * (kv_pool_storage_bytes, the CPU's layout), so bytes in use equal the CPU backend's. */
 int cuda_storage_alloc(kv_backend *b, kv_pool *p, kv_error *err) {
     cuda_backend *c = cb(b);
-    size_t floats = (size_t)p->n_blocks * 2 * (size_t)p->block_size * (size_t)p->head_dim;
     void *s = nullptr;
-    CK(cudaMalloc(&s, floats * sizeof(float)));
+    CK(cudaMalloc(&s, kv_pool_storage_bytes(p)));
     p->storage = s;
     p->data = nullptr;
     int slots = p->n_blocks * p->block_size;
@@ -264,8 +268,17 @@ void cuda_storage_free(kv_backend *b, kv_pool *p) {
     p->storage = nullptr;
 }
 
-float *storage(const kv_pool *p) {
-    return static_cast<float *>(p->storage);
+/* The kernels' view of the pool (kv_k_pool): device storage, block ranges per type. */
+kv_k_pool dev_pool(const kv_pool *p) {
+    kv_k_pool d;
+    d.data = static_cast<unsigned char *>(p->storage);
+    d.bs = p->block_size;
+    d.hd = p->head_dim;
+    for (int t = 0; t <= KV_CACHE_TYPES; t++) {
+        d.type_first[t] = p->type_first[t];
+        d.type_offset[t] = p->type_offset[t];
+    }
+    return d;
 }
 
 int cuda_embed(kv_backend *b, const int *tokens, int rows, kv_error *err) {
@@ -338,13 +351,13 @@ int cuda_gather(kv_backend *b, kv_pool *p, const kv_move *moves, int n, kv_error
     const kv_k_move *mv = reinterpret_cast<const kv_k_move *>(moves);
     int passes = kv_k_split_moves(mv, n, c->stamp, &c->stamp_gen, c->pass_start);
     int rc = stage_list(c, moves, (size_t)n * sizeof(kv_move), err);
-    if (!rc) rc = grow_dev(c->d_move_scratch, (size_t)n * 2 * p->head_dim * sizeof(float), err);
+    if (!rc) rc = grow_dev(c->d_move_scratch, (size_t)n * 8 * p->head_dim, err);
     if (rc) return rc;
     const kv_k_move *dmv = static_cast<const kv_k_move *>(c->d_list.p);
+    kv_k_pool dp = dev_pool(p);
     for (int i = 0; i < passes; i++)
-        CK(kvcu::gather_pass(
-            storage(p), dmv + c->pass_start[i], c->pass_start[i + 1] - c->pass_start[i],
-            static_cast<float *>(c->d_move_scratch.p), p->head_dim, p->block_size, c->compute));
+        CK(kvcu::gather_pass(dp, dmv + c->pass_start[i], c->pass_start[i + 1] - c->pass_start[i],
+                             c->d_move_scratch.p, c->compute));
     return KV_OK;
 }
 
@@ -354,8 +367,8 @@ int cuda_cache_write(kv_backend *b, kv_pool *p, const kv_slot_write *w, int n, k
     int rc = stage_list(c, w, (size_t)n * sizeof(kv_slot_write), err);
     if (rc) return rc;
     int kvd = b->model->cfg.n_kv_heads * p->head_dim;
-    CK(kvcu::cache_write(storage(p), static_cast<const kv_k_write *>(c->d_list.p), n, c->k, c->v,
-                         kvd, p->head_dim, p->block_size, c->compute));
+    CK(kvcu::cache_write(dev_pool(p), static_cast<const kv_k_write *>(c->d_list.p), n, c->k, c->v,
+                         kvd, c->compute));
     return KV_OK;
 }
 
@@ -392,20 +405,20 @@ int cuda_attention(kv_backend *b, const kv_pool *p, const kv_attn_task *tasks, i
         rc = grow_dev(c->d_part, (size_t)n_tasks * sp.chunks * g * (size_t)(hd + 2) * sizeof(float),
                       err);
         if (rc) return rc;
-        CK(kvcu::decode_attention_split(storage(p), reinterpret_cast<const int *>(d + L.o_tab),
+        CK(kvcu::decode_attention_split(dev_pool(p), reinterpret_cast<const int *>(d + L.o_tab),
                                         reinterpret_cast<const kv_k_attn_task *>(d), n_tasks, c->q,
-                                        c->o, cfg->n_heads * hd, g, hd, bs, sp.chunk, sp.chunks,
+                                        c->o, cfg->n_heads * hd, g, sp.chunk, sp.chunks,
                                         static_cast<float *>(c->d_scores.p), L.longest,
                                         static_cast<float *>(c->d_part.p), c->compute));
         CK(cudaEventRecord(c->attn_done, c->compute));
         return KV_OK;
     }
-    CK(kvcu::paged_attention(
-        storage(p), reinterpret_cast<const int *>(d + L.o_tab),
-        reinterpret_cast<const kv_k_attn_task *>(d), n_tasks,
-        reinterpret_cast<const int *>(d + L.o_pos), reinterpret_cast<float *>(d + L.o_acc),
-        reinterpret_cast<float *>(d + L.o_acc2), c->q, c->o, cfg->n_heads * hd, g, hd, bs,
-        static_cast<float *>(c->d_scores.p), L.longest, c->compute));
+    CK(kvcu::paged_attention(dev_pool(p), reinterpret_cast<const int *>(d + L.o_tab),
+                             reinterpret_cast<const kv_k_attn_task *>(d), n_tasks,
+                             reinterpret_cast<const int *>(d + L.o_pos),
+                             reinterpret_cast<float *>(d + L.o_acc),
+                             reinterpret_cast<float *>(d + L.o_acc2), c->q, c->o, cfg->n_heads * hd,
+                             g, static_cast<float *>(c->d_scores.p), L.longest, c->compute));
     CK(cudaEventRecord(c->attn_done, c->compute));
     if (!L.tracked) return KV_OK;
     /* statistics back to the heads' host arrays, where the policies read them */

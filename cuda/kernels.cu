@@ -57,49 +57,49 @@ cudaError_t gather_rows(float *out, const float *src, const int *idx, int rows, 
     return cudaGetLastError();
 }
 
-cudaError_t cache_write(float *pool, const kv_k_write *writes, int n, const float *k,
-                        const float *v, int kv_stride, int hd, int bs, cudaStream_t s) {
-    size_t total = (size_t)n * (size_t)hd;
-    if (!total) return cudaSuccess;
-    KV_LAUNCH(kv_k_cache_write, grid_for(total), kThreads, 0, s)
-    (pool, writes, n, k, v, kv_stride, hd, bs);
+cudaError_t cache_write(const kv_k_pool &pool, const kv_k_write *writes, int n, const float *k,
+                        const float *v, int kv_stride, cudaStream_t s) {
+    if (n <= 0) return cudaSuccess;
+    KV_LAUNCH(kv_k_cache_write, grid_for(2 * (size_t)n), kThreads, 0, s)
+    (pool, writes, n, k, v, kv_stride);
     return cudaGetLastError();
 }
 
-cudaError_t paged_attention(const float *pool, const int *tables, const kv_k_attn_task *tasks,
+cudaError_t paged_attention(const kv_k_pool &pool, const int *tables, const kv_k_attn_task *tasks,
                             int n_tasks, const int *pos, float *acc, float *acc2, const float *q,
-                            float *o, int q_stride, int g, int hd, int bs, float *scratch,
-                            int scratch_stride, cudaStream_t s) {
+                            float *o, int q_stride, int g, float *scratch, int scratch_stride,
+                            cudaStream_t s) {
     if (n_tasks <= 0) return cudaSuccess;
-    size_t shm = (size_t)g * (size_t)hd * sizeof(float);
+    size_t shm = (size_t)g * (size_t)pool.hd * sizeof(float);
     KV_LAUNCH(kv_k_paged_attention, n_tasks, kThreads, shm, s)
-    (pool, tables, tasks, pos, acc, acc2, q, o, q_stride, g, hd, bs, scratch, scratch_stride);
+    (pool, tables, tasks, pos, acc, acc2, q, o, q_stride, g, scratch, scratch_stride);
     return cudaGetLastError();
 }
 
-cudaError_t decode_attention_split(const float *pool, const int *tables,
+cudaError_t decode_attention_split(const kv_k_pool &pool, const int *tables,
                                    const kv_k_attn_task *tasks, int n_tasks, const float *q,
-                                   float *o, int q_stride, int g, int hd, int bs, int chunk,
-                                   int chunks, float *scratch, int scratch_stride, float *part,
+                                   float *o, int q_stride, int g, int chunk, int chunks,
+                                   float *scratch, int scratch_stride, float *part,
                                    cudaStream_t s) {
     if (n_tasks <= 0) return cudaSuccess;
+    int hd = pool.hd;
     size_t n_parts = (size_t)n_tasks * (size_t)chunks * (size_t)g;
     float *pm = part, *ps = part + n_parts, *po = part + 2 * n_parts;
     size_t shm = (size_t)g * (size_t)hd * sizeof(float);
     KV_LAUNCH(kv_k_decode_split, dim3((unsigned)n_tasks, (unsigned)chunks), kThreads, shm, s)
-    (pool, tables, tasks, q, q_stride, g, hd, bs, chunk, chunks, scratch, scratch_stride, pm, ps,
-     po);
+    (pool, tables, tasks, q, q_stride, g, chunk, chunks, scratch, scratch_stride, pm, ps, po);
     KV_LAUNCH(kv_k_decode_merge, n_tasks, kThreads, 0, s)
     (tasks, g, hd, chunks, pm, ps, po, o, q_stride);
     return cudaGetLastError();
 }
 
-cudaError_t gather_pass(float *pool, const kv_k_move *moves, int n, float *scratch, int hd, int bs,
+cudaError_t gather_pass(const kv_k_pool &pool, const kv_k_move *moves, int n, void *scratch,
                         cudaStream_t s) {
-    size_t total = (size_t)n * 2 * (size_t)hd;
+    size_t total = (size_t)n * 8 * (size_t)pool.hd;
     if (!total) return cudaSuccess;
-    KV_LAUNCH(kv_k_gather_read, grid_for(total), kThreads, 0, s)(pool, moves, n, scratch, hd, bs);
-    KV_LAUNCH(kv_k_gather_write, grid_for(total), kThreads, 0, s)(pool, moves, n, scratch, hd, bs);
+    unsigned char *sc = static_cast<unsigned char *>(scratch);
+    KV_LAUNCH(kv_k_gather_read, grid_for(total), kThreads, 0, s)(pool, moves, n, sc);
+    KV_LAUNCH(kv_k_gather_write, grid_for(total), kThreads, 0, s)(pool, moves, n, sc);
     return cudaGetLastError();
 }
 

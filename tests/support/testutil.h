@@ -6,6 +6,8 @@
 #include <CUnit/CUnit.h>
 #include <stddef.h>
 
+#include "kvplan/forward.h"
+#include "kvplan/kvcache.h"
 #include "kvplan/model.h"
 #include "kvplan/tokenizer.h"
 
@@ -40,6 +42,19 @@ void tu_fake_model(kv_model *m, int n_layers, const char *sha);
 /* Run a shell command; its stdout (what the command redirects there) into *out (malloc'ed,
  * may be NULL). Returns the exit code, 128 + the signal when killed, -1 when it cannot run. */
 int tu_run_sh(const char *cmd, char **out);
+/* A CPU prefill of the S tokens ids[0..S) (kv_forward; sink policy, f32, block size 16) into
+ * a fresh pool and cache, with every layer's input x_in captured: the state the KVPR tests
+ * offload (kv_kvpr_layer_offload) and rebuild. Owns everything; tu_prefill_free releases it.
+ * A failure fails the current test fatally. */
+typedef struct tu_prefill {
+    int rows, dim;
+    float *x_in; /* [n_layers, rows, dim] */
+    kv_pool pool;
+    kv_cache cache;
+    kv_workspace *ws;
+} tu_prefill;
+void tu_prefill_capture(const kv_model *m, const int *ids, int S, tu_prefill *f);
+void tu_prefill_free(tu_prefill *f);
 /* One test: its name (what -t / KVPLAN_TEST match) and its function. */
 typedef struct tu_test {
     const char *name;
