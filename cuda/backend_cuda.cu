@@ -2,9 +2,15 @@
  * device, with the driver, block-table metadata, policies and eviction schedule shared with the
  * CPU backend (runtime/engine/forward.c, runtime/cache/kvcache.c).
  *
- * - Weights are uploaded once at creation. The loaders keep every matrix as fp32
- *   (include/kvplan/model.h), so the GEMMs are cublasGemmEx with fp32 inputs and
- *   CUBLAS_COMPUTE_32F (no TF32), the CPU's arithmetic up to summation order.
+ * - Weights are uploaded once at creation in their file's type (include/kvplan/quant.h: F32,
+ *   F16, BF16 and the ggml block types as their blocks), so the device holds the file's
+ *   tensor bytes. A matmul (gemm below) of up to KV_K_GEMV_ROWS rows (decode) is the typed
+ *   GEMV kernel (cuda/kernels/kv_quant.cuh: each weight row read once in its type, decoded
+ *   in registers, fp32 activations); above that (prefill) F32 weights go to cublasGemmEx in
+ *   fp32, F16/BF16 weights to cublasGemmEx with the activations rounded to the weights'
+ *   16-bit type (FP32 compute, default math mode: tensor cores), and block types are
+ *   dequantised a tile of rows at a time into fp32 scratch for an fp32 GEMM, as the CPU's
+ *   kv_qmatmul does. FP32 GEMMs stay FP32: the default math mode uses TF32 only when asked.
  * - The K/V block storage lives on the device in the CPU layout and in each head's stored type
  *   (f32, f16, q8, q4: runtime/cache/kvtype.h, the same codec on both devices), so the bytes
  *   in use equal the CPU backend's; attention decodes rows as it reads them (no fp32 copy of
@@ -51,8 +57,16 @@ static_assert(sizeof(kv_move) == sizeof(kv_k_move), "kv_move layout");
 
 namespace {
 
+/* A weight matrix [rows, cols] on the device in its file's type: rows of row_bytes bytes. */
+struct dev_weight {
+    void *p = nullptr;
+    kv_dtype type = KV_DT_F32;
+    size_t row_bytes = 0;
+};
+
 struct dev_layer {
-    float *attn_norm, *wq, *wk, *wv, *wo, *bq, *bk, *bv, *ffn_norm, *w_gate, *w_down, *w_up;
+    float *attn_norm, *bq, *bk, *bv, *ffn_norm;
+    dev_weight wq, wk, wv, wo, w_gate, w_down, w_up;
 };
 
 /* A device buffer and a pinned host buffer that grow on demand (bytes). */
@@ -69,7 +83,10 @@ struct cuda_backend {
     cublasHandle_t blas;
     /* weights */
     dev_layer *layers;
-    float *tok_emb, *final_norm, *classifier; /* classifier may alias tok_emb */
+    dev_weight tok_emb, classifier; /* classifier may alias tok_emb (the same p) */
+    float *final_norm;
+    dbuf d_wtile; /* prefill: a dequantised tile of weight rows (fp32), or x in 16 bits */
+    size_t wtile_floats;
     /* activations [max_rows, ...] */
     float *x, *xb, *xb2, *q, *k, *v, *o, *hb, *hb2, *sel;
     float *rope_cos, *rope_sin; /* [max_ctx, d_h / 2] */
@@ -175,27 +192,66 @@ int upload(float **dst, const float *src, size_t n, kv_error *err) {
     return KV_OK;
 }
 
-/* A weight [rows, cols] in its file's type (kvplan/quant.h), converted once to fp32 on the host
- * row by row and uploaded (the device GEMMs are fp32; keeping F16/BF16 on the device through
- * cublasGemmEx's half types is left for a device to test it on). */
-int upload_weight(float **dst, kv_weight w, size_t rows, size_t cols, kv_error *err) {
-    *dst = nullptr;
+/* A weight [rows, cols] uploaded as its file stores it: rows * kv_dtype_row_bytes(type, cols)
+ * bytes, no conversion. */
+int upload_weight(dev_weight *dst, kv_weight w, size_t rows, size_t cols, kv_error *err) {
+    *dst = dev_weight();
     if (!w.data) return KV_OK;
-    float *host = nullptr;
-    int rc = kv_weight_to_f32(w, rows, cols, &host, err);
-    if (!rc) rc = upload(dst, host, rows * cols, err);
-    free(host);
-    return rc;
+    size_t rb = 0;
+    if (kv_dtype_row_bytes(w.type, (int64_t)cols, "CUDA backend weight", &rb, err))
+        return KV_EINPUT;
+    CK(cudaMalloc(&dst->p, rows * rb));
+    dst->type = w.type;
+    dst->row_bytes = rb;
+    CK(cudaMemcpy(dst->p, w.data, rows * rb, cudaMemcpyHostToDevice));
+    return KV_OK;
 }
 
-/* y[rows, out] = x[rows, in] W^T with W [out, in] row-major: in cuBLAS's column-major terms
- * Y' [out, rows] = W'^T X', W' = W viewed as [in, out], X' = x as [in, rows]. */
-int gemm(cuda_backend *c, float *y, const float *x, const float *w, int rows, int in, int out,
+/* Floats of the prefill tile: 4 Mi floats (16 MiB, few large GEMMs, as the CPU's 4 MiB tile),
+ * or less when no matrix needs that much. */
+constexpr size_t kTileFloats = (size_t)1 << 22;
+
+/* y[rows, out] = x[rows, in] W^T with W [out, in] row-major in its type: in cuBLAS's
+ * column-major terms Y' [out, rows] = W'^T X', W' = W viewed as [in, out], X' = x as
+ * [in, rows]; a tile of W rows [o0, o0 + m) is the block of Y' rows at y + o0 (ldc out). */
+int gemm(cuda_backend *c, float *y, const float *x, const dev_weight &w, int rows, int in, int out,
          kv_error *err) {
     const float one = 1.0f, zero = 0.0f;
-    CKB(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, rows, in, &one, w, CUDA_R_32F, in, x,
-                     CUDA_R_32F, in, &zero, y, CUDA_R_32F, out, CUBLAS_COMPUTE_32F,
-                     CUBLAS_GEMM_DEFAULT));
+    if (w.type == KV_DT_F32) {
+        CKB(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, rows, in, &one, w.p, CUDA_R_32F,
+                         in, x, CUDA_R_32F, in, &zero, y, CUDA_R_32F, out, CUBLAS_COMPUTE_32F,
+                         CUBLAS_GEMM_DEFAULT));
+        return KV_OK;
+    }
+    if (rows <= KV_K_GEMV_ROWS) { /* decode: each weight row read once, in its type */
+        CK(kvcu::gemv(w.p, w.type, w.row_bytes, x, y, rows, in, out, c->compute));
+        return KV_OK;
+    }
+    if (w.type == KV_DT_F16 || w.type == KV_DT_BF16) { /* tensor cores, FP32 accumulation */
+        cudaDataType_t dt = w.type == KV_DT_F16 ? CUDA_R_16F : CUDA_R_16BF;
+        int rc = grow_dev(c->d_wtile, (size_t)rows * in * 2, err);
+        if (rc) return rc;
+        CK(kvcu::to_16(x, c->d_wtile.p, (size_t)rows * in, w.type, c->compute));
+        CKB(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, rows, in, &one, w.p, dt, in,
+                         c->d_wtile.p, dt, in, &zero, y, CUDA_R_32F, out, CUBLAS_COMPUTE_32F,
+                         CUBLAS_GEMM_DEFAULT));
+        return KV_OK;
+    }
+    /* block types: dequantise a tile of rows, multiply it in fp32 (the tile buffer is reused
+     * in stream order: the next tile's kernel runs after this GEMM) */
+    int tile = (int)(kTileFloats / (size_t)in);
+    if (tile < 1) tile = 1;
+    if (tile > out) tile = out;
+    int rc = grow_dev(c->d_wtile, (size_t)tile * in * sizeof(float), err);
+    if (rc) return rc;
+    float *t = static_cast<float *>(c->d_wtile.p);
+    for (int o0 = 0; o0 < out; o0 += tile) {
+        int m = out - o0 < tile ? out - o0 : tile;
+        CK(kvcu::dequant_rows(w.p, w.type, w.row_bytes, in, o0, m, t, c->compute));
+        CKB(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, m, rows, in, &one, t, CUDA_R_32F, in, x,
+                         CUDA_R_32F, in, &zero, y + o0, CUDA_R_32F, out, CUBLAS_COMPUTE_32F,
+                         CUBLAS_GEMM_DEFAULT));
+    }
     return KV_OK;
 }
 
@@ -203,9 +259,9 @@ void free_layers(cuda_backend *c) {
     if (!c->layers) return;
     for (int l = 0; l < c->base.model->cfg.n_layers; l++) {
         dev_layer &d = c->layers[l];
-        float *all[] = {d.attn_norm, d.wq, d.wk,       d.wv,     d.wo,     d.bq,
-                        d.bk,        d.bv, d.ffn_norm, d.w_gate, d.w_down, d.w_up};
-        for (float *p : all) cudaFree(p);
+        void *all[] = {d.attn_norm, d.wq.p, d.wk.p,     d.wv.p,     d.wo.p,     d.bq,
+                       d.bk,        d.bv,   d.ffn_norm, d.w_gate.p, d.w_down.p, d.w_up.p};
+        for (void *p : all) cudaFree(p);
     }
     free(c->layers);
     c->layers = nullptr;
@@ -216,8 +272,9 @@ void cuda_destroy(kv_backend *b) {
     if (c->compute) cudaStreamSynchronize(c->compute);
     if (c->copy) cudaStreamSynchronize(c->copy);
     free_layers(c);
-    if (c->classifier != c->tok_emb) cudaFree(c->classifier);
-    cudaFree(c->tok_emb);
+    if (c->classifier.p != c->tok_emb.p) cudaFree(c->classifier.p);
+    cudaFree(c->tok_emb.p);
+    cudaFree(c->d_wtile.p);
     cudaFree(c->final_norm);
     float *acts[] = {c->x, c->xb, c->xb2, c->q,   c->k,        c->v,
                      c->o, c->hb, c->hb2, c->sel, c->rope_cos, c->rope_sin};
@@ -288,7 +345,8 @@ int cuda_embed(kv_backend *b, const int *tokens, int rows, kv_error *err) {
     if (rc) return rc;
     CK(cudaMemcpyAsync(c->d_rows, h, (size_t)rows * sizeof(int), cudaMemcpyHostToDevice,
                        c->compute));
-    CK(kvcu::gather_rows(c->x, c->tok_emb, c->d_rows, rows, b->model->cfg.dim, c->compute));
+    CK(kvcu::gather_rows_typed(c->x, c->tok_emb.p, c->tok_emb.type, c->tok_emb.row_bytes, c->d_rows,
+                               rows, b->model->cfg.dim, c->compute));
     return KV_OK;
 }
 
@@ -540,7 +598,9 @@ int setup(cuda_backend *c, const kv_model *m, int max_rows, int max_ctx, kv_erro
     CK(cudaEventRecord(c->attn_done, c->compute));
     CKB(cublasCreate(&c->blas));
     CKB(cublasSetStream(c->blas, c->compute));
-    CKB(cublasSetMathMode(c->blas, CUBLAS_PEDANTIC_MATH)); /* fp32 as on the CPU, no TF32 */
+    /* the default math mode: tensor cores for the 16-bit GEMMs; FP32 GEMMs stay FP32 (TF32
+     * only with CUBLAS_TF32_TENSOR_OP_MATH) */
+    CKB(cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH));
     size_t dim = (size_t)cfg->dim, hd = (size_t)cfg->head_dim, qd = (size_t)cfg->n_heads * hd,
            kvd = (size_t)cfg->n_kv_heads * hd, hid = (size_t)cfg->hidden_dim,
            V = (size_t)cfg->vocab_size;

@@ -2,6 +2,7 @@
  * cuda/kernels/kv_kernels.cuh, shared with the tests' host shim. */
 #include "kernels.h"
 #include "kernels/kv_kernels.cuh"
+#include "kernels/kv_quant.cuh"
 
 namespace kvcu {
 
@@ -100,6 +101,39 @@ cudaError_t gather_pass(const kv_k_pool &pool, const kv_k_move *moves, int n, vo
     unsigned char *sc = static_cast<unsigned char *>(scratch);
     KV_LAUNCH(kv_k_gather_read, grid_for(total), kThreads, 0, s)(pool, moves, n, sc);
     KV_LAUNCH(kv_k_gather_write, grid_for(total), kThreads, 0, s)(pool, moves, n, sc);
+    return cudaGetLastError();
+}
+
+cudaError_t gemv(const void *W, int t, size_t row_bytes, const float *x, float *y, int rows, int in,
+                 int out, cudaStream_t s) {
+    if (rows <= 0 || out <= 0) return cudaSuccess;
+    size_t blocks = ((size_t)out + kThreads / 32 - 1) / (kThreads / 32); /* a warp per output */
+    if (blocks > 65535) blocks = 65535;
+    KV_LAUNCH(kv_k_gemv, (unsigned)blocks, kThreads, 0, s)
+    (static_cast<const unsigned char *>(W), t, row_bytes, x, y, rows, in, out);
+    return cudaGetLastError();
+}
+
+cudaError_t dequant_rows(const void *W, int t, size_t row_bytes, int in, int r0, int n_rows,
+                         float *dst, cudaStream_t s) {
+    size_t n = (size_t)n_rows * (size_t)in;
+    if (!n) return cudaSuccess;
+    KV_LAUNCH(kv_k_dequant_rows, grid_for(n), kThreads, 0, s)
+    (static_cast<const unsigned char *>(W), t, row_bytes, in, r0, n_rows, dst);
+    return cudaGetLastError();
+}
+
+cudaError_t to_16(const float *x, void *dst, size_t n, int t, cudaStream_t s) {
+    if (!n) return cudaSuccess;
+    KV_LAUNCH(kv_k_to_16, grid_for(n), kThreads, 0, s)(x, static_cast<uint16_t *>(dst), n, t);
+    return cudaGetLastError();
+}
+
+cudaError_t gather_rows_typed(float *out, const void *W, int t, size_t row_bytes, const int *idx,
+                              int rows, int dim, cudaStream_t s) {
+    if (rows <= 0) return cudaSuccess;
+    KV_LAUNCH(kv_k_gather_rows_typed, rows, kThreads, 0, s)
+    (out, static_cast<const unsigned char *>(W), t, row_bytes, idx, dim);
     return cudaGetLastError();
 }
 

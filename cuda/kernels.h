@@ -38,6 +38,17 @@ cudaError_t decode_attention_split(const kv_k_pool &pool, const int *tables,
                                    const kv_k_attn_task *tasks, int n_tasks, const float *q,
                                    float *o, int q_stride, int g, int chunk, int chunks,
                                    float *scratch, int scratch_stride, float *part, cudaStream_t s);
+/* Weights in their type (kernels/kv_quant.cuh; W device bytes, rows of row_bytes bytes in
+ * ggml type t). gemv: y [rows, out] = x [rows, in] W^T, rows <= KV_K_GEMV_ROWS. dequant_rows:
+ * dst [n_rows, in] fp32 = rows r0 .. r0 + n_rows of W. to_16: dst [n] = x in binary16 (t F16)
+ * or bfloat16 (t BF16). gather_rows_typed: out [rows, dim] = W rows idx[rows], dequantised. */
+cudaError_t gemv(const void *W, int t, size_t row_bytes, const float *x, float *y, int rows, int in,
+                 int out, cudaStream_t s);
+cudaError_t dequant_rows(const void *W, int t, size_t row_bytes, int in, int r0, int n_rows,
+                         float *dst, cudaStream_t s);
+cudaError_t to_16(const float *x, void *dst, size_t n, int t, cudaStream_t s);
+cudaError_t gather_rows_typed(float *out, const void *W, int t, size_t row_bytes, const int *idx,
+                              int rows, int dim, cudaStream_t s);
 /* One pass of kv_k_split_moves: moves [n] (device), scratch n * 8 * hd bytes (two rows of the
  * widest type per move). */
 cudaError_t gather_pass(const kv_k_pool &pool, const kv_k_move *moves, int n, void *scratch,

@@ -20,9 +20,11 @@
 #include "cuda_shim.hpp"
 
 #include "../cuda/kernels/kv_kernels.cuh"
+#include "../cuda/kernels/kv_quant.cuh"
 
 extern "C" {
 #include "kvplan/kvcache.h"
+#include "kvplan/quant.h"
 #include "kvplan/model.h"
 #include "kvplan/tokenizer.h"
 #include "runtime/backend/ops.h"
@@ -703,6 +705,96 @@ void test_gather() {
     kv_model_free(m);
 }
 
+/* Weights in their type (kv_quant.cuh) for every weight type kvplan reads: a [6, 512] matrix of
+ * stories260K's embedding values (a real weight distribution) quantised by kv_quantize_row;
+ *  - kv_k_dequant_rows vs the CPU's kv_dequantize_row: the same floats (the decoders use the
+ *    CPU's expressions; 1e-6 of the row's largest value leaves room for a contracted
+ *    multiply-add in the CPU's AVX2 build);
+ *  - kv_k_gather_rows_typed (embedding lookup) vs kv_weight_row, the same bound;
+ *  - kv_k_gemv for 1, 3 and 8 rows of x (real layer inputs, repeated to 512 wide) vs the
+ *    double-precision product with the dequantised rows: within 1e-5 of sum |w x| (fp32
+ *    accumulation over 512 terms in a warp's order);
+ *  - kv_k_to_16: binary16 and bfloat16 bits equal kv_quantize_row's. */
+void test_typed_weights() {
+    kv_model *m = load(M260);
+    const int out = 6, in = 512;
+    const float *src = f32(m->tok_emb);
+    /* row r of x: 8 consecutive real layer inputs (64 wide) side by side */
+    std::vector<float> xin = layer_input(m, text_ids(600));
+    int dim = m->cfg.dim, per = in / dim;
+    CU_ASSERT_FATAL(xin.size() >= (size_t)KV_K_GEMV_ROWS * per * dim);
+    std::vector<float> x((size_t)KV_K_GEMV_ROWS * in);
+    for (int r = 0; r < KV_K_GEMV_ROWS; r++)
+        for (int i = 0; i < in; i++)
+            x[(size_t)r * in + i] = xin[((size_t)r * per + (size_t)(i / dim)) * dim + i % dim];
+    kv_error err = {};
+    int types = 0;
+    for (kv_dtype t : kv_dtype_all) {
+        size_t rb = 0;
+        CU_ASSERT_FATAL(kv_dtype_row_bytes(t, in, "test", &rb, &err) == KV_OK);
+        std::vector<unsigned char> W((size_t)out * rb);
+        for (int o = 0; o < out; o++)
+            CU_ASSERT_FATAL(
+                kv_quantize_row(t, src + (size_t)o * in, &W[(size_t)o * rb], in, &err) == KV_OK);
+        std::vector<float> cpu((size_t)out * in), dev(cpu.size(), NAN);
+        for (int o = 0; o < out; o++)
+            CU_ASSERT_FATAL(
+                kv_dequantize_row(t, &W[(size_t)o * rb], &cpu[(size_t)o * in], in, &err) == KV_OK);
+        double wmax = 0.0;
+        for (float v : cpu) wmax = std::fmax(wmax, std::fabs((double)v));
+        launch(3, 64, 0, [&] { kv_k_dequant_rows(W.data(), t, rb, in, 1, out - 1, dev.data()); });
+        double ed = max_abs(dev.data(), &cpu[(size_t)in], (size_t)(out - 1) * in) / wmax;
+        CU_ASSERT(ed <= 1e-6);
+        /* embedding rows 5, 0, 3 */
+        std::vector<int> idx = {5, 0, 3};
+        std::vector<float> g(3 * (size_t)in, NAN), gw(g.size());
+        launch(3, 32, 0,
+               [&] { kv_k_gather_rows_typed(g.data(), W.data(), t, rb, idx.data(), in); });
+        for (int r = 0; r < 3; r++)
+            kv_weight_row(kv_weight{W.data(), t}, in, idx[(size_t)r], &gw[(size_t)r * in]);
+        double eg = max_abs(g.data(), gw.data(), g.size()) / wmax;
+        CU_ASSERT(eg <= 1e-6);
+        double eworst = 0.0;
+        for (int rows : {1, 3, KV_K_GEMV_ROWS}) {
+            std::vector<float> y((size_t)rows * out, NAN);
+            launch(2, 64, 0,
+                   [&] { kv_k_gemv(W.data(), t, rb, x.data(), y.data(), rows, in, out); });
+            for (int r = 0; r < rows; r++)
+                for (int o = 0; o < out; o++) {
+                    double ref = 0.0, mag = 0.0;
+                    for (int i = 0; i < in; i++) {
+                        double p = (double)cpu[(size_t)o * in + i] * x[(size_t)r * in + i];
+                        ref += p;
+                        mag += std::fabs(p);
+                    }
+                    double e = std::fabs((double)y[(size_t)r * out + o] - ref) / mag;
+                    if (!(e <= eworst)) eworst = e;
+                }
+        }
+        CU_ASSERT(eworst <= 1e-5);
+        std::printf("\n    %-5s dequant %.3g, gather %.3g, gemv (1/3/8 rows) %.3g of sum |w x|",
+                    kv_dtype_name(t), ed, eg, eworst);
+        types++;
+    }
+    CU_ASSERT(types == KV_DT_COUNT);
+    /* activations to 16 bits, as the 16-bit GEMMs take them */
+    for (kv_dtype t : {KV_DT_F16, KV_DT_BF16}) {
+        std::vector<uint16_t> got(x.size()), want(x.size());
+        std::vector<float> big(x); /* and values past the binary16 range */
+        big[3] = 1e6f;
+        big[4] = -7e4f;
+        if (t == KV_DT_F16) {
+            for (size_t i = 0; i < big.size(); i++) want[i] = kv_f32_to_f16(big[i]);
+        } else {
+            CU_ASSERT_FATAL(
+                kv_quantize_row(t, big.data(), want.data(), (int64_t)big.size(), &err) == KV_OK);
+        }
+        launch(2, 32, 0, [&] { kv_k_to_16(big.data(), got.data(), big.size(), t); });
+        CU_ASSERT(std::memcmp(got.data(), want.data(), 2 * got.size()) == 0);
+    }
+    kv_model_free(m);
+}
+
 /* The shim itself: warp shuffles and block reductions give CUDA's answers. */
 void test_shim_primitives() {
     std::vector<float> sums(96), maxes(96), downs(96), bsum(96);
@@ -745,6 +837,7 @@ int main(int argc, char **argv) {
         {"paged attention is reproducible, weights sum to 1", test_attention_reproducible},
         {"gather (eviction move lists) vs the CPU", test_gather},
         {"split-sequence decode launch plan", test_split_plan},
+        {"typed weights: dequant, gather, gemv, 16-bit activations", test_typed_weights},
     };
     return tu_main(argc, argv, "cuda_kernels", tests, sizeof tests / sizeof tests[0]);
 }

@@ -12,6 +12,11 @@
  * (KV-Compress "KVC-full", excluded window v = 10; KV_L2_EXCLUDED_WINDOW of the CPU). */
 #define KV_K_L2_WINDOW 10
 
+/* Rows of x at or below which the CUDA backend multiplies by the typed GEMV kernel (decode,
+ * small batches; kernels/kv_quant.cuh kv_k_gemv, whose lanes keep this many accumulators);
+ * above, prefill's 16-bit GEMM or dequantised tile + GEMM. */
+#define KV_K_GEMV_ROWS 8
+
 /* Layouts of RoPE pairs (include/kvplan/model.h kv_rope_layout). */
 #define KV_K_ROPE_ADJACENT 0
 #define KV_K_ROPE_HALF 1
