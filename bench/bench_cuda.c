@@ -124,7 +124,6 @@ static int fake_rows(void) {
             kv_plan plan;
             if (kv_plan_full(c, ctx, 16, 16, KV_POLICY_SINK, &plan, &err))
                 return fail("plan", &err);
-            kv_plan_set_kv_type(&plan, KV_TYPE_F32); /* the CUDA backend stores f32 */
             kvfake_reset();
             kvfake_set_count_only(1);
             kvfake_watch_grid(kvfake_paged_attention_kernel(0));
@@ -251,7 +250,6 @@ int main(int argc, char **argv) {
                      ? kv_plan_full(c, context, 16, 16, KV_POLICY_SINK, &plan, &err)
                      : kv_plan_uniform(c, ratios[r], context, 16, 16, KV_POLICY_SINK, &plan, &err);
         if (rc) return fail("plan", &err);
-        kv_plan_set_kv_type(&plan, KV_TYPE_F32); /* the CUDA backend stores f32 */
         kv_engine_opts o = {0};
         o.device = KV_DEVICE_CUDA;
         kv_engine *e = NULL;

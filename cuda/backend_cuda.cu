@@ -2,11 +2,20 @@
  * device, with the driver, block-table metadata, policies and eviction schedule shared with the
  * CPU backend (runtime/engine/forward.c, runtime/cache/kvcache.c).
  *
- * - Weights are uploaded once at creation. The loaders keep every matrix as fp32
- *   (include/kvplan/model.h), so the GEMMs are cublasGemmEx with fp32 inputs and
- *   CUBLAS_COMPUTE_32F (no TF32), the CPU's arithmetic up to summation order.
- * - The K/V block storage lives on the device in the CPU layout (include/kvplan/kvslot.h);
- *   the pool's metadata (free list, block tables, positions, statistics) stays on the host.
+ * - Weights are uploaded once at creation in their file's type (include/kvplan/quant.h: F32,
+ *   F16, BF16 and the ggml block types as their blocks), so the device holds the file's
+ *   tensor bytes. A matmul (gemm below) of up to KV_K_GEMV_ROWS rows (decode) is the typed
+ *   GEMV kernel (cuda/kernels/kv_quant.cuh: each weight row read once in its type, decoded
+ *   in registers, fp32 activations); above that (prefill) F32 weights go to cublasGemmEx in
+ *   fp32, F16/BF16 weights to cublasGemmEx with the activations rounded to the weights'
+ *   16-bit type (FP32 compute, default math mode: tensor cores), and block types are
+ *   dequantised a tile of rows at a time into fp32 scratch for an fp32 GEMM, as the CPU's
+ *   kv_qmatmul does. FP32 GEMMs stay FP32: the default math mode uses TF32 only when asked.
+ * - The K/V block storage lives on the device in the CPU layout and in each head's stored type
+ *   (f32, f16, q8, q4: runtime/cache/kvtype.h, the same codec on both devices), so the bytes
+ *   in use equal the CPU backend's; attention decodes rows as it reads them (no fp32 copy of
+ *   the cache). The pool's metadata (free list, block tables, positions, statistics) stays on
+ *   the host.
  * - Per attention step the tasks, their block tables and positions (and the statistics of
  *   tracked heads) are packed into pinned host memory and mirrored to the device with one
  *   asynchronous copy on the copy stream; the compute stream waits for it on an event. The
@@ -48,8 +57,16 @@ static_assert(sizeof(kv_move) == sizeof(kv_k_move), "kv_move layout");
 
 namespace {
 
+/* A weight matrix [rows, cols] on the device in its file's type: rows of row_bytes bytes. */
+struct dev_weight {
+    void *p = nullptr;
+    kv_dtype type = KV_DT_F32;
+    size_t row_bytes = 0;
+};
+
 struct dev_layer {
-    float *attn_norm, *wq, *wk, *wv, *wo, *bq, *bk, *bv, *ffn_norm, *w_gate, *w_down, *w_up;
+    float *attn_norm, *bq, *bk, *bv, *ffn_norm;
+    dev_weight wq, wk, wv, wo, w_gate, w_down, w_up;
 };
 
 /* A device buffer and a pinned host buffer that grow on demand (bytes). */
@@ -66,7 +83,10 @@ struct cuda_backend {
     cublasHandle_t blas;
     /* weights */
     dev_layer *layers;
-    float *tok_emb, *final_norm, *classifier; /* classifier may alias tok_emb */
+    dev_weight tok_emb, classifier; /* classifier may alias tok_emb (the same p) */
+    float *final_norm;
+    dbuf d_wtile; /* prefill: a dequantised tile of weight rows (fp32), or x in 16 bits */
+    size_t wtile_floats;
     /* activations [max_rows, ...] */
     float *x, *xb, *xb2, *q, *k, *v, *o, *hb, *hb2, *sel;
     float *rope_cos, *rope_sin; /* [max_ctx, d_h / 2] */
@@ -172,27 +192,66 @@ int upload(float **dst, const float *src, size_t n, kv_error *err) {
     return KV_OK;
 }
 
-/* A weight [rows, cols] in its file's type (kvplan/quant.h), converted once to fp32 on the host
- * row by row and uploaded (the device GEMMs are fp32; keeping F16/BF16 on the device through
- * cublasGemmEx's half types is left for a device to test it on). */
-int upload_weight(float **dst, kv_weight w, size_t rows, size_t cols, kv_error *err) {
-    *dst = nullptr;
+/* A weight [rows, cols] uploaded as its file stores it: rows * kv_dtype_row_bytes(type, cols)
+ * bytes, no conversion. */
+int upload_weight(dev_weight *dst, kv_weight w, size_t rows, size_t cols, kv_error *err) {
+    *dst = dev_weight();
     if (!w.data) return KV_OK;
-    float *host = nullptr;
-    int rc = kv_weight_to_f32(w, rows, cols, &host, err);
-    if (!rc) rc = upload(dst, host, rows * cols, err);
-    free(host);
-    return rc;
+    size_t rb = 0;
+    if (kv_dtype_row_bytes(w.type, (int64_t)cols, "CUDA backend weight", &rb, err))
+        return KV_EINPUT;
+    CK(cudaMalloc(&dst->p, rows * rb));
+    dst->type = w.type;
+    dst->row_bytes = rb;
+    CK(cudaMemcpy(dst->p, w.data, rows * rb, cudaMemcpyHostToDevice));
+    return KV_OK;
 }
 
-/* y[rows, out] = x[rows, in] W^T with W [out, in] row-major: in cuBLAS's column-major terms
- * Y' [out, rows] = W'^T X', W' = W viewed as [in, out], X' = x as [in, rows]. */
-int gemm(cuda_backend *c, float *y, const float *x, const float *w, int rows, int in, int out,
+/* Floats of the prefill tile: 4 Mi floats (16 MiB, few large GEMMs, as the CPU's 4 MiB tile),
+ * or less when no matrix needs that much. */
+constexpr size_t kTileFloats = (size_t)1 << 22;
+
+/* y[rows, out] = x[rows, in] W^T with W [out, in] row-major in its type: in cuBLAS's
+ * column-major terms Y' [out, rows] = W'^T X', W' = W viewed as [in, out], X' = x as
+ * [in, rows]; a tile of W rows [o0, o0 + m) is the block of Y' rows at y + o0 (ldc out). */
+int gemm(cuda_backend *c, float *y, const float *x, const dev_weight &w, int rows, int in, int out,
          kv_error *err) {
     const float one = 1.0f, zero = 0.0f;
-    CKB(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, rows, in, &one, w, CUDA_R_32F, in, x,
-                     CUDA_R_32F, in, &zero, y, CUDA_R_32F, out, CUBLAS_COMPUTE_32F,
-                     CUBLAS_GEMM_DEFAULT));
+    if (w.type == KV_DT_F32) {
+        CKB(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, rows, in, &one, w.p, CUDA_R_32F,
+                         in, x, CUDA_R_32F, in, &zero, y, CUDA_R_32F, out, CUBLAS_COMPUTE_32F,
+                         CUBLAS_GEMM_DEFAULT));
+        return KV_OK;
+    }
+    if (rows <= KV_K_GEMV_ROWS) { /* decode: each weight row read once, in its type */
+        CK(kvcu::gemv(w.p, w.type, w.row_bytes, x, y, rows, in, out, c->compute));
+        return KV_OK;
+    }
+    if (w.type == KV_DT_F16 || w.type == KV_DT_BF16) { /* tensor cores, FP32 accumulation */
+        cudaDataType_t dt = w.type == KV_DT_F16 ? CUDA_R_16F : CUDA_R_16BF;
+        int rc = grow_dev(c->d_wtile, (size_t)rows * in * 2, err);
+        if (rc) return rc;
+        CK(kvcu::to_16(x, c->d_wtile.p, (size_t)rows * in, w.type, c->compute));
+        CKB(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, rows, in, &one, w.p, dt, in,
+                         c->d_wtile.p, dt, in, &zero, y, CUDA_R_32F, out, CUBLAS_COMPUTE_32F,
+                         CUBLAS_GEMM_DEFAULT));
+        return KV_OK;
+    }
+    /* block types: dequantise a tile of rows, multiply it in fp32 (the tile buffer is reused
+     * in stream order: the next tile's kernel runs after this GEMM) */
+    int tile = (int)(kTileFloats / (size_t)in);
+    if (tile < 1) tile = 1;
+    if (tile > out) tile = out;
+    int rc = grow_dev(c->d_wtile, (size_t)tile * in * sizeof(float), err);
+    if (rc) return rc;
+    float *t = static_cast<float *>(c->d_wtile.p);
+    for (int o0 = 0; o0 < out; o0 += tile) {
+        int m = out - o0 < tile ? out - o0 : tile;
+        CK(kvcu::dequant_rows(w.p, w.type, w.row_bytes, in, o0, m, t, c->compute));
+        CKB(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, m, rows, in, &one, t, CUDA_R_32F, in, x,
+                         CUDA_R_32F, in, &zero, y + o0, CUDA_R_32F, out, CUBLAS_COMPUTE_32F,
+                         CUBLAS_GEMM_DEFAULT));
+    }
     return KV_OK;
 }
 
@@ -200,9 +259,9 @@ void free_layers(cuda_backend *c) {
     if (!c->layers) return;
     for (int l = 0; l < c->base.model->cfg.n_layers; l++) {
         dev_layer &d = c->layers[l];
-        float *all[] = {d.attn_norm, d.wq, d.wk,       d.wv,     d.wo,     d.bq,
-                        d.bk,        d.bv, d.ffn_norm, d.w_gate, d.w_down, d.w_up};
-        for (float *p : all) cudaFree(p);
+        void *all[] = {d.attn_norm, d.wq.p, d.wk.p,     d.wv.p,     d.wo.p,     d.bq,
+                       d.bk,        d.bv,   d.ffn_norm, d.w_gate.p, d.w_down.p, d.w_up.p};
+        for (void *p : all) cudaFree(p);
     }
     free(c->layers);
     c->layers = nullptr;
@@ -213,8 +272,9 @@ void cuda_destroy(kv_backend *b) {
     if (c->compute) cudaStreamSynchronize(c->compute);
     if (c->copy) cudaStreamSynchronize(c->copy);
     free_layers(c);
-    if (c->classifier != c->tok_emb) cudaFree(c->classifier);
-    cudaFree(c->tok_emb);
+    if (c->classifier.p != c->tok_emb.p) cudaFree(c->classifier.p);
+    cudaFree(c->tok_emb.p);
+    cudaFree(c->d_wtile.p);
     cudaFree(c->final_norm);
     float *acts[] = {c->x, c->xb, c->xb2, c->q,   c->k,        c->v,
                      c->o, c->hb, c->hb2, c->sel, c->rope_cos, c->rope_sin};
@@ -239,11 +299,12 @@ void cuda_destroy(kv_backend *b) {
     delete c;
 }
 
+/* The pool's K/V storage on the device: every block of every type at its stored bytes
+ * (kv_pool_storage_bytes, the CPU's layout), so bytes in use equal the CPU backend's. */
 int cuda_storage_alloc(kv_backend *b, kv_pool *p, kv_error *err) {
     cuda_backend *c = cb(b);
-    size_t floats = (size_t)p->n_blocks * 2 * (size_t)p->block_size * (size_t)p->head_dim;
     void *s = nullptr;
-    CK(cudaMalloc(&s, floats * sizeof(float)));
+    CK(cudaMalloc(&s, kv_pool_storage_bytes(p)));
     p->storage = s;
     p->data = nullptr;
     int slots = p->n_blocks * p->block_size;
@@ -264,8 +325,17 @@ void cuda_storage_free(kv_backend *b, kv_pool *p) {
     p->storage = nullptr;
 }
 
-float *storage(const kv_pool *p) {
-    return static_cast<float *>(p->storage);
+/* The kernels' view of the pool (kv_k_pool): device storage, block ranges per type. */
+kv_k_pool dev_pool(const kv_pool *p) {
+    kv_k_pool d;
+    d.data = static_cast<unsigned char *>(p->storage);
+    d.bs = p->block_size;
+    d.hd = p->head_dim;
+    for (int t = 0; t <= KV_CACHE_TYPES; t++) {
+        d.type_first[t] = p->type_first[t];
+        d.type_offset[t] = p->type_offset[t];
+    }
+    return d;
 }
 
 int cuda_embed(kv_backend *b, const int *tokens, int rows, kv_error *err) {
@@ -275,7 +345,8 @@ int cuda_embed(kv_backend *b, const int *tokens, int rows, kv_error *err) {
     if (rc) return rc;
     CK(cudaMemcpyAsync(c->d_rows, h, (size_t)rows * sizeof(int), cudaMemcpyHostToDevice,
                        c->compute));
-    CK(kvcu::gather_rows(c->x, c->tok_emb, c->d_rows, rows, b->model->cfg.dim, c->compute));
+    CK(kvcu::gather_rows_typed(c->x, c->tok_emb.p, c->tok_emb.type, c->tok_emb.row_bytes, c->d_rows,
+                               rows, b->model->cfg.dim, c->compute));
     return KV_OK;
 }
 
@@ -338,13 +409,13 @@ int cuda_gather(kv_backend *b, kv_pool *p, const kv_move *moves, int n, kv_error
     const kv_k_move *mv = reinterpret_cast<const kv_k_move *>(moves);
     int passes = kv_k_split_moves(mv, n, c->stamp, &c->stamp_gen, c->pass_start);
     int rc = stage_list(c, moves, (size_t)n * sizeof(kv_move), err);
-    if (!rc) rc = grow_dev(c->d_move_scratch, (size_t)n * 2 * p->head_dim * sizeof(float), err);
+    if (!rc) rc = grow_dev(c->d_move_scratch, (size_t)n * 8 * p->head_dim, err);
     if (rc) return rc;
     const kv_k_move *dmv = static_cast<const kv_k_move *>(c->d_list.p);
+    kv_k_pool dp = dev_pool(p);
     for (int i = 0; i < passes; i++)
-        CK(kvcu::gather_pass(
-            storage(p), dmv + c->pass_start[i], c->pass_start[i + 1] - c->pass_start[i],
-            static_cast<float *>(c->d_move_scratch.p), p->head_dim, p->block_size, c->compute));
+        CK(kvcu::gather_pass(dp, dmv + c->pass_start[i], c->pass_start[i + 1] - c->pass_start[i],
+                             c->d_move_scratch.p, c->compute));
     return KV_OK;
 }
 
@@ -354,8 +425,8 @@ int cuda_cache_write(kv_backend *b, kv_pool *p, const kv_slot_write *w, int n, k
     int rc = stage_list(c, w, (size_t)n * sizeof(kv_slot_write), err);
     if (rc) return rc;
     int kvd = b->model->cfg.n_kv_heads * p->head_dim;
-    CK(kvcu::cache_write(storage(p), static_cast<const kv_k_write *>(c->d_list.p), n, c->k, c->v,
-                         kvd, p->head_dim, p->block_size, c->compute));
+    CK(kvcu::cache_write(dev_pool(p), static_cast<const kv_k_write *>(c->d_list.p), n, c->k, c->v,
+                         kvd, c->compute));
     return KV_OK;
 }
 
@@ -392,20 +463,20 @@ int cuda_attention(kv_backend *b, const kv_pool *p, const kv_attn_task *tasks, i
         rc = grow_dev(c->d_part, (size_t)n_tasks * sp.chunks * g * (size_t)(hd + 2) * sizeof(float),
                       err);
         if (rc) return rc;
-        CK(kvcu::decode_attention_split(storage(p), reinterpret_cast<const int *>(d + L.o_tab),
+        CK(kvcu::decode_attention_split(dev_pool(p), reinterpret_cast<const int *>(d + L.o_tab),
                                         reinterpret_cast<const kv_k_attn_task *>(d), n_tasks, c->q,
-                                        c->o, cfg->n_heads * hd, g, hd, bs, sp.chunk, sp.chunks,
+                                        c->o, cfg->n_heads * hd, g, sp.chunk, sp.chunks,
                                         static_cast<float *>(c->d_scores.p), L.longest,
                                         static_cast<float *>(c->d_part.p), c->compute));
         CK(cudaEventRecord(c->attn_done, c->compute));
         return KV_OK;
     }
-    CK(kvcu::paged_attention(
-        storage(p), reinterpret_cast<const int *>(d + L.o_tab),
-        reinterpret_cast<const kv_k_attn_task *>(d), n_tasks,
-        reinterpret_cast<const int *>(d + L.o_pos), reinterpret_cast<float *>(d + L.o_acc),
-        reinterpret_cast<float *>(d + L.o_acc2), c->q, c->o, cfg->n_heads * hd, g, hd, bs,
-        static_cast<float *>(c->d_scores.p), L.longest, c->compute));
+    CK(kvcu::paged_attention(dev_pool(p), reinterpret_cast<const int *>(d + L.o_tab),
+                             reinterpret_cast<const kv_k_attn_task *>(d), n_tasks,
+                             reinterpret_cast<const int *>(d + L.o_pos),
+                             reinterpret_cast<float *>(d + L.o_acc),
+                             reinterpret_cast<float *>(d + L.o_acc2), c->q, c->o, cfg->n_heads * hd,
+                             g, static_cast<float *>(c->d_scores.p), L.longest, c->compute));
     CK(cudaEventRecord(c->attn_done, c->compute));
     if (!L.tracked) return KV_OK;
     /* statistics back to the heads' host arrays, where the policies read them */
@@ -527,7 +598,9 @@ int setup(cuda_backend *c, const kv_model *m, int max_rows, int max_ctx, kv_erro
     CK(cudaEventRecord(c->attn_done, c->compute));
     CKB(cublasCreate(&c->blas));
     CKB(cublasSetStream(c->blas, c->compute));
-    CKB(cublasSetMathMode(c->blas, CUBLAS_PEDANTIC_MATH)); /* fp32 as on the CPU, no TF32 */
+    /* the default math mode: tensor cores for the 16-bit GEMMs; FP32 GEMMs stay FP32 (TF32
+     * only with CUBLAS_TF32_TENSOR_OP_MATH) */
+    CKB(cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH));
     size_t dim = (size_t)cfg->dim, hd = (size_t)cfg->head_dim, qd = (size_t)cfg->n_heads * hd,
            kvd = (size_t)cfg->n_kv_heads * hd, hid = (size_t)cfg->hidden_dim,
            V = (size_t)cfg->vocab_size;

@@ -2,6 +2,7 @@
  * cuda/kernels/kv_kernels.cuh, shared with the tests' host shim. */
 #include "kernels.h"
 #include "kernels/kv_kernels.cuh"
+#include "kernels/kv_quant.cuh"
 
 namespace kvcu {
 
@@ -57,49 +58,82 @@ cudaError_t gather_rows(float *out, const float *src, const int *idx, int rows, 
     return cudaGetLastError();
 }
 
-cudaError_t cache_write(float *pool, const kv_k_write *writes, int n, const float *k,
-                        const float *v, int kv_stride, int hd, int bs, cudaStream_t s) {
-    size_t total = (size_t)n * (size_t)hd;
-    if (!total) return cudaSuccess;
-    KV_LAUNCH(kv_k_cache_write, grid_for(total), kThreads, 0, s)
-    (pool, writes, n, k, v, kv_stride, hd, bs);
+cudaError_t cache_write(const kv_k_pool &pool, const kv_k_write *writes, int n, const float *k,
+                        const float *v, int kv_stride, cudaStream_t s) {
+    if (n <= 0) return cudaSuccess;
+    KV_LAUNCH(kv_k_cache_write, grid_for(2 * (size_t)n), kThreads, 0, s)
+    (pool, writes, n, k, v, kv_stride);
     return cudaGetLastError();
 }
 
-cudaError_t paged_attention(const float *pool, const int *tables, const kv_k_attn_task *tasks,
+cudaError_t paged_attention(const kv_k_pool &pool, const int *tables, const kv_k_attn_task *tasks,
                             int n_tasks, const int *pos, float *acc, float *acc2, const float *q,
-                            float *o, int q_stride, int g, int hd, int bs, float *scratch,
-                            int scratch_stride, cudaStream_t s) {
+                            float *o, int q_stride, int g, float *scratch, int scratch_stride,
+                            cudaStream_t s) {
     if (n_tasks <= 0) return cudaSuccess;
-    size_t shm = (size_t)g * (size_t)hd * sizeof(float);
+    size_t shm = (size_t)g * (size_t)pool.hd * sizeof(float);
     KV_LAUNCH(kv_k_paged_attention, n_tasks, kThreads, shm, s)
-    (pool, tables, tasks, pos, acc, acc2, q, o, q_stride, g, hd, bs, scratch, scratch_stride);
+    (pool, tables, tasks, pos, acc, acc2, q, o, q_stride, g, scratch, scratch_stride);
     return cudaGetLastError();
 }
 
-cudaError_t decode_attention_split(const float *pool, const int *tables,
+cudaError_t decode_attention_split(const kv_k_pool &pool, const int *tables,
                                    const kv_k_attn_task *tasks, int n_tasks, const float *q,
-                                   float *o, int q_stride, int g, int hd, int bs, int chunk,
-                                   int chunks, float *scratch, int scratch_stride, float *part,
+                                   float *o, int q_stride, int g, int chunk, int chunks,
+                                   float *scratch, int scratch_stride, float *part,
                                    cudaStream_t s) {
     if (n_tasks <= 0) return cudaSuccess;
+    int hd = pool.hd;
     size_t n_parts = (size_t)n_tasks * (size_t)chunks * (size_t)g;
     float *pm = part, *ps = part + n_parts, *po = part + 2 * n_parts;
     size_t shm = (size_t)g * (size_t)hd * sizeof(float);
     KV_LAUNCH(kv_k_decode_split, dim3((unsigned)n_tasks, (unsigned)chunks), kThreads, shm, s)
-    (pool, tables, tasks, q, q_stride, g, hd, bs, chunk, chunks, scratch, scratch_stride, pm, ps,
-     po);
+    (pool, tables, tasks, q, q_stride, g, chunk, chunks, scratch, scratch_stride, pm, ps, po);
     KV_LAUNCH(kv_k_decode_merge, n_tasks, kThreads, 0, s)
     (tasks, g, hd, chunks, pm, ps, po, o, q_stride);
     return cudaGetLastError();
 }
 
-cudaError_t gather_pass(float *pool, const kv_k_move *moves, int n, float *scratch, int hd, int bs,
+cudaError_t gather_pass(const kv_k_pool &pool, const kv_k_move *moves, int n, void *scratch,
                         cudaStream_t s) {
-    size_t total = (size_t)n * 2 * (size_t)hd;
+    size_t total = (size_t)n * 8 * (size_t)pool.hd;
     if (!total) return cudaSuccess;
-    KV_LAUNCH(kv_k_gather_read, grid_for(total), kThreads, 0, s)(pool, moves, n, scratch, hd, bs);
-    KV_LAUNCH(kv_k_gather_write, grid_for(total), kThreads, 0, s)(pool, moves, n, scratch, hd, bs);
+    unsigned char *sc = static_cast<unsigned char *>(scratch);
+    KV_LAUNCH(kv_k_gather_read, grid_for(total), kThreads, 0, s)(pool, moves, n, sc);
+    KV_LAUNCH(kv_k_gather_write, grid_for(total), kThreads, 0, s)(pool, moves, n, sc);
+    return cudaGetLastError();
+}
+
+cudaError_t gemv(const void *W, int t, size_t row_bytes, const float *x, float *y, int rows, int in,
+                 int out, cudaStream_t s) {
+    if (rows <= 0 || out <= 0) return cudaSuccess;
+    size_t blocks = ((size_t)out + kThreads / 32 - 1) / (kThreads / 32); /* a warp per output */
+    if (blocks > 65535) blocks = 65535;
+    KV_LAUNCH(kv_k_gemv, (unsigned)blocks, kThreads, 0, s)
+    (static_cast<const unsigned char *>(W), t, row_bytes, x, y, rows, in, out);
+    return cudaGetLastError();
+}
+
+cudaError_t dequant_rows(const void *W, int t, size_t row_bytes, int in, int r0, int n_rows,
+                         float *dst, cudaStream_t s) {
+    size_t n = (size_t)n_rows * (size_t)in;
+    if (!n) return cudaSuccess;
+    KV_LAUNCH(kv_k_dequant_rows, grid_for(n), kThreads, 0, s)
+    (static_cast<const unsigned char *>(W), t, row_bytes, in, r0, n_rows, dst);
+    return cudaGetLastError();
+}
+
+cudaError_t to_16(const float *x, void *dst, size_t n, int t, cudaStream_t s) {
+    if (!n) return cudaSuccess;
+    KV_LAUNCH(kv_k_to_16, grid_for(n), kThreads, 0, s)(x, static_cast<uint16_t *>(dst), n, t);
+    return cudaGetLastError();
+}
+
+cudaError_t gather_rows_typed(float *out, const void *W, int t, size_t row_bytes, const int *idx,
+                              int rows, int dim, cudaStream_t s) {
+    if (rows <= 0) return cudaSuccess;
+    KV_LAUNCH(kv_k_gather_rows_typed, rows, kThreads, 0, s)
+    (out, static_cast<const unsigned char *>(W), t, row_bytes, idx, dim);
     return cudaGetLastError();
 }
 

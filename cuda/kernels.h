@@ -23,23 +23,35 @@ cudaError_t add(float *x, const float *y, size_t n, cudaStream_t s);
 cudaError_t add_bias(float *y, const float *b, int rows, int n, cudaStream_t s);
 cudaError_t gather_rows(float *out, const float *src, const int *idx, int rows, int dim,
                         cudaStream_t s);
-cudaError_t cache_write(float *pool, const kv_k_write *writes, int n, const float *k,
-                        const float *v, int kv_stride, int hd, int bs, cudaStream_t s);
-/* scratch: n_tasks * g * scratch_stride floats. */
-cudaError_t paged_attention(const float *pool, const int *tables, const kv_k_attn_task *tasks,
+/* K/V rows encoded in their block's stored type (pool: the typed pool's device view). */
+cudaError_t cache_write(const kv_k_pool &pool, const kv_k_write *writes, int n, const float *k,
+                        const float *v, int kv_stride, cudaStream_t s);
+/* scratch: n_tasks * g * scratch_stride floats. K/V read in their stored type. */
+cudaError_t paged_attention(const kv_k_pool &pool, const int *tables, const kv_k_attn_task *tasks,
                             int n_tasks, const int *pos, float *acc, float *acc2, const float *q,
-                            float *o, int q_stride, int g, int hd, int bs, float *scratch,
-                            int scratch_stride, cudaStream_t s);
+                            float *o, int q_stride, int g, float *scratch, int scratch_stride,
+                            cudaStream_t s);
 /* Split-sequence decode attention (kv_k_split_plan): kv_k_decode_split over (n_tasks,
  * chunks) blocks, then kv_k_decode_merge into o. Every task must have n = 1 and no
  * statistics. part: n_tasks * chunks * g * (hd + 2) floats of device scratch. */
-cudaError_t decode_attention_split(const float *pool, const int *tables,
+cudaError_t decode_attention_split(const kv_k_pool &pool, const int *tables,
                                    const kv_k_attn_task *tasks, int n_tasks, const float *q,
-                                   float *o, int q_stride, int g, int hd, int bs, int chunk,
-                                   int chunks, float *scratch, int scratch_stride, float *part,
-                                   cudaStream_t s);
-/* One pass of kv_k_split_moves: moves [n] (device), scratch n * 2 * hd floats. */
-cudaError_t gather_pass(float *pool, const kv_k_move *moves, int n, float *scratch, int hd, int bs,
+                                   float *o, int q_stride, int g, int chunk, int chunks,
+                                   float *scratch, int scratch_stride, float *part, cudaStream_t s);
+/* Weights in their type (kernels/kv_quant.cuh; W device bytes, rows of row_bytes bytes in
+ * ggml type t). gemv: y [rows, out] = x [rows, in] W^T, rows <= KV_K_GEMV_ROWS. dequant_rows:
+ * dst [n_rows, in] fp32 = rows r0 .. r0 + n_rows of W. to_16: dst [n] = x in binary16 (t F16)
+ * or bfloat16 (t BF16). gather_rows_typed: out [rows, dim] = W rows idx[rows], dequantised. */
+cudaError_t gemv(const void *W, int t, size_t row_bytes, const float *x, float *y, int rows, int in,
+                 int out, cudaStream_t s);
+cudaError_t dequant_rows(const void *W, int t, size_t row_bytes, int in, int r0, int n_rows,
+                         float *dst, cudaStream_t s);
+cudaError_t to_16(const float *x, void *dst, size_t n, int t, cudaStream_t s);
+cudaError_t gather_rows_typed(float *out, const void *W, int t, size_t row_bytes, const int *idx,
+                              int rows, int dim, cudaStream_t s);
+/* One pass of kv_k_split_moves: moves [n] (device), scratch n * 8 * hd bytes (two rows of the
+ * widest type per move). */
+cudaError_t gather_pass(const kv_k_pool &pool, const kv_k_move *moves, int n, void *scratch,
                         cudaStream_t s);
 } // namespace kvcu
 

@@ -110,7 +110,6 @@ static int engine_run(const int *ids, kv_error *err) {
     const kv_config *cfg = &g_model->cfg;
     kv_plan plan;
     int rc = kv_plan_uniform(cfg, 1.0 / 16, cfg->seq_len, 8, 4, KV_POLICY_H2O, &plan, err);
-    if (!rc) kv_plan_set_kv_type(&plan, KV_TYPE_F32); /* the CUDA backend stores f32 */
     if (rc) return rc;
     kv_engine_opts o = {0};
     o.device = KV_DEVICE_CUDA;
@@ -165,23 +164,6 @@ static void test_oom_engine_run(void) {
     free(ids);
 }
 
-/* x_in of every layer of one prefill: [L, rows, dim] */
-typedef struct xin_capture {
-    int rows, dim;
-    float *x_in;
-} xin_capture;
-
-static void cap_xin(void *user, int layer, int rows, const float *x_in, const float *o,
-                    const float *v, const float *attn_out) {
-    (void)o;
-    (void)v;
-    (void)attn_out;
-    xin_capture *c = user;
-    if (rows == c->rows)
-        memcpy(c->x_in + (size_t)layer * rows * c->dim, x_in,
-               sizeof(float) * (size_t)rows * c->dim);
-}
-
 static void test_kvpr_after_failed_gemm(void) {
     const kv_config *cfg = &g_model->cfg;
     enum { S = 48, SPLIT = 20 };
@@ -191,22 +173,13 @@ static void test_kvpr_after_failed_gemm(void) {
     int L = cfg->n_layers, Hk = cfg->n_kv_heads, kvd = Hk * cfg->head_dim;
     CU_ASSERT_FATAL(L >= 3);
     kv_error err = {0};
-    kv_pool pool;
-    kv_cache cache;
-    kv_workspace *ws = NULL;
-    CU_ASSERT_FATAL(kv_pool_init(&pool, L * Hk * (S / 16 + 1), 16, cfg->head_dim, &err) == KV_OK);
-    CU_ASSERT_FATAL(kv_cache_init(&cache, &pool, L, Hk, NULL, KV_POLICY_SINK, &err) == KV_OK);
-    CU_ASSERT_FATAL(kv_workspace_new(g_model, S, S, &ws, &err) == KV_OK);
-    xin_capture cap = {S, cfg->dim, calloc((size_t)L * S * cfg->dim, sizeof(float))};
-    kv_hooks hk = {&cap, cap_xin, NULL};
-    kv_cache *cp = &cache;
-    CU_ASSERT_FATAL(kv_forward(g_model, ws, &cp, 1, ids, S, KV_LOGITS_NONE, NULL, &hk, &err) ==
-                    KV_OK);
+    tu_prefill pf;
+    tu_prefill_capture(g_model, ids, S, &pf);
     kv_kvpr_layer *lcs = calloc((size_t)L, sizeof *lcs);
     float **kd = calloc((size_t)L, sizeof *kd), **vd = calloc((size_t)L, sizeof *vd);
     for (int l = 0; l < L; l++) {
-        CU_ASSERT_FATAL(kv_kvpr_layer_offload(g_model, &cache, l,
-                                              cap.x_in + (size_t)l * S * cfg->dim, SPLIT, &lcs[l],
+        CU_ASSERT_FATAL(kv_kvpr_layer_offload(g_model, &pf.cache, l,
+                                              pf.x_in + (size_t)l * S * cfg->dim, SPLIT, &lcs[l],
                                               &err) == KV_OK);
         kd[l] = malloc(sizeof(float) * (size_t)S * kvd);
         vd[l] = malloc(sizeof(float) * (size_t)S * kvd);
@@ -260,10 +233,7 @@ static void test_kvpr_after_failed_gemm(void) {
     free(kd);
     free(vd);
     free(lcs);
-    free(cap.x_in);
-    kv_workspace_free(ws);
-    kv_cache_destroy(&cache);
-    kv_pool_destroy(&pool);
+    tu_prefill_free(&pf);
     free(ids);
 }
 
@@ -306,7 +276,6 @@ static void test_decode_step_counters(void) {
     kv_plan plan;
     kv_error err = {0};
     CU_ASSERT_FATAL(kv_plan_full(cfg, cfg->seq_len, 16, 16, KV_POLICY_SINK, &plan, &err) == KV_OK);
-    kv_plan_set_kv_type(&plan, KV_TYPE_F32); /* the CUDA backend stores f32 */
     kvfake_reset();
     kv_engine_opts o = {0};
     o.device = KV_DEVICE_CUDA;

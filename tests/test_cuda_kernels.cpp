@@ -5,7 +5,8 @@
  * Face, half RoPE, d_h 16), text from tinystories_val_head.txt.
  *
  * What each comparison expects:
- *  - row gather, bias, cache write, KV gather: exact (pure copies or one addition).
+ *  - row gather, bias, cache write, KV gather: exact (pure copies or one addition); the cache
+ *    write and the gather in every KV storage type (f32, f16, q8, q4), byte for byte.
  *  - RMSNorm, RoPE, SwiGLU: the same float expressions as runtime/backend/ops.c; a relative 1e-6
  *    bound leaves room for libm's expf and the double sum's association.
  *  - attention: the kernel sums q.k with a warp butterfly and the softmax with a block tree,
@@ -13,13 +14,17 @@
  *    its weight by that much relatively, so outputs are bounded by 1e-5 of the step's largest
  *    output (measured: <= 3e-6), statistics within 1e-5 absolute (weights <= 1 summed over a
  *    few dozen queries; measured <= 4e-6).
+ *    In f16 / q8 / q4 the CPU reference reads the same stored rows (kv_head_read), so the bound
+ *    is the same.
  * Each launch uses blocks of 32, 64 or 96 threads so the reductions cross warps. */
 #include "cuda_shim.hpp"
 
 #include "../cuda/kernels/kv_kernels.cuh"
+#include "../cuda/kernels/kv_quant.cuh"
 
 extern "C" {
 #include "kvplan/kvcache.h"
+#include "kvplan/quant.h"
 #include "kvplan/model.h"
 #include "kvplan/tokenizer.h"
 #include "runtime/backend/ops.h"
@@ -277,7 +282,9 @@ void cpu_attend(kv_cache *c, kv_head *h, int j, int g, int hd, int n, const floa
     const kv_pool *p = c->pool;
     int base = h->len - n;
     float inv = 1.0f / std::sqrt((float)hd);
-    std::vector<float> s((size_t)h->len);
+    std::vector<float> s((size_t)h->len), kr((size_t)h->len * hd), vr(kr.size());
+    for (int e = 0; e < h->len; e++) /* the stored rows, dequantised (any type) */
+        kv_head_read(p, h, e, &kr[(size_t)e * hd], &vr[(size_t)e * hd]);
     for (int i = 0; i < n; i++) {
         int n_ent = base + i + 1, qpos = h->pos[base + i];
         for (int gh = 0; gh < g; gh++) {
@@ -285,7 +292,7 @@ void cpu_attend(kv_cache *c, kv_head *h, int j, int g, int hd, int n, const floa
             float *oo = o + (size_t)(row0 + i) * q_stride + (size_t)(j * g + gh) * hd;
             float mx = -INFINITY;
             for (int e = 0; e < n_ent; e++) {
-                const float *kk = kv_head_k(p, h, e);
+                const float *kk = &kr[(size_t)e * hd];
                 float dot = 0.0f;
                 for (int d = 0; d < hd; d++) dot += qq[d] * inv * kk[d];
                 s[(size_t)e] = dot;
@@ -296,7 +303,7 @@ void cpu_attend(kv_cache *c, kv_head *h, int j, int g, int hd, int n, const floa
             for (int e = 0; e < n_ent; e++) s[(size_t)e] /= sum;
             for (int d = 0; d < hd; d++) {
                 float a = 0.0f;
-                for (int e = 0; e < n_ent; e++) a += s[(size_t)e] * kv_head_v(p, h, e)[d];
+                for (int e = 0; e < n_ent; e++) a += s[(size_t)e] * vr[(size_t)e * hd + d];
                 oo[d] = a;
             }
             if (h->track_stats)
@@ -313,7 +320,8 @@ void cpu_attend(kv_cache *c, kv_head *h, int j, int g, int hd, int n, const floa
  * step's writes), the block tables flattened, the entries' metadata flattened per task, one
  * task per (sequence, KV head), and the step's cache writes. */
 struct mirror {
-    std::vector<float> pool, acc, acc2;
+    std::vector<unsigned char> pool; /* the storage bytes */
+    std::vector<float> acc, acc2;
     std::vector<int> pos, tables;
     std::vector<kv_k_attn_task> tasks;
     std::vector<kv_k_write> writes;
@@ -342,6 +350,19 @@ void mirror_tasks(mirror &d, const kv_pool *p, kv_cache *const *seqs, int n_seqs
         }
 }
 
+/* The kernels' view (kv_k_pool) of a host pool's block ranges over storage `data`. */
+kv_k_pool view(const kv_pool *p, void *data) {
+    kv_k_pool v;
+    v.data = static_cast<unsigned char *>(data);
+    v.bs = p->block_size;
+    v.hd = p->head_dim;
+    for (int t = 0; t <= KV_CACHE_TYPES; t++) {
+        v.type_first[t] = p->type_first[t];
+        v.type_offset[t] = p->type_offset[t];
+    }
+    return v;
+}
+
 /* Steps of (new tokens per sequence): a prefill block, decode, a second block, decode. */
 #if defined(__SANITIZE_ADDRESS__)
 /* Under ASan the shim switches fibers with swapcontext (a system call each): fewer steps, the
@@ -355,22 +376,29 @@ const int kSteps[] = {6, 1, 1, 3, 1, 1, 1, 5, 1, 1, 1, 1, 2, 1, 1, 1};
  * the heads' tables differ in length and interleave in the pool, policy `pol`. Each step:
  * CPU eviction (kv_head_make_room) and the CPU append and reference attention, against the
  * cache-write and attention kernels on a mirror of the state after eviction. */
-void run_attention_case(const kv_model *m, int n_kv, kv_policy pol, int track, int block) {
+void run_attention_case(const kv_model *m, int n_kv, kv_policy pol, int track, int block,
+                        kv_cache_type ty = KV_TYPE_F32) {
     qkv a = real_qkv(m, ids_for(m, text_ids(600)), n_kv);
     const int n_seqs = 3, bs = 4, hd = a.hd, qd = a.H * hd, kvd = n_kv * hd;
     kv_error err = {};
     kv_pool pool;
-    CU_ASSERT_FATAL(kv_pool_init(&pool, 64, bs, hd, &err) == KV_OK);
+    int counts[KV_CACHE_TYPES] = {0, 0, 0, 0};
+    counts[ty] = 64; /* every block in the case's type */
+    CU_ASSERT_FATAL(kv_pool_init_typed(&pool, counts, bs, hd, &err) == KV_OK);
     kv_cache seqs[n_seqs];
     kv_cache *sp[n_seqs];
     for (int s = 0; s < n_seqs; s++) {
         std::vector<int> budget((size_t)n_kv);
         for (int j = 0; j < n_kv; j++) budget[(size_t)j] = 10 + 5 * ((s + 2 * j) % 4) + s;
         CU_ASSERT_FATAL(kv_cache_init(&seqs[s], &pool, 1, n_kv, budget.data(), pol, &err) == KV_OK);
-        for (int j = 0; j < n_kv; j++) kv_cache_head(&seqs[s], 0, j)->track_stats = track;
+        for (int j = 0; j < n_kv; j++) {
+            kv_cache_head(&seqs[s], 0, j)->track_stats = track;
+            kv_cache_head(&seqs[s], 0, j)->type = ty;
+        }
         sp[s] = &seqs[s];
     }
-    size_t pool_floats = (size_t)pool.n_blocks * 2 * bs * hd;
+    size_t pool_bytes = kv_pool_storage_bytes(&pool);
+    const unsigned char *host = reinterpret_cast<const unsigned char *>(pool.data);
     int t_used = 0, checked = 0, steps = 0;
     double worst_o = 0.0, worst_stat = 0.0, worst_split = 0.0;
     int split_steps = 0;
@@ -390,7 +418,7 @@ void run_attention_case(const kv_model *m, int n_kv, kv_policy pol, int track, i
                 CU_ASSERT_FATAL(kv_head_make_room(&seqs[s], kv_cache_head(&seqs[s], 0, j), n,
                                                   seqs[s].n_past + n - 1, &err) == KV_OK);
         mirror d;
-        d.pool.assign(pool.data, pool.data + pool_floats);
+        d.pool.assign(host, host + pool_bytes);
         for (int s = 0; s < n_seqs; s++)
             for (int j = 0; j < n_kv; j++)
                 for (int i = 0; i < n; i++) {
@@ -402,12 +430,11 @@ void run_attention_case(const kv_model *m, int n_kv, kv_policy pol, int track, i
                 }
         mirror_tasks(d, &pool, sp, n_seqs, n);
         int n_tasks = (int)d.tasks.size(), n_writes = (int)d.writes.size();
-        launch(2, block, 0, [&] {
-            kv_k_cache_write(d.pool.data(), d.writes.data(), n_writes, k.data(), v.data(), kvd, hd,
-                             bs);
-        });
-        /* the storage after the writes equals the CPU's, every slot */
-        CU_ASSERT(std::memcmp(d.pool.data(), pool.data, sizeof(float) * pool_floats) == 0);
+        kv_k_pool P = view(&pool, d.pool.data());
+        launch(2, block, 0,
+               [&] { kv_k_cache_write(P, d.writes.data(), n_writes, k.data(), v.data(), kvd); });
+        /* the storage after the writes equals the CPU's, every byte of every slot */
+        CU_ASSERT(std::memcmp(d.pool.data(), host, pool_bytes) == 0);
         int longest = 0;
         for (const kv_k_attn_task &t : d.tasks) longest = t.len > longest ? t.len : longest;
         std::vector<float> o_cpu((size_t)rows * qd, NAN), o_dev(o_cpu);
@@ -417,9 +444,9 @@ void run_attention_case(const kv_model *m, int n_kv, kv_policy pol, int track, i
                 cpu_attend(&seqs[s], kv_cache_head(&seqs[s], 0, j), j, a.g, hd, n, q.data(),
                            o_cpu.data(), qd, s * n);
         launch(n_tasks, block, (size_t)a.g * hd * sizeof(float), [&] {
-            kv_k_paged_attention(d.pool.data(), d.tables.data(), d.tasks.data(), d.pos.data(),
-                                 d.acc.data(), d.acc2.data(), q.data(), o_dev.data(), qd, a.g, hd,
-                                 bs, scratch.data(), longest);
+            kv_k_paged_attention(P, d.tables.data(), d.tasks.data(), d.pos.data(), d.acc.data(),
+                                 d.acc2.data(), q.data(), o_dev.data(), qd, a.g, scratch.data(),
+                                 longest);
         });
         /* error against the step's largest output (a near-zero output is a cancellation) */
         double omax = 0.0;
@@ -438,9 +465,8 @@ void run_attention_case(const kv_model *m, int n_kv, kv_policy pol, int track, i
             std::fill(scratch.begin(), scratch.end(), NAN);
             CU_ASSERT_FATAL(
                 kv_shim_launch(n_tasks, sp.chunks, block, (size_t)a.g * hd * sizeof(float), [&] {
-                    kv_k_decode_split(d.pool.data(), d.tables.data(), d.tasks.data(), q.data(), qd,
-                                      a.g, hd, bs, sp.chunk, sp.chunks, scratch.data(), longest, pm,
-                                      ps, po);
+                    kv_k_decode_split(P, d.tables.data(), d.tasks.data(), q.data(), qd, a.g,
+                                      sp.chunk, sp.chunks, scratch.data(), longest, pm, ps, po);
                 }) == 0);
             launch(n_tasks, block, 0, [&] {
                 kv_k_decode_merge(d.tasks.data(), a.g, hd, sp.chunks, pm, ps, po, o_split.data(),
@@ -471,10 +497,10 @@ void run_attention_case(const kv_model *m, int n_kv, kv_policy pol, int track, i
     int lens[2] = {kv_cache_head(&seqs[0], 0, 0)->len, kv_cache_head(&seqs[2], 0, n_kv - 1)->len};
     CU_ASSERT(lens[0] != lens[1]);
     CU_ASSERT(seqs[0].n_past > kv_cache_head(&seqs[0], 0, 0)->budget);
-    std::printf("\n    attention g=%d %s stats %s block %d: %d steps, %d entries checked, "
+    std::printf("\n    attention %s g=%d %s stats %s block %d: %d steps, %d entries checked, "
                 "max diff o %.3g of the largest output, max abs diff acc/acc2 %.3g",
-                a.g, kv_policy_name(pol), track ? "on" : "off", block, steps, checked, worst_o,
-                worst_stat);
+                kv_type_name(ty), a.g, kv_policy_name(pol), track ? "on" : "off", block, steps,
+                checked, worst_o, worst_stat);
     if (split_steps)
         std::printf(", split decode (%d steps) max diff %.3g", split_steps, worst_split);
     CU_ASSERT(track || split_steps > 0);
@@ -519,6 +545,8 @@ void test_attention_g2() {
     kv_model *m = load(M260);
     run_attention_case(m, 4, KV_POLICY_H2O, 1, 64);
     run_attention_case(m, 4, KV_POLICY_SINK, 0, 32);
+    run_attention_case(m, 4, KV_POLICY_H2O, 1, 64, KV_TYPE_F16);
+    run_attention_case(m, 4, KV_POLICY_SINK, 0, 32, KV_TYPE_Q8);
     kv_model_free(m);
 }
 
@@ -526,6 +554,7 @@ void test_attention_g4() {
     kv_model *m = load(M260);
     run_attention_case(m, 2, KV_POLICY_L2ATTN, 1, 96);
     run_attention_case(m, 2, KV_POLICY_AVGATTN, 1, 32);
+    run_attention_case(m, 2, KV_POLICY_SINK, 0, 64, KV_TYPE_Q4);
     kv_model_free(m);
 }
 
@@ -533,6 +562,8 @@ void test_attention_g4() {
 void test_attention_656k() {
     kv_model *m = load(M656);
     run_attention_case(m, 4, KV_POLICY_H2O, 1, 64);
+    run_attention_case(m, 4, KV_POLICY_L2ATTN, 1, 32, KV_TYPE_Q4);
+    run_attention_case(m, 4, KV_POLICY_SINK, 0, 64, KV_TYPE_F16);
     kv_model_free(m);
 }
 
@@ -543,13 +574,18 @@ void test_attention_reproducible() {
     const int bs = 4, hd = a.hd, n = 4, len = 37, qd = a.H * hd;
     mirror d;
     int n_blocks = kv_blocks_for(len, bs);
-    d.pool.assign((size_t)n_blocks * 2 * bs * hd, 0.0f);
+    std::vector<float> fpool((size_t)n_blocks * 2 * bs * hd, 0.0f); /* all f32 */
+    kv_k_pool P = {reinterpret_cast<unsigned char *>(fpool.data()), bs, hd, {}, {}};
+    for (int t = 1; t <= KV_CACHE_TYPES; t++) {
+        P.type_first[t] = n_blocks;
+        P.type_offset[t] = fpool.size() * sizeof(float);
+    }
     for (int b = 0; b < n_blocks; b++) d.tables.push_back(n_blocks - 1 - b); /* reversed */
     for (int e = 0; e < len; e++) {
         int slot = kv_slot_of_entry(d.tables.data(), e, bs);
-        std::memcpy(&d.pool[kv_slot_k_offset(slot, bs, hd)], &a.k[(size_t)e * 2 * hd],
+        std::memcpy(&fpool[kv_slot_k_offset(slot, bs, hd)], &a.k[(size_t)e * 2 * hd],
                     sizeof(float) * hd);
-        std::memcpy(&d.pool[kv_slot_v_offset(slot, bs, hd)], &a.v[(size_t)e * 2 * hd],
+        std::memcpy(&fpool[kv_slot_v_offset(slot, bs, hd)], &a.v[(size_t)e * 2 * hd],
                     sizeof(float) * hd);
         d.pos.push_back(e);
     }
@@ -560,9 +596,9 @@ void test_attention_reproducible() {
         d.acc.assign((size_t)len, 0.0f);
         d.acc2.assign((size_t)len, 0.0f);
         launch(1, 64, (size_t)a.g * hd * sizeof(float), [&] {
-            kv_k_paged_attention(d.pool.data(), d.tables.data(), d.tasks.data(), d.pos.data(),
-                                 d.acc.data(), d.acc2.data(), &a.q[(size_t)(len - n) * qd],
-                                 run ? o2.data() : o1.data(), qd, a.g, hd, bs, scratch.data(), len);
+            kv_k_paged_attention(P, d.tables.data(), d.tasks.data(), d.pos.data(), d.acc.data(),
+                                 d.acc2.data(), &a.q[(size_t)(len - n) * qd],
+                                 run ? o2.data() : o1.data(), qd, a.g, scratch.data(), len);
         });
         if (run == 0) acc_first = d.acc;
     }
@@ -576,17 +612,19 @@ void test_attention_reproducible() {
 }
 
 /* Run a move list through kv_k_split_moves and the two gather kernels per pass. */
-int shim_gather(std::vector<float> &pool, const std::vector<kv_k_move> &mv, int hd, int bs,
-                int n_slots) {
+int shim_gather(const kv_pool *hp, std::vector<unsigned char> &pool,
+                const std::vector<kv_k_move> &mv, int n_slots) {
+    kv_k_pool P = view(hp, pool.data());
+    int hd = hp->head_dim;
     std::vector<int> stamp((size_t)n_slots, 0), start(mv.size() + 1);
     int gen = 1;
     int passes = kv_k_split_moves(mv.data(), (int)mv.size(), stamp.data(), &gen, start.data());
-    std::vector<float> scratch(mv.size() * 2 * hd);
+    std::vector<unsigned char> scratch(mv.size() * 8 * hd);
     for (int p = 0; p < passes; p++) {
         const kv_k_move *pm = mv.data() + start[(size_t)p];
         int n = start[(size_t)p + 1] - start[(size_t)p];
-        launch(3, 64, 0, [&] { kv_k_gather_read(pool.data(), pm, n, scratch.data(), hd, bs); });
-        launch(2, 32, 0, [&] { kv_k_gather_write(pool.data(), pm, n, scratch.data(), hd, bs); });
+        launch(3, 64, 0, [&] { kv_k_gather_read(P, pm, n, scratch.data()); });
+        launch(2, 32, 0, [&] { kv_k_gather_write(P, pm, n, scratch.data()); });
     }
     return passes;
 }
@@ -600,13 +638,17 @@ void test_gather() {
     const int bs = 4, hd = a.hd, n_kv = 4, kvd = n_kv * hd;
     kv_error err = {};
     kv_pool pool;
-    CU_ASSERT_FATAL(kv_pool_init(&pool, 96, bs, hd, &err) == KV_OK);
-    size_t pool_floats = (size_t)pool.n_blocks * 2 * bs * hd;
+    /* 24 blocks of each type; KV head j stores type j, so one move list crosses all four */
+    const int counts[KV_CACHE_TYPES] = {24, 24, 24, 24};
+    CU_ASSERT_FATAL(kv_pool_init_typed(&pool, counts, bs, hd, &err) == KV_OK);
+    size_t pool_bytes = kv_pool_storage_bytes(&pool);
+    const unsigned char *hostb = reinterpret_cast<const unsigned char *>(pool.data);
     int n_slots = pool.n_blocks * bs, total_moves = 0;
     const kv_policy pols[3] = {KV_POLICY_H2O, KV_POLICY_SINK, KV_POLICY_L2ATTN};
     for (kv_policy pol : pols) {
         kv_cache c;
         CU_ASSERT_FATAL(kv_cache_init(&c, &pool, 1, n_kv, nullptr, pol, &err) == KV_OK);
+        for (int j = 0; j < n_kv; j++) kv_cache_head(&c, 0, j)->type = (kv_cache_type)j;
         /* fill the heads unevenly, interleaved so their blocks interleave in the pool */
         int lens[n_kv] = {41, 29, 33, 18};
         for (int t = 0; t < 41; t++)
@@ -632,30 +674,124 @@ void test_gather() {
         }
         std::vector<kv_k_move> list;
         for (int i = 0; i < mv.n; i++) list.push_back(kv_k_move{mv.v[i].src, mv.v[i].dst});
-        std::vector<float> dev(pool.data, pool.data + pool_floats);
+        std::vector<unsigned char> dev(hostb, hostb + pool_bytes);
         kv_pool_apply_moves_host(&pool, mv.v, mv.n);
-        int passes = shim_gather(dev, list, hd, bs, n_slots);
+        int passes = shim_gather(&pool, dev, list, n_slots);
         CU_ASSERT(passes == 1); /* survivors move forward: one read-then-write pass */
         CU_ASSERT(mv.n > 0);
-        CU_ASSERT(std::memcmp(dev.data(), pool.data, sizeof(float) * pool_floats) == 0);
+        CU_ASSERT(std::memcmp(dev.data(), hostb, pool_bytes) == 0);
         total_moves += mv.n;
         kv_moves_free(&mv);
         kv_cache_destroy(&c);
     }
     /* chains (a slot written then read), repeats (a slot written twice), swaps */
-    std::vector<float> dev(pool.data, pool.data + pool_floats);
-    std::vector<kv_k_move> list = {{5, 9},   {9, 13},  {13, 5}, {7, 7},  {20, 21}, {22, 21},
-                                   {30, 31}, {31, 30}, {40, 2}, {2, 40}, {3, 4},   {4, 3}};
+    /* (f32 slots 2-40, f16 slots from 96, q8 from 192 and q4 from 288) */
+    std::vector<unsigned char> dev(hostb, hostb + pool_bytes);
+    std::vector<kv_k_move> list = {{5, 9},     {9, 13},    {13, 5},    {7, 7},     {20, 21},
+                                   {22, 21},   {30, 31},   {31, 30},   {40, 2},    {2, 40},
+                                   {3, 4},     {4, 3},     {100, 120}, {120, 100}, {200, 201},
+                                   {201, 230}, {300, 301}, {301, 300}, {333, 290}};
     std::vector<kv_move> host;
     for (const kv_k_move &x : list) host.push_back(kv_move{x.src, x.dst});
     kv_pool_apply_moves_host(&pool, host.data(), (int)host.size());
-    int passes = shim_gather(dev, list, hd, bs, n_slots);
+    int passes = shim_gather(&pool, dev, list, n_slots);
     CU_ASSERT(passes > 1);
-    CU_ASSERT(std::memcmp(pool.data, dev.data(), sizeof(float) * pool_floats) == 0);
-    std::printf("\n    gather: h2o, sink, l2attn schedules (%d moves) in one pass each, exact; "
+    CU_ASSERT(std::memcmp(hostb, dev.data(), pool_bytes) == 0);
+    std::printf("\n    gather, heads of f32/f16/q8/q4 in one pool: h2o, sink, l2attn schedules "
+                "(%d moves) in one pass each, exact; "
                 "a list of chains and swaps in %d passes, exact",
                 total_moves, passes);
     kv_pool_destroy(&pool);
+    kv_model_free(m);
+}
+
+/* Weights in their type (kv_quant.cuh) for every weight type kvplan reads: a [6, 512] matrix of
+ * stories260K's embedding values (a real weight distribution) quantised by kv_quantize_row;
+ *  - kv_k_dequant_rows vs the CPU's kv_dequantize_row: the same floats (the decoders use the
+ *    CPU's expressions; 1e-6 of the row's largest value leaves room for a contracted
+ *    multiply-add in the CPU's AVX2 build);
+ *  - kv_k_gather_rows_typed (embedding lookup) vs kv_weight_row, the same bound;
+ *  - kv_k_gemv for 1, 3 and 8 rows of x (real layer inputs, repeated to 512 wide) vs the
+ *    double-precision product with the dequantised rows: within 1e-5 of sum |w x| (fp32
+ *    accumulation over 512 terms in a warp's order);
+ *  - kv_k_to_16: binary16 and bfloat16 bits equal kv_quantize_row's. */
+void test_typed_weights() {
+    kv_model *m = load(M260);
+    const int out = 6, in = 512;
+    const float *src = f32(m->tok_emb);
+    /* row r of x: 8 consecutive real layer inputs (64 wide) side by side */
+    std::vector<float> xin = layer_input(m, text_ids(600));
+    int dim = m->cfg.dim, per = in / dim;
+    CU_ASSERT_FATAL(xin.size() >= (size_t)KV_K_GEMV_ROWS * per * dim);
+    std::vector<float> x((size_t)KV_K_GEMV_ROWS * in);
+    for (int r = 0; r < KV_K_GEMV_ROWS; r++)
+        for (int i = 0; i < in; i++)
+            x[(size_t)r * in + i] = xin[((size_t)r * per + (size_t)(i / dim)) * dim + i % dim];
+    kv_error err = {};
+    int types = 0;
+    for (kv_dtype t : kv_dtype_all) {
+        size_t rb = 0;
+        CU_ASSERT_FATAL(kv_dtype_row_bytes(t, in, "test", &rb, &err) == KV_OK);
+        std::vector<unsigned char> W((size_t)out * rb);
+        for (int o = 0; o < out; o++)
+            CU_ASSERT_FATAL(
+                kv_quantize_row(t, src + (size_t)o * in, &W[(size_t)o * rb], in, &err) == KV_OK);
+        std::vector<float> cpu((size_t)out * in), dev(cpu.size(), NAN);
+        for (int o = 0; o < out; o++)
+            CU_ASSERT_FATAL(
+                kv_dequantize_row(t, &W[(size_t)o * rb], &cpu[(size_t)o * in], in, &err) == KV_OK);
+        double wmax = 0.0;
+        for (float v : cpu) wmax = std::fmax(wmax, std::fabs((double)v));
+        launch(3, 64, 0, [&] { kv_k_dequant_rows(W.data(), t, rb, in, 1, out - 1, dev.data()); });
+        double ed = max_abs(dev.data(), &cpu[(size_t)in], (size_t)(out - 1) * in) / wmax;
+        CU_ASSERT(ed <= 1e-6);
+        /* embedding rows 5, 0, 3 */
+        std::vector<int> idx = {5, 0, 3};
+        std::vector<float> g(3 * (size_t)in, NAN), gw(g.size());
+        launch(3, 32, 0,
+               [&] { kv_k_gather_rows_typed(g.data(), W.data(), t, rb, idx.data(), in); });
+        for (int r = 0; r < 3; r++)
+            kv_weight_row(kv_weight{W.data(), t}, in, idx[(size_t)r], &gw[(size_t)r * in]);
+        double eg = max_abs(g.data(), gw.data(), g.size()) / wmax;
+        CU_ASSERT(eg <= 1e-6);
+        double eworst = 0.0;
+        for (int rows : {1, 3, KV_K_GEMV_ROWS}) {
+            std::vector<float> y((size_t)rows * out, NAN);
+            launch(2, 64, 0,
+                   [&] { kv_k_gemv(W.data(), t, rb, x.data(), y.data(), rows, in, out); });
+            for (int r = 0; r < rows; r++)
+                for (int o = 0; o < out; o++) {
+                    double ref = 0.0, mag = 0.0;
+                    for (int i = 0; i < in; i++) {
+                        double p = (double)cpu[(size_t)o * in + i] * x[(size_t)r * in + i];
+                        ref += p;
+                        mag += std::fabs(p);
+                    }
+                    double e = std::fabs((double)y[(size_t)r * out + o] - ref) / mag;
+                    if (!(e <= eworst)) eworst = e;
+                }
+        }
+        CU_ASSERT(eworst <= 1e-5);
+        std::printf("\n    %-5s dequant %.3g, gather %.3g, gemv (1/3/8 rows) %.3g of sum |w x|",
+                    kv_dtype_name(t), ed, eg, eworst);
+        types++;
+    }
+    CU_ASSERT(types == KV_DT_COUNT);
+    /* activations to 16 bits, as the 16-bit GEMMs take them */
+    for (kv_dtype t : {KV_DT_F16, KV_DT_BF16}) {
+        std::vector<uint16_t> got(x.size()), want(x.size());
+        std::vector<float> big(x); /* and values past the binary16 range */
+        big[3] = 1e6f;
+        big[4] = -7e4f;
+        if (t == KV_DT_F16) {
+            for (size_t i = 0; i < big.size(); i++) want[i] = kv_f32_to_f16(big[i]);
+        } else {
+            CU_ASSERT_FATAL(
+                kv_quantize_row(t, big.data(), want.data(), (int64_t)big.size(), &err) == KV_OK);
+        }
+        launch(2, 32, 0, [&] { kv_k_to_16(big.data(), got.data(), big.size(), t); });
+        CU_ASSERT(std::memcmp(got.data(), want.data(), 2 * got.size()) == 0);
+    }
     kv_model_free(m);
 }
 
@@ -697,10 +833,11 @@ int main(int argc, char **argv) {
         {"bias and row-gather kernels", test_bias_and_gather},
         {"cache write + paged attention, g=2, unequal tables, stats on/off", test_attention_g2},
         {"cache write + paged attention, g=4, l2attn/avgattn stats", test_attention_g4},
-        {"cache write + paged attention, TinyStories-656K d_h 16", test_attention_656k},
+        {"cache write + paged attention, TinyStories-656K d_h 16, f32/q4/f16", test_attention_656k},
         {"paged attention is reproducible, weights sum to 1", test_attention_reproducible},
         {"gather (eviction move lists) vs the CPU", test_gather},
         {"split-sequence decode launch plan", test_split_plan},
+        {"typed weights: dequant, gather, gemv, 16-bit activations", test_typed_weights},
     };
     return tu_main(argc, argv, "cuda_kernels", tests, sizeof tests / sizeof tests[0]);
 }

@@ -10,7 +10,10 @@
  * grid size is correct. Reductions run in a fixed order (kv_block_sum), so a kernel gives the
  * same bits on every run of the same launch configuration.
  *
- * The paged KV pool is the CPU layout (include/kvplan/kvslot.h): data[block][K|V][slot][d_h].
+ * The paged KV pool is the CPU layout (include/kvplan/kvslot.h, kv_k_pool): one block range
+ * per storage type (f32, f16, q8, q4; runtime/cache/kvtype.h), a block [K|V][slot][row bytes].
+ * Rows are encoded and decoded with the CPU's own codec (kvt_encode, kvt_decode_at), host+device
+ * under nvcc, so both backends store the same bytes and attention reads the stored type.
  * Per-entry metadata (position id, accumulated attention weight for H2O / Batch-Max avgattn,
  * accumulated squared weight for KV-Compress L2) stays the engine's host metadata; a step
  * uploads the attending heads' entries and downloads the statistics.
@@ -21,6 +24,7 @@
 #include "kv_defs.cuh"
 #include "kv_tasks.h"
 #include "cache/kvslot.h"
+#include "cache/kvtype.h"
 
 #include <math.h>
 #include <stddef.h>
@@ -98,27 +102,106 @@ KV_GLOBAL void kv_k_gather_rows(float *out, const float *src, const int *idx, in
     for (int i = kv_tid(); i < dim; i += kv_bdim()) out[(size_t)r * (size_t)dim + i] = s[i];
 }
 
-/* Cache write (the engine's cache_write op): for write w and d < hd, K and V of row
- * writes[w].row, KV head writes[w].kv_head (row stride kv_stride floats in k and v) go to slot
- * writes[w].slot of the pool. One thread per float; any grid. */
-KV_GLOBAL void kv_k_cache_write(float *pool, const kv_k_write *writes, int n, const float *k,
-                                const float *v, int kv_stride, int hd, int bs) {
-    size_t total = (size_t)n * (size_t)hd;
+/* ---- the typed pool (kv_k_pool): block types and row addresses ---- */
+
+/* Type of block `block` (the range it lies in). */
+KV_DEVICE kv_cache_type kv_k_block_type(const kv_k_pool &P, int block) {
+    int t = 0;
+    while (t + 1 < KV_CACHE_TYPES && block >= P.type_first[t + 1]) t++;
+    return (kv_cache_type)t;
+}
+
+/* Row `which` (0 K, 1 V) of slot id `slot`, whose block has type ty (row bytes rb). */
+KV_DEVICE unsigned char *kv_k_row(const kv_k_pool &P, kv_cache_type ty, size_t rb, int slot,
+                                  int which) {
+    int b = slot / P.bs, s = slot % P.bs;
+    return P.data + P.type_offset[ty] +
+           ((size_t)(b - P.type_first[ty]) * 2 * (size_t)P.bs + (size_t)which * (size_t)P.bs +
+            (size_t)s) *
+               rb;
+}
+
+/* Cache write (the engine's cache_write op): K and V of row writes[w].row, KV head
+ * writes[w].kv_head (row stride kv_stride floats in k and v) are encoded into slot
+ * writes[w].slot in its block's type with kvt_encode (runtime/cache/kvtype.h: the CPU's
+ * codec, so the stored bytes equal the CPU backend's). One thread per (write, K|V) row; any
+ * grid. */
+KV_GLOBAL void kv_k_cache_write(kv_k_pool P, const kv_k_write *writes, int n, const float *k,
+                                const float *v, int kv_stride) {
+    size_t total = 2 * (size_t)n;
     for (size_t x = (size_t)kv_bid() * kv_bdim() + kv_tid(); x < total;
          x += (size_t)kv_gdim() * kv_bdim()) {
-        kv_k_write w = writes[x / (size_t)hd];
-        int d = (int)(x % (size_t)hd);
-        size_t src = (size_t)w.row * (size_t)kv_stride + (size_t)w.kv_head * hd + d;
-        pool[kv_slot_k_offset(w.slot, bs, hd) + d] = k[src];
-        pool[kv_slot_v_offset(w.slot, bs, hd) + d] = v[src];
+        kv_k_write w = writes[x / 2];
+        int which = (int)(x % 2);
+        kv_cache_type ty = kv_k_block_type(P, w.slot / P.bs);
+        size_t src = (size_t)w.row * (size_t)kv_stride + (size_t)w.kv_head * (size_t)P.hd;
+        kvt_encode(ty, P.hd, (which ? v : k) + src,
+                   kv_k_row(P, ty, kvt_row_bytes(ty, P.hd), w.slot, which));
+    }
+}
+
+/* Scores of a task's entries [e0, e1) for the g query heads of its GQA group (the heads'
+ * scaled queries qs [g][hd] in shared memory): sc[gh * stride + e] = qs[gh] . k_e, K rows read
+ * in their stored type ty. One warp per entry, lanes split d_h, a butterfly sum per query
+ * head: each K row is read (decoded) once for the whole group. Call with the whole block. */
+KV_DEVICE void kv_k_scores(const kv_k_pool &P, kv_cache_type ty, const int *table, int e0, int e1,
+                           const float *qs, int g, float *sc, int stride) {
+    int hd = P.hd, lane = kv_tid() % KV_WARP, warp = kv_tid() / KV_WARP;
+    int n_warps = kv_bdim() / KV_WARP;
+    size_t rb = kvt_row_bytes(ty, hd);
+    for (int e = e0 + warp; e < e1; e += n_warps) {
+        const unsigned char *kk = kv_k_row(P, ty, rb, kv_slot_of_entry(table, e, P.bs), 0);
+        for (int gh = 0; gh < g; gh++) {
+            float part = 0.0f;
+            for (int d = lane; d < hd; d += KV_WARP)
+                part += qs[gh * hd + d] * kvt_decode_at(ty, kk, d);
+            part = kv_warp_sum(part);
+            if (lane == 0) sc[(size_t)gh * stride + e] = part;
+        }
+    }
+}
+
+/* The exponentials of the online softmax over s[e0, e1) (Milakov & Gimelshein 2018): every
+ * thread gets the maximum *mx and the sum *sum of exp(s_e - mx), and s_e is replaced by
+ * exp(s_e - mx). Fixed-order block reductions (red: blockDim.x / 32 floats of shared
+ * memory), so the same launch gives the same bits. Call with the whole block. */
+KV_DEVICE void kv_k_softmax_exp(float *s, int e0, int e1, float *red, float *mx, float *sum) {
+    float m = -INFINITY;
+    for (int e = e0 + kv_tid(); e < e1; e += kv_bdim()) m = s[e] > m ? s[e] : m;
+    m = kv_block_max(m, red);
+    float t = 0.0f;
+    for (int e = e0 + kv_tid(); e < e1; e += kv_bdim()) {
+        s[e] = expf(s[e] - m);
+        t += s[e];
+    }
+    *mx = m;
+    *sum = kv_block_sum(t, red);
+}
+
+/* out[gh * hd + d] = sum over e in [e0, e1), in order, of sc[gh * stride + e] * v_e[d] (V rows
+ * in their stored type ty), for the g query heads: one thread per (query head, d). */
+KV_DEVICE void kv_k_weighted_v(const kv_k_pool &P, kv_cache_type ty, const int *table, int e0,
+                               int e1, const float *sc, int stride, int g, float *out) {
+    int hd = P.hd;
+    size_t rb = kvt_row_bytes(ty, hd);
+    for (int x = kv_tid(); x < g * hd; x += kv_bdim()) {
+        int gh = x / hd, d = x % hd;
+        const float *s = sc + (size_t)gh * stride;
+        float a = 0.0f;
+        for (int e = e0; e < e1; e++)
+            a += s[e] *
+                 kvt_decode_at(ty, kv_k_row(P, ty, rb, kv_slot_of_entry(table, e, P.bs), 1), d);
+        out[x] = a;
     }
 }
 
 /* Paged attention with statistics (PagedAttention, Kwon et al. 2023, over KV-Compress's
- * per-head block tables; the CPU twin is attend_task_hd in runtime/backend_cpu.c).
+ * per-head block tables; the CPU twin is attend_task_hd in runtime/backend/backend_cpu.c).
  * Grid: one block per task (sequence, KV head), serving the g query heads of its group, so
- * each K/V row read from the pool serves g queries. For new token i of the task (query row
- * row0 + i, position pos[len - n + i]), query head j*g + gh attends entries 0 .. len - n + i:
+ * each K/V row read from the pool serves g queries. K/V rows are read in the head's stored
+ * type (the type of its blocks, P) and decoded element by element as they are used: no fp32
+ * copy of the cache. For new token i of the task (query row row0 + i, position
+ * pos[len - n + i]), query head j*g + gh attends entries 0 .. len - n + i:
  *   s_e = q . k_e / sqrt(hd),  w = softmax(s),  o = sum_e w_e v_e.
  * With task.track, after each query every entry e it saw gets, for gh = 0..g-1 in order,
  * acc[e] += w and, when pos(query) - pos(e) >= KV_K_L2_WINDOW, acc2[e] += w^2: each entry
@@ -129,18 +212,18 @@ KV_GLOBAL void kv_k_cache_write(float *pool, const kv_k_write *writes, int n, co
  * q and o: [rows, q_stride] with query head h at h*hd. scratch: g * scratch_stride floats per
  * task (scratch_stride >= the longest len) for the scores. Dynamic shared memory: g*hd floats
  * (the scaled queries). */
-KV_GLOBAL void kv_k_paged_attention(const float *pool, const int *tables,
-                                    const kv_k_attn_task *tasks, const int *pos, float *acc,
-                                    float *acc2, const float *q, float *o, int q_stride, int g,
-                                    int hd, int bs, float *scratch, int scratch_stride) {
+KV_GLOBAL void kv_k_paged_attention(kv_k_pool P, const int *tables, const kv_k_attn_task *tasks,
+                                    const int *pos, float *acc, float *acc2, const float *q,
+                                    float *o, int q_stride, int g, float *scratch,
+                                    int scratch_stride) {
     KV_DYNAMIC_SHARED(float, qs);
     KV_SHARED_ARRAY(float, red, 32);
     kv_k_attn_task t = tasks[kv_bid()];
     const int *table = tables + t.table_off;
     const int *tpos = pos + t.meta_off;
+    kv_cache_type ty = kv_k_block_type(P, table[0]);
     float *sc = scratch + (size_t)kv_bid() * (size_t)g * (size_t)scratch_stride;
-    int base = t.len - t.n, gw = g * hd;
-    int lane = kv_tid() % KV_WARP, warp = kv_tid() / KV_WARP, n_warps = kv_bdim() / KV_WARP;
+    int hd = P.hd, base = t.len - t.n, gw = g * hd;
     float inv = 1.0f / sqrtf((float)hd);
     for (int i = 0; i < t.n; i++) {
         int n_ent = base + i + 1;
@@ -149,42 +232,18 @@ KV_GLOBAL void kv_k_paged_attention(const float *pool, const int *tables,
         float *orow = o + (size_t)(t.row0 + i) * (size_t)q_stride + (size_t)t.kv_head * gw;
         for (int x = kv_tid(); x < gw; x += kv_bdim()) qs[x] = qrow[x] * inv;
         kv_syncthreads();
-        /* scores: one warp per entry, lanes split d_h, a butterfly sum per query head */
-        for (int e = warp; e < n_ent; e += n_warps) {
-            const float *kk = pool + kv_slot_k_offset(kv_slot_of_entry(table, e, bs), bs, hd);
-            for (int gh = 0; gh < g; gh++) {
-                float part = 0.0f;
-                for (int d = lane; d < hd; d += KV_WARP) part += qs[gh * hd + d] * kk[d];
-                part = kv_warp_sum(part);
-                if (lane == 0) sc[(size_t)gh * scratch_stride + e] = part;
-            }
-        }
+        kv_k_scores(P, ty, table, 0, n_ent, qs, g, sc, scratch_stride);
         kv_syncthreads();
-        /* softmax per query head: block max, exponentials, block sum, normalise */
+        /* softmax per query head: exponentials, then normalised */
         for (int gh = 0; gh < g; gh++) {
-            float *s = sc + (size_t)gh * scratch_stride;
-            float mx = -INFINITY;
-            for (int e = kv_tid(); e < n_ent; e += kv_bdim()) mx = s[e] > mx ? s[e] : mx;
-            mx = kv_block_max(mx, red);
-            float sum = 0.0f;
-            for (int e = kv_tid(); e < n_ent; e += kv_bdim()) {
-                s[e] = expf(s[e] - mx);
-                sum += s[e];
-            }
-            sum = kv_block_sum(sum, red);
+            float *s = sc + (size_t)gh * scratch_stride, mx, sum;
+            kv_k_softmax_exp(s, 0, n_ent, red, &mx, &sum);
             float rs = 1.0f / sum;
             for (int e = kv_tid(); e < n_ent; e += kv_bdim()) s[e] *= rs;
         }
         kv_syncthreads();
-        /* output: one thread per (query head, d), entries in order as on the CPU */
-        for (int x = kv_tid(); x < gw; x += kv_bdim()) {
-            int gh = x / hd, d = x % hd;
-            const float *s = sc + (size_t)gh * scratch_stride;
-            float a = 0.0f;
-            for (int e = 0; e < n_ent; e++)
-                a += s[e] * pool[kv_slot_v_offset(kv_slot_of_entry(table, e, bs), bs, hd) + d];
-            orow[x] = a;
-        }
+        /* output: entries in order as on the CPU */
+        kv_k_weighted_v(P, ty, table, 0, n_ent, sc, scratch_stride, g, orow);
         if (t.track)
             for (int e = kv_tid(); e < n_ent; e += kv_bdim()) {
                 int counted = qpos - tpos[e] >= KV_K_L2_WINDOW;
@@ -207,20 +266,20 @@ KV_GLOBAL void kv_k_paged_attention(const float *pool, const int *tables,
  * the group it writes, at part index pi = (b * chunks + c) * g + gh, the chunk's score
  * maximum m[pi], the sum of exp(s_e - m) s[pi] and the unnormalised output
  * o_part[pi * hd + d] = sum_e exp(s_e - m) v_e[d]; an empty chunk writes m = -inf, s = 0.
+ * K/V rows in their stored type, as kv_k_paged_attention (the same device functions).
  * Scores go to scratch as in kv_k_paged_attention (task b's rows, the chunk's columns).
  * Dynamic shared memory: g * hd floats. */
-KV_GLOBAL void kv_k_decode_split(const float *pool, const int *tables, const kv_k_attn_task *tasks,
-                                 const float *q, int q_stride, int g, int hd, int bs, int chunk,
-                                 int chunks, float *scratch, int scratch_stride, float *part_m,
-                                 float *part_s, float *part_o) {
+KV_GLOBAL void kv_k_decode_split(kv_k_pool P, const int *tables, const kv_k_attn_task *tasks,
+                                 const float *q, int q_stride, int g, int chunk, int chunks,
+                                 float *scratch, int scratch_stride, float *part_m, float *part_s,
+                                 float *part_o) {
     KV_DYNAMIC_SHARED(float, qs);
     KV_SHARED_ARRAY(float, red, 32);
-    int b = kv_bid(), c = kv_bid_y();
+    int b = kv_bid(), c = kv_bid_y(), hd = P.hd;
     kv_k_attn_task t = tasks[b];
     const int *table = tables + t.table_off;
     float *sc = scratch + (size_t)b * (size_t)g * (size_t)scratch_stride;
     int e0 = c * chunk, e1 = e0 + chunk < t.len ? e0 + chunk : t.len;
-    int lane = kv_tid() % KV_WARP, warp = kv_tid() / KV_WARP, n_warps = kv_bdim() / KV_WARP;
     int gw = g * hd;
     size_t pi0 = ((size_t)b * (size_t)chunks + (size_t)c) * (size_t)g;
     if (e0 >= e1) { /* past this task's end: an empty part (uniform over the block) */
@@ -231,46 +290,23 @@ KV_GLOBAL void kv_k_decode_split(const float *pool, const int *tables, const kv_
         }
         return;
     }
+    kv_cache_type ty = kv_k_block_type(P, table[0]);
     float inv = 1.0f / sqrtf((float)hd);
     const float *qrow = q + (size_t)t.row0 * (size_t)q_stride + (size_t)t.kv_head * gw;
     for (int x = kv_tid(); x < gw; x += kv_bdim()) qs[x] = qrow[x] * inv;
     kv_syncthreads();
-    /* scores: one warp per entry; each K row read once serves the g query heads */
-    for (int e = e0 + warp; e < e1; e += n_warps) {
-        const float *kk = pool + kv_slot_k_offset(kv_slot_of_entry(table, e, bs), bs, hd);
-        for (int gh = 0; gh < g; gh++) {
-            float part = 0.0f;
-            for (int d = lane; d < hd; d += KV_WARP) part += qs[gh * hd + d] * kk[d];
-            part = kv_warp_sum(part);
-            if (lane == 0) sc[(size_t)gh * scratch_stride + e] = part;
-        }
-    }
+    kv_k_scores(P, ty, table, e0, e1, qs, g, sc, scratch_stride);
     kv_syncthreads();
     for (int gh = 0; gh < g; gh++) {
-        float *s = sc + (size_t)gh * scratch_stride;
-        float mx = -INFINITY;
-        for (int e = e0 + kv_tid(); e < e1; e += kv_bdim()) mx = s[e] > mx ? s[e] : mx;
-        mx = kv_block_max(mx, red);
-        float sum = 0.0f;
-        for (int e = e0 + kv_tid(); e < e1; e += kv_bdim()) {
-            s[e] = expf(s[e] - mx);
-            sum += s[e];
-        }
-        sum = kv_block_sum(sum, red);
+        float mx, sum;
+        kv_k_softmax_exp(sc + (size_t)gh * scratch_stride, e0, e1, red, &mx, &sum);
         if (kv_tid() == 0) {
             part_m[pi0 + gh] = mx;
             part_s[pi0 + gh] = sum;
         }
     }
     kv_syncthreads();
-    for (int x = kv_tid(); x < gw; x += kv_bdim()) {
-        int gh = x / hd, d = x % hd;
-        const float *s = sc + (size_t)gh * scratch_stride;
-        float a = 0.0f;
-        for (int e = e0; e < e1; e++)
-            a += s[e] * pool[kv_slot_v_offset(kv_slot_of_entry(table, e, bs), bs, hd) + d];
-        part_o[pi0 * hd + x] = a;
-    }
+    kv_k_weighted_v(P, ty, table, e0, e1, sc, scratch_stride, g, part_o + pi0 * hd);
 }
 
 /* Split-sequence decode attention, part 2: grid n_tasks; for each (query head, d) of task b,
@@ -304,29 +340,37 @@ KV_GLOBAL void kv_k_decode_merge(const kv_k_attn_task *tasks, int g, int hd, int
 }
 
 /* Gather (the engine's gather op, KV-Compress MoveCache), one pass of kv_k_split_moves:
- * kv_k_gather_read copies K and V of every move's source slot into scratch [n][2][hd], then
- * kv_k_gather_write (launched after it on the same stream) copies scratch to the
- * destinations. Within a pass no move reads or rewrites a slot an earlier one wrote, so this
- * equals applying the moves in order. One thread per float; any grid. */
-KV_GLOBAL void kv_k_gather_read(const float *pool, const kv_k_move *moves, int n, float *scratch,
-                                int hd, int bs) {
-    size_t row = 2 * (size_t)hd, total = (size_t)n * row;
+ * kv_k_gather_read copies the K and V rows of every move's source slot (their stored bytes:
+ * a move stays inside one head, so source and destination have one type) into scratch
+ * [n][K|V][4 hd] bytes, then kv_k_gather_write (launched after it on the same stream) copies
+ * scratch to the destinations. Within a pass no move reads or rewrites a slot an earlier one
+ * wrote, so this equals applying the moves in order (kv_pool_apply_moves_host). One thread
+ * per byte of the widest (f32) row; bytes past a row's own size are skipped; any grid. */
+KV_GLOBAL void kv_k_gather_read(kv_k_pool P, const kv_k_move *moves, int n,
+                                unsigned char *scratch) {
+    size_t row = 4 * (size_t)P.hd, total = (size_t)n * 2 * row;
     for (size_t x = (size_t)kv_bid() * kv_bdim() + kv_tid(); x < total;
          x += (size_t)kv_gdim() * kv_bdim()) {
-        int m = (int)(x / row), r = (int)(x % row), slot = moves[m].src;
-        scratch[x] = pool[r < hd ? kv_slot_k_offset(slot, bs, hd) + r
-                                 : kv_slot_v_offset(slot, bs, hd) + (r - hd)];
+        int m = (int)(x / (2 * row)), which = (int)(x / row % 2);
+        size_t byte = x % row;
+        int slot = moves[m].src;
+        kv_cache_type ty = kv_k_block_type(P, slot / P.bs);
+        size_t rb = kvt_row_bytes(ty, P.hd);
+        if (byte < rb) scratch[x] = kv_k_row(P, ty, rb, slot, which)[byte];
     }
 }
 
-KV_GLOBAL void kv_k_gather_write(float *pool, const kv_k_move *moves, int n, const float *scratch,
-                                 int hd, int bs) {
-    size_t row = 2 * (size_t)hd, total = (size_t)n * row;
+KV_GLOBAL void kv_k_gather_write(kv_k_pool P, const kv_k_move *moves, int n,
+                                 const unsigned char *scratch) {
+    size_t row = 4 * (size_t)P.hd, total = (size_t)n * 2 * row;
     for (size_t x = (size_t)kv_bid() * kv_bdim() + kv_tid(); x < total;
          x += (size_t)kv_gdim() * kv_bdim()) {
-        int m = (int)(x / row), r = (int)(x % row), slot = moves[m].dst;
-        pool[r < hd ? kv_slot_k_offset(slot, bs, hd) + r
-                    : kv_slot_v_offset(slot, bs, hd) + (r - hd)] = scratch[x];
+        int m = (int)(x / (2 * row)), which = (int)(x / row % 2);
+        size_t byte = x % row;
+        int slot = moves[m].dst;
+        kv_cache_type ty = kv_k_block_type(P, slot / P.bs);
+        size_t rb = kvt_row_bytes(ty, P.hd);
+        if (byte < rb) kv_k_row(P, ty, rb, slot, which)[byte] = scratch[x];
     }
 }
 

@@ -4,9 +4,18 @@
 #ifndef KVPLAN_CUDA_KV_TASKS_H
 #define KVPLAN_CUDA_KV_TASKS_H
 
+#include "kvplan/kvcache.h" /* kv_cache_type, KV_CACHE_TYPES */
+
+#include <stddef.h>
+
 /* Queries younger than this many positions do not add to an entry's squared-attention sum
  * (KV-Compress "KVC-full", excluded window v = 10; KV_L2_EXCLUDED_WINDOW of the CPU). */
 #define KV_K_L2_WINDOW 10
+
+/* Rows of x at or below which the CUDA backend multiplies by the typed GEMV kernel (decode,
+ * small batches; kernels/kv_quant.cuh kv_k_gemv, whose lanes keep this many accumulators);
+ * above, prefill's 16-bit GEMM or dequantised tile + GEMM. */
+#define KV_K_GEMV_ROWS 8
 
 /* Layouts of RoPE pairs (include/kvplan/model.h kv_rope_layout). */
 #define KV_K_ROPE_ADJACENT 0
@@ -24,6 +33,17 @@ typedef struct kv_k_attn_task {
     int meta_off;  /* offset of its entries' pos / acc / acc2 in those arrays */
     int track;     /* accumulate acc / acc2 for this head */
 } kv_k_attn_task;
+
+/* The kernels' view of the typed block pool (include/kvplan/kvcache.h kv_pool; docs/formats.md
+ * "KV storage types"): block ids [type_first[t], type_first[t + 1]) hold type t, stored from
+ * byte type_offset[t] of `data` as [block][K|V][slot][row_bytes(t)]. The same ranges and
+ * offsets as the engine's host pool, so the device stores exactly the CPU's bytes. */
+typedef struct kv_k_pool {
+    unsigned char *data; /* device storage: type_offset[KV_CACHE_TYPES] bytes */
+    int bs, hd;          /* block size (tokens), head dimension */
+    int type_first[KV_CACHE_TYPES + 1];
+    size_t type_offset[KV_CACHE_TYPES + 1];
+} kv_k_pool;
 
 /* One new K/V row: (row, KV head) of the step's k / v goes to `slot` of the pool (the
  * engine's kv_slot_write). */

@@ -72,13 +72,6 @@ int kv_backend_pool_init(kv_backend *b, kv_pool *p, int n_blocks, int block_size
 int kv_backend_pool_init_typed(kv_backend *b, kv_pool *p, const int *counts, int block_size,
                                int head_dim, kv_error *err) {
     memset(p, 0, sizeof *p);
-    if (b->device != KV_DEVICE_CPU)
-        for (int t = 1; t < KV_CACHE_TYPES; t++)
-            if (counts[t] > 0)
-                return kv_fail(err, KV_EINPUT,
-                               "the %s backend stores K/V in f32 only, but the plan has %s "
-                               "heads; pass --kv-type f32 or --device cpu",
-                               b->ops->name, kv_type_name((kv_cache_type)t));
     int rc = kv_pool_init_meta_typed(p, counts, block_size, head_dim, err);
     if (!rc) rc = b->ops->storage_alloc(b, p, err);
     if (rc) kv_pool_destroy(p);

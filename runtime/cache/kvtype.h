@@ -12,7 +12,9 @@
  * Rounding the scale up and the minimum down keeps every q in range, so the error of a value
  * is at most s / 2 (q8: s ~ max|x| / 127; q4: s ~ range / 15). KIVI (Liu et al. 2024) uses the
  * same asymmetric min/scale form for its 2/4-bit caches; llama.cpp's q8_0 the symmetric one.
- * Pure functions; callers own the memory.
+ * Pure functions; callers own the memory. Host+device under nvcc (KV_F16_FN, util/f16.h): the
+ * CUDA backend's cache-write and attention kernels (cuda/kernels/kv_kernels.cuh) encode and
+ * decode rows with these same functions, so both backends store the same bytes.
  */
 #ifndef KVPLAN_KVTYPE_H
 #define KVPLAN_KVTYPE_H
@@ -24,7 +26,7 @@
 #include <stdint.h>
 #include <string.h>
 
-static inline size_t kvt_row_bytes(kv_cache_type t, int hd) {
+KV_F16_FN size_t kvt_row_bytes(kv_cache_type t, int hd) {
     switch (t) {
     case KV_TYPE_F32:
         return 4u * (size_t)hd;
@@ -42,7 +44,7 @@ static inline size_t kvt_row_bytes(kv_cache_type t, int hd) {
  * vectorise (the same values as kv_f16_to_f32; the F16 decode of attention runs it d_h times
  * per entry). Normal halves: exponent rebias by integer add; subnormal: the magic-number
  * subtraction; Inf/NaN: the all-ones exponent. */
-static inline float kvt_h2f(const unsigned char *p) {
+KV_F16_FN float kvt_h2f(const unsigned char *p) {
     uint32_t h = kv_load_u16le(p);
     uint32_t o = (h & 0x7fffu) << 13, e = o & 0x0f800000u;
     o += (127u - 15u) << 23;
@@ -59,13 +61,13 @@ static inline float kvt_h2f(const unsigned char *p) {
     return f;
 }
 
-static inline void kvt_store_h(unsigned char *p, uint16_t h) {
+KV_F16_FN void kvt_store_h(unsigned char *p, uint16_t h) {
     p[0] = (unsigned char)(h & 0xffu);
     p[1] = (unsigned char)(h >> 8);
 }
 
 /* The smallest binary16 >= v (v finite, within range). */
-static inline uint16_t kvt_f16_up(float v) {
+KV_F16_FN uint16_t kvt_f16_up(float v) {
     uint16_t h = kv_f32_to_f16(v);
     if (kv_f16_to_f32(h) < v) {
         if (h == 0x8000u)
@@ -79,7 +81,7 @@ static inline uint16_t kvt_f16_up(float v) {
 }
 
 /* The largest binary16 <= v. */
-static inline uint16_t kvt_f16_down(float v) {
+KV_F16_FN uint16_t kvt_f16_down(float v) {
     uint16_t h = kv_f32_to_f16(v);
     if (kv_f16_to_f32(h) > v) {
         if (h == 0x0000u)
@@ -92,7 +94,7 @@ static inline uint16_t kvt_f16_down(float v) {
     return h;
 }
 
-static inline void kvt_encode(kv_cache_type t, int hd, const float *x, unsigned char *dst) {
+KV_F16_FN void kvt_encode(kv_cache_type t, int hd, const float *x, unsigned char *dst) {
     switch (t) {
     case KV_TYPE_F32:
         memcpy(dst, x, (size_t)hd * sizeof(float));
@@ -137,7 +139,7 @@ static inline void kvt_encode(kv_cache_type t, int hd, const float *x, unsigned 
     }
 }
 
-static inline void kvt_decode(kv_cache_type t, int hd, const unsigned char *src, float *x) {
+KV_F16_FN void kvt_decode(kv_cache_type t, int hd, const unsigned char *src, float *x) {
     switch (t) {
     case KV_TYPE_F32:
         memcpy(x, src, (size_t)hd * sizeof(float));
@@ -158,6 +160,25 @@ static inline void kvt_decode(kv_cache_type t, int hd, const unsigned char *src,
         return;
     }
     }
+}
+
+/* Element d of a stored row (the value kvt_decode writes to x[d]): for kernels whose threads
+ * each take some of a row's elements (cuda/kernels/kv_kernels.cuh). */
+KV_F16_FN float kvt_decode_at(kv_cache_type t, const unsigned char *src, int d) {
+    switch (t) {
+    case KV_TYPE_F32: {
+        float f;
+        memcpy(&f, src + 4 * d, sizeof f);
+        return f;
+    }
+    case KV_TYPE_F16:
+        return kvt_h2f(src + 2 * d);
+    case KV_TYPE_Q8:
+        return kvt_h2f(src) * (float)((const signed char *)(src + 2))[d];
+    case KV_TYPE_Q4:
+        return kvt_h2f(src + 2) + kvt_h2f(src) * (float)((src[4 + d / 2] >> (4 * (d & 1))) & 15u);
+    }
+    return 0.0f;
 }
 
 #endif

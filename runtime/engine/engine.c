@@ -73,20 +73,8 @@ int kv_engine_new(const kv_model *m, const kv_plan *plan, const kv_engine_opts *
     /* batched chunk scoring runs max_seqs sequences in steps of p */
     if ((long)e->max_seqs * plan->evict_block > rows) rows = (long)e->max_seqs * plan->evict_block;
     if (rows > (1L << 24)) rows = 1L << 24;
-    /* auto: a plan with types other than f32 runs where they are stored (the CPU today); when
-     * auto would have found a device, stderr says why it is not used */
-    kv_device dev = o.device;
-    for (int i = 0; dev == KV_DEVICE_AUTO && i < plan->n_layers * plan->n_kv_heads; i++)
-        if (plan->kv_type[i] != KV_TYPE_F32) {
-            kv_device found = KV_DEVICE_CPU;
-            if (kv_device_resolve(KV_DEVICE_AUTO, &found, NULL) == KV_OK && found != KV_DEVICE_CPU)
-                fprintf(stderr,
-                        "kvplan: --device auto: the plan stores K/V in %s, which the %s backend "
-                        "does not store yet (--kv-type f32 runs there); running on the CPU\n",
-                        kv_type_name(plan->kv_type[i]), kv_device_name(found));
-            dev = KV_DEVICE_CPU;
-        }
-    rc = kv_backend_new(m, dev, (int)rows, e->max_ctx, &e->be, err);
+    /* every backend stores the plan's K/V types (f32, f16, q8, q4) */
+    rc = kv_backend_new(m, o.device, (int)rows, e->max_ctx, &e->be, err);
     /* blocks per type: what the heads of that type need (a caller's seq_blocks, for sequences
      * given larger budgets, is reserved in every type the plan uses) */
     long per_type[KV_CACHE_TYPES], total = 0;

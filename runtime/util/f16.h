@@ -5,7 +5,9 @@
  * binary16: 1 sign, 5 exponent (bias 15), 10 mantissa bits; subnormals, infinities and NaN
  * are converted exactly (every binary16 value is representable in fp32).
  * bfloat16: the upper 16 bits of an fp32, so the conversion is a shift.
- * Inputs are the raw little-endian 16-bit patterns. Pure functions, no state.
+ * Inputs are the raw little-endian 16-bit patterns. Pure functions, no state. Under nvcc they
+ * are host+device (KV_F16_FN), so the CUDA KV kernels (cuda/kernels/kv_kernels.cuh) round and
+ * widen exactly as the CPU does.
  */
 #ifndef KVPLAN_RUNTIME_F16_H
 #define KVPLAN_RUNTIME_F16_H
@@ -13,7 +15,13 @@
 #include <stdint.h>
 #include <string.h>
 
-static inline float kv_f16_to_f32(uint16_t h) {
+#if defined(__CUDACC__)
+#define KV_F16_FN static __host__ __device__ __forceinline__
+#else
+#define KV_F16_FN static inline
+#endif
+
+KV_F16_FN float kv_f16_to_f32(uint16_t h) {
     /* Branch-light: put exponent and mantissa in place and rescale by 2^(127-15); this is
      * exact for normal and subnormal halves alike. Inf/NaN get an all-ones exponent. */
     uint32_t bits = (uint32_t)(h & 0x7fffu) << 13;
@@ -31,7 +39,7 @@ static inline float kv_f16_to_f32(uint16_t h) {
     return f;
 }
 
-static inline float kv_bf16_to_f32(uint16_t b) {
+KV_F16_FN float kv_bf16_to_f32(uint16_t b) {
     uint32_t bits = (uint32_t)b << 16;
     float f;
     memcpy(&f, &bits, sizeof f);
@@ -41,7 +49,7 @@ static inline float kv_bf16_to_f32(uint16_t b) {
 /* fp32 -> binary16, round to nearest even. Finite values beyond the binary16 range (|x| >=
  * 65520 would round to infinity) and infinities saturate to +-65504, so a stored K/V row stays
  * finite; NaN stays NaN. Subnormal halves are produced exactly (rounded). */
-static inline uint16_t kv_f32_to_f16(float f) {
+KV_F16_FN uint16_t kv_f32_to_f16(float f) {
     uint32_t x;
     memcpy(&x, &f, sizeof x);
     uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
@@ -64,7 +72,7 @@ static inline uint16_t kv_f32_to_f16(float f) {
 }
 
 /* Load a little-endian uint16 from an unaligned byte pointer. */
-static inline uint16_t kv_load_u16le(const unsigned char *p) {
+KV_F16_FN uint16_t kv_load_u16le(const unsigned char *p) {
     return (uint16_t)(p[0] | (p[1] << 8));
 }
 

@@ -13,6 +13,7 @@
 
 #include "include/cublas_v2.h"
 #include "include/cuda_runtime.h"
+#include "util/f16.h" /* binary16 / bfloat16 operands of the 16-bit GEMMs */
 
 #include <cmath>
 #include <cstdint>
@@ -200,14 +201,22 @@ cudaError_t queue_copy(void *dst, const void *src, size_t n, cudaMemcpyKind kind
 }
 
 /* C[m, n] = alpha op(A) op(B) + beta C, column-major, fp32, double accumulation. */
-void naive_gemm(bool ta, bool tb, int m, int n, int k, float alpha, const float *A, int lda,
-                const float *B, int ldb, float beta, float *C, int ldc) {
+/* Element i of a matrix of cuBLAS type t at p: fp32, binary16 or bfloat16 widened exactly. */
+double gemm_elem(const void *p, cudaDataType_t t, size_t i) {
+    if (t == CUDA_R_32F) return ((const float *)p)[i];
+    const unsigned char *b = (const unsigned char *)p + 2 * i;
+    uint16_t h = kv_load_u16le(b);
+    return t == CUDA_R_16F ? kv_f16_to_f32(h) : kv_bf16_to_f32(h);
+}
+
+void naive_gemm(bool ta, bool tb, int m, int n, int k, float alpha, const void *A, int lda,
+                const void *B, int ldb, cudaDataType_t ab, float beta, float *C, int ldc) {
     for (int j = 0; j < n; j++)
         for (int i = 0; i < m; i++) {
             double acc = 0.0;
             for (int p = 0; p < k; p++) {
-                double a = ta ? A[(size_t)i * lda + p] : A[(size_t)p * lda + i];
-                double b = tb ? B[(size_t)p * ldb + j] : B[(size_t)j * ldb + p];
+                double a = gemm_elem(A, ab, ta ? (size_t)i * lda + p : (size_t)p * lda + i);
+                double b = gemm_elem(B, ab, tb ? (size_t)p * ldb + j : (size_t)j * ldb + p);
                 acc += a * b;
             }
             float &c = C[(size_t)j * ldc + i];
@@ -627,14 +636,26 @@ cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperat
                             int lda, const void *B, cudaDataType_t bt, int ldb, const void *beta,
                             void *C, cudaDataType_t ct, int ldc, cublasComputeType_t compute,
                             cublasGemmAlgo_t algo) {
-    (void)compute;
     (void)algo;
     if (!h || !h->alive) return CUBLAS_STATUS_NOT_INITIALIZED;
     if (fault(KVFAKE_GEMM)) return CUBLAS_STATUS_EXECUTION_FAILED;
-    if (at != CUDA_R_32F || bt != CUDA_R_32F || ct != CUDA_R_32F)
+    /* the combinations cuBLAS has for CUBLAS_COMPUTE_32F with an fp32 C: A and B both fp32,
+     * both binary16 or both bfloat16 */
+    if (at != bt || (at != CUDA_R_32F && at != CUDA_R_16F && at != CUDA_R_16BF) || ct != CUDA_R_32F)
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    if (compute != CUBLAS_COMPUTE_32F && compute != CUBLAS_COMPUTE_32F_PEDANTIC)
         return CUBLAS_STATUS_NOT_SUPPORTED;
     if (m < 0 || n < 0 || k < 0) return CUBLAS_STATUS_INVALID_VALUE;
-    size_t a_bytes = (size_t)m * k * 4, b_bytes = (size_t)k * n * 4, c_bytes = (size_t)m * n * 4;
+    /* the extent each operand spans in column-major storage: (columns - 1) * ld + rows */
+    bool tA = ta == CUBLAS_OP_T, tB = tb == CUBLAS_OP_T;
+    size_t es = at == CUDA_R_32F ? 4 : 2;
+    auto extent = [](int rows, int cols, int ld) {
+        return rows && cols ? ((size_t)cols - 1) * (size_t)ld + (size_t)rows : 0;
+    };
+    int a_rows = tA ? k : m, a_cols = tA ? m : k, b_rows = tB ? n : k, b_cols = tB ? k : n;
+    if (lda < a_rows || ldb < b_rows || ldc < m) return CUBLAS_STATUS_INVALID_VALUE;
+    size_t a_bytes = extent(a_rows, a_cols, lda) * es, b_bytes = extent(b_rows, b_cols, ldb) * es,
+           c_bytes = extent(m, n, ldc) * 4;
     const alloc_rec *ra = find(A, a_bytes), *rb = find(B, b_bytes), *rc = find(C, c_bytes);
     if (!ra || !rb || !rc || ra->kind != DEVICE || rb->kind != DEVICE || rc->kind != DEVICE) {
         std::fprintf(stderr,
@@ -647,13 +668,11 @@ cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperat
     g.c.gemm_bytes += (double)(a_bytes + b_bytes + c_bytes);
     float al = *(const float *)alpha, be = *(const float *)beta;
     bool run = !g.count_only;
-    const float *a = (const float *)A, *b = (const float *)B;
     float *c = (float *)C;
-    bool tA = ta == CUBLAS_OP_T, tB = tb == CUBLAS_OP_T;
     push(
         h->s,
         [=]() {
-            if (run) naive_gemm(tA, tB, m, n, k, al, a, lda, b, ldb, be, c, ldc);
+            if (run) naive_gemm(tA, tB, m, n, k, al, A, lda, B, ldb, at, be, c, ldc);
         },
         kLaunch + (double)(a_bytes + b_bytes + c_bytes) / kDevBw);
     return CUBLAS_STATUS_SUCCESS;

@@ -245,3 +245,43 @@ void tu_fake_model(kv_model *m, int n_layers, const char *sha) {
     snprintf(m->path, sizeof m->path, "models/stories260K.bin");
     snprintf(m->sha256, sizeof m->sha256, "%s", sha);
 }
+
+/* kv_hooks.after_attn of tu_prefill_capture: x_in of each layer of the S-row prefill */
+static void prefill_cap_xin(void *user, int layer, int rows, const float *x_in, const float *o,
+                            const float *v, const float *attn_out) {
+    (void)o;
+    (void)v;
+    (void)attn_out;
+    tu_prefill *f = user;
+    if (rows == f->rows)
+        memcpy(f->x_in + (size_t)layer * rows * f->dim, x_in,
+               sizeof(float) * (size_t)rows * f->dim);
+}
+
+void tu_prefill_capture(const kv_model *m, const int *ids, int S, tu_prefill *f) {
+    const kv_config *cfg = &m->cfg;
+    int L = cfg->n_layers, Hk = cfg->n_kv_heads;
+    kv_error err = {0};
+    memset(f, 0, sizeof *f);
+    f->rows = S;
+    f->dim = cfg->dim;
+    f->x_in = calloc((size_t)L * S * cfg->dim, sizeof(float));
+    CU_ASSERT_FATAL(f->x_in != NULL);
+    CU_ASSERT_FATAL(kv_pool_init(&f->pool, L * Hk * (S / 16 + 1), 16, cfg->head_dim, &err) ==
+                    KV_OK);
+    CU_ASSERT_FATAL(kv_cache_init(&f->cache, &f->pool, L, Hk, NULL, KV_POLICY_SINK, &err) == KV_OK);
+    CU_ASSERT_FATAL(kv_workspace_new(m, S, S, &f->ws, &err) == KV_OK);
+    kv_hooks hk = {f, prefill_cap_xin, NULL};
+    kv_cache *cp = &f->cache;
+    int rc = kv_forward(m, f->ws, &cp, 1, ids, S, KV_LOGITS_NONE, NULL, &hk, &err);
+    if (rc) fprintf(stderr, "prefill: %s\n", err.msg);
+    CU_ASSERT_FATAL(rc == KV_OK);
+}
+
+void tu_prefill_free(tu_prefill *f) {
+    free(f->x_in);
+    kv_workspace_free(f->ws);
+    kv_cache_destroy(&f->cache);
+    kv_pool_destroy(&f->pool);
+    memset(f, 0, sizeof *f);
+}

@@ -6,6 +6,8 @@
 #include <CUnit/CUnit.h>
 #include <stddef.h>
 
+#include "kvplan/forward.h"
+#include "kvplan/kvcache.h"
 #include "kvplan/model.h"
 #include "kvplan/tokenizer.h"
 
@@ -49,6 +51,19 @@ long tu_header_bytes(const char *path, int lines);
  * the child was killed part-way, 0 when it ended first or the wait timed out (the child is
  * killed then too), -1 when no child could be started. Reaps the child in every case. */
 int tu_kill_when_logged(const char *cmd, const char *log, int header_lines, long tail_bytes);
+/* A CPU prefill of the S tokens ids[0..S) (kv_forward; sink policy, f32, block size 16) into
+ * a fresh pool and cache, with every layer's input x_in captured: the state the KVPR tests
+ * offload (kv_kvpr_layer_offload) and rebuild. Owns everything; tu_prefill_free releases it.
+ * A failure fails the current test fatally. */
+typedef struct tu_prefill {
+    int rows, dim;
+    float *x_in; /* [n_layers, rows, dim] */
+    kv_pool pool;
+    kv_cache cache;
+    kv_workspace *ws;
+} tu_prefill;
+void tu_prefill_capture(const kv_model *m, const int *ids, int S, tu_prefill *f);
+void tu_prefill_free(tu_prefill *f);
 /* One test: its name (what -t / KVPLAN_TEST match) and its function. */
 typedef struct tu_test {
     const char *name;

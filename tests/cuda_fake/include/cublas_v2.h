@@ -1,7 +1,8 @@
 /* Fake cuBLAS (tests only): the cuBLAS entry points kvplan's CUDA code calls (cuBLAS library
  * reference, "cublasGemmEx"), with cuBLAS's names and signatures. GEMMs are queued on the
- * handle's stream and run there as a naive loop with double accumulation (FP32 inputs and
- * output); see tests/cuda_fake/cuda_fake.h for fault injection and counters. */
+ * handle's stream and run there as a naive loop with double accumulation (FP32, binary16 or
+ * bfloat16 inputs widened exactly, FP32 output); see tests/cuda_fake/cuda_fake.h for fault
+ * injection and counters. */
 #ifndef KVPLAN_FAKE_CUBLAS_V2_H
 #define KVPLAN_FAKE_CUBLAS_V2_H
 
@@ -35,7 +36,9 @@ cublasStatus_t cublasDestroy(cublasHandle_t h);
 cublasStatus_t cublasSetStream(cublasHandle_t h, cudaStream_t s);
 cublasStatus_t cublasSetMathMode(cublasHandle_t h, cublasMath_t mode);
 const char *cublasGetStatusString(cublasStatus_t s);
-/* C = alpha op(A) op(B) + beta C, column-major, CUDA_R_32F A, B, C and alpha/beta as float. */
+/* C = alpha op(A) op(B) + beta C, column-major; A and B both CUDA_R_32F, both CUDA_R_16F or
+ * both CUDA_R_16BF, C CUDA_R_32F, alpha/beta float, CUBLAS_COMPUTE_32F(_PEDANTIC) (what cuBLAS
+ * supports for an fp32 C); each operand must lie in one live device allocation. */
 cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m,
                             int n, int k, const void *alpha, const void *A, cudaDataType_t at,
                             int lda, const void *B, cudaDataType_t bt, int ldb, const void *beta,
