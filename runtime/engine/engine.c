@@ -86,7 +86,7 @@ int kv_engine_new(const kv_model *m, const kv_plan *plan, const kv_engine_opts *
                         kv_type_name(plan->kv_type[i]), kv_device_name(found));
             dev = KV_DEVICE_CPU;
         }
-    rc = kv_backend_new(m, dev, (int)rows, e->max_ctx, &e->be, err);
+    rc = kv_backend_new_threads(m, dev, (int)rows, e->max_ctx, o.n_threads, &e->be, err);
     /* blocks per type: what the heads of that type need (a caller's seq_blocks, for sequences
      * given larger budgets, is reserved in every type the plan uses) */
     long per_type[KV_CACHE_TYPES], total = 0;
