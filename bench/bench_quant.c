@@ -1,6 +1,7 @@
 /* bench_quant: weights in their own type (issue 14 part 6), one run, one table.
  *
  *   bench_quant [--prompt T] [--decode D] [--types F32,F16,BF16,Q8_0,Q4_K] [--quick]
+ *               [--threads N]   (the engine's pool; default: the CPUs available)
  *
  * The synthetic model of bench_engine (dim 768, 12 layers, 12 query / 4 KV heads of 64, FFN
  * 2048, vocab 32000; uniform(-1/sqrt(in), 1/sqrt(in)) weights from a seeded splitmix64,
@@ -19,6 +20,17 @@
  * Also the memcpy bandwidth of the same run for scale (bytes copied per second) and the
  * single-thread read bandwidth (a sum over 256 MiB), against which the decode GB/s is set
  * (issue 23 item 4: decode at >= 0.8 of the read bandwidth).
+ *
+ *   bench_quant --write-gguf DIR [--types LIST]
+ * writes the synthetic model in each type to DIR/syn-<TYPE>.gguf (the tests' GGUF writer, with
+ * a placeholder vocabulary so that llama.cpp loads it too: the peer benchmark,
+ * bench/peer_llamacpp.sh).
+ *
+ *   bench_quant --peer MODEL.gguf [--threads N] [--prompt T] [--decode D] [--kv f16|f32]
+ *               [--ppl TOKENS]
+ * kvplan's side of the peer benchmark, the measurements and output line of
+ * bench/peer_llamacpp.c: one prefill of the T-token prompt after a 16-token warm-up, D greedy
+ * decode steps, or the mean next-token NLL over chunks of 512 tokens (--ppl).
  *
  *   bench_quant --kernels [--types LIST]
  * times the kernels alone on one thread (issue 23): the decode GEMV (one row of x times ~96 MiB
@@ -41,6 +53,7 @@
 #include "kvplan/plan.h"
 #include "kvplan/quant.h"
 #include "model/quant_dot.h"
+#include "gguf_writer.h"
 
 static uint64_t rng_next(uint64_t *s) {
     uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
@@ -177,11 +190,15 @@ typedef struct row {
     double prefill_tps, decode_tps, bytes_per_tok, resident;
 } row;
 
-static void run(const kv_model *m, const int *tokens, int T, int D, row *r, kv_error *err) {
+static void run(const kv_model *m, const int *tokens, int T, int D, int threads, row *r,
+                kv_error *err) {
     kv_plan full;
     if (kv_plan_full(&m->cfg, T + D + 1, 16, 16, KV_POLICY_SINK, &full, err)) die(err);
-    kv_engine_opts o = {
-        .device = KV_DEVICE_CPU, .max_seqs = 1, .max_ctx = T + D + 1, .max_step = T};
+    kv_engine_opts o = {.device = KV_DEVICE_CPU,
+                        .max_seqs = 1,
+                        .max_ctx = T + D + 1,
+                        .max_step = T,
+                        .n_threads = threads};
     kv_engine *e = NULL;
     if (kv_engine_new(m, &full, &o, &e, err)) die(err);
     int seq = -1, V = m->cfg.vocab_size;
@@ -343,30 +360,152 @@ static void kernels(const char *types) {
     if (sink == 12345.678) printf("%g\n", sink);
 }
 
+/* ---- the peer benchmark's kvplan side (bench/peer_llamacpp.sh) ---- */
+
+static int peer_token(long i, int vocab) {
+    return i == 0 ? 1 : (int)((i * 7919L + 13L) % vocab);
+}
+
+static int argmax(const float *v, int n) {
+    int b = 0;
+    for (int i = 1; i < n; i++)
+        if (v[i] > v[b]) b = i;
+    return b;
+}
+
+static int peer(const char *path, int threads, int T, int D, int kv_f32, long ppl) {
+    kv_error err = {0};
+    kv_model *m = NULL;
+    if (kv_model_load(path, &m, &err)) die(&err);
+    int V = m->cfg.vocab_size, C = 1024;
+    kv_plan full;
+    if (kv_plan_full(&m->cfg, C, 16, 16, KV_POLICY_SINK, &full, &err)) die(&err);
+    kv_plan_set_kv_type(&full, kv_f32 ? KV_TYPE_F32 : KV_TYPE_F16);
+    kv_engine_opts o = {.device = KV_DEVICE_CPU,
+                        .max_seqs = 1,
+                        .max_ctx = C,
+                        .max_step = 512,
+                        .n_threads = threads};
+    kv_engine *e = NULL;
+    if (kv_engine_new(m, &full, &o, &e, &err)) die(&err);
+    int seq = -1;
+    int *tok = malloc(512 * sizeof *tok);
+    float *logits = malloc((size_t)512 * V * sizeof *logits);
+    if (ppl > 0) {
+        double nll = 0.0;
+        long scored = 0;
+        for (long c0 = 0; c0 + 512 <= ppl; c0 += 512) {
+            for (int i = 0; i < 512; i++) tok[i] = peer_token(c0 + i, V);
+            if (kv_engine_seq_open(e, NULL, NULL, &seq, &err) ||
+                kv_engine_prefill(e, seq, tok, 512, KV_LOGITS_ALL, logits, NULL, &err))
+                die(&err);
+            kv_engine_seq_close(e, seq);
+            for (int i = 0; i + 1 < 512; i++) {
+                const float *lg = logits + (size_t)i * V;
+                double mx = lg[0], s = 0.0;
+                for (int v = 1; v < V; v++) mx = lg[v] > mx ? lg[v] : mx;
+                for (int v = 0; v < V; v++) s += exp((double)lg[v] - mx);
+                nll += mx + log(s) - (double)lg[tok[i + 1]];
+                scored++;
+            }
+        }
+        printf("engine kvplan nll %.9f scored %ld kv %s\n", scored ? nll / scored : 0.0, scored,
+               kv_f32 ? "f32" : "f16");
+    } else {
+        for (int i = 0; i < T; i++) tok[i] = peer_token(i, V);
+        /* warm-up: pages, the pool's threads */
+        if (kv_engine_seq_open(e, NULL, NULL, &seq, &err) ||
+            kv_engine_prefill(e, seq, tok, 16, KV_LOGITS_LAST, logits, NULL, &err))
+            die(&err);
+        kv_engine_seq_close(e, seq);
+        if (kv_engine_seq_open(e, NULL, NULL, &seq, &err)) die(&err);
+        double t0 = kv_now();
+        if (kv_engine_prefill(e, seq, tok, T, KV_LOGITS_LAST, logits, NULL, &err)) die(&err);
+        double t_pf = kv_now() - t0;
+        int next = argmax(logits, V);
+        t0 = kv_now();
+        for (int d = 0; d < D; d++) {
+            if (kv_engine_decode(e, &seq, 1, &next, logits, &err)) die(&err);
+            next = argmax(logits, V);
+        }
+        double t_dec = kv_now() - t0;
+        printf("engine kvplan prefill_s %.6f decode_s %.6f prefill_tps %.2f decode_tps %.3f "
+               "last %d\n",
+               t_pf, t_dec, T / t_pf, D / t_dec, next);
+    }
+    free(tok);
+    free(logits);
+    kv_engine_free(e);
+    kv_plan_free(&full);
+    kv_model_free(m);
+    return 0;
+}
+
+static int write_ggufs(const char *dir, const char *types) {
+    kv_error err = {0};
+    kv_model *f32 = synthetic(768, &err);
+    char list[256];
+    snprintf(list, sizeof list, "%s", types);
+    for (char *tok = strtok(list, ","); tok; tok = strtok(NULL, ",")) {
+        kv_dtype t;
+        if (kv_dtype_parse(tok, &t, &err)) {
+            fprintf(stderr, "bench_quant: %s\n", err.msg);
+            return 1;
+        }
+        char path[4096];
+        snprintf(path, sizeof path, "%s/syn-%s.gguf", dir, kv_dtype_name(t));
+        size_t bytes = 0;
+        if (tw_write_gguf_vocab(path, f32, t, &bytes, &err)) die(&err);
+        printf("%s %.1f MB\n", path, bytes / 1e6);
+    }
+    kv_model_free(f32);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     int T = 512, D = 32;
     const char *types = "F32,F16,BF16,Q8_0,Q4_K";
-    int kernels_only = 0;
+    int kernels_only = 0, threads = 0, kv_f32 = 0, D_given = 0;
+    const char *peer_model = NULL, *gguf_dir = NULL;
+    long ppl = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--prompt") && i + 1 < argc)
             T = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--decode") && i + 1 < argc)
-            D = atoi(argv[++i]);
+            D = atoi(argv[++i]), D_given = 1;
+        else if (!strcmp(argv[i], "--peer") && i + 1 < argc)
+            peer_model = argv[++i];
+        else if (!strcmp(argv[i], "--write-gguf") && i + 1 < argc)
+            gguf_dir = argv[++i];
+        else if (!strcmp(argv[i], "--kv") && i + 1 < argc)
+            kv_f32 = !strcmp(argv[++i], "f32");
+        else if (!strcmp(argv[i], "--ppl") && i + 1 < argc)
+            ppl = atol(argv[++i]);
         else if (!strcmp(argv[i], "--types") && i + 1 < argc)
             types = argv[++i];
         else if (!strcmp(argv[i], "--quick"))
             T = 128, D = 8;
+        else if (!strcmp(argv[i], "--threads") && i + 1 < argc)
+            threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--kernels"))
             kernels_only = 1;
         else {
             fprintf(stderr, "usage: bench_quant [--prompt T] [--decode D] [--types LIST] [--quick] "
-                            "[--kernels]\n");
+                            "[--kernels] [--threads N]\n"
+                            "       bench_quant --write-gguf DIR [--types LIST]\n"
+                            "       bench_quant --peer MODEL.gguf [--threads N] [--prompt T] "
+                            "[--decode D] [--kv f16|f32] [--ppl TOKENS]\n");
             return 1;
         }
     }
     if (T < 5 || D < 1) {
         fprintf(stderr, "bench_quant: --prompt must be >= 5 (the GEMM path) and --decode >= 1\n");
         return 1;
+    }
+    if (gguf_dir) return write_ggufs(gguf_dir, types);
+    if (peer_model) {
+        if (T > 512) T = 512;
+        return peer(peer_model, threads, T, D_given ? D : 128, kv_f32, ppl);
     }
     if (kernels_only) {
         kernels(types);
@@ -388,7 +527,7 @@ int main(int argc, char **argv) {
         }
         kv_model *m = as_type(f32, t, &err);
         rows[n].t = t;
-        run(m, tokens, T, D, &rows[n], &err);
+        run(m, tokens, T, D, threads, &rows[n], &err);
         fprintf(stderr, "  %s done\n", kv_dtype_name(t));
         kv_model_free(m);
         n++;
@@ -398,7 +537,7 @@ int main(int argc, char **argv) {
     printf("bench_quant: synthetic 768-dim model (12 layers, 12/4 heads, FFN 2048, vocab 32000), "
            "prompt %d, %d decode steps, %d threads, isa %s; memcpy %.1f GB/s, single-thread read "
            "%.1f GB/s (machine shared with other jobs)\n",
-           T, D, omp_get_max_threads(), kv_isa_name(kv_isa_best()), mc, rd);
+           T, D, threads > 0 ? threads : kv_cpus_available(), kv_isa_name(kv_isa_best()), mc, rd);
     printf("%-5s %11s %12s %12s %10s %8s %9s %12s %12s\n", "type", "weights MB", "prefill t/s",
            "decode t/s", "MB/token", "GB/s", "GB/s/read", "prefill/F32", "decode/F32");
     double pf = 0, df = 0;

@@ -25,12 +25,9 @@ int kv_cmd_inspect(int argc, char **argv);
 extern const kv_cli_spec kv_spec_run, kv_spec_eval, kv_spec_tokenize, kv_spec_profile,
     kv_spec_search, kv_spec_plan, kv_spec_kvpr, kv_spec_batch, kv_spec_inspect;
 
-/* kv_model_load, then the BLAS thread count for the model: unless the user set
- * OPENBLAS_NUM_THREADS, models whose weights fit in KV_CLI_SMALL_MODEL_BYTES run their GEMMs
- * on one thread. Measured on the bundled models (2-core Xeon): waking OpenBLAS's thread pool
- * for matrices of 64 x 172 costs more than the work, e.g. stories260K budgeted eval 6.7k vs
- * 10.3k tokens/s. A process-wide setting made by the command, not by the library. */
-#define KV_CLI_SMALL_MODEL_BYTES (16u << 20)
+/* kv_model_load. (OpenBLAS's thread count is no longer chosen here: the CPU backend runs every
+ * BLAS call on one thread of its own pool, --threads, so OpenBLAS is set to one thread when
+ * a backend is made; runtime/backend/backend_cpu.c.) */
 int kv_cli_load_model(const char *path, kv_model **m, kv_error *err);
 
 /* OpenBLAS's work buffer per thread (BUFFER_SIZE of its x86-64 builds, 128 MiB, plus a page
@@ -102,5 +99,15 @@ int kv_budget_args_type(const kv_budget_args *a, kv_cache_type *out, kv_error *e
 
 /* Parse a --device value (NULL = auto). */
 int kv_cli_device(const char *s, kv_device *out, kv_error *err);
+
+/* ---- --threads: one group (kv_threads_opts, cli/threads_args.c) for run, eval, profile and
+ * search ---- */
+typedef struct kv_threads_args {
+    long threads; /* 0 = not given: the CPUs available */
+} kv_threads_args;
+#define KV_THREADS_OPTS_N 1
+extern const kv_opt kv_threads_opts[KV_THREADS_OPTS_N];
+/* The thread count to run with: --threads, else kv_cpus_available() (kvplan/workers.h). */
+int kv_threads_args_count(const kv_threads_args *a);
 
 #endif

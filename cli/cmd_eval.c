@@ -13,6 +13,7 @@ typedef struct eval_args {
     long context, max_tokens;
     int json, quiet;
     kv_budget_args budget;
+    kv_threads_args threads;
 } eval_args;
 
 static const kv_opt eval_opts[] = {
@@ -44,7 +45,8 @@ const kv_cli_spec kv_spec_eval = {
     NULL,
     {{NULL, eval_opts, sizeof eval_opts / sizeof eval_opts[0], 0},
      {"KV budget options (default: the full cache)", kv_budget_opts, KV_BUDGET_OPTS_ALL,
-      offsetof(eval_args, budget)}},
+      offsetof(eval_args, budget)},
+     {"threads", kv_threads_opts, KV_THREADS_OPTS_N, offsetof(eval_args, threads)}},
 };
 
 /* Whitespace-separated token ids; caller frees *ids. */
@@ -170,7 +172,8 @@ int kv_cmd_eval(int argc, char **argv) {
                      m->cfg.seq_len);
     if (!rc) rc = kv_budget_args_plan(&a.budget, m, C, &plan, &device, &err);
     if (!rc) {
-        kv_engine_opts eo = {.device = device, .max_seqs = 1};
+        kv_engine_opts eo = {
+            .device = device, .max_seqs = 1, .n_threads = kv_threads_args_count(&a.threads)};
         rc = kv_engine_new(m, &plan, &eo, &eng, &err);
     }
     /* run: budgeted perplexity over the chunks */

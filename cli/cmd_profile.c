@@ -15,6 +15,7 @@ typedef struct profile_args {
     long n_prompts, prompt_len, seed;
     int no_hw, quick_hw, quiet;
     kv_budget_args kv; /* only --kv-type (KV_BUDGET_OPTS_TYPE) */
+    kv_threads_args threads;
 } profile_args;
 
 static const kv_opt profile_opts[] = {
@@ -54,7 +55,8 @@ const kv_cli_spec kv_spec_profile = {
     "Under `mpirun -np N` or `srun` the prompts are shared among the ranks (rank 0\n"
     "probes the hardware and writes the file, identical to a one-process run's).\n",
     {{NULL, profile_opts, sizeof profile_opts / sizeof profile_opts[0], 0},
-     {"KV cache", kv_budget_opts, KV_BUDGET_OPTS_TYPE, offsetof(profile_args, kv)}},
+     {"KV cache", kv_budget_opts, KV_BUDGET_OPTS_TYPE, offsetof(profile_args, kv)},
+     {"threads", kv_threads_opts, KV_THREADS_OPTS_N, offsetof(profile_args, threads)}},
 };
 
 /* What a profile run needs, built by every rank: the model and the prompts [P * T] picked
@@ -171,7 +173,8 @@ int kv_cmd_profile(int argc, char **argv) {
     rc = kv_tasks_agree(tasks, rc, &err); /* no rank enters the prompts alone */
     if (!rc)
         rc = kv_profile_run_tasks(job.m, job.prompts, (int)a.n_prompts, (int)a.prompt_len, device,
-                                  kv_type, tasks, &pr, &prog, &err);
+                                  kv_threads_args_count(&a.threads), kv_type, tasks, &pr, &prog,
+                                  &err);
     kv_progress_done(&prog);
     /* report: only rank 0 writes the file and probes the hardware (the others wait, idle) */
     if (!rc && rank == 0) rc = write_profile(&a, full_cmd, job.m, &pr, &prog, &err);

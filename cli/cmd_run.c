@@ -16,6 +16,7 @@ typedef struct run_args {
     double temperature, top_p;
     int quiet;
     kv_budget_args budget;
+    kv_threads_args threads;
 } run_args;
 
 static const kv_opt run_opts[] = {
@@ -51,7 +52,8 @@ const kv_cli_spec kv_spec_run = {
     NULL,
     {{NULL, run_opts, sizeof run_opts / sizeof run_opts[0], 0},
      {"KV budget options (default: the full cache)", kv_budget_opts, KV_BUDGET_OPTS_ALL,
-      offsetof(run_args, budget)}},
+      offsetof(run_args, budget)},
+     {"threads", kv_threads_opts, KV_THREADS_OPTS_N, offsetof(run_args, threads)}},
 };
 
 static int read_prompts(const char *path, char ***out, int *n, kv_error *err) {
@@ -151,7 +153,8 @@ int kv_cmd_run(int argc, char **argv) {
     if (!rc) rc = kv_budget_args_plan(&a.budget, m, C, &plan, &device, &err);
     B = a.batch ? (int)a.batch : (n_prompts ? n_prompts : 1);
     if (!rc) {
-        kv_engine_opts eo = {.device = device, .max_seqs = B};
+        kv_engine_opts eo = {
+            .device = device, .max_seqs = B, .n_threads = kv_threads_args_count(&a.threads)};
         rc = kv_engine_new(m, &plan, &eo, &eng, &err);
     }
     /* run: prefill and decode the batch (one sequence streams) */

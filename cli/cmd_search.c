@@ -25,6 +25,7 @@ typedef struct search_args {
     long eval_tokens, heldout_tokens, halving, calib, levels, rounds, sbatch;
     int resume;
     kv_plan_args a;
+    kv_threads_args threads;
 } search_args;
 
 static const kv_opt search_opts[] = {
@@ -98,7 +99,8 @@ const kv_cli_spec kv_spec_search = {
     {{NULL, search_opts, sizeof search_opts / sizeof search_opts[0], 0},
      {"plan and search options", kv_plan_opts, KV_PLAN_OPTS_N, offsetof(search_args, a)},
      {"KV budget options (--device: where the evaluations run)", kv_budget_opts,
-      KV_BUDGET_OPTS_DEVICE, offsetof(search_args, a) + offsetof(kv_plan_args, b)}},
+      KV_BUDGET_OPTS_DEVICE, offsetof(search_args, a) + offsetof(kv_plan_args, b)},
+     {"threads", kv_threads_opts, KV_THREADS_OPTS_N, offsetof(search_args, threads)}},
 };
 
 /* Default b_s = p from R and C (docs/design.md "Sensitivity planning"): the largest of
@@ -285,15 +287,22 @@ static int fill_opts(const search_args *s, const search_job *j, kv_progress *pro
     so->sens.objective = j->objective;
     so->sens.n_policies = j->n_spol;
     for (int q = 0; q < j->n_spol; q++) so->sens.policies[q] = j->spolicies[q];
+    so->n_threads = kv_threads_args_count(&s->threads);
     return kv_cli_device(s->a.b.device, &so->device, err);
 }
 
 /* The task log beside the output (kv_tasks_log_path), keyed by everything the logged
  * results depend on: the log format and the build's schemas, a hash of the arguments (not
- * --resume, --quiet), the SHA-256 of the model, the profile, the text, the --tokenizer file
+ * --resume, --quiet, --threads N: the results are the same bits for every thread count), the
+ * SHA-256 of the model, the profile, the text, the --tokenizer file
  * ("model": the model's own) and the text's token ids (so a changed tokenizer beside a
  * llama2.c model counts too); a resume after any of them changed is refused naming it. Rank 0 only
  * (the other ranks keep no log). */
+/* Arguments the results do not depend on (--threads: the same bits for every count). */
+static int key_skips(const char *a) {
+    return !strcmp(a, "--resume") || !strcmp(a, "--quiet") || !strncmp(a, "--threads=", 10);
+}
+
 static int open_task_log(kv_tasks *tasks, const search_args *s, const search_job *j, int argc,
                          char **argv, char *log_path, size_t cap, kv_error *err) {
     int rc = kv_tasks_log_path(s->a.out, log_path, cap, err);
@@ -305,7 +314,11 @@ static int open_task_log(kv_tasks *tasks, const search_args *s, const search_job
     if (!args) return KV_EINTERNAL;
     size_t used = 0;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--resume") || !strcmp(argv[i], "--quiet")) continue;
+        if (!strcmp(argv[i], "--threads")) {
+            i++; /* and its value */
+            continue;
+        }
+        if (key_skips(argv[i])) continue;
         size_t l = strlen(argv[i]) + 1;
         memcpy(args + used, argv[i], l);
         used += l;

@@ -49,7 +49,7 @@ typedef struct kv_opt_group {
     size_t off; /* offset of the group's struct in the command's argument struct */
 } kv_opt_group;
 
-#define KV_CLI_MAX_GROUPS 3
+#define KV_CLI_MAX_GROUPS 4
 
 typedef struct kv_cli_spec {
     const char *name;   /* the command ("run") */

@@ -111,12 +111,7 @@ int kv_cli_blas_ready(kv_error *err) {
 }
 
 int kv_cli_load_model(const char *path, kv_model **m, kv_error *err) {
-    int rc = kv_model_load(path, m, err);
-    if (rc) return rc;
-    const char *env = getenv("OPENBLAS_NUM_THREADS");
-    if ((!env || !*env) && kv_model_weight_bytes(*m) <= KV_CLI_SMALL_MODEL_BYTES)
-        openblas_set_num_threads(1);
-    return KV_OK;
+    return kv_model_load(path, m, err);
 }
 
 int kv_cli_parse_qty(const char *s, const char *opt, double *out, kv_error *err) {

@@ -618,6 +618,7 @@ static int search_engine(search_ctx *c) {
     if (rc) return rc;
     kv_plan_set_kv_type(&full, c->o->kv_type);
     kv_engine_opts eo = {.device = c->o->device,
+                         .n_threads = c->o->n_threads,
                          .max_seqs =
                              c->o->sensitivity && c->o->sens.batch > 1 ? c->o->sens.batch : 1};
     rc = kv_engine_new(c->m, &full, &eo, &c->eng, c->err);
@@ -804,7 +805,7 @@ static int engine_at(search_ctx *c, int p, kv_engine **out) {
         kv_plan_full(&c->m->cfg, c->o->context, c->o->block_size, p, c->o->policy, &full, c->err);
     if (rc) return rc;
     kv_plan_set_kv_type(&full, c->o->kv_type);
-    kv_engine_opts eo = {.device = c->o->device, .max_seqs = 1};
+    kv_engine_opts eo = {.device = c->o->device, .n_threads = c->o->n_threads, .max_seqs = 1};
     rc = kv_engine_new(c->m, &full, &eo, out, c->err);
     kv_plan_free(&full);
     return rc;
@@ -986,7 +987,7 @@ static int search_type_baselines(search_ctx *c) {
         if ((rc = kv_plan_full(&c->m->cfg, C, o->block_size, p, o->policy, &full, c->err))) break;
         kv_plan_set_kv_type(&full, (kv_cache_type)t);
         kv_engine *e = NULL;
-        kv_engine_opts eo = {.device = o->device, .max_seqs = 1};
+        kv_engine_opts eo = {.device = o->device, .max_seqs = 1, .n_threads = o->n_threads};
         rc = kv_engine_new(c->m, &full, &eo, &e, c->err);
         kv_plan_free(&full);
         const int *b[1] = {bud};

@@ -192,8 +192,9 @@ static int profile_task(void *user, long task, double *out, kv_error *err) {
 }
 
 int kv_profile_run(const kv_model *m, const int *tokens, int P, int T, kv_device device,
-                   kv_cache_type kv_type, kv_profile *out, kv_progress *p, kv_error *err) {
-    return kv_profile_run_tasks(m, tokens, P, T, device, kv_type, NULL, out, p, err);
+                   int n_threads, kv_cache_type kv_type, kv_profile *out, kv_progress *p,
+                   kv_error *err) {
+    return kv_profile_run_tasks(m, tokens, P, T, device, n_threads, kv_type, NULL, out, p, err);
 }
 
 /* Stage 1 of kv_profile_run_tasks: the profile's arrays for P prompts of T tokens. */
@@ -285,8 +286,8 @@ static void profile_consistency(kv_profile *out) {
 }
 
 int kv_profile_run_tasks(const kv_model *m, const int *tokens, int P, int T, kv_device device,
-                         kv_cache_type kv_type, kv_tasks *tasks, kv_profile *out, kv_progress *p,
-                         kv_error *err) {
+                         int n_threads, kv_cache_type kv_type, kv_tasks *tasks, kv_profile *out,
+                         kv_progress *p, kv_error *err) {
     memset(out, 0, sizeof *out);
     const kv_config *cfg = &m->cfg;
     if (P < 1) return kv_fail(err, KV_EINPUT, "no prompts to profile (--prompts must be >= 1)");
@@ -327,7 +328,7 @@ int kv_profile_run_tasks(const kv_model *m, const int *tokens, int P, int T, kv_
         out->kv_type = kv_type;
     }
     if (!rc) {
-        kv_engine_opts eo = {.device = device, .max_seqs = 1};
+        kv_engine_opts eo = {.device = device, .max_seqs = 1, .n_threads = n_threads};
         rc = kv_engine_new(m, &full, &eo, &pt.eng, err);
     }
     rc = kv_tasks_agree(tasks, rc, err); /* under MPI: no rank runs tasks alone */

@@ -562,8 +562,9 @@ static void test_int_dot(void) {
 static void test_matmul(void) {
     kv_model *m = tu_load_shared(M656);
     /* W [1100, 1024]: rows of the 656K embedding (flattened, 256 rows of 1024) reused
-     * cyclically, so the tiled path needs two tiles (tiles of 2^20 floats: 1024 rows at
-     * in = 1024); x: 20 rows of real weights (w_up holds 48 rows of 1024). */
+     * cyclically, so the tiled path runs 8 chunks (144 W rows each: ceil(1100 / 8) rounded up
+     * to 16, the last one partial) through one tile of 144 rows; x: 20 rows of real weights
+     * (w_up holds 48 rows of 1024). */
     int in = 1024, out = 1100, R = 20;
     const float *E = m->tok_emb.data, *X = m->layers[1].w_up.data;
     float *wf = malloc((size_t)out * in * sizeof *wf);
@@ -581,13 +582,15 @@ static void test_matmul(void) {
         kv_dequantize_row(t, w, deq, (int64_t)out * in, NULL);
         size_t sf = kv_qmatmul_scratch_floats(t, R, in, out);
         int integer = t != KV_DT_F32 && t != KV_DT_F16 && t != KV_DT_BF16;
-        CU_ASSERT_EQUAL(sf, t == KV_DT_F32 ? 0 : (size_t)1024 * in);
+        CU_ASSERT_EQUAL(sf, t == KV_DT_F32 ? 0 : (size_t)144 * in);
+        /* one tile per thread */
+        CU_ASSERT_EQUAL(kv_qmatmul_scratch_threads(t, R, in, out, 3), 3 * sf);
         /* up to 16 rows the quantised rows of x (~1.16-1.25 bytes per element) */
         size_t s16 = kv_qmatmul_scratch_floats(t, 16, in, out);
         if (integer) {
             CU_ASSERT(s16 * 4 >= (size_t)16 * in && s16 * 4 <= (size_t)16 * in * 13 / 10 + 64 * 16);
         } else {
-            CU_ASSERT_EQUAL(s16, t == KV_DT_F32 ? 0 : (size_t)1024 * in);
+            CU_ASSERT_EQUAL(s16, t == KV_DT_F32 ? 0 : (size_t)144 * in);
         }
         float *scratch = sf ? malloc(sf * sizeof *scratch) : NULL;
         int rows_list[] = {1, 3, 4, R, R, 16};
@@ -685,6 +688,55 @@ static kv_model *write_and_load(const kv_model *m, kv_dtype t, const char *name,
     kv_model *q = tu_load_model(path);
     CU_ASSERT_STRING_EQUAL(q->format, "gguf");
     return q;
+}
+
+/* kv_qmatmul_pool: every type and path (1, 3, 4, 16, 20 rows; 20 with and without tile
+ * scratch) gives the bits of kv_qmatmul on 1, 2 and 3 threads. W [1100, 1024] from the 656K
+ * embedding rows as in test_matmul, x rows of its w_up. */
+static void test_matmul_pool(void) {
+    kv_model *m = tu_load_shared(M656);
+    int in = 1024, out = 1100, R = 20;
+    const float *E = m->tok_emb.data, *X = m->layers[1].w_up.data;
+    float *wf = malloc((size_t)out * in * sizeof *wf);
+    for (int o = 0; o < out; o++)
+        memcpy(wf + (size_t)o * in, E + (size_t)(o % 256) * in, (size_t)in * sizeof *wf);
+    float *y0 = malloc((size_t)R * out * sizeof *y0), *y = malloc((size_t)R * out * sizeof *y);
+    kv_workers *pools[3] = {NULL, NULL, NULL};
+    for (int p = 0; p < 3; p++) CU_ASSERT_FATAL(kv_workers_new(p + 1, &pools[p], NULL) == KV_OK);
+    int compared = 0, differ = 0;
+    for (int ti = 0; ti < KV_DT_COUNT; ti++) {
+        kv_dtype t = kv_dtype_all[ti];
+        size_t rb = 0;
+        kv_dtype_row_bytes(t, in, "w", &rb, NULL);
+        unsigned char *w = malloc(rb * out);
+        for (int o = 0; o < out; o++) kv_quantize_row(t, wf + (size_t)o * in, w + rb * o, in, NULL);
+        size_t sf = kv_qmatmul_scratch_threads(t, R, in, out, 3);
+        float *scratch = sf ? malloc(sf * sizeof *scratch) : NULL;
+        int rows_list[] = {1, 3, 4, 16, R, R};
+        for (int c = 0; c < 6; c++) {
+            int rows = rows_list[c];
+            float *s = c == 5 ? NULL : scratch;
+            size_t n = c == 5 ? 0 : sf;
+            kv_qmatmul(y0, X, w, t, rows, in, out, s, n);
+            for (int p = 0; p < 3; p++) {
+                memset(y, 0xff, (size_t)rows * out * sizeof *y);
+                kv_qmatmul_pool(y, X, w, t, rows, in, out, s, n, pools[p]);
+                differ += memcmp(y, y0, (size_t)rows * out * sizeof *y) != 0;
+                compared++;
+            }
+        }
+        free(scratch);
+        free(w);
+    }
+    printf("\n  pooled matmul: %d of %d results (types x row counts x 1/2/3 threads) differ from "
+           "kv_qmatmul's bits",
+           differ, compared);
+    CU_ASSERT_EQUAL(differ, 0);
+    for (int p = 0; p < 3; p++) kv_workers_free(pools[p]);
+    free(y);
+    free(y0);
+    free(wf);
+    kv_model_free(m);
 }
 
 static void test_656k_types_perplexity(void) {
@@ -1058,6 +1110,7 @@ int main(int argc, char **argv) {
         {"typed dot vs dequantise + double", test_dot},
         {"integer dots: every isa = portable, within the activation rounding", test_int_dot},
         {"typed matmul: dot, tiled GEMM, F32 paths", test_matmul},
+        {"pooled matmul: the same bits on 1, 2, 3 threads", test_matmul_pool},
         {"656K written in Q8_0/Q5_x/Q4_x: perplexity vs F32", test_656k_types_perplexity},
         {"K-quants on a synthetic 256-multiple model: logits vs F32", test_k_quants_synthetic},
         {"F16/BF16 in their own type: logits within 1e-5 of fp32", test_half_logits_vs_fp32},

@@ -64,6 +64,11 @@ typedef struct kv_backend kv_backend;
  * KV_EINPUT for max_rows or max_ctx < 1 or an unavailable device; KV_EINTERNAL memory. */
 int kv_backend_new(const kv_model *m, kv_device dev, int max_rows, int max_ctx, kv_backend **out,
                    kv_error *err);
+/* The same with n_threads CPU threads for the CPU backend's matmuls and attention (one
+ * persistent pool, kvplan/workers.h; <= 0: the CPUs available, kv_cpus_available). The
+ * results are the same bits for every thread count. KV_EINPUT for more than KV_WORKERS_MAX. */
+int kv_backend_new_threads(const kv_model *m, kv_device dev, int max_rows, int max_ctx,
+                           int n_threads, kv_backend **out, kv_error *err);
 void kv_backend_free(kv_backend *b);
 
 /* A pool of n_blocks blocks whose storage lives where backend `b` computes (host memory for

@@ -32,6 +32,8 @@ typedef struct kv_engine_opts {
                        * chunk that no head can evict from runs in one step) */
     long seq_blocks;  /* blocks reserved per sequence (default: what the plan's budgets need,
                        * kv_cache_blocks_needed; pass more when sequences get larger budgets) */
+    int n_threads;    /* CPU threads of the backend's pool (default 0: the CPUs available,
+                       * kv_cpus_available); the results are the same bits for every count */
 } kv_engine_opts;
 
 typedef struct kv_engine kv_engine;

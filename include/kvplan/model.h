@@ -96,6 +96,8 @@ size_t kv_model_resident_bytes(const kv_model *m);
 /* Floats of matmul scratch (kv_qmatmul) that the model's largest matrix needs for `rows` rows
  * a call; 0 when every matrix is F32 or rows <= 4. */
 size_t kv_model_matmul_scratch(const kv_model *m, int rows);
+/* The same for kv_qmatmul_pool on n_threads threads, for any call of up to `rows` rows. */
+size_t kv_model_matmul_scratch_threads(const kv_model *m, int rows, int n_threads);
 
 /* The weight types present, as a short string ("F32", "F16+F32", "Q4_K+Q6_K+F32" ...) in buf. */
 void kv_model_weight_types(const kv_model *m, char *buf, size_t cap);

@@ -55,11 +55,13 @@ int kv_profile_pick_prompts(const int *stream, long n, int bos_id, int n_prompts
                             uint64_t seed, int *out, kv_error *err);
 
 /* Run the collectors over the prompts (full cache in KV type `kv_type`, one prefill per
- * prompt, on an engine on `device`). `tokens` [P, T] is copied into the profile. The caller owns
+ * prompt, on an engine on `device` with n_threads CPU threads, kv_engine_opts.n_threads: <= 0
+ * the CPUs available). `tokens` [P, T] is copied into the profile. The caller owns
  * `out` (kv_profile_free). Progress ("prompt i of N, tokens/s") goes to `p` when not NULL.
  * kv_profile_run is kv_profile_run_tasks with tasks NULL (one process). */
 int kv_profile_run(const kv_model *m, const int *tokens, int P, int T, kv_device device,
-                   kv_cache_type kv_type, kv_profile *out, kv_progress *p, kv_error *err);
+                   int n_threads, kv_cache_type kv_type, kv_profile *out, kv_progress *p,
+                   kv_error *err);
 
 /* The same with the prompts (in groups of at most ceil(P / (4 * ranks))) as tasks of
  * kv_tasks_run (kvplan/tasks.h): under MPI a collective call that every rank makes with the
@@ -69,8 +71,8 @@ int kv_profile_run(const kv_model *m, const int *tokens, int P, int T, kv_device
  * time of the whole run. Give `p` on rank 0 only. Errors: those of kv_profile_run, and the
  * first failing rank's (kv_tasks_agree / kv_tasks_run). */
 int kv_profile_run_tasks(const kv_model *m, const int *tokens, int P, int T, kv_device device,
-                         kv_cache_type kv_type, kv_tasks *tasks, kv_profile *out, kv_progress *p,
-                         kv_error *err);
+                         int n_threads, kv_cache_type kv_type, kv_tasks *tasks, kv_profile *out,
+                         kv_progress *p, kv_error *err);
 void kv_profile_free(kv_profile *pr);
 
 /* Write the profile's datasets (docs/design.md "Files": /heads, /layers, /consistency, /prompts)

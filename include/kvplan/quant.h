@@ -46,6 +46,7 @@
 #include <stdint.h>
 
 #include "kvplan/common.h"
+#include "kvplan/workers.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -176,15 +177,28 @@ void kv_weight_row(kv_weight w, int in, int64_t row, float *dst);
  *     dequantised into `scratch` (at least kv_qmatmul_scratch_floats(wt, rows, in, out)
  *     floats) and multiplied by cblas_sgemm (fp32 activations); with a smaller or NULL scratch
  *     the dot path (fp32 dots for F16 / BF16, the integer dots for quantised types).
+ * The outputs are computed in chunks of consecutive W rows whose size depends only on the
+ * path and the matrix (runtime/model/quant.c), so kv_qmatmul_pool gives these same bits on any
+ * number of threads.
  * Preconditions (not checked, the hot path): rows, in, out > 0, in a multiple of
  * kv_dtype_block(wt), y not aliasing x. No global state. */
 void kv_qmatmul(float *y, const float *x, const void *w, kv_dtype wt, int rows, int in, int out,
                 float *scratch, size_t scratch_floats);
 
+/* kv_qmatmul with its chunks run on the threads of `pool` (NULL: the caller alone; issue 23
+ * item 3). The dequantised tiles are per thread: the tile path wants
+ * kv_qmatmul_scratch_threads(wt, rows, in, out, kv_workers_count(pool)) floats of scratch.
+ * The BLAS calls of the F32 and tile paths run inside the chunks, so the process's OpenBLAS
+ * should be on one thread (kvplan/workers.h). Same bits as kv_qmatmul. */
+void kv_qmatmul_pool(float *y, const float *x, const void *w, kv_dtype wt, int rows, int in,
+                     int out, float *scratch, size_t scratch_floats, kv_workers *pool);
+
 /* Floats of scratch kv_qmatmul wants for these sizes: the quantised rows of x for quantised
  * types (~0.3 rows * in floats), a dequantised tile for F16 / BF16 prefill, 0 for F32 and
  * F16 / BF16 decode. */
 size_t kv_qmatmul_scratch_floats(kv_dtype wt, int rows, int in, int out);
+/* The same for kv_qmatmul_pool on n_threads threads (one tile per thread). */
+size_t kv_qmatmul_scratch_threads(kv_dtype wt, int rows, int in, int out, int n_threads);
 
 #ifdef __cplusplus
 }

@@ -77,6 +77,7 @@ typedef struct kv_search_opts {
     int halving_min_chunks; /* first-round chunks of successive halving (default 1) */
     kv_progress *progress;  /* NULL = silent; prints progress with an ETA */
     kv_device device;       /* the engine's device (auto, cpu, cuda) */
+    int n_threads;          /* its CPU threads (kv_engine_opts.n_threads; 0: the CPUs available) */
     /* Sensitivity planning (include/kvplan/sensitivity.h) after the grid: 0 off (default),
      * 1 on. With it, the sensitivity allocation's solution becomes the plan when its search
      * perplexity beats the grid's winner and the baselines. For `--allocation sensitivity`

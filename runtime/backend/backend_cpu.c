@@ -1,15 +1,17 @@
 /* kvplan CPU backend: BLAS GEMMs and C kernels for the layer-step ops of kvplan/backend.h.
  * Architecture: Llama (Touvron et al. 2023) — RMSNorm, RoPE (Su et al. 2021), SwiGLU FFN,
  * grouped-query attention (Ainslie et al. 2023) over the paged per-(layer, KV head) cache
- * (KV-Compress §3). Deterministic for a given thread count: each attention task writes only
- * its own rows and head, and the statistics of a head are summed in one fixed order. */
+ * (KV-Compress §3). One persistent worker pool (kvplan/workers.h) runs the matmuls' chunks and
+ * the attention tasks. The same bits for every thread count: a matmul's chunks do not depend on
+ * the threads (kv_qmatmul_pool), each attention task writes only its own rows and head, and the
+ * statistics of a head are summed in one fixed order. */
 #include "backend/backend_impl.h"
 
 #include "backend/ops.h"
 #include "cache/kvtype.h"
 
+#include <cblas.h>
 #include <math.h>
-#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -21,6 +23,7 @@ typedef struct cpu_backend {
     float *o;                   /* [rows, H*d_h] attention output before W_o */
     float *hb, *hb2;            /* [rows, hidden] */
     float *rope_cos, *rope_sin; /* [max_ctx, d_h/2] */
+    kv_workers *pool;           /* owned; the matmuls' and attention's threads */
     int n_threads;
     float *scores;    /* [n_threads, g, max_ctx] (g = query heads per KV head) */
     float *gather;    /* [rows, dim] rows selected for logits */
@@ -49,6 +52,7 @@ static void cpu_destroy(kv_backend *b) {
     free(c->scores);
     free(c->gather);
     free(c->mm.p);
+    kv_workers_free(c->pool);
     free(c);
 }
 
@@ -119,12 +123,11 @@ static int cpu_cache_write(kv_backend *b, kv_pool *p, const kv_slot_write *w, in
     return KV_OK;
 }
 
-/* Attention multiply-adds (all heads of a layer) below which the layer runs on one thread.
- * Single-sequence decode stays serial up to ~4k context (1 x 4096 x 2 x 12 x 64 = 6.3M for a
- * 12-head, d_h 64 model): measured on 2 loaded cores, a parallel region per layer made
- * decode at context 2048 2-3x slower (3.5 vs 9 tokens/s) than serial attention, which is
- * ~15% of that token's time. Prefill blocks and batched decode exceed it and fork. */
-#define KV_ATTN_PARALLEL_MACS 8388608.0
+/* Attention multiply-adds (all heads of a layer) below which the layer runs on the calling
+ * thread: handing tasks to the pool's (already running) threads costs a few microseconds, so
+ * only tiny layers stay serial. (With an OpenMP region forked per layer the threshold was
+ * 8.4M: measured on 2 loaded cores, that fork made decode at context 2048 2-3x slower.) */
+#define KV_ATTN_PARALLEL_MACS 262144.0
 
 /* Attention of one (sequence, KV head) task: n new queries per query head of the group over
  * the head's first `len - n + i + 1` entries for query i (retained + causal new). Rows are
@@ -268,6 +271,21 @@ static void attend_task(const cpu_backend *c, const kv_pool *p, const kv_attn_ta
     }
 }
 
+typedef struct attn_job {
+    const cpu_backend *c;
+    const kv_pool *p;
+    const kv_attn_task *tasks;
+} attn_job;
+
+/* One task of the pool: its thread's score rows. */
+static void attend_chunk(void *ctx, int i, int tid) {
+    const attn_job *j = ctx;
+    const kv_config *cfg = &j->c->base.model->cfg;
+    float *scores = j->c->scores + (size_t)tid * (size_t)(cfg->n_heads / cfg->n_kv_heads) *
+                                       (size_t)j->c->base.max_ctx;
+    attend_task(j->c, j->p, &j->tasks[i], scores);
+}
+
 static int cpu_attention(kv_backend *b, const kv_pool *p, const kv_attn_task *tasks, int n_tasks,
                          kv_error *err) {
     (void)err;
@@ -282,14 +300,8 @@ static int cpu_attention(kv_backend *b, const kv_pool *p, const kv_attn_task *ta
     for (int i = 0; i < n_tasks; i++)
         if (tasks[i].kv_head == 0) macs += (double)tasks[i].n * (double)tasks[i].len;
     macs *= 2.0 * (double)cfg->n_heads * (double)cfg->head_dim;
-    int par = n_tasks > 1 && c->n_threads > 1 && macs >= KV_ATTN_PARALLEL_MACS;
-#pragma omp parallel for schedule(static) if (par)
-    for (int i = 0; i < n_tasks; i++) {
-        float *scores = c->scores + (size_t)omp_get_thread_num() *
-                                        (size_t)(cfg->n_heads / cfg->n_kv_heads) *
-                                        (size_t)b->max_ctx;
-        attend_task(c, p, &tasks[i], scores);
-    }
+    attn_job j = {c, p, tasks};
+    kv_workers_run(macs >= KV_ATTN_PARALLEL_MACS ? c->pool : NULL, n_tasks, attend_chunk, &j);
     return KV_OK;
 }
 
@@ -350,8 +362,8 @@ static const kv_backend_ops cpu_ops = {
     .logits = cpu_logits,
 };
 
-int kv_backend_cpu_new(const kv_model *m, int max_rows, int max_ctx, kv_backend **out,
-                       kv_error *err) {
+int kv_backend_cpu_new(const kv_model *m, int max_rows, int max_ctx, int n_threads,
+                       kv_backend **out, kv_error *err) {
     *out = NULL;
     cpu_backend *c = kv_calloc(1, sizeof *c, "CPU backend", err);
     if (!c) return KV_EINTERNAL;
@@ -361,7 +373,15 @@ int kv_backend_cpu_new(const kv_model *m, int max_rows, int max_ctx, kv_backend 
         return rc;
     }
     const kv_config *cfg = &m->cfg;
-    c->n_threads = omp_get_max_threads();
+    if ((rc = kv_workers_new(n_threads, &c->pool, err))) {
+        kv_backend_free(&c->base);
+        return rc;
+    }
+    c->n_threads = kv_workers_count(c->pool);
+    /* The pool splits every GEMM itself (chunks of outputs); OpenBLAS's own threads would
+     * compete with it for the cores, so OpenBLAS runs each call on its caller's thread. A
+     * process-wide setting: the backend is what runs BLAS here. */
+    openblas_set_num_threads(1);
     size_t R = (size_t)max_rows, d = (size_t)cfg->dim, qd = (size_t)cfg->n_heads * cfg->head_dim,
            kvd = (size_t)cfg->n_kv_heads * cfg->head_dim, hid = (size_t)cfg->hidden_dim,
            half = (size_t)cfg->head_dim / 2;
@@ -380,7 +400,8 @@ int kv_backend_cpu_new(const kv_model *m, int max_rows, int max_ctx, kv_backend 
     c->rope_sin = malloc((size_t)max_ctx * half * sizeof(float));
     c->scores = malloc((size_t)c->n_threads * (size_t)(cfg->n_heads / cfg->n_kv_heads) *
                        (size_t)max_ctx * sizeof(float));
-    c->mm.n = kv_model_matmul_scratch(m, max_rows);
+    c->mm.n = kv_model_matmul_scratch_threads(m, max_rows, c->n_threads);
+    c->mm.pool = c->pool;
     c->mm.p = c->mm.n ? malloc(c->mm.n * sizeof(float)) : NULL;
     if (!c->x || !c->xb || !c->xb2 || !c->xin || !c->gather || !c->q || !c->o || !c->k || !c->v ||
         !c->hb || !c->hb2 || !c->rope_cos || !c->rope_sin || !c->scores || (c->mm.n && !c->mm.p)) {

@@ -76,9 +76,10 @@ int kv_backend_base_init(kv_backend *b, const kv_backend_ops *ops, const kv_mode
 /* Release the common head's scratch (called by kv_backend_free). */
 void kv_backend_base_free(kv_backend *b);
 
-/* The CPU backend (runtime/backend/backend_cpu.c). */
-int kv_backend_cpu_new(const kv_model *m, int max_rows, int max_ctx, kv_backend **out,
-                       kv_error *err);
+/* The CPU backend (runtime/backend/backend_cpu.c) with a pool of n_threads threads
+ * (kvplan/workers.h; <= 0: the CPUs available). */
+int kv_backend_cpu_new(const kv_model *m, int max_rows, int max_ctx, int n_threads,
+                       kv_backend **out, kv_error *err);
 
 #ifdef __cplusplus
 }

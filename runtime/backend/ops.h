@@ -19,11 +19,12 @@ void kv_op_rope_row(float *v, int n_heads, int hd, const float *cs, const float 
 void kv_op_rmsnorm(float *out, const float *x, const float *w, int rows, int dim, float eps);
 
 /* A caller-owned scratch buffer for the typed matmuls (kv_qmatmul's dequantised tiles and
- * quantised activation rows), sized
- * by kv_model_matmul_scratch for the most rows a call will have. */
+ * quantised activation rows), sized by kv_model_matmul_scratch_threads for the most rows a call
+ * will have and the pool's threads, and the pool that runs them (NULL: the calling thread). */
 typedef struct kv_op_scratch {
     float *p;
     size_t n; /* floats */
+    kv_workers *pool;
 } kv_op_scratch;
 
 /* y[rows, out] = x[rows, in] W^T, W [out, in] in its own type (kv_qmatmul, runtime/model/quant.c):

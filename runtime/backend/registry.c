@@ -12,7 +12,8 @@ typedef struct kv_backend_entry {
     kv_device device;
     /* 1 when this backend can run here; else 0 and why[256] says what is missing */
     int (*available)(char *why);
-    int (*create)(const kv_model *m, int max_rows, int max_ctx, kv_backend **out, kv_error *err);
+    int (*create)(const kv_model *m, int max_rows, int max_ctx, int n_threads, kv_backend **out,
+                  kv_error *err);
 } kv_backend_entry;
 
 static int cpu_available(char *why) {
@@ -24,8 +25,9 @@ static int cuda_available(char *why) {
     return kv_cuda_device_count(why) > 0;
 }
 
-static int cuda_create(const kv_model *m, int max_rows, int max_ctx, kv_backend **out,
-                       kv_error *err) {
+static int cuda_create(const kv_model *m, int max_rows, int max_ctx, int n_threads,
+                       kv_backend **out, kv_error *err) {
+    (void)n_threads; /* the device's own parallelism */
     return kv_backend_cuda_new((const struct kv_model *)m, max_rows, max_ctx,
                                (struct kv_backend **)out, err);
 }
@@ -64,17 +66,22 @@ int kv_device_resolve(kv_device d, kv_device *out, kv_error *err) {
 
 int kv_backend_new(const kv_model *m, kv_device dev, int max_rows, int max_ctx, kv_backend **out,
                    kv_error *err) {
+    return kv_backend_new_threads(m, dev, max_rows, max_ctx, 0, out, err);
+}
+
+int kv_backend_new_threads(const kv_model *m, kv_device dev, int max_rows, int max_ctx,
+                           int n_threads, kv_backend **out, kv_error *err) {
     *out = NULL;
     kv_device d = KV_DEVICE_CPU;
     int rc = kv_device_resolve(dev, &d, err);
     if (rc) return rc;
-    rc = entry(d)->create(m, max_rows, max_ctx, out, err);
+    rc = entry(d)->create(m, max_rows, max_ctx, n_threads, out, err);
     /* auto: a device was found but its backend could not be made (e.g. out of device memory):
      * the CPU runs instead, and stderr says why */
     if (rc != KV_OK && dev == KV_DEVICE_AUTO && d != KV_DEVICE_CPU) {
         fprintf(stderr, "kvplan: --device auto: the %s backend failed (%s); running on the CPU\n",
                 kv_device_name(d), err ? err->msg : "unknown error");
-        rc = kv_backend_cpu_new(m, max_rows, max_ctx, out, err);
+        rc = kv_backend_cpu_new(m, max_rows, max_ctx, n_threads, out, err);
     }
     return rc;
 }

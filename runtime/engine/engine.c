@@ -74,7 +74,7 @@ int kv_engine_new(const kv_model *m, const kv_plan *plan, const kv_engine_opts *
     if ((long)e->max_seqs * plan->evict_block > rows) rows = (long)e->max_seqs * plan->evict_block;
     if (rows > (1L << 24)) rows = 1L << 24;
     /* every backend stores the plan's K/V types (f32, f16, q8, q4) */
-    rc = kv_backend_new(m, o.device, (int)rows, e->max_ctx, &e->be, err);
+    rc = kv_backend_new_threads(m, o.device, (int)rows, e->max_ctx, o.n_threads, &e->be, err);
     /* blocks per type: what the heads of that type need (a caller's seq_blocks, for sequences
      * given larger budgets, is reserved in every type the plan uses) */
     long per_type[KV_CACHE_TYPES], total = 0;

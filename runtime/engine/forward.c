@@ -8,7 +8,7 @@
 
 int kv_workspace_new(const kv_model *m, int max_rows, int max_ctx, kv_workspace **out,
                      kv_error *err) {
-    return kv_backend_cpu_new(m, max_rows, max_ctx, out, err);
+    return kv_backend_cpu_new(m, max_rows, max_ctx, 1, out, err);
 }
 
 void kv_workspace_free(kv_workspace *ws) {

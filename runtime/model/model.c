@@ -155,18 +155,23 @@ static void each_matrix(const kv_model *m, void (*f)(kv_weight, int, int, void *
 }
 
 typedef struct scratch_need {
-    int rows;
+    int rows, threads;
     size_t floats;
 } scratch_need;
 static void scratch_one(kv_weight w, int out, int in, void *user) {
     scratch_need *s = user;
-    size_t n = kv_qmatmul_scratch_floats(w.type, s->rows, in, out);
+    /* at `rows` rows: fewer need no more (16 rows of quantised activations are smaller than
+     * the tiles of 17 and more) */
+    size_t n = kv_qmatmul_scratch_threads(w.type, s->rows, in, out, s->threads);
     if (n > s->floats) s->floats = n;
 }
-size_t kv_model_matmul_scratch(const kv_model *m, int rows) {
-    scratch_need s = {rows, 0};
+size_t kv_model_matmul_scratch_threads(const kv_model *m, int rows, int n_threads) {
+    scratch_need s = {rows, n_threads, 0};
     each_matrix(m, scratch_one, &s);
     return s.floats;
+}
+size_t kv_model_matmul_scratch(const kv_model *m, int rows) {
+    return kv_model_matmul_scratch_threads(m, rows, 1);
 }
 
 static void type_one(kv_weight w, int out, int in, void *user) {

@@ -17,6 +17,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "kvplan/workers.h"
 #include "model/quant_dot.h"
 #include "util/f16.h"
 
@@ -743,22 +744,28 @@ float kv_dot_row_portable(kv_dtype t, const void *w, const float *x, int64_t n) 
 /* Rows at or below which one dot per (row, output) beats dequantise + sgemm (decode, small
  * batches); the same threshold as the fp32 path's sgemv/sgemm switch (runtime/backend/ops.c). */
 #define KV_QDOT_MAX_ROWS 4
-/* Floats of one dequantised tile of W for the sgemm path (4 MiB: few, large sgemm calls;
- * each call is a synchronisation of the BLAS threads). */
-#define KV_QTILE_FLOATS (1 << 20)
-/* Multiply-adds from which the dot path forks OpenMP threads over outputs: never, in
- * practice (2^40). Measured with bench_quant on the 2-core machine this was tuned on, other
- * processes holding the cores: F16 decode ran at 0.1x F32 with regions from 32K
- * multiply-adds (~85 regions a step), 1.2-1.4x with only the 32000-row classifier forking,
- * and 2.0-2.2x on one thread (a descheduled worker makes every region's barrier wait a time
- * slice; one thread already reads the weights near the copy bandwidth of the shared memory
- * bus). Lower it on machines with many idle cores. */
-#define KV_QPAR_MIN ((size_t)1 << 40)
+/* Chunks (include/kvplan/workers.h). A matmul is cut into chunks of consecutive outputs whose
+ * size depends only on the path and the matrix (never on the thread count), and each chunk
+ * makes the same calls whichever thread runs it, so the bits do not depend on the threads.
+ * GEMV-like paths (few rows): chunks of about KV_CHUNK_BYTES of weights (a multiple of 16
+ * rows): a late thread costs little, and a BLAS call per 256 KiB is noise. GEMM-like paths
+ * (F32 sgemm, dequantised tiles): about out / 8 outputs, 64 to 256: each chunk packs x again
+ * (sgemm) and converts its own weight rows into its thread's tile. */
+#define KV_CHUNK_BYTES ((size_t)256 << 10)
+#define KV_CHUNK_GEMM_MIN 64
+#define KV_CHUNK_GEMM_MAX 256
 
-static int tile_rows(int in, int out) {
-    int t = KV_QTILE_FLOATS / in;
-    t = t < 16 ? 16 : t / 16 * 16;
-    return t < out ? t : out;
+static int gemv_chunk(size_t row_bytes, int out) {
+    size_t c = KV_CHUNK_BYTES / (row_bytes ? row_bytes : 1) / 16 * 16;
+    if (c < 16) c = 16;
+    return c < (size_t)out ? (int)c : out;
+}
+
+static int gemm_chunk(int out) {
+    int c = (out + 7) / 8;
+    c = (c + 15) / 16 * 16;
+    c = c < KV_CHUNK_GEMM_MIN ? KV_CHUNK_GEMM_MIN : c > KV_CHUNK_GEMM_MAX ? KV_CHUNK_GEMM_MAX : c;
+    return c < out ? c : out;
 }
 
 /* Rows at or below which quantised weights take the integer dots (kv_qmatmul_int) rather
@@ -770,71 +777,138 @@ static int tile_rows(int in, int out) {
  * the tiles, whose conversion is then amortised over the rows. */
 #define KV_QINT_MAX_ROWS 16
 
-size_t kv_qmatmul_scratch_floats(kv_dtype wt, int rows, int in, int out) {
+typedef enum mm_path {
+    MM_F32_GEMV, /* F32, rows <= KV_QDOT_MAX_ROWS: cblas_sgemv per row and chunk */
+    MM_F32_GEMM, /* F32 above: cblas_sgemm per chunk of outputs */
+    MM_INT,      /* quantised, rows <= KV_QINT_MAX_ROWS: integer dots */
+    MM_DOT,      /* F16 / BF16 decode, or no scratch: fp32 typed dots */
+    MM_TILE,     /* above: the chunk's W rows dequantised into its thread's tile, sgemm */
+} mm_path;
+
+static mm_path mm_choose(kv_dtype wt, int rows) {
+    if (wt == KV_DT_F32) return rows <= KV_QDOT_MAX_ROWS ? MM_F32_GEMV : MM_F32_GEMM;
+    if (kv_qdot_act_kind(wt)) return rows <= KV_QINT_MAX_ROWS ? MM_INT : MM_TILE;
+    return rows <= KV_QDOT_MAX_ROWS ? MM_DOT : MM_TILE;
+}
+
+static int mm_chunk(mm_path p, kv_dtype wt, int in, int out) {
+    if (p == MM_F32_GEMM || p == MM_TILE) return gemm_chunk(out);
+    return gemv_chunk((size_t)(in / kv_dtype_block(wt)) * kv_dtype_block_bytes(wt), out);
+}
+
+size_t kv_qmatmul_scratch_threads(kv_dtype wt, int rows, int in, int out, int n_threads) {
     if (wt == KV_DT_F32 || in <= 0 || out <= 0 || rows <= 0) return 0;
-    if (kv_qdot_act_kind(wt) && rows <= KV_QINT_MAX_ROWS)
+    if (n_threads < 1) n_threads = 1;
+    mm_path p = mm_choose(wt, rows);
+    if (p == MM_INT)
         return ((size_t)rows * kv_qdot_act_bytes(wt, in) + sizeof(float) - 1) / sizeof(float);
-    if (rows <= KV_QDOT_MAX_ROWS) return 0;
-    return (size_t)tile_rows(in, out) * (size_t)in;
+    if (p == MM_TILE) return (size_t)n_threads * (size_t)mm_chunk(p, wt, in, out) * (size_t)in;
+    return 0;
+}
+
+size_t kv_qmatmul_scratch_floats(kv_dtype wt, int rows, int in, int out) {
+    return kv_qmatmul_scratch_threads(wt, rows, in, out, 1);
+}
+
+typedef struct mm_job {
+    mm_path path;
+    float *y;
+    const float *x;
+    const uint8_t *W;
+    kv_dtype wt;
+    int rows, in, out, cs;
+    size_t rb;       /* bytes of a W row */
+    const void *act; /* MM_INT: the quantised rows of x */
+    float *tiles;    /* MM_TILE: [threads][cs * in] */
+    dot_fn dot;      /* MM_DOT */
+} mm_job;
+
+static void mm_run_chunk(void *ctx, int chunk, int tid) {
+    const mm_job *j = ctx;
+    int o0 = chunk * j->cs, o1 = o0 + j->cs < j->out ? o0 + j->cs : j->out, n = o1 - o0;
+    switch (j->path) {
+    case MM_F32_GEMV: {
+        const float *wf = (const float *)(const void *)j->W + (size_t)o0 * j->in;
+        for (int r = 0; r < j->rows; r++)
+            cblas_sgemv(CblasRowMajor, CblasNoTrans, n, j->in, 1.0f, wf, j->in,
+                        j->x + (size_t)r * j->in, 1, 0.0f, j->y + (size_t)r * j->out + o0, 1);
+        break;
+    }
+    case MM_F32_GEMM:
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, j->rows, n, j->in, 1.0f, j->x, j->in,
+                    (const float *)(const void *)j->W + (size_t)o0 * j->in, j->in, 0.0f, j->y + o0,
+                    j->out);
+        break;
+    case MM_INT:
+        kv_qmatmul_int_range(j->y, j->act, j->W, j->wt, j->rows, j->in, j->out, o0, o1);
+        break;
+    case MM_DOT:
+        for (int o = o0; o < o1; o++)
+            for (int r = 0; r < j->rows; r++)
+                j->y[(size_t)r * j->out + o] =
+                    j->dot(j->W + (size_t)o * j->rb, j->x + (size_t)r * j->in, j->in);
+        break;
+    case MM_TILE: {
+        float *t = j->tiles + (size_t)tid * (size_t)j->cs * (size_t)j->in;
+        for (int i = 0; i < n; i++)
+            kv_dequantize_row(j->wt, j->W + (size_t)(o0 + i) * j->rb, t + (size_t)i * j->in, j->in,
+                              NULL);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, j->rows, n, j->in, 1.0f, j->x, j->in,
+                    t, j->in, 0.0f, j->y + o0, j->out);
+        break;
+    }
+    }
 }
 
 void kv_qmatmul_tiles(float *y, const float *x, const void *w, kv_dtype wt, int rows, int in,
                       int out, float *scratch) {
-    const uint8_t *W = w;
-    size_t rb = (size_t)(in / kv_dtype_block(wt)) * kv_dtype_block_bytes(wt);
-    int tile = tile_rows(in, out);
-    for (int o0 = 0; o0 < out; o0 += tile) {
-        int nt = out - o0 < tile ? out - o0 : tile;
-        /* one thread: converting is ~1/rows of the sgemm's work, and an OpenMP region
-         * between BLAS calls makes the two thread pools contend on small machines */
-        for (int i = 0; i < nt; i++)
-            kv_dequantize_row(wt, W + (size_t)(o0 + i) * rb, scratch + (size_t)i * in, in, NULL);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, nt, in, 1.0f, x, in, scratch, in,
-                    0.0f, y + o0, out);
+    mm_job j = {.path = MM_TILE,
+                .y = y,
+                .x = x,
+                .W = w,
+                .wt = wt,
+                .rows = rows,
+                .in = in,
+                .out = out,
+                .cs = mm_chunk(MM_TILE, wt, in, out),
+                .tiles = scratch};
+    j.rb = (size_t)(in / kv_dtype_block(wt)) * kv_dtype_block_bytes(wt);
+    int n_chunks = (out + j.cs - 1) / j.cs;
+    for (int c = 0; c < n_chunks; c++) mm_run_chunk(&j, c, 0);
+}
+
+void kv_qmatmul_pool(float *y, const float *x, const void *w, kv_dtype wt, int rows, int in,
+                     int out, float *scratch, size_t scratch_floats, kv_workers *pool) {
+    int threads = kv_workers_count(pool);
+    mm_job j = {.y = y, .x = x, .W = w, .wt = wt, .rows = rows, .in = in, .out = out};
+    j.rb = (size_t)(in / kv_dtype_block(wt)) * kv_dtype_block_bytes(wt);
+    j.path = mm_choose(wt, rows);
+    void *own = NULL;
+    if (j.path == MM_TILE &&
+        !(scratch && scratch_floats >= kv_qmatmul_scratch_threads(wt, rows, in, out, threads)))
+        j.path = kv_qdot_act_kind(wt) ? MM_INT : MM_DOT; /* no tile room: the dot paths */
+    if (j.path == MM_INT) {
+        size_t ab = kv_qdot_act_bytes(wt, in), act = (size_t)rows * ab;
+        void *a = scratch && scratch_floats * sizeof(float) >= act ? (void *)scratch : NULL;
+        if (!a) a = own = malloc(act);
+        if (a) {
+            for (int r = 0; r < rows; r++)
+                kv_qdot_quantize_act(wt, x + (size_t)r * in, in, (uint8_t *)a + (size_t)r * ab);
+            j.act = a;
+        } else {
+            j.path = MM_DOT; /* out of memory: the fp32 dots */
+        }
     }
+    if (j.path == MM_DOT) j.dot = pick_dot(wt);
+    j.tiles = scratch;
+    j.cs = mm_chunk(j.path, wt, in, out);
+    kv_workers_run(pool, (out + j.cs - 1) / j.cs, mm_run_chunk, &j);
+    free(own);
 }
 
 void kv_qmatmul(float *y, const float *x, const void *w, kv_dtype wt, int rows, int in, int out,
                 float *scratch, size_t scratch_floats) {
-    if (wt == KV_DT_F32) {
-        const float *wf = w;
-        if (rows <= KV_QDOT_MAX_ROWS)
-            for (int r = 0; r < rows; r++)
-                cblas_sgemv(CblasRowMajor, CblasNoTrans, out, in, 1.0f, wf, in, x + (size_t)r * in,
-                            1, 0.0f, y + (size_t)r * out, 1);
-        else
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, out, in, 1.0f, x, in, wf, in,
-                        0.0f, y, out);
-        return;
-    }
-    const uint8_t *W = w;
-    size_t rb = (size_t)(in / kv_dtype_block(wt)) * kv_dtype_block_bytes(wt);
-    size_t need = kv_qmatmul_scratch_floats(wt, rows, in, out);
-    int kind = kv_qdot_act_kind(wt);
-    if (rows > (kind ? KV_QINT_MAX_ROWS : KV_QDOT_MAX_ROWS) && scratch && scratch_floats >= need) {
-        kv_qmatmul_tiles(y, x, w, wt, rows, in, out, scratch);
-        return;
-    }
-    if (kind) {
-        size_t act = (size_t)rows * kv_qdot_act_bytes(wt, in);
-        if (scratch && scratch_floats * sizeof(float) >= act) {
-            kv_qmatmul_int(y, x, w, wt, rows, in, out, scratch);
-            return;
-        }
-        void *buf = malloc(act);
-        if (buf) {
-            kv_qmatmul_int(y, x, w, wt, rows, in, out, buf);
-            free(buf);
-            return;
-        } /* out of memory: the fp32 dots below */
-    }
-    dot_fn f = pick_dot(wt);
-    int par = (size_t)out * (size_t)in * (size_t)rows >= KV_QPAR_MIN;
-    (void)par; /* used by the pragma only when OpenMP is on */
-#pragma omp parallel for schedule(static) if (par)
-    for (int o = 0; o < out; o++)
-        for (int r = 0; r < rows; r++)
-            y[(size_t)r * out + o] = f(W + (size_t)o * rb, x + (size_t)r * in, in);
+    kv_qmatmul_pool(y, x, w, wt, rows, in, out, scratch, scratch_floats, NULL);
 }
 
 void kv_weight_row(kv_weight w, int in, int64_t row, float *dst) {

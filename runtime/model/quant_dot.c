@@ -713,20 +713,26 @@ int kv_dot_row_q8(kv_dtype t, const void *w, const float *x, int64_t n, kv_isa i
  * measured: 16 rows of 2048 (40 KiB) took 2x the time per dot of 8. */
 #define KV_QINT_TILE_BYTES 16384
 
-void kv_qmatmul_int(float *y, const float *x, const void *w, kv_dtype wt, int rows, int in, int out,
-                    void *act) {
+void kv_qmatmul_int_range(float *y, const void *act, const void *w, kv_dtype wt, int rows, int in,
+                          int out, int o0, int o1) {
     size_t ab = kv_qdot_act_bytes(wt, in);
     size_t rb = (size_t)(in / kv_dtype_block(wt)) * kv_dtype_block_bytes(wt);
-    uint8_t *A = act;
-    const uint8_t *W = w;
-    for (int r = 0; r < rows; r++) kv_qdot_quantize_act(wt, x + (size_t)r * in, in, A + r * ab);
+    const uint8_t *A = act, *W = w;
     kv_qdot_fn f = kv_qdot_kernel(wt, kv_isa_best());
     int tile = (int)(KV_QINT_TILE_BYTES / ab);
     tile = tile < 1 ? 1 : tile > 16 ? 16 : tile;
     for (int r0 = 0; r0 < rows; r0 += tile) {
         int r1 = r0 + tile < rows ? r0 + tile : rows;
-        for (int o = 0; o < out; o++)
+        for (int o = o0; o < o1; o++)
             for (int r = r0; r < r1; r++)
                 y[(size_t)r * out + o] = f(W + (size_t)o * rb, A + r * ab, in);
     }
+}
+
+void kv_qmatmul_int(float *y, const float *x, const void *w, kv_dtype wt, int rows, int in, int out,
+                    void *act) {
+    size_t ab = kv_qdot_act_bytes(wt, in);
+    uint8_t *A = act;
+    for (int r = 0; r < rows; r++) kv_qdot_quantize_act(wt, x + (size_t)r * in, in, A + r * ab);
+    kv_qmatmul_int_range(y, act, w, wt, rows, in, out, 0, out);
 }

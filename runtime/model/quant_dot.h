@@ -60,6 +60,10 @@ kv_qdot_fn kv_qdot_kernel(kv_dtype t, kv_isa isa);
  * (scratch: kv_qmatmul_scratch_floats floats). */
 void kv_qmatmul_int(float *y, const float *x, const void *w, kv_dtype wt, int rows, int in, int out,
                     void *act);
+/* Outputs o0 .. o1 - 1 of the integer path from rows already quantised into act (rows *
+ * kv_qdot_act_bytes(wt, in) bytes): one chunk of a pooled kv_qmatmul. */
+void kv_qmatmul_int_range(float *y, const void *act, const void *w, kv_dtype wt, int rows, int in,
+                          int out, int o0, int o1);
 void kv_qmatmul_tiles(float *y, const float *x, const void *w, kv_dtype wt, int rows, int in,
                       int out, float *scratch);
 

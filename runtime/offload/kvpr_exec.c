@@ -63,7 +63,7 @@ int kv_kvpr_exec_new(const kv_model *m, int max_ctx, kv_kvpr_exec **out, kv_erro
     }
     kv_op_rope_tables(c, max_ctx, e->rope_cos, e->rope_sin);
     int bs = KV_DEFAULT_BLOCK_SIZE, per_head = (max_ctx + bs - 1) / bs;
-    int rc = kv_backend_cpu_new(m, 1, max_ctx, &e->be, err);
+    int rc = kv_backend_cpu_new(m, 1, max_ctx, 1, &e->be, err);
     if (!rc)
         rc = kv_backend_pool_init(e->be, &e->pool, c->n_kv_heads * per_head, bs, c->head_dim, err);
     e->pool_ok = !rc && e->be;

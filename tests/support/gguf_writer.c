@@ -125,8 +125,51 @@ static int add(tw_tensor *t, int *n, const char *name, int rows, int cols, int o
     return KV_OK;
 }
 
+/* A placeholder SentencePiece ("llama") vocabulary of V tokens, so that llama.cpp loads the
+ * file: <unk>, <s>, </s> (control), the 256 byte tokens <0xNN>, then "t%d" (normal). */
+static void put_vocab(tw_buf *w, int V) {
+    tw_kv_str(w, "tokenizer.ggml.model", "llama");
+    tw_kv_array(w, "tokenizer.ggml.tokens", TW_STRING, (uint64_t)V);
+    for (int i = 0; i < V; i++) {
+        char s[32];
+        if (i < 3)
+            snprintf(s, sizeof s, "%s", i == 0 ? "<unk>" : i == 1 ? "<s>" : "</s>");
+        else if (i < 3 + 256)
+            snprintf(s, sizeof s, "<0x%02X>", i - 3);
+        else
+            snprintf(s, sizeof s, "t%d", i);
+        tw_str(w, s);
+    }
+    tw_kv_array(w, "tokenizer.ggml.scores", TW_FLOAT32, (uint64_t)V);
+    for (int i = 0; i < V; i++) tw_f32(w, i < 3 + 256 ? 0.0f : -(float)i);
+    tw_kv_array(w, "tokenizer.ggml.token_type", TW_INT32, (uint64_t)V);
+    for (int i = 0; i < V; i++) {
+        int32_t ty = i == 0 ? 2 : i < 3 ? 3 : i < 3 + 256 ? 6 : 1;
+        tw_put(w, &ty, 4);
+    }
+    tw_kv_u32(w, "tokenizer.ggml.bos_token_id", 1);
+    tw_kv_u32(w, "tokenizer.ggml.eos_token_id", 2);
+    tw_kv_u32(w, "tokenizer.ggml.unknown_token_id", 0);
+}
+
+static int write_gguf(const char *path, const kv_model *m, kv_dtype type, int vocab, size_t *bytes,
+                      kv_error *err);
+
 int tw_write_gguf(const char *path, const kv_model *m, kv_dtype type, size_t *bytes,
                   kv_error *err) {
+    return write_gguf(path, m, type, 0, bytes, err);
+}
+
+int tw_write_gguf_vocab(const char *path, const kv_model *m, kv_dtype type, size_t *bytes,
+                        kv_error *err) {
+    if (m->cfg.vocab_size < 3 + 256 + 1)
+        return kv_fail(err, KV_EINPUT, "%s: a placeholder vocabulary needs 260 tokens or more",
+                       path);
+    return write_gguf(path, m, type, 1, bytes, err);
+}
+
+static int write_gguf(const char *path, const kv_model *m, kv_dtype type, int vocab, size_t *bytes,
+                      kv_error *err) {
     const kv_config *c = &m->cfg;
     if (c->attn_bias)
         return kv_fail(err, KV_EINPUT, "%s: the test writer does not write attention biases", path);
@@ -190,8 +233,12 @@ int tw_write_gguf(const char *path, const kv_model *m, kv_dtype type, size_t *by
     tw_kv_f32(&w, "llama.attention.layer_norm_rms_epsilon", c->norm_eps);
     tw_kv_f32(&w, "llama.rope.freq_base", c->rope_theta);
     tw_kv_u32(&w, "llama.vocab_size", (uint32_t)V);
-    if (c->bos_id >= 0) tw_kv_u32(&w, "tokenizer.ggml.bos_token_id", (uint32_t)c->bos_id);
-    if (c->eos_id >= 0) tw_kv_u32(&w, "tokenizer.ggml.eos_token_id", (uint32_t)c->eos_id);
+    if (vocab) {
+        put_vocab(&w, V);
+    } else {
+        if (c->bos_id >= 0) tw_kv_u32(&w, "tokenizer.ggml.bos_token_id", (uint32_t)c->bos_id);
+        if (c->eos_id >= 0) tw_kv_u32(&w, "tokenizer.ggml.eos_token_id", (uint32_t)c->eos_id);
+    }
     tw_gguf_kv_count(&w);
     for (int i = 0; i < n; i++)
         tw_tensor_info(&w, t[i].name, t[i].one_d ? 1 : 2, (uint64_t)t[i].cols, (uint64_t)t[i].rows,

@@ -91,5 +91,10 @@ int tw_save(const tw_buf *b, const char *path, kv_error *err);
  * of the type's block size (the message names the tensor) or the model has biases; KV_EINTERNAL
  * when the file cannot be written. *bytes (may be NULL) gets the file size. */
 int tw_write_gguf(const char *path, const kv_model *m, kv_dtype type, size_t *bytes, kv_error *err);
+/* The same with a placeholder SentencePiece vocabulary of vocab_size tokens (<unk>, <s>, </s>,
+ * the 256 byte tokens, then "t<id>"; bos 1, eos 2), which llama.cpp needs to load a file (the
+ * peer benchmark, bench/peer_llamacpp.sh; token ids are fed directly). KV_EINPUT below 260. */
+int tw_write_gguf_vocab(const char *path, const kv_model *m, kv_dtype type, size_t *bytes,
+                        kv_error *err);
 
 #endif
