@@ -63,9 +63,10 @@ static const kv_opt search_opts[] = {
      .help = "sensitivity: policies a head may choose, e.g. sink,h2o (default: the --policy "
              "only)"},
     {"--kv-types", NULL, KV_OPT_STR, offsetof(search_args, kv_types), "LIST",
-     .help = "also evaluate uniform budgets stored in each of these KV types (e.g. f16,q8,q4) at "
-             "the plan's bytes, on the search and held-out tokens, into /search/kv_types "
-             "(default: none; the plan's own heads are all --kv-type)"},
+     .help = "KV storage types the sensitivity knapsack may give a head (it chooses tokens and "
+             "type per head at the plan's bytes), and whose uniform caches at the plan's bytes "
+             "are evaluated on the search and held-out tokens into /search/kv_types (default: "
+             "f16,q8,q4; f32 only when listed; `none`: every head --kv-type, no baselines)"},
     {"--resume", NULL, KV_OPT_FLAG, offsetof(search_args, resume),
      .help = "continue a killed run from its task log PLAN.h5.tasks (written as the run goes, "
              "removed when it finishes)"},
@@ -254,8 +255,13 @@ static int fill_opts(const search_args *s, const search_job *j, kv_progress *pro
     so->allocation = j->ap.kind;
     so->ratio = j->ap.ratio;
     so->kv_type = j->ap.kv_type;
-    so->kv_types_mask = 0;
-    if (s->kv_types) { /* a comma-separated list of type names */
+    /* default: every type that can beat f16 at the same bytes (f32 never does: it holds half
+     * the tokens of f16 at the same rounding-sized error) */
+    so->kv_types_mask = (1 << KV_TYPE_F16) | (1 << KV_TYPE_Q8) | (1 << KV_TYPE_Q4);
+    if (s->kv_types && !strcmp(s->kv_types, "none")) {
+        so->kv_types_mask = 0;
+    } else if (s->kv_types) { /* a comma-separated list of type names */
+        so->kv_types_mask = 0;
         char buf[128];
         snprintf(buf, sizeof buf, "%s", s->kv_types);
         for (char *tok = buf; tok;) {

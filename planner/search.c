@@ -196,6 +196,7 @@ void kv_search_result_free(kv_search_result *r) {
     free(r->tokens);
     free(r->blocks);
     free(r->policy);
+    free(r->kv_types);
     kv_sens_result_free(&r->sens);
     memset(r, 0, sizeof *r);
 }
@@ -319,6 +320,7 @@ typedef struct heldout_tasks {
     search_ctx *c;
     const int *const *budget;
     const kv_policy *const *policy;
+    const kv_cache_type *const *type; /* [n] per-head types or NULL (the engine plan's) */
 } heldout_tasks;
 
 static int heldout_task(void *user, long task, double *out, kv_error *err) {
@@ -326,9 +328,10 @@ static int heldout_task(void *user, long task, double *out, kv_error *err) {
     search_ctx *c = t->c;
     const int C = c->o->context, *b[1] = {t->budget[task / c->HC]};
     const kv_policy *p[1] = {t->policy[task / c->HC]};
+    const kv_cache_type *ty[1] = {t->type[task / c->HC]};
     const int *tk = c->ids + (long)(c->S + task % c->HC) * C;
-    int rc = kv_engine_chunk_nll(c->eng, tk, C, 1, b[0] ? b : NULL, b[0] && p[0] ? p : NULL, out,
-                                 NULL, err);
+    int rc = kv_engine_chunk_score_typed(c->eng, tk, C, 1, b[0] ? b : NULL,
+                                         b[0] && p[0] ? p : NULL, ty, NULL, out, NULL, NULL, err);
     c->work_done++;
     if (!rc) progress(c, "held-out");
     return rc;
@@ -337,11 +340,12 @@ static int heldout_task(void *user, long task, double *out, kv_error *err) {
 /* Held-out perplexities ppl[n] of n budgets and policies (as heldout_task) on the HC chunks
  * after the search tokens, as one task list; each summed in chunk order. */
 static int heldout_ppls(search_ctx *c, int n, const int *const *budget,
-                        const kv_policy *const *policy, double *ppl) {
+                        const kv_policy *const *policy, const kv_cache_type *const *type,
+                        double *ppl) {
     long nt = (long)n * c->HC;
     double *nll = kv_malloc((size_t)(nt > 0 ? nt : 1) * sizeof *nll, "chunk losses", c->err);
     if (!nll) return KV_EINTERNAL;
-    heldout_tasks t = {c, budget, policy};
+    heldout_tasks t = {c, budget, policy, type};
     long before = c->work_done;
     int rc =
         kv_tasks_run_range(c->o->tasks, nt, 1, DBL_MIN, DBL_MAX, heldout_task, &t, nll, c->err);
@@ -610,6 +614,12 @@ static int search_baseline_budgets(search_ctx *c) {
     return rc;
 }
 
+/* The KV types the sensitivity knapsack may choose (issue 22): kv_types_mask when sensitivity
+ * planning runs, else none (the plan keeps o->kv_type in every head). */
+static int search_knapsack_types(const kv_search_opts *o) {
+    return o->sensitivity ? o->kv_types_mask : 0;
+}
+
 /* Stage 3: one engine whose reservation is the full cache, so it runs every arm. */
 static int search_engine(search_ctx *c) {
     kv_plan full;
@@ -620,7 +630,8 @@ static int search_engine(search_ctx *c) {
     kv_engine_opts eo = {.device = c->o->device,
                          .n_threads = c->o->n_threads,
                          .max_seqs =
-                             c->o->sensitivity && c->o->sens.batch > 1 ? c->o->sens.batch : 1};
+                             c->o->sensitivity && c->o->sens.batch > 1 ? c->o->sens.batch : 1,
+                         .type_mask = search_knapsack_types(c->o)};
     rc = kv_engine_new(c->m, &full, &eo, &c->eng, c->err);
     kv_plan_free(&full);
     return rc;
@@ -748,8 +759,10 @@ static int search_sensitivity(search_ctx *c) {
     int rc = KV_OK;
     res->sens_ppl = res->sens_heldout = res->grid_heldout = NAN;
     res->policy = kv_malloc((size_t)c->nh * sizeof *res->policy, "winner policies", c->err);
-    if (!res->policy) return KV_EINTERNAL;
+    res->kv_types = kv_malloc((size_t)c->nh * sizeof *res->kv_types, "winner types", c->err);
+    if (!res->policy || !res->kv_types) return KV_EINTERNAL;
     for (int h = 0; h < c->nh; h++) res->policy[h] = o->policy;
+    for (int h = 0; h < c->nh; h++) res->kv_types[h] = o->kv_type;
     if (!o->sensitivity) return KV_OK;
     kv_sens_opts so = o->sens;
     so.ratio = o->ratio;
@@ -759,6 +772,8 @@ static int search_sensitivity(search_ctx *c) {
     so.policy = o->policy;
     so.progress = o->progress;
     so.tasks = o->tasks;
+    so.kv_type = o->kv_type;
+    so.types_mask = search_knapsack_types(o);
     double uni = c->base_arm[1] >= 0 ? res->base_ppl[1] : NAN;
     rc = kv_sens_search(c->eng, c->m, c->ids, c->S, uni, &so, &res->sens, c->err);
     if (rc) return kv_fail_context(c->err, "sensitivity planning");
@@ -772,6 +787,7 @@ static int search_sensitivity(search_ctx *c) {
             res->tokens[h] = res->sens.budget[h];
             res->blocks[h] = (res->sens.budget[h] + o->block_size - 1) / o->block_size;
             res->policy[h] = res->sens.policy[h];
+            res->kv_types[h] = res->sens.type[h];
         }
     }
     return rc;
@@ -784,6 +800,7 @@ typedef struct ladder_tasks {
     kv_engine *eng;             /* the engine at the p being measured */
     const int *budget[2];       /* plan candidate, uniform */
     const kv_policy *policy[2]; /* their per-head policies */
+    const kv_cache_type *type[2]; /* their per-head KV types */
 } ladder_tasks;
 
 /* Task k: candidate k / S on search chunk k % S. */
@@ -793,7 +810,9 @@ static int ladder_task(void *user, long task, double *out, kv_error *err) {
     int C = c->o->context, cand = (int)(task / c->S), ch = (int)(task % c->S);
     const int *b[1] = {t->budget[cand]};
     const kv_policy *pp[1] = {t->policy[cand]};
-    int rc = kv_engine_chunk_nll(t->eng, c->ids + (long)ch * C, C, 1, b, pp, out, NULL, err);
+    const kv_cache_type *ty[1] = {t->type[cand]};
+    int rc = kv_engine_chunk_score_typed(t->eng, c->ids + (long)ch * C, C, 1, b, pp, ty, NULL, out,
+                                         NULL, NULL, err);
     c->work_done++;
     if (!rc) progress(c, "eviction block");
     return rc;
@@ -805,7 +824,10 @@ static int engine_at(search_ctx *c, int p, kv_engine **out) {
         kv_plan_full(&c->m->cfg, c->o->context, c->o->block_size, p, c->o->policy, &full, c->err);
     if (rc) return rc;
     kv_plan_set_kv_type(&full, c->o->kv_type);
-    kv_engine_opts eo = {.device = c->o->device, .n_threads = c->o->n_threads, .max_seqs = 1};
+    kv_engine_opts eo = {.device = c->o->device,
+                         .n_threads = c->o->n_threads,
+                         .max_seqs = 1,
+                         .type_mask = search_knapsack_types(c->o)};
     rc = kv_engine_new(c->m, &full, &eo, out, c->err);
     kv_plan_free(&full);
     return rc;
@@ -850,7 +872,7 @@ static int search_evict_block(search_ctx *c) {
          p /= 2) {
         kv_engine *e = NULL;
         rc = engine_at(c, p, &e);
-        ladder_tasks t = {c, e, {cand_tok, utok}, {cand_pol, upol}};
+        ladder_tasks t = {c, e, {cand_tok, utok}, {cand_pol, upol}, {res->kv_types, NULL}};
         long nt = (same ? 1L : 2L) * c->S, before = c->work_done;
         if (!rc)
             rc =
@@ -897,6 +919,7 @@ static int search_evict_block(search_ctx *c) {
             memcpy(res->tokens, utok, (size_t)c->nh * sizeof *res->tokens);
             memcpy(res->blocks, c->arms[uni].blocks, (size_t)c->nh * sizeof *res->blocks);
             for (int h = 0; h < c->nh; h++) res->policy[h] = o->policy;
+            for (int h = 0; h < c->nh; h++) res->kv_types[h] = o->kv_type;
         }
     }
     kv_engine_free(keep);
@@ -912,6 +935,7 @@ static int search_heldout(search_ctx *c) {
      * task list */
     const int *bud[2 + KV_SEARCH_N_BASE];
     const kv_policy *pol[2 + KV_SEARCH_N_BASE];
+    const kv_cache_type *typ[2 + KV_SEARCH_N_BASE] = {0};
     double *dst[2 + KV_SEARCH_N_BASE], ppl[2 + KV_SEARCH_N_BASE];
     int n = 0;
     for (int b = 0; b < 1 + KV_SEARCH_N_BASE; b++) {
@@ -921,6 +945,7 @@ static int search_heldout(search_ctx *c) {
         int sens = b == 0 && res->winner_sens;
         bud[n] = sens ? res->tokens : c->arms[a].tokens;
         pol[n] = sens ? res->policy : NULL;
+        typ[n] = sens ? res->kv_types : NULL;
         dst[n++] = &res->heldout_ppl[b];
     }
     if (c->HC > 0 && res->have_sens && res->winner_sens && c->win_arm >= 0) {
@@ -930,9 +955,10 @@ static int search_heldout(search_ctx *c) {
     } else if (c->HC > 0 && res->have_sens && !res->winner_sens) {
         bud[n] = res->sens.budget;
         pol[n] = res->sens.policy;
+        typ[n] = res->sens.type;
         dst[n++] = &res->sens_heldout;
     }
-    int rc = heldout_ppls(c, n, bud, pol, ppl);
+    int rc = heldout_ppls(c, n, bud, pol, typ, ppl);
     for (int i = 0; i < n && !rc; i++) *dst[i] = ppl[i];
     if (!rc && c->HC > 0 && res->have_sens) {
         if (res->winner_sens)
@@ -946,7 +972,8 @@ static int search_heldout(search_ctx *c) {
         const int *u = c->arms[c->base_arm[1]].tokens;
         res->identical_to_uniform = !memcmp(u, res->tokens, (size_t)c->nh * sizeof *u);
         for (int h = 0; h < c->nh; h++)
-            if (res->policy[h] != c->o->policy) res->identical_to_uniform = 0;
+            if (res->policy[h] != c->o->policy || res->kv_types[h] != c->o->kv_type)
+                res->identical_to_uniform = 0;
     }
     return rc;
 }
@@ -1180,8 +1207,10 @@ int kv_plan_file_write(const char *path, const char *command, const char *profil
         !sens && a->kind == KV_ALLOC_BAKLAVA ? a->r : NAN,
         sens || a->kind == KV_ALLOC_UNIFORM ? NAN : a->p, a->min_tokens, &plan, err);
     if (rc) return rc;
-    if (a->kv_type != KV_TYPE_F16) { /* the ratio in bytes over the full F16 cache */
-        for (int i = 0; i < plan.n_layers * plan.n_kv_heads; i++) plan.kv_type[i] = a->kv_type;
+    if (a->kv_type != KV_TYPE_F16 || sens) { /* the ratio in bytes over the full F16 cache;
+                                               * the knapsack's per-head types */
+        for (int i = 0; i < plan.n_layers * plan.n_kv_heads; i++)
+            plan.kv_type[i] = sens && sr->kv_types ? sr->kv_types[i] : a->kv_type;
         plan.ratio = a->ratio * (double)kv_type_token_bytes(a->kv_type, m->cfg.head_dim) /
                      (double)kv_type_token_bytes(KV_TYPE_F16, m->cfg.head_dim);
         rc = kv_plan_validate(&plan, path, err);

@@ -25,6 +25,8 @@ void kv_sens_opts_default(kv_sens_opts *o, const kv_model *m) {
     o->calib_chunks = 2;
     o->max_rounds = 3;
     o->objective = KV_SENS_OBJ_KL;
+    o->kv_type = KV_TYPE_DEFAULT;
+    o->types_mask = 0;
 }
 
 void kv_sens_curves_free(kv_sens_curves *c) {
@@ -32,6 +34,7 @@ void kv_sens_curves_free(kv_sens_curves *c) {
     free(c->levels);
     free(c->base);
     free(c->base_policy);
+    free(c->base_type);
     free(c->delta_nll);
     free(c->kl);
     memset(c, 0, sizeof *c);
@@ -45,6 +48,7 @@ void kv_sens_result_free(kv_sens_result *r) {
     free(r->round_obj);
     free(r->budget);
     free(r->policy);
+    free(r->type);
     memset(r, 0, sizeof *r);
 }
 
@@ -53,6 +57,18 @@ static int n_pol(const kv_sens_opts *o) {
 }
 static kv_policy pol_at(const kv_sens_opts *o, int q) {
     return o->n_policies > 0 ? o->policies[q] : o->policy;
+}
+/* The KV types a head may be stored in: those of o->types_mask in code order, or the base type
+ * alone (0). */
+static int n_typ(const kv_sens_opts *o) {
+    int n = 0;
+    for (int t = 0; t < KV_CACHE_TYPES; t++) n += (o->types_mask >> t) & 1;
+    return n > 0 ? n : 1;
+}
+static kv_cache_type typ_at(const kv_sens_opts *o, int ty) {
+    for (int t = 0; t < KV_CACHE_TYPES; t++)
+        if (((o->types_mask >> t) & 1) && ty-- == 0) return (kv_cache_type)t;
+    return o->kv_type;
 }
 /* The lowest block level a head with policy q may have (fixed part + p), in blocks. */
 static int floor_blocks(const kv_sens_opts *o, kv_policy q) {
@@ -76,6 +92,10 @@ static int check_opts(const kv_sens_opts *o, kv_error *err) {
     if (o->n_policies < 0 || o->n_policies > KV_SENS_MAX_POLICIES)
         return kv_fail(err, KV_EINPUT, "sensitivity: %d candidate policies (at most %d)",
                        o->n_policies, KV_SENS_MAX_POLICIES);
+    if (!kv_type_valid((int)o->kv_type) || o->types_mask < 0 ||
+        o->types_mask >= (1 << KV_CACHE_TYPES))
+        return kv_fail(err, KV_EINPUT, "sensitivity: KV type %d or type set %#x is not known",
+                       (int)o->kv_type, (unsigned)o->types_mask);
     if (o->batch < 1 || o->calib_chunks < 1 || o->max_rounds < 1 || o->max_levels < 2)
         return kv_fail(err, KV_EINPUT,
                        "sensitivity: batch, calibration chunks and rounds must be >= 1 and "
@@ -151,6 +171,7 @@ typedef struct sens_tasks {
     int n_pert, per_chunk, n_chunks;
     int *set_budget;       /* [B, n_heads] scratch */
     kv_policy *set_policy; /* [B, n_heads] scratch */
+    kv_cache_type *set_type; /* [B, n_heads] scratch */
     float *ref;            /* [C, V] full-cache log-probabilities of chunk ref_chunk */
     int ref_chunk;
     double t0;
@@ -161,7 +182,7 @@ static int sens_task(void *user, long task, double *out, kv_error *err) {
     const kv_sens_curves *cv = t->cv;
     const kv_sens_opts *o = t->o;
     const int ch = (int)(task / t->per_chunk), j = (int)(task % t->per_chunk), C = t->C;
-    const int nh = cv->n_heads, Q = cv->n_policies, K = cv->n_levels, B = t->B;
+    const int nh = cv->n_heads, T = cv->n_types, Q = cv->n_policies, K = cv->n_levels, B = t->B;
     const int *tk = t->ids + (long)ch * C;
     int rc = KV_OK;
     if (t->ref_chunk != ch) { /* the full cache's next-token distribution at every position */
@@ -178,23 +199,32 @@ static int sens_task(void *user, long task, double *out, kv_error *err) {
     if (j == 0) {
         const int *bb[1] = {cv->base};
         const kv_policy *bp[1] = {cv->base_policy};
-        return kv_engine_chunk_score(t->e, tk, C, 1, bb, bp, t->ref, out, out + B, NULL, err);
+        const kv_cache_type *bt[1] = {cv->base_type};
+        return kv_engine_chunk_score_typed(t->e, tk, C, 1, bb, bp, bt, t->ref, out, out + B, NULL,
+                                           err);
     }
     const int b0 = (j - 1) * B, ns = t->n_pert - b0 < B ? t->n_pert - b0 : B;
     const int *bptr[64];
     const kv_policy *pptr[64];
+    const kv_cache_type *tptr[64];
     for (int s = 0; s < ns; s++) {
-        int i = t->pert[b0 + s], h = i / (Q * K), q = (i / K) % Q, k = i % K;
+        int i = t->pert[b0 + s], h = i / (T * Q * K), ty = (i / (Q * K)) % T, q = (i / K) % Q,
+            k = i % K;
         int *bs = t->set_budget + (size_t)s * nh;
         kv_policy *ps = t->set_policy + (size_t)s * nh;
+        kv_cache_type *ts = t->set_type + (size_t)s * nh;
         memcpy(bs, cv->base, (size_t)nh * sizeof *bs);
         memcpy(ps, cv->base_policy, (size_t)nh * sizeof *ps);
+        memcpy(ts, cv->base_type, (size_t)nh * sizeof *ts);
         bs[h] = level_tokens(o, cv->levels[k]);
         ps[h] = pol_at(o, q);
+        ts[h] = cv->types[ty];
         bptr[s] = bs;
         pptr[s] = ps;
+        tptr[s] = ts;
     }
-    rc = kv_engine_chunk_score(t->e, tk, C, ns, bptr, pptr, t->ref, out, out + B, NULL, err);
+    rc = kv_engine_chunk_score_typed(t->e, tk, C, ns, bptr, pptr, tptr, t->ref, out, out + B,
+                                     NULL, err);
     if (!rc && o->progress && !o->progress->quiet)
         kv_progress_print(o->progress, 0, "sensitivity: chunk %d/%d, perturbations %d/%d, %.0fs",
                           ch + 1, t->n_chunks, b0 + ns, t->n_pert, kv_now() - t->t0);
@@ -205,10 +235,13 @@ static int sens_task(void *user, long task, double *out, kv_error *err) {
  * levels or the defaults) and their arrays. */
 static int sens_curves_init(const kv_model *m, const int *levels_blocks, int n_levels,
                             const kv_sens_opts *o, kv_sens_curves *out, kv_error *err) {
-    const int nh = m->cfg.n_layers * m->cfg.n_kv_heads, Q = n_pol(o);
+    const int nh = m->cfg.n_layers * m->cfg.n_kv_heads, Q = n_pol(o), T = n_typ(o);
     out->n_heads = nh;
     out->n_policies = Q;
+    out->n_types = T;
+    out->head_dim = m->cfg.head_dim;
     for (int q = 0; q < Q; q++) out->policies[q] = pol_at(o, q);
+    for (int ty = 0; ty < T; ty++) out->types[ty] = typ_at(o, ty);
     if (levels_blocks) {
         out->levels = kv_malloc((size_t)n_levels * sizeof *out->levels, "levels", err);
         if (!out->levels) return KV_EINTERNAL;
@@ -221,15 +254,19 @@ static int sens_curves_init(const kv_model *m, const int *levels_blocks, int n_l
     const int K = out->n_levels;
     out->base = kv_malloc((size_t)nh * sizeof *out->base, "base budgets", err);
     out->base_policy = kv_malloc((size_t)nh * sizeof *out->base_policy, "base policies", err);
-    out->delta_nll = kv_malloc((size_t)nh * Q * K * sizeof *out->delta_nll, "curves", err);
-    out->kl = kv_malloc((size_t)nh * Q * K * sizeof *out->kl, "curves", err);
-    return out->base && out->base_policy && out->delta_nll && out->kl ? KV_OK : KV_EINTERNAL;
+    out->base_type = kv_malloc((size_t)nh * sizeof *out->base_type, "base types", err);
+    out->delta_nll = kv_malloc((size_t)nh * T * Q * K * sizeof *out->delta_nll, "curves", err);
+    out->kl = kv_malloc((size_t)nh * T * Q * K * sizeof *out->kl, "curves", err);
+    return out->base && out->base_policy && out->base_type && out->delta_nll && out->kl
+               ? KV_OK
+               : KV_EINTERNAL;
 }
 
 /* Stage 2: the base budgets and policies (given, or uniform at the ratio), each head at least
  * its policy's floor (fixed part + p) unless it keeps the whole context. */
 static int sens_set_base(const kv_model *m, const int *base, const kv_policy *base_policy,
-                         const kv_sens_opts *o, kv_sens_curves *out, kv_error *err) {
+                         const kv_cache_type *base_type, const kv_sens_opts *o,
+                         kv_sens_curves *out, kv_error *err) {
     const int nh = out->n_heads, C = o->context;
     int rc = KV_OK;
     if (base)
@@ -238,6 +275,7 @@ static int sens_set_base(const kv_model *m, const int *base, const kv_policy *ba
         return rc;
     for (int h = 0; h < nh; h++) {
         out->base_policy[h] = base_policy ? base_policy[h] : o->policy;
+        out->base_type[h] = base_type ? base_type[h] : o->kv_type;
         int fl = kv_policy_fixed_tokens(out->base_policy[h]) + o->evict_block;
         if (out->base[h] < C && out->base[h] < fl)
             return kv_fail(err, KV_EINPUT,
@@ -254,22 +292,25 @@ static int sens_set_base(const kv_model *m, const int *base, const kv_policy *ba
  * below the policy's floor stay NaN; the base run itself has delta 0 (its KL is set at the
  * end). */
 static int sens_list_perturbations(const kv_sens_opts *o, kv_sens_curves *out, int *pert) {
-    const int nh = out->n_heads, Q = out->n_policies, K = out->n_levels, C = o->context;
+    const int nh = out->n_heads, T = out->n_types, Q = out->n_policies, K = out->n_levels;
+    const int C = o->context;
     int n_pert = 0;
     for (int h = 0; h < nh; h++)
-        for (int q = 0; q < Q; q++)
-            for (int k = 0; k < K; k++) {
-                int i = (h * Q + q) * K + k, tok = level_tokens(o, out->levels[k]);
-                kv_policy pq = pol_at(o, q);
-                int fl = kv_policy_fixed_tokens(pq) + o->evict_block;
-                out->delta_nll[i] = out->kl[i] = NAN;
-                if (tok < C && tok < fl) continue;
-                if (tok == out->base[h] && pq == out->base_policy[h]) {
-                    out->delta_nll[i] = 0.0;
-                    continue;
+        for (int ty = 0; ty < T; ty++)
+            for (int q = 0; q < Q; q++)
+                for (int k = 0; k < K; k++) {
+                    int i = ((h * T + ty) * Q + q) * K + k, tok = level_tokens(o, out->levels[k]);
+                    kv_policy pq = pol_at(o, q);
+                    int fl = kv_policy_fixed_tokens(pq) + o->evict_block;
+                    out->delta_nll[i] = out->kl[i] = NAN;
+                    if (tok < C && tok < fl) continue;
+                    if (tok == out->base[h] && pq == out->base_policy[h] &&
+                        out->types[ty] == out->base_type[h]) {
+                        out->delta_nll[i] = 0.0;
+                        continue;
+                    }
+                    pert[n_pert++] = i;
                 }
-                pert[n_pert++] = i;
-            }
     return n_pert;
 }
 
@@ -278,7 +319,7 @@ static int sens_list_perturbations(const kv_sens_opts *o, kv_sens_curves *out, i
  * another, into mean ΔNLL and KL per token. */
 static void sens_reduce(const sens_tasks *st, const double *res, kv_sens_curves *out) {
     const int B = st->B, C = st->C, n_pert = st->n_pert, n_batch = st->per_chunk - 1;
-    const int n = out->n_heads * out->n_policies * out->n_levels;
+    const int n = out->n_heads * out->n_types * out->n_policies * out->n_levels;
     double base_nll_sum = 0, base_kl_sum = 0;
     for (int j = 0; j < n_pert; j++) out->delta_nll[st->pert[j]] = out->kl[st->pert[j]] = 0.0;
     for (int ch = 0; ch < st->n_chunks; ch++) {
@@ -312,6 +353,14 @@ static void sens_reduce(const sens_tasks *st, const double *res, kv_sens_curves 
 int kv_sens_measure(kv_engine *e, const kv_model *m, const int *ids, int n_chunks, const int *base,
                     const kv_policy *base_policy, const int *levels_blocks, int n_levels,
                     const kv_sens_opts *o, kv_sens_curves *out, kv_error *err) {
+    return kv_sens_measure_typed(e, m, ids, n_chunks, base, base_policy, NULL, levels_blocks,
+                                 n_levels, o, out, err);
+}
+
+int kv_sens_measure_typed(kv_engine *e, const kv_model *m, const int *ids, int n_chunks,
+                          const int *base, const kv_policy *base_policy,
+                          const kv_cache_type *base_type, const int *levels_blocks, int n_levels,
+                          const kv_sens_opts *o, kv_sens_curves *out, kv_error *err) {
     memset(out, 0, sizeof *out);
     int rc = check_opts(o, err);
     if (rc) return rc;
@@ -320,16 +369,17 @@ int kv_sens_measure(kv_engine *e, const kv_model *m, const int *ids, int n_chunk
         return kv_fail(err, KV_EINPUT, "sensitivity: batch %d is more than 64 sequences", o->batch);
     double t0 = kv_now();
     rc = sens_curves_init(m, levels_blocks, n_levels, o, out, err);
-    if (!rc) rc = sens_set_base(m, base, base_policy, o, out, err);
+    if (!rc) rc = sens_set_base(m, base, base_policy, base_type, o, out, err);
     const int nh = out->n_heads, C = o->context, B = o->batch;
-    const size_t n = (size_t)nh * out->n_policies * out->n_levels;
+    const size_t n = (size_t)nh * out->n_types * out->n_policies * out->n_levels;
     int *set_budget = kv_malloc((size_t)B * nh * sizeof *set_budget, "batch budgets", err);
     kv_policy *set_policy = kv_malloc((size_t)B * nh * sizeof *set_policy, "batch policies", err);
+    kv_cache_type *set_type = kv_malloc((size_t)B * nh * sizeof *set_type, "batch types", err);
     int *pert = kv_malloc(n * sizeof *pert + 1, "perturbations", err);
     float *ref =
         kv_malloc((size_t)C * m->cfg.vocab_size * sizeof *ref, "reference log-probabilities", err);
     double *res = NULL;
-    if (!rc && (!set_budget || !set_policy || !pert || !ref)) rc = KV_EINTERNAL;
+    if (!rc && (!set_budget || !set_policy || !set_type || !pert || !ref)) rc = KV_EINTERNAL;
     /* Stage 4: the batched passes as tasks (kvplan/tasks.h): per chunk, task 0 scores the base
      * budgets and task 1 + b the perturbation batch b; every rank computes the reference of a
      * chunk once (tasks come in index order) */
@@ -344,6 +394,7 @@ int kv_sens_measure(kv_engine *e, const kv_model *m, const int *ids, int n_chunk
                      .n_chunks = n_chunks,
                      .set_budget = set_budget,
                      .set_policy = set_policy,
+                     .set_type = set_type,
                      .ref = ref,
                      .ref_chunk = -1,
                      .t0 = t0};
@@ -357,6 +408,7 @@ int kv_sens_measure(kv_engine *e, const kv_model *m, const int *ids, int n_chunk
     if (!rc) sens_reduce(&st, res, out);
     free(set_budget);
     free(set_policy);
+    free(set_type);
     free(pert);
     free(ref);
     free(res);
@@ -367,9 +419,12 @@ int kv_sens_measure(kv_engine *e, const kv_model *m, const int *ids, int n_chunk
 
 /* ---------------------------------------------------------------- knapsack ---- */
 
-int kv_mckp_solve_dp(int n_items, int n_opts, const double *cost, const int *size, long total,
-                     int *choice, double *objective, kv_error *err) {
-    if (n_items < 1 || n_opts < 1 || total < 0)
+/* The DP of kv_mckp_solve_dp (sizes sum to total = min_total) and kv_mckp_solve_dp_range (a
+ * sum in [min_total, total], the cheapest). */
+static int mckp_dp(int n_items, int n_opts, const double *cost, const int *size, long min_total,
+                   long total, int *choice, double *objective, kv_error *err) {
+    if (min_total < 0) min_total = 0;
+    if (n_items < 1 || n_opts < 1 || total < 0 || min_total > total)
         return kv_fail(err, KV_EINPUT, "knapsack: %d groups of %d options, total %ld", n_items,
                        n_opts, total);
     size_t W = (size_t)total + 1;
@@ -399,14 +454,20 @@ int kv_mckp_solve_dp(int n_items, int n_opts, const double *cost, const int *siz
         }
     }
     int rc = KV_OK;
+    long wb = total;
     double best = dp[(size_t)n_items * W + (size_t)total];
+    for (long w = min_total; w < total; w++)
+        if (dp[(size_t)n_items * W + (size_t)w] < best) {
+            best = dp[(size_t)n_items * W + (size_t)w];
+            wb = w;
+        }
     if (!isfinite(best)) {
         rc = kv_fail(err, KV_EINPUT,
-                     "knapsack: no choice of one option per group sums to %ld; the floors are "
-                     "too high or the caps too low for this total",
-                     total);
+                     "knapsack: no choice of one option per group sums to %ld .. %ld; the floors "
+                     "are too high or the caps too low for this total",
+                     min_total, total);
     } else {
-        long w = total;
+        long w = wb;
         for (int i = n_items - 1; i >= 0; i--) {
             int k = arg[(size_t)i * W + (size_t)w];
             choice[i] = k;
@@ -512,24 +573,80 @@ int kv_mckp_solve_mip(int n_items, int n_opts, const double *cost, const int *si
     return rc;
 }
 
+int kv_mckp_solve_dp(int n_items, int n_opts, const double *cost, const int *size, long total,
+                     int *choice, double *objective, kv_error *err) {
+    return mckp_dp(n_items, n_opts, cost, size, total, total, choice, objective, err);
+}
+
+int kv_mckp_solve_dp_range(int n_items, int n_opts, const double *cost, const int *size,
+                           long min_total, long capacity, int *choice, double *objective,
+                           kv_error *err) {
+    return mckp_dp(n_items, n_opts, cost, size, min_total, capacity, choice, objective, err);
+}
+
 /* Objective value of curve point i (NaN when not measured). */
 static double curve_value(const kv_sens_curves *c, kv_sens_objective obj, long i) {
     if (obj == KV_SENS_OBJ_NLL) return c->delta_nll[i];
     return isfinite(c->kl[i]) ? c->kl[i] - c->base_kl : NAN;
 }
 
+static long gcd_l(long a, long b) {
+    while (b) {
+        long t = a % b;
+        a = b;
+        b = t;
+    }
+    return a;
+}
+
 int kv_sens_allocate(const kv_sens_curves *c, const kv_sens_opts *o, int *budget, kv_policy *policy,
                      double *predicted, kv_error *err) {
+    if (c->n_types > 1 || (c->n_types == 1 && c->types[0] != o->kv_type))
+        return kv_fail(err, KV_EINPUT,
+                       "sensitivity: curves over KV types need kv_sens_allocate_typed");
+    return kv_sens_allocate_typed(c, o, budget, policy, NULL, predicted, err);
+}
+
+int kv_sens_allocate_typed(const kv_sens_curves *c, const kv_sens_opts *o, int *budget,
+                           kv_policy *policy, kv_cache_type *type, double *predicted,
+                           kv_error *err) {
     int rc = check_opts(o, err);
     if (rc) return rc;
-    const int nh = c->n_heads, Q = c->n_policies, K = c->n_levels;
+    const int nh = c->n_heads, Q = c->n_policies, K = c->n_levels, T = c->n_types;
+    /* tokens only (one type, the base's): sizes are blocks and sum to the uniform plan's
+     * blocks exactly (GLPK); over types: sizes are stored bytes (in a common unit) and sum to at
+     * most the uniform plan's bytes (DP) */
+    const int typed = T > 1 || c->types[0] != o->kv_type;
     const int hi = full_blocks(o);
     int lo = hi;
     for (int q = 0; q < Q; q++) {
         int f = floor_blocks(o, c->policies[q]);
         if (f < lo) lo = f;
     }
-    const int nk = hi - lo + 1, n_opts = Q * nk;
+    const int nk = hi - lo + 1, n_opts = T * Q * nk;
+    long total = (long)floor(o->ratio * (double)nh * o->context / o->block_size + 1e-9);
+    long blk_bytes[KV_CACHE_TYPES], unit = 0;
+    for (int ty = 0; ty < T; ty++) {
+        blk_bytes[ty] = (long)o->block_size * (long)kv_type_token_bytes(c->types[ty], c->head_dim);
+        unit = gcd_l(unit, blk_bytes[ty]);
+    }
+    long cap = total, cap_lo = total;
+    if (typed) {
+        long base_blk = (long)o->block_size * (long)kv_type_token_bytes(o->kv_type, c->head_dim);
+        long min_blk = base_blk;
+        for (int ty = 0; ty < T; ty++)
+            if (blk_bytes[ty] < min_blk) min_blk = blk_bytes[ty];
+        long cap_bytes = total * base_blk;
+        /* at least this many bytes, so the plan's bytes stay within one block per head of
+         * R * full (plan validation): the uniform plan is within one base block of it */
+        long lo_bytes = cap_bytes - (long)nh * min_blk + base_blk;
+        /* a coarser unit (sizes rounded up, so the byte sum stays within the capacity) when
+         * the table would be large */
+        while ((double)nh * (double)(cap_bytes / unit) * n_opts > 3e8) unit *= 2;
+        cap = cap_bytes / unit;
+        cap_lo = lo_bytes > 0 ? (lo_bytes + unit - 1) / unit : 0;
+        if (cap_lo > cap) cap_lo = cap;
+    }
     double *cost = kv_malloc((size_t)nh * n_opts * sizeof *cost, "knapsack costs", err);
     int *size = kv_malloc((size_t)nh * n_opts * sizeof *size, "knapsack sizes", err);
     int *choice = kv_malloc((size_t)nh * sizeof *choice, "knapsack choice", err);
@@ -541,12 +658,14 @@ int kv_sens_allocate(const kv_sens_curves *c, const kv_sens_opts *o, int *budget
     }
     for (int h = 0; h < nh; h++) {
         int base_k = (c->base[h] + o->block_size - 1) / o->block_size;
-        for (int q = 0; q < Q; q++) {
+        for (int tq = 0; tq < T * Q; tq++) {
+            const int ty = tq / Q, q = tq % Q;
             /* the measured points of this curve (levels ascending), and the base point
-             * (value 0 by definition) when this is the head's base policy */
-            int np = 0, base_in = c->base_policy[h] == c->policies[q];
+             * (value 0 by definition) when this is the head's base policy and type */
+            int np = 0,
+                base_in = c->base_policy[h] == c->policies[q] && c->base_type[h] == c->types[ty];
             for (int k = 0; k < K; k++) {
-                double v = curve_value(c, o->objective, ((long)h * Q + q) * K + k);
+                double v = curve_value(c, o->objective, ((long)h * T * Q + tq) * K + k);
                 if (!isfinite(v) || (base_in && c->levels[k] == base_k)) continue;
                 if (base_in && c->levels[k] > base_k && (np == 0 || px[np - 1] < base_k))
                     px[np] = base_k, py[np] = 0.0, np++;
@@ -555,8 +674,8 @@ int kv_sens_allocate(const kv_sens_curves *c, const kv_sens_opts *o, int *budget
             if (base_in && (np == 0 || px[np - 1] < base_k)) px[np] = base_k, py[np] = 0.0, np++;
             for (int kk = 0; kk < nk; kk++) {
                 int k = lo + kk;
-                long x = (long)h * n_opts + q * nk + kk;
-                size[x] = k;
+                long x = (long)h * n_opts + tq * nk + kk;
+                size[x] = typed ? (int)(((long)k * blk_bytes[ty] + unit - 1) / unit) : k;
                 cost[x] = NAN;
                 if (np == 0 || k < px[0] || k > px[np - 1]) continue;
                 int j = 0;
@@ -568,18 +687,19 @@ int kv_sens_allocate(const kv_sens_curves *c, const kv_sens_opts *o, int *budget
             }
         }
     }
-    long total = (long)floor(o->ratio * (double)nh * o->context / o->block_size + 1e-9);
     double obj = 0;
-    rc = kv_mckp_solve_mip(nh, n_opts, cost, size, total, choice, &obj, err);
+    rc = typed ? kv_mckp_solve_dp_range(nh, n_opts, cost, size, cap_lo, cap, choice, &obj, err)
+               : kv_mckp_solve_mip(nh, n_opts, cost, size, total, choice, &obj, err);
     if (rc) {
         kv_fail_context(err, "sensitivity allocation of %ld blocks of %d tokens", total,
                         o->block_size);
         goto done;
     }
     for (int h = 0; h < nh; h++) {
-        int q = choice[h] / nk, k = lo + choice[h] % nk;
+        int tq = choice[h] / nk, k = lo + choice[h] % nk;
         budget[h] = level_tokens(o, k);
-        policy[h] = c->policies[q];
+        policy[h] = c->policies[tq % Q];
+        if (type) type[h] = c->types[tq / Q];
     }
     if (predicted) *predicted = obj;
 done:
@@ -600,23 +720,26 @@ typedef struct ppl_tasks {
     int C;
     const int *budget;
     const kv_policy *policy;
+    const kv_cache_type *type;
 } ppl_tasks;
 
 static int ppl_task(void *user, long task, double *out, kv_error *err) {
     const ppl_tasks *t = user;
     const int *b[1] = {t->budget};
     const kv_policy *p[1] = {t->policy};
-    return kv_engine_chunk_nll(t->e, t->ids + task * t->C, t->C, 1, b, p, out, NULL, err);
+    const kv_cache_type *ty[1] = {t->type};
+    return kv_engine_chunk_score_typed(t->e, t->ids + task * t->C, t->C, 1, b, p, ty, NULL, out,
+                                       NULL, NULL, err);
 }
 
 /* Budgeted perplexity on the n_search search chunks (summed in chunk order). */
 static int search_ppl(kv_engine *e, const int *ids, int n_search, const kv_sens_opts *o,
-                      const int *budget, const kv_policy *policy, double *ppl, long *evals,
-                      kv_error *err) {
+                      const int *budget, const kv_policy *policy, const kv_cache_type *type,
+                      double *ppl, long *evals, kv_error *err) {
     const int C = o->context;
     double *v = kv_malloc((size_t)n_search * sizeof *v, "chunk losses", err);
     if (!v) return KV_EINTERNAL;
-    ppl_tasks t = {e, ids, C, budget, policy};
+    ppl_tasks t = {e, ids, C, budget, policy, type};
     int rc = kv_tasks_run_range(o->tasks, n_search, 1, DBL_MIN, DBL_MAX, ppl_task, &t, v, err);
     double s = 0;
     for (int ch = 0; ch < n_search && !rc; ch++) s += v[ch];
@@ -641,20 +764,26 @@ int kv_sens_search(kv_engine *e, const kv_model *m, const int *ids, int n_search
     r->budget = kv_malloc((size_t)nh * sizeof *r->budget, "budgets", err);
     r->policy = kv_malloc((size_t)nh * sizeof *r->policy, "policies", err);
     r->round_obj = kv_malloc((size_t)o->max_rounds * sizeof *r->round_obj, "rounds", err);
+    r->type = kv_malloc((size_t)nh * sizeof *r->type, "types", err);
+    kv_cache_type *ctyp = kv_malloc((size_t)nh * sizeof *ctyp, "types", err);
+    kv_cache_type *ctyp2 = kv_malloc((size_t)nh * sizeof *ctyp2, "types", err);
     int *cand = kv_malloc((size_t)nh * sizeof *cand, "budgets", err);
     kv_policy *cpol = kv_malloc((size_t)nh * sizeof *cpol, "policies", err);
     int *cand2 = kv_malloc((size_t)nh * sizeof *cand2, "budgets", err);
     kv_policy *cpol2 = kv_malloc((size_t)nh * sizeof *cpol2, "policies", err);
     if (!r->round_ppl || !r->round_pred || !r->round_obj || !r->budget || !r->policy || !cand ||
-        !cpol || !cand2 || !cpol2) {
+        !cpol || !cand2 || !cpol2 || !r->type || !ctyp || !ctyp2) {
         rc = KV_EINTERNAL;
         goto done;
     }
     rc = kv_uniform_budgets(nh, o->ratio, C, o->block_size, r->budget, NULL, err);
-    for (int h = 0; h < nh; h++) r->policy[h] = o->policy;
+    for (int h = 0; h < nh; h++) {
+        r->policy[h] = o->policy;
+        r->type[h] = o->kv_type;
+    }
     if (!rc && !isfinite(uniform_ppl))
-        rc = search_ppl(e, ids, n_search, o, r->budget, r->policy, &uniform_ppl, &r->token_evals,
-                        err);
+        rc = search_ppl(e, ids, n_search, o, r->budget, r->policy, r->type, &uniform_ppl,
+                        &r->token_evals, err);
     if (rc) goto done;
     r->uniform_ppl = uniform_ppl;
     r->ppl = uniform_ppl;
@@ -662,10 +791,11 @@ int kv_sens_search(kv_engine *e, const kv_model *m, const int *ids, int n_search
     for (int round = 0; round < o->max_rounds && !rc; round++) {
         kv_sens_curves cur, *cv = &r->curves;
         if (round == 0) {
-            rc = kv_sens_measure(e, m, ids, calib, NULL, NULL, NULL, 0, o, &r->curves, err);
+            rc = kv_sens_measure_typed(e, m, ids, calib, NULL, NULL, NULL, NULL, 0, o, &r->curves,
+                                       err);
         } else {
-            rc = kv_sens_measure(e, m, ids, calib, r->budget, r->policy, r->curves.levels,
-                                 r->curves.n_levels, o, &cur, err);
+            rc = kv_sens_measure_typed(e, m, ids, calib, r->budget, r->policy, r->type,
+                                       r->curves.levels, r->curves.n_levels, o, &cur, err);
             cv = &cur;
         }
         if (rc) break;
@@ -679,17 +809,20 @@ int kv_sens_search(kv_engine *e, const kv_model *m, const int *ids, int n_search
             kv_sens_opts oo = *o;
             oo.objective = n_obj == 2 ? (oi == 0 ? KV_SENS_OBJ_KL : KV_SENS_OBJ_NLL) : o->objective;
             double pr = 0, pp = NAN;
-            rc = kv_sens_allocate(cv, &oo, cand2, cpol2, &pr, err);
+            rc = kv_sens_allocate_typed(cv, &oo, cand2, cpol2, ctyp2, &pr, err);
             if (rc) break;
             if (oi > 0 && !memcmp(cand2, cand, (size_t)nh * sizeof *cand) &&
-                !memcmp(cpol2, cpol, (size_t)nh * sizeof *cpol))
+                !memcmp(cpol2, cpol, (size_t)nh * sizeof *cpol) &&
+                !memcmp(ctyp2, ctyp, (size_t)nh * sizeof *ctyp))
                 continue; /* the same solution as the first objective's */
             int unchanged = !memcmp(cand2, r->budget, (size_t)nh * sizeof *cand) &&
-                            !memcmp(cpol2, r->policy, (size_t)nh * sizeof *cpol);
+                            !memcmp(cpol2, r->policy, (size_t)nh * sizeof *cpol) &&
+                            !memcmp(ctyp2, r->type, (size_t)nh * sizeof *ctyp);
             if (unchanged)
                 pp = r->ppl;
             else
-                rc = search_ppl(e, ids, n_search, o, cand2, cpol2, &pp, &r->token_evals, err);
+                rc = search_ppl(e, ids, n_search, o, cand2, cpol2, ctyp2, &pp, &r->token_evals,
+                                err);
             if (rc) break;
             if (oi == 0 || pp < ppl) {
                 ppl = pp;
@@ -698,6 +831,7 @@ int kv_sens_search(kv_engine *e, const kv_model *m, const int *ids, int n_search
                 same = unchanged;
                 memcpy(cand, cand2, (size_t)nh * sizeof *cand);
                 memcpy(cpol, cpol2, (size_t)nh * sizeof *cpol);
+                memcpy(ctyp, ctyp2, (size_t)nh * sizeof *ctyp);
             }
         }
         if (cv != &r->curves) kv_sens_curves_free(cv);
@@ -716,8 +850,11 @@ int kv_sens_search(kv_engine *e, const kv_model *m, const int *ids, int n_search
         r->best_round = round;
         memcpy(r->budget, cand, (size_t)nh * sizeof *cand);
         memcpy(r->policy, cpol, (size_t)nh * sizeof *cpol);
+        memcpy(r->type, ctyp, (size_t)nh * sizeof *ctyp);
     }
 done:
+    free(ctyp);
+    free(ctyp2);
     free(cand);
     free(cpol);
     free(cand2);
@@ -732,9 +869,15 @@ done:
 int kv_sens_write(kv_h5 *f, int n_layers, int n_kv_heads, const kv_sens_opts *o,
                   const kv_sens_result *r, kv_error *err) {
     const kv_sens_curves *c = &r->curves;
-    const int Q = c->n_policies, K = c->n_levels;
+    const int Q = c->n_policies, K = c->n_levels, T = c->n_types;
     long dk = K, d2[2] = {n_layers, n_kv_heads};
-    long d3[3] = {n_layers, n_kv_heads, K}, d4[4] = {n_layers, n_kv_heads, Q, K};
+    /* [L, H_kv, (T,) (Q,) K]: the type axis when the curves span several types, the policy
+     * axis when they span several policies */
+    long dc[5] = {n_layers, n_kv_heads};
+    int rank = 2;
+    if (T > 1) dc[rank++] = T;
+    if (Q > 1) dc[rank++] = Q;
+    dc[rank++] = K;
     int rc = kv_h5_write_i32(f, "/sensitivity/levels", 1, &dk, c->levels, "blocks", err);
     int *tok = kv_malloc((size_t)(K > 0 ? K : 1) * sizeof *tok, "levels", err);
     int *pol = kv_malloc((size_t)c->n_heads * sizeof *pol, "policies", err);
@@ -742,15 +885,15 @@ int kv_sens_write(kv_h5 *f, int n_layers, int n_kv_heads, const kv_sens_opts *o,
     for (int k = 0; !rc && k < K; k++) tok[k] = level_tokens(o, c->levels[k]);
     if (!rc) rc = kv_h5_write_i32(f, "/sensitivity/level_tokens", 1, &dk, tok, "tokens", err);
     if (!rc)
-        rc = kv_h5_write_f64(f, "/sensitivity/delta_nll", Q > 1 ? 4 : 3, Q > 1 ? d4 : d3,
-                             c->delta_nll, "nats/token", err);
-    if (!rc)
-        rc = kv_h5_write_f64(f, "/sensitivity/kl", Q > 1 ? 4 : 3, Q > 1 ? d4 : d3, c->kl,
-                             "nats/token", err);
+        rc = kv_h5_write_f64(f, "/sensitivity/delta_nll", rank, dc, c->delta_nll, "nats/token",
+                             err);
+    if (!rc) rc = kv_h5_write_f64(f, "/sensitivity/kl", rank, dc, c->kl, "nats/token", err);
     if (!rc) rc = kv_h5_write_i32(f, "/sensitivity/base", 2, d2, c->base, "tokens", err);
     if (!rc) rc = kv_h5_write_i32(f, "/sensitivity/budget", 2, d2, r->budget, "tokens", err);
     for (int h = 0; !rc && h < c->n_heads; h++) pol[h] = (int)r->policy[h];
     if (!rc) rc = kv_h5_write_i32(f, "/sensitivity/policy", 2, d2, pol, "policy code", err);
+    for (int h = 0; !rc && h < c->n_heads; h++) pol[h] = (int)r->type[h];
+    if (!rc) rc = kv_h5_write_i32(f, "/sensitivity/kv_type", 2, d2, pol, "KV type code", err);
     long dr = r->rounds > 0 ? r->rounds : 0;
     if (!rc && dr > 0)
         rc = kv_h5_write_f64(f, "/sensitivity/rounds/perplexity", 1, &dr, r->round_ppl,
@@ -766,10 +909,17 @@ int kv_sens_write(kv_h5 *f, int n_layers, int n_kv_heads, const kv_sens_opts *o,
         size_t l = strlen(pols);
         snprintf(pols + l, sizeof pols - l, "%s%s", q ? "," : "", kv_policy_name(c->policies[q]));
     }
+    char typs[128] = "";
+    for (int ty = 0; ty < T; ty++) {
+        size_t l = strlen(typs);
+        snprintf(typs + l, sizeof typs - l, "%s%s", ty ? "," : "", kv_type_name(c->types[ty]));
+    }
     const char *g = "/sensitivity";
     if (!rc) rc = kv_h5_attr_f64(f, g, "ratio", o->ratio, err);
     if (!rc) rc = kv_h5_attr_str(f, g, "policy", kv_policy_name(o->policy), err);
     if (!rc) rc = kv_h5_attr_str(f, g, "policies", pols, err);
+    if (!rc) rc = kv_h5_attr_str(f, g, "kv_types", typs, err);
+    if (!rc) rc = kv_h5_attr_str(f, g, "kv_type", kv_type_name(o->kv_type), err);
     if (!rc)
         rc = kv_h5_attr_str(f, g, "objective",
                             o->objective == KV_SENS_OBJ_KL    ? "kl"

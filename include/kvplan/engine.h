@@ -34,6 +34,10 @@ typedef struct kv_engine_opts {
                        * kv_cache_blocks_needed; pass more when sequences get larger budgets) */
     int n_threads;    /* CPU threads of the backend's pool (default 0: the CPUs available,
                        * kv_cpus_available); the results are the same bits for every count */
+    int type_mask;    /* bit t: also reserve blocks of KV type t (kv_cache_type) for every
+                       * sequence, as many as the plan's type needs (or seq_blocks), so that
+                       * sequences opened with their own types (kv_engine_seq_open_typed) can
+                       * store heads in t; 0 (default): only the plan's types */
 } kv_engine_opts;
 
 typedef struct kv_engine kv_engine;
@@ -57,6 +61,11 @@ kv_device kv_engine_device(const kv_engine *e);
  * KV_EINPUT for a budget < 1; KV_EINTERNAL when max_seqs sequences are open. */
 int kv_engine_seq_open(kv_engine *e, const int *budget, const kv_policy *policy, int *seq,
                        kv_error *err);
+/* kv_engine_seq_open with the sequence's own KV storage types [L * H_kv] (copied; NULL: the
+ * plan's). Every type must have blocks in the pool (the plan's types or opts.type_mask);
+ * KV_EINPUT names a head whose type has none. */
+int kv_engine_seq_open_typed(kv_engine *e, const int *budget, const kv_policy *policy,
+                             const kv_cache_type *types, int *seq, kv_error *err);
 /* Close a sequence: its blocks go back to the pool. */
 void kv_engine_seq_close(kv_engine *e, int seq);
 /* A copy of sequence `src` (entries, statistics, positions, budgets) as a new sequence
@@ -95,6 +104,16 @@ int kv_engine_chunk_score(kv_engine *e, const int *tokens, int n, int n_sets,
                           const int *const *budgets, const kv_policy *const *policies,
                           const float *ref_logprobs, double *nll_sum, double *kl_sum,
                           size_t *peak_bytes, kv_error *err);
+
+/* kv_engine_chunk_score with each set's own KV storage types: types[s] [L * H_kv] or NULL (the
+ * plan's); types itself may be NULL. Sets of different types run in one batched forward (the
+ * attention decodes each head's rows in its own type); bytes in use are the stored bytes of
+ * every set's blocks. Errors as kv_engine_chunk_score and kv_engine_seq_open_typed. */
+int kv_engine_chunk_score_typed(kv_engine *e, const int *tokens, int n, int n_sets,
+                                const int *const *budgets, const kv_policy *const *policies,
+                                const kv_cache_type *const *types, const float *ref_logprobs,
+                                double *nll_sum, double *kl_sum, size_t *peak_bytes,
+                                kv_error *err);
 
 /* Bytes of K/V blocks held now / at most since kv_engine_reset_peak (engine creation). */
 size_t kv_engine_bytes_in_use(const kv_engine *e);

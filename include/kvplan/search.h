@@ -58,9 +58,11 @@ typedef struct kv_search_opts {
     kv_alloc_kind allocation; /* baklava (grid t x r [x p]), squeeze (grid p) or uniform */
     double ratio;             /* R in (0, 1]: the token fraction (kv_type_token_ratio) */
     kv_cache_type kv_type;    /* KV type of every head of the evaluated caches (default f16) */
-    int kv_types_mask;        /* bit t: also evaluate uniform budgets stored in type t at the
-                               * same bytes (R of the full F16 cache) on the search and held-out
-                               * tokens (issue 22 baselines per type); 0 = none (default) */
+    int kv_types_mask;        /* bit t: KV type t is a candidate of the sensitivity knapsack
+                               * (kv_sens_opts.types_mask), and uniform budgets stored in t at the
+                               * same bytes (R of the full F16 cache) are evaluated on the search
+                               * and held-out tokens (issue 22 baselines per type); 0 = none
+                               * (tokens only; the CLI default is f16,q8,q4) */
     int context;              /* C tokens per chunk (<= model seq_len) */
     int block_size;           /* b_s */
     int evict_block;          /* Batch-Max p */
@@ -129,6 +131,8 @@ typedef struct kv_search_result {
     double seconds;
     int *tokens, *blocks; /* [L * H_kv] winner budgets (grid best or better baseline), owned */
     kv_policy *policy;    /* [L * H_kv] winner's per-head policies, owned */
+    kv_cache_type *kv_types; /* [L * H_kv] winner's per-head KV types (the knapsack's when the
+                              * sensitivity solution won, else kv_type), owned */
     int winner_sens;      /* 1 when the sensitivity allocation's solution is the plan */
     int have_sens;        /* 1 when sens holds a sensitivity run */
     kv_sens_result sens;  /* the sensitivity run (curves, rounds, solution), owned */

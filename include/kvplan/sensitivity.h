@@ -17,6 +17,16 @@
  * (head, option) (kv_mckp_solve_mip); kv_mckp_solve_dp is the exact dynamic programme the tests
  * check it against. Between measured levels a curve is interpolated linearly in blocks.
  *
+ * KV types (issue 22). With o->types_mask the items of a head are (level, policy, KV storage
+ * type): curve points (h, type, q, k) are measured directly, each as one sequence of the batch
+ * storing head h in that type at that level (every other head at its base budget, policy and
+ * type), so delta_nll and kl are [n_heads, T, Q, K]. The knapsack's weight is then the stored
+ * bytes of the option, k * b_s * kv_type_token_bytes(type, d_h) (scales included), in a common
+ * unit (the gcd of the types' block bytes, coarser with sizes rounded up when the table would
+ * be large), and the bytes sum to at most the uniform plan's bytes (R * L * H_kv * C tokens in
+ * the base type, in whole blocks); solved by kv_mckp_solve_dp_range. With one type equal to the
+ * base type this is the tokens-only knapsack above, solution for solution.
+ *
  * Refinement. The solution is verified by budgeted perplexity on the search chunks; the curves
  * are re-measured around it (base = the solution) and the knapsack solved again while the
  * search perplexity improves, for at most max_rounds rounds. Every round is recorded.
@@ -57,6 +67,10 @@ typedef struct kv_sens_opts {
     int calib_chunks; /* calibration chunks: the first of the search chunks (default 2) */
     int max_rounds;   /* solve rounds (1 = no refinement; default 3) */
     kv_sens_objective objective; /* what the knapsack minimises (default KL) */
+    kv_cache_type kv_type;       /* the base KV type: every head of the uniform start (f16) */
+    int types_mask; /* bit t: a head may be stored in KV type t; 0 = the base type only (the
+                     * tokens-only knapsack). The engine must hold blocks of every type
+                     * (kv_engine_opts.type_mask). */
     kv_progress *progress;       /* NULL = silent */
     kv_tasks *tasks; /* NULL: one process; else the batched passes and the verification chunks
                       * run as tasks (kvplan/tasks.h), over MPI ranks when there are several:
@@ -65,20 +79,25 @@ typedef struct kv_sens_opts {
 } kv_sens_opts;
 
 /* Defaults: R 0.5, C = model seq_len (256 without a model), b_s 16, p 16, sink, max_levels 16,
- * batch 32, 2 calibration chunks, 3 rounds, objective KL, no progress, one process. */
+ * batch 32, 2 calibration chunks, 3 rounds, objective KL, base type f16, types_mask 0, no
+ * progress, one process. */
 void kv_sens_opts_default(kv_sens_opts *o, const kv_model *m);
 
 typedef struct kv_sens_curves {
     int n_heads;    /* L * H_kv */
     int n_policies; /* Q */
     int n_levels;   /* K */
+    int n_types;    /* T (1 without a types_mask) */
+    int head_dim;   /* d_h, for the bytes of a type */
     kv_policy policies[KV_SENS_MAX_POLICIES];
+    kv_cache_type types[KV_CACHE_TYPES]; /* [T] the candidate types, in code order */
     int *levels; /* [K] budget levels in blocks (tokens = min(b_s * k, C)), owned */
     int *base;   /* [n_heads] base budgets (tokens) the perturbations start from, owned */
     kv_policy *base_policy;   /* [n_heads], owned */
-    double *delta_nll;        /* [n_heads, Q, K] change of mean NLL, nats/token; NaN below a
+    kv_cache_type *base_type; /* [n_heads], owned */
+    double *delta_nll;        /* [n_heads, T, Q, K] change of mean NLL, nats/token; NaN below a
                                  policy's floor; owned */
-    double *kl;               /* [n_heads, Q, K] mean KL(full || perturbed), nats; owned */
+    double *kl;               /* [n_heads, T, Q, K] mean KL(full || perturbed), nats; owned */
     double base_nll, base_kl; /* of the base budgets (mean per scored token) */
     long tokens;              /* calibration tokens (chunks x C) */
     long token_evals;         /* tokens evaluated for the curves */
@@ -99,6 +118,12 @@ void kv_sens_curves_free(kv_sens_curves *c);
 int kv_sens_measure(kv_engine *e, const kv_model *m, const int *ids, int n_chunks, const int *base,
                     const kv_policy *base_policy, const int *levels_blocks, int n_levels,
                     const kv_sens_opts *o, kv_sens_curves *out, kv_error *err);
+/* kv_sens_measure with base types base_type [n_heads] (NULL = o->kv_type) and, with
+ * o->types_mask, one curve per candidate type (docs above). */
+int kv_sens_measure_typed(kv_engine *e, const kv_model *m, const int *ids, int n_chunks,
+                          const int *base, const kv_policy *base_policy,
+                          const kv_cache_type *base_type, const int *levels_blocks, int n_levels,
+                          const kv_sens_opts *o, kv_sens_curves *out, kv_error *err);
 
 /* The default measured levels in blocks: every block multiple from the lowest policy floor
  * ceil((fixed + p) / b_s) to ceil(C / b_s) when there are at most max_levels, else a geometric
@@ -118,6 +143,11 @@ int kv_mckp_solve_mip(int n_items, int n_opts, const double *cost, const int *si
                       int *choice, double *objective, kv_error *err);
 int kv_mckp_solve_dp(int n_items, int n_opts, const double *cost, const int *size, long total,
                      int *choice, double *objective, kv_error *err);
+/* The same DP with min_total <= sum of sizes <= capacity (the cheapest choice of any such sum):
+ * the knapsack over KV types, whose byte sums cannot always meet a total exactly. */
+int kv_mckp_solve_dp_range(int n_items, int n_opts, const double *cost, const int *size,
+                           long min_total, long capacity, int *choice, double *objective,
+                           kv_error *err);
 
 /* The allocation `sensitivity`: from curves c, one (policy, block level) per head with
  * sum(blocks) = floor(R * n_heads * C / b_s), minimising the summed objective (o->objective)
@@ -127,6 +157,14 @@ int kv_mckp_solve_dp(int n_items, int n_opts, const double *cost, const int *siz
  * kv_mckp_solve_mip. */
 int kv_sens_allocate(const kv_sens_curves *c, const kv_sens_opts *o, int *budget, kv_policy *policy,
                      double *predicted, kv_error *err);
+/* The allocation over (level, policy, KV type) from typed curves: type [n_heads] (may be NULL
+ * for one type) gets each head's type. With several types (or one other than o->kv_type) the
+ * weights are stored bytes and the byte sum is at most the uniform plan's
+ * (floor(R * n_heads * C / b_s) blocks of the base type), solved by kv_mckp_solve_dp_range; with
+ * the base type alone this is kv_sens_allocate. Errors as kv_mckp_solve_dp_range. */
+int kv_sens_allocate_typed(const kv_sens_curves *c, const kv_sens_opts *o, int *budget,
+                           kv_policy *policy, kv_cache_type *type, double *predicted,
+                           kv_error *err);
 
 typedef struct kv_sens_result {
     kv_sens_curves curves; /* the first round's curves (around uniform), owned */
@@ -137,6 +175,7 @@ typedef struct kv_sens_result {
     int best_round;        /* 0-based round of the kept solution */
     int *budget;           /* [n_heads] kept budgets (tokens), owned */
     kv_policy *policy;     /* [n_heads] kept policies, owned */
+    kv_cache_type *type;   /* [n_heads] kept KV types, owned */
     double ppl;            /* its search perplexity */
     double uniform_ppl;    /* the uniform plan's search perplexity (the start) */
     long token_evals;      /* curves + verification, tokens */
@@ -160,7 +199,9 @@ int kv_sens_search(kv_engine *e, const kv_model *m, const int *ids, int n_search
  * token_evals, seconds, base_nll, base_kl; /sensitivity/rounds/perplexity and predicted
  * [rounds], attributes best_round and uniform_perplexity; /sensitivity/budget and
  * /sensitivity/policy [L, H_kv] (the sensitivity allocation's solution, even when another
- * allocation won the search). */
+ * allocation won the search), /sensitivity/kv_type [L, H_kv] (its types; attributes kv_type,
+ * the base type, and kv_types, the candidates), the curves with a type axis [L, H_kv, T, (Q,) K]
+ * when there are several candidate types. */
 int kv_sens_write(kv_h5 *f, int n_layers, int n_kv_heads, const kv_sens_opts *o,
                   const kv_sens_result *r, kv_error *err);
 

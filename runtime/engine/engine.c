@@ -81,8 +81,12 @@ int kv_engine_new(const kv_model *m, const kv_plan *plan, const kv_engine_opts *
     kv_cache_blocks_needed_typed(plan->n_layers, plan->n_kv_heads, plan->full ? NULL : plan->budget,
                                  plan->kv_type, e->max_ctx, plan->evict_block, plan->block_size,
                                  per_type);
+    /* types a caller asked for besides the plan's get what the plan's heads need in all */
+    long plan_need = 0;
+    for (int t = 0; t < KV_CACHE_TYPES; t++) plan_need += per_type[t];
     int counts[KV_CACHE_TYPES] = {0};
     for (int t = 0; t < KV_CACHE_TYPES; t++) {
+        if (per_type[t] == 0 && (o.type_mask & (1 << t))) per_type[t] = plan_need;
         long n = o.seq_blocks > 0 && per_type[t] > 0 ? o.seq_blocks : per_type[t];
         if (n > 0x7fffffffL / e->max_seqs) n = 0x7fffffffL / e->max_seqs;
         total += n * e->max_seqs;
@@ -114,6 +118,11 @@ int kv_engine_new(const kv_model *m, const kv_plan *plan, const kv_engine_opts *
 
 int kv_engine_seq_open(kv_engine *e, const int *budget, const kv_policy *policy, int *seq,
                        kv_error *err) {
+    return kv_engine_seq_open_typed(e, budget, policy, NULL, seq, err);
+}
+
+int kv_engine_seq_open_typed(kv_engine *e, const int *budget, const kv_policy *policy,
+                             const kv_cache_type *types, int *seq, kv_error *err) {
     int s = 0;
     while (s < e->max_seqs && e->open[s]) s++;
     if (s == e->max_seqs)
@@ -124,7 +133,7 @@ int kv_engine_seq_open(kv_engine *e, const int *budget, const kv_policy *policy,
     if (!rc)
         rc = kv_cache_set_budgets(c, budget ? budget : p->budget, policy ? policy : p->head_policy,
                                   e->max_ctx, err);
-    if (!rc) rc = kv_cache_set_types(c, p->kv_type, err);
+    if (!rc) rc = kv_cache_set_types(c, types ? types : p->kv_type, err);
     if (rc) {
         kv_cache_destroy(c);
         return rc;
@@ -146,15 +155,18 @@ int kv_engine_seq_fork(kv_engine *e, int src, int *seq, kv_error *err) {
     int nh = a->n_layers * a->n_kv_heads;
     int *bud = kv_malloc((size_t)nh * sizeof *bud, "fork budgets", err);
     kv_policy *pol = kv_malloc((size_t)nh * sizeof *pol, "fork policies", err);
-    int rc = bud && pol ? KV_OK : KV_EINTERNAL;
+    kv_cache_type *ty = kv_malloc((size_t)nh * sizeof *ty, "fork types", err);
+    int rc = bud && pol && ty ? KV_OK : KV_EINTERNAL;
     for (int i = 0; !rc && i < nh; i++) {
         bud[i] = a->heads[i].budget;
         pol[i] = a->heads[i].policy;
+        ty[i] = a->heads[i].type;
     }
     int d = -1;
-    if (!rc) rc = kv_engine_seq_open(e, bud, pol, &d, err);
+    if (!rc) rc = kv_engine_seq_open_typed(e, bud, pol, ty, &d, err);
     free(bud);
     free(pol);
+    free(ty);
     if (rc) return rc;
     kv_cache *b = &e->seqs[d];
     a = &e->seqs[src];
@@ -267,6 +279,15 @@ int kv_engine_chunk_score(kv_engine *e, const int *tokens, int n, int n_sets,
                           const int *const *budgets, const kv_policy *const *policies,
                           const float *ref_logprobs, double *nll_sum, double *kl_sum,
                           size_t *peak_bytes, kv_error *err) {
+    return kv_engine_chunk_score_typed(e, tokens, n, n_sets, budgets, policies, NULL,
+                                       ref_logprobs, nll_sum, kl_sum, peak_bytes, err);
+}
+
+int kv_engine_chunk_score_typed(kv_engine *e, const int *tokens, int n, int n_sets,
+                                const int *const *budgets, const kv_policy *const *policies,
+                                const kv_cache_type *const *types, const float *ref_logprobs,
+                                double *nll_sum, double *kl_sum, size_t *peak_bytes,
+                                kv_error *err) {
     if (n_sets < 1 || n_sets > e->max_seqs)
         return kv_fail(err, KV_EINTERNAL, "engine: %d budget sets for %d sequences", n_sets,
                        e->max_seqs);
@@ -274,8 +295,9 @@ int kv_engine_chunk_score(kv_engine *e, const int *tokens, int n, int n_sets,
     if (!ids) return KV_EINTERNAL;
     int rc = KV_OK, opened = 0;
     for (; opened < n_sets && !rc; opened++)
-        rc = kv_engine_seq_open(e, budgets ? budgets[opened] : NULL,
-                                policies ? policies[opened] : NULL, &ids[opened], err);
+        rc = kv_engine_seq_open_typed(e, budgets ? budgets[opened] : NULL,
+                                      policies ? policies[opened] : NULL,
+                                      types ? types[opened] : NULL, &ids[opened], err);
     if (rc) opened--;
     kv_pool_reset_peak(&e->pool);
     /* When no head can ever be over budget, blocking changes nothing: one pass per step of
