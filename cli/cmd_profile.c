@@ -11,7 +11,8 @@
 #include "kvplan/tokenizer.h"
 
 typedef struct profile_args {
-    const char *model, *tokenizer, *text, *out, *device;
+    const char *model, *tokenizer, *out, *device;
+    kv_opt_strs texts; /* --text, once or more */
     long n_prompts, prompt_len, seed;
     int no_hw, quick_hw, quiet;
     kv_budget_args kv; /* only --kv-type (KV_BUDGET_OPTS_TYPE) */
@@ -23,9 +24,11 @@ static const kv_opt profile_opts[] = {
      .help = "llama2.c .bin, .gguf or Hugging Face directory"},
     {"--tokenizer", NULL, KV_OPT_STR, offsetof(profile_args, tokenizer), "TOK",
      .help = "tokenizer file (default: the model's)"},
-    {"--text", NULL, KV_OPT_STR, offsetof(profile_args, text), "FILE",
+    {"--text", NULL, KV_OPT_STRS, offsetof(profile_args, texts), "FILE",
      .help = "text the prompts are picked from (default "
-             "../shared/text/tinystories_val_head.txt)"},
+             "../shared/text/tinystories_val_head.txt); given more than once, the prompts are "
+             "shared evenly among the texts (the first texts get one more when they do not "
+             "divide)"},
     {"--prompts", NULL, KV_OPT_INT, offsetof(profile_args, n_prompts), "N", 1, 100000, .def = "8",
      .help = "prompts"},
     {"--prompt-len", NULL, KV_OPT_INT, offsetof(profile_args, prompt_len), "T", 2, 1 << 22,
@@ -66,14 +69,34 @@ typedef struct profile_job {
     int *prompts;
 } profile_job;
 
-static int build_job(const profile_args *a, profile_job *j, kv_error *err) {
-    kv_tokenizer *tok = NULL;
+/* The prompts of text t (count of them, at dst): tokenized, then picked. */
+static int pick_from_text(const profile_args *a, kv_tokenizer *tok, const char *path, int count,
+                          int *dst, kv_error *err) {
     char *text = NULL;
     size_t len = 0;
     int *stream = NULL, n = 0;
-    const char *inputs[] = {a->model, a->text, a->tokenizer};
-    int rc = kv_check_output(a->out, "-o", inputs, 3, err);
-    if (!rc) rc = kv_check_regular(a->text, "text", err);
+    int rc = kv_read_file(path, &text, &len, err);
+    if (!rc) rc = kv_tokenizer_encode(tok, text, len, 1, &stream, &n, err);
+    if (!rc) {
+        rc = kv_profile_pick_prompts(stream, n,
+                                     kv_tokenizer_bos(tok) >= 0 ? kv_tokenizer_bos(tok) : stream[0],
+                                     count, (int)a->prompt_len, (uint64_t)a->seed, dst, err);
+    }
+    if (rc) kv_fail_context(err, "%s", path);
+    free(stream);
+    free(text);
+    return rc;
+}
+
+static int build_job(const profile_args *a, profile_job *j, kv_error *err) {
+    kv_tokenizer *tok = NULL;
+    const char *inputs[2 + KV_OPT_MAX_STRS] = {a->model, a->tokenizer};
+    for (int t = 0; t < a->texts.n; t++) inputs[2 + t] = a->texts.v[t];
+    int rc = kv_check_output(a->out, "-o", inputs, 2 + a->texts.n, err);
+    for (int t = 0; t < a->texts.n && !rc; t++) rc = kv_check_regular(a->texts.v[t], "text", err);
+    if (!rc && a->texts.n > a->n_prompts)
+        rc = kv_fail(err, KV_EINPUT, "%d texts need at least as many --prompts (got %ld)",
+                     a->texts.n, a->n_prompts);
     if (!rc && a->tokenizer) rc = kv_check_regular(a->tokenizer, "tokenizer", err);
     if (!rc) rc = kv_cli_load_model(a->model, &j->m, err);
     if (!rc) rc = kv_cli_blas_ready(err);
@@ -82,20 +105,17 @@ static int build_job(const profile_args *a, profile_job *j, kv_error *err) {
                      "--prompt-len %ld exceeds the context length %d of %s; choose T <= %d",
                      a->prompt_len, j->m->cfg.seq_len, a->model, j->m->cfg.seq_len);
     if (!rc) rc = kv_tokenizer_load(a->tokenizer, j->m, &tok, err);
-    if (!rc) rc = kv_read_file(a->text, &text, &len, err);
-    if (!rc) rc = kv_tokenizer_encode(tok, text, len, 1, &stream, &n, err);
     if (!rc) {
         j->prompts = malloc((size_t)a->n_prompts * (size_t)a->prompt_len * sizeof *j->prompts);
         if (!j->prompts) rc = kv_fail(err, KV_EINTERNAL, "out of memory");
     }
-    if (!rc) {
-        rc = kv_profile_pick_prompts(
-            stream, n, kv_tokenizer_bos(tok) >= 0 ? kv_tokenizer_bos(tok) : stream[0],
-            (int)a->n_prompts, (int)a->prompt_len, (uint64_t)a->seed, j->prompts, err);
-        if (rc) kv_fail_context(err, "%s", a->text);
+    /* text t gives prompts [first, first + count): the texts in order, evenly shared */
+    long first = 0;
+    for (int t = 0; t < a->texts.n && !rc; t++) {
+        int count = (int)(a->n_prompts / a->texts.n + (t < a->n_prompts % a->texts.n));
+        rc = pick_from_text(a, tok, a->texts.v[t], count, j->prompts + first * a->prompt_len, err);
+        first += count;
     }
-    free(stream);
-    free(text);
     kv_tokenizer_free(tok);
     return rc;
 }
@@ -107,7 +127,20 @@ static int write_profile(const profile_args *a, const char *cmd, const kv_model 
     int rc = kv_h5_create(a->out, &f, err);
     if (!rc) rc = kv_h5_write_provenance(f, cmd, m, err);
     if (!rc) rc = kv_h5_attr_str(f, "/", "file_kind", "profile", err);
-    if (!rc) rc = kv_h5_attr_str(f, "/", "text", a->text, err);
+    /* the text's path; several texts joined by '\n' */
+    size_t tl = 1;
+    for (int t = 0; t < a->texts.n; t++) tl += strlen(a->texts.v[t]) + 1;
+    char *texts = rc ? NULL : kv_malloc(tl, "text names", err);
+    if (!rc && !texts) rc = KV_EINTERNAL;
+    if (!rc) {
+        texts[0] = '\0';
+        for (int t = 0; t < a->texts.n; t++) {
+            if (t) strcat(texts, "\n");
+            strcat(texts, a->texts.v[t]);
+        }
+        rc = kv_h5_attr_str(f, "/", "text", texts, err);
+    }
+    free(texts);
     if (!rc) rc = kv_h5_attr_i64(f, "/", "seed", a->seed, err);
     if (!rc) rc = kv_profile_write(f, pr, err);
     if (!rc && !a->no_hw) {
@@ -152,7 +185,7 @@ int kv_cmd_profile(int argc, char **argv) {
     char default_text[4200], cmdline[8192], full_cmd[8300];
     snprintf(default_text, sizeof default_text, "%s/text/tinystories_val_head.txt",
              kv_shared_dir());
-    if (!a.text) a.text = default_text;
+    if (!a.texts.n) a.texts.v[a.texts.n++] = default_text;
     kv_cli_command_line(argc, argv, cmdline, sizeof cmdline);
     snprintf(full_cmd, sizeof full_cmd, "kvplan %s", cmdline);
     /* build: tasks (MPI ranks when started by mpirun / srun), model, prompts */

@@ -20,8 +20,9 @@
 #define STR(x) STR_(x)
 
 typedef struct search_args {
-    const char *tokenizer, *text, *t_grid, *r_grid, *p_grid, *sens_objective, *sens_policies,
-        *kv_types;
+    kv_opt_strs texts;
+    const char *text_list, *text_objective;
+    const char *tokenizer, *t_grid, *r_grid, *p_grid, *sens_objective, *sens_policies, *kv_types;
     long eval_tokens, heldout_tokens, halving, calib, levels, rounds, sbatch;
     int resume;
     kv_plan_args a;
@@ -29,8 +30,18 @@ typedef struct search_args {
 } search_args;
 
 static const kv_opt search_opts[] = {
-    {"--text", NULL, KV_OPT_STR, offsetof(search_args, text), "T",
-     .help = "evaluation text (tokenized with BOS first)"},
+    {"--text", NULL, KV_OPT_STRS, offsetof(search_args, texts), "T",
+     .help = "calibration text (tokenized with BOS first); give it up to 16 times for several "
+             "texts: the search and held-out tokens are shared evenly among them, every text's "
+             "perplexity is recorded (/search/texts) and the plan must not be worse than the "
+             "uniform cache on any of them"},
+    {"--text-list", NULL, KV_OPT_STR, offsetof(search_args, text_list), "FILE",
+     .help = "a file naming calibration texts, one path a line (blank lines and lines starting "
+             "with # are skipped), after the --text ones"},
+    {"--text-objective", NULL, KV_OPT_STR, offsetof(search_args, text_objective), "O",
+     .def = "worst",
+     .help = "how the guard ranks the plan, its blends towards uniform and uniform over the "
+             "texts: worst (the largest per-text log(ppl / uniform ppl)) or mean (their mean)"},
     {"--tokenizer", NULL, KV_OPT_STR, offsetof(search_args, tokenizer), "TOK",
      .help = "tokenizer file (default: the model's)"},
     {"--t-grid", NULL, KV_OPT_STR, offsetof(search_args, t_grid), "a:b:step",
@@ -180,12 +191,20 @@ typedef struct search_job {
     kv_policy spolicies[KV_SENS_MAX_POLICIES];
     int n_spol;
     int *ids, n_ids;
+    int n_texts;                                 /* calibration texts */
+    const char *text_names[KV_ROBUST_MAX_TEXTS]; /* their paths (argv or list_buf) */
+    long text_tokens[KV_ROBUST_MAX_TEXTS];       /* tokens of each */
+    int *chunk_text, S, HC;                      /* the layout (kv_robust_lay_out) */
+    char *list_buf;                              /* --text-list contents, owned */
+    kv_robust_objective text_objective;
     char text_sha[65]; /* SHA-256 of the text's bytes and of its token ids (task-log key) */
     char ids_sha[65];
 } search_job;
 
 static void job_free(search_job *j) {
     free(j->ids);
+    free(j->chunk_text);
+    free(j->list_buf);
     free(j->tv);
     free(j->rv);
     free(j->pv);
@@ -193,23 +212,67 @@ static void job_free(search_job *j) {
     kv_model_free(j->m);
 }
 
-/* The text's token ids (BOS first), with its tokenizer. */
+/* The calibration texts: the --text values, then the paths in --text-list. */
+static int collect_texts(const search_args *s, search_job *j, kv_error *err) {
+    j->n_texts = 0;
+    for (int i = 0; i < s->texts.n; i++) j->text_names[j->n_texts++] = s->texts.v[i];
+    if (s->text_list) {
+        size_t len = 0;
+        int rc = kv_check_regular(s->text_list, "text list", err);
+        if (!rc) rc = kv_read_file(s->text_list, &j->list_buf, &len, err);
+        if (rc) return rc;
+        for (char *save = NULL, *l = strtok_r(j->list_buf, "\n", &save); l;
+             l = strtok_r(NULL, "\n", &save)) {
+            size_t n = strlen(l);
+            while (n && (l[n - 1] == '\r' || l[n - 1] == ' ' || l[n - 1] == '\t')) l[--n] = '\0';
+            if (!n || l[0] == '#') continue;
+            if (j->n_texts == KV_ROBUST_MAX_TEXTS)
+                return kv_fail(err, KV_EINPUT, "%s: more than %d calibration texts", s->text_list,
+                               KV_ROBUST_MAX_TEXTS);
+            j->text_names[j->n_texts++] = l;
+        }
+    }
+    if (!j->n_texts)
+        return kv_fail(err, KV_EINPUT, "%s names no text", s->text_list ? s->text_list : "--text");
+    for (int t = 0; t < j->n_texts; t++) {
+        int rc = kv_check_regular(j->text_names[t], "text", err);
+        if (rc) return rc;
+    }
+    return KV_OK;
+}
+
+/* Every text's token ids (BOS first), with the tokenizer, laid out for the search
+ * (kv_robust_lay_out); the SHA-256 of the texts' bytes and of the laid-out ids. */
 static int tokenize_text(const search_args *s, search_job *j, kv_error *err) {
     kv_tokenizer *tok = NULL;
-    char *text = NULL;
-    size_t len = 0;
+    int *ids[KV_ROBUST_MAX_TEXTS] = {0};
+    const char *names[2 * KV_ROBUST_MAX_TEXTS];
+    const void *bufs[2 * KV_ROBUST_MAX_TEXTS];
+    size_t lens[2 * KV_ROBUST_MAX_TEXTS];
+    char *texts[KV_ROBUST_MAX_TEXTS] = {0};
     int rc = kv_tokenizer_load(s->tokenizer, j->m, &tok, err);
-    if (!rc) rc = kv_read_file(s->text, &text, &len, err);
-    if (!rc) rc = kv_tokenizer_encode(tok, text, len, 1, &j->ids, &j->n_ids, err);
-    if (!rc) {
-        const char *names[2] = {s->text, "token ids"};
-        const void *bufs[2] = {text, j->ids};
-        size_t lens[2] = {len, (size_t)j->n_ids * sizeof *j->ids};
-        rc = kv_sha256_parts(names, bufs, lens, 1, j->text_sha, err);
-        if (!rc) rc = kv_sha256_parts(names + 1, bufs + 1, lens + 1, 1, j->ids_sha, err);
+    for (int t = 0; t < j->n_texts && !rc; t++) {
+        size_t len = 0;
+        int n = 0;
+        rc = kv_read_file(j->text_names[t], &texts[t], &len, err);
+        if (!rc) rc = kv_tokenizer_encode(tok, texts[t], len, 1, &ids[t], &n, err);
+        if (rc && texts[t]) kv_fail_context(err, "tokenizing %s", j->text_names[t]);
+        j->text_tokens[t] = n;
+        names[t] = j->text_names[t], bufs[t] = texts[t], lens[t] = len;
     }
-    if (rc && text) kv_fail_context(err, "tokenizing %s", s->text);
-    free(text);
+    if (!rc)
+        rc = kv_robust_lay_out(j->n_texts, j->text_names, (const int *const *)ids, j->text_tokens,
+                               j->ap.context, s->eval_tokens, s->heldout_tokens, &j->ids, &j->S,
+                               &j->HC, &j->chunk_text, err);
+    if (!rc) {
+        j->n_ids = (j->S + j->HC) * j->ap.context;
+        rc = kv_sha256_parts(names, bufs, lens, (size_t)j->n_texts, j->text_sha, err);
+        const char *in[1] = {"token ids"};
+        const void *b[1] = {j->ids};
+        size_t l[1] = {(size_t)j->n_ids * sizeof *j->ids};
+        if (!rc) rc = kv_sha256_parts(in, b, l, 1, j->ids_sha, err);
+    }
+    for (int t = 0; t < j->n_texts; t++) free(ids[t]), free(texts[t]);
     kv_tokenizer_free(tok);
     return rc;
 }
@@ -217,9 +280,12 @@ static int tokenize_text(const search_args *s, search_job *j, kv_error *err) {
 static int build_job(search_args *s, search_job *j, kv_error *err) {
     kv_plan_args *a = &s->a;
     /* the text and tokenizer are inputs too: checked before the (long) search starts */
-    const char *inputs[] = {a->model, a->profile, s->text, s->tokenizer};
-    int rc = a->out ? kv_check_output(a->out, "-o", inputs, 4, err) : KV_OK;
-    if (!rc) rc = kv_check_regular(s->text, "text", err);
+    int rc = collect_texts(s, j, err);
+    const char *inputs[4 + KV_ROBUST_MAX_TEXTS] = {a->model, a->profile, s->tokenizer,
+                                                   s->text_list};
+    for (int t = 0; t < j->n_texts; t++) inputs[4 + t] = j->text_names[t];
+    if (!rc && a->out) rc = kv_check_output(a->out, "-o", inputs, 4 + j->n_texts, err);
+    if (!rc) rc = kv_robust_objective_parse(s->text_objective, &j->text_objective, err);
     if (!rc && s->tokenizer) rc = kv_check_regular(s->tokenizer, "tokenizer", err);
     /* --allocation both (default) / sensitivity / a grid allocation */
     j->sensitivity = 1;
@@ -281,12 +347,13 @@ static int fill_opts(const search_args *s, const search_job *j, kv_progress *pro
     so->t_values = j->tv, so->n_t = j->nt;
     so->r_values = j->rv, so->n_r = j->nr;
     so->p_values = j->pv, so->n_p = j->np;
-    so->eval_tokens = s->eval_tokens;
-    so->heldout_tokens = s->heldout_tokens;
+    so->eval_tokens = (long)j->S * j->ap.context; /* the layout's (kv_robust_lay_out) */
+    so->heldout_tokens = (long)j->HC * j->ap.context;
     so->halving_eta = (int)s->halving;
     so->progress = prog;
     so->sensitivity = j->sensitivity;
-    so->sens.calib_chunks = (int)s->calib;
+    /* the first calibration chunks are one per text (interleaved): at least one per text */
+    so->sens.calib_chunks = (int)s->calib > j->n_texts ? (int)s->calib : j->n_texts;
     so->sens.max_levels = (int)s->levels;
     so->sens.max_rounds = (int)s->rounds;
     so->sens.batch = (int)s->sbatch;
@@ -343,8 +410,10 @@ static int open_task_log(kv_tasks *tasks, const search_args *s, const search_job
              "profile=%s text=%s tokenizer=%s token_ids=%s",
              KV_SCHEMA_VERSION, KV_PLAN_SCHEMA_VERSION, KVPLAN_VERSION_STRING, cmd_sha,
              j->m->sha256, prof_sha, j->text_sha, tok_sha, j->ids_sha);
-    const char *inputs[] = {s->a.model, s->a.profile, s->text, s->tokenizer, s->a.out};
-    return kv_tasks_log_open(tasks, log_path, key, s->resume, inputs, 5, err);
+    const char *inputs[5 + KV_ROBUST_MAX_TEXTS] = {s->a.model, s->a.profile, s->tokenizer,
+                                                   s->text_list, s->a.out};
+    for (int t = 0; t < j->n_texts; t++) inputs[5 + t] = j->text_names[t];
+    return kv_tasks_log_open(tasks, log_path, key, s->resume, inputs, 5 + j->n_texts, err);
 }
 
 static void print_perplexities(const kv_search_result *res) {
@@ -365,6 +434,32 @@ static void print_perplexities(const kv_search_result *res) {
            "evals (curves %ld, %.1f s), %.1f s\n",
            res->grid_token_evals_all, res->grid_seconds, res->sens.token_evals,
            res->sens.curves.token_evals, res->sens.curves.seconds, res->sens.seconds);
+}
+
+/* The per-text table and, on stderr, the guard's decision when it did not keep the plan. */
+static void print_texts(const kv_robust_result *r) {
+    int N = r->n_texts, k = r->chosen;
+    printf("texts        %-28s %-6s %-10s %-10s %-10s %-10s\n", "(perplexity)", "part", "full",
+           "uniform", "plan", "plan/unif");
+    for (int i = 0; i < N * 2; i++) {
+        if (!r->chunks[i]) continue;
+        const char *nm = r->names[i / 2], *sl = strrchr(nm, '/');
+        printf("             %-28.28s %-6s %-10.4f %-10.4f %-10.4f %-10.4f\n", sl ? sl + 1 : nm,
+               i % 2 ? "held" : "calib", r->full[i], r->uniform[i], r->plan[i],
+               r->plan[i] / r->uniform[i]);
+    }
+    printf("guard        objective %s, decision %s (lambda %.2f)\n",
+           kv_robust_objective_name(r->obj),
+           k == 0                      ? "plan"
+           : k == KV_ROBUST_N_CAND - 1 ? "uniform"
+                                       : "blend",
+           r->lambda[k]);
+    if (k != 0)
+        fprintf(stderr, "kvplan search: guard: %s; %s\n",
+                r->reason[0] ? r->reason : "a blend scores better",
+                k == KV_ROBUST_N_CAND - 1
+                    ? "falling back to the uniform cache (b_s = p = 1)"
+                    : "shipping the plan blended towards uniform (see /search/texts)");
 }
 
 static void print_result(const search_args *s, const search_job *j, const kv_alloc_params *ap,
@@ -413,6 +508,7 @@ static void print_result(const search_args *s, const search_job *j, const kv_all
                        res->type_heldout[t], res->type_tokens[t]);
         printf("\n");
     }
+    if (res->robust) print_texts(res->robust);
     if (res->identical_to_uniform)
         fprintf(stderr,
                 "kvplan search: note: the plan is identical to the uniform plan (every head "
@@ -435,6 +531,12 @@ static int write_plan(const search_args *s, const search_job *j, kv_alloc_params
     ap->t = res->best_t;
     ap->r = res->best_r;
     ap->p = res->best_p;
+    if (res->robust && res->robust->chosen == KV_ROBUST_N_CAND - 1) {
+        /* the guard fell back to the uniform cache it compares with: b_s = p = 1 */
+        ap->kind = KV_ALLOC_UNIFORM;
+        ap->block_size = res->robust->uniform_block_size;
+        ap->min_tokens = kv_policy_fixed_tokens(j->policy) + res->robust->uniform_evict_block;
+    }
     return kv_plan_file_write(s->a.out, cmd, s->a.profile, j->m, ap, j->policy, res->evict_block,
                               res->tokens, so, res, err);
 }
@@ -443,8 +545,8 @@ int kv_cmd_search(int argc, char **argv) {
     search_args s = {0};
     int code = kv_cli_parse(&kv_spec_search, argc, argv, &s);
     if (code >= 0) return code;
-    if (!s.text) {
-        fprintf(stderr, "kvplan search: --text T is required\n");
+    if (!s.texts.n && !s.text_list) {
+        fprintf(stderr, "kvplan search: --text T (or --text-list FILE) is required\n");
         kv_cli_help(&kv_spec_search, stderr);
         return 1;
     }
@@ -457,6 +559,8 @@ int kv_cmd_search(int argc, char **argv) {
     memset(&j, 0, sizeof j);
     kv_search_result res;
     memset(&res, 0, sizeof res);
+    kv_robust_result rob;
+    memset(&rob, 0, sizeof rob);
     kv_progress prog;
     kv_progress_init(&prog, s.a.quiet || rank != 0); /* progress from rank 0 only */
     kv_search_opts so;
@@ -469,6 +573,10 @@ int kv_cmd_search(int argc, char **argv) {
     if (!rc) {
         so.tasks = tasks;
         rc = kv_search_run(j.m, j.have_prof ? &j.prof : NULL, j.ids, j.n_ids, &so, &res, &err);
+        /* the guard: per-text figures, fall back towards uniform where the plan loses */
+        kv_robust_layout lay = {j.n_texts, j.text_names, j.text_tokens, j.S, j.HC, j.chunk_text};
+        if (!rc) rc = kv_robust_guard(j.m, j.ids, &lay, &so, j.text_objective, &res, &rob, &err);
+        if (!rc) res.robust = &rob;
         if (!rc && rank == 0 && !s.a.quiet && kv_tasks_resumed(tasks) > 0)
             fprintf(stderr, "search: %ld chunk evaluations taken from %s\n",
                     kv_tasks_resumed(tasks), log_path);
@@ -479,6 +587,7 @@ int kv_cmd_search(int argc, char **argv) {
     if (!rc && rank == 0) kv_tasks_log_close(tasks, 1); /* a finished run leaves no log */
     if (!rc && rank == 0) print_result(&s, &j, &ap, &so, &res);
     kv_search_result_free(&res);
+    kv_robust_result_free(&rob);
     job_free(&j);
     return kv_cli_finish_tasks("search", tasks, rc, &err);
 }

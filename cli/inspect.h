@@ -113,6 +113,13 @@ int ki_grid_chunks(const ki_grid *g, long idx);
 const char *ki_search_winner(const ki_file *f, const ki_grid *g, int *from_grid);
 
 /* ---- renderings ---- */
+/* The per-text table of a multi-text search (/search/texts: text, tokens, part, chunks, full,
+ * uniform, plan perplexity and the guard's decision), nothing when the file has none; and the
+ * same as "texts" {objective, decision, reason, lambda, rows [{text, index, tokens, part,
+ * chunks, full, uniform, plan}]} in the JSON summary's search object (cli/inspect_texts.c). */
+void ki_print_texts(FILE *out, const ki_file *f);
+struct cJSON;
+void ki_texts_json(struct cJSON *search, const ki_file *f);
 /* Human summary on `out`. */
 void ki_print_text(FILE *out, const ki_file *f);
 /* JSON document (cJSON) printed to `out`; KV_EINTERNAL on allocation failure. */

@@ -10,7 +10,9 @@
  *                  heldout, rank, axes, np, nt, nr, p_values, evaluated, max_chunks,
  *                  cells_at_max_chunks, best {p, t, r, perplexity, chunks}, worst {...},
  *                  per_p [{p, index, evaluated, ..., best, worst}] (3-D grids),
- *                  winner {allocation, from, p, t, r, perplexity, chunks, heldout}} },
+ *                  winner {allocation, from, p, t, r, perplexity, chunks, heldout},
+ *                  texts {objective, decision, reason, lambda, rows [...]} (multi-text
+ *                  searches, cli/inspect_texts.c)} },
  *     "groups": {path: {attributes}},
  *     "datasets": {path: {"shape": [..], "units", "attributes": {..}, "data": nested lists}} }
  * NaN values are written as null (cJSON's convention). */
@@ -285,6 +287,7 @@ static void plan_summary(cJSON *s, const ki_file *f) {
     search_named_json(sr, f);
     if (has_grid) search_grid_json(sr, &g);
     search_winner_json(sr, f, &g, has_grid);
+    ki_texts_json(sr, f);
 }
 
 int ki_print_json(FILE *out, const ki_file *f, kv_error *err) {

@@ -620,6 +620,7 @@ static void print_search(FILE *out, const ki_file *f) {
         skip[ns++] = named[k].path;
     }
     skip[ns] = NULL;
+    ki_print_texts(out, f);
     const char *const *sk = skip;
     print_generic(out, f, "/search", sk);
 }

@@ -47,6 +47,14 @@ static int set_value(const kv_opt *o, const char *name, const char *v, void *p, 
     case KV_OPT_STR:
         *(const char **)p = v;
         return KV_OK;
+    case KV_OPT_STRS: {
+        kv_opt_strs *l = p;
+        if (l->n == KV_OPT_MAX_STRS)
+            return kv_fail(err, KV_EINPUT, "%s %s: at most %d values may be given", name, v,
+                           KV_OPT_MAX_STRS);
+        l->v[l->n++] = v;
+        return KV_OK;
+    }
     case KV_OPT_INT:
         return kv_parse_int(v, name, to_long(o->lo), to_long(o->hi), (long *)p, err);
     case KV_OPT_NUM:

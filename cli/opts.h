@@ -25,7 +25,17 @@ typedef enum kv_opt_type {
     KV_OPT_INT,  /* long, whole number in [lo, hi] */
     KV_OPT_NUM,  /* double, finite number in [lo, hi] (or (lo, hi] with lo_open) */
     KV_OPT_QTY,  /* double with an optional SI / binary suffix (kv_cli_parse_qty), in [lo, hi] */
+    KV_OPT_STRS, /* kv_opt_strs: a string option that may be given up to KV_OPT_MAX_STRS times,
+                  * each value appended in command-line order (e.g. --text A --text B) */
 } kv_opt_type;
+
+#define KV_OPT_MAX_STRS 16
+
+/* The values of a KV_OPT_STRS option (pointers into argv or at the default). */
+typedef struct kv_opt_strs {
+    const char *v[KV_OPT_MAX_STRS];
+    int n;
+} kv_opt_strs;
 
 typedef struct kv_opt {
     const char *name;  /* "--ratio" or a one-letter "-n" */

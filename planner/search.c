@@ -1190,6 +1190,7 @@ int kv_search_write(kv_h5 *f, const kv_search_opts *o, const kv_search_result *r
                                 "held-out chunks",
                                 err);
     }
+    if (!rc && r->robust) rc = kv_robust_write(f, r->robust, err);
     if (!rc) rc = kv_h5_attr_f64(f, "/search", "seconds", r->seconds, err);
     return rc;
 }

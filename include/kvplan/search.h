@@ -25,6 +25,7 @@
 #include "kvplan/h5io.h"
 #include "kvplan/kvcache.h"
 #include "kvplan/model.h"
+#include "kvplan/robust.h"
 #include "kvplan/sensitivity.h"
 
 #ifdef __cplusplus
@@ -153,6 +154,9 @@ typedef struct kv_search_result {
     int ladder_p[KV_SEARCH_MAX_LADDER];
     double ladder_plan_ppl[KV_SEARCH_MAX_LADDER], ladder_uniform_ppl[KV_SEARCH_MAX_LADDER];
     long ladder_token_evals;
+    /* per-text figures and the guard's decision (include/kvplan/robust.h), written as
+     * /search/texts by kv_search_write when not NULL; not owned (the caller's) */
+    const kv_robust_result *robust;
 } kv_search_result;
 
 /* Run the search on ids[0..n_ids) (tokenized text, BOS first). Needs at least one chunk of
@@ -175,7 +179,8 @@ void kv_search_result_free(kv_search_result *r);
  * grid_evict_block (the p the grid, the baselines and the sensitivity curves ran with),
  * evict_block (the plan's), and, when the eviction block was searched, /search/evict_block/p,
  * /search/evict_block/plan and /search/evict_block/uniform [n_ladder] (search perplexity of
- * the plan candidate and of uniform at each p). */
+ * the plan candidate and of uniform at each p); and /search/texts (kv_robust_write) when
+ * r->robust is set. */
 int kv_search_write(kv_h5 *f, const kv_search_opts *o, const kv_search_result *r, kv_error *err);
 
 /* Write a whole plan.h5 atomically (kv_h5_create ... kv_h5_commit): provenance (`command`,

@@ -1,0 +1,111 @@
+/* kvplan robust planning: several calibration texts, per-text figures and the guard against a
+ * plan worse than the uniform cache (planner/robust.c; docs/design.md "Several calibration
+ * texts and the guard").
+ *
+ * The search (include/kvplan/search.h) runs on one token array. With several texts the CLI lays
+ * their chunks of C tokens out in that array so that every chunk holds one text only: the
+ * search chunks first, interleaved text by text (chunk k of every text before chunk k + 1 of
+ * any, so the first calibration chunks of the sensitivity curves cover every text), then the
+ * held-out chunks in the same order. kv_robust_layout says which text each chunk came from.
+ *
+ * After the search, kv_robust_guard measures on every chunk the full cache, the strongest
+ * uniform cache (every head R * C tokens at b_s = p = 1, what `kvplan eval --ratio R
+ * --allocation uniform --block-size 1 --evict-block 1` runs) and candidates made from the
+ * plan: its budgets blended towards uniform, B(lambda) = floor(U + lambda (P - U)) per head
+ * for lambda = 1, 3/4, 1/2, 1/4 (U the uniform budgets at the plan's b_s, P the plan's; the
+ * plan's b_s, p and per-head policies), and lambda = 0, the uniform cache itself. A candidate
+ * passes when its perplexity is at most the uniform cache's on every text's calibration
+ * chunks and on every text's held-out chunks; lambda = 0 always passes (it is that cache).
+ * Among the passing candidates the objective picks one:
+ *   mean   the mean over texts of log(ppl_cand / ppl_uniform) (all of a text's chunks),
+ *   worst  the largest of those (max regret against uniform over the texts).
+ * Floor rounding keeps every blended budget at least min(U, P) (so above the policy's floor)
+ * and their sum at most the larger of the two sums (so within the ratio).
+ */
+#ifndef KVPLAN_ROBUST_H
+#define KVPLAN_ROBUST_H
+
+#include "kvplan/common.h"
+#include "kvplan/h5io.h"
+#include "kvplan/model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct kv_search_opts;
+struct kv_search_result;
+
+#define KV_ROBUST_MAX_TEXTS 16
+#define KV_ROBUST_N_CAND 5 /* lambda = 1, 3/4, 1/2, 1/4, 0 */
+
+typedef enum kv_robust_objective { KV_ROBUST_MEAN = 0, KV_ROBUST_WORST = 1 } kv_robust_objective;
+
+/* "mean" / "worst"; KV_EINPUT names the option value otherwise. */
+int kv_robust_objective_parse(const char *s, kv_robust_objective *out, kv_error *err);
+const char *kv_robust_objective_name(kv_robust_objective o);
+
+/* Where the texts' chunks are in the search's token array. */
+typedef struct kv_robust_layout {
+    int n_texts;              /* 1..KV_ROBUST_MAX_TEXTS */
+    const char *const *names; /* [n_texts] the texts' file names */
+    const long *text_tokens;  /* [n_texts] tokens of each text (BOS included) */
+    int S, HC;                /* search and held-out chunks (of C tokens) in the array */
+    const int *chunk_text;    /* [S + HC] text of each chunk: search chunks, then held-out */
+} kv_robust_layout;
+
+/* Lay out texts ids[t][0..n[t]) for the search: each text gives its first
+ * floor(min(eval_tokens / N, n[t]) / C) chunks as search chunks and then up to
+ * floor(heldout_tokens / N / C) held-out chunks from the tokens after them (N = n_texts);
+ * chunks interleaved as described above. With one text the array is its first
+ * (S + HC) * C tokens, as the search always read. *out_ids [(S + HC) * C] and *chunk_text
+ * [S + HC] are the caller's (free()). Errors KV_EINPUT naming the text (names[t]) with fewer
+ * tokens than one search chunk, or when heldout_tokens > 0 and no text has a held-out chunk. */
+int kv_robust_lay_out(int n_texts, const char *const *names, const int *const *ids, const long *n,
+                      int C, long eval_tokens, long heldout_tokens, int **out_ids, int *S, int *HC,
+                      int **chunk_text, kv_error *err);
+
+/* The per-text figures and the guard's decision (/search/texts). Arrays [n_texts * 2] are
+ * indexed [t * 2 + part], part 0 the calibration (search) chunks, 1 the held-out chunks; NaN
+ * where a text has no chunk of that part. */
+typedef struct kv_robust_result {
+    int n_texts;
+    char **names;                    /* [n_texts] owned copies */
+    long *text_tokens;               /* [n_texts] */
+    int *chunks;                     /* [n_texts * 2] chunks of each part */
+    double *full, *uniform;          /* [n_texts * 2] perplexity: full cache, uniform b_s = p = 1 */
+    double *plan;                    /* [n_texts * 2] the chosen candidate (the shipped plan) */
+    double lambda[KV_ROBUST_N_CAND]; /* 1, 0.75, 0.5, 0.25, 0 */
+    double *cand;                    /* [KV_ROBUST_N_CAND * n_texts * 2] each candidate */
+    double objective[KV_ROBUST_N_CAND]; /* its objective value; +inf when it failed */
+    int passed[KV_ROBUST_N_CAND];       /* 1 when <= uniform on every text and part */
+    int chosen;                         /* index of the chosen candidate */
+    kv_robust_objective obj;
+    int uniform_block_size, uniform_evict_block; /* the uniform comparison: 1, 1 */
+    char reason[512]; /* "" when the plan passed; else the first text and part it lost on */
+} kv_robust_result;
+
+/* The guard (see the top of this file). Runs on m with the search's options o (ratio, C, b_s,
+ * policy, kv_type, device) and result res (the plan: res->tokens, res->policy,
+ * res->evict_block), over ids laid out as lay says. When a candidate other than lambda = 1 is
+ * chosen, res->tokens / blocks / policy become its budgets; for lambda = 0 the caller must
+ * write the plan as allocation uniform with b_s = p = 1 (rr->chosen == KV_ROBUST_N_CAND - 1),
+ * and res->evict_block is set to 1. rr is filled (kv_robust_result_free). Costs 3 passes over
+ * every chunk (full, uniform, the four plan candidates as one batch of four sequences).
+ * Errors: KV_EINPUT for a layout that does not match res; KV_EINTERNAL from the engine. */
+int kv_robust_guard(const kv_model *m, const int *ids, const kv_robust_layout *lay,
+                    const struct kv_search_opts *o, kv_robust_objective obj,
+                    struct kv_search_result *res, kv_robust_result *rr, kv_error *err);
+void kv_robust_result_free(kv_robust_result *r);
+
+/* Write /search/texts: datasets tokens [N] (int32), chunks [N, 2] (int32), full, uniform,
+ * plan [N, 2] (perplexity; columns calibration, held-out), candidates/lambda [K],
+ * candidates/perplexity [K, N, 2], candidates/objective [K], candidates/passed [K] (int32);
+ * attributes names (the file names joined by '\n'), n_texts, objective, decision ("plan",
+ * "blend" or "uniform"), lambda, reason, uniform_block_size, uniform_evict_block. */
+int kv_robust_write(kv_h5 *f, const kv_robust_result *r, kv_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

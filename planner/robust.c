@@ -1,0 +1,335 @@
+/* kvplan robust planning: the layout of several calibration texts, per-text figures and the
+ * guard against a plan worse than uniform. See include/kvplan/robust.h. */
+#include "kvplan/robust.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvplan/engine.h"
+#include "kvplan/eval.h"
+#include "kvplan/plan.h"
+#include "kvplan/search.h"
+
+static const double cand_lambda[KV_ROBUST_N_CAND] = {1.0, 0.75, 0.5, 0.25, 0.0};
+#define N_PLAN_CAND (KV_ROBUST_N_CAND - 1) /* the candidates run on the plan's engine */
+
+int kv_robust_objective_parse(const char *s, kv_robust_objective *out, kv_error *err) {
+    if (!strcmp(s, "mean"))
+        *out = KV_ROBUST_MEAN;
+    else if (!strcmp(s, "worst"))
+        *out = KV_ROBUST_WORST;
+    else
+        return kv_fail(err, KV_EINPUT, "--text-objective '%s': expected mean or worst", s);
+    return KV_OK;
+}
+
+const char *kv_robust_objective_name(kv_robust_objective o) {
+    return o == KV_ROBUST_WORST ? "worst" : "mean";
+}
+
+int kv_robust_lay_out(int n_texts, const char *const *names, const int *const *ids, const long *n,
+                      int C, long eval_tokens, long heldout_tokens, int **out_ids, int *S, int *HC,
+                      int **chunk_text, kv_error *err) {
+    *out_ids = NULL;
+    *chunk_text = NULL;
+    *S = *HC = 0;
+    if (n_texts < 1 || n_texts > KV_ROBUST_MAX_TEXTS)
+        return kv_fail(err, KV_EINPUT, "%d texts: give between 1 and %d", n_texts,
+                       KV_ROBUST_MAX_TEXTS);
+    if (C < 2) return kv_fail(err, KV_EINPUT, "context %d is too small", C);
+    long per_e = eval_tokens / n_texts, per_h = heldout_tokens / n_texts;
+    if (per_e < C) per_e = C;
+    if (heldout_tokens > 0 && per_h < C) per_h = C;
+    int s[KV_ROBUST_MAX_TEXTS], h[KV_ROBUST_MAX_TEXTS], max_s = 0, max_h = 0;
+    for (int t = 0; t < n_texts; t++) {
+        long e = per_e < n[t] ? per_e : n[t];
+        s[t] = (int)(e / C);
+        if (s[t] < 1)
+            return kv_fail(err, KV_EINPUT,
+                           "%s: the text has %ld tokens, fewer than one chunk of %d; use a longer "
+                           "text or a smaller --context",
+                           names[t], n[t], C);
+        long left = n[t] - (long)s[t] * C;
+        long ho = heldout_tokens > 0 ? (per_h < left ? per_h : left) : 0;
+        h[t] = (int)(ho / C);
+        *S += s[t];
+        *HC += h[t];
+        if (s[t] > max_s) max_s = s[t];
+        if (h[t] > max_h) max_h = h[t];
+    }
+    if (heldout_tokens > 0 && *HC < 1)
+        return kv_fail(err, KV_EINPUT,
+                       "no text has tokens left for a held-out chunk of %d after its search "
+                       "chunks (%s has %ld tokens); use longer texts, fewer --eval-tokens or "
+                       "--heldout-tokens 0",
+                       C, names[0], n[0]);
+    int total = *S + *HC;
+    int *out = kv_malloc((size_t)total * C * sizeof *out, "text layout", err);
+    int *ct = kv_malloc((size_t)total * sizeof *ct, "text layout", err);
+    if (!out || !ct) {
+        free(out);
+        free(ct);
+        return KV_EINTERNAL;
+    }
+    int k = 0;
+    for (int part = 0; part < 2; part++) {
+        const int *cnt = part ? h : s;
+        int rounds = part ? max_h : max_s;
+        for (int r = 0; r < rounds; r++)
+            for (int t = 0; t < n_texts; t++) {
+                if (r >= cnt[t]) continue;
+                long start = ((part ? (long)s[t] : 0) + r) * C;
+                memcpy(out + (long)k * C, ids[t] + start, (size_t)C * sizeof *out);
+                ct[k++] = t;
+            }
+    }
+    *out_ids = out;
+    *chunk_text = ct;
+    return KV_OK;
+}
+
+void kv_robust_result_free(kv_robust_result *r) {
+    if (!r) return;
+    for (int t = 0; r->names && t < r->n_texts; t++) free(r->names[t]);
+    free(r->names);
+    free(r->text_tokens);
+    free(r->chunks);
+    free(r->full);
+    free(r->uniform);
+    free(r->plan);
+    free(r->cand);
+    memset(r, 0, sizeof *r);
+}
+
+static int result_alloc(kv_robust_result *r, const kv_robust_layout *lay, kv_error *err) {
+    int N = lay->n_texts;
+    r->n_texts = N;
+    r->names = kv_calloc((size_t)N, sizeof *r->names, "text names", err);
+    r->text_tokens = kv_malloc((size_t)N * sizeof *r->text_tokens, "text figures", err);
+    r->chunks = kv_calloc((size_t)N * 2, sizeof *r->chunks, "text figures", err);
+    r->full = kv_malloc((size_t)N * 2 * sizeof *r->full, "text figures", err);
+    r->uniform = kv_malloc((size_t)N * 2 * sizeof *r->uniform, "text figures", err);
+    r->plan = kv_malloc((size_t)N * 2 * sizeof *r->plan, "text figures", err);
+    r->cand = kv_malloc((size_t)KV_ROBUST_N_CAND * N * 2 * sizeof *r->cand, "text figures", err);
+    if (!r->names || !r->text_tokens || !r->chunks || !r->full || !r->uniform || !r->plan ||
+        !r->cand)
+        return KV_EINTERNAL;
+    for (int t = 0; t < N; t++) {
+        size_t l = strlen(lay->names[t]) + 1;
+        r->names[t] = kv_malloc(l, "text names", err);
+        if (!r->names[t]) return KV_EINTERNAL;
+        memcpy(r->names[t], lay->names[t], l);
+        r->text_tokens[t] = lay->text_tokens[t];
+    }
+    memcpy(r->lambda, cand_lambda, sizeof cand_lambda);
+    return KV_OK;
+}
+
+/* An engine reserving the full cache at b_s, p with `sets` sequences. */
+static int engine_for(const kv_model *m, const struct kv_search_opts *o, int bs, int p, int sets,
+                      kv_engine **out, kv_error *err) {
+    kv_plan full;
+    int rc = kv_plan_full(&m->cfg, o->context, bs, p, o->policy, &full, err);
+    if (rc) return rc;
+    kv_plan_set_kv_type(&full, o->kv_type);
+    kv_engine_opts eo = {.device = o->device, .max_seqs = sets};
+    rc = kv_engine_new(m, &full, &eo, out, err);
+    kv_plan_free(&full);
+    return rc;
+}
+
+/* Per-(text, part) perplexity from per-chunk NLL sums nll[S + HC] into ppl[N * 2]. */
+static void text_ppl(const kv_robust_layout *lay, int C, const double *nll, double *ppl) {
+    int N = lay->n_texts;
+    for (int i = 0; i < N * 2; i++) {
+        double s = 0.0;
+        long k = 0;
+        for (int ch = 0; ch < lay->S + lay->HC; ch++) {
+            int part = ch >= lay->S;
+            if (lay->chunk_text[ch] * 2 + part != i) continue;
+            s += nll[ch];
+            k++;
+        }
+        ppl[i] = k ? kv_perplexity_from_nll(s, k * (C - 1)) : NAN;
+    }
+}
+
+/* Objective and pass/fail of candidate figures ppl[N * 2] against uniform u[N * 2], with the
+ * per-text all-chunk log ratio from the NLL sums (chunk counts weigh the parts). */
+static double cand_objective(const kv_robust_result *r, const double *ppl, kv_robust_objective obj,
+                             int *passed) {
+    int N = r->n_texts;
+    double mean = 0.0, worst = -HUGE_VAL;
+    *passed = 1;
+    for (int t = 0; t < N; t++) {
+        double lc = 0.0, lu = 0.0;
+        int k = 0;
+        for (int part = 0; part < 2; part++) {
+            int i = t * 2 + part, c = r->chunks[i];
+            if (!c) continue;
+            if (!(ppl[i] <= r->uniform[i])) *passed = 0;
+            lc += c * log(ppl[i]);
+            lu += c * log(r->uniform[i]);
+            k += c;
+        }
+        double d = k ? (lc - lu) / k : 0.0;
+        mean += d / N;
+        if (d > worst) worst = d;
+    }
+    return obj == KV_ROBUST_WORST ? worst : mean;
+}
+
+int kv_robust_guard(const kv_model *m, const int *ids, const kv_robust_layout *lay,
+                    const struct kv_search_opts *o, kv_robust_objective obj,
+                    struct kv_search_result *res, kv_robust_result *rr, kv_error *err) {
+    memset(rr, 0, sizeof *rr);
+    const int C = o->context, nh = m->cfg.n_layers * m->cfg.n_kv_heads, nc = lay->S + lay->HC;
+    const int bs = o->block_size, p = res->evict_block > 0 ? res->evict_block : o->evict_block;
+    if (lay->S != res->search_chunks || lay->HC != res->heldout_chunks)
+        return kv_fail(err, KV_EINPUT,
+                       "the text layout (%d + %d chunks) does not match the search's (%d + %d)",
+                       lay->S, lay->HC, res->search_chunks, res->heldout_chunks);
+    int rc = result_alloc(rr, lay, err);
+    rr->obj = obj;
+    rr->uniform_block_size = rr->uniform_evict_block = 1;
+    for (int ch = 0; ch < nc && !rc; ch++) rr->chunks[lay->chunk_text[ch] * 2 + (ch >= lay->S)]++;
+    /* budgets: uniform at b_s = 1 (the comparison), uniform at the plan's b_s, the candidates */
+    int *ub1 = kv_malloc((size_t)nh * sizeof *ub1, "uniform budgets", err);
+    int *ubs = kv_malloc((size_t)nh * sizeof *ubs, "uniform budgets", err);
+    int *cb = kv_malloc((size_t)N_PLAN_CAND * nh * sizeof *cb, "candidate budgets", err);
+    kv_policy *upol = kv_malloc((size_t)nh * sizeof *upol, "uniform policies", err);
+    double *nll = kv_malloc((size_t)(2 + N_PLAN_CAND) * nc * sizeof *nll, "chunk losses", err);
+    kv_engine *ep = NULL, *eu = NULL;
+    if (!rc && (!ub1 || !ubs || !cb || !upol || !nll)) rc = KV_EINTERNAL;
+    if (!rc) rc = kv_uniform_budgets(nh, o->ratio, C, 1, ub1, NULL, err);
+    if (!rc) rc = kv_uniform_budgets(nh, o->ratio, C, bs, ubs, NULL, err);
+    for (int h = 0; h < nh && !rc; h++) {
+        upol[h] = o->policy;
+        for (int k = 0; k < N_PLAN_CAND; k++) {
+            double b = ubs[h] + cand_lambda[k] * (double)(res->tokens[h] - ubs[h]);
+            cb[k * nh + h] = k == 0 ? res->tokens[h] : (int)floor(b + 1e-9);
+        }
+    }
+    if (!rc) rc = engine_for(m, o, bs, p, N_PLAN_CAND, &ep, err);
+    if (!rc) rc = engine_for(m, o, 1, 1, 1, &eu, err);
+    /* every chunk: full, uniform (b_s = p = 1), the plan candidates as one batch */
+    double *nf = nll, *nu = nll + nc, *ncand = nll + 2 * nc;
+    for (int ch = 0; ch < nc && !rc; ch++) {
+        const int *tk = ids + (long)ch * C;
+        const int *b1[1] = {ub1};
+        const kv_policy *p1[1] = {upol};
+        const int *bc[N_PLAN_CAND];
+        const kv_policy *pc[N_PLAN_CAND];
+        double cn[N_PLAN_CAND];
+        for (int k = 0; k < N_PLAN_CAND; k++) bc[k] = cb + k * nh, pc[k] = res->policy;
+        rc = kv_engine_chunk_nll(ep, tk, C, 1, NULL, NULL, &nf[ch], NULL, err);
+        if (!rc) rc = kv_engine_chunk_nll(eu, tk, C, 1, b1, p1, &nu[ch], NULL, err);
+        if (!rc) rc = kv_engine_chunk_nll(ep, tk, C, N_PLAN_CAND, bc, pc, cn, NULL, err);
+        for (int k = 0; k < N_PLAN_CAND && !rc; k++) ncand[k * nc + ch] = cn[k];
+        if (!rc && o->progress && !o->progress->quiet)
+            kv_progress_print(o->progress, 0, "search: per-text check %d/%d chunks", ch + 1, nc);
+    }
+    if (o->progress && !o->progress->quiet) kv_progress_done(o->progress);
+    if (!rc) {
+        int N = rr->n_texts;
+        text_ppl(lay, C, nf, rr->full);
+        text_ppl(lay, C, nu, rr->uniform);
+        for (int k = 0; k < N_PLAN_CAND; k++)
+            text_ppl(lay, C, ncand + k * nc, rr->cand + k * N * 2);
+        memcpy(rr->cand + N_PLAN_CAND * N * 2, rr->uniform, (size_t)N * 2 * sizeof *rr->uniform);
+        rr->chosen = KV_ROBUST_N_CAND - 1;
+        for (int k = 0; k < KV_ROBUST_N_CAND; k++) {
+            double v = cand_objective(rr, rr->cand + k * N * 2, obj, &rr->passed[k]);
+            rr->objective[k] = rr->passed[k] ? v : HUGE_VAL;
+        }
+        /* the lowest objective among the passing; ties go to the larger lambda */
+        for (int k = KV_ROBUST_N_CAND - 2; k >= 0; k--)
+            if (rr->objective[k] <= rr->objective[rr->chosen]) rr->chosen = k;
+        memcpy(rr->plan, rr->cand + rr->chosen * N * 2, (size_t)N * 2 * sizeof *rr->plan);
+        /* why the plan itself was not kept: the first text and part it lost on */
+        for (int i = 0; i < N * 2 && !rr->passed[0] && !rr->reason[0]; i++)
+            if (rr->chunks[i] && !(rr->cand[i] <= rr->uniform[i]))
+                snprintf(rr->reason, sizeof rr->reason,
+                         "the plan's perplexity %.4f is above the uniform cache's %.4f on %s "
+                         "(%s, %d chunks)",
+                         rr->cand[i], rr->uniform[i], rr->names[i / 2],
+                         i % 2 ? "held-out" : "calibration", rr->chunks[i]);
+        int k = rr->chosen;
+        if (k == KV_ROBUST_N_CAND - 1) { /* uniform at b_s = p = 1 */
+            memcpy(res->tokens, ub1, (size_t)nh * sizeof *ub1);
+            for (int h = 0; h < nh; h++) res->blocks[h] = ub1[h], res->policy[h] = o->policy;
+            res->evict_block = 1;
+            res->winner_sens = 0;
+            res->winner_kind = KV_ALLOC_UNIFORM;
+            res->best_t = res->best_r = res->best_p = NAN;
+            res->identical_to_uniform = 1;
+        } else if (k > 0) {
+            memcpy(res->tokens, cb + k * nh, (size_t)nh * sizeof *res->tokens);
+            for (int h = 0; h < nh; h++) res->blocks[h] = (res->tokens[h] + bs - 1) / bs;
+            res->identical_to_uniform = 0;
+        }
+    }
+    kv_engine_free(ep);
+    kv_engine_free(eu);
+    free(ub1), free(ubs), free(cb), free(upol), free(nll);
+    if (rc) kv_robust_result_free(rr);
+    return rc;
+}
+
+int kv_robust_write(kv_h5 *f, const kv_robust_result *r, kv_error *err) {
+    const int N = r->n_texts;
+    long d1 = N, d2[2] = {N, 2}, dk = KV_ROBUST_N_CAND, d3[3] = {KV_ROBUST_N_CAND, N, 2};
+    int tok[KV_ROBUST_MAX_TEXTS], passed[KV_ROBUST_N_CAND];
+    size_t nlen = 1;
+    for (int t = 0; t < N; t++) {
+        tok[t] = r->text_tokens[t] > 0x7fffffffL ? 0x7fffffff : (int)r->text_tokens[t];
+        nlen += strlen(r->names[t]) + 1;
+    }
+    for (int k = 0; k < KV_ROBUST_N_CAND; k++) passed[k] = r->passed[k];
+    char *names = kv_malloc(nlen, "text names", err);
+    if (!names) return KV_EINTERNAL;
+    names[0] = '\0';
+    for (int t = 0; t < N; t++) {
+        if (t) strcat(names, "\n");
+        strcat(names, r->names[t]);
+    }
+    const char *g = "/search/texts";
+    int rc = kv_h5_write_i32(f, "/search/texts/tokens", 1, &d1, tok, "tokens", err);
+    if (!rc) rc = kv_h5_write_i32(f, "/search/texts/chunks", 2, d2, r->chunks, "chunks", err);
+    if (!rc) rc = kv_h5_write_f64(f, "/search/texts/full", 2, d2, r->full, "perplexity", err);
+    if (!rc) rc = kv_h5_write_f64(f, "/search/texts/uniform", 2, d2, r->uniform, "perplexity", err);
+    if (!rc) rc = kv_h5_write_f64(f, "/search/texts/plan", 2, d2, r->plan, "perplexity", err);
+    if (!rc)
+        rc = kv_h5_write_f64(f, "/search/texts/candidates/lambda", 1, &dk, r->lambda, "fraction",
+                             err);
+    if (!rc)
+        rc = kv_h5_write_f64(f, "/search/texts/candidates/perplexity", 3, d3, r->cand, "perplexity",
+                             err);
+    if (!rc)
+        rc = kv_h5_write_f64(f, "/search/texts/candidates/objective", 1, &dk, r->objective,
+                             "log ratio", err);
+    if (!rc) rc = kv_h5_write_i32(f, "/search/texts/candidates/passed", 1, &dk, passed, "-", err);
+    if (!rc) rc = kv_h5_attr_str(f, g, "names", names, err);
+    if (!rc) rc = kv_h5_attr_str(f, g, "columns", "calibration,heldout", err);
+    if (!rc) rc = kv_h5_attr_i64(f, g, "n_texts", N, err);
+    if (!rc) rc = kv_h5_attr_str(f, g, "objective", kv_robust_objective_name(r->obj), err);
+    const char *dec = r->chosen == 0                      ? "plan"
+                      : r->chosen == KV_ROBUST_N_CAND - 1 ? "uniform"
+                                                          : "blend";
+    if (!rc) rc = kv_h5_attr_str(f, g, "decision", dec, err);
+    if (!rc) rc = kv_h5_attr_f64(f, g, "lambda", r->lambda[r->chosen], err);
+    if (!rc) rc = kv_h5_attr_str(f, g, "reason", r->reason, err);
+    if (!rc) rc = kv_h5_attr_i64(f, g, "uniform_block_size", r->uniform_block_size, err);
+    if (!rc) rc = kv_h5_attr_i64(f, g, "uniform_evict_block", r->uniform_evict_block, err);
+    if (!rc)
+        rc = kv_h5_attr_str(f, g, "definition",
+                            "per text: perplexity on its calibration (search) chunks and on its "
+                            "held-out chunks of the full cache, the uniform cache (b_s = p = 1) "
+                            "and the plan; candidates blend the search's plan towards uniform "
+                            "(lambda 1 = the search's plan, 0 = the uniform cache)",
+                            err);
+    free(names);
+    return rc;
+}
