@@ -12,8 +12,9 @@
  *    (a sentinel past the caller's timing array stays untouched) and gives the CPU's rows;
  *  - --device auto when the CUDA backend cannot be made: the CPU runs and stderr says why,
  *    once;
- *  - a decode step of an untracked policy (sink) waits for the device once (the logits), and
- *    uploads the step's positions once, not per layer;
+ *  - a decode step of an untracked policy (sink) waits for the device once (the logits),
+ *    uploads the step's positions once, not per layer, and the same bytes at two context
+ *    lengths (block tables resident on the device);
  *  - weights in their type, TinyStories-656K F16 and Q8_0 GGUFs: device bytes equal to the
  *    file's tensor bytes; perplexity and decode logits against the CPU (typed_weights_case). */
 #include "testutil.h"
@@ -294,11 +295,10 @@ static void test_device_auto_says_why(void) {
               strstr(text, "running on the CPU"));
 }
 
-static void test_decode_step_counters(void) {
+/* The decode steps after a prefill of `prompt` tokens (full sink plan); the counters of the
+ * last of 4 steps in *last, the most syncs of any in *worst_syncs. */
+static void decode_steps(const int *ids, int prompt, kvfake_counters *last, long *worst_syncs) {
     const kv_config *cfg = &g_model->cfg;
-    int n = 0;
-    int *ids = tu_text_tokens(g_model, tu_shared(TOK260), 0, &n);
-    CU_ASSERT_FATAL(n >= 70);
     kv_plan plan;
     kv_error err = {0};
     CU_ASSERT_FATAL(kv_plan_full(cfg, cfg->seq_len, 16, 16, KV_POLICY_SINK, &plan, &err) == KV_OK);
@@ -310,29 +310,45 @@ static void test_decode_step_counters(void) {
     float *logits = malloc(sizeof(float) * (size_t)cfg->vocab_size);
     CU_ASSERT_FATAL(kv_engine_new(g_model, &plan, &o, &e, &err) == KV_OK);
     CU_ASSERT_FATAL(kv_engine_seq_open(e, NULL, NULL, &seq, &err) == KV_OK);
-    CU_ASSERT_FATAL(kv_engine_prefill(e, seq, ids, 64, KV_LOGITS_LAST, logits, NULL, &err) ==
+    CU_ASSERT_FATAL(kv_engine_prefill(e, seq, ids, prompt, KV_LOGITS_LAST, logits, NULL, &err) ==
                     KV_OK);
-    long worst_syncs = 0, copies = 0;
+    *worst_syncs = 0;
     for (int s = 0; s < 4; s++) {
         kvfake_zero_traffic();
-        CU_ASSERT_FATAL(kv_engine_decode(e, &seq, 1, &ids[64 + s], logits, &err) == KV_OK);
-        kvfake_counters k = kvfake_get();
-        worst_syncs = k.syncs > worst_syncs ? k.syncs : worst_syncs;
-        copies = k.h2d_copies;
-        if (s == 3)
-            printf("\n    decode step (%d layers): %ld syncs, %ld launches, %ld GEMMs, %ld H2D "
-                   "copies, %.0f H2D bytes",
-                   cfg->n_layers, k.syncs, k.launches, k.gemms, k.h2d_copies, k.h2d_bytes);
+        CU_ASSERT_FATAL(kv_engine_decode(e, &seq, 1, &ids[prompt + s], logits, &err) == KV_OK);
+        *last = kvfake_get();
+        *worst_syncs = last->syncs > *worst_syncs ? last->syncs : *worst_syncs;
     }
-    /* token, positions, logit rows once; a cache-write list and the attention metadata per
-     * layer */
-    CU_ASSERT(worst_syncs == 1);
-    CU_ASSERT(copies == 3 + 2L * cfg->n_layers);
     kv_engine_free(e);
     kv_plan_free(&plan);
     free(logits);
-    free(ids);
     CU_ASSERT(nothing_allocated());
+}
+
+/* Decode steps of an untracked policy: one sync, the positions once per step (not per layer),
+ * and, with the block tables resident on the device, the same H2D bytes after a 64-token and
+ * a 300-token prompt (the measured step opens no block in either: lengths 68 and 304). */
+static void test_decode_step_counters(void) {
+    const kv_config *cfg = &g_model->cfg;
+    int n = 0;
+    int *ids = tu_text_tokens(g_model, tu_shared(TOK260), 0, &n);
+    CU_ASSERT_FATAL(n >= 310);
+    kvfake_counters k[2];
+    long syncs[2];
+    const int prompts[2] = {64, 300};
+    for (int i = 0; i < 2; i++) {
+        decode_steps(ids, prompts[i], &k[i], &syncs[i]);
+        printf("\n    decode step at length %d (%d layers): %ld syncs, %ld launches, %ld GEMMs, "
+               "%ld H2D copies, %.0f H2D bytes",
+               prompts[i] + 4, cfg->n_layers, k[i].syncs, k[i].launches, k[i].gemms,
+               k[i].h2d_copies, k[i].h2d_bytes);
+        /* token, positions, logit rows once; a cache-write list and the attention metadata
+         * per layer */
+        CU_ASSERT(syncs[i] == 1);
+        CU_ASSERT(k[i].h2d_copies == 3 + 2L * cfg->n_layers);
+    }
+    CU_ASSERT(k[0].h2d_bytes == k[1].h2d_bytes);
+    free(ids);
 }
 
 /* Bytes of the model's tensors as its file stores them: every matrix at its type's row bytes
@@ -491,7 +507,7 @@ int main(int argc, char **argv) {
         {"OOM and GEMM sweep: an engine run", test_oom_engine_run},
         {"KVPR: a failed GEMM leaves no stale state", test_kvpr_after_failed_gemm},
         {"--device auto says why it fell back", test_device_auto_says_why},
-        {"decode step: one sync, positions once", test_decode_step_counters},
+        {"decode step: one sync, positions once, H2D bytes flat", test_decode_step_counters},
         {"weights in their type: 656K F16 / Q8_0 GGUF vs the CPU", test_typed_weights_656k},
     };
     static const tu_suite suite = {"cuda_fake", model_init, model_cleanup, tests,
