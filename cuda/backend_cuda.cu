@@ -16,9 +16,12 @@
  *   in use equal the CPU backend's; attention decodes rows as it reads them (no fp32 copy of
  *   the cache). The pool's metadata (free list, block tables, positions, statistics) stays on
  *   the host.
- * - Per attention step the tasks, their block tables and positions (and the statistics of
- *   tracked heads) are packed into pinned host memory and mirrored to the device with one
- *   asynchronous copy on the copy stream; the compute stream waits for it on an event. The
+ * - Block tables are resident on the device, one array per layer (task i's table at a fixed
+ *   stride): per attention step the tasks, the table entries that changed since the layer's
+ *   last step (kv_pack.h, scattered by kv_k_table_patch) and, for tracked heads, positions and
+ *   statistics are packed into pinned host memory and mirrored to the device with one
+ *   asynchronous copy on the copy stream; the compute stream waits for it on an event. A
+ *   decode step that opens no block and evicts nothing uploads no table entry. The
  *   statistics come back with one copy and are written into the heads' host arrays, where the
  *   policies read them.
  * - Host-to-device staging (token ids, positions, cache-write and move lists, attention
@@ -108,6 +111,14 @@ struct cuda_backend {
     int stamp_slots, stamp_gen;
     int *pass_start; /* [cap + 1] */
     int pass_cap;
+    /* block tables resident on the device, per layer: task i's table at i * tab_stride of
+     * d_tabs[l]; tab_shadow[l] (host) holds what d_tabs[l] holds (-1: unknown) for
+     * tab_cap[l] tasks; a step uploads only the entries that changed */
+    int cur_layer; /* the layer of the step's ops (qkv sets it) */
+    int tab_stride;
+    dbuf *d_tabs;
+    int **tab_shadow;
+    int *tab_cap;
 };
 
 cuda_backend *cb(kv_backend *b) {
@@ -291,6 +302,14 @@ void cuda_destroy(kv_backend *b) {
     cudaFreeHost(c->h_out.p);
     free(c->stamp);
     free(c->pass_start);
+    if (c->d_tabs && c->tab_shadow)
+        for (int l = 0; l < c->base.model->cfg.n_layers; l++) {
+            cudaFree(c->d_tabs[l].p);
+            free(c->tab_shadow[l]);
+        }
+    delete[] c->d_tabs;
+    free(c->tab_shadow);
+    free(c->tab_cap);
     if (c->blas) cublasDestroy(c->blas);
     if (c->meta_ready) cudaEventDestroy(c->meta_ready);
     if (c->attn_done) cudaEventDestroy(c->attn_done);
@@ -356,6 +375,7 @@ int cuda_qkv(kv_backend *b, int layer, int rows, const int *pos, kv_error *err) 
     const dev_layer &w = c->layers[layer];
     int dim = cfg->dim, hd = cfg->head_dim, H = cfg->n_heads, Hkv = cfg->n_kv_heads;
     int qd = H * hd, kvd = Hkv * hd;
+    c->cur_layer = layer;
     size_t pbytes = (size_t)rows * sizeof(int);
     if (rows != c->last_rows || memcmp(pos, c->last_pos, pbytes)) { /* once per step */
         char *h = nullptr;
@@ -430,20 +450,68 @@ int cuda_cache_write(kv_backend *b, kv_pool *p, const kv_slot_write *w, int n, k
     return KV_OK;
 }
 
+/* Layer l's resident table array for n tasks: grown when n exceeds what it holds (its shadow
+ * then starts unknown, -1, so the next step uploads every entry). */
+int tab_reserve(cuda_backend *c, int l, int n, kv_error *err) {
+    if (n <= c->tab_cap[l]) return KV_OK;
+    int cap = n > 2 * c->tab_cap[l] ? n : 2 * c->tab_cap[l];
+    size_t ints = (size_t)cap * (size_t)c->tab_stride;
+    free(c->tab_shadow[l]);
+    c->tab_cap[l] = 0;
+    c->tab_shadow[l] = static_cast<int *>(malloc(ints * sizeof(int)));
+    if (!c->tab_shadow[l]) return kv_fail(err, KV_EINTERNAL, "out of memory (CUDA block tables)");
+    for (size_t i = 0; i < ints; i++) c->tab_shadow[l][i] = -1;
+    int rc = grow_dev(c->d_tabs[l], ints * sizeof(int), err);
+    if (rc) return rc;
+    c->tab_cap[l] = cap;
+    return KV_OK;
+}
+
+int attention_queue(cuda_backend *c, const kv_pool *p, const kv_attn_task *tasks, int n_tasks,
+                    int l, kv_error *err);
+
 int cuda_attention(kv_backend *b, const kv_pool *p, const kv_attn_task *tasks, int n_tasks,
                    kv_error *err) {
     cuda_backend *c = cb(b);
-    const kv_config *cfg = &b->model->cfg;
     if (n_tasks <= 0) return KV_OK;
+    int l = c->cur_layer;
+    if (l < 0 || l >= b->model->cfg.n_layers) l = -1; /* no layer known: whole tables */
+    if (l >= 0 && !c->tab_stride) c->tab_stride = kv_blocks_for(b->max_ctx, p->block_size) + 1;
+    if (l >= 0) {
+        int rc = tab_reserve(c, l, n_tasks, err);
+        if (rc) return rc;
+    }
+    int rc = attention_queue(c, p, tasks, n_tasks, l, err);
+    if (rc && l >= 0) /* the shadow may claim entries whose patch never ran */
+        for (size_t i = 0; i < (size_t)c->tab_cap[l] * c->tab_stride; i++) c->tab_shadow[l][i] = -1;
+    return rc;
+}
+
+/* One attention step on layer l's resident tables (l < 0, or a table longer than the stride:
+ * every table uploaded whole, as the step's own). */
+int attention_queue(cuda_backend *c, const kv_pool *p, const kv_attn_task *tasks, int n_tasks,
+                    int l, kv_error *err) {
+    kv_backend *b = &c->base;
+    const kv_config *cfg = &b->model->cfg;
     int bs = p->block_size, hd = cfg->head_dim, g = cfg->n_heads / cfg->n_kv_heads;
+    long changes =
+        l >= 0 ? kv_k_table_changes(tasks, n_tasks, bs, c->tab_stride, c->tab_shadow[l]) : -1;
     kv_k_meta_layout L;
-    kv_k_meta_plan(tasks, n_tasks, bs, &L);
+    if (changes >= 0)
+        kv_k_meta_plan_resident(tasks, n_tasks, bs, changes, &L);
+    else
+        kv_k_meta_plan(tasks, n_tasks, bs, &L);
     int rc = grow_dev(c->d_meta, L.total, err);
     if (!rc) rc = grow_dev(c->d_scores, (size_t)n_tasks * g * L.longest * sizeof(float), err);
     char *h = nullptr;
     if (!rc) rc = stage(c, nullptr, L.total, &h, err);
     if (rc) return rc;
-    kv_k_meta_pack(tasks, n_tasks, bs, &L, h);
+    long patches = 0;
+    if (changes >= 0)
+        patches =
+            kv_k_meta_pack_resident(tasks, n_tasks, bs, c->tab_stride, c->tab_shadow[l], &L, h);
+    else
+        kv_k_meta_pack(tasks, n_tasks, bs, &L, h);
     /* one mirror copy per step on the copy stream, after the previous step's attention has
      * read the device buffer; compute waits for it */
     /* positions and statistics only where a head tracks them: the kernels read nothing else
@@ -454,6 +522,12 @@ int cuda_attention(kv_backend *b, const kv_pool *p, const kv_attn_task *tasks, i
     CK(cudaEventRecord(c->meta_ready, c->copy));
     CK(cudaStreamWaitEvent(c->compute, c->meta_ready, 0));
     char *d = static_cast<char *>(c->d_meta.p);
+    const int *tables = reinterpret_cast<const int *>(d + L.o_tab);
+    if (changes >= 0) { /* the changed entries into the layer's resident tables */
+        int *tabs = static_cast<int *>(c->d_tabs[l].p);
+        CK(kvcu::table_patch(tabs, tables, patches, c->compute));
+        tables = tabs;
+    }
     /* a decode step without statistics: split each task's entries into chunks so that the grid
      * fills the device (kv_k_split_plan); else one block per task */
     int decode = !L.tracked;
@@ -463,17 +537,15 @@ int cuda_attention(kv_backend *b, const kv_pool *p, const kv_attn_task *tasks, i
         rc = grow_dev(c->d_part, (size_t)n_tasks * sp.chunks * g * (size_t)(hd + 2) * sizeof(float),
                       err);
         if (rc) return rc;
-        CK(kvcu::decode_attention_split(dev_pool(p), reinterpret_cast<const int *>(d + L.o_tab),
-                                        reinterpret_cast<const kv_k_attn_task *>(d), n_tasks, c->q,
-                                        c->o, cfg->n_heads * hd, g, sp.chunk, sp.chunks,
-                                        static_cast<float *>(c->d_scores.p), L.longest,
-                                        static_cast<float *>(c->d_part.p), c->compute));
+        CK(kvcu::decode_attention_split(
+            dev_pool(p), tables, reinterpret_cast<const kv_k_attn_task *>(d), n_tasks, c->q, c->o,
+            cfg->n_heads * hd, g, sp.chunk, sp.chunks, static_cast<float *>(c->d_scores.p),
+            L.longest, static_cast<float *>(c->d_part.p), c->compute));
         CK(cudaEventRecord(c->attn_done, c->compute));
         return KV_OK;
     }
-    CK(kvcu::paged_attention(dev_pool(p), reinterpret_cast<const int *>(d + L.o_tab),
-                             reinterpret_cast<const kv_k_attn_task *>(d), n_tasks,
-                             reinterpret_cast<const int *>(d + L.o_pos),
+    CK(kvcu::paged_attention(dev_pool(p), tables, reinterpret_cast<const kv_k_attn_task *>(d),
+                             n_tasks, reinterpret_cast<const int *>(d + L.o_pos),
                              reinterpret_cast<float *>(d + L.o_acc),
                              reinterpret_cast<float *>(d + L.o_acc2), c->q, c->o, cfg->n_heads * hd,
                              g, static_cast<float *>(c->d_scores.p), L.longest, c->compute));
@@ -646,6 +718,12 @@ int setup(cuda_backend *c, const kv_model *m, int max_rows, int max_ctx, kv_erro
     CK(cudaMalloc(&c->d_rows, R * sizeof(int)));
     CK(cudaMalloc(&c->d_pos, R * sizeof(int)));
     c->last_rows = -1;
+    c->cur_layer = -1;
+    c->d_tabs = new (std::nothrow) dbuf[cfg->n_layers];
+    c->tab_shadow = static_cast<int **>(calloc((size_t)cfg->n_layers, sizeof(int *)));
+    c->tab_cap = static_cast<int *>(calloc((size_t)cfg->n_layers, sizeof(int)));
+    if (!c->d_tabs || !c->tab_shadow || !c->tab_cap)
+        return kv_fail(err, KV_EINTERNAL, "out of memory (CUDA backend block tables)");
     c->last_pos = static_cast<int *>(malloc(R * sizeof(int)));
     if (!c->last_pos) return kv_fail(err, KV_EINTERNAL, "out of memory (CUDA backend positions)");
     /* the staging arena: room for a step's lists and metadata to start with */

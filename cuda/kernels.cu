@@ -104,6 +104,12 @@ cudaError_t gather_pass(const kv_k_pool &pool, const kv_k_move *moves, int n, vo
     return cudaGetLastError();
 }
 
+cudaError_t table_patch(int *tables, const int *patch, long n, cudaStream_t s) {
+    if (n <= 0) return cudaSuccess;
+    KV_LAUNCH(kv_k_table_patch, grid_for((size_t)n), kThreads, 0, s)(tables, patch, n);
+    return cudaGetLastError();
+}
+
 cudaError_t gemv(const void *W, int t, size_t row_bytes, const float *x, float *y, int rows, int in,
                  int out, cudaStream_t s) {
     if (rows <= 0 || out <= 0) return cudaSuccess;

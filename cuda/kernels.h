@@ -49,6 +49,8 @@ cudaError_t dequant_rows(const void *W, int t, size_t row_bytes, int in, int r0,
 cudaError_t to_16(const float *x, void *dst, size_t n, int t, cudaStream_t s);
 cudaError_t gather_rows_typed(float *out, const void *W, int t, size_t row_bytes, const int *idx,
                               int rows, int dim, cudaStream_t s);
+/* Resident block tables: tables[patch[2k]] = patch[2k + 1], k < n (device pointers). */
+cudaError_t table_patch(int *tables, const int *patch, long n, cudaStream_t s);
 /* One pass of kv_k_split_moves: moves [n] (device), scratch n * 8 * hd bytes (two rows of the
  * widest type per move). */
 cudaError_t gather_pass(const kv_k_pool &pool, const kv_k_move *moves, int n, void *scratch,

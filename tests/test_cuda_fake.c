@@ -5,13 +5,18 @@
  *    device or pinned byte stays allocated;
  *  - OOM sweep in use: every allocation of an engine run (prefill, budgeted h2o decode steps
  *    with evictions) failed in turn, and every 5th GEMM (19th under ASan): the failing call
- *    returns KV_EINTERNAL, and freeing the engine leaves nothing allocated;
+ *    returns KV_EINTERNAL, and freeing the engine leaves nothing allocated; the same for every
+ *    allocation and every GEMM of a run of the TinyStories-656K F16 and Q8_0 GGUFs (weights
+ *    in their type: 16-bit activations, dequantised tiles, the typed GEMV);
  *  - KVPR after a failed GEMM: the next rebuild of fewer layers touches only its own arrays
  *    (a sentinel past the caller's timing array stays untouched) and gives the CPU's rows;
  *  - --device auto when the CUDA backend cannot be made: the CPU runs and stderr says why,
  *    once;
- *  - a decode step of an untracked policy (sink) waits for the device once (the logits), and
- *    uploads the step's positions once, not per layer. */
+ *  - a decode step of an untracked policy (sink) waits for the device once (the logits),
+ *    uploads the step's positions once, not per layer, and the same bytes at two context
+ *    lengths (block tables resident on the device);
+ *  - weights in their type, TinyStories-656K F16 and Q8_0 GGUFs: device bytes equal to the
+ *    file's tensor bytes; perplexity and decode logits against the CPU (typed_weights_case). */
 #include "testutil.h"
 
 #include "cuda_fake.h"
@@ -21,6 +26,7 @@
 #include "kvplan/kvcuda.h"
 #include "kvplan/kvpr_exec.h"
 #include "kvplan/plan.h"
+#include "kvplan/quant.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -30,6 +36,8 @@
 
 #define M260 "models/stories260K/stories260K.bin"
 #define TOK260 "models/stories260K/tok512.bin"
+#define G656_F16 "models/tinystories-656k/TinyStories-656K.f16.gguf"
+#define G656_Q8 "models/tinystories-656k/tinystories-656k-q8_0.gguf"
 
 static kv_model *g_model;
 
@@ -104,12 +112,17 @@ static void test_oom_kvpr_creation(void) {
     sweep_kvpr(KVFAKE_HOST_ALLOC, "cudaHostAlloc");
 }
 
-/* One engine run on the CUDA backend: a 40-token prefill and 6 decode steps under a uniform
- * R = 1/16 h2o plan (statistics, evictions, gathers). Returns the first error. */
-static int engine_run(const int *ids, kv_error *err) {
-    const kv_config *cfg = &g_model->cfg;
+/* One engine run on the CUDA backend: a 40-token prefill and 6 decode steps, on stories260K
+ * under a uniform R = 1/16 h2o plan (statistics, evictions, gathers). Returns the first
+ * error. */
+static int engine_run(const kv_model *m, const int *ids, kv_error *err) {
+    const kv_config *cfg = &m->cfg;
     kv_plan plan;
-    int rc = kv_plan_uniform(cfg, 1.0 / 16, cfg->seq_len, 8, 4, KV_POLICY_H2O, &plan, err);
+    /* stories260K: budgeted h2o (evictions, in steps of the eviction block); the 656K GGUFs:
+     * the full cache, so the prefill is one 40-row step (the 16-bit / tiled GEMMs) */
+    int rc = m == g_model
+                 ? kv_plan_uniform(cfg, 1.0 / 16, cfg->seq_len, 8, 4, KV_POLICY_H2O, &plan, err)
+                 : kv_plan_full(cfg, cfg->seq_len, 16, 16, KV_POLICY_SINK, &plan, err);
     if (rc) return rc;
     kv_engine_opts o = {0};
     o.device = KV_DEVICE_CUDA;
@@ -117,7 +130,7 @@ static int engine_run(const int *ids, kv_error *err) {
     kv_engine *e = NULL;
     int seq = 0;
     float *logits = malloc(sizeof(float) * (size_t)cfg->vocab_size);
-    rc = kv_engine_new(g_model, &plan, &o, &e, err);
+    rc = kv_engine_new(m, &plan, &o, &e, err);
     if (!rc) rc = kv_engine_seq_open(e, NULL, NULL, &seq, err);
     if (!rc) rc = kv_engine_prefill(e, seq, ids, 40, KV_LOGITS_LAST, logits, NULL, err);
     for (int s = 0; s < 6 && !rc; s++) rc = kv_engine_decode(e, &seq, 1, &ids[40 + s], logits, err);
@@ -128,17 +141,18 @@ static int engine_run(const int *ids, kv_error *err) {
 }
 
 /* Every `stride`-th call of `kind` failed in turn (1: every call). */
-static void sweep_engine(kvfake_fault kind, const char *name, const int *ids, long stride) {
+static void sweep_engine(const kv_model *m, kvfake_fault kind, const char *name, const int *ids,
+                         long stride) {
     kv_error err = {0};
     kvfake_reset();
-    CU_ASSERT_FATAL(engine_run(ids, &err) == KV_OK);
+    CU_ASSERT_FATAL(engine_run(m, ids, &err) == KV_OK);
     long calls = kvfake_calls(kind), tried = 0;
     int clean = 0;
     for (long n = 1; n <= calls; n += stride, tried++) {
         kvfake_reset();
         kvfake_fail_nth(kind, n);
         memset(&err, 0, sizeof err);
-        int rc = engine_run(ids, &err);
+        int rc = engine_run(m, ids, &err);
         int ok = rc == KV_EINTERNAL && nothing_allocated();
         if (!ok) printf("\n    %s %ld of %ld: rc %d, %s", name, n, calls, rc, err.msg);
         clean += ok;
@@ -152,16 +166,29 @@ static void test_oom_engine_run(void) {
     int n = 0;
     int *ids = tu_text_tokens(g_model, tu_shared(TOK260), 0, &n);
     CU_ASSERT_FATAL(n >= 46);
-    sweep_engine(KVFAKE_MALLOC, "cudaMalloc", ids, 1);
-    sweep_engine(KVFAKE_HOST_ALLOC, "cudaHostAlloc", ids, 1);
+    sweep_engine(g_model, KVFAKE_MALLOC, "cudaMalloc", ids, 1);
+    sweep_engine(g_model, KVFAKE_HOST_ALLOC, "cudaHostAlloc", ids, 1);
     /* GEMMs: 7 per layer step; every 5th reaches every op of every phase (every 19th under
      * ASan, where each run costs ten times as much) */
 #if defined(__SANITIZE_ADDRESS__)
-    sweep_engine(KVFAKE_GEMM, "cublasGemmEx", ids, 19);
+    sweep_engine(g_model, KVFAKE_GEMM, "cublasGemmEx", ids, 19);
 #else
-    sweep_engine(KVFAKE_GEMM, "cublasGemmEx", ids, 5);
+    sweep_engine(g_model, KVFAKE_GEMM, "cublasGemmEx", ids, 5);
 #endif
     free(ids);
+    /* weights in their type (the 16-bit activation buffer, the dequantised tile, the GEMV):
+     * every allocation and every GEMM of a run on each 656K GGUF */
+    const char *files[2] = {G656_F16, G656_Q8};
+    for (int f = 0; f < 2; f++) {
+        kv_model *m = tu_load_shared(files[f]);
+        int *tid = tu_text_tokens(m, NULL, 0, &n);
+        CU_ASSERT_FATAL(n >= 46);
+        printf("\n    %s:", files[f]);
+        sweep_engine(m, KVFAKE_MALLOC, "cudaMalloc", tid, 1);
+        sweep_engine(m, KVFAKE_GEMM, "cublasGemmEx", tid, 1);
+        free(tid);
+        kv_model_free(m);
+    }
 }
 
 static void test_kvpr_after_failed_gemm(void) {
@@ -268,11 +295,10 @@ static void test_device_auto_says_why(void) {
               strstr(text, "running on the CPU"));
 }
 
-static void test_decode_step_counters(void) {
+/* The decode steps after a prefill of `prompt` tokens (full sink plan); the counters of the
+ * last of 4 steps in *last, the most syncs of any in *worst_syncs. */
+static void decode_steps(const int *ids, int prompt, kvfake_counters *last, long *worst_syncs) {
     const kv_config *cfg = &g_model->cfg;
-    int n = 0;
-    int *ids = tu_text_tokens(g_model, tu_shared(TOK260), 0, &n);
-    CU_ASSERT_FATAL(n >= 70);
     kv_plan plan;
     kv_error err = {0};
     CU_ASSERT_FATAL(kv_plan_full(cfg, cfg->seq_len, 16, 16, KV_POLICY_SINK, &plan, &err) == KV_OK);
@@ -284,29 +310,180 @@ static void test_decode_step_counters(void) {
     float *logits = malloc(sizeof(float) * (size_t)cfg->vocab_size);
     CU_ASSERT_FATAL(kv_engine_new(g_model, &plan, &o, &e, &err) == KV_OK);
     CU_ASSERT_FATAL(kv_engine_seq_open(e, NULL, NULL, &seq, &err) == KV_OK);
-    CU_ASSERT_FATAL(kv_engine_prefill(e, seq, ids, 64, KV_LOGITS_LAST, logits, NULL, &err) ==
+    CU_ASSERT_FATAL(kv_engine_prefill(e, seq, ids, prompt, KV_LOGITS_LAST, logits, NULL, &err) ==
                     KV_OK);
-    long worst_syncs = 0, copies = 0;
+    *worst_syncs = 0;
     for (int s = 0; s < 4; s++) {
         kvfake_zero_traffic();
-        CU_ASSERT_FATAL(kv_engine_decode(e, &seq, 1, &ids[64 + s], logits, &err) == KV_OK);
-        kvfake_counters k = kvfake_get();
-        worst_syncs = k.syncs > worst_syncs ? k.syncs : worst_syncs;
-        copies = k.h2d_copies;
-        if (s == 3)
-            printf("\n    decode step (%d layers): %ld syncs, %ld launches, %ld GEMMs, %ld H2D "
-                   "copies, %.0f H2D bytes",
-                   cfg->n_layers, k.syncs, k.launches, k.gemms, k.h2d_copies, k.h2d_bytes);
+        CU_ASSERT_FATAL(kv_engine_decode(e, &seq, 1, &ids[prompt + s], logits, &err) == KV_OK);
+        *last = kvfake_get();
+        *worst_syncs = last->syncs > *worst_syncs ? last->syncs : *worst_syncs;
     }
-    /* token, positions, logit rows once; a cache-write list and the attention metadata per
-     * layer */
-    CU_ASSERT(worst_syncs == 1);
-    CU_ASSERT(copies == 3 + 2L * cfg->n_layers);
     kv_engine_free(e);
     kv_plan_free(&plan);
     free(logits);
-    free(ids);
     CU_ASSERT(nothing_allocated());
+}
+
+/* Decode steps of an untracked policy: one sync, the positions once per step (not per layer),
+ * and, with the block tables resident on the device, the same H2D bytes after a 64-token and
+ * a 300-token prompt (the measured step opens no block in either: lengths 68 and 304). */
+static void test_decode_step_counters(void) {
+    const kv_config *cfg = &g_model->cfg;
+    int n = 0;
+    int *ids = tu_text_tokens(g_model, tu_shared(TOK260), 0, &n);
+    CU_ASSERT_FATAL(n >= 310);
+    kvfake_counters k[2];
+    long syncs[2];
+    const int prompts[2] = {64, 300};
+    for (int i = 0; i < 2; i++) {
+        decode_steps(ids, prompts[i], &k[i], &syncs[i]);
+        printf("\n    decode step at length %d (%d layers): %ld syncs, %ld launches, %ld GEMMs, "
+               "%ld H2D copies, %.0f H2D bytes",
+               prompts[i] + 4, cfg->n_layers, k[i].syncs, k[i].launches, k[i].gemms,
+               k[i].h2d_copies, k[i].h2d_bytes);
+        /* token, positions, logit rows once; a cache-write list and the attention metadata
+         * per layer */
+        CU_ASSERT(syncs[i] == 1);
+        CU_ASSERT(k[i].h2d_copies == 3 + 2L * cfg->n_layers);
+    }
+    CU_ASSERT(k[0].h2d_bytes == k[1].h2d_bytes);
+    free(ids);
+}
+
+/* Bytes of the model's tensors as its file stores them: every matrix at its type's row bytes
+ * (the classifier once when tied), norms and biases fp32 (as these GGUFs store them). */
+static double tensor_bytes(const kv_model *m) {
+    const kv_config *c = &m->cfg;
+    size_t qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim;
+    double total = 0.0;
+    kv_error err = {0};
+#define MAT(w, rows, cols)                                                                         \
+    do {                                                                                           \
+        size_t rb = 0;                                                                             \
+        if ((w).data && !kv_dtype_row_bytes((w).type, (int64_t)(cols), "test", &rb, &err))         \
+            total += (double)(rows) * (double)rb;                                                  \
+    } while (0)
+    for (int l = 0; l < c->n_layers; l++) {
+        const kv_layer_weights *w = &m->layers[l];
+        MAT(w->wq, qd, c->dim);
+        MAT(w->wk, kvd, c->dim);
+        MAT(w->wv, kvd, c->dim);
+        MAT(w->wo, c->dim, qd);
+        MAT(w->w_gate, c->hidden_dim, c->dim);
+        MAT(w->w_up, c->hidden_dim, c->dim);
+        MAT(w->w_down, c->dim, c->hidden_dim);
+        total += 4.0 * 2 * c->dim + (w->bq ? 4.0 * (qd + 2 * kvd) : 0.0);
+    }
+    MAT(m->tok_emb, c->vocab_size, c->dim);
+    if (m->classifier.data != m->tok_emb.data) MAT(m->classifier, c->vocab_size, c->dim);
+#undef MAT
+    return total + 4.0 * c->dim; /* final norm */
+}
+
+/* max |a - b| / max |b| */
+static double rel_to_max(const float *a, const float *b, size_t n) {
+    double d = 0.0, mx = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        double x = fabs((double)a[i] - (double)b[i]);
+        if (!(x <= d)) d = x;
+        if (fabs((double)b[i]) > mx) mx = fabs((double)b[i]);
+    }
+    return mx > 0 ? d / mx : d;
+}
+
+/* One TinyStories-656K GGUF (F16 or Q8_0 matrices) on the CPU and on the CUDA backend:
+ *  - what the backend uploads, less its RoPE tables, equals the file's tensor bytes: the
+ *    weights stay in their type on the device (ratio 1.00; the bound is 1.05);
+ *  - the perplexity of the first 512 tokens (full cache, f16 K/V; prefill: the GEMMs on
+ *    dequantised tiles or 16-bit activations) within ptol relative;
+ *  - 24 teacher-forced decode steps on the device after a 64-token prefill (the typed GEMV:
+ *    fp32 activations against the weights in their type) against the CPU's logits at the
+ *    same positions from one 88-token prefill (dequantised tiles, fp32 activations: the same
+ *    arithmetic up to summation order), within ltol of their largest magnitude. (The CPU's
+ *    own decode path quantises activations to 8 bits for Q8_0 weights, kv_qmatmul, so it
+ *    is not the reference for the fp32 GEMV; its distance is printed.) */
+static void typed_weights_case(const char *rel, double ptol, double ltol) {
+    kv_model *m = tu_load_shared(rel);
+    const kv_config *cfg = &m->cfg;
+    kv_error err = {0};
+    /* device bytes of the weights */
+    kvfake_reset();
+    kv_backend *b = NULL;
+    CU_ASSERT_FATAL(kv_backend_cuda_new(m, 64, cfg->seq_len, &b, &err) == KV_OK);
+    kvfake_counters k = kvfake_get();
+    double rope = 2.0 * cfg->seq_len * (cfg->head_dim / 2) * sizeof(float);
+    double dev = k.h2d_bytes - rope, file = tensor_bytes(m);
+    printf("\n    %s: weights on the device %.0f bytes, the file's tensors %.0f (%.3f x); "
+           "device bytes live after creation %zu",
+           rel, dev, file, dev / file, k.device_live);
+    CU_ASSERT(dev <= 1.05 * file);
+    CU_ASSERT(dev == file);
+    kv_backend_free(b);
+    /* perplexity, both devices */
+    int n = 0;
+    int *ids = tu_text_tokens(m, NULL, 0, &n);
+    CU_ASSERT_FATAL(n >= cfg->seq_len);
+    n = cfg->seq_len;
+    double nll[2];
+    float *lg[2], *lg_cpu_dec = malloc(sizeof(float) * (size_t)(64 + 24) * cfg->vocab_size);
+    for (int d = 0; d < 2; d++) {
+        kv_plan plan;
+        CU_ASSERT_FATAL(kv_plan_full(cfg, cfg->seq_len, 16, 16, KV_POLICY_SINK, &plan, &err) ==
+                        KV_OK);
+        kv_engine_opts o = {0};
+        o.device = d ? KV_DEVICE_CUDA : KV_DEVICE_CPU;
+        kv_engine *e = NULL;
+        CU_ASSERT_FATAL(kv_engine_new(m, &plan, &o, &e, &err) == KV_OK);
+        int rc = kv_engine_chunk_nll(e, ids, n, 1, NULL, NULL, &nll[d], NULL, &err);
+        if (rc) printf("\n    %s", err.msg);
+        CU_ASSERT_FATAL(rc == KV_OK);
+        /* logits at positions P - 1 .. P + S - 1: the CUDA backend by decode steps; the CPU
+         * by one prefill (reference) and by decode steps (lg_cpu_dec, for the record) */
+        enum { P = 64, S = 24 };
+        size_t V = (size_t)cfg->vocab_size;
+        lg[d] = malloc(sizeof(float) * (size_t)(P + S) * V);
+        float *dec = d ? lg[d] : lg_cpu_dec;
+        int seq = 0;
+        if (!d) {
+            CU_ASSERT_FATAL(kv_engine_seq_open(e, NULL, NULL, &seq, &err) == KV_OK);
+            CU_ASSERT_FATAL(
+                kv_engine_prefill(e, seq, ids, P + S, KV_LOGITS_ALL, lg[d], NULL, &err) == KV_OK);
+            kv_engine_seq_close(e, seq);
+        }
+        CU_ASSERT_FATAL(kv_engine_seq_open(e, NULL, NULL, &seq, &err) == KV_OK);
+        CU_ASSERT_FATAL(kv_engine_prefill(e, seq, ids, P, KV_LOGITS_LAST, dec + (P - 1) * V, NULL,
+                                          &err) == KV_OK);
+        for (int s = 0; s < S; s++)
+            CU_ASSERT_FATAL(kv_engine_decode(e, &seq, 1, &ids[P + s], dec + (P + s) * V, &err) ==
+                            KV_OK);
+        kv_engine_free(e);
+        kv_plan_free(&plan);
+    }
+    double p0 = exp(nll[0] / (n - 1)), p1 = exp(nll[1] / (n - 1)), worst = 0.0, cpu_dec = 0.0;
+    for (int s = 63; s < 64 + 24; s++) {
+        size_t off = (size_t)s * cfg->vocab_size;
+        double e = rel_to_max(lg[1] + off, lg[0] + off, (size_t)cfg->vocab_size);
+        double c = rel_to_max(lg_cpu_dec + off, lg[0] + off, (size_t)cfg->vocab_size);
+        worst = e > worst || e != e ? e : worst;
+        cpu_dec = c > cpu_dec ? c : cpu_dec;
+    }
+    printf("\n    perplexity (%d tokens) cpu %.6f cuda %.6f (rel %.3g); 24 decode steps: cuda "
+           "logits within %.3g of the cpu prefill's (the cpu's own decode: %.3g)",
+           n, p0, p1, fabs(p1 - p0) / p0, worst, cpu_dec);
+    CU_ASSERT(fabs(p1 - p0) <= ptol * p0);
+    CU_ASSERT(worst <= ltol);
+    CU_ASSERT(nothing_allocated());
+    free(lg[0]);
+    free(lg[1]);
+    free(lg_cpu_dec);
+    free(ids);
+    kv_model_free(m);
+}
+
+static void test_typed_weights_656k(void) {
+    typed_weights_case(G656_F16, 1e-3, 2e-3);
+    typed_weights_case(G656_Q8, 1e-3, 2e-3);
 }
 
 static int model_init(void) {
@@ -330,7 +507,8 @@ int main(int argc, char **argv) {
         {"OOM and GEMM sweep: an engine run", test_oom_engine_run},
         {"KVPR: a failed GEMM leaves no stale state", test_kvpr_after_failed_gemm},
         {"--device auto says why it fell back", test_device_auto_says_why},
-        {"decode step: one sync, positions once", test_decode_step_counters},
+        {"decode step: one sync, positions once, H2D bytes flat", test_decode_step_counters},
+        {"weights in their type: 656K F16 / Q8_0 GGUF vs the CPU", test_typed_weights_656k},
     };
     static const tu_suite suite = {"cuda_fake", model_init, model_cleanup, tests,
                                    sizeof tests / sizeof tests[0]};

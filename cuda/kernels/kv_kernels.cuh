@@ -339,6 +339,13 @@ KV_GLOBAL void kv_k_decode_merge(const kv_k_attn_task *tasks, int g, int hd, int
     }
 }
 
+/* Resident block tables (cuda/kernels/kv_pack.h kv_k_meta_pack_resident): for k < n,
+ * tables[patch[2k]] = patch[2k + 1]. One thread per pair; any grid. */
+KV_GLOBAL void kv_k_table_patch(int *tables, const int *patch, long n) {
+    for (long k = (long)kv_bid() * kv_bdim() + kv_tid(); k < n; k += (long)kv_gdim() * kv_bdim())
+        tables[patch[2 * k]] = patch[2 * k + 1];
+}
+
 /* Gather (the engine's gather op, KV-Compress MoveCache), one pass of kv_k_split_moves:
  * kv_k_gather_read copies the K and V rows of every move's source slot (their stored bytes:
  * a move stays inside one head, so source and destination have one type) into scratch
