@@ -1197,19 +1197,22 @@ int kv_plan_file_write(const char *path, const char *command, const char *profil
                        const kv_search_result *sr, kv_error *err) {
     kv_plan plan;
     int sens = sr && sr->winner_sens;
-    int rc = kv_plan_from_budgets(
-        &m->cfg, tokens, sens ? sr->policy : NULL, policy, a->ratio, a->context, a->block_size,
+    /* the knapsack's per-head types: validated against the byte ratio of a->ratio's tokens in
+     * a->kv_type (the bytes the knapsack had) */
+    int typed = sens && sr->kv_types;
+    double bratio = a->ratio * (double)kv_type_token_bytes(a->kv_type, m->cfg.head_dim) /
+                    (double)kv_type_token_bytes(KV_TYPE_F16, m->cfg.head_dim);
+    int rc = kv_plan_from_budgets_typed(
+        &m->cfg, tokens, sens ? sr->policy : NULL, typed ? sr->kv_types : NULL, policy,
+        typed ? bratio : a->ratio, a->context, a->block_size,
         evict_block, sens ? "sensitivity" : kv_alloc_name(a->kind),
         !sens && a->kind == KV_ALLOC_BAKLAVA ? a->t : NAN,
         !sens && a->kind == KV_ALLOC_BAKLAVA ? a->r : NAN,
         sens || a->kind == KV_ALLOC_UNIFORM ? NAN : a->p, a->min_tokens, &plan, err);
     if (rc) return rc;
-    if (a->kv_type != KV_TYPE_F16 || sens) { /* the ratio in bytes over the full F16 cache;
-                                               * the knapsack's per-head types */
-        for (int i = 0; i < plan.n_layers * plan.n_kv_heads; i++)
-            plan.kv_type[i] = sens && sr->kv_types ? sr->kv_types[i] : a->kv_type;
-        plan.ratio = a->ratio * (double)kv_type_token_bytes(a->kv_type, m->cfg.head_dim) /
-                     (double)kv_type_token_bytes(KV_TYPE_F16, m->cfg.head_dim);
+    if (a->kv_type != KV_TYPE_F16 && !typed) { /* the ratio in bytes over the full F16 cache */
+        for (int i = 0; i < plan.n_layers * plan.n_kv_heads; i++) plan.kv_type[i] = a->kv_type;
+        plan.ratio = bratio;
         rc = kv_plan_validate(&plan, path, err);
         if (rc) {
             kv_plan_free(&plan);
