@@ -330,8 +330,8 @@ static int heldout_task(void *user, long task, double *out, kv_error *err) {
     const kv_policy *p[1] = {t->policy[task / c->HC]};
     const kv_cache_type *ty[1] = {t->type[task / c->HC]};
     const int *tk = c->ids + (long)(c->S + task % c->HC) * C;
-    int rc = kv_engine_chunk_score_typed(c->eng, tk, C, 1, b[0] ? b : NULL,
-                                         b[0] && p[0] ? p : NULL, ty, NULL, out, NULL, NULL, err);
+    int rc = kv_engine_chunk_score_typed(c->eng, tk, C, 1, b[0] ? b : NULL, b[0] && p[0] ? p : NULL,
+                                         ty, NULL, out, NULL, NULL, err);
     c->work_done++;
     if (!rc) progress(c, "held-out");
     return rc;
@@ -796,9 +796,9 @@ static int search_sensitivity(search_ctx *c) {
 
 typedef struct ladder_tasks {
     search_ctx *c;
-    kv_engine *eng;             /* the engine at the p being measured */
-    const int *budget[2];       /* plan candidate, uniform */
-    const kv_policy *policy[2]; /* their per-head policies */
+    kv_engine *eng;               /* the engine at the p being measured */
+    const int *budget[2];         /* plan candidate, uniform */
+    const kv_policy *policy[2];   /* their per-head policies */
     const kv_cache_type *type[2]; /* their per-head KV types */
 } ladder_tasks;
 
@@ -1204,8 +1204,8 @@ int kv_plan_file_write(const char *path, const char *command, const char *profil
                     (double)kv_type_token_bytes(KV_TYPE_F16, m->cfg.head_dim);
     int rc = kv_plan_from_budgets_typed(
         &m->cfg, tokens, sens ? sr->policy : NULL, typed ? sr->kv_types : NULL, policy,
-        typed ? bratio : a->ratio, a->context, a->block_size,
-        evict_block, sens ? "sensitivity" : kv_alloc_name(a->kind),
+        typed ? bratio : a->ratio, a->context, a->block_size, evict_block,
+        sens ? "sensitivity" : kv_alloc_name(a->kind),
         !sens && a->kind == KV_ALLOC_BAKLAVA ? a->t : NAN,
         !sens && a->kind == KV_ALLOC_BAKLAVA ? a->r : NAN,
         sens || a->kind == KV_ALLOC_UNIFORM ? NAN : a->p, a->min_tokens, &plan, err);

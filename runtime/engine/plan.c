@@ -186,8 +186,8 @@ int kv_plan_from_budgets(const kv_config *cfg, const int *budget, const kv_polic
                          int evict_block, const char *allocation, double t, double r, double p,
                          int min_tokens, kv_plan *out, kv_error *err) {
     return kv_plan_from_budgets_typed(cfg, budget, head_policy, NULL, policy, ratio, context,
-                                      block_size, evict_block, allocation, t, r, p, min_tokens,
-                                      out, err);
+                                      block_size, evict_block, allocation, t, r, p, min_tokens, out,
+                                      err);
 }
 
 int kv_plan_from_budgets_typed(const kv_config *cfg, const int *budget,
