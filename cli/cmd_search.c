@@ -391,6 +391,14 @@ static void print_result(const search_args *s, const search_job *j, const kv_all
                (double)(res->token_evals_exhaustive ? res->token_evals_exhaustive : 1),
            res->seconds);
     print_perplexities(res);
+    if (res->kv_types) { /* the plan's heads per KV type (the knapsack's choice) */
+        int count[KV_CACHE_TYPES] = {0};
+        for (int h = 0; h < m->cfg.n_layers * m->cfg.n_kv_heads; h++) count[res->kv_types[h]]++;
+        printf("plan types  ");
+        for (int t = 0; t < KV_CACHE_TYPES; t++)
+            if (count[t]) printf(" %s %d", kv_type_name((kv_cache_type)t), count[t]);
+        printf(" heads\n");
+    }
     if (so->kv_types_mask) {
         printf(
             "KV types     uniform at the plan's bytes, search / held-out ppl (tokens per head):");
