@@ -12,8 +12,9 @@
 # (kvplan inspect) and the engine's peak bytes while evaluating it, and whether the peak is
 # within the plan's bytes plus one block per head.
 # Usage: bench/acceptance_kvtypes.sh [MODEL...]   (stories260K, tinystories-656k; default both)
-# Environment: RATIOS (default "16 8 4"), KEEP_DIR (keep the plans there), SEARCH_FLAGS (extra
-# search options; empty = the defaults).
+# Environment: RATIOS (default "16 8 4"), KEEP_DIR (keep the plans there), REUSE (with KEEP_DIR:
+# take a plan already there instead of searching again), SEARCH_FLAGS (extra search options;
+# empty = the defaults).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -50,9 +51,13 @@ for name in "${models[@]}"; do
     for r in ${RATIOS:-16 8 4}; do
         ratio=$(awk "BEGIN { print 1 / $r }")
         plan=$out_dir/$name.r1-$r.h5
+        if [ -n "${REUSE:-}" ] && [ -f "$plan" ]; then
+            echo "acceptance_kvtypes.sh: reusing $plan (REUSE set)" >&2
+        else
         # shellcheck disable=SC2086
         "$kv" search --profile "$prof" --model "$model" --text "$text" --ratio "$ratio" \
             --policy sink --context 512 --quiet ${SEARCH_FLAGS:-} -o "$plan" > "$work/search.out"
+        fi
         pj=$(ev "$model" --tokens "$ho" --plan "$plan")
         p=$(sed -n 's/.*"perplexity":\([0-9.eE+-]*\).*/\1/p' <<<"$pj")
         peak=$(grep -o '"kv_bytes_peak":[0-9]*' <<<"$pj" | cut -d: -f2)
@@ -68,9 +73,9 @@ for name in "${models[@]}"; do
         pe=$(grep -o '"evict_block":[0-9]*' <<<"$js" | head -1 | cut -d: -f2)
         bytes=$(grep -o '"kv_bytes":[0-9]*' <<<"$js" | head -1 | cut -d: -f2)
         types=$(grep -o '"kv_types":\[\[[^]]*\]\(,\[[^]]*\]\)*\]' <<<"$js" | head -1)
-        n16=$(grep -o '"f16"' <<<"$types" | wc -l)
-        n8=$(grep -o '"q8"' <<<"$types" | wc -l)
-        n4=$(grep -o '"q4"' <<<"$types" | wc -l)
+        n16=$( (grep -o '"f16"' <<<"$types" || true) | wc -l)
+        n8=$( (grep -o '"q8"' <<<"$types" || true) | wc -l)
+        n4=$( (grep -o '"q4"' <<<"$types" || true) | wc -l)
         # one block per head: b_s tokens of the plan's widest stored type (f16 here)
         heads=$(( n16 + n8 + n4 ))
         hd=$(grep -o '"model_head_dim":[0-9]*' <<<"$js" | head -1 | cut -d: -f2)
