@@ -368,7 +368,12 @@ static void print_result(const search_args *s, const search_job *j, const kv_all
         printf(" (t %.3g, r %.3g, p %.3g)", res->best_t, res->best_r, res->best_p);
     else if (ap->kind == KV_ALLOC_SQUEEZE)
         printf(" (p %.3g)", res->best_p);
-    if (!res->winner_sens && ap->kind != so->allocation)
+    if (res->winner_type_uniform >= 0 && res->kv_types)
+        printf(" in %s -- the uniform %s cache at the same bytes beat the other plans on the "
+               "search tokens",
+               kv_type_name((kv_cache_type)res->winner_type_uniform),
+               kv_type_name((kv_cache_type)res->winner_type_uniform));
+    else if (!res->winner_sens && ap->kind != so->allocation)
         printf(" -- the %s baseline beat the %s grid's best on the search tokens",
                kv_alloc_name(ap->kind), kv_alloc_name(so->allocation));
     printf("\nratio        %.4g of the full F16 cache (%s: %.4g of the tokens), policy %s, C %d, "

@@ -975,6 +975,29 @@ static int search_heldout(search_ctx *c) {
     return rc;
 }
 
+/* With the knapsack over types: when the uniform cache of type t (budgets bud) beat the plan
+ * on all search chunks, it becomes the plan (as the uniform and squeeze baselines do in stage
+ * 6), with its held-out figure. */
+static void search_adopt_type_uniform(search_ctx *c, kv_cache_type t, const int *bud) {
+    kv_search_result *res = c->res;
+    if (!search_knapsack_types(c->o) || t == c->o->kv_type || res->best_chunks != c->S ||
+        !(res->type_ppl[t] < res->best_ppl) || !res->kv_types)
+        return;
+    res->winner_type_uniform = (int)t;
+    res->winner_sens = 0;
+    res->winner_kind = KV_ALLOC_UNIFORM;
+    res->best_t = res->best_r = res->best_p = NAN;
+    res->best_ppl = res->type_ppl[t];
+    res->heldout_ppl[0] = res->type_heldout[t];
+    res->identical_to_uniform = 0;
+    for (int h = 0; h < c->nh; h++) {
+        res->tokens[h] = bud[h];
+        res->blocks[h] = (bud[h] + c->o->block_size - 1) / c->o->block_size;
+        res->policy[h] = c->o->policy;
+        res->kv_types[h] = t;
+    }
+}
+
 /* Stage 10 (issue 22): uniform budgets stored in each type of kv_types_mask at the plan's bytes
  * (R of the full F16 cache), on all search chunks and the held-out chunks, each type on its own
  * engine (the pool's blocks are typed). Runs in every process (the chunks are few); NaN where
@@ -985,6 +1008,7 @@ static int search_type_baselines(search_ctx *c) {
     int hd = c->m->cfg.head_dim, C = o->context, rc = KV_OK;
     for (int t = 0; t < KV_CACHE_TYPES; t++)
         res->type_ppl[t] = res->type_heldout[t] = res->type_tokens[t] = NAN;
+    res->winner_type_uniform = -1;
     if (!o->kv_types_mask) return KV_OK;
     /* the plan's bytes: the token fraction in its own type, in bytes over the F16 cache */
     double Rb = o->ratio * (double)kv_type_token_bytes(o->kv_type, hd) /
@@ -1029,6 +1053,7 @@ static int search_type_baselines(search_ctx *c) {
                     kv_perplexity_from_nll(s, (long)n * (C - 1));
         }
         kv_engine_free(e);
+        if (!rc) search_adopt_type_uniform(c, (kv_cache_type)t, bud);
     }
     free(bud);
     return rc;
@@ -1134,6 +1159,10 @@ int kv_search_write(kv_h5 *f, const kv_search_opts *o, const kv_search_result *r
         rc = kv_h5_attr_i64(f, "/search", "grid_token_evals_all", r->grid_token_evals_all, err);
     if (!rc) rc = kv_h5_attr_f64(f, "/search", "grid_seconds", r->grid_seconds, err);
     if (!rc) rc = kv_h5_attr_i64(f, "/search", "sensitivity", r->have_sens, err);
+    if (!rc && r->winner_type_uniform >= 0 &&
+        r->kv_types) /* a uniform cache of another KV type won */
+        rc = kv_h5_attr_str(f, "/search", "winner_kv_type",
+                            kv_type_name((kv_cache_type)r->winner_type_uniform), err);
     if (!rc && r->have_sens)
         rc = kv_h5_attr_f64(f, "/search", "sensitivity_perplexity", r->sens_ppl, err);
     if (!rc && r->have_sens)
@@ -1199,7 +1228,7 @@ int kv_plan_file_write(const char *path, const char *command, const char *profil
     int sens = sr && sr->winner_sens;
     /* the knapsack's per-head types: validated against the byte ratio of a->ratio's tokens in
      * a->kv_type (the bytes the knapsack had) */
-    int typed = sens && sr->kv_types;
+    int typed = (sens || (sr && sr->winner_type_uniform >= 0)) && sr->kv_types;
     double bratio = a->ratio * (double)kv_type_token_bytes(a->kv_type, m->cfg.head_dim) /
                     (double)kv_type_token_bytes(KV_TYPE_F16, m->cfg.head_dim);
     int rc = kv_plan_from_budgets_typed(

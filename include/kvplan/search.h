@@ -144,6 +144,9 @@ typedef struct kv_search_result {
     /* uniform baselines per KV type at the plan's bytes (kv_types_mask): search and held-out
      * perplexity (NaN when not run or below the policy's floor) and tokens per head (mean) */
     double type_ppl[KV_CACHE_TYPES], type_heldout[KV_CACHE_TYPES], type_tokens[KV_CACHE_TYPES];
+    /* the type whose uniform cache became the plan (it beat the winner on all search chunks;
+     * only with sensitivity planning over types), -1 = none */
+    int winner_type_uniform;
     /* the eviction block p of the plan (evict_block unless evict_block_search chose another),
      * and the measured ladder: ladder_p[i] (p, p/2, ..., 1), the plan candidate's and the
      * uniform budgets' perplexity on all search chunks at that p (entry 0: the grid's p) */
