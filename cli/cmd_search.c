@@ -476,7 +476,12 @@ static void print_result(const search_args *s, const search_job *j, const kv_all
         printf(" (t %.3g, r %.3g, p %.3g)", res->best_t, res->best_r, res->best_p);
     else if (ap->kind == KV_ALLOC_SQUEEZE)
         printf(" (p %.3g)", res->best_p);
-    if (!res->winner_sens && ap->kind != so->allocation)
+    if (res->winner_type_uniform >= 0 && res->kv_types)
+        printf(" in %s -- the uniform %s cache at the same bytes beat the other plans on the "
+               "search tokens",
+               kv_type_name((kv_cache_type)res->winner_type_uniform),
+               kv_type_name((kv_cache_type)res->winner_type_uniform));
+    else if (!res->winner_sens && ap->kind != so->allocation)
         printf(" -- the %s baseline beat the %s grid's best on the search tokens",
                kv_alloc_name(ap->kind), kv_alloc_name(so->allocation));
     printf("\nratio        %.4g of the full F16 cache (%s: %.4g of the tokens), policy %s, C %d, "
@@ -499,6 +504,14 @@ static void print_result(const search_args *s, const search_job *j, const kv_all
                (double)(res->token_evals_exhaustive ? res->token_evals_exhaustive : 1),
            res->seconds);
     print_perplexities(res);
+    if (res->kv_types) { /* the plan's heads per KV type (the knapsack's choice) */
+        int count[KV_CACHE_TYPES] = {0};
+        for (int h = 0; h < m->cfg.n_layers * m->cfg.n_kv_heads; h++) count[res->kv_types[h]]++;
+        printf("plan types  ");
+        for (int t = 0; t < KV_CACHE_TYPES; t++)
+            if (count[t]) printf(" %s %d", kv_type_name((kv_cache_type)t), count[t]);
+        printf(" heads\n");
+    }
     if (so->kv_types_mask) {
         printf(
             "KV types     uniform at the plan's bytes, search / held-out ppl (tokens per head):");

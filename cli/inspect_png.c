@@ -22,10 +22,12 @@ typedef struct hm_panel {
     const double *v; /* [rows * cols] row-major */
     int rows, cols;
     char title[64];
-    int good_col, bad_col; /* columns outlined green / red, -1 for none */
-    int mark_r, mark_c;    /* one cell outlined in black, -1 for none */
-    int mark2_r, mark2_c;  /* one cell outlined with a dashed black line, -1 for none */
-    const char *dots;      /* [rows * cols]: non-zero cells get a dot in a corner, or NULL */
+    int good_col, bad_col;     /* columns outlined green / red, -1 for none */
+    int mark_r, mark_c;        /* one cell outlined in black, -1 for none */
+    int mark2_r, mark2_c;      /* one cell outlined with a dashed black line, -1 for none */
+    const char *dots;          /* [rows * cols]: non-zero cells get a dot in a corner, or NULL */
+    const char *const *suffix; /* [rows * cols]: text after an annotated value (e.g. the KV
+                                * type of a budget), or NULL */
 } hm_panel;
 
 typedef struct hm_spec {
@@ -257,8 +259,13 @@ static void draw_cell(cairo_t *cr, const hm_spec *s, const hm_panel *pn, const h
         cairo_fill(cr);
     }
     if (s->annotate && cw >= 38 && ch >= 15) {
-        char buf[32];
+        char buf[48];
         snprintf(buf, sizeof buf, s->ann_fmt ? s->ann_fmt : "%.3g", v);
+        const char *sfx = pn->suffix ? pn->suffix[(size_t)r * pn->cols + c] : NULL;
+        if (sfx && *sfx) {
+            size_t l = strlen(buf);
+            snprintf(buf + l, sizeof buf - l, " %s", sfx);
+        }
         double lum = 0.299 * col.r + 0.587 * col.g + 0.114 * col.b;
         cairo_set_source_rgb(cr, lum < 0.5 ? 1 : 0, lum < 0.5 ? 1 : 0, lum < 0.5 ? 1 : 0);
         text_at(cr, x + cw / 2, y + ch / 2 + 4, fmin(12, ch * 0.6), dot, 0.5, buf);
@@ -762,21 +769,45 @@ static int png_budget(const ki_file *f, const char *path, kv_error *err) {
              "allocation %s, policy %s",
              ki_attr_num(f, "/", "ratio", NAN), ki_attr_num(f, "/", "context_length", NAN),
              alloc ? alloc : "?", pol ? pol : "?");
+    /* v3 plans: each cell also names the head's KV storage type (issue 22) */
+    int tl = 0, th = 0;
+    const double *tv = ki_matrix(f, "/budget/kv_type", 0, &tl, &th);
+    const char **names = NULL;
+    char sub2[200] = "";
+    if (tv && tl == L && th == hkv) {
+        names = kv_calloc((size_t)L * hkv, sizeof *names, "budget picture", err);
+        if (!names) return KV_EINTERNAL;
+        int count[KV_CACHE_TYPES] = {0};
+        for (int i = 0; i < L * hkv; i++) {
+            int code = (int)tv[i];
+            names[i] = kv_type_valid(code) ? kv_type_name((kv_cache_type)code) : "?";
+            if (kv_type_valid(code)) count[code]++;
+        }
+        size_t l = (size_t)snprintf(sub2, sizeof sub2, "KV storage type per head (cell text):");
+        for (int t = 0; t < KV_CACHE_TYPES && l < sizeof sub2; t++)
+            if (count[t])
+                l += (size_t)snprintf(sub2 + l, sizeof sub2 - l, " %s %d",
+                                      kv_type_name((kv_cache_type)t), count[t]);
+        p.suffix = names;
+    }
     hm_spec s = spec("Plan budgets B[l][j]", "KV head j", "layer l", "budget (tokens)", &p, 1,
                      CMAP_VIRIDIS);
     s.subtitle = sub;
+    if (names) s.subtitle2 = sub2;
     s.annotate = 1;
     s.ann_fmt = "%.0f";
-    return render(&s, path, err);
+    int rc = render(&s, path, err);
+    free(names);
+    return rc;
 }
 
 static int sens_ok(const ki_file *f) {
     const ki_dset *kl = ki_dset_find(f, "/sensitivity/kl");
     const ki_dset *dn = ki_dset_find(f, "/sensitivity/delta_nll");
     const ki_dset *lt = ki_dset_find(f, "/sensitivity/level_tokens");
-    if (!kl || !kl->v || !dn || !dn->v || !lt || !lt->v || (kl->rank != 3 && kl->rank != 4))
-        return 0;
-    size_t q = kl->rank == 4 ? (size_t)kl->dims[2] : 1;
+    if (!kl || !kl->v || !dn || !dn->v || !lt || !lt->v || kl->rank < 3 || kl->rank > 5) return 0;
+    size_t q = 1; /* the policy and KV type axes between head and level */
+    for (int d = 2; d + 1 < kl->rank; d++) q *= (size_t)kl->dims[d];
     return kl->count == dn->count && lt->count > 0 &&
            (size_t)kl->dims[0] * kl->dims[1] * q * lt->count == kl->count;
 }
@@ -789,7 +820,8 @@ static int png_sensitivity(const ki_file *f, const char *path, kv_error *err) {
     const ki_dset *lt = ki_dset_find(f, "/sensitivity/level_tokens");
     const ki_dset *bu = ki_dset_find(f, "/sensitivity/budget");
     int L = (int)kl->dims[0], H = (int)kl->dims[1], K = (int)lt->count;
-    int Q = kl->rank == 4 ? (int)kl->dims[2] : 1, n = L * H;
+    int Q = 1, n = L * H; /* curve (policy, type) pairs per head: the first is drawn */
+    for (int d = 2; d + 1 < kl->rank; d++) Q *= (int)kl->dims[d];
     const char *obj = ki_attr_str(f, "/sensitivity", "objective");
     int use_kl = !obj || strcmp(obj, "nll") != 0;
     double base_kl = ki_attr_num(f, "/sensitivity", "base_kl", 0.0);

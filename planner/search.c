@@ -330,8 +330,8 @@ static int heldout_task(void *user, long task, double *out, kv_error *err) {
     const kv_policy *p[1] = {t->policy[task / c->HC]};
     const kv_cache_type *ty[1] = {t->type[task / c->HC]};
     const int *tk = c->ids + (long)(c->S + task % c->HC) * C;
-    int rc = kv_engine_chunk_score_typed(c->eng, tk, C, 1, b[0] ? b : NULL,
-                                         b[0] && p[0] ? p : NULL, ty, NULL, out, NULL, NULL, err);
+    int rc = kv_engine_chunk_score_typed(c->eng, tk, C, 1, b[0] ? b : NULL, b[0] && p[0] ? p : NULL,
+                                         ty, NULL, out, NULL, NULL, err);
     c->work_done++;
     if (!rc) progress(c, "held-out");
     return rc;
@@ -797,9 +797,9 @@ static int search_sensitivity(search_ctx *c) {
 
 typedef struct ladder_tasks {
     search_ctx *c;
-    kv_engine *eng;             /* the engine at the p being measured */
-    const int *budget[2];       /* plan candidate, uniform */
-    const kv_policy *policy[2]; /* their per-head policies */
+    kv_engine *eng;               /* the engine at the p being measured */
+    const int *budget[2];         /* plan candidate, uniform */
+    const kv_policy *policy[2];   /* their per-head policies */
     const kv_cache_type *type[2]; /* their per-head KV types */
 } ladder_tasks;
 
@@ -978,6 +978,29 @@ static int search_heldout(search_ctx *c) {
     return rc;
 }
 
+/* With the knapsack over types: when the uniform cache of type t (budgets bud) beat the plan
+ * on all search chunks, it becomes the plan (as the uniform and squeeze baselines do in stage
+ * 6), with its held-out figure. */
+static void search_adopt_type_uniform(search_ctx *c, kv_cache_type t, const int *bud) {
+    kv_search_result *res = c->res;
+    if (!search_knapsack_types(c->o) || t == c->o->kv_type || res->best_chunks != c->S ||
+        !(res->type_ppl[t] < res->best_ppl) || !res->kv_types)
+        return;
+    res->winner_type_uniform = (int)t;
+    res->winner_sens = 0;
+    res->winner_kind = KV_ALLOC_UNIFORM;
+    res->best_t = res->best_r = res->best_p = NAN;
+    res->best_ppl = res->type_ppl[t];
+    res->heldout_ppl[0] = res->type_heldout[t];
+    res->identical_to_uniform = 0;
+    for (int h = 0; h < c->nh; h++) {
+        res->tokens[h] = bud[h];
+        res->blocks[h] = (bud[h] + c->o->block_size - 1) / c->o->block_size;
+        res->policy[h] = c->o->policy;
+        res->kv_types[h] = t;
+    }
+}
+
 /* Stage 10 (issue 22): uniform budgets stored in each type of kv_types_mask at the plan's bytes
  * (R of the full F16 cache), on all search chunks and the held-out chunks, each type on its own
  * engine (the pool's blocks are typed). Runs in every process (the chunks are few); NaN where
@@ -988,6 +1011,7 @@ static int search_type_baselines(search_ctx *c) {
     int hd = c->m->cfg.head_dim, C = o->context, rc = KV_OK;
     for (int t = 0; t < KV_CACHE_TYPES; t++)
         res->type_ppl[t] = res->type_heldout[t] = res->type_tokens[t] = NAN;
+    res->winner_type_uniform = -1;
     if (!o->kv_types_mask) return KV_OK;
     /* the plan's bytes: the token fraction in its own type, in bytes over the F16 cache */
     double Rb = o->ratio * (double)kv_type_token_bytes(o->kv_type, hd) /
@@ -1032,6 +1056,7 @@ static int search_type_baselines(search_ctx *c) {
                     kv_perplexity_from_nll(s, (long)n * (C - 1));
         }
         kv_engine_free(e);
+        if (!rc) search_adopt_type_uniform(c, (kv_cache_type)t, bud);
     }
     free(bud);
     return rc;
@@ -1137,6 +1162,10 @@ int kv_search_write(kv_h5 *f, const kv_search_opts *o, const kv_search_result *r
         rc = kv_h5_attr_i64(f, "/search", "grid_token_evals_all", r->grid_token_evals_all, err);
     if (!rc) rc = kv_h5_attr_f64(f, "/search", "grid_seconds", r->grid_seconds, err);
     if (!rc) rc = kv_h5_attr_i64(f, "/search", "sensitivity", r->have_sens, err);
+    if (!rc && r->winner_type_uniform >= 0 &&
+        r->kv_types) /* a uniform cache of another KV type won */
+        rc = kv_h5_attr_str(f, "/search", "winner_kv_type",
+                            kv_type_name((kv_cache_type)r->winner_type_uniform), err);
     if (!rc && r->have_sens)
         rc = kv_h5_attr_f64(f, "/search", "sensitivity_perplexity", r->sens_ppl, err);
     if (!rc && r->have_sens)
@@ -1201,19 +1230,22 @@ int kv_plan_file_write(const char *path, const char *command, const char *profil
                        const kv_search_result *sr, kv_error *err) {
     kv_plan plan;
     int sens = sr && sr->winner_sens;
-    int rc = kv_plan_from_budgets(
-        &m->cfg, tokens, sens ? sr->policy : NULL, policy, a->ratio, a->context, a->block_size,
-        evict_block, sens ? "sensitivity" : kv_alloc_name(a->kind),
+    /* the knapsack's per-head types: validated against the byte ratio of a->ratio's tokens in
+     * a->kv_type (the bytes the knapsack had) */
+    int typed = (sens || (sr && sr->winner_type_uniform >= 0)) && sr->kv_types;
+    double bratio = a->ratio * (double)kv_type_token_bytes(a->kv_type, m->cfg.head_dim) /
+                    (double)kv_type_token_bytes(KV_TYPE_F16, m->cfg.head_dim);
+    int rc = kv_plan_from_budgets_typed(
+        &m->cfg, tokens, sens ? sr->policy : NULL, typed ? sr->kv_types : NULL, policy,
+        typed ? bratio : a->ratio, a->context, a->block_size, evict_block,
+        sens ? "sensitivity" : kv_alloc_name(a->kind),
         !sens && a->kind == KV_ALLOC_BAKLAVA ? a->t : NAN,
         !sens && a->kind == KV_ALLOC_BAKLAVA ? a->r : NAN,
         sens || a->kind == KV_ALLOC_UNIFORM ? NAN : a->p, a->min_tokens, &plan, err);
     if (rc) return rc;
-    if (a->kv_type != KV_TYPE_F16 || sens) { /* the ratio in bytes over the full F16 cache;
-                                               * the knapsack's per-head types */
-        for (int i = 0; i < plan.n_layers * plan.n_kv_heads; i++)
-            plan.kv_type[i] = sens && sr->kv_types ? sr->kv_types[i] : a->kv_type;
-        plan.ratio = a->ratio * (double)kv_type_token_bytes(a->kv_type, m->cfg.head_dim) /
-                     (double)kv_type_token_bytes(KV_TYPE_F16, m->cfg.head_dim);
+    if (a->kv_type != KV_TYPE_F16 && !typed) { /* the ratio in bytes over the full F16 cache */
+        for (int i = 0; i < plan.n_layers * plan.n_kv_heads; i++) plan.kv_type[i] = a->kv_type;
+        plan.ratio = bratio;
         rc = kv_plan_validate(&plan, path, err);
         if (rc) {
             kv_plan_free(&plan);

@@ -169,10 +169,10 @@ typedef struct sens_tasks {
     const kv_sens_opts *o;
     const int *pert; /* [n_pert] curve points perturbed, in batch order */
     int n_pert, per_chunk, n_chunks;
-    int *set_budget;       /* [B, n_heads] scratch */
-    kv_policy *set_policy; /* [B, n_heads] scratch */
+    int *set_budget;         /* [B, n_heads] scratch */
+    kv_policy *set_policy;   /* [B, n_heads] scratch */
     kv_cache_type *set_type; /* [B, n_heads] scratch */
-    float *ref;            /* [C, V] full-cache log-probabilities of chunk ref_chunk */
+    float *ref;              /* [C, V] full-cache log-probabilities of chunk ref_chunk */
     int ref_chunk;
     double t0;
 } sens_tasks;
@@ -223,8 +223,8 @@ static int sens_task(void *user, long task, double *out, kv_error *err) {
         pptr[s] = ps;
         tptr[s] = ts;
     }
-    rc = kv_engine_chunk_score_typed(t->e, tk, C, ns, bptr, pptr, tptr, t->ref, out, out + B,
-                                     NULL, err);
+    rc = kv_engine_chunk_score_typed(t->e, tk, C, ns, bptr, pptr, tptr, t->ref, out, out + B, NULL,
+                                     err);
     if (!rc && o->progress && !o->progress->quiet)
         kv_progress_print(o->progress, 0, "sensitivity: chunk %d/%d, perturbations %d/%d, %.0fs",
                           ch + 1, t->n_chunks, b0 + ns, t->n_pert, kv_now() - t->t0);
@@ -265,8 +265,8 @@ static int sens_curves_init(const kv_model *m, const int *levels_blocks, int n_l
 /* Stage 2: the base budgets and policies (given, or uniform at the ratio), each head at least
  * its policy's floor (fixed part + p) unless it keeps the whole context. */
 static int sens_set_base(const kv_model *m, const int *base, const kv_policy *base_policy,
-                         const kv_cache_type *base_type, const kv_sens_opts *o,
-                         kv_sens_curves *out, kv_error *err) {
+                         const kv_cache_type *base_type, const kv_sens_opts *o, kv_sens_curves *out,
+                         kv_error *err) {
     const int nh = out->n_heads, C = o->context;
     int rc = KV_OK;
     if (base)
@@ -821,8 +821,8 @@ int kv_sens_search(kv_engine *e, const kv_model *m, const int *ids, int n_search
             if (unchanged)
                 pp = r->ppl;
             else
-                rc = search_ppl(e, ids, n_search, o, cand2, cpol2, ctyp2, &pp, &r->token_evals,
-                                err);
+                rc =
+                    search_ppl(e, ids, n_search, o, cand2, cpol2, ctyp2, &pp, &r->token_evals, err);
             if (rc) break;
             if (oi == 0 || pp < ppl) {
                 ppl = pp;
@@ -885,8 +885,8 @@ int kv_sens_write(kv_h5 *f, int n_layers, int n_kv_heads, const kv_sens_opts *o,
     for (int k = 0; !rc && k < K; k++) tok[k] = level_tokens(o, c->levels[k]);
     if (!rc) rc = kv_h5_write_i32(f, "/sensitivity/level_tokens", 1, &dk, tok, "tokens", err);
     if (!rc)
-        rc = kv_h5_write_f64(f, "/sensitivity/delta_nll", rank, dc, c->delta_nll, "nats/token",
-                             err);
+        rc =
+            kv_h5_write_f64(f, "/sensitivity/delta_nll", rank, dc, c->delta_nll, "nats/token", err);
     if (!rc) rc = kv_h5_write_f64(f, "/sensitivity/kl", rank, dc, c->kl, "nats/token", err);
     if (!rc) rc = kv_h5_write_i32(f, "/sensitivity/base", 2, d2, c->base, "tokens", err);
     if (!rc) rc = kv_h5_write_i32(f, "/sensitivity/budget", 2, d2, r->budget, "tokens", err);

@@ -383,6 +383,46 @@ static void test_plan_v3(void) {
            kv_plan_bytes(&b), slack, exp(nll / 511));
     CU_ASSERT((double)peak <= kv_plan_bytes(&b) + slack);
     kv_engine_free(e);
+    /* the same budgets and types as a sequence of their own (kv_engine_seq_open_typed) in an
+     * engine whose plan is the full F16 cache and whose pool holds every type: the same NLL and
+     * the same peak bytes, bit for bit; in a batch beside a full-cache f16 sequence the peak
+     * adds that sequence's stored bytes exactly */
+    kv_plan fp;
+    CU_ASSERT_FATAL(kv_plan_full(&m->cfg, 512, 16, 16, KV_POLICY_SINK, &fp, &err) == KV_OK);
+    kv_engine_opts eo = {.device = KV_DEVICE_CPU, .max_seqs = 2, .type_mask = 0xf};
+    CU_ASSERT_FATAL(kv_engine_new(m, &fp, &eo, &e, &err) == KV_OK);
+    kv_plan_free(&fp);
+    const int *bb[2] = {b.budget, NULL};
+    const kv_policy *pp[2] = {b.head_policy, NULL};
+    const kv_cache_type *tt[2] = {b.kv_type, NULL};
+    double n2[2] = {0, 0};
+    size_t pk2 = 0;
+    CU_ASSERT_FATAL(kv_engine_chunk_score_typed(e, ids, 512, 1, bb, pp, tt, NULL, n2, NULL, &pk2,
+                                                &err) == KV_OK);
+    CU_ASSERT_DOUBLE_EQUAL(n2[0], nll, 0.0);
+    CU_ASSERT_EQUAL(pk2, peak);
+    CU_ASSERT_FATAL(kv_engine_chunk_score_typed(e, ids, 512, 2, bb, pp, tt, NULL, n2, NULL, &pk2,
+                                                &err) == KV_OK);
+    CU_ASSERT_EQUAL(pk2, peak + (size_t)nh * 512 * kv_type_token_bytes(KV_TYPE_F16, 8));
+    CU_ASSERT_DOUBLE_EQUAL(n2[0], nll, 1e-4 * nll); /* batched: rounding only */
+    /* a type the pool does not hold is refused, naming it */
+    kv_engine_free(e);
+    eo.type_mask = 0;
+    CU_ASSERT_FATAL(kv_engine_new(m, &u, &eo, &e, &err) == KV_OK); /* u: f32/f16/q8/q4 */
+    kv_cache_type all_q8[64];
+    for (int i = 0; i < nh; i++) all_q8[i] = KV_TYPE_Q8;
+    all_q8[0] = KV_TYPE_F32;
+    int sq = -1;
+    CU_ASSERT_EQUAL(kv_engine_seq_open_typed(e, NULL, NULL, all_q8, &sq, &err), KV_OK);
+    kv_engine_seq_close(e, sq);
+    kv_engine_free(e);
+    kv_plan fq;
+    CU_ASSERT_FATAL(kv_plan_full(&m->cfg, 512, 16, 16, KV_POLICY_SINK, &fq, &err) == KV_OK);
+    CU_ASSERT_FATAL(kv_engine_new(m, &fq, &eo, &e, &err) == KV_OK); /* f16 blocks only */
+    kv_plan_free(&fq);
+    CU_ASSERT_EQUAL(kv_engine_seq_open_typed(e, NULL, NULL, all_q8, &sq, &err), KV_EINPUT);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, "does not hold"));
+    kv_engine_free(e);
     /* validation: a type code out of range; a byte ratio the budgets do not keep */
     b.kv_type[3] = (kv_cache_type)7;
     CU_ASSERT_EQUAL(kv_plan_validate(&b, "p", &err), KV_EINPUT);

@@ -202,7 +202,12 @@ static void test_curves(void) {
     for (int i = 0; i < nh; i++) b[i] = 32;
     CU_ASSERT_EQUAL(kv_engine_chunk_nll(eng, ids, CTX, 1, bp, NULL, &base, NULL, &err), KV_OK);
     CU_ASSERT_DOUBLE_EQUAL(cur.base_nll, base / (CTX - 1), 1e-5);
-    CU_ASSERT_DOUBLE_EQUAL(cur.delta_nll[13 * K + 1], (nll - base) / (CTX - 1), 1e-5);
+    printf("\n    head 13 level 1: batched %.8f, alone %.8f\n", cur.delta_nll[13 * K + 1],
+           (nll - base) / (CTX - 1));
+    /* 1e-4: with F16 storage (the default since issue 22) a row computed in a batch of 16 can
+     * round to a neighbouring binary16 value than the same row computed alone (fp32 sums in
+     * another order), which moves the mean NLL by a few 1e-5 (measured 2e-5) */
+    CU_ASSERT_DOUBLE_EQUAL(cur.delta_nll[13 * K + 1], (nll - base) / (CTX - 1), 1e-4);
     free(b);
 }
 
@@ -387,6 +392,217 @@ static void test_search_run(void) {
     kv_search_result_free(&r);
 }
 
+/* ------------------------------------------------------------ KV types ---- */
+
+static const int TYPES3 = (1 << KV_TYPE_F16) | (1 << KV_TYPE_Q8) | (1 << KV_TYPE_Q4);
+
+/* Issue 22: curves over (level, KV type). On stories260K (C 128, R 1/4, b_s = p = 4): one type
+ * equal to the base reproduces the tokens-only curves bit for bit (same engine, same batches);
+ * with f16, q8 and q4 the f16 slice equals the tokens-only curves (other batch compositions:
+ * float rounding), a q8 point equals the same set scored alone, the knapsack's bytes are at
+ * most the uniform plan's and at least that minus one block per head (so the plan validates),
+ * and the engine's peak bytes for the mixed solution stay within its bytes plus one block per
+ * head. */
+static void test_typed_curves(void) {
+    CU_ASSERT_PTR_NOT_NULL_FATAL(eng);
+    kv_error err = {0};
+    kv_sens_opts o1 = so;
+    o1.types_mask = 1 << KV_TYPE_F16;
+    kv_sens_curves c1;
+    CU_ASSERT_EQUAL_FATAL(
+        kv_sens_measure_typed(eng, model, ids, 1, NULL, NULL, NULL, NULL, 0, &o1, &c1, &err),
+        KV_OK);
+    const int nh = cur.n_heads, K = cur.n_levels;
+    CU_ASSERT_EQUAL(c1.n_types, 1);
+    CU_ASSERT_EQUAL(c1.n_levels, K);
+    int same = 1;
+    for (int i = 0; i < nh * K; i++)
+        same &= c1.delta_nll[i] == cur.delta_nll[i] && c1.kl[i] == cur.kl[i];
+    CU_ASSERT(same);
+    int *b1 = malloc(sizeof(int) * (size_t)nh), *b2 = malloc(sizeof(int) * (size_t)nh);
+    kv_policy *p1 = malloc(sizeof(kv_policy) * (size_t)nh), *p2 = malloc(sizeof(kv_policy) * nh);
+    kv_cache_type *t2 = malloc(sizeof(kv_cache_type) * (size_t)nh);
+    CU_ASSERT_FATAL(b1 && b2 && p1 && p2 && t2);
+    CU_ASSERT_EQUAL(kv_sens_allocate(&cur, &so, b1, p1, NULL, &err), KV_OK);
+    CU_ASSERT_EQUAL(kv_sens_allocate_typed(&c1, &o1, b2, p2, t2, NULL, &err), KV_OK);
+    for (int h = 0; h < nh; h++) {
+        CU_ASSERT_EQUAL(b1[h], b2[h]);
+        CU_ASSERT_EQUAL(t2[h], KV_TYPE_F16);
+    }
+    kv_sens_curves_free(&c1);
+
+    /* f16, q8, q4: an engine holding blocks of all three */
+    kv_plan full;
+    kv_engine *e3 = NULL;
+    CU_ASSERT_EQUAL_FATAL(kv_plan_full(&model->cfg, CTX, 4, 4, KV_POLICY_SINK, &full, &err), KV_OK);
+    kv_engine_opts eo = {.device = KV_DEVICE_CPU, .max_seqs = 16, .type_mask = TYPES3};
+    CU_ASSERT_EQUAL_FATAL(kv_engine_new(model, &full, &eo, &e3, &err), KV_OK);
+    kv_plan_free(&full);
+    kv_sens_opts o3 = so;
+    o3.types_mask = TYPES3;
+    kv_sens_curves c3;
+    int rc = kv_sens_measure_typed(e3, model, ids, 1, NULL, NULL, NULL, NULL, 0, &o3, &c3, &err);
+    if (rc) fprintf(stderr, "%s\n", err.msg);
+    CU_ASSERT_EQUAL_FATAL(rc, KV_OK);
+    CU_ASSERT_EQUAL(c3.n_types, 3);
+    CU_ASSERT(c3.types[0] == KV_TYPE_F16 && c3.types[1] == KV_TYPE_Q8 && c3.types[2] == KV_TYPE_Q4);
+    /* two reference passes plus every (type, level) of every head but the base point */
+    CU_ASSERT_EQUAL(c3.token_evals, (long)(2 + nh * (3 * K - 1)) * CTX);
+    double maxd = 0, q4_full = 0, f16_full = 0;
+    for (int h = 0; h < nh; h++) {
+        for (int k = 0; k < K; k++) {
+            double d = fabs(c3.kl[(h * 3 + 0) * K + k] - cur.kl[h * K + k]);
+            if (d > maxd) maxd = d;
+        }
+        f16_full += c3.kl[(h * 3 + 0) * K + K - 1];
+        q4_full += c3.kl[(h * 3 + 2) * K + K - 1];
+    }
+    printf("\n    f16 slice vs tokens-only curves: max |dKL| %.3g; sum KL at C: f16 %.5f, q4 "
+           "%.5f\n",
+           maxd, f16_full, q4_full);
+    CU_ASSERT(maxd < 1e-5);
+    /* q4's 4-bit rows cost more than f16 at the full level (d_h 8: one scale per 8 values) */
+    CU_ASSERT(q4_full > f16_full);
+    /* head 7 in q8 at level index 2, scored alone */
+    for (int i = 0; i < nh; i++) b1[i] = 32, p1[i] = KV_POLICY_SINK, t2[i] = KV_TYPE_F16;
+    b1[7] = c3.levels[2] * 4;
+    t2[7] = KV_TYPE_Q8;
+    const int *bp[1] = {b1};
+    const kv_policy *pp[1] = {p1};
+    const kv_cache_type *tp[1] = {t2};
+    double nll = 0, base_nll = 0;
+    CU_ASSERT_EQUAL(
+        kv_engine_chunk_score_typed(e3, ids, CTX, 1, bp, pp, tp, NULL, &nll, NULL, NULL, &err),
+        KV_OK);
+    for (int i = 0; i < nh; i++) t2[i] = KV_TYPE_F16;
+    b1[7] = 32;
+    CU_ASSERT_EQUAL(
+        kv_engine_chunk_score_typed(e3, ids, CTX, 1, bp, pp, tp, NULL, &base_nll, NULL, NULL, &err),
+        KV_OK);
+    printf("    head 7 q8 level 2: batched %.8f, alone %.8f\n", c3.delta_nll[(7 * 3 + 1) * K + 2],
+           (nll - base_nll) / (CTX - 1));
+    /* batched vs alone: binary16 / q8 rounding of rows computed in another order (measured
+     * 7e-5; the curves' values between levels differ by 1e-3 and more) */
+    CU_ASSERT_DOUBLE_EQUAL((nll - base_nll) / (CTX - 1), c3.delta_nll[(7 * 3 + 1) * K + 2], 2e-4);
+
+    /* the knapsack over types: bytes within [uniform - one block per head, uniform] */
+    double pred = 0;
+    CU_ASSERT_EQUAL_FATAL(kv_sens_allocate_typed(&c3, &o3, b2, p2, t2, &pred, &err), KV_OK);
+    const int hd = model->cfg.head_dim;
+    long bytes = 0, slack = 0, uni = 32L * nh * (long)kv_type_token_bytes(KV_TYPE_F16, hd);
+    int n_type[KV_CACHE_TYPES] = {0};
+    for (int h = 0; h < nh; h++) {
+        bytes += (long)b2[h] * (long)kv_type_token_bytes(t2[h], hd);
+        slack += 4L * (long)kv_type_token_bytes(t2[h], hd);
+        n_type[t2[h]]++;
+    }
+    printf("    typed knapsack: %ld bytes (uniform %ld), heads f16/q8/q4 %d/%d/%d, predicted "
+           "%.5f\n",
+           bytes, uni, n_type[KV_TYPE_F16], n_type[KV_TYPE_Q8], n_type[KV_TYPE_Q4], pred);
+    CU_ASSERT(bytes <= uni);
+    CU_ASSERT(bytes >= uni - slack);
+    kv_plan tp_plan;
+    rc = kv_plan_from_budgets_typed(&model->cfg, b2, p2, t2, KV_POLICY_SINK, 0.25, CTX, 4, 4,
+                                    "sensitivity", NAN, NAN, NAN, 8, &tp_plan, &err);
+    if (rc) fprintf(stderr, "%s\n", err.msg);
+    CU_ASSERT_EQUAL_FATAL(rc, KV_OK);
+    /* the engine stores what the plan says: peak <= plan bytes + one block per head */
+    const int *bq[1] = {b2};
+    const kv_policy *pq[1] = {p2};
+    const kv_cache_type *tq[1] = {t2};
+    size_t peak = 0;
+    CU_ASSERT_EQUAL(kv_engine_chunk_score_typed(e3, ids + CTX, CTX, 1, bq, pq, tq, NULL, &nll, NULL,
+                                                &peak, &err),
+                    KV_OK);
+    printf("    engine peak %zu bytes, plan %.0f bytes\n", peak, kv_plan_bytes(&tp_plan));
+    CU_ASSERT((double)peak <= kv_plan_bytes(&tp_plan) + (double)slack);
+    CU_ASSERT(peak > 0);
+    kv_plan_free(&tp_plan);
+    kv_sens_curves_free(&c3);
+    kv_engine_free(e3);
+    free(b1), free(b2), free(p1), free(p2), free(t2);
+}
+
+/* The search with the knapsack over f16, q8 and q4 (uniform grid, C 128, R 1/4 of the F16
+ * bytes): its plan's search perplexity is no worse than the best uniform cache of one type at
+ * the same bytes, its held-out figure exists, and the plan file carries the per-head types
+ * and the byte ratio. */
+static void test_typed_search(void) {
+    CU_ASSERT_PTR_NOT_NULL_FATAL(model);
+    kv_error err = {0};
+    kv_search_opts o;
+    kv_search_opts_default(&o, model);
+    o.allocation = KV_ALLOC_UNIFORM;
+    o.ratio = 0.25;
+    o.context = CTX;
+    o.block_size = 4;
+    o.evict_block = 4;
+    o.eval_tokens = 2 * CTX;
+    o.heldout_tokens = CTX;
+    o.device = KV_DEVICE_CPU;
+    o.sensitivity = 1;
+    o.kv_types_mask = TYPES3;
+    o.sens.calib_chunks = 1;
+    o.sens.max_levels = 5;
+    o.sens.max_rounds = 2;
+    o.sens.batch = 16;
+    kv_search_result r;
+    int rc = kv_search_run(model, NULL, ids, n_ids, &o, &r, &err);
+    if (rc) fprintf(stderr, "%s\n", err.msg);
+    CU_ASSERT_EQUAL_FATAL(rc, KV_OK);
+    double best_type = HUGE_VAL;
+    for (int t = 0; t < KV_CACHE_TYPES; t++)
+        if (isfinite(r.type_ppl[t]) && r.type_ppl[t] < best_type) best_type = r.type_ppl[t];
+    printf("\n    mixed plan search ppl %.4f (held-out %.4f); uniform f16 %.4f, q8 %.4f, q4 "
+           "%.4f\n",
+           r.best_ppl, r.heldout_ppl[0], r.type_ppl[KV_TYPE_F16], r.type_ppl[KV_TYPE_Q8],
+           r.type_ppl[KV_TYPE_Q4]);
+    CU_ASSERT(r.winner_sens);
+    CU_ASSERT(r.best_ppl <= best_type);
+    CU_ASSERT(isfinite(r.heldout_ppl[0]));
+    kv_alloc_params ap;
+    kv_alloc_params_default(&ap);
+    ap.kind = KV_ALLOC_UNIFORM;
+    ap.ratio = 0.25;
+    ap.context = CTX;
+    ap.block_size = 4;
+    ap.min_tokens = 8;
+    CU_ASSERT_EQUAL_FATAL(kv_plan_file_write(tu_tmp("typed.h5"), "test", NULL, model, &ap,
+                                             KV_POLICY_SINK, r.evict_block, r.tokens, &o, &r, &err),
+                          KV_OK);
+    kv_plan p;
+    CU_ASSERT_EQUAL_FATAL(kv_plan_read(tu_tmp("typed.h5"), &p, &err), KV_OK);
+    CU_ASSERT_DOUBLE_EQUAL(p.ratio, 0.25, 1e-12);
+    int mixed = 0;
+    for (int h = 0; h < p.n_layers * p.n_kv_heads; h++) {
+        CU_ASSERT_EQUAL(p.kv_type[h], r.kv_types[h]);
+        CU_ASSERT_EQUAL(p.budget[h], r.tokens[h]);
+        mixed |= p.kv_type[h] != KV_TYPE_F16;
+    }
+    CU_ASSERT(mixed); /* at R 1/4 q8 is worth its bytes on this model */
+    kv_plan_free(&p);
+    kv_search_result_free(&r);
+
+    /* --kv-types f16 (the base type alone) reproduces the tokens-only search: same budgets,
+     * policies and perplexities */
+    kv_search_result r0, r1;
+    o.kv_types_mask = 0;
+    CU_ASSERT_EQUAL_FATAL(kv_search_run(model, NULL, ids, n_ids, &o, &r0, &err), KV_OK);
+    o.kv_types_mask = 1 << KV_TYPE_F16;
+    CU_ASSERT_EQUAL_FATAL(kv_search_run(model, NULL, ids, n_ids, &o, &r1, &err), KV_OK);
+    CU_ASSERT_EQUAL(r0.winner_sens, r1.winner_sens);
+    CU_ASSERT_DOUBLE_EQUAL(r0.best_ppl, r1.best_ppl, 0);
+    CU_ASSERT_DOUBLE_EQUAL(r0.heldout_ppl[0], r1.heldout_ppl[0], 0);
+    CU_ASSERT_DOUBLE_EQUAL(r1.type_ppl[KV_TYPE_F16], r1.base_ppl[1], 1e-12 * r1.base_ppl[1]);
+    for (int h = 0; h < model->cfg.n_layers * model->cfg.n_kv_heads; h++) {
+        CU_ASSERT_EQUAL(r0.tokens[h], r1.tokens[h]);
+        CU_ASSERT_EQUAL(r0.policy[h], r1.policy[h]);
+        CU_ASSERT_EQUAL(r1.kv_types[h], KV_TYPE_F16);
+    }
+    kv_search_result_free(&r0);
+    kv_search_result_free(&r1);
+}
+
 /* The CLI: --allocation sensitivity writes a plan with per-head policies and curves; a ratio
  * that leaves no room is refused with the values to pass. */
 static void test_cli(void) {
@@ -411,7 +627,11 @@ static void test_cli(void) {
     kv_error err = {0};
     CU_ASSERT_EQUAL_FATAL(kv_plan_read(tu_tmp("cli.h5"), &p, &err), KV_OK);
     CU_ASSERT_EQUAL(p.schema_version, 3);
-    CU_ASSERT_EQUAL(kv_plan_total_tokens(&p), 32L * 20);
+    /* the default knapsack may store heads in q8/q4: the bytes, not the tokens, are 1/4 of the
+     * full F16 cache (within one block per head, below) */
+    CU_ASSERT(kv_plan_total_tokens(&p) >= 32L * 20);
+    CU_ASSERT(kv_plan_bytes(&p) <= 0.25 * kv_plan_full_f16_bytes(&p) + 1e-9);
+    CU_ASSERT(kv_plan_bytes(&p) >= 0.25 * kv_plan_full_f16_bytes(&p) - 20.0 * 4 * 32);
     CU_ASSERT_EQUAL(p.evict_block, plan_p);
     kv_plan_free(&p);
     snprintf(args, sizeof args,
@@ -448,6 +668,8 @@ int main(int argc, char **argv) {
         {"search_and_write", test_search_and_write},
         {"policy_choice", test_policy_choice},
         {"search_run", test_search_run},
+        {"typed_curves", test_typed_curves},
+        {"typed_search", test_typed_search},
     };
     static const tu_test cli[] = {{"cli", test_cli}};
     static const tu_suite suites[] = {

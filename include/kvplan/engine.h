@@ -112,8 +112,7 @@ int kv_engine_chunk_score(kv_engine *e, const int *tokens, int n, int n_sets,
 int kv_engine_chunk_score_typed(kv_engine *e, const int *tokens, int n, int n_sets,
                                 const int *const *budgets, const kv_policy *const *policies,
                                 const kv_cache_type *const *types, const float *ref_logprobs,
-                                double *nll_sum, double *kl_sum, size_t *peak_bytes,
-                                kv_error *err);
+                                double *nll_sum, double *kl_sum, size_t *peak_bytes, kv_error *err);
 
 /* Bytes of K/V blocks held now / at most since kv_engine_reset_peak (engine creation). */
 size_t kv_engine_bytes_in_use(const kv_engine *e);

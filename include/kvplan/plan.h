@@ -94,6 +94,13 @@ int kv_plan_from_budgets(const kv_config *cfg, const int *budget, const kv_polic
                          kv_policy policy, double ratio, int context, int block_size,
                          int evict_block, const char *allocation, double t, double r, double p,
                          int min_tokens, kv_plan *out, kv_error *err);
+/* kv_plan_from_budgets with per-head KV types [L * H_kv] (copied; NULL: f16); ratio is then
+ * the byte ratio R over the full F16 cache that the typed budgets keep (validated). */
+int kv_plan_from_budgets_typed(const kv_config *cfg, const int *budget,
+                               const kv_policy *head_policy, const kv_cache_type *types,
+                               kv_policy policy, double ratio, int context, int block_size,
+                               int evict_block, const char *allocation, double t, double r,
+                               double p, int min_tokens, kv_plan *out, kv_error *err);
 
 /* Validate a plan: L, H_kv >= 1; C >= 2; b_s in [1, 4096]; p in [1, C]; R finite in (0, 2];
  * every budget in [1, C] and at least its policy's fixed part + p (unless it is C, which never

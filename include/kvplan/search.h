@@ -130,13 +130,13 @@ typedef struct kv_search_result {
     long token_evals_exhaustive; /* what the exhaustive grid costs: distinct x chunks x C */
     int halving_rounds;
     double seconds;
-    int *tokens, *blocks; /* [L * H_kv] winner budgets (grid best or better baseline), owned */
-    kv_policy *policy;    /* [L * H_kv] winner's per-head policies, owned */
+    int *tokens, *blocks;    /* [L * H_kv] winner budgets (grid best or better baseline), owned */
+    kv_policy *policy;       /* [L * H_kv] winner's per-head policies, owned */
     kv_cache_type *kv_types; /* [L * H_kv] winner's per-head KV types (the knapsack's when the
                               * sensitivity solution won, else kv_type), owned */
-    int winner_sens;      /* 1 when the sensitivity allocation's solution is the plan */
-    int have_sens;        /* 1 when sens holds a sensitivity run */
-    kv_sens_result sens;  /* the sensitivity run (curves, rounds, solution), owned */
+    int winner_sens;         /* 1 when the sensitivity allocation's solution is the plan */
+    int have_sens;           /* 1 when sens holds a sensitivity run */
+    kv_sens_result sens;     /* the sensitivity run (curves, rounds, solution), owned */
     /* the grid's winner (after the baselines' check) and the sensitivity solution: search
      * perplexity (all search chunks) and held-out perplexity; NaN when not run */
     double grid_ppl, grid_heldout, sens_ppl, sens_heldout;
@@ -146,6 +146,9 @@ typedef struct kv_search_result {
     /* uniform baselines per KV type at the plan's bytes (kv_types_mask): search and held-out
      * perplexity (NaN when not run or below the policy's floor) and tokens per head (mean) */
     double type_ppl[KV_CACHE_TYPES], type_heldout[KV_CACHE_TYPES], type_tokens[KV_CACHE_TYPES];
+    /* the type whose uniform cache became the plan (it beat the winner on all search chunks;
+     * only with sensitivity planning over types), -1 = none */
+    int winner_type_uniform;
     /* the eviction block p of the plan (evict_block unless evict_block_search chose another),
      * and the measured ladder: ladder_p[i] (p, p/2, ..., 1), the plan candidate's and the
      * uniform budgets' perplexity on all search chunks at that p (entry 0: the grid's p) */

@@ -68,14 +68,14 @@ typedef struct kv_sens_opts {
     int max_rounds;   /* solve rounds (1 = no refinement; default 3) */
     kv_sens_objective objective; /* what the knapsack minimises (default KL) */
     kv_cache_type kv_type;       /* the base KV type: every head of the uniform start (f16) */
-    int types_mask; /* bit t: a head may be stored in KV type t; 0 = the base type only (the
-                     * tokens-only knapsack). The engine must hold blocks of every type
-                     * (kv_engine_opts.type_mask). */
-    kv_progress *progress;       /* NULL = silent */
-    kv_tasks *tasks; /* NULL: one process; else the batched passes and the verification chunks
-                      * run as tasks (kvplan/tasks.h), over MPI ranks when there are several:
-                      * a collective call then (every rank calls with the same arguments and
-                      * gets the same result, identical to one process's) */
+    int types_mask;        /* bit t: a head may be stored in KV type t; 0 = the base type only (the
+                            * tokens-only knapsack). The engine must hold blocks of every type
+                            * (kv_engine_opts.type_mask). */
+    kv_progress *progress; /* NULL = silent */
+    kv_tasks *tasks;       /* NULL: one process; else the batched passes and the verification chunks
+                            * run as tasks (kvplan/tasks.h), over MPI ranks when there are several:
+                            * a collective call then (every rank calls with the same arguments and
+                            * gets the same result, identical to one process's) */
 } kv_sens_opts;
 
 /* Defaults: R 0.5, C = model seq_len (256 without a model), b_s 16, p 16, sink, max_levels 16,

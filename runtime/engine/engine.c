@@ -279,8 +279,8 @@ int kv_engine_chunk_score(kv_engine *e, const int *tokens, int n, int n_sets,
                           const int *const *budgets, const kv_policy *const *policies,
                           const float *ref_logprobs, double *nll_sum, double *kl_sum,
                           size_t *peak_bytes, kv_error *err) {
-    return kv_engine_chunk_score_typed(e, tokens, n, n_sets, budgets, policies, NULL,
-                                       ref_logprobs, nll_sum, kl_sum, peak_bytes, err);
+    return kv_engine_chunk_score_typed(e, tokens, n, n_sets, budgets, policies, NULL, ref_logprobs,
+                                       nll_sum, kl_sum, peak_bytes, err);
 }
 
 int kv_engine_chunk_score_typed(kv_engine *e, const int *tokens, int n, int n_sets,

@@ -185,11 +185,22 @@ int kv_plan_from_budgets(const kv_config *cfg, const int *budget, const kv_polic
                          kv_policy policy, double ratio, int context, int block_size,
                          int evict_block, const char *allocation, double t, double r, double p,
                          int min_tokens, kv_plan *out, kv_error *err) {
+    return kv_plan_from_budgets_typed(cfg, budget, head_policy, NULL, policy, ratio, context,
+                                      block_size, evict_block, allocation, t, r, p, min_tokens, out,
+                                      err);
+}
+
+int kv_plan_from_budgets_typed(const kv_config *cfg, const int *budget,
+                               const kv_policy *head_policy, const kv_cache_type *types,
+                               kv_policy policy, double ratio, int context, int block_size,
+                               int evict_block, const char *allocation, double t, double r,
+                               double p, int min_tokens, kv_plan *out, kv_error *err) {
     int rc = plan_alloc(out, cfg, ratio, context, block_size, evict_block, policy, allocation, err);
     if (rc) return rc;
     size_t nh = (size_t)out->n_layers * (size_t)out->n_kv_heads;
     memcpy(out->budget, budget, nh * sizeof *budget);
     if (head_policy) memcpy(out->head_policy, head_policy, nh * sizeof *head_policy);
+    if (types) memcpy(out->kv_type, types, nh * sizeof *types);
     out->t = t;
     out->r = r;
     out->p = p;
