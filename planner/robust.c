@@ -290,7 +290,7 @@ int kv_robust_guard(const kv_model *m, const int *ids, const kv_robust_layout *l
     rr->uniform_block_size = rr->uniform_evict_block = 1;
     for (int ch = 0; ch < nc && !rc; ch++) rr->chunks[lay->chunk_text[ch] * 2 + (ch >= lay->S)]++;
     /* budgets: uniform at b_s = 1 (the comparison), uniform at the plan's b_s, the sources
-     * (the plan, the knapsack's solution) and their blends */
+     * (the plan, the per-text knapsacks' solutions) and their blends */
     int *ub1 = kv_malloc((size_t)nh * sizeof *ub1, "uniform budgets", err);
     int *ubs = kv_malloc((size_t)nh * sizeof *ubs, "uniform budgets", err);
     int *src = kv_malloc((size_t)N_SRC * nh * sizeof *src, "candidate budgets", err);
@@ -354,7 +354,7 @@ int kv_robust_guard(const kv_model *m, const int *ids, const kv_robust_layout *l
             rr->objective[k] = rr->passed[k] ? v : HUGE_VAL;
         }
         /* the lowest objective among the passing (uniform, last, always passes); ties go to
-         * the earlier candidate: the plan before the knapsack, the larger lambda first */
+         * the earlier candidate: the plan before the knapsacks, the larger lambda first */
         rr->chosen = sets;
         for (int k = sets - 1; k >= 0; k--)
             if (rr->objective[k] <= rr->objective[rr->chosen]) rr->chosen = k;

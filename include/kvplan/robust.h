@@ -13,12 +13,15 @@
  * --allocation uniform --block-size 1 --evict-block 1` runs) and candidates made from the
  * plan: its budgets blended towards uniform, B(lambda) = floor(U + lambda (P - U)) per head
  * for lambda = 1, 3/4, 1/2, 1/4 (U the uniform budgets at the plan's b_s, P the plan's; the
- * plan's b_s, p and per-head policies); the same blends of the sensitivity knapsack's first
- * solution (kv_sens_allocate on the search's curves, include/kvplan/sensitivity.h) when the
- * search ran sensitivity planning and that solution differs from the plan (its verification
- * pools every text's chunks, so a solution that helps one text and hurts another by more is
- * dropped there; a blend of it may still help the one and not hurt the other); and
- * lambda = 0, the uniform cache itself. A candidate
+ * plan's b_s, p and per-head policies); with two texts or more and sensitivity planning, the
+ * same blends of two per-text knapsacks: every head's NLL curve is measured on each text's
+ * first calibration chunk alone (kv_sens_measure at the search's levels), the curves are
+ * combined per head and level as their mean over the texts (the pooled knapsack, each text
+ * weighing the same) or as their largest value (a max-regret knapsack on an upper bound:
+ * sum_h max_t d[h][t] >= max_t sum_h d[h][t]), and each is solved by kv_sens_allocate with
+ * the NLL objective (include/kvplan/sensitivity.h); and lambda = 0, the uniform cache itself.
+ * (The search's own verification pools every text's chunks: a solution that helps one text
+ * and hurts another by more is dropped there; the per-text check sees both.) A candidate
  * passes when its perplexity is at most the uniform cache's on every text's calibration
  * chunks and on every text's held-out chunks; lambda = 0 always passes (it is that cache).
  * Among the passing candidates the objective picks one:
@@ -88,9 +91,9 @@ typedef struct kv_robust_result {
     double *full, *uniform; /* [n_texts * 2] perplexity: full cache, uniform b_s = p = 1 */
     double *plan;           /* [n_texts * 2] the chosen candidate (the shipped plan) */
     int n_cand;             /* candidates: per source 4 lambdas, then uniform */
-    double lambda[KV_ROBUST_MAX_CAND];    /* 1, 0.75, 0.5, 0.25 (per source), 0 */
-    int source[KV_ROBUST_MAX_CAND];       /* 0 the search's plan, 1 the knapsack, -1 uniform */
-    double *cand;                         /* [n_cand * n_texts * 2] each candidate */
+    double lambda[KV_ROBUST_MAX_CAND]; /* 1, 0.75, 0.5, 0.25 (per source), 0 */
+    int source[KV_ROBUST_MAX_CAND]; /* 0 the search's plan, 1 mean knapsack, 2 worst, -1 uniform */
+    double *cand;                   /* [n_cand * n_texts * 2] each candidate */
     double objective[KV_ROBUST_MAX_CAND]; /* its objective value; +inf when it failed */
     int passed[KV_ROBUST_MAX_CAND];       /* 1 when <= uniform on every text and part */
     int chosen;                           /* index of the chosen candidate */
@@ -105,16 +108,17 @@ typedef struct kv_robust_result {
  * chosen, res->tokens / blocks / policy become its budgets; for lambda = 0 the caller must
  * write the plan as allocation uniform with b_s = p = 1 (rr->source[rr->chosen] < 0),
  * and res->evict_block is set to 1; a knapsack candidate sets res->winner_sens. rr is filled
- * (kv_robust_result_free). Costs 3 passes over every chunk (full, uniform, the plan candidates as
- * one batch of up to eight sequences). Errors: KV_EINPUT for a layout that does not match res;
- * KV_EINTERNAL from the engine. */
+ * (kv_robust_result_free). Costs 3 passes over every chunk (full, uniform, the candidates as
+ * one batch of up to twelve sequences) and the per-text curves (one chunk per text). Errors:
+ * KV_EINPUT for a layout that does not match res; KV_EINTERNAL from the engine. */
 int kv_robust_guard(const kv_model *m, const int *ids, const kv_robust_layout *lay,
                     const struct kv_search_opts *o, kv_robust_objective obj,
                     struct kv_search_result *res, kv_robust_result *rr, kv_error *err);
 void kv_robust_result_free(kv_robust_result *r);
 
 /* The decision in words: "plan" (the search's plan kept), "blend" (of it towards uniform),
- * "knapsack" / "knapsack blend" (the knapsack's solution, or a blend of it), "uniform". */
+ * "mean knapsack" / "worst knapsack" (a per-text knapsack's solution) or "... blend" (a blend
+ * of it), "uniform". */
 const char *kv_robust_decision(const kv_robust_result *r);
 
 /* Write /search/texts: datasets tokens [N] (int32), chunks [N, 2] (int32), full, uniform,
