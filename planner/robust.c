@@ -354,10 +354,30 @@ int kv_robust_guard(const kv_model *m, const int *ids, const kv_robust_layout *l
             rr->objective[k] = rr->passed[k] ? v : HUGE_VAL;
         }
         /* the lowest objective among the passing (uniform, last, always passes); ties go to
-         * the earlier candidate: the plan before the knapsacks, the larger lambda first */
-        rr->chosen = sets;
-        for (int k = sets - 1; k >= 0; k--)
-            if (rr->objective[k] <= rr->objective[rr->chosen]) rr->chosen = k;
+         * the earlier candidate: the plan before the knapsacks, the larger lambda first. The
+         * batch of candidates is screening: the chosen one is measured again alone, as
+         * `kvplan eval` runs it (one sequence; a batched pass differs in the last digits), and
+         * those figures decide; a candidate that then loses somewhere is dropped. */
+        for (;;) {
+            rr->chosen = sets;
+            for (int k = sets - 1; k >= 0; k--)
+                if (rr->objective[k] <= rr->objective[rr->chosen]) rr->chosen = k;
+            int k = rr->chosen;
+            if (k == sets) break;
+            double *row = rr->cand + k * N * 2, *cn = ncand + k * nc;
+            const int *bk[1] = {cb + k * nh};
+            const kv_policy *pk[1] = {spol + (k / KV_ROBUST_N_LAMBDA) * nh};
+            for (int ch = 0; ch < nc && !rc; ch++)
+                rc = kv_engine_chunk_nll(ep, ids + (long)ch * C, C, 1, bk, pk, &cn[ch], NULL, err);
+            if (rc) break;
+            text_ppl(lay, C, cn, row);
+            double v = cand_objective(rr, row, obj, &rr->passed[k]);
+            rr->objective[k] = rr->passed[k] ? v : HUGE_VAL;
+            if (rr->passed[k]) break;
+        }
+    }
+    if (!rc) {
+        int N = rr->n_texts;
         memcpy(rr->plan, rr->cand + rr->chosen * N * 2, (size_t)N * 2 * sizeof *rr->plan);
         /* why the plan itself was not kept: the first text and part it lost on */
         for (int i = 0; i < N * 2 && !rr->passed[0] && !rr->reason[0]; i++)
