@@ -437,7 +437,7 @@ static void print_texts(const kv_robust_result *r) {
         fprintf(stderr, "kvplan search: guard: %s; %s\n",
                 r->reason[0] ? r->reason
                              : "another candidate scores better on the --text-objective",
-                r->source[k] < 0 ? "falling back to the uniform cache (b_s = p = 1)"
+                r->source[k] < 0 ? "falling back to the uniform cache it was compared with"
                                  : "shipping the plan's blend towards uniform named in "
                                    "/search/texts@decision");
 }

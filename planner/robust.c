@@ -287,7 +287,11 @@ int kv_robust_guard(const kv_model *m, const int *ids, const kv_robust_layout *l
                        lay->S, lay->HC, res->search_chunks, res->heldout_chunks);
     int rc = result_alloc(rr, lay, err);
     rr->obj = obj;
-    rr->uniform_block_size = rr->uniform_evict_block = 1;
+    /* the uniform cache compared with: b_s = p = 1 (the strongest) unless the caller fixed p
+     * (no eviction-block search), then the search's own b_s and p */
+    const int ubsz = o->evict_block_search ? 1 : bs, up = o->evict_block_search ? 1 : p;
+    rr->uniform_block_size = ubsz;
+    rr->uniform_evict_block = up;
     for (int ch = 0; ch < nc && !rc; ch++) rr->chunks[lay->chunk_text[ch] * 2 + (ch >= lay->S)]++;
     /* budgets: uniform at b_s = 1 (the comparison), uniform at the plan's b_s, the sources
      * (the plan, the per-text knapsacks' solutions) and their blends */
@@ -301,7 +305,7 @@ int kv_robust_guard(const kv_model *m, const int *ids, const kv_robust_layout *l
     kv_engine *ep = NULL, *eu = NULL;
     int n_src = 1, n_knap = 0;
     if (!rc && (!ub1 || !ubs || !src || !spol || !cb || !upol || !nll)) rc = KV_EINTERNAL;
-    if (!rc) rc = kv_uniform_budgets(nh, o->ratio, C, 1, ub1, NULL, err);
+    if (!rc) rc = kv_uniform_budgets(nh, o->ratio, C, ubsz, ub1, NULL, err);
     if (!rc) rc = kv_uniform_budgets(nh, o->ratio, C, bs, ubs, NULL, err);
     if (!rc) {
         memcpy(src, res->tokens, (size_t)nh * sizeof *src);
@@ -323,7 +327,7 @@ int kv_robust_guard(const kv_model *m, const int *ids, const kv_robust_layout *l
     rr->source[sets] = -1;
     for (int h = 0; h < nh; h++) upol[h] = o->policy;
     if (!rc) rc = engine_for(m, o, bs, p, sets, &ep, err);
-    if (!rc) rc = engine_for(m, o, 1, 1, 1, &eu, err);
+    if (!rc) rc = engine_for(m, o, ubsz, up, 1, &eu, err);
     /* every chunk: full, uniform (b_s = p = 1), the candidates as one batch */
     double *nf = nll, *nu = nll + nc, *ncand = nll + 2 * nc;
     for (int ch = 0; ch < nc && !rc; ch++) {
@@ -390,8 +394,9 @@ int kv_robust_guard(const kv_model *m, const int *ids, const kv_robust_layout *l
         int k = rr->chosen;
         if (rr->source[k] < 0) { /* uniform at b_s = p = 1 */
             memcpy(res->tokens, ub1, (size_t)nh * sizeof *ub1);
-            for (int h = 0; h < nh; h++) res->blocks[h] = ub1[h], res->policy[h] = o->policy;
-            res->evict_block = 1;
+            for (int h = 0; h < nh; h++)
+                res->blocks[h] = (ub1[h] + ubsz - 1) / ubsz, res->policy[h] = o->policy;
+            res->evict_block = up;
             res->winner_sens = 0;
             res->winner_kind = KV_ALLOC_UNIFORM;
             res->best_t = res->best_r = res->best_p = NAN;

@@ -10,7 +10,9 @@
  *
  * After the search, kv_robust_guard measures on every chunk the full cache, the strongest
  * uniform cache (every head R * C tokens at b_s = p = 1, what `kvplan eval --ratio R
- * --allocation uniform --block-size 1 --evict-block 1` runs) and candidates made from the
+ * --allocation uniform --block-size 1 --evict-block 1` runs; when the caller fixed the
+ * eviction block, o->evict_block_search 0, uniform at the search's own b_s and p) and
+ * candidates made from the
  * plan: its budgets blended towards uniform, B(lambda) = floor(U + lambda (P - U)) per head
  * for lambda = 1, 3/4, 1/2, 1/4 (U the uniform budgets at the plan's b_s, P the plan's; the
  * plan's b_s, p and per-head policies); with two texts or more and sensitivity planning, the
@@ -98,7 +100,7 @@ typedef struct kv_robust_result {
     int passed[KV_ROBUST_MAX_CAND];       /* 1 when <= uniform on every text and part */
     int chosen;                           /* index of the chosen candidate */
     kv_robust_objective obj;
-    int uniform_block_size, uniform_evict_block; /* the uniform comparison: 1, 1 */
+    int uniform_block_size, uniform_evict_block; /* the uniform compared with: 1, 1 or b_s, p */
     char reason[512]; /* "" when the plan passed; else the first text and part it lost on */
 } kv_robust_result;
 
@@ -106,11 +108,12 @@ typedef struct kv_robust_result {
  * policy, kv_type, device) and result res (the plan: res->tokens, res->policy,
  * res->evict_block), over ids laid out as lay says. When a candidate other than lambda = 1 is
  * chosen, res->tokens / blocks / policy become its budgets; for lambda = 0 the caller must
- * write the plan as allocation uniform with b_s = p = 1 (rr->source[rr->chosen] < 0),
- * and res->evict_block is set to 1; a knapsack candidate sets res->winner_sens. rr is filled
- * (kv_robust_result_free). Costs 3 passes over every chunk (full, uniform, the candidates as
- * one batch of up to twelve sequences) and the per-text curves (one chunk per text). Errors:
- * KV_EINPUT for a layout that does not match res; KV_EINTERNAL from the engine. */
+ * write the plan as allocation uniform with b_s = rr->uniform_block_size
+ * (rr->source[rr->chosen] < 0), and res->evict_block is set to rr->uniform_evict_block; a knapsack
+ * candidate sets res->winner_sens. rr is filled (kv_robust_result_free). Costs 3 passes over every
+ * chunk (full, uniform, the candidates as one batch of up to twelve sequences) and the per-text
+ * curves (one chunk per text). Errors: KV_EINPUT for a layout that does not match res; KV_EINTERNAL
+ * from the engine. */
 int kv_robust_guard(const kv_model *m, const int *ids, const kv_robust_layout *lay,
                     const struct kv_search_opts *o, kv_robust_objective obj,
                     struct kv_search_result *res, kv_robust_result *rr, kv_error *err);
