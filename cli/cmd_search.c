@@ -423,7 +423,7 @@ static void print_perplexities(const kv_search_result *res) {
 static void print_texts(const kv_robust_result *r) {
     int N = r->n_texts, k = r->chosen;
     printf("texts        %-28s %-6s %-10s %-10s %-10s %-10s\n", "(perplexity)", "part", "full",
-           "uniform", "plan", "plan/unif");
+           "uniform", "the plan", "plan/unif");
     for (int i = 0; i < N * 2; i++) {
         if (!r->chunks[i]) continue;
         const char *nm = r->names[i / 2], *sl = strrchr(nm, '/');
