@@ -15,6 +15,9 @@
 # (/search/texts). Papers 003-004, the vocab test strings and the end of the TinyStories text
 # stay unseen for bench/acceptance_robust.sh.
 # Usage: scripts/make-plans.sh [OUT_DIR]  (default plans/; about 40 minutes on 2 cores)
+# Environment: RATIOS (default "4 8 16": the 1/R made), MODELS (default "stories260K
+# tinystories-656k"), SEARCH_ARGS (extra `kvplan search` options, e.g. a coarser grid for a
+# quick check; the shipped plans use none).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -29,16 +32,17 @@ trap 'rm -rf "$work"' EXIT
 bench/robust_texts.sh "$work/texts" > "$work/calib.list"
 texts=()
 while read -r t; do texts+=(--text "$t"); done < "$work/calib.list"
-for spec in "stories260K:$shared/models/stories260K/stories260K.bin" \
-            "tinystories-656k:$shared/models/tinystories-656k"; do
-    name=${spec%%:*}
-    model=${spec#*:}
+declare -A model_of=([stories260K]=$shared/models/stories260K/stories260K.bin
+                     [tinystories-656k]=$shared/models/tinystories-656k)
+read -r -a extra <<< "${SEARCH_ARGS:-}"
+for name in ${MODELS:-stories260K tinystories-656k}; do
+    model=${model_of[$name]:?unknown model $name (stories260K or tinystories-656k)}
     $kv profile "$model" "${texts[@]}" --no-hw --quiet -o "$work/$name.profile.h5"
-    for r in 4 8 16; do
+    for r in ${RATIOS:-4 8 16}; do
         ratio=$(awk "BEGIN { print 1 / $r }")
         out=$out_dir/$name.r1-$r.h5
         echo "== $name, R = 1/$r -> $out" >&2
         $kv search --profile "$work/$name.profile.h5" --model "$model" "${texts[@]}" \
-            --ratio "$ratio" --policy sink --context 512 --quiet -o "$out"
+            --ratio "$ratio" --policy sink --context 512 --quiet "${extra[@]}" -o "$out"
     done
 done
