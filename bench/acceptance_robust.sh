@@ -53,6 +53,7 @@ for spec in "stories260K:$shared/models/stories260K/stories260K.bin" \
         full=$(ppl "$model" --tokens "$f")
         for r in 16 8 4; do
             plan=$plans/$name.r1-$r.h5
+            [ -f "$plan" ] || { printf '%-17s 1/%-3s %-14s (no plan %s)\n' "$name" "$r" "$text" "$plan"; continue; }
             ratio=$(awk "BEGIN { print 1 / $r }")
             p=$(ppl "$model" --tokens "$f" --plan "$plan")
             u=$(ppl "$model" --tokens "$f" --ratio "$ratio" --allocation uniform \
