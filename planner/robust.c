@@ -359,15 +359,19 @@ int kv_robust_guard(const kv_model *m, const int *ids, const kv_robust_layout *l
         }
         /* the lowest objective among the passing (uniform, last, always passes); ties go to
          * the earlier candidate: the plan before the knapsacks, the larger lambda first. The
-         * batch of candidates is screening: the chosen one is measured again alone, as
-         * `kvplan eval` runs it (one sequence; a batched pass differs in the last digits), and
-         * those figures decide; a candidate that then loses somewhere is dropped. */
+         * batch of candidates is screening: the search's own plan and the chosen one are
+         * measured again alone, as `kvplan eval` runs them (one sequence; a batched pass
+         * differs in the last digits), and those figures decide; a chosen candidate that then
+         * loses somewhere is dropped and the next best measured. */
+        int alone[KV_ROBUST_MAX_CAND] = {0}, first = 1;
         for (;;) {
             rr->chosen = sets;
             for (int k = sets - 1; k >= 0; k--)
                 if (rr->objective[k] <= rr->objective[rr->chosen]) rr->chosen = k;
-            int k = rr->chosen;
-            if (k == sets) break;
+            int k = first ? 0 : rr->chosen;
+            first = 0;
+            if (k == sets || (alone[k] && rr->passed[k])) break;
+            alone[k] = 1;
             double *row = rr->cand + k * N * 2, *cn = ncand + k * nc;
             const int *bk[1] = {cb + k * nh};
             const kv_policy *pk[1] = {spol + (k / KV_ROBUST_N_LAMBDA) * nh};
@@ -377,7 +381,6 @@ int kv_robust_guard(const kv_model *m, const int *ids, const kv_robust_layout *l
             text_ppl(lay, C, cn, row);
             double v = cand_objective(rr, row, obj, &rr->passed[k]);
             rr->objective[k] = rr->passed[k] ? v : HUGE_VAL;
-            if (rr->passed[k]) break;
         }
     }
     if (!rc) {
