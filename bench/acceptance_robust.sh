@@ -13,10 +13,10 @@
 #            --evict-block 1
 #   full     the full cache
 # the ratio plan / uniform (acceptance: <= 1.005 on every text) and the share of the
-# uniform -> full gap the plan closes where uniform is worse than full ("-" where the full
-# cache is the worse one).
+# uniform -> full gap the plan closes where uniform is worse than full by more than 0.5% ("-"
+# where the full cache is the worse one or the gap is too small to be a share of anything).
 # Usage: bench/acceptance_robust.sh [PLAN_DIR]  (default: fresh plans from scripts/make-plans.sh
-# in a temporary directory; about 40 minutes on 2 cores)
+# in a temporary directory, about 40 minutes on 2 cores; SEARCH_ARGS is passed on to it)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -43,8 +43,10 @@ for spec in "stories260K:$shared/models/stories260K/stories260K.bin" \
     name=${spec%%:*}
     model=${spec#*:}
     ids "$model" "$shared/text/tinystories_val_head.txt" | tail -n 2048 > "$work/ts_tail"
-    ids "$model" "$work/texts/papers_article.txt" | head -n 2048 > "$work/paper_article"
-    ids "$model" "$work/texts/papers_baklava.txt" | head -n 2048 > "$work/paper_baklava"
+    ids "$model" "$work/texts/papers_article.txt" > "$work/all"
+    head -n 2048 "$work/all" > "$work/paper_article"
+    ids "$model" "$work/texts/papers_baklava.txt" > "$work/all"
+    head -n 2048 "$work/all" > "$work/paper_baklava"
     ids "$model" "$work/texts/vocab_tests.txt" > "$work/vocab_all"
     n=$(wc -l < "$work/vocab_all")
     head -n $((n / 512 * 512)) "$work/vocab_all" > "$work/vocab_tests"
@@ -60,7 +62,7 @@ for spec in "stories260K:$shared/models/stories260K/stories260K.bin" \
                 --block-size 1 --evict-block 1)
             awk -v m="$name" -v r="1/$r" -v t="$text" -v n="$(wc -l < "$f")" -v p="$p" \
                 -v u="$u" -v f="$full" 'BEGIN {
-                    c = u > f ? sprintf("%.0f%%", 100 * (u - p) / (u - f)) : "-";
+                    c = u > 1.005 * f ? sprintf("%.0f%%", 100 * (u - p) / (u - f)) : "-";
                     printf "%-17s %-5s %-14s %-6s %-10.4f %-10.4f %-10.4f %-9.4f %-7s%s\n",
                         m, r, t, n, p, u, f, p / u, c, p <= 1.005 * u ? "" : "  > 1.005 x uniform" }'
         done
