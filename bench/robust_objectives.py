@@ -21,7 +21,7 @@ def score(row, uni, part, obj):
     m, w = sum(r) / len(r), max(r)
     return {"mean": m, "worst": w, "both": m + w}[obj]
 
-names = {0: "plan", 1: "mean-knapsack", 2: "worst-knapsack", -1: "uniform"}
+names = {0: "plan", 1: "mean-knapsack", 2: "worst-knapsack", 3: "text0-knapsack", 4: "text1-knapsack", 5: "text2-knapsack", 6: "text3-knapsack", -1: "uniform"}
 for path in sys.argv[1:]:
     cand, uni, src, lam, chunks = load(path)
     print(path)

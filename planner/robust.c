@@ -18,9 +18,10 @@ const char *kv_robust_decision(const kv_robust_result *r) {
     if (k == 0) return "plan";
     if (r->source[k] < 0) return "uniform";
     if (r->source[k] >= 1) {
-        static const char *const name[2][2] = {{"mean knapsack", "mean knapsack blend"},
-                                               {"worst knapsack", "worst knapsack blend"}};
-        return name[r->source[k] - 1][r->lambda[k] != 1.0];
+        static const char *const name[3][2] = {{"mean knapsack", "mean knapsack blend"},
+                                               {"worst knapsack", "worst knapsack blend"},
+                                               {"text knapsack", "text knapsack blend"}};
+        return name[r->source[k] < 3 ? r->source[k] - 1 : 2][r->lambda[k] != 1.0];
     }
     return "blend";
 }
@@ -257,7 +258,7 @@ static int text_knapsacks(const kv_model *m, const int *ids, const kv_robust_lay
                 for (int t = 0; t < N; t++) {
                     double v = cv[t].delta_nll[i];
                     mean += v / N;
-                    if (!(v <= worst)) worst = v; /* NaN (below a floor) propagates */
+                    worst = isnan(v) || isnan(worst) ? NAN : v > worst ? v : worst; /* NaN: floor */
                 }
                 comb[i] = kind ? worst : mean;
             }
@@ -268,7 +269,12 @@ static int text_knapsacks(const kv_model *m, const int *ids, const kv_robust_lay
         }
         if (!comb) rc = KV_EINTERNAL;
         free(comb);
-        if (!rc) *n_out = 2;
+        /* and each text's own curves (a plan for that text, which the guard then holds to
+         * the others), for up to KV_ROBUST_TEXT_SOURCES texts */
+        for (int t = 0; t < N && t < KV_ROBUST_TEXT_SOURCES && !rc; t++)
+            rc = kv_sens_allocate(&cv[t], &so, budget + (long)(2 + t) * nh,
+                                  policy + (long)(2 + t) * nh, NULL, err);
+        if (!rc) *n_out = 2 + (N < KV_ROBUST_TEXT_SOURCES ? N : KV_ROBUST_TEXT_SOURCES);
     }
     for (int t = 0; t < N; t++) kv_sens_curves_free(&cv[t]);
     if (rc) kv_fail_context(err, "per-text loss curves");
@@ -462,7 +468,8 @@ int kv_robust_write(kv_h5 *f, const kv_robust_result *r, kv_error *err) {
     if (!rc)
         rc = kv_h5_attr_str(f, "/search/texts/candidates/source", "codes",
                             "0 the search's plan, 1 the knapsack on the per-text NLL curves' mean, "
-                            "2 the knapsack on their per-head maximum, -1 the uniform cache",
+                            "2 the knapsack on their per-head maximum, 3 + t the knapsack on text "
+                            "t's curves alone, -1 the uniform cache",
                             err);
     if (!rc) rc = kv_h5_attr_str(f, g, "names", names, err);
     if (!rc) rc = kv_h5_attr_str(f, g, "columns", "calibration,heldout", err);

@@ -21,7 +21,9 @@
  * combined per head and level as their mean over the texts (the pooled knapsack, each text
  * weighing the same) or as their largest value (a max-regret knapsack on an upper bound:
  * sum_h max_t d[h][t] >= max_t sum_h d[h][t]), and each is solved by kv_sens_allocate with
- * the NLL objective (include/kvplan/sensitivity.h); and lambda = 0, the uniform cache itself.
+ * the NLL objective (include/kvplan/sensitivity.h), and the knapsack on each text's curves
+ * alone (the first KV_ROBUST_TEXT_SOURCES texts: a plan for that text, which the guard holds
+ * to the others); and lambda = 0, the uniform cache itself.
  * (The search's own verification pools every text's chunks: a solution that helps one text
  * and hurts another by more is dropped there; the per-text check sees both.) A candidate
  * passes when its perplexity is at most the uniform cache's on every text's calibration
@@ -48,8 +50,9 @@ struct kv_search_opts;
 struct kv_search_result;
 
 #define KV_ROBUST_MAX_TEXTS 16
-#define KV_ROBUST_N_LAMBDA 4 /* lambda = 1, 3/4, 1/2, 1/4 per source */
-#define KV_ROBUST_N_SRC 3    /* plan, mean knapsack, worst knapsack */
+#define KV_ROBUST_N_LAMBDA 4                         /* lambda = 1, 3/4, 1/2, 1/4 per source */
+#define KV_ROBUST_TEXT_SOURCES 4                     /* texts whose own knapsack is a candidate */
+#define KV_ROBUST_N_SRC (3 + KV_ROBUST_TEXT_SOURCES) /* plan, mean, worst, per text */
 #define KV_ROBUST_MAX_CAND (KV_ROBUST_N_SRC * KV_ROBUST_N_LAMBDA + 1) /* then uniform */
 
 typedef enum kv_robust_objective {
@@ -93,9 +96,10 @@ typedef struct kv_robust_result {
     double *full, *uniform; /* [n_texts * 2] perplexity: full cache, uniform b_s = p = 1 */
     double *plan;           /* [n_texts * 2] the chosen candidate (the shipped plan) */
     int n_cand;             /* candidates: per source 4 lambdas, then uniform */
-    double lambda[KV_ROBUST_MAX_CAND]; /* 1, 0.75, 0.5, 0.25 (per source), 0 */
-    int source[KV_ROBUST_MAX_CAND]; /* 0 the search's plan, 1 mean knapsack, 2 worst, -1 uniform */
-    double *cand;                   /* [n_cand * n_texts * 2] each candidate */
+    double lambda[KV_ROBUST_MAX_CAND];    /* 1, 0.75, 0.5, 0.25 (per source), 0 */
+    int source[KV_ROBUST_MAX_CAND];       /* 0 the search's plan, 1 mean knapsack, 2 worst, 3 + t
+                                           * text t's own knapsack, -1 uniform */
+    double *cand;                         /* [n_cand * n_texts * 2] each candidate */
     double objective[KV_ROBUST_MAX_CAND]; /* its objective value; +inf when it failed */
     int passed[KV_ROBUST_MAX_CAND];       /* 1 when <= uniform on every text and part */
     int chosen;                           /* index of the chosen candidate */
@@ -111,7 +115,7 @@ typedef struct kv_robust_result {
  * write the plan as allocation uniform with b_s = rr->uniform_block_size
  * (rr->source[rr->chosen] < 0), and res->evict_block is set to rr->uniform_evict_block; a knapsack
  * candidate sets res->winner_sens. rr is filled (kv_robust_result_free). Costs 3 passes over every
- * chunk (full, uniform, the candidates as one batch of up to twelve sequences) and the per-text
+ * chunk (full, uniform, the candidates as one batch of up to 28 sequences) and the per-text
  * curves (one chunk per text). Errors: KV_EINPUT for a layout that does not match res; KV_EINTERNAL
  * from the engine. */
 int kv_robust_guard(const kv_model *m, const int *ids, const kv_robust_layout *lay,
@@ -120,7 +124,8 @@ int kv_robust_guard(const kv_model *m, const int *ids, const kv_robust_layout *l
 void kv_robust_result_free(kv_robust_result *r);
 
 /* The decision in words: "plan" (the search's plan kept), "blend" (of it towards uniform),
- * "mean knapsack" / "worst knapsack" (a per-text knapsack's solution) or "... blend" (a blend
+ * "mean knapsack" / "worst knapsack" / "text knapsack" (a per-text knapsack's solution; the
+ * text's number is /search/texts/candidates/source - 3) or "... blend" (a blend
  * of it), "uniform". */
 const char *kv_robust_decision(const kv_robust_result *r);
 
