@@ -39,9 +39,11 @@ static const kv_opt search_opts[] = {
      .help = "a file naming calibration texts, one path a line (blank lines and lines starting "
              "with # are skipped), after the --text ones"},
     {"--text-objective", NULL, KV_OPT_STR, offsetof(search_args, text_objective), "O",
-     .def = "worst",
-     .help = "how the guard ranks the plan, its blends towards uniform and uniform over the "
-             "texts: worst (the largest per-text log(ppl / uniform ppl)) or mean (their mean)"},
+     .def = "mean",
+     .help = "how the guard ranks the plan, the knapsack's solution, their blends towards "
+             "uniform and uniform over the texts (among those not worse than uniform on any "
+             "text): mean (of the per-text log(ppl / uniform ppl)), worst (the largest) or both "
+             "(their sum)"},
     {"--tokenizer", NULL, KV_OPT_STR, offsetof(search_args, tokenizer), "TOK",
      .help = "tokenizer file (default: the model's)"},
     {"--t-grid", NULL, KV_OPT_STR, offsetof(search_args, t_grid), "a:b:step",
@@ -440,7 +442,7 @@ static void print_perplexities(const kv_search_result *res) {
 static void print_texts(const kv_robust_result *r) {
     int N = r->n_texts, k = r->chosen;
     printf("texts        %-28s %-6s %-10s %-10s %-10s %-10s\n", "(perplexity)", "part", "full",
-           "uniform", "plan", "plan/unif");
+           "uniform", "the plan", "plan/unif");
     for (int i = 0; i < N * 2; i++) {
         if (!r->chunks[i]) continue;
         const char *nm = r->names[i / 2], *sl = strrchr(nm, '/');
@@ -449,17 +451,14 @@ static void print_texts(const kv_robust_result *r) {
                r->plan[i] / r->uniform[i]);
     }
     printf("guard        objective %s, decision %s (lambda %.2f)\n",
-           kv_robust_objective_name(r->obj),
-           k == 0                      ? "plan"
-           : k == KV_ROBUST_N_CAND - 1 ? "uniform"
-                                       : "blend",
-           r->lambda[k]);
+           kv_robust_objective_name(r->obj), kv_robust_decision(r), r->lambda[k]);
     if (k != 0)
         fprintf(stderr, "kvplan search: guard: %s; %s\n",
-                r->reason[0] ? r->reason : "a blend scores better",
-                k == KV_ROBUST_N_CAND - 1
-                    ? "falling back to the uniform cache (b_s = p = 1)"
-                    : "shipping the plan blended towards uniform (see /search/texts)");
+                r->reason[0] ? r->reason
+                             : "another candidate scores better on the --text-objective",
+                r->source[k] < 0 ? "falling back to the uniform cache it was compared with"
+                                 : "shipping the plan's blend towards uniform named in "
+                                   "/search/texts@decision");
 }
 
 static void print_result(const search_args *s, const search_job *j, const kv_alloc_params *ap,
@@ -544,7 +543,7 @@ static int write_plan(const search_args *s, const search_job *j, kv_alloc_params
     ap->t = res->best_t;
     ap->r = res->best_r;
     ap->p = res->best_p;
-    if (res->robust && res->robust->chosen == KV_ROBUST_N_CAND - 1) {
+    if (res->robust && res->robust->source[res->robust->chosen] < 0) {
         /* the guard fell back to the uniform cache it compares with: b_s = p = 1 */
         ap->kind = KV_ALLOC_UNIFORM;
         ap->block_size = res->robust->uniform_block_size;

@@ -11,22 +11,40 @@
 #include "kvplan/eval.h"
 #include "kvplan/plan.h"
 #include "kvplan/search.h"
+#include "kvplan/sensitivity.h"
 
-static const double cand_lambda[KV_ROBUST_N_CAND] = {1.0, 0.75, 0.5, 0.25, 0.0};
-#define N_PLAN_CAND (KV_ROBUST_N_CAND - 1) /* the candidates run on the plan's engine */
+const char *kv_robust_decision(const kv_robust_result *r) {
+    int k = r->chosen;
+    if (k == 0) return "plan";
+    if (r->source[k] < 0) return "uniform";
+    if (r->source[k] >= 1) {
+        static const char *const name[3][2] = {{"mean knapsack", "mean knapsack blend"},
+                                               {"worst knapsack", "worst knapsack blend"},
+                                               {"text knapsack", "text knapsack blend"}};
+        return name[r->source[k] < 3 ? r->source[k] - 1 : 2][r->lambda[k] != 1.0];
+    }
+    return "blend";
+}
+
+static const double cand_lambda[KV_ROBUST_N_LAMBDA] = {1.0, 0.75, 0.5, 0.25};
+#define N_SRC KV_ROBUST_N_SRC
+#define MAX_SETS (KV_ROBUST_MAX_CAND - 1) /* the candidates run on the plan's engine */
+#define PASS_TOL 1e-6 /* relative: rounding differences between engines are not losses */
 
 int kv_robust_objective_parse(const char *s, kv_robust_objective *out, kv_error *err) {
     if (!strcmp(s, "mean"))
         *out = KV_ROBUST_MEAN;
     else if (!strcmp(s, "worst"))
         *out = KV_ROBUST_WORST;
+    else if (!strcmp(s, "both"))
+        *out = KV_ROBUST_BOTH;
     else
-        return kv_fail(err, KV_EINPUT, "--text-objective '%s': expected mean or worst", s);
+        return kv_fail(err, KV_EINPUT, "--text-objective '%s': expected mean, worst or both", s);
     return KV_OK;
 }
 
 const char *kv_robust_objective_name(kv_robust_objective o) {
-    return o == KV_ROBUST_WORST ? "worst" : "mean";
+    return o == KV_ROBUST_WORST ? "worst" : o == KV_ROBUST_BOTH ? "both" : "mean";
 }
 
 int kv_robust_lay_out(int n_texts, const char *const *names, const int *const *ids, const long *n,
@@ -112,7 +130,7 @@ static int result_alloc(kv_robust_result *r, const kv_robust_layout *lay, kv_err
     r->full = kv_malloc((size_t)N * 2 * sizeof *r->full, "text figures", err);
     r->uniform = kv_malloc((size_t)N * 2 * sizeof *r->uniform, "text figures", err);
     r->plan = kv_malloc((size_t)N * 2 * sizeof *r->plan, "text figures", err);
-    r->cand = kv_malloc((size_t)KV_ROBUST_N_CAND * N * 2 * sizeof *r->cand, "text figures", err);
+    r->cand = kv_malloc((size_t)KV_ROBUST_MAX_CAND * N * 2 * sizeof *r->cand, "text figures", err);
     if (!r->names || !r->text_tokens || !r->chunks || !r->full || !r->uniform || !r->plan ||
         !r->cand)
         return KV_EINTERNAL;
@@ -123,7 +141,6 @@ static int result_alloc(kv_robust_result *r, const kv_robust_layout *lay, kv_err
         memcpy(r->names[t], lay->names[t], l);
         r->text_tokens[t] = lay->text_tokens[t];
     }
-    memcpy(r->lambda, cand_lambda, sizeof cand_lambda);
     return KV_OK;
 }
 
@@ -169,7 +186,7 @@ static double cand_objective(const kv_robust_result *r, const double *ppl, kv_ro
         for (int part = 0; part < 2; part++) {
             int i = t * 2 + part, c = r->chunks[i];
             if (!c) continue;
-            if (!(ppl[i] <= r->uniform[i])) *passed = 0;
+            if (!(ppl[i] <= r->uniform[i] * (1.0 + PASS_TOL))) *passed = 0;
             lc += c * log(ppl[i]);
             lu += c * log(r->uniform[i]);
             k += c;
@@ -178,7 +195,90 @@ static double cand_objective(const kv_robust_result *r, const double *ppl, kv_ro
         mean += d / N;
         if (d > worst) worst = d;
     }
-    return obj == KV_ROBUST_WORST ? worst : mean;
+    return obj == KV_ROBUST_WORST ? worst : obj == KV_ROBUST_BOTH ? mean + worst : mean;
+}
+
+/* The sensitivity options the search ran with (its ratio, C, b_s, grid p and policy). */
+static kv_sens_opts sens_opts(const struct kv_search_opts *o) {
+    kv_sens_opts so = o->sens;
+    so.ratio = o->ratio;
+    so.context = o->context;
+    so.block_size = o->block_size;
+    so.evict_block = o->evict_block;
+    so.policy = o->policy;
+    so.progress = NULL;
+    so.tasks = NULL;
+    return so;
+}
+
+/* Per-text knapsacks (sources 1 and 2): every head's NLL curve measured on each text's first
+ * calibration chunk alone (kv_sens_measure, at the search's levels, around uniform), then
+ * combined over the texts per head and level as the mean (1: the pooled knapsack, every text
+ * weighing the same) and as the largest change (2: a head's move counts with its worst text;
+ * summed over heads that bounds every text's predicted change from above, so minimising it
+ * is a max-regret knapsack on that bound), each solved by kv_sens_allocate with the NLL
+ * objective. Needs the search's sensitivity curves (their levels); *n_out 0 otherwise. */
+static int text_knapsacks(const kv_model *m, const int *ids, const kv_robust_layout *lay,
+                          const struct kv_search_opts *o, const struct kv_search_result *res,
+                          int nh, int *budget, kv_policy *policy, int *n_out, kv_error *err) {
+    *n_out = 0;
+    const kv_sens_curves *sc = &res->sens.curves;
+    if (!res->have_sens || !sc->n_levels || lay->n_texts < 2) return KV_OK;
+    kv_sens_opts so = sens_opts(o);
+    so.objective = KV_SENS_OBJ_NLL;
+    int N = lay->n_texts, rc = KV_OK;
+    kv_sens_curves cv[KV_ROBUST_MAX_TEXTS];
+    memset(cv, 0, sizeof cv);
+    kv_engine *e = NULL;
+    kv_plan full;
+    rc = kv_plan_full(&m->cfg, o->context, o->block_size, o->evict_block, o->policy, &full, err);
+    if (!rc) {
+        kv_plan_set_kv_type(&full, o->kv_type);
+        kv_engine_opts eo = {.device = o->device, .max_seqs = so.batch > 1 ? so.batch : 1};
+        rc = kv_engine_new(m, &full, &eo, &e, err);
+        kv_plan_free(&full);
+    }
+    for (int t = 0; t < N && !rc; t++) {
+        int ch = 0; /* the text's first calibration chunk */
+        while (ch < lay->S && lay->chunk_text[ch] != t) ch++;
+        if (ch == lay->S) continue;
+        if (o->progress && !o->progress->quiet)
+            kv_progress_print(o->progress, 0, "search: loss curves of text %d of %d", t + 1, N);
+        rc = kv_sens_measure(e, m, ids + (long)ch * o->context, 1, NULL, NULL, sc->levels,
+                             sc->n_levels, &so, &cv[t], err);
+    }
+    kv_engine_free(e);
+    if (!rc) {
+        long n = (long)cv[0].n_heads * cv[0].n_policies * cv[0].n_levels;
+        double *keep = cv[0].delta_nll;
+        double *comb = kv_malloc((size_t)(n > 0 ? n : 1) * sizeof *comb, "curves", err);
+        for (int kind = 0; kind < 2 && comb && !rc; kind++) {
+            for (long i = 0; i < n; i++) {
+                double mean = 0.0, worst = -HUGE_VAL;
+                for (int t = 0; t < N; t++) {
+                    double v = cv[t].delta_nll[i];
+                    mean += v / N;
+                    worst = isnan(v) || isnan(worst) ? NAN : v > worst ? v : worst; /* NaN: floor */
+                }
+                comb[i] = kind ? worst : mean;
+            }
+            cv[0].delta_nll = comb;
+            rc = kv_sens_allocate(&cv[0], &so, budget + (long)kind * nh, policy + (long)kind * nh,
+                                  NULL, err);
+            cv[0].delta_nll = keep;
+        }
+        if (!comb) rc = KV_EINTERNAL;
+        free(comb);
+        /* and each text's own curves (a plan for that text, which the guard then holds to
+         * the others), for up to KV_ROBUST_TEXT_SOURCES texts */
+        for (int t = 0; t < N && t < KV_ROBUST_TEXT_SOURCES && !rc; t++)
+            rc = kv_sens_allocate(&cv[t], &so, budget + (long)(2 + t) * nh,
+                                  policy + (long)(2 + t) * nh, NULL, err);
+        if (!rc) *n_out = 2 + (N < KV_ROBUST_TEXT_SOURCES ? N : KV_ROBUST_TEXT_SOURCES);
+    }
+    for (int t = 0; t < N; t++) kv_sens_curves_free(&cv[t]);
+    if (rc) kv_fail_context(err, "per-text loss curves");
+    return rc;
 }
 
 int kv_robust_guard(const kv_model *m, const int *ids, const kv_robust_layout *lay,
@@ -193,41 +293,62 @@ int kv_robust_guard(const kv_model *m, const int *ids, const kv_robust_layout *l
                        lay->S, lay->HC, res->search_chunks, res->heldout_chunks);
     int rc = result_alloc(rr, lay, err);
     rr->obj = obj;
-    rr->uniform_block_size = rr->uniform_evict_block = 1;
+    /* the uniform cache compared with: b_s = p = 1 (the strongest) unless the caller fixed p
+     * (no eviction-block search), then the search's own b_s and p */
+    const int ubsz = o->evict_block_search ? 1 : bs, up = o->evict_block_search ? 1 : p;
+    rr->uniform_block_size = ubsz;
+    rr->uniform_evict_block = up;
     for (int ch = 0; ch < nc && !rc; ch++) rr->chunks[lay->chunk_text[ch] * 2 + (ch >= lay->S)]++;
-    /* budgets: uniform at b_s = 1 (the comparison), uniform at the plan's b_s, the candidates */
+    /* budgets: uniform at b_s = 1 (the comparison), uniform at the plan's b_s, the sources
+     * (the plan, the per-text knapsacks' solutions) and their blends */
     int *ub1 = kv_malloc((size_t)nh * sizeof *ub1, "uniform budgets", err);
     int *ubs = kv_malloc((size_t)nh * sizeof *ubs, "uniform budgets", err);
-    int *cb = kv_malloc((size_t)N_PLAN_CAND * nh * sizeof *cb, "candidate budgets", err);
+    int *src = kv_malloc((size_t)N_SRC * nh * sizeof *src, "candidate budgets", err);
+    kv_policy *spol = kv_malloc((size_t)N_SRC * nh * sizeof *spol, "candidate policies", err);
+    int *cb = kv_malloc((size_t)MAX_SETS * nh * sizeof *cb, "candidate budgets", err);
     kv_policy *upol = kv_malloc((size_t)nh * sizeof *upol, "uniform policies", err);
-    double *nll = kv_malloc((size_t)(2 + N_PLAN_CAND) * nc * sizeof *nll, "chunk losses", err);
+    double *nll = kv_malloc((size_t)(2 + MAX_SETS) * nc * sizeof *nll, "chunk losses", err);
     kv_engine *ep = NULL, *eu = NULL;
-    if (!rc && (!ub1 || !ubs || !cb || !upol || !nll)) rc = KV_EINTERNAL;
-    if (!rc) rc = kv_uniform_budgets(nh, o->ratio, C, 1, ub1, NULL, err);
+    int n_src = 1, n_knap = 0;
+    if (!rc && (!ub1 || !ubs || !src || !spol || !cb || !upol || !nll)) rc = KV_EINTERNAL;
+    if (!rc) rc = kv_uniform_budgets(nh, o->ratio, C, ubsz, ub1, NULL, err);
     if (!rc) rc = kv_uniform_budgets(nh, o->ratio, C, bs, ubs, NULL, err);
-    for (int h = 0; h < nh && !rc; h++) {
-        upol[h] = o->policy;
-        for (int k = 0; k < N_PLAN_CAND; k++) {
-            double b = ubs[h] + cand_lambda[k] * (double)(res->tokens[h] - ubs[h]);
-            cb[k * nh + h] = k == 0 ? res->tokens[h] : (int)floor(b + 1e-9);
-        }
+    if (!rc) {
+        memcpy(src, res->tokens, (size_t)nh * sizeof *src);
+        memcpy(spol, res->policy, (size_t)nh * sizeof *spol);
+        rc = text_knapsacks(m, ids, lay, o, res, nh, src + nh, spol + nh, &n_knap, err);
+        n_src += n_knap;
     }
-    if (!rc) rc = engine_for(m, o, bs, p, N_PLAN_CAND, &ep, err);
-    if (!rc) rc = engine_for(m, o, 1, 1, 1, &eu, err);
-    /* every chunk: full, uniform (b_s = p = 1), the plan candidates as one batch */
+    const int sets = n_src * KV_ROBUST_N_LAMBDA;
+    rr->n_cand = sets + 1;
+    for (int k = 0; k < sets && !rc; k++) {
+        const int *P = src + (k / KV_ROBUST_N_LAMBDA) * nh;
+        double lam = cand_lambda[k % KV_ROBUST_N_LAMBDA];
+        rr->lambda[k] = lam;
+        rr->source[k] = k / KV_ROBUST_N_LAMBDA;
+        for (int h = 0; h < nh; h++)
+            cb[k * nh + h] = lam == 1.0 ? P[h] : (int)floor(ubs[h] + lam * (P[h] - ubs[h]) + 1e-9);
+    }
+    rr->lambda[sets] = 0.0;
+    rr->source[sets] = -1;
+    for (int h = 0; h < nh; h++) upol[h] = o->policy;
+    if (!rc) rc = engine_for(m, o, bs, p, sets, &ep, err);
+    if (!rc) rc = engine_for(m, o, ubsz, up, 1, &eu, err);
+    /* every chunk: full, uniform (b_s = p = 1), the candidates as one batch */
     double *nf = nll, *nu = nll + nc, *ncand = nll + 2 * nc;
     for (int ch = 0; ch < nc && !rc; ch++) {
         const int *tk = ids + (long)ch * C;
         const int *b1[1] = {ub1};
         const kv_policy *p1[1] = {upol};
-        const int *bc[N_PLAN_CAND];
-        const kv_policy *pc[N_PLAN_CAND];
-        double cn[N_PLAN_CAND];
-        for (int k = 0; k < N_PLAN_CAND; k++) bc[k] = cb + k * nh, pc[k] = res->policy;
+        const int *bc[MAX_SETS];
+        const kv_policy *pc[MAX_SETS];
+        double cn[MAX_SETS];
+        for (int k = 0; k < sets; k++)
+            bc[k] = cb + k * nh, pc[k] = spol + (k / KV_ROBUST_N_LAMBDA) * nh;
         rc = kv_engine_chunk_nll(ep, tk, C, 1, NULL, NULL, &nf[ch], NULL, err);
         if (!rc) rc = kv_engine_chunk_nll(eu, tk, C, 1, b1, p1, &nu[ch], NULL, err);
-        if (!rc) rc = kv_engine_chunk_nll(ep, tk, C, N_PLAN_CAND, bc, pc, cn, NULL, err);
-        for (int k = 0; k < N_PLAN_CAND && !rc; k++) ncand[k * nc + ch] = cn[k];
+        if (!rc) rc = kv_engine_chunk_nll(ep, tk, C, sets, bc, pc, cn, NULL, err);
+        for (int k = 0; k < sets && !rc; k++) ncand[k * nc + ch] = cn[k];
         if (!rc && o->progress && !o->progress->quiet)
             kv_progress_print(o->progress, 0, "search: per-text check %d/%d chunks", ch + 1, nc);
     }
@@ -236,58 +357,89 @@ int kv_robust_guard(const kv_model *m, const int *ids, const kv_robust_layout *l
         int N = rr->n_texts;
         text_ppl(lay, C, nf, rr->full);
         text_ppl(lay, C, nu, rr->uniform);
-        for (int k = 0; k < N_PLAN_CAND; k++)
-            text_ppl(lay, C, ncand + k * nc, rr->cand + k * N * 2);
-        memcpy(rr->cand + N_PLAN_CAND * N * 2, rr->uniform, (size_t)N * 2 * sizeof *rr->uniform);
-        rr->chosen = KV_ROBUST_N_CAND - 1;
-        for (int k = 0; k < KV_ROBUST_N_CAND; k++) {
+        for (int k = 0; k < sets; k++) text_ppl(lay, C, ncand + k * nc, rr->cand + k * N * 2);
+        memcpy(rr->cand + sets * N * 2, rr->uniform, (size_t)N * 2 * sizeof *rr->uniform);
+        for (int k = 0; k < rr->n_cand; k++) {
             double v = cand_objective(rr, rr->cand + k * N * 2, obj, &rr->passed[k]);
             rr->objective[k] = rr->passed[k] ? v : HUGE_VAL;
         }
-        /* the lowest objective among the passing; ties go to the larger lambda */
-        for (int k = KV_ROBUST_N_CAND - 2; k >= 0; k--)
-            if (rr->objective[k] <= rr->objective[rr->chosen]) rr->chosen = k;
+        /* the lowest objective among the passing (uniform, last, always passes); ties go to
+         * the earlier candidate: the plan before the knapsacks, the larger lambda first. The
+         * batch of candidates is screening: the search's own plan and the chosen one are
+         * measured again alone, as `kvplan eval` runs them (one sequence; a batched pass
+         * differs in the last digits), and those figures decide; a chosen candidate that then
+         * loses somewhere is dropped and the next best measured. */
+        int alone[KV_ROBUST_MAX_CAND] = {0}, first = 1;
+        for (;;) {
+            rr->chosen = sets;
+            for (int k = sets - 1; k >= 0; k--)
+                if (rr->objective[k] <= rr->objective[rr->chosen]) rr->chosen = k;
+            int k = first ? 0 : rr->chosen;
+            first = 0;
+            if (k == sets || (alone[k] && rr->passed[k])) break;
+            alone[k] = 1;
+            double *row = rr->cand + k * N * 2, *cn = ncand + k * nc;
+            const int *bk[1] = {cb + k * nh};
+            const kv_policy *pk[1] = {spol + (k / KV_ROBUST_N_LAMBDA) * nh};
+            for (int ch = 0; ch < nc && !rc; ch++)
+                rc = kv_engine_chunk_nll(ep, ids + (long)ch * C, C, 1, bk, pk, &cn[ch], NULL, err);
+            if (rc) break;
+            text_ppl(lay, C, cn, row);
+            double v = cand_objective(rr, row, obj, &rr->passed[k]);
+            rr->objective[k] = rr->passed[k] ? v : HUGE_VAL;
+        }
+    }
+    if (!rc) {
+        int N = rr->n_texts;
         memcpy(rr->plan, rr->cand + rr->chosen * N * 2, (size_t)N * 2 * sizeof *rr->plan);
         /* why the plan itself was not kept: the first text and part it lost on */
         for (int i = 0; i < N * 2 && !rr->passed[0] && !rr->reason[0]; i++)
-            if (rr->chunks[i] && !(rr->cand[i] <= rr->uniform[i]))
+            if (rr->chunks[i] && !(rr->cand[i] <= rr->uniform[i] * (1.0 + PASS_TOL)))
                 snprintf(rr->reason, sizeof rr->reason,
                          "the plan's perplexity %.4f is above the uniform cache's %.4f on %s "
                          "(%s, %d chunks)",
                          rr->cand[i], rr->uniform[i], rr->names[i / 2],
                          i % 2 ? "held-out" : "calibration", rr->chunks[i]);
         int k = rr->chosen;
-        if (k == KV_ROBUST_N_CAND - 1) { /* uniform at b_s = p = 1 */
+        if (rr->source[k] < 0) { /* uniform at b_s = p = 1 */
             memcpy(res->tokens, ub1, (size_t)nh * sizeof *ub1);
-            for (int h = 0; h < nh; h++) res->blocks[h] = ub1[h], res->policy[h] = o->policy;
-            res->evict_block = 1;
+            for (int h = 0; h < nh; h++)
+                res->blocks[h] = (ub1[h] + ubsz - 1) / ubsz, res->policy[h] = o->policy;
+            res->evict_block = up;
             res->winner_sens = 0;
             res->winner_kind = KV_ALLOC_UNIFORM;
             res->best_t = res->best_r = res->best_p = NAN;
             res->identical_to_uniform = 1;
         } else if (k > 0) {
             memcpy(res->tokens, cb + k * nh, (size_t)nh * sizeof *res->tokens);
+            memcpy(res->policy, spol + rr->source[k] * nh, (size_t)nh * sizeof *res->policy);
             for (int h = 0; h < nh; h++) res->blocks[h] = (res->tokens[h] + bs - 1) / bs;
-            res->identical_to_uniform = 0;
+            if (rr->source[k] >= 1) {
+                res->winner_sens = 1;
+                res->best_t = res->best_r = res->best_p = NAN;
+            }
+            res->identical_to_uniform = !memcmp(res->tokens, ubs, (size_t)nh * sizeof *ubs);
+            for (int h = 0; h < nh; h++)
+                if (res->policy[h] != o->policy) res->identical_to_uniform = 0;
         }
     }
     kv_engine_free(ep);
     kv_engine_free(eu);
-    free(ub1), free(ubs), free(cb), free(upol), free(nll);
+    free(ub1), free(ubs), free(src), free(spol), free(cb), free(upol), free(nll);
     if (rc) kv_robust_result_free(rr);
     return rc;
 }
 
 int kv_robust_write(kv_h5 *f, const kv_robust_result *r, kv_error *err) {
     const int N = r->n_texts;
-    long d1 = N, d2[2] = {N, 2}, dk = KV_ROBUST_N_CAND, d3[3] = {KV_ROBUST_N_CAND, N, 2};
-    int tok[KV_ROBUST_MAX_TEXTS], passed[KV_ROBUST_N_CAND];
+    long d1 = N, d2[2] = {N, 2}, dk = r->n_cand, d3[3] = {r->n_cand, N, 2};
+    int tok[KV_ROBUST_MAX_TEXTS], passed[KV_ROBUST_MAX_CAND];
     size_t nlen = 1;
     for (int t = 0; t < N; t++) {
         tok[t] = r->text_tokens[t] > 0x7fffffffL ? 0x7fffffff : (int)r->text_tokens[t];
         nlen += strlen(r->names[t]) + 1;
     }
-    for (int k = 0; k < KV_ROBUST_N_CAND; k++) passed[k] = r->passed[k];
+    for (int k = 0; k < r->n_cand; k++) passed[k] = r->passed[k];
     char *names = kv_malloc(nlen, "text names", err);
     if (!names) return KV_EINTERNAL;
     names[0] = '\0';
@@ -311,13 +463,19 @@ int kv_robust_write(kv_h5 *f, const kv_robust_result *r, kv_error *err) {
         rc = kv_h5_write_f64(f, "/search/texts/candidates/objective", 1, &dk, r->objective,
                              "log ratio", err);
     if (!rc) rc = kv_h5_write_i32(f, "/search/texts/candidates/passed", 1, &dk, passed, "-", err);
+    if (!rc)
+        rc = kv_h5_write_i32(f, "/search/texts/candidates/source", 1, &dk, r->source, "-", err);
+    if (!rc)
+        rc = kv_h5_attr_str(f, "/search/texts/candidates/source", "codes",
+                            "0 the search's plan, 1 the knapsack on the per-text NLL curves' mean, "
+                            "2 the knapsack on their per-head maximum, 3 + t the knapsack on text "
+                            "t's curves alone, -1 the uniform cache",
+                            err);
     if (!rc) rc = kv_h5_attr_str(f, g, "names", names, err);
     if (!rc) rc = kv_h5_attr_str(f, g, "columns", "calibration,heldout", err);
     if (!rc) rc = kv_h5_attr_i64(f, g, "n_texts", N, err);
     if (!rc) rc = kv_h5_attr_str(f, g, "objective", kv_robust_objective_name(r->obj), err);
-    const char *dec = r->chosen == 0                      ? "plan"
-                      : r->chosen == KV_ROBUST_N_CAND - 1 ? "uniform"
-                                                          : "blend";
+    const char *dec = kv_robust_decision(r);
     if (!rc) rc = kv_h5_attr_str(f, g, "decision", dec, err);
     if (!rc) rc = kv_h5_attr_f64(f, g, "lambda", r->lambda[r->chosen], err);
     if (!rc) rc = kv_h5_attr_str(f, g, "reason", r->reason, err);

@@ -10,15 +10,28 @@
  *
  * After the search, kv_robust_guard measures on every chunk the full cache, the strongest
  * uniform cache (every head R * C tokens at b_s = p = 1, what `kvplan eval --ratio R
- * --allocation uniform --block-size 1 --evict-block 1` runs) and candidates made from the
+ * --allocation uniform --block-size 1 --evict-block 1` runs; when the caller fixed the
+ * eviction block, o->evict_block_search 0, uniform at the search's own b_s and p) and
+ * candidates made from the
  * plan: its budgets blended towards uniform, B(lambda) = floor(U + lambda (P - U)) per head
  * for lambda = 1, 3/4, 1/2, 1/4 (U the uniform budgets at the plan's b_s, P the plan's; the
- * plan's b_s, p and per-head policies), and lambda = 0, the uniform cache itself. A candidate
+ * plan's b_s, p and per-head policies); with two texts or more and sensitivity planning, the
+ * same blends of two per-text knapsacks: every head's NLL curve is measured on each text's
+ * first calibration chunk alone (kv_sens_measure at the search's levels), the curves are
+ * combined per head and level as their mean over the texts (the pooled knapsack, each text
+ * weighing the same) or as their largest value (a max-regret knapsack on an upper bound:
+ * sum_h max_t d[h][t] >= max_t sum_h d[h][t]), and each is solved by kv_sens_allocate with
+ * the NLL objective (include/kvplan/sensitivity.h), and the knapsack on each text's curves
+ * alone (the first KV_ROBUST_TEXT_SOURCES texts: a plan for that text, which the guard holds
+ * to the others); and lambda = 0, the uniform cache itself.
+ * (The search's own verification pools every text's chunks: a solution that helps one text
+ * and hurts another by more is dropped there; the per-text check sees both.) A candidate
  * passes when its perplexity is at most the uniform cache's on every text's calibration
  * chunks and on every text's held-out chunks; lambda = 0 always passes (it is that cache).
  * Among the passing candidates the objective picks one:
  *   mean   the mean over texts of log(ppl_cand / ppl_uniform) (all of a text's chunks),
- *   worst  the largest of those (max regret against uniform over the texts).
+ *   worst  the largest of those (max regret against uniform over the texts),
+ *   both   mean + worst (the mean with a penalty on the worst text).
  * Floor rounding keeps every blended budget at least min(U, P) (so above the policy's floor)
  * and their sum at most the larger of the two sums (so within the ratio).
  */
@@ -37,11 +50,18 @@ struct kv_search_opts;
 struct kv_search_result;
 
 #define KV_ROBUST_MAX_TEXTS 16
-#define KV_ROBUST_N_CAND 5 /* lambda = 1, 3/4, 1/2, 1/4, 0 */
+#define KV_ROBUST_N_LAMBDA 4                         /* lambda = 1, 3/4, 1/2, 1/4 per source */
+#define KV_ROBUST_TEXT_SOURCES 4                     /* texts whose own knapsack is a candidate */
+#define KV_ROBUST_N_SRC (3 + KV_ROBUST_TEXT_SOURCES) /* plan, mean, worst, per text */
+#define KV_ROBUST_MAX_CAND (KV_ROBUST_N_SRC * KV_ROBUST_N_LAMBDA + 1) /* then uniform */
 
-typedef enum kv_robust_objective { KV_ROBUST_MEAN = 0, KV_ROBUST_WORST = 1 } kv_robust_objective;
+typedef enum kv_robust_objective {
+    KV_ROBUST_MEAN = 0,  /* mean over texts of log(ppl / uniform ppl) */
+    KV_ROBUST_WORST = 1, /* the largest of them (max regret) */
+    KV_ROBUST_BOTH = 2,  /* their sum: the mean with a penalty on the worst text */
+} kv_robust_objective;
 
-/* "mean" / "worst"; KV_EINPUT names the option value otherwise. */
+/* "mean" / "worst" / "both"; KV_EINPUT names the option value otherwise. */
 int kv_robust_objective_parse(const char *s, kv_robust_objective *out, kv_error *err);
 const char *kv_robust_objective_name(kv_robust_objective o);
 
@@ -70,18 +90,21 @@ int kv_robust_lay_out(int n_texts, const char *const *names, const int *const *i
  * where a text has no chunk of that part. */
 typedef struct kv_robust_result {
     int n_texts;
-    char **names;                    /* [n_texts] owned copies */
-    long *text_tokens;               /* [n_texts] */
-    int *chunks;                     /* [n_texts * 2] chunks of each part */
-    double *full, *uniform;          /* [n_texts * 2] perplexity: full cache, uniform b_s = p = 1 */
-    double *plan;                    /* [n_texts * 2] the chosen candidate (the shipped plan) */
-    double lambda[KV_ROBUST_N_CAND]; /* 1, 0.75, 0.5, 0.25, 0 */
-    double *cand;                    /* [KV_ROBUST_N_CAND * n_texts * 2] each candidate */
-    double objective[KV_ROBUST_N_CAND]; /* its objective value; +inf when it failed */
-    int passed[KV_ROBUST_N_CAND];       /* 1 when <= uniform on every text and part */
-    int chosen;                         /* index of the chosen candidate */
+    char **names;           /* [n_texts] owned copies */
+    long *text_tokens;      /* [n_texts] */
+    int *chunks;            /* [n_texts * 2] chunks of each part */
+    double *full, *uniform; /* [n_texts * 2] perplexity: full cache, uniform b_s = p = 1 */
+    double *plan;           /* [n_texts * 2] the chosen candidate (the shipped plan) */
+    int n_cand;             /* candidates: per source 4 lambdas, then uniform */
+    double lambda[KV_ROBUST_MAX_CAND];    /* 1, 0.75, 0.5, 0.25 (per source), 0 */
+    int source[KV_ROBUST_MAX_CAND];       /* 0 the search's plan, 1 mean knapsack, 2 worst, 3 + t
+                                           * text t's own knapsack, -1 uniform */
+    double *cand;                         /* [n_cand * n_texts * 2] each candidate */
+    double objective[KV_ROBUST_MAX_CAND]; /* its objective value; +inf when it failed */
+    int passed[KV_ROBUST_MAX_CAND];       /* 1 when <= uniform on every text and part */
+    int chosen;                           /* index of the chosen candidate */
     kv_robust_objective obj;
-    int uniform_block_size, uniform_evict_block; /* the uniform comparison: 1, 1 */
+    int uniform_block_size, uniform_evict_block; /* the uniform compared with: 1, 1 or b_s, p */
     char reason[512]; /* "" when the plan passed; else the first text and part it lost on */
 } kv_robust_result;
 
@@ -89,20 +112,29 @@ typedef struct kv_robust_result {
  * policy, kv_type, device) and result res (the plan: res->tokens, res->policy,
  * res->evict_block), over ids laid out as lay says. When a candidate other than lambda = 1 is
  * chosen, res->tokens / blocks / policy become its budgets; for lambda = 0 the caller must
- * write the plan as allocation uniform with b_s = p = 1 (rr->chosen == KV_ROBUST_N_CAND - 1),
- * and res->evict_block is set to 1. rr is filled (kv_robust_result_free). Costs 3 passes over
- * every chunk (full, uniform, the four plan candidates as one batch of four sequences).
- * Errors: KV_EINPUT for a layout that does not match res; KV_EINTERNAL from the engine. */
+ * write the plan as allocation uniform with b_s = rr->uniform_block_size
+ * (rr->source[rr->chosen] < 0), and res->evict_block is set to rr->uniform_evict_block; a knapsack
+ * candidate sets res->winner_sens. rr is filled (kv_robust_result_free). Costs 3 passes over every
+ * chunk (full, uniform, the candidates as one batch of up to 28 sequences) and the per-text
+ * curves (one chunk per text). Errors: KV_EINPUT for a layout that does not match res; KV_EINTERNAL
+ * from the engine. */
 int kv_robust_guard(const kv_model *m, const int *ids, const kv_robust_layout *lay,
                     const struct kv_search_opts *o, kv_robust_objective obj,
                     struct kv_search_result *res, kv_robust_result *rr, kv_error *err);
 void kv_robust_result_free(kv_robust_result *r);
 
+/* The decision in words: "plan" (the search's plan kept), "blend" (of it towards uniform),
+ * "mean knapsack" / "worst knapsack" / "text knapsack" (a per-text knapsack's solution; the
+ * text's number is /search/texts/candidates/source - 3) or "... blend" (a blend
+ * of it), "uniform". */
+const char *kv_robust_decision(const kv_robust_result *r);
+
 /* Write /search/texts: datasets tokens [N] (int32), chunks [N, 2] (int32), full, uniform,
  * plan [N, 2] (perplexity; columns calibration, held-out), candidates/lambda [K],
- * candidates/perplexity [K, N, 2], candidates/objective [K], candidates/passed [K] (int32);
- * attributes names (the file names joined by '\n'), n_texts, objective, decision ("plan",
- * "blend" or "uniform"), lambda, reason, uniform_block_size, uniform_evict_block. */
+ * candidates/source [K] (int32: 0 plan, 1 knapsack, -1 uniform), candidates/perplexity
+ * [K, N, 2], candidates/objective [K], candidates/passed [K] (int32);
+ * attributes names (the file names joined by '\n'), n_texts, objective, decision
+ * (kv_robust_decision), lambda, reason, uniform_block_size, uniform_evict_block. */
 int kv_robust_write(kv_h5 *f, const kv_robust_result *r, kv_error *err);
 
 #ifdef __cplusplus

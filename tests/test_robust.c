@@ -1,0 +1,257 @@
+/* Tests of several calibration texts and the guard (planner/robust.c, include/kvplan/robust.h,
+ * `kvplan search --text A --text B`): the chunk layout, the option parsing and its errors, and
+ * a real two-text search on stories260K whose per-text figures (/search/texts) are re-measured
+ * with `kvplan eval` and must show the guard's promise: on every calibration text and
+ * held-out part the plan is not worse than the uniform cache (b_s = p = 1). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvplan/h5io.h"
+#include "kvplan/robust.h"
+#include "kvplan/tokenizer.h"
+#include "support/testutil.h"
+
+#define MODEL "models/stories260K/stories260K.bin"
+#define TEXT "text/tinystories_val_head.txt"
+#define PAPER "papers/000_50e4c75caff53a63.txt"
+
+/* ---- the layout (no model) ---- */
+
+static void test_lay_out(void) {
+    /* two texts of 10 and 7 "chunks" of C = 4: 2 search chunks each (eval 16 / 2 texts = 8
+     * tokens), then 1 held-out chunk each (heldout 8 / 2 = 4 tokens) */
+    int a[40], b[28];
+    for (int i = 0; i < 40; i++) a[i] = 1000 + i;
+    for (int i = 0; i < 28; i++) b[i] = 2000 + i;
+    const int *ids[2] = {a, b};
+    const char *names[2] = {"a.txt", "b.txt"};
+    long n[2] = {40, 28};
+    int *out = NULL, *ct = NULL, S = 0, HC = 0;
+    kv_error e = {0};
+    CU_ASSERT_EQUAL_FATAL(kv_robust_lay_out(2, names, ids, n, 4, 16, 8, &out, &S, &HC, &ct, &e),
+                          KV_OK);
+    CU_ASSERT_EQUAL(S, 4);
+    CU_ASSERT_EQUAL(HC, 2);
+    /* search chunks interleaved a0 b0 a1 b1, then held-out a2 b2 */
+    static const int want_text[6] = {0, 1, 0, 1, 0, 1};
+    static const int want_first[6] = {1000, 2000, 1004, 2004, 1008, 2008};
+    for (int k = 0; k < 6; k++) {
+        CU_ASSERT_EQUAL(ct[k], want_text[k]);
+        CU_ASSERT_EQUAL(out[k * 4], want_first[k]);
+        CU_ASSERT_EQUAL(out[k * 4 + 3], want_first[k] + 3);
+    }
+    free(out), free(ct);
+    /* one text: its first (S + HC) chunks in order, as a one-text search always read */
+    CU_ASSERT_EQUAL_FATAL(kv_robust_lay_out(1, names, ids, n, 4, 16, 8, &out, &S, &HC, &ct, &e),
+                          KV_OK);
+    CU_ASSERT_EQUAL(S, 4);
+    CU_ASSERT_EQUAL(HC, 2);
+    for (int i = 0; i < 24; i++) CU_ASSERT_EQUAL(out[i], 1000 + i);
+    free(out), free(ct);
+    /* a text shorter than one chunk is named */
+    long short_n[2] = {40, 3};
+    CU_ASSERT_EQUAL(kv_robust_lay_out(2, names, ids, short_n, 4, 16, 8, &out, &S, &HC, &ct, &e),
+                    KV_EINPUT);
+    CU_ASSERT_PTR_NOT_NULL(strstr(e.msg, "b.txt"));
+    CU_ASSERT_PTR_NULL(out);
+    kv_robust_objective o;
+    CU_ASSERT_EQUAL(kv_robust_objective_parse("worst", &o, &e), KV_OK);
+    CU_ASSERT_EQUAL(o, KV_ROBUST_WORST);
+    CU_ASSERT_EQUAL(kv_robust_objective_parse("median", &o, &e), KV_EINPUT);
+    CU_ASSERT_PTR_NOT_NULL(strstr(e.msg, "median"));
+}
+
+/* ---- the fixture: a profile of both texts, one two-text search ---- */
+
+static char search_out[1 << 16];
+static int search_rc = -1;
+
+static int robust_init(void) {
+    char args[4096], *out = NULL;
+    snprintf(args, sizeof args, "profile %s --text %s --text %s --no-hw --quiet -o %s",
+             tu_shared(MODEL), tu_shared(TEXT), tu_shared(PAPER), tu_tmp("profile.h5"));
+    int rc = tu_run_kvplan(args, &out, 1);
+    if (rc) fprintf(stderr, "profile: %s\n", out ? out : "");
+    free(out);
+    if (rc) return 1;
+    snprintf(args, sizeof args,
+             "search --profile %s --model %s --text %s --text %s --ratio 0.125 --context 512 "
+             "--eval-tokens 2048 --heldout-tokens 1024 --t-grid 0.9 --r-grid 0.3,0.6 "
+             "--sens-levels 6 --sens-rounds 1 --sens-batch 8 --quiet -o %s",
+             tu_tmp("profile.h5"), tu_shared(MODEL), tu_shared(TEXT), tu_shared(PAPER),
+             tu_tmp("plan.h5"));
+    out = NULL;
+    search_rc = tu_run_kvplan(args, &out, 1);
+    snprintf(search_out, sizeof search_out, "%s", out ? out : "");
+    free(out);
+    return 0;
+}
+
+static double *read_f64(kv_h5 *f, const char *path, long *dims) {
+    double *d = NULL;
+    int rank = 0;
+    kv_error e;
+    if (kv_h5_read_f64(f, path, &rank, dims, &d, &e)) return NULL;
+    return d;
+}
+
+/* Token ids (BOS first) of a shared text, with stories260K's tokenizer. */
+static int *text_ids(const kv_model *m, const char *rel, int *n) {
+    kv_tokenizer *tok = NULL;
+    char *text = NULL;
+    size_t len = 0;
+    int *ids = NULL;
+    kv_error e = {0};
+    int rc = kv_tokenizer_load(NULL, m, &tok, &e);
+    if (!rc) rc = kv_read_file(tu_shared(rel), &text, &len, &e);
+    if (!rc) rc = kv_tokenizer_encode(tok, text, len, 1, &ids, n, &e);
+    if (rc) fprintf(stderr, "%s: %s\n", rel, e.msg);
+    free(text);
+    kv_tokenizer_free(tok);
+    return ids;
+}
+
+/* `kvplan eval` perplexity of ids[from, from + n) under `budget` (kvplan eval options). */
+static double eval_ppl(const int *ids, long from, long n, const char *budget) {
+    FILE *f = fopen(tu_tmp("chunk.ids"), "w");
+    if (!f) return NAN;
+    for (long i = from; i < from + n; i++) fprintf(f, "%d\n", ids[i]);
+    fclose(f);
+    char args[4096], *out = NULL;
+    snprintf(args, sizeof args, "eval %s --tokens %s --context 512 --json --quiet %s",
+             tu_shared(MODEL), tu_tmp("chunk.ids"), budget);
+    double v = NAN;
+    if (tu_run_kvplan(args, &out, 0) == 0 && out) {
+        const char *p = strstr(out, "\"perplexity\":");
+        if (p) v = strtod(p + 13, NULL);
+    }
+    free(out);
+    return v;
+}
+
+/* Two texts given with --text twice: per-text figures recorded, re-measured by kvplan eval,
+ * and the guard's promise holding on each text and part. */
+static void test_two_texts(void) {
+    if (search_rc) fprintf(stderr, "%s\n", search_out);
+    CU_ASSERT_EQUAL_FATAL(search_rc, 0);
+    kv_h5 *f = NULL;
+    kv_error e = {0};
+    CU_ASSERT_EQUAL_FATAL(kv_h5_open_read(tu_tmp("plan.h5"), &f, &e), KV_OK);
+    long dims[KV_H5_MAX_RANK] = {0}, d2[KV_H5_MAX_RANK] = {0};
+    double *full = read_f64(f, "/search/texts/full", dims);
+    double *uni = read_f64(f, "/search/texts/uniform", d2);
+    double *plan = read_f64(f, "/search/texts/plan", d2);
+    double *chunks = read_f64(f, "/search/texts/chunks", d2);
+    double *tokens = read_f64(f, "/search/texts/tokens", d2);
+    char *names = NULL, *decision = NULL;
+    CU_ASSERT_EQUAL(kv_h5_read_attr_str(f, "/search/texts", "names", &names, &e), KV_OK);
+    CU_ASSERT_EQUAL(kv_h5_read_attr_str(f, "/search/texts", "decision", &decision, &e), KV_OK);
+    kv_h5_close(f);
+    CU_ASSERT_FATAL(full && uni && plan && chunks && tokens && names && decision);
+    CU_ASSERT_EQUAL(dims[0], 2);
+    CU_ASSERT_EQUAL(dims[1], 2);
+    CU_ASSERT_PTR_NOT_NULL(strstr(names, "tinystories_val_head.txt"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(names, "000_50e4c75caff53a63.txt"));
+    /* 2048 search tokens and 1024 held-out tokens, shared evenly: 2 + 1 chunks per text */
+    for (int t = 0; t < 2; t++) {
+        CU_ASSERT_EQUAL(chunks[t * 2], 2);
+        CU_ASSERT_EQUAL(chunks[t * 2 + 1], 1);
+    }
+    /* the guard: never worse than the uniform cache on what the search was shown */
+    for (int i = 0; i < 4; i++) {
+        printf("\n    text %d %s: full %.4f uniform %.4f plan %.4f", i / 2,
+               i % 2 ? "held-out" : "calibration", full[i], uni[i], plan[i]);
+        CU_ASSERT(isfinite(plan[i]) && plan[i] > 1.0);
+        CU_ASSERT(plan[i] <= uni[i] * (1 + 1e-6));
+    }
+    printf("\n    decision %s\n", decision);
+    /* the figures are what kvplan eval measures on the same tokens: text 0's calibration
+     * chunks (its first 1024 tokens) and text 1's held-out chunk (its tokens 1024..1535) */
+    kv_model *m = tu_load_shared(MODEL);
+    int n0 = 0, n1 = 0;
+    int *ids0 = text_ids(m, TEXT, &n0), *ids1 = text_ids(m, PAPER, &n1);
+    CU_ASSERT_FATAL(ids0 && ids1);
+    CU_ASSERT_EQUAL(tokens[0], n0);
+    CU_ASSERT_EQUAL(tokens[1], n1);
+    char plan_opt[1024];
+    snprintf(plan_opt, sizeof plan_opt, "--plan %s", tu_tmp("plan.h5"));
+    const char *uni_opt = "--ratio 0.125 --allocation uniform --block-size 1 --evict-block 1";
+    double p0 = eval_ppl(ids0, 0, 1024, plan_opt), u0 = eval_ppl(ids0, 0, 1024, uni_opt);
+    double f1 = eval_ppl(ids1, 1024, 512, ""), p1 = eval_ppl(ids1, 1024, 512, plan_opt);
+    printf("    eval: plan %.6f %.6f uniform %.6f full %.6f\n", p0, p1, u0, f1);
+    CU_ASSERT_DOUBLE_EQUAL(p0, plan[0], 1e-9 * plan[0]);
+    CU_ASSERT_DOUBLE_EQUAL(u0, uni[0], 1e-9 * uni[0]);
+    CU_ASSERT_DOUBLE_EQUAL(f1, full[3], 1e-9 * full[3]);
+    CU_ASSERT_DOUBLE_EQUAL(p1, plan[3], 1e-9 * plan[3]);
+    free(ids0), free(ids1);
+    kv_model_free(m);
+    free(full), free(uni), free(plan), free(chunks), free(tokens), free(names), free(decision);
+    /* the search's own table and inspect's (text and JSON) */
+    CU_ASSERT_PTR_NOT_NULL(strstr(search_out, "guard        objective mean"));
+    char args[4096], *out = NULL;
+    snprintf(args, sizeof args, "inspect %s", tu_tmp("plan.h5"));
+    CU_ASSERT_EQUAL(tu_run_kvplan(args, &out, 1), 0);
+    CU_ASSERT_PTR_NOT_NULL(out && strstr(out, "calibration texts (/search/texts"));
+    CU_ASSERT_PTR_NOT_NULL(out && strstr(out, "000_50e4c75caff53a63.txt"));
+    free(out);
+    snprintf(args, sizeof args, "inspect %s --json", tu_tmp("plan.h5"));
+    CU_ASSERT_EQUAL(tu_run_kvplan(args, &out, 0), 0);
+    CU_ASSERT_PTR_NOT_NULL(out && strstr(out, "\"texts\":{\"objective\":\"mean\""));
+    CU_ASSERT_PTR_NOT_NULL(out && strstr(out, "\"part\":\"heldout\""));
+    free(out);
+}
+
+/* Bad inputs: a missing second text is named; a text list naming nothing; a bad objective. */
+static void test_bad_texts(void) {
+    char args[4096], *out = NULL;
+    snprintf(args, sizeof args,
+             "search --profile %s --model %s --text %s --text %s --ratio 0.125 -o %s",
+             tu_tmp("profile.h5"), tu_shared(MODEL), tu_shared(TEXT), tu_tmp("no-such-text.txt"),
+             tu_tmp("bad.h5"));
+    CU_ASSERT_EQUAL(tu_run_kvplan(args, &out, 1), 1);
+    CU_ASSERT_PTR_NOT_NULL(out && strstr(out, "no-such-text.txt"));
+    free(out);
+    FILE *f = fopen(tu_tmp("empty.list"), "w");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+    fputs("# nothing here\n\n", f);
+    fclose(f);
+    snprintf(args, sizeof args, "search --profile %s --model %s --text-list %s --ratio 0.125 -o %s",
+             tu_tmp("profile.h5"), tu_shared(MODEL), tu_tmp("empty.list"), tu_tmp("bad.h5"));
+    CU_ASSERT_EQUAL(tu_run_kvplan(args, &out, 1), 1);
+    CU_ASSERT_PTR_NOT_NULL(out && strstr(out, "empty.list names no text"));
+    free(out);
+    snprintf(args, sizeof args,
+             "search --profile %s --model %s --text %s --text-objective median --ratio 0.125 "
+             "-o %s",
+             tu_tmp("profile.h5"), tu_shared(MODEL), tu_shared(TEXT), tu_tmp("bad.h5"));
+    CU_ASSERT_EQUAL(tu_run_kvplan(args, &out, 1), 1);
+    CU_ASSERT_PTR_NOT_NULL(out && strstr(out, "median"));
+    free(out);
+    f = fopen(tu_tmp("bad.h5"), "rb");
+    CU_ASSERT_PTR_NULL(f); /* nothing written on errors */
+    if (f) fclose(f);
+    /* profile: the two texts are recorded, newline-joined */
+    kv_h5 *h = NULL;
+    kv_error e = {0};
+    char *text = NULL;
+    CU_ASSERT_EQUAL_FATAL(kv_h5_open_read(tu_tmp("profile.h5"), &h, &e), KV_OK);
+    CU_ASSERT_EQUAL(kv_h5_read_attr_str(h, "/", "text", &text, &e), KV_OK);
+    kv_h5_close(h);
+    CU_ASSERT_PTR_NOT_NULL(text && strstr(text, "tinystories_val_head.txt\n"));
+    CU_ASSERT_PTR_NOT_NULL(text && strstr(text, "000_50e4c75caff53a63.txt"));
+    free(text);
+}
+
+int main(int argc, char **argv) {
+    setenv("OMP_NUM_THREADS", "1", 0);
+    setenv("OPENBLAS_NUM_THREADS", "1", 1);
+    static const tu_test unit[] = {{"lay_out", test_lay_out}};
+    static const tu_test cli[] = {{"two_texts", test_two_texts}, {"bad_texts", test_bad_texts}};
+    static const tu_suite suites[] = {
+        {"robust", NULL, NULL, unit, 1},
+        {"robust_search", robust_init, NULL, cli, 2},
+    };
+    return tu_main_suites(argc, argv, suites, 2);
+}
