@@ -151,7 +151,11 @@ static int engine_for(const kv_model *m, const struct kv_search_opts *o, int bs,
     int rc = kv_plan_full(&m->cfg, o->context, bs, p, o->policy, &full, err);
     if (rc) return rc;
     kv_plan_set_kv_type(&full, o->kv_type);
-    kv_engine_opts eo = {.device = o->device, .max_seqs = sets};
+    /* the plan's heads may store other types (the sensitivity knapsack's, issue 22) */
+    kv_engine_opts eo = {.device = o->device,
+                         .n_threads = o->n_threads,
+                         .max_seqs = sets,
+                         .type_mask = o->sensitivity ? o->kv_types_mask : 0};
     rc = kv_engine_new(m, &full, &eo, out, err);
     kv_plan_free(&full);
     return rc;
@@ -234,7 +238,9 @@ static int text_knapsacks(const kv_model *m, const int *ids, const kv_robust_lay
     rc = kv_plan_full(&m->cfg, o->context, o->block_size, o->evict_block, o->policy, &full, err);
     if (!rc) {
         kv_plan_set_kv_type(&full, o->kv_type);
-        kv_engine_opts eo = {.device = o->device, .max_seqs = so.batch > 1 ? so.batch : 1};
+        kv_engine_opts eo = {.device = o->device,
+                             .n_threads = o->n_threads,
+                             .max_seqs = so.batch > 1 ? so.batch : 1};
         rc = kv_engine_new(m, &full, &eo, &e, err);
         kv_plan_free(&full);
     }
@@ -281,6 +287,21 @@ static int text_knapsacks(const kv_model *m, const int *ids, const kv_robust_lay
     return rc;
 }
 
+/* A blend lam of the way from the uniform cache (u tokens in the search's base type) to a
+ * candidate head (p tokens stored in type t), in stored bytes: the tokens of type t that
+ * u * bytes(base) + lam * (p * bytes(t) - u * bytes(base)) bytes hold, rounded down, clamped
+ * to [min(p, u), C]. With t the base type this is floor(u + lam * (p - u)). */
+static int blend_tokens(int p, kv_cache_type t, int u, const struct kv_search_opts *o,
+                        const kv_model *m, double lam) {
+    double tb = (double)kv_type_token_bytes(t, m->cfg.head_dim);
+    double ub = (double)kv_type_token_bytes(o->kv_type, m->cfg.head_dim);
+    double bytes = u * ub + lam * (p * tb - u * ub);
+    int n = (int)floor(bytes / tb + 1e-9), lo = p < u ? p : u;
+    if (n < lo) n = lo;
+    if (n > o->context) n = o->context;
+    return n;
+}
+
 int kv_robust_guard(const kv_model *m, const int *ids, const kv_robust_layout *lay,
                     const struct kv_search_opts *o, kv_robust_objective obj,
                     struct kv_search_result *res, kv_robust_result *rr, kv_error *err) {
@@ -305,17 +326,22 @@ int kv_robust_guard(const kv_model *m, const int *ids, const kv_robust_layout *l
     int *ubs = kv_malloc((size_t)nh * sizeof *ubs, "uniform budgets", err);
     int *src = kv_malloc((size_t)N_SRC * nh * sizeof *src, "candidate budgets", err);
     kv_policy *spol = kv_malloc((size_t)N_SRC * nh * sizeof *spol, "candidate policies", err);
+    kv_cache_type *styp = kv_malloc((size_t)N_SRC * nh * sizeof *styp, "candidate types", err);
     int *cb = kv_malloc((size_t)MAX_SETS * nh * sizeof *cb, "candidate budgets", err);
     kv_policy *upol = kv_malloc((size_t)nh * sizeof *upol, "uniform policies", err);
     double *nll = kv_malloc((size_t)(2 + MAX_SETS) * nc * sizeof *nll, "chunk losses", err);
     kv_engine *ep = NULL, *eu = NULL;
     int n_src = 1, n_knap = 0;
-    if (!rc && (!ub1 || !ubs || !src || !spol || !cb || !upol || !nll)) rc = KV_EINTERNAL;
+    if (!rc && (!ub1 || !ubs || !src || !spol || !styp || !cb || !upol || !nll)) rc = KV_EINTERNAL;
     if (!rc) rc = kv_uniform_budgets(nh, o->ratio, C, ubsz, ub1, NULL, err);
     if (!rc) rc = kv_uniform_budgets(nh, o->ratio, C, bs, ubs, NULL, err);
     if (!rc) {
         memcpy(src, res->tokens, (size_t)nh * sizeof *src);
         memcpy(spol, res->policy, (size_t)nh * sizeof *spol);
+        /* the plan's heads keep their types; the per-text knapsacks are tokens-only in the
+         * search's base type */
+        for (int i = 0; i < N_SRC * nh; i++)
+            styp[i] = i < nh && res->kv_types ? res->kv_types[i] : o->kv_type;
         rc = text_knapsacks(m, ids, lay, o, res, nh, src + nh, spol + nh, &n_knap, err);
         n_src += n_knap;
     }
@@ -326,8 +352,9 @@ int kv_robust_guard(const kv_model *m, const int *ids, const kv_robust_layout *l
         double lam = cand_lambda[k % KV_ROBUST_N_LAMBDA];
         rr->lambda[k] = lam;
         rr->source[k] = k / KV_ROBUST_N_LAMBDA;
+        const kv_cache_type *T = styp + (k / KV_ROBUST_N_LAMBDA) * nh;
         for (int h = 0; h < nh; h++)
-            cb[k * nh + h] = lam == 1.0 ? P[h] : (int)floor(ubs[h] + lam * (P[h] - ubs[h]) + 1e-9);
+            cb[k * nh + h] = lam == 1.0 ? P[h] : blend_tokens(P[h], T[h], ubs[h], o, m, lam);
     }
     rr->lambda[sets] = 0.0;
     rr->source[sets] = -1;
@@ -342,12 +369,18 @@ int kv_robust_guard(const kv_model *m, const int *ids, const kv_robust_layout *l
         const kv_policy *p1[1] = {upol};
         const int *bc[MAX_SETS];
         const kv_policy *pc[MAX_SETS];
+        const kv_cache_type *tc[MAX_SETS];
         double cn[MAX_SETS];
-        for (int k = 0; k < sets; k++)
-            bc[k] = cb + k * nh, pc[k] = spol + (k / KV_ROBUST_N_LAMBDA) * nh;
+        for (int k = 0; k < sets; k++) {
+            bc[k] = cb + k * nh;
+            pc[k] = spol + (k / KV_ROBUST_N_LAMBDA) * nh;
+            tc[k] = styp + (k / KV_ROBUST_N_LAMBDA) * nh;
+        }
         rc = kv_engine_chunk_nll(ep, tk, C, 1, NULL, NULL, &nf[ch], NULL, err);
         if (!rc) rc = kv_engine_chunk_nll(eu, tk, C, 1, b1, p1, &nu[ch], NULL, err);
-        if (!rc) rc = kv_engine_chunk_nll(ep, tk, C, sets, bc, pc, cn, NULL, err);
+        if (!rc)
+            rc =
+                kv_engine_chunk_score_typed(ep, tk, C, sets, bc, pc, tc, NULL, cn, NULL, NULL, err);
         for (int k = 0; k < sets && !rc; k++) ncand[k * nc + ch] = cn[k];
         if (!rc && o->progress && !o->progress->quiet)
             kv_progress_print(o->progress, 0, "search: per-text check %d/%d chunks", ch + 1, nc);
@@ -381,8 +414,10 @@ int kv_robust_guard(const kv_model *m, const int *ids, const kv_robust_layout *l
             double *row = rr->cand + k * N * 2, *cn = ncand + k * nc;
             const int *bk[1] = {cb + k * nh};
             const kv_policy *pk[1] = {spol + (k / KV_ROBUST_N_LAMBDA) * nh};
+            const kv_cache_type *tk[1] = {styp + (k / KV_ROBUST_N_LAMBDA) * nh};
             for (int ch = 0; ch < nc && !rc; ch++)
-                rc = kv_engine_chunk_nll(ep, ids + (long)ch * C, C, 1, bk, pk, &cn[ch], NULL, err);
+                rc = kv_engine_chunk_score_typed(ep, ids + (long)ch * C, C, 1, bk, pk, tk, NULL,
+                                                 &cn[ch], NULL, NULL, err);
             if (rc) break;
             text_ppl(lay, C, cn, row);
             double v = cand_objective(rr, row, obj, &rr->passed[k]);
@@ -410,22 +445,30 @@ int kv_robust_guard(const kv_model *m, const int *ids, const kv_robust_layout *l
             res->winner_kind = KV_ALLOC_UNIFORM;
             res->best_t = res->best_r = res->best_p = NAN;
             res->identical_to_uniform = 1;
+            res->winner_type_uniform = -1;
+            if (res->kv_types)
+                for (int h = 0; h < nh; h++) res->kv_types[h] = o->kv_type;
         } else if (k > 0) {
             memcpy(res->tokens, cb + k * nh, (size_t)nh * sizeof *res->tokens);
             memcpy(res->policy, spol + rr->source[k] * nh, (size_t)nh * sizeof *res->policy);
             for (int h = 0; h < nh; h++) res->blocks[h] = (res->tokens[h] + bs - 1) / bs;
             if (rr->source[k] >= 1) {
                 res->winner_sens = 1;
+                res->winner_type_uniform = -1;
                 res->best_t = res->best_r = res->best_p = NAN;
             }
+            if (res->kv_types)
+                memcpy(res->kv_types, styp + rr->source[k] * nh, (size_t)nh * sizeof *styp);
             res->identical_to_uniform = !memcmp(res->tokens, ubs, (size_t)nh * sizeof *ubs);
             for (int h = 0; h < nh; h++)
-                if (res->policy[h] != o->policy) res->identical_to_uniform = 0;
+                if (res->policy[h] != o->policy ||
+                    (res->kv_types && res->kv_types[h] != o->kv_type))
+                    res->identical_to_uniform = 0;
         }
     }
     kv_engine_free(ep);
     kv_engine_free(eu);
-    free(ub1), free(ubs), free(src), free(spol), free(cb), free(upol), free(nll);
+    free(ub1), free(ubs), free(src), free(spol), free(styp), free(cb), free(upol), free(nll);
     if (rc) kv_robust_result_free(rr);
     return rc;
 }
