@@ -630,10 +630,8 @@ static void test_matmul(void) {
                 CU_ASSERT_EQUAL(memcmp(y1, y + (size_t)(rows - 1) * out, (size_t)out * 4), 0);
             }
         }
-        /* F32 weights above 4 rows take sgemm, bit for bit (in chunks of outputs, which
-         * gives the bits of one call); up to 4 rows one AVX2 FMA loop per W row where the CPU
-         * has AVX2 (within the bound above; OpenBLAS's sgemv read half the bandwidth), sgemv
-         * elsewhere */
+        /* F32 weights take the BLAS path of the fp32 forward pass, bit for bit: sgemv per row
+         * up to 4 rows, sgemm above */
         if (t == KV_DT_F32) {
             const float *wf32 = (const float *)(const void *)w;
             float *z = malloc((size_t)R * out * sizeof *z);
@@ -641,13 +639,11 @@ static void test_matmul(void) {
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, R, out, in, 1.0f, X, in, wf32, in,
                         0.0f, z, out);
             CU_ASSERT_EQUAL(memcmp(y, z, (size_t)R * out * 4), 0);
-            if (!kv_isa_available(KV_ISA_AVX2)) {
-                kv_qmatmul(y, X, w, t, 2, in, out, NULL, 0);
-                for (int r = 0; r < 2; r++)
-                    cblas_sgemv(CblasRowMajor, CblasNoTrans, out, in, 1.0f, wf32, in,
-                                X + (size_t)r * in, 1, 0.0f, z + (size_t)r * out, 1);
-                CU_ASSERT_EQUAL(memcmp(y, z, (size_t)2 * out * 4), 0);
-            }
+            kv_qmatmul(y, X, w, t, 2, in, out, NULL, 0);
+            for (int r = 0; r < 2; r++)
+                cblas_sgemv(CblasRowMajor, CblasNoTrans, out, in, 1.0f, wf32, in,
+                            X + (size_t)r * in, 1, 0.0f, z + (size_t)r * out, 1);
+            CU_ASSERT_EQUAL(memcmp(y, z, (size_t)2 * out * 4), 0);
             free(z);
         }
         free(scratch);

@@ -164,8 +164,7 @@ void kv_weight_row(kv_weight w, int in, int64_t row, float *dst);
 
 /* Typed matmul y[rows, out] = x[rows, in] W^T with W [out, in] row-major in type wt (each of
  * the `out` rows is kv_dtype_row_bytes(wt, in) bytes; `in` a multiple of the block size).
- *   - F32 weights: rows <= 4 one fp32 FMA loop per (row, output) on AVX2 CPUs (OpenBLAS's
- *     sgemv elsewhere; it read half the bandwidth here), cblas_sgemm above.
+ *   - F32 weights: the BLAS path (cblas_sgemv per row for rows <= 4, sgemm above).
  *   - Quantised weights (Q8_0 ... Q6_K), rows <= 16 (decode, batched decode, eviction blocks):
  *     each row of x is quantised once to 8-bit blocks (kv_dot_row_q8) in `scratch` and every
  *     W row is multiplied with it by the integer kernels of kv_isa_best(), a W row meeting

@@ -570,15 +570,14 @@ KV_AVX2 static float dot_f16_avx2(const uint8_t *w, const float *x, int64_t n) {
     return s;
 }
 
-/* GEMV over W rows o0 .. o1 - 1 (F32 or F16, rb bytes apart) with one row x [n]: y[o] for
- * each o, one W row after the other. Each row's arithmetic is dot_f16_avx2's (two 8-lane
- * accumulators over steps of 16, hsum8 of their sum, then the tail in scalar order), so F16
- * keeps the bits of kv_dot_row. Measured on the 2-core EPYC VM (W 196 MB, one thread): this
- * loop reads F32 at 9.3-9.5 GB/s where OpenBLAS's sgemv read 5.9-6.6 GB/s; interleaving 2 or 4
- * W rows per pass to share the loads of x was 2.5-3x slower (3.3-4.7 GB/s) than one row at a
- * time, and 4 accumulators per row no faster than 2. */
+/* F16 GEMV over W rows o0 .. o1 - 1 (rb bytes apart) with one row x [n]: y[o] for each o, one
+ * W row after the other, each row's arithmetic dot_f16_avx2's (the bits of kv_dot_row).
+ * Measured on the 2-core EPYC VM (W 196 MB, one thread): interleaving 2 or 4 W rows per pass
+ * to share the loads of x was 2.5-3x slower (3.3-4.7 GB/s) than one row at a time (10-13
+ * GB/s), and 4 accumulators per row no faster than 2. (An F32 form of this loop read 9.8-10.2
+ * GB/s where OpenBLAS's sgemv read 5.9-6.6, but it moved the batched-vs-alone rounding past
+ * test_sensitivity's 1e-5 pin, so F32 decode stays on sgemv for now.) */
 #define GEMV_LOAD_F16(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(p)))
-#define GEMV_LOAD_F32(p) _mm256_loadu_ps((const float *)(const void *)(p))
 #define GEMV_BODY(LOAD, ES, SCALAR)                                                                \
     for (int o = o0; o < o1; o++) {                                                                \
         const uint8_t *r0 = W + (size_t)o * rb;                                                    \
@@ -593,13 +592,9 @@ KV_AVX2 static float dot_f16_avx2(const uint8_t *w, const float *x, int64_t n) {
         y[o] = s0;                                                                                 \
     }
 #define GEMV_SCALAR_F16(r, i) kv_f16_to_f32(kv_load_u16le((r) + 2 * (i)))
-#define GEMV_SCALAR_F32(r, i) ((const float *)(const void *)(r))[i]
 
 KV_AVX2 static void gemv_f16_avx2(const uint8_t *W, size_t rb, const float *x, int64_t n, int o0,
                                   int o1, float *y){GEMV_BODY(GEMV_LOAD_F16, 2, GEMV_SCALAR_F16)}
-
-KV_AVX2 static void gemv_f32_avx2(const uint8_t *W, size_t rb, const float *x, int64_t n, int o0,
-                                  int o1, float *y){GEMV_BODY(GEMV_LOAD_F32, 4, GEMV_SCALAR_F32)}
 
 KV_AVX2 static inline __m256 bf16x8(const uint8_t *p) {
     __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)p));
@@ -809,7 +804,7 @@ static int gemm_chunk(int out) {
 #define KV_QINT_MAX_ROWS 16
 
 typedef enum mm_path {
-    MM_F32_GEMV, /* F32, rows <= KV_QDOT_MAX_ROWS: an AVX2 FMA loop per W row (else sgemv) */
+    MM_F32_GEMV, /* F32, rows <= KV_QDOT_MAX_ROWS: cblas_sgemv per row and chunk */
     MM_F32_GEMM, /* F32 above: cblas_sgemm per chunk of outputs */
     MM_INT,      /* quantised, rows <= KV_QINT_MAX_ROWS: integer dots */
     MM_DOT,      /* F16 / BF16 decode, or no scratch: fp32 typed dots */
@@ -823,7 +818,10 @@ static mm_path mm_choose(kv_dtype wt, int rows) {
 }
 
 static int mm_chunk(mm_path p, kv_dtype wt, int in, int out) {
-    if (p == MM_F32_GEMM || p == MM_TILE) return gemm_chunk(out);
+    /* small matrices (stories260K's) in one sgemm: splitting them gains nothing, and OpenBLAS
+     * picks other kernels for small N, which moved batched results by rounding */
+    if (p == MM_F32_GEMM || p == MM_TILE)
+        return (size_t)out * (size_t)in <= ((size_t)1 << 18) ? out : gemm_chunk(out);
     return gemv_chunk((size_t)(in / kv_dtype_block(wt)) * kv_dtype_block_bytes(wt), out);
 }
 
@@ -860,14 +858,6 @@ static void mm_run_chunk(void *ctx, int chunk, int tid) {
     int o0 = chunk * j->cs, o1 = o0 + j->cs < j->out ? o0 + j->cs : j->out, n = o1 - o0;
     switch (j->path) {
     case MM_F32_GEMV: {
-#ifdef KV_QUANT_X86
-        if (j->avx2) {
-            for (int r = 0; r < j->rows; r++)
-                gemv_f32_avx2(j->W, j->rb, j->x + (size_t)r * j->in, j->in, o0, o1,
-                              j->y + (size_t)r * j->out);
-            break;
-        }
-#endif
         const float *wf = (const float *)(const void *)j->W + (size_t)o0 * j->in;
         for (int r = 0; r < j->rows; r++)
             cblas_sgemv(CblasRowMajor, CblasNoTrans, n, j->in, 1.0f, wf, j->in,
