@@ -88,7 +88,8 @@ int main(void) {
         for (int r = 0; r < reps; r++) {
             double a = plain_prefill(m, prompts, P, T);
             kv_profile pr;
-            if (kv_profile_run(m, prompts, P, T, KV_DEVICE_CPU, 0, KV_TYPE_DEFAULT, &pr, NULL, &err)) {
+            if (kv_profile_run(m, prompts, P, T, KV_DEVICE_CPU, 0, KV_TYPE_DEFAULT, &pr, NULL,
+                               &err)) {
                 printf("failed: %s\n", err.msg);
                 return 2;
             }

@@ -50,8 +50,8 @@ static void check_model(const char *rel) {
     kv_profile pr;
     /* f32: the naive reference keeps K/V in double, so the cache must not round them (the
      * default f16 cache moves head cos by up to 0.01 on stories260K, 1.2e-3 on 656K) */
-    CU_ASSERT_FATAL(kv_profile_run(m, prompts, P, T, KV_DEVICE_CPU, 0, KV_TYPE_F32, &pr, NULL, &err) ==
-                    KV_OK);
+    CU_ASSERT_FATAL(
+        kv_profile_run(m, prompts, P, T, KV_DEVICE_CPU, 0, KV_TYPE_F32, &pr, NULL, &err) == KV_OK);
     const kv_config *c = &m->cfg;
     int L = c->n_layers, H = c->n_heads, Hk = c->n_kv_heads, hd = c->head_dim, D = c->dim;
     int g = H / Hk;

@@ -10,7 +10,14 @@
  * Workers spin briefly after a job (the next matmul of a decode step follows within
  * microseconds), then sleep on a condition variable; the caller wakes them only when some
  * sleep. The caller waits for the chunks others hold by spinning, yielding the core after a
- * while (a holder may be descheduled on a loaded machine). */
+ * while (a holder may be descheduled on a loaded machine).
+ *
+ * Load adaptation: on a machine busier than its cores (other processes runnable), a worker
+ * that holds a chunk is often descheduled, and the caller, done with the rest, waits for it a
+ * whole time slice; measured on the 2-core VM at load 7, 2 threads then decoded slower than 1.
+ * So the caller times each job: when, averaged over recent jobs, more than a quarter of a job's
+ * time went to waiting for chunks held by others, the next KV_WORKERS_BACKOFF jobs run on the
+ * caller alone, then the pool is tried again. Only who runs a chunk changes, never its result. */
 #define _GNU_SOURCE
 #include "kvplan/workers.h"
 
@@ -19,6 +26,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <time.h>
 #include <unistd.h>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -32,6 +40,10 @@
  * tuned on); pauses the caller spins for held chunks before it yields its core. */
 #define KV_WORKERS_SPIN 2000
 #define KV_WORKERS_WAIT_SPIN 4000
+/* Jobs run on the caller alone after the waits exceeded KV_WORKERS_WAIT_FRACTION of the jobs'
+ * time (an exponential average with weight 1/8 per job). */
+#define KV_WORKERS_BACKOFF 256
+#define KV_WORKERS_WAIT_FRACTION 0.25
 
 #define GEN_SHIFT 40
 #define N_SHIFT 20
@@ -51,6 +63,9 @@ struct kv_workers {
     pthread_cond_t cv;
     int sleepers; /* under mu */
     int stop;     /* under mu */
+    /* the caller's only (load adaptation) */
+    double wait_avg; /* average fraction of a job's time spent waiting for others' chunks */
+    int serial_left; /* jobs still to run on the caller alone */
 };
 
 typedef struct worker_arg {
@@ -183,6 +198,12 @@ static void run_shifted(void *p, int c, int tid) {
     s->fn(s->ctx, s->base + c, tid);
 }
 
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
 static void run_one(kv_workers *w, int n_chunks, kv_work_fn fn, void *ctx) {
     uint32_t g = (atomic_load_explicit(&w->gen, memory_order_relaxed) + 1) & 0xffffffu;
     w->fn = fn;
@@ -194,18 +215,29 @@ static void run_one(kv_workers *w, int n_chunks, kv_work_fn fn, void *ctx) {
     pthread_mutex_lock(&w->mu);
     if (w->sleepers) pthread_cond_broadcast(&w->cv);
     pthread_mutex_unlock(&w->mu);
+    double t0 = now_s(), t1 = 0.0;
     work(w, g, 0);
-    for (int s = 0; atomic_load_explicit(&w->done, memory_order_acquire) < n_chunks; s++) {
-        if (s < KV_WORKERS_WAIT_SPIN)
-            cpu_relax();
-        else
-            sched_yield();
+    if (atomic_load_explicit(&w->done, memory_order_acquire) < n_chunks) {
+        t1 = now_s();
+        for (int s = 0; atomic_load_explicit(&w->done, memory_order_acquire) < n_chunks; s++) {
+            if (s < KV_WORKERS_WAIT_SPIN)
+                cpu_relax();
+            else
+                sched_yield();
+        }
+    }
+    double t2 = now_s(), frac = t1 > 0.0 && t2 > t0 ? (t2 - t1) / (t2 - t0) : 0.0;
+    w->wait_avg += (frac - w->wait_avg) / 8.0;
+    if (w->wait_avg > KV_WORKERS_WAIT_FRACTION) {
+        w->serial_left = KV_WORKERS_BACKOFF;
+        w->wait_avg = 0.0;
     }
 }
 
 void kv_workers_run(kv_workers *w, int n_chunks, kv_work_fn fn, void *ctx) {
     if (n_chunks <= 0) return;
-    if (!w || w->n <= 1 || n_chunks == 1) {
+    if (!w || w->n <= 1 || n_chunks == 1 || w->serial_left > 0) {
+        if (w && w->serial_left > 0 && n_chunks > 1) w->serial_left--;
         for (int c = 0; c < n_chunks; c++) fn(ctx, c, 0);
         return;
     }
