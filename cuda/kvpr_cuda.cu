@@ -271,9 +271,12 @@ int queue_layers(kv_cuda_kvpr *e, const kv_kvpr_layer *layers, int n, float *con
         int rc = finish_set(e, s, layers, k_out, v_out, t, err);
         if (rc) return rc;
         s.layer = i;
-        memcpy(s.h_x, lc.x, (size_t)l * dim * sizeof(float));
-        memcpy(s.h_k, lc.k, (size_t)tail * kvw * sizeof(float));
-        memcpy(s.h_v, lc.v, (size_t)tail * kvw * sizeof(float));
+        /* (x is NULL at split 0, k and v at split s': memcpy takes no NULL even for 0 bytes) */
+        if (l > 0) memcpy(s.h_x, lc.x, (size_t)l * dim * sizeof(float));
+        if (tail > 0) {
+            memcpy(s.h_k, lc.k, (size_t)tail * kvw * sizeof(float));
+            memcpy(s.h_v, lc.v, (size_t)tail * kvw * sizeof(float));
+        }
         /* copy stream: the transferred part K, V [l:s'] */
         CK(cudaEventRecord(s.c0, e->copy));
         CK(cudaMemcpyAsync(s.d_k + (size_t)l * kvw, s.h_k, (size_t)tail * kvw * sizeof(float),

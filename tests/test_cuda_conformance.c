@@ -41,7 +41,7 @@
 #define KV_SKIP_CODE 77
 
 /* Under AddressSanitizer (the CI's ASan run on the fake CUDA runtime, where every kernel runs
- * on the host shim with a system call per fiber switch) the whole-model checks are shorter:
+ * instrumented on the host shim, each CUDA thread a fiber) the whole-model checks are shorter:
  * 40 greedy tokens, a 192-token perplexity chunk (R = 1/4 still evicts: budget 128). */
 #if defined(__SANITIZE_ADDRESS__)
 #define KV_ASAN 1

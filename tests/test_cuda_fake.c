@@ -174,7 +174,7 @@ static void test_oom_engine_run(void) {
     sweep_engine(g_model, KVFAKE_MALLOC, "cudaMalloc", ids, 1);
     sweep_engine(g_model, KVFAKE_HOST_ALLOC, "cudaHostAlloc", ids, 1);
     /* GEMMs: 7 per layer step; every 5th reaches every op of every phase (every 19th under
-     * ASan, where each run costs ten times as much) */
+     * ASan, where each run costs several times as much) */
 #if defined(__SANITIZE_ADDRESS__)
     sweep_engine(g_model, KVFAKE_GEMM, "cublasGemmEx", ids, 19);
 #else
