@@ -75,9 +75,9 @@ void kv_backend_free(kv_backend *b);
  * the CPU backend). Release with kv_backend_pool_destroy. */
 int kv_backend_pool_init(kv_backend *b, kv_pool *p, int n_blocks, int block_size, int head_dim,
                          kv_error *err);
-/* The same with counts[t] blocks of each KV storage type t (kvplan/kvcache.h). Only the CPU
- * backend stores types other than f32 today; another backend gets KV_EINPUT naming the type
- * and --kv-type f32. */
+/* The same with counts[t] blocks of each KV storage type t (kvplan/kvcache.h). Every backend
+ * stores every type in the same layout and bytes (the CUDA backend on its device). Errors as
+ * kv_pool_init_meta_typed and the backend's storage allocation (KV_EINTERNAL out of memory). */
 int kv_backend_pool_init_typed(kv_backend *b, kv_pool *p, const int *counts, int block_size,
                                int head_dim, kv_error *err);
 void kv_backend_pool_destroy(kv_backend *b, kv_pool *p);
