@@ -4,13 +4,14 @@
  *
  * - Weights are uploaded once at creation in their file's type (include/kvplan/quant.h: F32,
  *   F16, BF16 and the ggml block types as their blocks), so the device holds the file's
- *   tensor bytes. A matmul (gemm below) of up to KV_K_GEMV_ROWS rows (decode) is the typed
- *   GEMV kernel (cuda/kernels/kv_quant.cuh: each weight row read once in its type, decoded
- *   in registers, fp32 activations); above that (prefill) F32 weights go to cublasGemmEx in
- *   fp32, F16/BF16 weights to cublasGemmEx with the activations rounded to the weights'
- *   16-bit type (FP32 compute, default math mode: tensor cores), and block types are
- *   dequantised a tile of rows at a time into fp32 scratch for an fp32 GEMM, as the CPU's
- *   kv_qmatmul does. FP32 GEMMs stay FP32: the default math mode uses TF32 only when asked.
+ *   tensor bytes. A matmul (kvcu::matmul in cuda/matmul.cu, shared with the KVPR executor)
+ *   of up to KV_K_GEMV_ROWS rows (decode) is the typed GEMV kernel (cuda/kernels/kv_quant.cuh:
+ *   each weight row read once in its type, decoded in registers, fp32 activations); above
+ *   that (prefill) F32 weights go to cublasGemmEx in fp32, F16/BF16 weights to cublasGemmEx
+ *   with the activations rounded to the weights' 16-bit type (FP32 compute, default math
+ *   mode: tensor cores), and block types are dequantised a tile of rows at a time into fp32
+ *   scratch for an fp32 GEMM, as the CPU's kv_qmatmul does. FP32 GEMMs stay FP32: the default
+ *   math mode uses TF32 only when asked.
  * - The K/V block storage lives on the device in the CPU layout and in each head's stored type
  *   (f32, f16, q8, q4: runtime/cache/kvtype.h, the same codec on both devices), so the bytes
  *   in use equal the CPU backend's; attention decodes rows as it reads them (no fp32 copy of
@@ -36,6 +37,7 @@
  */
 #include "kernels.h"
 #include "kernels/kv_pack.h"
+#include "matmul.h"
 
 #include "backend/backend_impl.h"
 #include "kvplan/kvcuda.h"
@@ -60,12 +62,7 @@ static_assert(sizeof(kv_move) == sizeof(kv_k_move), "kv_move layout");
 
 namespace {
 
-/* A weight matrix [rows, cols] on the device in its file's type: rows of row_bytes bytes. */
-struct dev_weight {
-    void *p = nullptr;
-    kv_dtype type = KV_DT_F32;
-    size_t row_bytes = 0;
-};
+using kvcu::dev_weight;
 
 struct dev_layer {
     float *attn_norm, *bq, *bk, *bv, *ffn_norm;
@@ -88,8 +85,7 @@ struct cuda_backend {
     dev_layer *layers;
     dev_weight tok_emb, classifier; /* classifier may alias tok_emb (the same p) */
     float *final_norm;
-    dbuf d_wtile; /* prefill: a dequantised tile of weight rows (fp32), or x in 16 bits */
-    size_t wtile_floats;
+    kvcu::dev_scratch d_wtile; /* prefill: a dequantised tile of weight rows, or x in 16 bits */
     /* activations [max_rows, ...] */
     float *x, *xb, *xb2, *q, *k, *v, *o, *hb, *hb2, *sel;
     float *rope_cos, *rope_sin; /* [max_ctx, d_h / 2] */
@@ -203,67 +199,16 @@ int upload(float **dst, const float *src, size_t n, kv_error *err) {
     return KV_OK;
 }
 
-/* A weight [rows, cols] uploaded as its file stores it: rows * kv_dtype_row_bytes(type, cols)
- * bytes, no conversion. */
+/* A weight [rows, cols] uploaded as its file stores it (kvcu::upload_weight). */
 int upload_weight(dev_weight *dst, kv_weight w, size_t rows, size_t cols, kv_error *err) {
-    *dst = dev_weight();
-    if (!w.data) return KV_OK;
-    size_t rb = 0;
-    if (kv_dtype_row_bytes(w.type, (int64_t)cols, "CUDA backend weight", &rb, err))
-        return KV_EINPUT;
-    CK(cudaMalloc(&dst->p, rows * rb));
-    dst->type = w.type;
-    dst->row_bytes = rb;
-    CK(cudaMemcpy(dst->p, w.data, rows * rb, cudaMemcpyHostToDevice));
-    return KV_OK;
+    return kvcu::upload_weight(dst, w, rows, cols, "CUDA backend", err);
 }
 
-/* Floats of the prefill tile: 4 Mi floats (16 MiB, few large GEMMs, as the CPU's 4 MiB tile),
- * or less when no matrix needs that much. */
-constexpr size_t kTileFloats = (size_t)1 << 22;
-
-/* y[rows, out] = x[rows, in] W^T with W [out, in] row-major in its type: in cuBLAS's
- * column-major terms Y' [out, rows] = W'^T X', W' = W viewed as [in, out], X' = x as
- * [in, rows]; a tile of W rows [o0, o0 + m) is the block of Y' rows at y + o0 (ldc out). */
+/* y[rows, out] = x[rows, in] W^T on the compute stream, W in its type (kvcu::matmul). */
 int gemm(cuda_backend *c, float *y, const float *x, const dev_weight &w, int rows, int in, int out,
          kv_error *err) {
-    const float one = 1.0f, zero = 0.0f;
-    if (w.type == KV_DT_F32) {
-        CKB(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, rows, in, &one, w.p, CUDA_R_32F,
-                         in, x, CUDA_R_32F, in, &zero, y, CUDA_R_32F, out, CUBLAS_COMPUTE_32F,
-                         CUBLAS_GEMM_DEFAULT));
-        return KV_OK;
-    }
-    if (rows <= KV_K_GEMV_ROWS) { /* decode: each weight row read once, in its type */
-        CK(kvcu::gemv(w.p, w.type, w.row_bytes, x, y, rows, in, out, c->compute));
-        return KV_OK;
-    }
-    if (w.type == KV_DT_F16 || w.type == KV_DT_BF16) { /* tensor cores, FP32 accumulation */
-        cudaDataType_t dt = w.type == KV_DT_F16 ? CUDA_R_16F : CUDA_R_16BF;
-        int rc = grow_dev(c->d_wtile, (size_t)rows * in * 2, err);
-        if (rc) return rc;
-        CK(kvcu::to_16(x, c->d_wtile.p, (size_t)rows * in, w.type, c->compute));
-        CKB(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, rows, in, &one, w.p, dt, in,
-                         c->d_wtile.p, dt, in, &zero, y, CUDA_R_32F, out, CUBLAS_COMPUTE_32F,
-                         CUBLAS_GEMM_DEFAULT));
-        return KV_OK;
-    }
-    /* block types: dequantise a tile of rows, multiply it in fp32 (the tile buffer is reused
-     * in stream order: the next tile's kernel runs after this GEMM) */
-    int tile = (int)(kTileFloats / (size_t)in);
-    if (tile < 1) tile = 1;
-    if (tile > out) tile = out;
-    int rc = grow_dev(c->d_wtile, (size_t)tile * in * sizeof(float), err);
-    if (rc) return rc;
-    float *t = static_cast<float *>(c->d_wtile.p);
-    for (int o0 = 0; o0 < out; o0 += tile) {
-        int m = out - o0 < tile ? out - o0 : tile;
-        CK(kvcu::dequant_rows(w.p, w.type, w.row_bytes, in, o0, m, t, c->compute));
-        CKB(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, m, rows, in, &one, t, CUDA_R_32F, in, x,
-                         CUDA_R_32F, in, &zero, y + o0, CUDA_R_32F, out, CUBLAS_COMPUTE_32F,
-                         CUBLAS_GEMM_DEFAULT));
-    }
-    return KV_OK;
+    return kvcu::matmul(c->blas, c->compute, &c->d_wtile, y, x, w, rows, in, out, "CUDA backend",
+                        err);
 }
 
 void free_layers(cuda_backend *c) {
@@ -528,27 +473,30 @@ int attention_queue(cuda_backend *c, const kv_pool *p, const kv_attn_task *tasks
         CK(kvcu::table_patch(tabs, tables, patches, c->compute));
         tables = tabs;
     }
-    /* a decode step without statistics: split each task's entries into chunks so that the grid
-     * fills the device (kv_k_split_plan); else one block per task */
-    int decode = !L.tracked;
+    /* a decode step: split each task's entries into chunks so that the grid fills the device
+     * (kv_k_split_plan; tracked heads get their statistics from kv_k_decode_stats); else one
+     * block per task */
+    int decode = 1;
     for (int i = 0; i < n_tasks && decode; i++) decode = tasks[i].n == 1;
     kv_k_split sp = kv_k_split_plan(n_tasks, L.longest, bs, c->sms);
+    const kv_k_attn_task *d_tasks = reinterpret_cast<const kv_k_attn_task *>(d);
+    const int *d_pos = reinterpret_cast<const int *>(d + L.o_pos);
+    float *d_acc = reinterpret_cast<float *>(d + L.o_acc);
+    float *d_acc2 = reinterpret_cast<float *>(d + L.o_acc2);
     if (decode && sp.chunks > 1) {
         rc = grow_dev(c->d_part, (size_t)n_tasks * sp.chunks * g * (size_t)(hd + 2) * sizeof(float),
                       err);
         if (rc) return rc;
-        CK(kvcu::decode_attention_split(
-            dev_pool(p), tables, reinterpret_cast<const kv_k_attn_task *>(d), n_tasks, c->q, c->o,
-            cfg->n_heads * hd, g, sp.chunk, sp.chunks, static_cast<float *>(c->d_scores.p),
-            L.longest, static_cast<float *>(c->d_part.p), c->compute));
-        CK(cudaEventRecord(c->attn_done, c->compute));
-        return KV_OK;
+        CK(kvcu::decode_attention_split(dev_pool(p), tables, d_tasks, n_tasks, c->q, c->o,
+                                        cfg->n_heads * hd, g, sp.chunk, sp.chunks,
+                                        static_cast<float *>(c->d_scores.p), L.longest,
+                                        static_cast<float *>(c->d_part.p), d_pos,
+                                        L.tracked ? d_acc : nullptr, d_acc2, c->compute));
+    } else {
+        CK(kvcu::paged_attention(dev_pool(p), tables, d_tasks, n_tasks, d_pos, d_acc, d_acc2, c->q,
+                                 c->o, cfg->n_heads * hd, g, static_cast<float *>(c->d_scores.p),
+                                 L.longest, c->compute));
     }
-    CK(kvcu::paged_attention(dev_pool(p), tables, reinterpret_cast<const kv_k_attn_task *>(d),
-                             n_tasks, reinterpret_cast<const int *>(d + L.o_pos),
-                             reinterpret_cast<float *>(d + L.o_acc),
-                             reinterpret_cast<float *>(d + L.o_acc2), c->q, c->o, cfg->n_heads * hd,
-                             g, static_cast<float *>(c->d_scores.p), L.longest, c->compute));
     CK(cudaEventRecord(c->attn_done, c->compute));
     if (!L.tracked) return KV_OK;
     /* statistics back to the heads' host arrays, where the policies read them */

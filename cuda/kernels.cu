@@ -80,8 +80,8 @@ cudaError_t paged_attention(const kv_k_pool &pool, const int *tables, const kv_k
 cudaError_t decode_attention_split(const kv_k_pool &pool, const int *tables,
                                    const kv_k_attn_task *tasks, int n_tasks, const float *q,
                                    float *o, int q_stride, int g, int chunk, int chunks,
-                                   float *scratch, int scratch_stride, float *part,
-                                   cudaStream_t s) {
+                                   float *scratch, int scratch_stride, float *part, const int *pos,
+                                   float *acc, float *acc2, cudaStream_t s) {
     if (n_tasks <= 0) return cudaSuccess;
     int hd = pool.hd;
     size_t n_parts = (size_t)n_tasks * (size_t)chunks * (size_t)g;
@@ -91,6 +91,11 @@ cudaError_t decode_attention_split(const kv_k_pool &pool, const int *tables,
     (pool, tables, tasks, q, q_stride, g, chunk, chunks, scratch, scratch_stride, pm, ps, po);
     KV_LAUNCH(kv_k_decode_merge, n_tasks, kThreads, 0, s)
     (tasks, g, hd, chunks, pm, ps, po, o, q_stride);
+    if (acc) { /* the statistics of the tracked tasks */
+        KV_LAUNCH(kv_k_decode_stats, dim3((unsigned)n_tasks, (unsigned)chunks), kThreads,
+                  (size_t)g * sizeof(float), s)
+        (tasks, g, chunk, chunks, scratch, scratch_stride, pm, ps, pos, acc, acc2);
+    }
     return cudaGetLastError();
 }
 

@@ -32,12 +32,14 @@ cudaError_t paged_attention(const kv_k_pool &pool, const int *tables, const kv_k
                             float *o, int q_stride, int g, float *scratch, int scratch_stride,
                             cudaStream_t s);
 /* Split-sequence decode attention (kv_k_split_plan): kv_k_decode_split over (n_tasks,
- * chunks) blocks, then kv_k_decode_merge into o. Every task must have n = 1 and no
- * statistics. part: n_tasks * chunks * g * (hd + 2) floats of device scratch. */
+ * chunks) blocks, then kv_k_decode_merge into o, and, when acc is not NULL, kv_k_decode_stats
+ * (the statistics of the tracked tasks; pos, acc, acc2 as for paged_attention). Every task
+ * must have n = 1. part: n_tasks * chunks * g * (hd + 2) floats of device scratch. */
 cudaError_t decode_attention_split(const kv_k_pool &pool, const int *tables,
                                    const kv_k_attn_task *tasks, int n_tasks, const float *q,
                                    float *o, int q_stride, int g, int chunk, int chunks,
-                                   float *scratch, int scratch_stride, float *part, cudaStream_t s);
+                                   float *scratch, int scratch_stride, float *part, const int *pos,
+                                   float *acc, float *acc2, cudaStream_t s);
 /* Weights in their type (kernels/kv_quant.cuh; W device bytes, rows of row_bytes bytes in
  * ggml type t). gemv: y [rows, out] = x [rows, in] W^T, rows <= KV_K_GEMV_ROWS. dequant_rows:
  * dst [n_rows, in] fp32 = rows r0 .. r0 + n_rows of W. to_16: dst [n] = x in binary16 (t F16)

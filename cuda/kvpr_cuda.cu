@@ -1,19 +1,25 @@
 /* KVPR executor on a CUDA device (include/kvplan/kvcuda.h; KVPR, Jiang et al., §3.2-3.3, Eq.
  * 6-11): the device half of runtime/offload/kvpr_exec.c's rebuild. For each offloaded layer (host
  * memory, kv_kvpr_layer) with split l over s' tokens:
- *   copy stream:    K[l:s'], V[l:s'] host -> device (Eq. 6, M_KV = 2 (s' - l) h_kv p bytes),
- *   compute stream: X[0:l] host -> device, K[0:l] = X W_K^T (+ b_K, RoPE at 0..l-1),
- *                   V[0:l] = X W_V^T (+ b_V) (Eq. 7; cublasGemmEx FP32),
- * ordered by events: the result download waits for both. Layers are double-buffered: layer
- * i uses buffer set i % 2, so layer i+1's transfer and recomputation are queued while layer i
- * is still in flight; a set is refilled only after its previous layer's download finished.
+ *   copy stream:     K[l:s'], V[l:s'] host -> device (Eq. 6, M_KV = 2 (s' - l) h_kv p bytes),
+ *   compute stream:  X[0:l] host -> device, K[0:l] = X W_K^T (+ b_K, RoPE at 0..l-1),
+ *                    V[0:l] = X W_V^T (+ b_V) (Eq. 7), W_K / W_V on the device in their file's
+ *                    type and multiplied as the CUDA backend does (cuda/matmul.h: FP32 GEMM,
+ *                    typed GEMV, 16-bit tensor-core GEMM or dequantised tiles),
+ *   download stream: waits for both, then K, V [0:s'] device -> pinned staging.
+ * Layers are double-buffered: layer i uses buffer set i % 2. Every copy touches only pinned
+ * memory, so queuing never waits: layer i+1's transfer and recomputation are queued while layer
+ * i is still in flight. The host waits only when it reuses a set (layer i+2 waits for layer i's
+ * download, then copies layer i's K, V from the set's pinned staging to the caller's arrays and
+ * refills the set's input staging) and for the last two layers: n host waits for n >= 1 layers.
  * t_transfer and t_recompute are the CUDA events' elapsed times around each part (Eq. 9 and
  * M_KV / v_com), t_total the host wall time of the call divided evenly over the layers.
  * An error mid-call leaves the executor reusable: what was queued finishes and no buffer set
  * keeps naming a layer of the failed call. The conformance suite compares it with
  * kv_kvpr_rebuild on a GPU and on the fake CUDA runtime (tests/cuda_fake/), where
- * tests/test_cuda_fake.c also fails its GEMMs and allocations. */
+ * tests/test_cuda_fake.c also fails its GEMMs and allocations and counts its host waits. */
 #include "kernels.h"
+#include "matmul.h"
 
 #include "kvplan/kvcuda.h"
 #include "kvplan/quant.h"
@@ -36,10 +42,11 @@ namespace {
 
 struct kset {                   /* one buffer set */
     float *d_x, *d_k, *d_v;     /* [max_ctx, dim], [max_ctx, kvw] x 2 */
-    float *h_x, *h_k, *h_v;     /* pinned staging, same sizes */
+    float *h_x, *h_k, *h_v;     /* pinned input staging, same sizes */
+    float *o_k, *o_v;           /* pinned output staging [max_ctx, kvw] x 2 */
     cudaEvent_t c0, c1, r0, r1; /* copy start/end, recompute start/end */
-    cudaEvent_t free_ev;        /* the download that last used this set finished */
-    int layer;                  /* index in the caller's array whose timings are pending, or -1 */
+    cudaEvent_t done;           /* the download of the set's layer finished */
+    int layer; /* index in the caller's arrays whose K, V and timings are pending, or -1 */
 };
 
 } // namespace
@@ -47,11 +54,13 @@ struct kset {                   /* one buffer set */
 struct kv_cuda_kvpr {
     const kv_model *m;
     int max_ctx;
-    cudaStream_t compute, copy;
+    cudaStream_t compute, copy, down;
     cublasHandle_t blas;
-    float **wk, **wv, **bk, **bv; /* [n_layers] device weights (b* may be NULL) */
-    float *rope_cos, *rope_sin;   /* [max_ctx, d_h / 2] */
-    int *d_pos;                   /* 0 .. max_ctx - 1 */
+    kvcu::dev_weight *wk, *wv;  /* [n_layers] device weights in their file's type */
+    float **bk, **bv;           /* [n_layers] device biases (may be NULL) */
+    kvcu::dev_scratch tile;     /* matmul scratch (compute stream) */
+    float *rope_cos, *rope_sin; /* [max_ctx, d_h / 2] */
+    int *d_pos;                 /* 0 .. max_ctx - 1 */
     kset set[2];
 };
 
@@ -97,20 +106,22 @@ extern "C" void kv_cuda_kvpr_free(kv_cuda_kvpr *e) {
     if (!e) return;
     if (e->compute) cudaStreamSynchronize(e->compute);
     if (e->copy) cudaStreamSynchronize(e->copy);
+    if (e->down) cudaStreamSynchronize(e->down);
     int L = e->m->cfg.n_layers;
     for (int l = 0; l < L; l++) {
-        if (e->wk) cudaFree(e->wk[l]);
-        if (e->wv) cudaFree(e->wv[l]);
+        if (e->wk) cudaFree(e->wk[l].p);
+        if (e->wv) cudaFree(e->wv[l].p);
         if (e->bk) cudaFree(e->bk[l]);
         if (e->bv) cudaFree(e->bv[l]);
     }
-    free(e->wk);
-    free(e->wv);
+    delete[] e->wk;
+    delete[] e->wv;
     free(e->bk);
     free(e->bv);
     cudaFree(e->rope_cos);
     cudaFree(e->rope_sin);
     cudaFree(e->d_pos);
+    cudaFree(e->tile.p);
     for (kset &s : e->set) {
         cudaFree(s.d_x);
         cudaFree(s.d_k);
@@ -118,13 +129,16 @@ extern "C" void kv_cuda_kvpr_free(kv_cuda_kvpr *e) {
         cudaFreeHost(s.h_x);
         cudaFreeHost(s.h_k);
         cudaFreeHost(s.h_v);
-        cudaEvent_t evs[5] = {s.c0, s.c1, s.r0, s.r1, s.free_ev};
+        cudaFreeHost(s.o_k);
+        cudaFreeHost(s.o_v);
+        cudaEvent_t evs[5] = {s.c0, s.c1, s.r0, s.r1, s.done};
         for (cudaEvent_t ev : evs)
             if (ev) cudaEventDestroy(ev);
     }
     if (e->blas) cublasDestroy(e->blas);
     if (e->compute) cudaStreamDestroy(e->compute);
     if (e->copy) cudaStreamDestroy(e->copy);
+    if (e->down) cudaStreamDestroy(e->down);
     delete e;
 }
 
@@ -136,25 +150,23 @@ int setup(kv_cuda_kvpr *e, kv_error *err) {
     size_t dim = (size_t)c->dim, kvw = (size_t)c->n_kv_heads * hd, ctx = (size_t)e->max_ctx;
     CK(cudaStreamCreateWithFlags(&e->compute, cudaStreamNonBlocking));
     CK(cudaStreamCreateWithFlags(&e->copy, cudaStreamNonBlocking));
+    CK(cudaStreamCreateWithFlags(&e->down, cudaStreamNonBlocking));
+    /* default math mode, as the CUDA backend: FP32 GEMMs stay FP32 (TF32 only when asked),
+     * 16-bit weights use the tensor cores */
     if (cublasCreate(&e->blas) != CUBLAS_STATUS_SUCCESS ||
         cublasSetStream(e->blas, e->compute) != CUBLAS_STATUS_SUCCESS ||
-        cublasSetMathMode(e->blas, CUBLAS_PEDANTIC_MATH) != CUBLAS_STATUS_SUCCESS)
+        cublasSetMathMode(e->blas, CUBLAS_DEFAULT_MATH) != CUBLAS_STATUS_SUCCESS)
         return kv_fail(err, KV_EINTERNAL, "CUDA KVPR: cuBLAS initialisation failed");
-    e->wk = static_cast<float **>(calloc((size_t)L, sizeof(float *)));
-    e->wv = static_cast<float **>(calloc((size_t)L, sizeof(float *)));
+    e->wk = new (std::nothrow) kvcu::dev_weight[L];
+    e->wv = new (std::nothrow) kvcu::dev_weight[L];
     e->bk = static_cast<float **>(calloc((size_t)L, sizeof(float *)));
     e->bv = static_cast<float **>(calloc((size_t)L, sizeof(float *)));
     if (!e->wk || !e->wv || !e->bk || !e->bv)
         return kv_fail(err, KV_EINTERNAL, "out of memory (CUDA KVPR weights)");
     for (int l = 0; l < L; l++) {
         const kv_layer_weights &w = e->m->layers[l];
-        float *hk = nullptr, *hv = nullptr;
-        int rc = kv_weight_to_f32(w.wk, kvw, dim, &hk, err);
-        if (!rc) rc = kv_weight_to_f32(w.wv, kvw, dim, &hv, err);
-        if (!rc) rc = up(&e->wk[l], hk, kvw * dim, err);
-        if (!rc) rc = up(&e->wv[l], hv, kvw * dim, err);
-        free(hk);
-        free(hv);
+        int rc = kvcu::upload_weight(&e->wk[l], w.wk, kvw, dim, "CUDA KVPR", err);
+        if (!rc) rc = kvcu::upload_weight(&e->wv[l], w.wv, kvw, dim, "CUDA KVPR", err);
         if (!rc) rc = up(&e->bk[l], w.bk, kvw, err);
         if (!rc) rc = up(&e->bv[l], w.bv, kvw, err);
         if (rc) return rc;
@@ -192,25 +204,14 @@ int setup(kv_cuda_kvpr *e, kv_error *err) {
         CK(cudaHostAlloc(&s.h_x, ctx * dim * sizeof(float), cudaHostAllocDefault));
         CK(cudaHostAlloc(&s.h_k, ctx * kvw * sizeof(float), cudaHostAllocDefault));
         CK(cudaHostAlloc(&s.h_v, ctx * kvw * sizeof(float), cudaHostAllocDefault));
+        CK(cudaHostAlloc(&s.o_k, ctx * kvw * sizeof(float), cudaHostAllocDefault));
+        CK(cudaHostAlloc(&s.o_v, ctx * kvw * sizeof(float), cudaHostAllocDefault));
         CK(cudaEventCreate(&s.c0));
         CK(cudaEventCreate(&s.c1));
         CK(cudaEventCreate(&s.r0));
         CK(cudaEventCreate(&s.r1));
-        CK(cudaEventCreateWithFlags(&s.free_ev, cudaEventDisableTiming));
-        CK(cudaEventRecord(s.free_ev, e->compute));
+        CK(cudaEventCreateWithFlags(&s.done, cudaEventDisableTiming));
     }
-    return KV_OK;
-}
-
-/* y[rows, out] = x[rows, in] W^T, W [out, in] row-major (see cuda/backend_cuda.cu). */
-int gemm(kv_cuda_kvpr *e, float *y, const float *x, const float *w, int rows, int in, int out,
-         kv_error *err) {
-    const float one = 1.0f, zero = 0.0f;
-    cublasStatus_t s = cublasGemmEx(e->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, rows, in, &one, w,
-                                    CUDA_R_32F, in, x, CUDA_R_32F, in, &zero, y, CUDA_R_32F, out,
-                                    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-    if (s != CUBLAS_STATUS_SUCCESS)
-        return kv_fail(err, KV_EINTERNAL, "CUDA KVPR: cublasGemmEx: %s", cublasGetStatusString(s));
     return KV_OK;
 }
 
@@ -239,7 +240,22 @@ extern "C" int kv_cuda_kvpr_new(const struct kv_model *m, int max_ctx, kv_cuda_k
 
 namespace {
 
-/* Queue the n layers (rebuild's loop) and wait for them; on an error returns at once, with
+/* Wait for set s's download, then hand its layer's K, V (pinned staging) and timings to the
+ * caller's arrays; the set is free afterwards. */
+int finish_set(kv_cuda_kvpr *e, kset &s, const kv_kvpr_layer *layers, float *const *k_out,
+               float *const *v_out, kv_kvpr_timing *t, kv_error *err) {
+    if (s.layer < 0) return KV_OK;
+    CK(cudaEventSynchronize(s.done));
+    const kv_kvpr_layer &lc = layers[s.layer];
+    size_t n = (size_t)lc.seq * lc.kv_width * sizeof(float);
+    memcpy(k_out[s.layer], s.o_k, n);
+    memcpy(v_out[s.layer], s.o_v, n);
+    if (t) fill_timing(e, s, lc, &t[s.layer]);
+    s.layer = -1;
+    return KV_OK;
+}
+
+/* Queue the n layers (rebuild's loop) and collect them; on an error returns at once, with
  * work possibly still queued and sets naming layers of this call (the caller cleans up). */
 int queue_layers(kv_cuda_kvpr *e, const kv_kvpr_layer *layers, int n, float *const *k_out,
                  float *const *v_out, kv_kvpr_timing *t, kv_error *err) {
@@ -250,13 +266,17 @@ int queue_layers(kv_cuda_kvpr *e, const kv_kvpr_layer *layers, int n, float *con
         const kv_kvpr_layer &lc = layers[i];
         kset &s = e->set[i % 2];
         int l = lc.split, tail = lc.seq - lc.split;
-        /* the set's previous layer has been downloaded: its timings are final */
-        CK(cudaEventSynchronize(s.free_ev));
-        if (s.layer >= 0 && t) fill_timing(e, s, layers[s.layer], &t[s.layer]);
+        /* the set's previous layer (i - 2) has been downloaded: nothing queued reads or writes
+         * the set's buffers any more */
+        int rc = finish_set(e, s, layers, k_out, v_out, t, err);
+        if (rc) return rc;
         s.layer = i;
-        memcpy(s.h_x, lc.x, (size_t)l * dim * sizeof(float));
-        memcpy(s.h_k, lc.k, (size_t)tail * kvw * sizeof(float));
-        memcpy(s.h_v, lc.v, (size_t)tail * kvw * sizeof(float));
+        /* (x is NULL at split 0, k and v at split s': memcpy takes no NULL even for 0 bytes) */
+        if (l > 0) memcpy(s.h_x, lc.x, (size_t)l * dim * sizeof(float));
+        if (tail > 0) {
+            memcpy(s.h_k, lc.k, (size_t)tail * kvw * sizeof(float));
+            memcpy(s.h_v, lc.v, (size_t)tail * kvw * sizeof(float));
+        }
         /* copy stream: the transferred part K, V [l:s'] */
         CK(cudaEventRecord(s.c0, e->copy));
         CK(cudaMemcpyAsync(s.d_k + (size_t)l * kvw, s.h_k, (size_t)tail * kvw * sizeof(float),
@@ -269,8 +289,11 @@ int queue_layers(kv_cuda_kvpr *e, const kv_kvpr_layer *layers, int n, float *con
                            e->compute));
         CK(cudaEventRecord(s.r0, e->compute));
         if (l > 0) {
-            int rc = gemm(e, s.d_k, s.d_x, e->wk[lc.layer], l, dim, kvw, err);
-            if (!rc) rc = gemm(e, s.d_v, s.d_x, e->wv[lc.layer], l, dim, kvw, err);
+            rc = kvcu::matmul(e->blas, e->compute, &e->tile, s.d_k, s.d_x, e->wk[lc.layer], l, dim,
+                              kvw, "CUDA KVPR", err);
+            if (!rc)
+                rc = kvcu::matmul(e->blas, e->compute, &e->tile, s.d_v, s.d_x, e->wv[lc.layer], l,
+                                  dim, kvw, "CUDA KVPR", err);
             if (rc) return rc;
             CK(kvcu::add_bias(s.d_k, e->bk[lc.layer], l, kvw, e->compute));
             CK(kvcu::add_bias(s.d_v, e->bv[lc.layer], l, kvw, e->compute));
@@ -278,16 +301,20 @@ int queue_layers(kv_cuda_kvpr *e, const kv_kvpr_layer *layers, int n, float *con
                           e->compute));
         }
         CK(cudaEventRecord(s.r1, e->compute));
-        /* join: the merged K, V [0:s'] back to the caller */
-        CK(cudaStreamWaitEvent(e->compute, s.c1, 0));
-        CK(cudaMemcpyAsync(k_out[i], s.d_k, (size_t)lc.seq * kvw * sizeof(float),
-                           cudaMemcpyDeviceToHost, e->compute));
-        CK(cudaMemcpyAsync(v_out[i], s.d_v, (size_t)lc.seq * kvw * sizeof(float),
-                           cudaMemcpyDeviceToHost, e->compute));
-        CK(cudaEventRecord(s.free_ev, e->compute));
+        /* download stream: the merged K, V [0:s'] to the set's pinned staging, after both */
+        CK(cudaStreamWaitEvent(e->down, s.c1, 0));
+        CK(cudaStreamWaitEvent(e->down, s.r1, 0));
+        CK(cudaMemcpyAsync(s.o_k, s.d_k, (size_t)lc.seq * kvw * sizeof(float),
+                           cudaMemcpyDeviceToHost, e->down));
+        CK(cudaMemcpyAsync(s.o_v, s.d_v, (size_t)lc.seq * kvw * sizeof(float),
+                           cudaMemcpyDeviceToHost, e->down));
+        CK(cudaEventRecord(s.done, e->down));
     }
-    CK(cudaStreamSynchronize(e->compute));
-    CK(cudaStreamSynchronize(e->copy));
+    /* the last two layers, oldest first */
+    for (int i = n - 2 < 0 ? 0 : n - 2; i < n; i++) {
+        int rc = finish_set(e, e->set[i % 2], layers, k_out, v_out, t, err);
+        if (rc) return rc;
+    }
     return KV_OK;
 }
 
@@ -311,19 +338,15 @@ extern "C" int kv_cuda_kvpr_rebuild(kv_cuda_kvpr *e, const struct kv_kvpr_layer 
     double t0 = kv_now();
     int rc = queue_layers(e, layers, n, k_out, v_out, t, err);
     if (rc) {
-        /* an error mid-loop: let what was queued finish (it writes only this call's arrays)
-         * and forget this call's layers, so the next call never reads or writes past its own
-         * arrays through a stale set[].layer; t is then unspecified */
+        /* an error mid-loop: let what was queued finish (it writes only the executor's own
+         * buffers) and forget this call's layers, so the next call never reads or writes past
+         * its own arrays through a stale set[].layer; k_out, v_out and t are then unspecified */
         cudaStreamSynchronize(e->compute);
         cudaStreamSynchronize(e->copy);
+        cudaStreamSynchronize(e->down);
         for (kset &s : e->set) s.layer = -1;
         return rc;
     }
-    for (kset &s : e->set)
-        if (s.layer >= 0) {
-            if (t) fill_timing(e, s, layers[s.layer], &t[s.layer]);
-            s.layer = -1;
-        }
     double wall = kv_now() - t0;
     if (t)
         for (int i = 0; i < n; i++) t[i].t_total = wall / n;

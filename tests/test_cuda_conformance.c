@@ -14,9 +14,9 @@
  *    prefill equal on both devices and to the block arithmetic sum over heads of
  *    ceil(len / b_s) * 2 * b_s * row_bytes(type), last logits within 1e-4;
  *  - the KVPR executor: every layer of a 128-token prefill offloaded at splits 0, 1, 64, 127,
- *    128, rebuilt on the device (two streams, double-buffered layers) and by the CPU's
- *    kv_kvpr_rebuild: transferred rows bit-equal, recomputed rows within 1e-5 of the largest
- *    |K|, |V|; event timings positive where a part exists.
+ *    128, rebuilt on the device (copy, compute and download streams, double-buffered
+ *    layers) and by the CPU's kv_kvpr_rebuild: transferred rows bit-equal, recomputed rows
+ *    within 1e-5 of the largest |K|, |V|; event timings positive where a part exists.
  * Without a CUDA device (or without a CUDA build) nothing can be compared: the suite says so
  * and exits with ctest's SKIP code (SKIP_RETURN_CODE 77 in CMakeLists.txt), never a pass.
  * The same file, linked with the real cuda/ sources on the fake CUDA runtime
@@ -41,7 +41,7 @@
 #define KV_SKIP_CODE 77
 
 /* Under AddressSanitizer (the CI's ASan run on the fake CUDA runtime, where every kernel runs
- * on the host shim with a system call per fiber switch) the whole-model checks are shorter:
+ * instrumented on the host shim, each CUDA thread a fiber) the whole-model checks are shorter:
  * 40 greedy tokens, a 192-token perplexity chunk (R = 1/4 still evicts: budget 128). */
 #if defined(__SANITIZE_ADDRESS__)
 #define KV_ASAN 1
@@ -368,7 +368,7 @@ int main(int argc, char **argv) {
         {"greedy tokens equal (stories260K, 150 steps)", test_greedy_tokens},
         {"budgeted perplexity within 1e-4 (R = 1/4, h2o)", test_budgeted_perplexity},
         {"mixed K/V types: bytes in use, logits", test_bytes_in_use},
-        {"KVPR rebuild on two streams vs kv_kvpr_rebuild", test_kvpr_rebuild},
+        {"KVPR rebuild on three streams vs kv_kvpr_rebuild", test_kvpr_rebuild},
     };
     static const tu_suite suite = {"cuda_conformance", model_init, model_cleanup, tests,
                                    sizeof tests / sizeof tests[0]};

@@ -10,16 +10,21 @@
  *    in their type: 16-bit activations, dequantised tiles, the typed GEMV);
  *  - KVPR after a failed GEMM: the next rebuild of fewer layers touches only its own arrays
  *    (a sentinel past the caller's timing array stays untouched) and gives the CPU's rows;
+ *  - KVPR with W_K / W_V in their type (stories260K F32, 656K F16 and Q8_0 GGUFs) and its
+ *    outputs through pinned staging: n host waits for n layers, rows against the CPU
+ *    executor on fp32-widened weights (kvpr_typed_case);
  *  - --device auto when the CUDA backend cannot be made: the CPU runs and stderr says why,
  *    once;
  *  - a decode step of an untracked policy (sink) waits for the device once (the logits),
  *    uploads the step's positions once, not per layer, and the same bytes at two context
- *    lengths (block tables resident on the device);
+ *    lengths (block tables resident on the device); a decode step of h2o (statistics) runs the
+ *    split-sequence kernels (grid > tasks) and waits once per layer plus once;
  *  - weights in their type, TinyStories-656K F16 and Q8_0 GGUFs, and the F16 file's matrices
  *    re-stored as BF16 and Q4_0: device bytes equal to the tensor bytes; perplexity and decode
  *    logits against the CPU (typed_weights_case). */
 #include "testutil.h"
 
+#include "../cuda/kernels/kv_tasks.h" /* KV_K_GEMV_ROWS */
 #include "cuda_fake.h"
 #include "backend/backend_impl.h"
 #include "kvplan/engine.h"
@@ -170,7 +175,7 @@ static void test_oom_engine_run(void) {
     sweep_engine(g_model, KVFAKE_MALLOC, "cudaMalloc", ids, 1);
     sweep_engine(g_model, KVFAKE_HOST_ALLOC, "cudaHostAlloc", ids, 1);
     /* GEMMs: 7 per layer step; every 5th reaches every op of every phase (every 19th under
-     * ASan, where each run costs ten times as much) */
+     * ASan, where each run costs several times as much) */
 #if defined(__SANITIZE_ADDRESS__)
     sweep_engine(g_model, KVFAKE_GEMM, "cublasGemmEx", ids, 19);
 #else
@@ -265,6 +270,149 @@ static void test_kvpr_after_failed_gemm(void) {
     free(ids);
 }
 
+/* The model m with W_K / W_V widened to fp32 (layers[] and the fp32 copies owned by *ref;
+ * free with kvpr_ref_free): the CPU's KVPR executor on it computes K = X W^T in fp32 from the
+ * exact dequantised weights, the reference for the device's typed matmul. */
+typedef struct kvpr_ref {
+    kv_model m;
+    float **w; /* [2 * n_layers] */
+} kvpr_ref;
+
+static void kvpr_ref_make(const kv_model *m, kvpr_ref *r) {
+    const kv_config *c = &m->cfg;
+    int L = c->n_layers;
+    size_t kvd = (size_t)c->n_kv_heads * c->head_dim, rb = 0;
+    kv_error err = {0};
+    r->m = *m;
+    r->m.layers = malloc(sizeof(kv_layer_weights) * (size_t)L);
+    r->w = calloc(2 * (size_t)L, sizeof(float *));
+    CU_ASSERT_FATAL(r->m.layers && r->w);
+    for (int l = 0; l < L; l++) {
+        r->m.layers[l] = m->layers[l];
+        kv_weight *ws[2] = {&r->m.layers[l].wk, &r->m.layers[l].wv};
+        for (int j = 0; j < 2; j++) {
+            kv_weight w = *ws[j];
+            CU_ASSERT_FATAL(kv_dtype_row_bytes(w.type, c->dim, "test", &rb, &err) == KV_OK);
+            float *f = malloc(sizeof(float) * kvd * (size_t)c->dim);
+            CU_ASSERT_FATAL(f != NULL);
+            for (size_t o = 0; o < kvd; o++)
+                CU_ASSERT_FATAL(kv_dequantize_row(w.type, (const unsigned char *)w.data + o * rb,
+                                                  f + o * (size_t)c->dim, c->dim, &err) == KV_OK);
+            r->w[2 * l + j] = f;
+            *ws[j] = kv_weight_f32(f);
+        }
+    }
+}
+
+static void kvpr_ref_free(kvpr_ref *r) {
+    for (int i = 0; i < 2 * r->m.cfg.n_layers; i++) free(r->w[i]);
+    free(r->w);
+    free(r->m.layers);
+}
+
+/* The KVPR executor on the device with m's weights in their type and its outputs through
+ * pinned staging on a third stream: every layer of an S = 48 token prefill offloaded at
+ * split 30 (the prefill GEMMs: fp32, 16-bit activations or dequantised tiles) and at split 5
+ * (<= 8 rows: the typed GEMV). Per call of n layers: n host waits (the set reused two layers
+ * later, then the last two), so layer i + 1 is queued before the host waits for layer i;
+ * D2H bytes = n * 2 * S * kv_width * 4. Transferred rows bit-equal to the host's; recomputed
+ * rows against the CPU executor on the fp32-widened weights within tol (split 30) and 1e-5
+ * (split 5) of the largest |K| or |V| (the fake's memory is NaN-filled and its streams run
+ * only when the host waits: a missing wait shows as NaN or a stale row). */
+static void kvpr_typed_case(const char *rel, const char *tok, double tol) {
+    kv_model *m = tu_load_shared(rel);
+    const kv_config *cfg = &m->cfg;
+    enum { S = 48 };
+    int n = 0;
+    int *ids = tu_text_tokens(m, tok ? tu_shared(tok) : NULL, 0, &n);
+    CU_ASSERT_FATAL(n >= S);
+    int L = cfg->n_layers, kvd = cfg->n_kv_heads * cfg->head_dim;
+    size_t all = (size_t)S * kvd;
+    kv_error err = {0};
+    tu_prefill pf;
+    tu_prefill_capture(m, ids, S, &pf);
+    kvpr_ref ref;
+    kvpr_ref_make(m, &ref);
+    kv_kvpr_exec *cpu = NULL;
+    CU_ASSERT_FATAL(kv_kvpr_exec_new(&ref.m, S, &cpu, &err) == KV_OK);
+    kvfake_reset();
+    kv_cuda_kvpr *dev = NULL;
+    CU_ASSERT_FATAL(kv_cuda_kvpr_new(m, S, &dev, &err) == KV_OK);
+    kv_kvpr_layer *lcs = calloc((size_t)L, sizeof *lcs);
+    float **kd = calloc((size_t)L, sizeof *kd), **vd = calloc((size_t)L, sizeof *vd);
+    float *kc = malloc(sizeof(float) * all), *vc = malloc(sizeof(float) * all);
+    kv_kvpr_timing *t = calloc((size_t)L, sizeof *t);
+    for (int l = 0; l < L; l++) {
+        kd[l] = malloc(sizeof(float) * all);
+        vd[l] = malloc(sizeof(float) * all);
+    }
+    const int splits[2] = {30, 5};
+    for (int si = 0; si < 2; si++) {
+        int split = splits[si];
+        for (int l = 0; l < L; l++)
+            CU_ASSERT_FATAL(kv_kvpr_layer_offload(m, &pf.cache, l,
+                                                  pf.x_in + (size_t)l * S * cfg->dim, split,
+                                                  &lcs[l], &err) == KV_OK);
+        kvfake_zero_traffic();
+        int rc = kv_cuda_kvpr_rebuild(dev, lcs, L, kd, vd, t, &err);
+        kvfake_counters k = kvfake_get();
+        if (rc) printf("\n    %s", err.msg);
+        CU_ASSERT_FATAL(rc == KV_OK);
+        double worst = 0.0, mx = 0.0;
+        int tail_equal = 1;
+        for (int l = 0; l < L; l++) {
+            CU_ASSERT_FATAL(kv_kvpr_rebuild(cpu, &lcs[l], kc, vc, 0, NULL, &err) == KV_OK);
+            size_t head = (size_t)split * kvd;
+            tail_equal &= memcmp(kd[l] + head, kc + head, sizeof(float) * (all - head)) == 0 &&
+                          memcmp(vd[l] + head, vc + head, sizeof(float) * (all - head)) == 0;
+            for (size_t i = 0; i < head; i++) {
+                double dk = fabs((double)kd[l][i] - kc[i]), dv = fabs((double)vd[l][i] - vc[i]);
+                worst = dk > worst || dk != dk ? dk : worst;
+                worst = dv > worst || dv != dv ? dv : worst;
+                mx = fabs(kc[i]) > mx ? fabs(kc[i]) : mx;
+                mx = fabs(vc[i]) > mx ? fabs(vc[i]) : mx;
+            }
+            CU_ASSERT(t[l].t_recompute > 0.0 && t[l].t_transfer > 0.0);
+        }
+        double bound = split > KV_K_GEMV_ROWS ? tol : 1e-5;
+        printf("\n    %s, %d layers at split %d of %d: %ld host waits, %ld GEMMs, %.0f D2H bytes; "
+               "transferred rows %s; recomputed within %.3g of the largest |K|, |V| %.3g "
+               "(bound %.0e)",
+               rel, L, split, S, k.syncs, k.gemms, k.d2h_bytes, tail_equal ? "equal" : "DIFFER",
+               mx > 0 ? worst / mx : worst, mx, bound);
+        CU_ASSERT(k.syncs == L);
+        CU_ASSERT(k.d2h_bytes == (double)L * 2.0 * (double)all * sizeof(float));
+        CU_ASSERT(tail_equal);
+        CU_ASSERT(worst <= bound * mx);
+        for (int l = 0; l < L; l++) kv_kvpr_layer_free(&lcs[l]);
+    }
+    kv_cuda_kvpr_free(dev);
+    CU_ASSERT(nothing_allocated());
+    kv_kvpr_exec_free(cpu);
+    for (int l = 0; l < L; l++) {
+        free(kd[l]);
+        free(vd[l]);
+    }
+    free(kd);
+    free(vd);
+    free(kc);
+    free(vc);
+    free(t);
+    free(lcs);
+    kvpr_ref_free(&ref);
+    tu_prefill_free(&pf);
+    free(ids);
+    kv_model_free(m);
+}
+
+/* stories260K (F32: FP32 GEMM), TinyStories-656K F16 (16-bit activations above 8 rows: 1e-3)
+ * and Q8_0 (dequantised tiles). */
+static void test_kvpr_typed_pinned(void) {
+    kvpr_typed_case(M260, TOK260, 1e-5);
+    kvpr_typed_case(G656_F16, NULL, 1e-3);
+    kvpr_typed_case(G656_Q8, NULL, 1e-5);
+}
+
 static void test_device_auto_says_why(void) {
     char path[] = "/tmp/kvplan_fake_stderrXXXXXX";
     int fd = mkstemp(path);
@@ -296,14 +444,20 @@ static void test_device_auto_says_why(void) {
               strstr(text, "running on the CPU"));
 }
 
-/* The decode steps after a prefill of `prompt` tokens (full sink plan); the counters of the
- * last of 4 steps in *last, the most syncs of any in *worst_syncs. */
-static void decode_steps(const int *ids, int prompt, kvfake_counters *last, long *worst_syncs) {
+/* The decode steps after a prefill of `prompt` tokens (a full plan of policy pol, or with
+ * `budgeted` a uniform R = 1/4 plan, whose heads track statistics and evict); the counters of
+ * the last of 4 steps in *last (last_grid: the split decode kernel's grid), the most syncs of
+ * any in *worst_syncs. */
+static void decode_steps(const int *ids, int prompt, kv_policy pol, int budgeted,
+                         kvfake_counters *last, long *worst_syncs) {
     const kv_config *cfg = &g_model->cfg;
     kv_plan plan;
     kv_error err = {0};
-    CU_ASSERT_FATAL(kv_plan_full(cfg, cfg->seq_len, 16, 16, KV_POLICY_SINK, &plan, &err) == KV_OK);
+    int rc = budgeted ? kv_plan_uniform(cfg, 0.25, cfg->seq_len, 8, 4, pol, &plan, &err)
+                      : kv_plan_full(cfg, cfg->seq_len, 16, 16, pol, &plan, &err);
+    CU_ASSERT_FATAL(rc == KV_OK);
     kvfake_reset();
+    kvfake_watch_grid(kvfake_paged_attention_kernel(1));
     kv_engine_opts o = {0};
     o.device = KV_DEVICE_CUDA;
     kv_engine *e = NULL;
@@ -338,7 +492,7 @@ static void test_decode_step_counters(void) {
     long syncs[2];
     const int prompts[2] = {64, 300};
     for (int i = 0; i < 2; i++) {
-        decode_steps(ids, prompts[i], &k[i], &syncs[i]);
+        decode_steps(ids, prompts[i], KV_POLICY_SINK, 0, &k[i], &syncs[i]);
         printf("\n    decode step at length %d (%d layers): %ld syncs, %ld launches, %ld GEMMs, "
                "%ld H2D copies, %.0f H2D bytes",
                prompts[i] + 4, cfg->n_layers, k[i].syncs, k[i].launches, k[i].gemms,
@@ -349,6 +503,82 @@ static void test_decode_step_counters(void) {
         CU_ASSERT(k[i].h2d_copies == 3 + 2L * cfg->n_layers);
     }
     CU_ASSERT(k[0].h2d_bytes == k[1].h2d_bytes);
+    free(ids);
+}
+
+/* max |a - b| / max |b| */
+static double rel_to_max(const float *a, const float *b, size_t n) {
+    double d = 0.0, mx = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        double x = fabs((double)a[i] - (double)b[i]);
+        if (!(x <= d)) d = x;
+        if (fabs((double)b[i]) > mx) mx = fabs((double)b[i]);
+    }
+    return mx > 0 ? d / mx : d;
+}
+
+/* Logits of a 100-token prompt then 100 teacher-forced decode steps under a uniform R = 1/4
+ * h2o plan (budget 128: the last 72 steps evict by the heads' statistics) on device dev, into
+ * out [100 * vocab] (one row per decode step). */
+static void h2o_decode_logits(kv_device dev, const int *ids, float *out) {
+    const kv_config *cfg = &g_model->cfg;
+    enum { P = 100, S = 100 };
+    kv_plan plan;
+    kv_error err = {0};
+    CU_ASSERT_FATAL(kv_plan_uniform(cfg, 0.25, cfg->seq_len, 8, 4, KV_POLICY_H2O, &plan, &err) ==
+                    KV_OK);
+    kv_engine_opts o = {0};
+    o.device = dev;
+    kv_engine *e = NULL;
+    int seq = 0;
+    CU_ASSERT_FATAL(kv_engine_new(g_model, &plan, &o, &e, &err) == KV_OK);
+    CU_ASSERT_FATAL(kv_engine_seq_open(e, NULL, NULL, &seq, &err) == KV_OK);
+    CU_ASSERT_FATAL(kv_engine_prefill(e, seq, ids, P, KV_LOGITS_NONE, NULL, NULL, &err) == KV_OK);
+    for (int s = 0; s < S; s++)
+        CU_ASSERT_FATAL(kv_engine_decode(e, &seq, 1, &ids[P + s], out + (size_t)s * cfg->vocab_size,
+                                         &err) == KV_OK);
+    kv_engine_free(e);
+    kv_plan_free(&plan);
+}
+
+/* Decode steps of a policy with statistics (h2o, R = 1/4) take the split-sequence kernels: the
+ * grid is the tasks times the chunks (> the tasks), and the host waits once per layer (the
+ * statistics, which the policy reads) plus once for the logits. The values: 100 decode steps,
+ * 72 of them evicting by the statistics the split kernels accumulated, give the CPU's logits
+ * within 5e-3 of the largest (f16 K/V, as the conformance suite's per-op bound). */
+static void test_decode_step_tracked(void) {
+    const kv_config *cfg = &g_model->cfg;
+    int n = 0;
+    int *ids = tu_text_tokens(g_model, tu_shared(TOK260), 0, &n);
+    CU_ASSERT_FATAL(n >= 310);
+    kvfake_counters k;
+    long syncs = 0;
+    decode_steps(ids, 300, KV_POLICY_H2O, 1, &k, &syncs);
+    printf("\n    R = 1/4 h2o decode step at length 304 (%d KV heads, %d layers): split grid %ld "
+           "blocks, "
+           "%ld syncs, %ld launches",
+           cfg->n_kv_heads, cfg->n_layers, k.last_grid, k.syncs, k.launches);
+    CU_ASSERT(k.last_grid > cfg->n_kv_heads);
+    CU_ASSERT(k.last_grid % cfg->n_kv_heads == 0);
+    CU_ASSERT(syncs == 1 + cfg->n_layers);
+    size_t V = (size_t)cfg->vocab_size;
+    float *lg[2];
+    for (int d = 0; d < 2; d++) {
+        lg[d] = malloc(sizeof(float) * 100 * V);
+        CU_ASSERT_FATAL(lg[d] != NULL);
+        kvfake_reset();
+        h2o_decode_logits(d ? KV_DEVICE_CUDA : KV_DEVICE_CPU, ids, lg[d]);
+    }
+    CU_ASSERT(nothing_allocated());
+    double worst = 0.0;
+    for (int s = 0; s < 100; s++) {
+        double e = rel_to_max(lg[1] + (size_t)s * V, lg[0] + (size_t)s * V, V);
+        worst = e > worst || e != e ? e : worst;
+    }
+    printf("; 100 decode steps (72 evicting): logits within %.3g of the cpu's largest", worst);
+    CU_ASSERT(worst <= 5e-3);
+    free(lg[0]);
+    free(lg[1]);
     free(ids);
 }
 
@@ -380,17 +610,6 @@ static double tensor_bytes(const kv_model *m) {
     if (m->classifier.data != m->tok_emb.data) MAT(m->classifier, c->vocab_size, c->dim);
 #undef MAT
     return total + 4.0 * c->dim; /* final norm */
-}
-
-/* max |a - b| / max |b| */
-static double rel_to_max(const float *a, const float *b, size_t n) {
-    double d = 0.0, mx = 0.0;
-    for (size_t i = 0; i < n; i++) {
-        double x = fabs((double)a[i] - (double)b[i]);
-        if (!(x <= d)) d = x;
-        if (fabs((double)b[i]) > mx) mx = fabs((double)b[i]);
-    }
-    return mx > 0 ? d / mx : d;
 }
 
 /* One TinyStories-656K GGUF (F16 or Q8_0 matrices) on the CPU and on the CUDA backend:
@@ -567,8 +786,10 @@ int main(int argc, char **argv) {
         {"OOM sweep: KVPR executor creation", test_oom_kvpr_creation},
         {"OOM and GEMM sweep: an engine run", test_oom_engine_run},
         {"KVPR: a failed GEMM leaves no stale state", test_kvpr_after_failed_gemm},
+        {"KVPR: weights in their type, pinned outputs, n waits", test_kvpr_typed_pinned},
         {"--device auto says why it fell back", test_device_auto_says_why},
         {"decode step: one sync, positions once, H2D bytes flat", test_decode_step_counters},
+        {"decode step with statistics: split kernels", test_decode_step_tracked},
         {"weights in their type: 656K F16 / Q8_0 / BF16 / Q4_0 vs the CPU",
          test_typed_weights_656k},
     };

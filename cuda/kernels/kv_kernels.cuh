@@ -262,12 +262,13 @@ KV_GLOBAL void kv_k_paged_attention(kv_k_pool P, const int *tables, const kv_k_a
 
 /* Split-sequence decode attention, part 1 (kv_k_split_plan): grid (n_tasks, chunks); block
  * (task b, chunk c) takes entries [c * chunk, min(len, (c + 1) * chunk)) of task b, which must
- * have n = 1 (one query per head, a decode step) and no statistics. For each query head gh of
+ * have n = 1 (one query per head, a decode step). For each query head gh of
  * the group it writes, at part index pi = (b * chunks + c) * g + gh, the chunk's score
  * maximum m[pi], the sum of exp(s_e - m) s[pi] and the unnormalised output
  * o_part[pi * hd + d] = sum_e exp(s_e - m) v_e[d]; an empty chunk writes m = -inf, s = 0.
  * K/V rows in their stored type, as kv_k_paged_attention (the same device functions).
- * Scores go to scratch as in kv_k_paged_attention (task b's rows, the chunk's columns).
+ * Scores go to scratch as in kv_k_paged_attention (task b's rows, the chunk's columns), as
+ * exp(s_e - m) of the chunk's m: kv_k_decode_stats reads them for tracked tasks.
  * Dynamic shared memory: g * hd floats. */
 KV_GLOBAL void kv_k_decode_split(kv_k_pool P, const int *tables, const kv_k_attn_task *tasks,
                                  const float *q, int q_stride, int g, int chunk, int chunks,
@@ -336,6 +337,65 @@ KV_GLOBAL void kv_k_decode_merge(const kv_k_attn_task *tasks, int g, int hd, int
             a += part_o[pi * hd + (size_t)(x % hd)] * w;
         }
         orow[x] = a / S;
+    }
+}
+
+/* The merged maximum *M and sum *S of query head gh of task b over its chunks, in chunk
+ * order (kv_k_decode_merge and kv_k_decode_stats compute them alike). */
+KV_DEVICE void kv_k_merged_ms(int b, int gh, int g, int chunks, const float *part_m,
+                              const float *part_s, float *M, float *S) {
+    size_t base = (size_t)b * (size_t)chunks * (size_t)g + (size_t)gh;
+    float m = -INFINITY, s = 0.0f;
+    for (int c = 0; c < chunks; c++) {
+        float x = part_m[base + (size_t)c * g];
+        m = x > m ? x : m;
+    }
+    for (int c = 0; c < chunks; c++) {
+        size_t pi = base + (size_t)c * g;
+        if (part_s[pi] == 0.0f) continue; /* an empty chunk */
+        s += part_s[pi] * expf(part_m[pi] - m);
+    }
+    *M = m;
+    *S = s;
+}
+
+/* Split-sequence decode attention, part 3, for tasks with statistics (task.track): grid
+ * (n_tasks, chunks), after kv_k_decode_split. The softmax weight of entry e in chunk c for
+ * query head gh is w = exp(s_e - m_c) * exp(m_c - M) / S with the merged M and S of the task
+ * (the log-sum-exp merge applied to the chunk's stored exponentials: the weights of the
+ * one-block kernel up to rounding); then, as kv_k_paged_attention does after its query,
+ * acc[e] += w and, when pos(query) - pos(e) >= KV_K_L2_WINDOW, acc2[e] += w^2, for gh = 0..g-1
+ * in order, one thread per entry (no atomics). Untracked tasks and empty chunks do nothing.
+ * pos, acc, acc2: the metadata arrays of kv_k_paged_attention. Dynamic shared memory: g
+ * floats. */
+KV_GLOBAL void kv_k_decode_stats(const kv_k_attn_task *tasks, int g, int chunk, int chunks,
+                                 const float *scratch, int scratch_stride, const float *part_m,
+                                 const float *part_s, const int *pos, float *acc, float *acc2) {
+    KV_DYNAMIC_SHARED(float, fac); /* [g]: exp(m_c - M) / S per query head */
+    int b = kv_bid(), c = kv_bid_y();
+    kv_k_attn_task t = tasks[b];
+    int e0 = c * chunk, e1 = e0 + chunk < t.len ? e0 + chunk : t.len;
+    if (!t.track || e0 >= e1) return; /* uniform over the block: no barrier is skipped */
+    for (int gh = kv_tid(); gh < g; gh += kv_bdim()) {
+        float M, S;
+        kv_k_merged_ms(b, gh, g, chunks, part_m, part_s, &M, &S);
+        size_t pi = ((size_t)b * (size_t)chunks + (size_t)c) * (size_t)g + (size_t)gh;
+        fac[gh] = expf(part_m[pi] - M) / S;
+    }
+    kv_syncthreads();
+    const float *sc = scratch + (size_t)b * (size_t)g * (size_t)scratch_stride;
+    const int *tpos = pos + t.meta_off;
+    int qpos = tpos[t.len - 1];
+    for (int e = e0 + kv_tid(); e < e1; e += kv_bdim()) {
+        int counted = qpos - tpos[e] >= KV_K_L2_WINDOW;
+        float a = acc[t.meta_off + e], a2 = acc2[t.meta_off + e];
+        for (int gh = 0; gh < g; gh++) {
+            float w = sc[(size_t)gh * scratch_stride + e] * fac[gh];
+            a += w;
+            if (counted) a2 += w * w;
+        }
+        acc[t.meta_off + e] = a;
+        acc2[t.meta_off + e] = a2;
     }
 }
 

@@ -76,13 +76,16 @@ int kv_backend_cuda_new(const struct kv_model *m, int max_rows, int max_ctx,
 /* ---- KVPR executor on the device (cuda/kvpr_cuda.cu; KVPR, Jiang et al., §3.2-3.3) ----
  * The device half of kv_kvpr_rebuild (include/kvplan/kvpr_exec.h): K, V [l:s'] cross to the
  * device on a copy stream while a compute stream uploads X [0:l] and recomputes K, V [0:l]
- * (cublasGemmEx FP32, bias, RoPE), ordered by CUDA events; layers alternate between two buffer
- * sets, so one layer's work is queued while the previous one is in flight. */
+ * (W_K, W_V in their file's type: the CUDA backend's typed matmul; bias, RoPE), and a third
+ * stream downloads K, V [0:s'] into pinned staging after both, ordered by CUDA events; layers
+ * alternate between two buffer sets and no copy touches pageable memory, so one layer's work
+ * is queued while the previous one is in flight (n host waits for n layers). */
 typedef struct kv_cuda_kvpr kv_cuda_kvpr;
 struct kv_kvpr_layer;
 struct kv_kvpr_timing;
 /* Executor for model `m` (must outlive it) holding up to max_ctx tokens per layer: every
- * layer's W_K, W_V (and biases) uploaded once, pinned staging and two device buffer sets.
+ * layer's W_K, W_V (in their type) and biases uploaded once, pinned input and output staging
+ * and two device buffer sets.
  * Caller owns *out (kv_cuda_kvpr_free). KV_EINPUT without a device or for max_ctx < 1;
  * KV_EINTERNAL on CUDA failures. */
 int kv_cuda_kvpr_new(const struct kv_model *m, int max_ctx, kv_cuda_kvpr **out, kv_error *err);

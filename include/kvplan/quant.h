@@ -153,11 +153,6 @@ static inline kv_weight kv_weight_f32(const float *p) {
     return w;
 }
 
-/* A weight [rows, cols] converted to fp32 in a new host buffer *out [rows * cols] that the
- * caller owns (free()); F32 is copied. For code that keeps fp32 copies (the CUDA KVPR
- * executor's K/V projections). KV_EINPUT as kv_dtype_row_bytes; KV_EINTERNAL out of memory. */
-int kv_weight_to_f32(kv_weight w, size_t rows, size_t cols, float **out, kv_error *err);
-
 /* Row `row` of w (rows of `in` elements, a multiple of the type's block) dequantised into
  * dst [in] (an embedding lookup). No checks: the loaders validated the shape. */
 void kv_weight_row(kv_weight w, int in, int64_t row, float *dst);

@@ -956,21 +956,3 @@ void kv_weight_row(kv_weight w, int in, int64_t row, float *dst) {
     size_t rb = (size_t)(in / kv_dtype_block(w.type)) * kv_dtype_block_bytes(w.type);
     kv_dequantize_row(w.type, (const uint8_t *)w.data + (size_t)row * rb, dst, in, NULL);
 }
-
-int kv_weight_to_f32(kv_weight w, size_t rows, size_t cols, float **out, kv_error *err) {
-    *out = NULL;
-    size_t rb = 0;
-    int rc = kv_dtype_row_bytes(w.type, (int64_t)cols, "weight", &rb, err);
-    if (rc) return rc;
-    float *host = kv_malloc(rows * cols * sizeof(float), "fp32 copy of a weight", err);
-    if (!host) return KV_EINTERNAL;
-    const unsigned char *src = w.data;
-    for (size_t r = 0; r < rows && !rc; r++)
-        rc = kv_dequantize_row(w.type, src + r * rb, host + r * cols, (int64_t)cols, err);
-    if (rc) {
-        free(host);
-        return rc;
-    }
-    *out = host;
-    return KV_OK;
-}
