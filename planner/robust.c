@@ -202,14 +202,12 @@ static double cand_objective(const kv_robust_result *r, const double *ppl, kv_ro
     return obj == KV_ROBUST_WORST ? worst : obj == KV_ROBUST_BOTH ? mean + worst : mean;
 }
 
-/* The sensitivity options the search ran with (its ratio, C, b_s, grid p and policy). */
+/* The sensitivity options the search ran with (its ratio, C, b_s, grid p, policy and base KV
+ * type), tokens-only (the per-text curves are measured in the base type), no progress or
+ * task farm of their own. */
 static kv_sens_opts sens_opts(const struct kv_search_opts *o) {
-    kv_sens_opts so = o->sens;
-    so.ratio = o->ratio;
-    so.context = o->context;
-    so.block_size = o->block_size;
-    so.evict_block = o->evict_block;
-    so.policy = o->policy;
+    kv_sens_opts so = kv_search_sens_opts(o);
+    so.types_mask = 0;
     so.progress = NULL;
     so.tasks = NULL;
     return so;

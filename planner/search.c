@@ -620,6 +620,20 @@ static int search_knapsack_types(const kv_search_opts *o) {
     return o->sensitivity ? o->kv_types_mask : 0;
 }
 
+kv_sens_opts kv_search_sens_opts(const kv_search_opts *o) {
+    kv_sens_opts so = o->sens;
+    so.ratio = o->ratio;
+    so.context = o->context;
+    so.block_size = o->block_size;
+    so.evict_block = o->evict_block;
+    so.policy = o->policy;
+    so.progress = o->progress;
+    so.tasks = o->tasks;
+    so.kv_type = o->kv_type;
+    so.types_mask = search_knapsack_types(o);
+    return so;
+}
+
 /* Stage 3: one engine whose reservation is the full cache, so it runs every arm. */
 static int search_engine(search_ctx *c) {
     kv_plan full;
@@ -764,16 +778,7 @@ static int search_sensitivity(search_ctx *c) {
     for (int h = 0; h < c->nh; h++) res->policy[h] = o->policy;
     for (int h = 0; h < c->nh; h++) res->kv_types[h] = o->kv_type;
     if (!o->sensitivity) return KV_OK;
-    kv_sens_opts so = o->sens;
-    so.ratio = o->ratio;
-    so.context = o->context;
-    so.block_size = o->block_size;
-    so.evict_block = o->evict_block;
-    so.policy = o->policy;
-    so.progress = o->progress;
-    so.tasks = o->tasks;
-    so.kv_type = o->kv_type;
-    so.types_mask = search_knapsack_types(o);
+    kv_sens_opts so = kv_search_sens_opts(o);
     double uni = c->base_arm[1] >= 0 ? res->base_ppl[1] : NAN;
     rc = kv_sens_search(c->eng, c->m, c->ids, c->S, uni, &so, &res->sens, c->err);
     if (rc) return kv_fail_context(c->err, "sensitivity planning");

@@ -103,6 +103,10 @@ typedef struct kv_search_opts {
  * (the caller supplies them; the CLI default is t 0.50:0.95:0.05, r 0.05:0.95:0.05), p = 0.5,
  * eval 8192, held-out 4096, exhaustive. */
 void kv_search_opts_default(kv_search_opts *o, const kv_model *m);
+/* The sensitivity options a search runs with: o->sens with the search's ratio, C, b_s, grid p,
+ * policy, base KV type, progress, task farm and the knapsack's KV types (o->kv_types_mask when
+ * sensitivity planning runs, else none). A value; nothing to free. */
+kv_sens_opts kv_search_sens_opts(const kv_search_opts *o);
 
 /* Names of the baselines, in the order of kv_search_result.base_ppl. */
 #define KV_SEARCH_N_BASE 3
