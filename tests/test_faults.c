@@ -427,14 +427,16 @@ static void small_search(char *buf, size_t cap, const char *model, const char *t
 }
 
 /* The resume tests' inputs in the temporary folder: rp.h5 (a profile), copies of the text,
- * model and tokenizer. Made once: the last file written (tok512.bin) marks them done. */
+ * model and tokenizer. Made once: a marker file written last says they are there (other tests
+ * make files of the same names). */
 static void ensure_resume_files(void) {
     struct stat st;
-    if (stat(tu_tmp("tok512.bin"), &st) == 0) return;
+    if (stat(tu_tmp("resume-inputs.done"), &st) == 0) return;
     make_profile("rp.h5");
     char script[4096];
     snprintf(script, sizeof script,
-             "cp '%s' rt.txt && cp '%s' rm.bin && cp '%s' rtok.bin && cp rtok.bin tok512.bin",
+             "cp '%s' rt.txt && cp '%s' rm.bin && cp '%s' rtok.bin && cp rtok.bin tok512.bin && "
+             ": > resume-inputs.done",
              tu_shared("text/tinystories_val_head.txt"), tu_shared("models/" MODEL),
              tu_shared("models/stories260K/tok512.bin"));
     CU_ASSERT_EQUAL_FATAL(sh(script, NULL), 0);

@@ -633,6 +633,9 @@ static void test_matmul(void) {
         /* F32 weights take the BLAS path of the fp32 forward pass, bit for bit: sgemv per row
          * up to 4 rows, sgemm above */
         if (t == KV_DT_F32) {
+            /* as the CPU backend runs it: OpenBLAS on one thread (its sgemv's bits depend on
+             * its thread count; the backend's pool does the threading) */
+            openblas_set_num_threads(1);
             const float *wf32 = (const float *)(const void *)w;
             float *z = malloc((size_t)R * out * sizeof *z);
             kv_qmatmul(y, X, w, t, R, in, out, NULL, 0);
