@@ -617,21 +617,7 @@ static int search_baseline_budgets(search_ctx *c) {
 /* The KV types the sensitivity knapsack may choose (issue 22): kv_types_mask when sensitivity
  * planning runs, else none (the plan keeps o->kv_type in every head). */
 static int search_knapsack_types(const kv_search_opts *o) {
-    return o->sensitivity ? o->kv_types_mask : 0;
-}
-
-kv_sens_opts kv_search_sens_opts(const kv_search_opts *o) {
-    kv_sens_opts so = o->sens;
-    so.ratio = o->ratio;
-    so.context = o->context;
-    so.block_size = o->block_size;
-    so.evict_block = o->evict_block;
-    so.policy = o->policy;
-    so.progress = o->progress;
-    so.tasks = o->tasks;
-    so.kv_type = o->kv_type;
-    so.types_mask = search_knapsack_types(o);
-    return so;
+    return kv_search_sens_opts(o).types_mask;
 }
 
 /* Stage 3: one engine whose reservation is the full cache, so it runs every arm. */

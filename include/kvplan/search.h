@@ -105,8 +105,21 @@ typedef struct kv_search_opts {
 void kv_search_opts_default(kv_search_opts *o, const kv_model *m);
 /* The sensitivity options a search runs with: o->sens with the search's ratio, C, b_s, grid p,
  * policy, base KV type, progress, task farm and the knapsack's KV types (o->kv_types_mask when
- * sensitivity planning runs, else none). A value; nothing to free. */
-kv_sens_opts kv_search_sens_opts(const kv_search_opts *o);
+ * sensitivity planning runs, else none). A value; nothing to free. Inline so that the guard
+ * (planner/robust.c, which kv_search_write calls) shares it without a call cycle. */
+static inline kv_sens_opts kv_search_sens_opts(const kv_search_opts *o) {
+    kv_sens_opts so = o->sens;
+    so.ratio = o->ratio;
+    so.context = o->context;
+    so.block_size = o->block_size;
+    so.evict_block = o->evict_block;
+    so.policy = o->policy;
+    so.progress = o->progress;
+    so.tasks = o->tasks;
+    so.kv_type = o->kv_type;
+    so.types_mask = o->sensitivity ? o->kv_types_mask : 0;
+    return so;
+}
 
 /* Names of the baselines, in the order of kv_search_result.base_ppl. */
 #define KV_SEARCH_N_BASE 3
