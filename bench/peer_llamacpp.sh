@@ -64,7 +64,7 @@ lib() { # the one library matching $1 in $bins (versioned names: libllama.v0.5.0
     [ -n "$f" ] || { echo "no $1 in $bins" >&2; exit 1; }
     echo "$f"
 }
-libllama=$(lib 'libllama*.so') libggml=$(lib 'libggml.*so') libbase=$(lib 'libggml-base.so')
+libllama=$(lib 'libllama.*so') libggml=$(lib 'libggml.*so') libbase=$(lib 'libggml-base.so')
 
 # 2. the headers of the bundled llama.cpp source
 if [ ! -f "$peers/include/llama.h" ] || [ ! -f "$peers/ggml/include/ggml.h" ]; then
