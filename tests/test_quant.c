@@ -28,6 +28,7 @@
 #include "kvplan/model.h"
 #include "kvplan/quant.h"
 #include "kvplan/tokenizer.h"
+#include "model/quant_gemm.h"
 #include "gguf_writer.h"
 #include "synthetic.h"
 #include "testutil.h"
@@ -582,9 +583,18 @@ static void test_matmul(void) {
         kv_dequantize_row(t, w, deq, (int64_t)out * in, NULL);
         size_t sf = kv_qmatmul_scratch_floats(t, R, in, out);
         int integer = t != KV_DT_F32 && t != KV_DT_F16 && t != KV_DT_BF16;
-        CU_ASSERT_EQUAL(sf, t == KV_DT_F32 ? 0 : (size_t)144 * in);
-        /* one tile per thread */
-        CU_ASSERT_EQUAL(kv_qmatmul_scratch_threads(t, R, in, out, 3), 3 * sf);
+        int igemm = kv_qgemm_covers(t);
+        if (igemm) {
+            /* the quantised rows (padded to 20) and one panel of 144 W rows per thread */
+            size_t act = (kv_qgemm_act_bytes(R, in) + 63) / 64 * 64;
+            size_t pan = (kv_qgemm_panel_bytes(144, in) + 63) / 64 * 64;
+            CU_ASSERT_EQUAL(sf, (act + pan + 3) / 4);
+            CU_ASSERT_EQUAL(kv_qmatmul_scratch_threads(t, R, in, out, 3), (act + 3 * pan + 3) / 4);
+        } else {
+            CU_ASSERT_EQUAL(sf, t == KV_DT_F32 ? 0 : (size_t)144 * in);
+            /* one tile per thread */
+            CU_ASSERT_EQUAL(kv_qmatmul_scratch_threads(t, R, in, out, 3), 3 * sf);
+        }
         /* up to 16 rows the quantised rows of x (~1.16-1.25 bytes per element) */
         size_t s16 = kv_qmatmul_scratch_floats(t, 16, in, out);
         if (integer) {
@@ -597,8 +607,19 @@ static void test_matmul(void) {
         for (int c = 0; c < 6; c++) {
             int rows = rows_list[c];
             kv_qmatmul(y, X, w, t, rows, in, out, c == 3 ? scratch : NULL, c == 3 ? sf : 0);
-            /* quantised types: the integer dots up to 16 rows or without tile scratch */
-            int int_path = integer && (rows <= 16 || c != 3);
+            /* quantised types: the integer dots up to 16 rows or without tile scratch; above 16
+             * rows the integer GEMM for the types it covers (its bits: test_igemm) */
+            int int_path = integer && (rows <= 16 || (c != 3 && !igemm));
+            if (igemm && rows > 16) {
+                size_t ab = kv_qgemm_act_bytes(rows, in);
+                void *act = malloc(ab);
+                float *z = malloc((size_t)rows * out * sizeof *z);
+                kv_qgemm_quantize(X, rows, in, act);
+                kv_qgemm_ref(z, act, w, t, rows, in, out);
+                CU_ASSERT_EQUAL(memcmp(z, y, (size_t)rows * out * 4), 0);
+                free(z);
+                free(act);
+            }
             for (int r = 0; r < rows && int_path; r++) /* the bits of the integer dot */
                 for (int o = 0; o < out; o++) {
                     float e = 0;
@@ -610,7 +631,7 @@ static void test_matmul(void) {
                         o = out, r = rows;
                     }
                 }
-            for (int r = 0; r < rows && !int_path; r++)
+            for (int r = 0; r < rows && !int_path && !(igemm && rows > 16); r++)
                 for (int o = 0; o < out; o++) {
                     double s = 0, a = 0;
                     for (int i = 0; i < in; i++) {
@@ -658,6 +679,91 @@ static void test_matmul(void) {
     free(wf);
     free(y);
     free(y1);
+    kv_model_free(m);
+}
+
+/* The integer GEMM (runtime/model/quant_gemm.c, issue 23 item 2): for every type it covers and
+ * every isa of this CPU, the chunked kernel's outputs equal the portable reference's bit for
+ * bit (W rows and x rows not multiples of the 16 x 4 tile, two chunks); each reference output
+ * is within the activation rounding of the fp32 product of the dequantised row (the bound of
+ * test_int_dot with per-32 activation scales); a row's output does not depend on the batch. W:
+ * 100 rows of the 656K embedding rows (1024 long), x: w_up rows. */
+static void test_igemm(void) {
+    kv_model *m = tu_load_shared(M656);
+    int in = 1024, out = 100, rows_list[] = {1, 5, 17, 23};
+    const float *E = m->tok_emb.data, *X = m->layers[1].w_up.data;
+    float *wd = malloc((size_t)out * in * sizeof *wd);
+    float *y = malloc((size_t)23 * out * sizeof *y), *z = malloc((size_t)23 * out * sizeof *z);
+    void *act = malloc(kv_qgemm_act_bytes(23, in)), *act1 = malloc(kv_qgemm_act_bytes(1, in));
+    void *panel = malloc(kv_qgemm_panel_bytes(out, in));
+    int checked = 0, covered = 0;
+    double worst = 0;
+    for (int ti = 0; ti < KV_DT_COUNT; ti++) {
+        kv_dtype t = kv_dtype_all[ti];
+        if (!kv_qgemm_covers(t)) continue;
+        covered++;
+        size_t rb = 0;
+        kv_dtype_row_bytes(t, in, "w", &rb, NULL);
+        unsigned char *w = malloc(rb * out);
+        for (int o = 0; o < out; o++)
+            kv_quantize_row(t, E + (size_t)(o % 256) * in, w + rb * o, in, NULL);
+        kv_dequantize_row(t, w, wd, (int64_t)out * in, NULL);
+        for (int ri = 0; ri < 4; ri++) {
+            int rows = rows_list[ri];
+            kv_qgemm_quantize(X, rows, in, act);
+            kv_qgemm_ref(z, act, w, t, rows, in, out);
+            for (int isa = 0; isa <= KV_ISA_AVX512_VNNI; isa++) {
+                if (!kv_isa_available((kv_isa)isa)) continue;
+                memset(y, 0xff, (size_t)rows * out * sizeof *y);
+                kv_qgemm_range(y, act, w, t, rows, in, out, 0, 40, panel, (kv_isa)isa);
+                kv_qgemm_range(y, act, w, t, rows, in, out, 40, out, panel, (kv_isa)isa);
+                if (memcmp(y, z, (size_t)rows * out * 4))
+                    printf("\n  %s %s rows %d: differs from the reference", kv_dtype_name(t),
+                           kv_isa_name((kv_isa)isa), rows);
+                CU_ASSERT_EQUAL(memcmp(y, z, (size_t)rows * out * 4), 0);
+                checked++;
+            }
+            /* the last row alone */
+            kv_qgemm_quantize(X + (size_t)(rows - 1) * in, 1, in, act1);
+            kv_qgemm_range(y, act1, w, t, 1, in, out, 0, out, panel, kv_isa_best());
+            CU_ASSERT_EQUAL(memcmp(y, z + (size_t)(rows - 1) * out, (size_t)out * 4), 0);
+        }
+        /* the error against fp32 (23 rows' reference in z) */
+        for (int r = 0; r < 23; r++)
+            for (int o = 0; o < out; o++) {
+                const float *x = X + (size_t)r * in, *wr = wd + (size_t)o * in;
+                double ref = 0, bound = 0, mag = 0;
+                for (int b = 0; b < in / 32; b++) {
+                    double amax = 0;
+                    for (int j = 0; j < 32; j++) amax = fmax(amax, fabs(x[b * 32 + j]));
+                    double d = amax / 127;
+                    for (int j = 0; j < 32; j++) {
+                        int i = b * 32 + j;
+                        ref += (double)wr[i] * x[i];
+                        bound += 1.01 * fabs(wr[i]) * d / 2;
+                        mag += fabs(wr[i]) * (fabs(x[i]) + d / 2);
+                    }
+                }
+                bound += 4.0 * in * 0x1p-24 * mag;
+                double e = fabs(z[(size_t)r * out + o] - ref);
+                worst = fmax(worst, e / bound);
+                if (e > bound)
+                    printf("\n  %s (%d, %d): %.9g vs fp32 %.9g (bound %.3g)", kv_dtype_name(t), r,
+                           o, z[(size_t)r * out + o], ref, bound);
+                CU_ASSERT(e <= bound);
+            }
+        free(w);
+    }
+    printf("\n  integer GEMM: %d types, %d (type, rows, isa) results equal to the reference; "
+           "worst |error| / bound = %.3f",
+           covered, checked, worst);
+    CU_ASSERT(covered >= 7);
+    free(panel);
+    free(act1);
+    free(act);
+    free(z);
+    free(y);
+    free(wd);
     kv_model_free(m);
 }
 
@@ -1113,6 +1219,7 @@ int main(int argc, char **argv) {
         {"typed dot vs dequantise + double", test_dot},
         {"integer dots: every isa = portable, within the activation rounding", test_int_dot},
         {"typed matmul: dot, tiled GEMM, F32 paths", test_matmul},
+        {"integer GEMM: every isa = reference, within the activation rounding", test_igemm},
         {"pooled matmul: the same bits on 1, 2, 3 threads", test_matmul_pool},
         {"656K written in Q8_0/Q5_x/Q4_x: perplexity vs F32", test_656k_types_perplexity},
         {"K-quants on a synthetic 256-multiple model: logits vs F32", test_k_quants_synthetic},

@@ -19,6 +19,7 @@
 
 #include "kvplan/workers.h"
 #include "model/quant_dot.h"
+#include "model/quant_gemm.h"
 #include "util/f16.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -809,20 +810,37 @@ typedef enum mm_path {
     MM_INT,      /* quantised, rows <= KV_QINT_MAX_ROWS: integer dots */
     MM_DOT,      /* F16 / BF16 decode, or no scratch: fp32 typed dots */
     MM_TILE,     /* above: the chunk's W rows dequantised into its thread's tile, sgemm */
+    MM_IGEMM,    /* quantised above KV_QINT_MAX_ROWS: the integer GEMM (quant_gemm.h) */
 } mm_path;
 
 static mm_path mm_choose(kv_dtype wt, int rows) {
     if (wt == KV_DT_F32) return rows <= KV_QDOT_MAX_ROWS ? MM_F32_GEMV : MM_F32_GEMM;
-    if (kv_qdot_act_kind(wt)) return rows <= KV_QINT_MAX_ROWS ? MM_INT : MM_TILE;
+    if (kv_qdot_act_kind(wt)) {
+        if (rows <= KV_QINT_MAX_ROWS) return MM_INT;
+        return kv_qgemm_covers(wt) ? MM_IGEMM : MM_TILE;
+    }
     return rows <= KV_QDOT_MAX_ROWS ? MM_DOT : MM_TILE;
 }
 
 static int mm_chunk(mm_path p, kv_dtype wt, int in, int out) {
     /* small matrices (stories260K's) in one sgemm: splitting them gains nothing, and OpenBLAS
      * picks other kernels for small N, which moved batched results by rounding */
+    if (p == MM_IGEMM) return gemm_chunk(out); /* the bits do not depend on the chunks */
     if (p == MM_F32_GEMM || p == MM_TILE)
         return (size_t)out * (size_t)in <= ((size_t)1 << 18) ? out : gemm_chunk(out);
     return gemv_chunk((size_t)(in / kv_dtype_block(wt)) * kv_dtype_block_bytes(wt), out);
+}
+
+/* MM_IGEMM's scratch: the quantised rows of x, then one weight panel per thread (64-byte
+ * multiples, so every part stays as aligned as the buffer). */
+static size_t igemm_act_bytes(int rows, int in) {
+    return (kv_qgemm_act_bytes(rows, in) + 63) / 64 * 64;
+}
+static size_t igemm_panel_bytes(kv_dtype wt, int in, int out) {
+    return (kv_qgemm_panel_bytes(mm_chunk(MM_IGEMM, wt, in, out), in) + 63) / 64 * 64;
+}
+static size_t igemm_bytes(kv_dtype wt, int rows, int in, int out, int n_threads) {
+    return igemm_act_bytes(rows, in) + (size_t)n_threads * igemm_panel_bytes(wt, in, out);
 }
 
 size_t kv_qmatmul_scratch_threads(kv_dtype wt, int rows, int in, int out, int n_threads) {
@@ -832,6 +850,7 @@ size_t kv_qmatmul_scratch_threads(kv_dtype wt, int rows, int in, int out, int n_
     if (p == MM_INT)
         return ((size_t)rows * kv_qdot_act_bytes(wt, in) + sizeof(float) - 1) / sizeof(float);
     if (p == MM_TILE) return (size_t)n_threads * (size_t)mm_chunk(p, wt, in, out) * (size_t)in;
+    if (p == MM_IGEMM) return (igemm_bytes(wt, rows, in, out, n_threads) + 3) / 4;
     return 0;
 }
 
@@ -849,8 +868,11 @@ typedef struct mm_job {
     size_t rb;       /* bytes of a W row */
     const void *act; /* MM_INT: the quantised rows of x */
     float *tiles;    /* MM_TILE: [threads][cs * in] */
-    dot_fn dot;      /* MM_DOT */
-    int avx2;        /* the AVX2 GEMVs of F32 and F16 */
+    uint8_t *panels; /* MM_IGEMM: [threads][panel bytes] */
+    size_t panel_bytes;
+    kv_isa isa;
+    dot_fn dot; /* MM_DOT */
+    int avx2;   /* the AVX2 GEMVs of F32 and F16 */
 } mm_job;
 
 static void mm_run_chunk(void *ctx, int chunk, int tid) {
@@ -871,6 +893,10 @@ static void mm_run_chunk(void *ctx, int chunk, int tid) {
         break;
     case MM_INT:
         kv_qmatmul_int_range(j->y, j->act, j->W, j->wt, j->rows, j->in, j->out, o0, o1);
+        break;
+    case MM_IGEMM:
+        kv_qgemm_range(j->y, j->act, j->W, j->wt, j->rows, j->in, j->out, o0, o1,
+                       j->panels + (size_t)tid * j->panel_bytes, j->isa);
         break;
     case MM_DOT:
 #ifdef KV_QUANT_X86
@@ -925,6 +951,20 @@ void kv_qmatmul_pool(float *y, const float *x, const void *w, kv_dtype wt, int r
     if (j.path == MM_TILE &&
         !(scratch && scratch_floats >= kv_qmatmul_scratch_threads(wt, rows, in, out, threads)))
         j.path = kv_qdot_act_kind(wt) ? MM_INT : MM_DOT; /* no tile room: the dot paths */
+    if (j.path == MM_IGEMM) {
+        size_t need = igemm_bytes(wt, rows, in, out, threads);
+        uint8_t *a = scratch && scratch_floats * sizeof(float) >= need ? (uint8_t *)scratch : NULL;
+        if (!a) a = own = malloc(need);
+        if (a) {
+            kv_qgemm_quantize(x, rows, in, a);
+            j.act = a;
+            j.panels = a + igemm_act_bytes(rows, in);
+            j.panel_bytes = igemm_panel_bytes(wt, in, out);
+            j.isa = kv_isa_best();
+        } else {
+            j.path = MM_INT; /* out of memory: the integer dots (their own buffer) */
+        }
+    }
     if (j.path == MM_INT) {
         size_t ab = kv_qdot_act_bytes(wt, in), act = (size_t)rows * ab;
         void *a = scratch && scratch_floats * sizeof(float) >= act ? (void *)scratch : NULL;

@@ -1,0 +1,458 @@
+/* The quantised-activation integer GEMM (issue 23 item 2); layouts and the floating-point order
+ * are described in quant_gemm.h. Three kernels: the portable C reference, AVX2 (maddubs + madd;
+ * Q8_0 by the sign trick) and AVX-512 VNNI on 256-bit vectors (vpdpbusd; 32 vector registers,
+ * so a 16 x 4 tile of outputs), chosen by the caller's isa.
+ *
+ * Per call and per chunk of W rows, the chunk is packed into its thread's panel: strips of 8 W
+ * rows, for each block of 32 a 320-byte record: [k = 0..7][row 0..7][4 bytes] of u (so one
+ * 32-byte load holds elements 4k .. 4k + 3 of the 8 rows), then a [8] and m [8] as fp32. A
+ * micro-kernel multiplies 1 or 2 strips with 4 activation rows: per block, for each k, the 4
+ * bytes of an activation row broadcast to the 8 lanes and one dpbusd (or maddubs + madd) per
+ * (strip, row); the lanes are the 8 W rows, so every lane ends the block holding an exact I_b
+ * and no horizontal sum is needed. Packing costs ~1 pass over the chunk's weights per call;
+ * it is amortised over the rows of x (above KV_QINT_MAX_ROWS in quant.c). */
+#include "model/quant_gemm.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "util/f16.h"
+
+#ifdef __clang__
+#pragma clang fp contract(off)
+#endif
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define KV_QG_X86 1
+#include <immintrin.h>
+#define KV_QG_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define KV_QG_VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")))
+#endif
+
+#define QB 32   /* elements per block */
+#define REC 320 /* bytes of one strip's block record: 256 of u, 32 of a, 32 of m */
+#define NPAD 4  /* activation rows are padded to a multiple of this (the kernels' tile height) */
+
+static inline float h2f(const uint8_t *p) {
+    return kv_f16_to_f32(kv_load_u16le(p));
+}
+
+static size_t up64(size_t v) {
+    return (v + 63) / 64 * 64;
+}
+
+int kv_qgemm_covers(kv_dtype t) {
+    switch (t) {
+    case KV_DT_Q8_0:
+    case KV_DT_Q4_0:
+    case KV_DT_Q4_1:
+    case KV_DT_Q5_0:
+    case KV_DT_Q5_1:
+    case KV_DT_Q4_K:
+    case KV_DT_Q5_K:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+static int has_m(kv_dtype t) {
+    return t == KV_DT_Q4_1 || t == KV_DT_Q5_1 || t == KV_DT_Q4_K || t == KV_DT_Q5_K;
+}
+
+static int off_of(kv_dtype t) {
+    return t == KV_DT_Q8_0 ? 128 : t == KV_DT_Q4_0 ? 8 : t == KV_DT_Q5_0 ? 16 : 0;
+}
+
+/* ---- activation rows: q int8 [in] at 0; at up64(in): d [nb], ds [nb] fp32, s [nb] int32 ---- */
+
+static size_t act_row_bytes(int in) {
+    return up64((size_t)in) + up64((size_t)(in / QB) * 12);
+}
+
+size_t kv_qgemm_act_bytes(int rows, int in) {
+    size_t r = ((size_t)rows + NPAD - 1) / NPAD * NPAD;
+    return r * act_row_bytes(in);
+}
+
+typedef struct arow {
+    const int8_t *q;
+    const float *d, *ds;
+    const int32_t *s;
+} arow;
+
+static arow arow_of(const uint8_t *a, int in) {
+    const uint8_t *t = a + up64((size_t)in);
+    int nb = in / QB;
+    arow r = {(const int8_t *)a, (const float *)(const void *)t,
+              (const float *)(const void *)(t + 4 * (size_t)nb),
+              (const int32_t *)(const void *)(t + 8 * (size_t)nb)};
+    return r;
+}
+
+/* One block, portable: the arithmetic of quant_dot.c's quantiser. */
+static void quant_block_c(const float *x, int8_t *q, float *d, int32_t *s) {
+    float amax = 0.0f;
+    for (int j = 0; j < QB; j++) amax = fmaxf(amax, fabsf(x[j]));
+    float dd = amax / 127.0f, id = dd > 0.0f ? 1.0f / dd : 0.0f;
+    int32_t sum = 0;
+    for (int j = 0; j < QB; j++) {
+        float v = nearbyintf(x[j] * id);
+        int qi = v >= 127.0f ? 127 : v <= -127.0f ? -127 : (int)v;
+        q[j] = (int8_t)qi;
+        sum += qi;
+    }
+    *d = dd;
+    *s = sum;
+}
+
+#ifdef KV_QG_X86
+/* The same block with AVX2: max of |x| (exact), the same scalar d and 1/d, the products
+ * rounded to nearest even by vroundps (what nearbyintf does in the default mode), clamped. */
+KV_QG_AVX2 static void quant_block_avx2(const float *x, int8_t *q, float *d, int32_t *s) {
+    const __m256 nz = _mm256_set1_ps(-0.0f);
+    __m256 v0 = _mm256_loadu_ps(x), v1 = _mm256_loadu_ps(x + 8);
+    __m256 v2 = _mm256_loadu_ps(x + 16), v3 = _mm256_loadu_ps(x + 24);
+    __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(nz, v0), _mm256_andnot_ps(nz, v1)),
+                             _mm256_max_ps(_mm256_andnot_ps(nz, v2), _mm256_andnot_ps(nz, v3)));
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    float amax = _mm_cvtss_f32(h);
+    float dd = amax / 127.0f, id = dd > 0.0f ? 1.0f / dd : 0.0f;
+    const __m256 vid = _mm256_set1_ps(id), hi = _mm256_set1_ps(127.0f),
+                 lo = _mm256_set1_ps(-127.0f);
+#define QG_Q(v)                                                                                    \
+    _mm256_cvtps_epi32(_mm256_min_ps(                                                              \
+        _mm256_max_ps(                                                                             \
+            _mm256_round_ps(_mm256_mul_ps(v, vid), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), \
+            lo),                                                                                   \
+        hi))
+    __m256i i0 = QG_Q(v0), i1 = QG_Q(v1), i2 = QG_Q(v2), i3 = QG_Q(v3);
+#undef QG_Q
+    __m256i sum = _mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3));
+    __m128i t = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4e));
+    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xb1));
+    /* int32 -> int8 in element order: packs work per 128-bit lane, a dword permute restores */
+    __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
+    p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256((__m256i *)(void *)q, p);
+    *d = dd;
+    *s = _mm_cvtsi128_si32(t);
+}
+#endif
+
+void kv_qgemm_quantize(const float *x, int rows, int in, void *act) {
+    size_t rb = act_row_bytes(in);
+    int nb = in / QB, rp = (rows + NPAD - 1) / NPAD * NPAD;
+#ifdef KV_QG_X86
+    int avx2 = kv_isa_available(KV_ISA_AVX2);
+#endif
+    for (int r = 0; r < rp; r++) {
+        uint8_t *a = (uint8_t *)act + (size_t)r * rb;
+        if (r >= rows) {
+            memset(a, 0, rb);
+            continue;
+        }
+        uint8_t *t = a + up64((size_t)in);
+        float *d = (float *)(void *)t, *ds = d + nb;
+        int32_t *s = (int32_t *)(void *)(t + 8 * (size_t)nb);
+        for (int b = 0; b < nb; b++) {
+            const float *xb = x + (size_t)r * in + (size_t)b * QB;
+            int8_t *q = (int8_t *)a + (size_t)b * QB;
+#ifdef KV_QG_X86
+            if (avx2)
+                quant_block_avx2(xb, q, &d[b], &s[b]);
+            else
+#endif
+                quant_block_c(xb, q, &d[b], &s[b]);
+            ds[b] = d[b] * (float)s[b];
+        }
+    }
+}
+
+/* ---- weights ---- */
+
+static void k_scale_min(const uint8_t *sc, int s, int *scale, int *min) {
+    if (s < 4) {
+        *scale = sc[s] & 63;
+        *min = sc[s + 4] & 63;
+    } else {
+        *scale = (sc[s + 4] & 15) | (sc[s - 4] >> 6) << 4;
+        *min = (sc[s + 4] >> 4) | (sc[s] >> 6) << 4;
+    }
+}
+
+/* Block b (of 32) of the W row `row` of type t: u [32], a, m (quant_gemm.h). */
+static void unpack_blk(kv_dtype t, const uint8_t *row, int b, uint8_t *u, float *a, float *m) {
+    *m = 0.0f;
+    switch (t) {
+    case KV_DT_Q8_0: {
+        const uint8_t *blk = row + (size_t)b * 34;
+        for (int j = 0; j < QB; j++) u[j] = (uint8_t)(blk[2 + j] ^ 0x80u);
+        *a = h2f(blk);
+        return;
+    }
+    case KV_DT_Q4_0:
+    case KV_DT_Q4_1: {
+        int bytes = t == KV_DT_Q4_0 ? 18 : 20, qs = t == KV_DT_Q4_0 ? 2 : 4;
+        const uint8_t *blk = row + (size_t)b * (size_t)bytes;
+        for (int j = 0; j < 16; j++) {
+            u[j] = blk[qs + j] & 15;
+            u[j + 16] = blk[qs + j] >> 4;
+        }
+        *a = h2f(blk);
+        if (t == KV_DT_Q4_1) *m = h2f(blk + 2);
+        return;
+    }
+    case KV_DT_Q5_0:
+    case KV_DT_Q5_1: {
+        int bytes = t == KV_DT_Q5_0 ? 22 : 24, qh = t == KV_DT_Q5_0 ? 2 : 4;
+        const uint8_t *blk = row + (size_t)b * (size_t)bytes, *qs = blk + qh + 4;
+        uint32_t h = (uint32_t)blk[qh] | (uint32_t)blk[qh + 1] << 8 | (uint32_t)blk[qh + 2] << 16 |
+                     (uint32_t)blk[qh + 3] << 24;
+        for (int j = 0; j < 16; j++) {
+            u[j] = (uint8_t)((qs[j] & 15) | ((h >> j) & 1u) << 4);
+            u[j + 16] = (uint8_t)((qs[j] >> 4) | ((h >> (j + 16)) & 1u) << 4);
+        }
+        *a = h2f(blk);
+        if (t == KV_DT_Q5_1) *m = h2f(blk + 2);
+        return;
+    }
+    case KV_DT_Q4_K:
+    case KV_DT_Q5_K: {
+        int five = t == KV_DT_Q5_K, sb = b / 8, s = b % 8, c = s / 2, sh = 4 * (s & 1);
+        const uint8_t *blk = row + (size_t)sb * (five ? 176u : 144u);
+        const uint8_t *qs = blk + (five ? 48 : 16) + 32 * c, *qh = blk + 16;
+        int sc, mn;
+        k_scale_min(blk + 4, s, &sc, &mn);
+        for (int j = 0; j < QB; j++) {
+            int v = (qs[j] >> sh) & 15;
+            if (five) v |= ((qh[j] >> s) & 1) << 4;
+            u[j] = (uint8_t)v;
+        }
+        *a = h2f(blk) * (float)sc;
+        *m = -(h2f(blk + 2) * (float)mn);
+        return;
+    }
+    default:
+        memset(u, 0, QB);
+        *a = 0.0f;
+        return;
+    }
+}
+
+static size_t wrow_bytes(kv_dtype t, int in) {
+    return (size_t)(in / kv_dtype_block(t)) * kv_dtype_block_bytes(t);
+}
+
+/* ---- the portable reference ---- */
+
+static float ref_one(kv_dtype t, const uint8_t *wrow, arow x, int in) {
+    int off = off_of(t), hm = has_m(t);
+    float acc = 0.0f;
+    for (int b = 0; b < in / QB; b++) {
+        uint8_t u[QB];
+        float a, m;
+        unpack_blk(t, wrow, b, u, &a, &m);
+        int32_t I = 0;
+        for (int j = 0; j < QB; j++) I += ((int32_t)u[j] - off) * x.q[(size_t)b * QB + j];
+        acc = fmaf(a * x.d[b], (float)I, acc);
+        if (hm) acc = fmaf(m, x.ds[b], acc);
+    }
+    return acc;
+}
+
+void kv_qgemm_ref(float *y, const void *act, const void *w, kv_dtype wt, int rows, int in,
+                  int out) {
+    size_t arb = act_row_bytes(in), rb = wrow_bytes(wt, in);
+    for (int r = 0; r < rows; r++) {
+        arow x = arow_of((const uint8_t *)act + (size_t)r * arb, in);
+        for (int o = 0; o < out; o++)
+            y[(size_t)r * out + o] = ref_one(wt, (const uint8_t *)w + (size_t)o * rb, x, in);
+    }
+}
+
+/* ---- packing ---- */
+
+size_t kv_qgemm_panel_bytes(int cs, int in) {
+    size_t strips = ((size_t)cs + 15) / 16 * 2; /* even: the VNNI kernel takes strips in pairs */
+    return strips * (size_t)(in / QB) * REC;
+}
+
+/* Strip of W rows o .. o + 7 (rows at or past o1 zero) into P (nb records). */
+static void pack_strip(kv_dtype t, const uint8_t *W, size_t rb, int o, int o1, int nb, uint8_t *P) {
+    for (int r = 0; r < 8; r++) {
+        if (o + r >= o1) {
+            for (int b = 0; b < nb; b++) {
+                uint8_t *rec = P + (size_t)b * REC;
+                for (int k = 0; k < 8; k++) memset(rec + 32 * k + 4 * r, 0, 4);
+                memset(rec + 256 + 4 * r, 0, 4);
+                memset(rec + 288 + 4 * r, 0, 4);
+            }
+            continue;
+        }
+        const uint8_t *row = W + (size_t)(o + r) * rb;
+        for (int b = 0; b < nb; b++) {
+            uint8_t u[QB], *rec = P + (size_t)b * REC;
+            float a, m;
+            unpack_blk(t, row, b, u, &a, &m);
+            for (int k = 0; k < 8; k++) memcpy(rec + 32 * k + 4 * r, u + 4 * k, 4);
+            memcpy(rec + 256 + 4 * r, &a, 4);
+            memcpy(rec + 288 + 4 * r, &m, 4);
+        }
+    }
+}
+
+/* ---- kernels ---- */
+#ifdef KV_QG_X86
+
+static inline int32_t ld_i32(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+/* RM strips (P + m * sstride) x 4 activation rows (A + n * arb) -> o [4][16]. */
+#define QG_TILE_BODY(RM, IACC_INIT, DOTSTEP, HM)                                                   \
+    __m256 acc[RM][4];                                                                             \
+    for (int m_ = 0; m_ < RM; m_++)                                                                \
+        for (int n = 0; n < 4; n++) acc[m_][n] = _mm256_setzero_ps();                              \
+    for (int b = 0; b < nb; b++) {                                                                 \
+        __m256i I[RM][4];                                                                          \
+        for (int n = 0; n < 4; n++) {                                                              \
+            __m256i c0 = _mm256_set1_epi32(IACC_INIT);                                             \
+            for (int m_ = 0; m_ < RM; m_++) I[m_][n] = c0;                                         \
+        }                                                                                          \
+        for (int k = 0; k < 8; k++) {                                                              \
+            __m256i w[RM];                                                                         \
+            for (int m_ = 0; m_ < RM; m_++)                                                        \
+                w[m_] = _mm256_loadu_si256(                                                        \
+                    (const __m256i *)(const void *)(P + m_ * sstride + (size_t)b * REC + 32 * k)); \
+            for (int n = 0; n < 4; n++) {                                                          \
+                __m256i xb = _mm256_set1_epi32(ld_i32(x[n].q + (size_t)b * QB + 4 * k));           \
+                for (int m_ = 0; m_ < RM; m_++) DOTSTEP;                                           \
+            }                                                                                      \
+        }                                                                                          \
+        for (int m_ = 0; m_ < RM; m_++) {                                                          \
+            const uint8_t *rec = P + m_ * sstride + (size_t)b * REC;                               \
+            __m256 a = _mm256_loadu_ps((const float *)(const void *)(rec + 256));                  \
+            for (int n = 0; n < 4; n++)                                                            \
+                acc[m_][n] = _mm256_fmadd_ps(_mm256_mul_ps(a, _mm256_set1_ps(x[n].d[b])),          \
+                                             _mm256_cvtepi32_ps(I[m_][n]), acc[m_][n]);            \
+            if (HM) {                                                                              \
+                __m256 mv = _mm256_loadu_ps((const float *)(const void *)(rec + 288));             \
+                for (int n = 0; n < 4; n++)                                                        \
+                    acc[m_][n] = _mm256_fmadd_ps(mv, _mm256_set1_ps(x[n].ds[b]), acc[m_][n]);      \
+            }                                                                                      \
+        }                                                                                          \
+    }                                                                                              \
+    for (int n = 0; n < 4; n++)                                                                    \
+        for (int m_ = 0; m_ < RM; m_++) _mm256_storeu_ps(o + 16 * n + 8 * m_, acc[m_][n]);
+
+#define QG_VNNI_STEP I[m_][n] = _mm256_dpbusd_epi32(I[m_][n], w[m_], xb)
+
+KV_QG_VNNI static inline __attribute__((always_inline)) void
+tile_vnni(const uint8_t *P, size_t sstride, const arow *x, int nb, int off, int hm, float *o) {
+    if (hm) {
+        QG_TILE_BODY(2, 0, QG_VNNI_STEP, 1)
+    } else {
+        QG_TILE_BODY(2, -off * x[n].s[b], QG_VNNI_STEP, 0)
+    }
+}
+
+/* AVX2: one strip; u unsigned (<= 31) by maddubs, Q8_0 (off 128) as signed w = u ^ 0x80 by the
+ * sign trick (|w| <= 128 and |q| <= 127: no pair sum saturates). */
+#define QG_AVX2_STEP                                                                               \
+    I[m_][n] = _mm256_add_epi32(                                                                   \
+        I[m_][n], _mm256_madd_epi16(_mm256_maddubs_epi16(w[m_], xb), _mm256_set1_epi16(1)))
+#define QG_AVX2_STEP8                                                                              \
+    I[m_][n] = _mm256_add_epi32(                                                                   \
+        I[m_][n], _mm256_madd_epi16(                                                               \
+                      _mm256_maddubs_epi16(_mm256_abs_epi8(_mm256_xor_si256(w[m_], flip)),         \
+                                           _mm256_sign_epi8(xb, _mm256_xor_si256(w[m_], flip))),   \
+                      _mm256_set1_epi16(1)))
+
+KV_QG_AVX2 static inline __attribute__((always_inline)) void
+tile_avx2(const uint8_t *P, size_t sstride, const arow *x, int nb, int off, int hm, float *o) {
+    const __m256i flip = _mm256_set1_epi8((char)0x80);
+    (void)flip;
+    if (hm) {
+        QG_TILE_BODY(1, 0, QG_AVX2_STEP, 1)
+    } else if (off == 128) {
+        QG_TILE_BODY(1, 0, QG_AVX2_STEP8, 0)
+    } else {
+        QG_TILE_BODY(1, -off * x[n].s[b], QG_AVX2_STEP, 0)
+    }
+}
+
+KV_QG_VNNI static void run_vnni(const uint8_t *P, size_t sstride, int strips, const uint8_t *A,
+                                size_t arb, int r0, int r1, int in, int off, int hm, float *y,
+                                int out, int rows, int o0, int o1) {
+    int nb = in / QB;
+    for (int s = 0; s < strips; s += 2)
+        for (int r = r0; r < r1; r += 4) {
+            arow x[4];
+            for (int n = 0; n < 4; n++) x[n] = arow_of(A + (size_t)(r + n) * arb, in);
+            float o[64];
+            tile_vnni(P + (size_t)s * sstride, sstride, x, nb, off, hm, o);
+            for (int n = 0; n < 4 && r + n < rows; n++)
+                for (int j = 0; j < 16 && o0 + 8 * s + j < o1; j++)
+                    y[(size_t)(r + n) * out + o0 + 8 * s + j] = o[16 * n + j];
+        }
+}
+
+KV_QG_AVX2 static void run_avx2(const uint8_t *P, size_t sstride, int strips, const uint8_t *A,
+                                size_t arb, int r0, int r1, int in, int off, int hm, float *y,
+                                int out, int rows, int o0, int o1) {
+    int nb = in / QB;
+    for (int s = 0; s < strips; s++)
+        for (int r = r0; r < r1; r += 4) {
+            arow x[4];
+            for (int n = 0; n < 4; n++) x[n] = arow_of(A + (size_t)(r + n) * arb, in);
+            float o[64];
+            tile_avx2(P + (size_t)s * sstride, sstride, x, nb, off, hm, o);
+            for (int n = 0; n < 4 && r + n < rows; n++)
+                for (int j = 0; j < 8 && o0 + 8 * s + j < o1; j++)
+                    y[(size_t)(r + n) * out + o0 + 8 * s + j] = o[16 * n + j];
+        }
+}
+#endif
+
+/* Activation rows per pass over the chunk's strips: ~128 KiB of them (L2), a multiple of 4. */
+#define QG_XBLOCK_BYTES ((size_t)128 << 10)
+
+void kv_qgemm_range(float *y, const void *act, const void *w, kv_dtype wt, int rows, int in,
+                    int out, int o0, int o1, void *panel, kv_isa isa) {
+    size_t arb = act_row_bytes(in), rb = wrow_bytes(wt, in);
+    const uint8_t *A = act, *W = w;
+#ifdef KV_QG_X86
+    if (isa != KV_ISA_PORTABLE) {
+        int nb = in / QB, strips = (o1 - o0 + 15) / 16 * 2;
+        size_t sstride = (size_t)nb * REC;
+        uint8_t *P = panel;
+        for (int s = 0; s < strips; s++) pack_strip(wt, W, rb, o0 + 8 * s, o1, nb, P + s * sstride);
+        int rp = (rows + NPAD - 1) / NPAD * NPAD;
+        int xb = (int)(QG_XBLOCK_BYTES / arb) / NPAD * NPAD;
+        if (xb < NPAD) xb = NPAD;
+        for (int r0 = 0; r0 < rp; r0 += xb) {
+            int r1 = r0 + xb < rp ? r0 + xb : rp;
+            if (isa == KV_ISA_AVX512_VNNI)
+                run_vnni(P, sstride, strips, A, arb, r0, r1, in, off_of(wt), has_m(wt), y, out,
+                         rows, o0, o1);
+            else
+                run_avx2(P, sstride, strips, A, arb, r0, r1, in, off_of(wt), has_m(wt), y, out,
+                         rows, o0, o1);
+        }
+        return;
+    }
+#endif
+    (void)panel;
+    (void)isa;
+    for (int r = 0; r < rows; r++) {
+        arow x = arow_of(A + (size_t)r * arb, in);
+        for (int o = o0; o < o1; o++)
+            y[(size_t)r * out + o] = ref_one(wt, W + (size_t)o * rb, x, in);
+    }
+}
