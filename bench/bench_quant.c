@@ -53,6 +53,7 @@
 #include "kvplan/plan.h"
 #include "kvplan/quant.h"
 #include "model/quant_dot.h"
+#include "model/quant_gemm.h"
 #include "gguf_writer.h"
 
 static uint64_t rng_next(uint64_t *s) {
@@ -329,12 +330,16 @@ static void kernels(const char *types) {
         if (kv_qdot_act_kind(t)) {
             /* prefill paths on an FFN-sized [2048, in] slice of W */
             int po = 2048;
-            int rows_list[] = {5, 8, 16, 32, 512};
-            printf("      prefill W[%d, %d]: rows, integer-dot ms, F32-tile+sgemm ms, tile/int\n",
+            int rows_list[] = {5, 8, 16, 17, 24, 32, 512};
+            int gemm = kv_qgemm_covers(t);
+            printf("      prefill W[%d, %d]: rows, integer-dot ms, F32-tile+sgemm ms, tile/int, "
+                   "integer-GEMM ms (chunks of 256 W rows), tile/GEMM, GEMM int8 Gop/s\n",
                    po, in);
-            for (int k = 0; k < 5; k++) {
+            void *gact = gemm ? malloc(kv_qgemm_act_bytes(512, in)) : NULL;
+            void *gpan = gemm ? malloc(kv_qgemm_panel_bytes(256, in)) : NULL;
+            for (int k = 0; k < 7; k++) {
                 int R = rows_list[k];
-                double a[3], b[3];
+                double a[3], b[3], g[3] = {1, 1, 1};
                 for (int r = 0; r < 3; r++) {
                     double t0 = kv_now();
                     kv_qmatmul_int(y, x, w, t, R, in, po, scratch);
@@ -342,10 +347,20 @@ static void kernels(const char *types) {
                     t0 = kv_now();
                     kv_qmatmul_tiles(y, x, w, t, R, in, po, scratch);
                     b[r] = kv_now() - t0;
+                    if (!gemm || !gact || !gpan) continue;
+                    t0 = kv_now();
+                    kv_qgemm_quantize(x, R, in, gact);
+                    for (int o0 = 0; o0 < po; o0 += 256)
+                        kv_qgemm_range(y, gact, w, t, R, in, po, o0, o0 + 256 < po ? o0 + 256 : po,
+                                       gpan, kv_isa_best());
+                    g[r] = kv_now() - t0;
                 }
-                double ma = median(a, 3), mb = median(b, 3);
-                printf("      %5d %10.3f %10.3f %8.2f\n", R, ma * 1e3, mb * 1e3, mb / ma);
+                double ma = median(a, 3), mb = median(b, 3), mg = median(g, 3);
+                printf("      %5d %10.3f %10.3f %8.2f %10.3f %8.2f %8.1f\n", R, ma * 1e3, mb * 1e3,
+                       mb / ma, mg * 1e3, mb / mg, 2.0 * R * po * in / mg / 1e9);
             }
+            free(gact);
+            free(gpan);
         }
         fflush(stdout);
         sink += y[0];

@@ -243,6 +243,41 @@ static void unpack_blk(kv_dtype t, const uint8_t *row, int b, uint8_t *u, float 
     }
 }
 
+/* unpack_blk's a and m alone. */
+static inline void scale_blk(kv_dtype t, const uint8_t *row, int b, float *a, float *m) {
+    *m = 0.0f;
+    switch (t) {
+    case KV_DT_Q8_0:
+        *a = h2f(row + (size_t)b * 34);
+        return;
+    case KV_DT_Q4_0:
+        *a = h2f(row + (size_t)b * 18);
+        return;
+    case KV_DT_Q5_0:
+        *a = h2f(row + (size_t)b * 22);
+        return;
+    case KV_DT_Q4_1:
+    case KV_DT_Q5_1: {
+        const uint8_t *blk = row + (size_t)b * (t == KV_DT_Q4_1 ? 20u : 24u);
+        *a = h2f(blk);
+        *m = h2f(blk + 2);
+        return;
+    }
+    case KV_DT_Q4_K:
+    case KV_DT_Q5_K: {
+        const uint8_t *blk = row + (size_t)(b / 8) * (t == KV_DT_Q5_K ? 176u : 144u);
+        int sc, mn;
+        k_scale_min(blk + 4, b % 8, &sc, &mn);
+        *a = h2f(blk) * (float)sc;
+        *m = -(h2f(blk + 2) * (float)mn);
+        return;
+    }
+    default:
+        *a = 0.0f;
+        return;
+    }
+}
+
 static size_t wrow_bytes(kv_dtype t, int in) {
     return (size_t)(in / kv_dtype_block(t)) * kv_dtype_block_bytes(t);
 }
@@ -281,32 +316,100 @@ size_t kv_qgemm_panel_bytes(int cs, int in) {
     return strips * (size_t)(in / QB) * REC;
 }
 
-/* Strip of W rows o .. o + 7 (rows at or past o1 zero) into P (nb records). */
-static void pack_strip(kv_dtype t, const uint8_t *W, size_t rb, int o, int o1, int nb, uint8_t *P) {
-    for (int r = 0; r < 8; r++) {
-        if (o + r >= o1) {
-            for (int b = 0; b < nb; b++) {
-                uint8_t *rec = P + (size_t)b * REC;
-                for (int k = 0; k < 8; k++) memset(rec + 32 * k + 4 * r, 0, 4);
-                memset(rec + 256 + 4 * r, 0, 4);
-                memset(rec + 288 + 4 * r, 0, 4);
-            }
-            continue;
+/* ---- kernels ---- */
+#ifdef KV_QG_X86
+
+/* Block b of a W row: its 32 u as bytes (unpack_blk's u, in vector form). */
+KV_QG_AVX2 static inline __attribute__((always_inline)) __m256i
+u32_avx2(kv_dtype t, const uint8_t *row, int b) {
+    const __m256i m4 = _mm256_set1_epi8(15);
+    switch (t) {
+    case KV_DT_Q8_0:
+        return _mm256_xor_si256(
+            _mm256_loadu_si256((const __m256i *)(const void *)(row + (size_t)b * 34 + 2)),
+            _mm256_set1_epi8((char)0x80));
+    case KV_DT_Q4_0:
+    case KV_DT_Q4_1: {
+        const uint8_t *blk = row + (size_t)b * (t == KV_DT_Q4_0 ? 18u : 20u);
+        __m128i qs =
+            _mm_loadu_si128((const __m128i *)(const void *)(blk + (t == KV_DT_Q4_0 ? 2 : 4)));
+        return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(qs, 4), qs), m4);
+    }
+    case KV_DT_Q5_0:
+    case KV_DT_Q5_1: {
+        int qhoff = t == KV_DT_Q5_0 ? 2 : 4;
+        const uint8_t *blk = row + (size_t)b * (t == KV_DT_Q5_0 ? 22u : 24u);
+        __m128i qs = _mm_loadu_si128((const __m128i *)(const void *)(blk + qhoff + 4));
+        __m256i v = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(qs, 4), qs), m4);
+        int32_t h;
+        memcpy(&h, blk + qhoff, 4);
+        /* byte j takes bit j of qh as its bit 4 */
+        const __m256i pick = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2,
+                                              2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+        const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+        __m256i rep = _mm256_shuffle_epi8(_mm256_set1_epi32(h), pick);
+        __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(rep, bit), bit);
+        return _mm256_or_si256(v, _mm256_and_si256(set, _mm256_set1_epi8(16)));
+    }
+    case KV_DT_Q4_K:
+    case KV_DT_Q5_K: {
+        int five = t == KV_DT_Q5_K, sb = b / 8, sub = b % 8, c = sub / 2;
+        const uint8_t *blk = row + (size_t)sb * (five ? 176u : 144u);
+        __m256i v =
+            _mm256_loadu_si256((const __m256i *)(const void *)(blk + (five ? 48 : 16) + 32 * c));
+        v = _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(4 * (sub & 1))), m4);
+        if (five) {
+            __m256i qh = _mm256_loadu_si256((const __m256i *)(const void *)(blk + 16));
+            __m256i hb =
+                _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(sub)), _mm256_set1_epi8(1));
+            v = _mm256_or_si256(v, _mm256_slli_epi16(hb, 4));
         }
-        const uint8_t *row = W + (size_t)(o + r) * rb;
-        for (int b = 0; b < nb; b++) {
-            uint8_t u[QB], *rec = P + (size_t)b * REC;
-            float a, m;
-            unpack_blk(t, row, b, u, &a, &m);
-            for (int k = 0; k < 8; k++) memcpy(rec + 32 * k + 4 * r, u + 4 * k, 4);
-            memcpy(rec + 256 + 4 * r, &a, 4);
-            memcpy(rec + 288 + 4 * r, &m, 4);
-        }
+        return v;
+    }
+    default:
+        return _mm256_setzero_si256();
     }
 }
 
-/* ---- kernels ---- */
-#ifdef KV_QG_X86
+/* pack_strip with the u of 8 rows transposed as 8 x 8 dwords in registers. */
+KV_QG_AVX2 static void pack_strip_avx2(kv_dtype t, const uint8_t *W, size_t rb, int o, int o1,
+                                       int nb, uint8_t *P) {
+    int nv = o1 - o < 8 ? o1 - o : 8;
+    for (int b = 0; b < nb; b++) {
+        uint8_t *rec = P + (size_t)b * REC;
+        __m256i r[8];
+        float a[8], m[8];
+        for (int i = 0; i < 8; i++) {
+            if (i < nv) {
+                const uint8_t *row = W + (size_t)(o + i) * rb;
+                r[i] = u32_avx2(t, row, b);
+                scale_blk(t, row, b, &a[i], &m[i]);
+            } else {
+                r[i] = _mm256_setzero_si256();
+                a[i] = m[i] = 0.0f;
+            }
+        }
+        __m256i t0 = _mm256_unpacklo_epi32(r[0], r[1]), t1 = _mm256_unpackhi_epi32(r[0], r[1]);
+        __m256i t2 = _mm256_unpacklo_epi32(r[2], r[3]), t3 = _mm256_unpackhi_epi32(r[2], r[3]);
+        __m256i t4 = _mm256_unpacklo_epi32(r[4], r[5]), t5 = _mm256_unpackhi_epi32(r[4], r[5]);
+        __m256i t6 = _mm256_unpacklo_epi32(r[6], r[7]), t7 = _mm256_unpackhi_epi32(r[6], r[7]);
+        __m256i u0 = _mm256_unpacklo_epi64(t0, t2), u1 = _mm256_unpackhi_epi64(t0, t2);
+        __m256i u2 = _mm256_unpacklo_epi64(t1, t3), u3 = _mm256_unpackhi_epi64(t1, t3);
+        __m256i u4 = _mm256_unpacklo_epi64(t4, t6), u5 = _mm256_unpackhi_epi64(t4, t6);
+        __m256i u6 = _mm256_unpacklo_epi64(t5, t7), u7 = _mm256_unpackhi_epi64(t5, t7);
+        __m256i *d = (__m256i *)(void *)rec;
+        _mm256_storeu_si256(d + 0, _mm256_permute2x128_si256(u0, u4, 0x20));
+        _mm256_storeu_si256(d + 1, _mm256_permute2x128_si256(u1, u5, 0x20));
+        _mm256_storeu_si256(d + 2, _mm256_permute2x128_si256(u2, u6, 0x20));
+        _mm256_storeu_si256(d + 3, _mm256_permute2x128_si256(u3, u7, 0x20));
+        _mm256_storeu_si256(d + 4, _mm256_permute2x128_si256(u0, u4, 0x31));
+        _mm256_storeu_si256(d + 5, _mm256_permute2x128_si256(u1, u5, 0x31));
+        _mm256_storeu_si256(d + 6, _mm256_permute2x128_si256(u2, u6, 0x31));
+        _mm256_storeu_si256(d + 7, _mm256_permute2x128_si256(u3, u7, 0x31));
+        memcpy(rec + 256, a, 32);
+        memcpy(rec + 288, m, 32);
+    }
+}
 
 static inline int32_t ld_i32(const int8_t *p) {
     int32_t v;
@@ -432,7 +535,8 @@ void kv_qgemm_range(float *y, const void *act, const void *w, kv_dtype wt, int r
         int nb = in / QB, strips = (o1 - o0 + 15) / 16 * 2;
         size_t sstride = (size_t)nb * REC;
         uint8_t *P = panel;
-        for (int s = 0; s < strips; s++) pack_strip(wt, W, rb, o0 + 8 * s, o1, nb, P + s * sstride);
+        for (int s = 0; s < strips; s++)
+            pack_strip_avx2(wt, W, rb, o0 + 8 * s, o1, nb, P + s * sstride);
         int rp = (rows + NPAD - 1) / NPAD * NPAD;
         int xb = (int)(QG_XBLOCK_BYTES / arb) / NPAD * NPAD;
         if (xb < NPAD) xb = NPAD;
