@@ -614,7 +614,7 @@ static void test_matmul(void) {
                 size_t ab = kv_qgemm_act_bytes(rows, in);
                 void *act = malloc(ab);
                 float *z = malloc((size_t)rows * out * sizeof *z);
-                kv_qgemm_quantize(X, rows, in, act);
+                kv_qgemm_quantize(t, X, rows, in, act);
                 kv_qgemm_ref(z, act, w, t, rows, in, out);
                 CU_ASSERT_EQUAL(memcmp(z, y, (size_t)rows * out * 4), 0);
                 free(z);
@@ -710,7 +710,7 @@ static void test_igemm(void) {
         kv_dequantize_row(t, w, wd, (int64_t)out * in, NULL);
         for (int ri = 0; ri < 4; ri++) {
             int rows = rows_list[ri];
-            kv_qgemm_quantize(X, rows, in, act);
+            kv_qgemm_quantize(t, X, rows, in, act);
             kv_qgemm_ref(z, act, w, t, rows, in, out);
             for (int isa = 0; isa <= KV_ISA_AVX512_VNNI; isa++) {
                 if (!kv_isa_available((kv_isa)isa)) continue;
@@ -724,7 +724,7 @@ static void test_igemm(void) {
                 checked++;
             }
             /* the last row alone */
-            kv_qgemm_quantize(X + (size_t)(rows - 1) * in, 1, in, act1);
+            kv_qgemm_quantize(t, X + (size_t)(rows - 1) * in, 1, in, act1);
             kv_qgemm_range(y, act1, w, t, 1, in, out, 0, out, panel, kv_isa_best());
             CU_ASSERT_EQUAL(memcmp(y, z + (size_t)(rows - 1) * out, (size_t)out * 4), 0);
         }

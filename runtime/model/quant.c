@@ -956,7 +956,7 @@ void kv_qmatmul_pool(float *y, const float *x, const void *w, kv_dtype wt, int r
         uint8_t *a = scratch && scratch_floats * sizeof(float) >= need ? (uint8_t *)scratch : NULL;
         if (!a) a = own = malloc(need);
         if (a) {
-            kv_qgemm_quantize(x, rows, in, a);
+            kv_qgemm_quantize(wt, x, rows, in, a);
             j.act = a;
             j.panels = a + igemm_act_bytes(rows, in);
             j.panel_bytes = igemm_panel_bytes(wt, in, out);

@@ -31,7 +31,7 @@
 
 #define QB 32   /* elements per block */
 #define REC 320 /* bytes of one strip's block record: 256 of u, 32 of a, 32 of m */
-#define NPAD 4  /* activation rows are padded to a multiple of this (the kernels' tile height) */
+#define NPAD 2  /* activation rows are padded to a multiple of this (the smallest tile height) */
 
 static inline float h2f(const uint8_t *p) {
     return kv_f16_to_f32(kv_load_u16le(p));
@@ -78,7 +78,7 @@ size_t kv_qgemm_act_bytes(int rows, int in) {
 typedef struct arow {
     const int8_t *q;
     const float *d, *ds;
-    const int32_t *s;
+    const int32_t *c; /* -off * s: the start of a block's integer sum */
 } arow;
 
 static arow arow_of(const uint8_t *a, int in) {
@@ -143,7 +143,8 @@ KV_QG_AVX2 static void quant_block_avx2(const float *x, int8_t *q, float *d, int
 }
 #endif
 
-void kv_qgemm_quantize(const float *x, int rows, int in, void *act) {
+void kv_qgemm_quantize(kv_dtype wt, const float *x, int rows, int in, void *act) {
+    int off = off_of(wt);
     size_t rb = act_row_bytes(in);
     int nb = in / QB, rp = (rows + NPAD - 1) / NPAD * NPAD;
 #ifdef KV_QG_X86
@@ -157,17 +158,19 @@ void kv_qgemm_quantize(const float *x, int rows, int in, void *act) {
         }
         uint8_t *t = a + up64((size_t)in);
         float *d = (float *)(void *)t, *ds = d + nb;
-        int32_t *s = (int32_t *)(void *)(t + 8 * (size_t)nb);
+        int32_t *c = (int32_t *)(void *)(t + 8 * (size_t)nb);
         for (int b = 0; b < nb; b++) {
             const float *xb = x + (size_t)r * in + (size_t)b * QB;
             int8_t *q = (int8_t *)a + (size_t)b * QB;
+            int32_t sum;
 #ifdef KV_QG_X86
             if (avx2)
-                quant_block_avx2(xb, q, &d[b], &s[b]);
+                quant_block_avx2(xb, q, &d[b], &sum);
             else
 #endif
-                quant_block_c(xb, q, &d[b], &s[b]);
-            ds[b] = d[b] * (float)s[b];
+                quant_block_c(xb, q, &d[b], &sum);
+            ds[b] = d[b] * (float)sum;
+            c[b] = -off * sum;
         }
     }
 }
@@ -417,15 +420,15 @@ static inline int32_t ld_i32(const int8_t *p) {
     return v;
 }
 
-/* RM strips (P + m * sstride) x 4 activation rows (A + n * arb) -> o [4][16]. */
-#define QG_TILE_BODY(RM, IACC_INIT, DOTSTEP, HM)                                                   \
-    __m256 acc[RM][4];                                                                             \
+/* RM strips (P + m * sstride) x RN activation rows (x[0 .. RN)) -> o [RN][16]. */
+#define QG_TILE_BODY(RM, RN, IACC_INIT, DOTSTEP, HM)                                               \
+    __m256 acc[RM][RN];                                                                            \
     for (int m_ = 0; m_ < RM; m_++)                                                                \
-        for (int n = 0; n < 4; n++) acc[m_][n] = _mm256_setzero_ps();                              \
+        for (int n = 0; n < RN; n++) acc[m_][n] = _mm256_setzero_ps();                             \
     for (int b = 0; b < nb; b++) {                                                                 \
-        __m256i I[RM][4];                                                                          \
-        for (int n = 0; n < 4; n++) {                                                              \
-            __m256i c0 = _mm256_set1_epi32(IACC_INIT);                                             \
+        __m256i I[RM][RN];                                                                         \
+        for (int n = 0; n < RN; n++) {                                                             \
+            __m256i c0 = IACC_INIT;                                                                \
             for (int m_ = 0; m_ < RM; m_++) I[m_][n] = c0;                                         \
         }                                                                                          \
         for (int k = 0; k < 8; k++) {                                                              \
@@ -433,7 +436,7 @@ static inline int32_t ld_i32(const int8_t *p) {
             for (int m_ = 0; m_ < RM; m_++)                                                        \
                 w[m_] = _mm256_loadu_si256(                                                        \
                     (const __m256i *)(const void *)(P + m_ * sstride + (size_t)b * REC + 32 * k)); \
-            for (int n = 0; n < 4; n++) {                                                          \
+            for (int n = 0; n < RN; n++) {                                                         \
                 __m256i xb = _mm256_set1_epi32(ld_i32(x[n].q + (size_t)b * QB + 4 * k));           \
                 for (int m_ = 0; m_ < RM; m_++) DOTSTEP;                                           \
             }                                                                                      \
@@ -441,29 +444,37 @@ static inline int32_t ld_i32(const int8_t *p) {
         for (int m_ = 0; m_ < RM; m_++) {                                                          \
             const uint8_t *rec = P + m_ * sstride + (size_t)b * REC;                               \
             __m256 a = _mm256_loadu_ps((const float *)(const void *)(rec + 256));                  \
-            for (int n = 0; n < 4; n++)                                                            \
+            for (int n = 0; n < RN; n++)                                                           \
                 acc[m_][n] = _mm256_fmadd_ps(_mm256_mul_ps(a, _mm256_set1_ps(x[n].d[b])),          \
                                              _mm256_cvtepi32_ps(I[m_][n]), acc[m_][n]);            \
             if (HM) {                                                                              \
                 __m256 mv = _mm256_loadu_ps((const float *)(const void *)(rec + 288));             \
-                for (int n = 0; n < 4; n++)                                                        \
+                for (int n = 0; n < RN; n++)                                                       \
                     acc[m_][n] = _mm256_fmadd_ps(mv, _mm256_set1_ps(x[n].ds[b]), acc[m_][n]);      \
             }                                                                                      \
         }                                                                                          \
     }                                                                                              \
-    for (int n = 0; n < 4; n++)                                                                    \
+    for (int n = 0; n < RN; n++)                                                                   \
         for (int m_ = 0; m_ < RM; m_++) _mm256_storeu_ps(o + 16 * n + 8 * m_, acc[m_][n]);
 
+/* the integer accumulators start at -off * s (x[n].c: the per-block correction, quant_gemm.h) */
+#define QG_INIT_C _mm256_set1_epi32(x[n].c[b])
+#define QG_INIT_0 _mm256_setzero_si256()
 #define QG_VNNI_STEP I[m_][n] = _mm256_dpbusd_epi32(I[m_][n], w[m_], xb)
 
-KV_QG_VNNI static inline __attribute__((always_inline)) void
-tile_vnni(const uint8_t *P, size_t sstride, const arow *x, int nb, int off, int hm, float *o) {
-    if (hm) {
-        QG_TILE_BODY(2, 0, QG_VNNI_STEP, 1)
-    } else {
-        QG_TILE_BODY(2, -off * x[n].s[b], QG_VNNI_STEP, 0)
+/* VNNI: 2 strips (16 W rows) x RN rows; 6 rows: 12 integer chains per k step, 24 + 3 of the 32
+ * vector registers. */
+#define QG_TILE_VNNI(name, RN)                                                                     \
+    KV_QG_VNNI static void name(const uint8_t *P, size_t sstride, const arow *x, int nb, int hm,   \
+                                float *o) {                                                        \
+        if (hm) {                                                                                  \
+            QG_TILE_BODY(2, RN, QG_INIT_0, QG_VNNI_STEP, 1)                                        \
+        } else {                                                                                   \
+            QG_TILE_BODY(2, RN, QG_INIT_C, QG_VNNI_STEP, 0)                                        \
+        }                                                                                          \
     }
-}
+QG_TILE_VNNI(tile_vnni6, 6)
+QG_TILE_VNNI(tile_vnni2, 2)
 
 /* AVX2: one strip; u unsigned (<= 31) by maddubs, Q8_0 (off 128) as signed w = u ^ 0x80 by the
  * sign trick (|w| <= 128 and |q| <= 127: no pair sum saturates). */
@@ -476,49 +487,51 @@ tile_vnni(const uint8_t *P, size_t sstride, const arow *x, int nb, int off, int 
                       _mm256_maddubs_epi16(_mm256_abs_epi8(_mm256_xor_si256(w[m_], flip)),         \
                                            _mm256_sign_epi8(xb, _mm256_xor_si256(w[m_], flip))),   \
                       _mm256_set1_epi16(1)))
-
-KV_QG_AVX2 static inline __attribute__((always_inline)) void
-tile_avx2(const uint8_t *P, size_t sstride, const arow *x, int nb, int off, int hm, float *o) {
-    const __m256i flip = _mm256_set1_epi8((char)0x80);
-    (void)flip;
-    if (hm) {
-        QG_TILE_BODY(1, 0, QG_AVX2_STEP, 1)
-    } else if (off == 128) {
-        QG_TILE_BODY(1, 0, QG_AVX2_STEP8, 0)
-    } else {
-        QG_TILE_BODY(1, -off * x[n].s[b], QG_AVX2_STEP, 0)
+#define QG_TILE_AVX2(name, RN)                                                                     \
+    KV_QG_AVX2 static void name(const uint8_t *P, size_t sstride, const arow *x, int nb, int hm,   \
+                                int q8, float *o) {                                                \
+        const __m256i flip = _mm256_set1_epi8((char)0x80);                                         \
+        (void)flip;                                                                                \
+        if (hm) {                                                                                  \
+            QG_TILE_BODY(1, RN, QG_INIT_0, QG_AVX2_STEP, 1)                                        \
+        } else if (q8) {                                                                           \
+            QG_TILE_BODY(1, RN, QG_INIT_0, QG_AVX2_STEP8, 0)                                       \
+        } else {                                                                                   \
+            QG_TILE_BODY(1, RN, QG_INIT_C, QG_AVX2_STEP, 0)                                        \
+        }                                                                                          \
     }
-}
+QG_TILE_AVX2(tile_avx2_4, 4)
+QG_TILE_AVX2(tile_avx2_2, 2)
 
-KV_QG_VNNI static void run_vnni(const uint8_t *P, size_t sstride, int strips, const uint8_t *A,
-                                size_t arb, int r0, int r1, int in, int off, int hm, float *y,
-                                int out, int rows, int o0, int o1) {
-    int nb = in / QB;
-    for (int s = 0; s < strips; s += 2)
-        for (int r = r0; r < r1; r += 4) {
-            arow x[4];
-            for (int n = 0; n < 4; n++) x[n] = arow_of(A + (size_t)(r + n) * arb, in);
-            float o[64];
-            tile_vnni(P + (size_t)s * sstride, sstride, x, nb, off, hm, o);
-            for (int n = 0; n < 4 && r + n < rows; n++)
-                for (int j = 0; j < 16 && o0 + 8 * s + j < o1; j++)
+/* Rows r0 .. r1 - 1 (r1 - r0 even) of x times every strip of P: tiles of 6 (VNNI) or 4 (AVX2)
+ * rows, the remainder by 2; outputs past o1 or rows past `rows` (the padding) not stored. */
+static void run_tiles(kv_isa isa, const uint8_t *P, size_t sstride, int strips, const uint8_t *A,
+                      size_t arb, int r0, int r1, int in, kv_dtype wt, float *y, int out, int rows,
+                      int o0, int o1) {
+    int nb = in / QB, hm = has_m(wt), q8 = wt == KV_DT_Q8_0, vnni = isa == KV_ISA_AVX512_VNNI;
+    int sm = vnni ? 2 : 1, big = vnni ? 6 : 4;
+    for (int s = 0; s < strips; s += sm)
+        for (int r = r0; r < r1;) {
+            int rn = r1 - r >= big ? big : 2;
+            arow x[6];
+            for (int n = 0; n < rn; n++) x[n] = arow_of(A + (size_t)(r + n) * arb, in);
+            float o[96];
+            const uint8_t *Ps = P + (size_t)s * sstride;
+            if (vnni) {
+                if (rn == 6)
+                    tile_vnni6(Ps, sstride, x, nb, hm, o);
+                else
+                    tile_vnni2(Ps, sstride, x, nb, hm, o);
+            } else {
+                if (rn == 4)
+                    tile_avx2_4(Ps, sstride, x, nb, hm, q8, o);
+                else
+                    tile_avx2_2(Ps, sstride, x, nb, hm, q8, o);
+            }
+            for (int n = 0; n < rn && r + n < rows; n++)
+                for (int j = 0; j < 8 * sm && o0 + 8 * s + j < o1; j++)
                     y[(size_t)(r + n) * out + o0 + 8 * s + j] = o[16 * n + j];
-        }
-}
-
-KV_QG_AVX2 static void run_avx2(const uint8_t *P, size_t sstride, int strips, const uint8_t *A,
-                                size_t arb, int r0, int r1, int in, int off, int hm, float *y,
-                                int out, int rows, int o0, int o1) {
-    int nb = in / QB;
-    for (int s = 0; s < strips; s++)
-        for (int r = r0; r < r1; r += 4) {
-            arow x[4];
-            for (int n = 0; n < 4; n++) x[n] = arow_of(A + (size_t)(r + n) * arb, in);
-            float o[64];
-            tile_avx2(P + (size_t)s * sstride, sstride, x, nb, off, hm, o);
-            for (int n = 0; n < 4 && r + n < rows; n++)
-                for (int j = 0; j < 8 && o0 + 8 * s + j < o1; j++)
-                    y[(size_t)(r + n) * out + o0 + 8 * s + j] = o[16 * n + j];
+            r += rn;
         }
 }
 #endif
@@ -542,12 +555,7 @@ void kv_qgemm_range(float *y, const void *act, const void *w, kv_dtype wt, int r
         if (xb < NPAD) xb = NPAD;
         for (int r0 = 0; r0 < rp; r0 += xb) {
             int r1 = r0 + xb < rp ? r0 + xb : rp;
-            if (isa == KV_ISA_AVX512_VNNI)
-                run_vnni(P, sstride, strips, A, arb, r0, r1, in, off_of(wt), has_m(wt), y, out,
-                         rows, o0, o1);
-            else
-                run_avx2(P, sstride, strips, A, arb, r0, r1, in, off_of(wt), has_m(wt), y, out,
-                         rows, o0, o1);
+            run_tiles(isa, P, sstride, strips, A, arb, r0, r1, in, wt, y, out, rows, o0, o1);
         }
         return;
     }

@@ -37,13 +37,14 @@
 int kv_qgemm_covers(kv_dtype t);
 
 /* Bytes of the quantised activation rows for `rows` rows of `in` elements (in a multiple of
- * 32): the rows padded to a multiple of 4 (the pad rows are zeros), each row a multiple of 64
+ * 32): the rows padded to a multiple of 2 (the pad rows are zeros), each row a multiple of 64
  * bytes. */
 size_t kv_qgemm_act_bytes(int rows, int in);
 
-/* Quantise x [rows, in] fp32 into act (kv_qgemm_act_bytes(rows, in) bytes, caller-owned) as
- * described above; the same bytes on every isa. */
-void kv_qgemm_quantize(const float *x, int rows, int in, void *act);
+/* Quantise x [rows, in] fp32 into act (kv_qgemm_act_bytes(rows, in) bytes, caller-owned) for
+ * weights of type wt, as described above (per block also -off * s, the start of the integer
+ * sum); the same bytes on every isa. */
+void kv_qgemm_quantize(kv_dtype wt, const float *x, int rows, int in, void *act);
 
 /* Bytes of one thread's weight panel for a chunk of `cs` W rows of `in` elements. */
 size_t kv_qgemm_panel_bytes(int cs, int in);
