@@ -377,16 +377,34 @@ u32_avx2(kv_dtype t, const uint8_t *row, int b) {
 /* pack_strip with the u of 8 rows transposed as 8 x 8 dwords in registers. */
 KV_QG_AVX2 static void pack_strip_avx2(kv_dtype t, const uint8_t *W, size_t rb, int o, int o1,
                                        int nb, uint8_t *P) {
-    int nv = o1 - o < 8 ? o1 - o : 8;
+    int nv = o1 - o < 8 ? o1 - o : 8, kq = t == KV_DT_Q4_K || t == KV_DT_Q5_K;
+    float ka[8][8], km[8][8]; /* K-quants: a and m of the super-block's 8 sub-blocks, per row */
     for (int b = 0; b < nb; b++) {
         uint8_t *rec = P + (size_t)b * REC;
         __m256i r[8];
         float a[8], m[8];
+        if (kq && b % 8 == 0)
+            for (int i = 0; i < nv; i++) {
+                const uint8_t *blk =
+                    W + (size_t)(o + i) * rb + (size_t)(b / 8) * (t == KV_DT_Q5_K ? 176u : 144u);
+                float d = h2f(blk), dmin = h2f(blk + 2);
+                for (int sub = 0; sub < 8; sub++) {
+                    int sc, mn;
+                    k_scale_min(blk + 4, sub, &sc, &mn);
+                    ka[i][sub] = d * (float)sc;
+                    km[i][sub] = -(dmin * (float)mn);
+                }
+            }
         for (int i = 0; i < 8; i++) {
             if (i < nv) {
                 const uint8_t *row = W + (size_t)(o + i) * rb;
                 r[i] = u32_avx2(t, row, b);
-                scale_blk(t, row, b, &a[i], &m[i]);
+                if (kq) {
+                    a[i] = ka[i][b % 8];
+                    m[i] = km[i][b % 8];
+                } else {
+                    scale_blk(t, row, b, &a[i], &m[i]);
+                }
             } else {
                 r[i] = _mm256_setzero_si256();
                 a[i] = m[i] = 0.0f;
