@@ -1,16 +1,16 @@
 /* The quantised-activation integer GEMM (issue 23 item 2); layouts and the floating-point order
  * are described in quant_gemm.h. Three kernels: the portable C reference, AVX2 (maddubs + madd;
  * Q8_0 by the sign trick) and AVX-512 VNNI on 256-bit vectors (vpdpbusd; 32 vector registers,
- * so a 16 x 4 tile of outputs), chosen by the caller's isa.
+ * so a tile of 16 W rows x 6 x rows), chosen by the caller's isa.
  *
  * Per call and per chunk of W rows, the chunk is packed into its thread's panel: strips of 8 W
  * rows, for each block of 32 a 320-byte record: [k = 0..7][row 0..7][4 bytes] of u (so one
  * 32-byte load holds elements 4k .. 4k + 3 of the 8 rows), then a [8] and m [8] as fp32. A
- * micro-kernel multiplies 1 or 2 strips with 4 activation rows: per block, for each k, the 4
- * bytes of an activation row broadcast to the 8 lanes and one dpbusd (or maddubs + madd) per
- * (strip, row); the lanes are the 8 W rows, so every lane ends the block holding an exact I_b
- * and no horizontal sum is needed. Packing costs ~1 pass over the chunk's weights per call;
- * it is amortised over the rows of x (above KV_QINT_MAX_ROWS in quant.c). */
+ * micro-kernel multiplies 2 strips (VNNI) or 1 (AVX2) with 6, 4 or 2 activation rows: per block,
+ * for each k, the 4 bytes of an activation row broadcast to the 8 lanes and one dpbusd (or maddubs
+ * + madd) per (strip, row); the lanes are the 8 W rows, so every lane ends the block holding an
+ * exact I_b and no horizontal sum is needed. Packing costs ~1 pass over the chunk's weights per
+ * call; it is amortised over the rows of x (above KV_QINT_MAX_ROWS in quant.c). */
 #include "model/quant_gemm.h"
 
 #include <math.h>
