@@ -438,7 +438,8 @@ static inline int32_t ld_i32(const int8_t *p) {
     return v;
 }
 
-/* RM strips (P + m * sstride) x RN activation rows (x[0 .. RN)) -> o [RN][16]. */
+/* RM strips (P + m * sstride) x RN activation rows (x[0 .. RN)) -> o [RN][8 RM], rows ldo
+ * floats apart. */
 #define QG_TILE_BODY(RM, RN, IACC_INIT, DOTSTEP, HM)                                               \
     __m256 acc[RM][RN];                                                                            \
     for (int m_ = 0; m_ < RM; m_++)                                                                \
@@ -473,7 +474,7 @@ static inline int32_t ld_i32(const int8_t *p) {
         }                                                                                          \
     }                                                                                              \
     for (int n = 0; n < RN; n++)                                                                   \
-        for (int m_ = 0; m_ < RM; m_++) _mm256_storeu_ps(o + 16 * n + 8 * m_, acc[m_][n]);
+        for (int m_ = 0; m_ < RM; m_++) _mm256_storeu_ps(o + (size_t)n * ldo + 8 * m_, acc[m_][n]);
 
 /* the integer accumulators start at -off * s (x[n].c: the per-block correction, quant_gemm.h) */
 #define QG_INIT_C _mm256_set1_epi32(x[n].c[b])
@@ -484,7 +485,7 @@ static inline int32_t ld_i32(const int8_t *p) {
  * vector registers. */
 #define QG_TILE_VNNI(name, RN)                                                                     \
     KV_QG_VNNI static void name(const uint8_t *P, size_t sstride, const arow *x, int nb, int hm,   \
-                                float *o) {                                                        \
+                                float *o, size_t ldo) {                                            \
         if (hm) {                                                                                  \
             QG_TILE_BODY(2, RN, QG_INIT_0, QG_VNNI_STEP, 1)                                        \
         } else {                                                                                   \
@@ -507,7 +508,7 @@ QG_TILE_VNNI(tile_vnni2, 2)
                       _mm256_set1_epi16(1)))
 #define QG_TILE_AVX2(name, RN)                                                                     \
     KV_QG_AVX2 static void name(const uint8_t *P, size_t sstride, const arow *x, int nb, int hm,   \
-                                int q8, float *o) {                                                \
+                                int q8, float *o, size_t ldo) {                                    \
         const __m256i flip = _mm256_set1_epi8((char)0x80);                                         \
         (void)flip;                                                                                \
         if (hm) {                                                                                  \
@@ -533,22 +534,26 @@ static void run_tiles(kv_isa isa, const uint8_t *P, size_t sstride, int strips, 
             int rn = r1 - r >= big ? big : 2;
             arow x[6];
             for (int n = 0; n < rn; n++) x[n] = arow_of(A + (size_t)(r + n) * arb, in);
-            float o[96];
+            float buf[96];
+            /* a whole tile straight into y, a partial one through buf */
+            int full = r + rn <= rows && o0 + 8 * (s + sm) <= o1;
+            float *o = full ? y + (size_t)r * out + o0 + 8 * s : buf;
+            size_t ldo = full ? (size_t)out : 16;
             const uint8_t *Ps = P + (size_t)s * sstride;
             if (vnni) {
                 if (rn == 6)
-                    tile_vnni6(Ps, sstride, x, nb, hm, o);
+                    tile_vnni6(Ps, sstride, x, nb, hm, o, ldo);
                 else
-                    tile_vnni2(Ps, sstride, x, nb, hm, o);
+                    tile_vnni2(Ps, sstride, x, nb, hm, o, ldo);
             } else {
                 if (rn == 4)
-                    tile_avx2_4(Ps, sstride, x, nb, hm, q8, o);
+                    tile_avx2_4(Ps, sstride, x, nb, hm, q8, o, ldo);
                 else
-                    tile_avx2_2(Ps, sstride, x, nb, hm, q8, o);
+                    tile_avx2_2(Ps, sstride, x, nb, hm, q8, o, ldo);
             }
-            for (int n = 0; n < rn && r + n < rows; n++)
+            for (int n = 0; n < rn && r + n < rows && !full; n++)
                 for (int j = 0; j < 8 * sm && o0 + 8 * s + j < o1; j++)
-                    y[(size_t)(r + n) * out + o0 + 8 * s + j] = o[16 * n + j];
+                    y[(size_t)(r + n) * out + o0 + 8 * s + j] = buf[16 * n + j];
             r += rn;
         }
 }
