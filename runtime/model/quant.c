@@ -951,6 +951,25 @@ void kv_qmatmul_tiles(float *y, const float *x, const void *w, kv_dtype wt, int 
     for (int c = 0; c < n_chunks; c++) mm_run_chunk(&j, c, 0);
 }
 
+/* MM_IGEMM's activation rows quantised on the pool: chunks of KV_QG_ROWS_CHUNK rows (even, so
+ * only the last chunk holds the padding row); each row's bytes do not depend on the chunk. */
+#define KV_QG_ROWS_CHUNK 32
+typedef struct qg_quant_job {
+    kv_dtype wt;
+    const float *x;
+    int rows, in;
+    uint8_t *act;
+} qg_quant_job;
+
+static void qg_quant_chunk(void *ctx, int chunk, int tid) {
+    (void)tid;
+    const qg_quant_job *q = ctx;
+    int r0 = chunk * KV_QG_ROWS_CHUNK,
+        n = q->rows - r0 < KV_QG_ROWS_CHUNK ? q->rows - r0 : KV_QG_ROWS_CHUNK;
+    kv_qgemm_quantize(q->wt, q->x + (size_t)r0 * q->in, n, q->in,
+                      q->act + kv_qgemm_act_bytes(r0, q->in));
+}
+
 void kv_qmatmul_pool(float *y, const float *x, const void *w, kv_dtype wt, int rows, int in,
                      int out, float *scratch, size_t scratch_floats, kv_workers *pool) {
     int threads = kv_workers_count(pool);
@@ -966,7 +985,9 @@ void kv_qmatmul_pool(float *y, const float *x, const void *w, kv_dtype wt, int r
         uint8_t *a = scratch && scratch_floats * sizeof(float) >= need ? (uint8_t *)scratch : NULL;
         if (!a) a = own = malloc(need);
         if (a) {
-            kv_qgemm_quantize(wt, x, rows, in, a);
+            qg_quant_job q = {wt, x, rows, in, a};
+            kv_workers_run(pool, (rows + KV_QG_ROWS_CHUNK - 1) / KV_QG_ROWS_CHUNK, qg_quant_chunk,
+                           &q);
             j.act = a;
             j.panels = a + igemm_act_bytes(rows, in);
             j.panel_bytes = igemm_panel_bytes(wt, in, out);
