@@ -168,14 +168,14 @@ void kv_weight_row(kv_weight w, int in, int64_t row, float *dst);
  *     kv_qmatmul_scratch_floats or NULL: a buffer is allocated for the call (out of memory:
  *     the fp32 dots of kv_dot_row instead).
  *   - F16 / BF16, rows <= 4 (decode): one fp32 typed dot (kv_dot_row) per (row, output).
- *   - Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K above 16 rows (prefill, chunk scoring, large
+ *   - Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K above 16 rows (prefill, chunk scoring, large
  *     p-blocks; issue 23 item 2): the integer GEMM (runtime/model/quant_gemm.h): the rows of x
  *     quantised once to 8-bit blocks of 32, each chunk of W rows packed into 8-row interleaved
  *     strips, AVX-512 VNNI / AVX2 / portable kernels with the same bits; each result depends
  *     only on its own row of x and W row (the same bits for any batch above 16 rows). Scratch:
  *     the quantised rows and one panel per thread (kv_qmatmul_scratch_floats); smaller or
  *     NULL: a buffer is allocated for the call (out of memory: the integer dots).
- *   - F16 / BF16 above 4 rows, Q6_K above 16 (prefill): tiles of W rows are dequantised into
+ *   - F16 / BF16 above 4 rows (prefill): tiles of W rows are dequantised into
  *     `scratch` (at least kv_qmatmul_scratch_floats(wt, rows, in, out) floats) and multiplied
  *     by cblas_sgemm (fp32 activations); with a smaller or NULL scratch the dot path (fp32
  *     dots for F16 / BF16, the integer dots for quantised types).
@@ -197,7 +197,7 @@ void kv_qmatmul_pool(float *y, const float *x, const void *w, kv_dtype wt, int r
 
 /* Floats of scratch kv_qmatmul wants for these sizes: the quantised rows of x for quantised
  * types (~0.3 rows * in floats; above 16 rows plus the integer GEMM's weight panel, ~0.3
- * chunk * in floats), a dequantised tile for F16 / BF16 / Q6_K prefill, 0 for F32 and
+ * chunk * in floats), a dequantised tile for F16 / BF16 prefill, 0 for F32 and
  * F16 / BF16 decode. */
 size_t kv_qmatmul_scratch_floats(kv_dtype wt, int rows, int in, int out);
 /* The same for kv_qmatmul_pool on n_threads threads (one tile or weight panel per thread). */

@@ -801,8 +801,8 @@ static int gemm_chunk(int out) {
  * Q8_0 0.09 (5 rows), 0.16 (8), 0.70 (16), 1.27 (32), 1.6 (512); Q4_0 0.06 (5) .. 0.33 (16), 0.46
  * (32), 1.9 (512); Q4_K 0.92 (5), 0.61 (8), 0.64 (16), 1.3 (32), 2.2 (512); Q6_K 0.25 (5), 0.30
  * (8), 1.15 (16). Up to 16 rows (decode, batched decode, the eviction blocks of p <= 16 tokens) the
- * integer dots; above, the integer GEMM (quant_gemm.h: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K)
- * or, for Q6_K, the tiles. The integer GEMM against the others (bench_quant --kernels, same W, one
+ * integer dots; above, the integer GEMM (quant_gemm.h: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K,
+ * Q6_K). The integer GEMM against the others (bench_quant --kernels, same W, one
  * thread, best of 5, load 5, VNNI), ms: Q8_0 5 rows 0.64 (dots 0.67, tiles 3.5), 8 rows 0.71 (1.15,
  * 3.6), 16 rows 0.94 (2.27, 4.3), 17 rows 0.98 (2.36, 4.6), 32 rows 1.37 (4.5, 5.7), 512 rows
  * 15.1 (74, 49); Q4_0 0.65 / 0.68 / 0.99 / 1.01 / 1.39 / 23 at 5 / 8 / 16 / 17 / 32 / 512

@@ -50,6 +50,7 @@ int kv_qgemm_covers(kv_dtype t) {
     case KV_DT_Q5_1:
     case KV_DT_Q4_K:
     case KV_DT_Q5_K:
+    case KV_DT_Q6_K:
         return 1;
     default:
         return 0;
@@ -60,14 +61,30 @@ static int has_m(kv_dtype t) {
     return t == KV_DT_Q4_1 || t == KV_DT_Q5_1 || t == KV_DT_Q4_K || t == KV_DT_Q5_K;
 }
 
+/* Q6_K: a scale per 16 weights, so per block of 32 two (a in a, the second in m's place) */
+static int two_scales(kv_dtype t) {
+    return t == KV_DT_Q6_K;
+}
+
 static int off_of(kv_dtype t) {
-    return t == KV_DT_Q8_0 ? 128 : t == KV_DT_Q4_0 ? 8 : t == KV_DT_Q5_0 ? 16 : 0;
+    switch (t) {
+    case KV_DT_Q8_0:
+        return 128;
+    case KV_DT_Q4_0:
+        return 8;
+    case KV_DT_Q5_0:
+        return 16;
+    case KV_DT_Q6_K:
+        return 32;
+    default:
+        return 0;
+    }
 }
 
 /* ---- activation rows: q int8 [in] at 0; at up64(in): d [nb], ds [nb] fp32, s [nb] int32 ---- */
 
 static size_t act_row_bytes(int in) {
-    return up64((size_t)in) + up64((size_t)(in / QB) * 12);
+    return up64((size_t)in) + up64((size_t)(in / QB) * 16);
 }
 
 size_t kv_qgemm_act_bytes(int rows, int in) {
@@ -91,19 +108,20 @@ static arow arow_of(const uint8_t *a, int in) {
 }
 
 /* One block, portable: the arithmetic of quant_dot.c's quantiser. */
-static void quant_block_c(const float *x, int8_t *q, float *d, int32_t *s) {
+static void quant_block_c(const float *x, int8_t *q, float *d, int32_t *s) { /* s[2]: halves */
     float amax = 0.0f;
     for (int j = 0; j < QB; j++) amax = fmaxf(amax, fabsf(x[j]));
     float dd = amax / 127.0f, id = dd > 0.0f ? 1.0f / dd : 0.0f;
-    int32_t sum = 0;
+    int32_t sum[2] = {0, 0};
     for (int j = 0; j < QB; j++) {
         float v = nearbyintf(x[j] * id);
         int qi = v >= 127.0f ? 127 : v <= -127.0f ? -127 : (int)v;
         q[j] = (int8_t)qi;
-        sum += qi;
+        sum[j / 16] += qi;
     }
     *d = dd;
-    *s = sum;
+    s[0] = sum[0];
+    s[1] = sum[1];
 }
 
 #ifdef KV_QG_X86
@@ -130,16 +148,18 @@ KV_QG_AVX2 static void quant_block_avx2(const float *x, int8_t *q, float *d, int
         hi))
     __m256i i0 = QG_Q(v0), i1 = QG_Q(v1), i2 = QG_Q(v2), i3 = QG_Q(v3);
 #undef QG_Q
-    __m256i sum = _mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3));
-    __m128i t = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
-    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4e));
-    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xb1));
+    /* the sums of the halves: lanes of i0 + i1 and of i2 + i3 */
+    __m256i h0 = _mm256_add_epi32(i0, i1), h1 = _mm256_add_epi32(i2, i3);
+    __m256i hh = _mm256_hadd_epi32(h0, h1); /* [h0 01 23 | h1 01 23 | h0 45 67 | h1 45 67] */
+    hh = _mm256_hadd_epi32(hh, hh);
+    __m128i t = _mm_add_epi32(_mm256_castsi256_si128(hh), _mm256_extracti128_si256(hh, 1));
     /* int32 -> int8 in element order: packs work per 128-bit lane, a dword permute restores */
     __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
     p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
     _mm256_storeu_si256((__m256i *)(void *)q, p);
     *d = dd;
-    *s = _mm_cvtsi128_si32(t);
+    s[0] = _mm_cvtsi128_si32(t);
+    s[1] = _mm_extract_epi32(t, 1);
 }
 #endif
 
@@ -162,15 +182,21 @@ void kv_qgemm_quantize(kv_dtype wt, const float *x, int rows, int in, void *act)
         for (int b = 0; b < nb; b++) {
             const float *xb = x + (size_t)r * in + (size_t)b * QB;
             int8_t *q = (int8_t *)a + (size_t)b * QB;
-            int32_t sum;
+            int32_t sum[2];
 #ifdef KV_QG_X86
             if (avx2)
-                quant_block_avx2(xb, q, &d[b], &sum);
+                quant_block_avx2(xb, q, &d[b], sum);
             else
 #endif
-                quant_block_c(xb, q, &d[b], &sum);
-            ds[b] = d[b] * (float)sum;
-            c[b] = -off * sum;
+                quant_block_c(xb, q, &d[b], sum);
+            ds[b] = d[b] * (float)(sum[0] + sum[1]);
+            if (two_scales(wt)) { /* a start per half */
+                c[2 * b] = -off * sum[0];
+                c[2 * b + 1] = -off * sum[1];
+            } else {
+                c[2 * b] = -off * (sum[0] + sum[1]);
+                c[2 * b + 1] = 0;
+            }
         }
     }
 }
@@ -239,6 +265,17 @@ static void unpack_blk(kv_dtype t, const uint8_t *row, int b, uint8_t *u, float 
         *m = -(h2f(blk + 2) * (float)mn);
         return;
     }
+    case KV_DT_Q6_K: {
+        int sub = b % 8, h = sub / 4, qq = sub % 4;
+        const uint8_t *blk = row + (size_t)(b / 8) * 210u;
+        const uint8_t *ql = blk + 64 * h + 32 * (qq & 1), *qh = blk + 128 + 32 * h;
+        for (int j = 0; j < QB; j++)
+            u[j] = (uint8_t)(((ql[j] >> (4 * (qq >> 1))) & 15) | ((qh[j] >> (2 * qq)) & 3) << 4);
+        float d = h2f(blk + 208);
+        *a = d * (float)(int8_t)blk[192 + 2 * sub];
+        *m = d * (float)(int8_t)blk[192 + 2 * sub + 1]; /* the second half's scale */
+        return;
+    }
     default:
         memset(u, 0, QB);
         *a = 0.0f;
@@ -275,6 +312,13 @@ static inline void scale_blk(kv_dtype t, const uint8_t *row, int b, float *a, fl
         *m = -(h2f(blk + 2) * (float)mn);
         return;
     }
+    case KV_DT_Q6_K: {
+        const uint8_t *blk = row + (size_t)(b / 8) * 210u;
+        float d = h2f(blk + 208);
+        *a = d * (float)(int8_t)blk[192 + 2 * (b % 8)];
+        *m = d * (float)(int8_t)blk[192 + 2 * (b % 8) + 1];
+        return;
+    }
     default:
         *a = 0.0f;
         return;
@@ -288,15 +332,22 @@ static size_t wrow_bytes(kv_dtype t, int in) {
 /* ---- the portable reference ---- */
 
 static float ref_one(kv_dtype t, const uint8_t *wrow, arow x, int in) {
-    int off = off_of(t), hm = has_m(t);
+    int off = off_of(t), hm = has_m(t), two = two_scales(t);
     float acc = 0.0f;
     for (int b = 0; b < in / QB; b++) {
         uint8_t u[QB];
         float a, m;
         unpack_blk(t, wrow, b, u, &a, &m);
-        int32_t I = 0;
-        for (int j = 0; j < QB; j++) I += ((int32_t)u[j] - off) * x.q[(size_t)b * QB + j];
+        int32_t I = 0, I1 = 0;
+        for (int j = 0; j < QB; j++) {
+            int32_t p = ((int32_t)u[j] - off) * x.q[(size_t)b * QB + j];
+            if (two && j >= 16)
+                I1 += p;
+            else
+                I += p;
+        }
         acc = fmaf(a * x.d[b], (float)I, acc);
+        if (two) acc = fmaf(m * x.d[b], (float)I1, acc);
         if (hm) acc = fmaf(m, x.ds[b], acc);
     }
     return acc;
@@ -369,6 +420,16 @@ u32_avx2(kv_dtype t, const uint8_t *row, int b) {
         }
         return v;
     }
+    case KV_DT_Q6_K: {
+        int sub = b % 8, h = sub / 4, qq = sub % 4;
+        const uint8_t *blk = row + (size_t)(b / 8) * 210u;
+        __m256i l =
+            _mm256_loadu_si256((const __m256i *)(const void *)(blk + 64 * h + 32 * (qq & 1)));
+        __m256i hb = _mm256_loadu_si256((const __m256i *)(const void *)(blk + 128 + 32 * h));
+        l = _mm256_and_si256(_mm256_srl_epi16(l, _mm_cvtsi32_si128(4 * (qq >> 1))), m4);
+        hb = _mm256_and_si256(_mm256_srl_epi16(hb, _mm_cvtsi32_si128(2 * qq)), _mm256_set1_epi8(3));
+        return _mm256_or_si256(l, _mm256_slli_epi16(hb, 4));
+    }
     default:
         return _mm256_setzero_si256();
     }
@@ -440,44 +501,65 @@ static inline int32_t ld_i32(const int8_t *p) {
 
 /* RM strips (P + m * sstride) x RN activation rows (x[0 .. RN)) -> o [RN][8 RM], rows ldo
  * floats apart. */
-#define QG_TILE_BODY(RM, RN, IACC_INIT, DOTSTEP, HM)                                               \
+#define QG_KSTEPS(RM, RN, K0, K1, DOTSTEP)                                                         \
+    for (int k = K0; k < K1; k++) {                                                                \
+        __m256i w[RM];                                                                             \
+        for (int m_ = 0; m_ < RM; m_++)                                                            \
+            w[m_] = _mm256_loadu_si256(                                                            \
+                (const __m256i *)(const void *)(P + m_ * sstride + (size_t)b * REC + 32 * k));     \
+        for (int n = 0; n < RN; n++) {                                                             \
+            __m256i xb = _mm256_set1_epi32(ld_i32(x[n].q + (size_t)b * QB + 4 * k));               \
+            for (int m_ = 0; m_ < RM; m_++) DOTSTEP;                                               \
+        }                                                                                          \
+    }
+/* acc += (scale at rec + OFF) * d_x * I */
+#define QG_SCALE(RM, RN, OFF)                                                                      \
+    for (int m_ = 0; m_ < RM; m_++) {                                                              \
+        __m256 a = _mm256_loadu_ps(                                                                \
+            (const float *)(const void *)(P + m_ * sstride + (size_t)b * REC + OFF));              \
+        for (int n = 0; n < RN; n++)                                                               \
+            acc[m_][n] = _mm256_fmadd_ps(_mm256_mul_ps(a, _mm256_set1_ps(x[n].d[b])),              \
+                                         _mm256_cvtepi32_ps(I[m_][n]), acc[m_][n]);                \
+    }
+#define QG_INIT(RM, RN, INIT)                                                                      \
+    for (int n = 0; n < RN; n++) {                                                                 \
+        __m256i c0 = INIT;                                                                         \
+        for (int m_ = 0; m_ < RM; m_++) I[m_][n] = c0;                                             \
+    }
+
+/* RM strips (P + m * sstride) x RN activation rows (x[0 .. RN)) -> o [RN][8 RM], rows ldo
+ * floats apart. HM: the types with a min (m * ds per block); TWO: Q6_K (the block's halves
+ * scaled apart, the second by the m slot). */
+#define QG_TILE_BODY(RM, RN, IACC_INIT, DOTSTEP, HM, TWO)                                          \
     __m256 acc[RM][RN];                                                                            \
     for (int m_ = 0; m_ < RM; m_++)                                                                \
         for (int n = 0; n < RN; n++) acc[m_][n] = _mm256_setzero_ps();                             \
     for (int b = 0; b < nb; b++) {                                                                 \
         __m256i I[RM][RN];                                                                         \
-        for (int n = 0; n < RN; n++) {                                                             \
-            __m256i c0 = IACC_INIT;                                                                \
-            for (int m_ = 0; m_ < RM; m_++) I[m_][n] = c0;                                         \
+        QG_INIT(RM, RN, IACC_INIT)                                                                 \
+        if (TWO) {                                                                                 \
+            QG_KSTEPS(RM, RN, 0, 4, DOTSTEP)                                                       \
+            QG_SCALE(RM, RN, 256)                                                                  \
+            QG_INIT(RM, RN, _mm256_set1_epi32(x[n].c[2 * b + 1]))                                  \
+            QG_KSTEPS(RM, RN, 4, 8, DOTSTEP)                                                       \
+            QG_SCALE(RM, RN, 288)                                                                  \
+        } else {                                                                                   \
+            QG_KSTEPS(RM, RN, 0, 8, DOTSTEP)                                                       \
+            QG_SCALE(RM, RN, 256)                                                                  \
         }                                                                                          \
-        for (int k = 0; k < 8; k++) {                                                              \
-            __m256i w[RM];                                                                         \
-            for (int m_ = 0; m_ < RM; m_++)                                                        \
-                w[m_] = _mm256_loadu_si256(                                                        \
-                    (const __m256i *)(const void *)(P + m_ * sstride + (size_t)b * REC + 32 * k)); \
-            for (int n = 0; n < RN; n++) {                                                         \
-                __m256i xb = _mm256_set1_epi32(ld_i32(x[n].q + (size_t)b * QB + 4 * k));           \
-                for (int m_ = 0; m_ < RM; m_++) DOTSTEP;                                           \
-            }                                                                                      \
-        }                                                                                          \
-        for (int m_ = 0; m_ < RM; m_++) {                                                          \
-            const uint8_t *rec = P + m_ * sstride + (size_t)b * REC;                               \
-            __m256 a = _mm256_loadu_ps((const float *)(const void *)(rec + 256));                  \
-            for (int n = 0; n < RN; n++)                                                           \
-                acc[m_][n] = _mm256_fmadd_ps(_mm256_mul_ps(a, _mm256_set1_ps(x[n].d[b])),          \
-                                             _mm256_cvtepi32_ps(I[m_][n]), acc[m_][n]);            \
-            if (HM) {                                                                              \
-                __m256 mv = _mm256_loadu_ps((const float *)(const void *)(rec + 288));             \
+        if (HM)                                                                                    \
+            for (int m_ = 0; m_ < RM; m_++) {                                                      \
+                __m256 mv = _mm256_loadu_ps(                                                       \
+                    (const float *)(const void *)(P + m_ * sstride + (size_t)b * REC + 288));      \
                 for (int n = 0; n < RN; n++)                                                       \
                     acc[m_][n] = _mm256_fmadd_ps(mv, _mm256_set1_ps(x[n].ds[b]), acc[m_][n]);      \
             }                                                                                      \
-        }                                                                                          \
     }                                                                                              \
     for (int n = 0; n < RN; n++)                                                                   \
         for (int m_ = 0; m_ < RM; m_++) _mm256_storeu_ps(o + (size_t)n * ldo + 8 * m_, acc[m_][n]);
 
 /* the integer accumulators start at -off * s (x[n].c: the per-block correction, quant_gemm.h) */
-#define QG_INIT_C _mm256_set1_epi32(x[n].c[b])
+#define QG_INIT_C _mm256_set1_epi32(x[n].c[2 * b])
 #define QG_INIT_0 _mm256_setzero_si256()
 #define QG_VNNI_STEP I[m_][n] = _mm256_dpbusd_epi32(I[m_][n], w[m_], xb)
 
@@ -485,11 +567,13 @@ static inline int32_t ld_i32(const int8_t *p) {
  * vector registers. */
 #define QG_TILE_VNNI(name, RN)                                                                     \
     KV_QG_VNNI static void name(const uint8_t *P, size_t sstride, const arow *x, int nb, int hm,   \
-                                float *o, size_t ldo) {                                            \
+                                int two, float *o, size_t ldo) {                                   \
         if (hm) {                                                                                  \
-            QG_TILE_BODY(2, RN, QG_INIT_0, QG_VNNI_STEP, 1)                                        \
+            QG_TILE_BODY(2, RN, QG_INIT_0, QG_VNNI_STEP, 1, 0)                                     \
+        } else if (two) {                                                                          \
+            QG_TILE_BODY(2, RN, QG_INIT_C, QG_VNNI_STEP, 0, 1)                                     \
         } else {                                                                                   \
-            QG_TILE_BODY(2, RN, QG_INIT_C, QG_VNNI_STEP, 0)                                        \
+            QG_TILE_BODY(2, RN, QG_INIT_C, QG_VNNI_STEP, 0, 0)                                     \
         }                                                                                          \
     }
 QG_TILE_VNNI(tile_vnni6, 6)
@@ -508,15 +592,17 @@ QG_TILE_VNNI(tile_vnni2, 2)
                       _mm256_set1_epi16(1)))
 #define QG_TILE_AVX2(name, RN)                                                                     \
     KV_QG_AVX2 static void name(const uint8_t *P, size_t sstride, const arow *x, int nb, int hm,   \
-                                int q8, float *o, size_t ldo) {                                    \
+                                int q8, int two, float *o, size_t ldo) {                           \
         const __m256i flip = _mm256_set1_epi8((char)0x80);                                         \
         (void)flip;                                                                                \
         if (hm) {                                                                                  \
-            QG_TILE_BODY(1, RN, QG_INIT_0, QG_AVX2_STEP, 1)                                        \
+            QG_TILE_BODY(1, RN, QG_INIT_0, QG_AVX2_STEP, 1, 0)                                     \
         } else if (q8) {                                                                           \
-            QG_TILE_BODY(1, RN, QG_INIT_0, QG_AVX2_STEP8, 0)                                       \
+            QG_TILE_BODY(1, RN, QG_INIT_0, QG_AVX2_STEP8, 0, 0)                                    \
+        } else if (two) {                                                                          \
+            QG_TILE_BODY(1, RN, QG_INIT_C, QG_AVX2_STEP, 0, 1)                                     \
         } else {                                                                                   \
-            QG_TILE_BODY(1, RN, QG_INIT_C, QG_AVX2_STEP, 0)                                        \
+            QG_TILE_BODY(1, RN, QG_INIT_C, QG_AVX2_STEP, 0, 0)                                     \
         }                                                                                          \
     }
 QG_TILE_AVX2(tile_avx2_4, 4)
@@ -528,6 +614,7 @@ static void run_tiles(kv_isa isa, const uint8_t *P, size_t sstride, int strips, 
                       size_t arb, int r0, int r1, int in, kv_dtype wt, float *y, int out, int rows,
                       int o0, int o1) {
     int nb = in / QB, hm = has_m(wt), q8 = wt == KV_DT_Q8_0, vnni = isa == KV_ISA_AVX512_VNNI;
+    int two = two_scales(wt);
     int sm = vnni ? 2 : 1, big = vnni ? 6 : 4;
     for (int s = 0; s < strips; s += sm)
         for (int r = r0; r < r1;) {
@@ -542,14 +629,14 @@ static void run_tiles(kv_isa isa, const uint8_t *P, size_t sstride, int strips, 
             const uint8_t *Ps = P + (size_t)s * sstride;
             if (vnni) {
                 if (rn == 6)
-                    tile_vnni6(Ps, sstride, x, nb, hm, o, ldo);
+                    tile_vnni6(Ps, sstride, x, nb, hm, two, o, ldo);
                 else
-                    tile_vnni2(Ps, sstride, x, nb, hm, o, ldo);
+                    tile_vnni2(Ps, sstride, x, nb, hm, two, o, ldo);
             } else {
                 if (rn == 4)
-                    tile_avx2_4(Ps, sstride, x, nb, hm, q8, o, ldo);
+                    tile_avx2_4(Ps, sstride, x, nb, hm, q8, two, o, ldo);
                 else
-                    tile_avx2_2(Ps, sstride, x, nb, hm, q8, o, ldo);
+                    tile_avx2_2(Ps, sstride, x, nb, hm, q8, two, o, ldo);
             }
             for (int n = 0; n < rn && r + n < rows && !full; n++)
                 for (int j = 0; j < 8 * sm && o0 + 8 * s + j < o1; j++)

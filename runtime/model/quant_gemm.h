@@ -1,7 +1,7 @@
 /* Internal to runtime/: the quantised-activation integer GEMM behind kv_qmatmul's prefill path
  * (issue 23 item 2): y[rows, out] = x[rows, in] W^T for weights in Q8_0, Q4_0, Q4_1, Q5_0,
- * Q5_1, Q4_K or Q5_K, when many rows of x meet each weight row (prompt prefill, chunk scoring,
- * p-blocks above KV_QINT_MAX_ROWS).
+ * Q5_1, Q4_K, Q5_K or Q6_K, when many rows of x meet each weight row (prompt prefill, chunk
+ * scoring, p-blocks above KV_QINT_MAX_ROWS).
  *
  * The scheme is the one of ggml-cpu's repacked GEMMs (ggml/src/ggml-cpu/repack.cpp: weights
  * interleaved 8 rows at a time so that one vector holds 4 bytes of each of 8 weight rows, an
@@ -17,12 +17,16 @@
  *   Q8_0: u = q + 128, off 128, a = d, m = 0    Q4_0: u = nibble, off 8, a = d, m = 0
  *   Q5_0: u = 5-bit q, off 16, a = d, m = 0     Q4_1, Q5_1: u = q, off 0, a = d, m = m
  *   Q4_K, Q5_K (sub-block s of 32): u = q, off 0, a = d * (float)sc_s, m = -(dmin * (float)m_s)
+ *   Q6_K (scales per 16): u = 6-bit q, off 32, a = d * sc of the first 16, a2 = d * sc of the
+ *   second 16 (kept in m's place; Q6_K has no min)
  *
  * Result, the same bits on every kernel (portable C reference, AVX2, AVX-512 VNNI), every thread
  * count and every batch (each output depends only on its x row and W row): with I_b = the exact
  * integer sum_j (u_j - off) q_j of block b,
  *   acc = 0; for b = 0 .. in/32 - 1:  acc = fma(a_b * d_b, (float)I_b, acc);
  *                                     if the type has m: acc = fma(m_b, ds_b, acc)
+ * (Q6_K: I_b of the first 16 elements with a_b, then acc = fma(a2_b * d_b, (float)I2_b, acc)
+ * with I2_b the second 16's),
  *   y = acc
  * (fma: one rounding, fmaf in C, vfmadd in the kernels; a_b * d_b one fp32 product). */
 #ifndef KVPLAN_RUNTIME_QUANT_GEMM_H
