@@ -559,6 +559,19 @@ static void test_int_dot(void) {
     kv_model_free(m);
 }
 
+/* The F32 decode GEMV's documented order (runtime/model/quant.c, gemv_f32_c), written again
+ * here: 16 partial sums (mul then add), folded a_k + a_(k+8), a fixed tree, the tail in order. */
+static float gemv_f32_ref(const float *w, const float *x, int n) {
+    float a[16] = {0}, b[8];
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int k = 0; k < 16; k++) a[k] = a[k] + w[i + k] * x[i + k];
+    for (int k = 0; k < 8; k++) b[k] = a[k] + a[k + 8];
+    float s = ((b[0] + b[4]) + (b[2] + b[6])) + ((b[1] + b[5]) + (b[3] + b[7]));
+    for (; i < n; i++) s = s + w[i] * x[i];
+    return s;
+}
+
 static void test_matmul(void) {
     kv_model *m = tu_load_shared(M656);
     /* W [1100, 1024]: rows of the 656K embedding (flattened, 256 rows of 1024) reused
@@ -630,8 +643,8 @@ static void test_matmul(void) {
                 CU_ASSERT_EQUAL(memcmp(y1, y + (size_t)(rows - 1) * out, (size_t)out * 4), 0);
             }
         }
-        /* F32 weights take the BLAS path of the fp32 forward pass, bit for bit: sgemv per row
-         * up to 4 rows, sgemm above */
+        /* F32 weights: up to 4 rows the GEMV of runtime/model/quant.c (gemv_f32_ref's order,
+         * whatever the ISA), sgemm above, bit for bit */
         if (t == KV_DT_F32) {
             /* as the CPU backend runs it: OpenBLAS on one thread (its sgemv's bits depend on
              * its thread count; the backend's pool does the threading) */
@@ -644,8 +657,9 @@ static void test_matmul(void) {
             CU_ASSERT_EQUAL(memcmp(y, z, (size_t)R * out * 4), 0);
             kv_qmatmul(y, X, w, t, 2, in, out, NULL, 0);
             for (int r = 0; r < 2; r++)
-                cblas_sgemv(CblasRowMajor, CblasNoTrans, out, in, 1.0f, wf32, in,
-                            X + (size_t)r * in, 1, 0.0f, z + (size_t)r * out, 1);
+                for (int o = 0; o < out; o++)
+                    z[(size_t)r * out + o] =
+                        gemv_f32_ref(wf32 + (size_t)o * in, X + (size_t)r * in, in);
             CU_ASSERT_EQUAL(memcmp(y, z, (size_t)2 * out * 4), 0);
             free(z);
         }
