@@ -28,6 +28,7 @@
 #include "kvplan/model.h"
 #include "kvplan/quant.h"
 #include "kvplan/tokenizer.h"
+#include "model/quant_dot.h"
 #include "gguf_writer.h"
 #include "synthetic.h"
 #include "testutil.h"
@@ -549,6 +550,35 @@ static void test_int_dot(void) {
     }
     printf("\n  integer dot: %d SIMD results equal to portable; worst |error| / bound = %.3f",
            checked, worst);
+    /* the activation rows themselves: the AVX2 quantiser writes the portable one's bytes, on
+     * real rows and on rows of exact rounding midpoints (max 127 -> d = 1: x = k + 1/2) */
+    if (kv_isa_available(KV_ISA_AVX2)) {
+        float *mid = malloc(4096 * sizeof *mid);
+        for (int i = 0; i < 4096; i++)
+            mid[i] = i % 32 == 0 ? 127.0f : (float)(i % 254 - 127) + 0.5f;
+        int same = 1, rows = 0;
+        for (int li = 0; li < 6; li++)
+            for (int k = 0; k < 2; k++) {
+                kv_dtype t = k ? KV_DT_Q4_K : KV_DT_Q8_0;
+                int n = lens[li];
+                if (n % kv_dtype_block(t)) continue;
+                size_t ab = kv_qdot_act_bytes(t, n);
+                unsigned char *a0 = calloc(1, ab), *a1 = calloc(1, ab);
+                for (int src = 0; src < 2; src++) {
+                    const float *x = src ? mid : xsrc + (size_t)li * 4099;
+                    kv_qdot_quantize_act_isa(t, x, n, a0, KV_ISA_PORTABLE);
+                    kv_qdot_quantize_act_isa(t, x, n, a1, KV_ISA_AVX2);
+                    same &= memcmp(a0, a1, ab) == 0;
+                    rows++;
+                }
+                free(a0);
+                free(a1);
+            }
+        printf("\n  activation rows: AVX2 quantiser = portable on %d rows: %s", rows,
+               same ? "yes" : "NO");
+        CU_ASSERT(same);
+        free(mid);
+    }
     kv_error err = {0};
     float o;
     unsigned char f16row[64] = {0};
