@@ -813,10 +813,13 @@ float kv_dot_row_portable(kv_dtype t, const void *w, const float *x, int64_t n) 
  * size depends only on the path and the matrix (never on the thread count), and each chunk
  * makes the same calls whichever thread runs it, so the bits do not depend on the threads.
  * GEMV-like paths (few rows): chunks of about KV_CHUNK_BYTES of weights (a multiple of 16
- * rows): a late thread costs little, and a BLAS call per 256 KiB is noise. GEMM-like paths
+ * rows). Every output there is one W row's dot with one x row, so the chunk size changes no
+ * bit; 64 KiB balances the threads on decode's small matrices (with 256 KiB a 768 x 768 Q4_0
+ * matrix, 332 KB, made chunks of 592 and 176 rows, and a 256-row K or V projection one chunk:
+ * one thread did it alone). GEMM-like paths
  * (F32 sgemm, dequantised tiles): about out / 8 outputs, 64 to 256: each chunk packs x again
  * (sgemm) and converts its own weight rows into its thread's tile. */
-#define KV_CHUNK_BYTES ((size_t)256 << 10)
+#define KV_CHUNK_BYTES ((size_t)64 << 10)
 #define KV_CHUNK_GEMM_MIN 64
 #define KV_CHUNK_GEMM_MAX 256
 
