@@ -519,8 +519,10 @@ DOT32_FN(dot_q8_0_avx2, KV_QD_AVX2, dot32_avx2, KV_DT_Q8_0)
         uint32_t sc4[2] = {w0 & 0x3f3f3f3fu, (w2 & 0x0f0f0f0fu) | ((w0 >> 6) & 0x03030303u) << 4};
         uint32_t mn4[2] = {w1 & 0x3f3f3f3fu, ((w2 >> 4) & 0x0f0f0f0fu) | ((w1 >> 6) & 0x03030303u)
                                                                              << 4};
-        uint8_t sc[8];
-        memcpy(sc, sc4, 8);
+        /* the 8 scales as int16 in both 128-bit lanes; scale k for all 16 lanes by one byte
+         * shuffle (not a scalar broadcast per sub-block) */
+        __m256i sc16 = _mm256_broadcastsi128_si256(
+            _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(const void *)sc4)));
         /* Im: the mins, each twice (its two groups of 16), times the per-16 sums */
         __m128i mins = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(const void *)mn4));
         __m128i s0 = _mm_loadu_si128((const __m128i *)(const void *)(a.s16 + (size_t)b * 16));
@@ -546,10 +548,13 @@ DOT32_FN(dot_q8_0_avx2, KV_QD_AVX2, dot32_avx2, KV_DT_Q8_0)
             }
             __m256i x0 = _mm256_loadu_si256((const __m256i *)(const void *)(x + 64 * c));
             __m256i x1 = _mm256_loadu_si256((const __m256i *)(const void *)(x + 64 * c + 32));
-            __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, x0),
-                                           _mm256_set1_epi16((short)sc[2 * c]));
-            __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, x1),
-                                           _mm256_set1_epi16((short)sc[2 * c + 1]));
+            __m256i p0 = _mm256_madd_epi16(
+                _mm256_maddubs_epi16(lo, x0),
+                _mm256_shuffle_epi8(sc16, _mm256_set1_epi16((short)(((4 * c + 1) << 8) | 4 * c))));
+            __m256i p1 = _mm256_madd_epi16(
+                _mm256_maddubs_epi16(hi, x1),
+                _mm256_shuffle_epi8(sc16,
+                                    _mm256_set1_epi16((short)(((4 * c + 3) << 8) | (4 * c + 2)))));
             sum = _mm256_add_epi32(sum, _mm256_add_epi32(p0, p1));
         }
         __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)ld32(blk))); /* d, dmin */
