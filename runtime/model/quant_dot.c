@@ -461,7 +461,7 @@ KV_QD_AVX2 static inline __attribute__((always_inline)) __m128i half8(const uint
             v[k] = BLK(t, w + (size_t)(b + k) * L.bytes, a.q + (size_t)(b + k) * QA);              \
         __m256i isum = sum8x8(v);                                                                  \
         __m256i S = _mm256_loadu_si256((const __m256i *)(const void *)(a.s + b));                  \
-        if (L.off) isum = _mm256_sub_epi32(isum, _mm256_mullo_epi32(S, _mm256_set1_epi32(L.off))); \
+        if (L.off) isum = _mm256_sub_epi32(isum, _mm256_slli_epi32(S, L.off == 8 ? 3 : 4));        \
         __m256 dx = _mm256_loadu_ps(a.d + b);                                                      \
         __m256 dw = _mm256_cvtph_ps(half8(w + (size_t)b * L.bytes, L.bytes));                      \
         __m256 f = _mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(isum));                 \
