@@ -18,6 +18,9 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#endif
 
 typedef struct cpu_backend {
     kv_backend base;
@@ -113,6 +116,38 @@ static int cpu_gather(kv_backend *b, kv_pool *p, const kv_move *moves, int n, kv
     return KV_OK;
 }
 
+#if defined(__x86_64__) && defined(__GNUC__)
+/* kvt_encode's f16 row by F16C, the same bytes: round to nearest even as kv_f32_to_f16, which
+ * saturates |x| >= 65504 (infinities included) to 65504, hence the clamp; a row holding a NaN
+ * takes the scalar encoder (its NaN bytes). Returns 0 when it left the row to the caller. */
+__attribute__((target("avx2,f16c"))) static int encode_f16_f16c(int hd, const float *x,
+                                                                unsigned char *dst) {
+    const __m256 hi = _mm256_set1_ps(65504.0f), lo = _mm256_set1_ps(-65504.0f);
+    int nan = 0;
+    for (int d = 0; d < hd; d += 8) {
+        __m256 v = _mm256_loadu_ps(x + d);
+        nan |= _mm256_movemask_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    }
+    if (nan) return 0;
+    for (int d = 0; d < hd; d += 8) {
+        __m256 v = _mm256_min_ps(_mm256_max_ps(_mm256_loadu_ps(x + d), lo), hi);
+        _mm_storeu_si128((__m128i *)(void *)(dst + 2 * d),
+                         _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    }
+    return 1;
+}
+#endif
+
+static void cache_encode(const cpu_backend *c, kv_cache_type t, int hd, const float *x,
+                         unsigned char *dst) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (c->vec && t == KV_TYPE_F16 && hd % 8 == 0 && encode_f16_f16c(hd, x, dst)) return;
+#else
+    (void)c;
+#endif
+    kvt_encode(t, hd, x, dst);
+}
+
 static int cpu_cache_write(kv_backend *b, kv_pool *p, const kv_slot_write *w, int n,
                            kv_error *err) {
     (void)err;
@@ -122,8 +157,8 @@ static int cpu_cache_write(kv_backend *b, kv_pool *p, const kv_slot_write *w, in
         /* the new row in the head's stored type (its block's range) */
         kv_cache_type t = kv_pool_block_type(p, w[i].slot / p->block_size);
         size_t src = (size_t)w[i].row * kvd + (size_t)w[i].kv_head * hd;
-        kvt_encode(t, hd, c->k + src, kv_pool_slot_row(p, w[i].slot, 0));
-        kvt_encode(t, hd, c->v + src, kv_pool_slot_row(p, w[i].slot, 1));
+        cache_encode(c, t, hd, c->k + src, kv_pool_slot_row(p, w[i].slot, 0));
+        cache_encode(c, t, hd, c->v + src, kv_pool_slot_row(p, w[i].slot, 1));
     }
     return KV_OK;
 }
