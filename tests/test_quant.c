@@ -28,6 +28,7 @@
 #include "kvplan/model.h"
 #include "kvplan/quant.h"
 #include "kvplan/tokenizer.h"
+#include "model/quant_dot.h"
 #include "model/quant_gemm.h"
 #include "gguf_writer.h"
 #include "synthetic.h"
@@ -550,6 +551,35 @@ static void test_int_dot(void) {
     }
     printf("\n  integer dot: %d SIMD results equal to portable; worst |error| / bound = %.3f",
            checked, worst);
+    /* the activation rows themselves: the AVX2 quantiser writes the portable one's bytes, on
+     * real rows and on rows of exact rounding midpoints (max 127 -> d = 1: x = k + 1/2) */
+    if (kv_isa_available(KV_ISA_AVX2)) {
+        float *mid = malloc(4096 * sizeof *mid);
+        for (int i = 0; i < 4096; i++)
+            mid[i] = i % 32 == 0 ? 127.0f : (float)(i % 254 - 127) + 0.5f;
+        int same = 1, rows = 0;
+        for (int li = 0; li < 6; li++)
+            for (int k = 0; k < 2; k++) {
+                kv_dtype t = k ? KV_DT_Q4_K : KV_DT_Q8_0;
+                int n = lens[li];
+                if (n % kv_dtype_block(t)) continue;
+                size_t ab = kv_qdot_act_bytes(t, n);
+                unsigned char *a0 = calloc(1, ab), *a1 = calloc(1, ab);
+                for (int src = 0; src < 2; src++) {
+                    const float *x = src ? mid : xsrc + (size_t)li * 4099;
+                    kv_qdot_quantize_act_isa(t, x, n, a0, KV_ISA_PORTABLE);
+                    kv_qdot_quantize_act_isa(t, x, n, a1, KV_ISA_AVX2);
+                    same &= memcmp(a0, a1, ab) == 0;
+                    rows++;
+                }
+                free(a0);
+                free(a1);
+            }
+        printf("\n  activation rows: AVX2 quantiser = portable on %d rows: %s", rows,
+               same ? "yes" : "NO");
+        CU_ASSERT(same);
+        free(mid);
+    }
     kv_error err = {0};
     float o;
     unsigned char f16row[64] = {0};
@@ -558,6 +588,19 @@ static void test_int_dot(void) {
     CU_ASSERT_EQUAL(kv_dot_row_q8(KV_DT_Q4_K, f16row, xsrc, 32, KV_ISA_PORTABLE, &o, &err),
                     KV_EINPUT);
     kv_model_free(m);
+}
+
+/* The F32 decode GEMV's documented order (runtime/model/quant.c, gemv_f32_c), written again
+ * here: 16 partial sums (mul then add), folded a_k + a_(k+8), a fixed tree, the tail in order. */
+static float gemv_f32_ref(const float *w, const float *x, int n) {
+    float a[16] = {0}, b[8];
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int k = 0; k < 16; k++) a[k] = a[k] + w[i + k] * x[i + k];
+    for (int k = 0; k < 8; k++) b[k] = a[k] + a[k + 8];
+    float s = ((b[0] + b[4]) + (b[2] + b[6])) + ((b[1] + b[5]) + (b[3] + b[7]));
+    for (; i < n; i++) s = s + w[i] * x[i];
+    return s;
 }
 
 static void test_matmul(void) {
@@ -651,8 +694,8 @@ static void test_matmul(void) {
                 CU_ASSERT_EQUAL(memcmp(y1, y + (size_t)(rows - 1) * out, (size_t)out * 4), 0);
             }
         }
-        /* F32 weights take the BLAS path of the fp32 forward pass, bit for bit: sgemv per row
-         * up to 4 rows, sgemm above */
+        /* F32 weights: up to 4 rows the GEMV of runtime/model/quant.c (gemv_f32_ref's order,
+         * whatever the ISA), sgemm above, bit for bit */
         if (t == KV_DT_F32) {
             /* as the CPU backend runs it: OpenBLAS on one thread (its sgemv's bits depend on
              * its thread count; the backend's pool does the threading) */
@@ -665,8 +708,9 @@ static void test_matmul(void) {
             CU_ASSERT_EQUAL(memcmp(y, z, (size_t)R * out * 4), 0);
             kv_qmatmul(y, X, w, t, 2, in, out, NULL, 0);
             for (int r = 0; r < 2; r++)
-                cblas_sgemv(CblasRowMajor, CblasNoTrans, out, in, 1.0f, wf32, in,
-                            X + (size_t)r * in, 1, 0.0f, z + (size_t)r * out, 1);
+                for (int o = 0; o < out; o++)
+                    z[(size_t)r * out + o] =
+                        gemv_f32_ref(wf32 + (size_t)o * in, X + (size_t)r * in, in);
             CU_ASSERT_EQUAL(memcmp(y, z, (size_t)2 * out * 4), 0);
             free(z);
         }

@@ -11,6 +11,7 @@
 #include "kvplan/engine.h"
 #include "kvplan/model.h"
 #include "kvplan/plan.h"
+#include "kvplan/quant.h"
 #include "kvplan/workers.h"
 #include "testutil.h"
 
@@ -72,10 +73,12 @@ static void test_counts(void) {
 }
 
 /* Logits of a 512-token prefill (all rows) and 8 greedy decode steps on `threads` threads. */
-static float *engine_logits(kv_model *m, const int *tokens, int threads, size_t *n_out) {
+static float *engine_logits_kv(kv_model *m, const int *tokens, int threads, int kv_type,
+                               size_t *n_out) {
     kv_error err = {0};
     kv_plan plan = {0};
     CU_ASSERT_FATAL(kv_plan_full(&m->cfg, 512, 16, 16, KV_POLICY_SINK, &plan, &err) == KV_OK);
+    if (kv_type >= 0) kv_plan_set_kv_type(&plan, (kv_cache_type)kv_type);
     kv_engine *e = NULL;
     kv_engine_opts o = {.device = KV_DEVICE_CPU, .max_seqs = 1, .n_threads = threads};
     CU_ASSERT_FATAL(kv_engine_new(m, &plan, &o, &e, &err) == KV_OK);
@@ -95,6 +98,10 @@ static float *engine_logits(kv_model *m, const int *tokens, int threads, size_t 
     kv_plan_free(&plan);
     *n_out = (size_t)(P + D) * V;
     return out;
+}
+
+static float *engine_logits(kv_model *m, const int *tokens, int threads, size_t *n_out) {
+    return engine_logits_kv(m, tokens, threads, -1, n_out);
 }
 
 static void test_engine_threads(void) {
@@ -117,6 +124,40 @@ static void test_engine_threads(void) {
                models[i], same ? "identical" : "DIFFER");
         CU_ASSERT(same);
         free(one);
+        free(tokens);
+        kv_model_free(m);
+    }
+}
+
+/* The CPU attention's AVX2 + F16C loops (runtime/backend/backend_cpu.c) against its portable
+ * loops (KVPLAN_PORTABLE_ATTENTION set when the backend is made): the same bits for every K/V
+ * type and two head sizes (stories260K d_h 8, TinyStories-656K d_h 16). */
+static void test_vector_attention(void) {
+    if (!kv_isa_available(KV_ISA_AVX2)) {
+        printf("\n  no AVX2 on this CPU: nothing to compare");
+        return;
+    }
+    const char *models[] = {"models/stories260K/stories260K.gguf",
+                            M656 "/TinyStories-656K.f16.gguf"};
+    const kv_cache_type types[] = {KV_TYPE_F32, KV_TYPE_F16, KV_TYPE_Q8, KV_TYPE_Q4};
+    for (int i = 0; i < 2; i++) {
+        kv_model *m = tu_load_shared(models[i]);
+        int n = 0;
+        int *tokens = tu_text_tokens(m, NULL, 16384, &n);
+        CU_ASSERT_FATAL(n >= 504);
+        for (int k = 0; k < 4; k++) {
+            size_t len = 0;
+            float *vec = engine_logits_kv(m, tokens, 2, (int)types[k], &len);
+            setenv("KVPLAN_PORTABLE_ATTENTION", "1", 1);
+            float *ref = engine_logits_kv(m, tokens, 2, (int)types[k], &len);
+            unsetenv("KVPLAN_PORTABLE_ATTENTION");
+            int same = memcmp(vec, ref, len * sizeof *vec) == 0;
+            printf("\n  %s, K/V %s: vector / portable attention logits %s", models[i],
+                   kv_type_name(types[k]), same ? "identical" : "DIFFER");
+            CU_ASSERT(same);
+            free(vec);
+            free(ref);
+        }
         free(tokens);
         kv_model_free(m);
     }
@@ -159,6 +200,8 @@ int main(int argc, char **argv) {
         {"every chunk once, on a valid thread, 300 jobs in a row", test_every_chunk_once},
         {"thread counts: default, limit", test_counts},
         {"engine logits: the same bits on 1, 2, 3 threads (real models)", test_engine_threads},
+        {"engine logits: vector attention = portable attention, every K/V type",
+         test_vector_attention},
         {"kvplan eval: the same perplexity at --threads 1 and 2", test_cli_threads},
     };
     return tu_main(argc, argv, "workers", tests, sizeof tests / sizeof tests[0]);

@@ -4,16 +4,23 @@
  * (KV-Compress §3). One persistent worker pool (kvplan/workers.h) runs the matmuls' chunks and
  * the attention tasks. The same bits for every thread count: a matmul's chunks do not depend on
  * the threads (kv_qmatmul_pool), each attention task writes only its own rows and head, and the
- * statistics of a head are summed in one fixed order. */
+ * statistics of a head are summed in one fixed order. The attention runs AVX2 + F16C loops where
+ * the CPU has them (the same operations in the same order as its portable loops, hence the same
+ * bits; test_workers compares them); the environment variable KVPLAN_PORTABLE_ATTENTION, read
+ * when a backend is made, selects the portable loops (for that comparison). */
 #include "backend/backend_impl.h"
 
 #include "backend/ops.h"
 #include "cache/kvtype.h"
+#include "kvplan/quant.h"
 
 #include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#endif
 
 typedef struct cpu_backend {
     kv_backend base;
@@ -25,6 +32,7 @@ typedef struct cpu_backend {
     float *rope_cos, *rope_sin; /* [max_ctx, d_h/2] */
     kv_workers *pool;           /* owned; the matmuls' and attention's threads */
     int n_threads;
+    int vec;          /* the AVX2 + F16C attention (the same bits as the portable loops) */
     float *scores;    /* [n_threads, g, max_ctx] (g = query heads per KV head) */
     float *gather;    /* [rows, dim] rows selected for logits */
     kv_op_scratch mm; /* typed matmuls: dequantised weight tiles (prefill) or quantised
@@ -108,6 +116,38 @@ static int cpu_gather(kv_backend *b, kv_pool *p, const kv_move *moves, int n, kv
     return KV_OK;
 }
 
+#if defined(__x86_64__) && defined(__GNUC__)
+/* kvt_encode's f16 row by F16C, the same bytes: round to nearest even as kv_f32_to_f16, which
+ * saturates |x| >= 65504 (infinities included) to 65504, hence the clamp; a row holding a NaN
+ * takes the scalar encoder (its NaN bytes). Returns 0 when it left the row to the caller. */
+__attribute__((target("avx2,f16c"))) static int encode_f16_f16c(int hd, const float *x,
+                                                                unsigned char *dst) {
+    const __m256 hi = _mm256_set1_ps(65504.0f), lo = _mm256_set1_ps(-65504.0f);
+    int nan = 0;
+    for (int d = 0; d < hd; d += 8) {
+        __m256 v = _mm256_loadu_ps(x + d);
+        nan |= _mm256_movemask_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    }
+    if (nan) return 0;
+    for (int d = 0; d < hd; d += 8) {
+        __m256 v = _mm256_min_ps(_mm256_max_ps(_mm256_loadu_ps(x + d), lo), hi);
+        _mm_storeu_si128((__m128i *)(void *)(dst + 2 * d),
+                         _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    }
+    return 1;
+}
+#endif
+
+static void cache_encode(const cpu_backend *c, kv_cache_type t, int hd, const float *x,
+                         unsigned char *dst) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (c->vec && t == KV_TYPE_F16 && hd % 8 == 0 && encode_f16_f16c(hd, x, dst)) return;
+#else
+    (void)c;
+#endif
+    kvt_encode(t, hd, x, dst);
+}
+
 static int cpu_cache_write(kv_backend *b, kv_pool *p, const kv_slot_write *w, int n,
                            kv_error *err) {
     (void)err;
@@ -117,8 +157,8 @@ static int cpu_cache_write(kv_backend *b, kv_pool *p, const kv_slot_write *w, in
         /* the new row in the head's stored type (its block's range) */
         kv_cache_type t = kv_pool_block_type(p, w[i].slot / p->block_size);
         size_t src = (size_t)w[i].row * kvd + (size_t)w[i].kv_head * hd;
-        kvt_encode(t, hd, c->k + src, kv_pool_slot_row(p, w[i].slot, 0));
-        kvt_encode(t, hd, c->v + src, kv_pool_slot_row(p, w[i].slot, 1));
+        cache_encode(c, t, hd, c->k + src, kv_pool_slot_row(p, w[i].slot, 0));
+        cache_encode(c, t, hd, c->v + src, kv_pool_slot_row(p, w[i].slot, 1));
     }
     return KV_OK;
 }
@@ -225,6 +265,175 @@ attend_task_hd(const cpu_backend *c, const kv_pool *p, const kv_attn_task *t, fl
     }
 }
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#define KV_ATTN_X86 1
+#include <immintrin.h>
+#define KV_ATTN_AVX2 __attribute__((target("avx2,f16c")))
+#define KV_ATTN_AVX512 __attribute__((target("avx2,f16c,avx512f,avx512vl")))
+
+/* Elements 8c .. 8c + 7 of a stored row of type ty as floats: the values kvt_decode writes
+ * (f16 by F16C, which is exact; q8 s * q and q4 m + s * q by one mul / one mul and one add, as
+ * the scalar decoder; s and m are the row's decoded scales). */
+KV_ATTN_AVX2 static inline __attribute__((always_inline)) __m256
+kv8(const unsigned char *row, int c, kv_cache_type ty, __m256 s, __m256 m) {
+    switch (ty) {
+    case KV_TYPE_F32:
+        return _mm256_loadu_ps((const float *)(const void *)(row + 32 * (size_t)c));
+    case KV_TYPE_F16:
+        return _mm256_cvtph_ps(
+            _mm_loadu_si128((const __m128i *)(const void *)(row + 16 * (size_t)c)));
+    case KV_TYPE_Q8: {
+        __m128i q = _mm_loadl_epi64((const __m128i *)(const void *)(row + 2 + 8 * (size_t)c));
+        return _mm256_mul_ps(s, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)));
+    }
+    case KV_TYPE_Q4: {
+        uint32_t w;
+        memcpy(&w, row + 4 + 4 * (size_t)c, 4);
+        __m256i n =
+            _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)w),
+                                               _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
+                             _mm256_set1_epi32(15));
+        return _mm256_add_ps(m, _mm256_mul_ps(s, _mm256_cvtepi32_ps(n)));
+    }
+    }
+    return _mm256_setzero_ps();
+}
+
+/* The row's scale and minimum (q8: s; q4: s, m) broadcast, for kv8. */
+KV_ATTN_AVX2 static inline __attribute__((always_inline)) void
+kv_scales(const unsigned char *row, kv_cache_type ty, __m256 *s, __m256 *m) {
+    *s = _mm256_setzero_ps();
+    *m = _mm256_setzero_ps();
+    if (ty == KV_TYPE_Q8 || ty == KV_TYPE_Q4) *s = _mm256_set1_ps(kvt_h2f(row));
+    if (ty == KV_TYPE_Q4) *m = _mm256_set1_ps(kvt_h2f(row + 2));
+}
+
+/* The 8 partial sums of q . k for one entry (lane u: d = u mod 8, in d order), from zero. */
+KV_ATTN_AVX2 static inline __attribute__((always_inline)) __m128
+kv_dot_parts(const float *q, const unsigned char *row, const int hd, kv_cache_type ty) {
+    __m256 s, m;
+    kv_scales(row, ty, &s, &m);
+    __m256 part = _mm256_setzero_ps();
+    for (int c = 0; c < hd / 8; c++)
+        part =
+            _mm256_add_ps(part, _mm256_mul_ps(_mm256_loadu_ps(q + 8 * c), kv8(row, c, ty, s, m)));
+    /* (p0 + p4, p1 + p5, p2 + p6, p3 + p7) */
+    return _mm_add_ps(_mm256_castps256_ps128(part), _mm256_extractf128_ps(part, 1));
+}
+
+/* attend_task_hd with 8-wide vectors, for d_h a multiple of 8: the same operations in the same
+ * order per (query, head, entry, element), hence the same bits (test_workers, test_forward): the
+ * 8 partial sums of a score are one vector; its tree ((p0 + p4) + (p1 + p5)) + ((p2 + p6) +
+ * (p3 + p7)) is one add of the halves and two horizontal adds (four entries share them);
+ * the softmax stays scalar (expf, the sum in entry order); V is accumulated per head, entry
+ * after entry, acc += w * v with a mul and an add. */
+KV_ATTN_AVX2 static inline __attribute__((always_inline)) void
+attend_vec_hd(const cpu_backend *c, const kv_pool *p, const kv_attn_task *t, float *scores,
+              size_t stride, const int hd, const kv_cache_type ty) {
+    const kv_config *cfg = &c->base.model->cfg;
+    const int g = cfg->n_heads / cfg->n_kv_heads;
+    int qd = cfg->n_heads * hd, j = t->kv_head;
+    int base = t->len - t->n, bs = p->block_size;
+    size_t rb = kvt_row_bytes(ty, hd);
+    float inv = 1.0f / sqrtf((float)hd);
+    float qv[hd] __attribute__((aligned(32)));
+    for (int i = 0; i < t->n; i++) {
+        int n_ent = base + i + 1;
+        int qpos = t->pos[base + i];
+        for (int gh = 0; gh < g; gh++) {
+            const float *q = c->q + (size_t)(t->row0 + i) * qd + (size_t)(j * g + gh) * hd;
+            for (int d = 0; d < hd; d++) qv[d] = q[d] * inv;
+            float *sc = scores + (size_t)gh * stride;
+            __m128 mx4 = _mm_set1_ps(-INFINITY);
+            float mx = -INFINITY;
+            for (int e0 = 0; e0 < n_ent; e0 += bs) {
+                const unsigned char *kb = kv_pool_block_ptr(p, t->table[e0 / bs]);
+                int cnt = n_ent - e0 < bs ? n_ent - e0 : bs, e = 0;
+                for (; e + 4 <= cnt; e += 4) {
+                    __m128 a0 = kv_dot_parts(qv, kb + (size_t)e * rb, hd, ty);
+                    __m128 a1 = kv_dot_parts(qv, kb + (size_t)(e + 1) * rb, hd, ty);
+                    __m128 a2 = kv_dot_parts(qv, kb + (size_t)(e + 2) * rb, hd, ty);
+                    __m128 a3 = kv_dot_parts(qv, kb + (size_t)(e + 3) * rb, hd, ty);
+                    __m128 dots = _mm_hadd_ps(_mm_hadd_ps(a0, a1), _mm_hadd_ps(a2, a3));
+                    _mm_storeu_ps(sc + e0 + e, dots);
+                    mx4 = _mm_max_ps(dots, mx4); /* dot > mx ? dot : mx, lane by lane */
+                }
+                for (; e < cnt; e++) {
+                    __m128 a = kv_dot_parts(qv, kb + (size_t)e * rb, hd, ty);
+                    a = _mm_hadd_ps(a, a);
+                    float dot = _mm_cvtss_f32(_mm_hadd_ps(a, a));
+                    sc[e0 + e] = dot;
+                    mx = dot > mx ? dot : mx;
+                }
+            }
+            float l4[4];
+            _mm_storeu_ps(l4, mx4);
+            for (int k = 0; k < 4; k++) mx = l4[k] > mx ? l4[k] : mx;
+            float sum = 0.0f;
+            for (int e = 0; e < n_ent; e++) {
+                sc[e] = expf(sc[e] - mx);
+                sum += sc[e];
+            }
+            float rs = 1.0f / sum;
+            for (int e = 0; e < n_ent; e++) sc[e] = sc[e] * rs;
+            /* V: acc[d] += w_e * v_e[d] in entry order */
+            __m256 acc[hd / 8];
+            for (int k = 0; k < hd / 8; k++) acc[k] = _mm256_setzero_ps();
+            for (int e0 = 0; e0 < n_ent; e0 += bs) {
+                const unsigned char *vb = kv_pool_block_ptr(p, t->table[e0 / bs]) + (size_t)bs * rb;
+                int cnt = n_ent - e0 < bs ? n_ent - e0 : bs;
+                for (int e = 0; e < cnt; e++) {
+                    const unsigned char *row = vb + (size_t)e * rb;
+                    __m256 s, m;
+                    kv_scales(row, ty, &s, &m);
+                    __m256 w = _mm256_set1_ps(sc[e0 + e]);
+                    for (int k = 0; k < hd / 8; k++)
+                        acc[k] = _mm256_add_ps(acc[k], _mm256_mul_ps(w, kv8(row, k, ty, s, m)));
+                }
+            }
+            float *o = c->o + (size_t)(t->row0 + i) * qd + (size_t)(j * g + gh) * hd;
+            for (int k = 0; k < hd / 8; k++) _mm256_storeu_ps(o + 8 * k, acc[k]);
+        }
+        if (t->acc) /* per entry: head 0, 1, ... of the group, as head by head */
+            for (int gh = 0; gh < g; gh++) {
+                const float *sc = scores + (size_t)gh * stride;
+                for (int e = 0; e < n_ent; e++) {
+                    float w = sc[e];
+                    t->acc[e] += w;
+                    if (qpos - t->pos[e] >= KV_L2_EXCLUDED_WINDOW) t->acc2[e] += w * w;
+                }
+            }
+    }
+}
+
+#define ATTN_VEC_FN(name, attr, ty)                                                                \
+    attr static void name(const cpu_backend *c, const kv_pool *p, const kv_attn_task *t,           \
+                          float *scores) {                                                         \
+        size_t stride = (size_t)c->base.max_ctx;                                                   \
+        switch (c->base.model->cfg.head_dim) {                                                     \
+        case 64:                                                                                   \
+            attend_vec_hd(c, p, t, scores, stride, 64, ty);                                        \
+            break;                                                                                 \
+        case 128:                                                                                  \
+            attend_vec_hd(c, p, t, scores, stride, 128, ty);                                       \
+            break;                                                                                 \
+        case 32:                                                                                   \
+            attend_vec_hd(c, p, t, scores, stride, 32, ty);                                        \
+            break;                                                                                 \
+        case 16:                                                                                   \
+            attend_vec_hd(c, p, t, scores, stride, 16, ty);                                        \
+            break;                                                                                 \
+        default:                                                                                   \
+            attend_vec_hd(c, p, t, scores, stride, 8, ty);                                         \
+            break;                                                                                 \
+        }                                                                                          \
+    }
+ATTN_VEC_FN(attend_vec_f32, KV_ATTN_AVX2, KV_TYPE_F32)
+ATTN_VEC_FN(attend_vec_f16, KV_ATTN_AVX2, KV_TYPE_F16)
+ATTN_VEC_FN(attend_vec_q8, KV_ATTN_AVX2, KV_TYPE_Q8)
+ATTN_VEC_FN(attend_vec_q4, KV_ATTN_AVX2, KV_TYPE_Q4)
+#endif
+
 /* One specialisation per common head size so the d_h loops unroll and vectorise. */
 static inline __attribute__((always_inline)) void
 attend_task_ty(const cpu_backend *c, const kv_pool *p, const kv_attn_task *t, float *scores,
@@ -255,7 +464,27 @@ attend_task_ty(const cpu_backend *c, const kv_pool *p, const kv_attn_task *t, fl
 /* ... and per stored type (the type of the head's blocks). */
 static void attend_task(const cpu_backend *c, const kv_pool *p, const kv_attn_task *t,
                         float *scores) {
-    switch (kv_pool_block_type(p, t->table[0])) {
+    kv_cache_type ty = kv_pool_block_type(p, t->table[0]);
+#ifdef KV_ATTN_X86
+    int hd = c->base.model->cfg.head_dim;
+    if (c->vec && (hd == 8 || hd == 16 || hd == 32 || hd == 64 || hd == 128)) {
+        switch (ty) {
+        case KV_TYPE_F32:
+            attend_vec_f32(c, p, t, scores);
+            return;
+        case KV_TYPE_F16:
+            attend_vec_f16(c, p, t, scores);
+            return;
+        case KV_TYPE_Q8:
+            attend_vec_q8(c, p, t, scores);
+            return;
+        case KV_TYPE_Q4:
+            attend_vec_q4(c, p, t, scores);
+            return;
+        }
+    }
+#endif
+    switch (ty) {
     case KV_TYPE_F32:
         attend_task_ty(c, p, t, scores, KV_TYPE_F32);
         break;
@@ -378,6 +607,7 @@ int kv_backend_cpu_new(const kv_model *m, int max_rows, int max_ctx, int n_threa
         return rc;
     }
     c->n_threads = kv_workers_count(c->pool);
+    c->vec = kv_isa_available(KV_ISA_AVX2) && !getenv("KVPLAN_PORTABLE_ATTENTION");
     /* The pool splits every GEMM itself (chunks of outputs); OpenBLAS's own threads would
      * compete with it for the cores, so OpenBLAS runs each call on its caller's thread. A
      * process-wide setting: the backend is what runs BLAS here. */

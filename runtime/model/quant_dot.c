@@ -133,10 +133,14 @@ static inline int q8(float x, float id) {
     return v >= 127.0f ? 127 : v <= -127.0f ? -127 : (int)v;
 }
 
-/* One block of m elements: d = max|x| / 127, q into q[], returns sum q. */
+/* One block of m elements: d = max|x| / 127, q into q[], returns sum q. (NaN x: ignored by the
+ * maximum, q 0 from the clamp's conversion on x86; as fmaxf / the cast did.) */
 static int quant_block(const float *x, int m, int8_t *q, float *d) {
     float amax = 0.0f;
-    for (int j = 0; j < m; j++) amax = fmaxf(amax, fabsf(x[j]));
+    for (int j = 0; j < m; j++) {
+        float a = fabsf(x[j]);
+        amax = a > amax ? a : amax;
+    }
     float dd = amax / 127.0f, id = dd > 0.0f ? 1.0f / dd : 0.0f;
     int s = 0;
     for (int j = 0; j < m; j++) {
@@ -147,7 +151,7 @@ static int quant_block(const float *x, int m, int8_t *q, float *d) {
     return s;
 }
 
-void kv_qdot_quantize_act(kv_dtype t, const float *x, int n, void *act) {
+static void quantize_act_c(kv_dtype t, const float *x, int n, void *act) {
     int kind = kv_qdot_act_kind(t);
     uint8_t *base = act;
     int8_t *q = act;
@@ -457,7 +461,7 @@ KV_QD_AVX2 static inline __attribute__((always_inline)) __m128i half8(const uint
             v[k] = BLK(t, w + (size_t)(b + k) * L.bytes, a.q + (size_t)(b + k) * QA);              \
         __m256i isum = sum8x8(v);                                                                  \
         __m256i S = _mm256_loadu_si256((const __m256i *)(const void *)(a.s + b));                  \
-        if (L.off) isum = _mm256_sub_epi32(isum, _mm256_mullo_epi32(S, _mm256_set1_epi32(L.off))); \
+        if (L.off) isum = _mm256_sub_epi32(isum, _mm256_slli_epi32(S, L.off == 8 ? 3 : 4));        \
         __m256 dx = _mm256_loadu_ps(a.d + b);                                                      \
         __m256 dw = _mm256_cvtph_ps(half8(w + (size_t)b * L.bytes, L.bytes));                      \
         __m256 f = _mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(isum));                 \
@@ -515,8 +519,10 @@ DOT32_FN(dot_q8_0_avx2, KV_QD_AVX2, dot32_avx2, KV_DT_Q8_0)
         uint32_t sc4[2] = {w0 & 0x3f3f3f3fu, (w2 & 0x0f0f0f0fu) | ((w0 >> 6) & 0x03030303u) << 4};
         uint32_t mn4[2] = {w1 & 0x3f3f3f3fu, ((w2 >> 4) & 0x0f0f0f0fu) | ((w1 >> 6) & 0x03030303u)
                                                                              << 4};
-        uint8_t sc[8];
-        memcpy(sc, sc4, 8);
+        /* the 8 scales as int16 in both 128-bit lanes; scale k for all 16 lanes by one byte
+         * shuffle (not a scalar broadcast per sub-block) */
+        __m256i sc16 = _mm256_broadcastsi128_si256(
+            _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(const void *)sc4)));
         /* Im: the mins, each twice (its two groups of 16), times the per-16 sums */
         __m128i mins = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(const void *)mn4));
         __m128i s0 = _mm_loadu_si128((const __m128i *)(const void *)(a.s16 + (size_t)b * 16));
@@ -542,10 +548,13 @@ DOT32_FN(dot_q8_0_avx2, KV_QD_AVX2, dot32_avx2, KV_DT_Q8_0)
             }
             __m256i x0 = _mm256_loadu_si256((const __m256i *)(const void *)(x + 64 * c));
             __m256i x1 = _mm256_loadu_si256((const __m256i *)(const void *)(x + 64 * c + 32));
-            __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, x0),
-                                           _mm256_set1_epi16((short)sc[2 * c]));
-            __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, x1),
-                                           _mm256_set1_epi16((short)sc[2 * c + 1]));
+            __m256i p0 = _mm256_madd_epi16(
+                _mm256_maddubs_epi16(lo, x0),
+                _mm256_shuffle_epi8(sc16, _mm256_set1_epi16((short)(((4 * c + 1) << 8) | 4 * c))));
+            __m256i p1 = _mm256_madd_epi16(
+                _mm256_maddubs_epi16(hi, x1),
+                _mm256_shuffle_epi8(sc16,
+                                    _mm256_set1_epi16((short)(((4 * c + 3) << 8) | (4 * c + 2)))));
             sum = _mm256_add_epi32(sum, _mm256_add_epi32(p0, p1));
         }
         __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)ld32(blk))); /* d, dmin */
@@ -622,6 +631,82 @@ KV_QD_AVX2 static float dot_q6_k_avx2(const uint8_t *w, const void *act, int n) 
     return fin8(lane);
 }
 #endif
+
+#ifdef KV_QD_X86
+/* quant_block for m a multiple of 32 with 8-wide vectors, the same bytes: the maximum of |x|
+ * (order-free; a NaN lane never wins, as in quant_block), the scalar d and 1 / d, q =
+ * round-to-nearest-even(x * id) clamped to [-127, 127] (NaN -> 0, what the scalar cast gives
+ * on x86). The sums are exact integers. s16 (not NULL): the sums per 16 elements. */
+KV_QD_AVX2 static int quant_block_avx2(const float *x, int m, int8_t *q, float *d, int16_t *s16) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 mx = _mm256_setzero_ps();
+    for (int j = 0; j < m; j += 8)
+        mx = _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(x + j)), mx);
+    float l[8], amax = 0.0f;
+    _mm256_storeu_ps(l, mx);
+    for (int k = 0; k < 8; k++) amax = l[k] > amax ? l[k] : amax;
+    float dd = amax / 127.0f, id = dd > 0.0f ? 1.0f / dd : 0.0f;
+    const __m256 vid = _mm256_set1_ps(id), hi = _mm256_set1_ps(127.0f),
+                 lo = _mm256_set1_ps(-127.0f);
+    const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    __m256i tot = _mm256_setzero_si256();
+    for (int j = 0; j < m; j += 32) {
+        __m256i c[4];
+        for (int k = 0; k < 4; k++) {
+            __m256 v = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + j + 8 * k), vid),
+                                       _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            __m256 nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
+            v = _mm256_andnot_ps(nan, _mm256_min_ps(_mm256_max_ps(v, lo), hi));
+            c[k] = _mm256_cvtps_epi32(v);
+        }
+        __m256i p =
+            _mm256_packs_epi16(_mm256_packs_epi32(c[0], c[1]), _mm256_packs_epi32(c[2], c[3]));
+        _mm256_storeu_si256((__m256i *)(void *)(q + j), _mm256_permutevar8x32_epi32(p, perm));
+        __m256i s01 = _mm256_add_epi32(c[0], c[1]), s23 = _mm256_add_epi32(c[2], c[3]);
+        if (s16) {
+            s16[j / 16] = (int16_t)hsum_i32(s01);
+            s16[j / 16 + 1] = (int16_t)hsum_i32(s23);
+        }
+        tot = _mm256_add_epi32(tot, _mm256_add_epi32(s01, s23));
+    }
+    *d = dd;
+    return hsum_i32(tot);
+}
+
+KV_QD_AVX2 static void quantize_act_avx2(kv_dtype t, const float *x, int n, void *act) {
+    int kind = kv_qdot_act_kind(t);
+    uint8_t *base = act;
+    int8_t *q = act;
+    int m = kind == 'A' ? QA : QKB;
+    for (int b = 0; b < n / m; b++) {
+        float d;
+        if (kind == 'A') {
+            int32_t s = quant_block_avx2(x + (size_t)b * QA, QA, q + (size_t)b * QA, &d, NULL);
+            memcpy(base + act_s_off(kind, n) + 4 * (size_t)b, &s, 4);
+        } else {
+            int16_t s16[16];
+            quant_block_avx2(x + (size_t)b * QKB, QKB, q + (size_t)b * QKB, &d, s16);
+            memcpy(base + act_s_off(kind, n) + 32 * (size_t)b, s16, 32);
+        }
+        memcpy(base + act_d_off(n) + 4 * (size_t)b, &d, 4);
+    }
+}
+#endif
+
+void kv_qdot_quantize_act_isa(kv_dtype t, const float *x, int n, void *act, kv_isa isa) {
+#ifdef KV_QD_X86
+    if (isa != KV_ISA_PORTABLE && kv_isa_available(KV_ISA_AVX2) && kv_qdot_act_kind(t)) {
+        quantize_act_avx2(t, x, n, act);
+        return;
+    }
+#endif
+    (void)isa;
+    quantize_act_c(t, x, n, act);
+}
+
+void kv_qdot_quantize_act(kv_dtype t, const float *x, int n, void *act) {
+    kv_qdot_quantize_act_isa(t, x, n, act, kv_isa_best());
+}
 
 kv_qdot_fn kv_qdot_kernel(kv_dtype t, kv_isa isa) {
     if (!kv_isa_available(isa)) return NULL;
@@ -702,7 +787,7 @@ int kv_dot_row_q8(kv_dtype t, const void *w, const float *x, int64_t n, kv_isa i
                        kv_isa_name(isa));
     void *act = kv_malloc(kv_qdot_act_bytes(t, (int)n), "quantised activation row", err);
     if (!act) return KV_EINTERNAL;
-    kv_qdot_quantize_act(t, x, (int)n, act);
+    kv_qdot_quantize_act_isa(t, x, (int)n, act, isa);
     *out = f(w, act, (int)n);
     free(act);
     return KV_OK;

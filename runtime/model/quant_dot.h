@@ -43,10 +43,13 @@ int kv_qdot_act_kind(kv_dtype t);
  * a multiple of 64, so rows placed one after another stay 64-byte apart. */
 size_t kv_qdot_act_bytes(kv_dtype t, int n);
 
-/* Quantise x [n] fp32 into act (kv_qdot_act_bytes(t, n) bytes) in t's layout. One portable
- * C function for every kernel, so every kernel sees the same bytes. Non-finite x: the caller's
- * problem (as kv_quantize_row). */
+/* Quantise x [n] fp32 into act (kv_qdot_act_bytes(t, n) bytes) in t's layout: the portable C
+ * quantiser or its AVX2 form on kv_isa_best() (kv_qdot_quantize_act_isa: the one of `isa`;
+ * AVX2 and VNNI share the AVX2 form). Every form writes the same bytes (test_quant compares
+ * them through kv_dot_row_q8), so every kernel sees the same activation row. Non-finite x:
+ * the caller's problem (as kv_quantize_row). */
 void kv_qdot_quantize_act(kv_dtype t, const float *x, int n, void *act);
+void kv_qdot_quantize_act_isa(kv_dtype t, const float *x, int n, void *act, kv_isa isa);
 
 /* One weight row w of type t (n elements) times a quantised activation row. */
 typedef float (*kv_qdot_fn)(const uint8_t *w, const void *act, int n);
