@@ -78,7 +78,7 @@ static int robust_init(void) {
     free(out);
     if (rc) return 1;
     snprintf(args, sizeof args,
-             "search --profile %s --model %s --text %s --text %s --ratio 0.125 --context 512 "
+             "search --profile %s --model %s --text %s --text %s --ratio 0.0625 --context 512 "
              "--eval-tokens 2048 --heldout-tokens 1024 --t-grid 0.9 --r-grid 0.3,0.6 "
              "--sens-levels 6 --sens-rounds 1 --sens-batch 8 --quiet -o %s",
              tu_tmp("profile.h5"), tu_shared(MODEL), tu_shared(TEXT), tu_shared(PAPER),
@@ -185,7 +185,7 @@ static void test_two_texts(void) {
     CU_ASSERT_EQUAL(tokens[1], n1);
     char plan_opt[1024];
     snprintf(plan_opt, sizeof plan_opt, "--plan %s", tu_tmp("plan.h5"));
-    const char *uni_opt = "--ratio 0.125 --allocation uniform --block-size 1 --evict-block 1";
+    const char *uni_opt = "--ratio 0.0625 --allocation uniform --block-size 1 --evict-block 1";
     double p0 = eval_ppl(ids0, 0, 1024, plan_opt), u0 = eval_ppl(ids0, 0, 1024, uni_opt);
     double f1 = eval_ppl(ids1, 1024, 512, ""), p1 = eval_ppl(ids1, 1024, 512, plan_opt);
     printf("    eval: plan %.6f %.6f uniform %.6f full %.6f\n", p0, p1, u0, f1);
