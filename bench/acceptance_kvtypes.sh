@@ -16,36 +16,21 @@
 # take a plan already there instead of searching again), SEARCH_FLAGS (extra search options;
 # empty = the defaults).
 set -euo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
-cd "$root"
-shared=${KVPLAN_SHARED:-$root/../shared}
+. "$(dirname "$0")/lib_acceptance.sh"
 text=$shared/text/tinystories_val_head.txt
-kv=build/kvplan
-[ -x "$kv" ] || scripts/build.sh build >&2
-export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
 out_dir=${KEEP_DIR:-$work}
 mkdir -p "$out_dir"
 models=("$@")
 [ ${#models[@]} -gt 0 ] || models=(stories260K tinystories-656k)
 
-ev() { "$kv" eval "$@" --context 512 --json --quiet; }
-ppl() { ev "$@" | sed -n 's/.*"perplexity":\([0-9.eE+-]*\).*/\1/p'; }
 
 printf '%-16s %-5s %-5s %-8s %-8s %-8s %-8s %-8s %-7s %-17s %-13s %s\n' model R "b_s/p" plan \
     uniform q8 q4 full closed "types f16/q8/q4" "bytes plan" "peak (<= +1 blk/head)"
 for name in "${models[@]}"; do
-    case $name in
-    stories260K) model=$shared/models/stories260K/stories260K.bin ;;
-    tinystories-656k) model=$shared/models/tinystories-656k ;;
-    *) echo "acceptance_kvtypes.sh: unknown model '$name' (stories260K, tinystories-656k)" >&2
-       exit 1 ;;
-    esac
-    "$kv" tokenize "$model" --text "$text" | tr ' ' '\n' | grep . | tail -n 2048 \
-        > "$work/$name.heldout"
+    model=$(acc_model "$name")
+    acc_ids "$model" "$text" | tail -n 2048 > "$work/$name.heldout"
     ho=$work/$name.heldout
-    full=$(ppl "$model" --tokens "$ho")
+    full=$(acc_ppl "$model" --tokens "$ho")
     prof=$work/$name.profile.h5
     "$kv" profile "$model" --text "$text" --no-hw --quiet -o "$prof"
     for r in ${RATIOS:-16 8 4}; do
@@ -58,16 +43,16 @@ for name in "${models[@]}"; do
         "$kv" search --profile "$prof" --model "$model" --text "$text" --ratio "$ratio" \
             --policy sink --context 512 --quiet ${SEARCH_FLAGS:-} -o "$plan" > "$work/search.out"
         fi
-        pj=$(ev "$model" --tokens "$ho" --plan "$plan")
+        pj=$(acc_eval "$model" --tokens "$ho" --plan "$plan")
         p=$(sed -n 's/.*"perplexity":\([0-9.eE+-]*\).*/\1/p' <<<"$pj")
         peak=$(grep -o '"kv_bytes_peak":[0-9]*' <<<"$pj" | cut -d: -f2)
         uni="--ratio $ratio --allocation uniform --block-size 1 --evict-block 1"
         # shellcheck disable=SC2086
-        u=$(ppl "$model" --tokens "$ho" $uni)
+        u=$(acc_ppl "$model" --tokens "$ho" $uni)
         # shellcheck disable=SC2086
-        u8=$(ppl "$model" --tokens "$ho" $uni --kv-type q8)
+        u8=$(acc_ppl "$model" --tokens "$ho" $uni --kv-type q8)
         # shellcheck disable=SC2086
-        u4=$(ppl "$model" --tokens "$ho" $uni --kv-type q4)
+        u4=$(acc_ppl "$model" --tokens "$ho" $uni --kv-type q4)
         js=$("$kv" inspect "$plan" --json)
         bs=$(grep -o '"block_size":[0-9]*' <<<"$js" | head -1 | cut -d: -f2)
         pe=$(grep -o '"evict_block":[0-9]*' <<<"$js" | head -1 | cut -d: -f2)

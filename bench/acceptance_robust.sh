@@ -18,14 +18,7 @@
 # Usage: bench/acceptance_robust.sh [PLAN_DIR]  (default: fresh plans from scripts/make-plans.sh
 # in a temporary directory, about 40 minutes on 2 cores; SEARCH_ARGS is passed on to it)
 set -euo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
-cd "$root"
-shared=${KVPLAN_SHARED:-$root/../shared}
-kv=build/kvplan
-[ -x "$kv" ] || scripts/build.sh build >&2
-export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+. "$(dirname "$0")/lib_acceptance.sh"
 plans=${1:-}
 if [ -z "$plans" ]; then
     plans=$work/plans
@@ -33,32 +26,28 @@ if [ -z "$plans" ]; then
 fi
 bench/robust_texts.sh "$work/texts" > /dev/null
 
-ppl() { "$kv" eval "$@" --context 512 --json --quiet | sed -n 's/.*"perplexity":\([0-9.eE+-]*\).*/\1/p'; }
-ids() { "$kv" tokenize "$1" --text "$2" | tr ' ' '\n' | grep .; }
 
 printf '%-17s %-5s %-14s %-6s %-10s %-10s %-10s %-9s %-7s\n' model R text tokens plan uniform \
     full plan/unif closed
-for spec in "stories260K:$shared/models/stories260K/stories260K.bin" \
-            "tinystories-656k:$shared/models/tinystories-656k"; do
-    name=${spec%%:*}
-    model=${spec#*:}
-    ids "$model" "$shared/text/tinystories_val_head.txt" | tail -n 2048 > "$work/ts_tail"
-    ids "$model" "$work/texts/papers_article.txt" > "$work/all"
+for name in stories260K tinystories-656k; do
+    model=$(acc_model "$name")
+    acc_ids "$model" "$shared/text/tinystories_val_head.txt" | tail -n 2048 > "$work/ts_tail"
+    acc_ids "$model" "$work/texts/papers_article.txt" > "$work/all"
     head -n 2048 "$work/all" > "$work/paper_article"
-    ids "$model" "$work/texts/papers_baklava.txt" > "$work/all"
+    acc_ids "$model" "$work/texts/papers_baklava.txt" > "$work/all"
     head -n 2048 "$work/all" > "$work/paper_baklava"
-    ids "$model" "$work/texts/vocab_tests.txt" > "$work/vocab_all"
+    acc_ids "$model" "$work/texts/vocab_tests.txt" > "$work/vocab_all"
     n=$(wc -l < "$work/vocab_all")
     head -n $((n / 512 * 512)) "$work/vocab_all" > "$work/vocab_tests"
     for text in ts_tail paper_article paper_baklava vocab_tests; do
         f=$work/$text
-        full=$(ppl "$model" --tokens "$f")
+        full=$(acc_ppl "$model" --tokens "$f")
         for r in 16 8 4; do
             plan=$plans/$name.r1-$r.h5
             [ -f "$plan" ] || { printf '%-17s 1/%-3s %-14s (no plan %s)\n' "$name" "$r" "$text" "$plan"; continue; }
             ratio=$(awk "BEGIN { print 1 / $r }")
-            p=$(ppl "$model" --tokens "$f" --plan "$plan")
-            u=$(ppl "$model" --tokens "$f" --ratio "$ratio" --allocation uniform \
+            p=$(acc_ppl "$model" --tokens "$f" --plan "$plan")
+            u=$(acc_ppl "$model" --tokens "$f" --ratio "$ratio" --allocation uniform \
                 --block-size 1 --evict-block 1)
             awk -v m="$name" -v r="1/$r" -v t="$text" -v n="$(wc -l < "$f")" -v p="$p" \
                 -v u="$u" -v f="$full" 'BEGIN {

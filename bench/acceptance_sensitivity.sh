@@ -11,36 +11,24 @@
 # and the share of the uniform -> full gap the plan closes.
 # Usage: bench/acceptance_sensitivity.sh [PLAN_DIR]   (default: plans/, the shipped plans)
 set -euo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
-cd "$root"
-shared=${KVPLAN_SHARED:-$root/../shared}
-text=$shared/text/tinystories_val_head.txt
+. "$(dirname "$0")/lib_acceptance.sh"
 plans=${1:-plans}
-kv=build/kvplan
-[ -x "$kv" ] || scripts/build.sh build >&2
-export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-
-ppl() { "$kv" eval "$@" --context 512 --json --quiet | sed -n 's/.*"perplexity":\([0-9.eE+-]*\).*/\1/p'; }
+text=$shared/text/tinystories_val_head.txt
 
 printf '%-18s %-5s %-6s %-9s %-9s %-9s %-9s %-8s\n' model R "b_s/p" plan uniform full grid \
     "closed"
-for spec in "stories260K:$shared/models/stories260K/stories260K.bin" \
-            "tinystories-656k:$shared/models/tinystories-656k"; do
-    name=${spec%%:*}
-    model=${spec#*:}
-    "$kv" tokenize "$model" --text "$text" | tr ' ' '\n' | grep . | tail -n 2048 \
-        > "$work/$name.heldout"
+for name in stories260K tinystories-656k; do
+    model=$(acc_model "$name")
+    acc_ids "$model" "$text" | tail -n 2048 > "$work/$name.heldout"
     ho=$work/$name.heldout
-    full=$(ppl "$model" --tokens "$ho")
+    full=$(acc_ppl "$model" --tokens "$ho")
     prof=$work/$name.profile.h5
     "$kv" profile "$model" --text "$text" --no-hw --quiet -o "$prof"
     for r in 4 8 16; do
         plan=$plans/$name.r1-$r.h5
         ratio=$(awk "BEGIN { print 1 / $r }")
-        p=$(ppl "$model" --tokens "$ho" --plan "$plan")
-        u=$(ppl "$model" --tokens "$ho" --ratio "$ratio" --allocation uniform --block-size 1 \
+        p=$(acc_ppl "$model" --tokens "$ho" --plan "$plan")
+        u=$(acc_ppl "$model" --tokens "$ho" --ratio "$ratio" --allocation uniform --block-size 1 \
             --evict-block 1)
         js=$("$kv" inspect "$plan" --json)
         bs=$(grep -o '"block_size":[0-9]*' <<<"$js" | head -1 | cut -d: -f2)
@@ -51,7 +39,7 @@ for spec in "stories260K:$shared/models/stories260K/stories260K.bin" \
         "$kv" plan --profile "$prof" --model "$model" --ratio "$ratio" --allocation baklava \
             --t "$gt" --r "$gr" --context 512 --block-size "$bs" --evict-block "$pe" --quiet \
             -o "$work/grid.h5" >/dev/null
-        grid=$(ppl "$model" --tokens "$ho" --plan "$work/grid.h5")
+        grid=$(acc_ppl "$model" --tokens "$ho" --plan "$work/grid.h5")
         closed=$(awk -v p="$p" -v u="$u" -v f="$full" \
             'BEGIN { if (u > f) printf "%.0f%%", 100 * (u - p) / (u - f); else print "-" }')
         printf '%-18s 1/%-3s %-6s %-9.4f %-9.4f %-9.4f %-9.4f %-8s\n' "$name" "$r" "$bs/$pe" \

@@ -18,10 +18,13 @@ const char *kv_robust_decision(const kv_robust_result *r) {
     if (k == 0) return "plan";
     if (r->source[k] < 0) return "uniform";
     if (r->source[k] >= 1) {
-        static const char *const name[3][2] = {{"mean knapsack", "mean knapsack blend"},
-                                               {"worst knapsack", "worst knapsack blend"},
-                                               {"text knapsack", "text knapsack blend"}};
-        return name[r->source[k] < 3 ? r->source[k] - 1 : 2][r->lambda[k] != 1.0];
+        static const char *const name[4][2] = {
+            {"mean knapsack", "mean knapsack blend"},
+            {"worst knapsack", "worst knapsack blend"},
+            {"text knapsack", "text knapsack blend"},
+            {"sensitivity knapsack", "sensitivity knapsack blend"}};
+        int s = r->source[k] == KV_ROBUST_SRC_SENS ? 3 : r->source[k] < 3 ? r->source[k] - 1 : 2;
+        return name[s][r->lambda[k] != 1.0];
     }
     return "blend";
 }
@@ -29,6 +32,7 @@ const char *kv_robust_decision(const kv_robust_result *r) {
 static const double cand_lambda[KV_ROBUST_N_LAMBDA] = {1.0, 0.75, 0.5, 0.25};
 #define N_SRC KV_ROBUST_N_SRC
 #define MAX_SETS (KV_ROBUST_MAX_CAND - 1) /* the candidates run on the plan's engine */
+_Static_assert(KV_ROBUST_SRC_SENS == 7, "the source codes written in /search/texts/candidates");
 #define PASS_TOL 1e-6 /* relative: rounding differences between engines are not losses */
 
 int kv_robust_objective_parse(const char *s, kv_robust_objective *out, kv_error *err) {
@@ -147,18 +151,9 @@ static int result_alloc(kv_robust_result *r, const kv_robust_layout *lay, kv_err
 /* An engine reserving the full cache at b_s, p with `sets` sequences. */
 static int engine_for(const kv_model *m, const struct kv_search_opts *o, int bs, int p, int sets,
                       kv_engine **out, kv_error *err) {
-    kv_plan full;
-    int rc = kv_plan_full(&m->cfg, o->context, bs, p, o->policy, &full, err);
-    if (rc) return rc;
-    kv_plan_set_kv_type(&full, o->kv_type);
     /* the plan's heads may store other types (the sensitivity knapsack's, issue 22) */
-    kv_engine_opts eo = {.device = o->device,
-                         .n_threads = o->n_threads,
-                         .max_seqs = sets,
-                         .type_mask = o->sensitivity ? o->kv_types_mask : 0};
-    rc = kv_engine_new(m, &full, &eo, out, err);
-    kv_plan_free(&full);
-    return rc;
+    return kv_search_engine(m, o, o->kv_type, bs, p, sets, kv_search_sens_opts(o).types_mask, out,
+                            err);
 }
 
 /* Per-(text, part) perplexity from per-chunk NLL sums nll[S + HC] into ppl[N * 2]. */
@@ -177,13 +172,42 @@ static void text_ppl(const kv_robust_layout *lay, int C, const double *nll, doub
     }
 }
 
+/* The largest over texts of the prediction bound m + z s sqrt(1/n + 1/n_new) of the per-token
+ * NLL change per chunk, cand[c] - uni[c] (chunk NLL sums of C - 1 scored tokens), with the
+ * constants KV_ROBUST_PRED_* (robust.h); texts with fewer than two chunks count their mean. */
+static double pred_bound(const kv_robust_layout *lay, int C, const double *cand,
+                         const double *uni) {
+    double worst = -HUGE_VAL;
+    for (int t = 0; t < lay->n_texts; t++) {
+        double s1 = 0.0, s2 = 0.0;
+        int n = 0;
+        for (int ch = 0; ch < lay->S + lay->HC; ch++) {
+            if (lay->chunk_text[ch] != t) continue;
+            double d = (cand[ch] - uni[ch]) / (C - 1);
+            s1 += d;
+            s2 += d * d;
+            n++;
+        }
+        if (!n) continue;
+        double m = s1 / n, b = m;
+        if (n > 1) {
+            double var = (s2 - n * m * m) / (n - 1);
+            b += KV_ROBUST_PRED_Z * sqrt(var > 0.0 ? var : 0.0) *
+                 sqrt(1.0 / n + 1.0 / KV_ROBUST_PRED_CHUNKS);
+        }
+        if (!(b <= worst)) worst = b; /* NaN stays */
+    }
+    return worst;
+}
+
 /* Objective and pass/fail of candidate figures ppl[N * 2] against uniform u[N * 2], with the
- * per-text all-chunk log ratio from the NLL sums (chunk counts weigh the parts). */
-static double cand_objective(const kv_robust_result *r, const double *ppl, kv_robust_objective obj,
-                             int *passed) {
+ * per-text all-chunk log ratio from the NLL sums (chunk counts weigh the parts), and its
+ * prediction bound `bound` (pred_bound) within log(1 + KV_ROBUST_PRED_TOL). */
+static double cand_objective(const kv_robust_result *r, const double *ppl, double bound,
+                             kv_robust_objective obj, int *passed) {
     int N = r->n_texts;
     double mean = 0.0, worst = -HUGE_VAL;
-    *passed = 1;
+    *passed = bound <= log1p(KV_ROBUST_PRED_TOL);
     for (int t = 0; t < N; t++) {
         double lc = 0.0, lu = 0.0;
         int k = 0;
@@ -202,12 +226,11 @@ static double cand_objective(const kv_robust_result *r, const double *ppl, kv_ro
     return obj == KV_ROBUST_WORST ? worst : obj == KV_ROBUST_BOTH ? mean + worst : mean;
 }
 
-/* The sensitivity options the search ran with (its ratio, C, b_s, grid p, policy and base KV
- * type), tokens-only (the per-text curves are measured in the base type), no progress or
- * task farm of their own. */
+/* The sensitivity options the search ran with (its ratio, C, b_s, grid p, policy, base KV
+ * type and the knapsack's KV types: the per-text curves are typed as the search's), no
+ * progress or task farm of their own. */
 static kv_sens_opts sens_opts(const struct kv_search_opts *o) {
     kv_sens_opts so = kv_search_sens_opts(o);
-    so.types_mask = 0;
     so.progress = NULL;
     so.tasks = NULL;
     return so;
@@ -215,14 +238,17 @@ static kv_sens_opts sens_opts(const struct kv_search_opts *o) {
 
 /* Per-text knapsacks (sources 1 and 2): every head's NLL curve measured on each text's first
  * calibration chunk alone (kv_sens_measure, at the search's levels, around uniform), then
- * combined over the texts per head and level as the mean (1: the pooled knapsack, every text
- * weighing the same) and as the largest change (2: a head's move counts with its worst text;
- * summed over heads that bounds every text's predicted change from above, so minimising it
- * is a max-regret knapsack on that bound), each solved by kv_sens_allocate with the NLL
- * objective. Needs the search's sensitivity curves (their levels); *n_out 0 otherwise. */
+ * combined over the texts per head, KV type, policy and level as the mean (1: the pooled
+ * knapsack, every text weighing the same) and as the largest change (2: a head's move counts
+ * with its worst text; summed over heads that bounds every text's predicted change from
+ * above, so minimising it is a max-regret knapsack on that bound), each solved by
+ * kv_sens_allocate_typed with the NLL objective (over the search's --kv-types, in stored
+ * bytes, as the search's own knapsack: issue 22). budget, policy, type: [2 + texts, nh].
+ * Needs the search's sensitivity curves (their levels); *n_out 0 otherwise. */
 static int text_knapsacks(const kv_model *m, const int *ids, const kv_robust_layout *lay,
                           const struct kv_search_opts *o, const struct kv_search_result *res,
-                          int nh, int *budget, kv_policy *policy, int *n_out, kv_error *err) {
+                          int nh, int *budget, kv_policy *policy, kv_cache_type *type, int *n_out,
+                          kv_error *err) {
     *n_out = 0;
     const kv_sens_curves *sc = &res->sens.curves;
     if (!res->have_sens || !sc->n_levels || lay->n_texts < 2) return KV_OK;
@@ -232,16 +258,8 @@ static int text_knapsacks(const kv_model *m, const int *ids, const kv_robust_lay
     kv_sens_curves cv[KV_ROBUST_MAX_TEXTS];
     memset(cv, 0, sizeof cv);
     kv_engine *e = NULL;
-    kv_plan full;
-    rc = kv_plan_full(&m->cfg, o->context, o->block_size, o->evict_block, o->policy, &full, err);
-    if (!rc) {
-        kv_plan_set_kv_type(&full, o->kv_type);
-        kv_engine_opts eo = {.device = o->device,
-                             .n_threads = o->n_threads,
-                             .max_seqs = so.batch > 1 ? so.batch : 1};
-        rc = kv_engine_new(m, &full, &eo, &e, err);
-        kv_plan_free(&full);
-    }
+    rc = kv_search_engine(m, o, o->kv_type, o->block_size, o->evict_block,
+                          so.batch > 1 ? so.batch : 1, so.types_mask, &e, err);
     for (int t = 0; t < N && !rc; t++) {
         int ch = 0; /* the text's first calibration chunk */
         while (ch < lay->S && lay->chunk_text[ch] != t) ch++;
@@ -253,7 +271,7 @@ static int text_knapsacks(const kv_model *m, const int *ids, const kv_robust_lay
     }
     kv_engine_free(e);
     if (!rc) {
-        long n = (long)cv[0].n_heads * cv[0].n_policies * cv[0].n_levels;
+        long n = (long)cv[0].n_heads * cv[0].n_types * cv[0].n_policies * cv[0].n_levels;
         double *keep = cv[0].delta_nll;
         double *comb = kv_malloc((size_t)(n > 0 ? n : 1) * sizeof *comb, "curves", err);
         for (int kind = 0; kind < 2 && comb && !rc; kind++) {
@@ -267,8 +285,9 @@ static int text_knapsacks(const kv_model *m, const int *ids, const kv_robust_lay
                 comb[i] = kind ? worst : mean;
             }
             cv[0].delta_nll = comb;
-            rc = kv_sens_allocate(&cv[0], &so, budget + (long)kind * nh, policy + (long)kind * nh,
-                                  NULL, err);
+            rc =
+                kv_sens_allocate_typed(&cv[0], &so, budget + (long)kind * nh,
+                                       policy + (long)kind * nh, type + (long)kind * nh, NULL, err);
             cv[0].delta_nll = keep;
         }
         if (!comb) rc = KV_EINTERNAL;
@@ -276,8 +295,9 @@ static int text_knapsacks(const kv_model *m, const int *ids, const kv_robust_lay
         /* and each text's own curves (a plan for that text, which the guard then holds to
          * the others), for up to KV_ROBUST_TEXT_SOURCES texts */
         for (int t = 0; t < N && t < KV_ROBUST_TEXT_SOURCES && !rc; t++)
-            rc = kv_sens_allocate(&cv[t], &so, budget + (long)(2 + t) * nh,
-                                  policy + (long)(2 + t) * nh, NULL, err);
+            rc = kv_sens_allocate_typed(&cv[t], &so, budget + (long)(2 + t) * nh,
+                                        policy + (long)(2 + t) * nh, type + (long)(2 + t) * nh,
+                                        NULL, err);
         if (!rc) *n_out = 2 + (N < KV_ROBUST_TEXT_SOURCES ? N : KV_ROBUST_TEXT_SOURCES);
     }
     for (int t = 0; t < N; t++) kv_sens_curves_free(&cv[t]);
@@ -329,19 +349,32 @@ int kv_robust_guard(const kv_model *m, const int *ids, const kv_robust_layout *l
     kv_policy *upol = kv_malloc((size_t)nh * sizeof *upol, "uniform policies", err);
     double *nll = kv_malloc((size_t)(2 + MAX_SETS) * nc * sizeof *nll, "chunk losses", err);
     kv_engine *ep = NULL, *eu = NULL;
-    int n_src = 1, n_knap = 0;
+    int n_src = 1, n_knap = 0, scode[N_SRC];
+    for (int s = 0; s < N_SRC; s++) scode[s] = s; /* 0 the plan, 1 mean, 2 worst, 3 + t */
     if (!rc && (!ub1 || !ubs || !src || !spol || !styp || !cb || !upol || !nll)) rc = KV_EINTERNAL;
     if (!rc) rc = kv_uniform_budgets(nh, o->ratio, C, ubsz, ub1, NULL, err);
     if (!rc) rc = kv_uniform_budgets(nh, o->ratio, C, bs, ubs, NULL, err);
     if (!rc) {
         memcpy(src, res->tokens, (size_t)nh * sizeof *src);
         memcpy(spol, res->policy, (size_t)nh * sizeof *spol);
-        /* the plan's heads keep their types; the per-text knapsacks are tokens-only in the
-         * search's base type */
+        /* the plan's heads keep their types; the per-text knapsacks choose theirs (over the
+         * search's --kv-types) */
         for (int i = 0; i < N_SRC * nh; i++)
             styp[i] = i < nh && res->kv_types ? res->kv_types[i] : o->kv_type;
-        rc = text_knapsacks(m, ids, lay, o, res, nh, src + nh, spol + nh, &n_knap, err);
+        rc = text_knapsacks(m, ids, lay, o, res, nh, src + nh, spol + nh, styp + nh, &n_knap, err);
         n_src += n_knap;
+    }
+    /* the sensitivity knapsack's solution (its types too) when the search kept another plan */
+    if (!rc && res->have_sens && res->sens.budget && res->sens.policy &&
+        res->sens.best_round >= 0 &&
+        (memcmp(res->sens.budget, res->tokens, (size_t)nh * sizeof *res->tokens) ||
+         (res->sens.type && res->kv_types &&
+          memcmp(res->sens.type, res->kv_types, (size_t)nh * sizeof *res->kv_types)))) {
+        memcpy(src + n_src * nh, res->sens.budget, (size_t)nh * sizeof *src);
+        memcpy(spol + n_src * nh, res->sens.policy, (size_t)nh * sizeof *spol);
+        for (int h = 0; h < nh; h++)
+            styp[n_src * nh + h] = res->sens.type ? res->sens.type[h] : o->kv_type;
+        scode[n_src++] = KV_ROBUST_SRC_SENS;
     }
     const int sets = n_src * KV_ROBUST_N_LAMBDA;
     rr->n_cand = sets + 1;
@@ -349,7 +382,7 @@ int kv_robust_guard(const kv_model *m, const int *ids, const kv_robust_layout *l
         const int *P = src + (k / KV_ROBUST_N_LAMBDA) * nh;
         double lam = cand_lambda[k % KV_ROBUST_N_LAMBDA];
         rr->lambda[k] = lam;
-        rr->source[k] = k / KV_ROBUST_N_LAMBDA;
+        rr->source[k] = scode[k / KV_ROBUST_N_LAMBDA];
         const kv_cache_type *T = styp + (k / KV_ROBUST_N_LAMBDA) * nh;
         for (int h = 0; h < nh; h++)
             cb[k * nh + h] = lam == 1.0 ? P[h] : blend_tokens(P[h], T[h], ubs[h], o, m, lam);
@@ -391,7 +424,8 @@ int kv_robust_guard(const kv_model *m, const int *ids, const kv_robust_layout *l
         for (int k = 0; k < sets; k++) text_ppl(lay, C, ncand + k * nc, rr->cand + k * N * 2);
         memcpy(rr->cand + sets * N * 2, rr->uniform, (size_t)N * 2 * sizeof *rr->uniform);
         for (int k = 0; k < rr->n_cand; k++) {
-            double v = cand_objective(rr, rr->cand + k * N * 2, obj, &rr->passed[k]);
+            rr->bound[k] = k < sets ? pred_bound(lay, C, ncand + k * nc, nu) : 0.0;
+            double v = cand_objective(rr, rr->cand + k * N * 2, rr->bound[k], obj, &rr->passed[k]);
             rr->objective[k] = rr->passed[k] ? v : HUGE_VAL;
         }
         /* the lowest objective among the passing (uniform, last, always passes); ties go to
@@ -418,7 +452,8 @@ int kv_robust_guard(const kv_model *m, const int *ids, const kv_robust_layout *l
                                                  &cn[ch], NULL, NULL, err);
             if (rc) break;
             text_ppl(lay, C, cn, row);
-            double v = cand_objective(rr, row, obj, &rr->passed[k]);
+            rr->bound[k] = pred_bound(lay, C, cn, nu);
+            double v = cand_objective(rr, row, rr->bound[k], obj, &rr->passed[k]);
             rr->objective[k] = rr->passed[k] ? v : HUGE_VAL;
         }
     }
@@ -433,6 +468,13 @@ int kv_robust_guard(const kv_model *m, const int *ids, const kv_robust_layout *l
                          "(%s, %d chunks)",
                          rr->cand[i], rr->uniform[i], rr->names[i / 2],
                          i % 2 ? "held-out" : "calibration", rr->chunks[i]);
+        if (!rr->passed[0] && !rr->reason[0])
+            snprintf(rr->reason, sizeof rr->reason,
+                     "the plan's gain is within chunk-to-chunk noise: on some text a new %d-chunk "
+                     "sample is predicted up to %.2f%% above the uniform cache (95%% bound; at "
+                     "most %.1f%% passes)",
+                     KV_ROBUST_PRED_CHUNKS, 100.0 * expm1(rr->bound[0]),
+                     100.0 * KV_ROBUST_PRED_TOL);
         int k = rr->chosen;
         if (rr->source[k] < 0) { /* uniform at b_s = p = 1 */
             memcpy(res->tokens, ub1, (size_t)nh * sizeof *ub1);
@@ -448,15 +490,15 @@ int kv_robust_guard(const kv_model *m, const int *ids, const kv_robust_layout *l
                 for (int h = 0; h < nh; h++) res->kv_types[h] = o->kv_type;
         } else if (k > 0) {
             memcpy(res->tokens, cb + k * nh, (size_t)nh * sizeof *res->tokens);
-            memcpy(res->policy, spol + rr->source[k] * nh, (size_t)nh * sizeof *res->policy);
+            const int s = k / KV_ROBUST_N_LAMBDA; /* the source's row in src, spol, styp */
+            memcpy(res->policy, spol + s * nh, (size_t)nh * sizeof *res->policy);
             for (int h = 0; h < nh; h++) res->blocks[h] = (res->tokens[h] + bs - 1) / bs;
             if (rr->source[k] >= 1) {
                 res->winner_sens = 1;
                 res->winner_type_uniform = -1;
                 res->best_t = res->best_r = res->best_p = NAN;
             }
-            if (res->kv_types)
-                memcpy(res->kv_types, styp + rr->source[k] * nh, (size_t)nh * sizeof *styp);
+            if (res->kv_types) memcpy(res->kv_types, styp + s * nh, (size_t)nh * sizeof *styp);
             res->identical_to_uniform = !memcmp(res->tokens, ubs, (size_t)nh * sizeof *ubs);
             for (int h = 0; h < nh; h++)
                 if (res->policy[h] != o->policy ||
@@ -505,12 +547,30 @@ int kv_robust_write(kv_h5 *f, const kv_robust_result *r, kv_error *err) {
                              "log ratio", err);
     if (!rc) rc = kv_h5_write_i32(f, "/search/texts/candidates/passed", 1, &dk, passed, "-", err);
     if (!rc)
+        rc = kv_h5_write_f64(f, "/search/texts/candidates/bound", 1, &dk, r->bound, "log ratio",
+                             err);
+    if (!rc)
+        rc = kv_h5_attr_str(f, "/search/texts/candidates/bound", "definition",
+                            "largest over texts of m + z s sqrt(1/n + 1/n_new), the one-sided "
+                            "prediction bound of the per-token NLL change against uniform on a "
+                            "new sample of n_new chunks of the text (m, s: mean and deviation "
+                            "over its n chunks); a candidate passes only with bound <= "
+                            "log(1 + tol)",
+                            err);
+    if (!rc) rc = kv_h5_attr_f64(f, "/search/texts/candidates/bound", "z", KV_ROBUST_PRED_Z, err);
+    if (!rc)
+        rc = kv_h5_attr_i64(f, "/search/texts/candidates/bound", "n_new", KV_ROBUST_PRED_CHUNKS,
+                            err);
+    if (!rc)
+        rc = kv_h5_attr_f64(f, "/search/texts/candidates/bound", "tol", KV_ROBUST_PRED_TOL, err);
+    if (!rc)
         rc = kv_h5_write_i32(f, "/search/texts/candidates/source", 1, &dk, r->source, "-", err);
     if (!rc)
         rc = kv_h5_attr_str(f, "/search/texts/candidates/source", "codes",
                             "0 the search's plan, 1 the knapsack on the per-text NLL curves' mean, "
                             "2 the knapsack on their per-head maximum, 3 + t the knapsack on text "
-                            "t's curves alone, -1 the uniform cache",
+                            "t's curves alone, 7 the sensitivity knapsack's own solution (when the "
+                            "search kept another plan), -1 the uniform cache",
                             err);
     if (!rc) rc = kv_h5_attr_str(f, g, "names", names, err);
     if (!rc) rc = kv_h5_attr_str(f, g, "columns", "calibration,heldout", err);

@@ -622,19 +622,10 @@ static int search_knapsack_types(const kv_search_opts *o) {
 
 /* Stage 3: one engine whose reservation is the full cache, so it runs every arm. */
 static int search_engine(search_ctx *c) {
-    kv_plan full;
-    int rc = kv_plan_full(&c->m->cfg, c->o->context, c->o->block_size, c->o->evict_block,
-                          c->o->policy, &full, c->err);
-    if (rc) return rc;
-    kv_plan_set_kv_type(&full, c->o->kv_type);
-    kv_engine_opts eo = {.device = c->o->device,
-                         .n_threads = c->o->n_threads,
-                         .max_seqs =
-                             c->o->sensitivity && c->o->sens.batch > 1 ? c->o->sens.batch : 1,
-                         .type_mask = search_knapsack_types(c->o)};
-    rc = kv_engine_new(c->m, &full, &eo, &c->eng, c->err);
-    kv_plan_free(&full);
-    return rc;
+    const kv_search_opts *o = c->o;
+    return kv_search_engine(c->m, o, o->kv_type, o->block_size, o->evict_block,
+                            o->sensitivity && o->sens.batch > 1 ? o->sens.batch : 1,
+                            search_knapsack_types(o), &c->eng, c->err);
 }
 
 /* Stage 4: the grid, exhaustive or by successive halving; sets the winning arm. */
@@ -810,18 +801,8 @@ static int ladder_task(void *user, long task, double *out, kv_error *err) {
 }
 
 static int engine_at(search_ctx *c, int p, kv_engine **out) {
-    kv_plan full;
-    int rc =
-        kv_plan_full(&c->m->cfg, c->o->context, c->o->block_size, p, c->o->policy, &full, c->err);
-    if (rc) return rc;
-    kv_plan_set_kv_type(&full, c->o->kv_type);
-    kv_engine_opts eo = {.device = c->o->device,
-                         .n_threads = c->o->n_threads,
-                         .max_seqs = 1,
-                         .type_mask = search_knapsack_types(c->o)};
-    rc = kv_engine_new(c->m, &full, &eo, out, c->err);
-    kv_plan_free(&full);
-    return rc;
+    return kv_search_engine(c->m, c->o, c->o->kv_type, c->o->block_size, p, 1,
+                            search_knapsack_types(c->o), out, c->err);
 }
 
 /* With evict_block_search: the plan candidate (the winner so far) and the uniform budgets
@@ -1023,15 +1004,11 @@ static int search_type_baselines(search_ctx *c) {
         }
         res->type_tokens[t] = (double)sum / c->nh;
         if (below) continue;
-        kv_plan full;
         /* at the plan's eviction block (the held-out baselines' p) */
         int p = res->evict_block > 0 ? res->evict_block : o->evict_block;
-        if ((rc = kv_plan_full(&c->m->cfg, C, o->block_size, p, o->policy, &full, c->err))) break;
-        kv_plan_set_kv_type(&full, (kv_cache_type)t);
         kv_engine *e = NULL;
-        kv_engine_opts eo = {.device = o->device, .max_seqs = 1, .n_threads = o->n_threads};
-        rc = kv_engine_new(c->m, &full, &eo, &e, c->err);
-        kv_plan_free(&full);
+        if ((rc = kv_search_engine(c->m, o, (kv_cache_type)t, o->block_size, p, 1, 0, &e, c->err)))
+            break;
         const int *b[1] = {bud};
         for (int part = 0; part < 2 && !rc; part++) {
             int n = part ? c->HC : c->S;

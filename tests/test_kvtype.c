@@ -9,6 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <hdf5.h>
+
 #include "backend/backend_impl.h"
 #include "kvplan/engine.h"
 #include "kvplan/eval.h"
@@ -436,17 +438,31 @@ static void test_plan_v3(void) {
         kv_plan_uniform_typed(&m->cfg, 0.9, KV_TYPE_Q4, 512, 16, 16, KV_POLICY_SINK, &q, &err),
         KV_EINPUT);
     CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, "more than the full cache in q4"));
-    /* a shipped v2 plan reads as f32 with twice its token ratio */
-    kv_plan s;
-    CU_ASSERT_FATAL(kv_plan_read(KVPLAN_SOURCE_DIR "/plans/stories260K.r1-16.h5", &s, &err) ==
+    /* a v2 plan (no /budget/kv_type: made when K/V were f32; the shipped plans were v2 until
+     * issue 24 re-made them) reads as f32 with twice its token ratio: a uniform 1/16 plan
+     * written, its types dataset removed */
+    kv_plan v2, s;
+    CU_ASSERT_FATAL(kv_plan_uniform(&m->cfg, 0.0625, 512, 4, 4, KV_POLICY_SINK, &v2, &err) ==
                     KV_OK);
+    snprintf(v2.model_sha256, sizeof v2.model_sha256, "%s", m->sha256);
+    kv_h5 *f2 = NULL;
+    CU_ASSERT_FATAL(kv_h5_create(tu_tmp("v2.h5"), &f2, &err) == KV_OK);
+    CU_ASSERT_FATAL(kv_h5_write_provenance(f2, "test", m, &err) == KV_OK);
+    CU_ASSERT_FATAL(kv_plan_write(f2, &v2, &err) == KV_OK);
+    CU_ASSERT_FATAL(kv_h5_commit(f2, &err) == KV_OK);
+    hid_t h = H5Fopen(tu_tmp("v2.h5"), H5F_ACC_RDWR, H5P_DEFAULT);
+    CU_ASSERT_FATAL(h >= 0);
+    CU_ASSERT(H5Ldelete(h, "/budget/kv_type", H5P_DEFAULT) >= 0);
+    H5Fclose(h);
+    CU_ASSERT_FATAL(kv_plan_read(tu_tmp("v2.h5"), &s, &err) == KV_OK);
     CU_ASSERT_EQUAL(s.schema_version, 2);
     CU_ASSERT_EQUAL(s.kv_type[0], KV_TYPE_F32);
     CU_ASSERT(fabs(kv_plan_bytes(&s) - s.ratio * kv_plan_full_f16_bytes(&s)) <=
               nh * s.block_size * 64.0);
-    printf("    shipped r1-16 plan: ratio %.6g of the F16 cache (f32 heads)\n", s.ratio);
+    printf("    v2 plan of token ratio 1/16: ratio %.6g of the F16 cache (f32 heads)\n", s.ratio);
     CU_ASSERT(fabs(s.ratio - 0.125) <= nh * s.block_size * 64.0 / kv_plan_full_f16_bytes(&s));
     kv_plan_free(&s);
+    kv_plan_free(&v2);
     kv_plan_free(&b);
     kv_plan_free(&u);
     free(ids);

@@ -108,30 +108,35 @@ static void test_round_trip_and_model_check(void) {
     CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, "/budget"));
 }
 
-/* A schema v1 plan (a shipped plan without /budget/policy, as plans were before schema 2):
- * one policy for all heads, still readable. */
-static void test_v1_shipped_plan(void) {
+/* A schema v1 plan (as plans were before schema 2: no /budget/policy, and before schema 3 no
+ * /budget/kv_type; the shipped plans were such files until issues 13 and 24 re-made them): one
+ * policy for all heads, f32 heads, still readable. Made here from a uniform 1/8 plan (b_s 8,
+ * p 2) with those datasets removed. */
+static void test_v1_plan(void) {
     kv_error err = {0};
-    kv_plan b;
-    char cmd[2048];
-    snprintf(cmd, sizeof cmd, "cp '%s' '%s'", KVPLAN_SOURCE_DIR "/plans/stories260K.r1-8.h5",
-             tu_tmp("v1.h5"));
-    CU_ASSERT_EQUAL_FATAL(system(cmd), 0);
+    kv_model m;
+    tu_fake_model(&m, 5, SHA_A);
+    kv_plan u, b;
+    CU_ASSERT_EQUAL_FATAL(kv_plan_uniform(&m.cfg, 0.125, 512, 8, 2, KV_POLICY_SINK, &u, &err),
+                          KV_OK);
+    CU_ASSERT_EQUAL_FATAL(write_plan(tu_tmp("v1.h5"), &m, &u, &err), KV_OK);
     hid_t f = H5Fopen(tu_tmp("v1.h5"), H5F_ACC_RDWR, H5P_DEFAULT);
     CU_ASSERT_FATAL(f >= 0);
     CU_ASSERT(H5Ldelete(f, "/budget/policy", H5P_DEFAULT) >= 0);
+    CU_ASSERT(H5Ldelete(f, "/budget/kv_type", H5P_DEFAULT) >= 0);
     H5Fclose(f);
     CU_ASSERT_EQUAL_FATAL(kv_plan_read(tu_tmp("v1.h5"), &b, &err), KV_OK);
     CU_ASSERT_EQUAL(b.schema_version, 1);
     CU_ASSERT_EQUAL(b.policy, KV_POLICY_SINK);
     CU_ASSERT_FALSE(kv_plan_mixed_policies(&b));
-    /* `kvplan search`'s default b_s at R * C = 64 tokens per head (scripts/make-plans.sh); the
-     * eviction block measured among 8, 4, 2, 1 (the shipped plan's: 2) */
+    CU_ASSERT_EQUAL(b.kv_type[0], KV_TYPE_F32);
     CU_ASSERT_EQUAL(b.block_size, 8);
     CU_ASSERT_EQUAL(b.evict_block, 2);
-    /* exactly 1/8 of 5 x 4 heads x 512 tokens */
+    /* exactly 1/8 of 5 x 4 heads x 512 tokens, twice that in bytes of the F16 cache (f32) */
     CU_ASSERT_EQUAL(kv_plan_total_tokens(&b), 5 * 4 * 512 / 8);
+    CU_ASSERT_DOUBLE_EQUAL(b.ratio, 0.25, 1e-12);
     kv_plan_free(&b);
+    kv_plan_free(&u);
 }
 
 /* Rewrite one dataset of a good plan with float64 values (so fractions and NaN survive). */
@@ -321,7 +326,7 @@ int main(int argc, char **argv) {
     const tu_test tests[] = {
         {"plan round trip (v2, per-head policies) and model check",
          test_round_trip_and_model_check},
-        {"shipped v1 plans stay readable", test_v1_shipped_plan},
+        {"v1 plans stay readable", test_v1_plan},
         {"plans are validated against what they claim", test_validation},
         {"uniform at R is defined once", test_uniform_defined_once},
         {"eval --ratio uniform equals a uniform plan", test_eval_ratio_equals_uniform_plan},

@@ -2,7 +2,8 @@
  * `kvplan search --text A --text B`): the chunk layout, the option parsing and its errors, and
  * a real two-text search on stories260K whose per-text figures (/search/texts) are re-measured
  * with `kvplan eval` and must show the guard's promise: on every calibration text and
- * held-out part the plan is not worse than the uniform cache (b_s = p = 1). */
+ * held-out part the plan is not worse than the uniform cache (b_s = p = 1), and its
+ * chunk-by-chunk prediction bound (re-earned by eval per chunk) is within 0.5%. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -77,7 +78,7 @@ static int robust_init(void) {
     free(out);
     if (rc) return 1;
     snprintf(args, sizeof args,
-             "search --profile %s --model %s --text %s --text %s --ratio 0.125 --context 512 "
+             "search --profile %s --model %s --text %s --text %s --ratio 0.0625 --context 512 "
              "--eval-tokens 2048 --heldout-tokens 1024 --t-grid 0.9 --r-grid 0.3,0.6 "
              "--sens-levels 6 --sens-rounds 1 --sens-batch 8 --quiet -o %s",
              tu_tmp("profile.h5"), tu_shared(MODEL), tu_shared(TEXT), tu_shared(PAPER),
@@ -113,8 +114,9 @@ static int *text_ids(const kv_model *m, const char *rel, int *n) {
     return ids;
 }
 
-/* `kvplan eval` perplexity of ids[from, from + n) under `budget` (kvplan eval options). */
-static double eval_ppl(const int *ids, long from, long n, const char *budget) {
+/* `kvplan eval` figure `key` ("perplexity", or "nll": nats per scored token) of
+ * ids[from, from + n) under `budget` (kvplan eval options). */
+static double eval_key(const int *ids, long from, long n, const char *budget, const char *key) {
     FILE *f = fopen(tu_tmp("chunk.ids"), "w");
     if (!f) return NAN;
     for (long i = from; i < from + n; i++) fprintf(f, "%d\n", ids[i]);
@@ -123,12 +125,18 @@ static double eval_ppl(const int *ids, long from, long n, const char *budget) {
     snprintf(args, sizeof args, "eval %s --tokens %s --context 512 --json --quiet %s",
              tu_shared(MODEL), tu_tmp("chunk.ids"), budget);
     double v = NAN;
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\":", key);
     if (tu_run_kvplan(args, &out, 0) == 0 && out) {
-        const char *p = strstr(out, "\"perplexity\":");
-        if (p) v = strtod(p + 13, NULL);
+        const char *p = strstr(out, pat);
+        if (p) v = strtod(p + strlen(pat), NULL);
     }
     free(out);
     return v;
+}
+
+static double eval_ppl(const int *ids, long from, long n, const char *budget) {
+    return eval_key(ids, from, n, budget, "perplexity");
 }
 
 /* Two texts given with --text twice: per-text figures recorded, re-measured by kvplan eval,
@@ -177,7 +185,7 @@ static void test_two_texts(void) {
     CU_ASSERT_EQUAL(tokens[1], n1);
     char plan_opt[1024];
     snprintf(plan_opt, sizeof plan_opt, "--plan %s", tu_tmp("plan.h5"));
-    const char *uni_opt = "--ratio 0.125 --allocation uniform --block-size 1 --evict-block 1";
+    const char *uni_opt = "--ratio 0.0625 --allocation uniform --block-size 1 --evict-block 1";
     double p0 = eval_ppl(ids0, 0, 1024, plan_opt), u0 = eval_ppl(ids0, 0, 1024, uni_opt);
     double f1 = eval_ppl(ids1, 1024, 512, ""), p1 = eval_ppl(ids1, 1024, 512, plan_opt);
     printf("    eval: plan %.6f %.6f uniform %.6f full %.6f\n", p0, p1, u0, f1);
@@ -185,6 +193,43 @@ static void test_two_texts(void) {
     CU_ASSERT_DOUBLE_EQUAL(u0, uni[0], 1e-9 * uni[0]);
     CU_ASSERT_DOUBLE_EQUAL(f1, full[3], 1e-9 * full[3]);
     CU_ASSERT_DOUBLE_EQUAL(p1, plan[3], 1e-9 * plan[3]);
+    /* the prediction bound of the shipped candidate, re-earned chunk by chunk: per text the
+     * per-token NLL change against uniform on its 3 chunks (2 calibration + 1 held-out), mean m,
+     * deviation s, m + 1.645 s sqrt(1/3 + 1/4); the largest over the texts is the stored bound of
+     * the candidate whose figures are the plan's, and it is within log(1.005) */
+    double worst = -HUGE_VAL;
+    for (int t = 0; t < 2; t++) {
+        const int *ids = t ? ids1 : ids0;
+        double d[3], m = 0.0, v = 0.0;
+        for (int c = 0; c < 3; c++) {
+            d[c] = eval_key(ids, c * 512L, 512, plan_opt, "nll") -
+                   eval_key(ids, c * 512L, 512, uni_opt, "nll");
+            m += d[c] / 3;
+        }
+        for (int c = 0; c < 3; c++) v += (d[c] - m) * (d[c] - m) / 2;
+        double bnd = m + 1.645 * sqrt(v) * sqrt(1.0 / 3 + 1.0 / 4);
+        printf("    text %d: NLL change per chunk %.5f %.5f %.5f, bound %.5f\n", t, d[0], d[1],
+               d[2], bnd);
+        if (bnd > worst) worst = bnd;
+    }
+    CU_ASSERT_EQUAL_FATAL(kv_h5_open_read(tu_tmp("plan.h5"), &f, &e), KV_OK);
+    long dk[KV_H5_MAX_RANK] = {0}, dc[KV_H5_MAX_RANK] = {0}, dp[KV_H5_MAX_RANK] = {0};
+    double *bound = read_f64(f, "/search/texts/candidates/bound", dk);
+    double *cand = read_f64(f, "/search/texts/candidates/perplexity", dc);
+    double *passed = read_f64(f, "/search/texts/candidates/passed", dp);
+    kv_h5_close(f);
+    CU_ASSERT_FATAL(bound && cand && passed && dc[0] == dk[0] && dp[0] == dk[0]);
+    int found = 0;
+    for (long k = 0; k < dk[0]; k++) {
+        if (passed[k] != 0.0) CU_ASSERT(bound[k] <= log1p(0.005));
+        if (memcmp(cand + k * 4, plan, 4 * sizeof *plan) || passed[k] == 0.0) continue;
+        CU_ASSERT_DOUBLE_EQUAL(bound[k], worst, 1e-7);
+        found = 1;
+    }
+    printf("    shipped candidate's bound %.5f (re-earned), at most %.5f\n", worst, log1p(0.005));
+    CU_ASSERT(found);
+    CU_ASSERT(worst <= log1p(0.005));
+    free(bound), free(cand), free(passed);
     free(ids0), free(ids1);
     kv_model_free(m);
     free(full), free(uni), free(plan), free(chunks), free(tokens), free(names), free(decision);

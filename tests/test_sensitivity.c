@@ -336,6 +336,26 @@ static void test_policy_choice(void) {
     kv_sens_curves_free(&c);
 }
 
+/* The small searches of this suite: R 1/4 at C = CTX with b_s = p = 4 on the uniform grid,
+ * two search chunks and one held-out, sensitivity on with a short curve (one calibration
+ * chunk, 5 levels, 2 refinement rounds, batches of 16). */
+static void small_search_opts(kv_search_opts *o) {
+    kv_search_opts_default(o, model);
+    o->allocation = KV_ALLOC_UNIFORM;
+    o->ratio = 0.25;
+    o->context = CTX;
+    o->block_size = 4;
+    o->evict_block = 4;
+    o->eval_tokens = 2 * CTX;
+    o->heldout_tokens = CTX;
+    o->device = KV_DEVICE_CPU;
+    o->sensitivity = 1;
+    o->sens.calib_chunks = 1;
+    o->sens.max_levels = 5;
+    o->sens.max_rounds = 2;
+    o->sens.batch = 16;
+}
+
 /* The search with sensitivity on and the uniform grid: the sensitivity solution wins on the
  * search tokens only when it beats uniform there, the held-out figures exist, and the plan
  * file carries the allocation, the per-head policies and the curves. */
@@ -343,20 +363,7 @@ static void test_search_run(void) {
     CU_ASSERT_PTR_NOT_NULL_FATAL(model);
     kv_error err = {0};
     kv_search_opts o;
-    kv_search_opts_default(&o, model);
-    o.allocation = KV_ALLOC_UNIFORM;
-    o.ratio = 0.25;
-    o.context = CTX;
-    o.block_size = 4;
-    o.evict_block = 4;
-    o.eval_tokens = 2 * CTX;
-    o.heldout_tokens = CTX;
-    o.device = KV_DEVICE_CPU;
-    o.sensitivity = 1;
-    o.sens.calib_chunks = 1;
-    o.sens.max_levels = 5;
-    o.sens.max_rounds = 2;
-    o.sens.batch = 16;
+    small_search_opts(&o);
     kv_search_result r;
     int rc = kv_search_run(model, NULL, ids, n_ids, &o, &r, &err);
     if (rc) fprintf(stderr, "%s\n", err.msg);
@@ -531,21 +538,8 @@ static void test_typed_search(void) {
     CU_ASSERT_PTR_NOT_NULL_FATAL(model);
     kv_error err = {0};
     kv_search_opts o;
-    kv_search_opts_default(&o, model);
-    o.allocation = KV_ALLOC_UNIFORM;
-    o.ratio = 0.25;
-    o.context = CTX;
-    o.block_size = 4;
-    o.evict_block = 4;
-    o.eval_tokens = 2 * CTX;
-    o.heldout_tokens = CTX;
-    o.device = KV_DEVICE_CPU;
-    o.sensitivity = 1;
+    small_search_opts(&o);
     o.kv_types_mask = TYPES3;
-    o.sens.calib_chunks = 1;
-    o.sens.max_levels = 5;
-    o.sens.max_rounds = 2;
-    o.sens.batch = 16;
     kv_search_result r;
     int rc = kv_search_run(model, NULL, ids, n_ids, &o, &r, &err);
     if (rc) fprintf(stderr, "%s\n", err.msg);

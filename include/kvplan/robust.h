@@ -23,11 +23,17 @@
  * sum_h max_t d[h][t] >= max_t sum_h d[h][t]), and each is solved by kv_sens_allocate with
  * the NLL objective (include/kvplan/sensitivity.h), and the knapsack on each text's curves
  * alone (the first KV_ROBUST_TEXT_SOURCES texts: a plan for that text, which the guard holds
- * to the others); and lambda = 0, the uniform cache itself.
+ * to the others); the sensitivity knapsack's own solution with its per-head KV types, when
+ * the search kept another plan (the grid's cell, or a uniform cache of one KV type that beat
+ * it on the pooled search chunks: a mixed-type solution can be the one that holds on every
+ * text); and lambda = 0, the uniform cache itself.
  * (The search's own verification pools every text's chunks: a solution that helps one text
  * and hurts another by more is dropped there; the per-text check sees both.) A candidate
  * passes when its perplexity is at most the uniform cache's on every text's calibration
- * chunks and on every text's held-out chunks; lambda = 0 always passes (it is that cache).
+ * chunks and on every text's held-out chunks, and when on every text its chunk-by-chunk
+ * changes predict a new sample of the text within 0.5% of uniform (KV_ROBUST_PRED_*: a
+ * plan's gain measured on 12 chunks can be chunk-to-chunk noise, and then it does not hold
+ * on the next 2048 tokens); lambda = 0 always passes (it is that cache).
  * Among the passing candidates the objective picks one:
  *   mean   the mean over texts of log(ppl_cand / ppl_uniform) (all of a text's chunks),
  *   worst  the largest of those (max regret against uniform over the texts),
@@ -50,10 +56,21 @@ struct kv_search_opts;
 struct kv_search_result;
 
 #define KV_ROBUST_MAX_TEXTS 16
-#define KV_ROBUST_N_LAMBDA 4                         /* lambda = 1, 3/4, 1/2, 1/4 per source */
-#define KV_ROBUST_TEXT_SOURCES 4                     /* texts whose own knapsack is a candidate */
-#define KV_ROBUST_N_SRC (3 + KV_ROBUST_TEXT_SOURCES) /* plan, mean, worst, per text */
+#define KV_ROBUST_N_LAMBDA 4     /* lambda = 1, 3/4, 1/2, 1/4 per source */
+#define KV_ROBUST_TEXT_SOURCES 4 /* texts whose own knapsack is a candidate */
+/* source code of the sensitivity knapsack's own solution (below) */
+#define KV_ROBUST_SRC_SENS (3 + KV_ROBUST_TEXT_SOURCES)
+#define KV_ROBUST_N_SRC (4 + KV_ROBUST_TEXT_SOURCES) /* plan, mean, worst, per text, sens */
 #define KV_ROBUST_MAX_CAND (KV_ROBUST_N_SRC * KV_ROBUST_N_LAMBDA + 1) /* then uniform */
+/* The prediction bound a candidate must also meet on every text (see above): with the per-chunk
+ * changes d_c = (NLL_cand - NLL_uniform) / (C - 1) of the text's n chunks (calibration and
+ * held-out), mean m and sample deviation s, m + z s sqrt(1/n + 1/n_new) <= log(1 + tol): a new
+ * sample of n_new chunks of that text is predicted within (1 + tol) x uniform's perplexity at
+ * one-sided level 95% (z = 1.645; Student's t would widen it for small n). n_new = 4 chunks
+ * (2048 tokens at C = 512, the size of the held-out evaluations of issue 24), tol = 0.5%. */
+#define KV_ROBUST_PRED_Z 1.645
+#define KV_ROBUST_PRED_CHUNKS 4
+#define KV_ROBUST_PRED_TOL 0.005
 
 typedef enum kv_robust_objective {
     KV_ROBUST_MEAN = 0,  /* mean over texts of log(ppl / uniform ppl) */
@@ -98,9 +115,11 @@ typedef struct kv_robust_result {
     int n_cand;             /* candidates: per source 4 lambdas, then uniform */
     double lambda[KV_ROBUST_MAX_CAND];    /* 1, 0.75, 0.5, 0.25 (per source), 0 */
     int source[KV_ROBUST_MAX_CAND];       /* 0 the search's plan, 1 mean knapsack, 2 worst, 3 + t
-                                           * text t's own knapsack, -1 uniform */
+                                           * text t's own knapsack, KV_ROBUST_SRC_SENS the
+                                           * sensitivity knapsack's solution, -1 uniform */
     double *cand;                         /* [n_cand * n_texts * 2] each candidate */
     double objective[KV_ROBUST_MAX_CAND]; /* its objective value; +inf when it failed */
+    double bound[KV_ROBUST_MAX_CAND];     /* its largest per-text prediction bound (log ratio) */
     int passed[KV_ROBUST_MAX_CAND];       /* 1 when <= uniform on every text and part */
     int chosen;                           /* index of the chosen candidate */
     kv_robust_objective obj;

@@ -21,6 +21,7 @@
 #include "kvplan/alloc.h"
 #include "kvplan/backend.h"
 #include "kvplan/common.h"
+#include "kvplan/engine.h"
 #include "kvplan/tasks.h"
 #include "kvplan/h5io.h"
 #include "kvplan/kvcache.h"
@@ -119,6 +120,27 @@ static inline kv_sens_opts kv_search_sens_opts(const kv_search_opts *o) {
     so.kv_type = o->kv_type;
     so.types_mask = o->sensitivity ? o->kv_types_mask : 0;
     return so;
+}
+
+/* An engine whose reservation is the full cache of m at C = o->context with block size
+ * block_size, Batch-Max eviction block p, the search's policy and KV type t in every head, for
+ * up to `seqs` sequences of a batch, on o->device with o->n_threads; type_mask: the further KV
+ * types a sequence may store (kv_engine_opts.type_mask, 0 = t only). Any budget plan of the
+ * search runs on it (KV-Compress block tables per head). *out is the caller's
+ * (kv_engine_free). Errors: those of kv_plan_full and kv_engine_new. Inline for the reason
+ * kv_search_sens_opts is (the search and the guard share it). */
+static inline int kv_search_engine(const kv_model *m, const kv_search_opts *o, kv_cache_type t,
+                                   int block_size, int p, int seqs, int type_mask, kv_engine **out,
+                                   kv_error *err) {
+    kv_plan full;
+    int rc = kv_plan_full(&m->cfg, o->context, block_size, p, o->policy, &full, err);
+    if (rc) return rc;
+    kv_plan_set_kv_type(&full, t);
+    kv_engine_opts eo = {
+        .device = o->device, .n_threads = o->n_threads, .max_seqs = seqs, .type_mask = type_mask};
+    rc = kv_engine_new(m, &full, &eo, out, err);
+    kv_plan_free(&full);
+    return rc;
 }
 
 /* Names of the baselines, in the order of kv_search_result.base_ppl. */
