@@ -98,7 +98,7 @@ field() { # value after key $1 in line $2
 }
 stats() { # median min max of the numbers on stdin
     sort -g | awk '{v[NR] = $1} END {m = NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2;
-        printf "%.2f (%.2f-%.2f)", m, v[1], v[NR]}'
+        printf "%.3f (%.2f-%.2f)", m, v[1], v[NR]}'
 }
 
 echo "peer benchmark: kvplan vs llama.cpp (node-llama-cpp $version prebuilt CPU libraries)"
