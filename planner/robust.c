@@ -200,6 +200,28 @@ static double pred_bound(const kv_robust_layout *lay, int C, const double *cand,
     return worst;
 }
 
+/* The standard error of the difference of the `mean` objective between two candidates with
+ * per-chunk NLL sums a and b: per text the chunks' per-token differences (a - b) / (C - 1),
+ * variance s_t^2 over its n_t chunks; the objective averages the texts' mean differences, so
+ * SE = sqrt(sum_t s_t^2 / n_t) / N (used for `worst` and `both` as well). */
+static double objective_diff_se(const kv_robust_layout *lay, int C, const double *a,
+                                const double *b) {
+    double v = 0.0;
+    for (int t = 0; t < lay->n_texts; t++) {
+        double s1 = 0.0, s2 = 0.0;
+        int n = 0;
+        for (int ch = 0; ch < lay->S + lay->HC; ch++) {
+            if (lay->chunk_text[ch] != t) continue;
+            double d = (a[ch] - b[ch]) / (C - 1);
+            s1 += d, s2 += d * d, n++;
+        }
+        if (n < 2) continue;
+        double m = s1 / n, var = (s2 - n * m * m) / (n - 1);
+        v += (var > 0.0 ? var : 0.0) / n;
+    }
+    return sqrt(v) / lay->n_texts;
+}
+
 /* Objective and pass/fail of candidate figures ppl[N * 2] against uniform u[N * 2], with the
  * per-text all-chunk log ratio from the NLL sums (chunk counts weigh the parts), and its
  * prediction bound `bound` (pred_bound) within log(1 + KV_ROBUST_PRED_TOL). */
@@ -456,6 +478,16 @@ int kv_robust_guard(const kv_model *m, const int *ids, const kv_robust_layout *l
             double v = cand_objective(rr, row, rr->bound[k], obj, &rr->passed[k]);
             rr->objective[k] = rr->passed[k] ? v : HUGE_VAL;
         }
+        /* the one-standard-error rule: another candidate replaces the search's own plan only
+         * when it is better by more than the standard error of the difference */
+        int k = rr->chosen;
+        if (!rc && k > 0 && k < sets && rr->passed[0] && alone[0]) {
+            rr->se_margin = objective_diff_se(lay, C, ncand + k * nc, ncand);
+            if (rr->objective[0] - rr->objective[k] <= rr->se_margin) {
+                rr->kept_within_se = 1;
+                rr->chosen = 0;
+            }
+        }
     }
     if (!rc) {
         int N = rr->n_texts;
@@ -468,6 +500,11 @@ int kv_robust_guard(const kv_model *m, const int *ids, const kv_robust_layout *l
                          "(%s, %d chunks)",
                          rr->cand[i], rr->uniform[i], rr->names[i / 2],
                          i % 2 ? "held-out" : "calibration", rr->chunks[i]);
+        if (rr->kept_within_se)
+            snprintf(rr->reason, sizeof rr->reason,
+                     "kept: the best other candidate's objective is lower by less than the "
+                     "standard error of the difference (%.4f)",
+                     rr->se_margin);
         if (!rr->passed[0] && !rr->reason[0])
             snprintf(rr->reason, sizeof rr->reason,
                      "the plan's gain is within chunk-to-chunk noise: on some text a new %d-chunk "
@@ -580,6 +617,8 @@ int kv_robust_write(kv_h5 *f, const kv_robust_result *r, kv_error *err) {
     if (!rc) rc = kv_h5_attr_str(f, g, "decision", dec, err);
     if (!rc) rc = kv_h5_attr_f64(f, g, "lambda", r->lambda[r->chosen], err);
     if (!rc) rc = kv_h5_attr_str(f, g, "reason", r->reason, err);
+    if (!rc) rc = kv_h5_attr_i64(f, g, "kept_within_se", r->kept_within_se, err);
+    if (!rc) rc = kv_h5_attr_f64(f, g, "se_margin", r->se_margin, err);
     if (!rc) rc = kv_h5_attr_i64(f, g, "uniform_block_size", r->uniform_block_size, err);
     if (!rc) rc = kv_h5_attr_i64(f, g, "uniform_evict_block", r->uniform_evict_block, err);
     if (!rc)

@@ -34,7 +34,11 @@
  * changes predict a new sample of the text within 0.5% of uniform (KV_ROBUST_PRED_*: a
  * plan's gain measured on 12 chunks can be chunk-to-chunk noise, and then it does not hold
  * on the next 2048 tokens); lambda = 0 always passes (it is that cache).
- * Among the passing candidates the objective picks one:
+ * Among the passing candidates the objective picks one, except that the search's own plan,
+ * when it passes, is replaced only by a candidate better by more than the standard error of the
+ * difference (the one-standard-error rule of model selection, Breiman et al., CART, 1984: the
+ * search's pooled verification chose the plan, and a lower objective within the chunk noise
+ * is no evidence against it):
  *   mean   the mean over texts of log(ppl_cand / ppl_uniform) (all of a text's chunks),
  *   worst  the largest of those (max regret against uniform over the texts),
  *   both   mean + worst (the mean with a penalty on the worst text).
@@ -124,7 +128,10 @@ typedef struct kv_robust_result {
     int chosen;                           /* index of the chosen candidate */
     kv_robust_objective obj;
     int uniform_block_size, uniform_evict_block; /* the uniform compared with: 1, 1 or b_s, p */
-    char reason[512]; /* "" when the plan passed; else the first text and part it lost on */
+    char reason[512];   /* "" when the plan passed; else the first text and part it lost on */
+    int kept_within_se; /* 1: the plan passed and the best other candidate was better by no more
+                         * than the standard error of the difference (then the plan is kept) */
+    double se_margin;   /* that standard error (log ratio); 0 when not computed */
 } kv_robust_result;
 
 /* The guard (see the top of this file). Runs on m with the search's options o (ratio, C, b_s,
