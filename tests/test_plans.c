@@ -43,7 +43,7 @@ static const char *papers_calib(void) {
     if (!o) return NULL;
     int found = 0;
     for (int k = 0; k < 3; k++) {
-        char prefix[8], path[4096];
+        char prefix[16], path[4096];
         snprintf(prefix, sizeof prefix, "%03d_", k);
         DIR *d = opendir(tu_shared("papers"));
         struct dirent *de;
