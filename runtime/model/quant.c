@@ -815,17 +815,23 @@ float kv_dot_row_portable(kv_dtype t, const void *w, const float *x, int64_t n) 
  * makes the same calls whichever thread runs it, so the bits do not depend on the threads.
  * GEMV-like paths (few rows): chunks of about KV_CHUNK_BYTES of weights (a multiple of 16
  * rows). Every output there is one W row's dot with one x row, so the chunk size changes no
- * bit; 64 KiB balances the threads on decode's small matrices (with 256 KiB a 768 x 768 Q4_0
- * matrix, 332 KB, made chunks of 592 and 176 rows, and a 256-row K or V projection one chunk:
- * one thread did it alone). GEMM-like paths
+ * bit. 256 KiB, but at least KV_CHUNK_MIN_COUNT chunks per matrix: long streams for the large
+ * matrices (64 KiB chunks cost F16 decode 12% at 2 threads: 126 vs 141 tokens/s, idle, the
+ * peer benchmark's model) and balanced threads on decode's small ones (256 KiB alone made a
+ * 768 x 768 Q4_0 matrix, 332 KB, chunks of 592 and 176 rows: Q4_0 decode 195 vs 311 tokens/s).
+ * GEMM-like paths
  * (F32 sgemm, dequantised tiles): about out / 8 outputs, 64 to 256: each chunk packs x again
  * (sgemm) and converts its own weight rows into its thread's tile. */
-#define KV_CHUNK_BYTES ((size_t)64 << 10)
+#define KV_CHUNK_BYTES ((size_t)256 << 10)
+#define KV_CHUNK_MIN_COUNT 8
 #define KV_CHUNK_GEMM_MIN 64
 #define KV_CHUNK_GEMM_MAX 256
 
 static int gemv_chunk(size_t row_bytes, int out) {
-    size_t c = KV_CHUNK_BYTES / (row_bytes ? row_bytes : 1) / 16 * 16;
+    size_t c = KV_CHUNK_BYTES / (row_bytes ? row_bytes : 1);
+    size_t even = ((size_t)out + KV_CHUNK_MIN_COUNT - 1) / KV_CHUNK_MIN_COUNT;
+    if (even < c) c = even;
+    c = c / 16 * 16;
     if (c < 16) c = 16;
     return c < (size_t)out ? (int)c : out;
 }
