@@ -172,52 +172,52 @@ static void text_ppl(const kv_robust_layout *lay, int C, const double *nll, doub
     }
 }
 
+/* Text t's per-token NLL differences per chunk, (a[c] - b[c]) / (C - 1) over its chunks c (chunk
+ * NLL sums of C - 1 scored tokens): their count (returned), mean *m and sample variance *var
+ * (0 with fewer than two chunks). */
+static int text_diff_stats(const kv_robust_layout *lay, int C, const double *a, const double *b,
+                           int t, double *m, double *var) {
+    double s1 = 0.0, s2 = 0.0;
+    int n = 0;
+    for (int ch = 0; ch < lay->S + lay->HC; ch++) {
+        if (lay->chunk_text[ch] != t) continue;
+        double d = (a[ch] - b[ch]) / (C - 1);
+        s1 += d, s2 += d * d, n++;
+    }
+    *m = n ? s1 / n : 0.0;
+    double v = n > 1 ? (s2 - n * *m * *m) / (n - 1) : 0.0;
+    *var = v > 0.0 ? v : 0.0;
+    return n;
+}
+
 /* The largest over texts of the prediction bound m + z s sqrt(1/n + 1/n_new) of the per-token
- * NLL change per chunk, cand[c] - uni[c] (chunk NLL sums of C - 1 scored tokens), with the
- * constants KV_ROBUST_PRED_* (robust.h); texts with fewer than two chunks count their mean. */
+ * NLL change per chunk against uniform (text_diff_stats of cand and uni), with the constants
+ * KV_ROBUST_PRED_* (robust.h); texts with fewer than two chunks count their mean. */
 static double pred_bound(const kv_robust_layout *lay, int C, const double *cand,
                          const double *uni) {
     double worst = -HUGE_VAL;
     for (int t = 0; t < lay->n_texts; t++) {
-        double s1 = 0.0, s2 = 0.0;
-        int n = 0;
-        for (int ch = 0; ch < lay->S + lay->HC; ch++) {
-            if (lay->chunk_text[ch] != t) continue;
-            double d = (cand[ch] - uni[ch]) / (C - 1);
-            s1 += d;
-            s2 += d * d;
-            n++;
-        }
+        double m, var;
+        int n = text_diff_stats(lay, C, cand, uni, t, &m, &var);
         if (!n) continue;
-        double m = s1 / n, b = m;
-        if (n > 1) {
-            double var = (s2 - n * m * m) / (n - 1);
-            b += KV_ROBUST_PRED_Z * sqrt(var > 0.0 ? var : 0.0) *
-                 sqrt(1.0 / n + 1.0 / KV_ROBUST_PRED_CHUNKS);
-        }
+        double b = m;
+        if (n > 1) b += KV_ROBUST_PRED_Z * sqrt(var) * sqrt(1.0 / n + 1.0 / KV_ROBUST_PRED_CHUNKS);
         if (!(b <= worst)) worst = b; /* NaN stays */
     }
     return worst;
 }
 
 /* The standard error of the difference of the `mean` objective between two candidates with
- * per-chunk NLL sums a and b: per text the chunks' per-token differences (a - b) / (C - 1),
- * variance s_t^2 over its n_t chunks; the objective averages the texts' mean differences, so
- * SE = sqrt(sum_t s_t^2 / n_t) / N (used for `worst` and `both` as well). */
+ * per-chunk NLL sums a and b: per text the variance s_t^2 of its chunks' per-token differences
+ * over its n_t chunks (text_diff_stats); the objective averages the texts' mean differences,
+ * so SE = sqrt(sum_t s_t^2 / n_t) / N (used for `worst` and `both` as well). */
 static double objective_diff_se(const kv_robust_layout *lay, int C, const double *a,
                                 const double *b) {
     double v = 0.0;
     for (int t = 0; t < lay->n_texts; t++) {
-        double s1 = 0.0, s2 = 0.0;
-        int n = 0;
-        for (int ch = 0; ch < lay->S + lay->HC; ch++) {
-            if (lay->chunk_text[ch] != t) continue;
-            double d = (a[ch] - b[ch]) / (C - 1);
-            s1 += d, s2 += d * d, n++;
-        }
-        if (n < 2) continue;
-        double m = s1 / n, var = (s2 - n * m * m) / (n - 1);
-        v += (var > 0.0 ? var : 0.0) / n;
+        double m, var;
+        int n = text_diff_stats(lay, C, a, b, t, &m, &var);
+        if (n > 1) v += var / n;
     }
     return sqrt(v) / lay->n_texts;
 }
