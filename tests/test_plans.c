@@ -21,13 +21,6 @@
 #define TEXT "text/tinystories_val_head.txt"
 #define PLAN KVPLAN_SOURCE_DIR "/plans/stories260K.r1-16.h5"
 
-static double json_number(const char *out, const char *key) {
-    char pat[64];
-    snprintf(pat, sizeof pat, "\"%s\":", key);
-    const char *p = out ? strstr(out, pat) : NULL;
-    return p ? atof(p + strlen(pat)) : NAN;
-}
-
 static double *read_f64(kv_h5 *f, const char *path, int *rank, long *dims) {
     double *d = NULL;
     kv_error e = {0};
@@ -69,12 +62,14 @@ static const char *papers_calib(void) {
 static int eval_text(const char *text_arg, const char *opts, double *ppl, double *nll,
                      double *scored) {
     char args[8192], *out = NULL;
-    snprintf(args, sizeof args, "eval '%s' %s %s --json --quiet", tu_shared(MODEL), text_arg, opts);
+    int w = snprintf(args, sizeof args, "eval '%s' %s %s --json --quiet", tu_shared(MODEL),
+                     text_arg, opts);
+    if (w < 0 || (size_t)w >= sizeof args) return 1; /* the command would be cut short */
     int rc = tu_run_kvplan(args, &out, 0);
     if (!rc) {
-        *ppl = json_number(out, "perplexity");
-        if (nll) *nll = json_number(out, "nll");
-        if (scored) *scored = json_number(out, "tokens_scored");
+        *ppl = tu_json_number(out, "perplexity");
+        if (nll) *nll = tu_json_number(out, "nll");
+        if (scored) *scored = tu_json_number(out, "tokens_scored");
     }
     free(out);
     return rc;
@@ -266,7 +261,7 @@ static void test_shipped_plan(void) {
     snprintf(args, sizeof args, "eval '%s' --text '%s' --plan %s --max-tokens 2048 --json --quiet",
              tu_shared(MODEL), texts[0], PLAN);
     CU_ASSERT_EQUAL_FATAL(tu_run_kvplan(args, &out, 0), 0);
-    double peak = json_number(out, "kv_bytes_peak"), full = json_number(out, "kv_bytes_full");
+    double peak = tu_json_number(out, "kv_bytes_peak"), full = tu_json_number(out, "kv_bytes_full");
     free(out);
     double slack = 0.0;
     int n_types[KV_CACHE_TYPES] = {0};

@@ -124,13 +124,7 @@ static double eval_key(const int *ids, long from, long n, const char *budget, co
     char args[4096], *out = NULL;
     snprintf(args, sizeof args, "eval %s --tokens %s --context 512 --json --quiet %s",
              tu_shared(MODEL), tu_tmp("chunk.ids"), budget);
-    double v = NAN;
-    char pat[64];
-    snprintf(pat, sizeof pat, "\"%s\":", key);
-    if (tu_run_kvplan(args, &out, 0) == 0 && out) {
-        const char *p = strstr(out, pat);
-        if (p) v = strtod(p + strlen(pat), NULL);
-    }
+    double v = tu_run_kvplan(args, &out, 0) == 0 ? tu_json_number(out, key) : NAN;
     free(out);
     return v;
 }

@@ -2,6 +2,7 @@
 
 #include <CUnit/Basic.h>
 #include <cblas.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -107,6 +108,13 @@ int tu_run_kvplan(const char *args, char **out, int merge_stderr) {
     char cmd[8192];
     snprintf(cmd, sizeof cmd, "'%s' %s%s", KVPLAN_BINARY, args, merge_stderr ? " 2>&1" : "");
     return tu_run_sh(cmd, out);
+}
+
+double tu_json_number(const char *json, const char *key) {
+    char pat[128];
+    snprintf(pat, sizeof pat, "\"%s\":", key);
+    const char *p = json ? strstr(json, pat) : NULL;
+    return p ? strtod(p + strlen(pat), NULL) : (double)NAN;
 }
 
 /* Test i of suite s is selected by `want` (NULL: all): exact name, or (when no test anywhere

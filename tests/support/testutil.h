@@ -21,6 +21,9 @@ const char *tu_tmp(const char *name);
 /* Run `kvplan <args>` through the shell; stdout (and stderr when merge_stderr) captured into a
  * malloc'ed string (*out, may be NULL). Returns the exit code. */
 int tu_run_kvplan(const char *args, char **out, int merge_stderr);
+/* The number after "KEY": in a JSON text (kvplan's --json lines), NAN when json is NULL or the
+ * key is absent. */
+double tu_json_number(const char *json, const char *key);
 /* Load the model at `path` (a file or a Hugging Face directory; tu_shared() for shared data)
  * for a test: the caller owns it (kv_model_free). On failure the loader's message is printed
  * ("load PATH: ...") and the current test fails fatally (CU_ASSERT_FATAL). */
