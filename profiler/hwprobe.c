@@ -236,6 +236,9 @@ static long reps_for(double t1, double target) {
 
 typedef void *(*kv_copy_fn)(void *, const void *, size_t);
 
+/* Sweeps of the host memcpy before a non-increasing fit is reported as an error. */
+enum { KV_HW_SWEEP_ATTEMPTS = 3 };
+
 /* Host memcpy sweep into c (allocated here). */
 static int probe_memcpy(const size_t *sizes, int n, const kv_hw_opts *o, kv_hw_copy *c,
                         kv_progress *p, kv_error *err) {
@@ -266,18 +269,27 @@ static int probe_memcpy(const size_t *sizes, int n, const kv_hw_opts *o, kv_hw_c
         cp(dst, src, sizes[s]);
         reps[s] = reps_for(kv_now() - t0, o->min_sample_s);
     }
-    for (int r = 0; r < o->repeats; r++) {
-        for (int s = 0; s < n; s++) {
-            double t0 = kv_now();
-            for (long i = 0; i < reps[s]; i++) cp(dst, src, sizes[s]);
-            c->samples[(size_t)s * o->repeats + r] = (kv_now() - t0) / (double)reps[s];
+    /* On a loaded machine (other processes sharing the cores) the medians of the largest sizes
+     * can come out out of order, and the fit has no positive slope; the sweep is then measured
+     * again, up to KV_HW_SWEEP_ATTEMPTS times, before the probe gives up with the fit's error. */
+    for (int attempt = 1;; attempt++) {
+        for (int r = 0; r < o->repeats; r++) {
+            for (int s = 0; s < n; s++) {
+                double t0 = kv_now();
+                for (long i = 0; i < reps[s]; i++) cp(dst, src, sizes[s]);
+                c->samples[(size_t)s * o->repeats + r] = (kv_now() - t0) / (double)reps[s];
+            }
+            kv_progress_print(p, 0, "hardware: host memcpy, repeat %d/%d", r + 1, o->repeats);
         }
-        kv_progress_print(p, 0, "hardware: host memcpy, repeat %d/%d", r + 1, o->repeats);
+        rc = copy_finish(c, o, 1, err);
+        if (rc != KV_EINPUT || attempt == KV_HW_SWEEP_ATTEMPTS) break;
+        kv_progress_print(p, 1, "hardware: host memcpy fit failed (%s); measuring again (%d/%d)",
+                          err->msg, attempt + 1, KV_HW_SWEEP_ATTEMPTS);
     }
     free(src);
     free(dst);
     free(reps);
-    return copy_finish(c, o, 1, err);
+    return rc;
 }
 
 static int gemm_alloc(kv_hw_gemm *g, const char *name, const kv_hw_opts *o, int h, int h_kv,

@@ -343,7 +343,10 @@ static void test_write_and_read(void) {
     CU_ASSERT_EQUAL_FATAL(kv_h5_create(path, &f, &err), KV_OK);
     CU_ASSERT_EQUAL_FATAL(kv_h5_write_provenance(f, "test_hwprobe", NULL, &err), KV_OK);
     int rc = kv_hw_probe_and_write(f, &cfg, &o, NULL, &err);
-    if (rc) fprintf(stderr, "probe_and_write: %s\n", err.msg);
+    if (rc) {
+        fprintf(stderr, "probe_and_write: %s\n", err.msg);
+        kv_h5_abort(f);
+    }
     CU_ASSERT_EQUAL_FATAL(rc, KV_OK);
     CU_ASSERT_EQUAL_FATAL(kv_h5_commit(f, &err), KV_OK);
 
