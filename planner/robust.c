@@ -190,21 +190,40 @@ static int text_diff_stats(const kv_robust_layout *lay, int C, const double *a, 
     return n;
 }
 
-/* The largest over texts of the prediction bound m + z s sqrt(1/n + 1/n_new) of the per-token
- * NLL change per chunk against uniform (text_diff_stats of cand and uni), with the constants
- * KV_ROBUST_PRED_* (robust.h); texts with fewer than two chunks count their mean. */
+/* Text t's prediction bound m + z s sqrt(1/n + 1/n_new) of the per-token NLL change per chunk
+ * against uniform (text_diff_stats of cand and uni), with the constants KV_ROBUST_PRED_*
+ * (robust.h); a text with one chunk counts its mean, one with none -inf. */
+static double text_bound(const kv_robust_layout *lay, int C, const double *cand, const double *uni,
+                         int t) {
+    double m, var;
+    int n = text_diff_stats(lay, C, cand, uni, t, &m, &var);
+    if (!n) return -HUGE_VAL;
+    double b = m;
+    if (n > 1) b += KV_ROBUST_PRED_Z * sqrt(var) * sqrt(1.0 / n + 1.0 / KV_ROBUST_PRED_CHUNKS);
+    return b;
+}
+
+/* The largest over texts of text_bound (NaN when any is NaN). */
 static double pred_bound(const kv_robust_layout *lay, int C, const double *cand,
                          const double *uni) {
     double worst = -HUGE_VAL;
     for (int t = 0; t < lay->n_texts; t++) {
-        double m, var;
-        int n = text_diff_stats(lay, C, cand, uni, t, &m, &var);
-        if (!n) continue;
-        double b = m;
-        if (n > 1) b += KV_ROBUST_PRED_Z * sqrt(var) * sqrt(1.0 / n + 1.0 / KV_ROBUST_PRED_CHUNKS);
+        double b = text_bound(lay, C, cand, uni, t);
         if (!(b <= worst)) worst = b; /* NaN stays */
     }
     return worst;
+}
+
+/* Whether candidate figures ppl[N * 2] (NLL sums nll per chunk) hold on text t: at most the
+ * uniform cache's perplexity on both of its parts and its prediction bound within
+ * log(1 + KV_ROBUST_PRED_TOL): the per-text form of cand_objective's pass. */
+static int holds_on_text(const kv_robust_result *r, const kv_robust_layout *lay, int C,
+                         const double *ppl, const double *nll, const double *uni_nll, int t) {
+    for (int part = 0; part < 2; part++) {
+        int i = t * 2 + part;
+        if (r->chunks[i] && !(ppl[i] <= r->uniform[i] * (1.0 + PASS_TOL))) return 0;
+    }
+    return text_bound(lay, C, nll, uni_nll, t) <= log1p(KV_ROBUST_PRED_TOL);
 }
 
 /* The standard error of the difference of the `mean` objective between two candidates with
@@ -445,10 +464,31 @@ int kv_robust_guard(const kv_model *m, const int *ids, const kv_robust_layout *l
         text_ppl(lay, C, nu, rr->uniform);
         for (int k = 0; k < sets; k++) text_ppl(lay, C, ncand + k * nc, rr->cand + k * N * 2);
         memcpy(rr->cand + sets * N * 2, rr->uniform, (size_t)N * 2 * sizeof *rr->uniform);
+        /* the transfer check (leave one text out): a knapsack fitted on every text's curves
+         * (mean, worst, the sensitivity knapsack's pooled one) at blend lambda qualifies only
+         * when every text's own knapsack at that lambda holds on each text it was not fitted
+         * on; with two texts that is the knapsack fitted without a text, tested on it */
+        int n_own = 0;
+        for (int s = 0; s < n_src; s++) n_own += scode[s] >= 3 && scode[s] < KV_ROBUST_SRC_SENS;
+        for (int k = 0; k < rr->n_cand; k++) {
+            int code = rr->source[k];
+            rr->transfer[k] = -1;
+            if (k >= sets || n_own < 2 || !(code == 1 || code == 2 || code == KV_ROBUST_SRC_SENS))
+                continue;
+            rr->transfer[k] = 1;
+            for (int s = 0; s < n_src; s++) {
+                if (scode[s] < 3 || scode[s] >= KV_ROBUST_SRC_SENS) continue;
+                int ks = s * KV_ROBUST_N_LAMBDA + k % KV_ROBUST_N_LAMBDA, own = scode[s] - 3;
+                for (int t = 0; t < N && rr->transfer[k]; t++)
+                    if (t != own &&
+                        !holds_on_text(rr, lay, C, rr->cand + ks * N * 2, ncand + ks * nc, nu, t))
+                        rr->transfer[k] = 0;
+            }
+        }
         for (int k = 0; k < rr->n_cand; k++) {
             rr->bound[k] = k < sets ? pred_bound(lay, C, ncand + k * nc, nu) : 0.0;
             double v = cand_objective(rr, rr->cand + k * N * 2, rr->bound[k], obj, &rr->passed[k]);
-            rr->objective[k] = rr->passed[k] ? v : HUGE_VAL;
+            rr->objective[k] = rr->passed[k] && rr->transfer[k] ? v : HUGE_VAL;
         }
         /* the lowest objective among the passing (uniform, last, always passes); ties go to
          * the earlier candidate: the plan before the knapsacks, the larger lambda first. The
@@ -476,7 +516,7 @@ int kv_robust_guard(const kv_model *m, const int *ids, const kv_robust_layout *l
             text_ppl(lay, C, cn, row);
             rr->bound[k] = pred_bound(lay, C, cn, nu);
             double v = cand_objective(rr, row, rr->bound[k], obj, &rr->passed[k]);
-            rr->objective[k] = rr->passed[k] ? v : HUGE_VAL;
+            rr->objective[k] = rr->passed[k] && rr->transfer[k] ? v : HUGE_VAL;
         }
         /* the one-standard-error rule: another candidate replaces the search's own plan only
          * when it is better by more than the standard error of the difference */
@@ -583,6 +623,17 @@ int kv_robust_write(kv_h5 *f, const kv_robust_result *r, kv_error *err) {
         rc = kv_h5_write_f64(f, "/search/texts/candidates/objective", 1, &dk, r->objective,
                              "log ratio", err);
     if (!rc) rc = kv_h5_write_i32(f, "/search/texts/candidates/passed", 1, &dk, passed, "-", err);
+    if (!rc)
+        rc = kv_h5_write_i32(f, "/search/texts/candidates/transfer", 1, &dk, r->transfer, "-", err);
+    if (!rc)
+        rc = kv_h5_attr_str(f, "/search/texts/candidates/transfer", "definition",
+                            "leave one text out: 1 when every text's own knapsack at the "
+                            "candidate's lambda holds (perplexity and prediction bound against "
+                            "uniform) on each text it was not fitted on, 0 when one does not (the "
+                            "candidate is then not chosen), -1 where the check does not apply "
+                            "(candidates not fitted on every text's curves, or fewer than two "
+                            "texts with their own knapsack)",
+                            err);
     if (!rc)
         rc = kv_h5_write_f64(f, "/search/texts/candidates/bound", 1, &dk, r->bound, "log ratio",
                              err);

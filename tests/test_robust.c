@@ -135,6 +135,60 @@ static double eval_ppl(const int *ids, long from, long n, const char *budget) {
 
 /* Two texts given with --text twice: per-text figures recorded, re-measured by kvplan eval,
  * and the guard's promise holding on each text and part. */
+/* The transfer check (leave one text out) of plan file `path`, re-earned from its stored
+ * figures where they decide it: a candidate fitted on every text's curves (sources 1, 2, 7)
+ * is marked 0 whenever a text's own knapsack (source 3 + t) at the same lambda is worse than
+ * uniform on a part of another text; one marked 1 has all those per-text figures within
+ * uniform's; every other candidate is -1 (and all are -1 without two per-text knapsacks);
+ * the shipped plan's figures are those of a candidate that passed and was not marked 0.
+ * Returns the number of candidates checked (marked 0 or 1), *n_failed those marked 0. */
+static int check_transfer(const char *path, int *n_failed) {
+    kv_h5 *f = NULL;
+    kv_error e = {0};
+    *n_failed = 0;
+    CU_ASSERT_EQUAL_FATAL(kv_h5_open_read(path, &f, &e), KV_OK);
+    long dk[KV_H5_MAX_RANK] = {0}, dl[KV_H5_MAX_RANK] = {0}, dt[KV_H5_MAX_RANK] = {0},
+         dp[KV_H5_MAX_RANK] = {0}, dc[KV_H5_MAX_RANK] = {0}, du[KV_H5_MAX_RANK] = {0};
+    double *src = read_f64(f, "/search/texts/candidates/source", dk);
+    double *lam = read_f64(f, "/search/texts/candidates/lambda", dl);
+    double *tr = read_f64(f, "/search/texts/candidates/transfer", dt);
+    double *passed = read_f64(f, "/search/texts/candidates/passed", dp);
+    double *cand = read_f64(f, "/search/texts/candidates/perplexity", dc);
+    double *uni = read_f64(f, "/search/texts/uniform", du);
+    double *plan = read_f64(f, "/search/texts/plan", du);
+    kv_h5_close(f);
+    CU_ASSERT_FATAL(src && lam && tr && passed && cand && uni && plan);
+    const long K = dk[0], N = du[0];
+    CU_ASSERT_FATAL(dl[0] == K && dt[0] == K && dp[0] == K && dc[0] == K && dc[1] == N);
+    int n_own = 0, checked = 0, shipped = 0;
+    for (long k = 0; k < K; k++) n_own += src[k] >= 3 && src[k] < 7 && lam[k] == 1.0;
+    for (long k = 0; k < K; k++) {
+        int fitted_on_all = src[k] == 1 || src[k] == 2 || src[k] == 7;
+        if (!fitted_on_all || n_own < 2) {
+            CU_ASSERT_EQUAL(tr[k], -1.0);
+        } else {
+            CU_ASSERT(tr[k] == 0.0 || tr[k] == 1.0);
+            int loses = 0; /* a text's own knapsack, same lambda, worse on another text */
+            for (long j = 0; j < K; j++) {
+                if (!(src[j] >= 3 && src[j] < 7) || lam[j] != lam[k]) continue;
+                for (long i = 0; i < N * 2; i++)
+                    if (i / 2 != (long)src[j] - 3 && isfinite(uni[i]) &&
+                        cand[j * N * 2 + i] > uni[i] * (1 + 1e-6))
+                        loses = 1;
+            }
+            if (loses) CU_ASSERT_EQUAL(tr[k], 0.0);
+            checked++;
+            *n_failed += tr[k] == 0.0;
+        }
+        if (passed[k] != 0.0 && tr[k] != 0.0 &&
+            !memcmp(cand + k * N * 2, plan, (size_t)N * 2 * sizeof *plan))
+            shipped = 1;
+    }
+    CU_ASSERT(shipped);
+    free(src), free(lam), free(tr), free(passed), free(cand), free(uni), free(plan);
+    return checked;
+}
+
 static void test_two_texts(void) {
     if (search_rc) fprintf(stderr, "%s\n", search_out);
     CU_ASSERT_EQUAL_FATAL(search_rc, 0);
@@ -223,6 +277,9 @@ static void test_two_texts(void) {
     printf("    shipped candidate's bound %.5f (re-earned), at most %.5f\n", worst, log1p(0.005));
     CU_ASSERT(found);
     CU_ASSERT(worst <= log1p(0.005));
+    int n_failed = 0, n_checked = check_transfer(tu_tmp("plan.h5"), &n_failed);
+    printf("    transfer check: %d candidates fitted on both texts, %d failed it\n", n_checked,
+           n_failed);
     free(bound), free(cand), free(passed);
     free(ids0), free(ids1);
     kv_model_free(m);
@@ -240,6 +297,24 @@ static void test_two_texts(void) {
     CU_ASSERT_PTR_NOT_NULL(out && strstr(out, "\"texts\":{\"objective\":\"mean\""));
     CU_ASSERT_PTR_NOT_NULL(out && strstr(out, "\"part\":\"heldout\""));
     free(out);
+}
+
+/* The shipped plans (plans/, scripts/make-plans.sh: two texts): the transfer check holds as
+ * check_transfer re-earns it, and on TinyStories-656K at R = 1/16 it decides: a knapsack fitted
+ * on both texts is dropped there (each text's own knapsack loses to uniform on the other). */
+static void test_shipped_transfer(void) {
+    static const char *const plans[] = {"stories260K.r1-4",      "stories260K.r1-8",
+                                        "stories260K.r1-16",     "tinystories-656k.r1-4",
+                                        "tinystories-656k.r1-8", "tinystories-656k.r1-16"};
+    for (int i = 0; i < 6; i++) {
+        char path[1024];
+        snprintf(path, sizeof path, "%s/plans/%s.h5", KVPLAN_SOURCE_DIR, plans[i]);
+        int n_failed = 0, n = check_transfer(path, &n_failed);
+        printf("\n    %s: %d candidates checked, %d failed", plans[i], n, n_failed);
+        CU_ASSERT(n > 0);
+        if (i == 5) CU_ASSERT(n_failed > 0);
+    }
+    printf("\n");
 }
 
 /* Bad inputs: a missing second text is named; a text list naming nothing; a bad objective. */
@@ -286,10 +361,11 @@ static void test_bad_texts(void) {
 int main(int argc, char **argv) {
     setenv("OMP_NUM_THREADS", "1", 0);
     setenv("OPENBLAS_NUM_THREADS", "1", 1);
-    static const tu_test unit[] = {{"lay_out", test_lay_out}};
+    static const tu_test unit[] = {{"lay_out", test_lay_out},
+                                   {"shipped_transfer", test_shipped_transfer}};
     static const tu_test cli[] = {{"two_texts", test_two_texts}, {"bad_texts", test_bad_texts}};
     static const tu_suite suites[] = {
-        {"robust", NULL, NULL, unit, 1},
+        {"robust", NULL, NULL, unit, 2},
         {"robust_search", robust_init, NULL, cli, 2},
     };
     return tu_main_suites(argc, argv, suites, 2);

@@ -33,7 +33,13 @@
  * chunks and on every text's held-out chunks, and when on every text its chunk-by-chunk
  * changes predict a new sample of the text within 0.5% of uniform (KV_ROBUST_PRED_*: a
  * plan's gain measured on 12 chunks can be chunk-to-chunk noise, and then it does not hold
- * on the next 2048 tokens); lambda = 0 always passes (it is that cache).
+ * on the next 2048 tokens); lambda = 0 always passes (it is that cache). A candidate fitted on
+ * every text's curves (mean, worst, KV_ROBUST_SRC_SENS) qualifies only when it also passes the
+ * transfer check (leave one text out): with two or more per-text knapsacks, each text's own
+ * knapsack at the same lambda holds on every text it was not fitted on (the pass above, per
+ * text); with two texts that is the knapsack fitted without text t, tested on t. It has seen
+ * every calibration text, so only that check says whether its allocation carries to a kind of
+ * text no calibration had.
  * Among the passing candidates the objective picks one, except that the search's own plan,
  * when it passes, is replaced only by a candidate better by more than the standard error of the
  * difference (the one-standard-error rule of model selection, Breiman et al., CART, 1984: the
@@ -125,6 +131,9 @@ typedef struct kv_robust_result {
     double objective[KV_ROBUST_MAX_CAND]; /* its objective value; +inf when it failed */
     double bound[KV_ROBUST_MAX_CAND];     /* its largest per-text prediction bound (log ratio) */
     int passed[KV_ROBUST_MAX_CAND];       /* 1 when <= uniform on every text and part */
+    int transfer[KV_ROBUST_MAX_CAND];     /* leave-one-text-out check of a candidate fitted on
+                                           * every text (sources 1, 2, KV_ROBUST_SRC_SENS): 1
+                                           * held, 0 failed (not chosen), -1 not applicable */
     int chosen;                           /* index of the chosen candidate */
     kv_robust_objective obj;
     int uniform_block_size, uniform_evict_block; /* the uniform compared with: 1, 1 or b_s, p */
