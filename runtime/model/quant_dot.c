@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model/quant_traits.h"
 #include "util/f16.h"
 
 #ifdef __clang__
@@ -201,24 +202,14 @@ static inline float fin8(const float *a) {
 /* ---- the 32-element types: weight block layout per type ---- */
 
 /* Block bytes, offset of qs, of qh (5-bit types), whether a min m follows d, the constant
- * subtracted from q (8, 16 or 0). */
+ * subtracted from q (8, 16 or 0): quant_traits.h's facts in one value for the kernels. */
 typedef struct t32 {
     int bytes, qs, qh, has_m, off;
 } t32;
 
-static t32 t32_of(kv_dtype t) {
-    switch (t) {
-    case KV_DT_Q4_0:
-        return (t32){18, 2, 0, 0, 8};
-    case KV_DT_Q4_1:
-        return (t32){20, 4, 0, 1, 0};
-    case KV_DT_Q5_0:
-        return (t32){22, 6, 2, 0, 16};
-    case KV_DT_Q5_1:
-        return (t32){24, 8, 4, 1, 0};
-    default: /* Q8_0 */
-        return (t32){34, 2, 0, 0, 0};
-    }
+static inline t32 t32_of(kv_dtype t) {
+    kv_qblock32 b = kv_qblock32_of(t);
+    return (t32){b.bytes, b.qs, b.qh, kv_qtype_has_min(t), kv_qtype_zero(t)};
 }
 
 static inline uint32_t ld32(const uint8_t *p) {

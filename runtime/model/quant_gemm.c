@@ -16,6 +16,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "model/quant_traits.h"
 #include "util/f16.h"
 
 #ifdef __clang__
@@ -58,7 +59,7 @@ int kv_qgemm_covers(kv_dtype t) {
 }
 
 static int has_m(kv_dtype t) {
-    return t == KV_DT_Q4_1 || t == KV_DT_Q5_1 || t == KV_DT_Q4_K || t == KV_DT_Q5_K;
+    return kv_qtype_has_min(t);
 }
 
 /* Q6_K: a scale per 16 weights, so per block of 32 two (a in a, the second in m's place) */
@@ -66,19 +67,10 @@ static int two_scales(kv_dtype t) {
     return t == KV_DT_Q6_K;
 }
 
+/* The integer subtracted from a code times the activation block's sum: the type's zero point,
+ * and for Q8_0 the 128 its signed codes are biased by to be unsigned in the packed strips. */
 static int off_of(kv_dtype t) {
-    switch (t) {
-    case KV_DT_Q8_0:
-        return 128;
-    case KV_DT_Q4_0:
-        return 8;
-    case KV_DT_Q5_0:
-        return 16;
-    case KV_DT_Q6_K:
-        return 32;
-    default:
-        return 0;
-    }
+    return t == KV_DT_Q8_0 ? 128 : kv_qtype_zero(t);
 }
 
 /* ---- activation rows: q int8 [in] at 0; at up64(in): d [nb], ds [nb] fp32, s [nb] int32 ---- */
@@ -215,21 +207,21 @@ static void k_scale_min(const uint8_t *sc, int s, int *scale, int *min) {
 
 /* Block b (of 32) of the W row `row` of type t: u [32], a, m (quant_gemm.h). */
 static void unpack_blk(kv_dtype t, const uint8_t *row, int b, uint8_t *u, float *a, float *m) {
+    const kv_qblock32 L = kv_qblock32_of(t); /* the 32-element types */
     *m = 0.0f;
     switch (t) {
     case KV_DT_Q8_0: {
-        const uint8_t *blk = row + (size_t)b * 34;
-        for (int j = 0; j < QB; j++) u[j] = (uint8_t)(blk[2 + j] ^ 0x80u);
+        const uint8_t *blk = row + (size_t)b * (size_t)L.bytes;
+        for (int j = 0; j < QB; j++) u[j] = (uint8_t)(blk[L.qs + j] ^ 0x80u);
         *a = h2f(blk);
         return;
     }
     case KV_DT_Q4_0:
     case KV_DT_Q4_1: {
-        int bytes = t == KV_DT_Q4_0 ? 18 : 20, qs = t == KV_DT_Q4_0 ? 2 : 4;
-        const uint8_t *blk = row + (size_t)b * (size_t)bytes;
+        const uint8_t *blk = row + (size_t)b * (size_t)L.bytes;
         for (int j = 0; j < 16; j++) {
-            u[j] = blk[qs + j] & 15;
-            u[j + 16] = blk[qs + j] >> 4;
+            u[j] = blk[L.qs + j] & 15;
+            u[j + 16] = blk[L.qs + j] >> 4;
         }
         *a = h2f(blk);
         if (t == KV_DT_Q4_1) *m = h2f(blk + 2);
@@ -237,8 +229,8 @@ static void unpack_blk(kv_dtype t, const uint8_t *row, int b, uint8_t *u, float 
     }
     case KV_DT_Q5_0:
     case KV_DT_Q5_1: {
-        int bytes = t == KV_DT_Q5_0 ? 22 : 24, qh = t == KV_DT_Q5_0 ? 2 : 4;
-        const uint8_t *blk = row + (size_t)b * (size_t)bytes, *qs = blk + qh + 4;
+        int qh = L.qh;
+        const uint8_t *blk = row + (size_t)b * (size_t)L.bytes, *qs = blk + L.qs;
         uint32_t h = (uint32_t)blk[qh] | (uint32_t)blk[qh + 1] << 8 | (uint32_t)blk[qh + 2] << 16 |
                      (uint32_t)blk[qh + 3] << 24;
         for (int j = 0; j < 16; j++) {
@@ -377,23 +369,23 @@ size_t kv_qgemm_panel_bytes(int cs, int in) {
 KV_QG_AVX2 static inline __attribute__((always_inline)) __m256i
 u32_avx2(kv_dtype t, const uint8_t *row, int b) {
     const __m256i m4 = _mm256_set1_epi8(15);
+    const kv_qblock32 L = kv_qblock32_of(t); /* the 32-element types */
     switch (t) {
     case KV_DT_Q8_0:
         return _mm256_xor_si256(
-            _mm256_loadu_si256((const __m256i *)(const void *)(row + (size_t)b * 34 + 2)),
+            _mm256_loadu_si256((const __m256i *)(const void *)(row + (size_t)b * L.bytes + L.qs)),
             _mm256_set1_epi8((char)0x80));
     case KV_DT_Q4_0:
     case KV_DT_Q4_1: {
-        const uint8_t *blk = row + (size_t)b * (t == KV_DT_Q4_0 ? 18u : 20u);
-        __m128i qs =
-            _mm_loadu_si128((const __m128i *)(const void *)(blk + (t == KV_DT_Q4_0 ? 2 : 4)));
+        const uint8_t *blk = row + (size_t)b * (size_t)L.bytes;
+        __m128i qs = _mm_loadu_si128((const __m128i *)(const void *)(blk + L.qs));
         return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(qs, 4), qs), m4);
     }
     case KV_DT_Q5_0:
     case KV_DT_Q5_1: {
-        int qhoff = t == KV_DT_Q5_0 ? 2 : 4;
-        const uint8_t *blk = row + (size_t)b * (t == KV_DT_Q5_0 ? 22u : 24u);
-        __m128i qs = _mm_loadu_si128((const __m128i *)(const void *)(blk + qhoff + 4));
+        int qhoff = L.qh;
+        const uint8_t *blk = row + (size_t)b * (size_t)L.bytes;
+        __m128i qs = _mm_loadu_si128((const __m128i *)(const void *)(blk + L.qs));
         __m256i v = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(qs, 4), qs), m4);
         int32_t h;
         memcpy(&h, blk + qhoff, 4);
