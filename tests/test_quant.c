@@ -603,6 +603,18 @@ static float gemv_f32_ref(const float *w, const float *x, int n) {
     return s;
 }
 
+/* W [out, in] fp32 (malloc'd, the caller frees): rows of the 656K embedding m->tok_emb
+ * (flattened, 256 rows of 1024 for in = 1024) reused cyclically. */
+static float *cyclic_embedding_rows(const kv_model *m, int out, int in) {
+    const float *E = m->tok_emb.data;
+    int n_src = (int)((long)m->cfg.vocab_size * m->cfg.dim / in);
+    float *wf = malloc((size_t)out * in * sizeof *wf);
+    CU_ASSERT_FATAL(wf != NULL && n_src > 0);
+    for (int o = 0; o < out; o++)
+        memcpy(wf + (size_t)o * in, E + (size_t)(o % n_src) * in, (size_t)in * sizeof *wf);
+    return wf;
+}
+
 static void test_matmul(void) {
     kv_model *m = tu_load_shared(M656);
     /* W [1100, 1024]: rows of the 656K embedding (flattened, 256 rows of 1024) reused
@@ -610,10 +622,8 @@ static void test_matmul(void) {
      * to 16, the last one partial) through one tile of 144 rows; x: 20 rows of real weights
      * (w_up holds 48 rows of 1024). */
     int in = 1024, out = 1100, R = 20;
-    const float *E = m->tok_emb.data, *X = m->layers[1].w_up.data;
-    float *wf = malloc((size_t)out * in * sizeof *wf);
-    for (int o = 0; o < out; o++)
-        memcpy(wf + (size_t)o * in, E + (size_t)(o % 256) * in, (size_t)in * sizeof *wf);
+    const float *X = m->layers[1].w_up.data;
+    float *wf = cyclic_embedding_rows(m, out, in);
     float *y = malloc((size_t)R * out * sizeof *y), *y1 = malloc((size_t)out * sizeof *y1);
     float *deq = malloc((size_t)out * in * sizeof *deq);
     double worst = 0;
@@ -849,10 +859,8 @@ static kv_model *write_and_load(const kv_model *m, kv_dtype t, const char *name,
 static void test_matmul_pool(void) {
     kv_model *m = tu_load_shared(M656);
     int in = 1024, out = 1100, R = 20;
-    const float *E = m->tok_emb.data, *X = m->layers[1].w_up.data;
-    float *wf = malloc((size_t)out * in * sizeof *wf);
-    for (int o = 0; o < out; o++)
-        memcpy(wf + (size_t)o * in, E + (size_t)(o % 256) * in, (size_t)in * sizeof *wf);
+    const float *X = m->layers[1].w_up.data;
+    float *wf = cyclic_embedding_rows(m, out, in);
     float *y0 = malloc((size_t)R * out * sizeof *y0), *y = malloc((size_t)R * out * sizeof *y);
     kv_workers *pools[3] = {NULL, NULL, NULL};
     for (int p = 0; p < 3; p++) CU_ASSERT_FATAL(kv_workers_new(p + 1, &pools[p], NULL) == KV_OK);
