@@ -50,6 +50,7 @@
 #include "kvplan/kvcache.h"
 #include "kvplan/model.h"
 #include "model/model_impl.h"
+#include "peer_workload.h"
 #include "kvplan/plan.h"
 #include "kvplan/quant.h"
 #include "model/quant_dot.h"
@@ -377,10 +378,6 @@ static void kernels(const char *types) {
 
 /* ---- the peer benchmark's kvplan side (bench/peer_llamacpp.sh) ---- */
 
-static int peer_token(long i, int vocab) {
-    return i == 0 ? 1 : (int)((i * 7919L + 13L) % vocab);
-}
-
 static int argmax(const float *v, int n) {
     int b = 0;
     for (int i = 1; i < n; i++)
@@ -409,20 +406,14 @@ static int peer(const char *path, int threads, int T, int D, int kv_f32, long pp
     if (ppl > 0) {
         double nll = 0.0;
         long scored = 0;
-        for (long c0 = 0; c0 + 512 <= ppl; c0 += 512) {
-            for (int i = 0; i < 512; i++) tok[i] = peer_token(c0 + i, V);
+        for (long c0 = 0; c0 + PEER_PPL_CHUNK <= ppl; c0 += PEER_PPL_CHUNK) {
+            for (int i = 0; i < PEER_PPL_CHUNK; i++) tok[i] = peer_token(c0 + i, V);
             if (kv_engine_seq_open(e, NULL, NULL, &seq, &err) ||
-                kv_engine_prefill(e, seq, tok, 512, KV_LOGITS_ALL, logits, NULL, &err))
+                kv_engine_prefill(e, seq, tok, PEER_PPL_CHUNK, KV_LOGITS_ALL, logits, NULL, &err))
                 die(&err);
             kv_engine_seq_close(e, seq);
-            for (int i = 0; i + 1 < 512; i++) {
-                const float *lg = logits + (size_t)i * V;
-                double mx = lg[0], s = 0.0;
-                for (int v = 1; v < V; v++) mx = lg[v] > mx ? lg[v] : mx;
-                for (int v = 0; v < V; v++) s += exp((double)lg[v] - mx);
-                nll += mx + log(s) - (double)lg[tok[i + 1]];
-                scored++;
-            }
+            for (int i = 0; i + 1 < PEER_PPL_CHUNK; i++, scored++)
+                nll += peer_token_nll(logits + (size_t)i * V, V, tok[i + 1]);
         }
         printf("engine kvplan nll %.9f scored %ld kv %s\n", scored ? nll / scored : 0.0, scored,
                kv_f32 ? "f32" : "f16");

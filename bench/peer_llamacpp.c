@@ -26,6 +26,7 @@
 #include "ggml-cpu.h"
 #include "ggml.h"
 #include "llama.h"
+#include "peer_workload.h"
 
 static double now(void) {
     struct timespec ts;
@@ -36,10 +37,6 @@ static double now(void) {
 static void die(const char *what) {
     fprintf(stderr, "peer_llamacpp: %s\n", what);
     exit(1);
-}
-
-static int token_at(long i, int vocab) {
-    return i == 0 ? 1 : (int)((i * 7919L + 13L) % vocab);
 }
 
 static void quiet_log(enum ggml_log_level level, const char *text, void *user) {
@@ -140,23 +137,17 @@ int main(int argc, char **argv) {
     if (ppl > 0) {
         double nll = 0.0;
         long scored = 0;
-        for (long c0 = 0; c0 + 512 <= ppl; c0 += 512) {
+        for (long c0 = 0; c0 + PEER_PPL_CHUNK <= ppl; c0 += PEER_PPL_CHUNK) {
             llama_memory_clear(mem, true);
-            for (int i = 0; i < 512; i++) tok[i] = token_at(c0 + i, V);
-            decode(ctx, &b, tok, 512, 0, 1);
-            for (int i = 0; i + 1 < 512; i++) {
-                const float *lg = llama_get_logits_ith(ctx, i);
-                double mx = lg[0], s = 0.0;
-                for (int v = 1; v < V; v++) mx = lg[v] > mx ? lg[v] : mx;
-                for (int v = 0; v < V; v++) s += exp((double)lg[v] - mx);
-                nll += mx + log(s) - (double)lg[tok[i + 1]];
-                scored++;
-            }
+            for (int i = 0; i < PEER_PPL_CHUNK; i++) tok[i] = peer_token(c0 + i, V);
+            decode(ctx, &b, tok, PEER_PPL_CHUNK, 0, 1);
+            for (int i = 0; i + 1 < PEER_PPL_CHUNK; i++, scored++)
+                nll += peer_token_nll(llama_get_logits_ith(ctx, i), V, tok[i + 1]);
         }
         printf("engine llama.cpp nll %.9f scored %ld kv %s\n", scored ? nll / scored : 0.0, scored,
                kv_f32 ? "f32" : "f16");
     } else {
-        for (int i = 0; i < T; i++) tok[i] = token_at(i, V);
+        for (int i = 0; i < T; i++) tok[i] = peer_token(i, V);
         llama_memory_clear(mem, true); /* warm-up: pages, the threadpool, the graph */
         decode(ctx, &b, tok, 16, 0, 0);
         llama_memory_clear(mem, true);

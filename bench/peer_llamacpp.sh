@@ -76,7 +76,8 @@ fi
 
 # 3. the driver
 drv=$peers/peer_llamacpp
-if [ ! -x "$drv" ] || [ "$root/bench/peer_llamacpp.c" -nt "$drv" ]; then
+if [ ! -x "$drv" ] || [ "$root/bench/peer_llamacpp.c" -nt "$drv" ] ||
+    [ "$root/bench/peer_workload.h" -nt "$drv" ]; then
     cc -std=c11 -O2 -Wall -Wextra -I "$peers/include" -I "$peers/ggml/include" \
         "$root/bench/peer_llamacpp.c" -o "$drv" "$libllama" "$libggml" "$libbase" -lm \
         -Wl,-rpath,"$bins"
