@@ -490,17 +490,18 @@ static void test_dot(void) {
  * |x_i - d_b q_i| <= d_b / 2 (d_b = max|x| / 127 over x's block of 32 or 256), so
  * |error| <= sum_i |w_i| d_b / 2 (x 1.01 for the rounding of x / d) + fp32 summation
  * (4 n u sum |w_i| (|x_i| + d_b / 2)). Lengths with 1-2 blocks, a partial group of 8 blocks
- * (96, 288, 768) and many blocks; weights and x real 656K rows. */
+ * (96, 288, 768), a K-quant group of 8 super-blocks and one more (2304) and many blocks;
+ * weights and x real 656K rows. */
 static void test_int_dot(void) {
     kv_model *m = tu_load_shared(M656);
     const float *wsrc = m->layers[0].w_gate.data, *xsrc = m->tok_emb.data;
-    int lens[] = {32, 96, 256, 288, 768, 4096};
+    int lens[] = {32, 96, 256, 288, 768, 2304, 4096}; /* 2304: a K-quant group of 8 + 1 */
     double worst = 0;
     int checked = 0;
     for (int isa = 0; isa <= KV_ISA_AVX512_VNNI; isa++)
         printf("\n  isa %s: %s", kv_isa_name((kv_isa)isa),
                kv_isa_available((kv_isa)isa) ? "available" : "not on this CPU");
-    for (int li = 0; li < 6; li++) {
+    for (int li = 0; li < 7; li++) {
         int n = lens[li];
         for (int ti = 0; ti < KV_DT_COUNT; ti++) {
             kv_dtype t = kv_dtype_all[ti];
