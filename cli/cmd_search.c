@@ -452,6 +452,15 @@ static void print_texts(const kv_robust_result *r) {
     }
     printf("guard        objective %s, decision %s (lambda %.2f)\n",
            kv_robust_objective_name(r->obj), kv_robust_decision(r), r->lambda[k]);
+    int checked = 0, dropped = 0;
+    for (int c = 0; c < r->n_cand; c++) {
+        checked += r->transfer[c] >= 0;
+        dropped += r->transfer[c] == 0;
+    }
+    if (checked)
+        printf("transfer     %d of %d knapsack candidates fitted on every text dropped: a text's "
+               "own knapsack at their lambda lost on another text (leave one text out)\n",
+               dropped, checked);
     if (k != 0)
         fprintf(stderr, "kvplan search: guard: %s; %s\n",
                 r->reason[0] ? r->reason

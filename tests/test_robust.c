@@ -286,6 +286,9 @@ static void test_two_texts(void) {
     free(full), free(uni), free(plan), free(chunks), free(tokens), free(names), free(decision);
     /* the search's own table and inspect's (text and JSON) */
     CU_ASSERT_PTR_NOT_NULL(strstr(search_out, "guard        objective mean"));
+    char line[160];
+    snprintf(line, sizeof line, "transfer     %d of %d knapsack candidates", n_failed, n_checked);
+    CU_ASSERT_PTR_NOT_NULL(strstr(search_out, line));
     char args[4096], *out = NULL;
     snprintf(args, sizeof args, "inspect %s", tu_tmp("plan.h5"));
     CU_ASSERT_EQUAL(tu_run_kvplan(args, &out, 1), 0);
