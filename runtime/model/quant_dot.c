@@ -515,6 +515,7 @@ DOT32_FN(dot_q8_0_avx2, KV_QD_AVX2, dot32_avx2, KV_DT_Q8_0)
      * - the eight f16 scales of a group of 8 blocks (18 bytes each, so at 16-bit word offsets
      *   0, 9, ..., 63 of the group's first 128 bytes) come out of one vpermt2w. */
     KV_QD_VNNI static float dot_q4_0_vnni(const uint8_t *w, const void *act, int n) {
+    const t32 L = t32_of(KV_DT_Q4_0); /* 18-byte blocks, qs at 2, zero point 8 */
     act_view a = act_of('A', act, n);
     int nb = n / QA, b = 0;
     const __m256i mask = _mm256_set_m128i(_mm_set1_epi8((char)0xf0), _mm_set1_epi8(0x0f));
@@ -522,13 +523,13 @@ DOT32_FN(dot_q8_0_avx2, KV_QD_AVX2, dot32_avx2, KV_DT_Q8_0)
                                           0, 0, 0, 0, 0, 63, 54, 45, 36, 27, 18, 9, 0);
     __m256 acc = _mm256_setzero_ps();
     for (; b + 8 <= nb; b += 8) {
-        const uint8_t *g = w + (size_t)b * 18;
+        const uint8_t *g = w + (size_t)b * L.bytes;
         const int8_t *xq = a.q + (size_t)b * QA;
         __m256i v[8];
-        prefetch_ahead(g, 8 * 18);
+        prefetch_ahead(g, 8 * L.bytes);
         for (int k = 0; k < 8; k++) {
             __m256i q = _mm256_broadcastsi128_si256(
-                _mm_loadu_si128((const __m128i *)(const void *)(g + 18 * k + 2)));
+                _mm_loadu_si128((const __m128i *)(const void *)(g + L.bytes * k + L.qs)));
             __m256i x = _mm256_loadu_si256((const __m256i *)(const void *)(xq + QA * k));
             v[k] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_and_si256(q, mask), x);
         }
@@ -539,7 +540,7 @@ DOT32_FN(dot_q8_0_avx2, KV_QD_AVX2, dot32_avx2, KV_DT_Q8_0)
                 hi = _mm256_permute2x128_si256(A, C, 0x31);
         __m256i isum = _mm256_add_epi32(lo, _mm256_srai_epi32(hi, 4));
         __m256i S = _mm256_loadu_si256((const __m256i *)(const void *)(a.s + b));
-        isum = _mm256_sub_epi32(isum, _mm256_slli_epi32(S, 3));
+        isum = _mm256_sub_epi32(isum, _mm256_slli_epi32(S, L.off == 8 ? 3 : 4)); /* as DOT32_BODY */
         __m512i sc = _mm512_permutex2var_epi16(_mm512_loadu_si512((const void *)g), sidx,
                                                _mm512_loadu_si512((const void *)(g + 64)));
         __m256 dx = _mm256_loadu_ps(a.d + b);
@@ -549,9 +550,9 @@ DOT32_FN(dot_q8_0_avx2, KV_QD_AVX2, dot32_avx2, KV_DT_Q8_0)
     float lane[8];
     _mm256_storeu_ps(lane, acc);
     for (; b < nb; b++) {
-        const uint8_t *blk = w + (size_t)b * 18;
-        int32_t isum = hsum_i32(blk_vnni(KV_DT_Q4_0, blk, a.q + (size_t)b * QA)) - 8 * a.s[b];
-        lane[b & 7] = lane[b & 7] + f32blk(blk, 0, a.d[b], isum, a.s[b]);
+        const uint8_t *blk = w + (size_t)b * L.bytes;
+        int32_t isum = hsum_i32(blk_vnni(KV_DT_Q4_0, blk, a.q + (size_t)b * QA)) - L.off * a.s[b];
+        lane[b & 7] = lane[b & 7] + f32blk(blk, L.has_m, a.d[b], isum, a.s[b]);
     }
     return fin8(lane);
 }
