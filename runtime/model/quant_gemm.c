@@ -58,10 +58,6 @@ int kv_qgemm_covers(kv_dtype t) {
     }
 }
 
-static int has_m(kv_dtype t) {
-    return kv_qtype_has_min(t);
-}
-
 /* Q6_K: a scale per 16 weights, so per block of 32 two (a in a, the second in m's place) */
 static int two_scales(kv_dtype t) {
     return t == KV_DT_Q6_K;
@@ -324,7 +320,7 @@ static size_t wrow_bytes(kv_dtype t, int in) {
 /* ---- the portable reference ---- */
 
 static float ref_one(kv_dtype t, const uint8_t *wrow, arow x, int in) {
-    int off = off_of(t), hm = has_m(t), two = two_scales(t);
+    int off = off_of(t), hm = kv_qtype_has_min(t), two = two_scales(t);
     float acc = 0.0f;
     for (int b = 0; b < in / QB; b++) {
         uint8_t u[QB];
@@ -605,7 +601,8 @@ QG_TILE_AVX2(tile_avx2_2, 2)
 static void run_tiles(kv_isa isa, const uint8_t *P, size_t sstride, int strips, const uint8_t *A,
                       size_t arb, int r0, int r1, int in, kv_dtype wt, float *y, int out, int rows,
                       int o0, int o1) {
-    int nb = in / QB, hm = has_m(wt), q8 = wt == KV_DT_Q8_0, vnni = isa == KV_ISA_AVX512_VNNI;
+    int nb = in / QB, hm = kv_qtype_has_min(wt), q8 = wt == KV_DT_Q8_0,
+        vnni = isa == KV_ISA_AVX512_VNNI;
     int two = two_scales(wt);
     int sm = vnni ? 2 : 1, big = vnni ? 6 : 4;
     for (int s = 0; s < strips; s += sm)
