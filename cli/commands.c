@@ -15,6 +15,8 @@ static const kv_cli_command commands[] = {
      &kv_spec_kvpr},
     {"batch", kv_cmd_batch, "largest batch for a memory budget (full / compressed KV cache)",
      &kv_spec_batch},
+    {"serve", kv_cmd_serve, "OpenAI-compatible HTTP server, continuous batching under the plan",
+     &kv_spec_serve},
     {"inspect", kv_cmd_inspect, "summarise, draw (--png) or export a profile / plan .h5 file",
      &kv_spec_inspect},
 };

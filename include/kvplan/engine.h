@@ -53,6 +53,8 @@ void kv_engine_free(kv_engine *e);
 
 const kv_plan *kv_engine_plan(const kv_engine *e);
 kv_backend *kv_engine_backend(kv_engine *e);
+/* Sequences the engine can hold open at once (opts.max_seqs). */
+int kv_engine_max_seqs(const kv_engine *e);
 /* The device that runs (cpu or cuda, after auto was resolved). */
 kv_device kv_engine_device(const kv_engine *e);
 

@@ -27,6 +27,9 @@ const kv_plan *kv_engine_plan(const kv_engine *e) {
 kv_backend *kv_engine_backend(kv_engine *e) {
     return e->be;
 }
+int kv_engine_max_seqs(const kv_engine *e) {
+    return e->max_seqs;
+}
 kv_device kv_engine_device(const kv_engine *e) {
     return e->be->device;
 }
