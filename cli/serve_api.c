@@ -113,9 +113,9 @@ static int num_field(const cJSON *root, const char *name, double lo, double hi, 
 
 static int parse_fields(const cJSON *root, kv_serve_req *r, char *msg, size_t cap) {
     double v = 0;
-    if (num_field(root, "max_tokens", -1e18, 1e18, -1, &v, msg, cap)) return -1;
-    if (v != floor(v)) return fail(msg, cap, "'max_tokens' must be a whole number");
-    if (v != -1 && v < 1) return fail(msg, cap, "'max_tokens' must be at least 1");
+    if (num_field(root, "max_tokens", -1e18, 1e18, -1, &v, msg, cap) || v != floor(v) ||
+        (v != -1 && v < 1))
+        return fail(msg, cap, "'max_tokens' must be a whole number >= 1");
     r->max_tokens = v > 1e9 ? 1000000000L : (long)v;
     if (num_field(root, "temperature", 0, 2, 1, &r->temperature, msg, cap)) return -1;
     if (num_field(root, "top_p", 0, 1, 1, &r->top_p, msg, cap)) return -1;
