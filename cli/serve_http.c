@@ -157,7 +157,6 @@ static int on_event(void *user, const kv_sched_event *ev) {
         if (buf_add(&j->text, &j->len, &j->cap, piece, (size_t)k)) stop = 1;
         if (j->req.n_stop && cut_stop(j)) stop = 1;
         if (j->req.stream && !stop) stream_text(j, 0);
-        if (j->gone) stop = 1; /* nobody listens: end it now */
     } else {
         j->finish = ev->finish == KV_FINISH_LENGTH ? "length" : "stop";
         if (ev->finish == KV_FINISH_ERROR) j->finish = "error";

@@ -3,7 +3,10 @@
 import { spawn, execFileSync } from 'node:child_process';
 
 export const kvplan = process.env.KVPLAN_BINARY;
-export const model = process.env.KVPLAN_MODEL;
+// KVPLAN_SHARED (as the C suites) overrides the shared data directory ctest was configured with
+const shared = process.env.KVPLAN_SHARED;
+export const model = shared ? `${shared}/models/stories260K/stories260K.bin` : process.env.KVPLAN_MODEL;
+export const textPath = shared ? `${shared}/text/tinystories_val_head.txt` : process.env.KVPLAN_TEXT;
 if (!kvplan || !model) {
   console.error('set KVPLAN_BINARY and KVPLAN_MODEL (ctest does: tests/serve/README.md)');
   process.exit(2);
