@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# kvplan serve under load (docs/serve.md "Benchmark"): for the full F16 cache and the bundled
+# stories260K plans at R = 1/4 and 1/8, all under the same --kv-mem (8 full-context requests of
+# the full cache), a fresh server on 127.0.0.1 and bench/serve_load.mjs at concurrency 1, 8,
+# 32, 128 (each client streams completions one after another for SECONDS; temperature 0.8,
+# max_tokens MAX_TOKENS, prompts: the openings of TinyStories lines). Prints a markdown table:
+# generated tokens/s, p50/p99 time to first token and inter-token latency (client side), the
+# most sequences admitted at once and the KV bytes peak (the server's /metrics); the JSON lines
+# go to bench/out/serve.jsonl.
+# Usage: bench/serve.sh [BUILD_DIR]   Environment: SECONDS_PER_POINT (default 6), MAX_TOKENS
+# (default 448), CONCURRENCY (default "1 8 32 128"), GROUP (--group, default 4), THREADS
+# (--threads, default: the server's default).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${1:-$root/build}
+bin=$build/kvplan
+shared=${KVPLAN_SHARED:-$root/../shared}
+model=$shared/models/stories260K/stories260K.bin
+secs=${SECONDS_PER_POINT:-6}
+max_tokens=${MAX_TOKENS:-448}
+concs=${CONCURRENCY:-"1 8 32 128"}
+group=${GROUP:-4}
+[ -x "$bin" ] || { echo "bench/serve.sh: build kvplan first (scripts/build.sh build)" >&2; exit 1; }
+command -v node >/dev/null || { echo "bench/serve.sh: node is needed" >&2; exit 1; }
+mkdir -p "$root/bench/out"
+out=$root/bench/out/serve.jsonl
+: >"$out"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+# prompts: 64 openings of TinyStories lines (24-60 bytes)
+awk 'length($0) > 80 { print substr($0, 1, 24 + (NR % 37)); if (++n == 64) exit }' \
+    "$shared/text/tinystories_val_head.txt" >"$work/prompts.txt"
+# --kv-mem: 8 requests of the full cache at the full context (the scheduler's reservation:
+# L * H_kv * ceil(C / b_s) blocks of 2 * b_s * 2 d_h bytes = 327680 bytes for stories260K)
+kv_mem=$((8 * 327680))
+threads=()
+[ -n "${THREADS:-}" ] && threads=(--threads "$THREADS")
+
+run_point() { # label, conc, plan args...
+    local label=$1 conc=$2
+    shift 2
+    "$bin" serve "$model" --kv-mem "$kv_mem" --port 0 --max-queue 1024 --group "$group" \
+        "${threads[@]}" --quiet "$@" 2>"$work/err" &
+    local pid=$! port=""
+    for _ in $(seq 100); do
+        port=$(grep -o 'listening on http://127.0.0.1:[0-9]*' "$work/err" | grep -o '[0-9]*$' || true)
+        [ -n "$port" ] && break
+        sleep 0.1
+    done
+    [ -n "$port" ] || { cat "$work/err" >&2; kill "$pid"; exit 1; }
+    local line
+    line=$(node "$root/bench/serve_load.mjs" "http://127.0.0.1:$port" "$conc" "$secs" \
+        "$max_tokens" "$work/prompts.txt")
+    kill -TERM "$pid"
+    wait "$pid"
+    echo "{\"cache\":\"$label\",${line#\{}" >>"$out"
+    echo "$label c=$conc: $line" >&2
+}
+
+for cfg in "full" "R=1/4:$root/plans/stories260K.r1-4.h5" "R=1/8:$root/plans/stories260K.r1-8.h5"; do
+    label=${cfg%%:*}
+    args=()
+    [ "$cfg" != full ] && args=(--plan "${cfg#*:}")
+    for c in $concs; do run_point "$label" "$c" "${args[@]}"; done
+done
+
+node -e '
+const rows = require("fs").readFileSync(process.argv[1], "utf8").trim().split("\n").map(JSON.parse);
+const f = (x, d = 1) => (x === null ? "-" : x.toFixed(d));
+console.log(`--kv-mem ${rows[0].kv_capacity} bytes; ${process.argv[2]} s per point, max_tokens ${process.argv[3]}`);
+console.log("| cache | clients | tokens/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | peak admitted | KV bytes peak |");
+console.log("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+for (const r of rows)
+  console.log(`| ${r.cache} | ${r.concurrency} | ${f(r.tokens_per_s, 0)} | ${f(r.ttft_p50_ms)} | ${f(r.ttft_p99_ms)} | ${f(r.itl_p50_ms, 2)} | ${f(r.itl_p99_ms, 2)} | ${r.peak_running} | ${r.kv_peak} |`);
+const at = (c, n) => rows.find((r) => r.cache === c && r.concurrency === n);
+const hi = Math.max(...rows.map((r) => r.concurrency));
+const a = at("full", hi), b = at("R=1/8", hi);
+if (a && b)
+  console.log(`\nat ${hi} clients, R=1/8 vs full: ${(b.peak_running / a.peak_running).toFixed(2)}x sequences admitted, ` +
+    `${(b.tokens_per_s / a.tokens_per_s).toFixed(2)}x generated tokens/s`);
+' "$out" "$secs" "$max_tokens"

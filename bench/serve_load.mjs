@@ -1,0 +1,92 @@
+// Load generator for kvplan serve (bench/serve.sh): C workers, each streaming completions one
+// after another for D seconds (Node's fetch, no packages), then the server's /metrics.
+// Usage: node bench/serve_load.mjs BASE_URL CONCURRENCY SECONDS MAX_TOKENS PROMPTS_FILE
+// Prints one JSON line: generated tokens/s over the window, p50/p99 time to first token and
+// inter-token latency (ms, client side), requests completed, and the server's peaks.
+import fs from 'node:fs';
+
+const [base, conc, secs, maxTokens, promptsFile] = process.argv.slice(2);
+const C = Number(conc), D = Number(secs) * 1000, MAXT = Number(maxTokens);
+const prompts = fs.readFileSync(promptsFile, 'utf8').split('\n').filter((l) => l.length > 0);
+const ttft = [], itl = [];
+let tokens = 0, done = 0, failed = 0;
+const t0 = performance.now(), end = t0 + D;
+
+async function one(worker, k) {
+  const ac = new AbortController();
+  const timer = setTimeout(() => ac.abort(), Math.max(0, end - performance.now()));
+  const start = performance.now();
+  let last = 0;
+  try {
+    const res = await fetch(`${base}/v1/completions`, {
+      method: 'POST',
+      headers: { 'Content-Type': 'application/json' },
+      body: JSON.stringify({
+        model: 'stories260K', prompt: prompts[(worker * 7 + k) % prompts.length],
+        max_tokens: MAXT, temperature: 0.8, seed: worker * 1000 + k, stream: true,
+      }),
+      signal: ac.signal,
+    });
+    if (res.status !== 200) {
+      failed++;
+      await res.text();
+      return;
+    }
+    const dec = new TextDecoder();
+    let buf = '';
+    for await (const part of res.body) {
+      buf += dec.decode(part, { stream: true });
+      let i;
+      while ((i = buf.indexOf('\n\n')) >= 0) {
+        const ev = buf.slice(0, i);
+        buf = buf.slice(i + 2);
+        if (!ev.startsWith('data: {')) continue;
+        const ch = JSON.parse(ev.slice(6));
+        if (!ch.choices.length || ch.choices[0].finish_reason) continue;
+        const now = performance.now();
+        if (now > end) continue;
+        if (last === 0) ttft.push(now - start);
+        else itl.push(now - last);
+        last = now;
+        tokens++;
+      }
+    }
+    if (performance.now() <= end) done++;
+  } catch (err) {
+    if (err.name !== 'AbortError') failed++;
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
+async function worker(w) {
+  for (let k = 0; performance.now() < end; k++) await one(w, k);
+}
+
+await Promise.all(Array.from({ length: C }, (_, w) => worker(w)));
+const q = (a, p) => {
+  if (!a.length) return null;
+  const s = [...a].sort((x, y) => x - y);
+  return s[Math.min(s.length - 1, Math.floor(p * s.length))];
+};
+const text = await (await fetch(`${base}/metrics`)).text();
+const metric = (name) => {
+  const m = text.match(new RegExp(`^${name.replace(/[{}"]/g, (c) => `\\${c}`)} (\\S+)$`, 'm'));
+  return m ? Number(m[1]) : null;
+};
+console.log(JSON.stringify({
+  concurrency: C,
+  seconds: D / 1000,
+  tokens,
+  tokens_per_s: tokens / (D / 1000),
+  requests_done: done,
+  failed,
+  ttft_p50_ms: q(ttft, 0.5),
+  ttft_p99_ms: q(ttft, 0.99),
+  itl_p50_ms: q(itl, 0.5),
+  itl_p99_ms: q(itl, 0.99),
+  peak_running: metric('kvplan_running_sequences_peak'),
+  kv_peak: metric('kvplan_kv_bytes{kind="peak"}'),
+  kv_reserved_peak: metric('kvplan_kv_bytes{kind="reserved_peak"}'),
+  kv_capacity: metric('kvplan_kv_bytes{kind="capacity"}'),
+}));
