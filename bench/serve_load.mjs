@@ -1,8 +1,9 @@
 // Load generator for kvplan serve (bench/serve.sh): C workers, each streaming completions one
 // after another for D seconds (Node's fetch, no packages), then the server's /metrics.
 // Usage: node bench/serve_load.mjs BASE_URL CONCURRENCY SECONDS MAX_TOKENS PROMPTS_FILE
-// Prints one JSON line: generated tokens/s over the window, p50/p99 time to first token and
-// inter-token latency (ms, client side), requests completed, and the server's peaks.
+// Prints one JSON line: generated tokens/s over the window, p50/p99 time to first token (ms,
+// client side, queueing included), p50/p99 inter-token latency (ms, the server's histogram:
+// a client reads several events at once), requests completed, and the server's peaks.
 import fs from 'node:fs';
 
 const [base, conc, secs, maxTokens, promptsFile] = process.argv.slice(2);
@@ -74,6 +75,24 @@ const metric = (name) => {
   const m = text.match(new RegExp(`^${name.replace(/[{}"]/g, (c) => `\\${c}`)} (\\S+)$`, 'm'));
   return m ? Number(m[1]) : null;
 };
+// a quantile of a /metrics histogram, interpolated within its bucket (as Prometheus's
+// histogram_quantile), in ms
+const hq = (name, p) => {
+  const b = [...text.matchAll(new RegExp(`^${name}_bucket\\{le="([^"]+)"\\} (\\S+)$`, 'gm'))]
+    .map((m) => [m[1] === '+Inf' ? Infinity : Number(m[1]), Number(m[2])]);
+  const total = b.length ? b[b.length - 1][1] : 0;
+  if (!total) return null;
+  let lo = 0, below = 0;
+  for (const [le, cum] of b) {
+    if (cum >= p * total) {
+      if (le === Infinity) return lo * 1000;
+      return (lo + (le - lo) * ((p * total - below) / Math.max(1, cum - below))) * 1000;
+    }
+    lo = le;
+    below = cum;
+  }
+  return null;
+};
 console.log(JSON.stringify({
   concurrency: C,
   seconds: D / 1000,
@@ -83,8 +102,9 @@ console.log(JSON.stringify({
   failed,
   ttft_p50_ms: q(ttft, 0.5),
   ttft_p99_ms: q(ttft, 0.99),
-  itl_p50_ms: q(itl, 0.5),
-  itl_p99_ms: q(itl, 0.99),
+  itl_p50_ms: hq('kvplan_inter_token_latency_seconds', 0.5),
+  itl_p99_ms: hq('kvplan_inter_token_latency_seconds', 0.99),
+  itl_client_mean_ms: itl.length ? itl.reduce((a, x) => a + x, 0) / itl.length : null,
   peak_running: metric('kvplan_running_sequences_peak'),
   kv_peak: metric('kvplan_kv_bytes{kind="peak"}'),
   kv_reserved_peak: metric('kvplan_kv_bytes{kind="reserved_peak"}'),

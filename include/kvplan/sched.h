@@ -43,7 +43,7 @@ extern "C" {
 /* Most sequences in one decode forward call (the per-row matmul paths, kvplan/quant.h). */
 #define KV_SCHED_GROUP 4
 /* Latency histogram buckets (seconds, upper bounds; the last is +Inf). */
-#define KV_SCHED_NBUCKETS 14
+#define KV_SCHED_NBUCKETS 17
 
 typedef enum {
     KV_SCHED_OK = 0,

@@ -53,7 +53,8 @@ struct kv_sched {
 };
 
 static const double bucket_bounds[KV_SCHED_NBUCKETS] = {
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, INFINITY};
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+    0.1,    0.25,    0.5,    1.0,   2.5,    5.0,   10.0, INFINITY};
 
 const double *kv_sched_bucket_bounds(void) {
     return bucket_bounds;
