@@ -102,11 +102,12 @@ static int serve(const serve_args *a, kv_model *m, kv_tokenizer *tok, kv_error *
     if (!rc) rc = kv_sched_new(eng, m, tok, &so, &s, err);
     char id[256];
     model_id(a, id, sizeof id);
-    kv_server_opts o = {a->host, (int)a->port, id, a->api_key, (int)a->timeout, a->drain,
-                        m->cfg.seq_len, a->quiet};
+    kv_server_opts o = {a->host,  (int)a->port,   id,      a->api_key, (int)a->timeout,
+                        a->drain, m->cfg.seq_len, a->quiet};
     if (!rc && !a->quiet)
-        fprintf(stderr, "kvplan serve: %s on %s, %s cache, KV memory %.0f bytes: %zu per "
-                        "request of the full context\n",
+        fprintf(stderr,
+                "kvplan serve: %s on %s, %s cache, KV memory %.0f bytes: %zu per "
+                "request of the full context\n",
                 id, kv_device_name(kv_engine_device(eng)),
                 plan.full ? "full" : kv_policy_name(plan.policy), a->kv_mem,
                 kv_sched_request_bytes(s, 1, m->cfg.seq_len - 1));

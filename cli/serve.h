@@ -17,9 +17,9 @@
 
 /* One parsed /v1/completions or /v1/chat/completions request. */
 typedef struct kv_serve_req {
-    char *prompt;      /* owned; chat: the messages joined by the plain-text template */
+    char *prompt; /* owned; chat: the messages joined by the plain-text template */
     int chat, stream, include_usage;
-    long max_tokens;   /* -1: not given */
+    long max_tokens; /* -1: not given */
     double temperature, top_p;
     uint64_t seed;
     char *stop[KV_SERVE_MAX_STOP]; /* owned */

@@ -125,7 +125,8 @@ static int parse_fields(const cJSON *root, kv_serve_req *r, char *msg, size_t ca
     r->seed = (uint64_t)v;
     if (num_field(root, "n", 1, 1, 1, &v, msg, cap)) return fail(msg, cap, "'n' must be 1");
     const cJSON *st = cJSON_GetObjectItemCaseSensitive(root, "stream");
-    if (st && !cJSON_IsNull(st) && !cJSON_IsBool(st)) return fail(msg, cap, "'stream' must be a boolean");
+    if (st && !cJSON_IsNull(st) && !cJSON_IsBool(st))
+        return fail(msg, cap, "'stream' must be a boolean");
     r->stream = cJSON_IsTrue(st);
     const cJSON *so = cJSON_GetObjectItemCaseSensitive(root, "stream_options");
     if (so && cJSON_IsObject(so))
@@ -134,10 +135,13 @@ static int parse_fields(const cJSON *root, kv_serve_req *r, char *msg, size_t ca
 }
 
 static int parse_prompt(const cJSON *root, int chat, kv_serve_req *r, char *msg, size_t cap) {
-    if (chat) return join_messages(cJSON_GetObjectItemCaseSensitive(root, "messages"), &r->prompt, msg, cap);
+    if (chat)
+        return join_messages(cJSON_GetObjectItemCaseSensitive(root, "messages"), &r->prompt, msg,
+                             cap);
     const cJSON *p = cJSON_GetObjectItemCaseSensitive(root, "prompt");
     if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 1) p = cJSON_GetArrayItem(p, 0);
-    if (!cJSON_IsString(p)) return fail(msg, cap, "'prompt' must be a string (or one string in an array)");
+    if (!cJSON_IsString(p))
+        return fail(msg, cap, "'prompt' must be a string (or one string in an array)");
     r->prompt = strdup(p->valuestring);
     return r->prompt ? 0 : fail(msg, cap, "out of memory");
 }
@@ -146,7 +150,8 @@ int kv_serve_parse(const char *body, size_t len, int chat, const char *model_id,
                    char *msg, size_t cap) {
     memset(out, 0, sizeof *out);
     out->max_tokens = -1;
-    if (!kv_serve_utf8_valid(body, len)) return fail(msg, cap, "the request body is not valid UTF-8");
+    if (!kv_serve_utf8_valid(body, len))
+        return fail(msg, cap, "the request body is not valid UTF-8");
     cJSON *root = cJSON_ParseWithLength(body, len);
     if (!root) return fail(msg, cap, "the request body is not valid JSON");
     int rc = 0;
@@ -207,8 +212,9 @@ static cJSON *text_item(const char *text, size_t len) {
 static cJSON *head(const kv_serve_ident *id, int chunk) {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "id", id->id);
-    cJSON_AddStringToObject(o, "object", id->chat ? (chunk ? "chat.completion.chunk" : "chat.completion")
-                                                  : "text_completion");
+    cJSON_AddStringToObject(o, "object",
+                            id->chat ? (chunk ? "chat.completion.chunk" : "chat.completion")
+                                     : "text_completion");
     cJSON_AddNumberToObject(o, "created", (double)id->created);
     cJSON_AddStringToObject(o, "model", id->model);
     return o;

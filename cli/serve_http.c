@@ -205,7 +205,12 @@ static void reader_free(void *cls) {
 }
 
 static void count(server *s, unsigned code) {
-    int k = code == 200 ? 0 : code == 400 ? 1 : code == 401 ? 2 : code == 413 ? 4 : code >= 429 && code != 404 && code != 405 ? 5 : 3;
+    int k = code == 200                                 ? 0
+            : code == 400                               ? 1
+            : code == 401                               ? 2
+            : code == 413                               ? 4
+            : code >= 429 && code != 404 && code != 405 ? 5
+                                                        : 3;
     pthread_mutex_lock(&s->mu);
     s->http[k]++;
     pthread_mutex_unlock(&s->mu);
@@ -227,10 +232,11 @@ static enum MHD_Result send_text(struct MHD_Connection *c, server *s, unsigned c
 
 static enum MHD_Result send_error(struct MHD_Connection *c, server *s, unsigned code,
                                   const char *msg) {
-    const char *type = code == 400 || code == 404 || code == 405 || code == 413 ? "invalid_request_error"
-                       : code == 401                                            ? "authentication_error"
-                       : code == 429                                            ? "rate_limit_error"
-                                                                                : "server_error";
+    const char *type = code == 400 || code == 404 || code == 405 || code == 413
+                           ? "invalid_request_error"
+                       : code == 401 ? "authentication_error"
+                       : code == 429 ? "rate_limit_error"
+                                     : "server_error";
     return send_text(c, s, code, "application/json", kv_serve_error_json(msg, type, NULL));
 }
 
@@ -267,8 +273,9 @@ static char *metrics_text(server *s) {
     pthread_mutex_unlock(&s->mu);
     char *b = NULL;
     size_t len = 0, cap = 0;
-    addf(&b, &len, &cap, "# HELP kvplan_requests_total Requests by outcome.\n"
-                         "# TYPE kvplan_requests_total counter\n");
+    addf(&b, &len, &cap,
+         "# HELP kvplan_requests_total Requests by outcome.\n"
+         "# TYPE kvplan_requests_total counter\n");
     for (int f = KV_FINISH_STOP; f <= KV_FINISH_ERROR; f++)
         addf(&b, &len, &cap, "kvplan_requests_total{outcome=\"%s\"} %llu\n",
              kv_finish_name((kv_finish)f), (unsigned long long)st.finished[f]);
@@ -290,8 +297,8 @@ static char *metrics_text(server *s) {
          "# TYPE kvplan_prefilling_sequences gauge\nkvplan_prefilling_sequences %d\n"
          "# TYPE kvplan_queued_requests gauge\nkvplan_queued_requests %d\n"
          "# TYPE kvplan_running_sequences_peak gauge\nkvplan_running_sequences_peak %d\n",
-         (unsigned long long)st.prompt_tokens, (unsigned long long)st.generated_tokens,
-         st.running, st.prefilling, st.queued, st.peak_running);
+         (unsigned long long)st.prompt_tokens, (unsigned long long)st.generated_tokens, st.running,
+         st.prefilling, st.queued, st.peak_running);
     addf(&b, &len, &cap,
          "# HELP kvplan_kv_bytes K/V bytes: blocks held (in_use, peak), admitted reservations "
          "(reserved, reserved_peak), --kv-mem (capacity).\n# TYPE kvplan_kv_bytes gauge\n"
@@ -388,8 +395,14 @@ static enum MHD_Result generate(struct MHD_Connection *c, server *s, const char 
         free(ids);
         return send_error(c, s, code, code == 500 ? "out of memory" : msg);
     }
-    kv_sched_request r = {ids, n, (int)j->req.max_tokens, (float)j->req.temperature,
-                          (float)j->req.top_p, j->req.seed, on_event, j};
+    kv_sched_request r = {ids,
+                          n,
+                          (int)j->req.max_tokens,
+                          (float)j->req.temperature,
+                          (float)j->req.top_p,
+                          j->req.seed,
+                          on_event,
+                          j};
     kv_error err = {0};
     kv_sched_status st = kv_sched_submit(s->sched, &r, &j->sched_id, &err);
     free(ids);
@@ -413,6 +426,9 @@ static enum MHD_Result generate(struct MHD_Connection *c, server *s, const char 
     count(s, 200);
     enum MHD_Result ret = MHD_queue_response(c, 200, resp);
     MHD_destroy_response(resp);
+    /* no idle timeout while the answer is generated (queued for memory, or a long non-streamed
+     * answer sends nothing for a while); completed_cb restores it */
+    if (ret == MHD_YES) MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
     return ret;
 }
 
@@ -432,16 +448,20 @@ static int authorized(struct MHD_Connection *c, server *s) {
 static enum MHD_Result route(struct MHD_Connection *c, server *s, const char *url,
                              const char *method, conn *k) {
     int get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
-    if (!strcmp(url, "/health") && get) return send_text(c, s, 200, "application/json", strdup("{\"status\":\"ok\"}"));
+    if (!strcmp(url, "/health") && get)
+        return send_text(c, s, 200, "application/json", strdup("{\"status\":\"ok\"}"));
     if (!strcmp(url, "/metrics") && get)
         return send_text(c, s, 200, "text/plain; version=0.0.4", metrics_text(s));
     int known = !strcmp(url, "/v1/models") || !strcmp(url, "/v1/completions") ||
                 !strcmp(url, "/v1/chat/completions") || !strcmp(url, "/health") ||
                 !strcmp(url, "/metrics");
     if (!known) return send_error(c, s, 404, "no such endpoint");
-    if (!authorized(c, s)) return send_error(c, s, 401, "a valid 'Authorization: Bearer KEY' header is required");
-    if (!strcmp(url, "/v1/models") && get) return send_text(c, s, 200, "application/json", models_json(s));
-    if (!post || !strncmp(url, "/v1/models", 10)) return send_error(c, s, 405, "method not allowed");
+    if (!authorized(c, s))
+        return send_error(c, s, 401, "a valid 'Authorization: Bearer KEY' header is required");
+    if (!strcmp(url, "/v1/models") && get)
+        return send_text(c, s, 200, "application/json", models_json(s));
+    if (!post || !strncmp(url, "/v1/models", 10))
+        return send_error(c, s, 405, "method not allowed");
     if (k->too_big) return send_error(c, s, 413, "the request body is larger than 1 MiB");
     pthread_mutex_lock(&s->mu);
     int stopping = s->stopping;
@@ -475,8 +495,10 @@ static enum MHD_Result access_cb(void *cls, struct MHD_Connection *c, const char
 
 static void completed_cb(void *cls, struct MHD_Connection *c, void **con_cls,
                          enum MHD_RequestTerminationCode toe) {
-    (void)cls, (void)c, (void)toe;
+    server *s = cls;
     conn *k = *con_cls;
+    if (toe == MHD_REQUEST_TERMINATED_COMPLETED_OK)
+        MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned)s->o->timeout_s);
     if (!k) return;
     free(k->body);
     free(k);
@@ -510,15 +532,16 @@ static struct MHD_Daemon *start_daemon(server *srv, const kv_server_opts *o, kv_
         flags, 0, NULL, NULL, access_cb, srv, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)o->timeout_s, MHD_OPTION_CONNECTION_LIMIT,
         (unsigned)1024, MHD_OPTION_THREAD_STACK_SIZE, (size_t)(512 << 10),
-        MHD_OPTION_NOTIFY_COMPLETED, completed_cb, NULL, MHD_OPTION_END);
+        MHD_OPTION_NOTIFY_COMPLETED, completed_cb, srv, MHD_OPTION_END);
     if (!d)
-        kv_fail(err, KV_EINPUT, "cannot listen on %s:%d (in use, or not an address of this "
-                                "machine); pick another --port or --host", o->host, o->port);
+        kv_fail(err, KV_EINPUT,
+                "cannot listen on %s:%d (in use, or not an address of this "
+                "machine); pick another --port or --host",
+                o->host, o->port);
     return d;
 }
 
-int kv_serve_run(kv_sched *sched, const kv_tokenizer *tok, const kv_server_opts *o,
-                 kv_error *err) {
+int kv_serve_run(kv_sched *sched, const kv_tokenizer *tok, const kv_server_opts *o, kv_error *err) {
     server srv = {.sched = sched, .tok = tok, .o = o};
     pthread_mutex_init(&srv.mu, NULL);
     sched_thread st = {.s = sched};

@@ -78,8 +78,13 @@ static int reference(const kv_model *m, const kv_tokenizer *tok, const kv_plan *
     kv_error err = {0};
     kv_engine_opts eo = {.max_seqs = 1, .n_threads = 1};
     CU_ASSERT_FATAL(kv_engine_new(m, plan, &eo, &e, &err) == KV_OK);
-    kv_gen_opts go = {.prompts = &prompt, .n_prompts = 1, .n_seqs = 1, .max_new = max_new,
-                      .temperature = temp, .top_p = 0.9f, .seed = seed};
+    kv_gen_opts go = {.prompts = &prompt,
+                      .n_prompts = 1,
+                      .n_seqs = 1,
+                      .max_new = max_new,
+                      .temperature = temp,
+                      .top_p = 0.9f,
+                      .seed = seed};
     kv_gen_result r = {0};
     CU_ASSERT_FATAL(kv_generate(e, m, tok, &go, &r, &err) == KV_OK);
     int n = r.seqs[0].n - r.seqs[0].n_prompt;
@@ -89,8 +94,8 @@ static int reference(const kv_model *m, const kv_tokenizer *tok, const kv_plan *
     return n;
 }
 
-static kv_sched_status submit(kv_sched *s, const kv_tokenizer *tok, const char *prompt,
-                              int max_new, float temp, uint64_t seed, got *g, uint64_t *id) {
+static kv_sched_status submit(kv_sched *s, const kv_tokenizer *tok, const char *prompt, int max_new,
+                              float temp, uint64_t seed, got *g, uint64_t *id) {
     int *ids = NULL, n = 0;
     kv_error err = {0};
     CU_ASSERT_FATAL(kv_tokenizer_encode(tok, prompt, strlen(prompt), 1, &ids, &n, &err) == 0);

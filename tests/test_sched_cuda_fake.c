@@ -40,14 +40,14 @@ static const char *prompts[NREQ] = {"Once upon a time", "Lily and Ben went to th
                                     "Tom had a red ball. He"};
 
 /* One prompt alone through kv_generate on `device`: its NEW greedy tokens into out. */
-static int alone(const kv_model *m, const kv_tokenizer *tok, const kv_plan *plan,
-                 kv_device device, const char *prompt, int *out) {
+static int alone(const kv_model *m, const kv_tokenizer *tok, const kv_plan *plan, kv_device device,
+                 const char *prompt, int *out) {
     kv_engine *e = NULL;
     kv_error err = {0};
     kv_engine_opts eo = {.device = device, .max_seqs = 1, .n_threads = 1};
     CU_ASSERT_FATAL(kv_engine_new(m, plan, &eo, &e, &err) == KV_OK);
-    kv_gen_opts go = {.prompts = &prompt, .n_prompts = 1, .n_seqs = 1, .max_new = NEW,
-                      .top_p = 1.0f};
+    kv_gen_opts go = {
+        .prompts = &prompt, .n_prompts = 1, .n_seqs = 1, .max_new = NEW, .top_p = 1.0f};
     kv_gen_result r = {0};
     CU_ASSERT_FATAL(kv_generate(e, m, tok, &go, &r, &err) == KV_OK);
     int n = r.seqs[0].n - r.seqs[0].n_prompt;
@@ -76,8 +76,8 @@ static void run_case(const kv_model *m, const kv_tokenizer *tok, const kv_plan *
     int peak = 0;
     for (int i = 0; i < NREQ; i++) {
         int *ids = NULL, n = 0;
-        CU_ASSERT_FATAL(kv_tokenizer_encode(tok, prompts[i], strlen(prompts[i]), 1, &ids, &n,
-                                            &err) == KV_OK);
+        CU_ASSERT_FATAL(
+            kv_tokenizer_encode(tok, prompts[i], strlen(prompts[i]), 1, &ids, &n, &err) == KV_OK);
         CU_ASSERT_FATAL(n <= 32);
         kv_sched_request r = {ids, n, NEW, 0.0f, 1.0f, 0, on_event, &g[i]};
         CU_ASSERT_EQUAL(kv_sched_submit(s, &r, NULL, &err), KV_SCHED_OK);
@@ -116,8 +116,8 @@ static void test_sched_on_cuda(void) {
     kv_plan full, budgeted;
     CU_ASSERT_FATAL(kv_plan_full(&m->cfg, m->cfg.seq_len, 16, 16, KV_POLICY_SINK, &full, &err) ==
                     KV_OK);
-    CU_ASSERT_FATAL(kv_plan_uniform(&m->cfg, 0.125, m->cfg.seq_len, 8, 4, KV_POLICY_SINK,
-                                    &budgeted, &err) == KV_OK);
+    CU_ASSERT_FATAL(kv_plan_uniform(&m->cfg, 0.125, m->cfg.seq_len, 8, 4, KV_POLICY_SINK, &budgeted,
+                                    &err) == KV_OK);
     run_case(m, tok, &full);
     run_case(m, tok, &budgeted); /* budgets of 64 tokens: evictions from the 16th decode on */
     kv_plan_free(&full);
@@ -129,8 +129,7 @@ static void test_sched_on_cuda(void) {
 
 int main(int argc, char **argv) {
     static const tu_test tests[] = {
-        {"scheduler on the CUDA backend: same tokens as the CPU, blocks freed",
-         test_sched_on_cuda},
+        {"scheduler on the CUDA backend: same tokens as the CPU, blocks freed", test_sched_on_cuda},
     };
     return tu_main(argc, argv, "sched_cuda_fake", tests, sizeof tests / sizeof tests[0]);
 }

@@ -61,11 +61,11 @@ typedef enum {
 } kv_finish;
 
 typedef struct kv_sched_event {
-    int token;        /* the new token (-1 in the final event) */
-    int prev;         /* the token before it (the prompt's last for the first one) */
-    int n_prompt;     /* prompt tokens (BOS included) */
-    int n_generated;  /* tokens generated so far, this one included */
-    kv_finish finish; /* NONE for a token event; the reason in the final event */
+    int token;         /* the new token (-1 in the final event) */
+    int prev;          /* the token before it (the prompt's last for the first one) */
+    int n_prompt;      /* prompt tokens (BOS included) */
+    int n_generated;   /* tokens generated so far, this one included */
+    kv_finish finish;  /* NONE for a token event; the reason in the final event */
     const char *error; /* KV_FINISH_ERROR: a one-line message; else NULL */
 } kv_sched_event;
 
@@ -87,14 +87,14 @@ typedef struct kv_sched_request {
 } kv_sched_request;
 
 typedef struct kv_sched_opts {
-    size_t kv_mem;     /* KV bytes the admitted requests may reserve (> 0) */
-    int max_queue;     /* queued (not yet admitted) requests at most (default 256) */
-    int step_tokens;   /* prompt tokens prefilled per step at most (default 64; one engine
-                        * prefill step always runs, so a larger step still progresses) */
-    int max_running;   /* admitted sequences at most (default: the engine's max_seqs) */
-    int group;         /* decode rows per forward call (default KV_SCHED_GROUP: each row's bits
-                        * independent of the batch; larger: fewer calls, batch-dependent
-                        * rounding) */
+    size_t kv_mem;   /* KV bytes the admitted requests may reserve (> 0) */
+    int max_queue;   /* queued (not yet admitted) requests at most (default 256) */
+    int step_tokens; /* prompt tokens prefilled per step at most (default 64; one engine
+                      * prefill step always runs, so a larger step still progresses) */
+    int max_running; /* admitted sequences at most (default: the engine's max_seqs) */
+    int group;       /* decode rows per forward call (default KV_SCHED_GROUP: each row's bits
+                      * independent of the batch; larger: fewer calls, batch-dependent
+                      * rounding) */
 } kv_sched_opts;
 
 /* Counters since creation, and the state now (kv_sched_stats). Histograms: cumulative counts

@@ -53,7 +53,7 @@ struct kv_sched {
 };
 
 static const double bucket_bounds[KV_SCHED_NBUCKETS] = {
-    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,   0.05,
     0.1,    0.25,    0.5,    1.0,   2.5,    5.0,   10.0, INFINITY};
 
 const double *kv_sched_bucket_bounds(void) {
@@ -62,11 +62,16 @@ const double *kv_sched_bucket_bounds(void) {
 
 const char *kv_finish_name(kv_finish f) {
     switch (f) {
-    case KV_FINISH_STOP: return "stop";
-    case KV_FINISH_LENGTH: return "length";
-    case KV_FINISH_CANCELLED: return "cancelled";
-    case KV_FINISH_ERROR: return "error";
-    default: return "none";
+    case KV_FINISH_STOP:
+        return "stop";
+    case KV_FINISH_LENGTH:
+        return "length";
+    case KV_FINISH_CANCELLED:
+        return "cancelled";
+    case KV_FINISH_ERROR:
+        return "error";
+    default:
+        return "none";
     }
 }
 
@@ -196,8 +201,7 @@ void kv_sched_free(kv_sched *s) {
 
 static kv_sched_status check_request(const kv_sched *s, const kv_sched_request *r, kv_error *err) {
     if (!r->tokens || r->n_tokens < 1 || r->n_tokens >= s->ctx) {
-        kv_fail(err, KV_EINPUT, "the prompt has %d tokens, the context is %d", r->n_tokens,
-                s->ctx);
+        kv_fail(err, KV_EINPUT, "the prompt has %d tokens, the context is %d", r->n_tokens, s->ctx);
         return KV_SCHED_TOO_BIG;
     }
     if (r->max_new < 1 || r->max_new > s->ctx - r->n_tokens) {
@@ -441,8 +445,8 @@ static int prefill_phase(kv_sched *s, int *worked, kv_error *err) {
             end_running(s, r, KV_FINISH_ERROR, err->msg);
             return rc;
         }
-        if (s->n_run != before) continue;         /* it ended (and is freed): same index */
-        if (r->state != RQ_PREFILL) i++;          /* decoding from now on */
+        if (s->n_run != before) continue; /* it ended (and is freed): same index */
+        if (r->state != RQ_PREFILL) i++;  /* decoding from now on */
     }
     return KV_OK;
 }
