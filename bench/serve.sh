@@ -10,7 +10,8 @@
 # Usage: bench/serve.sh [BUILD_DIR]   Environment: SECONDS_PER_POINT (default 6), MAX_TOKENS
 # (default 448), CONCURRENCY (default "1 8 32 128"), GROUP (--group, default 4), THREADS
 # (--threads, default: the server's default), REPEAT (default 1: each point that many times,
-# the configurations interleaved; the table shows the run of median tokens/s and the range).
+# the configurations interleaved; the table shows the run of median tokens/s and the range),
+# DEVICE (--device: cpu, cuda; default auto).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$root/build}
@@ -36,6 +37,7 @@ awk 'length($0) > 80 { print substr($0, 1, 24 + (NR % 37)); if (++n == 64) exit 
 kv_mem=$((8 * 327680))
 threads=()
 [ -n "${THREADS:-}" ] && threads=(--threads "$THREADS")
+[ -n "${DEVICE:-}" ] && threads+=(--device "$DEVICE")
 
 run_point() { # label, conc, plan args...
     local label=$1 conc=$2
