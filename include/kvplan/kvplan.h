@@ -1,5 +1,6 @@
 /* kvplan's public API in one include: models and tokenizers, the paged per-head KV cache, plans
- * (plan.h5), the engine and its backends, evaluation, the profiler and the planner.
+ * (plan.h5), the engine and its backends, the serving scheduler, evaluation, the profiler and
+ * the planner.
  *
  * A program that only reads and validates plans needs kvplan/plan.h; this header is for those
  * that want everything. Link with `pkg-config --libs kvplan` or CMake's
@@ -25,6 +26,7 @@
 #include "kvplan/plan.h"
 #include "kvplan/profiler.h"
 #include "kvplan/quant.h"
+#include "kvplan/sched.h"
 #include "kvplan/search.h"
 #include "kvplan/sensitivity.h"
 #include "kvplan/tasks.h"
