@@ -15,7 +15,7 @@ void kv_probe_gen_opts_default(kv_probe_gen_opts *o, int context) {
     o->from = 0.9;
     o->to = 1.0;
     o->depth_lo = 0.0;
-    o->depth_hi = 1.0;
+    o->depth_hi = 0.6;
     o->context = context;
     o->min_tokens = 64;
 }
