@@ -38,7 +38,7 @@ static const kv_opt probes_opts[] = {
     {"--context", NULL, KV_OPT_INT, offsetof(probes_args, context), "C", 16, 1 << 22,
      .help = "context the probes must fit (default: the model's)"},
     {"--min-tokens", NULL, KV_OPT_INT, offsetof(probes_args, min_tokens), "T", 8, 1 << 22,
-     .def = "64", .help = "shortest probe; lengths are uniform in [T, C - 8] tokens"},
+     .def = "96", .help = "shortest probe; lengths are uniform in [T, C - 8] tokens"},
     {"-o", "--output", KV_OPT_STR, offsetof(probes_args, out), "FILE",
      .help = "output TSV (written atomically); prompt, tab, answer per line"},
 };

@@ -17,7 +17,7 @@ void kv_probe_gen_opts_default(kv_probe_gen_opts *o, int context) {
     o->depth_lo = 0.0;
     o->depth_hi = 0.6;
     o->context = context;
-    o->min_tokens = 64;
+    o->min_tokens = 96;
 }
 
 static uint64_t rng_next(uint64_t *s) { /* xorshift64* */
@@ -146,7 +146,7 @@ static int gen_one(const char *t, const sentences *s, long lo_s, long hi_s,
         size_t n = build_prompt(buf, t, s, s0, cnt + 1, cnt + 1, key);
         rc = probe_tokens(tok, buf, n, key, &len, err);
         if (rc) return rc;
-        if (len > target) break;
+        if (len > target && cnt > 0) break; /* at least one sentence of filler */
         cnt++;
     }
     double depth = o->depth_lo + rng_unit(rng) * (o->depth_hi - o->depth_lo);

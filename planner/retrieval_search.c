@@ -185,6 +185,7 @@ static int stage_open(stage *s, const kv_model *m, const struct kv_search_opts *
     kv_sens_opts so = s->so;
     so.types_mask = o->kv_types_mask;
     s->so.types_mask = o->kv_types_mask;
+    if (so.batch > KV_RETRIEVAL_MAX_CAND + 2) so.batch = KV_RETRIEVAL_MAX_CAND + 2;
     int calib = so.calib_chunks > 0 ? so.calib_chunks : 1;
     rc = kv_sens_measure_typed(s->e, m, ids, calib, NULL, NULL, NULL, NULL, 0, &so, &s->own, err);
     s->cv = &s->own;

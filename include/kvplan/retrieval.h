@@ -128,7 +128,8 @@ typedef struct kv_probe_gen_opts {
     double from, to;            /* story range (fractions), default 0.9, 1.0 */
     double depth_lo, depth_hi;  /* key depth in the filler, default 0, 1 */
     int context;                /* C tokens (default: the caller's model context) */
-    int min_tokens;             /* shortest prompt, default 64 */
+    int min_tokens;             /* shortest prompt, default 96 (the key and the question
+                                 * alone are about 55 tokens of tok512) */
 } kv_probe_gen_opts;
 void kv_probe_gen_opts_default(kv_probe_gen_opts *o, int context);
 /* Generate o->n probes from text[0..len) as TSV lines (*tsv malloc'ed, caller frees).
