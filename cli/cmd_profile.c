@@ -176,12 +176,12 @@ static int measure_retrieval(const profile_args *a, const kv_model *m, kv_device
     int rc = kv_tokenizer_load(a->tokenizer, m, &tok, err);
     if (!rc) rc = kv_probes_read(a->retrieval, tok, C, &probes, err);
     if (!rc)
-        rc = kv_plan_full(&m->cfg, C, KV_DEFAULT_BLOCK_SIZE, KV_DEFAULT_EVICT_BLOCK,
-                          KV_POLICY_SINK, &full, err);
+        rc = kv_plan_full(&m->cfg, C, KV_DEFAULT_BLOCK_SIZE, KV_DEFAULT_EVICT_BLOCK, KV_POLICY_SINK,
+                          &full, err);
     if (!rc) {
         kv_plan_set_kv_type(&full, kv_type);
-        kv_engine_opts eo = {.device = device, .max_seqs = 1,
-                             .n_threads = kv_threads_args_count(&a->threads)};
+        kv_engine_opts eo = {
+            .device = device, .max_seqs = 1, .n_threads = kv_threads_args_count(&a->threads)};
         rc = kv_engine_new(m, &full, &eo, &e, err);
     }
     int w = a->retrieval_window ? (int)a->retrieval_window : C / 8;

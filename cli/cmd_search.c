@@ -88,8 +88,8 @@ static const kv_opt search_opts[] = {
              "a plan whose probe accuracy is more than --retrieval-tolerance below the full "
              "cache's is replaced by the best plan of the retrieval stage (knapsacks with the "
              "heads' retrieval cost, retrieval heads whole), recorded in /search/retrieval"},
-    {"--retrieval-tolerance", NULL, KV_OPT_NUM, offsetof(search_args, retrieval_tol), "POINTS",
-     0, 100, .def = "5",
+    {"--retrieval-tolerance", NULL, KV_OPT_NUM, offsetof(search_args, retrieval_tol), "POINTS", 0,
+     100, .def = "5",
      .help = "probe accuracy (percentage points) a plan may lose against the full cache"},
     {"--resume", NULL, KV_OPT_FLAG, offsetof(search_args, resume),
      .help = "continue a killed run from its task log PLAN.h5.tasks (written as the run goes, "
@@ -306,8 +306,8 @@ static int build_job(search_args *s, search_job *j, kv_error *err) {
     kv_plan_args *a = &s->a;
     /* the text and tokenizer are inputs too: checked before the (long) search starts */
     int rc = collect_texts(s, j, err);
-    const char *inputs[5 + KV_ROBUST_MAX_TEXTS] = {a->model, a->profile, s->tokenizer,
-                                                   s->text_list, s->retrieval};
+    const char *inputs[5 + KV_ROBUST_MAX_TEXTS] = {a->model, a->profile, s->tokenizer, s->text_list,
+                                                   s->retrieval};
     for (int t = 0; t < j->n_texts; t++) inputs[5 + t] = j->text_names[t];
     if (!rc && a->out) rc = kv_check_output(a->out, "-o", inputs, 5 + j->n_texts, err);
     if (!rc) rc = kv_robust_objective_parse(s->text_objective, &j->text_objective, err);
@@ -601,7 +601,8 @@ static int run_retrieval(const search_args *s, const search_job *j, const kv_sea
     ro.heads = found ? &heads : NULL;
     const kv_robust_result *g = res->robust;
     int guard_bs = g && g->source[g->chosen] < 0 ? g->uniform_block_size : so->block_size;
-    if (!rc) rc = kv_retrieval_search(j->m, j->ids, j->S, so, &j->probes, &ro, guard_bs, res, rr, err);
+    if (!rc)
+        rc = kv_retrieval_search(j->m, j->ids, j->S, so, &j->probes, &ro, guard_bs, res, rr, err);
     kv_retrieval_heads_free(&heads);
     return rc;
 }

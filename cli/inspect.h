@@ -135,9 +135,10 @@ int ki_print_json(FILE *out, const ki_file *f, kv_error *err);
 /* PNG pictures into directory `dir` (created if missing), those the file has data for:
  * head_importance, token_cos, layer_similarity, consistency (profile); search_perplexity
  * (one panel per p: the (t, r) map of each SqueezeAttention p of the grid), budget_tokens
- * (plan), retrieval_heads (a profile's /heads/retrieval or a plan's /search/retrieval/heads). The paths written are printed, one per line, on `log` (may be NULL)
- * and counted in *n_written. Sizes: KI_PNG_W x KI_PNG_H pixels each.
- * KV_EINPUT when dir cannot be created; KV_EINTERNAL when cairo fails. */
+ * (plan), retrieval_heads (a profile's /heads/retrieval or a plan's /search/retrieval/heads). The
+ * paths written are printed, one per line, on `log` (may be NULL) and counted in *n_written. Sizes:
+ * KI_PNG_W x KI_PNG_H pixels each. KV_EINPUT when dir cannot be created; KV_EINTERNAL when cairo
+ * fails. */
 #define KI_PNG_W 1200
 #define KI_PNG_H 800
 int ki_write_pngs(const ki_file *f, const char *dir, FILE *log, int *n_written, kv_error *err);

@@ -14,8 +14,9 @@ void kv_retrieval_heads_free(kv_retrieval_heads *h) {
     memset(h, 0, sizeof *h);
 }
 
-int kv_retrieval_heads_measure(kv_engine *e, const kv_model *m, const kv_probes *p, int max_probes, int window,
-                               kv_progress *progress, kv_retrieval_heads *out, kv_error *err) {
+int kv_retrieval_heads_measure(kv_engine *e, const kv_model *m, const kv_probes *p, int max_probes,
+                               int window, kv_progress *progress, kv_retrieval_heads *out,
+                               kv_error *err) {
     memset(out, 0, sizeof *out);
     const kv_plan *plan = kv_engine_plan(e);
     const int nh = plan->n_layers * plan->n_kv_heads, C = plan->context;
@@ -133,9 +134,11 @@ int kv_retrieval_write(kv_h5 *f, const kv_retrieval_result *r, kv_error *err) {
     const char *g = "/search/retrieval";
     int rc = kv_h5_write_f64(f, "/search/retrieval/baselines", 2, d1, base,
                              "accuracy (fraction), answer NLL (nats/token), perplexity", err);
-    if (!rc && r->n_cand) rc = kv_h5_write_f64(f, "/search/retrieval/candidates", 2, d2, cand,
-                                           "see the columns attribute", err);
-    if (!rc) rc = kv_h5_write_f64(f, "/search/retrieval/heads", 2, d3, r->heads.nll_rise,
+    if (!rc && r->n_cand)
+        rc = kv_h5_write_f64(f, "/search/retrieval/candidates", 2, d2, cand,
+                             "see the columns attribute", err);
+    if (!rc)
+        rc = kv_h5_write_f64(f, "/search/retrieval/heads", 2, d3, r->heads.nll_rise,
                              "nats/token: answer NLL rise with the head cut to the window", err);
     if (!rc)
         rc = kv_h5_attr_str(f, "/search/retrieval/baselines", "rows", "full,uniform,guard,plan",

@@ -97,7 +97,8 @@ static void sent_free(sentences *s) {
  * buf is empty. */
 static void put_sentence(char *buf, size_t *n, const char *t, long a, long b) {
     if (*n) buf[(*n)++] = ' ';
-    for (long i = a; i < b; i++) buf[(*n)++] = (t[i] == '\n' || t[i] == '\t' || t[i] == '\r') ? ' ' : t[i];
+    for (long i = a; i < b; i++)
+        buf[(*n)++] = (t[i] == '\n' || t[i] == '\t' || t[i] == '\r') ? ' ' : t[i];
     buf[*n] = '\0';
 }
 
@@ -129,9 +130,8 @@ static int probe_tokens(const kv_tokenizer *tok, char *buf, size_t n, int key, i
 
 /* One probe: sentences from a random sentence of a random story in the range, as many as fit
  * a target length, the key at a random depth. Appends "prompt\tkey\n" to out. */
-static int gen_one(const char *t, const sentences *s, long lo_s, long hi_s,
-                   const kv_tokenizer *tok, const kv_probe_gen_opts *o, uint64_t *rng, char *buf,
-                   FILE *out, kv_error *err) {
+static int gen_one(const char *t, const sentences *s, long lo_s, long hi_s, const kv_tokenizer *tok,
+                   const kv_probe_gen_opts *o, uint64_t *rng, char *buf, FILE *out, kv_error *err) {
     const int max_len = o->context - 8;
     int target = o->min_tokens + (int)(rng_unit(rng) * (max_len - o->min_tokens + 1));
     if (target > max_len) target = max_len;
@@ -178,15 +178,16 @@ int kv_probes_generate(const char *text, size_t len, const kv_tokenizer *tok,
     int rc = split_sentences(text, (long)len, &s, err);
     long lo_s = (long)(o->from * (double)s.n_story), hi_s = (long)(o->to * (double)s.n_story);
     if (!rc && hi_s - lo_s < 2)
-        rc = kv_fail(err, KV_EINPUT, "probe generator: stories %ld..%ld of %ld: fewer than 2",
-                     lo_s, hi_s, s.n_story);
+        rc = kv_fail(err, KV_EINPUT, "probe generator: stories %ld..%ld of %ld: fewer than 2", lo_s,
+                     hi_s, s.n_story);
     char *buf = rc ? NULL : malloc(len + 4096);
     size_t out_len = 0;
     char *out_buf = NULL;
     FILE *out = buf ? open_memstream(&out_buf, &out_len) : NULL;
     if (!rc && (!buf || !out)) rc = kv_fail(err, KV_EINTERNAL, "out of memory: probes");
     uint64_t rng = o->seed * 0x9E3779B97F4A7C15ULL + 1;
-    for (int i = 0; i < o->n && !rc; i++) rc = gen_one(text, &s, lo_s, hi_s, tok, o, &rng, buf, out, err);
+    for (int i = 0; i < o->n && !rc; i++)
+        rc = gen_one(text, &s, lo_s, hi_s, tok, o, &rng, buf, out, err);
     if (out) fclose(out);
     free(buf);
     sent_free(&s);

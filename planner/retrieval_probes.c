@@ -157,9 +157,9 @@ static int probe_one(kv_engine *e, const kv_probes *p, int i, const int *budget,
     return rc;
 }
 
-int kv_probes_eval(kv_engine *e, const kv_model *m, const kv_probes *p, int first, int count, const int *budget,
-                   const kv_policy *policy, const kv_cache_type *types, kv_probe_score *out,
-                   kv_error *err) {
+int kv_probes_eval(kv_engine *e, const kv_model *m, const kv_probes *p, int first, int count,
+                   const int *budget, const kv_policy *policy, const kv_cache_type *types,
+                   kv_probe_score *out, kv_error *err) {
     memset(out, 0, sizeof *out);
     if (count <= 0 || first + count > p->n) count = p->n - first;
     if (first < 0 || count < 1)

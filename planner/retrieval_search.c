@@ -25,8 +25,8 @@ typedef struct stage {
     kv_engine *e;
     kv_sens_curves own; /* curves measured here when the search has none */
     const kv_sens_curves *cv;
-    int *budget;        /* [(MAX_CAND + 2) * nh]: candidates, then full, uniform */
-    kv_policy *policy;  /* same layout */
+    int *budget;       /* [(MAX_CAND + 2) * nh]: candidates, then full, uniform */
+    kv_policy *policy; /* same layout */
     kv_cache_type *type;
 } stage;
 
@@ -209,8 +209,8 @@ static int score_baselines(stage *s, const int *ids, int n_chunks, kv_retrieval_
         s->policy[(size_t)F * nh + h] = s->policy[(size_t)U * nh + h] = s->o->policy;
         s->type[(size_t)F * nh + h] = s->type[(size_t)U * nh + h] = s->o->kv_type;
     }
-    int rc = kv_uniform_budgets(nh, s->o->ratio, s->C, s->o->block_size,
-                                s->budget + (size_t)U * nh, NULL, err);
+    int rc = kv_uniform_budgets(nh, s->o->ratio, s->C, s->o->block_size, s->budget + (size_t)U * nh,
+                                NULL, err);
     double ppl[2];
     if (!rc) rc = sets_ppl(s, ids, n_chunks, F, 2, ppl, err);
     if (!rc) rr->full_ppl = ppl[0], rr->uniform_ppl = ppl[1];
@@ -224,12 +224,11 @@ static int score_baselines(stage *s, const int *ids, int n_chunks, kv_retrieval_
 /* The search's plan (after the guard) on the probes and the search chunks: on the stage's
  * engine, or on one of the guard's uniform b_s and p when it fell back to uniform. */
 static int score_guard(stage *s, const int *ids, int n_chunks, int guard_bs,
-                       const struct kv_search_result *res, kv_retrieval_result *rr,
-                       kv_error *err) {
+                       const struct kv_search_result *res, kv_retrieval_result *rr, kv_error *err) {
     kv_engine *e = s->e;
     int own = guard_bs != s->o->block_size, rc = KV_OK;
-    if (own) rc = kv_search_engine(s->m, s->o, s->o->kv_type, guard_bs, res->evict_block, 1, 0,
-                                   &e, err);
+    if (own)
+        rc = kv_search_engine(s->m, s->o, s->o->kv_type, guard_bs, res->evict_block, 1, 0, &e, err);
     const kv_cache_type *types = own ? NULL : res->kv_types;
     if (!rc)
         rc = kv_probes_eval(e, s->m, s->probes, 0, s->n_probes, res->tokens, res->policy, types,

@@ -66,8 +66,8 @@ void kv_probes_free(kv_probes *p);
 
 /* Accuracy and answer NLL of probes [first, first + count) under one set of budgets. */
 typedef struct kv_probe_score {
-    int n;          /* probes scored */
-    int hits;       /* answered (greedy continuation starts with the answer) */
+    int n;           /* probes scored */
+    int hits;        /* answered (greedy continuation starts with the answer) */
     double accuracy; /* hits / n, in [0, 1] */
     double nll;      /* mean NLL of the answer tokens, nats/token (teacher forcing) */
 } kv_probe_score;
@@ -80,16 +80,16 @@ typedef struct kv_probe_score {
  * logits and decoded (teacher forcing), as `kvplan run` would generate greedily. The engine
  * must allow positions up to the probes' max_len. Errors: KV_EINPUT for a range outside the
  * probes, a probe longer than the engine's context; those of the engine. */
-int kv_probes_eval(kv_engine *e, const kv_model *m, const kv_probes *p, int first, int count, const int *budget,
-                   const kv_policy *policy, const kv_cache_type *types, kv_probe_score *out,
-                   kv_error *err);
+int kv_probes_eval(kv_engine *e, const kv_model *m, const kv_probes *p, int first, int count,
+                   const int *budget, const kv_policy *policy, const kv_cache_type *types,
+                   kv_probe_score *out, kv_error *err);
 
 /* Per-head retrieval cost (/heads/retrieval in a profile). */
 typedef struct kv_retrieval_heads {
     int n_layers, n_kv_heads;
-    int window;        /* W: tokens the cut head keeps (sink policy: KV_SINK_TOKENS + recent) */
-    int n_probes;      /* probes measured */
-    double full_nll;   /* the probes' mean answer NLL with the full cache */
+    int window;      /* W: tokens the cut head keeps (sink policy: KV_SINK_TOKENS + recent) */
+    int n_probes;    /* probes measured */
+    double full_nll; /* the probes' mean answer NLL with the full cache */
     double full_accuracy;
     double *nll_rise;  /* [L * H_kv] answer NLL with head h cut, minus full_nll; owned */
     double *accuracy;  /* [L * H_kv] probe accuracy with head h cut; owned */
@@ -97,12 +97,13 @@ typedef struct kv_retrieval_heads {
 } kv_retrieval_heads;
 
 /* Measure the retrieval cost of every head (see the top of this file) on the first
- * max_probes probes (0: all) with the full-cache engine e of model m (policy sink, so a head with budget
- * W keeps KV_SINK_TOKENS sinks and the most recent W - KV_SINK_TOKENS tokens). W must be at
+ * max_probes probes (0: all) with the full-cache engine e of model m (policy sink, so a head with
+ * budget W keeps KV_SINK_TOKENS sinks and the most recent W - KV_SINK_TOKENS tokens). W must be at
  * least KV_SINK_TOKENS + the engine plan's p and below its context. Costs (1 + L * H_kv)
  * passes over the probes; progress may be NULL. Fills *out (kv_retrieval_heads_free). */
-int kv_retrieval_heads_measure(kv_engine *e, const kv_model *m, const kv_probes *p, int max_probes, int window,
-                               kv_progress *progress, kv_retrieval_heads *out, kv_error *err);
+int kv_retrieval_heads_measure(kv_engine *e, const kv_model *m, const kv_probes *p, int max_probes,
+                               int window, kv_progress *progress, kv_retrieval_heads *out,
+                               kv_error *err);
 void kv_retrieval_heads_free(kv_retrieval_heads *h);
 /* Write /heads/retrieval [L, H_kv] (answer NLL rise, nats/token) and
  * /heads/retrieval_accuracy [L, H_kv], with attributes window, n_probes, full_nll,
@@ -123,13 +124,13 @@ int kv_retrieval_heads_read(kv_h5 *f, const char *path, int n_layers, int n_kv_h
  * length is uniform in [min_tokens, context - 8] tokens (BOS and answer included), as whole
  * sentences allow. */
 typedef struct kv_probe_gen_opts {
-    int n;                      /* probes */
-    uint64_t seed;              /* xorshift64* seed */
-    double from, to;            /* story range (fractions), default 0.9, 1.0 */
-    double depth_lo, depth_hi;  /* key depth in the filler, default 0, 1 */
-    int context;                /* C tokens (default: the caller's model context) */
-    int min_tokens;             /* shortest prompt, default 96 (the key and the question
-                                 * alone are about 55 tokens of tok512) */
+    int n;                     /* probes */
+    uint64_t seed;             /* xorshift64* seed */
+    double from, to;           /* story range (fractions), default 0.9, 1.0 */
+    double depth_lo, depth_hi; /* key depth in the filler, default 0, 1 */
+    int context;               /* C tokens (default: the caller's model context) */
+    int min_tokens;            /* shortest prompt, default 96 (the key and the question
+                                * alone are about 55 tokens of tok512) */
 } kv_probe_gen_opts;
 void kv_probe_gen_opts_default(kv_probe_gen_opts *o, int context);
 /* Generate o->n probes from text[0..len) as TSV lines (*tsv malloc'ed, caller frees).
@@ -140,16 +141,16 @@ int kv_probes_generate(const char *text, size_t len, const kv_tokenizer *tok,
 /* The search stage (see the top of this file). */
 #define KV_RETRIEVAL_MAX_CAND 12
 typedef struct kv_retrieval_opts {
-    double tolerance;  /* accuracy a plan may lose against the full cache, in [0, 1] (0.05) */
-    int max_probes;    /* calibration probes used (0: all) */
-    int window;        /* W of the head costs when they are measured here (0: the uniform
-                        * budget R * C, at least KV_SINK_TOKENS + p) */
+    double tolerance; /* accuracy a plan may lose against the full cache, in [0, 1] (0.05) */
+    int max_probes;   /* calibration probes used (0: all) */
+    int window;       /* W of the head costs when they are measured here (0: the uniform
+                       * budget R * C, at least KV_SINK_TOKENS + p) */
     const kv_retrieval_heads *heads; /* measured head costs (a profile's), or NULL */
 } kv_retrieval_opts;
 void kv_retrieval_opts_default(kv_retrieval_opts *o);
 
 typedef struct kv_retrieval_result {
-    kv_probe_score full, uniform, guard, plan; /* the probes under each */
+    kv_probe_score full, uniform, guard, plan;         /* the probes under each */
     double full_ppl, uniform_ppl, guard_ppl, plan_ppl; /* search perplexity, same chunks */
     int n_cand;
     double weight[KV_RETRIEVAL_MAX_CAND]; /* the retrieval weight (NaN: forced heads) */
@@ -157,9 +158,9 @@ typedef struct kv_retrieval_result {
     int whole[KV_RETRIEVAL_MAX_CAND];     /* heads at the whole context in the solution */
     double cand_ppl[KV_RETRIEVAL_MAX_CAND];
     kv_probe_score cand[KV_RETRIEVAL_MAX_CAND];
-    int chosen;          /* candidate index kept, -1: the perplexity guard's plan */
+    int chosen; /* candidate index kept, -1: the perplexity guard's plan */
     double tolerance;
-    char decision[256];  /* in words */
+    char decision[256];       /* in words */
     kv_retrieval_heads heads; /* the head costs used (owned copy) */
     int heads_measured;       /* 1: measured by the search, 0: from the profile */
 } kv_retrieval_result;
