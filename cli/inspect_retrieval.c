@@ -58,12 +58,12 @@ static void print_search(FILE *out, const ki_file *f) {
     const char *dec = ki_attr_str(f, SR, "decision");
     fprintf(out,
             "\nretrieval (%.0f probes, tolerance %.0f points): decision: %s\n"
-            "  %-10s %-10s %-12s %-10s\n",
+            "  %-10s %9s  %-12s %-10s\n",
             ki_attr_num(f, SR, "n_probes", NAN), 100 * ki_attr_num(f, SR, "tolerance", NAN),
             dec ? dec : "?", "", "accuracy", "answer NLL", "search ppl");
     static const char *const rows[4] = {"full", "uniform", "ppl plan", "the plan"};
     for (int r = 0; r < 4; r++)
-        fprintf(out, "  %-10s %-9.1f%% %-12.4f %-10.4f\n", rows[r], 100 * b[r * 3], b[r * 3 + 1],
+        fprintf(out, "  %-10s %8.1f%%  %-12.4f %-10.4f\n", rows[r], 100 * b[r * 3], b[r * 3 + 1],
                 b[r * 3 + 2]);
     const double *c = ki_matrix(f, SR "/candidates", 0, &R, &C);
     if (!c || C != 6) return;
