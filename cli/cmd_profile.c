@@ -15,7 +15,7 @@ typedef struct profile_args {
     const char *model, *tokenizer, *out, *device, *retrieval;
     kv_opt_strs texts; /* --text, once or more */
     long n_prompts, prompt_len, seed, retrieval_window;
-    int no_hw, quick_hw, quiet;
+    int no_hw, quick_hw, quiet, induction;
     kv_budget_args kv; /* only --kv-type (KV_BUDGET_OPTS_TYPE) */
     kv_threads_args threads;
 } profile_args;
@@ -42,6 +42,10 @@ static const kv_opt profile_opts[] = {
              "keeps a sink + recent window (the search's retrieval stage reads it)"},
     {"--retrieval-window", NULL, KV_OPT_INT, offsetof(profile_args, retrieval_window), "W", 1,
      1 << 22, .help = "tokens the cut head keeps (default: C / 8)"},
+    {"--induction", NULL, KV_OPT_FLAG, offsetof(profile_args, induction),
+     .help = "also record /heads/induction: the same cost on copies of random tokens (BOS + R "
+             "+ R, the last 8 tokens of the second copy scored), a proxy that needs no probe "
+             "file"},
     {"--no-hw", NULL, KV_OPT_FLAG, offsetof(profile_args, no_hw),
      .help = "skip the hardware measurements"},
     {"--quick-hw", NULL, KV_OPT_FLAG, offsetof(profile_args, quick_hw),
@@ -130,8 +134,8 @@ static int build_job(const profile_args *a, profile_job *j, kv_error *err) {
 
 /* Rank 0's file: provenance, the profile and (unless --no-hw) the hardware fits. */
 static int write_profile(const profile_args *a, const char *cmd, const kv_model *m,
-                         const kv_profile *pr, const kv_retrieval_heads *rh, kv_progress *prog,
-                         kv_error *err) {
+                         const kv_profile *pr, const kv_retrieval_heads *rh,
+                         const kv_retrieval_heads *ind, kv_progress *prog, kv_error *err) {
     kv_h5 *f = NULL;
     int rc = kv_h5_create(a->out, &f, err);
     if (!rc) rc = kv_h5_write_provenance(f, cmd, m, err);
@@ -153,6 +157,7 @@ static int write_profile(const profile_args *a, const char *cmd, const kv_model 
     if (!rc) rc = kv_h5_attr_i64(f, "/", "seed", a->seed, err);
     if (!rc) rc = kv_profile_write(f, pr, err);
     if (!rc && rh->nll_rise) rc = kv_retrieval_heads_write(f, rh, err);
+    if (!rc && ind->nll_rise) rc = kv_retrieval_induction_write(f, ind, err);
     if (!rc && !a->no_hw) {
         kv_hw_opts ho;
         kv_hw_opts_default(&ho, a->quick_hw);
@@ -164,19 +169,17 @@ static int write_profile(const profile_args *a, const char *cmd, const kv_model 
     return rc;
 }
 
-/* --retrieval: every KV head's retrieval cost on the full cache (rank 0). */
+/* --retrieval / --induction: every KV head's retrieval cost on the full cache, on the probe
+ * file and on copies of random tokens (rank 0). */
 static int measure_retrieval(const profile_args *a, const kv_model *m, kv_device device,
                              kv_cache_type kv_type, kv_progress *prog, kv_retrieval_heads *rh,
-                             kv_error *err) {
+                             kv_retrieval_heads *ind, kv_error *err) {
     const int C = m->cfg.seq_len;
     kv_tokenizer *tok = NULL;
     kv_probes probes = {0};
     kv_plan full = {0};
     kv_engine *e = NULL;
-    int rc = kv_tokenizer_load(a->tokenizer, m, &tok, err);
-    if (!rc) rc = kv_probes_read(a->retrieval, tok, C, &probes, err);
-    if (!rc)
-        rc = kv_plan_full(&m->cfg, C, KV_DEFAULT_BLOCK_SIZE, KV_DEFAULT_EVICT_BLOCK, KV_POLICY_SINK,
+    int rc = kv_plan_full(&m->cfg, C, KV_DEFAULT_BLOCK_SIZE, KV_DEFAULT_EVICT_BLOCK, KV_POLICY_SINK,
                           &full, err);
     if (!rc) {
         kv_plan_set_kv_type(&full, kv_type);
@@ -185,11 +188,22 @@ static int measure_retrieval(const profile_args *a, const kv_model *m, kv_device
         rc = kv_engine_new(m, &full, &eo, &e, err);
     }
     int w = a->retrieval_window ? (int)a->retrieval_window : C / 8;
-    if (!rc) rc = kv_retrieval_heads_measure(e, m, &probes, 0, w, prog, rh, err);
-    kv_progress_done(prog);
+    if (!rc && a->retrieval) {
+        rc = kv_tokenizer_load(a->tokenizer, m, &tok, err);
+        if (!rc) rc = kv_probes_read(a->retrieval, tok, C, &probes, err);
+        if (!rc) rc = kv_retrieval_heads_measure(e, m, &probes, 0, w, prog, rh, err);
+        kv_probes_free(&probes);
+        kv_progress_done(prog);
+    }
+    if (!rc && a->induction) {
+        int len = (C - 1) / 2 < 100 ? (C - 1) / 2 : 100;
+        rc = kv_probes_copy(32, len, 8, m->cfg.vocab_size, (uint64_t)a->seed + 1, &probes, err);
+        if (!rc) rc = kv_retrieval_heads_measure(e, m, &probes, 0, w, prog, ind, err);
+        kv_probes_free(&probes);
+        kv_progress_done(prog);
+    }
     kv_engine_free(e);
     kv_plan_free(&full);
-    kv_probes_free(&probes);
     kv_tokenizer_free(tok);
     return rc;
 }
@@ -251,12 +265,14 @@ int kv_cmd_profile(int argc, char **argv) {
     kv_progress_done(&prog);
     /* report: only rank 0 measures the retrieval heads, writes the file and probes the
      * hardware (the others wait, idle) */
-    kv_retrieval_heads rh;
+    kv_retrieval_heads rh, ind;
     memset(&rh, 0, sizeof rh);
-    if (!rc && rank == 0 && a.retrieval)
-        rc = measure_retrieval(&a, job.m, device, kv_type, &prog, &rh, &err);
-    if (!rc && rank == 0) rc = write_profile(&a, full_cmd, job.m, &pr, &rh, &prog, &err);
+    memset(&ind, 0, sizeof ind);
+    if (!rc && rank == 0 && (a.retrieval || a.induction))
+        rc = measure_retrieval(&a, job.m, device, kv_type, &prog, &rh, &ind, &err);
+    if (!rc && rank == 0) rc = write_profile(&a, full_cmd, job.m, &pr, &rh, &ind, &prog, &err);
     kv_retrieval_heads_free(&rh);
+    kv_retrieval_heads_free(&ind);
     if (!rc && !a.quiet && rank == 0) print_summary(&a, &pr);
     kv_profile_free(&pr);
     free(job.prompts);

@@ -79,8 +79,29 @@ static void print_search(FILE *out, const ki_file *f) {
     }
 }
 
+/* /heads/induction (profile --induction): the costliest heads on random-token copies. */
+static void print_induction(FILE *out, const ki_file *f) {
+    int L = 0, H = 0;
+    const double *v = ki_matrix(f, "/heads/induction", 0, &L, &H);
+    if (!v) return;
+    int *order = malloc((size_t)L * H * sizeof *order);
+    if (!order) return;
+    ki_order_desc(v, L * H, order);
+    fprintf(out,
+            "\ninduction proxy (copy NLL rise of BOS + R + R, nats/token, window %.0f; full cache "
+            "%.4f):\n  costliest:",
+            ki_attr_num(f, "/heads/induction", "window", NAN),
+            ki_attr_num(f, "/heads/induction", "full_nll", NAN));
+    for (int k = 0; k < L * H && k < 5; k++)
+        fprintf(out, "%s layer %d kv%d %+.4f", k ? "," : "", order[k] / H, order[k] % H,
+                v[order[k]]);
+    fputc('\n', out);
+    free(order);
+}
+
 void ki_print_retrieval(FILE *out, const ki_file *f) {
     print_heads(out, f);
+    print_induction(out, f);
     print_search(out, f);
 }
 

@@ -56,22 +56,33 @@ int kv_retrieval_heads_measure(kv_engine *e, const kv_model *m, const kv_probes 
     return rc;
 }
 
-int kv_retrieval_heads_write(kv_h5 *f, const kv_retrieval_heads *h, kv_error *err) {
+/* /heads/<name> and /heads/<name>_accuracy with their attributes. */
+static int heads_write(kv_h5 *f, const char *name, const kv_retrieval_heads *h, kv_error *err) {
     long dims[2] = {h->n_layers, h->n_kv_heads};
-    int rc = kv_h5_write_f64(f, "/heads/retrieval", 2, dims, h->nll_rise,
+    char d[64], da[80];
+    snprintf(d, sizeof d, "/heads/%s", name);
+    snprintf(da, sizeof da, "/heads/%s_accuracy", name);
+    int rc = kv_h5_write_f64(f, d, 2, dims, h->nll_rise,
                              "nats/token: rise of the probes' mean answer NLL when this head "
                              "alone keeps a sink + recent window of `window` tokens",
                              err);
     if (!rc)
-        rc = kv_h5_write_f64(f, "/heads/retrieval_accuracy", 2, dims, h->accuracy,
+        rc = kv_h5_write_f64(f, da, 2, dims, h->accuracy,
                              "fraction of the probes answered with this head cut", err);
-    const char *d = "/heads/retrieval";
     if (!rc) rc = kv_h5_attr_i64(f, d, "window", h->window, err);
     if (!rc) rc = kv_h5_attr_i64(f, d, "n_probes", h->n_probes, err);
     if (!rc) rc = kv_h5_attr_f64(f, d, "full_nll", h->full_nll, err);
     if (!rc) rc = kv_h5_attr_f64(f, d, "full_accuracy", h->full_accuracy, err);
     if (!rc) rc = kv_h5_attr_str(f, d, "probes", h->probes, err);
     return rc;
+}
+
+int kv_retrieval_heads_write(kv_h5 *f, const kv_retrieval_heads *h, kv_error *err) {
+    return heads_write(f, "retrieval", h, err);
+}
+
+int kv_retrieval_induction_write(kv_h5 *f, const kv_retrieval_heads *h, kv_error *err) {
+    return heads_write(f, "induction", h, err);
 }
 
 int kv_retrieval_heads_read(kv_h5 *f, const char *path, int n_layers, int n_kv_heads,

@@ -198,3 +198,32 @@ int kv_probes_generate(const char *text, size_t len, const kv_tokenizer *tok,
     *tsv = out_buf;
     return KV_OK;
 }
+
+int kv_probes_copy(int n, int len, int answer, int vocab, uint64_t seed, kv_probes *out,
+                   kv_error *err) {
+    memset(out, 0, sizeof *out);
+    snprintf(out->path, sizeof out->path, "(BOS + R + R copies of %d random tokens)", len);
+    if (n < 1 || answer < 1 || len <= answer || vocab <= 3)
+        return kv_fail(err, KV_EINPUT, "copy probes: need n >= 1 and len > answer >= 1");
+    const int per = 1 + 2 * len;
+    out->ids = malloc((size_t)n * per * sizeof *out->ids);
+    out->off = malloc((size_t)(n + 1) * sizeof *out->off);
+    out->n_prompt = malloc((size_t)n * sizeof *out->n_prompt);
+    if (!out->ids || !out->off || !out->n_prompt) {
+        kv_probes_free(out);
+        return kv_fail(err, KV_EINTERNAL, "out of memory: copy probes");
+    }
+    uint64_t rng = seed * 0x9E3779B97F4A7C15ULL + 7;
+    for (int i = 0; i < n; i++) {
+        int *ids = out->ids + (long)i * per;
+        ids[0] = 1; /* BOS of llama2.c / SentencePiece vocabularies */
+        for (int k = 0; k < len; k++)
+            ids[1 + k] = ids[1 + len + k] = 3 + (int)(rng_next(&rng) % (uint64_t)(vocab - 3));
+        out->off[i] = (long)i * per;
+        out->n_prompt[i] = per - answer;
+    }
+    out->off[n] = (long)n * per;
+    out->n = n;
+    out->max_len = per;
+    return KV_OK;
+}

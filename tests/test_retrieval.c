@@ -162,6 +162,32 @@ static void test_heads(void) {
     kv_retrieval_heads_free(&h);
 }
 
+/* The proxy without a probe file: random-token copies rank layer 4 KV heads 0 and 2 (the
+ * pass-key heads) first. */
+static void test_induction(void) {
+    kv_probes p;
+    kv_retrieval_heads h;
+    kv_error e = {0};
+    CU_ASSERT_EQUAL_FATAL(kv_probes_copy(8, 100, 8, g_m->cfg.vocab_size, 1, &p, &e), KV_OK);
+    CU_ASSERT_EQUAL(p.max_len, 201);
+    CU_ASSERT_EQUAL(p.n_prompt[0], 193);
+    CU_ASSERT_EQUAL(p.ids[1], p.ids[101]);
+    CU_ASSERT_EQUAL_FATAL(kv_retrieval_heads_measure(g_e, g_m, &p, 0, 32, NULL, &h, &e), KV_OK);
+    int order[2] = {-1, -1};
+    for (int i = 0; i < 20; i++) {
+        if (order[0] < 0 || h.nll_rise[i] > h.nll_rise[order[0]])
+            order[1] = order[0], order[0] = i;
+        else if (order[1] < 0 || h.nll_rise[i] > h.nll_rise[order[1]])
+            order[1] = i;
+    }
+    CU_ASSERT_EQUAL(order[0], 16);
+    CU_ASSERT_EQUAL(order[1], 18);
+    CU_ASSERT(h.nll_rise[16] > 1.0);
+    kv_retrieval_heads_free(&h);
+    kv_probes_free(&p);
+    CU_ASSERT_EQUAL(kv_probes_copy(8, 8, 8, 512, 1, &p, &e), KV_EINPUT);
+}
+
 /* Generated probes: from the stories after 90 % of the file (a calibration from the first 90 %
  * never saw them), the key sentence inside, deterministic per seed, and answered by the full
  * cache. */
@@ -322,6 +348,7 @@ int main(int argc, char **argv) {
         {"parse_errors", test_parse_errors},
         {"full_and_uniform", test_full_and_uniform},
         {"heads", test_heads},
+        {"induction", test_induction},
         {"generate", test_generate},
         {"stage", test_stage},
         {"cli", test_cli},

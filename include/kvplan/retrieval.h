@@ -109,6 +109,8 @@ void kv_retrieval_heads_free(kv_retrieval_heads *h);
  * /heads/retrieval_accuracy [L, H_kv], with attributes window, n_probes, full_nll,
  * full_accuracy, probes, units. */
 int kv_retrieval_heads_write(kv_h5 *f, const kv_retrieval_heads *h, kv_error *err);
+/* The same for the copy probes' proxy: /heads/induction and /heads/induction_accuracy. */
+int kv_retrieval_induction_write(kv_h5 *f, const kv_retrieval_heads *h, kv_error *err);
 /* Read them back from an open profile (KV_EINPUT when absent or of another shape than
  * [n_layers, n_kv_heads]); *found = 0 and KV_OK when the profile has no /heads/retrieval. */
 int kv_retrieval_heads_read(kv_h5 *f, const char *path, int n_layers, int n_kv_heads,
@@ -137,6 +139,14 @@ void kv_probe_gen_opts_default(kv_probe_gen_opts *o, int context);
  * KV_EINPUT when the range holds fewer than 2 stories or no prompt fits the context. */
 int kv_probes_generate(const char *text, size_t len, const kv_tokenizer *tok,
                        const kv_probe_gen_opts *o, char **tsv, kv_error *err);
+
+/* Copy probes, the proxy that needs no probe file (an induction score): n sequences
+ * BOS (id 1) + R + R of `len` random ids uniform in [3, vocab) each, scored on the last
+ * `answer` tokens of the second copy (prompt: BOS + R + R minus them). A head that the copy
+ * needs loses it when cut to a window shorter than len. KV_EINPUT for n < 1 or
+ * len <= answer < 1. Fills *out (kv_probes_free). */
+int kv_probes_copy(int n, int len, int answer, int vocab, uint64_t seed, kv_probes *out,
+                   kv_error *err);
 
 /* The search stage (see the top of this file). */
 #define KV_RETRIEVAL_MAX_CAND 12
