@@ -341,6 +341,54 @@ static void test_cli(void) {
     kv_probes_free(&p);
 }
 
+/* `kvplan search --retrieval` end to end, small: a uniform grid at R = 1/4 of F16 tokens only on
+ * 2 chunks, the stage on 40 probes; the plan file records /search/retrieval, and `kvplan eval
+ * --plan` re-earns the stage's accuracy on those probes. */
+static void test_search_cli(void) {
+    char args[4096], *out = NULL;
+    const char *probes = tu_tmp("p40.tsv"), *prof = tu_tmp("prof.h5"), *plan = tu_tmp("r.h5");
+    snprintf(args, sizeof args, "head -n %d '%s' > '%s'", NP, tu_shared(CALIB), probes);
+    CU_ASSERT_EQUAL_FATAL(tu_run_sh(args, NULL), 0);
+    snprintf(args, sizeof args, "profile %s --tokenizer %s --no-hw --prompts 2 --quiet -o %s",
+             tu_shared(MODEL), tu_shared(TOK), prof);
+    CU_ASSERT_EQUAL_FATAL(tu_run_kvplan(args, NULL, 1), 0);
+    snprintf(args, sizeof args,
+             "search --profile %s --model %s --tokenizer %s --text %s --ratio 0.25 "
+             "--allocation uniform --kv-types none --eval-tokens 512 --heldout-tokens 0 "
+             "--sens-levels 4 --retrieval %s --quiet -o %s",
+             prof, tu_shared(MODEL), tu_shared(TOK), tu_shared(TEXT), probes, plan);
+    int rc = tu_run_kvplan(args, &out, 1);
+    if (rc) fprintf(stderr, "%s\n", out ? out : "");
+    CU_ASSERT_EQUAL_FATAL(rc, 0);
+    CU_ASSERT(out && strstr(out, "decision: retrieval"));
+    free(out);
+    kv_h5 *f = NULL;
+    kv_error e = {0};
+    double acc = NAN;
+    long chosen = -2;
+    CU_ASSERT_EQUAL_FATAL(kv_h5_open_read(plan, &f, &e), KV_OK);
+    CU_ASSERT_EQUAL(kv_h5_read_attr_i64(f, "/search/retrieval", "chosen", &chosen, &e), KV_OK);
+    int rank = 0;
+    long dims[KV_H5_MAX_RANK];
+    double *b = NULL;
+    CU_ASSERT_EQUAL(kv_h5_read_f64(f, "/search/retrieval/baselines", &rank, dims, &b, &e), KV_OK);
+    kv_h5_close(f);
+    CU_ASSERT(chosen >= 0);
+    CU_ASSERT_FATAL(b && rank == 2 && dims[0] == 4 && dims[1] == 3);
+    acc = b[3 * 3];
+    CU_ASSERT(acc >= b[0] - 0.05);
+    free(b);
+    snprintf(args, sizeof args, "eval %s --tokenizer %s --retrieval %s --plan %s --json --quiet",
+             tu_shared(MODEL), tu_shared(TOK), probes, plan);
+    CU_ASSERT_EQUAL(tu_run_kvplan(args, &out, 0), 0);
+    CU_ASSERT_DOUBLE_EQUAL(tu_json_number(out, "retrieval_accuracy"), acc, 1e-9);
+    free(out);
+    snprintf(args, sizeof args, "inspect %s", plan);
+    CU_ASSERT_EQUAL(tu_run_kvplan(args, &out, 0), 0);
+    CU_ASSERT(out && strstr(out, "retrieval (40 probes, tolerance 5 points)"));
+    free(out);
+}
+
 int main(int argc, char **argv) {
     setenv("OPENBLAS_NUM_THREADS", "1", 1);
     static const tu_test tests[] = {
@@ -351,6 +399,7 @@ int main(int argc, char **argv) {
         {"induction", test_induction},
         {"generate", test_generate},
         {"stage", test_stage},
+        {"search_cli", test_search_cli},
         {"cli", test_cli},
     };
     static const tu_suite suites[] = {
