@@ -148,7 +148,7 @@ int kv_retrieval_write(kv_h5 *f, const kv_retrieval_result *r, kv_error *err) {
     if (!rc && r->n_cand)
         rc = kv_h5_write_f64(f, "/search/retrieval/candidates", 2, d2, cand,
                              "see the columns attribute", err);
-    if (!rc)
+    if (!rc && r->heads.nll_rise)
         rc = kv_h5_write_f64(f, "/search/retrieval/heads", 2, d3, r->heads.nll_rise,
                              "nats/token: answer NLL rise with the head cut to the window", err);
     if (!rc)

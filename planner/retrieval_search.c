@@ -253,6 +253,7 @@ static int stage_heads(stage *s, const kv_retrieval_opts *ro, kv_retrieval_resul
     if (ro->heads) {
         kv_retrieval_heads *h = &rr->heads;
         *h = *ro->heads;
+        snprintf(h->probes, sizeof h->probes, "%s", s->probes->path);
         h->nll_rise = kv_malloc((size_t)s->nh * sizeof *h->nll_rise, "retrieval heads", err);
         h->accuracy = kv_malloc((size_t)s->nh * sizeof *h->accuracy, "retrieval heads", err);
         if (!h->nll_rise || !h->accuracy) return KV_EINTERNAL;
@@ -329,6 +330,7 @@ int kv_retrieval_search(const kv_model *m, const int *ids, int n_chunks,
     memset(rr, 0, sizeof *rr);
     rr->tolerance = ro->tolerance;
     rr->chosen = -1;
+    snprintf(rr->heads.probes, sizeof rr->heads.probes, "%s", probes->path);
     if (!res->kv_types)
         return kv_fail(err, KV_EINPUT, "retrieval: the search result has no per-head KV types");
     stage s;

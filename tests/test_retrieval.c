@@ -295,6 +295,10 @@ static void test_stage(void) {
     CU_ASSERT(rr.guard.accuracy <= 0.2);
     CU_ASSERT(rr.full.accuracy >= 0.95);
     CU_ASSERT_EQUAL(res.tokens[0], 64);
+    kv_h5 *f = NULL; /* the record of a kept plan: no candidates, no heads */
+    CU_ASSERT_EQUAL_FATAL(kv_h5_create(tu_tmp("kept.h5"), &f, &e), KV_OK);
+    CU_ASSERT_EQUAL(kv_retrieval_write(f, &rr, &e), KV_OK);
+    kv_h5_abort(f);
     kv_retrieval_result_free(&rr);
     ro.tolerance = 0.05;
     rc = kv_retrieval_search(g_m, ids, 2, &so, &p, &ro, 16, &res, &rr, &e);
