@@ -14,6 +14,7 @@
 int kv_cmd_run(int argc, char **argv);
 int kv_cmd_eval(int argc, char **argv);
 int kv_cmd_tokenize(int argc, char **argv);
+int kv_cmd_probes(int argc, char **argv);
 int kv_cmd_profile(int argc, char **argv);
 int kv_cmd_search(int argc, char **argv);
 int kv_cmd_plan(int argc, char **argv);
@@ -24,7 +25,8 @@ int kv_cmd_serve(int argc, char **argv);
 
 /* Each command's options (cli/cmd_*.c): the tables its parser and --help are made from. */
 extern const kv_cli_spec kv_spec_run, kv_spec_eval, kv_spec_tokenize, kv_spec_profile,
-    kv_spec_search, kv_spec_plan, kv_spec_kvpr, kv_spec_batch, kv_spec_inspect, kv_spec_serve;
+    kv_spec_search, kv_spec_plan, kv_spec_kvpr, kv_spec_batch, kv_spec_inspect, kv_spec_serve,
+    kv_spec_probes;
 
 /* kv_model_load. (OpenBLAS's thread count is no longer chosen here: the CPU backend runs every
  * BLAS call on one thread of its own pool, --threads, so OpenBLAS is set to one thread when

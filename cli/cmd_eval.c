@@ -7,9 +7,10 @@
 
 #include "cli.h"
 #include "kvplan/eval.h"
+#include "kvplan/retrieval.h"
 
 typedef struct eval_args {
-    const char *model, *tokenizer, *text, *tokens;
+    const char *model, *tokenizer, *text, *tokens, *retrieval;
     long context, max_tokens;
     int json, quiet;
     kv_budget_args budget;
@@ -29,6 +30,10 @@ static const kv_opt eval_opts[] = {
      .help = "tokens per chunk (default: the model's context)"},
     {"--max-tokens", NULL, KV_OPT_INT, offsetof(eval_args, max_tokens), "N", 2, 1099511627776.0,
      .help = "use only the first N tokens (default: all)"},
+    {"--retrieval", NULL, KV_OPT_STR, offsetof(eval_args, retrieval), "FILE",
+     .help = "retrieval probes (TSV: prompt, tab, answer; docs/retrieval.md): prints the share "
+             "whose greedy continuation starts with the answer and the answer's mean NLL; "
+             "alone or with --text / --tokens"},
     {"--json", NULL, KV_OPT_FLAG, offsetof(eval_args, json),
      .help = "one JSON object on the last line"},
     {"--quiet", NULL, KV_OPT_FLAG, offsetof(eval_args, quiet), .help = "no progress on stderr"},
@@ -36,7 +41,7 @@ static const kv_opt eval_opts[] = {
 
 const kv_cli_spec kv_spec_eval = {
     "eval",
-    "usage: kvplan eval MODEL (--text FILE | --tokens FILE) [--tokenizer TOK]\n"
+    "usage: kvplan eval MODEL (--text FILE | --tokens FILE | --retrieval FILE) [--tokenizer TOK]\n"
     "                   [--context C] [--max-tokens N] [--json] [--quiet] [budget options]\n",
     "Perplexity: the text is tokenized once (BOS first) or read as whitespace-separated\n"
     "ids, cut into consecutive chunks of C tokens (default: the model's context), a\n"
@@ -110,7 +115,7 @@ static int load_ids(const eval_args *a, const kv_model *m, kv_tokenizer **tok, i
 }
 
 static void print_result(const kv_model *m, const kv_plan *plan, const kv_engine *eng, int C,
-                         const kv_eval_result *res, int json) {
+                         const kv_eval_result *res, const kv_probe_score *ps, int json) {
     int budgeted = !plan->full;
     printf("model        %s (%s, %d layers, %d heads, %d KV heads)\n", m->path, m->format,
            m->cfg.n_layers, m->cfg.n_heads, m->cfg.n_kv_heads);
@@ -119,23 +124,35 @@ static void print_result(const kv_model *m, const kv_plan *plan, const kv_engine
         printf(" (ratio %.4g, policy %s%s, p %d, b_s %d)", plan->ratio,
                kv_policy_name(plan->policy), kv_plan_mixed_policies(plan) ? " and per-head" : "",
                plan->evict_block, plan->block_size);
-    printf(", device %s", kv_device_name(kv_engine_device(eng)));
-    printf("\nperplexity   %.6f\nnll          %.6f nats/token\ntokens       %ld scored "
-           "in %d chunks of %d\nspeed        %.0f tokens/s\nkv bytes     %zu peak / %zu full "
-           "(%.4f)\n",
-           res->perplexity, res->nll, res->tokens_scored, res->chunks, C, res->tokens_per_s,
-           res->kv_bytes_peak, res->kv_bytes_full,
-           (double)res->kv_bytes_peak / (double)res->kv_bytes_full);
+    printf(", device %s\n", kv_device_name(kv_engine_device(eng)));
+    if (res)
+        printf("perplexity   %.6f\nnll          %.6f nats/token\ntokens       %ld scored "
+               "in %d chunks of %d\nspeed        %.0f tokens/s\nkv bytes     %zu peak / %zu full "
+               "(%.4f)\n",
+               res->perplexity, res->nll, res->tokens_scored, res->chunks, C, res->tokens_per_s,
+               res->kv_bytes_peak, res->kv_bytes_full,
+               (double)res->kv_bytes_peak / (double)res->kv_bytes_full);
+    if (ps)
+        printf("retrieval    accuracy %.2f%% (%d of %d probes), answer NLL %.4f nats/token\n",
+               100 * ps->accuracy, ps->hits, ps->n, ps->nll);
     if (!json) return;
     cJSON *j = cJSON_CreateObject();
-    cJSON_AddNumberToObject(j, "perplexity", res->perplexity);
-    cJSON_AddNumberToObject(j, "nll", res->nll);
-    cJSON_AddNumberToObject(j, "tokens_scored", (double)res->tokens_scored);
-    cJSON_AddNumberToObject(j, "chunks", res->chunks);
+    if (res) {
+        cJSON_AddNumberToObject(j, "perplexity", res->perplexity);
+        cJSON_AddNumberToObject(j, "nll", res->nll);
+        cJSON_AddNumberToObject(j, "tokens_scored", (double)res->tokens_scored);
+        cJSON_AddNumberToObject(j, "chunks", res->chunks);
+        cJSON_AddNumberToObject(j, "tokens_per_s", res->tokens_per_s);
+        cJSON_AddNumberToObject(j, "kv_bytes_peak", (double)res->kv_bytes_peak);
+        cJSON_AddNumberToObject(j, "kv_bytes_full", (double)res->kv_bytes_full);
+    }
+    if (ps) {
+        cJSON_AddNumberToObject(j, "retrieval_accuracy", ps->accuracy);
+        cJSON_AddNumberToObject(j, "retrieval_nll", ps->nll);
+        cJSON_AddNumberToObject(j, "retrieval_hits", ps->hits);
+        cJSON_AddNumberToObject(j, "retrieval_probes", ps->n);
+    }
     cJSON_AddNumberToObject(j, "context", C);
-    cJSON_AddNumberToObject(j, "tokens_per_s", res->tokens_per_s);
-    cJSON_AddNumberToObject(j, "kv_bytes_peak", (double)res->kv_bytes_peak);
-    cJSON_AddNumberToObject(j, "kv_bytes_full", (double)res->kv_bytes_full);
     cJSON_AddNumberToObject(j, "ratio", plan->ratio);
     cJSON_AddStringToObject(j, "policy", budgeted ? kv_policy_name(plan->policy) : "full");
     cJSON_AddStringToObject(j, "device", kv_device_name(kv_engine_device(eng)));
@@ -145,16 +162,26 @@ static void print_result(const kv_model *m, const kv_plan *plan, const kv_engine
     cJSON_Delete(j);
 }
 
+/* The probes of --retrieval, tokenized with the --tokenizer or the model's. */
+static int load_probes(const eval_args *a, const kv_model *m, kv_tokenizer **tok, int C,
+                       kv_probes *probes, kv_error *err) {
+    int rc = KV_OK;
+    if (!*tok) rc = kv_tokenizer_load(a->tokenizer, m, tok, err);
+    if (!rc) rc = kv_probes_read(a->retrieval, *tok, C, probes, err);
+    return rc;
+}
+
 int kv_cmd_eval(int argc, char **argv) {
     eval_args a = {0};
     int code = kv_cli_parse(&kv_spec_eval, argc, argv, &a);
     if (code >= 0) return code;
-    if (!a.model || (!a.text == !a.tokens)) {
-        fprintf(stderr, "kvplan eval: MODEL and exactly one of --text / --tokens are required\n");
+    if (!a.model || (a.text && a.tokens) || (!a.text && !a.tokens && !a.retrieval)) {
+        fprintf(stderr, "kvplan eval: MODEL and one of --text / --tokens, or --retrieval, are "
+                        "required\n");
         kv_cli_help(&kv_spec_eval, stderr);
         return 1;
     }
-    /* build: model, token ids, plan, engine */
+    /* build: model, token ids, probes, plan, engine */
     kv_error err = {0};
     kv_model *m = NULL;
     kv_tokenizer *tok = NULL;
@@ -162,32 +189,37 @@ int kv_cmd_eval(int argc, char **argv) {
     long n = 0;
     kv_plan plan = {0};
     kv_engine *eng = NULL;
+    kv_probes probes = {0};
     kv_device device = KV_DEVICE_AUTO;
     int rc = kv_cli_load_model(a.model, &m, &err);
     if (!rc) rc = kv_cli_blas_ready(&err);
-    if (!rc) rc = load_ids(&a, m, &tok, &ids, &n, &err);
+    if (!rc && (a.text || a.tokens)) rc = load_ids(&a, m, &tok, &ids, &n, &err);
     int C = m ? (a.context ? (int)a.context : m->cfg.seq_len) : 0;
     if (!rc && C > m->cfg.seq_len)
         rc = kv_fail(&err, KV_EINPUT, "--context %d exceeds the model's context %d", C,
                      m->cfg.seq_len);
+    if (!rc && a.retrieval) rc = load_probes(&a, m, &tok, C, &probes, &err);
     if (!rc) rc = kv_budget_args_plan(&a.budget, m, C, &plan, &device, &err);
     if (!rc) {
         kv_engine_opts eo = {
             .device = device, .max_seqs = 1, .n_threads = kv_threads_args_count(&a.threads)};
         rc = kv_engine_new(m, &plan, &eo, &eng, &err);
     }
-    /* run: budgeted perplexity over the chunks */
+    /* run: budgeted perplexity over the chunks, then the probes */
     kv_eval_result res;
+    kv_probe_score ps;
     kv_progress prog;
     kv_progress_init(&prog, a.quiet);
-    if (!rc) {
+    if (!rc && ids) {
         rc = kv_eval_engine(eng, ids, n, 0, &prog, &res, &err);
         kv_progress_done(&prog);
     }
+    if (!rc && a.retrieval) rc = kv_probes_eval(eng, m, &probes, 0, 0, NULL, NULL, NULL, &ps, &err);
     /* report */
-    if (!rc) print_result(m, &plan, eng, C, &res, a.json);
+    if (!rc) print_result(m, &plan, eng, C, ids ? &res : NULL, a.retrieval ? &ps : NULL, a.json);
     kv_engine_free(eng);
     kv_plan_free(&plan);
+    kv_probes_free(&probes);
     free(ids);
     kv_tokenizer_free(tok);
     kv_model_free(m);

@@ -7,14 +7,15 @@
 #include "cli.h"
 #include "kvplan/h5io.h"
 #include "kvplan/profiler.h"
+#include "kvplan/retrieval.h"
 #include "kvplan/tasks.h"
 #include "kvplan/tokenizer.h"
 
 typedef struct profile_args {
-    const char *model, *tokenizer, *out, *device;
+    const char *model, *tokenizer, *out, *device, *retrieval;
     kv_opt_strs texts; /* --text, once or more */
-    long n_prompts, prompt_len, seed;
-    int no_hw, quick_hw, quiet;
+    long n_prompts, prompt_len, seed, retrieval_window;
+    int no_hw, quick_hw, quiet, induction;
     kv_budget_args kv; /* only --kv-type (KV_BUDGET_OPTS_TYPE) */
     kv_threads_args threads;
 } profile_args;
@@ -35,6 +36,16 @@ static const kv_opt profile_opts[] = {
      .def = "256", .help = "tokens per prompt (at most the model's context)"},
     {"--seed", NULL, KV_OPT_INT, offsetof(profile_args, seed), "S", 0, 9.3e18, .def = "0",
      .help = "seed of the prompt picking"},
+    {"--retrieval", NULL, KV_OPT_STR, offsetof(profile_args, retrieval), "FILE",
+     .help = "retrieval probes (TSV: prompt, tab, answer; docs/retrieval.md): records "
+             "/heads/retrieval, the rise of the probes' answer NLL when each KV head alone "
+             "keeps a sink + recent window (the search's retrieval stage reads it)"},
+    {"--retrieval-window", NULL, KV_OPT_INT, offsetof(profile_args, retrieval_window), "W", 1,
+     1 << 22, .help = "tokens the cut head keeps (default: C / 8)"},
+    {"--induction", NULL, KV_OPT_FLAG, offsetof(profile_args, induction),
+     .help = "also record /heads/induction: the same cost on copies of random tokens (BOS + R "
+             "+ R, the last 8 tokens of the second copy scored), a proxy that needs no probe "
+             "file"},
     {"--no-hw", NULL, KV_OPT_FLAG, offsetof(profile_args, no_hw),
      .help = "skip the hardware measurements"},
     {"--quick-hw", NULL, KV_OPT_FLAG, offsetof(profile_args, quick_hw),
@@ -90,9 +101,10 @@ static int pick_from_text(const profile_args *a, kv_tokenizer *tok, const char *
 
 static int build_job(const profile_args *a, profile_job *j, kv_error *err) {
     kv_tokenizer *tok = NULL;
-    const char *inputs[2 + KV_OPT_MAX_STRS] = {a->model, a->tokenizer};
-    for (int t = 0; t < a->texts.n; t++) inputs[2 + t] = a->texts.v[t];
-    int rc = kv_check_output(a->out, "-o", inputs, 2 + a->texts.n, err);
+    const char *inputs[3 + KV_OPT_MAX_STRS] = {a->model, a->tokenizer, a->retrieval};
+    for (int t = 0; t < a->texts.n; t++) inputs[3 + t] = a->texts.v[t];
+    int rc = kv_check_output(a->out, "-o", inputs, 3 + a->texts.n, err);
+    if (!rc && a->retrieval) rc = kv_check_regular(a->retrieval, "probe file", err);
     for (int t = 0; t < a->texts.n && !rc; t++) rc = kv_check_regular(a->texts.v[t], "text", err);
     if (!rc && a->texts.n > a->n_prompts)
         rc = kv_fail(err, KV_EINPUT, "%d texts need at least as many --prompts (got %ld)",
@@ -122,7 +134,8 @@ static int build_job(const profile_args *a, profile_job *j, kv_error *err) {
 
 /* Rank 0's file: provenance, the profile and (unless --no-hw) the hardware fits. */
 static int write_profile(const profile_args *a, const char *cmd, const kv_model *m,
-                         const kv_profile *pr, kv_progress *prog, kv_error *err) {
+                         const kv_profile *pr, const kv_retrieval_heads *rh,
+                         const kv_retrieval_heads *ind, kv_progress *prog, kv_error *err) {
     kv_h5 *f = NULL;
     int rc = kv_h5_create(a->out, &f, err);
     if (!rc) rc = kv_h5_write_provenance(f, cmd, m, err);
@@ -143,6 +156,8 @@ static int write_profile(const profile_args *a, const char *cmd, const kv_model 
     free(texts);
     if (!rc) rc = kv_h5_attr_i64(f, "/", "seed", a->seed, err);
     if (!rc) rc = kv_profile_write(f, pr, err);
+    if (!rc && rh->nll_rise) rc = kv_retrieval_heads_write(f, rh, err);
+    if (!rc && ind->nll_rise) rc = kv_retrieval_induction_write(f, ind, err);
     if (!rc && !a->no_hw) {
         kv_hw_opts ho;
         kv_hw_opts_default(&ho, a->quick_hw);
@@ -151,6 +166,45 @@ static int write_profile(const profile_args *a, const char *cmd, const kv_model 
     }
     if (!rc) return kv_h5_commit(f, err);
     if (f) kv_h5_abort(f);
+    return rc;
+}
+
+/* --retrieval / --induction: every KV head's retrieval cost on the full cache, on the probe
+ * file and on copies of random tokens (rank 0). */
+static int measure_retrieval(const profile_args *a, const kv_model *m, kv_device device,
+                             kv_cache_type kv_type, kv_progress *prog, kv_retrieval_heads *rh,
+                             kv_retrieval_heads *ind, kv_error *err) {
+    const int C = m->cfg.seq_len;
+    kv_tokenizer *tok = NULL;
+    kv_probes probes = {0};
+    kv_plan full = {0};
+    kv_engine *e = NULL;
+    int rc = kv_plan_full(&m->cfg, C, KV_DEFAULT_BLOCK_SIZE, KV_DEFAULT_EVICT_BLOCK, KV_POLICY_SINK,
+                          &full, err);
+    if (!rc) {
+        kv_plan_set_kv_type(&full, kv_type);
+        kv_engine_opts eo = {
+            .device = device, .max_seqs = 1, .n_threads = kv_threads_args_count(&a->threads)};
+        rc = kv_engine_new(m, &full, &eo, &e, err);
+    }
+    int w = a->retrieval_window ? (int)a->retrieval_window : C / 8;
+    if (!rc && a->retrieval) {
+        rc = kv_tokenizer_load(a->tokenizer, m, &tok, err);
+        if (!rc) rc = kv_probes_read(a->retrieval, tok, C, &probes, err);
+        if (!rc) rc = kv_retrieval_heads_measure(e, m, &probes, 0, w, prog, rh, err);
+        kv_probes_free(&probes);
+        kv_progress_done(prog);
+    }
+    if (!rc && a->induction) {
+        int len = (C - 1) / 2 < 100 ? (C - 1) / 2 : 100;
+        rc = kv_probes_copy(32, len, 8, m->cfg.vocab_size, (uint64_t)a->seed + 1, &probes, err);
+        if (!rc) rc = kv_retrieval_heads_measure(e, m, &probes, 0, w, prog, ind, err);
+        kv_probes_free(&probes);
+        kv_progress_done(prog);
+    }
+    kv_engine_free(e);
+    kv_plan_free(&full);
+    kv_tokenizer_free(tok);
     return rc;
 }
 
@@ -209,8 +263,16 @@ int kv_cmd_profile(int argc, char **argv) {
                                   kv_threads_args_count(&a.threads), kv_type, tasks, &pr, &prog,
                                   &err);
     kv_progress_done(&prog);
-    /* report: only rank 0 writes the file and probes the hardware (the others wait, idle) */
-    if (!rc && rank == 0) rc = write_profile(&a, full_cmd, job.m, &pr, &prog, &err);
+    /* report: only rank 0 measures the retrieval heads, writes the file and probes the
+     * hardware (the others wait, idle) */
+    kv_retrieval_heads rh, ind;
+    memset(&rh, 0, sizeof rh);
+    memset(&ind, 0, sizeof ind);
+    if (!rc && rank == 0 && (a.retrieval || a.induction))
+        rc = measure_retrieval(&a, job.m, device, kv_type, &prog, &rh, &ind, &err);
+    if (!rc && rank == 0) rc = write_profile(&a, full_cmd, job.m, &pr, &rh, &ind, &prog, &err);
+    kv_retrieval_heads_free(&rh);
+    kv_retrieval_heads_free(&ind);
     if (!rc && !a.quiet && rank == 0) print_summary(&a, &pr);
     kv_profile_free(&pr);
     free(job.prompts);

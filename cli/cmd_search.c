@@ -8,6 +8,7 @@
 
 #include "cli.h"
 #include "kvplan/h5io.h"
+#include "kvplan/retrieval.h"
 #include "kvplan/search.h"
 #include "kvplan/tokenizer.h"
 #include "plan_args.h"
@@ -23,6 +24,8 @@ typedef struct search_args {
     kv_opt_strs texts;
     const char *text_list, *text_objective;
     const char *tokenizer, *t_grid, *r_grid, *p_grid, *sens_objective, *sens_policies, *kv_types;
+    const char *retrieval;
+    double retrieval_tol;
     long eval_tokens, heldout_tokens, halving, calib, levels, rounds, sbatch;
     int resume;
     kv_plan_args a;
@@ -80,6 +83,14 @@ static const kv_opt search_opts[] = {
              "type per head at the plan's bytes), and whose uniform caches at the plan's bytes "
              "are evaluated on the search and held-out tokens into /search/kv_types (default: "
              "f16,q8,q4; f32 only when listed; `none`: every head --kv-type, no baselines)"},
+    {"--retrieval", NULL, KV_OPT_STR, offsetof(search_args, retrieval), "FILE",
+     .help = "retrieval probes (TSV: prompt, tab, answer; docs/retrieval.md): after the guard, "
+             "a plan whose probe accuracy is more than --retrieval-tolerance below the full "
+             "cache's is replaced by the best plan of the retrieval stage (knapsacks with the "
+             "heads' retrieval cost, retrieval heads whole), recorded in /search/retrieval"},
+    {"--retrieval-tolerance", NULL, KV_OPT_NUM, offsetof(search_args, retrieval_tol), "POINTS", 0,
+     100, .def = "5",
+     .help = "probe accuracy (percentage points) a plan may lose against the full cache"},
     {"--resume", NULL, KV_OPT_FLAG, offsetof(search_args, resume),
      .help = "continue a killed run from its task log PLAN.h5.tasks (written as the run goes, "
              "removed when it finishes)"},
@@ -201,6 +212,7 @@ typedef struct search_job {
     kv_robust_objective text_objective;
     char text_sha[65]; /* SHA-256 of the text's bytes and of its token ids (task-log key) */
     char ids_sha[65];
+    kv_probes probes; /* --retrieval's, tokenized (n = 0 without) */
 } search_job;
 
 static void job_free(search_job *j) {
@@ -211,6 +223,7 @@ static void job_free(search_job *j) {
     free(j->rv);
     free(j->pv);
     kv_profile_inputs_free(&j->prof);
+    kv_probes_free(&j->probes);
     kv_model_free(j->m);
 }
 
@@ -279,14 +292,24 @@ static int tokenize_text(const search_args *s, search_job *j, kv_error *err) {
     return rc;
 }
 
+/* --retrieval's probes, tokenized with the text's tokenizer; refused before the search when a
+ * probe does not fit the context. */
+static int read_probes(const search_args *s, search_job *j, kv_error *err) {
+    kv_tokenizer *tok = NULL;
+    int rc = kv_tokenizer_load(s->tokenizer, j->m, &tok, err);
+    if (!rc) rc = kv_probes_read(s->retrieval, tok, j->ap.context, &j->probes, err);
+    kv_tokenizer_free(tok);
+    return rc;
+}
+
 static int build_job(search_args *s, search_job *j, kv_error *err) {
     kv_plan_args *a = &s->a;
     /* the text and tokenizer are inputs too: checked before the (long) search starts */
     int rc = collect_texts(s, j, err);
-    const char *inputs[4 + KV_ROBUST_MAX_TEXTS] = {a->model, a->profile, s->tokenizer,
-                                                   s->text_list};
-    for (int t = 0; t < j->n_texts; t++) inputs[4 + t] = j->text_names[t];
-    if (!rc && a->out) rc = kv_check_output(a->out, "-o", inputs, 4 + j->n_texts, err);
+    const char *inputs[5 + KV_ROBUST_MAX_TEXTS] = {a->model, a->profile, s->tokenizer, s->text_list,
+                                                   s->retrieval};
+    for (int t = 0; t < j->n_texts; t++) inputs[5 + t] = j->text_names[t];
+    if (!rc && a->out) rc = kv_check_output(a->out, "-o", inputs, 5 + j->n_texts, err);
     if (!rc) rc = kv_robust_objective_parse(s->text_objective, &j->text_objective, err);
     if (!rc && s->tokenizer) rc = kv_check_regular(s->tokenizer, "tokenizer", err);
     /* --allocation both (default) / sensitivity / a grid allocation */
@@ -314,6 +337,7 @@ static int build_job(search_args *s, search_job *j, kv_error *err) {
         rc = kv_grid_parse(ps, "--p-grid", 0.0, 1.0, &j->pv, &j->np, err);
     }
     if (!rc) rc = tokenize_text(s, j, err);
+    if (!rc && s->retrieval) rc = read_probes(s, j, err);
     return rc;
 }
 
@@ -470,6 +494,19 @@ static void print_texts(const kv_robust_result *r) {
                                    "/search/texts@decision");
 }
 
+static void print_retrieval(const kv_retrieval_result *r) {
+    printf("retrieval    %-10s %-10s %-10s %-10s %-10s (%d probes, tolerance %.0f points)\n", "",
+           "full", "uniform", "ppl plan", "the plan", r->full.n, 100 * r->tolerance);
+    printf("             %-10s %-10.1f %-10.1f %-10.1f %-10.1f\n", "accuracy %",
+           100 * r->full.accuracy, 100 * r->uniform.accuracy, 100 * r->guard.accuracy,
+           100 * r->plan.accuracy);
+    printf("             %-10s %-10.4f %-10.4f %-10.4f %-10.4f\n", "answer NLL", r->full.nll,
+           r->uniform.nll, r->guard.nll, r->plan.nll);
+    printf("             %-10s %-10.4f %-10.4f %-10.4f %-10.4f\n", "search ppl", r->full_ppl,
+           r->uniform_ppl, r->guard_ppl, r->plan_ppl);
+    printf("             decision: %s\n", r->decision);
+}
+
 static void print_result(const search_args *s, const search_job *j, const kv_alloc_params *ap,
                          const kv_search_opts *so, const kv_search_result *res) {
     const kv_model *m = j->m;
@@ -530,6 +567,7 @@ static void print_result(const search_args *s, const search_job *j, const kv_all
         printf("\n");
     }
     if (res->robust) print_texts(res->robust);
+    if (res->retrieval) print_retrieval(res->retrieval);
     if (res->identical_to_uniform)
         fprintf(stderr,
                 "kvplan search: note: the plan is identical to the uniform plan (every head "
@@ -542,6 +580,33 @@ static void print_result(const search_args *s, const search_job *j, const kv_all
                res->best_chunks, res->search_chunks);
 }
 
+/* The retrieval stage (--retrieval) after the guard, with the profile's /heads/retrieval when
+ * it has them (else the stage measures the heads). */
+static int run_retrieval(const search_args *s, const search_job *j, const kv_search_opts *so,
+                         kv_search_result *res, kv_retrieval_result *rr, kv_error *err) {
+    kv_retrieval_heads heads;
+    memset(&heads, 0, sizeof heads);
+    int found = 0, rc = KV_OK;
+    if (s->a.profile) {
+        kv_h5 *f = NULL;
+        rc = kv_h5_open_read(s->a.profile, &f, err);
+        if (!rc)
+            rc = kv_retrieval_heads_read(f, s->a.profile, j->m->cfg.n_layers, j->m->cfg.n_kv_heads,
+                                         &heads, &found, err);
+        kv_h5_close(f);
+    }
+    kv_retrieval_opts ro;
+    kv_retrieval_opts_default(&ro);
+    ro.tolerance = s->retrieval_tol / 100.0;
+    ro.heads = found ? &heads : NULL;
+    const kv_robust_result *g = res->robust;
+    int guard_bs = g && g->source[g->chosen] < 0 ? g->uniform_block_size : so->block_size;
+    if (!rc)
+        rc = kv_retrieval_search(j->m, j->ids, j->S, so, &j->probes, &ro, guard_bs, res, rr, err);
+    kv_retrieval_heads_free(&heads);
+    return rc;
+}
+
 /* Rank 0's plan file: the winner's parameters and budgets with the search's record. */
 static int write_plan(const search_args *s, const search_job *j, kv_alloc_params *ap,
                       const kv_search_opts *so, const kv_search_result *res, int argc, char **argv,
@@ -552,7 +617,8 @@ static int write_plan(const search_args *s, const search_job *j, kv_alloc_params
     ap->t = res->best_t;
     ap->r = res->best_r;
     ap->p = res->best_p;
-    if (res->robust && res->robust->source[res->robust->chosen] < 0) {
+    int retrieval_plan = res->retrieval && res->retrieval->chosen >= 0;
+    if (!retrieval_plan && res->robust && res->robust->source[res->robust->chosen] < 0) {
         /* the guard fell back to the uniform cache it compares with: b_s = p = 1 */
         ap->kind = KV_ALLOC_UNIFORM;
         ap->block_size = res->robust->uniform_block_size;
@@ -582,6 +648,8 @@ int kv_cmd_search(int argc, char **argv) {
     memset(&res, 0, sizeof res);
     kv_robust_result rob;
     memset(&rob, 0, sizeof rob);
+    kv_retrieval_result rr;
+    memset(&rr, 0, sizeof rr);
     kv_progress prog;
     kv_progress_init(&prog, s.a.quiet || rank != 0); /* progress from rank 0 only */
     kv_search_opts so;
@@ -598,6 +666,8 @@ int kv_cmd_search(int argc, char **argv) {
         kv_robust_layout lay = {j.n_texts, j.text_names, j.text_tokens, j.S, j.HC, j.chunk_text};
         if (!rc) rc = kv_robust_guard(j.m, j.ids, &lay, &so, j.text_objective, &res, &rob, &err);
         if (!rc) res.robust = &rob;
+        if (!rc && s.retrieval) rc = run_retrieval(&s, &j, &so, &res, &rr, &err);
+        if (!rc && s.retrieval) res.retrieval = &rr;
         if (!rc && rank == 0 && !s.a.quiet && kv_tasks_resumed(tasks) > 0)
             fprintf(stderr, "search: %ld chunk evaluations taken from %s\n",
                     kv_tasks_resumed(tasks), log_path);
@@ -609,6 +679,7 @@ int kv_cmd_search(int argc, char **argv) {
     if (!rc && rank == 0) print_result(&s, &j, &ap, &so, &res);
     kv_search_result_free(&res);
     kv_robust_result_free(&rob);
+    kv_retrieval_result_free(&rr);
     job_free(&j);
     return kv_cli_finish_tasks("search", tasks, rc, &err);
 }

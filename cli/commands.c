@@ -6,6 +6,8 @@ static const kv_cli_command commands[] = {
      &kv_spec_run},
     {"eval", kv_cmd_eval, "perplexity of a text, full or budgeted KV cache", &kv_spec_eval},
     {"tokenize", kv_cmd_tokenize, "print the token ids of a text", &kv_spec_tokenize},
+    {"probes", kv_cmd_probes, "generate pass-key retrieval probes (TSV) from stories",
+     &kv_spec_probes},
     {"profile", kv_cmd_profile, "profile head/layer similarity and hardware -> profile.h5",
      &kv_spec_profile},
     {"search", kv_cmd_search, "search allocation parameters by budgeted perplexity -> plan.h5",

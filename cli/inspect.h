@@ -120,6 +120,14 @@ const char *ki_search_winner(const ki_file *f, const ki_grid *g, int *from_grid)
 void ki_print_texts(FILE *out, const ki_file *f);
 struct cJSON;
 void ki_texts_json(struct cJSON *search, const ki_file *f);
+/* The retrieval records (cli/inspect_retrieval.c): a profile's /heads/retrieval (the
+ * costliest heads) and a plan's /search/retrieval (full, uniform, perplexity plan and plan:
+ * accuracy, answer NLL, search perplexity; the candidates and the decision); nothing when
+ * the file has neither. The JSON form is "retrieval" {heads_nll_rise [L][H_kv], window,
+ * probes, full, uniform, guard, plan {accuracy, answer_nll, search_perplexity}, decision,
+ * chosen, tolerance} in `parent`. */
+void ki_print_retrieval(FILE *out, const ki_file *f);
+void ki_retrieval_json(struct cJSON *parent, const ki_file *f);
 /* Human summary on `out`. */
 void ki_print_text(FILE *out, const ki_file *f);
 /* JSON document (cJSON) printed to `out`; KV_EINTERNAL on allocation failure. */
@@ -127,9 +135,10 @@ int ki_print_json(FILE *out, const ki_file *f, kv_error *err);
 /* PNG pictures into directory `dir` (created if missing), those the file has data for:
  * head_importance, token_cos, layer_similarity, consistency (profile); search_perplexity
  * (one panel per p: the (t, r) map of each SqueezeAttention p of the grid), budget_tokens
- * (plan). The paths written are printed, one per line, on `log` (may be NULL)
- * and counted in *n_written. Sizes: KI_PNG_W x KI_PNG_H pixels each.
- * KV_EINPUT when dir cannot be created; KV_EINTERNAL when cairo fails. */
+ * (plan), retrieval_heads (a profile's /heads/retrieval or a plan's /search/retrieval/heads). The
+ * paths written are printed, one per line, on `log` (may be NULL) and counted in *n_written. Sizes:
+ * KI_PNG_W x KI_PNG_H pixels each. KV_EINPUT when dir cannot be created; KV_EINTERNAL when cairo
+ * fails. */
 #define KI_PNG_W 1200
 #define KI_PNG_H 800
 int ki_write_pngs(const ki_file *f, const char *dir, FILE *log, int *n_written, kv_error *err);

@@ -12,7 +12,8 @@
  *                  per_p [{p, index, evaluated, ..., best, worst}] (3-D grids),
  *                  winner {allocation, from, p, t, r, perplexity, chunks, heldout},
  *                  texts {objective, decision, reason, lambda, rows [...]} (multi-text
- *                  searches, cli/inspect_texts.c)} },
+ *                  searches, cli/inspect_texts.c), retrieval {...} (cli/inspect_retrieval.c)};
+ *                  a profile with /heads/retrieval: retrieval {heads_nll_rise, window, probes} },
  *     "groups": {path: {attributes}},
  *     "datasets": {path: {"shape": [..], "units", "attributes": {..}, "data": nested lists}} }
  * NaN values are written as null (cJSON's convention). */
@@ -288,6 +289,7 @@ static void plan_summary(cJSON *s, const ki_file *f) {
     if (has_grid) search_grid_json(sr, &g);
     search_winner_json(sr, f, &g, has_grid);
     ki_texts_json(sr, f);
+    ki_retrieval_json(sr, f);
 }
 
 int ki_print_json(FILE *out, const ki_file *f, kv_error *err) {
@@ -301,6 +303,7 @@ int ki_print_json(FILE *out, const ki_file *f, kv_error *err) {
     cJSON_AddItemToObject(root, "attributes", attrs_of(f, "/"));
     cJSON *s = cJSON_AddObjectToObject(root, "summary");
     if (f->is_profile) profile_summary(s, f);
+    if (f->is_profile) ki_retrieval_json(s, f);
     if (f->is_plan) plan_summary(s, f);
     if (!f->is_profile && !f->is_plan) profile_summary(s, f); /* hardware-only files */
     cJSON *groups = cJSON_AddObjectToObject(root, "groups");

@@ -503,6 +503,21 @@ static int png_importance(const ki_file *f, const char *path, kv_error *err) {
     return rc;
 }
 
+/* The heads' retrieval cost: a profile's /heads/retrieval, else a plan's record of it. */
+static int png_retrieval(const ki_file *f, const char *path, kv_error *err) {
+    int L = 0, hkv = 0;
+    const double *v = ki_matrix(f, "/heads/retrieval", 0, &L, &hkv);
+    if (!v) v = ki_matrix(f, "/search/retrieval/heads", 0, &L, &hkv);
+    hm_panel p = panel(v, L, hkv, NULL);
+    hm_spec s = spec("retrieval heads", "KV head j", "layer l", "answer NLL rise (nats/token)", &p,
+                     1, CMAP_VIRIDIS);
+    s.subtitle = "rise of the retrieval probes' mean answer NLL when this (layer, KV head) alone "
+                 "keeps only sinks + a recent window (DuoAttention's retrieval heads are bright)";
+    s.annotate = 1;
+    s.ann_fmt = "%.3f";
+    return render(&s, path, err);
+}
+
 static int png_token_cos(const ki_file *f, const char *path, kv_error *err) {
     const ki_dset *d = ki_dset_find(f, "/heads/token_cos");
     int L = (int)d->dims[0], H = (int)d->dims[1], T = (int)d->dims[2];
@@ -904,6 +919,10 @@ int ki_write_pngs(const ki_file *f, const char *dir, FILE *log, int *n_written, 
         {"search_perplexity.png", ki_search_grid(f, &g), png_search},
         {"budget_tokens.png", ki_matrix(f, "/budget/tokens", 0, &L, &hkv) != NULL, png_budget},
         {"sensitivity.png", sens_ok(f), png_sensitivity},
+        {"retrieval_heads.png",
+         ki_matrix(f, "/heads/retrieval", 0, &L, &hkv) != NULL ||
+             ki_matrix(f, "/search/retrieval/heads", 0, &L, &hkv) != NULL,
+         png_retrieval},
     };
     for (size_t i = 0; i < sizeof pics / sizeof pics[0]; i++) {
         if (!pics[i].ok) continue;

@@ -823,6 +823,7 @@ void ki_print_text(FILE *out, const ki_file *f) {
     } else if (!f->is_profile) {
         print_hardware(out, f);
     }
+    ki_print_retrieval(out, f);
     /* anything else at the root */
     int other = 0;
     for (int i = 0; i < f->n_attrs; i++) {

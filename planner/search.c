@@ -4,6 +4,7 @@
 #include "kvplan/search.h"
 
 #include "kvplan/batch.h"
+#include "kvplan/retrieval.h"
 
 #include <float.h>
 #include <math.h>
@@ -1188,6 +1189,7 @@ int kv_search_write(kv_h5 *f, const kv_search_opts *o, const kv_search_result *r
                                 err);
     }
     if (!rc && r->robust) rc = kv_robust_write(f, r->robust, err);
+    if (!rc && r->retrieval) rc = kv_retrieval_write(f, r->retrieval, err);
     if (!rc) rc = kv_h5_attr_f64(f, "/search", "seconds", r->seconds, err);
     return rc;
 }

@@ -26,6 +26,7 @@
 #include "kvplan/plan.h"
 #include "kvplan/profiler.h"
 #include "kvplan/quant.h"
+#include "kvplan/retrieval.h"
 #include "kvplan/sched.h"
 #include "kvplan/search.h"
 #include "kvplan/sensitivity.h"

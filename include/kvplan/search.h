@@ -33,6 +33,8 @@
 extern "C" {
 #endif
 
+struct kv_retrieval_result;
+
 /* The profile inputs of the planner (profile.h5, docs/design.md Files). */
 typedef struct kv_profile_inputs {
     int n_layers, n_kv_heads; /* L, H_kv */
@@ -199,6 +201,9 @@ typedef struct kv_search_result {
     /* per-text figures and the guard's decision (include/kvplan/robust.h), written as
      * /search/texts by kv_search_write when not NULL; not owned (the caller's) */
     const kv_robust_result *robust;
+    /* the retrieval stage's record (include/kvplan/retrieval.h), written as /search/retrieval by
+     * kv_search_write when not NULL; not owned (the caller's) */
+    const struct kv_retrieval_result *retrieval;
 } kv_search_result;
 
 /* Run the search on ids[0..n_ids) (tokenized text, BOS first). Needs at least one chunk of
@@ -222,7 +227,7 @@ void kv_search_result_free(kv_search_result *r);
  * evict_block (the plan's), and, when the eviction block was searched, /search/evict_block/p,
  * /search/evict_block/plan and /search/evict_block/uniform [n_ladder] (search perplexity of
  * the plan candidate and of uniform at each p); and /search/texts (kv_robust_write) when
- * r->robust is set. */
+ * r->robust is set, and /search/retrieval (kv_retrieval_write) when r->retrieval is set. */
 int kv_search_write(kv_h5 *f, const kv_search_opts *o, const kv_search_result *r, kv_error *err);
 
 /* Write a whole plan.h5 atomically (kv_h5_create ... kv_h5_commit): provenance (`command`,
