@@ -1226,12 +1226,7 @@ int kv_plan_file_write(const char *path, const char *command, const char *profil
     if (!rc) rc = kv_plan_write(f, &plan, err);
     if (!rc && so && sr) rc = kv_search_write(f, so, sr, err);
     if (!rc && so && sr && sr->have_sens) {
-        kv_sens_opts eo = so->sens; /* the options the search ran the sensitivity with */
-        eo.ratio = so->ratio;
-        eo.context = so->context;
-        eo.block_size = so->block_size;
-        eo.evict_block = so->evict_block;
-        eo.policy = so->policy;
+        kv_sens_opts eo = kv_search_sens_opts(so); /* what the curves ran with, KV type too */
         rc = kv_sens_write(f, m->cfg.n_layers, m->cfg.n_kv_heads, &eo, &sr->sens, err);
     }
     if (!rc && so && sr)
