@@ -11,7 +11,7 @@
 #include "kvplan/eval.h"
 #include "kvplan/plan.h"
 #include "kvplan/search.h"
-#include "kvplan/sensitivity.h"
+#include "planner/sensitivity.h"
 
 const char *kv_robust_decision(const kv_robust_result *r) {
     int k = r->chosen;

@@ -4,6 +4,7 @@
 #include "kvplan/search.h"
 
 #include "kvplan/batch.h"
+#include "planner/sensitivity.h"
 
 #include <float.h>
 #include <math.h>

@@ -20,6 +20,7 @@ done
 export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-2}
 scripts/build.sh build
 scripts/check-deps.sh build   # no call cycle between files or libraries
+scripts/check-symbols.sh build # libkvplan.so exports exactly the public headers' declarations
 scripts/check-install.sh build # install + the example program; the CPU binary's footprint
 (cd build && ctest --output-on-failure -j 2 "${labels[@]}")
 if [ "$sanitize" = 1 ]; then

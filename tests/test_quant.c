@@ -23,7 +23,7 @@
 #include <unistd.h>
 
 #include "kvplan/eval.h"
-#include "kvplan/forward.h"
+#include "engine/forward.h"
 #include "kvplan/kvcache.h"
 #include "kvplan/model.h"
 #include "kvplan/quant.h"

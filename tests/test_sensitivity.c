@@ -13,7 +13,7 @@
 #include "kvplan/model.h"
 #include "kvplan/plan.h"
 #include "kvplan/search.h"
-#include "kvplan/sensitivity.h"
+#include "planner/sensitivity.h"
 #include "kvplan/tokenizer.h"
 #include "testutil.h"
 

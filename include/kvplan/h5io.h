@@ -17,6 +17,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+KV_API_BEGIN
 
 /* Newest schema this build reads; files are written with it (plan files: v2, see
  * kvplan/plan.h; v1 files stay readable). */
@@ -96,6 +97,7 @@ int kv_h5_list_groups(kv_h5 *f, void (*fn)(void *user, const char *path), void *
 int kv_h5_list_attrs(kv_h5 *f, const char *obj, void (*fn)(void *user, const char *name, char kind),
                      void *user, kv_error *err);
 
+KV_API_END
 #ifdef __cplusplus
 }
 #endif

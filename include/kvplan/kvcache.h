@@ -19,6 +19,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+KV_API_BEGIN
 
 /* Eviction policies (docs/design.md Runtime). */
 typedef enum {
@@ -242,6 +243,7 @@ void kv_cache_blocks_needed_typed(int n_layers, int n_kv_heads, const int *budge
                                   const kv_cache_type *types, int context, int evict_block,
                                   int block_size, long *counts);
 
+KV_API_END
 #ifdef __cplusplus
 }
 #endif

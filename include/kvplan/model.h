@@ -22,6 +22,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+KV_API_BEGIN
 
 typedef enum { KV_ROPE_ADJACENT = 0, KV_ROPE_HALF = 1 } kv_rope_layout;
 
@@ -105,6 +106,7 @@ void kv_model_weight_types(const kv_model *m, char *buf, size_t cap);
 /* Parameter count (embedding counted once when tied). */
 size_t kv_model_param_count(const kv_model *m);
 
+KV_API_END
 #ifdef __cplusplus
 }
 #endif

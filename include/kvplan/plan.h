@@ -23,6 +23,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+KV_API_BEGIN
 
 /* Schema of the plan files this build writes (v2 adds /budget/policy [L, H_kv]; v3 adds
  * /budget/kv_type [L, H_kv] and measures the ratio in bytes); v1 files (one policy for every
@@ -152,6 +153,7 @@ int kv_plan_mixed_types(const kv_plan *p, kv_cache_type *first);
 /* 1 when some head has a policy other than the plan's default. */
 int kv_plan_mixed_policies(const kv_plan *p);
 
+KV_API_END
 #ifdef __cplusplus
 }
 #endif

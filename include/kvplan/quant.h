@@ -51,6 +51,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+KV_API_BEGIN
 
 /* The ggml type ids (ggml.h enum ggml_type) of the types kvplan reads. */
 typedef enum kv_dtype {
@@ -203,6 +204,7 @@ size_t kv_qmatmul_scratch_floats(kv_dtype wt, int rows, int in, int out);
 /* The same for kv_qmatmul_pool on n_threads threads (one tile or weight panel per thread). */
 size_t kv_qmatmul_scratch_threads(kv_dtype wt, int rows, int in, int out, int n_threads);
 
+KV_API_END
 #ifdef __cplusplus
 }
 #endif

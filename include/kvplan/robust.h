@@ -21,7 +21,7 @@
  * combined per head and level as their mean over the texts (the pooled knapsack, each text
  * weighing the same) or as their largest value (a max-regret knapsack on an upper bound:
  * sum_h max_t d[h][t] >= max_t sum_h d[h][t]), and each is solved by kv_sens_allocate with
- * the NLL objective (include/kvplan/sensitivity.h), and the knapsack on each text's curves
+ * the NLL objective (planner/sensitivity.h), and the knapsack on each text's curves
  * alone (the first KV_ROBUST_TEXT_SOURCES texts: a plan for that text, which the guard holds
  * to the others); the sensitivity knapsack's own solution with its per-head KV types, when
  * the search kept another plan (the grid's cell, or a uniform cache of one KV type that beat
@@ -61,6 +61,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+KV_API_BEGIN
 
 struct kv_search_opts;
 struct kv_search_result;
@@ -172,6 +173,7 @@ const char *kv_robust_decision(const kv_robust_result *r);
  * (kv_robust_decision), lambda, reason, uniform_block_size, uniform_evict_block. */
 int kv_robust_write(kv_h5 *f, const kv_robust_result *r, kv_error *err);
 
+KV_API_END
 #ifdef __cplusplus
 }
 #endif

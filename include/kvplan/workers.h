@@ -22,6 +22,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+KV_API_BEGIN
 
 typedef struct kv_workers kv_workers;
 
@@ -50,6 +51,7 @@ int kv_workers_count(const kv_workers *w);
  * Not reentrant: fn must not call kv_workers_run on the same pool. */
 void kv_workers_run(kv_workers *w, int n_chunks, kv_work_fn fn, void *ctx);
 
+KV_API_END
 #ifdef __cplusplus
 }
 #endif

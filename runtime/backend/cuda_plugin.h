@@ -1,5 +1,5 @@
 /* The CUDA plugin's interface: the one table libkvplan-cuda.so exports (internal to kvplan; the
- * public face is include/kvplan/kvcuda.h).
+ * public face is runtime/backend/kvcuda.h).
  *
  * The main library links no CUDA library. When a CUDA run is asked for (or --device auto finds
  * an NVIDIA driver), runtime/backend/cuda_loader.c opens the plugin with dlopen and takes this
@@ -9,7 +9,7 @@
 #ifndef KVPLAN_CUDA_PLUGIN_H
 #define KVPLAN_CUDA_PLUGIN_H
 
-#include "kvplan/kvcuda.h"
+#include "backend/kvcuda.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -1,5 +1,6 @@
 /* kvplan engine: see include/kvplan/engine.h. */
 #include "kvplan/engine.h"
+#include "engine/forward.h"
 #include "backend/backend_impl.h"
 
 #include <math.h>
