@@ -18,7 +18,7 @@
  * (head, option) (kv_mckp_solve_mip); kv_mckp_solve_dp is the exact dynamic programme the tests
  * check it against. Between measured levels a curve is interpolated linearly in blocks.
  *
- * KV types (issue 22). With o->types_mask the items of a head are (level, policy, KV storage
+ * KV types. With o->types_mask the items of a head are (level, policy, KV storage
  * type): curve points (h, type, q, k) are measured directly, each as one sequence of the batch
  * storing head h in that type at that level (every other head at its base budget, policy and
  * type), so delta_nll and kl are [n_heads, T, Q, K]. The knapsack's weight is then the stored

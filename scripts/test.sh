@@ -1,5 +1,9 @@
 #!/usr/bin/env bash
-# Set up, build and run every test: the CUnit suites under ctest, once in a release build and
+# The gates first: clang-format, no issue numbers in the product's comments, functions of at
+# most 100 lines (scripts/check-style.sh, check-func-lines.sh); after the build, no cycle of
+# calls or includes (check-deps.sh) and the library's exports equal to the public headers'
+# declarations (check-symbols.sh). Then set up, build and run every test: the CUnit suites
+# under ctest, once in a release build and
 # once in an AddressSanitizer + UndefinedBehaviorSanitizer build; then every libFuzzer target
 # of tests/fuzz/ for a short fixed time in the clang sanitizer build (scripts/fuzz.sh; any
 # finding fails the run). Every ctest label runs (README "Testing"); --unit runs only the quick
@@ -18,8 +22,12 @@ for a in "$@"; do
     esac
 done
 export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-2}
+# the gates on the sources: clang-format, no issue numbers in comments, functions <= 100 lines
+scripts/install-deps.sh --lint
+scripts/check-style.sh
+scripts/check-func-lines.sh
 scripts/build.sh build
-scripts/check-deps.sh build   # no call cycle between files or libraries
+scripts/check-deps.sh build   # no cycle of calls or includes between files, libraries, headers
 scripts/check-symbols.sh build # libkvplan.so exports exactly the public headers' declarations
 scripts/check-install.sh build # install + the example program; the CPU binary's footprint
 (cd build && ctest --output-on-failure -j 2 "${labels[@]}")

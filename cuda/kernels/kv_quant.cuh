@@ -1,4 +1,4 @@
-/* Weights in their file's type on the device (issue 20 item 2): element decoders for every
+/* Weights in their file's type on the device: element decoders for every
  * weight type kvplan reads (include/kvplan/quant.h gives the ggml block layouts), and the
  * kernels that use them, written once for the device and the host shim (kv_defs.cuh):
  *   - kv_k_gemv: y = x W^T for a few rows of x (decode), reading each weight row once in its

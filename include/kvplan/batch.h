@@ -51,7 +51,7 @@ typedef struct kv_batch_config {
     long gen_len;        /* g >= 1 decode steps */
     int block_size;      /* b_s tokens per KV block (paged cache) */
     int evict_block;     /* e: Batch-Max p, tokens per prefill block / eviction */
-    const int *budget;   /* [L * H_kv] budget B[l][j] in tokens (a plan, issue 22), or NULL: only the
+    const int *budget;   /* [L * H_kv] budget B[l][j] in tokens (a plan), or NULL: only the
                             full-cache row is computed. Not owned. */
     const kv_cache_type *kv_type; /* [L * H_kv] KV storage type per head (a plan),
                             or NULL: every K/V element takes dtype_bytes. With types, the

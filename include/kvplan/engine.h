@@ -124,7 +124,7 @@ size_t kv_engine_bytes_in_use(const kv_engine *e);
 size_t kv_engine_bytes_peak(const kv_engine *e);
 void kv_engine_reset_peak(kv_engine *e);
 /* Bytes one sequence's full cache of `tokens` tokens takes in F16 blocks (the ratio
- * reference, issue 22): L * H_kv * ceil(tokens / b_s) * 2 * b_s * 2 d_h. */
+ * reference): L * H_kv * ceil(tokens / b_s) * 2 * b_s * 2 d_h. */
 size_t kv_engine_bytes_full(const kv_engine *e, int tokens);
 
 KV_API_END

@@ -46,7 +46,7 @@ typedef struct kv_kvpr_shape {
     long kv_width;      /* h_kv = H_kv * d_h, >= 1 */
     double dtype_bytes; /* p, bytes per element of X, K and V (2 for fp16), > 0 */
     double kv_bytes;    /* bytes per K/V element as the cache stores them, scales included
-                         * (issue 22: the plan's stored bytes per token / (2 L H_kv d_h));
+                         * (the plan's stored bytes per token / (2 L H_kv d_h));
                          * 0 = dtype_bytes */
 } kv_kvpr_shape;
 

@@ -39,7 +39,7 @@ typedef struct kv_plan {
     int context;              /* C: tokens per chunk / sequence the budgets refer to */
     int block_size;           /* b_s tokens per KV block */
     int evict_block;          /* Batch-Max p: tokens processed between evictions */
-    double ratio;             /* R: stored bytes / the full F16 cache's bytes (issue 22):
+    double ratio;             /* R: stored bytes / the full F16 cache's bytes:
                                * sum_i B_i * token_bytes(T_i) = R * L * H_kv * C * 2 * d_h * 2,
                                * within one block per head; for F16 heads the token fraction */
     kv_policy policy;         /* the plan's default policy (root attribute `policy`) */

@@ -113,7 +113,7 @@ float kv_dot_row(kv_dtype t, const void *w, const float *x, int64_t n);
 /* The same with the portable C kernels only (what CPUs without AVX2 run); for tests. */
 float kv_dot_row_portable(kv_dtype t, const void *w, const float *x, int64_t n);
 
-/* Instruction sets of the integer dot kernels (issue 23), detected at run time from CPUID. */
+/* Instruction sets of the integer dot kernels, detected at run time from CPUID. */
 typedef enum kv_isa {
     KV_ISA_PORTABLE = 0,    /* C, any CPU: the reference */
     KV_ISA_AVX2 = 1,        /* AVX2 + FMA + F16C: maddubs / madd */
@@ -170,7 +170,7 @@ void kv_weight_row(kv_weight w, int in, int64_t row, float *dst);
  *     the fp32 dots of kv_dot_row instead).
  *   - F16 / BF16, rows <= 4 (decode): one fp32 typed dot (kv_dot_row) per (row, output).
  *   - Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K above 16 rows (prefill, chunk scoring, large
- *     p-blocks; issue 23 item 2): the integer GEMM (runtime/model/quant_gemm.h): the rows of x
+ *     p-blocks): the integer GEMM (runtime/model/quant_gemm.h): the rows of x
  *     quantised once to 8-bit blocks of 32, each chunk of W rows packed into 8-row interleaved
  *     strips, AVX-512 VNNI / AVX2 / portable kernels with the same bits; each result depends
  *     only on its own row of x and W row (the same bits for any batch above 16 rows). Scratch:
@@ -188,8 +188,8 @@ void kv_weight_row(kv_weight w, int in, int64_t row, float *dst);
 void kv_qmatmul(float *y, const float *x, const void *w, kv_dtype wt, int rows, int in, int out,
                 float *scratch, size_t scratch_floats);
 
-/* kv_qmatmul with its chunks run on the threads of `pool` (NULL: the caller alone; issue 23
- * item 3). The dequantised tiles are per thread: the tile path wants
+/* kv_qmatmul with its chunks run on the threads of `pool` (NULL: the caller alone).
+ * The dequantised tiles are per thread: the tile path wants
  * kv_qmatmul_scratch_threads(wt, rows, in, out, kv_workers_count(pool)) floats of scratch.
  * The BLAS calls of the F32 and tile paths run inside the chunks, so the process's OpenBLAS
  * should be on one thread (kvplan/workers.h). Same bits as kv_qmatmul. */

@@ -78,7 +78,7 @@ struct kv_search_result;
  * held-out), mean m and sample deviation s, m + z s sqrt(1/n + 1/n_new) <= log(1 + tol): a new
  * sample of n_new chunks of that text is predicted within (1 + tol) x uniform's perplexity at
  * one-sided level 95% (z = 1.645; Student's t would widen it for small n). n_new = 4 chunks
- * (2048 tokens at C = 512, the size of the held-out evaluations of issue 24), tol = 0.5%. */
+ * (2048 tokens at C = 512, the size of the search's held-out evaluations), tol = 0.5%. */
 #define KV_ROBUST_PRED_Z 1.645
 #define KV_ROBUST_PRED_CHUNKS 4
 #define KV_ROBUST_PRED_TOL 0.005

@@ -64,7 +64,7 @@ typedef struct kv_search_opts {
     int kv_types_mask;        /* bit t: KV type t is a candidate of the sensitivity knapsack
                                * (kv_sens_opts.types_mask), and uniform budgets stored in t at the
                                * same bytes (R of the full F16 cache) are evaluated on the search
-                               * and held-out tokens (issue 22 baselines per type); 0 = none
+                               * and held-out tokens (baselines per type); 0 = none
                                * (tokens only; the CLI default is f16,q8,q4) */
     int context;              /* C tokens per chunk (<= model seq_len) */
     int block_size;           /* b_s */

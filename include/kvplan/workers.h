@@ -1,5 +1,5 @@
 /* kvplan worker pool: one persistent set of threads per CPU backend for the runtime's matmuls
- * and attention (issue 23 item 3). The threads start once (kv_workers_new) and sleep between
+ * and attention. The threads start once (kv_workers_new) and sleep between
  * jobs; a job is a number of independent chunks, handed out one at a time from a shared
  * counter, so a thread that the OS has descheduled (a shared machine) only delays the chunk it
  * holds: the others, the caller included, take the rest. No fork of a parallel region per

@@ -1,4 +1,4 @@
-/* Integer dot products of quantised weight rows with 8-bit activation rows (issue 23); the
+/* Integer dot products of quantised weight rows with 8-bit activation rows; the
  * layouts and the fixed floating-point order are described in quant_dot.h. Three kernel sets:
  * portable C (any CPU; the reference the others must equal bit for bit), AVX2 (maddubs +
  * madd, as ggml-cpu's x86 kernels) and AVX-512 VNNI on 256-bit vectors (vpdpbusd in place of

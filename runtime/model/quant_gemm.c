@@ -1,4 +1,4 @@
-/* The quantised-activation integer GEMM (issue 23 item 2); layouts and the floating-point order
+/* The quantised-activation integer GEMM; layouts and the floating-point order
  * are described in quant_gemm.h. Three kernels: the portable C reference, AVX2 (maddubs + madd;
  * Q8_0 by the sign trick) and AVX-512 VNNI on 256-bit vectors (vpdpbusd; 32 vector registers,
  * so a tile of 16 W rows x 6 x rows), chosen by the caller's isa.
