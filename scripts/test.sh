@@ -6,7 +6,7 @@
 # under ctest, once in a release build and
 # once in an AddressSanitizer + UndefinedBehaviorSanitizer build; then every libFuzzer target
 # of tests/fuzz/ for a short fixed time in the clang sanitizer build (scripts/fuzz.sh; any
-# finding fails the run). Every ctest label runs (README "Testing"); --unit runs only the quick
+# finding fails the run). Every ctest label runs (docs/design.md "Testing"); --unit runs only the quick
 # tier (ctest -L unit) of the release build, without the sanitizer build and the fuzzers.
 # Usage: scripts/test.sh [--no-sanitize] [--no-fuzz] [--unit]   (KVPLAN_FUZZ_SECONDS, default 20)
 set -euo pipefail
