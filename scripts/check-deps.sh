@@ -12,7 +12,7 @@ set -euo pipefail
 export LC_ALL=C
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$root/build}
-libs=(util model tokenizer cache backend engine offload profiler planner cli)
+libs=(util quant model tokenizer cache backend engine offload profiler planner cli)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 # defined symbols: "symbol lib file"; undefined: "symbol lib file"

@@ -131,7 +131,7 @@ const char *kv_isa_name(kv_isa isa);
  * Q5_K, Q6_K): x [n] is quantised to 8 bits per element (blocks of 32 with an fp32 scale for
  * the 32-element types, blocks of 256 for the K-quants; max |x| / 127 per block, as ggml's Q8_0 /
  * Q8_K activation blocks), each block's integer dot is exact, and the block results are scaled
- * and summed in one fixed order (runtime/model/quant_dot.h), so every isa gives the same bits.
+ * and summed in one fixed order (runtime/quant/quant_dot.h), so every isa gives the same bits.
  * The difference from the fp32 dot sum w x is the activation rounding: per element at most
  * |w_i| d_b / 2 (d_b = max |x| / 127 of its block), plus fp32 summation error.
  * Result in *out. KV_EINPUT when n is not a positive multiple of the type's block, t has no
@@ -170,7 +170,7 @@ void kv_weight_row(kv_weight w, int in, int64_t row, float *dst);
  *     the fp32 dots of kv_dot_row instead).
  *   - F16 / BF16, rows <= 4 (decode): one fp32 typed dot (kv_dot_row) per (row, output).
  *   - Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K above 16 rows (prefill, chunk scoring, large
- *     p-blocks): the integer GEMM (runtime/model/quant_gemm.h): the rows of x
+ *     p-blocks): the integer GEMM (runtime/quant/quant_gemm.h): the rows of x
  *     quantised once to 8-bit blocks of 32, each chunk of W rows packed into 8-row interleaved
  *     strips, AVX-512 VNNI / AVX2 / portable kernels with the same bits; each result depends
  *     only on its own row of x and W row (the same bits for any batch above 16 rows). Scratch:
@@ -181,7 +181,7 @@ void kv_weight_row(kv_weight w, int in, int64_t row, float *dst);
  *     by cblas_sgemm (fp32 activations); with a smaller or NULL scratch the dot path (fp32
  *     dots for F16 / BF16, the integer dots for quantised types).
  * The outputs are computed in chunks of consecutive W rows whose size depends only on the
- * path and the matrix (runtime/model/quant.c), so kv_qmatmul_pool gives these same bits on any
+ * path and the matrix (runtime/quant/quant.c), so kv_qmatmul_pool gives these same bits on any
  * number of threads.
  * Preconditions (not checked, the hot path): rows, in, out > 0, in a multiple of
  * kv_dtype_block(wt), y not aliasing x. No global state. */

@@ -11,12 +11,12 @@
  * + madd) per (strip, row); the lanes are the 8 W rows, so every lane ends the block holding an
  * exact I_b and no horizontal sum is needed. Packing costs ~1 pass over the chunk's weights per
  * call; it is amortised over the rows of x (above KV_QINT_MAX_ROWS in quant.c). */
-#include "model/quant_gemm.h"
+#include "quant/quant_gemm.h"
 
 #include <math.h>
 #include <string.h>
 
-#include "model/quant_traits.h"
+#include "quant/quant_traits.h"
 #include "util/f16.h"
 
 #ifdef __clang__
