@@ -21,7 +21,7 @@
  * synchronisation + 3 us per launch) next to the bandwidth limit (F16 weights + the K/V read
  * once per step at 3.35 TB/s). Usage: bench_cuda_fake */
 #include "kvplan/engine.h"
-#include "kvplan/kvcuda.h"
+#include "backend/kvcuda.h"
 #include "kvplan/plan.h"
 #include "synthetic.h" /* tests/support/synthetic.c, shared with the tests */
 

@@ -36,7 +36,7 @@
 
 #include "kvplan/engine.h"
 #include "kvplan/eval.h"
-#include "kvplan/forward.h"
+#include "engine/forward.h"
 #include "kvplan/kvcache.h"
 #include "kvplan/model.h"
 #include "synthetic.h" /* tests/support/synthetic.c, shared with the tests */

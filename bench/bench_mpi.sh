@@ -6,7 +6,7 @@
 #
 # Usage: bench/bench_mpi.sh [NP ...]          (default: 1 2; needs build/kvplan with MPI)
 # Environment: KVPLAN_SHARED (default ../shared), BUILD (default build), REPEATS (default 1),
-#   THREADS_PER_RANK (default 1 for N > 1: one core's worth per rank, as the README advises;
+#   THREADS_PER_RANK (default 1 for N > 1: one core's worth per rank, as docs/design.md advises;
 #   the one-process run keeps the engine's default threads unless OMP_NUM_THREADS is set),
 #   BIND (mpirun --bind-to; default none: Open MPI 4 pins each of 2 ranks to one core, and on
 #   a machine shared with other jobs a pinned rank waits behind them while the other core may

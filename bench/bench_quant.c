@@ -6,7 +6,7 @@
  * The synthetic model of bench_engine (dim 768, 12 layers, 12 query / 4 KV heads of 64, FFN
  * 2048, vocab 32000; uniform(-1/sqrt(in), 1/sqrt(in)) weights from a seeded splitmix64,
  * built in memory, never written to disk) is run with its matrices in each type: the F32
- * weights are quantised in memory by kv_quantize_row (runtime/model/quant.c) and the model's
+ * weights are quantised in memory by kv_quantize_row (runtime/quant/quant.c) and the model's
  * matrices point at the typed copies, as a GGUF file of that type would load. Per type, on the
  * engine's CPU backend with a full cache:
  *   - prefill tokens/s of a T-token prompt in one step (the tiled dequantise + sgemm path),
@@ -53,8 +53,8 @@
 #include "peer_workload.h"
 #include "kvplan/plan.h"
 #include "kvplan/quant.h"
-#include "model/quant_dot.h"
-#include "model/quant_gemm.h"
+#include "quant/quant_dot.h"
+#include "quant/quant_gemm.h"
 #include "gguf_writer.h"
 
 static uint64_t rng_next(uint64_t *s) {

@@ -106,7 +106,7 @@ static void make_config(const batch_args *a, const kv_model *m, const kv_plan *p
                                 : (plan && plan->block_size > 0 ? plan->block_size : 16));
     c->evict_block = (int)(a->evict_block > 0 ? a->evict_block : c->block_size);
     c->budget = plan ? plan->budget : NULL;
-    /* a schema v3 plan names the stored type of each head (issue 22): its K/V bytes are the
+    /* a schema v3 plan names the stored type of each head: its K/V bytes are the
      * stored bytes; v1/v2 plans (f32 in the runtime that made them) use --dtype-bytes */
     c->kv_type = plan && plan->schema_version >= 3 ? plan->kv_type : NULL;
 }

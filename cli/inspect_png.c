@@ -784,7 +784,7 @@ static int png_budget(const ki_file *f, const char *path, kv_error *err) {
              "allocation %s, policy %s",
              ki_attr_num(f, "/", "ratio", NAN), ki_attr_num(f, "/", "context_length", NAN),
              alloc ? alloc : "?", pol ? pol : "?");
-    /* v3 plans: each cell also names the head's KV storage type (issue 22) */
+    /* v3 plans: each cell also names the head's KV storage type */
     int tl = 0, th = 0;
     const double *tv = ki_matrix(f, "/budget/kv_type", 0, &tl, &th);
     const char **names = NULL;

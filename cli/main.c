@@ -43,7 +43,7 @@ static int finish(const char *cmd, int code) {
  * library is loaded, before main, with one thread per core (or OPENBLAS_NUM_THREADS /
  * GOTO_NUM_THREADS / OMP_NUM_THREADS), and each thread allocates a 128 MiB work buffer at
  * once; when malloc fails it retries forever (0.3.21 blas_memory_alloc): the thread spins at
- * 100% CPU, a GEMM that needs it never returns and exit() waits for it (issue 25: `ulimit -v
+ * 100% CPU, a GEMM that needs it never returns and exit() waits for it (seen: `ulimit -v
  * 900000; kvplan --help` never ended on a many-core machine). So when a limit is set and the
  * pool would exceed a quarter of it (KV_CLI_BLAS_BUFFER_BYTES per thread), kvplan sets
  * OPENBLAS_NUM_THREADS to what fits (at least 1: no pool thread) and executes itself again

@@ -40,7 +40,7 @@
 #include "matmul.h"
 
 #include "backend/backend_impl.h"
-#include "kvplan/kvcuda.h"
+#include "backend/kvcuda.h"
 #include "cache/kvslot.h"
 #include "kvplan/model.h"
 #include "kvplan/quant.h"

@@ -1,5 +1,5 @@
-/* CUDA device query (include/kvplan/kvcuda.h). */
-#include "kvplan/kvcuda.h"
+/* CUDA device query (runtime/backend/kvcuda.h). */
+#include "backend/kvcuda.h"
 
 #include <cuda_runtime.h>
 #include <stdio.h>

@@ -1,7 +1,7 @@
-/* CUDA hardware probes: copy timing and cuBLAS GEMM throughput (include/kvplan/kvcuda.h).
+/* CUDA hardware probes: copy timing and cuBLAS GEMM throughput (runtime/backend/kvcuda.h).
  * Timed with CUDA events on a dedicated non-blocking stream (CUDA Runtime API,
  * cudaEventElapsedTime: milliseconds between two recorded events). */
-#include "kvplan/kvcuda.h"
+#include "backend/kvcuda.h"
 
 #include <cublas_v2.h>
 #include <cuda_bf16.h>

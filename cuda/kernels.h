@@ -1,7 +1,7 @@
 /* Internal to cuda/: launchers of the layer kernels (cuda/kernels/kv_kernels.cuh) on a
  * stream. Pointers are device pointers; shapes and semantics are those of the kernels. Each
  * returns the launch's cudaError_t (cudaGetLastError after the launch), never exits.
- * C++ only (nvcc); the C face of the CUDA backend is include/kvplan/kvcuda.h. */
+ * C++ only (nvcc); the C face of the CUDA backend is runtime/backend/kvcuda.h. */
 #ifndef KVPLAN_CUDA_KERNELS_H
 #define KVPLAN_CUDA_KERNELS_H
 

@@ -1,4 +1,4 @@
-/* KVPR executor on a CUDA device (include/kvplan/kvcuda.h; KVPR, Jiang et al., §3.2-3.3, Eq.
+/* KVPR executor on a CUDA device (runtime/backend/kvcuda.h; KVPR, Jiang et al., §3.2-3.3, Eq.
  * 6-11): the device half of runtime/offload/kvpr_exec.c's rebuild. For each offloaded layer (host
  * memory, kv_kvpr_layer) with split l over s' tokens:
  *   copy stream:     K[l:s'], V[l:s'] host -> device (Eq. 6, M_KV = 2 (s' - l) h_kv p bytes),
@@ -21,13 +21,13 @@
 #include "kernels.h"
 #include "matmul.h"
 
-#include "kvplan/kvcuda.h"
+#include "backend/kvcuda.h"
 #include "kvplan/quant.h"
 
 extern "C" {
 #include "../runtime/backend/ops.h" /* kv_op_rope_tables */
 }
-#include "kvplan/kvpr_exec.h"
+#include "offload/kvpr_exec.h"
 #include "kvplan/model.h"
 
 #include <cublas_v2.h>

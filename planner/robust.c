@@ -11,7 +11,7 @@
 #include "kvplan/eval.h"
 #include "kvplan/plan.h"
 #include "kvplan/search.h"
-#include "kvplan/sensitivity.h"
+#include "planner/sensitivity.h"
 
 const char *kv_robust_decision(const kv_robust_result *r) {
     int k = r->chosen;
@@ -151,7 +151,7 @@ static int result_alloc(kv_robust_result *r, const kv_robust_layout *lay, kv_err
 /* An engine reserving the full cache at b_s, p with `sets` sequences. */
 static int engine_for(const kv_model *m, const struct kv_search_opts *o, int bs, int p, int sets,
                       kv_engine **out, kv_error *err) {
-    /* the plan's heads may store other types (the sensitivity knapsack's, issue 22) */
+    /* the plan's heads may store other types (the sensitivity knapsack's) */
     return kv_search_engine(m, o, o->kv_type, bs, p, sets, kv_search_sens_opts(o).types_mask, out,
                             err);
 }
@@ -284,7 +284,7 @@ static kv_sens_opts sens_opts(const struct kv_search_opts *o) {
  * with its worst text; summed over heads that bounds every text's predicted change from
  * above, so minimising it is a max-regret knapsack on that bound), each solved by
  * kv_sens_allocate_typed with the NLL objective (over the search's --kv-types, in stored
- * bytes, as the search's own knapsack: issue 22). budget, policy, type: [2 + texts, nh].
+ * bytes, as the search's own knapsack). budget, policy, type: [2 + texts, nh].
  * Needs the search's sensitivity curves (their levels); *n_out 0 otherwise. */
 static int text_knapsacks(const kv_model *m, const int *ids, const kv_robust_layout *lay,
                           const struct kv_search_opts *o, const struct kv_search_result *res,

@@ -5,6 +5,7 @@
 
 #include "kvplan/batch.h"
 #include "kvplan/retrieval.h"
+#include "planner/sensitivity.h"
 
 #include <float.h>
 #include <math.h>
@@ -615,7 +616,7 @@ static int search_baseline_budgets(search_ctx *c) {
     return rc;
 }
 
-/* The KV types the sensitivity knapsack may choose (issue 22): kv_types_mask when sensitivity
+/* The KV types the sensitivity knapsack may choose: kv_types_mask when sensitivity
  * planning runs, else none (the plan keeps o->kv_type in every head). */
 static int search_knapsack_types(const kv_search_opts *o) {
     return kv_search_sens_opts(o).types_mask;
@@ -974,7 +975,7 @@ static void search_adopt_type_uniform(search_ctx *c, kv_cache_type t, const int 
     }
 }
 
-/* Stage 10 (issue 22): uniform budgets stored in each type of kv_types_mask at the plan's bytes
+/* Stage 10: uniform budgets stored in each type of kv_types_mask at the plan's bytes
  * (R of the full F16 cache), on all search chunks and the held-out chunks, each type on its own
  * engine (the pool's blocks are typed). Runs in every process (the chunks are few); NaN where
  * the uniform budget falls below the policy's floor. */
@@ -1160,7 +1161,7 @@ int kv_search_write(kv_h5 *f, const kv_search_opts *o, const kv_search_result *r
             rc =
                 kv_h5_attr_i64(f, "/search/evict_block", "token_evals", r->ladder_token_evals, err);
     }
-    if (!rc && o->kv_types_mask) { /* uniform per KV type at the plan's bytes (issue 22) */
+    if (!rc && o->kv_types_mask) { /* uniform per KV type at the plan's bytes */
         double sp[KV_CACHE_TYPES], hp[KV_CACHE_TYPES], tk[KV_CACHE_TYPES];
         char names[64] = "";
         long n = 0;
@@ -1228,12 +1229,7 @@ int kv_plan_file_write(const char *path, const char *command, const char *profil
     if (!rc) rc = kv_plan_write(f, &plan, err);
     if (!rc && so && sr) rc = kv_search_write(f, so, sr, err);
     if (!rc && so && sr && sr->have_sens) {
-        kv_sens_opts eo = so->sens; /* the options the search ran the sensitivity with */
-        eo.ratio = so->ratio;
-        eo.context = so->context;
-        eo.block_size = so->block_size;
-        eo.evict_block = so->evict_block;
-        eo.policy = so->policy;
+        kv_sens_opts eo = kv_search_sens_opts(so); /* what the curves ran with, KV type too */
         rc = kv_sens_write(f, m->cfg.n_layers, m->cfg.n_kv_heads, &eo, &sr->sens, err);
     }
     if (!rc && so && sr)

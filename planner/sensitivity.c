@@ -1,7 +1,7 @@
 /* kvplan sensitivity planning: loss curves by batched perturbation, the multiple-choice
  * knapsack (GLPK MIP and an exact DP), and the refinement loop. See
- * include/kvplan/sensitivity.h and docs/design.md "Sensitivity planning". */
-#include "kvplan/sensitivity.h"
+ * planner/sensitivity.h and docs/design.md "Sensitivity planning". */
+#include "planner/sensitivity.h"
 
 #include <glpk.h>
 #include <float.h>

@@ -13,7 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "kvplan/kvcuda.h"
+#include "backend/kvcuda.h"
 
 void kv_hw_opts_default(kv_hw_opts *o, int quick) {
     memset(o, 0, sizeof *o);

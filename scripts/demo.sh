@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # kvplan's main job on the bundled default model (stories260K from ../shared/models):
-# set up and build, profile the model, search per-head KV budgets at 1/8 of the full cache,
-# then run the plan: generation and perplexity under the budgets, and a look at the files.
+# set up and build the kvplan binary alone, profile the model, search per-head KV budgets at 1/8
+# of the full cache, then run the plan: generation and perplexity under the budgets, and a look at
+# the files.
 # Usage: scripts/demo.sh [RATIO]      (outputs in out/)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -12,7 +13,14 @@ model=$shared/models/stories260K/stories260K.bin
 tok=$shared/models/stories260K/tok512.bin
 text=$shared/text/tinystories_val_head.txt
 export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-2}
-scripts/build.sh build
+# only what the demo runs: the kvplan binary, and the CUDA plugin where kvplan would open it (an
+# NVIDIA driver is present, as runtime/backend/cuda_loader.c decides); scripts/test.sh builds
+# the rest (tests, benchmarks, libkvplan.so)
+targets=kvplan
+if [ -e /dev/nvidiactl ] || [ -e /proc/driver/nvidia/version ]; then
+    targets="kvplan kvplan_cuda_if_built"
+fi
+KVPLAN_TARGETS=$targets scripts/build.sh build
 kv=build/kvplan
 mkdir -p out
 echo "== 1. profile (head and layer similarity, hardware) =="

@@ -11,7 +11,14 @@ awk -v pat="$pat" '
   FNR == 1 { fn = "" }
   fn == "" && /^[a-zA-Z_].*[ *][a-zA-Z_][a-zA-Z0-9_]*\(/ && !/;[[:space:]]*$/ {
     name = $0; sub(/\(.*/, "", name); sub(/.*[ *]/, "", name)
-    if (name ~ ("^(" pat ")$")) { fn = name; start = FNR; file = FILENAME; sub(/.*\//, "", file) }
+    if (name ~ ("^(" pat ")$")) {
+      fn = name; start = FNR; body = /\{/; file = FILENAME; sub(/.*\//, "", file)
+      if (body && /}[[:space:]]*$/) { printf "%5d  %s  (%s:%d)\n", 1, fn, file, start; fn = "" }
+      next
+    }
   }
+  # a prototype over several lines ends in ";" before any "{": not a definition
+  fn != "" && !body && /\{/ { body = 1 }
+  fn != "" && !body && /;[[:space:]]*(\/\*.*)?$/ { fn = ""; next }
   fn != "" && /^}/ { printf "%5d  %s  (%s:%d)\n", FNR - start + 1, fn, file, start; fn = "" }
 ' "$@" | sort -rn

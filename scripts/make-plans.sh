@@ -7,7 +7,7 @@
 # Batch-Max eviction block are the search's defaults, chosen from R and C (b_s = p = 4 at
 # R = 1/16, 8 at 1/8, 16 at 1/4 for C = 512), so budget can move between heads at every ratio;
 # the plan's eviction block is then measured among p, p/2, ..., 1 on the search tokens.
-# Calibration is on two texts (issue 24; bench/robust_texts.sh builds them in a temporary
+# Calibration is on two texts (bench/robust_texts.sh builds them in a temporary
 # directory): the TinyStories text and the plain text of three of the papers in ../shared/papers
 # (000-002). Profile and search share their prompts and tokens evenly between the two; the
 # search's guard then checks the plan against the uniform cache (b_s = p = 1) on each text's

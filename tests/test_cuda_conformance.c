@@ -24,9 +24,9 @@
 #include "testutil.h"
 
 #include "kvplan/engine.h"
-#include "kvplan/forward.h"
-#include "kvplan/kvcuda.h"
-#include "kvplan/kvpr_exec.h"
+#include "engine/forward.h"
+#include "backend/kvcuda.h"
+#include "offload/kvpr_exec.h"
 #include "kvplan/plan.h"
 #include "kvplan/tokenizer.h"
 

@@ -28,9 +28,9 @@
 #include "cuda_fake.h"
 #include "backend/backend_impl.h"
 #include "kvplan/engine.h"
-#include "kvplan/forward.h"
-#include "kvplan/kvcuda.h"
-#include "kvplan/kvpr_exec.h"
+#include "engine/forward.h"
+#include "backend/kvcuda.h"
+#include "offload/kvpr_exec.h"
 #include "kvplan/plan.h"
 #include "kvplan/quant.h"
 

@@ -24,7 +24,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "kvplan/forward.h"
+#include "engine/forward.h"
 #include "kvplan/h5io.h"
 #include "kvplan/kvcache.h"
 #include "kvplan/model.h"

@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "kvplan/eval.h"
-#include "kvplan/forward.h"
+#include "engine/forward.h"
 #include "kvplan/generate.h"
 #include "kvplan/model.h"
 #include "kvplan/tokenizer.h"

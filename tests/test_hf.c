@@ -9,7 +9,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "kvplan/forward.h"
+#include "engine/forward.h"
 #include "kvplan/kvcache.h"
 #include "kvplan/model.h"
 #include "model/model_impl.h"

@@ -8,7 +8,7 @@
 
 #include "kvplan/h5io.h"
 #include "kvplan/hwprobe.h"
-#include "kvplan/kvcuda.h"
+#include "backend/kvcuda.h"
 #include "testutil.h"
 
 #define REL_CLOSE(a, b, tol) CU_ASSERT(fabs((a) - (b)) <= (tol)*fabs(b))

@@ -13,7 +13,7 @@
 #include <string.h>
 
 #include "kvplan/eval.h"
-#include "kvplan/forward.h"
+#include "engine/forward.h"
 #include "kvplan/h5io.h"
 #include "kvplan/kvcache.h"
 #include "kvplan/model.h"

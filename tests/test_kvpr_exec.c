@@ -11,9 +11,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kvplan/forward.h"
+#include "engine/forward.h"
 #include "kvplan/kvcache.h"
-#include "kvplan/kvpr_exec.h"
+#include "offload/kvpr_exec.h"
 #include "kvplan/model.h"
 #include "kvplan/tokenizer.h"
 #include "naive_ref.h"

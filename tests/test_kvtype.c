@@ -14,7 +14,7 @@
 #include "backend/backend_impl.h"
 #include "kvplan/engine.h"
 #include "kvplan/eval.h"
-#include "kvplan/forward.h"
+#include "engine/forward.h"
 #include "kvplan/h5io.h"
 #include "kvplan/kvcache.h"
 #include "kvplan/model.h"

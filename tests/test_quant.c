@@ -1,4 +1,4 @@
-/* Weight types in their own type: runtime/model/quant.c.
+/* Weight types in their own type: runtime/quant/quant.c.
  *
  *   - the type table (block sizes and bytes: ggml-common.h's static_asserts on the block_*
  *     structs) and row sizes;
@@ -23,13 +23,13 @@
 #include <unistd.h>
 
 #include "kvplan/eval.h"
-#include "kvplan/forward.h"
+#include "engine/forward.h"
 #include "kvplan/kvcache.h"
 #include "kvplan/model.h"
 #include "kvplan/quant.h"
 #include "kvplan/tokenizer.h"
-#include "model/quant_dot.h"
-#include "model/quant_gemm.h"
+#include "quant/quant_dot.h"
+#include "quant/quant_gemm.h"
 #include "gguf_writer.h"
 #include "synthetic.h"
 #include "testutil.h"
@@ -591,7 +591,7 @@ static void test_int_dot(void) {
     kv_model_free(m);
 }
 
-/* The F32 decode GEMV's documented order (runtime/model/quant.c, gemv_f32_c), written again
+/* The F32 decode GEMV's documented order (runtime/quant/quant.c, gemv_f32_c), written again
  * here: 16 partial sums (mul then add), folded a_k + a_(k+8), a fixed tree, the tail in order. */
 static float gemv_f32_ref(const float *w, const float *x, int n) {
     float a[16] = {0}, b[8];
@@ -705,7 +705,7 @@ static void test_matmul(void) {
                 CU_ASSERT_EQUAL(memcmp(y1, y + (size_t)(rows - 1) * out, (size_t)out * 4), 0);
             }
         }
-        /* F32 weights: up to 4 rows the GEMV of runtime/model/quant.c (gemv_f32_ref's order,
+        /* F32 weights: up to 4 rows the GEMV of runtime/quant/quant.c (gemv_f32_ref's order,
          * whatever the ISA), sgemm above, bit for bit */
         if (t == KV_DT_F32) {
             /* as the CPU backend runs it: OpenBLAS on one thread (its sgemv's bits depend on
@@ -737,7 +737,7 @@ static void test_matmul(void) {
     kv_model_free(m);
 }
 
-/* The integer GEMM (runtime/model/quant_gemm.c, issue 23 item 2): for every type it covers and
+/* The integer GEMM (runtime/quant/quant_gemm.c, issue 23 item 2): for every type it covers and
  * every isa of this CPU, the chunked kernel's outputs equal the portable reference's bit for
  * bit (W rows and x rows not multiples of the tiles (16 x 6 VNNI, 8 x 4 AVX2, tails by 2), two
  * chunks); each reference output is within the activation rounding of the fp32 product of the

@@ -13,7 +13,7 @@
 #include "kvplan/model.h"
 #include "kvplan/plan.h"
 #include "kvplan/search.h"
-#include "kvplan/sensitivity.h"
+#include "planner/sensitivity.h"
 #include "kvplan/tokenizer.h"
 #include "testutil.h"
 
@@ -654,6 +654,30 @@ static void test_cli(void) {
     free(out);
 }
 
+/* The plan writer records the KV type the curves ran in: after `search --kv-type q8` the
+ * /sensitivity group's kv_type attribute is "q8" (it once fell back to the f16 default). */
+static void test_cli_kv_type(void) {
+    char args[2048], *out = NULL;
+    snprintf(args, sizeof args,
+             "search --model %s --text %s --ratio 0.25 --context 128 --allocation sensitivity "
+             "--kv-type q8 --eval-tokens 256 --heldout-tokens 0 --calib-chunks 1 "
+             "--sens-levels 5 --sens-rounds 1 --quiet -o %s",
+             tu_shared(MODEL), tu_shared(TEXT), tu_tmp("cli-q8.h5"));
+    int rc = tu_run_kvplan(args, &out, 1);
+    if (rc) fprintf(stderr, "%s\n", out ? out : "");
+    CU_ASSERT_EQUAL_FATAL(rc, 0);
+    free(out);
+    kv_error err = {0};
+    kv_h5 *f = NULL;
+    CU_ASSERT_EQUAL_FATAL(kv_h5_open_read(tu_tmp("cli-q8.h5"), &f, &err), KV_OK);
+    char *t = NULL;
+    CU_ASSERT_EQUAL(kv_h5_read_attr_str(f, "/sensitivity", "kv_type", &t, &err), KV_OK);
+    CU_ASSERT_PTR_NOT_NULL(t);
+    if (t) CU_ASSERT_STRING_EQUAL(t, "q8");
+    free(t);
+    kv_h5_close(f);
+}
+
 int main(int argc, char **argv) {
     static const tu_test pure[] = {{"mckp_small", test_mckp_small}};
     static const tu_test measured[] = {
@@ -665,12 +689,12 @@ int main(int argc, char **argv) {
         {"typed_curves", test_typed_curves},
         {"typed_search", test_typed_search},
     };
-    static const tu_test cli[] = {{"cli", test_cli}};
+    static const tu_test cli[] = {{"cli", test_cli}, {"cli_kv_type", test_cli_kv_type}};
     static const tu_suite suites[] = {
         {"sensitivity", NULL, NULL, pure, 1},
         {"sensitivity on stories260K", measured_init, measured_cleanup, measured,
          sizeof measured / sizeof measured[0]},
-        {"sensitivity CLI", NULL, NULL, cli, 1},
+        {"sensitivity CLI", NULL, NULL, cli, sizeof cli / sizeof cli[0]},
     };
     return tu_main_suites(argc, argv, suites, sizeof suites / sizeof suites[0]);
 }

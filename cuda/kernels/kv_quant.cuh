@@ -1,4 +1,4 @@
-/* Weights in their file's type on the device (issue 20 item 2): element decoders for every
+/* Weights in their file's type on the device: element decoders for every
  * weight type kvplan reads (include/kvplan/quant.h gives the ggml block layouts), and the
  * kernels that use them, written once for the device and the host shim (kv_defs.cuh):
  *   - kv_k_gemv: y = x W^T for a few rows of x (decode), reading each weight row once in its
@@ -8,7 +8,7 @@
  *   - kv_k_to_16: fp32 activations rounded to binary16 / bfloat16 for cuBLAS's 16-bit GEMMs;
  *   - kv_k_gather_rows_typed: embedding rows dequantised on lookup.
  * The element decoders compute each value with the float expressions, in the same order, of
- * runtime/model/quant.c's block decoders (dq_q8_0 ... dq_q6_k), so a decoded weight equals the
+ * runtime/quant/quant.c's block decoders (dq_q8_0 ... dq_q6_k), so a decoded weight equals the
  * CPU's kv_dequantize_row (checked on the shim by tests/test_cuda_kernels.cpp). They decode one
  * element at a time (a lane's share of a row); a device build would decode a block's scales
  * once per warp, which changes the speed, not the values. */

@@ -32,6 +32,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+KV_API_BEGIN
 
 /* Allocation methods (docs/design.md Planning 1-2). */
 typedef enum {
@@ -205,6 +206,7 @@ typedef struct kv_sh_result {
 int kv_successive_halving(int n_configs, const kv_sh_opts *o, kv_sh_eval_fn eval, void *user,
                           kv_sh_result *res, double *last_ppl, kv_error *err);
 
+KV_API_END
 #ifdef __cplusplus
 }
 #endif

@@ -27,6 +27,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+KV_API_BEGIN
 
 typedef enum { KV_DEVICE_AUTO = 0, KV_DEVICE_CPU = 1, KV_DEVICE_CUDA = 2 } kv_device;
 
@@ -82,6 +83,7 @@ int kv_backend_pool_init_typed(kv_backend *b, kv_pool *p, const int *counts, int
                                int head_dim, kv_error *err);
 void kv_backend_pool_destroy(kv_backend *b, kv_pool *p);
 
+KV_API_END
 #ifdef __cplusplus
 }
 #endif

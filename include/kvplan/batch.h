@@ -29,6 +29,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+KV_API_BEGIN
 
 /* 2 x L x H_kv x d_h x S x B x p bytes (article 003); computed in double, exact for results
  * below 2^53. Llama-3-70B (L 80, H_kv 8, d_h 128), S 4096, B 64, p 2 -> 85,899,345,920.
@@ -52,7 +53,7 @@ typedef struct kv_batch_config {
     int evict_block;     /* e: Batch-Max p, tokens per prefill block / eviction */
     const int *budget;   /* [L * H_kv] budget B[l][j] in tokens (a plan), or NULL: only the
                             full-cache row is computed. Not owned. */
-    const kv_cache_type *kv_type; /* [L * H_kv] KV storage type per head (a plan, issue 22),
+    const kv_cache_type *kv_type; /* [L * H_kv] KV storage type per head (a plan),
                             or NULL: every K/V element takes dtype_bytes. With types, the
                             cache figures of every row count the stored bytes (scales
                             included, kv_type_token_bytes). Not owned. */
@@ -142,6 +143,7 @@ int kv_plan_write_kvpr_batch(kv_h5 *plan, const kv_model *m, const kv_hw *hw, co
 int kv_plan_write_kvpr_batch_from_profile(kv_h5 *plan, const char *profile_path, const kv_model *m,
                                           const kv_plan *b, int *written, kv_error *err);
 
+KV_API_END
 #ifdef __cplusplus
 }
 #endif

@@ -11,9 +11,22 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* The exported API: the library is built with -fvisibility=hidden, and every public header
+ * declares its functions and objects between KV_API_BEGIN and KV_API_END, which give them
+ * default visibility; everything else in libkvplan.so stays internal
+ * (scripts/check-symbols.sh checks that the exports are exactly the public declarations). */
+#if defined(__GNUC__) && !defined(__CUDACC__)
+#define KV_API_BEGIN _Pragma("GCC visibility push(default)")
+#define KV_API_END _Pragma("GCC visibility pop")
+#else
+#define KV_API_BEGIN
+#define KV_API_END
+#endif
+
 #ifdef __cplusplus
 extern "C" {
 #endif
+KV_API_BEGIN
 
 enum {
     KV_OK = 0,
@@ -179,6 +192,7 @@ int kv_parse_int(const char *s, const char *opt, long lo, long hi, long *out, kv
 int kv_parse_double(const char *s, const char *opt, double lo, double hi, double *out,
                     kv_error *err);
 
+KV_API_END
 #ifdef __cplusplus
 }
 #endif

@@ -16,13 +16,18 @@
 
 #include "kvplan/backend.h"
 #include "kvplan/common.h"
-#include "kvplan/forward.h"
+#include "kvplan/kvcache.h"
 #include "kvplan/model.h"
 #include "kvplan/plan.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
+KV_API_BEGIN
+
+/* Which logits a forward step returns: none, the last new token's of each sequence, or every
+ * new token's. */
+typedef enum { KV_LOGITS_NONE = 0, KV_LOGITS_LAST = 1, KV_LOGITS_ALL = 2 } kv_logits_mode;
 
 typedef struct kv_engine_opts {
     kv_device device; /* auto (default), cpu or cuda */
@@ -121,9 +126,10 @@ size_t kv_engine_bytes_in_use(const kv_engine *e);
 size_t kv_engine_bytes_peak(const kv_engine *e);
 void kv_engine_reset_peak(kv_engine *e);
 /* Bytes one sequence's full cache of `tokens` tokens takes in F16 blocks (the ratio
- * reference, issue 22): L * H_kv * ceil(tokens / b_s) * 2 * b_s * 2 d_h. */
+ * reference): L * H_kv * ceil(tokens / b_s) * 2 * b_s * 2 d_h. */
 size_t kv_engine_bytes_full(const kv_engine *e, int tokens);
 
+KV_API_END
 #ifdef __cplusplus
 }
 #endif

@@ -12,7 +12,6 @@
 
 #include "kvplan/common.h"
 #include "kvplan/engine.h"
-#include "kvplan/forward.h"
 #include "kvplan/kvcache.h"
 #include "kvplan/model.h"
 #include "kvplan/plan.h"
@@ -21,6 +20,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+KV_API_BEGIN
 
 typedef struct kv_eval_result {
     double nll;         /* mean negative log-likelihood, nats per scored token */
@@ -81,6 +81,7 @@ void kv_sampler_init(kv_sampler *s, float temperature, float top_p, uint64_t see
  * `scratch` holds at least 2 * vocab ints worth of space (vocab floats + vocab ints). */
 int kv_sample(kv_sampler *s, float *logits, int vocab, void *scratch);
 
+KV_API_END
 #ifdef __cplusplus
 }
 #endif

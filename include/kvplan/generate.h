@@ -22,6 +22,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+KV_API_BEGIN
 
 /* Called for each token as it becomes known: first the prompt tokens of every sequence once
  * all prompts are prefilled (prev = -1 for a sequence's first token, else the token before),
@@ -72,6 +73,7 @@ int kv_generate(kv_engine *e, const kv_model *m, const kv_tokenizer *tok, const 
 /* Free a result's sequences; safe on a zeroed or already freed result. */
 void kv_gen_result_free(kv_gen_result *res);
 
+KV_API_END
 #ifdef __cplusplus
 }
 #endif

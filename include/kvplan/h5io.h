@@ -12,11 +12,11 @@
 #define KVPLAN_H5IO_H
 
 #include "kvplan/common.h"
-#include "kvplan/model.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
+KV_API_BEGIN
 
 /* Newest schema this build reads; files are written with it (plan files: v2, see
  * kvplan/plan.h; v1 files stay readable). */
@@ -42,12 +42,6 @@ void kv_h5_abort(kv_h5 *f);
 int kv_h5_open_read(const char *path, kv_h5 **out, kv_error *err);
 void kv_h5_close(kv_h5 *f);
 const char *kv_h5_path(const kv_h5 *f); /* the final (user-visible) path */
-
-/* Root provenance: kvplan_version, schema_version, created (UTC ISO-8601), command (the
- * command line), model_sha256; and the model's config as attributes model_* (format, path,
- * dim, hidden_dim, n_layers, n_heads, n_kv_heads, head_dim, vocab_size, seq_len). `m` may be
- * NULL for a file that belongs to no model: model_sha256 is then "" and no model_* is written. */
-int kv_h5_write_provenance(kv_h5 *f, const char *command, const kv_model *m, kv_error *err);
 
 /* Datasets. dims has `rank` entries (rank 1..KV_H5_MAX_RANK). */
 int kv_h5_write_f64(kv_h5 *f, const char *path, int rank, const long *dims, const double *data,
@@ -96,6 +90,7 @@ int kv_h5_list_groups(kv_h5 *f, void (*fn)(void *user, const char *path), void *
 int kv_h5_list_attrs(kv_h5 *f, const char *obj, void (*fn)(void *user, const char *name, char kind),
                      void *user, kv_error *err);
 
+KV_API_END
 #ifdef __cplusplus
 }
 #endif

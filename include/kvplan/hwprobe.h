@@ -30,6 +30,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+KV_API_BEGIN
 
 #define KV_HW_MAX_SIZES 48   /* copy sizes per sweep */
 #define KV_HW_MAX_SHAPES 16  /* GEMM shapes (b*l values) */
@@ -190,6 +191,7 @@ int kv_hw_read_rates(kv_h5 *f, kv_hw_rates *out, kv_error *err);
  * (KV_EINPUT for bytes == 0 or repeats < 1, KV_EINTERNAL when out of memory). */
 double kv_hw_memcpy_bandwidth(size_t bytes, int repeats, kv_error *err);
 
+KV_API_END
 #ifdef __cplusplus
 }
 #endif

@@ -19,6 +19,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+KV_API_BEGIN
 
 /* Eviction policies (docs/design.md Runtime). */
 typedef enum {
@@ -36,7 +37,7 @@ typedef enum {
 #define KV_DEFAULT_EVICT_BLOCK 16
 #define KV_BUDGET_UNBOUNDED 0x3fffffff
 
-/* KV storage types of one (layer, KV head) (issue 22; docs/formats.md "KV storage types").
+/* KV storage types of one (layer, KV head) (docs/formats.md "KV storage types").
  * A stored row is one token's K (or V) of one head: d_h values. The group of a scale is the
  * whole row, which exists for every d_h (8 for stories260K, 16 for TinyStories-656K):
  *   f32: d_h float32                                      4 d_h bytes
@@ -242,6 +243,7 @@ void kv_cache_blocks_needed_typed(int n_layers, int n_kv_heads, const int *budge
                                   const kv_cache_type *types, int context, int evict_block,
                                   int block_size, long *counts);
 
+KV_API_END
 #ifdef __cplusplus
 }
 #endif

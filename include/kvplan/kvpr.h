@@ -27,6 +27,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+KV_API_BEGIN
 
 /* KVPR §3.2 schedules. Column-by-column sends the activations X[0:l] over the link before
  * recomputation (full Eq. 10); row-by-row keeps them on the device (first term dropped). */
@@ -45,7 +46,7 @@ typedef struct kv_kvpr_shape {
     long kv_width;      /* h_kv = H_kv * d_h, >= 1 */
     double dtype_bytes; /* p, bytes per element of X, K and V (2 for fp16), > 0 */
     double kv_bytes;    /* bytes per K/V element as the cache stores them, scales included
-                         * (issue 22: the plan's stored bytes per token / (2 L H_kv d_h));
+                         * (the plan's stored bytes per token / (2 L H_kv d_h));
                          * 0 = dtype_bytes */
 } kv_kvpr_shape;
 
@@ -144,6 +145,7 @@ int kv_hw_from_preset(const char *key, kv_hw *out, kv_error *err);
  * when it is not a kvplan file, has no /hardware group or lacks a figure. */
 int kv_hw_from_profile(const char *profile_path, kv_hw *out, kv_error *err);
 
+KV_API_END
 #ifdef __cplusplus
 }
 #endif

@@ -17,11 +17,13 @@
 #define KVPLAN_MODEL_H
 
 #include "kvplan/common.h"
+#include "kvplan/h5io.h"
 #include "kvplan/quant.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
+KV_API_BEGIN
 
 typedef enum { KV_ROPE_ADJACENT = 0, KV_ROPE_HALF = 1 } kv_rope_layout;
 
@@ -105,6 +107,14 @@ void kv_model_weight_types(const kv_model *m, char *buf, size_t cap);
 /* Parameter count (embedding counted once when tied). */
 size_t kv_model_param_count(const kv_model *m);
 
+/* Root provenance of an output file (runtime/model/provenance.c): kvplan_version, schema_version,
+ * created (UTC ISO-8601), command (the command line), model_sha256; and the model's config as
+ * attributes model_* (format, path, dim, hidden_dim, n_layers, n_heads, n_kv_heads, head_dim,
+ * vocab_size, seq_len). `m` may be NULL for a file that belongs to no model: model_sha256 is then
+ * "" and no model_* is written. */
+int kv_h5_write_provenance(kv_h5 *f, const char *command, const kv_model *m, kv_error *err);
+
+KV_API_END
 #ifdef __cplusplus
 }
 #endif

@@ -23,6 +23,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+KV_API_BEGIN
 
 /* Schema of the plan files this build writes (v2 adds /budget/policy [L, H_kv]; v3 adds
  * /budget/kv_type [L, H_kv] and measures the ratio in bytes); v1 files (one policy for every
@@ -38,7 +39,7 @@ typedef struct kv_plan {
     int context;              /* C: tokens per chunk / sequence the budgets refer to */
     int block_size;           /* b_s tokens per KV block */
     int evict_block;          /* Batch-Max p: tokens processed between evictions */
-    double ratio;             /* R: stored bytes / the full F16 cache's bytes (issue 22):
+    double ratio;             /* R: stored bytes / the full F16 cache's bytes:
                                * sum_i B_i * token_bytes(T_i) = R * L * H_kv * C * 2 * d_h * 2,
                                * within one block per head; for F16 heads the token fraction */
     kv_policy policy;         /* the plan's default policy (root attribute `policy`) */
@@ -152,6 +153,7 @@ int kv_plan_mixed_types(const kv_plan *p, kv_cache_type *first);
 /* 1 when some head has a policy other than the plan's default. */
 int kv_plan_mixed_policies(const kv_plan *p);
 
+KV_API_END
 #ifdef __cplusplus
 }
 #endif

@@ -25,6 +25,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+KV_API_BEGIN
 
 typedef struct kv_profile {
     int P, L, H, H_kv, T;     /* prompts, layers, query heads, KV heads, tokens per prompt */
@@ -82,6 +83,7 @@ int kv_profile_write(kv_h5 *f, const kv_profile *pr, kv_error *err);
 /* Kendall's tau-b between two score vectors of length n (ties handled), O(n^2). */
 double kv_kendall_tau(const double *a, const double *b, int n);
 
+KV_API_END
 #ifdef __cplusplus
 }
 #endif

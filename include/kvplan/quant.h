@@ -51,6 +51,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+KV_API_BEGIN
 
 /* The ggml type ids (ggml.h enum ggml_type) of the types kvplan reads. */
 typedef enum kv_dtype {
@@ -112,7 +113,7 @@ float kv_dot_row(kv_dtype t, const void *w, const float *x, int64_t n);
 /* The same with the portable C kernels only (what CPUs without AVX2 run); for tests. */
 float kv_dot_row_portable(kv_dtype t, const void *w, const float *x, int64_t n);
 
-/* Instruction sets of the integer dot kernels (issue 23), detected at run time from CPUID. */
+/* Instruction sets of the integer dot kernels, detected at run time from CPUID. */
 typedef enum kv_isa {
     KV_ISA_PORTABLE = 0,    /* C, any CPU: the reference */
     KV_ISA_AVX2 = 1,        /* AVX2 + FMA + F16C: maddubs / madd */
@@ -130,7 +131,7 @@ const char *kv_isa_name(kv_isa isa);
  * Q5_K, Q6_K): x [n] is quantised to 8 bits per element (blocks of 32 with an fp32 scale for
  * the 32-element types, blocks of 256 for the K-quants; max |x| / 127 per block, as ggml's Q8_0 /
  * Q8_K activation blocks), each block's integer dot is exact, and the block results are scaled
- * and summed in one fixed order (runtime/model/quant_dot.h), so every isa gives the same bits.
+ * and summed in one fixed order (runtime/quant/quant_dot.h), so every isa gives the same bits.
  * The difference from the fp32 dot sum w x is the activation rounding: per element at most
  * |w_i| d_b / 2 (d_b = max |x| / 127 of its block), plus fp32 summation error.
  * Result in *out. KV_EINPUT when n is not a positive multiple of the type's block, t has no
@@ -169,7 +170,7 @@ void kv_weight_row(kv_weight w, int in, int64_t row, float *dst);
  *     the fp32 dots of kv_dot_row instead).
  *   - F16 / BF16, rows <= 4 (decode): one fp32 typed dot (kv_dot_row) per (row, output).
  *   - Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K above 16 rows (prefill, chunk scoring, large
- *     p-blocks; issue 23 item 2): the integer GEMM (runtime/model/quant_gemm.h): the rows of x
+ *     p-blocks): the integer GEMM (runtime/quant/quant_gemm.h): the rows of x
  *     quantised once to 8-bit blocks of 32, each chunk of W rows packed into 8-row interleaved
  *     strips, AVX-512 VNNI / AVX2 / portable kernels with the same bits; each result depends
  *     only on its own row of x and W row (the same bits for any batch above 16 rows). Scratch:
@@ -180,15 +181,15 @@ void kv_weight_row(kv_weight w, int in, int64_t row, float *dst);
  *     by cblas_sgemm (fp32 activations); with a smaller or NULL scratch the dot path (fp32
  *     dots for F16 / BF16, the integer dots for quantised types).
  * The outputs are computed in chunks of consecutive W rows whose size depends only on the
- * path and the matrix (runtime/model/quant.c), so kv_qmatmul_pool gives these same bits on any
+ * path and the matrix (runtime/quant/quant.c), so kv_qmatmul_pool gives these same bits on any
  * number of threads.
  * Preconditions (not checked, the hot path): rows, in, out > 0, in a multiple of
  * kv_dtype_block(wt), y not aliasing x. No global state. */
 void kv_qmatmul(float *y, const float *x, const void *w, kv_dtype wt, int rows, int in, int out,
                 float *scratch, size_t scratch_floats);
 
-/* kv_qmatmul with its chunks run on the threads of `pool` (NULL: the caller alone; issue 23
- * item 3). The dequantised tiles are per thread: the tile path wants
+/* kv_qmatmul with its chunks run on the threads of `pool` (NULL: the caller alone).
+ * The dequantised tiles are per thread: the tile path wants
  * kv_qmatmul_scratch_threads(wt, rows, in, out, kv_workers_count(pool)) floats of scratch.
  * The BLAS calls of the F32 and tile paths run inside the chunks, so the process's OpenBLAS
  * should be on one thread (kvplan/workers.h). Same bits as kv_qmatmul. */
@@ -203,6 +204,7 @@ size_t kv_qmatmul_scratch_floats(kv_dtype wt, int rows, int in, int out);
 /* The same for kv_qmatmul_pool on n_threads threads (one tile or weight panel per thread). */
 size_t kv_qmatmul_scratch_threads(kv_dtype wt, int rows, int in, int out, int n_threads);
 
+KV_API_END
 #ifdef __cplusplus
 }
 #endif

@@ -36,6 +36,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+KV_API_BEGIN
 
 struct kv_search_opts;
 struct kv_search_result;
@@ -195,6 +196,7 @@ void kv_retrieval_result_free(kv_retrieval_result *r);
  * probes, n_probes, window, heads_source. */
 int kv_retrieval_write(kv_h5 *f, const kv_retrieval_result *r, kv_error *err);
 
+KV_API_END
 #ifdef __cplusplus
 }
 #endif

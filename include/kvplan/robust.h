@@ -21,7 +21,7 @@
  * combined per head and level as their mean over the texts (the pooled knapsack, each text
  * weighing the same) or as their largest value (a max-regret knapsack on an upper bound:
  * sum_h max_t d[h][t] >= max_t sum_h d[h][t]), and each is solved by kv_sens_allocate with
- * the NLL objective (include/kvplan/sensitivity.h), and the knapsack on each text's curves
+ * the NLL objective (planner/sensitivity.h), and the knapsack on each text's curves
  * alone (the first KV_ROBUST_TEXT_SOURCES texts: a plan for that text, which the guard holds
  * to the others); the sensitivity knapsack's own solution with its per-head KV types, when
  * the search kept another plan (the grid's cell, or a uniform cache of one KV type that beat
@@ -61,6 +61,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+KV_API_BEGIN
 
 struct kv_search_opts;
 struct kv_search_result;
@@ -77,7 +78,7 @@ struct kv_search_result;
  * held-out), mean m and sample deviation s, m + z s sqrt(1/n + 1/n_new) <= log(1 + tol): a new
  * sample of n_new chunks of that text is predicted within (1 + tol) x uniform's perplexity at
  * one-sided level 95% (z = 1.645; Student's t would widen it for small n). n_new = 4 chunks
- * (2048 tokens at C = 512, the size of the held-out evaluations of issue 24), tol = 0.5%. */
+ * (2048 tokens at C = 512, the size of the search's held-out evaluations), tol = 0.5%. */
 #define KV_ROBUST_PRED_Z 1.645
 #define KV_ROBUST_PRED_CHUNKS 4
 #define KV_ROBUST_PRED_TOL 0.005
@@ -172,6 +173,7 @@ const char *kv_robust_decision(const kv_robust_result *r);
  * (kv_robust_decision), lambda, reason, uniform_block_size, uniform_evict_block. */
 int kv_robust_write(kv_h5 *f, const kv_robust_result *r, kv_error *err);
 
+KV_API_END
 #ifdef __cplusplus
 }
 #endif

@@ -39,6 +39,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+KV_API_BEGIN
 
 /* Most sequences in one decode forward call (the per-row matmul paths, kvplan/quant.h). */
 #define KV_SCHED_GROUP 4
@@ -164,6 +165,7 @@ void kv_sched_stats_get(kv_sched *s, kv_sched_stats *out);
 const double *kv_sched_bucket_bounds(void);
 const char *kv_finish_name(kv_finish f);
 
+KV_API_END
 #ifdef __cplusplus
 }
 #endif

@@ -32,6 +32,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+KV_API_BEGIN
 
 struct kv_retrieval_result;
 
@@ -65,7 +66,7 @@ typedef struct kv_search_opts {
     int kv_types_mask;        /* bit t: KV type t is a candidate of the sensitivity knapsack
                                * (kv_sens_opts.types_mask), and uniform budgets stored in t at the
                                * same bytes (R of the full F16 cache) are evaluated on the search
-                               * and held-out tokens (issue 22 baselines per type); 0 = none
+                               * and held-out tokens (baselines per type); 0 = none
                                * (tokens only; the CLI default is f16,q8,q4) */
     int context;              /* C tokens per chunk (<= model seq_len) */
     int block_size;           /* b_s */
@@ -84,7 +85,7 @@ typedef struct kv_search_opts {
     kv_progress *progress;  /* NULL = silent; prints progress with an ETA */
     kv_device device;       /* the engine's device (auto, cpu, cuda) */
     int n_threads;          /* its CPU threads (kv_engine_opts.n_threads; 0: the CPUs available) */
-    /* Sensitivity planning (include/kvplan/sensitivity.h) after the grid: 0 off (default),
+    /* Sensitivity planning (planner/sensitivity.h) after the grid: 0 off (default),
      * 1 on. With it, the sensitivity allocation's solution becomes the plan when its search
      * perplexity beats the grid's winner and the baselines. For `--allocation sensitivity`
      * alone, pass allocation uniform (the grid is then the uniform plan, one evaluation). */
@@ -139,7 +140,7 @@ static inline int kv_search_engine(const kv_model *m, const kv_search_opts *o, k
     if (rc) return rc;
     kv_plan_set_kv_type(&full, t);
     kv_engine_opts eo = {
-        .device = o->device, .n_threads = o->n_threads, .max_seqs = seqs, .type_mask = type_mask};
+        .device = o->device, .max_seqs = seqs, .n_threads = o->n_threads, .type_mask = type_mask};
     rc = kv_engine_new(m, &full, &eo, out, err);
     kv_plan_free(&full);
     return rc;
@@ -244,6 +245,7 @@ int kv_plan_file_write(const char *path, const char *command, const char *profil
                        int evict_block, const int *tokens, const kv_search_opts *so,
                        const kv_search_result *sr, kv_error *err);
 
+KV_API_END
 #ifdef __cplusplus
 }
 #endif

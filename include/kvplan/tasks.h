@@ -30,6 +30,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+KV_API_BEGIN
 
 typedef struct kv_tasks kv_tasks;
 
@@ -119,6 +120,7 @@ int kv_tasks_bcast_int(const kv_tasks *t, int v);
  * Collective under MPI. */
 int kv_tasks_agree(const kv_tasks *t, int rc, kv_error *err);
 
+KV_API_END
 #ifdef __cplusplus
 }
 #endif

@@ -25,6 +25,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+KV_API_BEGIN
 
 typedef enum { KV_TOK_SPM = 1, KV_TOK_BPE = 2 } kv_tok_kind;
 
@@ -73,6 +74,7 @@ int kv_tokenizer_decode(const kv_tokenizer *t, const int *ids, int n, char **tex
 /* Bytes of one token for streaming output (see kv_tokenizer_ops.piece). */
 int kv_tokenizer_piece(const kv_tokenizer *t, int prev_id, int id, char *buf, int cap);
 
+KV_API_END
 #ifdef __cplusplus
 }
 #endif

@@ -1,5 +1,5 @@
 /* kvplan worker pool: one persistent set of threads per CPU backend for the runtime's matmuls
- * and attention (issue 23 item 3). The threads start once (kv_workers_new) and sleep between
+ * and attention. The threads start once (kv_workers_new) and sleep between
  * jobs; a job is a number of independent chunks, handed out one at a time from a shared
  * counter, so a thread that the OS has descheduled (a shared machine) only delays the chunk it
  * holds: the others, the caller included, take the rest. No fork of a parallel region per
@@ -22,6 +22,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+KV_API_BEGIN
 
 typedef struct kv_workers kv_workers;
 
@@ -50,6 +51,7 @@ int kv_workers_count(const kv_workers *w);
  * Not reentrant: fn must not call kv_workers_run on the same pool. */
 void kv_workers_run(kv_workers *w, int n_chunks, kv_work_fn fn, void *ctx);
 
+KV_API_END
 #ifdef __cplusplus
 }
 #endif

@@ -1,4 +1,4 @@
-/* kvplan's CUDA entry points (include/kvplan/kvcuda.h) in a binary that links no CUDA library:
+/* kvplan's CUDA entry points (runtime/backend/kvcuda.h) in a binary that links no CUDA library:
  * each call finds the plugin libkvplan-cuda.so, opens it with dlopen and forwards to its table
  * (runtime/backend/cuda_plugin.h). Without an NVIDIA driver the plugin is not even opened, so a
  * CPU run never maps libcudart or libcublas.
@@ -9,7 +9,7 @@
  * KVPLAN_PLUGIN_DIR (the configured install prefix's lib/kvplan). dlopen keeps one copy per
  * process however often it is called; the plugin stays loaded for the life of the process
  * because the backends it creates point into it. No state is kept here. */
-#include "kvplan/kvcuda.h"
+#include "backend/kvcuda.h"
 
 #include "backend/cuda_plugin.h"
 

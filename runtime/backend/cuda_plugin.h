@@ -1,5 +1,5 @@
 /* The CUDA plugin's interface: the one table libkvplan-cuda.so exports (internal to kvplan; the
- * public face is include/kvplan/kvcuda.h).
+ * public face is runtime/backend/kvcuda.h).
  *
  * The main library links no CUDA library. When a CUDA run is asked for (or --device auto finds
  * an NVIDIA driver), runtime/backend/cuda_loader.c opens the plugin with dlopen and takes this
@@ -9,7 +9,7 @@
 #ifndef KVPLAN_CUDA_PLUGIN_H
 #define KVPLAN_CUDA_PLUGIN_H
 
-#include "kvplan/kvcuda.h"
+#include "backend/kvcuda.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -22,7 +22,7 @@ extern "C" {
 #define KV_CUDA_PLUGIN_FILE "libkvplan-cuda.so"
 
 typedef struct kv_cuda_plugin {
-    int abi;          /* KV_CUDA_PLUGIN_ABI of the build that made the plugin */
+    int abi;           /* KV_CUDA_PLUGIN_ABI of the build that made the plugin */
     size_t table_size; /* sizeof(kv_cuda_plugin) of that build */
     int (*device_count)(char *why);
     int (*device_info)(int dev, kv_cuda_device *out, kv_error *err);
@@ -30,8 +30,8 @@ typedef struct kv_cuda_plugin {
                       int repeats, double *times, kv_progress *p, kv_error *err);
     int (*probe_gemm)(int dev, kv_cuda_dtype dtype, const int *m, const int *n, const int *k,
                       int n_shapes, int repeats, double *times, kv_progress *p, kv_error *err);
-    int (*backend_new)(const struct kv_model *m, int max_rows, int max_ctx,
-                       struct kv_backend **out, kv_error *err);
+    int (*backend_new)(const struct kv_model *m, int max_rows, int max_ctx, struct kv_backend **out,
+                       kv_error *err);
     int (*kvpr_new)(const struct kv_model *m, int max_ctx, kv_cuda_kvpr **out, kv_error *err);
     void (*kvpr_free)(kv_cuda_kvpr *e);
     int (*kvpr_rebuild)(kv_cuda_kvpr *e, const struct kv_kvpr_layer *layers, int n,

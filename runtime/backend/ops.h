@@ -27,10 +27,10 @@ typedef struct kv_op_scratch {
     kv_workers *pool;
 } kv_op_scratch;
 
-/* y[rows, out] = x[rows, in] W^T, W [out, in] in its own type (kv_qmatmul, runtime/model/quant.c):
+/* y[rows, out] = x[rows, in] W^T, W [out, in] in its own type (kv_qmatmul, runtime/quant/quant.c):
  * F32 weights take one sgemv per row for up to 4 rows (sgemm's packing of W costs more than the
  * work for a handful of rows) and sgemm above; quantised types the integer dots with 8-bit
- * activations up to 16 rows (issue 23), F16 / BF16 a typed fp32 dot per (row, output) up to 4
+ * activations up to 16 rows, F16 / BF16 a typed fp32 dot per (row, output) up to 4
  * rows; above those, dequantised tiles of W in `s` and sgemm. */
 void kv_op_matmul(float *y, const float *x, kv_weight w, int rows, int in, int out,
                   const kv_op_scratch *s);

@@ -4,7 +4,7 @@
  */
 #include "backend/backend_impl.h"
 
-#include "kvplan/kvcuda.h"
+#include "backend/kvcuda.h"
 
 #include <stdio.h>
 

@@ -1,5 +1,6 @@
 /* kvplan engine: see include/kvplan/engine.h. */
 #include "kvplan/engine.h"
+#include "engine/forward.h"
 #include "backend/backend_impl.h"
 
 #include <math.h>
@@ -355,7 +356,7 @@ void kv_engine_reset_peak(kv_engine *e) {
     kv_pool_reset_peak(&e->pool);
 }
 size_t kv_engine_bytes_full(const kv_engine *e, int tokens) {
-    /* the ratio reference: the full cache in F16 (issue 22) */
+    /* the ratio reference: the full cache in F16 */
     return (size_t)e->plan.n_layers * (size_t)e->plan.n_kv_heads *
            (size_t)((tokens + e->plan.block_size - 1) / e->plan.block_size) * 2 *
            (size_t)e->plan.block_size * kv_type_row_bytes(KV_TYPE_F16, e->m->cfg.head_dim);

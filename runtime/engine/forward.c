@@ -1,7 +1,7 @@
-/* kvplan forward driver: see include/kvplan/forward.h. Backend-neutral: the arithmetic is the
+/* kvplan forward driver: see runtime/engine/forward.h. Backend-neutral: the arithmetic is the
  * backend's (runtime/backend/backend_cpu.c, cuda/), the block tables, eviction schedule and
  * policies are the cache's (runtime/cache/kvcache.c). */
-#include "kvplan/forward.h"
+#include "engine/forward.h"
 #include "backend/backend_impl.h"
 
 #include <string.h>

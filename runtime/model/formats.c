@@ -65,6 +65,8 @@ int kv_model_load(const char *path, kv_model **out, kv_error *err) {
         if (rc == KV_OK) snprintf((*out)->path, sizeof(*out)->path, "%s", path);
         return rc;
     }
-    return kv_fail(err, KV_EINPUT, "%s: not a model kvplan reads (llama2.c .bin, GGUF or a "
-                                   "Hugging Face directory)", path);
+    return kv_fail(err, KV_EINPUT,
+                   "%s: not a model kvplan reads (llama2.c .bin, GGUF or a "
+                   "Hugging Face directory)",
+                   path);
 }

@@ -4,7 +4,7 @@
  * Weight matrices stay in their file's type (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
  * Q4_K, Q5_K, Q6_K; layouts: include/kvplan/quant.h), in place in the loaded file (docs/design.md,
  * "One engine": weights stay in the file's type); norms and biases in another type than F32 are
- * dequantised on load (runtime/model/quant.c) into buffers the model owns. GGUF conversions of
+ * dequantised on load (runtime/quant/quant.c) into buffers the model owns. GGUF conversions of
  * llama models permute the Q and K rows for RoPE on adjacent pairs (KV_ROPE_ADJACENT); qwen2
  * conversions keep the rotate-half layout (KV_ROPE_HALF).
  *

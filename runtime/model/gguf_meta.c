@@ -246,7 +246,7 @@ int kv_gguf_get_str(const kv_gguf *g, const char *key, char *buf, size_t cap, kv
     return 1;
 }
 
-/* Bytes of tensor t's data from its type and shape (runtime/model/quant.c): rows of ne[0] elements
+/* Bytes of tensor t's data from its type and shape (runtime/quant/quant.c): rows of ne[0] elements
  * in whole blocks. Unsupported types and rows that are not a multiple of the block size fail here,
  * naming the tensor. */
 static int tensor_nbytes(const char *path, kv_gguf_tensor *t, kv_error *err) {

@@ -5,8 +5,8 @@
 #define MAT(field) offsetof(kv_layer_weights, field), 1
 
 static const kv_tensor_role kv_layer_roles[] = {
-    {"attn_norm.weight", "input_layernorm.weight", KV_TDIM_ONE, KV_TDIM_DIM, 0,
-     "embedding_length", "hidden_size", VEC(attn_norm)},
+    {"attn_norm.weight", "input_layernorm.weight", KV_TDIM_ONE, KV_TDIM_DIM, 0, "embedding_length",
+     "hidden_size", VEC(attn_norm)},
     {"attn_q.weight", "self_attn.q_proj.weight", KV_TDIM_Q, KV_TDIM_DIM, 0,
      "head_count*head_dim x embedding_length", "heads*head_dim x hidden_size", MAT(wq)},
     {"attn_k.weight", "self_attn.k_proj.weight", KV_TDIM_KV, KV_TDIM_DIM, 0,
@@ -17,10 +17,10 @@ static const kv_tensor_role kv_layer_roles[] = {
      "embedding_length x head_count*head_dim", "hidden_size x heads*head_dim", MAT(wo)},
     {"attn_q.bias", "self_attn.q_proj.bias", KV_TDIM_ONE, KV_TDIM_Q, 1, "head_count*head_dim",
      "heads*head_dim", VEC(bq)},
-    {"attn_k.bias", "self_attn.k_proj.bias", KV_TDIM_ONE, KV_TDIM_KV, 1,
-     "head_count_kv*head_dim", "kv_heads*head_dim", VEC(bk)},
-    {"attn_v.bias", "self_attn.v_proj.bias", KV_TDIM_ONE, KV_TDIM_KV, 1,
-     "head_count_kv*head_dim", "kv_heads*head_dim", VEC(bv)},
+    {"attn_k.bias", "self_attn.k_proj.bias", KV_TDIM_ONE, KV_TDIM_KV, 1, "head_count_kv*head_dim",
+     "kv_heads*head_dim", VEC(bk)},
+    {"attn_v.bias", "self_attn.v_proj.bias", KV_TDIM_ONE, KV_TDIM_KV, 1, "head_count_kv*head_dim",
+     "kv_heads*head_dim", VEC(bv)},
     {"ffn_norm.weight", "post_attention_layernorm.weight", KV_TDIM_ONE, KV_TDIM_DIM, 0,
      "embedding_length", "hidden_size", VEC(ffn_norm)},
     {"ffn_gate.weight", "mlp.gate_proj.weight", KV_TDIM_HIDDEN, KV_TDIM_DIM, 0,

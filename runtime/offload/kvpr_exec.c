@@ -1,10 +1,10 @@
-/* kvplan KVPR executor, CPU path. See include/kvplan/kvpr_exec.h.
+/* kvplan KVPR executor, CPU path. See runtime/offload/kvpr_exec.h.
  * Source: KVPR (Jiang et al.) §3.2-3.3, Eq. 6 (bytes of X[0:l] and K, V [l:s']), Eq. 7
  * (K = X W_K, V = X W_V), Eq. 8-9 (recomputation FLOPs and time), Eq. 10-11 (the overlapped
  * step time the split balances). */
-#include "kvplan/kvpr_exec.h"
+#include "offload/kvpr_exec.h"
 
-#include "kvplan/forward.h"
+#include "engine/forward.h"
 #include "backend/backend_impl.h"
 #include "backend/ops.h"
 

@@ -1,7 +1,7 @@
 /* The hardware probes (cuda/hwprobe.cu) are not built on the fake CUDA runtime: they time
  * copies and GEMMs, which only a device can answer. These stand-ins keep the loader
  * (runtime/backend/cuda_loader.c) out of a program linked against the fake, and say so. */
-#include "kvplan/kvcuda.h"
+#include "backend/kvcuda.h"
 
 extern "C" int kv_cuda_probe_copy(int dev, kv_cuda_copy_kind kind, const size_t *bytes, int n_sizes,
                                   int repeats, double *times, kv_progress *p, kv_error *err) {

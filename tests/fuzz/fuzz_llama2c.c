@@ -1,7 +1,7 @@
 /* libFuzzer target: the llama2.c legacy checkpoint loader (runtime/model/llama2c.c) through
  * kv_model_load, and a short forward pass when a model loads. */
 #include "fuzz_util.h"
-#include "kvplan/forward.h"
+#include "engine/forward.h"
 #include "kvplan/model.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);

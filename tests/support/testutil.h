@@ -6,7 +6,7 @@
 #include <CUnit/CUnit.h>
 #include <stddef.h>
 
-#include "kvplan/forward.h"
+#include "engine/forward.h"
 #include "kvplan/kvcache.h"
 #include "kvplan/model.h"
 #include "kvplan/tokenizer.h"

@@ -1,64 +1,24 @@
-/* Weight data types: the type table (block sizes, block bytes, names, row bytes) of
- * include/kvplan/quant.h, shared by the decoders (quant.c) and the integer dot products
- * (quant_dot.c). Layouts as ggml's ggml-common.h and the GGUF spec (docs/gguf.md). */
+/* Weight data types: the type table of include/kvplan/quant.h (block sizes and bytes from the
+ * traits table, quant_traits.h; names, row bytes), shared by the decoders (quant.c) and the
+ * integer dot products (quant_dot.c). Layouts as ggml's ggml-common.h and the GGUF spec
+ * (docs/gguf.md). */
 #include "kvplan/quant.h"
+#include "quant/quant_traits.h"
 
 #include <stdint.h>
 #include <string.h>
 #include <strings.h>
-
-#define QK 32   /* elements per block of the 32-element types */
-#define QKK 256 /* elements per super-block of the K-quants */
 
 const kv_dtype kv_dtype_all[KV_DT_COUNT] = {KV_DT_F32,  KV_DT_F16,  KV_DT_BF16, KV_DT_Q8_0,
                                             KV_DT_Q4_0, KV_DT_Q4_1, KV_DT_Q5_0, KV_DT_Q5_1,
                                             KV_DT_Q4_K, KV_DT_Q5_K, KV_DT_Q6_K};
 
 int kv_dtype_block(kv_dtype t) {
-    switch (t) {
-    case KV_DT_F32:
-    case KV_DT_F16:
-    case KV_DT_BF16:
-        return 1;
-    case KV_DT_Q8_0:
-    case KV_DT_Q4_0:
-    case KV_DT_Q4_1:
-    case KV_DT_Q5_0:
-    case KV_DT_Q5_1:
-        return QK;
-    case KV_DT_Q4_K:
-    case KV_DT_Q5_K:
-    case KV_DT_Q6_K:
-        return QKK;
-    }
-    return 0;
+    return kv_qtraits_get(t).block;
 }
 
 size_t kv_dtype_block_bytes(kv_dtype t) {
-    switch (t) {
-    case KV_DT_F32:
-        return 4;
-    case KV_DT_F16:
-    case KV_DT_BF16:
-        return 2;
-    case KV_DT_Q8_0:
-        return 2 + 32; /* d, q[32] */
-    case KV_DT_Q4_0:
-        return 2 + 16; /* d, qs[16] */
-    case KV_DT_Q4_1:
-        return 2 + 2 + 16; /* d, m, qs[16] */
-    case KV_DT_Q5_0:
-        return 2 + 4 + 16; /* d, qh, qs[16] */
-    case KV_DT_Q5_1:
-        return 2 + 2 + 4 + 16; /* d, m, qh, qs[16] */
-    case KV_DT_Q4_K:
-        return 2 + 2 + 12 + 128; /* d, dmin, scales[12], qs[128] */
-    case KV_DT_Q5_K:
-        return 2 + 2 + 12 + 32 + 128; /* d, dmin, scales[12], qh[32], qs[128] */
-    case KV_DT_Q6_K:
-        return 128 + 64 + 16 + 2; /* ql[128], qh[64], scales[16], d */
-    }
-    return 0;
+    return (size_t)kv_qtraits_get(t).bytes;
 }
 
 int kv_dtype_supported(uint32_t ggml_type) {

@@ -1,15 +1,15 @@
-/* Integer dot products of quantised weight rows with 8-bit activation rows (issue 23); the
+/* Integer dot products of quantised weight rows with 8-bit activation rows; the
  * layouts and the fixed floating-point order are described in quant_dot.h. Three kernel sets:
  * portable C (any CPU; the reference the others must equal bit for bit), AVX2 (maddubs +
  * madd, as ggml-cpu's x86 kernels) and AVX-512 VNNI on 256-bit vectors (vpdpbusd in place of
  * maddubs + madd for the 32-element types), chosen at run time from CPUID. */
-#include "model/quant_dot.h"
+#include "quant/quant_dot.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/quant_traits.h"
+#include "quant/quant_traits.h"
 #include "util/f16.h"
 
 #ifdef __clang__

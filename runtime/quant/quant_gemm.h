@@ -1,5 +1,5 @@
-/* Internal to runtime/: the quantised-activation integer GEMM behind kv_qmatmul's prefill path
- * (issue 23 item 2): y[rows, out] = x[rows, in] W^T for weights in Q8_0, Q4_0, Q4_1, Q5_0,
+/* Internal to runtime/: the quantised-activation integer GEMM behind kv_qmatmul's prefill path:
+ * y[rows, out] = x[rows, in] W^T for weights in Q8_0, Q4_0, Q4_1, Q5_0,
  * Q5_1, Q4_K, Q5_K or Q6_K, when many rows of x meet each weight row (prompt prefill, chunk
  * scoring, p-blocks above KV_QINT_MAX_ROWS).
  *

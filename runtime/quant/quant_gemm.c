@@ -1,4 +1,4 @@
-/* The quantised-activation integer GEMM (issue 23 item 2); layouts and the floating-point order
+/* The quantised-activation integer GEMM; layouts and the floating-point order
  * are described in quant_gemm.h. Three kernels: the portable C reference, AVX2 (maddubs + madd;
  * Q8_0 by the sign trick) and AVX-512 VNNI on 256-bit vectors (vpdpbusd; 32 vector registers,
  * so a tile of 16 W rows x 6 x rows), chosen by the caller's isa.
@@ -11,12 +11,12 @@
  * + madd) per (strip, row); the lanes are the 8 W rows, so every lane ends the block holding an
  * exact I_b and no horizontal sum is needed. Packing costs ~1 pass over the chunk's weights per
  * call; it is amortised over the rows of x (above KV_QINT_MAX_ROWS in quant.c). */
-#include "model/quant_gemm.h"
+#include "quant/quant_gemm.h"
 
 #include <math.h>
 #include <string.h>
 
-#include "model/quant_traits.h"
+#include "quant/quant_traits.h"
 #include "util/f16.h"
 
 #ifdef __clang__

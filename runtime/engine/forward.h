@@ -1,5 +1,6 @@
-/* kvplan forward pass: the backend-neutral driver of a Llama-family forward step over the
- * paged per-head KV cache (kvplan/backend.h holds the ops it calls).
+/* kvplan forward pass (the engine room's internal header): the backend-neutral driver of a
+ * Llama-family forward step over the paged per-head KV cache (kvplan/backend.h holds the ops it
+ * calls).
  *
  * Processes `n` new tokens for each of `n_seqs` sequences at once: all projections run over the
  * n_seqs * n rows (prefill: one sequence, n = prompt block; batched decode: n = 1 for every
@@ -10,19 +11,18 @@
  * causal) and accumulates the eviction statistics of the head's GQA group when the head
  * tracks them. Deterministic for a given thread count.
  */
-#ifndef KVPLAN_FORWARD_H
-#define KVPLAN_FORWARD_H
+#ifndef KVPLAN_ENGINE_FORWARD_H
+#define KVPLAN_ENGINE_FORWARD_H
 
 #include "kvplan/backend.h"
 #include "kvplan/common.h"
+#include "kvplan/engine.h"
 #include "kvplan/kvcache.h"
 #include "kvplan/model.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-typedef enum { KV_LOGITS_NONE = 0, KV_LOGITS_LAST = 1, KV_LOGITS_ALL = 2 } kv_logits_mode;
 
 /* A CPU backend instance, as the low-level API and tests create it: scratch for up to
  * `max_rows` rows per call and attention over up to `max_ctx` entries (kv_backend_cpu_new).

@@ -1,5 +1,5 @@
 /* Internal to runtime/: integer dot products of quantised weight rows with an activation row
- * quantised to 8 bits (issue 23), the decode / prefill kernels behind kv_qmatmul
+ * quantised to 8 bits, the decode / prefill kernels behind kv_qmatmul
  * (include/kvplan/quant.h). The scheme is ggml's (ggml/src/ggml-cpu: the activation row is
  * converted once to Q8_0 blocks for the 32-element types and to Q8_K blocks for the K-quants,
  * then every weight row is multiplied with it in integer arithmetic); the layouts of the

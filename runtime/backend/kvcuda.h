@@ -74,7 +74,7 @@ int kv_backend_cuda_new(const struct kv_model *m, int max_rows, int max_ctx,
                         struct kv_backend **out, kv_error *err);
 
 /* ---- KVPR executor on the device (cuda/kvpr_cuda.cu; KVPR, Jiang et al., §3.2-3.3) ----
- * The device half of kv_kvpr_rebuild (include/kvplan/kvpr_exec.h): K, V [l:s'] cross to the
+ * The device half of kv_kvpr_rebuild (runtime/offload/kvpr_exec.h): K, V [l:s'] cross to the
  * device on a copy stream while a compute stream uploads X [0:l] and recomputes K, V [0:l]
  * (W_K, W_V in their file's type: the CUDA backend's typed matmul; bias, RoPE), and a third
  * stream downloads K, V [0:s'] into pinned staging after both, ordered by CUDA events; layers

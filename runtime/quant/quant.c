@@ -18,8 +18,8 @@
 #include <strings.h>
 
 #include "kvplan/workers.h"
-#include "model/quant_dot.h"
-#include "model/quant_gemm.h"
+#include "quant/quant_dot.h"
+#include "quant/quant_gemm.h"
 #include "util/f16.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -275,7 +275,7 @@ KV_AVX2 static void dequant_avx2(kv_dtype t, const uint8_t *p, float *dst, int64
 }
 #undef DEQUANT_F16
 
-/* AVX2, FMA and F16C (kv_isa_available, runtime/model/quant_dot.c: no CPUID per call). */
+/* AVX2, FMA and F16C (kv_isa_available, runtime/quant/quant_dot.c: no CPUID per call). */
 static int have_avx2(void) {
     return kv_isa_available(KV_ISA_AVX2);
 }
