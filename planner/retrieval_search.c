@@ -9,6 +9,7 @@
 #include "kvplan/eval.h"
 #include "kvplan/retrieval.h"
 #include "kvplan/search.h"
+#include "planner/sensitivity.h"
 
 /* Retrieval weights of the weighted candidates (nats of curve objective per nat of answer
  * NLL), then the forced candidates: the 1..KV_RETRIEVAL_MAX_FORCED costliest heads whole. */
