@@ -171,6 +171,7 @@ int kv_cmd_eval(int argc, char **argv) {
         rc = kv_fail(&err, KV_EINPUT, "--context %d exceeds the model's context %d", C,
                      m->cfg.seq_len);
     if (!rc) rc = kv_budget_args_plan(&a.budget, m, C, &plan, &device, &err);
+    if (!rc) kv_cli_plan_note("eval", &plan);
     if (!rc) {
         kv_engine_opts eo = {
             .device = device, .max_seqs = 1, .n_threads = kv_threads_args_count(&a.threads)};

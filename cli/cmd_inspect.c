@@ -144,6 +144,7 @@ int kv_cmd_inspect(int argc, char **argv) {
          * one is still shown (that is what inspect is for) but the command exits 1 */
         kv_plan p;
         invalid_plan = kv_plan_read(file, &p, &plan_err) != KV_OK;
+        if (!invalid_plan) kv_cli_plan_note("inspect", &p);
         kv_plan_free(&p);
     }
     /* run and report: pictures, then one of export, JSON or text */

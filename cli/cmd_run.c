@@ -151,6 +151,7 @@ int kv_cmd_run(int argc, char **argv) {
     if (!rc && a.prompts) rc = read_prompts(a.prompts, &prompts, &n_prompts, &err);
     int C = m ? m->cfg.seq_len : 0;
     if (!rc) rc = kv_budget_args_plan(&a.budget, m, C, &plan, &device, &err);
+    if (!rc) kv_cli_plan_note("run", &plan);
     B = a.batch ? (int)a.batch : (n_prompts ? n_prompts : 1);
     if (!rc) {
         kv_engine_opts eo = {

@@ -5,7 +5,7 @@
 set -euo pipefail
 pkgs=(build-essential cmake pkg-config
       libopenblas-dev libhdf5-dev hdf5-tools libgsl-dev libglpk-dev libcunit1-dev
-      libcjson-dev libpcre2-dev libpng-dev libcairo2-dev libssl-dev
+      libcjson-dev libpcre2-dev libpng-dev libcairo2-dev libssl-dev zlib1g-dev
       libopenmpi-dev openmpi-bin time)
 if [ "${1:-}" = "--fuzz" ]; then
     # Debian 12: clang is clang 14; libFuzzer (libclang_rt.fuzzer) is in libclang-rt-14-dev

@@ -23,6 +23,7 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include "kvplan/forward.h"
 #include "kvplan/h5io.h"
@@ -237,7 +238,9 @@ static void test_output_is_input(void) {
         snprintf(script, sizeof script,
                  "$K profile m.bin --no-hw --prompts 2 --prompt-len 32 --quiet -o %s", outs[i]);
         CU_ASSERT_EQUAL(sh(script, &o), 1);
-        CU_ASSERT_TRUE(has(o, "is the input file") && has(o, "m.bin"));
+        /* a symbolic link is refused as a link, before it is compared with the inputs */
+        CU_ASSERT_TRUE(has(o, i < 2 ? "is the input file" : "is a symbolic link") &&
+                       has(o, "m.bin"));
         free(o);
         CU_ASSERT_TRUE(same_bytes(model, orig));
     }
@@ -452,8 +455,8 @@ static void killed_search(const char *out, int records, const char *save) {
     char cmd[12288];
     snprintf(cmd, sizeof cmd, "cd '%s' && K='%s' && exec %s >/dev/null 2>&1", tu_tmpdir(),
              KVPLAN_BINARY, script);
-    /* a record: 16-byte header + one double */
-    CU_ASSERT_EQUAL_FATAL(tu_kill_when_logged(cmd, log, 2, 24L * records), 1); /* part-way */
+    /* a record: 16-byte header, one double, a CRC-32 */
+    CU_ASSERT_EQUAL_FATAL(tu_kill_when_logged(cmd, log, 2, 28L * records), 1); /* part-way */
     snprintf(script, sizeof script, "cp '%s' '%s'", log, tu_tmp(save));
     CU_ASSERT_EQUAL_FATAL(sh(script, NULL), 0);
 }
@@ -583,6 +586,17 @@ static void test_resume_inputs_changed(void) {
     CU_ASSERT_EQUAL(file_size(tu_tmp("rs.h5.tasks")), -1);
 }
 
+/* xor `mask` into byte `at` of `path`. */
+static void flip_byte(const char *path, long at, unsigned char mask) {
+    FILE *f = fopen(path, "r+b");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+    CU_ASSERT_EQUAL(fseek(f, at, SEEK_SET), 0);
+    int c = fgetc(f);
+    CU_ASSERT_EQUAL(fseek(f, at, SEEK_SET), 0);
+    fputc(c ^ mask, f);
+    CU_ASSERT_EQUAL(fclose(f), 0);
+}
+
 /* Write the saved log `save` to `log` with the first record's first value (or its task index
  * when value is NULL) replaced. */
 static void forge_log(const char *save, const char *log, const double *value, long task) {
@@ -599,6 +613,9 @@ static void forge_log(const char *save, const char *log, const double *value, lo
         int64_t t = task;
         memcpy(buf + h + 8, &t, sizeof t);
     }
+    /* a forged record with a matching CRC-32, so the value checks behind it are reached */
+    uint32_t crc = (uint32_t)crc32(crc32(0L, Z_NULL, 0), buf + h, 24);
+    memcpy(buf + h + 24, &crc, sizeof crc);
     f = fopen(tu_tmp(log), "wb");
     CU_ASSERT_PTR_NOT_NULL_FATAL(f);
     fwrite(buf, 1, n, f);
@@ -636,6 +653,14 @@ static void test_resume_bad_records(void) {
     CU_ASSERT_EQUAL(sh(script, &o), 1);
     CU_ASSERT_TRUE(has(o, "record header out of range"));
     free(o);
+    /* one flipped exponent bit in the first record's value (its CRC-32 not fixed): refused,
+     * where it used to resume with exit 0 and another plan than the uninterrupted run */
+    CU_ASSERT_EQUAL_FATAL(sh("cp rb.save rb.h5.tasks", NULL), 0);
+    flip_byte(tu_tmp("rb.h5.tasks"), tu_header_bytes(tu_tmp("rb.save"), 2) + 16 + 6, 0x10);
+    CU_ASSERT_EQUAL(sh(script, &o), 1);
+    CU_ASSERT_TRUE(has(o, "rb.h5.tasks") && has(o, "CRC-32") && has(o, "damaged"));
+    free(o);
+    CU_ASSERT_EQUAL(file_size(tu_tmp("rb.h5")), -1);
     /* the log as it was resumes */
     snprintf(script, sizeof script, "cp rb.save rb.h5.tasks");
     sh(script, NULL);
@@ -1261,6 +1286,136 @@ static void test_file_load(void) {
     unlink(big);
 }
 
+/* ---- links, system directories, long names, checksums (issue 34) ---- */
+
+/* -o through a symbolic link was replaced by a regular file (the link, not its target; as
+ * root -o /dev/stdout replaced the /dev/stdout link); now every output refuses a link, and
+ * outputs under /dev and /proc. The target, the link and the PNG's link stay as they were. */
+static void test_output_links(void) {
+    char script[8192], *o = NULL;
+    write_text(tu_tmp("target.txt"), "old\n");
+    unlink(tu_tmp("link.h5"));
+    CU_ASSERT_EQUAL(symlink("target.txt", tu_tmp("link.h5")), 0);
+    const char *outs[] = {"link.h5", "/dev/stdout", "/dev/shm/kvplan-fault.h5",
+                          "/proc/self/kvplan.h5"};
+    const char *said[] = {"symbolic link", "symbolic link", "system directory", "system directory"};
+    for (int i = 0; i < 4; i++) {
+        snprintf(script, sizeof script,
+                 "$K plan --model '%s' --ratio 0.5 --allocation uniform -o %s --quiet",
+                 tu_shared("models/" MODEL), outs[i]);
+        int rc = sh(script, &o);
+        CU_ASSERT_EQUAL(rc, 1);
+        if (rc != 1 || !has(o, said[i])) fprintf(stderr, "\n-o %s: exit %d: %s\n", outs[i], rc, o);
+        CU_ASSERT_TRUE(has(o, said[i]) && has(o, outs[i]));
+        free(o);
+    }
+    struct stat ls;
+    CU_ASSERT_TRUE(lstat(tu_tmp("link.h5"), &ls) == 0 && S_ISLNK(ls.st_mode));
+    CU_ASSERT_EQUAL(file_size(tu_tmp("target.txt")), 4);
+    CU_ASSERT_EQUAL(file_size("/dev/shm/kvplan-fault.h5"), -1);
+    /* inspect --png DIR with a link at one picture's name */
+    char plan[1024];
+    snprintf(plan, sizeof plan, "%s", make_plan("links-plan.h5"));
+    mkdir(tu_tmp("pngs"), 0777);
+    unlink(tu_tmp("pngs/budget_tokens.png"));
+    CU_ASSERT_EQUAL(symlink("../target.txt", tu_tmp("pngs/budget_tokens.png")), 0);
+    snprintf(script, sizeof script, "$K inspect '%s' --png pngs >/dev/null", plan);
+    CU_ASSERT_EQUAL(sh(script, &o), 1);
+    CU_ASSERT_TRUE(has(o, "budget_tokens.png") && has(o, "symbolic link"));
+    free(o);
+    CU_ASSERT_TRUE(lstat(tu_tmp("pngs/budget_tokens.png"), &ls) == 0 && S_ISLNK(ls.st_mode));
+    CU_ASSERT_EQUAL(file_size(tu_tmp("target.txt")), 4);
+}
+
+/* search -o DIR/<256-byte name> ran the whole search and failed at the rename; --resume
+ * with a shorter -o did not match the key. Now the name is refused before any work (well
+ * under a second here, no log left), and -o is not part of the key. */
+static void test_output_name_early(void) {
+    ensure_resume_files();
+    char name[300], script[8192], *o = NULL;
+    memset(name, 'n', 253);
+    memcpy(name + 253, ".h5", 4);
+    small_search(script, sizeof script, "rm.bin", "rt.txt", name, "");
+    double t0 = kv_now();
+    CU_ASSERT_EQUAL(sh(script, &o), 1);
+    double secs = kv_now() - t0;
+    CU_ASSERT_TRUE(has(o, "256 bytes, longer than") && secs < 5.0);
+    if (!has(o, "256 bytes")) fprintf(stderr, "\n%s\n", o ? o : "");
+    free(o);
+    CU_ASSERT_EQUAL(count_named(tu_tmpdir(), "nnnnnnnn"), 0);
+    /* a killed run resumed under another -o takes the logged tasks */
+    killed_search("ka.h5", 3, "ka.save");
+    CU_ASSERT_EQUAL_FATAL(sh("cp ka.save kb.h5.tasks && rm -f ka.h5.tasks kb.h5", NULL), 0);
+    small_search(script, sizeof script, "rm.bin", "rt.txt", "kb.h5", "--resume");
+    char *q = strstr(script, "--quiet");
+    if (q) memset(q, ' ', 7);
+    CU_ASSERT_EQUAL(sh(script, &o), 0);
+    CU_ASSERT_TRUE(has(o, "taken from"));
+    if (!has(o, "taken from")) fprintf(stderr, "\n%s\n", o ? o : "");
+    free(o);
+    CU_ASSERT_TRUE(file_size(tu_tmp("kb.h5")) > 0);
+    CU_ASSERT_EQUAL(file_size(tu_tmp("kb.h5.tasks")), -1);
+}
+
+/* The file offset of a contiguous dataset's raw data. */
+static long dataset_offset(const char *file, const char *dset) {
+    hid_t f = H5Fopen(file, H5F_ACC_RDONLY, H5P_DEFAULT);
+    CU_ASSERT_TRUE_FATAL(f >= 0);
+    hid_t d = H5Dopen2(f, dset, H5P_DEFAULT);
+    haddr_t off = d >= 0 ? H5Dget_offset(d) : HADDR_UNDEF;
+    if (d >= 0) H5Dclose(d);
+    H5Fclose(f);
+    CU_ASSERT_TRUE_FATAL(off != HADDR_UNDEF);
+    return (long)off;
+}
+
+/* One flipped bit in /budget/kv_type (f16 -> q4) or /budget/policy (sink -> h2o) passed
+ * kv_plan_read and ran the changed plan with exit 0; /budget@sha256 now refuses it in eval,
+ * run, batch and inspect. A plan without the attribute reads with a note. */
+static void test_plan_checksum(void) {
+    char plan[1024], bad[1024], old[1024];
+    snprintf(plan, sizeof plan, "%s", make_plan("sum.h5"));
+    const char *dsets[] = {"/budget/kv_type", "/budget/policy"};
+    const unsigned char masks[] = {2, 1};
+    char script[8192], *o = NULL;
+    for (int i = 0; i < 2; i++) {
+        snprintf(bad, sizeof bad, "%s", tu_tmp(i ? "sum-policy.h5" : "sum-type.h5"));
+        snprintf(script, sizeof script, "cp '%s' '%s'", plan, bad);
+        CU_ASSERT_EQUAL_FATAL(sh(script, NULL), 0);
+        flip_byte(bad, dataset_offset(bad, dsets[i]) + 4 * 5, masks[i]);
+        const char *cmds[] = {
+            "eval '%1$s' --plan '%2$s' --text rt-sum.txt --quiet",
+            "run '%1$s' --plan '%2$s' --prompt Once -n 4 --quiet",
+            "batch '%1$s' --plan '%2$s' --device-mem 1e9 --prompt-len 64 --gen-len 64",
+            "inspect '%2$s' >/dev/null"};
+        write_text(tu_tmp("rt-sum.txt"), "Once upon a time there was a little dog.\n");
+        for (int c = 0; c < 4; c++) {
+            char cmd[3072];
+            snprintf(cmd, sizeof cmd, cmds[c], tu_shared("models/" MODEL), bad);
+            snprintf(script, sizeof script, "cp '%s' sum-before.h5 && $K %s", bad, cmd);
+            int rc = sh(script, &o);
+            CU_ASSERT_EQUAL(rc, 1);
+            if (rc != 1 || !has(o, "does not match its SHA-256"))
+                fprintf(stderr, "\n%s: exit %d: %s\n", cmd, rc, o ? o : "");
+            CU_ASSERT_TRUE(has(o, "does not match its SHA-256"));
+            free(o);
+            CU_ASSERT_TRUE(same_bytes(bad, tu_tmp("sum-before.h5")));
+        }
+    }
+    /* the attribute removed: read as before, with one note */
+    snprintf(old, sizeof old, "%s", tu_tmp("sum-unsigned.h5"));
+    snprintf(script, sizeof script, "cp '%s' '%s'", plan, old);
+    CU_ASSERT_EQUAL_FATAL(sh(script, NULL), 0);
+    hid_t f = H5Fopen(old, H5F_ACC_RDWR, H5P_DEFAULT);
+    CU_ASSERT_TRUE_FATAL(f >= 0);
+    CU_ASSERT_TRUE(H5Adelete_by_name(f, "/budget", "sha256", H5P_DEFAULT) >= 0);
+    H5Fclose(f);
+    snprintf(script, sizeof script, "$K inspect '%s' >/dev/null", old);
+    CU_ASSERT_EQUAL(sh(script, &o), 0);
+    CU_ASSERT_TRUE(has(o, "note:") && has(o, "has no checksum"));
+    free(o);
+}
+
 int main(int argc, char **argv) {
     static const tu_test tests[] = {
         {"disk full (RLIMIT_FSIZE): exit 2, old file kept, no temporary", test_full_disk_rlimit},
@@ -1287,6 +1442,11 @@ int main(int argc, char **argv) {
         {"kv_file_load: refusals, a 40 MiB file", test_file_load},
         {"a model file truncated after loading: same logits, no SIGBUS",
          test_truncated_while_loaded},
+        {"-o through a symbolic link, under /dev and /proc; PNG links", test_output_links},
+        {"a too-long -o is refused before the search; -o is not in the resume key",
+         test_output_name_early},
+        {"a flipped bit in a plan's types or policies is refused (/budget@sha256)",
+         test_plan_checksum},
     };
     return tu_main(argc, argv, "faults", tests, sizeof tests / sizeof tests[0]);
 }

@@ -13,6 +13,7 @@
 #include <time.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #ifdef KVPLAN_HAVE_MPI
 #include <mpi.h>
@@ -30,7 +31,16 @@ typedef struct log_head {
     int64_t task;
 } log_head;
 
-static const char log_magic[] = "kvplan task log 2\n";
+/* Each record is its header, its n_out doubles and a CRC-32 (zlib's crc32, uint32 in host
+ * byte order) of those header and value bytes. */
+static const char log_magic[] = "kvplan task log 3\n";
+
+static uint32_t record_crc(const log_head *h, const double *vals) {
+    uLong c = crc32(0L, Z_NULL, 0);
+    c = crc32(c, (const Bytef *)h, (uInt)sizeof *h);
+    c = crc32(c, (const Bytef *)vals, (uInt)((size_t)h->n_out * sizeof *vals));
+    return (uint32_t)c;
+}
 
 struct kv_tasks {
     int rank, size;
@@ -235,8 +245,12 @@ static int log_read(kv_tasks *t, FILE *f, const char *path, const char *key, lon
             if (!nv) return kv_fail(err, KV_EINTERNAL, "out of memory: task log");
             t->vals = nv;
         }
-        if (fread(t->vals + n_v, sizeof(double), (size_t)h.n_out, f) != (size_t)h.n_out)
+        uint32_t crc;
+        if (fread(t->vals + n_v, sizeof(double), (size_t)h.n_out, f) != (size_t)h.n_out ||
+            fread(&crc, sizeof crc, 1, f) != 1)
             break; /* a torn last record: cut off below */
+        if (crc != record_crc(&h, t->vals + n_v))
+            return log_damaged(err, path, "a record whose CRC-32 does not match its bytes");
         for (int i = 0; i < h.n_out; i++)
             if (!isfinite(t->vals[n_v + i]))
                 return log_damaged(err, path, "a value that is not a finite number");
@@ -393,9 +407,10 @@ int kv_tasks_log_open(kv_tasks *t, const char *path, const char *key, int resume
 static int log_append(kv_tasks *t, long task, int n_out, const double *vals, kv_error *err) {
     if (!t || !t->log) return KV_OK;
     log_head h = {t->call, n_out, task};
+    uint32_t crc = record_crc(&h, vals);
     if (fwrite(&h, sizeof h, 1, t->log) != 1 ||
-        fwrite(vals, sizeof(double), (size_t)n_out, t->log) != (size_t)n_out || fflush(t->log) ||
-        fsync(fileno(t->log)))
+        fwrite(vals, sizeof(double), (size_t)n_out, t->log) != (size_t)n_out ||
+        fwrite(&crc, sizeof crc, 1, t->log) != 1 || fflush(t->log) || fsync(fileno(t->log)))
         return kv_fail(err, KV_EINTERNAL, "%s: cannot append to the task log: %s", t->log_path,
                        strerror(errno));
     return KV_OK;
