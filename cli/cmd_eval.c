@@ -70,7 +70,10 @@ static int read_ids(const char *path, int **ids, long *n, kv_error *err) {
         }
         if (cnt == cap) {
             int *nv = realloc(v, (size_t)cap * 2 * sizeof *nv);
-            if (!nv) break;
+            if (!nv) {
+                rc = kv_fail(err, KV_EINTERNAL, "%s: out of memory after %ld token ids", path, cnt);
+                break;
+            }
             v = nv;
             cap *= 2;
         }
@@ -78,7 +81,7 @@ static int read_ids(const char *path, int **ids, long *n, kv_error *err) {
         p = end;
     }
     free(data);
-    if (!v) return kv_fail(err, KV_EINTERNAL, "out of memory");
+    if (!v) return kv_fail(err, KV_EINTERNAL, "%s: out of memory", path);
     if (rc) {
         free(v);
         return rc;

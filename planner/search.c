@@ -232,6 +232,11 @@ typedef struct search_ctx {
     int win_arm;
 } search_ctx;
 
+/* The plausible range of one search chunk's NLL sum (kv_nll_sum_range) for task-log checks. */
+static void chunk_nll_range(const search_ctx *c, double *lo, double *hi) {
+    kv_nll_sum_range(c->o->context - 1, c->m->cfg.vocab_size, lo, hi);
+}
+
 /* Find or add the arm with these budgets (NULL = full cache). Takes ownership of tokens and
  * blocks (freed when an equal arm exists). Returns the arm index or -1 on error. */
 static int arm_get(search_ctx *c, int *tokens, int *blocks) {
@@ -347,8 +352,9 @@ static int heldout_ppls(search_ctx *c, int n, const int *const *budget,
     if (!nll) return KV_EINTERNAL;
     heldout_tasks t = {c, budget, policy, type};
     long before = c->work_done;
-    int rc =
-        kv_tasks_run_range(c->o->tasks, nt, 1, DBL_MIN, DBL_MAX, heldout_task, &t, nll, c->err);
+    double lo, hi;
+    chunk_nll_range(c, &lo, &hi);
+    int rc = kv_tasks_run_range(c->o->tasks, nt, 1, lo, hi, heldout_task, &t, nll, c->err);
     c->work_done = before + nt; /* on rank 0 the task callback counted its own tasks only */
     for (int i = 0; i < n && !rc; i++) {
         double s = 0.0;
@@ -405,7 +411,9 @@ static int eval_chunks(search_ctx *c, const int *arms, int n_arms, int n, int gr
     }
     chunk_tasks t = {c, ta, tc, what};
     long before = c->work_done;
-    int rc = kv_tasks_run_range(c->o->tasks, nt, 1, DBL_MIN, DBL_MAX, chunk_task, &t, nll, c->err);
+    double lo, hi;
+    chunk_nll_range(c, &lo, &hi);
+    int rc = kv_tasks_run_range(c->o->tasks, nt, 1, lo, hi, chunk_task, &t, nll, c->err);
     c->work_done = before + nt; /* on rank 0 the task callback counted its own tasks only */
     for (long k = 0; k < nt && !rc; k++) c->arms[ta[k]].nll[tc[k]] = nll[k];
     for (int i = 0; i < n_arms && !rc; i++)
@@ -846,9 +854,9 @@ static int search_evict_block(search_ctx *c) {
         rc = engine_at(c, p, &e);
         ladder_tasks t = {c, e, {cand_tok, utok}, {cand_pol, upol}, {res->kv_types, NULL}};
         long nt = (same ? 1L : 2L) * c->S, before = c->work_done;
-        if (!rc)
-            rc =
-                kv_tasks_run_range(o->tasks, nt, 1, DBL_MIN, DBL_MAX, ladder_task, &t, nll, c->err);
+        double lo, hi;
+        chunk_nll_range(c, &lo, &hi);
+        if (!rc) rc = kv_tasks_run_range(o->tasks, nt, 1, lo, hi, ladder_task, &t, nll, c->err);
         c->work_done = before + nt;
         res->ladder_token_evals += nt * o->context;
         double pc = NAN, pu = NAN;

@@ -69,6 +69,12 @@ int kv_tasks_run(kv_tasks *t, long n_tasks, int n_out, kv_task_fn fn, void *user
 int kv_tasks_run_range(kv_tasks *t, long n_tasks, int n_out, double lo, double hi, kv_task_fn fn,
                        void *user, double *results, kv_error *err);
 
+/* kv_tasks_run_range with a range per result: result k of every task lies in [lo[k], hi[k]]
+ * (lo, hi [n_out]; e.g. a batch of NLL sums followed by KL sums, each with its plausible
+ * range). */
+int kv_tasks_run_ranges(kv_tasks *t, long n_tasks, int n_out, const double *lo, const double *hi,
+                        kv_task_fn fn, void *user, double *results, kv_error *err);
+
 /* The task log's name for the output `out` into path[cap]: "OUT.tasks", or, when that base
  * name would exceed NAME_MAX (255 bytes), OUT's directory, the first 232 bytes of its base
  * name, "." and 16 hex digits of the SHA-256 of the whole base name, ".tasks". Errors:

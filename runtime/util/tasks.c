@@ -623,8 +623,8 @@ static int run_worker(kv_tasks *t, int n_out, kv_task_fn fn, void *user, kv_erro
 /* Take the logged results of this call into results; a record that does not fit this task
  * list (another result count, a task beyond it, a repeat, a value outside [lo, hi]) refuses
  * the log. */
-static int take_logged(kv_tasks *t, long n_tasks, int n_out, double lo, double hi, double *results,
-                       char *have, kv_error *err) {
+static int take_logged(kv_tasks *t, long n_tasks, int n_out, const double *los, const double *his,
+                       double *results, char *have, kv_error *err) {
     for (long r = 0; r < t->n_recs; r++) {
         const log_rec *x = &t->recs[r];
         if (x->call != t->call) continue;
@@ -640,7 +640,7 @@ static int take_logged(kv_tasks *t, long n_tasks, int n_out, double lo, double h
                            "damaged: delete it or run without --resume",
                            t->log_path, x->task, x->call);
         for (int i = 0; i < n_out; i++) {
-            double v = t->vals[x->off + i];
+            double v = t->vals[x->off + i], lo = los[i], hi = his[i];
             if (v >= lo && v <= hi) continue;
             char lo_s[40], hi_s[40];
             if (lo == DBL_MIN)
@@ -672,7 +672,21 @@ int kv_tasks_run(kv_tasks *t, long n_tasks, int n_out, kv_task_fn fn, void *user
 
 int kv_tasks_run_range(kv_tasks *t, long n_tasks, int n_out, double lo, double hi, kv_task_fn fn,
                        void *user, double *results, kv_error *err) {
-    if (n_out < 1 || n_tasks < 0 || !fn || !(lo <= hi))
+    if (n_out < 1 || n_out > KV_TASKS_MAX_OUT)
+        return kv_fail(err, KV_EINPUT, "task list: need 1 <= n_out <= %d", KV_TASKS_MAX_OUT);
+    double *los = kv_malloc((size_t)n_out * 2 * sizeof *los, "task ranges", err);
+    if (!los) return KV_EINTERNAL;
+    for (int i = 0; i < n_out; i++) los[i] = lo, los[n_out + i] = hi;
+    int rc = kv_tasks_run_ranges(t, n_tasks, n_out, los, los + n_out, fn, user, results, err);
+    free(los);
+    return rc;
+}
+
+int kv_tasks_run_ranges(kv_tasks *t, long n_tasks, int n_out, const double *lo, const double *hi,
+                        kv_task_fn fn, void *user, double *results, kv_error *err) {
+    int ordered = lo && hi;
+    for (int i = 0; ordered && i < n_out; i++) ordered = lo[i] <= hi[i];
+    if (n_out < 1 || n_tasks < 0 || !fn || !ordered)
         return kv_fail(err, KV_EINPUT,
                        "task list: need n_out >= 1, n_tasks >= 0, lo <= hi and a function");
     if (t) t->call++;
