@@ -418,7 +418,14 @@ static int open_task_log(kv_tasks *tasks, const search_args *s, const search_job
     const char *inputs[5 + KV_ROBUST_MAX_TEXTS] = {s->a.model, s->a.profile, s->tokenizer,
                                                    s->text_list, s->a.out};
     for (int t = 0; t < j->n_texts; t++) inputs[5 + t] = j->text_names[t];
-    return kv_tasks_log_open(tasks, log_path, key, s->resume, inputs, 5 + j->n_texts, err);
+    rc = kv_tasks_log_open(tasks, log_path, key, s->resume, inputs, 5 + j->n_texts, err);
+    if (!rc && kv_tasks_log_discarded(tasks) > 0)
+        fprintf(stderr,
+                "kvplan search: note: %s held an earlier run's finished tasks (%ld bytes); they "
+                "are discarded and the search starts afresh (pass --resume to continue such a "
+                "run)\n",
+                log_path, kv_tasks_log_discarded(tasks));
+    return rc;
 }
 
 static void print_perplexities(const kv_search_result *res) {

@@ -1360,6 +1360,36 @@ static void test_output_name_early(void) {
     CU_ASSERT_EQUAL(file_size(tu_tmp("kb.h5.tasks")), -1);
 }
 
+/* Two runs on one output: the second replaced the first's log, and the first to finish
+ * unlinked the other's live log. Now the log is locked (flock) while a run writes it: a
+ * second run is refused at once, and the first finishes with its plan. A rerun without
+ * --resume over an interrupted run's log says it discards it. */
+static void test_two_runs(void) {
+    ensure_resume_files();
+    char first[4096], second[4096], script[12288], *o = NULL;
+    small_search(first, sizeof first, "rm.bin", "rt.txt", "two.h5", "");
+    small_search(second, sizeof second, "rm.bin", "rt.txt", "two.h5", "");
+    snprintf(script, sizeof script,
+             "rm -f two.h5 two.h5.tasks; %s & pid=$!; n=0; "
+             "while [ ! -s two.h5.tasks ] && [ $n -lt 600 ]; do sleep 0.05; n=$((n+1)); done; "
+             "%s; echo \"second=$?\"; wait $pid; echo \"first=$?\"",
+             first, second);
+    CU_ASSERT_EQUAL(sh(script, &o), 0);
+    CU_ASSERT_TRUE(has(o, "second=1") && has(o, "first=0") && has(o, "another kvplan run"));
+    if (!has(o, "second=1") || !has(o, "first=0")) fprintf(stderr, "\n%s\n", o ? o : "");
+    free(o);
+    CU_ASSERT_TRUE(file_size(tu_tmp("two.h5")) > 0);
+    CU_ASSERT_EQUAL(file_size(tu_tmp("two.h5.tasks")), -1);
+    /* an interrupted run's log, then a run without --resume: one note, then a fresh search */
+    killed_search("rd.h5", 3, "rd.save");
+    small_search(script, sizeof script, "rm.bin", "rt.txt", "rd.h5", "");
+    CU_ASSERT_EQUAL(sh(script, &o), 0);
+    CU_ASSERT_TRUE(has(o, "rd.h5.tasks held an earlier run's finished tasks") &&
+                   has(o, "--resume"));
+    free(o);
+    CU_ASSERT_TRUE(file_size(tu_tmp("rd.h5")) > 0);
+}
+
 /* The file offset of a contiguous dataset's raw data. */
 static long dataset_offset(const char *file, const char *dset) {
     hid_t f = H5Fopen(file, H5F_ACC_RDONLY, H5P_DEFAULT);
@@ -1450,6 +1480,8 @@ int main(int argc, char **argv) {
          test_output_name_early},
         {"a flipped bit in a plan's types or policies is refused (/budget@sha256)",
          test_plan_checksum},
+        {"two runs on one output: the second is refused (flock); a discarded log is named",
+         test_two_runs},
     };
     return tu_main(argc, argv, "faults", tests, sizeof tests / sizeof tests[0]);
 }

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -44,10 +45,11 @@ static uint32_t record_crc(const log_head *h, const double *vals) {
 
 struct kv_tasks {
     int rank, size;
-    int own_init; /* this context called MPI_Init */
-    int call;     /* kv_tasks_run calls so far */
-    long resumed; /* tasks taken from the log */
-    FILE *log;    /* rank 0: the open task log, or NULL */
+    int own_init;   /* this context called MPI_Init */
+    int call;       /* kv_tasks_run calls so far */
+    long resumed;   /* tasks taken from the log */
+    long discarded; /* bytes of an earlier run's log that a run without resume replaced */
+    FILE *log;      /* rank 0: the open task log, or NULL */
     char *log_path;
     log_rec *recs; /* logged results read at a resume [n_recs], owned */
     long n_recs;
@@ -138,8 +140,14 @@ int kv_tasks_init(int *argc, char ***argv, kv_tasks **out, kv_error *err) {
 
 void kv_tasks_log_close(kv_tasks *t, int remove) {
     if (!t) return;
-    if (t->log) fclose(t->log);
-    if (t->log && remove && t->log_path) unlink(t->log_path);
+    if (t->log && remove && t->log_path) {
+        /* only the file this run wrote (and still holds locked), never one renamed over it */
+        struct stat mine, now;
+        if (fstat(fileno(t->log), &mine) == 0 && lstat(t->log_path, &now) == 0 &&
+            mine.st_dev == now.st_dev && mine.st_ino == now.st_ino)
+            unlink(t->log_path);
+    }
+    if (t->log) fclose(t->log); /* releases the lock */
     t->log = NULL;
     free(t->log_path);
     t->log_path = NULL;
@@ -296,6 +304,28 @@ static int log_check_name(const char *path, const char *const *inputs, int n_inp
     return KV_OK;
 }
 
+/* Take the log's lock (flock, exclusive, not waiting): KV_EINPUT when another run holds it. */
+static int log_lock(int fd, const char *path, kv_error *err) {
+    if (flock(fd, LOCK_EX | LOCK_NB) == 0) return KV_OK;
+    if (errno == EWOULDBLOCK)
+        return kv_fail(err, KV_EINPUT,
+                       "%s: another kvplan run is writing this output (it holds the task log's "
+                       "lock); wait for it to finish or choose another -o",
+                       path);
+    return kv_fail(err, KV_EINPUT, "%s: cannot lock the task log: %s", path, strerror(errno));
+}
+
+/* An existing log that a run without resume would replace: refused while another run holds
+ * it, else its size is noted in t->discarded (the command says so). */
+static int log_check_idle(kv_tasks *t, const char *path, const struct stat *ls, kv_error *err) {
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return KV_OK; /* gone meanwhile: nothing to discard */
+    int rc = log_lock(fd, path, err);
+    close(fd);
+    if (!rc) t->discarded = ls->st_size > 0 ? (long)ls->st_size : 1;
+    return rc;
+}
+
 /* Resume: open the regular file that was checked (O_NOFOLLOW, O_NONBLOCK: no symlink, no
  * waiting on a FIFO swapped in since) and read it. */
 static int log_resume(kv_tasks *t, const char *path, const char *key, const struct stat *ls,
@@ -309,6 +339,11 @@ static int log_resume(kv_tasks *t, const char *path, const char *key, const stru
         return kv_fail(err, KV_EINPUT, "%s: cannot open the task log: %s", path,
                        fd < 0 ? strerror(e) : "it was replaced while being opened");
     }
+    int rc = log_lock(fd, path, err);
+    if (rc) {
+        close(fd);
+        return rc;
+    }
     int fl = fcntl(fd, F_GETFL);
     if (fl >= 0) fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
     FILE *f = fdopen(fd, "r+b");
@@ -318,7 +353,7 @@ static int log_resume(kv_tasks *t, const char *path, const char *key, const stru
                        strerror(errno));
     }
     long end = 0;
-    int rc = log_read(t, f, path, key, &end, err);
+    rc = log_read(t, f, path, key, &end, err);
     if (!rc && (fflush(f) || ftruncate(fileno(f), end) || fseek(f, end, SEEK_SET)))
         rc = kv_fail(err, KV_EINPUT, "%s: cannot truncate the task log: %s", path, strerror(errno));
     if (rc) {
@@ -336,9 +371,10 @@ static int log_create(kv_tasks *t, const char *path, const char *key, kv_error *
     int fd = -1;
     int rc = kv_temp_create(path, tmp, sizeof tmp, &fd, err);
     if (rc) return rc;
+    rc = log_lock(fd, tmp, err); /* held from before the rename until the log is closed */
     size_t nm = strlen(log_magic), nk = strlen(key);
-    char *head = kv_malloc(nm + nk + 2, "task log", err);
-    if (!head) rc = KV_EINTERNAL;
+    char *head = rc ? NULL : kv_malloc(nm + nk + 2, "task log", err);
+    if (!rc && !head) rc = KV_EINTERNAL;
     if (!rc) {
         memcpy(head, log_magic, nm);
         memcpy(head + nm, key, nk);
@@ -398,9 +434,17 @@ int kv_tasks_log_open(kv_tasks *t, const char *path, const char *key, int resume
     t->log_path = kv_malloc(strlen(path) + 1, "task log", err);
     if (!t->log_path) return KV_EINTERNAL;
     strcpy(t->log_path, path);
-    rc = resume && exists ? log_resume(t, path, key, &ls, err) : log_create(t, path, key, err);
+    t->discarded = 0;
+    if (resume && exists)
+        rc = log_resume(t, path, key, &ls, err);
+    else if (!(rc = exists ? log_check_idle(t, path, &ls, err) : KV_OK))
+        rc = log_create(t, path, key, err);
     if (rc) kv_tasks_log_close(t, 0);
     return rc;
+}
+
+long kv_tasks_log_discarded(const kv_tasks *t) {
+    return t ? t->discarded : 0;
 }
 
 /* Append one finished task to the log (rank 0), fsync'd. */
