@@ -11,6 +11,7 @@
 #include "cli.h"
 #include "inspect.h"
 #include "kvplan/plan.h"
+#include "kvplan/search.h"
 
 typedef struct inspect_args {
     const char *file, *png_dir, *export_fmt;
@@ -146,6 +147,9 @@ int kv_cmd_inspect(int argc, char **argv) {
         invalid_plan = kv_plan_read(file, &p, &plan_err) != KV_OK;
         if (!invalid_plan) kv_cli_plan_note("inspect", &p);
         kv_plan_free(&p);
+    } else if (!rc && f.is_profile) {
+        /* a profile: the checks of `plan --profile` (shapes, values in range) */
+        invalid_plan = kv_profile_inputs_check(file, &plan_err) != KV_OK;
     }
     /* run and report: pictures, then one of export, JSON or text */
     if (!rc && png_dir) {

@@ -895,6 +895,18 @@ static void set_root_i64(const char *file, const char *name, long long v) {
     H5Fclose(fid);
 }
 
+static void set_root_f64(const char *file, const char *name, double v) {
+    hid_t fid = H5Fopen(file, H5F_ACC_RDWR, H5P_DEFAULT);
+    CU_ASSERT_TRUE_FATAL(fid >= 0);
+    if (H5Aexists(fid, name) > 0) H5Adelete(fid, name);
+    hid_t sp = H5Screate(H5S_SCALAR);
+    hid_t a = H5Acreate2(fid, name, H5T_IEEE_F64LE, sp, H5P_DEFAULT, H5P_DEFAULT);
+    CU_ASSERT_TRUE(a >= 0 && H5Awrite(a, H5T_NATIVE_DOUBLE, &v) >= 0);
+    H5Aclose(a);
+    H5Sclose(sp);
+    H5Fclose(fid);
+}
+
 static void fill_dataset(const char *file, const char *path, double v) {
     hid_t fid = H5Fopen(file, H5F_ACC_RDWR, H5P_DEFAULT);
     CU_ASSERT_TRUE_FATAL(fid >= 0);
@@ -954,6 +966,27 @@ static void test_plan_values(void) {
     CU_ASSERT_EQUAL(sh("$K inspect pvnb.h5 >/dev/null", &o), 1);
     CU_ASSERT_TRUE(has(o, "pvnb.h5: not a plan file (no /budget group"));
     free(o);
+    /* whole-number attributes stored as floats: 16.5 was read as 16, 2.5 as 2, NaN and 1e300
+     * as INT64 limits; now each is refused with the file's value */
+    const struct {
+        const char *name;
+        double v;
+        const char *said;
+    } fl[] = {{"block_size", 16.5, "block_size = 16.5 is not a whole number"},
+              {"plan_schema", 2.5, "plan_schema = 2.5 is not a whole number"},
+              {"context_length", NAN, "context_length = nan is not a finite number"},
+              {"evict_block", 1e300, "evict_block = 1.0000000000000001e+300 is out of range"}};
+    char pvf[1024];
+    snprintf(pvf, sizeof pvf, "%s", make_plan("pvf-good.h5"));
+    for (size_t k = 0; k < sizeof fl / sizeof *fl; k++) {
+        snprintf(script, sizeof script, "cp '%s' pvf.h5", pvf);
+        CU_ASSERT_EQUAL_FATAL(sh(script, NULL), 0);
+        set_root_f64(tu_tmp("pvf.h5"), fl[k].name, fl[k].v);
+        CU_ASSERT_EQUAL(sh("$K inspect pvf.h5 >/dev/null", &o), 1);
+        if (!has(o, fl[k].said)) fprintf(stderr, "\n%s: %s\n", fl[k].name, o ? o : "");
+        CU_ASSERT_TRUE(has(o, fl[k].said));
+        free(o);
+    }
 }
 
 /* Set a root string attribute (variable-length UTF-8 string type, as kvplan writes them). */
@@ -1051,6 +1084,44 @@ static void test_profile_ranges(void) {
     CU_ASSERT_EQUAL(kv_profile_inputs_read(bad, m, &pi, &err), KV_EINPUT);
     CU_ASSERT_TRUE(has(err.msg, "layer 1 head 2") && has(err.msg, "outside [0, 1]"));
     kv_model_free(m);
+    /* inspect shows it (that is what it is for) but runs the same checks: exit 1; so for a
+     * NaN importance and a /layers/similarity of the wrong shape */
+    char *o = NULL;
+    snprintf(script, sizeof script, "$K inspect '%s' >/dev/null", bad);
+    CU_ASSERT_EQUAL(sh(script, &o), 1);
+    CU_ASSERT_TRUE(has(o, "layer 1 head 2") && has(o, "outside [0, 1]"));
+    free(o);
+    snprintf(script, sizeof script, "cp '%s' range-nan.h5 && cp '%s' range-shape.h5", good, good);
+    CU_ASSERT_EQUAL_FATAL(sh(script, NULL), 0);
+    fid = H5Fopen(tu_tmp("range-nan.h5"), H5F_ACC_RDWR, H5P_DEFAULT);
+    CU_ASSERT_TRUE_FATAL(fid >= 0);
+    hid_t ds = H5Dopen2(fid, "/heads/importance", H5P_DEFAULT);
+    double buf[5 * 4];
+    H5Dread(ds, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf);
+    buf[3] = NAN;
+    H5Dwrite(ds, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf);
+    H5Dclose(ds);
+    H5Fclose(fid);
+    fid = H5Fopen(tu_tmp("range-shape.h5"), H5F_ACC_RDWR, H5P_DEFAULT);
+    CU_ASSERT_TRUE_FATAL(fid >= 0);
+    CU_ASSERT(H5Ldelete(fid, "/layers/similarity", H5P_DEFAULT) >= 0);
+    hsize_t three = 3;
+    hid_t sp = H5Screate_simple(1, &three, NULL);
+    ds = H5Dcreate2(fid, "/layers/similarity", H5T_IEEE_F64LE, sp, H5P_DEFAULT, H5P_DEFAULT,
+                    H5P_DEFAULT);
+    H5Dwrite(ds, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf);
+    H5Dclose(ds);
+    H5Sclose(sp);
+    H5Fclose(fid);
+    const char *files[2] = {"range-nan.h5", "range-shape.h5"};
+    const char *said[2] = {"layer 0 head 3", "has shape [3], expected [5]"};
+    for (int k = 0; k < 2; k++) {
+        snprintf(script, sizeof script, "$K inspect %s >/dev/null", files[k]);
+        CU_ASSERT_EQUAL(sh(script, &o), 1);
+        if (!has(o, said[k])) fprintf(stderr, "\n%s: %s\n", files[k], o ? o : "");
+        CU_ASSERT_TRUE(has(o, said[k]));
+        free(o);
+    }
 }
 
 /* ---- header fields that were undefined behaviour ---- */

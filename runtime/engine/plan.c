@@ -409,13 +409,21 @@ int kv_plan_write(kv_h5 *f, const kv_plan *p, kv_error *err) {
     return rc;
 }
 
+/* A whole-number root attribute in [lo, hi], read as float64 so that a fraction (16.5), NaN
+ * or 1e300 stored in a float attribute is seen and named with the file's value, instead of
+ * being truncated or clamped by an integer read. */
 static int read_int_attr(kv_h5 *f, const char *name, long lo, long hi, int *out, kv_error *err) {
-    long v = 0;
-    int rc = kv_h5_read_attr_i64(f, "/", name, &v, err);
+    double v = 0;
+    int rc = kv_h5_read_attr_f64(f, "/", name, &v, err);
     if (rc) return rc;
-    if (v < lo || v > hi)
-        return kv_fail(err, KV_EINPUT, "%s: attribute %s = %ld is out of range [%ld, %ld]",
-                       kv_h5_path(f), name, v, lo, hi);
+    const char *bad = !isfinite(v)     ? "is not a finite number"
+                      : v != floor(v)  ? "is not a whole number"
+                      : v < (double)lo ? "is out of range"
+                      : v > (double)hi ? "is out of range"
+                                       : NULL;
+    if (bad)
+        return kv_fail(err, KV_EINPUT, "%s: attribute %s = %.17g %s; allowed [%ld, %ld]",
+                       kv_h5_path(f), name, v, bad, lo, hi);
     *out = (int)v;
     return KV_OK;
 }
