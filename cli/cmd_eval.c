@@ -157,6 +157,11 @@ int kv_cmd_eval(int argc, char **argv) {
         kv_cli_help(&kv_spec_eval, stderr);
         return 1;
     }
+    if ((a.text && !*a.text) || (a.tokens && !*a.tokens)) {
+        fprintf(stderr, "kvplan eval: %s needs a file name (it was given an empty one)\n",
+                a.text ? "--text" : "--tokens");
+        return 1;
+    }
     /* build: model, token ids, plan, engine */
     kv_error err = {0};
     kv_model *m = NULL;

@@ -1461,6 +1461,67 @@ static void test_two_runs(void) {
     CU_ASSERT_TRUE(file_size(tu_tmp("rd.h5")) > 0);
 }
 
+/* Messages that named the wrong cause: a fletcher32 mismatch said "cannot read dataset ... as
+ * numbers"; kvpr --dtype-bytes 1e-300 exited 2 with a GLPK message; eval --text '' said "no
+ * file file name given"; a tokenizer.json id 1.5 was read as 1. */
+static void test_messages(void) {
+    char plan[1024], script[8192], *o = NULL;
+    snprintf(plan, sizeof plan, "%s", make_plan("msg-plan.h5"));
+    /* a chunked dataset with a fletcher32 checksum, one byte of its data flipped */
+    snprintf(script, sizeof script, "cp '%s' msg-sum.h5", plan);
+    CU_ASSERT_EQUAL_FATAL(sh(script, NULL), 0);
+    hid_t fid = H5Fopen(tu_tmp("msg-sum.h5"), H5F_ACC_RDWR, H5P_DEFAULT);
+    CU_ASSERT_TRUE_FATAL(fid >= 0);
+    hsize_t n = 64;
+    double v[64];
+    for (int i = 0; i < 64; i++) v[i] = i;
+    hid_t sp = H5Screate_simple(1, &n, NULL), dcpl = H5Pcreate(H5P_DATASET_CREATE);
+    H5Pset_chunk(dcpl, 1, &n);
+    H5Pset_fletcher32(dcpl);
+    hid_t ds = H5Dcreate2(fid, "/checked", H5T_IEEE_F64LE, sp, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+    CU_ASSERT_TRUE_FATAL(ds >= 0);
+    CU_ASSERT(H5Dwrite(ds, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, v) >= 0);
+    H5Dclose(ds);
+    H5Fclose(fid);
+    fid = H5Fopen(tu_tmp("msg-sum.h5"), H5F_ACC_RDONLY, H5P_DEFAULT);
+    ds = H5Dopen2(fid, "/checked", H5P_DEFAULT);
+    hsize_t off[1];
+    unsigned mask = 0;
+    haddr_t addr = HADDR_UNDEF;
+    hsize_t size = 0;
+    CU_ASSERT(H5Dget_chunk_info(ds, sp, 0, off, &mask, &addr, &size) >= 0);
+    H5Dclose(ds);
+    H5Fclose(fid);
+    H5Pclose(dcpl);
+    H5Sclose(sp);
+    CU_ASSERT_TRUE_FATAL(addr != HADDR_UNDEF);
+    flip_byte(tu_tmp("msg-sum.h5"), (long)addr + 100, 0x40);
+    CU_ASSERT_EQUAL(sh("$K inspect msg-sum.h5 >/dev/null", &o), 1);
+    CU_ASSERT_TRUE(has(o, "/checked") && has(o, "fails its checksum"));
+    if (!has(o, "fails its checksum")) fprintf(stderr, "\n%s\n", o ? o : "");
+    free(o);
+    /* options */
+    snprintf(script, sizeof script,
+             "$K kvpr '%s' --v-com 1e9 --v-gpu 1e12 --batch 1 --seq-len 64 --dtype-bytes 1e-300",
+             tu_shared("models/" MODEL));
+    CU_ASSERT_EQUAL(sh(script, &o), 1);
+    CU_ASSERT_TRUE(has(o, "--dtype-bytes") && !has(o, "GLPK") && !has(o, "glp_"));
+    free(o);
+    snprintf(script, sizeof script, "$K eval '%s' --text ''", tu_shared("models/" MODEL));
+    CU_ASSERT_EQUAL(sh(script, &o), 1);
+    CU_ASSERT_TRUE(has(o, "--text needs a file name") && !has(o, "file file"));
+    free(o);
+    /* a tokenizer.json whose added token 1 has the id 1.5 */
+    snprintf(script, sizeof script,
+             "sed '0,/\"id\": 1,/s//\"id\": 1.5,/' '%s/tokenizer.json' > tok15.json && "
+             "echo 'Once upon a time' > tok15.txt && "
+             "$K tokenize '%s' --tokenizer tok15.json --text tok15.txt",
+             tu_shared("models/tinystories-656k"), tu_shared("models/tinystories-656k"));
+    CU_ASSERT_EQUAL(sh(script, &o), 1);
+    CU_ASSERT_TRUE(has(o, "tok15.json") && has(o, "added_tokens"));
+    free(o);
+}
+
 /* The file offset of a contiguous dataset's raw data. */
 static long dataset_offset(const char *file, const char *dset) {
     hid_t f = H5Fopen(file, H5F_ACC_RDONLY, H5P_DEFAULT);
@@ -1553,6 +1614,7 @@ int main(int argc, char **argv) {
          test_plan_checksum},
         {"two runs on one output: the second is refused (flock); a discarded log is named",
          test_two_runs},
+        {"messages: checksum, --dtype-bytes 1e-300, --text '', a token id 1.5", test_messages},
     };
     return tu_main(argc, argv, "faults", tests, sizeof tests / sizeof tests[0]);
 }

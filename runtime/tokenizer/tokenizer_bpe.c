@@ -16,6 +16,7 @@
 #include "tokenizer/tokenizer_bpe.h"
 
 #include <cjson/cJSON.h>
+#include <math.h>
 #include <pcre2.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -824,22 +825,29 @@ static int check_fields(const char *path, const json_vocab *v, kv_error *err) {
     return KV_OK;
 }
 
+/* A JSON number that is a whole token id in [0, 2^24) (3.5 is not read as 3). */
+static int json_id_ok(const cJSON *it) {
+    return cJSON_IsNumber(it) && it->valuedouble >= 0 && it->valuedouble < (1 << 24) &&
+           it->valuedouble == floor(it->valuedouble);
+}
+
 /* Stage 3: the vocabulary size from the largest id of model.vocab and added_tokens, checked
  * against the model's (ids past the tokenizer's are the model's padding). */
 static int count_ids(const char *path, const kv_model *m, json_vocab *v, kv_error *err) {
     const cJSON *it;
     int n = 0;
     cJSON_ArrayForEach(it, cJSON_GetObjectItemCaseSensitive(v->model, "vocab")) {
-        if (!cJSON_IsNumber(it) || it->valuedouble < 0 || it->valuedouble >= (1 << 24))
-            return kv_fail(err, KV_EINPUT, "%s: model.vocab[\"%.60s\"] is not a valid id", path,
-                           it->string);
+        if (!json_id_ok(it))
+            return kv_fail(err, KV_EINPUT,
+                           "%s: model.vocab[\"%.60s\"] is not a valid id (a whole number in "
+                           "[0, 2^24))",
+                           path, it->string);
         if (it->valueint + 1 > n) n = it->valueint + 1;
     }
     cJSON_ArrayForEach(it, cJSON_GetObjectItemCaseSensitive(v->doc, "added_tokens")) {
         const cJSON *id = cJSON_GetObjectItemCaseSensitive(it, "id");
         const cJSON *c = cJSON_GetObjectItemCaseSensitive(it, "content");
-        if (!cJSON_IsNumber(id) || id->valuedouble < 0 || id->valuedouble >= (1 << 24) ||
-            !cJSON_IsString(c))
+        if (!json_id_ok(id) || !cJSON_IsString(c))
             return kv_fail(err, KV_EINPUT,
                            "%s: an added_tokens entry lacks a valid \"id\" or \"content\"", path);
         if (id->valueint + 1 > n) n = id->valueint + 1;

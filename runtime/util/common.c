@@ -123,7 +123,9 @@ int kv_open_regular(const char *path, const char *what, uint64_t max_bytes, int 
     *fd = -1;
     if (size) *size = 0;
     const char *role = what ? what : "file";
-    if (!path || !*path) return kv_fail(err, KV_EINPUT, "no %s file name given", role);
+    if (!path || !*path)
+        return what ? kv_fail(err, KV_EINPUT, "no %s file name given", what)
+                    : kv_fail(err, KV_EINPUT, "no file name given");
     /* O_NONBLOCK: opening a FIFO must not wait for a writer; cleared again below */
     int d = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
     if (d < 0)
