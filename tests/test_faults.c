@@ -12,6 +12,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <hdf5.h>
+#include <malloc.h>
 #include <math.h>
 #include <signal.h>
 #include <stdint.h>
@@ -1357,6 +1358,16 @@ static void test_file_load(void) {
     for (size_t i = 6; i < size - 3; i++) nonzero += b[i] != 0;
     CU_ASSERT_EQUAL(nonzero, 0);
     free(d);
+    /* kv_read_file takes the file's size and a one-byte read to see the end: it used to
+     * double the buffer to see EOF, so a text of half the ulimit -v failed */
+    char *text = NULL;
+    size_t tl = 0;
+    CU_ASSERT_EQUAL_FATAL(kv_read_file(big, &text, &tl, &err), KV_OK);
+    CU_ASSERT_EQUAL(tl, size);
+    CU_ASSERT_TRUE(malloc_usable_size(text) < size + ((size_t)1 << 20));
+    CU_ASSERT_EQUAL(memcmp(text + size - 3, "end", 3), 0);
+    CU_ASSERT_EQUAL(text[size], 0);
+    free(text);
     unlink(big);
 }
 

@@ -180,6 +180,18 @@ int kv_read_file_max(const char *path, uint64_t max_bytes, char **data, size_t *
     }
     for (;;) {
         if (n + 1 >= cap) {
+            /* the buffer holds the size fstat gave: a one-byte read confirms the end, so a
+             * file is never given twice its size (a text of half the ulimit -v fitted not) */
+            char probe;
+            ssize_t g = read(fd, &probe, 1);
+            if (g < 0 && errno == EINTR) continue;
+            if (g == 0) break;
+            if (g < 0) {
+                int e = errno;
+                free(buf);
+                close(fd);
+                return kv_fail(err, KV_EINPUT, "%s: read error: %s", path, strerror(e));
+            }
             if ((uint64_t)cap > max_bytes) {
                 free(buf);
                 close(fd);
@@ -196,6 +208,8 @@ int kv_read_file_max(const char *path, uint64_t max_bytes, char **data, size_t *
             }
             buf = nb;
             cap *= 2;
+            buf[n++] = probe; /* it grew while being read */
+            continue;
         }
         ssize_t got = read(fd, buf + n, cap - 1 - n);
         if (got < 0 && errno == EINTR) continue;
