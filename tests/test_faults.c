@@ -1533,6 +1533,32 @@ static void test_messages(void) {
     free(o);
 }
 
+/* inspect --png overflowed a 96 KiB stack (ulimit -s 96) in fontconfig's configuration
+ * parser under cairo's first text measurement; the drawing now has a thread with its own
+ * stack. Not under AddressSanitizer, whose own stack needs are larger. */
+static void test_png_small_stack(void) {
+#if defined(__SANITIZE_ADDRESS__)
+    return;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+    return;
+#endif
+#endif
+    char plan[1024], prof[1024], script[8192], *o = NULL;
+    snprintf(plan, sizeof plan, "%s", make_plan("stack-plan.h5"));
+    snprintf(prof, sizeof prof, "%s", make_profile("stack-prof.h5"));
+    snprintf(script, sizeof script,
+             "rm -rf stack-png && mkdir stack-png && ulimit -s 96 && $K inspect '%s' --png "
+             "stack-png >/dev/null && $K inspect '%s' --png stack-png >/dev/null",
+             plan, prof);
+    int rc = sh(script, &o);
+    CU_ASSERT_EQUAL(rc, 0);
+    if (rc) fprintf(stderr, "\nulimit -s 96: exit %d: %s\n", rc, o ? o : "");
+    free(o);
+    CU_ASSERT_TRUE(file_size(tu_tmp("stack-png/budget_tokens.png")) > 1000);
+    CU_ASSERT_TRUE(file_size(tu_tmp("stack-png/head_importance.png")) > 1000);
+}
+
 /* The file offset of a contiguous dataset's raw data. */
 static long dataset_offset(const char *file, const char *dset) {
     hid_t f = H5Fopen(file, H5F_ACC_RDONLY, H5P_DEFAULT);
@@ -1626,6 +1652,7 @@ int main(int argc, char **argv) {
         {"two runs on one output: the second is refused (flock); a discarded log is named",
          test_two_runs},
         {"messages: checksum, --dtype-bytes 1e-300, --text '', a token id 1.5", test_messages},
+        {"inspect --png under ulimit -s 96", test_png_small_stack},
     };
     return tu_main(argc, argv, "faults", tests, sizeof tests / sizeof tests[0]);
 }
