@@ -225,6 +225,9 @@ static void seed_h5(void) {
         2, 0, 9,  2,  0, 0,   0,                               /* / model_n_kv_heads 2 */
         4, 0, 1,  2,  2, 8,   1,   16,  1,   16,  1,   24,  1, /* /budget/tokens [2, 2] */
         4, 1, 1,  2,  2, 1,   1,   1,   1,   1,   1,   2,   1, /* /budget/blocks [2, 2] */
+        4, 24, 1, 2,  2, 1,   1,   1,   1,   1,   1,   1,   1, /* /budget/kv_type f16 */
+        4, 25, 1, 2,  2, 0,   1,   0,   1,   0,   1,   0,   1, /* /budget/policy sink */
+        2, 0, 35, 3,  0, 0,   0,                               /* / plan_schema 3 */
     };
     static const unsigned char profile[] = {
         0,                               /* file_kind profile */
