@@ -771,8 +771,8 @@ static void test_memory_limit(void) {
         "eval rm.bin --text rt.txt --max-tokens 1024 --quiet",
         "run rm.bin --prompt Once -n 8 --quiet",
         "profile rm.bin --no-hw --prompts 2 --prompt-len 32 --quiet -o lim-prof.h5",
-        "search --profile rp.h5 --model rm.bin --text rt.txt --ratio 0.125 --allocation baklava "
-        "--t-grid 0.5 --r-grid 0.2 --eval-tokens 1024 --heldout-tokens 0 --quiet -o lim-s.h5",
+        ("search --profile rp.h5 --model rm.bin --text rt.txt --ratio 0.125 --allocation baklava "
+         "--t-grid 0.5 --r-grid 0.2 --eval-tokens 1024 --heldout-tokens 0 --quiet -o lim-s.h5"),
         "plan --model rm.bin --ratio 0.5 --allocation uniform -o lim-plan.h5 --quiet",
         "tokenize rm.bin --text rp.h5 --no-special",
         "inspect rp.h5",
