@@ -61,6 +61,10 @@ char *kv_cli_clean_text(const char *s, int escape_controls);
  * code (0, 1 or 2). */
 int kv_cli_finish_tasks(const char *cmd, kv_tasks *tasks, int rc, const kv_error *err);
 
+/* After kv_plan_read: a plan file without /budget@sha256 (p->budget_sha256 0) gets one note
+ * on stderr ("kvplan <cmd>: note: PLAN has no checksum ..."), nothing otherwise. */
+void kv_cli_plan_note(const char *cmd, const kv_plan *p);
+
 /* The command line joined with spaces into buf (for the `command` provenance attribute). */
 void kv_cli_command_line(int argc, char **argv, char *buf, size_t cap);
 

@@ -215,6 +215,7 @@ int kv_cmd_batch(int argc, char **argv) {
         rc = kv_plan_read(a.plan, &plan, &err);
         have_plan = !rc;
         if (!rc) rc = kv_plan_check_model(&plan, m, &err);
+        if (!rc) kv_cli_plan_note("batch", &plan);
     }
     /* run: the largest batch in each mode */
     kv_batch_config c;

@@ -75,7 +75,10 @@ static int read_ids(const char *path, int **ids, long *n, kv_error *err) {
         }
         if (cnt == cap) {
             int *nv = realloc(v, (size_t)cap * 2 * sizeof *nv);
-            if (!nv) break;
+            if (!nv) {
+                rc = kv_fail(err, KV_EINTERNAL, "%s: out of memory after %ld token ids", path, cnt);
+                break;
+            }
             v = nv;
             cap *= 2;
         }
@@ -83,7 +86,7 @@ static int read_ids(const char *path, int **ids, long *n, kv_error *err) {
         p = end;
     }
     free(data);
-    if (!v) return kv_fail(err, KV_EINTERNAL, "out of memory");
+    if (!v) return kv_fail(err, KV_EINTERNAL, "%s: out of memory", path);
     if (rc) {
         free(v);
         return rc;
@@ -181,6 +184,11 @@ int kv_cmd_eval(int argc, char **argv) {
         kv_cli_help(&kv_spec_eval, stderr);
         return 1;
     }
+    if ((a.text && !*a.text) || (a.tokens && !*a.tokens)) {
+        fprintf(stderr, "kvplan eval: %s needs a file name (it was given an empty one)\n",
+                a.text ? "--text" : "--tokens");
+        return 1;
+    }
     /* build: model, token ids, probes, plan, engine */
     kv_error err = {0};
     kv_model *m = NULL;
@@ -200,6 +208,7 @@ int kv_cmd_eval(int argc, char **argv) {
                      m->cfg.seq_len);
     if (!rc && a.retrieval) rc = load_probes(&a, m, &tok, C, &probes, &err);
     if (!rc) rc = kv_budget_args_plan(&a.budget, m, C, &plan, &device, &err);
+    if (!rc) kv_cli_plan_note("eval", &plan);
     if (!rc) {
         kv_engine_opts eo = {
             .device = device, .max_seqs = 1, .n_threads = kv_threads_args_count(&a.threads)};

@@ -3,6 +3,7 @@
 #include <cairo.h>
 #include <fontconfig/fontconfig.h>
 #include <math.h>
+#include <pthread.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,6 +12,7 @@
 #include "cli.h"
 #include "inspect.h"
 #include "kvplan/plan.h"
+#include "kvplan/search.h"
 
 typedef struct inspect_args {
     const char *file, *png_dir, *export_fmt;
@@ -120,6 +122,37 @@ static int check_output_choice(const inspect_args *a) {
     return 0;
 }
 
+/* ki_write_pngs on a thread of its own with a 16 MiB stack: cairo's first text measurement
+ * loads fontconfig's configuration, whose XML parser (expat, recursive) needs some 80 KiB of
+ * stack, more than a small `ulimit -s` (96 KiB) leaves the main thread. */
+typedef struct png_job {
+    ki_file *f;
+    const char *dir;
+    int n, rc;
+    kv_error *err;
+} png_job;
+
+static void *png_thread(void *arg) {
+    png_job *j = arg;
+    j->rc = ki_write_pngs(j->f, j->dir, stderr, &j->n, j->err);
+    return NULL;
+}
+
+static int write_pngs(ki_file *f, const char *dir, int *n, kv_error *err) {
+    png_job j = {f, dir, 0, KV_OK, err};
+    pthread_attr_t attr;
+    pthread_t th;
+    int ok = pthread_attr_init(&attr) == 0;
+    if (ok && pthread_attr_setstacksize(&attr, (size_t)16 << 20) == 0 &&
+        pthread_create(&th, &attr, png_thread, &j) == 0)
+        pthread_join(th, NULL);
+    else
+        j.rc = kv_fail(err, KV_EINTERNAL, "out of memory: no thread for drawing the pictures");
+    if (ok) pthread_attr_destroy(&attr);
+    *n = j.n;
+    return j.rc;
+}
+
 int kv_cmd_inspect(int argc, char **argv) {
     inspect_args a = {0};
     int code = kv_cli_parse(&kv_spec_inspect, argc, argv, &a);
@@ -144,12 +177,16 @@ int kv_cmd_inspect(int argc, char **argv) {
          * one is still shown (that is what inspect is for) but the command exits 1 */
         kv_plan p;
         invalid_plan = kv_plan_read(file, &p, &plan_err) != KV_OK;
+        if (!invalid_plan) kv_cli_plan_note("inspect", &p);
         kv_plan_free(&p);
+    } else if (!rc && f.is_profile) {
+        /* a profile: the checks of `plan --profile` (shapes, values in range) */
+        invalid_plan = kv_profile_inputs_check(file, &plan_err) != KV_OK;
     }
     /* run and report: pictures, then one of export, JSON or text */
     if (!rc && png_dir) {
         int n = 0;
-        rc = ki_write_pngs(&f, png_dir, stderr, &n, &err);
+        rc = write_pngs(&f, png_dir, &n, &err);
         /* the command draws nothing more: release cairo's font caches and fontconfig's
          * configuration, so that leak checkers see nothing left over */
         cairo_debug_reset_static_data();

@@ -46,8 +46,8 @@ static const kv_opt kvpr_opts[] = {
      .help = "current length s' (tokens whose K, V are in host memory; required)"},
     {"--gen-len", NULL, KV_OPT_INT, offsetof(kvpr_args, gen), "g", 1, 1 << 24,
      .help = "also tabulate the g decode steps, s' = s .. s + g - 1"},
-    {"--dtype-bytes", NULL, KV_OPT_NUM, offsetof(kvpr_args, dtype_bytes), "p", 0, 64, .def = "2",
-     .help = "bytes per element of X, K, V (2: fp16)"},
+    {"--dtype-bytes", NULL, KV_OPT_NUM, offsetof(kvpr_args, dtype_bytes), "p", 0.0625, 64,
+     .def = "2", .help = "bytes per element of X, K, V (2: fp16; at least 1/16: half a bit)"},
     {"--kv-type", NULL, KV_OPT_STR, offsetof(kvpr_args, kv_type), "T",
      .help = "K and V bytes as a kvplan cache of type T stores them (f32, f16, q8, q4; "
              "scales included); default: --dtype-bytes"},

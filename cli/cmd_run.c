@@ -1,5 +1,6 @@
 /* kvplan run: text generation, optionally batched and under per-head KV budgets. The
  * generation loop is the runtime's (kvplan/generate.h). */
+#include <limits.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -61,22 +62,32 @@ static int read_prompts(const char *path, char ***out, int *n, kv_error *err) {
     size_t len = 0;
     int rc = kv_read_file(path, &data, &len, err);
     if (rc) return rc;
-    int cnt = 0, cap = 16;
+    int cnt = 0, cap = 16, oom = 0;
     char **v = malloc((size_t)cap * sizeof *v);
-    for (char *line = strtok(data, "\n"); v && line; line = strtok(NULL, "\n")) {
+    oom = !v;
+    for (char *line = strtok(data, "\n"); !oom && line; line = strtok(NULL, "\n")) {
         if (!*line) continue;
         if (cnt == cap) {
-            char **nv = realloc(v, (size_t)cap * 2 * sizeof *nv);
-            if (!nv) break;
+            char **nv = cap < INT_MAX / 2 ? realloc(v, (size_t)cap * 2 * sizeof *nv) : NULL;
+            if (!nv) {
+                oom = 1;
+                break;
+            }
             v = nv;
             cap *= 2;
         }
-        v[cnt++] = strdup(line);
+        v[cnt] = strdup(line);
+        if (!v[cnt]) {
+            oom = 1;
+            break;
+        }
+        cnt++;
     }
     free(data);
-    if (!v) return kv_fail(err, KV_EINTERNAL, "out of memory");
-    if (cnt == 0) {
+    if (oom || cnt == 0) {
+        for (int i = 0; i < cnt; i++) free(v[i]);
         free(v);
+        if (oom) return kv_fail(err, KV_EINTERNAL, "%s: out of memory after %d prompts", path, cnt);
         return kv_fail(err, KV_EINPUT, "%s: no prompts (one per line expected)", path);
     }
     *out = v;
@@ -151,6 +162,7 @@ int kv_cmd_run(int argc, char **argv) {
     if (!rc && a.prompts) rc = read_prompts(a.prompts, &prompts, &n_prompts, &err);
     int C = m ? m->cfg.seq_len : 0;
     if (!rc) rc = kv_budget_args_plan(&a.budget, m, C, &plan, &device, &err);
+    if (!rc) kv_cli_plan_note("run", &plan);
     B = a.batch ? (int)a.batch : (n_prompts ? n_prompts : 1);
     if (!rc) {
         kv_engine_opts eo = {

@@ -392,14 +392,17 @@ static int fill_opts(const search_args *s, const search_job *j, kv_progress *pro
 
 /* The task log beside the output (kv_tasks_log_path), keyed by everything the logged
  * results depend on: the log format and the build's schemas, a hash of the arguments (not
- * --resume, --quiet, --threads N: the results are the same bits for every thread count), the
+ * --resume, --quiet, -o, --threads N: the results are the same bits for every thread count), the
  * SHA-256 of the model, the profile, the text, the --tokenizer file
  * ("model": the model's own) and the text's token ids (so a changed tokenizer beside a
  * llama2.c model counts too); a resume after any of them changed is refused naming it. Rank 0 only
  * (the other ranks keep no log). */
-/* Arguments the results do not depend on (--threads: the same bits for every count). */
+/* Arguments the results do not depend on (--threads: the same bits for every count; -o: the
+ * output's name). 2: the argument and its value, 1: the argument alone, 0: part of the key. */
 static int key_skips(const char *a) {
-    return !strcmp(a, "--resume") || !strcmp(a, "--quiet") || !strncmp(a, "--threads=", 10);
+    if (!strcmp(a, "--threads") || !strcmp(a, "-o") || !strcmp(a, "--output")) return 2;
+    return !strcmp(a, "--resume") || !strcmp(a, "--quiet") || !strncmp(a, "--threads=", 10) ||
+           !strncmp(a, "--output=", 9) || !strncmp(a, "-o", 2);
 }
 
 static int open_task_log(kv_tasks *tasks, const search_args *s, const search_job *j, int argc,
@@ -413,11 +416,11 @@ static int open_task_log(kv_tasks *tasks, const search_args *s, const search_job
     if (!args) return KV_EINTERNAL;
     size_t used = 0;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--threads")) {
-            i++; /* and its value */
+        int skip = key_skips(argv[i]);
+        if (skip) {
+            i += skip - 1; /* and its value */
             continue;
         }
-        if (key_skips(argv[i])) continue;
         size_t l = strlen(argv[i]) + 1;
         memcpy(args + used, argv[i], l);
         used += l;
@@ -439,7 +442,14 @@ static int open_task_log(kv_tasks *tasks, const search_args *s, const search_job
     const char *inputs[5 + KV_ROBUST_MAX_TEXTS] = {s->a.model, s->a.profile, s->tokenizer,
                                                    s->text_list, s->a.out};
     for (int t = 0; t < j->n_texts; t++) inputs[5 + t] = j->text_names[t];
-    return kv_tasks_log_open(tasks, log_path, key, s->resume, inputs, 5 + j->n_texts, err);
+    rc = kv_tasks_log_open(tasks, log_path, key, s->resume, inputs, 5 + j->n_texts, err);
+    if (!rc && kv_tasks_log_discarded(tasks) > 0)
+        fprintf(stderr,
+                "kvplan search: note: %s held an earlier run's finished tasks (%ld bytes); they "
+                "are discarded and the search starts afresh (pass --resume to continue such a "
+                "run)\n",
+                log_path, kv_tasks_log_discarded(tasks));
+    return rc;
 }
 
 static void print_perplexities(const kv_search_result *res) {

@@ -58,8 +58,14 @@ const char *ki_units(const ki_file *f, const char *path);
 /* A numeric dataset of rank 2 (shape [*rows, *cols]) or NULL. Rank 1 counts as [1, n] when
  * allow_1d is set. */
 const double *ki_matrix(const ki_file *f, const char *path, int allow_1d, int *rows, int *cols);
+/* 1 when x is finite, a whole number and in [lo, hi] (then *out = x), else 0 (*out kept):
+ * the check before any conversion of a file's number to int (a cast of NaN or 1e300 is
+ * undefined behaviour). */
+int ki_whole_in(double x, int lo, int hi, int *out);
+/* The plan's model_head_dim attribute when it is a whole number in [1, 2^20], else 0. */
+int ki_head_dim(const ki_file *f);
 /* KV storage type of head i (layer-major) of a plan file: /budget/kv_type (schema v3) or f32
- * for v1/v2 plans (the rule of kv_plan_read); a code out of range reads as f32. */
+ * for v1/v2 plans (the rule of kv_plan_read); a code out of range or not whole reads as f32. */
 kv_cache_type ki_head_type(const ki_file *f, int i);
 
 /* ---- derived summaries (shared by text and JSON) ---- */

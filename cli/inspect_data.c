@@ -215,12 +215,25 @@ const double *ki_matrix(const ki_file *f, const char *path, int allow_1d, int *r
     return NULL;
 }
 
+int ki_whole_in(double x, int lo, int hi, int *out) {
+    if (!(isfinite(x) && x == floor(x) && x >= (double)lo && x <= (double)hi)) return 0;
+    *out = (int)x;
+    return 1;
+}
+
+int ki_head_dim(const ki_file *f) {
+    int hd = 0;
+    ki_whole_in(ki_attr_num(f, "/", "model_head_dim", NAN), 1, 1 << 20, &hd);
+    return hd;
+}
+
 kv_cache_type ki_head_type(const ki_file *f, int i) {
-    int L = 0, H = 0;
+    int L = 0, H = 0, code = 0;
     const double *t = ki_matrix(f, "/budget/kv_type", 0, &L, &H);
-    if (!t || i < 0 || i >= L * H || !kv_type_valid((int)t[i]) || t[i] != floor(t[i]))
+    if (!t || i < 0 || i >= L * H || !ki_whole_in(t[i], 0, KV_CACHE_TYPES - 1, &code) ||
+        !kv_type_valid(code))
         return KV_TYPE_F32;
-    return (kv_cache_type)(int)t[i];
+    return (kv_cache_type)code;
 }
 
 /* ---- derived ---- */

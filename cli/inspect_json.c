@@ -166,18 +166,19 @@ static void plan_budget_json(cJSON *p, const ki_file *f) {
     for (int i = 0; i < L * hkv; i++) total += tok[i];
     cJSON_AddNumberToObject(p, "total_tokens", total);
     cJSON *types = cJSON_AddArrayToObject(p, "kv_types");
-    double hd = ki_attr_num(f, "/", "model_head_dim", NAN), bytes = 0;
+    int hd = ki_head_dim(f);
+    double bytes = 0;
     for (int l = 0; types && l < L; l++) {
         cJSON *row = cJSON_CreateArray();
         for (int j = 0; row && j < hkv; j++) {
             kv_cache_type ty = ki_head_type(f, l * hkv + j);
             cJSON_AddItemToArray(row, cJSON_CreateString(kv_type_name(ty)));
-            if (hd > 0) bytes += tok[l * hkv + j] * (double)kv_type_token_bytes(ty, (int)hd);
+            if (hd > 0) bytes += tok[l * hkv + j] * (double)kv_type_token_bytes(ty, hd);
         }
         if (row) cJSON_AddItemToArray(types, row);
     }
     double full16 = hd > 0 ? L * hkv * ki_attr_num(f, "/", "context_length", NAN) *
-                                 (double)kv_type_token_bytes(KV_TYPE_F16, (int)hd)
+                                 (double)kv_type_token_bytes(KV_TYPE_F16, hd)
                            : NAN;
     /* the ratio is bytes over the full F16 cache (v1/v2 files store the token fraction, which
      * is half of it for their f32 heads) */

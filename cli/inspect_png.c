@@ -794,7 +794,8 @@ static int png_budget(const ki_file *f, const char *path, kv_error *err) {
         if (!names) return KV_EINTERNAL;
         int count[KV_CACHE_TYPES] = {0};
         for (int i = 0; i < L * hkv; i++) {
-            int code = (int)tv[i];
+            int code = -1;
+            ki_whole_in(tv[i], 0, KV_CACHE_TYPES - 1, &code);
             names[i] = kv_type_valid(code) ? kv_type_name((kv_cache_type)code) : "?";
             if (kv_type_valid(code)) count[code]++;
         }

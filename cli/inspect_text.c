@@ -461,7 +461,8 @@ static void print_plan(FILE *out, const ki_file *f) {
         }
         /* KV storage types (schema v3; v1/v2 plans are f32) and the stored bytes */
         int v3 = ki_dset_find(f, "/budget/kv_type") != NULL;
-        double hd = ki_attr_num(f, "/", "model_head_dim", NAN), bytes = 0;
+        int hd = ki_head_dim(f);
+        double bytes = 0;
         fprintf(out, "KV storage type per head%s:\n  layer |", v3 ? "" : " (schema v1/v2: f32)");
         for (int j = 0; j < hkv; j++) fprintf(out, " %6s%-2d", "kv", j);
         fputc('\n', out);
@@ -470,13 +471,11 @@ static void print_plan(FILE *out, const ki_file *f) {
             for (int j = 0; j < hkv; j++) {
                 kv_cache_type ty = ki_head_type(f, l * hkv + j);
                 fprintf(out, " %8s", kv_type_name(ty));
-                if (hd > 0)
-                    bytes += tok[(size_t)l * hkv + j] * (double)kv_type_token_bytes(ty, (int)hd);
+                if (hd > 0) bytes += tok[(size_t)l * hkv + j] * (double)kv_type_token_bytes(ty, hd);
             }
             fputc('\n', out);
         }
-        double full16 =
-            hd > 0 ? L * hkv * C * (double)kv_type_token_bytes(KV_TYPE_F16, (int)hd) : NAN;
+        double full16 = hd > 0 ? L * hkv * C * (double)kv_type_token_bytes(KV_TYPE_F16, hd) : NAN;
         /* v1/v2 files store the token fraction: in bytes over the F16 cache it is 2 R */
         double Rb = v3 ? R : 2.0 * R;
         fprintf(out, "  total %.0f tokens", total);

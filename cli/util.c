@@ -66,6 +66,17 @@ int kv_cli_report(const char *cmd, const kv_error *err) {
     return err->code == KV_EINPUT ? 1 : 2;
 }
 
+void kv_cli_plan_note(const char *cmd, const kv_plan *p) {
+    if (!p || p->budget_sha256 || !p->source[0]) return;
+    char *clean = kv_cli_clean_text(p->source, 1);
+    fprintf(stderr,
+            "kvplan %s: note: %s has no checksum (/budget@sha256; older plans have none): a "
+            "damaged KV type or policy in it cannot be detected; remake it with kvplan search "
+            "to add one\n",
+            cmd, clean ? clean : p->source);
+    free(clean);
+}
+
 void kv_cli_command_line(int argc, char **argv, char *buf, size_t cap) {
     size_t len = 0;
     buf[0] = '\0';

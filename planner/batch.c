@@ -119,7 +119,8 @@ static int check_config(const kv_batch_config *c, kv_error *err) {
         return kv_fail(err, KV_EINPUT, "device memory %g bytes: need a positive figure",
                        c->device_mem);
     if (c->mem_bw < 0 || !isfinite(c->mem_bw))
-        return kv_fail(err, KV_EINPUT, "memory bandwidth %g bytes/s: need >= 0 (0 = unknown)",
+        return kv_fail(err, KV_EINPUT,
+                       "memory bandwidth %g bytes/s: need a finite figure >= 0 (0 = unknown)",
                        c->mem_bw);
     if (c->prompt_len < 1)
         return kv_fail(err, KV_EINPUT, "prompt length %ld: need >= 1", c->prompt_len);

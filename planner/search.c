@@ -62,22 +62,65 @@ static int read_matrix(kv_h5 *f, const char *path, int want_rank, long d0, long 
     return KV_OK;
 }
 
-int kv_profile_inputs_read(const char *path, const kv_model *m, kv_profile_inputs *out,
-                           kv_error *err) {
+/* The profile's values: head similarity s = (mean cos + 1) / 2 and importance 1 - s lie in
+ * [0, 1]; layer similarity is a cosine in [-1, 1] (docs/design.md Profiling;
+ * include/kvplan/profiler.h). */
+static int profile_check_values(const char *path, const kv_profile_inputs *p, kv_error *err) {
+    const int L = p->n_layers, H = p->n_kv_heads;
+    for (int i = 0; i < L * H; i++)
+        if (!(p->head_sim[i] >= -KV_PROFILE_RANGE_TOL &&
+              p->head_sim[i] <= 1.0 + KV_PROFILE_RANGE_TOL) ||
+            !(p->head_imp[i] >= -KV_PROFILE_RANGE_TOL &&
+              p->head_imp[i] <= 1.0 + KV_PROFILE_RANGE_TOL))
+            return kv_fail(err, KV_EINPUT,
+                           "%s: head similarity/importance of layer %d head %d is %.6g/%.6g, "
+                           "outside [0, 1]; the profile is damaged: run kvplan profile again",
+                           path, i / H, i % H, p->head_sim[i], p->head_imp[i]);
+    for (int l = 0; l < L; l++)
+        if (!(p->layer_sim[l] >= -1.0 - KV_PROFILE_RANGE_TOL &&
+              p->layer_sim[l] <= 1.0 + KV_PROFILE_RANGE_TOL))
+            return kv_fail(err, KV_EINPUT,
+                           "%s: layer similarity of layer %d is %.6g, outside [-1, 1]; the "
+                           "profile is damaged: run kvplan profile again",
+                           path, l, p->layer_sim[l]);
+    return KV_OK;
+}
+
+/* The shape [L, H_kv] of /heads/similarity, for a profile read without its model. */
+static int profile_shape(kv_h5 *f, int *L, int *H, kv_error *err) {
+    int rank = 0;
+    long dims[KV_H5_MAX_RANK];
+    int rc = kv_h5_dataset_shape(f, "/heads/similarity", &rank, dims, err);
+    if (rc) return rc;
+    if (rank != 2 || dims[0] < 1 || dims[1] < 1 || dims[0] > 65536 || dims[1] > 65536)
+        return kv_fail(err, KV_EINPUT,
+                       "%s: /heads/similarity must have shape [L, H_kv] (rank 2, each 1 to "
+                       "65536); the profile is damaged: run kvplan profile again",
+                       kv_h5_path(f));
+    *L = (int)dims[0];
+    *H = (int)dims[1];
+    return KV_OK;
+}
+
+/* kv_profile_inputs_read, for model m or (m NULL) any model: then the shape comes from
+ * /heads/similarity and model_sha256 is only copied. */
+static int profile_read(const char *path, const kv_model *m, kv_profile_inputs *out,
+                        kv_error *err) {
     memset(out, 0, sizeof *out);
     kv_h5 *f = NULL;
     int rc = kv_h5_open_read(path, &f, err);
     if (rc) return rc;
     char *sha = NULL;
     rc = kv_h5_read_attr_str(f, "/", "model_sha256", &sha, err);
-    if (!rc && strcmp(sha, m->sha256) != 0)
+    if (!rc && m && strcmp(sha, m->sha256) != 0)
         rc = kv_fail(err, KV_EINPUT,
                      "%s: the profile belongs to another model (model_sha256 %.16s..., but %s "
                      "has %.16s...); run `kvplan profile %s` first",
                      path, sha, m->path, m->sha256, m->path);
     if (!rc && strlen(sha) < sizeof out->model_sha256) strcpy(out->model_sha256, sha);
     free(sha);
-    int L = m->cfg.n_layers, H = m->cfg.n_kv_heads;
+    int L = m ? m->cfg.n_layers : 0, H = m ? m->cfg.n_kv_heads : 0;
+    if (!rc && !m) rc = profile_shape(f, &L, &H, err);
     out->n_layers = L;
     out->n_kv_heads = H;
     if (!rc) rc = read_matrix(f, "/heads/similarity", 2, L, H, &out->head_sim, err);
@@ -89,26 +132,21 @@ int kv_profile_inputs_read(const char *path, const kv_model *m, kv_profile_input
         if (!out->head_imp) rc = KV_EINTERNAL;
         for (int i = 0; !rc && i < L * H; i++) out->head_imp[i] = 1.0 - out->head_sim[i];
     }
-    /* head similarity s = (mean cos + 1) / 2 and importance 1 - s lie in [0, 1]; layer
-     * similarity is a cosine in [-1, 1] (docs/design.md Profiling; include/kvplan/profiler.h) */
-    for (int i = 0; !rc && i < L * H; i++)
-        if (!(out->head_sim[i] >= -KV_PROFILE_RANGE_TOL &&
-              out->head_sim[i] <= 1.0 + KV_PROFILE_RANGE_TOL) ||
-            !(out->head_imp[i] >= -KV_PROFILE_RANGE_TOL &&
-              out->head_imp[i] <= 1.0 + KV_PROFILE_RANGE_TOL))
-            rc = kv_fail(err, KV_EINPUT,
-                         "%s: head similarity/importance of layer %d head %d is %.6g/%.6g, "
-                         "outside [0, 1]; the profile is damaged: run kvplan profile again",
-                         path, i / H, i % H, out->head_sim[i], out->head_imp[i]);
-    for (int l = 0; !rc && l < L; l++)
-        if (!(out->layer_sim[l] >= -1.0 - KV_PROFILE_RANGE_TOL &&
-              out->layer_sim[l] <= 1.0 + KV_PROFILE_RANGE_TOL))
-            rc = kv_fail(err, KV_EINPUT,
-                         "%s: layer similarity of layer %d is %.6g, outside [-1, 1]; the "
-                         "profile is damaged: run kvplan profile again",
-                         path, l, out->layer_sim[l]);
+    if (!rc) rc = profile_check_values(path, out, err);
     kv_h5_close(f);
     if (rc) kv_profile_inputs_free(out);
+    return rc;
+}
+
+int kv_profile_inputs_read(const char *path, const kv_model *m, kv_profile_inputs *out,
+                           kv_error *err) {
+    return profile_read(path, m, out, err);
+}
+
+int kv_profile_inputs_check(const char *path, kv_error *err) {
+    kv_profile_inputs p;
+    int rc = profile_read(path, NULL, &p, err);
+    kv_profile_inputs_free(&p);
     return rc;
 }
 
@@ -234,6 +272,11 @@ typedef struct search_ctx {
     int win_arm;
 } search_ctx;
 
+/* The plausible range of one search chunk's NLL sum (kv_nll_sum_range) for task-log checks. */
+static void chunk_nll_range(const search_ctx *c, double *lo, double *hi) {
+    kv_nll_sum_range(c->o->context - 1, c->m->cfg.vocab_size, lo, hi);
+}
+
 /* Find or add the arm with these budgets (NULL = full cache). Takes ownership of tokens and
  * blocks (freed when an equal arm exists). Returns the arm index or -1 on error. */
 static int arm_get(search_ctx *c, int *tokens, int *blocks) {
@@ -349,8 +392,9 @@ static int heldout_ppls(search_ctx *c, int n, const int *const *budget,
     if (!nll) return KV_EINTERNAL;
     heldout_tasks t = {c, budget, policy, type};
     long before = c->work_done;
-    int rc =
-        kv_tasks_run_range(c->o->tasks, nt, 1, DBL_MIN, DBL_MAX, heldout_task, &t, nll, c->err);
+    double lo, hi;
+    chunk_nll_range(c, &lo, &hi);
+    int rc = kv_tasks_run_range(c->o->tasks, nt, 1, lo, hi, heldout_task, &t, nll, c->err);
     c->work_done = before + nt; /* on rank 0 the task callback counted its own tasks only */
     for (int i = 0; i < n && !rc; i++) {
         double s = 0.0;
@@ -407,7 +451,9 @@ static int eval_chunks(search_ctx *c, const int *arms, int n_arms, int n, int gr
     }
     chunk_tasks t = {c, ta, tc, what};
     long before = c->work_done;
-    int rc = kv_tasks_run_range(c->o->tasks, nt, 1, DBL_MIN, DBL_MAX, chunk_task, &t, nll, c->err);
+    double lo, hi;
+    chunk_nll_range(c, &lo, &hi);
+    int rc = kv_tasks_run_range(c->o->tasks, nt, 1, lo, hi, chunk_task, &t, nll, c->err);
     c->work_done = before + nt; /* on rank 0 the task callback counted its own tasks only */
     for (long k = 0; k < nt && !rc; k++) c->arms[ta[k]].nll[tc[k]] = nll[k];
     for (int i = 0; i < n_arms && !rc; i++)
@@ -848,9 +894,9 @@ static int search_evict_block(search_ctx *c) {
         rc = engine_at(c, p, &e);
         ladder_tasks t = {c, e, {cand_tok, utok}, {cand_pol, upol}, {res->kv_types, NULL}};
         long nt = (same ? 1L : 2L) * c->S, before = c->work_done;
-        if (!rc)
-            rc =
-                kv_tasks_run_range(o->tasks, nt, 1, DBL_MIN, DBL_MAX, ladder_task, &t, nll, c->err);
+        double lo, hi;
+        chunk_nll_range(c, &lo, &hi);
+        if (!rc) rc = kv_tasks_run_range(o->tasks, nt, 1, lo, hi, ladder_task, &t, nll, c->err);
         c->work_done = before + nt;
         res->ladder_token_evals += nt * o->context;
         double pc = NAN, pu = NAN;

@@ -175,6 +175,7 @@ typedef struct sens_tasks {
     float *ref;              /* [C, V] full-cache log-probabilities of chunk ref_chunk */
     int ref_chunk;
     double t0;
+    double nll_lo, nll_hi; /* kv_nll_sum_range of one chunk: the check of logged results */
 } sens_tasks;
 
 static int sens_task(void *user, long task, double *out, kv_error *err) {
@@ -195,7 +196,8 @@ static int sens_task(void *user, long task, double *out, kv_error *err) {
         log_softmax_rows(t->ref, C, t->V);
         t->ref_chunk = ch;
     }
-    memset(out, 0, (size_t)2 * B * sizeof *out);
+    /* slots a task leaves unused hold values the range check accepts */
+    for (int k = 0; k < 2 * B; k++) out[k] = k < B ? t->nll_lo : 0.0;
     if (j == 0) {
         const int *bb[1] = {cv->base};
         const kv_policy *bp[1] = {cv->base_policy};
@@ -317,6 +319,25 @@ static int sens_list_perturbations(const kv_sens_opts *o, kv_sens_curves *out, i
 /* Stage 5: the tasks' results res (per chunk: the base, then each perturbation batch; NLL sums
  * [B] then KL sums [B]) summed in chunk order, as one process running the chunks one after
  * another, into mean ΔNLL and KL per token. */
+/* The sensitivity passes as tasks: results [n_tasks, 2B], per task B NLL sums of chunks
+ * (kv_nll_sum_range) then B KL sums, checked when read from a log. A KL divergence is >= 0;
+ * its sum of C - 1 float-rounded terms may end a little below, so its floor is -1e-4 per
+ * token; its ceiling the NLL bound's. */
+static int sens_run(sens_tasks *st, long n_tasks, double *res, kv_error *err) {
+    const int B = st->B;
+    kv_nll_sum_range(st->C - 1, st->V, &st->nll_lo, &st->nll_hi);
+    double *lo = kv_malloc((size_t)4 * B * sizeof *lo, "task ranges", err);
+    if (!lo) return KV_EINTERNAL;
+    double *hi = lo + 2 * B;
+    for (int k = 0; k < 2 * B; k++) {
+        lo[k] = k < B ? st->nll_lo : -1e-4 * (st->C - 1);
+        hi[k] = st->nll_hi;
+    }
+    int rc = kv_tasks_run_ranges(st->o->tasks, n_tasks, 2 * B, lo, hi, sens_task, st, res, err);
+    free(lo);
+    return rc;
+}
+
 static void sens_reduce(const sens_tasks *st, const double *res, kv_sens_curves *out) {
     const int B = st->B, C = st->C, n_pert = st->n_pert, n_batch = st->per_chunk - 1;
     const int n = out->n_heads * out->n_types * out->n_policies * out->n_levels;
@@ -403,7 +424,7 @@ int kv_sens_measure_typed(kv_engine *e, const kv_model *m, const int *ids, int n
         st.per_chunk = 1 + (st.n_pert + B - 1) / B;
         const long n_tasks = (long)n_chunks * st.per_chunk;
         res = kv_malloc((size_t)n_tasks * 2 * B * sizeof *res, "batch losses", err);
-        rc = res ? kv_tasks_run(o->tasks, n_tasks, 2 * B, sens_task, &st, res, err) : KV_EINTERNAL;
+        rc = res ? sens_run(&st, n_tasks, res, err) : KV_EINTERNAL;
     }
     if (!rc) sens_reduce(&st, res, out);
     free(set_budget);
@@ -733,14 +754,16 @@ static int ppl_task(void *user, long task, double *out, kv_error *err) {
 }
 
 /* Budgeted perplexity on the n_search search chunks (summed in chunk order). */
-static int search_ppl(kv_engine *e, const int *ids, int n_search, const kv_sens_opts *o,
+static int search_ppl(kv_engine *e, int vocab, const int *ids, int n_search, const kv_sens_opts *o,
                       const int *budget, const kv_policy *policy, const kv_cache_type *type,
                       double *ppl, long *evals, kv_error *err) {
     const int C = o->context;
     double *v = kv_malloc((size_t)n_search * sizeof *v, "chunk losses", err);
     if (!v) return KV_EINTERNAL;
     ppl_tasks t = {e, ids, C, budget, policy, type};
-    int rc = kv_tasks_run_range(o->tasks, n_search, 1, DBL_MIN, DBL_MAX, ppl_task, &t, v, err);
+    double lo, hi;
+    kv_nll_sum_range(C - 1, vocab, &lo, &hi);
+    int rc = kv_tasks_run_range(o->tasks, n_search, 1, lo, hi, ppl_task, &t, v, err);
     double s = 0;
     for (int ch = 0; ch < n_search && !rc; ch++) s += v[ch];
     free(v);
@@ -782,8 +805,8 @@ int kv_sens_search(kv_engine *e, const kv_model *m, const int *ids, int n_search
         r->type[h] = o->kv_type;
     }
     if (!rc && !isfinite(uniform_ppl))
-        rc = search_ppl(e, ids, n_search, o, r->budget, r->policy, r->type, &uniform_ppl,
-                        &r->token_evals, err);
+        rc = search_ppl(e, m->cfg.vocab_size, ids, n_search, o, r->budget, r->policy, r->type,
+                        &uniform_ppl, &r->token_evals, err);
     if (rc) goto done;
     r->uniform_ppl = uniform_ppl;
     r->ppl = uniform_ppl;
@@ -821,8 +844,8 @@ int kv_sens_search(kv_engine *e, const kv_model *m, const int *ids, int n_search
             if (unchanged)
                 pp = r->ppl;
             else
-                rc =
-                    search_ppl(e, ids, n_search, o, cand2, cpol2, ctyp2, &pp, &r->token_evals, err);
+                rc = search_ppl(e, m->cfg.vocab_size, ids, n_search, o, cand2, cpol2, ctyp2, &pp,
+                                &r->token_evals, err);
             if (rc) break;
             if (oi == 0 || pp < ppl) {
                 ppl = pp;

@@ -6,7 +6,7 @@
 set -euo pipefail
 pkgs=(build-essential cmake pkg-config
       libopenblas-dev libhdf5-dev hdf5-tools libgsl-dev libglpk-dev libcunit1-dev
-      libcjson-dev libmicrohttpd-dev libpcre2-dev libpng-dev libcairo2-dev libssl-dev
+      libcjson-dev libmicrohttpd-dev libpcre2-dev libpng-dev libcairo2-dev libssl-dev zlib1g-dev
       libopenmpi-dev openmpi-bin time)
 for a in "$@"; do
     case "$a" in

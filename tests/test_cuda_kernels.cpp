@@ -47,7 +47,6 @@ namespace {
 const char *const M260 = "models/stories260K/stories260K.bin";
 const char *const TOK260 = "models/stories260K/tok512.bin";
 const char *const M656 = "models/tinystories-656k";
-const char *const TEXT = "text/tinystories_val_head.txt";
 
 kv_model *load(const char *rel) {
     kv_model *m = nullptr;

@@ -485,7 +485,7 @@ static void test_export(void) {
 
     /* a profile has no budgets; a plan has no importance; unknown formats */
     CU_ASSERT_EQUAL(run(&out, "inspect '%s' --export budgets-tsv%s 2>&1", profile_path(), ""), 1);
-    CU_ASSERT_PTR_NOT_NULL(out && strstr(out, "/budget/tokens"));
+    CU_ASSERT_TRUE(out && strstr(out, "/budget/tokens"));
     free(out);
     CU_ASSERT_EQUAL(run(&out, "inspect '%s' --export importance-tsv%s 2>&1", plan_path(), ""), 1);
     free(out);
@@ -497,7 +497,7 @@ static void test_bad_files(void) {
     char *out = NULL;
     /* missing */
     CU_ASSERT_EQUAL(run(&out, "inspect '%s'%s 2>&1", tu_tmp("nothing.h5"), ""), 1);
-    CU_ASSERT_PTR_NOT_NULL(out && strstr(out, "nothing.h5"));
+    CU_ASSERT_TRUE(out && strstr(out, "nothing.h5"));
     free(out);
     /* not HDF5 */
     const char *txt = tu_tmp("notes.h5");
@@ -506,7 +506,7 @@ static void test_bad_files(void) {
     fputs("plain text\n", fp);
     fclose(fp);
     CU_ASSERT_EQUAL(run(&out, "inspect '%s'%s 2>&1", txt, ""), 1);
-    CU_ASSERT_PTR_NOT_NULL(out && strstr(out, "notes.h5") && strstr(out, "not an HDF5 file"));
+    CU_ASSERT_TRUE(out && strstr(out, "notes.h5") && strstr(out, "not an HDF5 file"));
     free(out);
     /* HDF5 of somebody else */
     const char *foreign = tu_tmp("foreign.h5");
@@ -519,7 +519,7 @@ static void test_bad_files(void) {
     H5Sclose(sp);
     H5Fclose(fid);
     CU_ASSERT_EQUAL(run(&out, "inspect '%s' --json%s 2>&1", foreign, ""), 1);
-    CU_ASSERT_PTR_NOT_NULL(out && strstr(out, "foreign.h5") && strstr(out, "not one of kvplan"));
+    CU_ASSERT_TRUE(out && strstr(out, "foreign.h5") && strstr(out, "not one of kvplan"));
     free(out);
     /* newer schema */
     const char *newer = tu_tmp("newer.h5");
@@ -530,7 +530,7 @@ static void test_bad_files(void) {
     OK(kv_h5_attr_i64(f, "/", "schema_version", KV_SCHEMA_VERSION + 1, &err));
     OK(kv_h5_commit(f, &err));
     CU_ASSERT_EQUAL(run(&out, "inspect '%s' --png '%s' 2>&1", newer, tu_tmp("png-newer")), 1);
-    CU_ASSERT_PTR_NOT_NULL(out && strstr(out, "newer.h5") && strstr(out, "newer"));
+    CU_ASSERT_TRUE(out && strstr(out, "newer.h5") && strstr(out, "newer"));
     free(out);
     /* usage errors */
     CU_ASSERT_EQUAL(run(&out, "inspect%s%s 2>&1", "", ""), 1);
@@ -539,7 +539,7 @@ static void test_bad_files(void) {
                     1);
     free(out);
     CU_ASSERT_EQUAL(run(&out, "inspect --help%s%s", "", ""), 0);
-    CU_ASSERT_PTR_NOT_NULL(out && strstr(out, "budgets-tsv"));
+    CU_ASSERT_TRUE(out && strstr(out, "budgets-tsv"));
     free(out);
 }
 
@@ -566,9 +566,9 @@ static void test_halving_grid(void) {
     /* a plan fragment (no context_length, no /budget/blocks): shown, but inspect exits 1
      * because the plan module refuses it */
     CU_ASSERT_EQUAL(run(&out, "inspect '%s'%s", path, ""), 1);
-    CU_ASSERT_PTR_NOT_NULL(out && strstr(out, "3 cells reached 4 chunks"));
-    CU_ASSERT_PTR_NOT_NULL(out && strstr(out, "best   t 0.8  r 0.1  perplexity 4.0000"));
-    CU_ASSERT_PTR_NOT_NULL(out && strstr(out, "worst  t 0.6  r 0.3  perplexity 5.0000"));
+    CU_ASSERT_TRUE(out && strstr(out, "3 cells reached 4 chunks"));
+    CU_ASSERT_TRUE(out && strstr(out, "best   t 0.8  r 0.1  perplexity 4.0000"));
+    CU_ASSERT_TRUE(out && strstr(out, "worst  t 0.6  r 0.3  perplexity 5.0000"));
     free(out);
     CU_ASSERT_EQUAL(run(&out, "inspect '%s' --json%s", path, ""), 1);
     cJSON *j = cJSON_Parse(out ? out : "");
@@ -730,7 +730,7 @@ static void test_grid3(void) {
     /* the picture: one 1200 x 800 PNG with a panel per p */
     const char *dir = tu_tmp("png-grid3");
     CU_ASSERT_EQUAL(run(&out, "inspect '%s' --png '%s' 2>&1 >/dev/null", path, dir), 0);
-    CU_ASSERT_PTR_NOT_NULL(out && strstr(out, "search_perplexity.png"));
+    CU_ASSERT_TRUE(out && strstr(out, "search_perplexity.png"));
     free(out);
     char png[600];
     snprintf(png, sizeof png, "%s/search_perplexity.png", dir);
@@ -759,11 +759,11 @@ static void test_grid3_baseline_winner(void) {
     make_grid3(path, "uniform");
     char *out = NULL;
     CU_ASSERT_EQUAL(run(&out, "inspect '%s'%s", path, ""), 0);
-    CU_ASSERT_PTR_NOT_NULL(out && strstr(out, ">> winner (/search@winner): uniform baseline, which "
-                                              "beat the grid's best cell (p 1, t 0.7, r 0.2: "
-                                              "perplexity 3.5000) on the same chunks: search "
-                                              "perplexity 3.2500 on 8 chunks; held-out 3.3000"));
-    CU_ASSERT_PTR_NOT_NULL(out && strstr(out, "parameters: t unused"));
+    CU_ASSERT_TRUE(out && strstr(out, ">> winner (/search@winner): uniform baseline, which "
+                                      "beat the grid's best cell (p 1, t 0.7, r 0.2: "
+                                      "perplexity 3.5000) on the same chunks: search "
+                                      "perplexity 3.2500 on 8 chunks; held-out 3.3000"));
+    CU_ASSERT_TRUE(out && strstr(out, "parameters: t unused"));
     free(out);
     CU_ASSERT_EQUAL(run(&out, "inspect '%s' --json%s", path, ""), 0);
     cJSON *j = cJSON_Parse(out ? out : "");
@@ -800,11 +800,11 @@ static void test_grid_p_only(void) {
     OK(kv_h5_commit(f, &err));
     char *out = NULL;
     CU_ASSERT_EQUAL(run(&out, "inspect '%s'%s", path, ""), 1); /* a plan fragment: exit 1 */
-    CU_ASSERT_PTR_NOT_NULL(out && strstr(out, "perplexity grid 3 (p): 3 of 3 cells evaluated"));
-    CU_ASSERT_PTR_NOT_NULL(out && strstr(out, "best   p 0.5  perplexity 4.2500"));
-    CU_ASSERT_PTR_NOT_NULL(out && strstr(out, "worst  p 1  perplexity 4.7500"));
-    CU_ASSERT_PTR_NOT_NULL(out && strstr(out, "winner (/search@winner): squeeze, the grid's best "
-                                              "cell (p 0.5)"));
+    CU_ASSERT_TRUE(out && strstr(out, "perplexity grid 3 (p): 3 of 3 cells evaluated"));
+    CU_ASSERT_TRUE(out && strstr(out, "best   p 0.5  perplexity 4.2500"));
+    CU_ASSERT_TRUE(out && strstr(out, "worst  p 1  perplexity 4.7500"));
+    CU_ASSERT_TRUE(out && strstr(out, "winner (/search@winner): squeeze, the grid's best "
+                                      "cell (p 0.5)"));
     free(out);
     const char *dir = tu_tmp("png-grid-p");
     CU_ASSERT_EQUAL(run(&out, "inspect '%s' --png '%s' >/dev/null 2>&1", path, dir), 1);
@@ -827,8 +827,8 @@ static void test_generic_file(void) {
     OK(kv_h5_commit(f, &err));
     char *out = NULL;
     CU_ASSERT_EQUAL(run(&out, "inspect '%s'%s", path, ""), 0);
-    CU_ASSERT_PTR_NOT_NULL(out && strstr(out, "/misc/values [2] (widgets)"));
-    CU_ASSERT_PTR_NOT_NULL(out && strstr(out, "1.5  2.5"));
+    CU_ASSERT_TRUE(out && strstr(out, "/misc/values [2] (widgets)"));
+    CU_ASSERT_TRUE(out && strstr(out, "1.5  2.5"));
     free(out);
 }
 

@@ -482,16 +482,16 @@ static void test_cli_kv_type(void) {
     CU_ASSERT_EQUAL_FATAL(tu_run_kvplan(args, NULL, 0), 0);
     snprintf(args, sizeof args, "inspect %s --export kv-types-tsv", plan);
     CU_ASSERT_EQUAL_FATAL(tu_run_kvplan(args, &out, 0), 0);
-    CU_ASSERT_PTR_NOT_NULL(out && strstr(out, "q8\tq8\tq8\tq8\n"));
+    CU_ASSERT_TRUE(out && strstr(out, "q8\tq8\tq8\tq8\n"));
     free(out);
     snprintf(args, sizeof args, "inspect %s --json", plan);
     CU_ASSERT_EQUAL_FATAL(tu_run_kvplan(args, &out, 0), 0);
-    CU_ASSERT_PTR_NOT_NULL(out && strstr(out, "\"kv_types\":[[\"q8\",\"q8\""));
-    CU_ASSERT_PTR_NOT_NULL(out && strstr(out, "\"kv_bytes\":81920"));
+    CU_ASSERT_TRUE(out && strstr(out, "\"kv_types\":[[\"q8\",\"q8\""));
+    CU_ASSERT_TRUE(out && strstr(out, "\"kv_bytes\":81920"));
     free(out);
     snprintf(args, sizeof args, "inspect %s", plan);
     CU_ASSERT_EQUAL_FATAL(tu_run_kvplan(args, &out, 0), 0);
-    CU_ASSERT_PTR_NOT_NULL(out && strstr(out, "0.2500 of the full F16 cache"));
+    CU_ASSERT_TRUE(out && strstr(out, "0.2500 of the full F16 cache"));
     free(out);
     snprintf(args, sizeof args,
              "eval '%s' --tokenizer '%s' --text '%s' --plan %s --max-tokens 1024 --json --quiet",

@@ -125,7 +125,16 @@ static void test_v1_plan(void) {
     CU_ASSERT(H5Ldelete(f, "/budget/policy", H5P_DEFAULT) >= 0);
     CU_ASSERT(H5Ldelete(f, "/budget/kv_type", H5P_DEFAULT) >= 0);
     H5Fclose(f);
+    /* with the datasets gone the checksum no longer matches: refused */
+    CU_ASSERT_EQUAL(kv_plan_read(tu_tmp("v1.h5"), &b, &err), KV_EINPUT);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err.msg, "does not match its SHA-256"));
+    /* a real v1 file has no checksum either */
+    f = H5Fopen(tu_tmp("v1.h5"), H5F_ACC_RDWR, H5P_DEFAULT);
+    CU_ASSERT_FATAL(f >= 0);
+    CU_ASSERT(H5Adelete_by_name(f, "/budget", "sha256", H5P_DEFAULT) >= 0);
+    H5Fclose(f);
     CU_ASSERT_EQUAL_FATAL(kv_plan_read(tu_tmp("v1.h5"), &b, &err), KV_OK);
+    CU_ASSERT_EQUAL(b.budget_sha256, 0);
     CU_ASSERT_EQUAL(b.schema_version, 1);
     CU_ASSERT_EQUAL(b.policy, KV_POLICY_SINK);
     CU_ASSERT_FALSE(kv_plan_mixed_policies(&b));
@@ -208,14 +217,14 @@ static void test_validation(void) {
     char args[2048], *out = NULL;
     snprintf(args, sizeof args, "inspect '%s'", bad);
     CU_ASSERT_EQUAL(tu_run_kvplan(args, &out, 1), 1);
-    CU_ASSERT_PTR_NOT_NULL(out && strstr(out, "layer 0 KV head 3"));
+    CU_ASSERT_TRUE(out && strstr(out, "layer 0 KV head 3"));
     free(out);
     /* and so does eval --plan: no run on a plan that claims what it does not keep */
     snprintf(args, sizeof args, "eval '%s' --text '%s' --plan '%s' --context 256 --quiet",
              tu_shared("models/stories260K/stories260K.bin"),
              tu_shared("text/tinystories_val_head.txt"), bad);
     CU_ASSERT_EQUAL(tu_run_kvplan(args, &out, 1), 1);
-    CU_ASSERT_PTR_NOT_NULL(out && strstr(out, bad));
+    CU_ASSERT_TRUE(out && strstr(out, bad));
     free(out);
     corrupt(good, bad, "/budget/blocks", 0, 0); /* blocks must agree with tokens */
     expect_refused(bad, "too small");

@@ -292,13 +292,13 @@ static void test_two_texts(void) {
     char args[4096], *out = NULL;
     snprintf(args, sizeof args, "inspect %s", tu_tmp("plan.h5"));
     CU_ASSERT_EQUAL(tu_run_kvplan(args, &out, 1), 0);
-    CU_ASSERT_PTR_NOT_NULL(out && strstr(out, "calibration texts (/search/texts"));
-    CU_ASSERT_PTR_NOT_NULL(out && strstr(out, "000_50e4c75caff53a63.txt"));
+    CU_ASSERT_TRUE(out && strstr(out, "calibration texts (/search/texts"));
+    CU_ASSERT_TRUE(out && strstr(out, "000_50e4c75caff53a63.txt"));
     free(out);
     snprintf(args, sizeof args, "inspect %s --json", tu_tmp("plan.h5"));
     CU_ASSERT_EQUAL(tu_run_kvplan(args, &out, 0), 0);
-    CU_ASSERT_PTR_NOT_NULL(out && strstr(out, "\"texts\":{\"objective\":\"mean\""));
-    CU_ASSERT_PTR_NOT_NULL(out && strstr(out, "\"part\":\"heldout\""));
+    CU_ASSERT_TRUE(out && strstr(out, "\"texts\":{\"objective\":\"mean\""));
+    CU_ASSERT_TRUE(out && strstr(out, "\"part\":\"heldout\""));
     free(out);
 }
 
@@ -328,7 +328,7 @@ static void test_bad_texts(void) {
              tu_tmp("profile.h5"), tu_shared(MODEL), tu_shared(TEXT), tu_tmp("no-such-text.txt"),
              tu_tmp("bad.h5"));
     CU_ASSERT_EQUAL(tu_run_kvplan(args, &out, 1), 1);
-    CU_ASSERT_PTR_NOT_NULL(out && strstr(out, "no-such-text.txt"));
+    CU_ASSERT_TRUE(out && strstr(out, "no-such-text.txt"));
     free(out);
     FILE *f = fopen(tu_tmp("empty.list"), "w");
     CU_ASSERT_PTR_NOT_NULL_FATAL(f);
@@ -337,14 +337,14 @@ static void test_bad_texts(void) {
     snprintf(args, sizeof args, "search --profile %s --model %s --text-list %s --ratio 0.125 -o %s",
              tu_tmp("profile.h5"), tu_shared(MODEL), tu_tmp("empty.list"), tu_tmp("bad.h5"));
     CU_ASSERT_EQUAL(tu_run_kvplan(args, &out, 1), 1);
-    CU_ASSERT_PTR_NOT_NULL(out && strstr(out, "empty.list names no text"));
+    CU_ASSERT_TRUE(out && strstr(out, "empty.list names no text"));
     free(out);
     snprintf(args, sizeof args,
              "search --profile %s --model %s --text %s --text-objective median --ratio 0.125 "
              "-o %s",
              tu_tmp("profile.h5"), tu_shared(MODEL), tu_shared(TEXT), tu_tmp("bad.h5"));
     CU_ASSERT_EQUAL(tu_run_kvplan(args, &out, 1), 1);
-    CU_ASSERT_PTR_NOT_NULL(out && strstr(out, "median"));
+    CU_ASSERT_TRUE(out && strstr(out, "median"));
     free(out);
     f = fopen(tu_tmp("bad.h5"), "rb");
     CU_ASSERT_PTR_NULL(f); /* nothing written on errors */
@@ -356,8 +356,8 @@ static void test_bad_texts(void) {
     CU_ASSERT_EQUAL_FATAL(kv_h5_open_read(tu_tmp("profile.h5"), &h, &e), KV_OK);
     CU_ASSERT_EQUAL(kv_h5_read_attr_str(h, "/", "text", &text, &e), KV_OK);
     kv_h5_close(h);
-    CU_ASSERT_PTR_NOT_NULL(text && strstr(text, "tinystories_val_head.txt\n"));
-    CU_ASSERT_PTR_NOT_NULL(text && strstr(text, "000_50e4c75caff53a63.txt"));
+    CU_ASSERT_TRUE(text && strstr(text, "tinystories_val_head.txt\n"));
+    CU_ASSERT_TRUE(text && strstr(text, "000_50e4c75caff53a63.txt"));
     free(text);
 }
 

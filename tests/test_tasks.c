@@ -264,8 +264,8 @@ static void test_resume(void) {
     unlink(log);
     search_args(args, sizeof args, 0, "", part);
     snprintf(cmd, sizeof cmd, "exec '%s' %s >/dev/null 2>&1", KVPLAN_BINARY, args);
-    /* kill it once 8 tasks are logged (a record: 16-byte header + one double) */
-    CU_ASSERT_EQUAL_FATAL(tu_kill_when_logged(cmd, log, 2, 8 * 24), 1); /* killed part-way */
+    /* kill it once 8 tasks are logged (a record: 16-byte header, one double, a CRC-32) */
+    CU_ASSERT_EQUAL_FATAL(tu_kill_when_logged(cmd, log, 2, 8 * 28), 1); /* killed part-way */
     CU_ASSERT_NOT_EQUAL(stat(part, &st), 0);                            /* no partial plan file */
     CU_ASSERT_EQUAL_FATAL(stat(log, &st), 0);
     /* resume (not --quiet: it reports the tasks it took from the log) */
@@ -294,7 +294,7 @@ static void test_resume(void) {
     /* a log of another run is refused by name */
     FILE *f = fopen(log, "w");
     CU_ASSERT_PTR_NOT_NULL_FATAL(f);
-    fputs("kvplan task log 2\nformat=search-1 command=other\n", f);
+    fputs("kvplan task log 3\nformat=search-1 command=other\n", f);
     fclose(f);
     snprintf(cmd, sizeof cmd, "'%s' %s 2>&1", KVPLAN_BINARY, args);
     rc = tu_run_sh(cmd, &out);

@@ -178,10 +178,18 @@ int kv_commit_file(const char *tmp, const char *final_path, kv_error *err);
 /* Check that the directory of `path` exists and is writable, before long work starts. */
 int kv_check_writable(const char *path, kv_error *err);
 
-/* Check an output path before any work starts: it is not empty, not an existing directory or
- * other non-regular file (rename would replace a device node), its directory is writable
- * (kv_check_writable), and it is not the same file (st_dev, st_ino, after symlinks and "./")
- * as any of the `n` input paths (NULL entries are skipped). When an input is a directory (a
+/* Check an output's name (every output: -o, the PNGs of inspect, at check time and again
+ * just before the write): not empty, not ending in '/', a base name within the file system's
+ * NAME_MAX, the path and its temporary's name ("<final>.tmp.<pid>.<hex>", base cut as in
+ * kv_temp_create) within PATH_MAX, not a symbolic link (the rename would replace the link,
+ * e.g. /dev/stdout, instead of writing its target), and not in /dev, /proc or /sys (after
+ * realpath of the directory). `opt` names the option in messages. KV_EINPUT on any of them. */
+int kv_check_output_name(const char *path, const char *opt, kv_error *err);
+
+/* Check an output path before any work starts: kv_check_output_name, it is not empty, not an
+ * existing directory or other non-regular file (rename would replace a device node), its directory
+ * is writable (kv_check_writable), and it is not the same file (st_dev, st_ino, after symlinks and
+ * "./") as any of the `n` input paths (NULL entries are skipped). When an input is a directory (a
  * Hugging Face model), an output inside it named *.json or *.safetensors is refused too.
  * `opt` names the option in messages ("-o"). KV_EINPUT says which input would be destroyed. */
 int kv_check_output(const char *path, const char *opt, const char *const *inputs, int n,

@@ -37,6 +37,13 @@ typedef struct kv_eval_result {
  * The one place this is computed (eval, search, sensitivity). */
 double kv_perplexity_from_nll(double nll_sum, long n_scored);
 
+/* The range a sum of next-token NLLs (nats) over n_scored predictions with a vocabulary of
+ * `vocab` tokens can plausibly take, for checking results read back from a task log:
+ * lo = n_scored * 1e-9 (a mean perplexity above 1 + 1e-9; 0 and denormals are not a
+ * measurement) and hi = n_scored * 100 * max(ln vocab, 1) (a hundred times the uniform
+ * distribution's loss per token). */
+void kv_nll_sum_range(long n_scored, int vocab, double *lo, double *hi);
+
 /* Perplexity of tokens[0..n_tokens) under engine `e`'s plan (see the header comment): chunks
  * of the plan's context C, max_chunks = 0 for all full chunks, progress may be NULL.
  * KV_EINPUT when there is not a single full chunk or a token id is out of range. */

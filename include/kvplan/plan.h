@@ -54,6 +54,8 @@ typedef struct kv_plan {
     char model_sha256[65];
     int model_dim, model_n_heads, model_head_dim, model_vocab_size;
     int schema_version; /* of the file it was read from; KV_PLAN_SCHEMA_VERSION otherwise */
+    int budget_sha256;  /* read from a file: 1 when it had /budget@sha256 (and it matched), 0
+                         * when it had none (older plans: nothing protects its types/policies) */
     char source[1024];  /* the file it was read from, "" when made in memory */
 } kv_plan;
 
@@ -118,15 +120,25 @@ int kv_plan_check_model(const kv_plan *p, const kv_model *m, kv_error *err);
 
 /* Read plan.h5 (schema v1, v2 or v3) and validate it (kv_plan_validate, and /budget/blocks must
  * equal ceil(tokens / b_s) per head; fractional, NaN or out-of-range budgets are refused).
+ * When /budget has the attribute sha256 it must equal kv_plan_budget_sha256 of what was read
+ * (a flipped bit in a type or policy code is refused); a file without it is read as before
+ * and out->budget_sha256 is 0 (callers print a note).
  * Errors KV_EINPUT name the file and the dataset or attribute. Fills *out (kv_plan_free). */
 int kv_plan_read(const char *path, kv_plan *out, kv_error *err);
+
+/* SHA-256 (OpenSSL) of a plan's per-head content, as 64 hex digits + NUL into hex: the bytes
+ * "kvplan budget 1\0", L and H_kv, then per head (layer-major) its tokens, blocks, policy code
+ * and KV type code, each int32 little-endian: what /budget/tokens, /budget/blocks,
+ * /budget/policy and /budget/kv_type hold. Written by kv_plan_write as /budget@sha256.
+ * KV_EINTERNAL when memory runs out. */
+int kv_plan_budget_sha256(const kv_plan *p, char hex[65], kv_error *err);
 
 /* Write the plan's part of plan.h5 into an open file: root attributes ratio, context_length,
  * block_size, evict_block, policy, allocation, t, r, p, min_tokens (when > 0), plan_schema;
  * /budget/tokens, /budget/blocks [L, H_kv] int32, /budget/policy [L, H_kv] int32 (codes of
  * kv_policy, named in its `codes` attribute) and /budget/kv_type [L, H_kv] int32 (codes of
- * kv_cache_type, named in its `codes` attribute). Provenance (model identity) is written by
- * kv_h5_write_provenance. */
+ * kv_cache_type, named in its `codes` attribute) and /budget@sha256 (kv_plan_budget_sha256).
+ * Provenance (model identity) is written by kv_h5_write_provenance. */
 int kv_plan_write(kv_h5 *f, const kv_plan *p, kv_error *err);
 
 /* Deep copy (dst is overwritten; kv_plan_free it). */

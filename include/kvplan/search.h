@@ -51,6 +51,10 @@ typedef struct kv_profile_inputs {
  * Errors (KV_EINPUT) name the file and the mismatch. Free with kv_profile_inputs_free. */
 int kv_profile_inputs_read(const char *path, const kv_model *m, kv_profile_inputs *out,
                            kv_error *err);
+/* The checks of kv_profile_inputs_read without a model (kvplan inspect): the shapes agree
+ * with /heads/similarity's [L, H_kv] and the values lie in their ranges. KV_EINPUT names the
+ * file and the dataset or value. */
+int kv_profile_inputs_check(const char *path, kv_error *err);
 void kv_profile_inputs_free(kv_profile_inputs *p);
 
 /* A grid "a:b:step" (inclusive of b within step/1000) or a single value "a", or a comma list

@@ -70,6 +70,12 @@ int kv_tasks_run(kv_tasks *t, long n_tasks, int n_out, kv_task_fn fn, void *user
 int kv_tasks_run_range(kv_tasks *t, long n_tasks, int n_out, double lo, double hi, kv_task_fn fn,
                        void *user, double *results, kv_error *err);
 
+/* kv_tasks_run_range with a range per result: result k of every task lies in [lo[k], hi[k]]
+ * (lo, hi [n_out]; e.g. a batch of NLL sums followed by KL sums, each with its plausible
+ * range). */
+int kv_tasks_run_ranges(kv_tasks *t, long n_tasks, int n_out, const double *lo, const double *hi,
+                        kv_task_fn fn, void *user, double *results, kv_error *err);
+
 /* The task log's name for the output `out` into path[cap]: "OUT.tasks", or, when that base
  * name would exceed NAME_MAX (255 bytes), OUT's directory, the first 232 bytes of its base
  * name, "." and 16 hex digits of the SHA-256 of the whole base name, ".tasks". Errors:
@@ -89,9 +95,13 @@ int kv_tasks_log_path(const char *out, char *path, size_t cap, kv_error *err);
  * off); the calls must come in the same order with the same task lists, which a deterministic
  * command guarantees. A log with another key is refused naming the fields that differ; a
  * complete record that is invalid (header out of range, a non-finite value, a step number
- * going back, a repeated task) refuses the log. Without resume, or without a log, a new log
- * is made: its header written to a fresh temporary file (kv_temp_create: O_EXCL | O_NOFOLLOW)
- * and renamed over `path`, so an old log is replaced and nothing planted there is written.
+ * going back, a repeated task, a record whose CRC-32 does not match) refuses the log. Without
+ * resume, or without a log, a new log is made: its header written to a fresh temporary file
+ * (kv_temp_create: O_EXCL | O_NOFOLLOW) and renamed over `path`, so an old log is replaced
+ * (kv_tasks_log_discarded says so) and nothing planted there is written.
+ *
+ * The open log is locked (flock, exclusive) until it is closed: a second run on the same
+ * output, with or without resume, is refused while the first holds it (KV_EINPUT).
  *
  * The name must be free or a regular file (never followed when a symbolic link, never opened
  * when a FIFO or device: refused) and not one of inputs[n_inputs] (same st_dev / st_ino; NULL
@@ -103,8 +113,12 @@ int kv_tasks_log_path(const char *out, char *path, size_t cap, kv_error *err);
  * with KV_EINTERNAL. */
 int kv_tasks_log_open(kv_tasks *t, const char *path, const char *key, int resume,
                       const char *const *inputs, int n_inputs, kv_error *err);
-/* Close the log; remove = 1 deletes it (the run finished and its output is written). */
+/* Close the log; remove = 1 deletes it (the run finished and its output is written) when the
+ * name still holds the file this run wrote (same st_dev / st_ino), never another run's. */
 void kv_tasks_log_close(kv_tasks *t, int remove);
+/* After kv_tasks_log_open without resume: the size in bytes (>= 1) of an earlier run's log
+ * that was replaced (an interrupted run's finished tasks, discarded), else 0. */
+long kv_tasks_log_discarded(const kv_tasks *t);
 /* Tasks of the kv_tasks_run calls so far taken from the log instead of being run. */
 long kv_tasks_resumed(const kv_tasks *t);
 

@@ -20,6 +20,13 @@ double kv_perplexity_from_nll(double nll_sum, long n_scored) {
     return n_scored > 0 ? exp(nll_sum / (double)n_scored) : NAN;
 }
 
+void kv_nll_sum_range(long n_scored, int vocab, double *lo, double *hi) {
+    double n = n_scored > 0 ? (double)n_scored : 1.0;
+    double lv = vocab > 2 ? log((double)vocab) : 1.0;
+    *lo = n * 1e-9;
+    *hi = n * 100.0 * (lv > 1.0 ? lv : 1.0);
+}
+
 int kv_eval_opts_plan(const kv_model *m, const kv_eval_opts *o, kv_plan *out, kv_error *err) {
     if (o->context < 2 || o->context > m->cfg.seq_len)
         return kv_fail(err, KV_EINPUT, "context %d must be in [2, %d] (the model's context)",

@@ -2,6 +2,7 @@
 #include "kvplan/plan.h"
 
 #include <limits.h>
+#include <stdint.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -335,6 +336,34 @@ int kv_plan_check_model(const kv_plan *p, const kv_model *m, kv_error *err) {
 static const char policy_codes[] = "0 sink, 1 h2o, 2 avgattn, 3 l2attn";
 static const char type_codes[] = "0 f32, 1 f16, 2 q8, 3 q4";
 
+static void put_le32(unsigned char *b, int32_t v) {
+    uint32_t u = (uint32_t)v;
+    for (int k = 0; k < 4; k++) b[k] = (unsigned char)(u >> (8 * k));
+}
+
+int kv_plan_budget_sha256(const kv_plan *p, char hex[65], kv_error *err) {
+    static const char tag[16] = "kvplan budget 1";
+    size_t nh = (size_t)p->n_layers * (size_t)p->n_kv_heads;
+    size_t n = sizeof tag + 8 + 16 * nh;
+    unsigned char *b = kv_malloc(n, "plan checksum", err);
+    if (!b) return KV_EINTERNAL;
+    memcpy(b, tag, sizeof tag);
+    put_le32(b + 16, p->n_layers);
+    put_le32(b + 20, p->n_kv_heads);
+    for (size_t i = 0; i < nh; i++) {
+        unsigned char *q = b + 24 + 16 * i;
+        put_le32(q, p->budget[i]);
+        put_le32(q + 4, kv_plan_head_blocks(p, (int)i));
+        put_le32(q + 8, (int32_t)p->head_policy[i]);
+        put_le32(q + 12, (int32_t)p->kv_type[i]);
+    }
+    const char *names[1] = {"plan budgets"};
+    const void *bufs[1] = {b};
+    int rc = kv_sha256_parts(names, bufs, &n, 1, hex, err);
+    free(b);
+    return rc;
+}
+
 int kv_plan_write(kv_h5 *f, const kv_plan *p, kv_error *err) {
     int rc = kv_plan_validate(p, kv_h5_path(f), err);
     if (rc) return rc;
@@ -371,19 +400,30 @@ int kv_plan_write(kv_h5 *f, const kv_plan *p, kv_error *err) {
     if (!rc) rc = kv_h5_attr_str(f, "/budget/policy", "codes", policy_codes, err);
     if (!rc) rc = kv_h5_write_i32(f, "/budget/kv_type", 2, dims, ty, NULL, err);
     if (!rc) rc = kv_h5_attr_str(f, "/budget/kv_type", "codes", type_codes, err);
+    char sha[65];
+    if (!rc) rc = kv_plan_budget_sha256(p, sha, err);
+    if (!rc) rc = kv_h5_attr_str(f, "/budget", "sha256", sha, err);
     free(blocks);
     free(pol);
     free(ty);
     return rc;
 }
 
+/* A whole-number root attribute in [lo, hi], read as float64 so that a fraction (16.5), NaN
+ * or 1e300 stored in a float attribute is seen and named with the file's value, instead of
+ * being truncated or clamped by an integer read. */
 static int read_int_attr(kv_h5 *f, const char *name, long lo, long hi, int *out, kv_error *err) {
-    long v = 0;
-    int rc = kv_h5_read_attr_i64(f, "/", name, &v, err);
+    double v = 0;
+    int rc = kv_h5_read_attr_f64(f, "/", name, &v, err);
     if (rc) return rc;
-    if (v < lo || v > hi)
-        return kv_fail(err, KV_EINPUT, "%s: attribute %s = %ld is out of range [%ld, %ld]",
-                       kv_h5_path(f), name, v, lo, hi);
+    const char *bad = !isfinite(v)     ? "is not a finite number"
+                      : v != floor(v)  ? "is not a whole number"
+                      : v < (double)lo ? "is out of range"
+                      : v > (double)hi ? "is out of range"
+                                       : NULL;
+    if (bad)
+        return kv_fail(err, KV_EINPUT, "%s: attribute %s = %.17g %s; allowed [%ld, %ld]",
+                       kv_h5_path(f), name, v, bad, lo, hi);
     *out = (int)v;
     return KV_OK;
 }
@@ -596,6 +636,24 @@ static int plan_read_kv_types(kv_h5 *f, const char *path, kv_plan *p, kv_error *
     return p->kv_type ? KV_OK : KV_EINTERNAL;
 }
 
+/* Stage 7: /budget@sha256, when the file has one, must be the SHA-256 of what was read. */
+static int plan_check_sha256(kv_h5 *f, const char *path, kv_plan *p, kv_error *err) {
+    p->budget_sha256 = 0;
+    if (!kv_h5_attr_exists(f, "/budget", "sha256")) return KV_OK;
+    char *have = NULL, want[65];
+    int rc = kv_h5_read_attr_str(f, "/budget", "sha256", &have, err);
+    if (!rc) rc = kv_plan_budget_sha256(p, want, err);
+    if (!rc && strcmp(have, want) != 0)
+        rc = kv_fail(err, KV_EINPUT,
+                     "%s: /budget does not match its SHA-256 (attribute /budget@sha256 %.12s..., "
+                     "the data %.12s...): budgets, policies or KV types changed after the plan "
+                     "was written; remake it with kvplan search",
+                     path, have, want);
+    free(have);
+    if (!rc) p->budget_sha256 = 1;
+    return rc;
+}
+
 int kv_plan_read(const char *path, kv_plan *out, kv_error *err) {
     memset(out, 0, sizeof *out);
     kv_h5 *f = NULL;
@@ -610,6 +668,7 @@ int kv_plan_read(const char *path, kv_plan *out, kv_error *err) {
     if (!rc) rc = plan_read_budgets(f, path, &p, err);
     if (!rc) rc = plan_read_policies(f, &p, err);
     if (!rc) rc = plan_read_kv_types(f, path, &p, err);
+    if (!rc) rc = plan_check_sha256(f, path, &p, err);
     if (!rc) {
         snprintf(p.source, sizeof p.source, "%s", path);
         update_full(&p);

@@ -16,6 +16,7 @@
 #include "tokenizer/tokenizer_bpe.h"
 
 #include <cjson/cJSON.h>
+#include <math.h>
 #include <pcre2.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -38,6 +39,7 @@ typedef struct bpe_impl {
     int n_re;
     int add_prefix_space, prepend_space, replace_space, byte_fallback, unk_id, fuse_unk,
         ignore_merges;
+    size_t max_len;         /* bytes of the longest vocabulary string */
     int byte_id[256];       /* SPM: id of "<0xXX>" or -1 */
     char byte_char[256][3]; /* byte-level: UTF-8 of each byte's code point */
     int byte_char_len[256];
@@ -288,87 +290,157 @@ static int span_push(spans *s, size_t off, size_t len) {
     return 0;
 }
 
-/* Split every piece of `in` by `re` into `out`: matches and the gaps between them (each piece
- * is the whole subject, as llama.cpp unicode_regex_split and HF Split "Isolated"). */
-static int split_pieces(pcre2_code *re, pcre2_match_data *md, const char *text, const spans *in,
-                        spans *out, kv_error *err) {
-    out->n = 0;
-    for (size_t i = 0; i < in->n; i++) {
-        const char *p = text + in->v[i].off;
-        size_t len = in->v[i].len, off = 0, last = 0;
-        uint32_t opts = 0; /* the first match checks the piece's UTF-8, later ones need not */
-        while (off <= len) {
-            int rc = pcre2_match(re, (PCRE2_SPTR)p, len, off, opts, md, NULL);
-            opts = PCRE2_NO_UTF_CHECK;
-            if (rc == PCRE2_ERROR_NOMATCH) break;
-            if (rc <= PCRE2_ERROR_UTF8_ERR1 && rc >= PCRE2_ERROR_UTF8_ERR21)
-                return kv_fail(err, KV_EINPUT,
-                               "the text is not valid UTF-8 (in the %zu bytes from byte %zu), "
-                               "which the byte-level pre-tokenizer needs",
-                               len, in->v[i].off);
-            if (rc < 0) {
-                PCRE2_UCHAR msg[256];
-                pcre2_get_error_message(rc, msg, sizeof msg);
-                return kv_fail(err, KV_EINPUT,
-                               "tokenizer pre-tokenizer regex failed at byte %zu: %s",
-                               in->v[i].off + off, (const char *)msg);
-            }
-            PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
-            size_t s = ov[0], e = ov[1];
-            if (span_push(out, in->v[i].off + last, s - last) ||
-                span_push(out, in->v[i].off + s, e - s))
-                return kv_fail(err, KV_EINTERNAL, "out of memory (tokenizer)");
-            last = e;
-            if (e == s) { /* empty match: step one code point */
-                if (e >= len) break;
-                off = e + utf8_len((const unsigned char *)p + e, len - e);
-            } else {
-                off = e;
-            }
+/* Where the split of one subject by a regex stands: the next match from `off`, the end of
+ * the last match `last`, `done` once the subject's tail is out. */
+typedef struct splitter {
+    size_t off, last;
+    uint32_t opts; /* 0 until the first match has checked the subject's UTF-8 */
+    int done;
+} splitter;
+
+/* Append to `out` the next pieces of the subject text[base, base + len) split by `re` (the
+ * matches and the gaps between them, as llama.cpp unicode_regex_split and HF Split
+ * "Isolated"), stopping once `out` holds `max` spans or the subject is done. */
+static int split_next(pcre2_code *re, pcre2_match_data *md, const char *text, size_t base,
+                      size_t len, splitter *st, spans *out, size_t max, kv_error *err) {
+    const char *p = text + base;
+    while (!st->done && out->n < max) {
+        int rc = st->off <= len ? pcre2_match(re, (PCRE2_SPTR)p, len, st->off, st->opts, md, NULL)
+                                : PCRE2_ERROR_NOMATCH;
+        st->opts = PCRE2_NO_UTF_CHECK;
+        if (rc <= PCRE2_ERROR_UTF8_ERR1 && rc >= PCRE2_ERROR_UTF8_ERR21)
+            return kv_fail(err, KV_EINPUT,
+                           "the text is not valid UTF-8 (in the %zu bytes from byte %zu), "
+                           "which the byte-level pre-tokenizer needs",
+                           len, base);
+        if (rc < 0 && rc != PCRE2_ERROR_NOMATCH) {
+            PCRE2_UCHAR msg[256];
+            pcre2_get_error_message(rc, msg, sizeof msg);
+            return kv_fail(err, KV_EINPUT, "tokenizer pre-tokenizer regex failed at byte %zu: %s",
+                           base + st->off, (const char *)msg);
         }
-        if (span_push(out, in->v[i].off + last, len - last))
+        if (rc == PCRE2_ERROR_NOMATCH) { /* the tail after the last match */
+            st->done = 1;
+            if (span_push(out, base + st->last, len - st->last))
+                return kv_fail(err, KV_EINTERNAL, "out of memory (tokenizer)");
+            break;
+        }
+        PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
+        size_t ms = ov[0], me = ov[1];
+        if (span_push(out, base + st->last, ms - st->last) || span_push(out, base + ms, me - ms))
             return kv_fail(err, KV_EINTERNAL, "out of memory (tokenizer)");
+        st->last = me;
+        if (me == ms) /* empty match: step one code point (past the end: no more matches) */
+            st->off = me >= len ? len + 1 : me + utf8_len((const unsigned char *)p + me, len - me);
+        else
+            st->off = me;
     }
     return KV_OK;
 }
 
+/* Split every piece of `in` by `re` into `out` (each piece is the whole subject). */
+static int split_pieces(pcre2_code *re, pcre2_match_data *md, const char *text, const spans *in,
+                        spans *out, kv_error *err) {
+    out->n = 0;
+    for (size_t i = 0; i < in->n; i++) {
+        splitter st = {0, 0, 0, 0};
+        int rc = split_next(re, md, text, in->v[i].off, in->v[i].len, &st, out, SIZE_MAX, err);
+        if (rc) return rc;
+    }
+    return KV_OK;
+}
+
+/* The normalised text of a fragment into norm: SentencePiece style (a leading "▁" when
+ * prepend_space, spaces as "▁"), else an optional leading space (add_prefix_space). */
+static int bpe_normalise(const bpe_impl *b, const char *text, size_t len, bbuf *norm) {
+    static const char meta[] = "\xe2\x96\x81"; /* "▁" */
+    int oom = 0;
+    if (b->style == KV_BPE_SPM) {
+        if (b->prepend_space) oom |= bb_put(norm, meta, 3);
+        size_t run = 0;
+        for (size_t i = 0; i < len && !oom; i++) {
+            if (text[i] == ' ' && b->replace_space) {
+                oom |= bb_put(norm, text + run, i - run) | bb_put(norm, meta, 3);
+                run = i + 1;
+            }
+        }
+        if (!oom) oom |= bb_put(norm, text + run, len - run);
+    } else {
+        if (b->add_prefix_space && text[0] != ' ') oom |= bb_put(norm, " ", 1);
+        if (!oom) oom |= bb_put(norm, text, len);
+    }
+    return oom || !norm->p ? -1 : 0;
+}
+
+/* Whether the text [0, len) may be cut before byte i (a code point's start) with the same ids
+ * as one pass: no vocabulary string spans the cut (every merged symbol is one, so no symbol
+ * ever crosses it and both sides merge alone, in the same order), and the code points on
+ * both sides are vocabulary strings (no unknown-token fusion across it). */
+static int bpe_cut_ok(const bpe_impl *b, const char *text, size_t len, size_t i) {
+    if (i == 0 || i >= len || ((unsigned char)text[i] & 0xC0) == 0x80) return 0;
+    size_t a = i - 1;
+    while (a > 0 && ((unsigned char)text[a] & 0xC0) == 0x80) a--;
+    size_t cr = utf8_len((const unsigned char *)text + i, len - i);
+    if (kv_strmap_get(&b->vocab, text + a, i - a) < 0 || kv_strmap_get(&b->vocab, text + i, cr) < 0)
+        return 0;
+    for (size_t w = 2; w <= b->max_len; w++) /* short spans first: the likely strings */
+        for (size_t s = i >= w - 1 ? i - (w - 1) : 0; s < i && s + w <= len; s++)
+            if (kv_strmap_get(&b->vocab, text + s, w) >= 0) return 0;
+    return 1;
+}
+
+/* Without a pre-tokenizer regex the fragment is one word: a long one is encoded in spans of
+ * about this many bytes (ending at the first safe cut in [BPE_SPAN, 2 BPE_SPAN), else at the
+ * end), which bounds the symbols and the merge heap (a 20 MB text took 27 bytes per byte). */
+enum { BPE_SPAN = 1 << 16 };
+
+static int bpe_encode_word(const bpe_impl *b, scratch *sc, bbuf *tmp, const char *text, size_t len,
+                           int **ids, int *n, int *cap, kv_error *err) {
+    if (b->style == KV_BPE_BYTELEVEL) /* its vocabulary is spelled in mapped bytes */
+        return encode_piece(b, sc, tmp, text, len, ids, n, cap, err);
+    int rc = KV_OK;
+    for (size_t a = 0; a < len && !rc;) {
+        size_t e = a + BPE_SPAN;
+        while (e < len && e < a + 2 * (size_t)BPE_SPAN && !bpe_cut_ok(b, text, len, e)) e++;
+        if (e >= len || e == a + 2 * (size_t)BPE_SPAN) e = len;
+        rc = encode_piece(b, sc, tmp, text + a, e - a, ids, n, cap, err);
+        a = e;
+    }
+    return rc;
+}
+
+/* Pieces of the first pre-tokenizer regex taken at a time: the pieces, their splits by the
+ * other regexes and their BPE are done batch by batch, so memory beyond the text and the ids
+ * stays bounded (a 50 MB text used to hold every piece's span at once, 27 bytes per byte). */
+#define BPE_PIECE_BATCH 4096
+
 /* Encode one fragment (no special tokens in it): normalise, pre-tokenise, BPE each piece. */
 static int bpe_encode(const kv_tokenizer *t, const char *text, size_t len, int **ids, int *n,
                       int *cap, kv_error *err) {
-    static const char meta[] = "\xe2\x96\x81"; /* "▁" */
     const bpe_impl *b = t->impl;
     if (len == 0) return KV_OK;
     scratch sc = {0};
     bbuf norm = {0}, tmp = {0};
     spans cur = {0}, nxt = {0};
     pcre2_match_data *md = NULL;
-    int oom = 0;
-    if (b->style == KV_BPE_SPM) {
-        if (b->prepend_space) oom |= bb_put(&norm, meta, 3);
-        size_t run = 0;
-        for (size_t i = 0; i < len && !oom; i++) {
-            if (text[i] == ' ' && b->replace_space) {
-                oom |= bb_put(&norm, text + run, i - run) | bb_put(&norm, meta, 3);
-                run = i + 1;
-            }
-        }
-        if (!oom) oom |= bb_put(&norm, text + run, len - run);
-    } else {
-        if (b->add_prefix_space && text[0] != ' ') oom |= bb_put(&norm, " ", 1);
-        if (!oom) oom |= bb_put(&norm, text, len);
-    }
-    if (!oom) oom |= span_push(&cur, 0, norm.n);
+    int oom = bpe_normalise(b, text, len, &norm);
     if (!oom && b->n_re > 0)
         oom |= !(md = pcre2_match_data_create(1, NULL)); /* only the whole match */
-    int rc = oom || !norm.p ? kv_fail(err, KV_EINTERNAL, "out of memory (tokenizer)") : KV_OK;
-    for (int r = 0; r < b->n_re && !rc; r++) {
-        rc = split_pieces(b->re[r], md, norm.p, &cur, &nxt, err);
-        spans sw = cur;
-        cur = nxt;
-        nxt = sw;
+    int rc = oom ? kv_fail(err, KV_EINTERNAL, "out of memory (tokenizer)") : KV_OK;
+    if (!rc && b->n_re == 0) rc = bpe_encode_word(b, &sc, &tmp, norm.p, norm.n, ids, n, cap, err);
+    splitter st = {0, 0, 0, b->n_re == 0};
+    while (!rc && !st.done) {
+        cur.n = 0;
+        rc = split_next(b->re[0], md, norm.p, 0, norm.n, &st, &cur, BPE_PIECE_BATCH, err);
+        for (int r = 1; r < b->n_re && !rc; r++) {
+            rc = split_pieces(b->re[r], md, norm.p, &cur, &nxt, err);
+            spans sw = cur;
+            cur = nxt;
+            nxt = sw;
+        }
+        for (size_t i = 0; i < cur.n && !rc; i++)
+            rc = encode_piece(b, &sc, &tmp, norm.p + cur.v[i].off, cur.v[i].len, ids, n, cap, err);
     }
-    for (size_t i = 0; i < cur.n && !rc; i++)
-        rc = encode_piece(b, &sc, &tmp, norm.p + cur.v[i].off, cur.v[i].len, ids, n, cap, err);
     if (md) pcre2_match_data_free(md);
     free(cur.v);
     free(nxt.v);
@@ -476,6 +548,7 @@ static int bpe_read_vocab(const kv_bpe_spec *sp, bpe_impl *b, kv_error *err) {
         size_t l = strlen(s);
         if (kv_strmap_get(&b->vocab, s, l) >= 0) continue;
         if (kv_strmap_put(&b->vocab, s, l, i)) return kv_fail(err, KV_EINTERNAL, "out of memory");
+        if (l > b->max_len) b->max_len = l;
         unsigned int byte;
         if (l == 6 && sscanf(s, "<0x%02X>", &byte) == 1 && byte < 256) b->byte_id[byte] = i;
         if (!(b->dec[i] = decode_token(b, s, &b->dec_len[i])))
@@ -824,22 +897,29 @@ static int check_fields(const char *path, const json_vocab *v, kv_error *err) {
     return KV_OK;
 }
 
+/* A JSON number that is a whole token id in [0, 2^24) (3.5 is not read as 3). */
+static int json_id_ok(const cJSON *it) {
+    return cJSON_IsNumber(it) && it->valuedouble >= 0 && it->valuedouble < (1 << 24) &&
+           it->valuedouble == floor(it->valuedouble);
+}
+
 /* Stage 3: the vocabulary size from the largest id of model.vocab and added_tokens, checked
  * against the model's (ids past the tokenizer's are the model's padding). */
 static int count_ids(const char *path, const kv_model *m, json_vocab *v, kv_error *err) {
     const cJSON *it;
     int n = 0;
     cJSON_ArrayForEach(it, cJSON_GetObjectItemCaseSensitive(v->model, "vocab")) {
-        if (!cJSON_IsNumber(it) || it->valuedouble < 0 || it->valuedouble >= (1 << 24))
-            return kv_fail(err, KV_EINPUT, "%s: model.vocab[\"%.60s\"] is not a valid id", path,
-                           it->string);
+        if (!json_id_ok(it))
+            return kv_fail(err, KV_EINPUT,
+                           "%s: model.vocab[\"%.60s\"] is not a valid id (a whole number in "
+                           "[0, 2^24))",
+                           path, it->string);
         if (it->valueint + 1 > n) n = it->valueint + 1;
     }
     cJSON_ArrayForEach(it, cJSON_GetObjectItemCaseSensitive(v->doc, "added_tokens")) {
         const cJSON *id = cJSON_GetObjectItemCaseSensitive(it, "id");
         const cJSON *c = cJSON_GetObjectItemCaseSensitive(it, "content");
-        if (!cJSON_IsNumber(id) || id->valuedouble < 0 || id->valuedouble >= (1 << 24) ||
-            !cJSON_IsString(c))
+        if (!json_id_ok(id) || !cJSON_IsString(c))
             return kv_fail(err, KV_EINPUT,
                            "%s: an added_tokens entry lacks a valid \"id\" or \"content\"", path);
         if (id->valueint + 1 > n) n = id->valueint + 1;

@@ -123,7 +123,9 @@ int kv_open_regular(const char *path, const char *what, uint64_t max_bytes, int 
     *fd = -1;
     if (size) *size = 0;
     const char *role = what ? what : "file";
-    if (!path || !*path) return kv_fail(err, KV_EINPUT, "no %s file name given", role);
+    if (!path || !*path)
+        return what ? kv_fail(err, KV_EINPUT, "no %s file name given", what)
+                    : kv_fail(err, KV_EINPUT, "no file name given");
     /* O_NONBLOCK: opening a FIFO must not wait for a writer; cleared again below */
     int d = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
     if (d < 0)
@@ -178,6 +180,18 @@ int kv_read_file_max(const char *path, uint64_t max_bytes, char **data, size_t *
     }
     for (;;) {
         if (n + 1 >= cap) {
+            /* the buffer holds the size fstat gave: a one-byte read confirms the end, so a
+             * file is never given twice its size (a text of half the ulimit -v fitted not) */
+            char probe;
+            ssize_t g = read(fd, &probe, 1);
+            if (g < 0 && errno == EINTR) continue;
+            if (g == 0) break;
+            if (g < 0) {
+                int e = errno;
+                free(buf);
+                close(fd);
+                return kv_fail(err, KV_EINPUT, "%s: read error: %s", path, strerror(e));
+            }
             if ((uint64_t)cap > max_bytes) {
                 free(buf);
                 close(fd);
@@ -194,6 +208,8 @@ int kv_read_file_max(const char *path, uint64_t max_bytes, char **data, size_t *
             }
             buf = nb;
             cap *= 2;
+            buf[n++] = probe; /* it grew while being read */
+            continue;
         }
         ssize_t got = read(fd, buf + n, cap - 1 - n);
         if (got < 0 && errno == EINTR) continue;
@@ -490,7 +506,8 @@ int kv_write_all(int fd, const void *buf, size_t n, const char *path, kv_error *
 int kv_write_file_atomic(const char *final_path, const void *buf, size_t n, kv_error *err) {
     char tmp[4200];
     int fd = -1;
-    int rc = kv_temp_create(final_path, tmp, sizeof tmp, &fd, err);
+    int rc = kv_check_output_name(final_path, "output", err);
+    if (!rc) rc = kv_temp_create(final_path, tmp, sizeof tmp, &fd, err);
     if (rc) return rc;
     rc = kv_write_all(fd, buf, n, tmp, err);
     if (close(fd) != 0 && !rc)
@@ -522,10 +539,62 @@ int kv_check_writable(const char *path, kv_error *err) {
     return KV_OK;
 }
 
+/* 1 when the directory `dir` resolves (realpath) to /dev, /proc or /sys or below them. */
+static int dir_is_system(const char *dir, char *real, size_t cap) {
+    char buf[PATH_MAX];
+    if (!realpath(dir, buf)) return 0; /* a missing directory is reported by kv_check_writable */
+    snprintf(real, cap, "%s", buf);
+    static const char *const sys[] = {"/dev", "/proc", "/sys"};
+    for (size_t i = 0; i < sizeof sys / sizeof *sys; i++) {
+        size_t l = strlen(sys[i]);
+        if (!strncmp(buf, sys[i], l) && (buf[l] == '\0' || buf[l] == '/')) return 1;
+    }
+    return 0;
+}
+
+int kv_check_output_name(const char *path, const char *opt, kv_error *err) {
+    if (!opt) opt = "-o";
+    if (!path || !*path) return kv_fail(err, KV_EINPUT, "%s needs a file name", opt);
+    char dir[4096];
+    const char *base = split_dir(path, dir, sizeof dir);
+    size_t nb = strlen(base), np = strlen(path);
+    if (!nb)
+        return kv_fail(err, KV_EINPUT, "%s %s: names a directory; give a file name (e.g. %sout.h5)",
+                       opt, path, path);
+    long name_max = pathconf(dir, _PC_NAME_MAX);
+    if (name_max <= 0 || name_max > NAME_MAX) name_max = NAME_MAX;
+    if (nb > (size_t)name_max)
+        return kv_fail(err, KV_EINPUT,
+                       "%s: the file name is %zu bytes, longer than this file system allows "
+                       "(%ld); choose a shorter -o",
+                       opt, nb, name_max);
+    /* the temporary beside it: the directory, the base name cut to fit NAME_MAX, the suffix */
+    size_t tmp_len = (size_t)(base - path) + temp_base_len(base) + KV_TEMP_SUFFIX_MAX;
+    if (np >= PATH_MAX || tmp_len >= PATH_MAX)
+        return kv_fail(err, KV_EINPUT,
+                       "%s: the path is %zu bytes; with its temporary file's suffix it exceeds "
+                       "PATH_MAX (%d); choose a shorter -o",
+                       opt, np, PATH_MAX);
+    struct stat sl;
+    if (lstat(path, &sl) == 0 && S_ISLNK(sl.st_mode))
+        return kv_fail(err, KV_EINPUT,
+                       "%s %s: is a symbolic link, which an output would replace (kvplan does "
+                       "not write through links); give the target's own name or remove the link",
+                       opt, path);
+    char real[PATH_MAX];
+    if (dir_is_system(dir, real, sizeof real))
+        return kv_fail(err, KV_EINPUT,
+                       "%s %s: is in %s, a system directory (/dev, /proc, /sys) that takes no "
+                       "output files; choose a file in an ordinary directory",
+                       opt, path, real);
+    return KV_OK;
+}
+
 int kv_check_output(const char *path, const char *opt, const char *const *inputs, int n,
                     kv_error *err) {
     if (!opt) opt = "-o";
-    if (!path || !*path) return kv_fail(err, KV_EINPUT, "%s needs a file name", opt);
+    int rc = kv_check_output_name(path, opt, err);
+    if (rc) return rc;
     struct stat so;
     int exists = stat(path, &so) == 0;
     if (exists && S_ISDIR(so.st_mode))
@@ -536,7 +605,7 @@ int kv_check_output(const char *path, const char *opt, const char *const *inputs
                        "%s %s: is %s, which an output file would replace; give a regular file "
                        "name",
                        opt, path, file_kind(so.st_mode));
-    int rc = kv_check_writable(path, err);
+    rc = kv_check_writable(path, err);
     if (rc) return rc;
     char dir[4096];
     split_dir(path, dir, sizeof dir);

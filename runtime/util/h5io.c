@@ -199,6 +199,44 @@ static int open_dataset_shape(kv_h5 *f, const char *path, hid_t *ds_out, int *ra
  * uncompressed, so a genuine dataset never needs more memory than twice its file. */
 #define KV_H5_SMALL_DATASET_BYTES ((uint64_t)16 << 20)
 
+static herr_t innermost_error(unsigned n, const H5E_error2_t *e, void *data) {
+    if (n == 0 && e && e->desc) snprintf(data, 160, "%s", e->desc);
+    return 0;
+}
+
+/* Why H5Dread failed on ds (call before any other HDF5 call clears the error stack), into
+ * why[cap]: a filter this HDF5 library does not have, a checksum mismatch, a type that is not
+ * numeric, else HDF5's innermost message. */
+static void read_failure(hid_t ds, char *why, size_t cap) {
+    char inner[160] = "";
+    H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, innermost_error, inner);
+    hid_t dcpl = H5Dget_create_plist(ds);
+    int nf = dcpl >= 0 ? H5Pget_nfilters(dcpl) : 0;
+    for (int i = 0; i < nf; i++) {
+        unsigned flags = 0, conf = 0;
+        size_t nv = 0;
+        char name[64] = "";
+        H5Z_filter_t id =
+            H5Pget_filter2(dcpl, (unsigned)i, &flags, &nv, NULL, sizeof name, name, &conf);
+        if (id >= 0 && H5Zfilter_avail(id) <= 0) {
+            snprintf(why, cap, "it needs HDF5 filter %d (%s), which this HDF5 library lacks",
+                     (int)id, name[0] ? name : "unnamed");
+            H5Pclose(dcpl);
+            return;
+        }
+    }
+    if (dcpl >= 0) H5Pclose(dcpl);
+    hid_t ty = H5Dget_type(ds);
+    H5T_class_t cls = ty >= 0 ? H5Tget_class(ty) : H5T_NO_CLASS;
+    if (ty >= 0) H5Tclose(ty);
+    if (strstr(inner, "fletcher32") || strstr(inner, "checksum"))
+        snprintf(why, cap, "its data fails its checksum (%s): the file is damaged", inner);
+    else if (cls != H5T_INTEGER && cls != H5T_FLOAT)
+        snprintf(why, cap, "it does not hold numbers");
+    else
+        snprintf(why, cap, "%s", inner[0] ? inner : "HDF5 read failed");
+}
+
 static int read_dataset(kv_h5 *f, const char *path, hid_t mem_type, size_t elem, int *rank,
                         long dims[KV_H5_MAX_RANK], void **data, kv_error *err) {
     *data = NULL;
@@ -233,10 +271,12 @@ static int read_dataset(kv_h5 *f, const char *path, hid_t mem_type, size_t elem,
         return KV_EINTERNAL;
     }
     herr_t rr = count ? H5Dread(ds, mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf) : 0;
+    char why[256] = "";
+    if (rr < 0) read_failure(ds, why, sizeof why);
     H5Dclose(ds);
     if (rr < 0) {
         free(buf);
-        return kv_fail(err, KV_EINPUT, "%s: cannot read dataset %s as numbers", f->path, path);
+        return kv_fail(err, KV_EINPUT, "%s: cannot read dataset %s: %s", f->path, path, why);
     }
     /* a scalar dataset reads as rank 1 of length 1 */
     if (r == 0) {

@@ -11,8 +11,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #ifdef KVPLAN_HAVE_MPI
 #include <mpi.h>
@@ -30,14 +32,24 @@ typedef struct log_head {
     int64_t task;
 } log_head;
 
-static const char log_magic[] = "kvplan task log 2\n";
+/* Each record is its header, its n_out doubles and a CRC-32 (zlib's crc32, uint32 in host
+ * byte order) of those header and value bytes. */
+static const char log_magic[] = "kvplan task log 3\n";
+
+static uint32_t record_crc(const log_head *h, const double *vals) {
+    uLong c = crc32(0L, Z_NULL, 0);
+    c = crc32(c, (const Bytef *)h, (uInt)sizeof *h);
+    c = crc32(c, (const Bytef *)vals, (uInt)((size_t)h->n_out * sizeof *vals));
+    return (uint32_t)c;
+}
 
 struct kv_tasks {
     int rank, size;
-    int own_init; /* this context called MPI_Init */
-    int call;     /* kv_tasks_run calls so far */
-    long resumed; /* tasks taken from the log */
-    FILE *log;    /* rank 0: the open task log, or NULL */
+    int own_init;   /* this context called MPI_Init */
+    int call;       /* kv_tasks_run calls so far */
+    long resumed;   /* tasks taken from the log */
+    long discarded; /* bytes of an earlier run's log that a run without resume replaced */
+    FILE *log;      /* rank 0: the open task log, or NULL */
     char *log_path;
     log_rec *recs; /* logged results read at a resume [n_recs], owned */
     long n_recs;
@@ -128,8 +140,14 @@ int kv_tasks_init(int *argc, char ***argv, kv_tasks **out, kv_error *err) {
 
 void kv_tasks_log_close(kv_tasks *t, int remove) {
     if (!t) return;
-    if (t->log) fclose(t->log);
-    if (t->log && remove && t->log_path) unlink(t->log_path);
+    if (t->log && remove && t->log_path) {
+        /* only the file this run wrote (and still holds locked), never one renamed over it */
+        struct stat mine, now;
+        if (fstat(fileno(t->log), &mine) == 0 && lstat(t->log_path, &now) == 0 &&
+            mine.st_dev == now.st_dev && mine.st_ino == now.st_ino)
+            unlink(t->log_path);
+    }
+    if (t->log) fclose(t->log); /* releases the lock */
     t->log = NULL;
     free(t->log_path);
     t->log_path = NULL;
@@ -235,8 +253,12 @@ static int log_read(kv_tasks *t, FILE *f, const char *path, const char *key, lon
             if (!nv) return kv_fail(err, KV_EINTERNAL, "out of memory: task log");
             t->vals = nv;
         }
-        if (fread(t->vals + n_v, sizeof(double), (size_t)h.n_out, f) != (size_t)h.n_out)
+        uint32_t crc;
+        if (fread(t->vals + n_v, sizeof(double), (size_t)h.n_out, f) != (size_t)h.n_out ||
+            fread(&crc, sizeof crc, 1, f) != 1)
             break; /* a torn last record: cut off below */
+        if (crc != record_crc(&h, t->vals + n_v))
+            return log_damaged(err, path, "a record whose CRC-32 does not match its bytes");
         for (int i = 0; i < h.n_out; i++)
             if (!isfinite(t->vals[n_v + i]))
                 return log_damaged(err, path, "a value that is not a finite number");
@@ -282,6 +304,28 @@ static int log_check_name(const char *path, const char *const *inputs, int n_inp
     return KV_OK;
 }
 
+/* Take the log's lock (flock, exclusive, not waiting): KV_EINPUT when another run holds it. */
+static int log_lock(int fd, const char *path, kv_error *err) {
+    if (flock(fd, LOCK_EX | LOCK_NB) == 0) return KV_OK;
+    if (errno == EWOULDBLOCK)
+        return kv_fail(err, KV_EINPUT,
+                       "%s: another kvplan run is writing this output (it holds the task log's "
+                       "lock); wait for it to finish or choose another -o",
+                       path);
+    return kv_fail(err, KV_EINPUT, "%s: cannot lock the task log: %s", path, strerror(errno));
+}
+
+/* An existing log that a run without resume would replace: refused while another run holds
+ * it, else its size is noted in t->discarded (the command says so). */
+static int log_check_idle(kv_tasks *t, const char *path, const struct stat *ls, kv_error *err) {
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return KV_OK; /* gone meanwhile: nothing to discard */
+    int rc = log_lock(fd, path, err);
+    close(fd);
+    if (!rc) t->discarded = ls->st_size > 0 ? (long)ls->st_size : 1;
+    return rc;
+}
+
 /* Resume: open the regular file that was checked (O_NOFOLLOW, O_NONBLOCK: no symlink, no
  * waiting on a FIFO swapped in since) and read it. */
 static int log_resume(kv_tasks *t, const char *path, const char *key, const struct stat *ls,
@@ -295,6 +339,11 @@ static int log_resume(kv_tasks *t, const char *path, const char *key, const stru
         return kv_fail(err, KV_EINPUT, "%s: cannot open the task log: %s", path,
                        fd < 0 ? strerror(e) : "it was replaced while being opened");
     }
+    int rc = log_lock(fd, path, err);
+    if (rc) {
+        close(fd);
+        return rc;
+    }
     int fl = fcntl(fd, F_GETFL);
     if (fl >= 0) fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
     FILE *f = fdopen(fd, "r+b");
@@ -304,7 +353,7 @@ static int log_resume(kv_tasks *t, const char *path, const char *key, const stru
                        strerror(errno));
     }
     long end = 0;
-    int rc = log_read(t, f, path, key, &end, err);
+    rc = log_read(t, f, path, key, &end, err);
     if (!rc && (fflush(f) || ftruncate(fileno(f), end) || fseek(f, end, SEEK_SET)))
         rc = kv_fail(err, KV_EINPUT, "%s: cannot truncate the task log: %s", path, strerror(errno));
     if (rc) {
@@ -322,9 +371,10 @@ static int log_create(kv_tasks *t, const char *path, const char *key, kv_error *
     int fd = -1;
     int rc = kv_temp_create(path, tmp, sizeof tmp, &fd, err);
     if (rc) return rc;
+    rc = log_lock(fd, tmp, err); /* held from before the rename until the log is closed */
     size_t nm = strlen(log_magic), nk = strlen(key);
-    char *head = kv_malloc(nm + nk + 2, "task log", err);
-    if (!head) rc = KV_EINTERNAL;
+    char *head = rc ? NULL : kv_malloc(nm + nk + 2, "task log", err);
+    if (!rc && !head) rc = KV_EINTERNAL;
     if (!rc) {
         memcpy(head, log_magic, nm);
         memcpy(head + nm, key, nk);
@@ -384,18 +434,27 @@ int kv_tasks_log_open(kv_tasks *t, const char *path, const char *key, int resume
     t->log_path = kv_malloc(strlen(path) + 1, "task log", err);
     if (!t->log_path) return KV_EINTERNAL;
     strcpy(t->log_path, path);
-    rc = resume && exists ? log_resume(t, path, key, &ls, err) : log_create(t, path, key, err);
+    t->discarded = 0;
+    if (resume && exists)
+        rc = log_resume(t, path, key, &ls, err);
+    else if (!(rc = exists ? log_check_idle(t, path, &ls, err) : KV_OK))
+        rc = log_create(t, path, key, err);
     if (rc) kv_tasks_log_close(t, 0);
     return rc;
+}
+
+long kv_tasks_log_discarded(const kv_tasks *t) {
+    return t ? t->discarded : 0;
 }
 
 /* Append one finished task to the log (rank 0), fsync'd. */
 static int log_append(kv_tasks *t, long task, int n_out, const double *vals, kv_error *err) {
     if (!t || !t->log) return KV_OK;
     log_head h = {t->call, n_out, task};
+    uint32_t crc = record_crc(&h, vals);
     if (fwrite(&h, sizeof h, 1, t->log) != 1 ||
-        fwrite(vals, sizeof(double), (size_t)n_out, t->log) != (size_t)n_out || fflush(t->log) ||
-        fsync(fileno(t->log)))
+        fwrite(vals, sizeof(double), (size_t)n_out, t->log) != (size_t)n_out ||
+        fwrite(&crc, sizeof crc, 1, t->log) != 1 || fflush(t->log) || fsync(fileno(t->log)))
         return kv_fail(err, KV_EINTERNAL, "%s: cannot append to the task log: %s", t->log_path,
                        strerror(errno));
     return KV_OK;
@@ -608,8 +667,8 @@ static int run_worker(kv_tasks *t, int n_out, kv_task_fn fn, void *user, kv_erro
 /* Take the logged results of this call into results; a record that does not fit this task
  * list (another result count, a task beyond it, a repeat, a value outside [lo, hi]) refuses
  * the log. */
-static int take_logged(kv_tasks *t, long n_tasks, int n_out, double lo, double hi, double *results,
-                       char *have, kv_error *err) {
+static int take_logged(kv_tasks *t, long n_tasks, int n_out, const double *los, const double *his,
+                       double *results, char *have, kv_error *err) {
     for (long r = 0; r < t->n_recs; r++) {
         const log_rec *x = &t->recs[r];
         if (x->call != t->call) continue;
@@ -625,7 +684,7 @@ static int take_logged(kv_tasks *t, long n_tasks, int n_out, double lo, double h
                            "damaged: delete it or run without --resume",
                            t->log_path, x->task, x->call);
         for (int i = 0; i < n_out; i++) {
-            double v = t->vals[x->off + i];
+            double v = t->vals[x->off + i], lo = los[i], hi = his[i];
             if (v >= lo && v <= hi) continue;
             char lo_s[40], hi_s[40];
             if (lo == DBL_MIN)
@@ -657,7 +716,21 @@ int kv_tasks_run(kv_tasks *t, long n_tasks, int n_out, kv_task_fn fn, void *user
 
 int kv_tasks_run_range(kv_tasks *t, long n_tasks, int n_out, double lo, double hi, kv_task_fn fn,
                        void *user, double *results, kv_error *err) {
-    if (n_out < 1 || n_tasks < 0 || !fn || !(lo <= hi))
+    if (n_out < 1 || n_out > KV_TASKS_MAX_OUT)
+        return kv_fail(err, KV_EINPUT, "task list: need 1 <= n_out <= %d", KV_TASKS_MAX_OUT);
+    double *los = kv_malloc((size_t)n_out * 2 * sizeof *los, "task ranges", err);
+    if (!los) return KV_EINTERNAL;
+    for (int i = 0; i < n_out; i++) los[i] = lo, los[n_out + i] = hi;
+    int rc = kv_tasks_run_ranges(t, n_tasks, n_out, los, los + n_out, fn, user, results, err);
+    free(los);
+    return rc;
+}
+
+int kv_tasks_run_ranges(kv_tasks *t, long n_tasks, int n_out, const double *lo, const double *hi,
+                        kv_task_fn fn, void *user, double *results, kv_error *err) {
+    int ordered = lo && hi;
+    for (int i = 0; ordered && i < n_out; i++) ordered = lo[i] <= hi[i];
+    if (n_out < 1 || n_tasks < 0 || !fn || !ordered)
         return kv_fail(err, KV_EINPUT,
                        "task list: need n_out >= 1, n_tasks >= 0, lo <= hi and a function");
     if (t) t->call++;

@@ -1,7 +1,8 @@
 /* libFuzzer target: kvplan's readers of its own HDF5 files (runtime/util/h5io.c and its users):
  * kv_h5_open_read, the plan reader and validator (kv_plan_read), the planner's profile reader
- * (kv_profile_inputs_read, for a 2-layer, 2-KV-head model) and the whole of `kvplan inspect`
- * (ki_load, text and JSON output to /dev/null).
+ * (kv_profile_inputs_read, for a 2-layer, 2-KV-head model, and kv_profile_inputs_check) and
+ * the whole of `kvplan inspect` (ki_load, text and JSON output to /dev/null, and for one input
+ * in four the PNG pictures, written into a private directory and removed).
  *
  * Structure-aware: the input is not the file's bytes but a program that builds a well-formed
  * HDF5 file with hostile contents: attributes and datasets at the paths kvplan reads, with
@@ -11,7 +12,9 @@
  * HDF5 container itself is left out on purpose: it crashes libhdf5 1.10 inside its own
  * parser (e.g. H5A__close from H5Aiterate2 on a damaged attribute table) within a hundred
  * runs, a bug in HDF5 that kvplan cannot fix or catch; see docs/faults.md. */
+#include <dirent.h>
 #include <math.h>
+#include <sys/stat.h>
 
 #include "../../cli/inspect.h"
 #include "fuzz_util.h"
@@ -28,9 +31,11 @@ static const char *const obj_paths[] = {
     "/search/heldout",    "/hardware/copy_h2d",      "/hardware/gemm_fp16",
     "/kvpr/split_row",    "/kvpr/seq_len",           "/kvpr/batch",
     "/batch/max_batch",   "/batch/kv_bytes_per_seq", "/prompts/tokens",
+    "/budget/kv_type",    "/budget/policy",
 };
 static const char *const attr_objs[] = {"/",      "/search",           "/hardware",     "/kvpr",
-                                        "/batch", "/heads/similarity", "/budget/tokens"};
+                                        "/batch", "/heads/similarity", "/budget/tokens", "/budget",
+                                        "/budget/kv_type", "/budget/policy"};
 static const char *const attr_names[] = {"kvplan_version",
                                          "schema_version",
                                          "file_kind",
@@ -65,7 +70,11 @@ static const char *const attr_names[] = {"kvplan_version",
                                          "device_mem_bytes",
                                          "v_gpu",
                                          "v_com",
-                                         "seed"};
+                                         "seed",
+                                         "plan_schema",
+                                         "min_tokens",
+                                         "sha256",
+                                         "codes"};
 #define N_OF(a) (sizeof(a) / sizeof((a)[0]))
 
 typedef struct rd {
@@ -141,11 +150,27 @@ static void build(kv_h5 *f, rd *r) {
     }
 }
 
-static char dir[64], path[128];
+static char dir[64], path[128], png_dir[96];
+
+/* Remove the files in png_dir (the PNG writer's outputs and temporaries). */
+static void clear_pngs(void) {
+    DIR *d = opendir(png_dir);
+    if (!d) return;
+    struct dirent *e;
+    char name[512];
+    while ((e = readdir(d)))
+        if (e->d_name[0] != '.') {
+            snprintf(name, sizeof name, "%s/%s", png_dir, e->d_name);
+            remove(name);
+        }
+    closedir(d);
+}
 
 /* the private directory goes when the fuzzer exits */
 static void cleanup(void) {
     remove(path);
+    clear_pngs();
+    rmdir(png_dir);
     rmdir(dir);
 }
 
@@ -156,6 +181,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         snprintf(dir, sizeof dir, "/tmp/kvplan-fuzz-h5.XXXXXX");
         if (!mkdtemp(dir)) abort();
         snprintf(path, sizeof path, "%s/file.h5", dir);
+        snprintf(png_dir, sizeof png_dir, "%s/png", dir);
+        if (mkdir(png_dir, 0700) != 0) abort();
         atexit(cleanup);
         null_out = fopen("/dev/null", "w");
     }
@@ -175,10 +202,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     snprintf(m.path, sizeof m.path, "fuzz-model");
     kv_profile_inputs p;
     if (kv_profile_inputs_read(path, &m, &p, &err) == KV_OK) kv_profile_inputs_free(&p);
+    (void)kv_profile_inputs_check(path, &err);
     ki_file f;
     if (ki_load(path, &f, &err) == KV_OK) {
         ki_print_text(null_out, &f);
         ki_print_json(null_out, &f, &err);
+        /* the PNG writer too, for one input in four (drawing is slow) */
+        int n = 0;
+        if (size && (data[size - 1] & 3) == 0) {
+            (void)ki_write_pngs(&f, png_dir, null_out, &n, &err);
+            clear_pngs();
+        }
     }
     ki_free(&f);
     return 0;

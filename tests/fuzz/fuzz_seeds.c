@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <zlib.h>
 
 #include "gguf_writer.h"
 
@@ -224,6 +225,9 @@ static void seed_h5(void) {
         2, 0, 9,  2,  0, 0,   0,                               /* / model_n_kv_heads 2 */
         4, 0, 1,  2,  2, 8,   1,   16,  1,   16,  1,   24,  1, /* /budget/tokens [2, 2] */
         4, 1, 1,  2,  2, 1,   1,   1,   1,   1,   1,   2,   1, /* /budget/blocks [2, 2] */
+        4, 24, 1, 2,  2, 1,   1,   1,   1,   1,   1,   1,   1, /* /budget/kv_type f16 */
+        4, 25, 1, 2,  2, 0,   1,   0,   1,   0,   1,   0,   1, /* /budget/policy sink */
+        2, 0, 35, 3,  0, 0,   0,                               /* / plan_schema 3 */
     };
     static const unsigned char profile[] = {
         0,                               /* file_kind profile */
@@ -244,6 +248,7 @@ static void seed_h5(void) {
 /* Task logs (fuzz_tasklog): the key the target uses, then records of its three steps (call,
  * n_out, task, values): a whole log, one with a torn last record, one of another run. */
 static void tasklog_record(tw_buf *b, int32_t call, int32_t n_out, int64_t task, double v) {
+    size_t start = b->n;
     tw_put(b, &call, 4);
     tw_put(b, &n_out, 4);
     tw_put(b, &task, 8);
@@ -251,10 +256,12 @@ static void tasklog_record(tw_buf *b, int32_t call, int32_t n_out, int64_t task,
         double x = v + k / 8.0;
         tw_put(b, &x, 8);
     }
+    uint32_t crc = (uint32_t)crc32(crc32(0L, Z_NULL, 0), b->p + start, (uInt)(b->n - start));
+    tw_put(b, &crc, 4);
 }
 
 static void seed_tasklog(void) {
-    static const char head[] = "kvplan task log 2\nformat=fuzz-1 model=ab12 text=cd34\n";
+    static const char head[] = "kvplan task log 3\nformat=fuzz-1 model=ab12 text=cd34\n";
     tw_buf b = {0};
     tw_put(&b, head, sizeof head - 1);
     for (int t = 0; t < 6; t++) tasklog_record(&b, 1, 1, t, 3.5 + t);
@@ -264,7 +271,7 @@ static void seed_tasklog(void) {
     b.n -= 5; /* torn */
     save("tasklog", "torn.log", &b);
     b.n = 0;
-    static const char other[] = "kvplan task log 2\nformat=fuzz-1 model=ffff text=cd34\n";
+    static const char other[] = "kvplan task log 3\nformat=fuzz-1 model=ffff text=cd34\n";
     tw_put(&b, other, sizeof other - 1);
     tasklog_record(&b, 1, 1, 0, 1.0);
     save("tasklog", "other.log", &b);
