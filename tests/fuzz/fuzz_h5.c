@@ -35,9 +35,16 @@ static const char *const obj_paths[] = {
     "/batch/max_batch",   "/batch/kv_bytes_per_seq", "/prompts/tokens",
     "/budget/kv_type",    "/budget/policy",
 };
-static const char *const attr_objs[] = {"/",      "/search",           "/hardware",     "/kvpr",
-                                        "/batch", "/heads/similarity", "/budget/tokens", "/budget",
-                                        "/budget/kv_type", "/budget/policy"};
+static const char *const attr_objs[] = {"/",
+                                        "/search",
+                                        "/hardware",
+                                        "/kvpr",
+                                        "/batch",
+                                        "/heads/similarity",
+                                        "/budget/tokens",
+                                        "/budget",
+                                        "/budget/kv_type",
+                                        "/budget/policy"};
 static const char *const attr_names[] = {"kvplan_version",
                                          "schema_version",
                                          "file_kind",
