@@ -98,7 +98,9 @@ int kv_tasks_log_path(const char *out, char *path, size_t cap, kv_error *err);
  * going back, a repeated task, a record whose CRC-32 does not match) refuses the log. Without
  * resume, or without a log, a new log is made: its header written to a fresh temporary file
  * (kv_temp_create: O_EXCL | O_NOFOLLOW) and renamed over `path`, so an old log is replaced
- * (kv_tasks_log_discarded says so) and nothing planted there is written.
+ * (kv_tasks_log_discarded says so) and nothing planted there is written; where there was no
+ * log it is linked (link(2)) instead, so a log another run made meanwhile is refused, not
+ * replaced.
  *
  * The open log is locked (flock, exclusive) until it is closed: a second run on the same
  * output, with or without resume, is refused while the first holds it (KV_EINPUT).

@@ -366,7 +366,28 @@ static int log_resume(kv_tasks *t, const char *path, const char *key, const stru
 
 /* A fresh log: its header written and fsync'd in a temporary file (O_EXCL | O_NOFOLLOW,
  * kv_temp_create), renamed over the name, so a planted file is replaced, never written. */
-static int log_create(kv_tasks *t, const char *path, const char *key, kv_error *err) {
+/* Put the finished temporary log at `path`: where no log was, with link(2), which fails when
+ * another run has created one since (refused: that log is never replaced); over an earlier
+ * run's log (checked unlocked), with rename(2). */
+static int log_place(const char *tmp, const char *path, int was_there, kv_error *err) {
+    if (!was_there) {
+        if (link(tmp, path) == 0) {
+            unlink(tmp);
+            return KV_OK;
+        }
+        if (errno == EEXIST) {
+            unlink(tmp);
+            return kv_fail(err, KV_EINPUT,
+                           "%s: another kvplan run started on this output at the same time (its "
+                           "task log appeared); wait for it to finish or choose another -o",
+                           path);
+        } /* a file system without hard links: rename */
+    }
+    return kv_commit_file(tmp, path, err);
+}
+
+static int log_create(kv_tasks *t, const char *path, const char *key, int was_there,
+                      kv_error *err) {
     char tmp[PATH_MAX + 64];
     int fd = -1;
     int rc = kv_temp_create(path, tmp, sizeof tmp, &fd, err);
@@ -382,7 +403,7 @@ static int log_create(kv_tasks *t, const char *path, const char *key, kv_error *
         rc = kv_write_all(fd, head, nm + nk + 1, tmp, err);
     }
     free(head);
-    if (!rc) rc = kv_commit_file(tmp, path, err);
+    if (!rc) rc = log_place(tmp, path, was_there, err);
     if (rc) {
         close(fd);
         unlink(tmp);
@@ -438,7 +459,7 @@ int kv_tasks_log_open(kv_tasks *t, const char *path, const char *key, int resume
     if (resume && exists)
         rc = log_resume(t, path, key, &ls, err);
     else if (!(rc = exists ? log_check_idle(t, path, &ls, err) : KV_OK))
-        rc = log_create(t, path, key, err);
+        rc = log_create(t, path, key, exists, err);
     if (rc) kv_tasks_log_close(t, 0);
     return rc;
 }

@@ -12,7 +12,9 @@
  * HDF5 container itself is left out on purpose: it crashes libhdf5 1.10 inside its own
  * parser (e.g. H5A__close from H5Aiterate2 on a damaged attribute table) within a hundred
  * runs, a bug in HDF5 that kvplan cannot fix or catch; see docs/faults.md. */
+#include <cairo.h>
 #include <dirent.h>
+#include <fontconfig/fontconfig.h>
 #include <math.h>
 #include <sys/stat.h>
 
@@ -33,9 +35,16 @@ static const char *const obj_paths[] = {
     "/batch/max_batch",   "/batch/kv_bytes_per_seq", "/prompts/tokens",
     "/budget/kv_type",    "/budget/policy",
 };
-static const char *const attr_objs[] = {"/",      "/search",           "/hardware",     "/kvpr",
-                                        "/batch", "/heads/similarity", "/budget/tokens", "/budget",
-                                        "/budget/kv_type", "/budget/policy"};
+static const char *const attr_objs[] = {"/",
+                                        "/search",
+                                        "/hardware",
+                                        "/kvpr",
+                                        "/batch",
+                                        "/heads/similarity",
+                                        "/budget/tokens",
+                                        "/budget",
+                                        "/budget/kv_type",
+                                        "/budget/policy"};
 static const char *const attr_names[] = {"kvplan_version",
                                          "schema_version",
                                          "file_kind",
@@ -212,6 +221,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (size && (data[size - 1] & 3) == 0) {
             (void)ki_write_pngs(&f, png_dir, null_out, &n, &err);
             clear_pngs();
+            /* as `kvplan inspect` does: cairo's and fontconfig's caches go, so that the leak
+             * check after each input sees nothing left over */
+            cairo_debug_reset_static_data();
+            FcFini();
         }
     }
     ki_free(&f);

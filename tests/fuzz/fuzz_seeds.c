@@ -214,20 +214,20 @@ static void seed_hf(void) {
  * builds a plan for a 2-layer, 2-KV-head model and one that builds a profile. */
 static void seed_h5(void) {
     static const unsigned char plan[] = {
-        1,                                                     /* file_kind plan */
-        0, 0, 18, 1,  0, 's', 'i', 'n', 'k',                   /* / policy "sink" */
-        0, 0, 19, 1,  3, 'u', 'n', 'i', 'f', 'o', 'r', 'm',    /* / allocation "uniform" */
-        1, 0, 14, 3,                                           /* / ratio 0.5 */
-        2, 0, 15, 64, 0, 0,   0,                               /* / context_length 64 */
-        2, 0, 16, 16, 0, 0,   0,                               /* / block_size 16 */
-        2, 0, 17, 16, 0, 0,   0,                               /* / evict_block 16 */
-        2, 0, 8,  2,  0, 0,   0,                               /* / model_n_layers 2 */
-        2, 0, 9,  2,  0, 0,   0,                               /* / model_n_kv_heads 2 */
-        4, 0, 1,  2,  2, 8,   1,   16,  1,   16,  1,   24,  1, /* /budget/tokens [2, 2] */
-        4, 1, 1,  2,  2, 1,   1,   1,   1,   1,   1,   2,   1, /* /budget/blocks [2, 2] */
-        4, 24, 1, 2,  2, 1,   1,   1,   1,   1,   1,   1,   1, /* /budget/kv_type f16 */
-        4, 25, 1, 2,  2, 0,   1,   0,   1,   0,   1,   0,   1, /* /budget/policy sink */
-        2, 0, 35, 3,  0, 0,   0,                               /* / plan_schema 3 */
+        1,                                                      /* file_kind plan */
+        0, 0,  18, 1,  0, 's', 'i', 'n', 'k',                   /* / policy "sink" */
+        0, 0,  19, 1,  3, 'u', 'n', 'i', 'f', 'o', 'r', 'm',    /* / allocation "uniform" */
+        1, 0,  14, 3,                                           /* / ratio 0.5 */
+        2, 0,  15, 64, 0, 0,   0,                               /* / context_length 64 */
+        2, 0,  16, 16, 0, 0,   0,                               /* / block_size 16 */
+        2, 0,  17, 16, 0, 0,   0,                               /* / evict_block 16 */
+        2, 0,  8,  2,  0, 0,   0,                               /* / model_n_layers 2 */
+        2, 0,  9,  2,  0, 0,   0,                               /* / model_n_kv_heads 2 */
+        4, 0,  1,  2,  2, 8,   1,   16,  1,   16,  1,   24,  1, /* /budget/tokens [2, 2] */
+        4, 1,  1,  2,  2, 1,   1,   1,   1,   1,   1,   2,   1, /* /budget/blocks [2, 2] */
+        4, 24, 1,  2,  2, 1,   1,   1,   1,   1,   1,   1,   1, /* /budget/kv_type f16 */
+        4, 25, 1,  2,  2, 0,   1,   0,   1,   0,   1,   0,   1, /* /budget/policy sink */
+        2, 0,  35, 3,  0, 0,   0,                               /* / plan_schema 3 */
     };
     static const unsigned char profile[] = {
         0,                               /* file_kind profile */
