@@ -427,7 +427,12 @@ int cuda_attention(kv_backend *b, const kv_pool *p, const kv_attn_task *tasks, i
         if (rc) return rc;
     }
     int rc = attention_queue(c, p, tasks, n_tasks, l, err);
-    if (rc && l >= 0) /* the shadow may claim entries whose patch never ran */
+    if (!rc) return KV_OK;
+    /* the next step's metadata copy waits for attn_done: recorded after whatever this step
+     * queued on the compute stream (a table patch may still read the buffer), so that copy
+     * cannot overwrite what queued work reads */
+    cudaEventRecord(c->attn_done, c->compute);
+    if (l >= 0) /* the shadow may claim entries whose patch never ran */
         for (size_t i = 0; i < (size_t)c->tab_cap[l] * c->tab_stride; i++) c->tab_shadow[l][i] = -1;
     return rc;
 }

@@ -8,6 +8,19 @@ namespace kvcu {
 
 namespace {
 
+/* Static shared memory of any kernel here is at most this (the 32-element reduction arrays). */
+constexpr size_t kStaticShared = 1024;
+
+/* Dynamic shared memory above the 48 KiB every kernel gets by default (static + dynamic) must be
+ * opted into per kernel (cudaFuncAttributeMaxDynamicSharedMemorySize; up to 227 KiB on sm_90):
+ * `bytes` of dynamic memory plus the kernel's static arrays. A no-op when the default covers
+ * them; the attribute's error otherwise. */
+template <typename F> cudaError_t allow_shared(F *kernel, size_t bytes) {
+    if (bytes + kStaticShared <= (size_t)48 * 1024) return cudaSuccess;
+    return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)(bytes + kStaticShared));
+}
+
 /* Blocks for a grid-stride loop over n items: enough to fill a large device, never 0. */
 unsigned grid_for(size_t n) {
     size_t b = (n + kThreads - 1) / kThreads;
@@ -72,6 +85,8 @@ cudaError_t paged_attention(const kv_k_pool &pool, const int *tables, const kv_k
                             cudaStream_t s) {
     if (n_tasks <= 0) return cudaSuccess;
     size_t shm = (size_t)g * (size_t)pool.hd * sizeof(float);
+    cudaError_t e = allow_shared(kv_k_paged_attention, shm);
+    if (e != cudaSuccess) return e;
     KV_LAUNCH(kv_k_paged_attention, n_tasks, kThreads, shm, s)
     (pool, tables, tasks, pos, acc, acc2, q, o, q_stride, g, scratch, scratch_stride);
     return cudaGetLastError();
@@ -87,6 +102,9 @@ cudaError_t decode_attention_split(const kv_k_pool &pool, const int *tables,
     size_t n_parts = (size_t)n_tasks * (size_t)chunks * (size_t)g;
     float *pm = part, *ps = part + n_parts, *po = part + 2 * n_parts;
     size_t shm = (size_t)g * (size_t)hd * sizeof(float);
+    cudaError_t e = allow_shared(kv_k_decode_split, shm);
+    if (e == cudaSuccess) e = allow_shared(kv_k_decode_stats, (size_t)g * sizeof(float));
+    if (e != cudaSuccess) return e;
     KV_LAUNCH(kv_k_decode_split, dim3((unsigned)n_tasks, (unsigned)chunks), kThreads, shm, s)
     (pool, tables, tasks, q, q_stride, g, chunk, chunks, scratch, scratch_stride, pm, ps, po);
     KV_LAUNCH(kv_k_decode_merge, n_tasks, kThreads, 0, s)

@@ -19,6 +19,11 @@
  *    uploads the step's positions once, not per layer, and the same bytes at two context
  *    lengths (block tables resident on the device); a decode step of h2o (statistics) runs the
  *    split-sequence kernels (grid > tasks) and waits once per layer plus once;
+ *  - a failed step is atomic: a decode step failing at layer l (or at the logits) leaves the
+ *    cache as it was and the retried step gives the logits of a run that never failed, bit for
+ *    bit; a step that evicted or accumulated statistics marks its sequence failed instead;
+ *  - a pool whose slot ids would overflow an int is refused; attention whose queries need more
+ *    than 48 KiB of shared memory opts its kernels in;
  *  - weights in their type, TinyStories-656K F16 and Q8_0 GGUFs, and the F16 file's matrices
  *    re-stored as BF16 and Q4_0: device bytes equal to the tensor bytes; perplexity and decode
  *    logits against the CPU (typed_weights_case). */
@@ -480,6 +485,164 @@ static void decode_steps(const int *ids, int prompt, kv_policy pol, int budgeted
     CU_ASSERT(nothing_allocated());
 }
 
+/* What a sequence's cache holds, to compare before and after a failed step: n_past, every
+ * head's entries (len, blocks, table, positions) and the pool's free list. */
+typedef struct cache_state {
+    int n_past, n_free;
+    size_t n;
+    int *v; /* len, n_blocks, table[n_blocks], pos[len] per head, then the free stack */
+} cache_state;
+
+static void cache_state_take(const kv_cache *c, cache_state *st) {
+    size_t n = 0, nh = (size_t)c->n_layers * (size_t)c->n_kv_heads;
+    for (size_t i = 0; i < nh; i++) n += 2 + (size_t)c->heads[i].n_blocks + c->heads[i].len;
+    n += (size_t)c->pool->n_blocks;
+    st->v = calloc(n, sizeof(int));
+    CU_ASSERT_FATAL(st->v != NULL);
+    size_t k = 0;
+    for (size_t i = 0; i < nh; i++) {
+        const kv_head *h = &c->heads[i];
+        st->v[k++] = h->len;
+        st->v[k++] = h->n_blocks;
+        memcpy(st->v + k, h->table, (size_t)h->n_blocks * sizeof(int));
+        k += (size_t)h->n_blocks;
+        memcpy(st->v + k, h->pos, (size_t)h->len * sizeof(int));
+        k += (size_t)h->len;
+    }
+    for (int t = 0; t < KV_CACHE_TYPES; t++) /* each type's free ids, bottom to top */
+        for (int i = 0; i < c->pool->n_free_type[t]; i++)
+            st->v[k++] = c->pool->free_stack[c->pool->type_first[t] + i];
+    st->n = k;
+    st->n_past = c->n_past;
+    st->n_free = c->pool->n_free;
+}
+
+static int cache_state_equal(const cache_state *a, const cache_state *b) {
+    return a->n == b->n && a->n_past == b->n_past && a->n_free == b->n_free &&
+           !memcmp(a->v, b->v, a->n * sizeof(int));
+}
+
+/* A decode step on the CUDA backend (stories260K, F32 weights: every matmul a cuBLAS GEMM, 7
+ * per layer and 1 for the logits) that fails at GEMM `fail` (0: none) after a 64-token
+ * prefill under a full sink plan: the step's rc, the logits of the step (or of the retried step
+ * when retry), and whether the cache was as before the failed step. */
+static int failed_step(const int *ids, long fail, int retry, float *logits, int *unchanged) {
+    const kv_config *cfg = &g_model->cfg;
+    kv_plan plan;
+    kv_error err = {0};
+    CU_ASSERT_FATAL(kv_plan_full(cfg, cfg->seq_len, 16, 16, KV_POLICY_SINK, &plan, &err) == KV_OK);
+    kvfake_reset();
+    kv_engine_opts o = {0};
+    o.device = KV_DEVICE_CUDA;
+    kv_engine *e = NULL;
+    int seq = 0;
+    CU_ASSERT_FATAL(kv_engine_new(g_model, &plan, &o, &e, &err) == KV_OK);
+    CU_ASSERT_FATAL(kv_engine_seq_open(e, NULL, NULL, &seq, &err) == KV_OK);
+    CU_ASSERT_FATAL(kv_engine_prefill(e, seq, ids, 64, KV_LOGITS_NONE, NULL, NULL, &err) == KV_OK);
+    cache_state before, after;
+    cache_state_take(kv_engine_cache(e, seq), &before);
+    kvfake_fail_nth(KVFAKE_GEMM, fail);
+    int rc = kv_engine_decode(e, &seq, 1, &ids[64], logits, &err);
+    kvfake_fail_nth(KVFAKE_GEMM, 0);
+    cache_state_take(kv_engine_cache(e, seq), &after);
+    *unchanged = cache_state_equal(&before, &after);
+    if (rc && retry) CU_ASSERT(kv_engine_decode(e, &seq, 1, &ids[64], logits, &err) == KV_OK);
+    free(before.v);
+    free(after.v);
+    kv_engine_free(e);
+    kv_plan_free(&plan);
+    CU_ASSERT(nothing_allocated());
+    return rc;
+}
+
+/* A step is atomic: a decode step that fails at layer l (its output projection, after the
+ * layer's cache write and attention ran on the device) or at the logits leaves the cache as it
+ * was (lengths, tables, positions, the pool's free list in order), and the step retried gives
+ * the logits, bit for bit, of a run that never failed. A step that has evicted or accumulated
+ * statistics (R = 1/4 h2o) cannot be undone: its sequence is marked failed and the next step
+ * refuses it with a message saying what to do. */
+static void test_failed_step_atomic(void) {
+    const kv_config *cfg = &g_model->cfg;
+    int n = 0;
+    int *ids = tu_text_tokens(g_model, tu_shared(TOK260), 0, &n);
+    CU_ASSERT_FATAL(n >= 310);
+    size_t V = (size_t)cfg->vocab_size;
+    float *clean = malloc(V * sizeof(float)), *retried = malloc(V * sizeof(float));
+    CU_ASSERT_FATAL(clean && retried);
+    int same = 0;
+    CU_ASSERT_FATAL(failed_step(ids, 0, 0, clean, &same) == KV_OK);
+    CU_ASSERT(!same); /* the clean step did append */
+    const long at[4] = {4, 7L * (cfg->n_layers / 2) + 4, 7L * (cfg->n_layers - 1) + 4,
+                        7L * cfg->n_layers + 1};
+    for (int i = 0; i < 4; i++) {
+        int rc = failed_step(ids, at[i], 1, retried, &same);
+        int bits = !memcmp(clean, retried, V * sizeof(float));
+        printf("\n    GEMM %ld of the step fails (layer %ld): rc %d, cache unchanged %d, retried "
+               "logits bit-identical %d",
+               at[i], (at[i] - 1) / 7, rc, same, bits);
+        CU_ASSERT(rc == KV_EINTERNAL && same && bits);
+    }
+    /* evicting, tracked: marked failed, refused after */
+    kv_plan plan;
+    kv_error err = {0};
+    CU_ASSERT_FATAL(kv_plan_uniform(cfg, 0.25, cfg->seq_len, 8, 4, KV_POLICY_H2O, &plan, &err) ==
+                    KV_OK);
+    kvfake_reset();
+    kv_engine_opts o = {0};
+    o.device = KV_DEVICE_CUDA;
+    kv_engine *e = NULL;
+    int seq = 0;
+    CU_ASSERT_FATAL(kv_engine_new(g_model, &plan, &o, &e, &err) == KV_OK);
+    CU_ASSERT_FATAL(kv_engine_seq_open(e, NULL, NULL, &seq, &err) == KV_OK);
+    CU_ASSERT_FATAL(kv_engine_prefill(e, seq, ids, 300, KV_LOGITS_NONE, NULL, NULL, &err) == KV_OK);
+    kvfake_fail_nth(KVFAKE_GEMM, 7 + 4);
+    CU_ASSERT(kv_engine_decode(e, &seq, 1, &ids[300], retried, &err) == KV_EINTERNAL);
+    kvfake_fail_nth(KVFAKE_GEMM, 0);
+    CU_ASSERT(kv_engine_cache(e, seq)->failed == 1);
+    memset(&err, 0, sizeof err);
+    CU_ASSERT(kv_engine_decode(e, &seq, 1, &ids[300], retried, &err) == KV_EINPUT);
+    printf("\n    after a failed h2o step: %s", err.msg);
+    CU_ASSERT(strstr(err.msg, "clear it") != NULL);
+    kv_engine_free(e);
+    kv_plan_free(&plan);
+    CU_ASSERT(nothing_allocated());
+    free(clean);
+    free(retried);
+    free(ids);
+}
+
+/* A pool whose slot ids would pass 2^31 - 1 is refused before anything is allocated (2^25
+ * blocks of 64 tokens: 2^31 slots). */
+static void test_pool_slot_ids_fit(void) {
+    kvfake_reset();
+    kv_backend *b = NULL;
+    kv_error err = {0};
+    CU_ASSERT_FATAL(kv_backend_cuda_new(g_model, 8, g_model->cfg.seq_len, &b, &err) == KV_OK);
+    kv_pool p;
+    long mallocs = kvfake_get().mallocs;
+    int rc = kv_backend_pool_init(b, &p, 1 << 25, 64, g_model->cfg.head_dim, &err);
+    printf("\n    %s", err.msg);
+    CU_ASSERT(rc == KV_EINPUT && strstr(err.msg, "slot ids"));
+    CU_ASSERT(kvfake_get().mallocs == mallocs);
+    kv_backend_free(b);
+    CU_ASSERT(nothing_allocated());
+}
+
+/* Attention of a GQA group whose queries need more than 48 KiB of shared memory (64 query heads
+ * of 256 dims: 64 KiB) opts the kernels in (cudaFuncSetAttribute) instead of failing the
+ * launch; one entry, so each head's output is that entry's V row exactly. */
+static void test_attention_wide_group(void) {
+    for (int split = 0; split < 2; split++) {
+        kvfake_reset();
+        double worst = -1.0;
+        int rc = kvfake_probe_wide_group(64, 256, split, &worst);
+        printf("\n    g 64 x d_h 256 (%s kernel): launch %d, max |o - v| %g",
+               split ? "split" : "one-block", rc, worst);
+        CU_ASSERT(rc == 0 && worst == 0.0);
+        CU_ASSERT(nothing_allocated());
+    }
+}
+
 /* Decode steps of an untracked policy: one sync, the positions once per step (not per layer),
  * and, with the block tables resident on the device, the same H2D bytes after a 64-token and
  * a 300-token prompt (the measured step opens no block in either: lengths 68 and 304). */
@@ -809,6 +972,9 @@ int main(int argc, char **argv) {
         {"--device auto says why it fell back", test_device_auto_says_why},
         {"decode step: one sync, positions once, H2D bytes flat", test_decode_step_counters},
         {"decode step with statistics: split kernels", test_decode_step_tracked},
+        {"a failed step is undone, or its sequence marked failed", test_failed_step_atomic},
+        {"pool slot ids fit an int", test_pool_slot_ids_fit},
+        {"attention above 48 KiB of shared memory", test_attention_wide_group},
         {"weights in their type: 656K F16 / Q8_0 / BF16 / Q4_0 vs the CPU",
          test_typed_weights_656k},
     };

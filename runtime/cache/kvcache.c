@@ -99,6 +99,13 @@ int kv_pool_init_meta_typed(kv_pool *p, const int *counts, int block_size, int h
     if (n_blocks <= 0 || n_blocks > 0x7fffffffL || block_size <= 0 || head_dim <= 0)
         return kv_fail(err, KV_EINPUT, "KV pool: %ld blocks of %d tokens x %d dims is empty",
                        n_blocks, block_size, head_dim);
+    /* slot ids (block * block_size + offset) are ints on both devices: they must fit */
+    if ((long long)n_blocks * block_size > 0x7fffffffLL)
+        return kv_fail(err, KV_EINPUT,
+                       "KV pool: %ld blocks of %d tokens make %lld slots, beyond the 2^31 - 1 "
+                       "slot ids a pool can address; use fewer blocks (a smaller batch, budget "
+                       "or context) or split the work",
+                       n_blocks, block_size, (long long)n_blocks * block_size);
     p->free_stack = kv_malloc((size_t)n_blocks * sizeof(int), "KV block pool free list", err);
     if (!p->free_stack) return KV_EINTERNAL;
     p->n_blocks = (int)n_blocks;
@@ -286,6 +293,8 @@ void kv_cache_clear(kv_cache *c) {
         c->heads[i].len = 0;
     }
     c->n_past = 0;
+    c->failed = 0;
+    c->step_lossy = 0;
 }
 
 void kv_cache_destroy(kv_cache *c) {
@@ -358,6 +367,12 @@ int kv_head_append_slot(kv_cache *c, kv_head *h, int pos, int *slot, kv_error *e
     h->acc2[i] = 0.0f;
     *slot = kv_head_slot(p, h, i);
     return KV_OK;
+}
+
+void kv_head_drop_from(kv_cache *c, kv_head *h, int first_pos) {
+    while (h->len > 0 && h->pos[h->len - 1] >= first_pos) h->len--;
+    int bs = c->pool->block_size;
+    head_release_blocks(c->pool, h, (h->len + bs - 1) / bs);
 }
 
 void kv_head_read(const kv_pool *p, const kv_head *h, int i, float *k, float *v) {

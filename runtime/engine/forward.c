@@ -24,6 +24,11 @@ int kv_forward_embed(kv_backend *b, kv_cache *const *seqs, int n_seqs, const int
         return kv_fail(err, KV_EINTERNAL, "forward: %d rows exceed the backend's %d", rows,
                        b->max_rows);
     for (int s = 0; s < n_seqs; s++) {
+        if (seqs[s]->failed)
+            return kv_fail(err, KV_EINPUT,
+                           "sequence %d: an earlier step failed after evicting or accumulating "
+                           "statistics, so its cache is incomplete; clear it and prefill again",
+                           s);
         if (seqs[s]->n_past + n > b->max_ctx)
             return kv_fail(err, KV_EINPUT,
                            "sequence %d would reach position %d, beyond the context of %d", s,
@@ -54,8 +59,10 @@ int kv_forward_layer(kv_backend *b, kv_cache *const *seqs, int n_seqs, int n, in
     for (int s = 0; s < n_seqs; s++) {
         kv_cache *c = seqs[s];
         for (int j = 0; j < Hkv; j++) {
-            rc = kv_head_schedule_room(c, kv_cache_head(c, l, j), n, c->n_past + n - 1, &b->moves,
-                                       err);
+            kv_head *h = kv_cache_head(c, l, j);
+            int len = h->len;
+            rc = kv_head_schedule_room(c, h, n, c->n_past + n - 1, &b->moves, err);
+            c->step_lossy |= h->len != len; /* evicted entries cannot be restored */
             if (rc) return kv_fail_context(err, "layer %d KV head %d", l, j);
         }
     }
@@ -80,6 +87,7 @@ int kv_forward_layer(kv_backend *b, kv_cache *const *seqs, int n_seqs, int n, in
                                                    .pos = h->pos,
                                                    .acc = h->track_stats ? h->acc : NULL,
                                                    .acc2 = h->track_stats ? h->acc2 : NULL};
+            c->step_lossy |= h->track_stats; /* attention adds to the old entries' acc */
         }
     }
     if ((rc = ops->cache_write(b, pool, b->writes, nw, err))) return rc;
@@ -96,15 +104,37 @@ int kv_forward_logits(kv_backend *b, int n_seqs, int n, kv_logits_mode mode, flo
     return b->ops->logits(b, b->row_pos, n_sel, logits, err);
 }
 
+/* A step that failed after layer `last` began: each sequence whose step only appended gets its
+ * new entries dropped (heads in the reverse order of their appends, so the pool's free list is
+ * as before); one that evicted or accumulated statistics is marked failed. */
+static void forward_undo(kv_cache *const *seqs, int n_seqs, int last) {
+    for (int l = last; l >= 0; l--)
+        for (int s = n_seqs - 1; s >= 0; s--) {
+            kv_cache *c = seqs[s];
+            if (c->step_lossy) continue;
+            for (int j = c->n_kv_heads - 1; j >= 0; j--)
+                kv_head_drop_from(c, kv_cache_head(c, l, j), c->n_past);
+        }
+    for (int s = 0; s < n_seqs; s++) seqs[s]->failed |= seqs[s]->step_lossy;
+}
+
 int kv_forward(const kv_model *m, kv_backend *b, kv_cache *const *seqs, int n_seqs,
                const int *tokens, int n, kv_logits_mode mode, float *logits, const kv_hooks *hooks,
                kv_error *err) {
     if (b->model != m)
         return kv_fail(err, KV_EINTERNAL, "forward: the backend serves another model");
     int rc = kv_forward_embed(b, seqs, n_seqs, tokens, n, err);
-    for (int l = 0; !rc && l < m->cfg.n_layers; l++)
-        rc = kv_forward_layer(b, seqs, n_seqs, n, l, hooks, err);
     if (rc) return rc;
+    for (int s = 0; s < n_seqs; s++) seqs[s]->step_lossy = 0;
+    int l = 0;
+    for (; !rc && l < m->cfg.n_layers; l++)
+        rc = kv_forward_layer(b, seqs, n_seqs, n, l, hooks, err);
+    /* the logits before n_past moves: a step whose logits fail is undone like any other */
+    if (!rc) rc = kv_forward_logits(b, n_seqs, n, mode, logits, err);
+    if (rc) {
+        forward_undo(seqs, n_seqs, l - 1);
+        return rc;
+    }
     for (int s = 0; s < n_seqs; s++) seqs[s]->n_past += n;
-    return kv_forward_logits(b, n_seqs, n, mode, logits, err);
+    return KV_OK;
 }
