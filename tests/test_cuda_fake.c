@@ -22,6 +22,8 @@
  *  - a failed step is atomic: a decode step failing at layer l (or at the logits) leaves the
  *    cache as it was and the retried step gives the logits of a run that never failed, bit for
  *    bit; a step that evicted or accumulated statistics marks its sequence failed instead;
+ *  - resident block tables upload only the entries the engine marked dirty, and only tracked
+ *    heads' positions are staged;
  *  - a pool whose slot ids would overflow an int is refused; attention whose queries need more
  *    than 48 KiB of shared memory opts its kernels in;
  *  - weights in their type, TinyStories-656K F16 and Q8_0 GGUFs, and the F16 file's matrices
@@ -29,6 +31,7 @@
  *    logits against the CPU (typed_weights_case). */
 #include "testutil.h"
 
+#include "../cuda/kernels/kv_pack.h"  /* the resident tables' dirty tracking */
 #include "../cuda/kernels/kv_tasks.h" /* KV_K_GEMV_ROWS */
 #include "cuda_fake.h"
 #include "backend/backend_impl.h"
@@ -643,6 +646,48 @@ static void test_attention_wide_group(void) {
     }
 }
 
+/* The resident block tables' dirty tracking (cuda/kernels/kv_pack.h) on two heads' tables of
+ * 40 and 70 entries (block size 16: 3 and 5 blocks), as a device backend sees them: the first
+ * upload sends every entry; the next step, nothing; a block the head took since (its dirty
+ * mark), just that entry, at the right index with the right id; the two heads' task order
+ * swapped, both tables whole (the copies at each index are the other head's); and the
+ * untracked task's positions are not staged. */
+static void test_table_dirty(void) {
+    int tab0[8] = {7, 3, 9}, tab1[8] = {1, 2, 4, 5, 6}, pos[80];
+    float acc[80], acc2[80];
+    for (int i = 0; i < 80; i++) pos[i] = i, acc[i] = 0.5f, acc2[i] = 0.25f;
+    kv_table_mirror m0 = {0, 0}, m1 = {0, 0};
+    kv_attn_task t[2] = {{0, 1, 0, 40, tab0, pos, acc, acc2, &m0},
+                         {1, 1, 1, 70, tab1, pos, NULL, NULL, &m1}};
+    kv_table_mirror *owner[2] = {NULL, NULL};
+    const int bs = 16, stride = 8;
+    CU_ASSERT(kv_k_table_dirty(t, 2, bs, stride, owner) == 3 + 5);
+    kv_k_meta_layout L;
+    kv_k_meta_plan_resident(t, 2, bs, 8, &L);
+    CU_ASSERT(L.o_acc - L.o_pos == kv_k_align16(40 * sizeof(int))); /* the tracked task only */
+    char *buf = malloc(L.total);
+    CU_ASSERT_FATAL(buf != NULL);
+    CU_ASSERT(kv_k_meta_pack_resident(t, 2, bs, stride, owner, &L, buf) == 8);
+    CU_ASSERT(owner[0] == &m0 && m0.slot == 1 && m0.dirty == 3 && m1.slot == 2 && m1.dirty == 5);
+    CU_ASSERT(kv_k_table_dirty(t, 2, bs, stride, owner) == 0);
+    /* head 0 grows to 50 entries: its 4th block, marked as kv_head_append_slot marks it */
+    tab0[3] = 11;
+    t[0].len = 50;
+    m0.dirty = 3;
+    CU_ASSERT(kv_k_table_dirty(t, 2, bs, stride, owner) == 1);
+    free(buf);
+    kv_k_meta_plan_resident(t, 2, bs, 1, &L);
+    buf = malloc(L.total);
+    CU_ASSERT_FATAL(buf != NULL);
+    CU_ASSERT(kv_k_meta_pack_resident(t, 2, bs, stride, owner, &L, buf) == 1);
+    const int *patch = (const int *)(buf + L.o_tab);
+    CU_ASSERT(patch[0] == 0 * stride + 3 && patch[1] == 11);
+    /* the order swapped: each index holds the other head's copy */
+    kv_attn_task sw[2] = {t[1], t[0]};
+    CU_ASSERT(kv_k_table_dirty(sw, 2, bs, stride, owner) == 5 + 4);
+    free(buf);
+}
+
 /* Decode steps of an untracked policy: one sync, the positions once per step (not per layer),
  * and, with the block tables resident on the device, the same H2D bytes after a 64-token and
  * a 300-token prompt (the measured step opens no block in either: lengths 68 and 304). */
@@ -974,6 +1019,7 @@ int main(int argc, char **argv) {
         {"decode step with statistics: split kernels", test_decode_step_tracked},
         {"a failed step is undone, or its sequence marked failed", test_failed_step_atomic},
         {"pool slot ids fit an int", test_pool_slot_ids_fit},
+        {"resident block tables: dirty entries only", test_table_dirty},
         {"attention above 48 KiB of shared memory", test_attention_wide_group},
         {"weights in their type: 656K F16 / Q8_0 / BF16 / Q4_0 vs the CPU",
          test_typed_weights_656k},

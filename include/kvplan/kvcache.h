@@ -134,19 +134,30 @@ size_t kv_pool_peak_bytes(const kv_pool *p);
 void kv_pool_reset_peak(kv_pool *p);
 
 /* ---- one (layer, KV head) of one sequence ---- */
+/* What a device backend's copy of a head's block table is known to hold: the copy at task index
+ * slot - 1 of the head's layer (slot 0: none) equals `table` except, at most, at entries
+ * [dirty, n_blocks), which kv_head_append_slot marks as it takes blocks (no other operation
+ * rewrites an entry below n_blocks). A backend that uploads the head's table sets slot and
+ * dirty = n_blocks; zero-initialised: no copy, every entry dirty. */
+typedef struct kv_table_mirror {
+    int slot, dirty;
+} kv_table_mirror;
+
 typedef struct kv_head {
     int *table; /* block ids, [cap_blocks] */
     int n_blocks, cap_blocks;
-    int len;            /* retained entries */
-    int budget;         /* max retained entries after a step (tokens) */
-    kv_policy policy;   /* how this head evicts (a plan may give each head its own) */
-    kv_cache_type type; /* storage type of its K/V rows (its blocks come from that range) */
-    int track_stats;    /* accumulate acc/acc2 in attention (the policy needs them and the head
-                         * can be over budget) */
-    int cap;            /* capacity of the per-entry arrays */
-    int *pos;           /* [cap] position id each entry came from */
-    float *acc;         /* [cap] sum of attention weights (summed over the GQA group) */
-    float *acc2;        /* [cap] sum of squared attention weights */
+    int len;                /* retained entries */
+    int budget;             /* max retained entries after a step (tokens) */
+    kv_policy policy;       /* how this head evicts (a plan may give each head its own) */
+    kv_cache_type type;     /* storage type of its K/V rows (its blocks come from that range) */
+    int track_stats;        /* accumulate acc/acc2 in attention (the policy needs them and the head
+                             * can be over budget) */
+    int cap;                /* capacity of the per-entry arrays */
+    int *pos;               /* [cap] position id each entry came from */
+    float *acc;             /* [cap] sum of attention weights (summed over the GQA group); kept
+                             * only while track_stats (an untracked head's read as zeros) */
+    float *acc2;            /* [cap] sum of squared attention weights (the same) */
+    kv_table_mirror mirror; /* a device backend's copy of `table` (its dirty entries) */
 } kv_head;
 
 /* ---- one sequence's cache ---- */
