@@ -133,13 +133,84 @@ cudaError_t table_patch(int *tables, const int *patch, long n, cudaStream_t s) {
     return cudaGetLastError();
 }
 
+namespace {
+
+/* kernel<R> for the step's rows (1 .. KV_K_GEMV_ROWS), as a launch of `blocks` blocks. */
+#define KV_GEMV_ROWS_SWITCH(rows, LAUNCH)                                                          \
+    switch (rows) {                                                                                \
+    case 1:                                                                                        \
+        LAUNCH(1);                                                                                 \
+        break;                                                                                     \
+    case 2:                                                                                        \
+        LAUNCH(2);                                                                                 \
+        break;                                                                                     \
+    case 3:                                                                                        \
+        LAUNCH(3);                                                                                 \
+        break;                                                                                     \
+    case 4:                                                                                        \
+        LAUNCH(4);                                                                                 \
+        break;                                                                                     \
+    case 5:                                                                                        \
+        LAUNCH(5);                                                                                 \
+        break;                                                                                     \
+    case 6:                                                                                        \
+        LAUNCH(6);                                                                                 \
+        break;                                                                                     \
+    case 7:                                                                                        \
+        LAUNCH(7);                                                                                 \
+        break;                                                                                     \
+    default:                                                                                       \
+        LAUNCH(8);                                                                                 \
+        break;                                                                                     \
+    }
+
+static_assert(KV_K_GEMV_ROWS == 8, "the GEMV switch instantiates rows 1 .. 8");
+
+template <typename Dot>
+cudaError_t gemv_q(const unsigned char *W, size_t row_bytes, const float *x, float *y, int rows,
+                   int in, int out, void *act, cudaStream_t s) {
+    size_t nb = (size_t)rows * (size_t)(in / 32);
+    signed char *q = static_cast<signed char *>(act);
+    float *d = reinterpret_cast<float *>(q + 32 * nb);
+    int *sum = reinterpret_cast<int *>(d + nb);
+    unsigned qblocks = nb / 4 > 4096 ? 4096u : (unsigned)(nb / 4 + 1);
+    KV_LAUNCH(kv_k_quantize_q8, qblocks, kThreads, 0, s)(x, rows, in, q, d, sum);
+    unsigned blocks = out > 65535 ? 65535u : (unsigned)out;
+#define KV_GEMV_Q(R)                                                                               \
+    do {                                                                                           \
+        auto *k_ = &kv_k_gemv_q<Dot, R>;                                                           \
+        KV_LAUNCH(k_, blocks, KV_K_GEMV_THREADS, 0, s)(W, row_bytes, q, d, sum, y, in, out);       \
+    } while (0)
+    KV_GEMV_ROWS_SWITCH(rows, KV_GEMV_Q)
+#undef KV_GEMV_Q
+    return cudaGetLastError();
+}
+
+} // namespace
+
+size_t gemv_act_bytes(int t, int rows, int in) {
+    if ((t != KV_DT_Q8_0 && t != KV_DT_Q4_0) || in % 32) return 0;
+    return (size_t)rows * (size_t)in + (size_t)rows * (size_t)(in / 32) * 8;
+}
+
 cudaError_t gemv(const void *W, int t, size_t row_bytes, const float *x, float *y, int rows, int in,
-                 int out, cudaStream_t s) {
+                 int out, void *act, cudaStream_t s) {
     if (rows <= 0 || out <= 0) return cudaSuccess;
-    size_t blocks = ((size_t)out + kThreads / 32 - 1) / (kThreads / 32); /* a warp per output */
-    if (blocks > 65535) blocks = 65535;
-    KV_LAUNCH(kv_k_gemv, (unsigned)blocks, kThreads, 0, s)
-    (static_cast<const unsigned char *>(W), t, row_bytes, x, y, rows, in, out);
+    const unsigned char *w = static_cast<const unsigned char *>(W);
+    unsigned blocks = out > 65535 ? 65535u : (unsigned)out;
+    if (t == KV_DT_F16 && in % 8 == 0 && rows <= KV_K_GEMV_ROWS) {
+#define KV_GEMV_F16(R)                                                                             \
+    KV_LAUNCH(kv_k_gemv_f16<R>, blocks, KV_K_GEMV_THREADS, 0, s)(w, x, y, in, out)
+        KV_GEMV_ROWS_SWITCH(rows, KV_GEMV_F16)
+#undef KV_GEMV_F16
+        return cudaGetLastError();
+    }
+    if (act && gemv_act_bytes(t, rows, in) && rows <= KV_K_GEMV_ROWS)
+        return t == KV_DT_Q8_0 ? gemv_q<kv_q8_0_dot>(w, row_bytes, x, y, rows, in, out, act, s)
+                               : gemv_q<kv_q4_0_dot>(w, row_bytes, x, y, rows, in, out, act, s);
+    size_t wb = ((size_t)out + kThreads / 32 - 1) / (kThreads / 32); /* a warp per output */
+    if (wb > 65535) wb = 65535;
+    KV_LAUNCH(kv_k_gemv, (unsigned)wb, kThreads, 0, s)(w, t, row_bytes, x, y, rows, in, out);
     return cudaGetLastError();
 }
 

@@ -45,7 +45,12 @@ cudaError_t decode_attention_split(const kv_k_pool &pool, const int *tables,
  * dst [n_rows, in] fp32 = rows r0 .. r0 + n_rows of W. to_16: dst [n] = x in binary16 (t F16)
  * or bfloat16 (t BF16). gather_rows_typed: out [rows, dim] = W rows idx[rows], dequantised. */
 cudaError_t gemv(const void *W, int t, size_t row_bytes, const float *x, float *y, int rows, int in,
-                 int out, cudaStream_t s);
+                 int out, void *act, cudaStream_t s);
+/* Device scratch `act` that gemv needs for weights of type t at rows x in (0: none): the
+ * activations quantised to 8 bits once per call for Q8_0 and Q4_0 (kv_k_quantize_q8). gemv's
+ * kernels: F16 (in % 8 == 0) kv_k_gemv_f16; Q8_0, Q4_0 kv_k_gemv_q with dp4a (given act);
+ * every other type (and Q8_0 / Q4_0 without act) the generic kv_k_gemv. */
+size_t gemv_act_bytes(int t, int rows, int in);
 cudaError_t dequant_rows(const void *W, int t, size_t row_bytes, int in, int r0, int n_rows,
                          float *dst, cudaStream_t s);
 cudaError_t to_16(const float *x, void *dst, size_t n, int t, cudaStream_t s);

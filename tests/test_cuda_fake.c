@@ -325,8 +325,10 @@ static void kvpr_ref_free(kvpr_ref *r) {
  * later, then the last two), so layer i + 1 is queued before the host waits for layer i;
  * D2H bytes = n * 2 * S * kv_width * 4. Transferred rows bit-equal to the host's; recomputed
  * rows against the CPU executor on the fp32-widened weights within tol (split 30) and 1e-5
- * (split 5) of the largest |K| or |V| (the fake's memory is NaN-filled and its streams run
- * only when the host waits: a missing wait shows as NaN or a stale row). */
+ * (split 5; for Q8_0 / Q4_0, whose GEMV quantises activations to 8 bits as the CPU does, the
+ * CPU executor on the weights in their type) of the largest |K| or |V| (the fake's memory is
+ * NaN-filled and its streams run only when the host waits: a missing wait shows as NaN or a stale
+ * row). */
 static void kvpr_typed_case(const char *rel, const char *tok, double tol) {
     kv_model *m = tu_load_shared(rel);
     const kv_config *cfg = &m->cfg;
@@ -341,8 +343,13 @@ static void kvpr_typed_case(const char *rel, const char *tok, double tol) {
     tu_prefill_capture(m, ids, S, &pf);
     kvpr_ref ref;
     kvpr_ref_make(m, &ref);
-    kv_kvpr_exec *cpu = NULL;
+    kv_kvpr_exec *cpu = NULL, *cpu_typed = NULL;
     CU_ASSERT_FATAL(kv_kvpr_exec_new(&ref.m, S, &cpu, &err) == KV_OK);
+    /* Q8_0 / Q4_0: the device's GEMV quantises the activations to 8 bits, as the CPU's does
+     * on the weights in their type: that executor is the reference of the GEMV rows */
+    kv_dtype wt = m->layers[0].wk.type;
+    int int8_gemv = wt == KV_DT_Q8_0 || wt == KV_DT_Q4_0;
+    if (int8_gemv) CU_ASSERT_FATAL(kv_kvpr_exec_new(m, S, &cpu_typed, &err) == KV_OK);
     kvfake_reset();
     kv_cuda_kvpr *dev = NULL;
     CU_ASSERT_FATAL(kv_cuda_kvpr_new(m, S, &dev, &err) == KV_OK);
@@ -369,7 +376,8 @@ static void kvpr_typed_case(const char *rel, const char *tok, double tol) {
         double worst = 0.0, mx = 0.0;
         int tail_equal = 1;
         for (int l = 0; l < L; l++) {
-            CU_ASSERT_FATAL(kv_kvpr_rebuild(cpu, &lcs[l], kc, vc, 0, NULL, &err) == KV_OK);
+            kv_kvpr_exec *want = int8_gemv && split <= KV_K_GEMV_ROWS ? cpu_typed : cpu;
+            CU_ASSERT_FATAL(kv_kvpr_rebuild(want, &lcs[l], kc, vc, 0, NULL, &err) == KV_OK);
             size_t head = (size_t)split * kvd;
             tail_equal &= memcmp(kd[l] + head, kc + head, sizeof(float) * (all - head)) == 0 &&
                           memcmp(vd[l] + head, vc + head, sizeof(float) * (all - head)) == 0;
@@ -397,6 +405,7 @@ static void kvpr_typed_case(const char *rel, const char *tok, double tol) {
     kv_cuda_kvpr_free(dev);
     CU_ASSERT(nothing_allocated());
     kv_kvpr_exec_free(cpu);
+    if (cpu_typed) kv_kvpr_exec_free(cpu_typed);
     for (int l = 0; l < L; l++) {
         free(kd[l]);
         free(vd[l]);
@@ -828,7 +837,11 @@ static double tensor_bytes(const kv_model *m) {
  *  - 24 teacher-forced decode steps on the device after a 64-token prefill (the typed GEMV:
  *    fp32 activations against the weights in their type) against the CPU's logits at the
  *    same positions from one 88-token prefill (fp32 activations: the same arithmetic up to
- *    summation order), within ltol of their largest magnitude.
+ *    summation order), within ltol of their largest magnitude; for Q8_0 and Q4_0, whose
+ *    device GEMV quantises the activations to 8 bits as the CPU's decode does, the logits of
+ *    87 decode steps after a 1-token prefill on both devices with the matrices in their type
+ *    (every step the same scheme on both; their last 25 compared: the median within 1e-5 of
+ *    the largest magnitude, the worst within 2e-2, one activation's rounding step).
  * For quantised matrices the CPU runs them dequantised to F32 (the same values): its own
  * decode and prefill paths quantise activations to 8 bits for them (kv_qmatmul: the integer
  * dots and the integer GEMM, issue 23), so they are not the reference for the device's fp32
@@ -876,6 +889,31 @@ static void retype(kv_model *m, kv_dtype t, void ***bufs, int *n_bufs) {
     }
     if (tied) m->classifier = m->tok_emb;
     free(row);
+}
+
+/* The engine's logits on device dev at positions P - 1 .. P + S - 1 of ids on model m (full
+ * cache, f16 K/V as typed_weights_case): a P-token prefill, then S teacher-forced decode
+ * steps, into out [(P + S) * vocab] (rows before P - 1 untouched). */
+static void typed_decode(const kv_model *m, kv_device dev, const int *ids, int P, int S,
+                         float *out) {
+    const kv_config *cfg = &m->cfg;
+    size_t V = (size_t)cfg->vocab_size;
+    kv_plan plan;
+    kv_error err = {0};
+    CU_ASSERT_FATAL(kv_plan_full(cfg, cfg->seq_len, 16, 16, KV_POLICY_SINK, &plan, &err) == KV_OK);
+    kv_engine_opts o = {0};
+    o.device = dev;
+    kv_engine *e = NULL;
+    int seq = 0;
+    CU_ASSERT_FATAL(kv_engine_new(m, &plan, &o, &e, &err) == KV_OK);
+    CU_ASSERT_FATAL(kv_engine_seq_open(e, NULL, NULL, &seq, &err) == KV_OK);
+    CU_ASSERT_FATAL(kv_engine_prefill(e, seq, ids, P, KV_LOGITS_LAST, out + (size_t)(P - 1) * V,
+                                      NULL, &err) == KV_OK);
+    for (int s = 0; s < S; s++)
+        CU_ASSERT_FATAL(
+            kv_engine_decode(e, &seq, 1, &ids[P + s], out + (size_t)(P + s) * V, &err) == KV_OK);
+    kv_engine_free(e);
+    kv_plan_free(&plan);
 }
 
 static void typed_weights_case(const char *rel, int to, double ptol, double ltol) {
@@ -953,19 +991,52 @@ static void typed_weights_case(const char *rel, int to, double ptol, double ltol
         kv_engine_free(e);
         kv_plan_free(&plan);
     }
+    /* Q8_0 / Q4_0 matrices: the device's decode GEMV quantises the activations to 8 bits as the
+     * CPU's own decode does (cuda/kernels/kv_quant.cuh kv_k_gemv_q), so its reference is the
+     * CPU's decode on the matrices in their type (its prefill: the integer GEMM) */
+    kv_dtype wt = m->layers[0].wq.type;
+    int int8_decode = wt == KV_DT_Q8_0 || wt == KV_DT_Q4_0;
+    float *ref = lg[0];
+    if (int8_decode) { /* both from a 1-token prefill: every step takes the GEMV on both */
+        ref = calloc((size_t)(64 + 24) * cfg->vocab_size, sizeof(float));
+        CU_ASSERT_FATAL(ref != NULL);
+        typed_decode(m, KV_DEVICE_CPU, ids, 1, 87, ref);
+        typed_decode(m, KV_DEVICE_CUDA, ids, 1, 87, lg[1]);
+    }
     double p0 = exp(nll[0] / (n - 1)), p1 = exp(nll[1] / (n - 1)), worst = 0.0, cpu_dec = 0.0;
+    double errs[25];
     for (int s = 63; s < 64 + 24; s++) {
         size_t off = (size_t)s * cfg->vocab_size;
-        double e = rel_to_max(lg[1] + off, lg[0] + off, (size_t)cfg->vocab_size);
+        double e = rel_to_max(lg[1] + off, ref + off, (size_t)cfg->vocab_size);
+        errs[s - 63] = e;
         double c = rel_to_max(lg_cpu_dec + off, lg[0] + off, (size_t)cfg->vocab_size);
         worst = e > worst || e != e ? e : worst;
         cpu_dec = c > cpu_dec ? c : cpu_dec;
     }
     printf("\n    perplexity (%d tokens) cpu %.6f cuda %.6f (rel %.3g); 24 decode steps: cuda "
-           "logits within %.3g of the cpu prefill's (the cpu's own decode: %.3g)",
-           n, p0, p1, fabs(p1 - p0) / p0, worst, cpu_dec);
+           "logits within %.3g of the cpu %s's (the cpu's own decode: %.3g)",
+           n, p0, p1, fabs(p1 - p0) / p0, worst,
+           int8_decode ? "decode in the matrices' type (both decoding from 1 token)" : "prefill",
+           cpu_dec);
+    if (int8_decode) free(ref);
     CU_ASSERT(fabs(p1 - p0) <= ptol * p0);
-    CU_ASSERT(worst <= ltol);
+    if (int8_decode) {
+        /* 8-bit activations: a last-bit difference upstream (summation order) can move one
+         * element across a rounding boundary of its block, changing a dot by |w| d_b, about 1 %
+         * of the largest logit here; most steps agree to rounding (the median), none by more
+         * than 2 % */
+        for (int i = 1; i < 25; i++)
+            for (int j = i; j > 0 && errs[j - 1] > errs[j]; j--) {
+                double tmp = errs[j];
+                errs[j] = errs[j - 1];
+                errs[j - 1] = tmp;
+            }
+        printf("; median %.3g", errs[12]);
+        CU_ASSERT(errs[12] <= 1e-5);
+        CU_ASSERT(worst <= 2e-2);
+    } else {
+        CU_ASSERT(worst <= ltol);
+    }
     CU_ASSERT(nothing_allocated());
     free(lg[0]);
     free(lg[1]);

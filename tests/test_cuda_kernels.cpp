@@ -28,6 +28,7 @@ extern "C" {
 #include "kvplan/model.h"
 #include "kvplan/tokenizer.h"
 #include "runtime/backend/ops.h"
+#include "runtime/model/quant_dot.h" /* kv_qmatmul_int: the CPU's integer dots */
 #include "testutil.h"
 }
 
@@ -727,6 +728,68 @@ void test_gather() {
     kv_model_free(m);
 }
 
+/* y [rows, out] of the typed GEMV kernels (kv_k_gemv_f16, or kv_k_quantize_q8 + kv_k_gemv_q)
+ * for weight type t, rows 1 .. 8 via the template parameter R. */
+template <int R>
+std::vector<float> typed_gemv(kv_dtype t, const std::vector<unsigned char> &W, size_t rb,
+                              const std::vector<float> &x, int in, int out) {
+    std::vector<float> y((size_t)R * out, NAN);
+    if (t == KV_DT_F16) {
+        launch(2, KV_K_GEMV_THREADS, 0,
+               [&] { kv_k_gemv_f16<R>(W.data(), x.data(), y.data(), in, out); });
+        return y;
+    }
+    size_t nb = (size_t)R * (size_t)(in / 32);
+    std::vector<signed char> q(32 * nb);
+    std::vector<float> d(nb, NAN);
+    std::vector<int> s(nb);
+    launch(3, 64, 0, [&] { kv_k_quantize_q8(x.data(), R, in, q.data(), d.data(), s.data()); });
+    launch(2, KV_K_GEMV_THREADS, 0, [&] {
+        if (t == KV_DT_Q8_0)
+            kv_k_gemv_q<kv_q8_0_dot, R>(W.data(), rb, q.data(), d.data(), s.data(), y.data(), in,
+                                        out);
+        else
+            kv_k_gemv_q<kv_q4_0_dot, R>(W.data(), rb, q.data(), d.data(), s.data(), y.data(), in,
+                                        out);
+    });
+    return y;
+}
+
+/* The typed GEMV kernels of decode against the CPU, for 1, 3 and 8 rows: F16 against the double
+ * product of the weights (within 1e-5 of sum |w x|, fp32 sums in another order); Q8_0 and Q4_0
+ * (activations quantised to 8 bits once, dp4a) against the CPU's integer dots
+ * (kv_qmatmul_int: the same quantised activations and per-block terms, so they differ by the
+ * order of the fp32 additions only: within 1e-6 of sum |w x|). */
+void typed_gemv_case(kv_dtype t, const std::vector<unsigned char> &W, size_t rb,
+                     const std::vector<float> &wf, const std::vector<float> &x, int in, int out) {
+    double worst = 0.0;
+    for (int rows : {1, 3, 8}) {
+        std::vector<float> y = rows == 1   ? typed_gemv<1>(t, W, rb, x, in, out)
+                               : rows == 3 ? typed_gemv<3>(t, W, rb, x, in, out)
+                                           : typed_gemv<8>(t, W, rb, x, in, out);
+        std::vector<float> ref((size_t)rows * out, NAN);
+        if (t != KV_DT_F16) {
+            std::vector<unsigned char> act((size_t)rows * kv_qdot_act_bytes(t, in));
+            kv_qmatmul_int(ref.data(), x.data(), W.data(), t, rows, in, out, act.data());
+        }
+        for (int r = 0; r < rows; r++)
+            for (int o = 0; o < out; o++) {
+                double dref = 0.0, mag = 0.0;
+                for (int i = 0; i < in; i++) {
+                    double p = (double)wf[(size_t)o * in + i] * x[(size_t)r * in + i];
+                    dref += p;
+                    mag += std::fabs(p);
+                }
+                double want = t == KV_DT_F16 ? dref : (double)ref[(size_t)r * out + o];
+                double e = std::fabs((double)y[(size_t)r * out + o] - want) / mag;
+                if (!(e <= worst)) worst = e;
+            }
+    }
+    std::printf(", typed kernel %.3g of sum |w x| (vs %s)", worst,
+                t == KV_DT_F16 ? "the double product" : "the CPU's integer dots");
+    CU_ASSERT(worst <= (t == KV_DT_F16 ? 1e-5 : 1e-6));
+}
+
 /* Weights in their type (kv_quant.cuh) for every weight type kvplan reads: a [6, 512] matrix of
  * stories260K's embedding values (a real weight distribution) quantised by kv_quantize_row;
  *  - kv_k_dequant_rows vs the CPU's kv_dequantize_row: the same floats (the decoders use the
@@ -736,6 +799,7 @@ void test_gather() {
  *  - kv_k_gemv for 1, 3 and 8 rows of x (real layer inputs, repeated to 512 wide) vs the
  *    double-precision product with the dequantised rows: within 1e-5 of sum |w x| (fp32
  *    accumulation over 512 terms in a warp's order);
+ *  - kv_k_gemv_f16 and kv_k_gemv_q (Q8_0, Q4_0) for 1, 3 and 8 rows (typed_gemv_case);
  *  - kv_k_to_16: binary16 and bfloat16 bits equal kv_quantize_row's. */
 void test_typed_weights() {
     kv_model *m = load(M260);
@@ -796,6 +860,8 @@ void test_typed_weights() {
         CU_ASSERT(eworst <= 1e-5);
         std::printf("\n    %-5s dequant %.3g, gather %.3g, gemv (1/3/8 rows) %.3g of sum |w x|",
                     kv_dtype_name(t), ed, eg, eworst);
+        if (t == KV_DT_F16 || t == KV_DT_Q8_0 || t == KV_DT_Q4_0)
+            typed_gemv_case(t, W, rb, cpu, x, in, out);
         types++;
     }
     CU_ASSERT(types == KV_DT_COUNT);
