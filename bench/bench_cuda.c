@@ -105,7 +105,7 @@ static int decode_row(const kv_model *m, int B, int ctx, double wratio, const in
     kvfake_reset();
     kvfake_set_count_only(1);
     kvfake_watch_grid(kvfake_paged_attention_kernel(0));
-    kvfake_watch_grid2(kvfake_paged_attention_kernel(1));
+    kvfake_watch_grid2(kvfake_flash_decode_kernel(KV_TYPE_F16, c->head_dim));
     kv_engine_opts o = {0};
     o.device = KV_DEVICE_CUDA;
     o.max_seqs = B;

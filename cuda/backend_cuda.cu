@@ -498,7 +498,19 @@ int attention_queue(cuda_backend *c, const kv_pool *p, const kv_attn_task *tasks
     const int *d_pos = reinterpret_cast<const int *>(d + L.o_pos);
     float *d_acc = reinterpret_cast<float *>(d + L.o_acc);
     float *d_acc2 = reinterpret_cast<float *>(d + L.o_acc2);
-    if (decode && sp.chunks > 1) {
+    if (decode && kvcu::flash_decode_fits(g, hd)) {
+        /* flash-decoding: fixed partitions of KV_K_FD_PART entries, one launch per K/V type */
+        int parts = (L.longest + KV_K_FD_PART - 1) / KV_K_FD_PART;
+        unsigned types = 0;
+        for (int i = 0; i < n_tasks; i++) types |= 1u << kv_pool_block_type(p, tasks[i].table[0]);
+        rc = grow_dev(c->d_part, (size_t)n_tasks * parts * g * (size_t)(hd + 2) * sizeof(float),
+                      err);
+        if (rc) return rc;
+        CK(kvcu::flash_decode(dev_pool(p), tables, d_tasks, n_tasks, c->q, c->o, cfg->n_heads * hd,
+                              g, KV_K_FD_PART, parts, types, static_cast<float *>(c->d_scores.p),
+                              L.longest, static_cast<float *>(c->d_part.p), d_pos,
+                              L.tracked ? d_acc : nullptr, d_acc2, c->compute));
+    } else if (decode && sp.chunks > 1) {
         rc = grow_dev(c->d_part, (size_t)n_tasks * sp.chunks * g * (size_t)(hd + 2) * sizeof(float),
                       err);
         if (rc) return rc;

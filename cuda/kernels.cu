@@ -117,6 +117,81 @@ cudaError_t decode_attention_split(const kv_k_pool &pool, const int *tables,
     return cudaGetLastError();
 }
 
+bool flash_decode_fits(int g, int hd) {
+    return g >= 1 && g <= KV_K_FD_GROUP && hd >= 1 && hd <= 256;
+}
+
+namespace {
+
+/* kv_k_flash_decode<TY, EPL> with EPL = the lanes' dimensions for d_h (<= 32 EPL). */
+template <int TY>
+cudaError_t flash_type(const kv_k_pool &P, const int *tables, const kv_k_attn_task *tasks,
+                       int n_tasks, const float *q, int q_stride, int g, int part, int parts,
+                       float *scratch, int stride, float *pm, float *ps, float *po,
+                       cudaStream_t s) {
+    dim3 grid((unsigned)n_tasks, (unsigned)parts);
+    size_t shm = (size_t)(kThreads / 32) * (size_t)g * (size_t)(2 + P.hd) * sizeof(float);
+    int epl = P.hd <= 32 ? 1 : P.hd <= 64 ? 2 : P.hd <= 128 ? 4 : 8;
+#define KV_FD(E)                                                                                   \
+    do {                                                                                           \
+        auto *k_ = &kv_k_flash_decode<TY, E>;                                                      \
+        cudaError_t e_ = allow_shared(k_, shm);                                                    \
+        if (e_ != cudaSuccess) return e_;                                                          \
+        KV_LAUNCH(k_, grid, kThreads, shm, s)                                                      \
+        (P, tables, tasks, q, q_stride, g, part, parts, scratch, stride, pm, ps, po);              \
+    } while (0)
+    switch (epl) {
+    case 1:
+        KV_FD(1);
+        break;
+    case 2:
+        KV_FD(2);
+        break;
+    case 4:
+        KV_FD(4);
+        break;
+    default:
+        KV_FD(8);
+        break;
+    }
+#undef KV_FD
+    return cudaGetLastError();
+}
+
+} // namespace
+
+cudaError_t flash_decode(const kv_k_pool &pool, const int *tables, const kv_k_attn_task *tasks,
+                         int n_tasks, const float *q, float *o, int q_stride, int g, int part,
+                         int parts, unsigned types, float *scratch, int scratch_stride,
+                         float *part_buf, const int *pos, float *acc, float *acc2, cudaStream_t s) {
+    if (n_tasks <= 0) return cudaSuccess;
+    int hd = pool.hd;
+    size_t n_parts = (size_t)n_tasks * (size_t)parts * (size_t)g;
+    float *pm = part_buf, *ps = part_buf + n_parts, *po = part_buf + 2 * n_parts;
+    cudaError_t e = cudaSuccess;
+    if (types & 1u)
+        e = flash_type<KV_TYPE_F32>(pool, tables, tasks, n_tasks, q, q_stride, g, part, parts,
+                                    scratch, scratch_stride, pm, ps, po, s);
+    if (!e && (types & 2u))
+        e = flash_type<KV_TYPE_F16>(pool, tables, tasks, n_tasks, q, q_stride, g, part, parts,
+                                    scratch, scratch_stride, pm, ps, po, s);
+    if (!e && (types & 4u))
+        e = flash_type<KV_TYPE_Q8>(pool, tables, tasks, n_tasks, q, q_stride, g, part, parts,
+                                   scratch, scratch_stride, pm, ps, po, s);
+    if (!e && (types & 8u))
+        e = flash_type<KV_TYPE_Q4>(pool, tables, tasks, n_tasks, q, q_stride, g, part, parts,
+                                   scratch, scratch_stride, pm, ps, po, s);
+    if (e) return e;
+    KV_LAUNCH(kv_k_decode_merge, n_tasks, kThreads, 0, s)
+    (tasks, g, hd, parts, pm, ps, po, o, q_stride);
+    if (acc) {
+        KV_LAUNCH(kv_k_decode_stats_raw, dim3((unsigned)n_tasks, (unsigned)parts), kThreads,
+                  2 * (size_t)g * sizeof(float), s)
+        (tasks, g, part, parts, scratch, scratch_stride, pm, ps, pos, acc, acc2);
+    }
+    return cudaGetLastError();
+}
+
 cudaError_t gather_pass(const kv_k_pool &pool, const kv_k_move *moves, int n, void *scratch,
                         cudaStream_t s) {
     size_t total = (size_t)n * 8 * (size_t)pool.hd;

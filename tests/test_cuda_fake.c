@@ -17,8 +17,9 @@
  *    once;
  *  - a decode step of an untracked policy (sink) waits for the device once (the logits),
  *    uploads the step's positions once, not per layer, and the same bytes at two context
- *    lengths (block tables resident on the device); a decode step of h2o (statistics) runs the
- *    split-sequence kernels (grid > tasks) and waits once per layer plus once;
+ *    lengths (block tables resident on the device); a decode step of h2o (statistics) runs
+ *    flash-decoding over fixed partitions (grid = tasks x partitions) and waits once per layer
+ *    plus once;
  *  - a failed step is atomic: a decode step failing at layer l (or at the logits) leaves the
  *    cache as it was and the retried step gives the logits of a run that never failed, bit for
  *    bit; a step that evicted or accumulated statistics marks its sequence failed instead;
@@ -474,7 +475,7 @@ static void decode_steps(const int *ids, int prompt, kv_policy pol, int budgeted
                       : kv_plan_full(cfg, cfg->seq_len, 16, 16, pol, &plan, &err);
     CU_ASSERT_FATAL(rc == KV_OK);
     kvfake_reset();
-    kvfake_watch_grid(kvfake_paged_attention_kernel(1));
+    kvfake_watch_grid(kvfake_flash_decode_kernel(KV_TYPE_F16, g_model->cfg.head_dim));
     kv_engine_opts o = {0};
     o.device = KV_DEVICE_CUDA;
     kv_engine *e = NULL;
@@ -758,11 +759,13 @@ static void h2o_decode_logits(kv_device dev, const int *ids, float *out) {
     kv_plan_free(&plan);
 }
 
-/* Decode steps of a policy with statistics (h2o, R = 1/4) take the split-sequence kernels: the
- * grid is the tasks times the chunks (> the tasks), and the host waits once per layer (the
- * statistics, which the policy reads) plus once for the logits. The values: 100 decode steps,
- * 72 of them evicting by the statistics the split kernels accumulated, give the CPU's logits
- * within 5e-3 of the largest (f16 K/V, as the conformance suite's per-op bound). */
+/* Decode steps of a policy with statistics (h2o, R = 1/4) take flash-decoding: fixed
+ * partitions of KV_K_FD_PART entries, so heads of at most 136 entries make one partition each
+ * and the grid is the tasks (the partition does not shrink to fill the device), and the host
+ * waits once per layer (the statistics, which the policy reads) plus once for the logits. The
+ * values: 100 decode steps, 72 of them evicting by the statistics flash-decoding accumulated
+ * (kv_k_decode_stats_raw), give the CPU's logits within 5e-3 of the largest (f16 K/V, as the
+ * conformance suite's per-op bound). */
 static void test_decode_step_tracked(void) {
     const kv_config *cfg = &g_model->cfg;
     int n = 0;
@@ -771,12 +774,10 @@ static void test_decode_step_tracked(void) {
     kvfake_counters k;
     long syncs = 0;
     decode_steps(ids, 300, KV_POLICY_H2O, 1, &k, &syncs);
-    printf("\n    R = 1/4 h2o decode step at length 304 (%d KV heads, %d layers): split grid %ld "
-           "blocks, "
-           "%ld syncs, %ld launches",
+    printf("\n    R = 1/4 h2o decode step at length 304 (%d KV heads, %d layers): flash-decoding "
+           "grid %ld blocks, %ld syncs, %ld launches",
            cfg->n_kv_heads, cfg->n_layers, k.last_grid, k.syncs, k.launches);
-    CU_ASSERT(k.last_grid > cfg->n_kv_heads);
-    CU_ASSERT(k.last_grid % cfg->n_kv_heads == 0);
+    CU_ASSERT(k.last_grid == cfg->n_kv_heads);
     CU_ASSERT(syncs == 1 + cfg->n_layers);
     size_t V = (size_t)cfg->vocab_size;
     float *lg[2];
@@ -1087,7 +1088,7 @@ int main(int argc, char **argv) {
         {"KVPR: weights in their type, pinned outputs, n waits", test_kvpr_typed_pinned},
         {"--device auto says why it fell back", test_device_auto_says_why},
         {"decode step: one sync, positions once, H2D bytes flat", test_decode_step_counters},
-        {"decode step with statistics: split kernels", test_decode_step_tracked},
+        {"decode step with statistics: flash-decoding", test_decode_step_tracked},
         {"a failed step is undone, or its sequence marked failed", test_failed_step_atomic},
         {"pool slot ids fit an int", test_pool_slot_ids_fit},
         {"resident block tables: dirty entries only", test_table_dirty},

@@ -9,6 +9,26 @@ extern "C" const void *kvfake_paged_attention_kernel(int split) {
                  : reinterpret_cast<const void *>(&kv_k_paged_attention);
 }
 
+/* The flash-decoding kernel the launcher picks for K/V type kv_type and head dimension hd. */
+extern "C" const void *kvfake_flash_decode_kernel(int kv_type, int hd) {
+#define KV_FD_PICK(TY)                                                                             \
+    (hd <= 32    ? reinterpret_cast<const void *>(&kv_k_flash_decode<TY, 1>)                       \
+     : hd <= 64  ? reinterpret_cast<const void *>(&kv_k_flash_decode<TY, 2>)                       \
+     : hd <= 128 ? reinterpret_cast<const void *>(&kv_k_flash_decode<TY, 4>)                       \
+                 : reinterpret_cast<const void *>(&kv_k_flash_decode<TY, 8>))
+    switch (kv_type) {
+    case KV_TYPE_F16:
+        return KV_FD_PICK(KV_TYPE_F16);
+    case KV_TYPE_Q8:
+        return KV_FD_PICK(KV_TYPE_Q8);
+    case KV_TYPE_Q4:
+        return KV_FD_PICK(KV_TYPE_Q4);
+    default:
+        return KV_FD_PICK(KV_TYPE_F32);
+    }
+#undef KV_FD_PICK
+}
+
 extern "C" int kvfake_probe_wide_group(int g, int hd, int split, double *max_err) {
     const int bs = 16;
     size_t row = (size_t)hd * sizeof(float), block = 2 * (size_t)bs * row, gw = (size_t)g * hd;
