@@ -407,6 +407,31 @@ int flash_launch(kv_cache_type ty, const kv_k_pool &P, const int *tables,
     }
 }
 
+/* Flash-decoding of one decode step's tasks (the mirror d, queries q [tasks' rows, qd]) with
+ * partitions of `part` entries, merged (kv_k_decode_merge) into the returned output; with
+ * track, kv_k_decode_stats_raw adds the weights into acc / acc2. scratch: the raw scores. */
+std::vector<float> flash_step(kv_cache_type ty, const kv_k_pool &P, const mirror &d,
+                              const std::vector<float> &q, int qd, int g, int part, int longest,
+                              int block, int track, std::vector<float> &scratch,
+                              std::vector<float> &acc, std::vector<float> &acc2) {
+    int n_tasks = (int)d.tasks.size(), hd = P.hd, parts = (longest + part - 1) / part;
+    size_t fp = (size_t)n_tasks * parts * g;
+    std::vector<float> fpart(fp * (size_t)(hd + 2), NAN), o(q.size(), NAN);
+    float *fm = fpart.data(), *fs = fm + fp, *fo = fs + fp;
+    std::fill(scratch.begin(), scratch.end(), NAN);
+    CU_ASSERT_FATAL(flash_launch(ty, P, d.tables.data(), d.tasks.data(), n_tasks, q.data(), qd, g,
+                                 part, parts, scratch.data(), longest, fm, fs, fo, block) == 0);
+    launch(n_tasks, block, 0,
+           [&] { kv_k_decode_merge(d.tasks.data(), g, hd, parts, fm, fs, fo, o.data(), qd); });
+    if (track)
+        CU_ASSERT_FATAL(kv_shim_launch(n_tasks, parts, block, 2 * (size_t)g * sizeof(float), [&] {
+                            kv_k_decode_stats_raw(d.tasks.data(), g, part, parts, scratch.data(),
+                                                  longest, fm, fs, d.pos.data(), acc.data(),
+                                                  acc2.data());
+                        }) == 0);
+    return o;
+}
+
 /* Steps of (new tokens per sequence): a prefill block, decode, a second block, decode. */
 const int kSteps[] = {6, 1, 1, 3, 1, 1, 1, 5, 1, 1, 1, 1, 2, 1, 1, 1};
 
@@ -527,26 +552,9 @@ void run_attention_case(const kv_model *m, int n_kv, kv_policy pol, int track, i
             worst_split = es > worst_split ? es : worst_split;
             CU_ASSERT(es <= 1e-5);
             split_steps++;
-            /* flash-decoding with partitions of one block (several per task, some empty),
-             * merged; with statistics, kv_k_decode_stats_raw from the raw scores */
-            int fparts = (longest + bs - 1) / bs;
-            size_t fp = (size_t)n_tasks * fparts * a.g;
-            std::vector<float> fpart(fp * (size_t)(hd + 2), NAN), o_flash(o_cpu.size(), NAN);
-            float *fm = fpart.data(), *fs = fm + fp, *fo = fs + fp;
-            std::fill(scratch.begin(), scratch.end(), NAN);
-            CU_ASSERT_FATAL(flash_launch(ty, P, d.tables.data(), d.tasks.data(), n_tasks, q.data(),
-                                         qd, a.g, bs, fparts, scratch.data(), longest, fm, fs, fo,
-                                         block) == 0);
-            launch(n_tasks, block, 0, [&] {
-                kv_k_decode_merge(d.tasks.data(), a.g, hd, fparts, fm, fs, fo, o_flash.data(), qd);
-            });
-            if (track)
-                CU_ASSERT_FATAL(
-                    kv_shim_launch(n_tasks, fparts, block, 2 * (size_t)a.g * sizeof(float), [&] {
-                        kv_k_decode_stats_raw(d.tasks.data(), a.g, bs, fparts, scratch.data(),
-                                              longest, fm, fs, d.pos.data(), acc_flash.data(),
-                                              acc2_flash.data());
-                    }) == 0);
+            /* flash-decoding with partitions of one block (several per task, some empty) */
+            std::vector<float> o_flash = flash_step(ty, P, d, q, qd, a.g, bs, longest, block, track,
+                                                    scratch, acc_flash, acc2_flash);
             double ef = max_abs(o_flash.data(), o_cpu.data(), o_flash.size()) / omax;
             worst_flash = ef > worst_flash ? ef : worst_flash;
             CU_ASSERT(ef <= 1e-5);
