@@ -18,15 +18,16 @@
  *   the cache). The pool's metadata (free list, block tables, positions, statistics) stays on
  *   the host.
  * - Block tables are resident on the device, one array per layer (task i's table at a fixed
- *   stride): per attention step the tasks, the table entries that changed since the layer's
- *   last step (kv_pack.h, scattered by kv_k_table_patch) and, for tracked heads, positions and
- *   statistics are packed into pinned host memory and mirrored to the device with one
- *   asynchronous copy on the copy stream; the compute stream waits for it on an event. A
- *   decode step that opens no block and evicts nothing uploads no table entry. The
+ *   stride): per attention step the tasks, the table entries the engine marked dirty since the
+ *   copy was made (kv_table_mirror; kv_pack.h, scattered by kv_k_table_patch) and, for tracked
+ *   heads only, positions and statistics are packed into pinned host memory and mirrored to the
+ * device with one asynchronous copy on the copy stream; the compute stream waits for it on an
+ * event. A decode step that opens no block and evicts nothing uploads no table entry. The
  *   statistics come back with one copy and are written into the heads' host arrays, where the
  *   policies read them.
  * - Host-to-device staging (token ids, positions, cache-write and move lists, attention
- *   metadata) goes to a pinned arena that is only appended to within a step and rewound where
+ *   metadata) goes to a bounded pinned arena (kStageBound) that is only appended to within a
+ *   step and rewound where
  *   the host has waited for the compute stream anyway (the logits, the statistics, a hook): no
  *   staging buffer is rewritten while a queued copy may still read it, without a wait per
  *   copy. The positions of a step are uploaded once, not once per layer. A decode step of an
@@ -108,12 +109,13 @@ struct cuda_backend {
     int *pass_start; /* [cap + 1] */
     int pass_cap;
     /* block tables resident on the device, per layer: task i's table at i * tab_stride of
-     * d_tabs[l]; tab_shadow[l] (host) holds what d_tabs[l] holds (-1: unknown) for
-     * tab_cap[l] tasks; a step uploads only the entries that changed */
+     * d_tabs[l]; tab_owner[l][i] is the head mirror (kv_table_mirror) that copy was uploaded
+     * for (NULL: unknown), for tab_cap[l] tasks; a step uploads only the entries the engine
+     * marked dirty (kv_pack.h) */
     int cur_layer; /* the layer of the step's ops (qkv sets it) */
     int tab_stride;
     dbuf *d_tabs;
-    int **tab_shadow;
+    kv_table_mirror ***tab_owner;
     int *tab_cap;
 };
 
@@ -165,16 +167,24 @@ int grow_pinned(dbuf &b, size_t bytes, kv_error *err) {
     return KV_OK;
 }
 
+/* The staging arena grows (doubling) up to this many bytes; past it, a full arena is reused from
+ * the start after a wait instead of growing. Only one request larger than this (one layer's
+ * statistics of very many tracked entries) makes it larger, to that request's size. */
+constexpr size_t kStageBound = (size_t)64 << 20;
+
 /* `bytes` of the pinned staging arena (16-byte aligned) at *out, filled from src unless src is
  * NULL. The arena is only appended to until stage_rewind; when it is full the host waits for
- * both streams (every queued copy from it has run), and it starts over, at least twice as
- * large. */
+ * both streams (every queued copy from it has run) and starts over from the beginning, in an
+ * arena twice as large while that stays within kStageBound (or as large as the request): its
+ * pinned bytes stay at most max(kStageBound, the largest request) whatever the batch and
+ * context. */
 int stage(cuda_backend *c, const void *src, size_t bytes, char **out, kv_error *err) {
     size_t off = (c->stage_used + 15) / 16 * 16;
     if (off + bytes > c->stage.cap) {
         CK(cudaStreamSynchronize(c->compute));
         CK(cudaStreamSynchronize(c->copy));
-        int rc = grow_pinned(c->stage, 2 * (off + bytes), err);
+        size_t want = 2 * (off + bytes) < kStageBound ? 2 * (off + bytes) : kStageBound;
+        int rc = grow_pinned(c->stage, want > bytes ? want : bytes, err);
         if (rc) return rc;
         off = 0;
     }
@@ -247,13 +257,13 @@ void cuda_destroy(kv_backend *b) {
     cudaFreeHost(c->h_out.p);
     free(c->stamp);
     free(c->pass_start);
-    if (c->d_tabs && c->tab_shadow)
+    if (c->d_tabs && c->tab_owner)
         for (int l = 0; l < c->base.model->cfg.n_layers; l++) {
             cudaFree(c->d_tabs[l].p);
-            free(c->tab_shadow[l]);
+            free(c->tab_owner[l]);
         }
     delete[] c->d_tabs;
-    free(c->tab_shadow);
+    free(c->tab_owner);
     free(c->tab_cap);
     if (c->blas) cublasDestroy(c->blas);
     if (c->meta_ready) cudaEventDestroy(c->meta_ready);
@@ -395,17 +405,17 @@ int cuda_cache_write(kv_backend *b, kv_pool *p, const kv_slot_write *w, int n, k
     return KV_OK;
 }
 
-/* Layer l's resident table array for n tasks: grown when n exceeds what it holds (its shadow
- * then starts unknown, -1, so the next step uploads every entry). */
+/* Layer l's resident table array for n tasks: grown when n exceeds what it holds (its owners
+ * then start unknown, so the next step uploads every entry). */
 int tab_reserve(cuda_backend *c, int l, int n, kv_error *err) {
     if (n <= c->tab_cap[l]) return KV_OK;
     int cap = n > 2 * c->tab_cap[l] ? n : 2 * c->tab_cap[l];
     size_t ints = (size_t)cap * (size_t)c->tab_stride;
-    free(c->tab_shadow[l]);
+    free(c->tab_owner[l]);
     c->tab_cap[l] = 0;
-    c->tab_shadow[l] = static_cast<int *>(malloc(ints * sizeof(int)));
-    if (!c->tab_shadow[l]) return kv_fail(err, KV_EINTERNAL, "out of memory (CUDA block tables)");
-    for (size_t i = 0; i < ints; i++) c->tab_shadow[l][i] = -1;
+    c->tab_owner[l] =
+        static_cast<kv_table_mirror **>(calloc((size_t)cap, sizeof(kv_table_mirror *)));
+    if (!c->tab_owner[l]) return kv_fail(err, KV_EINTERNAL, "out of memory (CUDA block tables)");
     int rc = grow_dev(c->d_tabs[l], ints * sizeof(int), err);
     if (rc) return rc;
     c->tab_cap[l] = cap;
@@ -427,8 +437,13 @@ int cuda_attention(kv_backend *b, const kv_pool *p, const kv_attn_task *tasks, i
         if (rc) return rc;
     }
     int rc = attention_queue(c, p, tasks, n_tasks, l, err);
-    if (rc && l >= 0) /* the shadow may claim entries whose patch never ran */
-        for (size_t i = 0; i < (size_t)c->tab_cap[l] * c->tab_stride; i++) c->tab_shadow[l][i] = -1;
+    if (!rc) return KV_OK;
+    /* the next step's metadata copy waits for attn_done: recorded after whatever this step
+     * queued on the compute stream (a table patch may still read the buffer), so that copy
+     * cannot overwrite what queued work reads */
+    cudaEventRecord(c->attn_done, c->compute);
+    if (l >= 0) /* the owners may claim copies whose patch never ran */
+        for (int i = 0; i < c->tab_cap[l]; i++) c->tab_owner[l][i] = nullptr;
     return rc;
 }
 
@@ -440,7 +455,7 @@ int attention_queue(cuda_backend *c, const kv_pool *p, const kv_attn_task *tasks
     const kv_config *cfg = &b->model->cfg;
     int bs = p->block_size, hd = cfg->head_dim, g = cfg->n_heads / cfg->n_kv_heads;
     long changes =
-        l >= 0 ? kv_k_table_changes(tasks, n_tasks, bs, c->tab_stride, c->tab_shadow[l]) : -1;
+        l >= 0 ? kv_k_table_dirty(tasks, n_tasks, bs, c->tab_stride, c->tab_owner[l]) : -1;
     kv_k_meta_layout L;
     if (changes >= 0)
         kv_k_meta_plan_resident(tasks, n_tasks, bs, changes, &L);
@@ -454,7 +469,7 @@ int attention_queue(cuda_backend *c, const kv_pool *p, const kv_attn_task *tasks
     long patches = 0;
     if (changes >= 0)
         patches =
-            kv_k_meta_pack_resident(tasks, n_tasks, bs, c->tab_stride, c->tab_shadow[l], &L, h);
+            kv_k_meta_pack_resident(tasks, n_tasks, bs, c->tab_stride, c->tab_owner[l], &L, h);
     else
         kv_k_meta_pack(tasks, n_tasks, bs, &L, h);
     /* one mirror copy per step on the copy stream, after the previous step's attention has
@@ -483,7 +498,19 @@ int attention_queue(cuda_backend *c, const kv_pool *p, const kv_attn_task *tasks
     const int *d_pos = reinterpret_cast<const int *>(d + L.o_pos);
     float *d_acc = reinterpret_cast<float *>(d + L.o_acc);
     float *d_acc2 = reinterpret_cast<float *>(d + L.o_acc2);
-    if (decode && sp.chunks > 1) {
+    if (decode && kvcu::flash_decode_fits(g, hd)) {
+        /* flash-decoding: fixed partitions of KV_K_FD_PART entries, one launch per K/V type */
+        int parts = (L.longest + KV_K_FD_PART - 1) / KV_K_FD_PART;
+        unsigned types = 0;
+        for (int i = 0; i < n_tasks; i++) types |= 1u << kv_pool_block_type(p, tasks[i].table[0]);
+        rc = grow_dev(c->d_part, (size_t)n_tasks * parts * g * (size_t)(hd + 2) * sizeof(float),
+                      err);
+        if (rc) return rc;
+        CK(kvcu::flash_decode(dev_pool(p), tables, d_tasks, n_tasks, c->q, c->o, cfg->n_heads * hd,
+                              g, KV_K_FD_PART, parts, types, static_cast<float *>(c->d_scores.p),
+                              L.longest, static_cast<float *>(c->d_part.p), d_pos,
+                              L.tracked ? d_acc : nullptr, d_acc2, c->compute));
+    } else if (decode && sp.chunks > 1) {
         rc = grow_dev(c->d_part, (size_t)n_tasks * sp.chunks * g * (size_t)(hd + 2) * sizeof(float),
                       err);
         if (rc) return rc;
@@ -668,9 +695,10 @@ int setup(cuda_backend *c, const kv_model *m, int max_rows, int max_ctx, kv_erro
     c->last_rows = -1;
     c->cur_layer = -1;
     c->d_tabs = new (std::nothrow) dbuf[cfg->n_layers];
-    c->tab_shadow = static_cast<int **>(calloc((size_t)cfg->n_layers, sizeof(int *)));
+    c->tab_owner =
+        static_cast<kv_table_mirror ***>(calloc((size_t)cfg->n_layers, sizeof(kv_table_mirror **)));
     c->tab_cap = static_cast<int *>(calloc((size_t)cfg->n_layers, sizeof(int)));
-    if (!c->d_tabs || !c->tab_shadow || !c->tab_cap)
+    if (!c->d_tabs || !c->tab_owner || !c->tab_cap)
         return kv_fail(err, KV_EINTERNAL, "out of memory (CUDA backend block tables)");
     c->last_pos = static_cast<int *>(malloc(R * sizeof(int)));
     if (!c->last_pos) return kv_fail(err, KV_EINTERNAL, "out of memory (CUDA backend positions)");

@@ -8,6 +8,19 @@ namespace kvcu {
 
 namespace {
 
+/* Static shared memory of any kernel here is at most this (the 32-element reduction arrays). */
+constexpr size_t kStaticShared = 1024;
+
+/* Dynamic shared memory above the 48 KiB every kernel gets by default (static + dynamic) must be
+ * opted into per kernel (cudaFuncAttributeMaxDynamicSharedMemorySize; up to 227 KiB on sm_90):
+ * `bytes` of dynamic memory plus the kernel's static arrays. A no-op when the default covers
+ * them; the attribute's error otherwise. */
+template <typename F> cudaError_t allow_shared(F *kernel, size_t bytes) {
+    if (bytes + kStaticShared <= (size_t)48 * 1024) return cudaSuccess;
+    return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)(bytes + kStaticShared));
+}
+
 /* Blocks for a grid-stride loop over n items: enough to fill a large device, never 0. */
 unsigned grid_for(size_t n) {
     size_t b = (n + kThreads - 1) / kThreads;
@@ -72,6 +85,8 @@ cudaError_t paged_attention(const kv_k_pool &pool, const int *tables, const kv_k
                             cudaStream_t s) {
     if (n_tasks <= 0) return cudaSuccess;
     size_t shm = (size_t)g * (size_t)pool.hd * sizeof(float);
+    cudaError_t e = allow_shared(kv_k_paged_attention, shm);
+    if (e != cudaSuccess) return e;
     KV_LAUNCH(kv_k_paged_attention, n_tasks, kThreads, shm, s)
     (pool, tables, tasks, pos, acc, acc2, q, o, q_stride, g, scratch, scratch_stride);
     return cudaGetLastError();
@@ -87,6 +102,9 @@ cudaError_t decode_attention_split(const kv_k_pool &pool, const int *tables,
     size_t n_parts = (size_t)n_tasks * (size_t)chunks * (size_t)g;
     float *pm = part, *ps = part + n_parts, *po = part + 2 * n_parts;
     size_t shm = (size_t)g * (size_t)hd * sizeof(float);
+    cudaError_t e = allow_shared(kv_k_decode_split, shm);
+    if (e == cudaSuccess) e = allow_shared(kv_k_decode_stats, (size_t)g * sizeof(float));
+    if (e != cudaSuccess) return e;
     KV_LAUNCH(kv_k_decode_split, dim3((unsigned)n_tasks, (unsigned)chunks), kThreads, shm, s)
     (pool, tables, tasks, q, q_stride, g, chunk, chunks, scratch, scratch_stride, pm, ps, po);
     KV_LAUNCH(kv_k_decode_merge, n_tasks, kThreads, 0, s)
@@ -95,6 +113,81 @@ cudaError_t decode_attention_split(const kv_k_pool &pool, const int *tables,
         KV_LAUNCH(kv_k_decode_stats, dim3((unsigned)n_tasks, (unsigned)chunks), kThreads,
                   (size_t)g * sizeof(float), s)
         (tasks, g, chunk, chunks, scratch, scratch_stride, pm, ps, pos, acc, acc2);
+    }
+    return cudaGetLastError();
+}
+
+bool flash_decode_fits(int g, int hd) {
+    return g >= 1 && g <= KV_K_FD_GROUP && hd >= 1 && hd <= 256;
+}
+
+namespace {
+
+/* kv_k_flash_decode<TY, EPL> with EPL = the lanes' dimensions for d_h (<= 32 EPL). */
+template <int TY>
+cudaError_t flash_type(const kv_k_pool &P, const int *tables, const kv_k_attn_task *tasks,
+                       int n_tasks, const float *q, int q_stride, int g, int part, int parts,
+                       float *scratch, int stride, float *pm, float *ps, float *po,
+                       cudaStream_t s) {
+    dim3 grid((unsigned)n_tasks, (unsigned)parts);
+    size_t shm = (size_t)(kThreads / 32) * (size_t)g * (size_t)(2 + P.hd) * sizeof(float);
+    int epl = P.hd <= 32 ? 1 : P.hd <= 64 ? 2 : P.hd <= 128 ? 4 : 8;
+#define KV_FD(E)                                                                                   \
+    do {                                                                                           \
+        auto *k_ = &kv_k_flash_decode<TY, E>;                                                      \
+        cudaError_t e_ = allow_shared(k_, shm);                                                    \
+        if (e_ != cudaSuccess) return e_;                                                          \
+        KV_LAUNCH(k_, grid, kThreads, shm, s)                                                      \
+        (P, tables, tasks, q, q_stride, g, part, parts, scratch, stride, pm, ps, po);              \
+    } while (0)
+    switch (epl) {
+    case 1:
+        KV_FD(1);
+        break;
+    case 2:
+        KV_FD(2);
+        break;
+    case 4:
+        KV_FD(4);
+        break;
+    default:
+        KV_FD(8);
+        break;
+    }
+#undef KV_FD
+    return cudaGetLastError();
+}
+
+} // namespace
+
+cudaError_t flash_decode(const kv_k_pool &pool, const int *tables, const kv_k_attn_task *tasks,
+                         int n_tasks, const float *q, float *o, int q_stride, int g, int part,
+                         int parts, unsigned types, float *scratch, int scratch_stride,
+                         float *part_buf, const int *pos, float *acc, float *acc2, cudaStream_t s) {
+    if (n_tasks <= 0) return cudaSuccess;
+    int hd = pool.hd;
+    size_t n_parts = (size_t)n_tasks * (size_t)parts * (size_t)g;
+    float *pm = part_buf, *ps = part_buf + n_parts, *po = part_buf + 2 * n_parts;
+    cudaError_t e = cudaSuccess;
+    if (types & 1u)
+        e = flash_type<KV_TYPE_F32>(pool, tables, tasks, n_tasks, q, q_stride, g, part, parts,
+                                    scratch, scratch_stride, pm, ps, po, s);
+    if (!e && (types & 2u))
+        e = flash_type<KV_TYPE_F16>(pool, tables, tasks, n_tasks, q, q_stride, g, part, parts,
+                                    scratch, scratch_stride, pm, ps, po, s);
+    if (!e && (types & 4u))
+        e = flash_type<KV_TYPE_Q8>(pool, tables, tasks, n_tasks, q, q_stride, g, part, parts,
+                                   scratch, scratch_stride, pm, ps, po, s);
+    if (!e && (types & 8u))
+        e = flash_type<KV_TYPE_Q4>(pool, tables, tasks, n_tasks, q, q_stride, g, part, parts,
+                                   scratch, scratch_stride, pm, ps, po, s);
+    if (e) return e;
+    KV_LAUNCH(kv_k_decode_merge, n_tasks, kThreads, 0, s)
+    (tasks, g, hd, parts, pm, ps, po, o, q_stride);
+    if (acc) {
+        KV_LAUNCH(kv_k_decode_stats_raw, dim3((unsigned)n_tasks, (unsigned)parts), kThreads,
+                  2 * (size_t)g * sizeof(float), s)
+        (tasks, g, part, parts, scratch, scratch_stride, pm, ps, pos, acc, acc2);
     }
     return cudaGetLastError();
 }
@@ -115,13 +208,84 @@ cudaError_t table_patch(int *tables, const int *patch, long n, cudaStream_t s) {
     return cudaGetLastError();
 }
 
+namespace {
+
+/* kernel<R> for the step's rows (1 .. KV_K_GEMV_ROWS), as a launch of `blocks` blocks. */
+#define KV_GEMV_ROWS_SWITCH(rows, LAUNCH)                                                          \
+    switch (rows) {                                                                                \
+    case 1:                                                                                        \
+        LAUNCH(1);                                                                                 \
+        break;                                                                                     \
+    case 2:                                                                                        \
+        LAUNCH(2);                                                                                 \
+        break;                                                                                     \
+    case 3:                                                                                        \
+        LAUNCH(3);                                                                                 \
+        break;                                                                                     \
+    case 4:                                                                                        \
+        LAUNCH(4);                                                                                 \
+        break;                                                                                     \
+    case 5:                                                                                        \
+        LAUNCH(5);                                                                                 \
+        break;                                                                                     \
+    case 6:                                                                                        \
+        LAUNCH(6);                                                                                 \
+        break;                                                                                     \
+    case 7:                                                                                        \
+        LAUNCH(7);                                                                                 \
+        break;                                                                                     \
+    default:                                                                                       \
+        LAUNCH(8);                                                                                 \
+        break;                                                                                     \
+    }
+
+static_assert(KV_K_GEMV_ROWS == 8, "the GEMV switch instantiates rows 1 .. 8");
+
+template <typename Dot>
+cudaError_t gemv_q(const unsigned char *W, size_t row_bytes, const float *x, float *y, int rows,
+                   int in, int out, void *act, cudaStream_t s) {
+    size_t nb = (size_t)rows * (size_t)(in / 32);
+    signed char *q = static_cast<signed char *>(act);
+    float *d = reinterpret_cast<float *>(q + 32 * nb);
+    int *sum = reinterpret_cast<int *>(d + nb);
+    unsigned qblocks = nb / 4 > 4096 ? 4096u : (unsigned)(nb / 4 + 1);
+    KV_LAUNCH(kv_k_quantize_q8, qblocks, kThreads, 0, s)(x, rows, in, q, d, sum);
+    unsigned blocks = out > 65535 ? 65535u : (unsigned)out;
+#define KV_GEMV_Q(R)                                                                               \
+    do {                                                                                           \
+        auto *k_ = &kv_k_gemv_q<Dot, R>;                                                           \
+        KV_LAUNCH(k_, blocks, KV_K_GEMV_THREADS, 0, s)(W, row_bytes, q, d, sum, y, in, out);       \
+    } while (0)
+    KV_GEMV_ROWS_SWITCH(rows, KV_GEMV_Q)
+#undef KV_GEMV_Q
+    return cudaGetLastError();
+}
+
+} // namespace
+
+size_t gemv_act_bytes(int t, int rows, int in) {
+    if ((t != KV_DT_Q8_0 && t != KV_DT_Q4_0) || in % 32) return 0;
+    return (size_t)rows * (size_t)in + (size_t)rows * (size_t)(in / 32) * 8;
+}
+
 cudaError_t gemv(const void *W, int t, size_t row_bytes, const float *x, float *y, int rows, int in,
-                 int out, cudaStream_t s) {
+                 int out, void *act, cudaStream_t s) {
     if (rows <= 0 || out <= 0) return cudaSuccess;
-    size_t blocks = ((size_t)out + kThreads / 32 - 1) / (kThreads / 32); /* a warp per output */
-    if (blocks > 65535) blocks = 65535;
-    KV_LAUNCH(kv_k_gemv, (unsigned)blocks, kThreads, 0, s)
-    (static_cast<const unsigned char *>(W), t, row_bytes, x, y, rows, in, out);
+    const unsigned char *w = static_cast<const unsigned char *>(W);
+    unsigned blocks = out > 65535 ? 65535u : (unsigned)out;
+    if (t == KV_DT_F16 && in % 8 == 0 && rows <= KV_K_GEMV_ROWS) {
+#define KV_GEMV_F16(R)                                                                             \
+    KV_LAUNCH(kv_k_gemv_f16<R>, blocks, KV_K_GEMV_THREADS, 0, s)(w, x, y, in, out)
+        KV_GEMV_ROWS_SWITCH(rows, KV_GEMV_F16)
+#undef KV_GEMV_F16
+        return cudaGetLastError();
+    }
+    if (act && gemv_act_bytes(t, rows, in) && rows <= KV_K_GEMV_ROWS)
+        return t == KV_DT_Q8_0 ? gemv_q<kv_q8_0_dot>(w, row_bytes, x, y, rows, in, out, act, s)
+                               : gemv_q<kv_q4_0_dot>(w, row_bytes, x, y, rows, in, out, act, s);
+    size_t wb = ((size_t)out + kThreads / 32 - 1) / (kThreads / 32); /* a warp per output */
+    if (wb > 65535) wb = 65535;
+    KV_LAUNCH(kv_k_gemv, (unsigned)wb, kThreads, 0, s)(w, t, row_bytes, x, y, rows, in, out);
     return cudaGetLastError();
 }
 

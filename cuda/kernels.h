@@ -40,12 +40,28 @@ cudaError_t decode_attention_split(const kv_k_pool &pool, const int *tables,
                                    float *o, int q_stride, int g, int chunk, int chunks,
                                    float *scratch, int scratch_stride, float *part, const int *pos,
                                    float *acc, float *acc2, cudaStream_t s);
+/* Flash-decoding (kv_kernels.cuh kv_k_flash_decode): usable when g <= KV_K_FD_GROUP and
+ * d_h <= 256. Every task must have n = 1; partitions of `part` entries, `parts` of them (the
+ * longest task's); types: bit t set when some task's K/V type is t (one launch per type).
+ * Then kv_k_decode_merge into o and, when acc is not NULL, kv_k_decode_stats_raw (raw scores
+ * in scratch: n_tasks * g * scratch_stride floats). part_buf: n_tasks * parts * g * (hd + 2)
+ * floats. */
+bool flash_decode_fits(int g, int hd);
+cudaError_t flash_decode(const kv_k_pool &pool, const int *tables, const kv_k_attn_task *tasks,
+                         int n_tasks, const float *q, float *o, int q_stride, int g, int part,
+                         int parts, unsigned types, float *scratch, int scratch_stride,
+                         float *part_buf, const int *pos, float *acc, float *acc2, cudaStream_t s);
 /* Weights in their type (kernels/kv_quant.cuh; W device bytes, rows of row_bytes bytes in
  * ggml type t). gemv: y [rows, out] = x [rows, in] W^T, rows <= KV_K_GEMV_ROWS. dequant_rows:
  * dst [n_rows, in] fp32 = rows r0 .. r0 + n_rows of W. to_16: dst [n] = x in binary16 (t F16)
  * or bfloat16 (t BF16). gather_rows_typed: out [rows, dim] = W rows idx[rows], dequantised. */
 cudaError_t gemv(const void *W, int t, size_t row_bytes, const float *x, float *y, int rows, int in,
-                 int out, cudaStream_t s);
+                 int out, void *act, cudaStream_t s);
+/* Device scratch `act` that gemv needs for weights of type t at rows x in (0: none): the
+ * activations quantised to 8 bits once per call for Q8_0 and Q4_0 (kv_k_quantize_q8). gemv's
+ * kernels: F16 (in % 8 == 0) kv_k_gemv_f16; Q8_0, Q4_0 kv_k_gemv_q with dp4a (given act);
+ * every other type (and Q8_0 / Q4_0 without act) the generic kv_k_gemv. */
+size_t gemv_act_bytes(int t, int rows, int in);
 cudaError_t dequant_rows(const void *W, int t, size_t row_bytes, int in, int r0, int n_rows,
                          float *dst, cudaStream_t s);
 cudaError_t to_16(const float *x, void *dst, size_t n, int t, cudaStream_t s);

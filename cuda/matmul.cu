@@ -70,7 +70,12 @@ int matmul(cublasHandle_t blas, cudaStream_t s, dev_scratch *tile, float *y, con
         return KV_OK;
     }
     if (rows <= KV_K_GEMV_ROWS) { /* decode: each weight row read once, in its type */
-        MM_CK(kvcu::gemv(w.p, w.type, w.row_bytes, x, y, rows, in, out, s));
+        size_t ab = kvcu::gemv_act_bytes(w.type, rows, in); /* Q8_0 / Q4_0: int8 activations */
+        if (ab) {
+            int rc = grow(tile, ab, who, err);
+            if (rc) return rc;
+        }
+        MM_CK(kvcu::gemv(w.p, w.type, w.row_bytes, x, y, rows, in, out, ab ? tile->p : nullptr, s));
         return KV_OK;
     }
     if (w.type == KV_DT_F16 || w.type == KV_DT_BF16) { /* tensor cores, FP32 accumulation */

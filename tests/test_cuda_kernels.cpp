@@ -28,6 +28,7 @@ extern "C" {
 #include "kvplan/model.h"
 #include "kvplan/tokenizer.h"
 #include "runtime/backend/ops.h"
+#include "runtime/model/quant_dot.h" /* kv_qmatmul_int: the CPU's integer dots */
 #include "testutil.h"
 }
 
@@ -340,8 +341,13 @@ void mirror_tasks(mirror &d, const kv_pool *p, kv_cache *const *seqs, int n_seqs
                 s * n, n, j, h->len, (int)d.tables.size(), (int)d.pos.size(), h->track_stats};
             d.tables.insert(d.tables.end(), h->table, h->table + h->n_blocks);
             d.pos.insert(d.pos.end(), h->pos, h->pos + h->len);
-            d.acc.insert(d.acc.end(), h->acc, h->acc + h->len);
-            d.acc2.insert(d.acc2.end(), h->acc2, h->acc2 + h->len);
+            if (h->track_stats) { /* an untracked head keeps no sums: zeros, never added to */
+                d.acc.insert(d.acc.end(), h->acc, h->acc + h->len);
+                d.acc2.insert(d.acc2.end(), h->acc2, h->acc2 + h->len);
+            } else {
+                d.acc.insert(d.acc.end(), (size_t)h->len, 0.0f);
+                d.acc2.insert(d.acc2.end(), (size_t)h->len, 0.0f);
+            }
             d.tasks.push_back(t);
             for (int i = 0; i < n; i++)
                 d.writes.push_back(kv_k_write{
@@ -360,6 +366,69 @@ kv_k_pool view(const kv_pool *p, void *data) {
         v.type_offset[t] = p->type_offset[t];
     }
     return v;
+}
+
+/* kv_k_flash_decode for K/V type ty at the pool's d_h (EPL 1, 2, 4 or 8 dimensions a lane),
+ * grid (n_tasks, parts), as the launcher (cuda/kernels.cu flash_type) picks it. */
+template <int TY>
+int flash_launch_t(const kv_k_pool &P, const int *tables, const kv_k_attn_task *tasks, int n_tasks,
+                   const float *q, int q_stride, int g, int part, int parts, float *scratch,
+                   int stride, float *pm, float *ps, float *po, int block) {
+    size_t shm = (size_t)(block / 32) * (size_t)g * (size_t)(2 + P.hd) * sizeof(float);
+    auto run = [&](auto kernel) {
+        return kv_shim_launch(n_tasks, parts, block, shm, [&] {
+            kernel(P, tables, tasks, q, q_stride, g, part, parts, scratch, stride, pm, ps, po);
+        });
+    };
+    if (P.hd <= 32) return run(kv_k_flash_decode<TY, 1>);
+    if (P.hd <= 64) return run(kv_k_flash_decode<TY, 2>);
+    if (P.hd <= 128) return run(kv_k_flash_decode<TY, 4>);
+    return run(kv_k_flash_decode<TY, 8>);
+}
+
+int flash_launch(kv_cache_type ty, const kv_k_pool &P, const int *tables,
+                 const kv_k_attn_task *tasks, int n_tasks, const float *q, int q_stride, int g,
+                 int part, int parts, float *scratch, int stride, float *pm, float *ps, float *po,
+                 int block) {
+    switch (ty) {
+    case KV_TYPE_F16:
+        return flash_launch_t<KV_TYPE_F16>(P, tables, tasks, n_tasks, q, q_stride, g, part, parts,
+                                           scratch, stride, pm, ps, po, block);
+    case KV_TYPE_Q8:
+        return flash_launch_t<KV_TYPE_Q8>(P, tables, tasks, n_tasks, q, q_stride, g, part, parts,
+                                          scratch, stride, pm, ps, po, block);
+    case KV_TYPE_Q4:
+        return flash_launch_t<KV_TYPE_Q4>(P, tables, tasks, n_tasks, q, q_stride, g, part, parts,
+                                          scratch, stride, pm, ps, po, block);
+    default:
+        return flash_launch_t<KV_TYPE_F32>(P, tables, tasks, n_tasks, q, q_stride, g, part, parts,
+                                           scratch, stride, pm, ps, po, block);
+    }
+}
+
+/* Flash-decoding of one decode step's tasks (the mirror d, queries q [tasks' rows, qd]) with
+ * partitions of `part` entries, merged (kv_k_decode_merge) into the returned output; with
+ * track, kv_k_decode_stats_raw adds the weights into acc / acc2. scratch: the raw scores. */
+std::vector<float> flash_step(kv_cache_type ty, const kv_k_pool &P, const mirror &d,
+                              const std::vector<float> &q, int qd, int g, int part, int longest,
+                              int block, int track, std::vector<float> &scratch,
+                              std::vector<float> &acc, std::vector<float> &acc2) {
+    int n_tasks = (int)d.tasks.size(), hd = P.hd, parts = (longest + part - 1) / part;
+    size_t fp = (size_t)n_tasks * parts * g;
+    std::vector<float> fpart(fp * (size_t)(hd + 2), NAN), o(q.size(), NAN);
+    float *fm = fpart.data(), *fs = fm + fp, *fo = fs + fp;
+    std::fill(scratch.begin(), scratch.end(), NAN);
+    CU_ASSERT_FATAL(flash_launch(ty, P, d.tables.data(), d.tasks.data(), n_tasks, q.data(), qd, g,
+                                 part, parts, scratch.data(), longest, fm, fs, fo, block) == 0);
+    launch(n_tasks, block, 0,
+           [&] { kv_k_decode_merge(d.tasks.data(), g, hd, parts, fm, fs, fo, o.data(), qd); });
+    if (track)
+        CU_ASSERT_FATAL(kv_shim_launch(n_tasks, parts, block, 2 * (size_t)g * sizeof(float), [&] {
+                            kv_k_decode_stats_raw(d.tasks.data(), g, part, parts, scratch.data(),
+                                                  longest, fm, fs, d.pos.data(), acc.data(),
+                                                  acc2.data());
+                        }) == 0);
+    return o;
 }
 
 /* Steps of (new tokens per sequence): a prefill block, decode, a second block, decode. */
@@ -394,6 +463,7 @@ void run_attention_case(const kv_model *m, int n_kv, kv_policy pol, int track, i
     const unsigned char *host = reinterpret_cast<const unsigned char *>(pool.data);
     int t_used = 0, checked = 0, steps = 0;
     double worst_o = 0.0, worst_stat = 0.0, worst_split = 0.0, worst_split_stat = 0.0;
+    double worst_flash = 0.0, worst_flash_stat = 0.0;
     int split_steps = 0;
     for (int n : kSteps) {
         int rows = n_seqs * n;
@@ -437,6 +507,7 @@ void run_attention_case(const kv_model *m, int n_kv, kv_policy pol, int track, i
                 cpu_attend(&seqs[s], kv_cache_head(&seqs[s], 0, j), j, a.g, hd, n, q.data(),
                            o_cpu.data(), qd, s * n);
         std::vector<float> acc_split(d.acc), acc2_split(d.acc2); /* before this step */
+        std::vector<float> acc_flash(d.acc), acc2_flash(d.acc2);
         launch(n_tasks, block, (size_t)a.g * hd * sizeof(float), [&] {
             kv_k_paged_attention(P, d.tables.data(), d.tasks.data(), d.pos.data(), d.acc.data(),
                                  d.acc2.data(), q.data(), o_dev.data(), qd, a.g, scratch.data(),
@@ -480,12 +551,23 @@ void run_attention_case(const kv_model *m, int n_kv, kv_policy pol, int track, i
             worst_split = es > worst_split ? es : worst_split;
             CU_ASSERT(es <= 1e-5);
             split_steps++;
+            /* flash-decoding with partitions of one block (several per task, some empty) */
+            std::vector<float> o_flash = flash_step(ty, P, d, q, qd, a.g, bs, longest, block, track,
+                                                    scratch, acc_flash, acc2_flash);
+            double ef = max_abs(o_flash.data(), o_cpu.data(), o_flash.size()) / omax;
+            worst_flash = ef > worst_flash ? ef : worst_flash;
+            CU_ASSERT(ef <= 1e-5);
         }
-        /* statistics within 1e-5 (untracked: both stay 0) */
+        /* statistics within 1e-5 (untracked: the kernels' stay 0) */
         for (const kv_k_attn_task &t : d.tasks) {
             kv_head *h = kv_cache_head(&seqs[t.row0 / n], 0, t.kv_head);
             for (int e = 0; e < t.len; e++) {
                 size_t me = (size_t)(t.meta_off + e);
+                if (!track) { /* the kernels add nothing; the head keeps no sums (kvcache.h) */
+                    CU_ASSERT(d.acc[me] == 0.0f && d.acc2[me] == 0.0f);
+                    checked++;
+                    continue;
+                }
                 double ds = std::fabs(d.acc[me] - h->acc[e]);
                 ds = std::fmax(ds, std::fabs(d.acc2[me] - h->acc2[e]));
                 if (split_done) { /* the split kernels' statistics as well */
@@ -493,10 +575,13 @@ void run_attention_case(const kv_model *m, int n_kv, kv_policy pol, int track, i
                                            std::fabs(acc2_split[me] - h->acc2[e]));
                     worst_split_stat = dsp > worst_split_stat ? dsp : worst_split_stat;
                     ds = std::fmax(ds, dsp);
+                    double dfl = std::fmax(std::fabs(acc_flash[me] - h->acc[e]),
+                                           std::fabs(acc2_flash[me] - h->acc2[e]));
+                    worst_flash_stat = dfl > worst_flash_stat ? dfl : worst_flash_stat;
+                    ds = std::fmax(ds, dfl);
                 }
                 worst_stat = ds > worst_stat ? ds : worst_stat;
                 CU_ASSERT(ds <= 1e-5);
-                if (!track) CU_ASSERT(d.acc[(size_t)(t.meta_off + e)] == 0.0f && h->acc[e] == 0.0f);
                 checked++;
             }
         }
@@ -513,8 +598,9 @@ void run_attention_case(const kv_model *m, int n_kv, kv_policy pol, int track, i
                 kv_type_name(ty), a.g, kv_policy_name(pol), track ? "on" : "off", block, steps,
                 checked, worst_o, worst_stat);
     if (split_steps)
-        std::printf(", split decode (%d steps) max diff %.3g, its acc/acc2 %.3g", split_steps,
-                    worst_split, worst_split_stat);
+        std::printf(", split decode (%d steps) max diff %.3g, its acc/acc2 %.3g; flash-decoding "
+                    "max diff %.3g, its acc/acc2 %.3g",
+                    split_steps, worst_split, worst_split_stat, worst_flash, worst_flash_stat);
     CU_ASSERT(split_steps > 0);
     for (int s = 0; s < n_seqs; s++) kv_cache_destroy(&seqs[s]);
     kv_pool_destroy(&pool);
@@ -717,6 +803,68 @@ void test_gather() {
     kv_model_free(m);
 }
 
+/* y [rows, out] of the typed GEMV kernels (kv_k_gemv_f16, or kv_k_quantize_q8 + kv_k_gemv_q)
+ * for weight type t, rows 1 .. 8 via the template parameter R. */
+template <int R>
+std::vector<float> typed_gemv(kv_dtype t, const std::vector<unsigned char> &W, size_t rb,
+                              const std::vector<float> &x, int in, int out) {
+    std::vector<float> y((size_t)R * out, NAN);
+    if (t == KV_DT_F16) {
+        launch(2, KV_K_GEMV_THREADS, 0,
+               [&] { kv_k_gemv_f16<R>(W.data(), x.data(), y.data(), in, out); });
+        return y;
+    }
+    size_t nb = (size_t)R * (size_t)(in / 32);
+    std::vector<signed char> q(32 * nb);
+    std::vector<float> d(nb, NAN);
+    std::vector<int> s(nb);
+    launch(3, 64, 0, [&] { kv_k_quantize_q8(x.data(), R, in, q.data(), d.data(), s.data()); });
+    launch(2, KV_K_GEMV_THREADS, 0, [&] {
+        if (t == KV_DT_Q8_0)
+            kv_k_gemv_q<kv_q8_0_dot, R>(W.data(), rb, q.data(), d.data(), s.data(), y.data(), in,
+                                        out);
+        else
+            kv_k_gemv_q<kv_q4_0_dot, R>(W.data(), rb, q.data(), d.data(), s.data(), y.data(), in,
+                                        out);
+    });
+    return y;
+}
+
+/* The typed GEMV kernels of decode against the CPU, for 1, 3 and 8 rows: F16 against the double
+ * product of the weights (within 1e-5 of sum |w x|, fp32 sums in another order); Q8_0 and Q4_0
+ * (activations quantised to 8 bits once, dp4a) against the CPU's integer dots
+ * (kv_qmatmul_int: the same quantised activations and per-block terms, so they differ by the
+ * order of the fp32 additions only: within 1e-6 of sum |w x|). */
+void typed_gemv_case(kv_dtype t, const std::vector<unsigned char> &W, size_t rb,
+                     const std::vector<float> &wf, const std::vector<float> &x, int in, int out) {
+    double worst = 0.0;
+    for (int rows : {1, 3, 8}) {
+        std::vector<float> y = rows == 1   ? typed_gemv<1>(t, W, rb, x, in, out)
+                               : rows == 3 ? typed_gemv<3>(t, W, rb, x, in, out)
+                                           : typed_gemv<8>(t, W, rb, x, in, out);
+        std::vector<float> ref((size_t)rows * out, NAN);
+        if (t != KV_DT_F16) {
+            std::vector<unsigned char> act((size_t)rows * kv_qdot_act_bytes(t, in));
+            kv_qmatmul_int(ref.data(), x.data(), W.data(), t, rows, in, out, act.data());
+        }
+        for (int r = 0; r < rows; r++)
+            for (int o = 0; o < out; o++) {
+                double dref = 0.0, mag = 0.0;
+                for (int i = 0; i < in; i++) {
+                    double p = (double)wf[(size_t)o * in + i] * x[(size_t)r * in + i];
+                    dref += p;
+                    mag += std::fabs(p);
+                }
+                double want = t == KV_DT_F16 ? dref : (double)ref[(size_t)r * out + o];
+                double e = std::fabs((double)y[(size_t)r * out + o] - want) / mag;
+                if (!(e <= worst)) worst = e;
+            }
+    }
+    std::printf(", typed kernel %.3g of sum |w x| (vs %s)", worst,
+                t == KV_DT_F16 ? "the double product" : "the CPU's integer dots");
+    CU_ASSERT(worst <= (t == KV_DT_F16 ? 1e-5 : 1e-6));
+}
+
 /* Weights in their type (kv_quant.cuh) for every weight type kvplan reads: a [6, 512] matrix of
  * stories260K's embedding values (a real weight distribution) quantised by kv_quantize_row;
  *  - kv_k_dequant_rows vs the CPU's kv_dequantize_row: the same floats (the decoders use the
@@ -726,6 +874,7 @@ void test_gather() {
  *  - kv_k_gemv for 1, 3 and 8 rows of x (real layer inputs, repeated to 512 wide) vs the
  *    double-precision product with the dequantised rows: within 1e-5 of sum |w x| (fp32
  *    accumulation over 512 terms in a warp's order);
+ *  - kv_k_gemv_f16 and kv_k_gemv_q (Q8_0, Q4_0) for 1, 3 and 8 rows (typed_gemv_case);
  *  - kv_k_to_16: binary16 and bfloat16 bits equal kv_quantize_row's. */
 void test_typed_weights() {
     kv_model *m = load(M260);
@@ -786,6 +935,8 @@ void test_typed_weights() {
         CU_ASSERT(eworst <= 1e-5);
         std::printf("\n    %-5s dequant %.3g, gather %.3g, gemv (1/3/8 rows) %.3g of sum |w x|",
                     kv_dtype_name(t), ed, eg, eworst);
+        if (t == KV_DT_F16 || t == KV_DT_Q8_0 || t == KV_DT_Q4_0)
+            typed_gemv_case(t, W, rb, cpu, x, in, out);
         types++;
     }
     CU_ASSERT(types == KV_DT_COUNT);
@@ -805,6 +956,86 @@ void test_typed_weights() {
         CU_ASSERT(std::memcmp(got.data(), want.data(), 2 * got.size()) == 0);
     }
     kv_model_free(m);
+}
+
+/* Flash-decoding at the d_h of real 7B-class models (64, 128, 256: 2, 4 and 8 dimensions a
+ * lane) and a GQA group of 8, where no small model reaches: three tasks of 300, 517 and 1
+ * entries on shuffled tables of a pool of f16 or q8 blocks (K, V and queries from a fixed
+ * pseudo-random sequence), partitions of 64 entries, against the one-block kernel
+ * kv_k_paged_attention (checked against the CPU above): outputs within 1e-5 of the largest,
+ * the tracked task's statistics within 1e-5. */
+void test_flash_wide_heads() {
+    const int bs = 16, g = 8, part = 64, lens[3] = {300, 517, 1}, n_tasks = 3;
+    double worst_o = 0.0, worst_s = 0.0;
+    uint32_t st = 12345u;
+    auto rnd = [&st] {
+        st = st * 1664525u + 1013904223u;
+        return (float)((st >> 8) & 0xffff) / 32768.0f - 1.0f;
+    };
+    for (int hd : {64, 128, 256})
+        for (kv_cache_type ty : {KV_TYPE_F16, KV_TYPE_Q8}) {
+            kv_error err = {};
+            kv_pool pool;
+            int counts[KV_CACHE_TYPES] = {0, 0, 0, 0};
+            counts[ty] = 64;
+            CU_ASSERT_FATAL(kv_pool_init_typed(&pool, counts, bs, hd, &err) == KV_OK);
+            std::vector<unsigned char> data(kv_pool_storage_bytes(&pool));
+            kv_k_pool P = view(&pool, data.data());
+            size_t rb = kvt_row_bytes(ty, hd);
+            std::vector<float> row((size_t)hd);
+            for (int slot = 0; slot < 64 * bs; slot++)
+                for (int which = 0; which < 2; which++) {
+                    for (float &x : row) x = rnd();
+                    kvt_encode(ty, hd, row.data(), kv_k_row(P, ty, rb, slot, which));
+                }
+            std::vector<int> tables, pos;
+            std::vector<kv_k_attn_task> tasks;
+            int next = 0;
+            for (int i = 0; i < n_tasks; i++) {
+                kv_k_attn_task t = {i, 1, 0, lens[i], (int)tables.size(), (int)pos.size(), i == 1};
+                for (int b = 0; b < (lens[i] + bs - 1) / bs; b++)
+                    tables.push_back(counts[ty] - 1 - (next++ * 7) % counts[ty] +
+                                     pool.type_first[ty]);
+                for (int e = 0; e < lens[i]; e++) pos.push_back(e);
+                tasks.push_back(t);
+            }
+            int qd = g * hd, parts = (517 + part - 1) / part;
+            std::vector<float> q((size_t)n_tasks * qd), o_ref(q.size(), NAN), o_fl(q.size(), NAN);
+            for (float &x : q) x = 2.0f * rnd();
+            std::vector<float> acc(pos.size(), 0.0f), acc2(acc), acc_f(acc), acc2_f(acc);
+            std::vector<float> scratch((size_t)n_tasks * g * 517, NAN);
+            launch(n_tasks, 128, (size_t)qd * sizeof(float), [&] {
+                kv_k_paged_attention(P, tables.data(), tasks.data(), pos.data(), acc.data(),
+                                     acc2.data(), q.data(), o_ref.data(), qd, g, scratch.data(),
+                                     517);
+            });
+            size_t fp = (size_t)n_tasks * parts * g;
+            std::vector<float> fpart(fp * (size_t)(hd + 2), NAN);
+            float *fm = fpart.data(), *fs = fm + fp, *fo = fs + fp;
+            CU_ASSERT_FATAL(flash_launch(ty, P, tables.data(), tasks.data(), n_tasks, q.data(), qd,
+                                         g, part, parts, scratch.data(), 517, fm, fs, fo,
+                                         128) == 0);
+            launch(n_tasks, 128, 0, [&] {
+                kv_k_decode_merge(tasks.data(), g, hd, parts, fm, fs, fo, o_fl.data(), qd);
+            });
+            CU_ASSERT_FATAL(kv_shim_launch(n_tasks, parts, 128, 2 * (size_t)g * sizeof(float), [&] {
+                                kv_k_decode_stats_raw(tasks.data(), g, part, parts, scratch.data(),
+                                                      517, fm, fs, pos.data(), acc_f.data(),
+                                                      acc2_f.data());
+                            }) == 0);
+            double omax = 0.0;
+            for (float x : o_ref) omax = std::fmax(omax, std::fabs((double)x));
+            double eo = max_abs(o_fl.data(), o_ref.data(), o_fl.size()) / omax;
+            double es = std::fmax(max_abs(acc_f.data(), acc.data(), acc.size()),
+                                  max_abs(acc2_f.data(), acc2.data(), acc2.size()));
+            CU_ASSERT(eo <= 1e-5 && es <= 1e-5);
+            worst_o = eo > worst_o ? eo : worst_o;
+            worst_s = es > worst_s ? es : worst_s;
+            kv_pool_destroy(&pool);
+        }
+    std::printf("\n    d_h 64/128/256, g 8, f16/q8: outputs within %.3g of the largest, "
+                "statistics within %.3g",
+                worst_o, worst_s);
 }
 
 /* The shim itself: warp shuffles and block reductions give CUDA's answers. */
@@ -850,6 +1081,7 @@ int main(int argc, char **argv) {
         {"gather (eviction move lists) vs the CPU", test_gather},
         {"split-sequence decode launch plan", test_split_plan},
         {"typed weights: dequant, gather, gemv, 16-bit activations", test_typed_weights},
+        {"flash-decoding at d_h 64/128/256, g 8", test_flash_wide_heads},
     };
     return tu_main(argc, argv, "cuda_kernels", tests, sizeof tests / sizeof tests[0]);
 }

@@ -10,6 +10,12 @@
  *   KV_DYNAMIC_SHARED(T, name)     the launch's dynamic shared memory as T*
  *   kv_syncthreads()               __syncthreads()
  *   kv_shfl_xor(v, m), kv_shfl_down(v, d)   full-warp shuffles (__shfl_*_sync, mask all 32)
+ *   KV_UNROLL                      #pragma unroll before a loop (nothing on the shim)
+ *   kv_ld_u16(p)                   the 16-bit little-endian word at p (2-byte aligned on the
+ *                                  device: one ld.global.u16, not two byte loads)
+ *   kv_dp4a(a, b, c)               c + the dot of a's and b's four signed bytes (__dp4a)
+ *   kv_load16(p, v)                16 bytes at p (16-byte aligned on the device) into
+ *                                  uint32_t v[4]: one 128-bit load (ld.global.v4)
  * and launchers (cuda/kernels.cu) write kernel<<<grid, block, shm, stream>>>(args) as
  *   KV_LAUNCH(kernel, grid, block, shm, stream)(args)
  * which is the triple-chevron launch under nvcc and, on the fake CUDA runtime
@@ -44,6 +50,15 @@
 #define kv_shfl_xor(v, m) __shfl_xor_sync(0xffffffffu, (v), (m))
 #define kv_shfl_down(v, d) __shfl_down_sync(0xffffffffu, (v), (d))
 #define KV_LAUNCH(k, grid, block, shm, s) k<<<(grid), (block), (shm), (s)>>>
+#define KV_UNROLL _Pragma("unroll")
+static __device__ __forceinline__ unsigned kv_ld_u16(const void *p) {
+    return *reinterpret_cast<const unsigned short *>(p);
+}
+#define kv_dp4a(a, b, c) __dp4a((int)(a), (int)(b), (int)(c))
+static __device__ __forceinline__ void kv_load16(const void *p, unsigned *v) {
+    uint4 u = *reinterpret_cast<const uint4 *>(p);
+    v[0] = u.x, v[1] = u.y, v[2] = u.z, v[3] = u.w;
+}
 
 #elif defined(KV_HOST_SHIM)
 
@@ -65,6 +80,21 @@
 #if defined(KVPLAN_FAKE_CUDA_RUNTIME_H)
 #define KV_LAUNCH(k, grid, block, shm, s) kvfake_kernel(k, grid, block, shm, s)
 #endif
+#include <string.h>
+#define KV_UNROLL
+static inline unsigned kv_ld_u16(const void *p) {
+    const unsigned char *b = static_cast<const unsigned char *>(p);
+    return (unsigned)b[0] | (unsigned)b[1] << 8;
+}
+static inline int kv_dp4a(int a, int b, int c) {
+    for (int k = 0; k < 4; k++)
+        c += (int)(signed char)(unsigned char)((unsigned)a >> (8 * k)) *
+             (int)(signed char)(unsigned char)((unsigned)b >> (8 * k));
+    return c;
+}
+static inline void kv_load16(const void *p, unsigned *v) {
+    memcpy(v, p, 16);
+}
 
 #else
 #error "cuda/kernels/kv_defs.cuh: compile with nvcc, or include tests/support/cuda_shim.hpp first"

@@ -399,6 +399,156 @@ KV_GLOBAL void kv_k_decode_stats(const kv_k_attn_task *tasks, int g, int chunk, 
     }
 }
 
+/* ---- flash-decoding (Dao et al. 2023, "Flash-Decoding for long-context inference") ---- */
+
+/* Decode attention, part 1, flash-decoding: grid (n_tasks, parts), block (task b, part c) takes
+ * entries [c * part, min(len, (c + 1) * part)) of task b (n = 1). Its warps take every
+ * (blockDim / 32)-th entry; a warp's lanes hold EPL consecutive dimensions each (the head's
+ * d_h <= 32 EPL) of the g (<= KV_K_FD_GROUP) scaled queries in registers, read each K and V
+ * row once for the whole group (K and V loads issued together), and keep an online softmax
+ * per query head in registers (Milakov & Gimelshein 2018): running max m, sum l and output o,
+ * rescaled as a larger score arrives. The warps' (m, l, o) meet in shared memory and the
+ * block writes the partition's m, s = sum exp(s_e - m) and o = sum exp(s_e - m) v_e at part
+ * index pi = (b * parts + c) * g + gh, the layout kv_k_decode_merge reads; an empty partition
+ * writes m = -inf, s = 0. Only tasks whose K/V type is TY (a template parameter: the decode
+ * folds to the type's arithmetic) are served; the others' blocks return at once (the launcher
+ * launches once per type present). Raw scores s_e go to scratch (task b's rows, stride
+ * scratch_stride) for tracked tasks only, for kv_k_decode_stats_raw. Dynamic shared memory:
+ * (blockDim / 32) * g * (2 + d_h) floats. */
+template <int TY, int EPL>
+KV_GLOBAL void kv_k_flash_decode(kv_k_pool P, const int *tables, const kv_k_attn_task *tasks,
+                                 const float *q, int q_stride, int g, int part, int parts,
+                                 float *scratch, int scratch_stride, float *part_m, float *part_s,
+                                 float *part_o) {
+    KV_DYNAMIC_SHARED(float, sh);
+    int b = kv_bid(), c = kv_bid_y(), hd = P.hd, lane = kv_tid() % KV_WARP;
+    int warp = kv_tid() / KV_WARP, nw = kv_bdim() / KV_WARP;
+    kv_k_attn_task t = tasks[b];
+    const int *table = tables + t.table_off;
+    const kv_cache_type ty = (kv_cache_type)TY;
+    if (kv_k_block_type(P, table[0]) != ty) return; /* another type's launch serves it */
+    int e0 = c * part, e1 = e0 + part < t.len ? e0 + part : t.len;
+    size_t pi0 = ((size_t)b * (size_t)parts + (size_t)c) * (size_t)g;
+    if (e0 >= e1) { /* past this task's end: an empty part (uniform over the block) */
+        for (int x = kv_tid(); x < g * hd; x += kv_bdim()) part_o[pi0 * hd + x] = 0.0f;
+        if (kv_tid() < g) {
+            part_m[pi0 + kv_tid()] = -INFINITY;
+            part_s[pi0 + kv_tid()] = 0.0f;
+        }
+        return;
+    }
+    size_t rb = kvt_row_bytes(ty, hd);
+    float inv = 1.0f / sqrtf((float)hd);
+    const float *qrow = q + (size_t)t.row0 * (size_t)q_stride + (size_t)t.kv_head * g * hd;
+    float qr[KV_K_FD_GROUP][EPL], m[KV_K_FD_GROUP], l[KV_K_FD_GROUP], o[KV_K_FD_GROUP][EPL];
+    KV_UNROLL
+    for (int gh = 0; gh < KV_K_FD_GROUP; gh++) {
+        m[gh] = -INFINITY;
+        l[gh] = 0.0f;
+        KV_UNROLL
+        for (int k = 0; k < EPL; k++) {
+            int d = lane * EPL + k;
+            qr[gh][k] = gh < g && d < hd ? qrow[gh * hd + d] * inv : 0.0f;
+            o[gh][k] = 0.0f;
+        }
+    }
+    float *raw = t.track ? scratch + (size_t)b * (size_t)g * (size_t)scratch_stride : nullptr;
+    for (int e = e0 + warp; e < e1; e += nw) {
+        int slot = kv_slot_of_entry(table, e, P.bs);
+        const unsigned char *kr = kv_k_row(P, ty, rb, slot, 0), *vr = kv_k_row(P, ty, rb, slot, 1);
+        float kv[EPL], vv[EPL];
+        KV_UNROLL
+        for (int k = 0; k < EPL; k++) {
+            int d = lane * EPL + k;
+            kv[k] = d < hd ? kvt_decode_at(ty, kr, d) : 0.0f;
+            vv[k] = d < hd ? kvt_decode_at(ty, vr, d) : 0.0f;
+        }
+        KV_UNROLL
+        for (int gh = 0; gh < KV_K_FD_GROUP; gh++) {
+            if (gh >= g) break; /* g is uniform: every lane leaves together */
+            float sp = 0.0f;
+            KV_UNROLL
+            for (int k = 0; k < EPL; k++) sp += qr[gh][k] * kv[k];
+            float sc = kv_warp_sum(sp);
+            if (raw && lane == 0) raw[(size_t)gh * scratch_stride + e] = sc;
+            float mn = sc > m[gh] ? sc : m[gh];
+            float al = expf(m[gh] - mn), p = expf(sc - mn);
+            l[gh] = l[gh] * al + p;
+            KV_UNROLL
+            for (int k = 0; k < EPL; k++) o[gh][k] = o[gh][k] * al + p * vv[k];
+            m[gh] = mn;
+        }
+    }
+    /* the warps' states, [warp][gh][m, l, o[hd]], then merged in warp order */
+    int ws = g * (2 + hd);
+    float *mine = sh + (size_t)warp * ws;
+    KV_UNROLL
+    for (int gh = 0; gh < KV_K_FD_GROUP; gh++) {
+        if (gh >= g) break;
+        if (lane == 0) {
+            mine[gh * (2 + hd)] = m[gh];
+            mine[gh * (2 + hd) + 1] = l[gh];
+        }
+        KV_UNROLL
+        for (int k = 0; k < EPL; k++)
+            if (lane * EPL + k < hd) mine[gh * (2 + hd) + 2 + lane * EPL + k] = o[gh][k];
+    }
+    kv_syncthreads();
+    for (int x = kv_tid(); x < g * hd; x += kv_bdim()) {
+        int gh = x / hd, d = x % hd;
+        float M = -INFINITY;
+        for (int w = 0; w < nw; w++) {
+            float mw = sh[(size_t)w * ws + gh * (2 + hd)];
+            M = mw > M ? mw : M;
+        }
+        float S = 0.0f, O = 0.0f;
+        for (int w = 0; w < nw; w++) {
+            const float *st = sh + (size_t)w * ws + gh * (2 + hd);
+            if (st[1] == 0.0f) continue; /* a warp that saw no entry */
+            float f = expf(st[0] - M);
+            S += st[1] * f;
+            O += st[2 + d] * f;
+        }
+        part_o[(pi0 + (size_t)gh) * hd + d] = O;
+        if (d == 0) {
+            part_m[pi0 + gh] = M;
+            part_s[pi0 + gh] = S;
+        }
+    }
+}
+
+/* Decode attention, part 3 after kv_k_flash_decode, for tracked tasks: grid (n_tasks, parts);
+ * the weight of entry e of partition c for query head gh is w = exp(s_e - M) / S from its raw
+ * score and the merged M and S of the task (kv_k_merged_ms); then, as kv_k_decode_stats,
+ * acc[e] += w and, when pos(query) - pos(e) >= KV_K_L2_WINDOW, acc2[e] += w^2, for gh = 0..g-1
+ * in order, one thread per entry. */
+KV_GLOBAL void kv_k_decode_stats_raw(const kv_k_attn_task *tasks, int g, int part, int parts,
+                                     const float *scratch, int scratch_stride, const float *part_m,
+                                     const float *part_s, const int *pos, float *acc, float *acc2) {
+    KV_DYNAMIC_SHARED(float, ms); /* [g][M, S] */
+    int b = kv_bid(), c = kv_bid_y();
+    kv_k_attn_task t = tasks[b];
+    int e0 = c * part, e1 = e0 + part < t.len ? e0 + part : t.len;
+    if (!t.track || e0 >= e1) return; /* uniform over the block: no barrier is skipped */
+    for (int gh = kv_tid(); gh < g; gh += kv_bdim())
+        kv_k_merged_ms(b, gh, g, parts, part_m, part_s, &ms[2 * gh], &ms[2 * gh + 1]);
+    kv_syncthreads();
+    const float *sc = scratch + (size_t)b * (size_t)g * (size_t)scratch_stride;
+    const int *tpos = pos + t.meta_off;
+    int qpos = tpos[t.len - 1];
+    for (int e = e0 + kv_tid(); e < e1; e += kv_bdim()) {
+        int counted = qpos - tpos[e] >= KV_K_L2_WINDOW;
+        float a = acc[t.meta_off + e], a2 = acc2[t.meta_off + e];
+        for (int gh = 0; gh < g; gh++) {
+            float w = expf(sc[(size_t)gh * scratch_stride + e] - ms[2 * gh]) / ms[2 * gh + 1];
+            a += w;
+            if (counted) a2 += w * w;
+        }
+        acc[t.meta_off + e] = a;
+        acc2[t.meta_off + e] = a2;
+    }
+}
+
 /* Resident block tables (cuda/kernels/kv_pack.h kv_k_meta_pack_resident): for k < n,
  * tables[patch[2k]] = patch[2k + 1]. One thread per pair; any grid. */
 KV_GLOBAL void kv_k_table_patch(int *tables, const int *patch, long n) {

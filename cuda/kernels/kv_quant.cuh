@@ -21,6 +21,24 @@
 #include "util/f16.h"
 
 #include <stdint.h>
+#if defined(__CUDACC__)
+#include <cuda_fp16.h>
+#endif
+
+/* binary16 bits h as fp32 (exact): the hardware conversion on the device (one cvt), the
+ * bit-exact software one of util/f16.h on the shim. */
+KV_DEVICE float kv_h2f(unsigned h) {
+#if defined(__CUDACC__)
+    return __half2float(__ushort_as_half((unsigned short)h));
+#else
+    return kv_f16_to_f32((uint16_t)h);
+#endif
+}
+
+/* The f16 at p (2-byte aligned) as fp32: one 16-bit load and kv_h2f. */
+KV_DEVICE float kv_q_hw(const unsigned char *p) {
+    return kv_h2f(kv_ld_u16(p));
+}
 
 KV_DEVICE float kv_q_h(const unsigned char *p) {
     return kv_f16_to_f32(kv_load_u16le(p));
@@ -121,6 +139,175 @@ KV_GLOBAL void kv_k_gemv(const unsigned char *W, int t, size_t row_bytes, const 
             float s = kv_warp_sum(acc[r]);
             if (lane == 0) y[(size_t)r * (size_t)out + (size_t)o] = s;
         }
+    }
+}
+
+/* ---- decode GEMV per weight type (the type a template parameter, no switch in the loop) ----
+ * Shapes of all three: y[r * out + o] = sum_i W[o, i] x[r, i] for r < R (the step's rows, 1 ..
+ * KV_K_GEMV_ROWS, a template parameter: the accumulators stay in registers), o < out. Grid:
+ * one block of kGemvThreads threads per output row (grid-stride over rows, any grid); each
+ * thread takes every kGemvThreads-th chunk of the row, two chunks per iteration (two loads in
+ * flight), and the block's partial sums meet in shared memory, warps in order, so a launch
+ * gives the same bits every run. */
+
+/* Threads per block of the typed GEMV kernels (4 warps). */
+#define KV_K_GEMV_THREADS 128
+
+/* The R block sums of a GEMV row: thread partials acc[R] summed over the block (warp
+ * butterfly, then warp totals in warp order by thread 0..R-1) into y[r * out + o]. red:
+ * R * 32 floats of shared memory; ends with a barrier, so red can be reused at once. */
+template <int R> KV_DEVICE void kv_k_gemv_finish(float *acc, float *red, float *y, int out, int o) {
+    int lane = kv_tid() % KV_WARP, warp = kv_tid() / KV_WARP, nw = kv_bdim() / KV_WARP;
+    for (int r = 0; r < R; r++) {
+        float v = kv_warp_sum(acc[r]);
+        if (lane == 0) red[r * KV_WARP + warp] = v;
+    }
+    kv_syncthreads();
+    if (kv_tid() < R) {
+        float t = red[kv_tid() * KV_WARP];
+        for (int w = 1; w < nw; w++) t += red[kv_tid() * KV_WARP + w];
+        y[(size_t)kv_tid() * (size_t)out + (size_t)o] = t;
+    }
+    kv_syncthreads();
+}
+
+/* F16 weights (rows of `in` halves, in % 8 == 0, rows 16-byte aligned), fp32 x and sums: each
+ * chunk is 8 weights (one 16-byte load) against 8 floats of each row of x (two 16-byte
+ * loads). The products are fp32 multiply-adds in chunk order per thread (the CPU's F16 GEMV
+ * sums in its own order: the values agree to rounding). */
+template <int R>
+KV_GLOBAL void kv_k_gemv_f16(const unsigned char *W, const float *x, float *y, int in, int out) {
+    KV_SHARED_ARRAY(float, red, R *KV_WARP);
+    int step = 8 * kv_bdim();
+    for (int o = kv_bid(); o < out; o += kv_gdim()) {
+        const unsigned char *wr = W + (size_t)o * (size_t)in * 2;
+        float acc[R];
+        for (int r = 0; r < R; r++) acc[r] = 0.0f;
+        for (int i0 = 8 * kv_tid(); i0 < in; i0 += 2 * step) {
+            unsigned wv[2][4];
+            int two = i0 + step < in; /* both loads issued before either is used */
+            kv_load16(wr + 2 * (size_t)i0, wv[0]);
+            if (two) kv_load16(wr + 2 * (size_t)(i0 + step), wv[1]);
+            KV_UNROLL
+            for (int u = 0; u < 2; u++) {
+                if (u == 1 && !two) break;
+                float w[8];
+                for (int k = 0; k < 4; k++) {
+                    w[2 * k] = kv_h2f(wv[u][k] & 0xffffu);
+                    w[2 * k + 1] = kv_h2f(wv[u][k] >> 16);
+                }
+                for (int r = 0; r < R; r++) {
+                    float xv[8];
+                    const float *xr = x + (size_t)r * (size_t)in + (size_t)(i0 + u * step);
+                    kv_load16(xr, reinterpret_cast<unsigned *>(xv));
+                    kv_load16(xr + 4, reinterpret_cast<unsigned *>(xv + 4));
+                    for (int k = 0; k < 8; k++) acc[r] += w[k] * xv[k];
+                }
+            }
+        }
+        kv_k_gemv_finish<R>(acc, red, y, out, o);
+    }
+}
+
+/* Activations of a block-type GEMV quantised once per step, as the CPU's integer dots take them
+ * (runtime/model/quant_dot.h, layout "A"): for every 32-element block b of x [rows, in] (in %
+ * 32 == 0, blocks numbered row-major), d[b] = max|x| / 127, q[32 b + j] = round-to-nearest-
+ * even(x / d) clamped to [-127, 127] (the CPU's q8 and quant_block: the same bytes), s[b] =
+ * sum q. One warp per block; any grid. q: rows * in bytes (4-byte aligned), d, s: rows * in /
+ * 32 each. */
+KV_GLOBAL void kv_k_quantize_q8(const float *x, int rows, int in, signed char *q, float *d,
+                                int *s) {
+    int lane = kv_tid() % KV_WARP, nw = kv_bdim() / KV_WARP;
+    size_t total = (size_t)rows * (size_t)(in / 32);
+    for (size_t b = (size_t)kv_bid() * nw + (size_t)(kv_tid() / KV_WARP); b < total;
+         b += (size_t)kv_gdim() * nw) {
+        float v = x[32 * b + (size_t)lane];
+        float amax = kv_warp_max(fabsf(v));
+        float dd = amax / 127.0f, id = dd > 0.0f ? 1.0f / dd : 0.0f;
+        float t = rintf(v * id);
+        int qi = t >= 127.0f ? 127 : t <= -127.0f ? -127 : (int)t;
+        q[32 * b + (size_t)lane] = (signed char)qi;
+        int sum = kv_warp_sum(qi);
+        if (lane == 0) {
+            d[b] = dd;
+            s[b] = sum;
+        }
+    }
+}
+
+/* A 32-bit word of weight quants at p (2-byte aligned: the blocks are 34 and 18 bytes): two
+ * 16-bit loads. */
+KV_DEVICE int kv_q_word(const unsigned char *p) {
+    return (int)(kv_ld_u16(p) | kv_ld_u16(p + 2) << 16);
+}
+
+/* A weight block's 32 quants as 8 words of 4 signed bytes in element order, and its scale:
+ * loaded once per block, then dotted with every row's activation block (kv_k_gemv_q). */
+/* Q8_0 (34 bytes: f16 d, 32 int8): the CPU's f = (dw * dx) * I, I = sum qw qx. */
+struct kv_q8_0_dot {
+    static const int bytes = 34;
+    KV_DEVICE float load(const unsigned char *blk, int *w) {
+        for (int k = 0; k < 8; k++) w[k] = kv_q_word(blk + 2 + 4 * k);
+        return kv_q_hw(blk);
+    }
+    KV_DEVICE float finish(float dw, float dx, int I, int sx) {
+        (void)sx;
+        return (dw * dx) * (float)I;
+    }
+};
+
+/* Q4_0 (18 bytes: f16 d, 16 bytes of nibbles, elements j and j + 16 in byte j): the CPU's
+ * f = (dw * dx) * I, I = sum nib qx - 8 s (the nibbles unsigned, the 8 taken out by s). */
+struct kv_q4_0_dot {
+    static const int bytes = 18;
+    KV_DEVICE float load(const unsigned char *blk, int *w) {
+        for (int k = 0; k < 4; k++) {
+            int v = kv_q_word(blk + 2 + 4 * k);
+            w[k] = v & 0x0f0f0f0f;
+            w[k + 4] = (v >> 4) & 0x0f0f0f0f;
+        }
+        return kv_q_hw(blk);
+    }
+    KV_DEVICE float finish(float dw, float dx, int I, int sx) {
+        return (dw * dx) * (float)(I - 8 * sx);
+    }
+};
+
+/* Block-type weights (Dot: kv_q8_0_dot, kv_q4_0_dot; blocks of 32) against activations
+ * quantised by kv_k_quantize_q8 (q, d, s): each chunk is one weight block against each row's
+ * activation block (8 int words loaded once per row, 4-byte aligned), an exact integer dot
+ * (dp4a) and the CPU's float expression per block, summed per thread in block order and then
+ * over the block (the CPU sums the same per-block terms in 8 interleaved lanes: the values
+ * agree to the rounding of the additions only). */
+template <typename Dot, int R>
+KV_GLOBAL void kv_k_gemv_q(const unsigned char *W, size_t row_bytes, const signed char *aq,
+                           const float *ad, const int *as, float *y, int in, int out) {
+    KV_SHARED_ARRAY(float, red, R *KV_WARP);
+    int nb = in / 32;
+    Dot dot;
+    for (int o = kv_bid(); o < out; o += kv_gdim()) {
+        const unsigned char *wr = W + (size_t)o * row_bytes;
+        float acc[R];
+        for (int r = 0; r < R; r++) acc[r] = 0.0f;
+        for (int b0 = kv_tid(); b0 < nb; b0 += 2 * kv_bdim()) {
+            int n = b0 + kv_bdim() < nb ? 2 : 1;
+            KV_UNROLL
+            for (int u = 0; u < 2; u++) {
+                if (u == n) break;
+                int b = b0 + u * kv_bdim();
+                int w[8];
+                float dw = dot.load(wr + (size_t)b * Dot::bytes, w);
+                for (int r = 0; r < R; r++) {
+                    size_t ab = (size_t)r * (size_t)nb + (size_t)b;
+                    int xq[8], I = 0;
+                    kv_load16(aq + 32 * ab, reinterpret_cast<unsigned *>(xq));
+                    kv_load16(aq + 32 * ab + 16, reinterpret_cast<unsigned *>(xq + 4));
+                    for (int k = 0; k < 8; k++) I = kv_dp4a(w[k], xq[k], I);
+                    acc[r] += dot.finish(dw, ad[ab], I, as[ab]);
+                }
+            }
+        }
+        kv_k_gemv_finish<R>(acc, red, y, out, o);
     }
 }
 

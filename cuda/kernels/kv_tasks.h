@@ -17,6 +17,12 @@
  * above, prefill's 16-bit GEMM or dequantised tile + GEMM. */
 #define KV_K_GEMV_ROWS 8
 
+/* Query heads of a GQA group the flash-decoding kernel (kv_kernels.cuh kv_k_flash_decode)
+ * keeps in registers (larger groups take kv_k_decode_split). */
+#define KV_K_FD_GROUP 8
+/* Entries per partition of flash-decoding: a fixed size, not a fraction of the device. */
+#define KV_K_FD_PART 256
+
 /* Layouts of RoPE pairs (include/kvplan/model.h kv_rope_layout). */
 #define KV_K_ROPE_ADJACENT 0
 #define KV_K_ROPE_HALF 1

@@ -135,19 +135,30 @@ size_t kv_pool_peak_bytes(const kv_pool *p);
 void kv_pool_reset_peak(kv_pool *p);
 
 /* ---- one (layer, KV head) of one sequence ---- */
+/* What a device backend's copy of a head's block table is known to hold: the copy at task index
+ * slot - 1 of the head's layer (slot 0: none) equals `table` except, at most, at entries
+ * [dirty, n_blocks), which kv_head_append_slot marks as it takes blocks (no other operation
+ * rewrites an entry below n_blocks). A backend that uploads the head's table sets slot and
+ * dirty = n_blocks; zero-initialised: no copy, every entry dirty. */
+typedef struct kv_table_mirror {
+    int slot, dirty;
+} kv_table_mirror;
+
 typedef struct kv_head {
     int *table; /* block ids, [cap_blocks] */
     int n_blocks, cap_blocks;
-    int len;            /* retained entries */
-    int budget;         /* max retained entries after a step (tokens) */
-    kv_policy policy;   /* how this head evicts (a plan may give each head its own) */
-    kv_cache_type type; /* storage type of its K/V rows (its blocks come from that range) */
-    int track_stats;    /* accumulate acc/acc2 in attention (the policy needs them and the head
-                         * can be over budget) */
-    int cap;            /* capacity of the per-entry arrays */
-    int *pos;           /* [cap] position id each entry came from */
-    float *acc;         /* [cap] sum of attention weights (summed over the GQA group) */
-    float *acc2;        /* [cap] sum of squared attention weights */
+    int len;                /* retained entries */
+    int budget;             /* max retained entries after a step (tokens) */
+    kv_policy policy;       /* how this head evicts (a plan may give each head its own) */
+    kv_cache_type type;     /* storage type of its K/V rows (its blocks come from that range) */
+    int track_stats;        /* accumulate acc/acc2 in attention (the policy needs them and the head
+                             * can be over budget) */
+    int cap;                /* capacity of the per-entry arrays */
+    int *pos;               /* [cap] position id each entry came from */
+    float *acc;             /* [cap] sum of attention weights (summed over the GQA group); kept
+                             * only while track_stats (an untracked head's read as zeros) */
+    float *acc2;            /* [cap] sum of squared attention weights (the same) */
+    kv_table_mirror mirror; /* a device backend's copy of `table` (its dirty entries) */
 } kv_head;
 
 /* ---- one sequence's cache ---- */
@@ -156,6 +167,10 @@ typedef struct kv_cache {
     int n_layers, n_kv_heads;
     kv_head *heads; /* [n_layers * n_kv_heads], owned */
     int n_past;     /* tokens processed so far (next position id) */
+    int failed;     /* a step failed after changing what it cannot restore (an eviction,
+                     * accumulated statistics): kv_forward refuses the sequence until
+                     * kv_cache_clear */
+    int step_lossy; /* during a kv_forward step: it has evicted or accumulated statistics */
 } kv_cache;
 
 /* Initialise a sequence cache on `pool` with budgets [L * H_kv] tokens (NULL: unbounded, the
@@ -173,7 +188,7 @@ int kv_cache_set_budgets(kv_cache *c, const int *budget, const kv_policy *policy
 int kv_cache_set_types(kv_cache *c, const kv_cache_type *types, kv_error *err);
 /* Return every block to the pool and free the tables. */
 void kv_cache_destroy(kv_cache *c);
-/* Drop all entries (blocks back to the pool), n_past = 0; budgets and policy stay. */
+/* Drop all entries (blocks back to the pool), n_past = 0, failed = 0; budgets and policy stay. */
 void kv_cache_clear(kv_cache *c);
 
 static inline kv_head *kv_cache_head(kv_cache *c, int layer, int kv_head_idx) {
@@ -218,6 +233,11 @@ int kv_head_schedule_room(kv_cache *c, kv_head *h, int n_new, int curr_pos, kv_m
  * backend writes K and V there); takes a new block when the last one is full. KV_EINTERNAL
  * when the pool is exhausted. */
 int kv_head_append_slot(kv_cache *c, kv_head *h, int pos, int *slot, kv_error *err);
+/* Undo appends: drop the trailing entries of `h` at positions >= first_pos (the entries a failed
+ * step appended; positions are ascending within a head) and return the blocks they emptied to
+ * the pool. Called for the heads of a step in the reverse order of their appends, the pool's
+ * free list is restored exactly (its peak counters stay). */
+void kv_head_drop_from(kv_cache *c, kv_head *h, int first_pos);
 /* Host storage convenience: append with K, V [d_h] encoded in the head's type. */
 int kv_head_append(kv_cache *c, kv_head *h, const float *k, const float *v, int pos, kv_error *err);
 /* Host storage convenience: schedule + apply the moves (make room for n_new tokens). */

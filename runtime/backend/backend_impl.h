@@ -15,13 +15,16 @@ extern "C" {
 /* One (sequence, KV head) of one layer step for the attention op: the n new queries of the
  * group's g query heads are rows row0 .. row0 + n - 1; query i attends entries 0 .. len - n + i
  * of the head (retained + the new ones, causal). table, pos, acc, acc2 are the head's host
- * metadata (kv_head); acc/acc2 are NULL when the head does not track statistics. */
+ * metadata (kv_head); acc/acc2 are NULL when the head does not track statistics. mirror: the
+ * head's kv_table_mirror, for a backend that keeps block tables on its device (NULL: unknown,
+ * the whole table is uploaded). */
 typedef struct kv_attn_task {
     int row0, n, kv_head;
     int len;
     const int *table;
     const int *pos;
     float *acc, *acc2;
+    kv_table_mirror *mirror;
 } kv_attn_task;
 
 /* The new K/V row of one (row, KV head) goes to `slot` of the pool's storage. */

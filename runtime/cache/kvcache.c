@@ -99,6 +99,13 @@ int kv_pool_init_meta_typed(kv_pool *p, const int *counts, int block_size, int h
     if (n_blocks <= 0 || n_blocks > 0x7fffffffL || block_size <= 0 || head_dim <= 0)
         return kv_fail(err, KV_EINPUT, "KV pool: %ld blocks of %d tokens x %d dims is empty",
                        n_blocks, block_size, head_dim);
+    /* slot ids (block * block_size + offset) are ints on both devices: they must fit */
+    if ((long long)n_blocks * block_size > 0x7fffffffLL)
+        return kv_fail(err, KV_EINPUT,
+                       "KV pool: %ld blocks of %d tokens make %lld slots, beyond the 2^31 - 1 "
+                       "slot ids a pool can address; use fewer blocks (a smaller batch, budget "
+                       "or context) or split the work",
+                       n_blocks, block_size, (long long)n_blocks * block_size);
     p->free_stack = kv_malloc((size_t)n_blocks * sizeof(int), "KV block pool free list", err);
     if (!p->free_stack) return KV_EINTERNAL;
     p->n_blocks = (int)n_blocks;
@@ -212,6 +219,15 @@ void kv_pool_release_block(kv_pool *p, int block) {
 }
 
 /* ---- cache ---- */
+
+/* acc = acc2 = 0 over the head's entries. Appends write the sums only for tracked heads (an
+ * untracked head's are never read by attention), so they are zeroed where they start to be
+ * read: when tracking starts, and before an untracked head's policy selects by them. */
+static void head_zero_stats(kv_head *h) {
+    if (h->len <= 0) return;
+    memset(h->acc, 0, (size_t)h->len * sizeof *h->acc);
+    memset(h->acc2, 0, (size_t)h->len * sizeof *h->acc2);
+}
 int kv_cache_init(kv_cache *c, kv_pool *pool, int n_layers, int n_kv_heads, const int *budget,
                   kv_policy policy, kv_error *err) {
     memset(c, 0, sizeof *c);
@@ -250,7 +266,9 @@ int kv_cache_set_budgets(kv_cache *c, const int *budget, const kv_policy *policy
         kv_head *h = &c->heads[i];
         h->budget = budget ? budget[i] : KV_BUDGET_UNBOUNDED;
         if (policy) h->policy = policy[i];
-        h->track_stats = kv_policy_needs_stats(h->policy) && h->budget < context;
+        int track = kv_policy_needs_stats(h->policy) && h->budget < context;
+        if (track && !h->track_stats) head_zero_stats(h); /* untracked entries hold no sums */
+        h->track_stats = track;
     }
     return KV_OK;
 }
@@ -286,6 +304,8 @@ void kv_cache_clear(kv_cache *c) {
         c->heads[i].len = 0;
     }
     c->n_past = 0;
+    c->failed = 0;
+    c->step_lossy = 0;
 }
 
 void kv_cache_destroy(kv_cache *c) {
@@ -351,13 +371,22 @@ int kv_head_append_slot(kv_cache *c, kv_head *h, int pos, int *slot, kv_error *e
                                : 0,
                            kv_type_name(h->type));
         h->table[h->n_blocks++] = b;
+        if (h->mirror.dirty > h->n_blocks - 1) h->mirror.dirty = h->n_blocks - 1;
     }
     int i = h->len++;
     h->pos[i] = pos;
-    h->acc[i] = 0.0f;
-    h->acc2[i] = 0.0f;
+    if (h->track_stats) { /* untracked: head_zero_stats where they are read */
+        h->acc[i] = 0.0f;
+        h->acc2[i] = 0.0f;
+    }
     *slot = kv_head_slot(p, h, i);
     return KV_OK;
+}
+
+void kv_head_drop_from(kv_cache *c, kv_head *h, int first_pos) {
+    while (h->len > 0 && h->pos[h->len - 1] >= first_pos) h->len--;
+    int bs = c->pool->block_size;
+    head_release_blocks(c->pool, h, (h->len + bs - 1) / bs);
 }
 
 void kv_head_read(const kv_pool *p, const kv_head *h, int i, float *k, float *v) {
@@ -530,6 +559,7 @@ int kv_head_schedule_room(kv_cache *c, kv_head *h, int n_new, int curr_pos, kv_m
     int n_keep = h->budget - n_new;
     int *keep = malloc((size_t)(n_keep > 0 ? n_keep : 1) * sizeof *keep);
     if (!keep) return kv_fail(err, KV_EINTERNAL, "out of memory (eviction)");
+    if (!h->track_stats) head_zero_stats(h); /* the sums an untracked head never took */
     kv_policy_select(h->policy, h->pos, h->acc, h->acc2, h->len, n_keep, curr_pos, keep);
     int rc = head_compact(c, h, keep, n_keep, moves, err);
     free(keep);

@@ -24,6 +24,11 @@ int kv_forward_embed(kv_backend *b, kv_cache *const *seqs, int n_seqs, const int
         return kv_fail(err, KV_EINTERNAL, "forward: %d rows exceed the backend's %d", rows,
                        b->max_rows);
     for (int s = 0; s < n_seqs; s++) {
+        if (seqs[s]->failed)
+            return kv_fail(err, KV_EINPUT,
+                           "sequence %d: an earlier step failed after evicting or accumulating "
+                           "statistics, so its cache is incomplete; clear it and prefill again",
+                           s);
         if (seqs[s]->n_past + n > b->max_ctx)
             return kv_fail(err, KV_EINPUT,
                            "sequence %d would reach position %d, beyond the context of %d", s,
@@ -37,6 +42,24 @@ int kv_forward_embed(kv_backend *b, kv_cache *const *seqs, int n_seqs, const int
         }
     }
     return b->ops->embed(b, tokens, rows, err);
+}
+
+/* Ask for the cache lines the head's next append writes (pos at len; acc / acc2 when tracked), so
+ * that the append loop below finds them in cache: at batch 32 with 32 KV heads a layer appends to
+ * 1024 heads whose metadata lie far apart, and one cache miss after another was most of a
+ * decode step's host time. A hint only (a prefetch never faults). */
+static void prefetch_append(const kv_head *h) {
+#if defined(__GNUC__) || defined(__clang__)
+    if (h->len < h->cap) {
+        __builtin_prefetch(h->pos + h->len, 1);
+        if (h->track_stats) { /* an untracked head's append writes pos only */
+            __builtin_prefetch(h->acc + h->len, 1);
+            __builtin_prefetch(h->acc2 + h->len, 1);
+        }
+    }
+#else
+    (void)h;
+#endif
 }
 
 int kv_forward_layer(kv_backend *b, kv_cache *const *seqs, int n_seqs, int n, int l,
@@ -54,8 +77,11 @@ int kv_forward_layer(kv_backend *b, kv_cache *const *seqs, int n_seqs, int n, in
     for (int s = 0; s < n_seqs; s++) {
         kv_cache *c = seqs[s];
         for (int j = 0; j < Hkv; j++) {
-            rc = kv_head_schedule_room(c, kv_cache_head(c, l, j), n, c->n_past + n - 1, &b->moves,
-                                       err);
+            kv_head *h = kv_cache_head(c, l, j);
+            int len = h->len;
+            rc = kv_head_schedule_room(c, h, n, c->n_past + n - 1, &b->moves, err);
+            c->step_lossy |= h->len != len; /* evicted entries cannot be restored */
+            prefetch_append(h);
             if (rc) return kv_fail_context(err, "layer %d KV head %d", l, j);
         }
     }
@@ -79,7 +105,9 @@ int kv_forward_layer(kv_backend *b, kv_cache *const *seqs, int n_seqs, int n, in
                                                    .table = h->table,
                                                    .pos = h->pos,
                                                    .acc = h->track_stats ? h->acc : NULL,
-                                                   .acc2 = h->track_stats ? h->acc2 : NULL};
+                                                   .acc2 = h->track_stats ? h->acc2 : NULL,
+                                                   .mirror = &h->mirror};
+            c->step_lossy |= h->track_stats; /* attention adds to the old entries' acc */
         }
     }
     if ((rc = ops->cache_write(b, pool, b->writes, nw, err))) return rc;
@@ -96,15 +124,37 @@ int kv_forward_logits(kv_backend *b, int n_seqs, int n, kv_logits_mode mode, flo
     return b->ops->logits(b, b->row_pos, n_sel, logits, err);
 }
 
+/* A step that failed after layer `last` began: each sequence whose step only appended gets its
+ * new entries dropped (heads in the reverse order of their appends, so the pool's free list is
+ * as before); one that evicted or accumulated statistics is marked failed. */
+static void forward_undo(kv_cache *const *seqs, int n_seqs, int last) {
+    for (int l = last; l >= 0; l--)
+        for (int s = n_seqs - 1; s >= 0; s--) {
+            kv_cache *c = seqs[s];
+            if (c->step_lossy) continue;
+            for (int j = c->n_kv_heads - 1; j >= 0; j--)
+                kv_head_drop_from(c, kv_cache_head(c, l, j), c->n_past);
+        }
+    for (int s = 0; s < n_seqs; s++) seqs[s]->failed |= seqs[s]->step_lossy;
+}
+
 int kv_forward(const kv_model *m, kv_backend *b, kv_cache *const *seqs, int n_seqs,
                const int *tokens, int n, kv_logits_mode mode, float *logits, const kv_hooks *hooks,
                kv_error *err) {
     if (b->model != m)
         return kv_fail(err, KV_EINTERNAL, "forward: the backend serves another model");
     int rc = kv_forward_embed(b, seqs, n_seqs, tokens, n, err);
-    for (int l = 0; !rc && l < m->cfg.n_layers; l++)
-        rc = kv_forward_layer(b, seqs, n_seqs, n, l, hooks, err);
     if (rc) return rc;
+    for (int s = 0; s < n_seqs; s++) seqs[s]->step_lossy = 0;
+    int l = 0;
+    for (; !rc && l < m->cfg.n_layers; l++)
+        rc = kv_forward_layer(b, seqs, n_seqs, n, l, hooks, err);
+    /* the logits before n_past moves: a step whose logits fail is undone like any other */
+    if (!rc) rc = kv_forward_logits(b, n_seqs, n, mode, logits, err);
+    if (rc) {
+        forward_undo(seqs, n_seqs, l - 1);
+        return rc;
+    }
     for (int s = 0; s < n_seqs; s++) seqs[s]->n_past += n;
-    return kv_forward_logits(b, n_seqs, n, mode, logits, err);
+    return KV_OK;
 }

@@ -72,6 +72,14 @@ void kvfake_watch_grid2(const void *func);
 /* The attention kernel (cuda/kernels/kv_kernels.cuh) as the fake sees its launches:
  * kv_k_paged_attention (split 0) or the split decode kernel kv_k_decode_split (split 1). */
 const void *kvfake_paged_attention_kernel(int split);
+/* The flash-decoding kernel (kv_k_flash_decode) a decode step launches for K/V type kv_type
+ * (kv_cache_type) and head dimension hd, for kvfake_watch_grid. */
+const void *kvfake_flash_decode_kernel(int kv_type, int hd);
+/* Attention of one task (one entry, f32 pool, block size 16) for a GQA group of g query heads
+ * of hd dims through the launchers (cuda/kernels.h paged_attention, or with split
+ * decode_attention_split with one chunk); *max_err = max |o - v| over the group (an exact 0
+ * when right). Returns the launch's cudaError_t as an int (0: success). */
+int kvfake_probe_wide_group(int g, int hd, int split, double *max_err);
 /* The fake device's SM count (cudaDeviceProp.multiProcessorCount): 132, an H100 SXM. */
 int kvfake_sm_count(void);
 
