@@ -28,7 +28,7 @@ extern "C" {
 #include "kvplan/model.h"
 #include "kvplan/tokenizer.h"
 #include "runtime/backend/ops.h"
-#include "runtime/model/quant_dot.h" /* kv_qmatmul_int: the CPU's integer dots */
+#include "quant/quant_dot.h" /* kv_qmatmul_int: the CPU's integer dots */
 #include "testutil.h"
 }
 

@@ -210,7 +210,7 @@ KV_GLOBAL void kv_k_gemv_f16(const unsigned char *W, const float *x, float *y, i
 }
 
 /* Activations of a block-type GEMV quantised once per step, as the CPU's integer dots take them
- * (runtime/model/quant_dot.h, layout "A"): for every 32-element block b of x [rows, in] (in %
+ * (runtime/quant/quant_dot.h, layout "A"): for every 32-element block b of x [rows, in] (in %
  * 32 == 0, blocks numbered row-major), d[b] = max|x| / 127, q[32 b + j] = round-to-nearest-
  * even(x / d) clamped to [-127, 127] (the CPU's q8 and quant_block: the same bytes), s[b] =
  * sum q. One warp per block; any grid. q: rows * in bytes (4-byte aligned), d, s: rows * in /
