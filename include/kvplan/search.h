@@ -107,45 +107,6 @@ typedef struct kv_search_opts {
  * (the caller supplies them; the CLI default is t 0.50:0.95:0.05, r 0.05:0.95:0.05), p = 0.5,
  * eval 8192, held-out 4096, exhaustive. */
 void kv_search_opts_default(kv_search_opts *o, const kv_model *m);
-/* The sensitivity options a search runs with: o->sens with the search's ratio, C, b_s, grid p,
- * policy, base KV type, progress, task farm and the knapsack's KV types (o->kv_types_mask when
- * sensitivity planning runs, else none). A value; nothing to free. Inline so that the guard
- * (planner/robust.c, which kv_search_write calls) shares it without a call cycle. */
-static inline kv_sens_opts kv_search_sens_opts(const kv_search_opts *o) {
-    kv_sens_opts so = o->sens;
-    so.ratio = o->ratio;
-    so.context = o->context;
-    so.block_size = o->block_size;
-    so.evict_block = o->evict_block;
-    so.policy = o->policy;
-    so.progress = o->progress;
-    so.tasks = o->tasks;
-    so.kv_type = o->kv_type;
-    so.types_mask = o->sensitivity ? o->kv_types_mask : 0;
-    return so;
-}
-
-/* An engine whose reservation is the full cache of m at C = o->context with block size
- * block_size, Batch-Max eviction block p, the search's policy and KV type t in every head, for
- * up to `seqs` sequences of a batch, on o->device with o->n_threads; type_mask: the further KV
- * types a sequence may store (kv_engine_opts.type_mask, 0 = t only). Any budget plan of the
- * search runs on it (KV-Compress block tables per head). *out is the caller's
- * (kv_engine_free). Errors: those of kv_plan_full and kv_engine_new. Inline for the reason
- * kv_search_sens_opts is (the search and the guard share it). */
-static inline int kv_search_engine(const kv_model *m, const kv_search_opts *o, kv_cache_type t,
-                                   int block_size, int p, int seqs, int type_mask, kv_engine **out,
-                                   kv_error *err) {
-    kv_plan full;
-    int rc = kv_plan_full(&m->cfg, o->context, block_size, p, o->policy, &full, err);
-    if (rc) return rc;
-    kv_plan_set_kv_type(&full, t);
-    kv_engine_opts eo = {
-        .device = o->device, .max_seqs = seqs, .n_threads = o->n_threads, .type_mask = type_mask};
-    rc = kv_engine_new(m, &full, &eo, out, err);
-    kv_plan_free(&full);
-    return rc;
-}
-
 /* Names of the baselines, in the order of kv_search_result.base_ppl. */
 #define KV_SEARCH_N_BASE 3
 extern const char *const kv_search_base_names[KV_SEARCH_N_BASE]; /* full, uniform, squeeze */
