@@ -210,3 +210,45 @@ int kv_search_engine(const kv_model *m, const kv_search_opts *o, kv_cache_type t
     kv_plan_free(&full);
     return rc;
 }
+
+/* ---------------------------------------------------------------- ratio and blocks ---- */
+
+int kv_search_ratio_tokens(double ratio, kv_cache_type t, int head_dim, double *tokens,
+                           kv_error *err) {
+    double r = kv_type_token_ratio(ratio, t, head_dim);
+    if (r > 1.0 + 1e-12)
+        return kv_fail(err, KV_EINPUT,
+                       "--ratio %g of the full F16 cache is more than the full cache in %s (at "
+                       "most %g)",
+                       ratio, kv_type_name(t), ratio / r);
+    *tokens = r > 1.0 ? 1.0 : r;
+    return KV_OK;
+}
+
+double kv_search_ratio_bytes(double tokens, kv_cache_type t, int head_dim) {
+    return tokens * (double)kv_type_token_bytes(t, head_dim) /
+           (double)kv_type_token_bytes(KV_TYPE_F16, head_dim);
+}
+
+int kv_search_default_blocks(double ratio, int context, kv_policy policy, int block_size,
+                             int evict_block, int *bs_out, int *p_out, int *min_tokens,
+                             kv_error *err) {
+    if (block_size && evict_block) return KV_OK;
+    double u = ratio * context;
+    int fixed = kv_policy_fixed_tokens(policy);
+    for (int b = 16; b >= 1; b /= 2) {
+        int bs = block_size ? block_size : b;
+        int p = evict_block ? evict_block : b;
+        if (u / bs >= 8.0 && fixed + p <= u / 2) {
+            *bs_out = bs;
+            *p_out = p;
+            *min_tokens = fixed + p;
+            return KV_OK;
+        }
+    }
+    return kv_fail(err, KV_EINPUT,
+                   "R = %g of C = %d is %.1f tokens per head: with the %s policy's %d fixed "
+                   "tokens no block size leaves room to move budget between heads; pass a "
+                   "larger --ratio or --context, or --block-size 1 --evict-block 1 to accept it",
+                   ratio, context, u, kv_policy_name(policy), fixed);
+}

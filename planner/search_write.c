@@ -180,8 +180,7 @@ int kv_plan_file_write(const char *path, const char *command, const char *profil
     /* the knapsack's per-head types: validated against the byte ratio of a->ratio's tokens in
      * a->kv_type (the bytes the knapsack had) */
     int typed = (sens || (sr && sr->winner_type_uniform >= 0)) && sr->kv_types;
-    double bratio = a->ratio * (double)kv_type_token_bytes(a->kv_type, m->cfg.head_dim) /
-                    (double)kv_type_token_bytes(KV_TYPE_F16, m->cfg.head_dim);
+    double bratio = kv_search_ratio_bytes(a->ratio, a->kv_type, m->cfg.head_dim);
     int rc = kv_plan_from_budgets_typed(
         &m->cfg, tokens, sens ? sr->policy : NULL, typed ? sr->kv_types : NULL, policy,
         typed ? bratio : a->ratio, a->context, a->block_size, evict_block,
