@@ -46,13 +46,8 @@ int kv_plan_args_setup(const kv_plan_args *a, kv_model **m, kv_profile_inputs *p
     if ((rc = kv_cli_load_model(a->model, m, err))) return rc;
     if ((rc = kv_budget_args_type(&a->b, &ap->kv_type, err))) return rc;
     /* the allocators share tokens: R in bytes over the full F16 cache -> a token fraction */
-    ap->ratio = kv_type_token_ratio(a->b.ratio, ap->kv_type, (*m)->cfg.head_dim);
-    if (ap->ratio > 1.0 + 1e-12)
-        return kv_fail(err, KV_EINPUT,
-                       "--ratio %g of the full F16 cache is more than the full cache in %s (at "
-                       "most %g)",
-                       a->b.ratio, kv_type_name(ap->kv_type), a->b.ratio / ap->ratio);
-    if (ap->ratio > 1.0) ap->ratio = 1.0;
+    rc = kv_search_ratio_tokens(a->b.ratio, ap->kv_type, (*m)->cfg.head_dim, &ap->ratio, err);
+    if (rc) return rc;
     ap->context = a->context ? (int)a->context : (*m)->cfg.seq_len;
     if (ap->context > (*m)->cfg.seq_len)
         return kv_fail(err, KV_EINPUT, "--context %d exceeds the model's context %d", ap->context,

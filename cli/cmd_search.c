@@ -128,32 +128,6 @@ const kv_cli_spec kv_spec_search = {
      {"threads", kv_threads_opts, KV_THREADS_OPTS_N, offsetof(search_args, threads)}},
 };
 
-/* Default b_s = p from R and C (docs/design.md "Sensitivity planning"): the largest of
- * 16, 8, 4, 2, 1 with at least 8 blocks per head on average (R * C / b_s >= 8) and the
- * policy's floor (fixed part + p) at most half of R * C, so budget can move between heads.
- * Values given on the command line are kept. Refuses when even b_s = p = 1 leaves no room. */
-static int choose_blocks(const kv_plan_args *a, kv_policy policy, kv_alloc_params *ap,
-                         int *evict_block, kv_error *err) {
-    if (a->b.block_size && a->b.evict_block) return KV_OK;
-    double u = ap->ratio * ap->context;
-    int fixed = kv_policy_fixed_tokens(policy);
-    for (int b = 16; b >= 1; b /= 2) {
-        int bs = a->b.block_size ? (int)a->b.block_size : b;
-        int p = a->b.evict_block ? (int)a->b.evict_block : b;
-        if (u / bs >= 8.0 && fixed + p <= u / 2) {
-            ap->block_size = bs;
-            *evict_block = p;
-            ap->min_tokens = fixed + p;
-            return KV_OK;
-        }
-    }
-    return kv_fail(err, KV_EINPUT,
-                   "R = %g of C = %d is %.1f tokens per head: with the %s policy's %d fixed "
-                   "tokens no block size leaves room to move budget between heads; pass a "
-                   "larger --ratio or --context, or --block-size 1 --evict-block 1 to accept it",
-                   ap->ratio, ap->context, u, kv_policy_name(policy), fixed);
-}
-
 /* "sink,h2o" -> policies (at most KV_SENS_MAX_POLICIES). */
 static int parse_policies(const char *s, kv_policy *out, int *n, kv_error *err) {
     *n = 0;
@@ -212,7 +186,9 @@ typedef struct search_job {
     kv_robust_objective text_objective;
     char text_sha[65]; /* SHA-256 of the text's bytes and of its token ids (task-log key) */
     char ids_sha[65];
-    kv_probes probes; /* --retrieval's, tokenized (n = 0 without) */
+    kv_probes probes;         /* --retrieval's, tokenized (n = 0 without) */
+    kv_retrieval_heads heads; /* the profile's /heads/retrieval (none: the stage measures them) */
+    kv_retrieval_opts ro;     /* the retrieval stage's options (--retrieval) */
 } search_job;
 
 static void job_free(search_job *j) {
@@ -224,6 +200,7 @@ static void job_free(search_job *j) {
     free(j->pv);
     kv_profile_inputs_free(&j->prof);
     kv_probes_free(&j->probes);
+    kv_retrieval_heads_free(&j->heads);
     kv_model_free(j->m);
 }
 
@@ -302,6 +279,26 @@ static int read_probes(const search_args *s, search_job *j, kv_error *err) {
     return rc;
 }
 
+/* The retrieval stage's options (--retrieval), with the profile's /heads/retrieval when it has
+ * them (else the stage measures the heads); heads is the caller's (kv_retrieval_heads_free). */
+static int retrieval_opts(const search_args *s, const search_job *j, kv_retrieval_heads *heads,
+                          kv_retrieval_opts *ro, kv_error *err) {
+    memset(heads, 0, sizeof *heads);
+    int found = 0, rc = KV_OK;
+    if (s->a.profile) {
+        kv_h5 *f = NULL;
+        rc = kv_h5_open_read(s->a.profile, &f, err);
+        if (!rc)
+            rc = kv_retrieval_heads_read(f, s->a.profile, j->m->cfg.n_layers, j->m->cfg.n_kv_heads,
+                                         heads, &found, err);
+        kv_h5_close(f);
+    }
+    kv_retrieval_opts_default(ro);
+    ro->tolerance = s->retrieval_tol / 100.0;
+    ro->heads = found ? heads : NULL;
+    return rc;
+}
+
 static int build_job(search_args *s, search_job *j, kv_error *err) {
     kv_plan_args *a = &s->a;
     /* the text and tokenizer are inputs too: checked before the (long) search starts */
@@ -324,7 +321,10 @@ static int build_job(search_args *s, search_job *j, kv_error *err) {
         rc = kv_plan_args_setup(a, &j->m, &j->prof, &j->have_prof, &j->ap, &j->policy,
                                 &j->evict_block, err);
     if (!rc) rc = kv_cli_blas_ready(err);
-    if (!rc) rc = choose_blocks(a, j->policy, &j->ap, &j->evict_block, err);
+    if (!rc)
+        rc = kv_search_default_blocks(j->ap.ratio, j->ap.context, j->policy, (int)a->b.block_size,
+                                      (int)a->b.evict_block, &j->ap.block_size, &j->evict_block,
+                                      &j->ap.min_tokens, err);
     if (!rc) rc = parse_objective(s->sens_objective, &j->objective, err);
     if (!rc && s->sens_policies)
         rc = parse_policies(s->sens_policies, j->spolicies, &j->n_spol, err);
@@ -338,6 +338,7 @@ static int build_job(search_args *s, search_job *j, kv_error *err) {
     }
     if (!rc) rc = tokenize_text(s, j, err);
     if (!rc && s->retrieval) rc = read_probes(s, j, err);
+    if (!rc && s->retrieval) rc = retrieval_opts(s, j, &j->heads, &j->ro, err);
     return rc;
 }
 
@@ -590,50 +591,13 @@ static void print_result(const search_args *s, const search_job *j, const kv_all
                res->best_chunks, res->search_chunks);
 }
 
-/* The retrieval stage (--retrieval) after the guard, with the profile's /heads/retrieval when
- * it has them (else the stage measures the heads). */
-static int run_retrieval(const search_args *s, const search_job *j, const kv_search_opts *so,
-                         kv_search_result *res, kv_retrieval_result *rr, kv_error *err) {
-    kv_retrieval_heads heads;
-    memset(&heads, 0, sizeof heads);
-    int found = 0, rc = KV_OK;
-    if (s->a.profile) {
-        kv_h5 *f = NULL;
-        rc = kv_h5_open_read(s->a.profile, &f, err);
-        if (!rc)
-            rc = kv_retrieval_heads_read(f, s->a.profile, j->m->cfg.n_layers, j->m->cfg.n_kv_heads,
-                                         &heads, &found, err);
-        kv_h5_close(f);
-    }
-    kv_retrieval_opts ro;
-    kv_retrieval_opts_default(&ro);
-    ro.tolerance = s->retrieval_tol / 100.0;
-    ro.heads = found ? &heads : NULL;
-    const kv_robust_result *g = res->robust;
-    int guard_bs = g && g->source[g->chosen] < 0 ? g->uniform_block_size : so->block_size;
-    if (!rc)
-        rc = kv_retrieval_search(j->m, j->ids, j->S, so, &j->probes, &ro, guard_bs, res, rr, err);
-    kv_retrieval_heads_free(&heads);
-    return rc;
-}
-
-/* Rank 0's plan file: the winner's parameters and budgets with the search's record. */
-static int write_plan(const search_args *s, const search_job *j, kv_alloc_params *ap,
+/* Rank 0's plan file: the winner's parameters (ap, from kv_search_plan) and budgets with the
+ * search's record. */
+static int write_plan(const search_args *s, const search_job *j, const kv_alloc_params *ap,
                       const kv_search_opts *so, const kv_search_result *res, int argc, char **argv,
                       kv_error *err) {
     char cmd[4096] = "kvplan ";
     kv_cli_command_line(argc, argv, cmd + 7, sizeof cmd - 7);
-    ap->kind = res->winner_kind;
-    ap->t = res->best_t;
-    ap->r = res->best_r;
-    ap->p = res->best_p;
-    int retrieval_plan = res->retrieval && res->retrieval->chosen >= 0;
-    if (!retrieval_plan && res->robust && res->robust->source[res->robust->chosen] < 0) {
-        /* the guard fell back to the uniform cache it compares with: b_s = p = 1 */
-        ap->kind = KV_ALLOC_UNIFORM;
-        ap->block_size = res->robust->uniform_block_size;
-        ap->min_tokens = kv_policy_fixed_tokens(j->policy) + res->robust->uniform_evict_block;
-    }
     return kv_plan_file_write(s->a.out, cmd, s->a.profile, j->m, ap, j->policy, res->evict_block,
                               res->tokens, so, res, err);
 }
@@ -669,21 +633,19 @@ int kv_cmd_search(int argc, char **argv) {
     if (!rc) rc = open_task_log(tasks, &s, &j, argc, argv, log_path, sizeof log_path, &err);
     /* run: the search, its chunk evaluations shared among the ranks */
     rc = kv_tasks_agree(tasks, rc, &err); /* no rank enters the search alone */
+    kv_alloc_params ap = j.ap;
     if (!rc) {
         so.tasks = tasks;
-        rc = kv_search_run(j.m, j.have_prof ? &j.prof : NULL, j.ids, j.n_ids, &so, &res, &err);
-        /* the guard: per-text figures, fall back towards uniform where the plan loses */
+        /* the search, the guard over the texts and the retrieval stage (--retrieval) */
         kv_robust_layout lay = {j.n_texts, j.text_names, j.text_tokens, j.S, j.HC, j.chunk_text};
-        if (!rc) rc = kv_robust_guard(j.m, j.ids, &lay, &so, j.text_objective, &res, &rob, &err);
-        if (!rc) res.robust = &rob;
-        if (!rc && s.retrieval) rc = run_retrieval(&s, &j, &so, &res, &rr, &err);
-        if (!rc && s.retrieval) res.retrieval = &rr;
+        rc = kv_search_plan(j.m, j.have_prof ? &j.prof : NULL, j.ids, j.n_ids, &lay,
+                            j.text_objective, &so, s.retrieval ? &j.probes : NULL, &j.ro, &res,
+                            &rob, &rr, &ap, &err);
         if (!rc && rank == 0 && !s.a.quiet && kv_tasks_resumed(tasks) > 0)
             fprintf(stderr, "search: %ld chunk evaluations taken from %s\n",
                     kv_tasks_resumed(tasks), log_path);
     }
     /* report: only rank 0 writes files and prints */
-    kv_alloc_params ap = j.ap;
     if (!rc && rank == 0) rc = write_plan(&s, &j, &ap, &so, &res, argc, argv, &err);
     if (!rc && rank == 0) kv_tasks_log_close(tasks, 1); /* a finished run leaves no log */
     if (!rc && rank == 0) print_result(&s, &j, &ap, &so, &res);

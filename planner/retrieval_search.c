@@ -8,7 +8,7 @@
 
 #include "kvplan/eval.h"
 #include "kvplan/retrieval.h"
-#include "kvplan/search.h"
+#include "planner/search_impl.h"
 #include "planner/sensitivity.h"
 
 /* Retrieval weights of the weighted candidates (nats of curve objective per nat of answer

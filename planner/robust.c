@@ -10,7 +10,7 @@
 #include "kvplan/engine.h"
 #include "kvplan/eval.h"
 #include "kvplan/plan.h"
-#include "kvplan/search.h"
+#include "planner/search_impl.h"
 #include "planner/sensitivity.h"
 
 const char *kv_robust_decision(const kv_robust_result *r) {
@@ -361,12 +361,266 @@ static int blend_tokens(int p, kv_cache_type t, int u, const struct kv_search_op
     return n;
 }
 
+/* The guard's state: its inputs, the budgets it compares (uniform at b_s = p = 1 and at the
+ * plan's b_s, the sources and their blends) and the chunk losses of every candidate. */
+typedef struct guard {
+    const kv_model *m;
+    const int *ids;
+    const kv_robust_layout *lay;
+    const struct kv_search_opts *o;
+    kv_robust_objective obj;
+    struct kv_search_result *res;
+    kv_robust_result *rr;
+    kv_error *err;
+    int C, nh, nc, bs, p, ubsz, up;
+    int *ub1, *ubs, *src, *cb;     /* [nh], [nh], [N_SRC * nh], [MAX_SETS * nh] */
+    kv_policy *spol, *upol;        /* [N_SRC * nh], [nh] */
+    kv_cache_type *styp;           /* [N_SRC * nh] */
+    double *nll;                   /* [(2 + MAX_SETS) * nc]: full, uniform, candidates */
+    kv_engine *ep, *eu;            /* the plan's b_s and p; the uniform's */
+    int n_src, scode[N_SRC], sets; /* sources, their codes, candidate budget sets */
+    int alone[KV_ROBUST_MAX_CAND]; /* measured alone */
+} guard;
+
+/* The sources: the plan, the per-text knapsacks' solutions and the sensitivity knapsack's
+ * solution when the search kept another plan (its types too). */
+static int guard_sources(guard *g) {
+    const struct kv_search_opts *o = g->o;
+    struct kv_search_result *res = g->res;
+    const int nh = g->nh;
+    int n_knap = 0;
+    int rc = kv_uniform_budgets(nh, o->ratio, g->C, g->ubsz, g->ub1, NULL, g->err);
+    if (!rc) rc = kv_uniform_budgets(nh, o->ratio, g->C, g->bs, g->ubs, NULL, g->err);
+    if (!rc) {
+        memcpy(g->src, res->tokens, (size_t)nh * sizeof *g->src);
+        memcpy(g->spol, res->policy, (size_t)nh * sizeof *g->spol);
+        /* the plan's heads keep their types; the per-text knapsacks choose theirs (over the
+         * search's --kv-types) */
+        for (int i = 0; i < N_SRC * nh; i++)
+            g->styp[i] = i < nh && res->kv_types ? res->kv_types[i] : o->kv_type;
+        rc = text_knapsacks(g->m, g->ids, g->lay, o, res, nh, g->src + nh, g->spol + nh,
+                            g->styp + nh, &n_knap, g->err);
+        g->n_src += n_knap;
+    }
+    if (!rc && res->have_sens && res->sens.budget && res->sens.policy &&
+        res->sens.best_round >= 0 &&
+        (memcmp(res->sens.budget, res->tokens, (size_t)nh * sizeof *res->tokens) ||
+         (res->sens.type && res->kv_types &&
+          memcmp(res->sens.type, res->kv_types, (size_t)nh * sizeof *res->kv_types)))) {
+        memcpy(g->src + g->n_src * nh, res->sens.budget, (size_t)nh * sizeof *g->src);
+        memcpy(g->spol + g->n_src * nh, res->sens.policy, (size_t)nh * sizeof *g->spol);
+        for (int h = 0; h < nh; h++)
+            g->styp[g->n_src * nh + h] = res->sens.type ? res->sens.type[h] : o->kv_type;
+        g->scode[g->n_src++] = KV_ROBUST_SRC_SENS;
+    }
+    return rc;
+}
+
+/* The candidates: every source at every blend lambda (then uniform, last), and the engines. */
+static int guard_candidates(guard *g, int rc) {
+    kv_robust_result *rr = g->rr;
+    const int nh = g->nh;
+    g->sets = g->n_src * KV_ROBUST_N_LAMBDA;
+    rr->n_cand = g->sets + 1;
+    for (int k = 0; k < g->sets && !rc; k++) {
+        const int *P = g->src + (k / KV_ROBUST_N_LAMBDA) * nh;
+        double lam = cand_lambda[k % KV_ROBUST_N_LAMBDA];
+        rr->lambda[k] = lam;
+        rr->source[k] = g->scode[k / KV_ROBUST_N_LAMBDA];
+        const kv_cache_type *T = g->styp + (k / KV_ROBUST_N_LAMBDA) * nh;
+        for (int h = 0; h < nh; h++)
+            g->cb[k * nh + h] =
+                lam == 1.0 ? P[h] : blend_tokens(P[h], T[h], g->ubs[h], g->o, g->m, lam);
+    }
+    rr->lambda[g->sets] = 0.0;
+    rr->source[g->sets] = -1;
+    for (int h = 0; h < nh && g->upol; h++) g->upol[h] = g->o->policy;
+    if (!rc) rc = engine_for(g->m, g->o, g->bs, g->p, g->sets, &g->ep, g->err);
+    if (!rc) rc = engine_for(g->m, g->o, g->ubsz, g->up, 1, &g->eu, g->err);
+    return rc;
+}
+
+/* Every chunk: full, uniform (b_s = p = 1), the candidates as one batch. */
+static int guard_measure(guard *g, int rc) {
+    const int C = g->C, nc = g->nc, nh = g->nh, sets = g->sets;
+    double *nf = g->nll, *nu = g->nll + nc, *ncand = g->nll + 2 * nc;
+    for (int ch = 0; ch < nc && !rc; ch++) {
+        const int *tk = g->ids + (long)ch * C;
+        const int *b1[1] = {g->ub1};
+        const kv_policy *p1[1] = {g->upol};
+        const int *bc[MAX_SETS];
+        const kv_policy *pc[MAX_SETS];
+        const kv_cache_type *tc[MAX_SETS];
+        double cn[MAX_SETS];
+        for (int k = 0; k < sets; k++) {
+            bc[k] = g->cb + k * nh;
+            pc[k] = g->spol + (k / KV_ROBUST_N_LAMBDA) * nh;
+            tc[k] = g->styp + (k / KV_ROBUST_N_LAMBDA) * nh;
+        }
+        rc = kv_engine_chunk_nll(g->ep, tk, C, 1, NULL, NULL, &nf[ch], NULL, g->err);
+        if (!rc) rc = kv_engine_chunk_nll(g->eu, tk, C, 1, b1, p1, &nu[ch], NULL, g->err);
+        if (!rc)
+            rc = kv_engine_chunk_score_typed(g->ep, tk, C, sets, bc, pc, tc, NULL, cn, NULL, NULL,
+                                             g->err);
+        for (int k = 0; k < sets && !rc; k++) ncand[k * nc + ch] = cn[k];
+        if (!rc && g->o->progress && !g->o->progress->quiet)
+            kv_progress_print(g->o->progress, 0, "search: per-text check %d/%d chunks", ch + 1, nc);
+    }
+    if (g->o->progress && !g->o->progress->quiet) kv_progress_done(g->o->progress);
+    return rc;
+}
+
+/* Per-text perplexities, the transfer check (leave one text out): a knapsack fitted on every
+ * text's curves (mean, worst, the sensitivity knapsack's pooled one) at blend lambda qualifies
+ * only when every text's own knapsack at that lambda holds on each text it was not fitted on;
+ * with two texts that is the knapsack fitted without a text, tested on it. Then the bounds and
+ * objectives of every candidate. */
+static void guard_screen(guard *g) {
+    kv_robust_result *rr = g->rr;
+    const int C = g->C, nc = g->nc, sets = g->sets, N = rr->n_texts;
+    double *nf = g->nll, *nu = g->nll + nc, *ncand = g->nll + 2 * nc;
+    text_ppl(g->lay, C, nf, rr->full);
+    text_ppl(g->lay, C, nu, rr->uniform);
+    for (int k = 0; k < sets; k++) text_ppl(g->lay, C, ncand + k * nc, rr->cand + k * N * 2);
+    memcpy(rr->cand + sets * N * 2, rr->uniform, (size_t)N * 2 * sizeof *rr->uniform);
+    int n_own = 0;
+    for (int s = 0; s < g->n_src; s++)
+        n_own += g->scode[s] >= 3 && g->scode[s] < KV_ROBUST_SRC_SENS;
+    for (int k = 0; k < rr->n_cand; k++) {
+        int code = rr->source[k];
+        rr->transfer[k] = -1;
+        if (k >= sets || n_own < 2 || !(code == 1 || code == 2 || code == KV_ROBUST_SRC_SENS))
+            continue;
+        rr->transfer[k] = 1;
+        for (int s = 0; s < g->n_src; s++) {
+            if (g->scode[s] < 3 || g->scode[s] >= KV_ROBUST_SRC_SENS) continue;
+            int ks = s * KV_ROBUST_N_LAMBDA + k % KV_ROBUST_N_LAMBDA, own = g->scode[s] - 3;
+            for (int t = 0; t < N && rr->transfer[k]; t++)
+                if (t != own &&
+                    !holds_on_text(rr, g->lay, C, rr->cand + ks * N * 2, ncand + ks * nc, nu, t))
+                    rr->transfer[k] = 0;
+        }
+    }
+    for (int k = 0; k < rr->n_cand; k++) {
+        rr->bound[k] = k < sets ? pred_bound(g->lay, C, ncand + k * nc, nu) : 0.0;
+        double v = cand_objective(rr, rr->cand + k * N * 2, rr->bound[k], g->obj, &rr->passed[k]);
+        rr->objective[k] = rr->passed[k] && rr->transfer[k] ? v : HUGE_VAL;
+    }
+}
+
+/* The lowest objective among the passing (uniform, last, always passes); ties go to the
+ * earlier candidate: the plan before the knapsacks, the larger lambda first. The batch of
+ * candidates is screening: the search's own plan and the chosen one are measured again alone,
+ * as `kvplan eval` runs them (one sequence; a batched pass differs in the last digits), and
+ * those figures decide; a chosen candidate that then loses somewhere is dropped and the next
+ * best measured. Then the one-standard-error rule: another candidate replaces the search's own
+ * plan only when it is better by more than the standard error of the difference. */
+static int guard_choose(guard *g) {
+    kv_robust_result *rr = g->rr;
+    const int C = g->C, nc = g->nc, nh = g->nh, sets = g->sets, N = rr->n_texts;
+    double *nu = g->nll + nc, *ncand = g->nll + 2 * nc;
+    int rc = KV_OK, first = 1;
+    for (;;) {
+        rr->chosen = sets;
+        for (int k = sets - 1; k >= 0; k--)
+            if (rr->objective[k] <= rr->objective[rr->chosen]) rr->chosen = k;
+        int k = first ? 0 : rr->chosen;
+        first = 0;
+        if (k == sets || (g->alone[k] && rr->passed[k])) break;
+        g->alone[k] = 1;
+        double *row = rr->cand + k * N * 2, *cn = ncand + k * nc;
+        const int *bk[1] = {g->cb + k * nh};
+        const kv_policy *pk[1] = {g->spol + (k / KV_ROBUST_N_LAMBDA) * nh};
+        const kv_cache_type *tk[1] = {g->styp + (k / KV_ROBUST_N_LAMBDA) * nh};
+        for (int ch = 0; ch < nc && !rc; ch++)
+            rc = kv_engine_chunk_score_typed(g->ep, g->ids + (long)ch * C, C, 1, bk, pk, tk, NULL,
+                                             &cn[ch], NULL, NULL, g->err);
+        if (rc) break;
+        text_ppl(g->lay, C, cn, row);
+        rr->bound[k] = pred_bound(g->lay, C, cn, nu);
+        double v = cand_objective(rr, row, rr->bound[k], g->obj, &rr->passed[k]);
+        rr->objective[k] = rr->passed[k] && rr->transfer[k] ? v : HUGE_VAL;
+    }
+    int k = rr->chosen;
+    if (!rc && k > 0 && k < sets && rr->passed[0] && g->alone[0]) {
+        rr->se_margin = objective_diff_se(g->lay, C, ncand + k * nc, ncand);
+        if (rr->objective[0] - rr->objective[k] <= rr->se_margin) {
+            rr->kept_within_se = 1;
+            rr->chosen = 0;
+        }
+    }
+    return rc;
+}
+
+/* The chosen candidate's figures and why the plan itself was not kept: the first text and
+ * part it lost on, the standard-error rule, or the noise bound. */
+static void guard_reason(kv_robust_result *rr) {
+    int N = rr->n_texts;
+    memcpy(rr->plan, rr->cand + rr->chosen * N * 2, (size_t)N * 2 * sizeof *rr->plan);
+    for (int i = 0; i < N * 2 && !rr->passed[0] && !rr->reason[0]; i++)
+        if (rr->chunks[i] && !(rr->cand[i] <= rr->uniform[i] * (1.0 + PASS_TOL)))
+            snprintf(rr->reason, sizeof rr->reason,
+                     "the plan's perplexity %.4f is above the uniform cache's %.4f on %s "
+                     "(%s, %d chunks)",
+                     rr->cand[i], rr->uniform[i], rr->names[i / 2],
+                     i % 2 ? "held-out" : "calibration", rr->chunks[i]);
+    if (rr->kept_within_se)
+        snprintf(rr->reason, sizeof rr->reason,
+                 "kept: the best other candidate's objective is lower by less than the "
+                 "standard error of the difference (%.4f)",
+                 rr->se_margin);
+    if (!rr->passed[0] && !rr->reason[0])
+        snprintf(rr->reason, sizeof rr->reason,
+                 "the plan's gain is within chunk-to-chunk noise: on some text a new %d-chunk "
+                 "sample is predicted up to %.2f%% above the uniform cache (95%% bound; at "
+                 "most %.1f%% passes)",
+                 KV_ROBUST_PRED_CHUNKS, 100.0 * expm1(rr->bound[0]), 100.0 * KV_ROBUST_PRED_TOL);
+}
+
+/* The chosen candidate becomes the search's plan (res): uniform at b_s = p = 1, or a source at
+ * its blend. Nothing changes when the plan itself is kept. */
+static void guard_adopt(guard *g) {
+    const struct kv_search_opts *o = g->o;
+    struct kv_search_result *res = g->res;
+    const int nh = g->nh, k = g->rr->chosen;
+    if (g->rr->source[k] < 0) { /* uniform at b_s = p = 1 */
+        memcpy(res->tokens, g->ub1, (size_t)nh * sizeof *g->ub1);
+        for (int h = 0; h < nh; h++)
+            res->blocks[h] = (g->ub1[h] + g->ubsz - 1) / g->ubsz, res->policy[h] = o->policy;
+        res->evict_block = g->up;
+        res->winner_sens = 0;
+        res->winner_kind = KV_ALLOC_UNIFORM;
+        res->best_t = res->best_r = res->best_p = NAN;
+        res->identical_to_uniform = 1;
+        res->winner_type_uniform = -1;
+        if (res->kv_types)
+            for (int h = 0; h < nh; h++) res->kv_types[h] = o->kv_type;
+    } else if (k > 0) {
+        memcpy(res->tokens, g->cb + k * nh, (size_t)nh * sizeof *res->tokens);
+        const int s = k / KV_ROBUST_N_LAMBDA; /* the source's row in src, spol, styp */
+        memcpy(res->policy, g->spol + s * nh, (size_t)nh * sizeof *res->policy);
+        for (int h = 0; h < nh; h++) res->blocks[h] = (res->tokens[h] + g->bs - 1) / g->bs;
+        if (g->rr->source[k] >= 1) {
+            res->winner_sens = 1;
+            res->winner_type_uniform = -1;
+            res->best_t = res->best_r = res->best_p = NAN;
+        }
+        if (res->kv_types) memcpy(res->kv_types, g->styp + s * nh, (size_t)nh * sizeof *g->styp);
+        res->identical_to_uniform = !memcmp(res->tokens, g->ubs, (size_t)nh * sizeof *g->ubs);
+        for (int h = 0; h < nh; h++)
+            if (res->policy[h] != o->policy || (res->kv_types && res->kv_types[h] != o->kv_type))
+                res->identical_to_uniform = 0;
+    }
+}
+
 int kv_robust_guard(const kv_model *m, const int *ids, const kv_robust_layout *lay,
                     const struct kv_search_opts *o, kv_robust_objective obj,
                     struct kv_search_result *res, kv_robust_result *rr, kv_error *err) {
     memset(rr, 0, sizeof *rr);
-    const int C = o->context, nh = m->cfg.n_layers * m->cfg.n_kv_heads, nc = lay->S + lay->HC;
-    const int bs = o->block_size, p = res->evict_block > 0 ? res->evict_block : o->evict_block;
+    guard g = {
+        .m = m, .ids = ids, .lay = lay, .o = o, .obj = obj, .res = res, .rr = rr, .err = err};
+    g.C = o->context, g.nh = m->cfg.n_layers * m->cfg.n_kv_heads, g.nc = lay->S + lay->HC;
+    g.bs = o->block_size, g.p = res->evict_block > 0 ? res->evict_block : o->evict_block;
     if (lay->S != res->search_chunks || lay->HC != res->heldout_chunks)
         return kv_fail(err, KV_EINPUT,
                        "the text layout (%d + %d chunks) does not match the search's (%d + %d)",
@@ -375,217 +629,38 @@ int kv_robust_guard(const kv_model *m, const int *ids, const kv_robust_layout *l
     rr->obj = obj;
     /* the uniform cache compared with: b_s = p = 1 (the strongest) unless the caller fixed p
      * (no eviction-block search), then the search's own b_s and p */
-    const int ubsz = o->evict_block_search ? 1 : bs, up = o->evict_block_search ? 1 : p;
-    rr->uniform_block_size = ubsz;
-    rr->uniform_evict_block = up;
-    for (int ch = 0; ch < nc && !rc; ch++) rr->chunks[lay->chunk_text[ch] * 2 + (ch >= lay->S)]++;
-    /* budgets: uniform at b_s = 1 (the comparison), uniform at the plan's b_s, the sources
-     * (the plan, the per-text knapsacks' solutions) and their blends */
-    int *ub1 = kv_malloc((size_t)nh * sizeof *ub1, "uniform budgets", err);
-    int *ubs = kv_malloc((size_t)nh * sizeof *ubs, "uniform budgets", err);
-    int *src = kv_malloc((size_t)N_SRC * nh * sizeof *src, "candidate budgets", err);
-    kv_policy *spol = kv_malloc((size_t)N_SRC * nh * sizeof *spol, "candidate policies", err);
-    kv_cache_type *styp = kv_malloc((size_t)N_SRC * nh * sizeof *styp, "candidate types", err);
-    int *cb = kv_malloc((size_t)MAX_SETS * nh * sizeof *cb, "candidate budgets", err);
-    kv_policy *upol = kv_malloc((size_t)nh * sizeof *upol, "uniform policies", err);
-    double *nll = kv_malloc((size_t)(2 + MAX_SETS) * nc * sizeof *nll, "chunk losses", err);
-    kv_engine *ep = NULL, *eu = NULL;
-    int n_src = 1, n_knap = 0, scode[N_SRC];
-    for (int s = 0; s < N_SRC; s++) scode[s] = s; /* 0 the plan, 1 mean, 2 worst, 3 + t */
-    if (!rc && (!ub1 || !ubs || !src || !spol || !styp || !cb || !upol || !nll)) rc = KV_EINTERNAL;
-    if (!rc) rc = kv_uniform_budgets(nh, o->ratio, C, ubsz, ub1, NULL, err);
-    if (!rc) rc = kv_uniform_budgets(nh, o->ratio, C, bs, ubs, NULL, err);
+    g.ubsz = o->evict_block_search ? 1 : g.bs, g.up = o->evict_block_search ? 1 : g.p;
+    rr->uniform_block_size = g.ubsz;
+    rr->uniform_evict_block = g.up;
+    for (int ch = 0; ch < g.nc && !rc; ch++) rr->chunks[lay->chunk_text[ch] * 2 + (ch >= lay->S)]++;
+    const int nh = g.nh, nc = g.nc;
+    g.ub1 = kv_malloc((size_t)nh * sizeof *g.ub1, "uniform budgets", err);
+    g.ubs = kv_malloc((size_t)nh * sizeof *g.ubs, "uniform budgets", err);
+    g.src = kv_malloc((size_t)N_SRC * nh * sizeof *g.src, "candidate budgets", err);
+    g.spol = kv_malloc((size_t)N_SRC * nh * sizeof *g.spol, "candidate policies", err);
+    g.styp = kv_malloc((size_t)N_SRC * nh * sizeof *g.styp, "candidate types", err);
+    g.cb = kv_malloc((size_t)MAX_SETS * nh * sizeof *g.cb, "candidate budgets", err);
+    g.upol = kv_malloc((size_t)nh * sizeof *g.upol, "uniform policies", err);
+    g.nll = kv_malloc((size_t)(2 + MAX_SETS) * nc * sizeof *g.nll, "chunk losses", err);
+    g.n_src = 1;
+    for (int s = 0; s < N_SRC; s++) g.scode[s] = s; /* 0 the plan, 1 mean, 2 worst, 3 + t */
+    if (!rc && (!g.ub1 || !g.ubs || !g.src || !g.spol || !g.styp || !g.cb || !g.upol || !g.nll))
+        rc = KV_EINTERNAL;
+    if (!rc) rc = guard_sources(&g);
+    rc = guard_candidates(&g, rc);
+    rc = guard_measure(&g, rc);
     if (!rc) {
-        memcpy(src, res->tokens, (size_t)nh * sizeof *src);
-        memcpy(spol, res->policy, (size_t)nh * sizeof *spol);
-        /* the plan's heads keep their types; the per-text knapsacks choose theirs (over the
-         * search's --kv-types) */
-        for (int i = 0; i < N_SRC * nh; i++)
-            styp[i] = i < nh && res->kv_types ? res->kv_types[i] : o->kv_type;
-        rc = text_knapsacks(m, ids, lay, o, res, nh, src + nh, spol + nh, styp + nh, &n_knap, err);
-        n_src += n_knap;
-    }
-    /* the sensitivity knapsack's solution (its types too) when the search kept another plan */
-    if (!rc && res->have_sens && res->sens.budget && res->sens.policy &&
-        res->sens.best_round >= 0 &&
-        (memcmp(res->sens.budget, res->tokens, (size_t)nh * sizeof *res->tokens) ||
-         (res->sens.type && res->kv_types &&
-          memcmp(res->sens.type, res->kv_types, (size_t)nh * sizeof *res->kv_types)))) {
-        memcpy(src + n_src * nh, res->sens.budget, (size_t)nh * sizeof *src);
-        memcpy(spol + n_src * nh, res->sens.policy, (size_t)nh * sizeof *spol);
-        for (int h = 0; h < nh; h++)
-            styp[n_src * nh + h] = res->sens.type ? res->sens.type[h] : o->kv_type;
-        scode[n_src++] = KV_ROBUST_SRC_SENS;
-    }
-    const int sets = n_src * KV_ROBUST_N_LAMBDA;
-    rr->n_cand = sets + 1;
-    for (int k = 0; k < sets && !rc; k++) {
-        const int *P = src + (k / KV_ROBUST_N_LAMBDA) * nh;
-        double lam = cand_lambda[k % KV_ROBUST_N_LAMBDA];
-        rr->lambda[k] = lam;
-        rr->source[k] = scode[k / KV_ROBUST_N_LAMBDA];
-        const kv_cache_type *T = styp + (k / KV_ROBUST_N_LAMBDA) * nh;
-        for (int h = 0; h < nh; h++)
-            cb[k * nh + h] = lam == 1.0 ? P[h] : blend_tokens(P[h], T[h], ubs[h], o, m, lam);
-    }
-    rr->lambda[sets] = 0.0;
-    rr->source[sets] = -1;
-    for (int h = 0; h < nh; h++) upol[h] = o->policy;
-    if (!rc) rc = engine_for(m, o, bs, p, sets, &ep, err);
-    if (!rc) rc = engine_for(m, o, ubsz, up, 1, &eu, err);
-    /* every chunk: full, uniform (b_s = p = 1), the candidates as one batch */
-    double *nf = nll, *nu = nll + nc, *ncand = nll + 2 * nc;
-    for (int ch = 0; ch < nc && !rc; ch++) {
-        const int *tk = ids + (long)ch * C;
-        const int *b1[1] = {ub1};
-        const kv_policy *p1[1] = {upol};
-        const int *bc[MAX_SETS];
-        const kv_policy *pc[MAX_SETS];
-        const kv_cache_type *tc[MAX_SETS];
-        double cn[MAX_SETS];
-        for (int k = 0; k < sets; k++) {
-            bc[k] = cb + k * nh;
-            pc[k] = spol + (k / KV_ROBUST_N_LAMBDA) * nh;
-            tc[k] = styp + (k / KV_ROBUST_N_LAMBDA) * nh;
-        }
-        rc = kv_engine_chunk_nll(ep, tk, C, 1, NULL, NULL, &nf[ch], NULL, err);
-        if (!rc) rc = kv_engine_chunk_nll(eu, tk, C, 1, b1, p1, &nu[ch], NULL, err);
-        if (!rc)
-            rc =
-                kv_engine_chunk_score_typed(ep, tk, C, sets, bc, pc, tc, NULL, cn, NULL, NULL, err);
-        for (int k = 0; k < sets && !rc; k++) ncand[k * nc + ch] = cn[k];
-        if (!rc && o->progress && !o->progress->quiet)
-            kv_progress_print(o->progress, 0, "search: per-text check %d/%d chunks", ch + 1, nc);
-    }
-    if (o->progress && !o->progress->quiet) kv_progress_done(o->progress);
-    if (!rc) {
-        int N = rr->n_texts;
-        text_ppl(lay, C, nf, rr->full);
-        text_ppl(lay, C, nu, rr->uniform);
-        for (int k = 0; k < sets; k++) text_ppl(lay, C, ncand + k * nc, rr->cand + k * N * 2);
-        memcpy(rr->cand + sets * N * 2, rr->uniform, (size_t)N * 2 * sizeof *rr->uniform);
-        /* the transfer check (leave one text out): a knapsack fitted on every text's curves
-         * (mean, worst, the sensitivity knapsack's pooled one) at blend lambda qualifies only
-         * when every text's own knapsack at that lambda holds on each text it was not fitted
-         * on; with two texts that is the knapsack fitted without a text, tested on it */
-        int n_own = 0;
-        for (int s = 0; s < n_src; s++) n_own += scode[s] >= 3 && scode[s] < KV_ROBUST_SRC_SENS;
-        for (int k = 0; k < rr->n_cand; k++) {
-            int code = rr->source[k];
-            rr->transfer[k] = -1;
-            if (k >= sets || n_own < 2 || !(code == 1 || code == 2 || code == KV_ROBUST_SRC_SENS))
-                continue;
-            rr->transfer[k] = 1;
-            for (int s = 0; s < n_src; s++) {
-                if (scode[s] < 3 || scode[s] >= KV_ROBUST_SRC_SENS) continue;
-                int ks = s * KV_ROBUST_N_LAMBDA + k % KV_ROBUST_N_LAMBDA, own = scode[s] - 3;
-                for (int t = 0; t < N && rr->transfer[k]; t++)
-                    if (t != own &&
-                        !holds_on_text(rr, lay, C, rr->cand + ks * N * 2, ncand + ks * nc, nu, t))
-                        rr->transfer[k] = 0;
-            }
-        }
-        for (int k = 0; k < rr->n_cand; k++) {
-            rr->bound[k] = k < sets ? pred_bound(lay, C, ncand + k * nc, nu) : 0.0;
-            double v = cand_objective(rr, rr->cand + k * N * 2, rr->bound[k], obj, &rr->passed[k]);
-            rr->objective[k] = rr->passed[k] && rr->transfer[k] ? v : HUGE_VAL;
-        }
-        /* the lowest objective among the passing (uniform, last, always passes); ties go to
-         * the earlier candidate: the plan before the knapsacks, the larger lambda first. The
-         * batch of candidates is screening: the search's own plan and the chosen one are
-         * measured again alone, as `kvplan eval` runs them (one sequence; a batched pass
-         * differs in the last digits), and those figures decide; a chosen candidate that then
-         * loses somewhere is dropped and the next best measured. */
-        int alone[KV_ROBUST_MAX_CAND] = {0}, first = 1;
-        for (;;) {
-            rr->chosen = sets;
-            for (int k = sets - 1; k >= 0; k--)
-                if (rr->objective[k] <= rr->objective[rr->chosen]) rr->chosen = k;
-            int k = first ? 0 : rr->chosen;
-            first = 0;
-            if (k == sets || (alone[k] && rr->passed[k])) break;
-            alone[k] = 1;
-            double *row = rr->cand + k * N * 2, *cn = ncand + k * nc;
-            const int *bk[1] = {cb + k * nh};
-            const kv_policy *pk[1] = {spol + (k / KV_ROBUST_N_LAMBDA) * nh};
-            const kv_cache_type *tk[1] = {styp + (k / KV_ROBUST_N_LAMBDA) * nh};
-            for (int ch = 0; ch < nc && !rc; ch++)
-                rc = kv_engine_chunk_score_typed(ep, ids + (long)ch * C, C, 1, bk, pk, tk, NULL,
-                                                 &cn[ch], NULL, NULL, err);
-            if (rc) break;
-            text_ppl(lay, C, cn, row);
-            rr->bound[k] = pred_bound(lay, C, cn, nu);
-            double v = cand_objective(rr, row, rr->bound[k], obj, &rr->passed[k]);
-            rr->objective[k] = rr->passed[k] && rr->transfer[k] ? v : HUGE_VAL;
-        }
-        /* the one-standard-error rule: another candidate replaces the search's own plan only
-         * when it is better by more than the standard error of the difference */
-        int k = rr->chosen;
-        if (!rc && k > 0 && k < sets && rr->passed[0] && alone[0]) {
-            rr->se_margin = objective_diff_se(lay, C, ncand + k * nc, ncand);
-            if (rr->objective[0] - rr->objective[k] <= rr->se_margin) {
-                rr->kept_within_se = 1;
-                rr->chosen = 0;
-            }
-        }
+        guard_screen(&g);
+        rc = guard_choose(&g);
     }
     if (!rc) {
-        int N = rr->n_texts;
-        memcpy(rr->plan, rr->cand + rr->chosen * N * 2, (size_t)N * 2 * sizeof *rr->plan);
-        /* why the plan itself was not kept: the first text and part it lost on */
-        for (int i = 0; i < N * 2 && !rr->passed[0] && !rr->reason[0]; i++)
-            if (rr->chunks[i] && !(rr->cand[i] <= rr->uniform[i] * (1.0 + PASS_TOL)))
-                snprintf(rr->reason, sizeof rr->reason,
-                         "the plan's perplexity %.4f is above the uniform cache's %.4f on %s "
-                         "(%s, %d chunks)",
-                         rr->cand[i], rr->uniform[i], rr->names[i / 2],
-                         i % 2 ? "held-out" : "calibration", rr->chunks[i]);
-        if (rr->kept_within_se)
-            snprintf(rr->reason, sizeof rr->reason,
-                     "kept: the best other candidate's objective is lower by less than the "
-                     "standard error of the difference (%.4f)",
-                     rr->se_margin);
-        if (!rr->passed[0] && !rr->reason[0])
-            snprintf(rr->reason, sizeof rr->reason,
-                     "the plan's gain is within chunk-to-chunk noise: on some text a new %d-chunk "
-                     "sample is predicted up to %.2f%% above the uniform cache (95%% bound; at "
-                     "most %.1f%% passes)",
-                     KV_ROBUST_PRED_CHUNKS, 100.0 * expm1(rr->bound[0]),
-                     100.0 * KV_ROBUST_PRED_TOL);
-        int k = rr->chosen;
-        if (rr->source[k] < 0) { /* uniform at b_s = p = 1 */
-            memcpy(res->tokens, ub1, (size_t)nh * sizeof *ub1);
-            for (int h = 0; h < nh; h++)
-                res->blocks[h] = (ub1[h] + ubsz - 1) / ubsz, res->policy[h] = o->policy;
-            res->evict_block = up;
-            res->winner_sens = 0;
-            res->winner_kind = KV_ALLOC_UNIFORM;
-            res->best_t = res->best_r = res->best_p = NAN;
-            res->identical_to_uniform = 1;
-            res->winner_type_uniform = -1;
-            if (res->kv_types)
-                for (int h = 0; h < nh; h++) res->kv_types[h] = o->kv_type;
-        } else if (k > 0) {
-            memcpy(res->tokens, cb + k * nh, (size_t)nh * sizeof *res->tokens);
-            const int s = k / KV_ROBUST_N_LAMBDA; /* the source's row in src, spol, styp */
-            memcpy(res->policy, spol + s * nh, (size_t)nh * sizeof *res->policy);
-            for (int h = 0; h < nh; h++) res->blocks[h] = (res->tokens[h] + bs - 1) / bs;
-            if (rr->source[k] >= 1) {
-                res->winner_sens = 1;
-                res->winner_type_uniform = -1;
-                res->best_t = res->best_r = res->best_p = NAN;
-            }
-            if (res->kv_types) memcpy(res->kv_types, styp + s * nh, (size_t)nh * sizeof *styp);
-            res->identical_to_uniform = !memcmp(res->tokens, ubs, (size_t)nh * sizeof *ubs);
-            for (int h = 0; h < nh; h++)
-                if (res->policy[h] != o->policy ||
-                    (res->kv_types && res->kv_types[h] != o->kv_type))
-                    res->identical_to_uniform = 0;
-        }
+        guard_reason(rr);
+        guard_adopt(&g);
     }
-    kv_engine_free(ep);
-    kv_engine_free(eu);
-    free(ub1), free(ubs), free(src), free(spol), free(styp), free(cb), free(upol), free(nll);
+    kv_engine_free(g.ep);
+    kv_engine_free(g.eu);
+    free(g.ub1), free(g.ubs), free(g.src), free(g.spol), free(g.styp), free(g.cb), free(g.upol);
+    free(g.nll);
     if (rc) kv_robust_result_free(rr);
     return rc;
 }

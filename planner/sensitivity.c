@@ -620,6 +620,45 @@ static long gcd_l(long a, long b) {
     return a;
 }
 
+/* The knapsack's options of head h: for each (type, policy) curve and block level lo + kk
+ * (kk < nk), the size (blocks, or stored bytes in `unit` when typed) and the cost: the curve
+ * interpolated linearly in blocks between its measured points (NaN outside them). px, py:
+ * scratch of K + 2 points. */
+static void head_options(const kv_sens_curves *c, const kv_sens_opts *o, int h, int typed,
+                         const long *blk_bytes, long unit, int lo, int nk, double *px, double *py,
+                         double *cost, int *size) {
+    const int Q = c->n_policies, K = c->n_levels, T = c->n_types, n_opts = T * Q * nk;
+    int base_k = (c->base[h] + o->block_size - 1) / o->block_size;
+    for (int tq = 0; tq < T * Q; tq++) {
+        const int ty = tq / Q, q = tq % Q;
+        /* the measured points of this curve (levels ascending), and the base point
+         * (value 0 by definition) when this is the head's base policy and type */
+        int np = 0,
+            base_in = c->base_policy[h] == c->policies[q] && c->base_type[h] == c->types[ty];
+        for (int k = 0; k < K; k++) {
+            double v = curve_value(c, o->objective, ((long)h * T * Q + tq) * K + k);
+            if (!isfinite(v) || (base_in && c->levels[k] == base_k)) continue;
+            if (base_in && c->levels[k] > base_k && (np == 0 || px[np - 1] < base_k))
+                px[np] = base_k, py[np] = 0.0, np++;
+            px[np] = c->levels[k], py[np] = v, np++;
+        }
+        if (base_in && (np == 0 || px[np - 1] < base_k)) px[np] = base_k, py[np] = 0.0, np++;
+        for (int kk = 0; kk < nk; kk++) {
+            int k = lo + kk;
+            long x = (long)h * n_opts + tq * nk + kk;
+            size[x] = typed ? (int)(((long)k * blk_bytes[ty] + unit - 1) / unit) : k;
+            cost[x] = NAN;
+            if (np == 0 || k < px[0] || k > px[np - 1]) continue;
+            int j = 0;
+            while (j + 1 < np && px[j + 1] < k) j++;
+            if (px[j] == k || j + 1 >= np)
+                cost[x] = py[j];
+            else
+                cost[x] = py[j] + (py[j + 1] - py[j]) * (k - px[j]) / (px[j + 1] - px[j]);
+        }
+    }
+}
+
 int kv_sens_allocate(const kv_sens_curves *c, const kv_sens_opts *o, int *budget, kv_policy *policy,
                      double *predicted, kv_error *err) {
     if (c->n_types > 1 || (c->n_types == 1 && c->types[0] != o->kv_type))
@@ -677,37 +716,8 @@ int kv_sens_allocate_typed(const kv_sens_curves *c, const kv_sens_opts *o, int *
         rc = KV_EINTERNAL;
         goto done;
     }
-    for (int h = 0; h < nh; h++) {
-        int base_k = (c->base[h] + o->block_size - 1) / o->block_size;
-        for (int tq = 0; tq < T * Q; tq++) {
-            const int ty = tq / Q, q = tq % Q;
-            /* the measured points of this curve (levels ascending), and the base point
-             * (value 0 by definition) when this is the head's base policy and type */
-            int np = 0,
-                base_in = c->base_policy[h] == c->policies[q] && c->base_type[h] == c->types[ty];
-            for (int k = 0; k < K; k++) {
-                double v = curve_value(c, o->objective, ((long)h * T * Q + tq) * K + k);
-                if (!isfinite(v) || (base_in && c->levels[k] == base_k)) continue;
-                if (base_in && c->levels[k] > base_k && (np == 0 || px[np - 1] < base_k))
-                    px[np] = base_k, py[np] = 0.0, np++;
-                px[np] = c->levels[k], py[np] = v, np++;
-            }
-            if (base_in && (np == 0 || px[np - 1] < base_k)) px[np] = base_k, py[np] = 0.0, np++;
-            for (int kk = 0; kk < nk; kk++) {
-                int k = lo + kk;
-                long x = (long)h * n_opts + tq * nk + kk;
-                size[x] = typed ? (int)(((long)k * blk_bytes[ty] + unit - 1) / unit) : k;
-                cost[x] = NAN;
-                if (np == 0 || k < px[0] || k > px[np - 1]) continue;
-                int j = 0;
-                while (j + 1 < np && px[j + 1] < k) j++;
-                if (px[j] == k || j + 1 >= np)
-                    cost[x] = py[j];
-                else
-                    cost[x] = py[j] + (py[j + 1] - py[j]) * (k - px[j]) / (px[j + 1] - px[j]);
-            }
-        }
-    }
+    for (int h = 0; h < nh; h++)
+        head_options(c, o, h, typed, blk_bytes, unit, lo, nk, px, py, cost, size);
     double obj = 0;
     rc = typed ? kv_mckp_solve_dp_range(nh, n_opts, cost, size, cap_lo, cap, choice, &obj, err)
                : kv_mckp_solve_mip(nh, n_opts, cost, size, total, choice, &obj, err);
@@ -773,6 +783,54 @@ static int search_ppl(kv_engine *e, int vocab, const int *ids, int n_search, con
     return KV_OK;
 }
 
+/* The candidate solutions of one refinement round and the round's scratch. */
+typedef struct sens_cands {
+    int *cand, *cand2;
+    kv_policy *cpol, *cpol2;
+    kv_cache_type *ctyp, *ctyp2;
+} sens_cands;
+
+/* One round's knapsacks over curves cv: one per objective (KL and NLL for `both`); each
+ * distinct solution is verified on the search chunks (unless it is r's kept one) and the round
+ * keeps the better in sc->cand, cpol, ctyp, with its search perplexity *ppl, predicted change
+ * *pred, objective *obj_used and *same = 1 when it equals r's kept solution. */
+static int round_solve(kv_engine *e, int vocab, const int *ids, int n_search, const kv_sens_opts *o,
+                       int nh, const kv_sens_curves *cv, kv_sens_result *r, sens_cands *sc,
+                       double *ppl, double *pred, int *obj_used, int *same, kv_error *err) {
+    int rc = KV_OK;
+    const int n_obj = o->objective == KV_SENS_OBJ_BOTH ? 2 : 1;
+    for (int oi = 0; oi < n_obj && !rc; oi++) {
+        kv_sens_opts oo = *o;
+        oo.objective = n_obj == 2 ? (oi == 0 ? KV_SENS_OBJ_KL : KV_SENS_OBJ_NLL) : o->objective;
+        double pr = 0, pp = NAN;
+        rc = kv_sens_allocate_typed(cv, &oo, sc->cand2, sc->cpol2, sc->ctyp2, &pr, err);
+        if (rc) break;
+        if (oi > 0 && !memcmp(sc->cand2, sc->cand, (size_t)nh * sizeof *sc->cand) &&
+            !memcmp(sc->cpol2, sc->cpol, (size_t)nh * sizeof *sc->cpol) &&
+            !memcmp(sc->ctyp2, sc->ctyp, (size_t)nh * sizeof *sc->ctyp))
+            continue; /* the same solution as the first objective's */
+        int unchanged = !memcmp(sc->cand2, r->budget, (size_t)nh * sizeof *sc->cand) &&
+                        !memcmp(sc->cpol2, r->policy, (size_t)nh * sizeof *sc->cpol) &&
+                        !memcmp(sc->ctyp2, r->type, (size_t)nh * sizeof *sc->ctyp);
+        if (unchanged)
+            pp = r->ppl;
+        else
+            rc = search_ppl(e, vocab, ids, n_search, o, sc->cand2, sc->cpol2, sc->ctyp2, &pp,
+                            &r->token_evals, err);
+        if (rc) break;
+        if (oi == 0 || pp < *ppl) {
+            *ppl = pp;
+            *pred = pr;
+            *obj_used = oo.objective;
+            *same = unchanged;
+            memcpy(sc->cand, sc->cand2, (size_t)nh * sizeof *sc->cand);
+            memcpy(sc->cpol, sc->cpol2, (size_t)nh * sizeof *sc->cpol);
+            memcpy(sc->ctyp, sc->ctyp2, (size_t)nh * sizeof *sc->ctyp);
+        }
+    }
+    return rc;
+}
+
 int kv_sens_search(kv_engine *e, const kv_model *m, const int *ids, int n_search,
                    double uniform_ppl, const kv_sens_opts *o, kv_sens_result *r, kv_error *err) {
     memset(r, 0, sizeof *r);
@@ -788,12 +846,13 @@ int kv_sens_search(kv_engine *e, const kv_model *m, const int *ids, int n_search
     r->policy = kv_malloc((size_t)nh * sizeof *r->policy, "policies", err);
     r->round_obj = kv_malloc((size_t)o->max_rounds * sizeof *r->round_obj, "rounds", err);
     r->type = kv_malloc((size_t)nh * sizeof *r->type, "types", err);
-    kv_cache_type *ctyp = kv_malloc((size_t)nh * sizeof *ctyp, "types", err);
-    kv_cache_type *ctyp2 = kv_malloc((size_t)nh * sizeof *ctyp2, "types", err);
-    int *cand = kv_malloc((size_t)nh * sizeof *cand, "budgets", err);
-    kv_policy *cpol = kv_malloc((size_t)nh * sizeof *cpol, "policies", err);
-    int *cand2 = kv_malloc((size_t)nh * sizeof *cand2, "budgets", err);
-    kv_policy *cpol2 = kv_malloc((size_t)nh * sizeof *cpol2, "policies", err);
+    sens_cands sc;
+    kv_cache_type *ctyp = sc.ctyp = kv_malloc((size_t)nh * sizeof *ctyp, "types", err);
+    kv_cache_type *ctyp2 = sc.ctyp2 = kv_malloc((size_t)nh * sizeof *ctyp2, "types", err);
+    int *cand = sc.cand = kv_malloc((size_t)nh * sizeof *cand, "budgets", err);
+    kv_policy *cpol = sc.cpol = kv_malloc((size_t)nh * sizeof *cpol, "policies", err);
+    int *cand2 = sc.cand2 = kv_malloc((size_t)nh * sizeof *cand2, "budgets", err);
+    kv_policy *cpol2 = sc.cpol2 = kv_malloc((size_t)nh * sizeof *cpol2, "policies", err);
     if (!r->round_ppl || !r->round_pred || !r->round_obj || !r->budget || !r->policy || !cand ||
         !cpol || !cand2 || !cpol2 || !r->type || !ctyp || !ctyp2) {
         rc = KV_EINTERNAL;
@@ -827,36 +886,8 @@ int kv_sens_search(kv_engine *e, const kv_model *m, const int *ids, int n_search
          * verified on the search chunks and the round keeps the better */
         double pred = 0, ppl = HUGE_VAL;
         int obj_used = -1, same = 1;
-        const int n_obj = o->objective == KV_SENS_OBJ_BOTH ? 2 : 1;
-        for (int oi = 0; oi < n_obj && !rc; oi++) {
-            kv_sens_opts oo = *o;
-            oo.objective = n_obj == 2 ? (oi == 0 ? KV_SENS_OBJ_KL : KV_SENS_OBJ_NLL) : o->objective;
-            double pr = 0, pp = NAN;
-            rc = kv_sens_allocate_typed(cv, &oo, cand2, cpol2, ctyp2, &pr, err);
-            if (rc) break;
-            if (oi > 0 && !memcmp(cand2, cand, (size_t)nh * sizeof *cand) &&
-                !memcmp(cpol2, cpol, (size_t)nh * sizeof *cpol) &&
-                !memcmp(ctyp2, ctyp, (size_t)nh * sizeof *ctyp))
-                continue; /* the same solution as the first objective's */
-            int unchanged = !memcmp(cand2, r->budget, (size_t)nh * sizeof *cand) &&
-                            !memcmp(cpol2, r->policy, (size_t)nh * sizeof *cpol) &&
-                            !memcmp(ctyp2, r->type, (size_t)nh * sizeof *ctyp);
-            if (unchanged)
-                pp = r->ppl;
-            else
-                rc = search_ppl(e, m->cfg.vocab_size, ids, n_search, o, cand2, cpol2, ctyp2, &pp,
-                                &r->token_evals, err);
-            if (rc) break;
-            if (oi == 0 || pp < ppl) {
-                ppl = pp;
-                pred = pr;
-                obj_used = oo.objective;
-                same = unchanged;
-                memcpy(cand, cand2, (size_t)nh * sizeof *cand);
-                memcpy(cpol, cpol2, (size_t)nh * sizeof *cpol);
-                memcpy(ctyp, ctyp2, (size_t)nh * sizeof *ctyp);
-            }
-        }
+        rc = round_solve(e, m->cfg.vocab_size, ids, n_search, o, nh, cv, r, &sc, &ppl, &pred,
+                         &obj_used, &same, err);
         if (cv != &r->curves) kv_sens_curves_free(cv);
         if (rc) break;
         r->round_ppl[round] = ppl;

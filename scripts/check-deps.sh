@@ -82,15 +82,6 @@ join "$tmp/use.s" "$tmp/def.s" >"$tmp/edges"
     >"$tmp/lib_edges"
 rc=0
 sort -u "$tmp/header_edges" -o "$tmp/header_edges"
-# The one known cycle: planner/search.c <-> planner/robust.c (the search calls the guard; the
-# guard uses the search's inline engine and options helpers in search.h). To be cut when the
-# planner splits into inputs, search and plan writer with an internal header for what they
-# share; the edges between these files are left out and counted. No other may be added.
-allow_cycle="planner/robust.c planner/search.c"
-awk -v a="$allow_cycle" 'BEGIN { n = split(a, x, " "); for (i = 1; i <= n; i++) in_a[x[i]] = 1 }
-     !(($1 in in_a) && ($2 in in_a))' "$tmp/file_edges" >"$tmp/file_edges.k"
-allowed=$(($(wc -l <"$tmp/file_edges") - $(wc -l <"$tmp/file_edges.k")))
-mv "$tmp/file_edges.k" "$tmp/file_edges"
 for kind in file lib header; do
     if ! tsort "$tmp/${kind}_edges" >/dev/null 2>"$tmp/${kind}_loop"; then
         echo "check-deps: a cycle between ${kind}s:" >&2
@@ -102,7 +93,6 @@ if [ "$rc" = 0 ]; then
     echo "check-deps: no cycle between $(awk '{print $1; print $2}' "$tmp/file_edges" |
         sort -u | wc -l) files ($(wc -l <"$tmp/inline_edges") through inline functions)," \
         "${#libs[@]} libraries ($(wc -l <"$tmp/lib_edges") edges, calls and includes) or" \
-        "$(awk '{print $1; print $2}' "$tmp/header_edges" | sort -u | wc -l) headers;" \
-        "$allowed edges of the known cycle ($allow_cycle) left out"
+        "$(awk '{print $1; print $2}' "$tmp/header_edges" | sort -u | wc -l) headers"
 fi
 exit $rc

@@ -7,27 +7,17 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 max=100
-# The known exceptions, NAME:LINES, in planner/ only: to be split with the planner's cut into
-# inputs, search and plan writer. None may grow past its count; none is to be added.
-allow="kv_robust_guard:228 kv_search_write:123 kv_sens_search:113 kv_sens_allocate_typed:103"
 shopt -s nullglob
 files=(cli/*.c cli/*.h planner/*.c planner/*.h profiler/*.c profiler/*.h runtime/*/*.c
     runtime/*/*.h include/kvplan/*.h cuda/*.cu cuda/*.h cuda/kernels/*.cuh)
-rc=0 n=0 allowed=0
+rc=0 n=0
 while read -r lines name where; do
     [ "$lines" -gt "$max" ] || continue
-    cap=$(tr ' ' '\n' <<<"$allow" | sed -n "s/^$name://p")
-    if [ -n "$cap" ] && [ "$lines" -le "$cap" ]; then
-        allowed=$((allowed + 1))
-        echo "check-func-lines: $name $where: $lines lines (a listed exception, at most $cap)"
-        continue
-    fi
     echo "check-func-lines: $name $where: $lines lines (at most $max)" >&2
     rc=1
 done < <(scripts/func-lines.sh '.*' "${files[@]}")
 n=$(scripts/func-lines.sh '.*' "${files[@]}" | wc -l)
 if [ "$rc" = 0 ]; then
-    echo "check-func-lines: $n functions in ${#files[@]} files, none over $max lines but the" \
-        "$allowed listed"
+    echo "check-func-lines: $n functions in ${#files[@]} files, none over $max lines"
 fi
 exit $rc

@@ -10,6 +10,7 @@
 #include "kvplan/eval.h"
 #include "kvplan/h5io.h"
 #include "kvplan/model.h"
+#include "kvplan/plan.h"
 #include "kvplan/search.h"
 #include "testutil.h"
 
@@ -472,6 +473,42 @@ static void test_search_kv_types(void) {
     kv_h5_close(f);
 }
 
+/* The planner's rules the CLI calls: the byte ratio <-> token fraction per KV type (the
+ * stories260K head size), and the default block size b_s = p. */
+static void test_plan_rules(void) {
+    kv_error e;
+    const int hd = model->cfg.head_dim;
+    double tr = 0;
+    CU_ASSERT_EQUAL_FATAL(kv_search_ratio_tokens(0.25, KV_TYPE_Q8, hd, &tr, &e), KV_OK);
+    CU_ASSERT_DOUBLE_EQUAL(tr, kv_type_token_ratio(0.25, KV_TYPE_Q8, hd), 0);
+    CU_ASSERT(tr > 0.25); /* q8 holds more tokens than f16 in the same bytes */
+    CU_ASSERT_DOUBLE_EQUAL(kv_search_ratio_bytes(tr, KV_TYPE_Q8, hd), 0.25, 1e-12);
+    CU_ASSERT_EQUAL(kv_search_ratio_tokens(1.5, KV_TYPE_F16, hd, &tr, &e), KV_EINPUT);
+    CU_ASSERT_PTR_NOT_NULL(strstr(e.msg, "more than the full cache in f16"));
+    /* f32 at R = 2 is the whole cache: capped at 1 */
+    CU_ASSERT_EQUAL(kv_search_ratio_tokens(2.0, KV_TYPE_F32, hd, &tr, &e), KV_OK);
+    CU_ASSERT_DOUBLE_EQUAL(tr, 1.0, 0);
+    int bs = 0, p = 0, floor = 0;
+    const int C = model->cfg.seq_len, fixed = kv_policy_fixed_tokens(KV_POLICY_SINK);
+    /* R * C / 16 tokens per head: the largest power of two with 8 blocks a head and the floor
+     * at most half of it */
+    CU_ASSERT_EQUAL_FATAL(
+        kv_search_default_blocks(1.0 / 16, C, KV_POLICY_SINK, 0, 0, &bs, &p, &floor, &e), KV_OK);
+    CU_ASSERT(bs == p && bs >= 1 && bs <= 16);
+    CU_ASSERT(C / 16.0 / bs >= 8.0 && fixed + p <= C / 16.0 / 2);
+    CU_ASSERT(bs == 16 || !(C / 16.0 / (2 * bs) >= 8.0 && fixed + 2 * bs <= C / 16.0 / 2));
+    CU_ASSERT_EQUAL(floor, fixed + p);
+    /* a given b_s is kept, p still chosen */
+    CU_ASSERT_EQUAL(kv_search_default_blocks(0.5, C, KV_POLICY_SINK, 3, 0, &bs, &p, &floor, &e),
+                    KV_OK);
+    CU_ASSERT_EQUAL(bs, 3);
+    CU_ASSERT_EQUAL(p, 16);
+    /* under 8 tokens a head: no block size leaves room */
+    CU_ASSERT_EQUAL(kv_search_default_blocks(4.0 / C, C, KV_POLICY_SINK, 0, 0, &bs, &p, &floor, &e),
+                    KV_EINPUT);
+    CU_ASSERT_PTR_NOT_NULL(strstr(e.msg, "no block size leaves room"));
+}
+
 int main(int argc, char **argv) {
     /* the tiny model runs fastest single-threaded */
     setenv("OMP_NUM_THREADS", "1", 0);
@@ -480,6 +517,7 @@ int main(int argc, char **argv) {
         {"profile_inputs", test_profile_inputs}, {"grid_parse", test_grid_parse},
         {"plan_command", test_plan_command},     {"search_command", test_search_command},
         {"search_library", test_search_library}, {"search_kv_types", test_search_kv_types},
+        {"plan_rules", test_plan_rules},
     };
     static const tu_suite suite = {"search", search_init, search_cleanup, tests,
                                    sizeof tests / sizeof tests[0]};

@@ -26,6 +26,7 @@
 #include "kvplan/h5io.h"
 #include "kvplan/kvcache.h"
 #include "kvplan/model.h"
+#include "kvplan/retrieval.h"
 #include "kvplan/robust.h"
 #include "kvplan/sensitivity.h"
 
@@ -111,44 +112,25 @@ typedef struct kv_search_opts {
  * (the caller supplies them; the CLI default is t 0.50:0.95:0.05, r 0.05:0.95:0.05), p = 0.5,
  * eval 8192, held-out 4096, exhaustive. */
 void kv_search_opts_default(kv_search_opts *o, const kv_model *m);
-/* The sensitivity options a search runs with: o->sens with the search's ratio, C, b_s, grid p,
- * policy, base KV type, progress, task farm and the knapsack's KV types (o->kv_types_mask when
- * sensitivity planning runs, else none). A value; nothing to free. Inline so that the guard
- * (planner/robust.c, which kv_search_write calls) shares it without a call cycle. */
-static inline kv_sens_opts kv_search_sens_opts(const kv_search_opts *o) {
-    kv_sens_opts so = o->sens;
-    so.ratio = o->ratio;
-    so.context = o->context;
-    so.block_size = o->block_size;
-    so.evict_block = o->evict_block;
-    so.policy = o->policy;
-    so.progress = o->progress;
-    so.tasks = o->tasks;
-    so.kv_type = o->kv_type;
-    so.types_mask = o->sensitivity ? o->kv_types_mask : 0;
-    return so;
-}
+/* The token fraction that R of the full F16 cache in bytes buys in KV type t: R * bytes(f16) /
+ * bytes(t) per token (kv_type_token_ratio), capped at 1 (a whole cache). Every allocator and the
+ * search work in this fraction; kv_search_ratio_bytes is its inverse, which the plan file
+ * records. KV_EINPUT when R is more than the full cache in t (the message says the most). */
+int kv_search_ratio_tokens(double ratio, kv_cache_type t, int head_dim, double *tokens,
+                           kv_error *err);
+/* The byte ratio over the full F16 cache that the token fraction `tokens` keeps in type t. */
+double kv_search_ratio_bytes(double tokens, kv_cache_type t, int head_dim);
 
-/* An engine whose reservation is the full cache of m at C = o->context with block size
- * block_size, Batch-Max eviction block p, the search's policy and KV type t in every head, for
- * up to `seqs` sequences of a batch, on o->device with o->n_threads; type_mask: the further KV
- * types a sequence may store (kv_engine_opts.type_mask, 0 = t only). Any budget plan of the
- * search runs on it (KV-Compress block tables per head). *out is the caller's
- * (kv_engine_free). Errors: those of kv_plan_full and kv_engine_new. Inline for the reason
- * kv_search_sens_opts is (the search and the guard share it). */
-static inline int kv_search_engine(const kv_model *m, const kv_search_opts *o, kv_cache_type t,
-                                   int block_size, int p, int seqs, int type_mask, kv_engine **out,
-                                   kv_error *err) {
-    kv_plan full;
-    int rc = kv_plan_full(&m->cfg, o->context, block_size, p, o->policy, &full, err);
-    if (rc) return rc;
-    kv_plan_set_kv_type(&full, t);
-    kv_engine_opts eo = {
-        .device = o->device, .max_seqs = seqs, .n_threads = o->n_threads, .type_mask = type_mask};
-    rc = kv_engine_new(m, &full, &eo, out, err);
-    kv_plan_free(&full);
-    return rc;
-}
+/* The default block size b_s and eviction block p for the token fraction `ratio` of C tokens
+ * (docs/design.md "Sensitivity planning"): the largest of 16, 8, 4, 2, 1 with at least 8
+ * blocks per head on average (R * C / b_s >= 8) and the policy's floor (fixed part + p) at most
+ * half of R * C, so budget can move between heads. block_size, evict_block: the values the
+ * user gave (0: not given; a given one is kept). When both are given nothing is written;
+ * else *bs_out, *p_out and *min_tokens (fixed part + p). KV_EINPUT when even b_s = p = 1
+ * leaves no room (the message says what to pass). */
+int kv_search_default_blocks(double ratio, int context, kv_policy policy, int block_size,
+                             int evict_block, int *bs_out, int *p_out, int *min_tokens,
+                             kv_error *err);
 
 /* Names of the baselines, in the order of kv_search_result.base_ppl. */
 #define KV_SEARCH_N_BASE 3
@@ -220,6 +202,23 @@ typedef struct kv_search_result {
 int kv_search_run(const kv_model *m, const kv_profile_inputs *prof, const int *ids, long n_ids,
                   const kv_search_opts *o, kv_search_result *res, kv_error *err);
 void kv_search_result_free(kv_search_result *r);
+
+/* The search as `kvplan search` runs it, after its inputs are read: kv_search_run on ids,
+ * then the guard over the texts of layout lay with objective obj (kv_robust_guard: per-text
+ * figures, a fall back towards uniform where the plan loses), then, when probes is not NULL,
+ * the retrieval stage (kv_retrieval_search with ro on the lay->S search chunks; its b_s is the
+ * guard's uniform cache's when the guard fell back to it, else o->block_size). On success
+ * res->robust = rob and (with probes) res->retrieval = rr, and ap (on input the parameters the
+ * search ran with: ratio, context, block size, floor, KV type) holds the winning plan's
+ * allocation, t, r, p and, when the guard's uniform cache won, its block size and floor: what
+ * kv_plan_file_write takes. res, rob and rr are the caller's to free (kv_search_result_free,
+ * kv_robust_result_free, kv_retrieval_result_free), also after an error. Errors: those of the
+ * three stages. */
+int kv_search_plan(const kv_model *m, const kv_profile_inputs *prof, const int *ids, long n_ids,
+                   const kv_robust_layout *lay, kv_robust_objective obj, const kv_search_opts *o,
+                   const kv_probes *probes, const kv_retrieval_opts *ro, kv_search_result *res,
+                   kv_robust_result *rob, kv_retrieval_result *rr, kv_alloc_params *ap,
+                   kv_error *err);
 
 /* Write the search part of plan.h5: /search/t_values [n_t], /search/r_values [n_r],
  * /search/p_values [n_p], /search/perplexity ([n_t, n_r] for a baklava grid with one p,
