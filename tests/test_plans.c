@@ -17,6 +17,17 @@
 #include "kvplan/plan.h"
 #include "testutil.h"
 
+/* Relative tolerance of a figure re-earned against one a plan stores. The shipped plans were made
+ * by scripts/make-plans.sh's gcc release build; gcc builds at other optimisation levels round
+ * within 2e-7 of it. clang contracts multiply-adds differently and moved the re-earned
+ * perplexities by up to 1.7e-5 relative (text 1's plan: 110.6216 vs 110.6235 stored; clang 14,
+ * the -O1 sanitizer build), still far below the >1% between neighbouring grid cells. */
+#if defined(__clang__)
+#define TP_REL 1e-4
+#else
+#define TP_REL 1e-6
+#endif
+
 #define MODEL "models/stories260K/stories260K.bin"
 #define TEXT "text/tinystories_val_head.txt"
 #define PLAN KVPLAN_SOURCE_DIR "/plans/stories260K.r1-16.h5"
@@ -198,8 +209,8 @@ static void test_shipped_plan(void) {
                "%.4f); held-out: full %.4f, uniform %.4f, plan %.4f",
                t, tfull[t * 2], tuni[t * 2], u, tplan[t * 2], p, tfull[t * 2 + 1], tuni[t * 2 + 1],
                tplan[t * 2 + 1]);
-        CU_ASSERT(fabs(p - tplan[t * 2]) <= 1e-6 * p);
-        CU_ASSERT(fabs(u - tuni[t * 2]) <= 1e-6 * u);
+        CU_ASSERT(fabs(p - tplan[t * 2]) <= TP_REL * p);
+        CU_ASSERT(fabs(u - tuni[t * 2]) <= TP_REL * u);
         for (int part = 0; part < 2; part++)
             CU_ASSERT(tplan[t * 2 + part] <= tuni[t * 2 + part] * (1 + 1e-6));
     }
@@ -207,7 +218,7 @@ static void test_shipped_plan(void) {
     double ph = NAN;
     snprintf(args, sizeof args, "--tokens %s", held_ids);
     CU_ASSERT_EQUAL(eval_text(args, plan_opt, &ph, NULL, NULL), 0);
-    CU_ASSERT(fabs(ph - tplan[1]) <= 1e-6 * ph);
+    CU_ASSERT(fabs(ph - tplan[1]) <= TP_REL * ph);
 
     /* 2. three pseudo-random grid cells re-evaluated independently: kvplan plan from the
      * profile, then kvplan eval on each text's first chunks; the search's 16 chunks are 8 of
@@ -250,7 +261,7 @@ static void test_shipped_plan(void) {
         /* the stored values come from scripts/make-plans.sh's release build; a build with
          * other optimisation rounds floats differently (seen: 2e-7 in the -O1 sanitizer
          * build), far below the >1% that separates neighbouring cells */
-        CU_ASSERT(fabs(v - ppl[cell]) <= 1e-6 * ppl[cell]);
+        CU_ASSERT(fabs(v - ppl[cell]) <= TP_REL * ppl[cell]);
         done++;
     }
     CU_ASSERT_EQUAL(done, 3);
