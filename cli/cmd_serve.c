@@ -13,7 +13,7 @@
 #include "serve.h"
 
 typedef struct serve_args {
-    const char *model, *tokenizer, *host, *api_key, *name;
+    const char *model, *tokenizer, *host, *api_key, *name, *chat;
     double kv_mem, drain;
     long port, max_queue, max_seqs, step_tokens, timeout, group;
     int quiet;
@@ -50,6 +50,9 @@ static const kv_opt serve_opts[] = {
      .help = "seconds an idle or slow connection is kept"},
     {"--drain", NULL, KV_OPT_NUM, offsetof(serve_args, drain), "S", 0, 3600, .def = "10",
      .help = "on SIGINT / SIGTERM, seconds running requests may take to finish"},
+    {"--chat-template", NULL, KV_OPT_STR, offsetof(serve_args, chat), "F", .def = "auto",
+     .help = "how chat messages become the prompt: auto (the family of the tokenizer's "
+             "chat_template, else plain), plain, chatml, llama2, llama3, zephyr, gemma, phi3"},
     {"--quiet", NULL, KV_OPT_FLAG, offsetof(serve_args, quiet), .help = "less on stderr"},
 };
 
@@ -85,6 +88,29 @@ static void model_id(const serve_args *a, char *buf, size_t cap) {
     if (dot && dot != buf) *dot = 0;
 }
 
+/* The chat format (--chat-template, or the family of the tokenizer's template) and its
+ * end-of-turn token: the id when the marker encodes to one token, else -1. */
+static int chat_format(const serve_args *a, const kv_tokenizer *tok, kv_server_opts *o,
+                       kv_error *err) {
+    int known = 0;
+    const char *jinja = kv_tokenizer_chat_template(tok);
+    if (a->chat && strcmp(a->chat, "auto")) {
+        if (kv_chat_format_parse(a->chat, &o->chat, err)) return KV_EINPUT;
+    } else {
+        o->chat = kv_chat_detect(jinja, &known);
+    }
+    if (!a->quiet && jinja && !known && (!a->chat || !strcmp(a->chat, "auto")))
+        fprintf(stderr, "kvplan serve: the tokenizer's chat template is of no family kvplan "
+                        "renders; chat messages are joined as plain text (--chat-template)\n");
+    o->eot_id = -1;
+    const char *eot = kv_chat_end_of_turn(o->chat);
+    int *ids = NULL, n = 0;
+    if (eot && !kv_tokenizer_encode(tok, eot, strlen(eot), 0, &ids, &n, err) && n == 1)
+        o->eot_id = ids[0];
+    free(ids);
+    return KV_OK;
+}
+
 static int serve(const serve_args *a, kv_model *m, kv_tokenizer *tok, kv_error *err) {
     kv_plan plan = {0};
     kv_device device = KV_DEVICE_AUTO;
@@ -102,15 +128,22 @@ static int serve(const serve_args *a, kv_model *m, kv_tokenizer *tok, kv_error *
     if (!rc) rc = kv_sched_new(eng, m, tok, &so, &s, err);
     char id[256];
     model_id(a, id, sizeof id);
-    kv_server_opts o = {a->host,  (int)a->port,   id,      a->api_key, (int)a->timeout,
-                        a->drain, m->cfg.seq_len, a->quiet};
+    kv_server_opts o = {.host = a->host,
+                        .port = (int)a->port,
+                        .model_id = id,
+                        .api_key = a->api_key,
+                        .timeout_s = (int)a->timeout,
+                        .drain_s = a->drain,
+                        .ctx = m->cfg.seq_len,
+                        .quiet = a->quiet};
+    if (!rc) rc = chat_format(a, tok, &o, err);
     if (!rc && !a->quiet)
         fprintf(stderr,
                 "kvplan serve: %s on %s, %s cache, KV memory %.0f bytes: %zu per "
-                "request of the full context\n",
+                "request of the full context; chat format %s\n",
                 id, kv_device_name(kv_engine_device(eng)),
                 plan.full ? "full" : kv_policy_name(plan.policy), a->kv_mem,
-                kv_sched_request_bytes(s, 1, m->cfg.seq_len - 1));
+                kv_sched_request_bytes(s, 1, m->cfg.seq_len - 1), kv_chat_format_name(o.chat));
     if (!rc) rc = kv_serve_run(s, tok, &o, err);
     kv_sched_free(s);
     kv_engine_free(eng);

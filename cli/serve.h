@@ -9,6 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kvplan/chat.h"
 #include "kvplan/sched.h"
 #include "kvplan/tokenizer.h"
 
@@ -17,7 +18,7 @@
 
 /* One parsed /v1/completions or /v1/chat/completions request. */
 typedef struct kv_serve_req {
-    char *prompt; /* owned; chat: the messages joined by the plain-text template */
+    char *prompt; /* owned; chat: the messages rendered in the server's chat format */
     int chat, stream, include_usage;
     long max_tokens; /* -1: not given */
     double temperature, top_p;
@@ -26,10 +27,11 @@ typedef struct kv_serve_req {
     int n_stop;
 } kv_serve_req;
 
-/* Parse body (len bytes) of a request to model `model_id`. 0 on success (*out filled; free
- * with kv_serve_req_free), else -1 with a one-line reason in msg (an HTTP 400). */
-int kv_serve_parse(const char *body, size_t len, int chat, const char *model_id, kv_serve_req *out,
-                   char *msg, size_t cap);
+/* Parse body (len bytes) of a request to model `model_id`; a chat's messages are rendered in
+ * format fmt (kvplan/chat.h). 0 on success (*out filled; free with kv_serve_req_free), else -1
+ * with a one-line reason in msg (an HTTP 400). */
+int kv_serve_parse(const char *body, size_t len, int chat, kv_chat_format fmt, const char *model_id,
+                   kv_serve_req *out, char *msg, size_t cap);
 void kv_serve_req_free(kv_serve_req *r);
 
 /* 1 when s[0..n) is valid UTF-8 (no overlongs, surrogates or values above U+10FFFF). */
@@ -66,6 +68,8 @@ typedef struct kv_server_opts {
     int timeout_s;       /* idle connection timeout */
     double drain_s;      /* shutdown: running requests may finish for this long */
     int ctx;             /* the model's context */
+    kv_chat_format chat; /* how chat messages become the prompt */
+    int eot_id;          /* the chat format's end-of-turn token (a chat answer stops there), -1 */
     int quiet;
 } kv_server_opts;
 

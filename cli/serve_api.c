@@ -47,35 +47,33 @@ static int fail(char *msg, size_t cap, const char *what) {
     return -1;
 }
 
-/* Chat messages joined by the plain-text template: each message's content on its own line(s),
- * in order, separated by "\n" (docs/serve.md "Chat template"). */
-static int join_messages(const cJSON *msgs, char **out, char *msg, size_t cap) {
+/* Chat messages rendered in the server's chat format (kvplan/chat.h; docs/serve.md "Chat
+ * template"): plain text joins the contents with "\n". */
+static int join_messages(const cJSON *msgs, kv_chat_format fmt, char **out, char *msg, size_t cap) {
     if (!cJSON_IsArray(msgs) || cJSON_GetArraySize(msgs) < 1)
         return fail(msg, cap, "'messages' must be a non-empty array of {role, content} objects");
-    size_t len = 0;
+    int n = cJSON_GetArraySize(msgs), i = 0;
+    kv_chat_msg *m = calloc((size_t)n, sizeof *m);
+    if (!m) return fail(msg, cap, "out of memory");
     const cJSON *it;
     cJSON_ArrayForEach(it, msgs) {
         const cJSON *role = cJSON_GetObjectItemCaseSensitive(it, "role");
         const cJSON *content = cJSON_GetObjectItemCaseSensitive(it, "content");
-        if (!cJSON_IsString(role) || !cJSON_IsString(content))
+        if (!cJSON_IsString(role) || !cJSON_IsString(content)) {
+            free(m);
             return fail(msg, cap, "each message needs a string 'role' and a string 'content'");
+        }
         if (strcmp(role->valuestring, "system") && strcmp(role->valuestring, "user") &&
-            strcmp(role->valuestring, "assistant"))
+            strcmp(role->valuestring, "assistant")) {
+            free(m);
             return fail(msg, cap, "a message's 'role' must be system, user or assistant");
-        len += strlen(content->valuestring) + 1;
+        }
+        m[i++] = (kv_chat_msg){role->valuestring, content->valuestring};
     }
-    char *p = malloc(len + 1);
-    if (!p) return fail(msg, cap, "out of memory");
-    size_t at = 0;
-    cJSON_ArrayForEach(it, msgs) {
-        const char *c = cJSON_GetObjectItemCaseSensitive(it, "content")->valuestring;
-        if (at) p[at++] = '\n';
-        memcpy(p + at, c, strlen(c));
-        at += strlen(c);
-    }
-    p[at] = 0;
-    *out = p;
-    return 0;
+    kv_error err = {0};
+    int rc = kv_chat_render(fmt, m, n, out, &err);
+    free(m);
+    return rc ? fail(msg, cap, err.msg) : 0;
 }
 
 static int parse_stop(const cJSON *stop, kv_serve_req *r, char *msg, size_t cap) {
@@ -134,10 +132,11 @@ static int parse_fields(const cJSON *root, kv_serve_req *r, char *msg, size_t ca
     return parse_stop(cJSON_GetObjectItemCaseSensitive(root, "stop"), r, msg, cap);
 }
 
-static int parse_prompt(const cJSON *root, int chat, kv_serve_req *r, char *msg, size_t cap) {
+static int parse_prompt(const cJSON *root, int chat, kv_chat_format fmt, kv_serve_req *r, char *msg,
+                        size_t cap) {
     if (chat)
-        return join_messages(cJSON_GetObjectItemCaseSensitive(root, "messages"), &r->prompt, msg,
-                             cap);
+        return join_messages(cJSON_GetObjectItemCaseSensitive(root, "messages"), fmt, &r->prompt,
+                             msg, cap);
     const cJSON *p = cJSON_GetObjectItemCaseSensitive(root, "prompt");
     if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 1) p = cJSON_GetArrayItem(p, 0);
     if (!cJSON_IsString(p))
@@ -146,8 +145,8 @@ static int parse_prompt(const cJSON *root, int chat, kv_serve_req *r, char *msg,
     return r->prompt ? 0 : fail(msg, cap, "out of memory");
 }
 
-int kv_serve_parse(const char *body, size_t len, int chat, const char *model_id, kv_serve_req *out,
-                   char *msg, size_t cap) {
+int kv_serve_parse(const char *body, size_t len, int chat, kv_chat_format fmt, const char *model_id,
+                   kv_serve_req *out, char *msg, size_t cap) {
     memset(out, 0, sizeof *out);
     out->max_tokens = -1;
     if (!kv_serve_utf8_valid(body, len))
@@ -165,7 +164,7 @@ int kv_serve_parse(const char *body, size_t len, int chat, const char *model_id,
                  model->valuestring, model_id);
         rc = -1;
     }
-    if (!rc) rc = parse_prompt(root, chat, out, msg, cap);
+    if (!rc) rc = parse_prompt(root, chat, fmt, out, msg, cap);
     if (!rc) rc = parse_fields(root, out, msg, cap);
     out->chat = chat;
     cJSON_Delete(root);

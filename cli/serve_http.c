@@ -150,7 +150,9 @@ static int on_event(void *user, const kv_sched_event *ev) {
     int stop = 0;
     pthread_mutex_lock(&j->mu);
     j->n_prompt = ev->n_prompt;
-    if (ev->finish == KV_FINISH_NONE) {
+    if (ev->finish == KV_FINISH_NONE && j->req.chat && ev->token == j->srv->o->eot_id) {
+        stop = 1; /* the end of the assistant's turn: not part of the answer */
+    } else if (ev->finish == KV_FINISH_NONE) {
         char piece[512];
         int k = kv_tokenizer_piece(j->srv->tok, ev->prev, ev->token, piece, sizeof piece);
         j->n_gen = ev->n_generated;
@@ -385,7 +387,7 @@ static enum MHD_Result generate(struct MHD_Connection *c, server *s, const char 
                                 int chat) {
     char msg[1200];
     kv_serve_req rq;
-    if (kv_serve_parse(body, len, chat, s->o->model_id, &rq, msg, sizeof msg))
+    if (kv_serve_parse(body, len, chat, s->o->chat, s->o->model_id, &rq, msg, sizeof msg))
         return send_error(c, s, 400, msg);
     job *j = NULL;
     int *ids = NULL, n = 0;

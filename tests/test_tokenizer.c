@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kvplan/chat.h"
 #include "kvplan/model.h"
 #include "kvplan/tokenizer.h"
 #include "tokenizer/tokenizer_impl.h" /* add_bos */
@@ -435,6 +436,129 @@ static void test_cli_and_errors(void) {
     CU_ASSERT(strstr(err.msg, "tokenizer.ggml.model") != NULL);
 }
 
+/* The number of times id occurs in ids[0..n). */
+static int count_id(const int *ids, int n, int id) {
+    int c = 0;
+    for (int i = 0; i < n; i++) c += ids[i] == id;
+    return c;
+}
+
+/* The one id `text` encodes to (no BOS), or -1 when it is not one token. */
+static int one_id(const kv_tokenizer *t, const char *text) {
+    int *ids = NULL, n = 0, id = -1;
+    kv_error err = {0};
+    if (!kv_tokenizer_encode(t, text, strlen(text), 0, &ids, &n, &err) && n == 1) id = ids[0];
+    free(ids);
+    return id;
+}
+
+/* Chat templates. The phi-3 vocabulary carries Phi-3's own Jinja template
+ * (tokenizer.chat_template); kvplan names its family, renders a chat as that template does (the
+ * expected text below is what Jinja2 3.1.6 printed for the file's template on these messages,
+ * add_generation_prompt true, bos_token left to the encoder), and the markers are single control
+ * tokens of the vocabulary: the rendered prompt holds <|user|> twice, <|assistant|> twice and
+ * <|end|> three times. */
+static void test_chat_phi3_gguf(void) {
+    kv_error err = {0};
+    kv_tokenizer *t = NULL;
+    CU_ASSERT_EQUAL_FATAL(
+        kv_tokenizer_load(tu_shared("vocab/ggml-vocab-phi-3.gguf"), NULL, &t, &err), KV_OK);
+    const char *jinja = kv_tokenizer_chat_template(t);
+    CU_ASSERT_FATAL(jinja != NULL);
+    CU_ASSERT(strstr(jinja, "message['role'] == 'user'") != NULL);
+    int known = 0;
+    CU_ASSERT_EQUAL(kv_chat_detect(jinja, &known), KV_CHAT_PHI3);
+    CU_ASSERT_EQUAL(known, 1);
+    kv_chat_msg m[] = {{"user", "Hi"}, {"assistant", "Hello!"}, {"user", "Tell a story"}};
+    char *txt = NULL;
+    CU_ASSERT_EQUAL_FATAL(kv_chat_render(KV_CHAT_PHI3, m, 3, &txt, &err), KV_OK);
+    CU_ASSERT_STRING_EQUAL(txt, "<|user|>\nHi<|end|>\n<|assistant|>\nHello!<|end|>\n<|user|>\n"
+                                "Tell a story<|end|>\n<|assistant|>\n");
+    int user = one_id(t, "<|user|>"), asst = one_id(t, "<|assistant|>");
+    int end = one_id(t, kv_chat_end_of_turn(KV_CHAT_PHI3));
+    CU_ASSERT(user >= 0 && asst >= 0 && end >= 0 && user != asst && asst != end);
+    int *ids = NULL, n = 0;
+    CU_ASSERT_EQUAL_FATAL(kv_tokenizer_encode(t, txt, strlen(txt), 1, &ids, &n, &err), KV_OK);
+    CU_ASSERT_EQUAL(ids[0], kv_tokenizer_bos(t));
+    CU_ASSERT_EQUAL(count_id(ids, n, user), 2);
+    CU_ASSERT_EQUAL(count_id(ids, n, asst), 2);
+    CU_ASSERT_EQUAL(count_id(ids, n, end), 3);
+    free(ids);
+    free(txt);
+    kv_tokenizer_free(t);
+    /* a vocabulary without a template has none: the server joins messages as plain text */
+    CU_ASSERT_EQUAL_FATAL(kv_tokenizer_load(tu_shared(SPM), NULL, &t, &err), KV_OK);
+    CU_ASSERT_PTR_NULL(kv_tokenizer_chat_template(t));
+    CU_ASSERT_EQUAL(kv_chat_detect(kv_tokenizer_chat_template(t), &known), KV_CHAT_PLAIN);
+    CU_ASSERT_EQUAL(known, 0);
+    kv_tokenizer_free(t);
+}
+
+/* Every family renders system + user + assistant + user as chat.h documents; a template list in
+ * tokenizer_config.json gives the one named "default"; bad roles and names are refused. */
+static void test_chat_formats(void) {
+    static const struct {
+        kv_chat_format f;
+        const char *want;
+    } cases[] = {
+        {KV_CHAT_PLAIN, "Be brief.\n Hi \nHello!\nMore"},
+        {KV_CHAT_CHATML, "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n Hi "
+                         "<|im_end|>\n<|im_start|>assistant\nHello!<|im_end|>\n<|im_start|>user\n"
+                         "More<|im_end|>\n<|im_start|>assistant\n"},
+        {KV_CHAT_LLAMA2, "[INST] <<SYS>>\nBe brief.\n<</SYS>>\n\nHi [/INST] Hello! </s><s>[INST] "
+                         "More [/INST]"},
+        {KV_CHAT_LLAMA3, "<|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
+                         "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
+                         "<|start_header_id|>assistant<|end_header_id|>\n\nHello!<|eot_id|>"
+                         "<|start_header_id|>user<|end_header_id|>\n\nMore<|eot_id|>"
+                         "<|start_header_id|>assistant<|end_header_id|>\n\n"},
+        {KV_CHAT_ZEPHYR, "<|system|>\nBe brief.</s>\n<|user|>\n Hi </s>\n<|assistant|>\nHello!"
+                         "</s>\n<|user|>\nMore</s>\n<|assistant|>\n"},
+        {KV_CHAT_GEMMA, "<start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\n"
+                        "Hello!<end_of_turn>\n<start_of_turn>user\nMore<end_of_turn>\n"
+                        "<start_of_turn>model\n"},
+    };
+    kv_chat_msg m[] = {
+        {"system", "Be brief."}, {"user", " Hi "}, {"assistant", "Hello!"}, {"user", "More"}};
+    kv_error err = {0};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *txt = NULL;
+        CU_ASSERT_EQUAL_FATAL(kv_chat_render(cases[i].f, m, 4, &txt, &err), KV_OK);
+        if (strcmp(txt, cases[i].want))
+            fprintf(stderr, "\n%s rendered:\n%s\n", kv_chat_format_name(cases[i].f), txt);
+        CU_ASSERT_STRING_EQUAL(txt, cases[i].want);
+        kv_chat_format back;
+        CU_ASSERT_EQUAL(kv_chat_format_parse(kv_chat_format_name(cases[i].f), &back, &err), KV_OK);
+        CU_ASSERT_EQUAL(back, cases[i].f);
+        free(txt);
+    }
+    char *txt = NULL;
+    kv_chat_msg bad[] = {{"tool", "x"}};
+    CU_ASSERT_EQUAL(kv_chat_render(KV_CHAT_CHATML, bad, 1, &txt, &err), KV_EINPUT);
+    CU_ASSERT(strstr(err.msg, "role") != NULL && txt == NULL);
+    kv_chat_format f;
+    CU_ASSERT_EQUAL(kv_chat_format_parse("jinja", &f, &err), KV_EINPUT);
+    CU_ASSERT(strstr(err.msg, "'jinja'") != NULL && strstr(err.msg, "chatml") != NULL);
+    /* tokenizer.json with a tokenizer_config.json that lists named templates */
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd, "mkdir -p '%s' && ln -sf '%s' '%s/tokenizer.json'",
+             tu_tmp("chat-json"), tu_shared("models/tinystories-656k/tokenizer.json"),
+             tu_tmp("chat-json"));
+    CU_ASSERT_EQUAL_FATAL(system(cmd), 0);
+    FILE *cf = fopen(tu_tmp("chat-json/tokenizer_config.json"), "w");
+    CU_ASSERT_FATAL(cf != NULL);
+    fputs("{\"chat_template\": [{\"name\": \"tool_use\", \"template\": \"[INST]\"},"
+          " {\"name\": \"default\", \"template\": \"{{ '<|im_start|>' }}\"}]}",
+          cf);
+    fclose(cf);
+    kv_tokenizer *t = NULL;
+    CU_ASSERT_EQUAL_FATAL(kv_tokenizer_load(tu_tmp("chat-json/tokenizer.json"), NULL, &t, &err),
+                          KV_OK);
+    CU_ASSERT_STRING_EQUAL(kv_tokenizer_chat_template(t), "{{ '<|im_start|>' }}");
+    CU_ASSERT_EQUAL(kv_chat_detect(kv_tokenizer_chat_template(t), NULL), KV_CHAT_CHATML);
+    kv_tokenizer_free(t);
+}
+
 int main(int argc, char **argv) {
     const tu_test tests[] = {
         {"llama.cpp tokenizer vectors, six vocabularies", test_llamacpp_vectors},
@@ -444,6 +568,9 @@ int main(int argc, char **argv) {
         {"Llama 2 tokenizer.bin == llama-spm GGUF", test_llama2_tokenizer_bin},
         {"llama-2-tiny-random F16 GGUF: load, tokenize, generate", test_tiny_random_f16},
         {"CLI tokenize without a model; bad vocabulary files", test_cli_and_errors},
+        {"chat template of the phi-3 vocabulary: family, rendering, control ids",
+         test_chat_phi3_gguf},
+        {"chat formats; named templates in tokenizer_config.json", test_chat_formats},
     };
     return tu_main(argc, argv, "tokenizer", tests, sizeof tests / sizeof tests[0]);
 }

@@ -12,6 +12,7 @@
 #include "kvplan/alloc.h"
 #include "kvplan/backend.h"
 #include "kvplan/batch.h"
+#include "kvplan/chat.h"
 #include "kvplan/common.h"
 #include "kvplan/engine.h"
 #include "kvplan/eval.h"

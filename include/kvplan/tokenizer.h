@@ -71,6 +71,12 @@ int kv_tokenizer_encode_ex(const kv_tokenizer *t, const char *text, size_t len, 
 /* Decode ids to a NUL-terminated string the caller owns; BOS/EOS produce no text. */
 int kv_tokenizer_decode(const kv_tokenizer *t, const int *ids, int n, char **text, kv_error *err);
 
+/* The chat template the tokenizer's file carries (GGUF tokenizer.chat_template, or
+ * tokenizer_config.json's chat_template beside a tokenizer.json; a list of named templates gives
+ * the one named "default"), as Jinja source owned by t; NULL when the file has none.
+ * kv_chat_detect (kvplan/chat.h) names its family. */
+const char *kv_tokenizer_chat_template(const kv_tokenizer *t);
+
 /* Bytes of one token for streaming output (see kv_tokenizer_ops.piece). */
 int kv_tokenizer_piece(const kv_tokenizer *t, int prev_id, int id, char *buf, int cap);
 

@@ -403,7 +403,22 @@ void kv_tokenizer_free(kv_tokenizer *t) {
     if (t->ops && t->ops->free_impl) t->ops->free_impl(t->impl);
     for (int k = 0; k < t->n_special; k++) free(t->special[k].text);
     free(t->special);
+    free(t->chat_template);
     free(t);
+}
+
+const char *kv_tokenizer_chat_template(const kv_tokenizer *t) {
+    return t ? t->chat_template : NULL;
+}
+
+int kv_tokenizer_set_chat_template(kv_tokenizer *t, const char *jinja, size_t n, kv_error *err) {
+    char *c = kv_malloc(n + 1, "chat template", err);
+    if (!c) return KV_EINTERNAL;
+    memcpy(c, jinja, n);
+    c[n] = '\0';
+    free(t->chat_template);
+    t->chat_template = c;
+    return KV_OK;
 }
 
 int kv_spm_configure(kv_tokenizer *t, int add_space_prefix, const unsigned char *silent,

@@ -1085,6 +1085,23 @@ static void json_vocab_free(json_vocab *v) {
     cJSON_Delete(v->cfg);
 }
 
+/* tokenizer_config.json's chat_template, kept on t: a string, or a list of {name, template}
+ * objects (the one named "default"). A value of any other shape is ignored (no template). */
+static int json_chat_template(const json_vocab *v, kv_tokenizer *t, kv_error *err) {
+    const cJSON *ct = v->cfg ? cJSON_GetObjectItemCaseSensitive(v->cfg, "chat_template") : NULL;
+    if (cJSON_IsArray(ct)) {
+        const cJSON *it, *pick = NULL;
+        cJSON_ArrayForEach(it, ct) {
+            const cJSON *name = cJSON_GetObjectItemCaseSensitive(it, "name");
+            if (cJSON_IsString(name) && !strcmp(name->valuestring, "default"))
+                pick = cJSON_GetObjectItemCaseSensitive(it, "template");
+        }
+        ct = pick;
+    }
+    if (!cJSON_IsString(ct)) return KV_OK;
+    return kv_tokenizer_set_chat_template(t, ct->valuestring, strlen(ct->valuestring), err);
+}
+
 int kv_tokenizer_load_json(const char *path, const kv_model *m, kv_tokenizer **out, kv_error *err) {
     *out = NULL;
     json_vocab v = {0};
@@ -1099,6 +1116,11 @@ int kv_tokenizer_load_json(const char *path, const kv_model *m, kv_tokenizer **o
     if (!rc) rc = read_style(path, &v, err);
     if (!rc) read_special_ids(m, &v);
     if (!rc) rc = build_tokenizer(path, &v, out, err);
+    if (!rc) rc = json_chat_template(&v, *out, err);
+    if (rc) {
+        kv_tokenizer_free(*out);
+        *out = NULL;
+    }
     json_vocab_free(&v);
     return rc;
 }

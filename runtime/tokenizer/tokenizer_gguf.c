@@ -354,6 +354,21 @@ static int gguf_tok_gpt2(const kv_gguf *g, char **tokens, int n, const int *type
     return rc;
 }
 
+/* tokenizer.chat_template, when the file has one, kept on t. A value that is not a string is
+ * refused by name. */
+static int gguf_chat_template(const kv_gguf *g, kv_tokenizer *t, kv_error *err) {
+    const kv_gguf_kv *kv = kv_gguf_find(g, "tokenizer.chat_template");
+    if (!kv) return KV_OK;
+    if (kv->type != KV_GGUF_STRING)
+        return kv_fail(err, KV_EINPUT,
+                       "%s: metadata 'tokenizer.chat_template' has value type %u, expected a "
+                       "string",
+                       g->path, kv->type);
+    uint64_t n;
+    memcpy(&n, g->base + kv->off, 8); /* kv_gguf_open checked that the bytes are in the file */
+    return kv_tokenizer_set_chat_template(t, (const char *)g->base + kv->off + 8, (size_t)n, err);
+}
+
 int kv_tokenizer_load_gguf(const kv_gguf *g, kv_tokenizer **out, kv_error *err) {
     *out = NULL;
     char model[32] = "";
@@ -379,5 +394,10 @@ int kv_tokenizer_load_gguf(const kv_gguf *g, kv_tokenizer **out, kv_error *err) 
                                      : gguf_tok_gpt2(g, tokens, n, types, out, err);
     free(types);
     kv_gguf_free_strings(tokens, n);
+    if (!rc) rc = gguf_chat_template(g, *out, err);
+    if (rc) {
+        kv_tokenizer_free(*out);
+        *out = NULL;
+    }
     return rc;
 }

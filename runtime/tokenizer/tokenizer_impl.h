@@ -47,6 +47,7 @@ struct kv_tokenizer {
     kv_tok_special *special; /* [n_special], owned; see kv_tokenizer_set_special */
     int n_special;
     kv_special_order special_order;
+    char *chat_template; /* owned; the Jinja chat template from the file's metadata, or NULL */
 };
 
 /* Set the special tokens (copied; replaces any before): ids[k] with text texts[k] (skipped
@@ -55,6 +56,10 @@ struct kv_tokenizer {
 int kv_tokenizer_set_special(kv_tokenizer *t, const int *ids, const char *const *texts,
                              const unsigned char *control, int n, kv_special_order order,
                              kv_error *err);
+
+/* Keep a copy of the first n bytes of `jinja` as t's chat template (replacing any before).
+ * KV_EINTERNAL when out of memory. */
+int kv_tokenizer_set_chat_template(kv_tokenizer *t, const char *jinja, size_t n, kv_error *err);
 
 #ifdef __cplusplus
 }
