@@ -8,7 +8,7 @@
 # most sequences admitted at once and the KV bytes peak (the server's /metrics); the JSON lines
 # go to bench/out/serve.jsonl.
 # Usage: bench/serve.sh [BUILD_DIR]   Environment: SECONDS_PER_POINT (default 6), MAX_TOKENS
-# (default 448), CONCURRENCY (default "1 8 32 128"), GROUP (--group, default 4), THREADS
+# (default 448), CONCURRENCY (default "1 8 32 128"), GROUP (--group, default 0: all), THREADS
 # (--threads, default: the server's default), REPEAT (default 1: each point that many times,
 # the configurations interleaved; the table shows the run of median tokens/s and the range),
 # DEVICE (--device: cpu, cuda; default auto).
@@ -21,7 +21,7 @@ model=$shared/models/stories260K/stories260K.bin
 secs=${SECONDS_PER_POINT:-6}
 max_tokens=${MAX_TOKENS:-448}
 concs=${CONCURRENCY:-"1 8 32 128"}
-group=${GROUP:-4}
+group=${GROUP:-0}
 [ -x "$bin" ] || { echo "bench/serve.sh: build kvplan first (scripts/build.sh build)" >&2; exit 1; }
 command -v node >/dev/null || { echo "bench/serve.sh: node is needed" >&2; exit 1; }
 mkdir -p "$root/bench/out"

@@ -76,6 +76,13 @@ static void cpu_storage_free(kv_backend *b, kv_pool *p) {
     p->data = NULL;
 }
 
+/* The matmuls' scratch, on the per-row paths while the engine asks for batch-invariant rows. */
+static const kv_op_scratch *mm_of(kv_backend *b) {
+    cpu_backend *c = cpu(b);
+    c->mm.rowwise = b->rowwise;
+    return &c->mm;
+}
+
 static int cpu_embed(kv_backend *b, const int *tokens, int rows, kv_error *err) {
     (void)err;
     cpu_backend *c = cpu(b);
@@ -94,9 +101,9 @@ static int cpu_qkv(kv_backend *b, int layer, int rows, const int *pos, kv_error 
     int dim = cfg->dim, hd = cfg->head_dim, H = cfg->n_heads, Hkv = cfg->n_kv_heads;
     int qd = H * hd, kvd = Hkv * hd, half = hd / 2;
     kv_op_rmsnorm(c->xb, c->x, w->attn_norm, rows, dim, cfg->norm_eps);
-    kv_op_matmul(c->q, c->xb, w->wq, rows, dim, qd, &c->mm);
-    kv_op_matmul(c->k, c->xb, w->wk, rows, dim, kvd, &c->mm);
-    kv_op_matmul(c->v, c->xb, w->wv, rows, dim, kvd, &c->mm);
+    kv_op_matmul(c->q, c->xb, w->wq, rows, dim, qd, mm_of(b));
+    kv_op_matmul(c->k, c->xb, w->wk, rows, dim, kvd, mm_of(b));
+    kv_op_matmul(c->v, c->xb, w->wv, rows, dim, kvd, mm_of(b));
     kv_op_add_bias(c->q, w->bq, rows, qd);
     kv_op_add_bias(c->k, w->bk, rows, kvd);
     kv_op_add_bias(c->v, w->bv, rows, kvd);
@@ -337,6 +344,10 @@ attend_vec_hd(const cpu_backend *c, const kv_pool *p, const kv_attn_task *t, flo
     size_t rb = kvt_row_bytes(ty, hd);
     float inv = 1.0f / sqrtf((float)hd);
     float qv[hd] __attribute__((aligned(32)));
+    /* the blocks' addresses, looked up once per task rather than per block, head and pass */
+    int nb = (t->len + bs - 1) / bs;
+    const unsigned char *blk[nb > 0 ? nb : 1];
+    for (int b = 0; b < nb; b++) blk[b] = kv_pool_block_ptr(p, t->table[b]);
     for (int i = 0; i < t->n; i++) {
         int n_ent = base + i + 1;
         int qpos = t->pos[base + i];
@@ -347,7 +358,7 @@ attend_vec_hd(const cpu_backend *c, const kv_pool *p, const kv_attn_task *t, flo
             __m128 mx4 = _mm_set1_ps(-INFINITY);
             float mx = -INFINITY;
             for (int e0 = 0; e0 < n_ent; e0 += bs) {
-                const unsigned char *kb = kv_pool_block_ptr(p, t->table[e0 / bs]);
+                const unsigned char *kb = blk[e0 / bs];
                 int cnt = n_ent - e0 < bs ? n_ent - e0 : bs, e = 0;
                 for (; e + 4 <= cnt; e += 4) {
                     __m128 a0 = kv_dot_parts(qv, kb + (size_t)e * rb, hd, ty);
@@ -380,7 +391,7 @@ attend_vec_hd(const cpu_backend *c, const kv_pool *p, const kv_attn_task *t, flo
             __m256 acc[hd / 8];
             for (int k = 0; k < hd / 8; k++) acc[k] = _mm256_setzero_ps();
             for (int e0 = 0; e0 < n_ent; e0 += bs) {
-                const unsigned char *vb = kv_pool_block_ptr(p, t->table[e0 / bs]) + (size_t)bs * rb;
+                const unsigned char *vb = blk[e0 / bs] + (size_t)bs * rb;
                 int cnt = n_ent - e0 < bs ? n_ent - e0 : bs;
                 for (int e = 0; e < cnt; e++) {
                     const unsigned char *row = vb + (size_t)e * rb;
@@ -540,7 +551,7 @@ static int cpu_out_residual(kv_backend *b, int layer, int rows, const kv_hooks *
     cpu_backend *c = cpu(b);
     const kv_config *cfg = &b->model->cfg;
     int dim = cfg->dim, qd = cfg->n_heads * cfg->head_dim;
-    kv_op_matmul(c->xb2, c->o, b->model->layers[layer].wo, rows, qd, dim, &c->mm);
+    kv_op_matmul(c->xb2, c->o, b->model->layers[layer].wo, rows, qd, dim, mm_of(b));
     if (hooks && hooks->after_attn) {
         memcpy(c->xin, c->x, (size_t)rows * dim * sizeof(float));
         hooks->after_attn(hooks->user, layer, rows, c->xin, c->o, c->v, c->xb2);
@@ -553,7 +564,7 @@ static int cpu_ffn(kv_backend *b, int layer, int rows, const kv_hooks *hooks, kv
     (void)err;
     cpu_backend *c = cpu(b);
     kv_op_ffn_residual(&b->model->layers[layer], &b->model->cfg, c->x, c->xb, c->hb, c->hb2, rows,
-                       &c->mm);
+                       mm_of(b));
     if (hooks && hooks->after_block) hooks->after_block(hooks->user, layer, rows, c->x);
     return KV_OK;
 }
@@ -572,7 +583,7 @@ static int cpu_logits(kv_backend *b, const int *rows, int n_sel, float *out, kv_
         for (int i = 0; i < n_sel; i++)
             kv_op_rmsnorm(c->gather + (size_t)i * dim, c->x + (size_t)rows[i] * dim, m->final_norm,
                           1, dim, m->cfg.norm_eps);
-    kv_op_matmul(out, c->gather, m->classifier, n_sel, dim, m->cfg.vocab_size, &c->mm);
+    kv_op_matmul(out, c->gather, m->classifier, n_sel, dim, m->cfg.vocab_size, mm_of(b));
     return KV_OK;
 }
 
@@ -639,6 +650,7 @@ int kv_backend_cpu_new(const kv_model *m, int max_rows, int max_ctx, int n_threa
         return kv_fail(err, KV_EINTERNAL, "out of memory (CPU backend, %d rows)", max_rows);
     }
     kv_op_rope_tables(cfg, max_ctx, c->rope_cos, c->rope_sin);
+    c->base.rowwise_capable = 1; /* kv_qmatmul_rowwise_pool; attention is per row already */
     *out = &c->base;
     return KV_OK;
 }
