@@ -7,6 +7,7 @@
 
 #include "cache/kvtype.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -409,6 +410,19 @@ static int move_run(const kv_pool *p, const kv_move *moves, int i, int n) {
     return r;
 }
 
+/* Copy n bytes from src down to dst < src (the ranges may overlap): 8-byte words, then bytes,
+ * in ascending order, so no byte is written before it is read. The runs of a compaction are a
+ * few rows of a few bytes each, where a memmove call costs more than the copy. */
+static void copy_down(unsigned char *dst, const unsigned char *src, size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w;
+        memcpy(&w, src + i, 8);
+        memcpy(dst + i, &w, 8);
+    }
+    for (; i < n; i++) dst[i] = src[i];
+}
+
 void kv_pool_apply_moves_host(kv_pool *p, const kv_move *moves, int n) {
     for (int i = 0; i < n;) {
         /* a move stays inside one head, so source and destination have one type; runs of
@@ -416,9 +430,14 @@ void kv_pool_apply_moves_host(kv_pool *p, const kv_move *moves, int n) {
         int r = move_run(p, moves, i, n);
         size_t row =
             kvt_row_bytes(kv_pool_block_type(p, moves[i].src / p->block_size), p->head_dim);
-        for (int which = 0; which < 2; which++)
-            memmove(kv_pool_slot_row(p, moves[i].dst, which),
-                    kv_pool_slot_row(p, moves[i].src, which), (size_t)r * row);
+        for (int which = 0; which < 2; which++) {
+            unsigned char *d = kv_pool_slot_row(p, moves[i].dst, which);
+            const unsigned char *s = kv_pool_slot_row(p, moves[i].src, which);
+            if (d < s) /* also any disjoint pair */
+                copy_down(d, s, (size_t)r * row);
+            else
+                memmove(d, s, (size_t)r * row);
+        }
         i += r;
     }
 }
@@ -582,8 +601,20 @@ static int head_evict_sink(kv_cache *c, kv_head *h, int n_keep, kv_moves *moves,
         moves->v = nv;
         moves->cap = nc;
     }
-    for (int dst = sinks; dst < n_keep; dst++)
-        moves->v[moves->n++] = (kv_move){kv_head_slot(p, h, dst + gap), kv_head_slot(p, h, dst)};
+    int bs = p->block_size, src = sinks + gap;
+    int db = sinks / bs, dof = sinks % bs, sb = src / bs, sof = src % bs; /* block, offset */
+    for (int dst = sinks; dst < n_keep; dst++) {
+        moves->v[moves->n++] =
+            (kv_move){h->table[sb] * bs + sof, h->table[db] * bs + dof}; /* kv_head_slot's */
+        if (++dof == bs) {
+            dof = 0;
+            db++;
+        }
+        if (++sof == bs) {
+            sof = 0;
+            sb++;
+        }
+    }
     memmove(h->pos + sinks, h->pos + sinks + gap, (size_t)slide * sizeof *h->pos);
     if (h->track_stats) {
         memmove(h->acc + sinks, h->acc + sinks + gap, (size_t)slide * sizeof *h->acc);
