@@ -410,11 +410,18 @@ static int move_run(const kv_pool *p, const kv_move *moves, int i, int n) {
     return r;
 }
 
-/* Copy n bytes from src down to dst < src (the ranges may overlap): 8-byte words, then bytes,
- * in ascending order, so no byte is written before it is read. The runs of a compaction are a
- * few rows of a few bytes each, where a memmove call costs more than the copy. */
+/* Copy n bytes from src down to dst < src (the ranges may overlap): 32-byte pieces, 8-byte
+ * words, then bytes, in ascending order, each piece read whole before it is written, so no byte
+ * is written before it is read (a piece's store ends at or below the next piece's start). The
+ * runs of a compaction are a few rows of a few bytes each, where a memmove call costs more than
+ * the copy. */
 static void copy_down(unsigned char *dst, const unsigned char *src, size_t n) {
     size_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        unsigned char piece[32];
+        memcpy(piece, src + i, 32);
+        memcpy(dst + i, piece, 32);
+    }
     for (; i + 8 <= n; i += 8) {
         uint64_t w;
         memcpy(&w, src + i, 8);
