@@ -203,9 +203,8 @@ void kv_qmatmul_pool(float *y, const float *x, const void *w, kv_dtype wt, int r
  * quantised types the integer dots, F16 / BF16 the fp32 dots. Scratch as kv_qmatmul_pool
  * (smaller or NULL: a buffer is allocated for the call when the path needs one). Slower than
  * kv_qmatmul_pool's GEMMs where a batch's weight reads dominate (large models, many rows). */
-void kv_qmatmul_rowwise_pool(float *y, const float *x, const void *w, kv_dtype wt, int rows,
-                             int in, int out, float *scratch, size_t scratch_floats,
-                             kv_workers *pool);
+void kv_qmatmul_rowwise_pool(float *y, const float *x, const void *w, kv_dtype wt, int rows, int in,
+                             int out, float *scratch, size_t scratch_floats, kv_workers *pool);
 
 /* Floats of scratch kv_qmatmul wants for these sizes: the quantised rows of x for quantised
  * types (~0.3 rows * in floats; above 16 rows plus the integer GEMM's weight panel, ~0.3

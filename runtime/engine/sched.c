@@ -473,8 +473,9 @@ static int decode_phase(kv_sched *s, int *worked, kv_error *err) {
             s->g_seqs[j] = todo[g0 + j]->seq;
             s->g_toks[j] = todo[g0 + j]->last;
         }
-        rc = s->invariant ? kv_engine_decode_invariant(s->e, s->g_seqs, n, s->g_toks, s->logits, err)
-                          : kv_engine_decode(s->e, s->g_seqs, n, s->g_toks, s->logits, err);
+        rc = s->invariant
+                 ? kv_engine_decode_invariant(s->e, s->g_seqs, n, s->g_toks, s->logits, err)
+                 : kv_engine_decode(s->e, s->g_seqs, n, s->g_toks, s->logits, err);
         for (int j = 0; j < n; j++) {
             kv_finish why = KV_FINISH_ERROR;
             if (!rc) rc = emit_token(s, s->g_reqs[j], s->logits + (size_t)j * s->vocab, &why, err);

@@ -1125,9 +1125,8 @@ void kv_qmatmul_pool(float *y, const float *x, const void *w, kv_dtype wt, int r
     qmatmul_run(y, x, w, wt, rows, rows, in, out, scratch, scratch_floats, pool);
 }
 
-void kv_qmatmul_rowwise_pool(float *y, const float *x, const void *w, kv_dtype wt, int rows,
-                             int in, int out, float *scratch, size_t scratch_floats,
-                             kv_workers *pool) {
+void kv_qmatmul_rowwise_pool(float *y, const float *x, const void *w, kv_dtype wt, int rows, int in,
+                             int out, float *scratch, size_t scratch_floats, kv_workers *pool) {
     qmatmul_run(y, x, w, wt, rows, 1, in, out, scratch, scratch_floats, pool);
 }
 
