@@ -57,6 +57,10 @@ engine_cpu() { # pid, port
 run_point() { # label, conc, plan args...
     local label=$1 conc=$2
     shift 2
+    # emptied here, not by the child's redirection: the loop below must not find the previous
+    # server's port while the new one has not yet started (a refused connection on a loaded
+    # machine)
+    : >"$work/err"
     "$bin" serve "$model" --kv-mem "$kv_mem" --port 0 --max-queue 1024 --group "$group" \
         "${threads[@]}" --quiet "$@" 2>"$work/err" &
     local pid=$! port=""
