@@ -5,10 +5,11 @@
 # 32, 128 (each client streams completions one after another for SECONDS; temperature 0.8,
 # max_tokens MAX_TOKENS, prompts: the openings of TinyStories lines). Prints a markdown table:
 # generated tokens/s, p50/p99 time to first token and inter-token latency (client side), the
-# most sequences admitted at once and the KV bytes peak (the server's /metrics); the JSON lines
-# go to bench/out/serve.jsonl.
+# most sequences admitted at once and the KV bytes peak (the server's /metrics), the engine's
+# CPU time per generated token (engine_cpu below), and the load average before and after; the
+# JSON lines go to bench/out/serve.jsonl.
 # Usage: bench/serve.sh [BUILD_DIR]   Environment: SECONDS_PER_POINT (default 6), MAX_TOKENS
-# (default 448), CONCURRENCY (default "1 8 32 128"), GROUP (--group, default 4), THREADS
+# (default 448), CONCURRENCY (default "1 8 32 128"), GROUP (--group, default 0: all), THREADS
 # (--threads, default: the server's default), REPEAT (default 1: each point that many times,
 # the configurations interleaved; the table shows the run of median tokens/s and the range),
 # DEVICE (--device: cpu, cuda; default auto).
@@ -21,7 +22,7 @@ model=$shared/models/stories260K/stories260K.bin
 secs=${SECONDS_PER_POINT:-6}
 max_tokens=${MAX_TOKENS:-448}
 concs=${CONCURRENCY:-"1 8 32 128"}
-group=${GROUP:-4}
+group=${GROUP:-0}
 [ -x "$bin" ] || { echo "bench/serve.sh: build kvplan first (scripts/build.sh build)" >&2; exit 1; }
 command -v node >/dev/null || { echo "bench/serve.sh: node is needed" >&2; exit 1; }
 mkdir -p "$root/bench/out"
@@ -39,9 +40,27 @@ threads=()
 [ -n "${THREADS:-}" ] && threads=(--threads "$THREADS")
 [ -n "${DEVICE:-}" ] && threads+=(--device "$DEVICE")
 
+# CPU time of the server's busiest thread (the scheduler's: the engine runs on it with
+# --threads 1) per generated token, in microseconds: what a token costs the engine, whatever
+# else the machine runs (wall-clock tokens/s moves with the load of a shared machine).
+engine_cpu() { # pid, port
+    local gen ticks=0 t c
+    gen=$(curl -s "http://127.0.0.1:$2/metrics" | awk '/^kvplan_generated_tokens_total/ { print $2 }')
+    for t in /proc/"$1"/task/*; do
+        c=$(awk '{ print $14 + $15 }' "$t/stat" 2>/dev/null || echo 0)
+        [ "${c:-0}" -gt "$ticks" ] && ticks=$c
+    done
+    awk -v t="$ticks" -v g="${gen:-0}" -v hz="$(getconf CLK_TCK)" \
+        'BEGIN { if (g > 0) printf "%.1f", t / hz * 1e6 / g; else printf "null" }'
+}
+
 run_point() { # label, conc, plan args...
     local label=$1 conc=$2
     shift 2
+    # emptied here, not by the child's redirection: the loop below must not find the previous
+    # server's port while the new one has not yet started (a refused connection on a loaded
+    # machine)
+    : >"$work/err"
     "$bin" serve "$model" --kv-mem "$kv_mem" --port 0 --max-queue 1024 --group "$group" \
         "${threads[@]}" --quiet "$@" 2>"$work/err" &
     local pid=$! port=""
@@ -51,15 +70,17 @@ run_point() { # label, conc, plan args...
         sleep 0.1
     done
     [ -n "$port" ] || { cat "$work/err" >&2; kill "$pid"; exit 1; }
-    local line
+    local line cpu
     line=$(node "$root/bench/serve_load.mjs" "http://127.0.0.1:$port" "$conc" "$secs" \
         "$max_tokens" "$work/prompts.txt")
+    cpu=$(engine_cpu "$pid" "$port")
     kill -TERM "$pid"
     wait "$pid"
-    echo "{\"cache\":\"$label\",${line#\{}" >>"$out"
+    echo "{\"cache\":\"$label\",\"engine_us_per_token\":$cpu,${line#\{}" >>"$out"
     echo "$label c=$conc: $line" >&2
 }
 
+load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 for _ in $(seq "${REPEAT:-1}"); do
     for c in $concs; do
         for cfg in "full" "R=1/4:$root/plans/stories260K.r1-4.h5" \
@@ -88,14 +109,16 @@ const rows = [...groups.values()].map((g) => {
 const order = ["full", "R=1/4", "R=1/8"];
 rows.sort((a, b) => order.indexOf(a.cache) - order.indexOf(b.cache) || a.concurrency - b.concurrency);
 console.log(`--kv-mem ${rows[0].kv_capacity} bytes; ${process.argv[2]} s per point, max_tokens ${process.argv[3]}, ${rows[0].runs} run(s) per point`);
-console.log("| cache | clients | tokens/s (median) | range | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | peak admitted | KV bytes peak |");
-console.log("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+console.log("| cache | clients | tokens/s (median) | range | engine CPU us/token | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | peak admitted | KV bytes peak |");
+console.log("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
 for (const r of rows)
-  console.log(`| ${r.cache} | ${r.concurrency} | ${f(r.tokens_per_s, 0)} | ${f(r.lo, 0)}-${f(r.hi, 0)} | ${f(r.ttft_p50_ms)} | ${f(r.ttft_p99_ms)} | ${f(r.itl_p50_ms, 2)} | ${f(r.itl_p99_ms, 2)} | ${r.peak_running} | ${r.kv_peak} |`);
+  console.log(`| ${r.cache} | ${r.concurrency} | ${f(r.tokens_per_s, 0)} | ${f(r.lo, 0)}-${f(r.hi, 0)} | ${f(r.engine_us_per_token)} | ${f(r.ttft_p50_ms)} | ${f(r.ttft_p99_ms)} | ${f(r.itl_p50_ms, 2)} | ${f(r.itl_p99_ms, 2)} | ${r.peak_running} | ${r.kv_peak} |`);
 const at = (c, n) => rows.find((r) => r.cache === c && r.concurrency === n);
 const hi = Math.max(...rows.map((r) => r.concurrency));
 const a = at("full", hi), b = at("R=1/8", hi);
 if (a && b)
   console.log(`\nat ${hi} clients, R=1/8 vs full: ${(b.peak_running / a.peak_running).toFixed(2)}x sequences admitted, ` +
-    `${(b.tokens_per_s / a.tokens_per_s).toFixed(2)}x generated tokens/s (medians)`);
+    `${(b.tokens_per_s / a.tokens_per_s).toFixed(2)}x generated tokens/s (medians), ` +
+    `${(a.engine_us_per_token / b.engine_us_per_token).toFixed(2)}x tokens per engine CPU second`);
 ' "$out" "$secs" "$max_tokens"
+echo "load average (1, 5, 15 min): $load_before before, $(cut -d' ' -f1-3 /proc/loadavg) after"

@@ -39,9 +39,10 @@ static const kv_opt serve_opts[] = {
      .help = "sequences running at once at most"},
     {"--step-tokens", NULL, KV_OPT_INT, offsetof(serve_args, step_tokens), "N", 1, 1 << 20,
      .def = "64", .help = "prompt tokens prefilled per scheduling step"},
-    {"--group", NULL, KV_OPT_INT, offsetof(serve_args, group), "N", 1, 4096, .def = "4",
-     .help = "sequences per decode forward call (4: every answer independent of its "
-             "neighbours; more: faster, batch-dependent rounding)"},
+    {"--group", NULL, KV_OPT_INT, offsetof(serve_args, group), "N", 0, 4096, .def = "0",
+     .help = "sequences per decode forward call at most (0: every running one on the CPU, "
+             "4 on CUDA; every answer is independent of its neighbours on the CPU, and on "
+             "CUDA up to 4)"},
     {"--api-key", NULL, KV_OPT_STR, offsetof(serve_args, api_key), "KEY",
      .help = "require 'Authorization: Bearer KEY' on /v1/ endpoints"},
     {"--model-name", NULL, KV_OPT_STR, offsetof(serve_args, name), "NAME",

@@ -407,6 +407,56 @@ static void test_peak_bytes_follow_the_plan(void) {
 /* Block accounting while streaming: after every step each head holds <= its budget, owns
  * exactly ceil(len / b_s) blocks, positions stay ascending, the pool's count equals the
  * heads' blocks, and sink keeps exactly {0..3} plus the most recent entries. */
+/* Token-by-token sink eviction (one entry out per step past the budget, the decode path) on
+ * f32 and q8 heads: after every step the head holds the positions kv_policy_select(SINK)
+ * chooses, and each entry's K and V rows are still the ones written for its position (the
+ * compaction moved the rows with the metadata). Rows: stories260K embedding rows. */
+static void test_sink_eviction_moves_rows(void) {
+    kv_model *m = tu_load_shared(M260);
+    int hd = m->cfg.head_dim, dim = m->cfg.dim, B = 37, N = 150, bs = 8, bad = 0;
+    kv_error err = {0};
+    kv_cache_type types[2] = {KV_TYPE_F32, KV_TYPE_Q8};
+    for (int ti = 0; ti < 2; ti++) {
+        int counts[KV_CACHE_TYPES] = {0};
+        counts[types[ti]] = (B + bs) / bs + 1;
+        kv_pool pool;
+        CU_ASSERT_FATAL(kv_pool_init_typed(&pool, counts, bs, hd, &err) == KV_OK);
+        kv_cache c;
+        CU_ASSERT_FATAL(kv_cache_init(&c, &pool, 1, 1, &B, KV_POLICY_SINK, &err) == KV_OK);
+        CU_ASSERT_FATAL(kv_cache_set_types(&c, &types[ti], &err) == KV_OK);
+        kv_head *h = kv_cache_head(&c, 0, 0);
+        unsigned char enc[64];
+        float k[64], v[64], want_k[64], want_v[64];
+        for (int t = 0; t < N; t++) {
+            const float *e = (const float *)m->tok_emb.data + (size_t)(t % 500) * dim;
+            CU_ASSERT_FATAL(kv_head_make_room(&c, h, 1, t, &err) == KV_OK);
+            CU_ASSERT_FATAL(kv_head_append(&c, h, e, e + hd, t, &err) == KV_OK);
+            int want[64], n_keep = t + 1 < B ? t + 1 : B, len = t + 1;
+            int pos[200];
+            for (int i = 0; i < len; i++) pos[i] = i;
+            kv_policy_select(KV_POLICY_SINK, pos, NULL, NULL, len, n_keep, t, want);
+            bad += h->len != n_keep;
+            for (int i = 0; i < h->len && i < n_keep; i++) {
+                bad += h->pos[i] != want[i];
+                const float *we = (const float *)m->tok_emb.data + (size_t)(want[i] % 500) * dim;
+                kv_type_encode_row(types[ti], hd, we, enc);
+                kv_type_decode_row(types[ti], hd, enc, want_k);
+                kv_type_encode_row(types[ti], hd, we + hd, enc);
+                kv_type_decode_row(types[ti], hd, enc, want_v);
+                kv_head_read(&pool, h, i, k, v);
+                bad += memcmp(k, want_k, (size_t)hd * sizeof *k) != 0;
+                bad += memcmp(v, want_v, (size_t)hd * sizeof *v) != 0;
+            }
+            bad += h->n_blocks != (h->len + bs - 1) / bs;
+        }
+        kv_cache_destroy(&c);
+        CU_ASSERT_EQUAL(kv_pool_blocks_in_use(&pool), 0);
+        kv_pool_destroy(&pool);
+    }
+    CU_ASSERT_EQUAL(bad, 0);
+    kv_model_free(m);
+}
+
 static void test_block_accounting(void) {
     kv_model *m = tu_load_shared(M260);
     int n = 0;
@@ -795,6 +845,8 @@ int main(int argc, char **argv) {
          test_attention_statistics},
         {"kv_bytes_peak <= plan arithmetic + one block per head", test_peak_bytes_follow_the_plan},
         {"block accounting while streaming", test_block_accounting},
+        {"sink eviction token by token moves the rows with the entries",
+         test_sink_eviction_moves_rows},
         {"every policy on both bundled models", test_policies_both_models},
         {"policy order: sink", test_policy_sink_order},
         {"policy order: h2o", test_policy_h2o_order},

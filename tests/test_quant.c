@@ -901,6 +901,71 @@ static void test_matmul_pool(void) {
     kv_model_free(m);
 }
 
+/* Rows of y from kv_qmatmul_rowwise_pool that differ from a one-row kv_qmatmul of that row
+ * (bitwise), for `rows` rows of X [rows, in] against w [out, in] of type t. */
+static int rowwise_differ(const float *X, const void *w, kv_dtype t, int rows, int in, int out,
+                          kv_workers *pool, float *y, float *y1) {
+    int differ = 0;
+    memset(y, 0xff, (size_t)rows * out * sizeof *y);
+    kv_qmatmul_rowwise_pool(y, X, w, t, rows, in, out, NULL, 0, pool);
+    for (int r = 0; r < rows; r++) {
+        kv_qmatmul(y1, X + (size_t)r * in, w, t, 1, in, out, NULL, 0);
+        differ += memcmp(y1, y + (size_t)r * out, (size_t)out * sizeof *y1) != 0;
+    }
+    return differ;
+}
+
+/* Batch-invariant matmul: every row of any batch gets the bits it gets alone, for every type,
+ * row counts across the 4-row register blocks and past the GEMM thresholds (4 and 16), on 2
+ * threads; F32 also with a row length that leaves a scalar tail (1000 = 62 * 16 + 8). Real
+ * weights: W rows from the 656K embedding, x rows from its w_up. */
+static void test_matmul_rowwise(void) {
+    kv_model *m = tu_load_shared(M656);
+    int in = 1024, out = 300, R = 20;
+    const float *X = m->layers[1].w_up.data;
+    float *wf = cyclic_embedding_rows(m, out, in);
+    float *y = malloc((size_t)R * out * sizeof *y), *y1 = malloc((size_t)out * sizeof *y1);
+    kv_workers *pool = NULL;
+    CU_ASSERT_FATAL(kv_workers_new(2, &pool, NULL) == KV_OK);
+    int rows_list[] = {1, 2, 3, 4, 5, 7, 8, 9, 13, 17, 20}, nr = 11, compared = 0, differ = 0;
+    for (int ti = 0; ti < KV_DT_COUNT; ti++) {
+        kv_dtype t = kv_dtype_all[ti];
+        size_t rb = 0;
+        kv_dtype_row_bytes(t, in, "w", &rb, NULL);
+        unsigned char *w = malloc(rb * out);
+        for (int o = 0; o < out; o++) kv_quantize_row(t, wf + (size_t)o * in, w + rb * o, in, NULL);
+        for (int c = 0; c < nr; c++, compared++)
+            differ += rowwise_differ(X, w, t, rows_list[c], in, out, pool, y, y1);
+        free(w);
+    }
+    /* F32 rows of 1000: the tail after the 16-wide loop */
+    int in2 = 1000;
+    float *w2 = malloc((size_t)out * in2 * sizeof *w2), *x2 = malloc((size_t)R * in2 * sizeof *x2);
+    for (int o = 0; o < out; o++) memcpy(w2 + (size_t)o * in2, wf + (size_t)o * in, in2 * 4);
+    for (int r = 0; r < R; r++) memcpy(x2 + (size_t)r * in2, X + (size_t)r * in, in2 * 4);
+    for (int c = 0; c < nr; c++, compared++)
+        differ += rowwise_differ(x2, w2, KV_DT_F32, rows_list[c], in2, out, pool, y, y1);
+    /* the plain F32 path above 4 rows (sgemm) for contrast: its rows may round differently */
+    kv_qmatmul(y, x2, w2, KV_DT_F32, R, in2, out, NULL, 0);
+    int gemm_differ = 0;
+    for (int r = 0; r < R; r++) {
+        kv_qmatmul(y1, x2 + (size_t)r * in2, w2, KV_DT_F32, 1, in2, out, NULL, 0);
+        gemm_differ += memcmp(y1, y + (size_t)r * out, (size_t)out * sizeof *y1) != 0;
+    }
+    printf("\n  rowwise matmul: %d rows differ from their one-row bits (%d batches: %d types x %d "
+           "row counts + F32 with a tail); sgemm at %d rows: %d rows differ",
+           differ, compared, KV_DT_COUNT, nr, R, gemm_differ);
+    CU_ASSERT_EQUAL(differ, 0);
+    CU_ASSERT_EQUAL(compared, (KV_DT_COUNT + 1) * nr);
+    kv_workers_free(pool);
+    free(w2);
+    free(x2);
+    free(y);
+    free(y1);
+    free(wf);
+    kv_model_free(m);
+}
+
 static void test_656k_types_perplexity(void) {
     kv_model *a = tu_load_shared(M656);
     int n = 0;
@@ -1278,6 +1343,7 @@ int main(int argc, char **argv) {
         {"typed matmul: dot, tiled GEMM, F32 paths", test_matmul},
         {"integer GEMM: every isa = reference, within the activation rounding", test_igemm},
         {"pooled matmul: the same bits on 1, 2, 3 threads", test_matmul_pool},
+        {"rowwise matmul: every row of any batch = its one-row bits", test_matmul_rowwise},
         {"656K written in Q8_0/Q5_x/Q4_x: perplexity vs F32", test_656k_types_perplexity},
         {"K-quants on a synthetic 256-multiple model: logits vs F32", test_k_quants_synthetic},
         {"F16/BF16 in their own type: logits within 1e-5 of fp32", test_half_logits_vs_fp32},

@@ -92,6 +92,21 @@ int kv_engine_prefill(kv_engine *e, int seq, const int *tokens, int n, kv_logits
 int kv_engine_decode(kv_engine *e, const int *seqs, int n_seqs, const int *tokens, float *logits,
                      kv_error *err);
 
+/* Rows up to which kv_engine_decode is batch-invariant on every backend and weight type (the
+ * matmuls' per-row paths, kvplan/quant.h); above, the GEMMs' rounding depends on the batch. */
+#define KV_ENGINE_INVARIANT_ROWS 4
+/* 1 when the engine's backend has kv_engine_decode_invariant (the CPU backend), else 0. */
+int kv_engine_decode_invariant_ok(const kv_engine *e);
+/* kv_engine_decode in which every sequence's logits are the bits a decode of that sequence
+ * alone gives, for any n_seqs: the matmuls take their per-row paths (kv_qmatmul_rowwise_pool:
+ * F32 weights four rows per pass over W, register-blocked, each row in its single-row order),
+ * so one call decodes a whole continuous batch (kvplan/sched.h) without neighbour-dependent
+ * rounding. Shapes, logits and errors as kv_engine_decode; KV_EINPUT when the backend has no
+ * such path (kv_engine_decode_invariant_ok is 0: decode at most KV_ENGINE_INVARIANT_ROWS
+ * sequences per call instead). */
+int kv_engine_decode_invariant(kv_engine *e, const int *seqs, int n_seqs, const int *tokens,
+                               float *logits, kv_error *err);
+
 /* Budgeted perplexity of one chunk for several budget sets at once (docs/design.md Runtime,
  * "Budgeted perplexity"): n_sets fresh sequences (set s: budgets[s] [L * H_kv] tokens, or NULL
  * for the plan's; policies[s] or NULL) run the same n tokens in lockstep steps of p (one

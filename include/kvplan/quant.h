@@ -196,6 +196,16 @@ void kv_qmatmul(float *y, const float *x, const void *w, kv_dtype wt, int rows, 
 void kv_qmatmul_pool(float *y, const float *x, const void *w, kv_dtype wt, int rows, int in,
                      int out, float *scratch, size_t scratch_floats, kv_workers *pool);
 
+/* kv_qmatmul_pool where every row of y gets the bits a call with that row alone gives it, for
+ * any number of rows (batch-invariant decode: a sequence's logits do not depend on the other
+ * sequences of its step). The per-row paths whatever `rows`: F32 weights gemv_f32's order (four
+ * rows of x per pass over W, register-blocked, each row's sums in its own single-row order),
+ * quantised types the integer dots, F16 / BF16 the fp32 dots. Scratch as kv_qmatmul_pool
+ * (smaller or NULL: a buffer is allocated for the call when the path needs one). Slower than
+ * kv_qmatmul_pool's GEMMs where a batch's weight reads dominate (large models, many rows). */
+void kv_qmatmul_rowwise_pool(float *y, const float *x, const void *w, kv_dtype wt, int rows, int in,
+                             int out, float *scratch, size_t scratch_floats, kv_workers *pool);
+
 /* Floats of scratch kv_qmatmul wants for these sizes: the quantised rows of x for quantised
  * types (~0.3 rows * in floats; above 16 rows plus the integer GEMM's weight panel, ~0.3
  * chunk * in floats), a dequantised tile for F16 / BF16 prefill, 0 for F32 and

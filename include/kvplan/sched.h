@@ -15,9 +15,11 @@
  *      block p when some head can be over budget, else the whole prompt, as
  *      kv_engine_prefill), as many steps as fit the per-step token budget (at least one);
  *   4. every decoding sequence runs one decode step. A row's arithmetic must not depend on its
- *      neighbours, so the batch runs in forward calls of at most KV_SCHED_GROUP rows (the
- *      matmuls' per-row paths; larger calls switch to BLAS GEMMs whose rounding depends on the
- *      batch): a greedy request gives the same tokens as kv_generate / `kvplan run` alone.
+ *      neighbours: on the CPU backend the whole batch runs in one kv_engine_decode_invariant
+ *      call (the matmuls' per-row paths, register-blocked over 4 rows), elsewhere in forward
+ *      calls of at most KV_SCHED_GROUP rows (larger calls switch to GEMMs whose rounding
+ *      depends on the batch): a greedy request gives the same tokens as kv_generate /
+ *      `kvplan run` alone.
  *   5. a finished request (EOS / BOS, max_new, or the event callback asked to stop) frees its
  *      sequence and reservation at once.
  * Sampling is kv_sample with the request's seed + 1 (kv_generate's first sequence).
@@ -41,8 +43,9 @@ extern "C" {
 #endif
 KV_API_BEGIN
 
-/* Most sequences in one decode forward call (the per-row matmul paths, kvplan/quant.h). */
-#define KV_SCHED_GROUP 4
+/* Most sequences in one decode forward call on a backend without a batch-invariant decode
+ * (kvplan/engine.h: KV_ENGINE_INVARIANT_ROWS, the per-row matmul paths of kvplan/quant.h). */
+#define KV_SCHED_GROUP KV_ENGINE_INVARIANT_ROWS
 /* Latency histogram buckets (seconds, upper bounds; the last is +Inf). */
 #define KV_SCHED_NBUCKETS 17
 
@@ -93,9 +96,11 @@ typedef struct kv_sched_opts {
     int step_tokens; /* prompt tokens prefilled per step at most (default 64; one engine
                       * prefill step always runs, so a larger step still progresses) */
     int max_running; /* admitted sequences at most (default: the engine's max_seqs) */
-    int group;       /* decode rows per forward call (default KV_SCHED_GROUP: each row's bits
-                      * independent of the batch; larger: fewer calls, batch-dependent
-                      * rounding) */
+    int group;       /* decode rows per forward call at most (default: every running row in one
+                      * call where the engine has kv_engine_decode_invariant, the CPU backend,
+                      * else KV_SCHED_GROUP). Each row's bits are independent of the batch with
+                      * the invariant decode, or at most KV_SCHED_GROUP rows; larger groups on
+                      * other backends round by the batch */
 } kv_sched_opts;
 
 /* Counters since creation, and the state now (kv_sched_stats). Histograms: cumulative counts

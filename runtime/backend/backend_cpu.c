@@ -76,6 +76,13 @@ static void cpu_storage_free(kv_backend *b, kv_pool *p) {
     p->data = NULL;
 }
 
+/* The matmuls' scratch, on the per-row paths while the engine asks for batch-invariant rows. */
+static const kv_op_scratch *mm_of(kv_backend *b) {
+    cpu_backend *c = cpu(b);
+    c->mm.rowwise = b->rowwise;
+    return &c->mm;
+}
+
 static int cpu_embed(kv_backend *b, const int *tokens, int rows, kv_error *err) {
     (void)err;
     cpu_backend *c = cpu(b);
@@ -94,9 +101,9 @@ static int cpu_qkv(kv_backend *b, int layer, int rows, const int *pos, kv_error 
     int dim = cfg->dim, hd = cfg->head_dim, H = cfg->n_heads, Hkv = cfg->n_kv_heads;
     int qd = H * hd, kvd = Hkv * hd, half = hd / 2;
     kv_op_rmsnorm(c->xb, c->x, w->attn_norm, rows, dim, cfg->norm_eps);
-    kv_op_matmul(c->q, c->xb, w->wq, rows, dim, qd, &c->mm);
-    kv_op_matmul(c->k, c->xb, w->wk, rows, dim, kvd, &c->mm);
-    kv_op_matmul(c->v, c->xb, w->wv, rows, dim, kvd, &c->mm);
+    kv_op_matmul(c->q, c->xb, w->wq, rows, dim, qd, mm_of(b));
+    kv_op_matmul(c->k, c->xb, w->wk, rows, dim, kvd, mm_of(b));
+    kv_op_matmul(c->v, c->xb, w->wv, rows, dim, kvd, mm_of(b));
     kv_op_add_bias(c->q, w->bq, rows, qd);
     kv_op_add_bias(c->k, w->bk, rows, kvd);
     kv_op_add_bias(c->v, w->bv, rows, kvd);
@@ -299,26 +306,111 @@ kv8(const unsigned char *row, int c, kv_cache_type ty, __m256 s, __m256 m) {
     return _mm256_setzero_ps();
 }
 
+/* The binary16 at p broadcast to 8 floats by F16C: kvt_h2f's value (the conversion is exact)
+ * in one instruction instead of its integer decode, once per row and query head. */
+KV_ATTN_AVX2 static inline __attribute__((always_inline)) __m256 h2f8(const unsigned char *p) {
+    return _mm256_cvtph_ps(_mm_set1_epi16((short)kv_load_u16le(p)));
+}
+
 /* The row's scale and minimum (q8: s; q4: s, m) broadcast, for kv8. */
 KV_ATTN_AVX2 static inline __attribute__((always_inline)) void
 kv_scales(const unsigned char *row, kv_cache_type ty, __m256 *s, __m256 *m) {
     *s = _mm256_setzero_ps();
     *m = _mm256_setzero_ps();
-    if (ty == KV_TYPE_Q8 || ty == KV_TYPE_Q4) *s = _mm256_set1_ps(kvt_h2f(row));
-    if (ty == KV_TYPE_Q4) *m = _mm256_set1_ps(kvt_h2f(row + 2));
+    if (ty == KV_TYPE_Q8 || ty == KV_TYPE_Q4) *s = h2f8(row);
+    if (ty == KV_TYPE_Q4) *m = h2f8(row + 2);
 }
 
-/* The 8 partial sums of q . k for one entry (lane u: d = u mod 8, in d order), from zero. */
-KV_ATTN_AVX2 static inline __attribute__((always_inline)) __m128
-kv_dot_parts(const float *q, const unsigned char *row, const int hd, kv_cache_type ty) {
+/* One stored row's d_h elements as nc = d_h / 8 vectors (kv8 with the row's scales). */
+KV_ATTN_AVX2 static inline __attribute__((always_inline)) void
+kv_row8(const unsigned char *row, const int nc, kv_cache_type ty, __m256 *out) {
     __m256 s, m;
     kv_scales(row, ty, &s, &m);
+    for (int k = 0; k < nc; k++) out[k] = kv8(row, k, ty, s, m);
+}
+
+/* The 8 partial sums of q . k for one decoded entry (lane u: d = u mod 8, in d order), from
+ * zero, halves added: (p0 + p4, p1 + p5, p2 + p6, p3 + p7). */
+KV_ATTN_AVX2 static inline __attribute__((always_inline)) __m128
+kv_dot_parts(const float *q, const __m256 *kr, const int nc) {
     __m256 part = _mm256_setzero_ps();
-    for (int c = 0; c < hd / 8; c++)
-        part =
-            _mm256_add_ps(part, _mm256_mul_ps(_mm256_loadu_ps(q + 8 * c), kv8(row, c, ty, s, m)));
-    /* (p0 + p4, p1 + p5, p2 + p6, p3 + p7) */
+    for (int k = 0; k < nc; k++)
+        part = _mm256_add_ps(part, _mm256_mul_ps(_mm256_loadu_ps(q + 8 * k), kr[k]));
     return _mm_add_ps(_mm256_castps256_ps128(part), _mm256_extractf128_ps(part, 1));
+}
+
+/* Scores of the g query heads qv [g][hd] (scaled) over n_ent entries into scores [g][stride],
+ * and each head's maximum mx [g]. Each row is decoded once for the g heads; per head the
+ * operations and their order are those of a head-by-head pass (4 entries share the horizontal
+ * adds; the maximum kept lane by lane, then folded). */
+KV_ATTN_AVX2 static inline __attribute__((always_inline)) void
+vec_scores(const unsigned char *const *blk, int n_ent, int bs, size_t rb, const int hd,
+           const kv_cache_type ty, int g, const float *qv, float *scores, size_t stride,
+           float *mx) {
+    const int nc = hd / 8;
+    __m128 mx4[g];
+    for (int gh = 0; gh < g; gh++) {
+        mx4[gh] = _mm_set1_ps(-INFINITY);
+        mx[gh] = -INFINITY;
+    }
+    for (int e0 = 0; e0 < n_ent; e0 += bs) {
+        const unsigned char *kb = blk[e0 / bs];
+        int cnt = n_ent - e0 < bs ? n_ent - e0 : bs, e = 0;
+        for (; e + 4 <= cnt; e += 4) {
+            __m256 kr[4][hd / 8];
+            for (int u = 0; u < 4; u++) kv_row8(kb + (size_t)(e + u) * rb, nc, ty, kr[u]);
+            for (int gh = 0; gh < g; gh++) {
+                const float *q = qv + (size_t)gh * hd;
+                __m128 a0 = kv_dot_parts(q, kr[0], nc), a1 = kv_dot_parts(q, kr[1], nc);
+                __m128 a2 = kv_dot_parts(q, kr[2], nc), a3 = kv_dot_parts(q, kr[3], nc);
+                __m128 dots = _mm_hadd_ps(_mm_hadd_ps(a0, a1), _mm_hadd_ps(a2, a3));
+                _mm_storeu_ps(scores + (size_t)gh * stride + e0 + e, dots);
+                mx4[gh] = _mm_max_ps(dots, mx4[gh]); /* dot > mx ? dot : mx, lane by lane */
+            }
+        }
+        for (; e < cnt; e++) {
+            __m256 kr[hd / 8];
+            kv_row8(kb + (size_t)e * rb, nc, ty, kr);
+            for (int gh = 0; gh < g; gh++) {
+                __m128 a = kv_dot_parts(qv + (size_t)gh * hd, kr, nc);
+                a = _mm_hadd_ps(a, a);
+                float dot = _mm_cvtss_f32(_mm_hadd_ps(a, a));
+                scores[(size_t)gh * stride + (size_t)(e0 + e)] = dot;
+                mx[gh] = dot > mx[gh] ? dot : mx[gh];
+            }
+        }
+    }
+    for (int gh = 0; gh < g; gh++) {
+        float l4[4];
+        _mm_storeu_ps(l4, mx4[gh]);
+        for (int k = 0; k < 4; k++) mx[gh] = l4[k] > mx[gh] ? l4[k] : mx[gh];
+    }
+}
+
+/* out [g][hd] = sum over entries of w [g][stride] * V, per head entry after entry (acc += w * v:
+ * a mul and an add), each V row decoded once for the g heads. */
+KV_ATTN_AVX2 static inline __attribute__((always_inline)) void
+vec_values(const unsigned char *const *blk, int n_ent, int bs, size_t rb, const int hd,
+           const kv_cache_type ty, int g, const float *scores, size_t stride, float *out) {
+    const int nc = hd / 8;
+    __m256 acc[g][hd / 8];
+    for (int gh = 0; gh < g; gh++)
+        for (int k = 0; k < nc; k++) acc[gh][k] = _mm256_setzero_ps();
+    for (int e0 = 0; e0 < n_ent; e0 += bs) {
+        const unsigned char *vb = blk[e0 / bs] + (size_t)bs * rb;
+        int cnt = n_ent - e0 < bs ? n_ent - e0 : bs;
+        for (int e = 0; e < cnt; e++) {
+            __m256 vr[hd / 8];
+            kv_row8(vb + (size_t)e * rb, nc, ty, vr);
+            for (int gh = 0; gh < g; gh++) {
+                __m256 w = _mm256_set1_ps(scores[(size_t)gh * stride + (size_t)(e0 + e)]);
+                for (int k = 0; k < nc; k++)
+                    acc[gh][k] = _mm256_add_ps(acc[gh][k], _mm256_mul_ps(w, vr[k]));
+            }
+        }
+    }
+    for (int gh = 0; gh < g; gh++)
+        for (int k = 0; k < nc; k++) _mm256_storeu_ps(out + (size_t)gh * hd + 8 * k, acc[gh][k]);
 }
 
 /* attend_task_hd with 8-wide vectors, for d_h a multiple of 8: the same operations in the same
@@ -326,7 +418,8 @@ kv_dot_parts(const float *q, const unsigned char *row, const int hd, kv_cache_ty
  * 8 partial sums of a score are one vector; its tree ((p0 + p4) + (p1 + p5)) + ((p2 + p6) +
  * (p3 + p7)) is one add of the halves and two horizontal adds (four entries share them);
  * the softmax stays scalar (expf, the sum in entry order); V is accumulated per head, entry
- * after entry, acc += w * v with a mul and an add. */
+ * after entry, acc += w * v with a mul and an add. Each K and V row is decoded once per query
+ * for all g heads of the GQA group (vec_scores, vec_values). */
 KV_ATTN_AVX2 static inline __attribute__((always_inline)) void
 attend_vec_hd(const cpu_backend *c, const kv_pool *p, const kv_attn_task *t, float *scores,
               size_t stride, const int hd, const kv_cache_type ty) {
@@ -336,64 +429,28 @@ attend_vec_hd(const cpu_backend *c, const kv_pool *p, const kv_attn_task *t, flo
     int base = t->len - t->n, bs = p->block_size;
     size_t rb = kvt_row_bytes(ty, hd);
     float inv = 1.0f / sqrtf((float)hd);
-    float qv[hd] __attribute__((aligned(32)));
+    float qv[g * hd], mx[g];
+    /* the blocks' addresses, looked up once per task rather than per block, head and pass */
+    int nb = (t->len + bs - 1) / bs;
+    const unsigned char *blk[nb > 0 ? nb : 1];
+    for (int b = 0; b < nb; b++) blk[b] = kv_pool_block_ptr(p, t->table[b]);
     for (int i = 0; i < t->n; i++) {
         int n_ent = base + i + 1;
         int qpos = t->pos[base + i];
+        const float *q = c->q + (size_t)(t->row0 + i) * qd + (size_t)(j * g) * hd;
+        for (int d = 0; d < g * hd; d++) qv[d] = q[d] * inv;
+        vec_scores(blk, n_ent, bs, rb, hd, ty, g, qv, scores, stride, mx);
         for (int gh = 0; gh < g; gh++) {
-            const float *q = c->q + (size_t)(t->row0 + i) * qd + (size_t)(j * g + gh) * hd;
-            for (int d = 0; d < hd; d++) qv[d] = q[d] * inv;
-            float *sc = scores + (size_t)gh * stride;
-            __m128 mx4 = _mm_set1_ps(-INFINITY);
-            float mx = -INFINITY;
-            for (int e0 = 0; e0 < n_ent; e0 += bs) {
-                const unsigned char *kb = kv_pool_block_ptr(p, t->table[e0 / bs]);
-                int cnt = n_ent - e0 < bs ? n_ent - e0 : bs, e = 0;
-                for (; e + 4 <= cnt; e += 4) {
-                    __m128 a0 = kv_dot_parts(qv, kb + (size_t)e * rb, hd, ty);
-                    __m128 a1 = kv_dot_parts(qv, kb + (size_t)(e + 1) * rb, hd, ty);
-                    __m128 a2 = kv_dot_parts(qv, kb + (size_t)(e + 2) * rb, hd, ty);
-                    __m128 a3 = kv_dot_parts(qv, kb + (size_t)(e + 3) * rb, hd, ty);
-                    __m128 dots = _mm_hadd_ps(_mm_hadd_ps(a0, a1), _mm_hadd_ps(a2, a3));
-                    _mm_storeu_ps(sc + e0 + e, dots);
-                    mx4 = _mm_max_ps(dots, mx4); /* dot > mx ? dot : mx, lane by lane */
-                }
-                for (; e < cnt; e++) {
-                    __m128 a = kv_dot_parts(qv, kb + (size_t)e * rb, hd, ty);
-                    a = _mm_hadd_ps(a, a);
-                    float dot = _mm_cvtss_f32(_mm_hadd_ps(a, a));
-                    sc[e0 + e] = dot;
-                    mx = dot > mx ? dot : mx;
-                }
-            }
-            float l4[4];
-            _mm_storeu_ps(l4, mx4);
-            for (int k = 0; k < 4; k++) mx = l4[k] > mx ? l4[k] : mx;
-            float sum = 0.0f;
+            float *sc = scores + (size_t)gh * stride, sum = 0.0f;
             for (int e = 0; e < n_ent; e++) {
-                sc[e] = expf(sc[e] - mx);
+                sc[e] = expf(sc[e] - mx[gh]);
                 sum += sc[e];
             }
             float rs = 1.0f / sum;
             for (int e = 0; e < n_ent; e++) sc[e] = sc[e] * rs;
-            /* V: acc[d] += w_e * v_e[d] in entry order */
-            __m256 acc[hd / 8];
-            for (int k = 0; k < hd / 8; k++) acc[k] = _mm256_setzero_ps();
-            for (int e0 = 0; e0 < n_ent; e0 += bs) {
-                const unsigned char *vb = kv_pool_block_ptr(p, t->table[e0 / bs]) + (size_t)bs * rb;
-                int cnt = n_ent - e0 < bs ? n_ent - e0 : bs;
-                for (int e = 0; e < cnt; e++) {
-                    const unsigned char *row = vb + (size_t)e * rb;
-                    __m256 s, m;
-                    kv_scales(row, ty, &s, &m);
-                    __m256 w = _mm256_set1_ps(sc[e0 + e]);
-                    for (int k = 0; k < hd / 8; k++)
-                        acc[k] = _mm256_add_ps(acc[k], _mm256_mul_ps(w, kv8(row, k, ty, s, m)));
-                }
-            }
-            float *o = c->o + (size_t)(t->row0 + i) * qd + (size_t)(j * g + gh) * hd;
-            for (int k = 0; k < hd / 8; k++) _mm256_storeu_ps(o + 8 * k, acc[k]);
         }
+        vec_values(blk, n_ent, bs, rb, hd, ty, g, scores, stride,
+                   c->o + (size_t)(t->row0 + i) * qd + (size_t)(j * g) * hd);
         if (t->acc) /* per entry: head 0, 1, ... of the group, as head by head */
             for (int gh = 0; gh < g; gh++) {
                 const float *sc = scores + (size_t)gh * stride;
@@ -540,7 +597,7 @@ static int cpu_out_residual(kv_backend *b, int layer, int rows, const kv_hooks *
     cpu_backend *c = cpu(b);
     const kv_config *cfg = &b->model->cfg;
     int dim = cfg->dim, qd = cfg->n_heads * cfg->head_dim;
-    kv_op_matmul(c->xb2, c->o, b->model->layers[layer].wo, rows, qd, dim, &c->mm);
+    kv_op_matmul(c->xb2, c->o, b->model->layers[layer].wo, rows, qd, dim, mm_of(b));
     if (hooks && hooks->after_attn) {
         memcpy(c->xin, c->x, (size_t)rows * dim * sizeof(float));
         hooks->after_attn(hooks->user, layer, rows, c->xin, c->o, c->v, c->xb2);
@@ -553,7 +610,7 @@ static int cpu_ffn(kv_backend *b, int layer, int rows, const kv_hooks *hooks, kv
     (void)err;
     cpu_backend *c = cpu(b);
     kv_op_ffn_residual(&b->model->layers[layer], &b->model->cfg, c->x, c->xb, c->hb, c->hb2, rows,
-                       &c->mm);
+                       mm_of(b));
     if (hooks && hooks->after_block) hooks->after_block(hooks->user, layer, rows, c->x);
     return KV_OK;
 }
@@ -572,7 +629,7 @@ static int cpu_logits(kv_backend *b, const int *rows, int n_sel, float *out, kv_
         for (int i = 0; i < n_sel; i++)
             kv_op_rmsnorm(c->gather + (size_t)i * dim, c->x + (size_t)rows[i] * dim, m->final_norm,
                           1, dim, m->cfg.norm_eps);
-    kv_op_matmul(out, c->gather, m->classifier, n_sel, dim, m->cfg.vocab_size, &c->mm);
+    kv_op_matmul(out, c->gather, m->classifier, n_sel, dim, m->cfg.vocab_size, mm_of(b));
     return KV_OK;
 }
 
@@ -639,6 +696,7 @@ int kv_backend_cpu_new(const kv_model *m, int max_rows, int max_ctx, int n_threa
         return kv_fail(err, KV_EINTERNAL, "out of memory (CPU backend, %d rows)", max_rows);
     }
     kv_op_rope_tables(cfg, max_ctx, c->rope_cos, c->rope_sin);
+    c->base.rowwise_capable = 1; /* kv_qmatmul_rowwise_pool; attention is per row already */
     *out = &c->base;
     return KV_OK;
 }

@@ -70,6 +70,10 @@ struct kv_backend {
     kv_attn_task *tasks;   /* [max_rows * H_kv] */
     kv_slot_write *writes; /* [max_rows * H_kv] */
     kv_moves moves;        /* grows as eviction needs */
+    /* batch-invariant steps: a backend that can compute every row of a step with the bits of
+     * that row alone, for any number of rows, sets rowwise_capable; the engine sets rowwise for
+     * the steps that want it (kv_engine_decode_invariant) */
+    int rowwise_capable, rowwise;
 };
 
 /* For backend implementations: fill the common head and allocate the driver's scratch.

@@ -42,8 +42,11 @@ void kv_op_rmsnorm(float *out, const float *x, const float *w, int rows, int dim
 
 void kv_op_matmul(float *y, const float *x, kv_weight w, int rows, int in, int out,
                   const kv_op_scratch *s) {
-    kv_qmatmul_pool(y, x, w.data, w.type, rows, in, out, s ? s->p : NULL, s ? s->n : 0,
-                    s ? s->pool : NULL);
+    if (s && s->rowwise)
+        kv_qmatmul_rowwise_pool(y, x, w.data, w.type, rows, in, out, s->p, s->n, s->pool);
+    else
+        kv_qmatmul_pool(y, x, w.data, w.type, rows, in, out, s ? s->p : NULL, s ? s->n : 0,
+                        s ? s->pool : NULL);
 }
 
 void kv_op_add_bias(float *y, const float *b, int rows, int n) {

@@ -25,13 +25,15 @@ typedef struct kv_op_scratch {
     float *p;
     size_t n; /* floats */
     kv_workers *pool;
+    int rowwise; /* 1: every matmul on its per-row path (kv_qmatmul_rowwise_pool) */
 } kv_op_scratch;
 
 /* y[rows, out] = x[rows, in] W^T, W [out, in] in its own type (kv_qmatmul, runtime/quant/quant.c):
  * F32 weights take one sgemv per row for up to 4 rows (sgemm's packing of W costs more than the
  * work for a handful of rows) and sgemm above; quantised types the integer dots with 8-bit
  * activations up to 16 rows, F16 / BF16 a typed fp32 dot per (row, output) up to 4
- * rows; above those, dequantised tiles of W in `s` and sgemm. */
+ * rows; above those, dequantised tiles of W in `s` and sgemm. With s->rowwise the per-row paths
+ * for any rows (each row's bits those of a call with that row alone). */
 void kv_op_matmul(float *y, const float *x, kv_weight w, int rows, int in, int out,
                   const kv_op_scratch *s);
 

@@ -7,6 +7,7 @@
 
 #include "cache/kvtype.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -396,13 +397,55 @@ void kv_head_read(const kv_pool *p, const kv_head *h, int i, float *k, float *v)
     if (v) kvt_decode(t, p->head_dim, kv_pool_slot_row(p, slot, 1), v);
 }
 
+/* Moves i .. i + r - 1 that form one run: consecutive sources and destinations, each side
+ * inside one block, the destination below the source (so no move of the run overwrites a
+ * later move's source, and one memmove of the run gives the bytes of the moves one by one).
+ * Returns r >= 1. */
+static int move_run(const kv_pool *p, const kv_move *moves, int i, int n) {
+    int bs = p->block_size, src = moves[i].src, dst = moves[i].dst, r = 1;
+    if (dst >= src) return 1;
+    while (i + r < n && moves[i + r].src == src + r && moves[i + r].dst == dst + r &&
+           (src + r) % bs != 0 && (dst + r) % bs != 0)
+        r++;
+    return r;
+}
+
+/* Copy n bytes from src down to dst < src (the ranges may overlap): 32-byte pieces, 8-byte
+ * words, then bytes, in ascending order, each piece read whole before it is written, so no byte
+ * is written before it is read (a piece's store ends at or below the next piece's start). The
+ * runs of a compaction are a few rows of a few bytes each, where a memmove call costs more than
+ * the copy. */
+static void copy_down(unsigned char *dst, const unsigned char *src, size_t n) {
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        unsigned char piece[32];
+        memcpy(piece, src + i, 32);
+        memcpy(dst + i, piece, 32);
+    }
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w;
+        memcpy(&w, src + i, 8);
+        memcpy(dst + i, &w, 8);
+    }
+    for (; i < n; i++) dst[i] = src[i];
+}
+
 void kv_pool_apply_moves_host(kv_pool *p, const kv_move *moves, int n) {
-    for (int i = 0; i < n; i++) {
-        /* a move stays inside one head, so source and destination have one type */
+    for (int i = 0; i < n;) {
+        /* a move stays inside one head, so source and destination have one type; runs of
+         * moves (a compaction shifting a block's rows) are copied at once */
+        int r = move_run(p, moves, i, n);
         size_t row =
             kvt_row_bytes(kv_pool_block_type(p, moves[i].src / p->block_size), p->head_dim);
-        memcpy(kv_pool_slot_row(p, moves[i].dst, 0), kv_pool_slot_row(p, moves[i].src, 0), row);
-        memcpy(kv_pool_slot_row(p, moves[i].dst, 1), kv_pool_slot_row(p, moves[i].src, 1), row);
+        for (int which = 0; which < 2; which++) {
+            unsigned char *d = kv_pool_slot_row(p, moves[i].dst, which);
+            const unsigned char *s = kv_pool_slot_row(p, moves[i].src, which);
+            if (d < s) /* also any disjoint pair */
+                copy_down(d, s, (size_t)r * row);
+            else
+                memmove(d, s, (size_t)r * row);
+        }
+        i += r;
     }
 }
 
@@ -547,6 +590,51 @@ void kv_policy_select(kv_policy p, const int *pos, const float *acc, const float
     free(score);
 }
 
+/* The sink policy's eviction without a selection pass: it keeps entries [0, sinks) (positions
+ * below KV_SINK_TOKENS, at most n_keep) and the most recent n_keep - sinks, the set
+ * kv_policy_select(KV_POLICY_SINK) chooses, so the kept entries slide down by gap = len -
+ * n_keep in one sweep: the moves appended as head_compact would append them, pos (and the
+ * sums) shifted by memmove. The head's state afterwards is head_compact's. */
+static int head_evict_sink(kv_cache *c, kv_head *h, int n_keep, kv_moves *moves, kv_error *err) {
+    kv_pool *p = c->pool;
+    int sinks = 0, gap = h->len - n_keep;
+    while (sinks < h->len && sinks < n_keep && h->pos[sinks] < KV_SINK_TOKENS) sinks++;
+    int slide = n_keep > sinks ? n_keep - sinks : 0;
+    if (moves->n + slide > moves->cap) {
+        int nc = moves->cap ? 2 * moves->cap : 256;
+        while (nc < moves->n + slide) nc *= 2;
+        kv_move *nv = realloc(moves->v, (size_t)nc * sizeof *nv);
+        if (!nv) return kv_fail(err, KV_EINTERNAL, "out of memory (eviction move list)");
+        moves->v = nv;
+        moves->cap = nc;
+    }
+    int bs = p->block_size, src = sinks + gap;
+    int db = sinks / bs, dof = sinks % bs, sb = src / bs, sof = src % bs; /* block, offset */
+    for (int dst = sinks; dst < n_keep; dst++) {
+        moves->v[moves->n++] =
+            (kv_move){h->table[sb] * bs + sof, h->table[db] * bs + dof}; /* kv_head_slot's */
+        if (++dof == bs) {
+            dof = 0;
+            db++;
+        }
+        if (++sof == bs) {
+            sof = 0;
+            sb++;
+        }
+    }
+    memmove(h->pos + sinks, h->pos + sinks + gap, (size_t)slide * sizeof *h->pos);
+    if (h->track_stats) {
+        memmove(h->acc + sinks, h->acc + sinks + gap, (size_t)slide * sizeof *h->acc);
+        memmove(h->acc2 + sinks, h->acc2 + sinks + gap, (size_t)slide * sizeof *h->acc2);
+    } else if (n_keep > 0) { /* head_zero_stats' zeros, compacted */
+        memset(h->acc, 0, (size_t)n_keep * sizeof *h->acc);
+        memset(h->acc2, 0, (size_t)n_keep * sizeof *h->acc2);
+    }
+    h->len = n_keep;
+    head_release_blocks(p, h, (n_keep + p->block_size - 1) / p->block_size);
+    return KV_OK;
+}
+
 int kv_head_schedule_room(kv_cache *c, kv_head *h, int n_new, int curr_pos, kv_moves *moves,
                           kv_error *err) {
     if (h->len + n_new <= h->budget) return KV_OK;
@@ -557,6 +645,7 @@ int kv_head_schedule_room(kv_cache *c, kv_head *h, int n_new, int curr_pos, kv_m
                        "plus a block of %d new tokens; raise the budget or lower --evict-block",
                        h->budget, fixed, kv_policy_name(h->policy), n_new);
     int n_keep = h->budget - n_new;
+    if (h->policy == KV_POLICY_SINK) return head_evict_sink(c, h, n_keep, moves, err);
     int *keep = malloc((size_t)(n_keep > 0 ? n_keep : 1) * sizeof *keep);
     if (!keep) return kv_fail(err, KV_EINTERNAL, "out of memory (eviction)");
     if (!h->track_stats) head_zero_stats(h); /* the sums an untracked head never took */

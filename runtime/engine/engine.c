@@ -247,6 +247,23 @@ int kv_engine_decode(kv_engine *e, const int *seqs, int n_seqs, const int *token
     return kv_forward(e->m, e->be, e->ptrs, n_seqs, tokens, 1, KV_LOGITS_LAST, logits, NULL, err);
 }
 
+int kv_engine_decode_invariant_ok(const kv_engine *e) {
+    return e->be->rowwise_capable;
+}
+
+int kv_engine_decode_invariant(kv_engine *e, const int *seqs, int n_seqs, const int *tokens,
+                               float *logits, kv_error *err) {
+    if (!e->be->rowwise_capable)
+        return kv_fail(err, KV_EINPUT,
+                       "engine: the %s backend has no batch-invariant decode; decode at most %d "
+                       "sequences per call instead",
+                       e->be->ops->name, KV_ENGINE_INVARIANT_ROWS);
+    e->be->rowwise = 1;
+    int rc = kv_engine_decode(e, seqs, n_seqs, tokens, logits, err);
+    e->be->rowwise = 0;
+    return rc;
+}
+
 /* log-softmax NLL of `target` under logits[vocab] */
 static double token_nll(const float *logits, int vocab, int target) {
     float mx = logits[0];

@@ -46,6 +46,7 @@ struct kv_sched {
     int stopping;
     double drain_deadline;
     kv_sched_stats st; /* counters (under mu) */
+    int invariant;     /* the engine has kv_engine_decode_invariant (any group, same bits) */
     float *logits;     /* [group, vocab] */
     void *scratch;     /* kv_sample's */
     int *g_seqs, *g_toks;
@@ -112,9 +113,10 @@ int kv_sched_new(kv_engine *e, const kv_model *m, const kv_tokenizer *tok,
     s->ctx = kv_engine_plan(e)->context;
     if (s->o.max_queue <= 0) s->o.max_queue = 256;
     if (s->o.step_tokens <= 0) s->o.step_tokens = 64;
-    if (s->o.group <= 0) s->o.group = KV_SCHED_GROUP;
     int cap = kv_engine_max_seqs(e);
     if (s->o.max_running <= 0 || s->o.max_running > cap) s->o.max_running = cap;
+    s->invariant = kv_engine_decode_invariant_ok(e);
+    if (s->o.group <= 0) s->o.group = s->invariant ? s->o.max_running : KV_SCHED_GROUP;
     if (s->o.group > s->o.max_running) s->o.group = s->o.max_running;
     s->next_id = 1;
     s->st.kv_capacity = s->o.kv_mem;
@@ -451,7 +453,8 @@ static int prefill_phase(kv_sched *s, int *worked, kv_error *err) {
     return KV_OK;
 }
 
-/* One decode step of every decoding request, in forward calls of at most `group` rows. */
+/* One decode step of every decoding request, in forward calls of at most `group` rows (batch-
+ * invariant ones where the engine has them). */
 static int decode_phase(kv_sched *s, int *worked, kv_error *err) {
     int n_dec = 0;
     for (int i = 0; i < s->n_run; i++) n_dec += s->run[i]->state == RQ_DECODE;
@@ -470,7 +473,9 @@ static int decode_phase(kv_sched *s, int *worked, kv_error *err) {
             s->g_seqs[j] = todo[g0 + j]->seq;
             s->g_toks[j] = todo[g0 + j]->last;
         }
-        rc = kv_engine_decode(s->e, s->g_seqs, n, s->g_toks, s->logits, err);
+        rc = s->invariant
+                 ? kv_engine_decode_invariant(s->e, s->g_seqs, n, s->g_toks, s->logits, err)
+                 : kv_engine_decode(s->e, s->g_seqs, n, s->g_toks, s->logits, err);
         for (int j = 0; j < n; j++) {
             kv_finish why = KV_FINISH_ERROR;
             if (!rc) rc = emit_token(s, s->g_reqs[j], s->logits + (size_t)j * s->vocab, &why, err);

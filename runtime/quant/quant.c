@@ -610,6 +610,42 @@ KV_AVX2 static void gemv_f32_avx2(const float *W, const float *x, int64_t n, int
     }
 }
 
+/* gemv_f32_avx2 for 4 rows of x at once (x rows n apart, y rows ys apart): each W row is
+ * loaded once for the 4 rows, and each row's sums are formed with gemv_f32_avx2's operations
+ * in its order (per row: two 8-wide accumulators of mul then add, hsum8, the scalar tail), so
+ * every y element has the bits gemv_f32_avx2 gives it for that row alone. */
+KV_AVX2 static void gemv_f32_avx2_x4(const float *W, const float *x, int64_t n, int o0, int o1,
+                                     float *y, size_t ys) {
+    const float *x0 = x, *x1 = x + n, *x2 = x + 2 * n, *x3 = x + 3 * n;
+    for (int o = o0; o < o1; o++) {
+        const float *r = W + (size_t)o * (size_t)n;
+        __m256 a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00;
+        __m256 a20 = a00, a21 = a00, a30 = a00, a31 = a00;
+        int64_t i = 0;
+        for (; i + 16 <= n; i += 16) {
+            __m256 w0 = _mm256_loadu_ps(r + i), w1 = _mm256_loadu_ps(r + i + 8);
+            a00 = _mm256_add_ps(a00, _mm256_mul_ps(w0, _mm256_loadu_ps(x0 + i)));
+            a01 = _mm256_add_ps(a01, _mm256_mul_ps(w1, _mm256_loadu_ps(x0 + i + 8)));
+            a10 = _mm256_add_ps(a10, _mm256_mul_ps(w0, _mm256_loadu_ps(x1 + i)));
+            a11 = _mm256_add_ps(a11, _mm256_mul_ps(w1, _mm256_loadu_ps(x1 + i + 8)));
+            a20 = _mm256_add_ps(a20, _mm256_mul_ps(w0, _mm256_loadu_ps(x2 + i)));
+            a21 = _mm256_add_ps(a21, _mm256_mul_ps(w1, _mm256_loadu_ps(x2 + i + 8)));
+            a30 = _mm256_add_ps(a30, _mm256_mul_ps(w0, _mm256_loadu_ps(x3 + i)));
+            a31 = _mm256_add_ps(a31, _mm256_mul_ps(w1, _mm256_loadu_ps(x3 + i + 8)));
+        }
+        float s0 = hsum8(_mm256_add_ps(a00, a01)), s1 = hsum8(_mm256_add_ps(a10, a11));
+        float s2 = hsum8(_mm256_add_ps(a20, a21)), s3 = hsum8(_mm256_add_ps(a30, a31));
+        for (int64_t k = i; k < n; k++) s0 = s0 + r[k] * x0[k];
+        for (int64_t k = i; k < n; k++) s1 = s1 + r[k] * x1[k];
+        for (int64_t k = i; k < n; k++) s2 = s2 + r[k] * x2[k];
+        for (int64_t k = i; k < n; k++) s3 = s3 + r[k] * x3[k];
+        y[o] = s0;
+        y[ys + (size_t)o] = s1;
+        y[2 * ys + (size_t)o] = s2;
+        y[3 * ys + (size_t)o] = s3;
+    }
+}
+
 /* F16 GEMV over W rows o0 .. o1 - 1 (rb bytes apart) with one row x [n]: y[o] for each o, one
  * W row after the other, each row's arithmetic dot_f16_avx2's (the bits of kv_dot_row).
  * Measured on the 2-core EPYC VM (W 196 MB, one thread): interleaving 2 or 4 W rows per pass
@@ -939,7 +975,14 @@ static void mm_run_chunk(void *ctx, int chunk, int tid) {
     switch (j->path) {
     case MM_F32_GEMV: { /* gemv_f32_c's order (OpenBLAS's sgemv read ~9 GB/s here) */
         const float *wf = (const float *)(const void *)j->W;
-        for (int r = 0; r < j->rows; r++) {
+        int r = 0;
+#ifdef KV_QUANT_X86
+        if (j->avx2) /* 4 rows per pass over W, each with its own row's bits */
+            for (; r + 4 <= j->rows; r += 4)
+                gemv_f32_avx2_x4(wf, j->x + (size_t)r * j->in, j->in, o0, o1,
+                                 j->y + (size_t)r * j->out, (size_t)j->out);
+#endif
+        for (; r < j->rows; r++) {
             const float *xr = j->x + (size_t)r * j->in;
             float *yr = j->y + (size_t)r * j->out;
 #ifdef KV_QUANT_X86
@@ -1026,12 +1069,15 @@ static void qg_quant_chunk(void *ctx, int chunk, int tid) {
                       q->act + kv_qgemm_act_bytes(r0, q->in));
 }
 
-void kv_qmatmul_pool(float *y, const float *x, const void *w, kv_dtype wt, int rows, int in,
-                     int out, float *scratch, size_t scratch_floats, kv_workers *pool) {
+/* kv_qmatmul_pool on the path chosen for `path_rows` rows (rows itself, or 1: the per-row
+ * paths whatever the rows). */
+static void qmatmul_run(float *y, const float *x, const void *w, kv_dtype wt, int rows,
+                        int path_rows, int in, int out, float *scratch, size_t scratch_floats,
+                        kv_workers *pool) {
     int threads = kv_workers_count(pool);
     mm_job j = {.y = y, .x = x, .W = w, .wt = wt, .rows = rows, .in = in, .out = out};
     j.rb = (size_t)(in / kv_dtype_block(wt)) * kv_dtype_block_bytes(wt);
-    j.path = mm_choose(wt, rows);
+    j.path = mm_choose(wt, path_rows);
     void *own = NULL;
     if (j.path == MM_TILE &&
         !(scratch && scratch_floats >= kv_qmatmul_scratch_threads(wt, rows, in, out, threads)))
@@ -1072,6 +1118,16 @@ void kv_qmatmul_pool(float *y, const float *x, const void *w, kv_dtype wt, int r
     j.cs = mm_chunk(j.path, wt, in, out);
     kv_workers_run(pool, (out + j.cs - 1) / j.cs, mm_run_chunk, &j);
     free(own);
+}
+
+void kv_qmatmul_pool(float *y, const float *x, const void *w, kv_dtype wt, int rows, int in,
+                     int out, float *scratch, size_t scratch_floats, kv_workers *pool) {
+    qmatmul_run(y, x, w, wt, rows, rows, in, out, scratch, scratch_floats, pool);
+}
+
+void kv_qmatmul_rowwise_pool(float *y, const float *x, const void *w, kv_dtype wt, int rows, int in,
+                             int out, float *scratch, size_t scratch_floats, kv_workers *pool) {
+    qmatmul_run(y, x, w, wt, rows, 1, in, out, scratch, scratch_floats, pool);
 }
 
 void kv_qmatmul(float *y, const float *x, const void *w, kv_dtype wt, int rows, int in, int out,
