@@ -185,6 +185,7 @@ static int heldout_ppls(search_ctx *c, int n, const int *const *budget,
     chunk_nll_range(c, &lo, &hi);
     int rc = kv_tasks_run_range(c->o->tasks, nt, 1, lo, hi, heldout_task, &t, nll, c->err);
     c->work_done = before + nt; /* on rank 0 the task callback counted its own tasks only */
+    c->res->heldout_token_evals += nt * c->o->context;
     for (int i = 0; i < n && !rc; i++) {
         double s = 0.0;
         for (int ch = 0; ch < c->HC; ch++) s += nll[(long)i * c->HC + ch];
@@ -854,6 +855,7 @@ static int search_type_baselines(search_ctx *c) {
             for (int ch = 0; ch < n && !rc; ch++) {
                 rc = kv_engine_chunk_nll(e, c->ids + start + (long)ch * C, C, 1, b, NULL, &nll,
                                          NULL, c->err);
+                res->type_token_evals += C;
                 s += nll;
             }
             if (!rc && n > 0)
@@ -885,6 +887,9 @@ int kv_search_run(const kv_model *m, const kv_profile_inputs *prof, const int *i
     if (!rc) rc = search_heldout(&c);
     if (!rc) rc = search_type_baselines(&c);
     res->seconds = kv_now() - c.t0;
+    res->total_token_evals = res->grid_token_evals_all + res->sens.token_evals +
+                             res->ladder_token_evals + res->heldout_token_evals +
+                             res->type_token_evals;
     if (!rc && o->progress && !o->progress->quiet) {
         kv_progress_print(o->progress, 1, "search: done, %ld chunk evals in %.1fs", c.work_done,
                           res->seconds);
