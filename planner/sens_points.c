@@ -33,7 +33,7 @@ static int base_index(const kv_sens_curves *c, const kv_sens_opts *o, int h) {
     return j;
 }
 
-/* Pass 0: every other level of the reference curve, every fourth of the other types' curves
+/* Pass 0: every other level of the reference curve, every third of the other types' curves
  * (none in a refinement round, with prev: they follow the reference curve), always the top
  * level and the base level. */
 static int first_pass_point(const kv_sens_curves *c, const kv_sens_opts *o,
@@ -41,7 +41,7 @@ static int first_pass_point(const kv_sens_curves *c, const kv_sens_opts *o,
     const int K = c->n_levels, ref = ty == ref_type(c, h);
     if (prev && !ref) return 0;
     if (k == K - 1 || k == base_index(c, o, h)) return 1;
-    return ref ? k % 2 == 0 : k % 4 == 0;
+    return ref ? k % 2 == 0 : k % 3 == 0;
 }
 
 /* The largest change of the objective's curves (KL, NLL or both) between points i and j. */
@@ -164,7 +164,7 @@ long kv_sens_curve_evals(const kv_sens_opts *o, int n_heads, int n_types, int n_
         long ref = 0, other = 0;
         for (int k = 0; k < K; k++) {
             ref += k % 2 == 0 || k == K - 1;
-            other += k % 4 == 0 || k == K - 1;
+            other += k % 3 == 0 || k == K - 1;
         }
         long t1 = around ? 0 : n_types - 1;
         first = (long)n_heads * Q * (ref + t1 * other);

@@ -42,10 +42,10 @@
  *     curve is flat it is interpolated linearly in blocks;
  *   the other types' unmeasured levels: the reference curve plus the type's offset to it
  *     (quantisation's cost, measured at its anchors) interpolated linearly in blocks.
- * A refinement round (kv_sens_measure_around) measures a window around each head's base
- * budget (its reference type at 2 levels below to 2 above, the other types at the 2 levels
- * around it) and takes every other point from the previous curves, shifted to meet the
- * nearest point measured now. token_evals counts every sequence that ran (the reference
+ * A refinement round (kv_sens_measure_around, on o->refine_chunks calibration chunks) runs
+ * passes 0 and 1 on the reference curves only (each head's base type is then its solution's
+ * type) and takes another type's curve as the new reference curve plus the offset between the
+ * two types in the previous curves. token_evals counts every sequence that ran (the reference
  * prefill and the base budgets once per chunk and pass); nothing filled is counted.
  *
  * Arrays are row-major; everything a result owns is freed by its _free function. No global
@@ -89,9 +89,9 @@ int kv_sens_measure_typed(kv_engine *e, const kv_model *m, const int *ids, int n
                           const kv_sens_opts *o, kv_sens_curves *out, kv_error *err);
 
 /* kv_sens_measure_typed around base budgets with the curves of a previous measurement `prev`
- * (same heads, types, policies and levels): sparse, only the window of the header's "Sparse
- * curves" is measured and the other points are prev's shifted; with o->full_curves it is
- * kv_sens_measure_typed. Errors: as kv_sens_measure_typed; KV_EINPUT when prev's shape
+ * (same heads, types, policies and levels) at prev's levels: sparse, the reference curves are
+ * measured and the other types' follow them with prev's offsets (the header's "Sparse
+ * curves"); with o->full_curves it is kv_sens_measure_typed. Errors: as kv_sens_measure_typed; KV_EINPUT when prev's shape
  * differs. */
 int kv_sens_measure_around(kv_engine *e, const kv_model *m, const int *ids, int n_chunks,
                            const int *base, const kv_policy *base_policy,
