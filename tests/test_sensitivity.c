@@ -602,8 +602,8 @@ static void test_typed_search(void) {
  * search's sensitivity planning with the KV types f16, q8, q4 (stories260K, C 128, R 1/4,
  * b_s = p = 4, 8 search + 4 held-out chunks, 3 rounds, 12 levels): at most a third of the token
  * evaluations, a plan no worse than uniform on the search tokens, and held-out perplexity
- * within 1% of the full path's plan. Both runs are deterministic: a second sparse run gives the
- * same budgets. */
+ * within 1% of the full path's plan. A second sparse run on two threads measures the same points
+ * and gives the same plan. */
 static void test_sparse_vs_full(void) {
     CU_ASSERT_PTR_NOT_NULL_FATAL(model);
     kv_error err = {0};
@@ -615,11 +615,13 @@ static void test_sparse_vs_full(void) {
     o.sens.max_rounds = 3;
     o.sens.max_levels = 12;
     o.sens.calib_chunks = 2; /* the defaults: 2, refinement rounds on 1 */
+    o.n_threads = 1;
     kv_search_result full, sparse, again;
     o.sens.full_curves = 1;
     CU_ASSERT_EQUAL_FATAL(kv_search_run(model, NULL, ids, n_ids, &o, &full, &err), KV_OK);
     o.sens.full_curves = 0;
     CU_ASSERT_EQUAL_FATAL(kv_search_run(model, NULL, ids, n_ids, &o, &sparse, &err), KV_OK);
+    o.n_threads = 2; /* the same search on two threads: the same points measured, same plan */
     CU_ASSERT_EQUAL_FATAL(kv_search_run(model, NULL, ids, n_ids, &o, &again, &err), KV_OK);
     long ef = full.total_token_evals, es = sparse.total_token_evals;
     printf("\n    token evals: full curves %ld (curves %ld), sparse %ld (curves %ld): %.3f; "
