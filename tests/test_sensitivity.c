@@ -600,10 +600,10 @@ static void test_typed_search(void) {
 
 /* Sparse curves (the default) against every point (full_curves, the old path) in the default
  * search's sensitivity planning with the KV types f16, q8, q4 (stories260K, C 128, R 1/4,
- * b_s = p = 4, 8 search + 4 held-out chunks, 3 rounds, 12 levels): at most a third of the token
- * evaluations, a plan no worse than uniform on the search tokens, and held-out perplexity
- * within 1% of the full path's plan. A second sparse run on two threads measures the same points
- * and gives the same plan. */
+ * b_s = p = 4, 8 search + 8 held-out chunks, the default 3 rounds and 16 levels): at most a
+ * third of the token evaluations, a plan no worse than uniform on the search tokens, and
+ * held-out perplexity within 1% of the full path's plan. A second sparse run on two threads
+ * measures the same points and gives the same plan. */
 static void test_sparse_vs_full(void) {
     CU_ASSERT_PTR_NOT_NULL_FATAL(model);
     kv_error err = {0};
@@ -611,9 +611,9 @@ static void test_sparse_vs_full(void) {
     small_search_opts(&o);
     o.kv_types_mask = TYPES3;
     o.eval_tokens = 8 * CTX;
-    o.heldout_tokens = 4 * CTX;
+    o.heldout_tokens = 8 * CTX;
     o.sens.max_rounds = 3;
-    o.sens.max_levels = 12;
+    o.sens.max_levels = 16;
     o.sens.calib_chunks = 2; /* the defaults: 2, refinement rounds on 1 */
     o.n_threads = 1;
     kv_search_result full, sparse, again;
