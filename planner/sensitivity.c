@@ -397,7 +397,6 @@ int kv_sens_measure(kv_engine *e, const kv_model *m, const int *ids, int n_chunk
 static int sens_pass(sens_tasks *st, kv_sens_curves *out, const unsigned char *want,
                      unsigned char *known, int *pert, kv_error *err) {
     st->n_pert = sens_list_perturbations(out, want, known, pert);
-    if (getenv("KVPLAN_DEBUG_PASSES")) fprintf(stderr, "DEBUGPASS %d\n", st->n_pert);
     if (st->n_pert == 0) return KV_OK;
     st->per_chunk = 1 + (st->n_pert + st->B - 1) / st->B;
     st->ref_chunk = -1;
@@ -418,7 +417,10 @@ static int sens_passes(sens_tasks *st, kv_sens_curves *out, const kv_sens_curves
     if (o->full_curves) return sens_pass(st, out, NULL, known, pert, err);
     int rc = KV_OK;
     for (int pass = 0; pass < 2 && !rc; pass++) {
-        kv_sens_pick_points(out, o, pass, prev, known, want);
+        int n = kv_sens_pick_points(out, o, pass, prev, known, want);
+        if (o->progress && !o->progress->quiet)
+            kv_progress_print(o->progress, 1, "sensitivity: pass %d measures %d curve points", pass,
+                              n);
         rc = sens_pass(st, out, want, known, pert, err);
     }
     if (!rc) rc = kv_sens_fill_points(out, known, prev, err);
