@@ -91,8 +91,8 @@ int kv_sens_measure_typed(kv_engine *e, const kv_model *m, const int *ids, int n
 /* kv_sens_measure_typed around base budgets with the curves of a previous measurement `prev`
  * (same heads, types, policies and levels) at prev's levels: sparse, the reference curves are
  * measured and the other types' follow them with prev's offsets (the header's "Sparse
- * curves"); with o->full_curves it is kv_sens_measure_typed. Errors: as kv_sens_measure_typed; KV_EINPUT when prev's shape
- * differs. */
+ * curves"); with o->full_curves it is kv_sens_measure_typed. Errors: as kv_sens_measure_typed;
+ * KV_EINPUT when prev's shape differs. */
 int kv_sens_measure_around(kv_engine *e, const kv_model *m, const int *ids, int n_chunks,
                            const int *base, const kv_policy *base_policy,
                            const kv_cache_type *base_type, const kv_sens_curves *prev,
