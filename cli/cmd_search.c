@@ -27,7 +27,7 @@ typedef struct search_args {
     const char *retrieval;
     double retrieval_tol;
     long eval_tokens, heldout_tokens, halving, calib, levels, rounds, sbatch;
-    int resume;
+    int resume, sens_full;
     kv_plan_args a;
     kv_threads_args threads;
 } search_args;
@@ -63,7 +63,8 @@ static const kv_opt search_opts[] = {
      1099511627776.0, .def = "4096", .help = "held-out tokens after them (0 = none)"},
     {"--halving", NULL, KV_OPT_INT, offsetof(search_args, halving), "ETA", 2, 1000,
      .help = "successive halving: all points on 1 chunk, keep the best 1/ETA, ETA times more "
-             "chunks, ... (default: exhaustive)"},
+             "chunks, ... (default: 3 when sensitivity planning runs and --sens-full is not given, "
+             "else exhaustive)"},
     {"--calib-chunks", NULL, KV_OPT_INT, offsetof(search_args, calib), "N", 1, 1 << 20, .def = "2",
      .help = "sensitivity: calibration chunks"},
     {"--sens-levels", NULL, KV_OPT_INT, offsetof(search_args, levels), "N", 2, 4096, .def = "16",
@@ -72,6 +73,9 @@ static const kv_opt search_opts[] = {
      .help = "sensitivity: solve rounds, 1 = no refinement"},
     {"--sens-batch", NULL, KV_OPT_INT, offsetof(search_args, sbatch), "N", 1, 64, .def = "32",
      .help = "sensitivity: perturbations per batched pass"},
+    {"--sens-full", NULL, KV_OPT_FLAG, offsetof(search_args, sens_full),
+     .help = "sensitivity: measure every point of every loss curve in every round (about 3x the "
+             "token evaluations of the default sparse curves; docs/planner-search.md)"},
     {"--sens-objective", NULL, KV_OPT_STR, offsetof(search_args, sens_objective), "O", .def = "kl",
      .help = "sensitivity: what the knapsack sums: kl (KL to the full cache), nll, or both "
              "(one solution each, the better on the search tokens kept)"},
@@ -376,7 +380,9 @@ static int fill_opts(const search_args *s, const search_job *j, kv_progress *pro
     so->p_values = j->pv, so->n_p = j->np;
     so->eval_tokens = (long)j->S * j->ap.context; /* the layout's (kv_robust_lay_out) */
     so->heldout_tokens = (long)j->HC * j->ap.context;
-    so->halving_eta = (int)s->halving;
+    /* the grid only competes with sensitivity planning: by successive halving (eta 3) unless
+     * --halving or --sens-full (the exhaustive grid and full curves) says otherwise */
+    so->halving_eta = s->halving ? (int)s->halving : j->sensitivity && !s->sens_full ? 3 : 0;
     so->progress = prog;
     so->sensitivity = j->sensitivity;
     /* the first calibration chunks are one per text (interleaved): at least one per text */
@@ -384,6 +390,9 @@ static int fill_opts(const search_args *s, const search_job *j, kv_progress *pro
     so->sens.max_levels = (int)s->levels;
     so->sens.max_rounds = (int)s->rounds;
     so->sens.batch = (int)s->sbatch;
+    so->sens.full_curves = s->sens_full;
+    /* a refinement round's curves: half the calibration chunks, at least one per text */
+    so->sens.refine_chunks = (int)s->calib / 2 > j->n_texts ? (int)s->calib / 2 : j->n_texts;
     so->sens.objective = j->objective;
     so->sens.n_policies = j->n_spol;
     for (int q = 0; q < j->n_spol; q++) so->sens.policies[q] = j->spolicies[q];
@@ -471,6 +480,11 @@ static void print_perplexities(const kv_search_result *res) {
            "evals (curves %ld, %.1f s), %.1f s\n",
            res->grid_token_evals_all, res->grid_seconds, res->sens.token_evals,
            res->sens.curves.token_evals, res->sens.curves.seconds, res->sens.seconds);
+    long guard = res->robust ? res->robust->token_evals : 0;
+    printf("             total %ld token evals: + eviction block %ld, held-out %ld, KV-type "
+           "uniforms %ld, guard %ld\n",
+           res->total_token_evals + guard, res->ladder_token_evals, res->heldout_token_evals,
+           res->type_token_evals, guard);
 }
 
 /* The per-text table and, on stderr, the guard's decision when it did not keep the plan. */
@@ -552,8 +566,8 @@ static void print_result(const search_args *s, const search_job *j, const kv_all
         printf(" (search ppl plan/uniform)\n");
     }
     printf("search       %s over %d points (%d distinct budgets), %d chunks x %d tokens\n",
-           s->halving ? "successive halving" : "exhaustive", res->n_p * res->n_t * res->n_r,
-           res->distinct_budgets, res->search_chunks, ap->context);
+           so->halving_eta >= 2 ? "successive halving" : "exhaustive",
+           res->n_p * res->n_t * res->n_r, res->distinct_budgets, res->search_chunks, ap->context);
     printf("token evals  %ld (exhaustive: %ld, ratio %.3f), %.1f s\n", res->token_evals,
            res->token_evals_exhaustive,
            (double)res->token_evals /

@@ -289,7 +289,7 @@ static kv_sens_opts sens_opts(const struct kv_search_opts *o) {
 static int text_knapsacks(const kv_model *m, const int *ids, const kv_robust_layout *lay,
                           const struct kv_search_opts *o, const struct kv_search_result *res,
                           int nh, int *budget, kv_policy *policy, kv_cache_type *type, int *n_out,
-                          kv_error *err) {
+                          long *evals, kv_error *err) {
     *n_out = 0;
     const kv_sens_curves *sc = &res->sens.curves;
     if (!res->have_sens || !sc->n_levels || lay->n_texts < 2) return KV_OK;
@@ -309,6 +309,7 @@ static int text_knapsacks(const kv_model *m, const int *ids, const kv_robust_lay
             kv_progress_print(o->progress, 0, "search: loss curves of text %d of %d", t + 1, N);
         rc = kv_sens_measure(e, m, ids + (long)ch * o->context, 1, NULL, NULL, sc->levels,
                              sc->n_levels, &so, &cv[t], err);
+        *evals += cv[t].token_evals;
     }
     kv_engine_free(e);
     if (!rc) {
@@ -399,7 +400,7 @@ static int guard_sources(guard *g) {
         for (int i = 0; i < N_SRC * nh; i++)
             g->styp[i] = i < nh && res->kv_types ? res->kv_types[i] : o->kv_type;
         rc = text_knapsacks(g->m, g->ids, g->lay, o, res, nh, g->src + nh, g->spol + nh,
-                            g->styp + nh, &n_knap, g->err);
+                            g->styp + nh, &n_knap, &g->rr->token_evals, g->err);
         g->n_src += n_knap;
     }
     if (!rc && res->have_sens && res->sens.budget && res->sens.policy &&
@@ -463,6 +464,7 @@ static int guard_measure(guard *g, int rc) {
             rc = kv_engine_chunk_score_typed(g->ep, tk, C, sets, bc, pc, tc, NULL, cn, NULL, NULL,
                                              g->err);
         for (int k = 0; k < sets && !rc; k++) ncand[k * nc + ch] = cn[k];
+        g->rr->token_evals += (2L + sets) * C;
         if (!rc && g->o->progress && !g->o->progress->quiet)
             kv_progress_print(g->o->progress, 0, "search: per-text check %d/%d chunks", ch + 1, nc);
     }
@@ -738,6 +740,7 @@ int kv_robust_write(kv_h5 *f, const kv_robust_result *r, kv_error *err) {
     if (!rc) rc = kv_h5_attr_str(f, g, "names", names, err);
     if (!rc) rc = kv_h5_attr_str(f, g, "columns", "calibration,heldout", err);
     if (!rc) rc = kv_h5_attr_i64(f, g, "n_texts", N, err);
+    if (!rc) rc = kv_h5_attr_i64(f, g, "token_evals", r->token_evals, err);
     if (!rc) rc = kv_h5_attr_str(f, g, "objective", kv_robust_objective_name(r->obj), err);
     const char *dec = kv_robust_decision(r);
     if (!rc) rc = kv_h5_attr_str(f, g, "decision", dec, err);

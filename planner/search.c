@@ -185,6 +185,7 @@ static int heldout_ppls(search_ctx *c, int n, const int *const *budget,
     chunk_nll_range(c, &lo, &hi);
     int rc = kv_tasks_run_range(c->o->tasks, nt, 1, lo, hi, heldout_task, &t, nll, c->err);
     c->work_done = before + nt; /* on rank 0 the task callback counted its own tasks only */
+    c->res->heldout_token_evals += nt * c->o->context;
     for (int i = 0; i < n && !rc; i++) {
         double s = 0.0;
         for (int ch = 0; ch < c->HC; ch++) s += nll[(long)i * c->HC + ch];
@@ -282,8 +283,7 @@ static int halving_round(void *user, const int *configs, int n, int n_chunks, kv
     return rc;
 }
 
-/* Chunk evaluations successive halving will run (with prefix reuse), for the ETA. */
-static long halving_plan(int n, int eta, int c0, int cmax) {
+long kv_search_halving_chunks(int n, int eta, int c0, int cmax) {
     long total = 0;
     int prev = 0, c = c0;
     for (;;) {
@@ -465,19 +465,49 @@ static int search_engine(search_ctx *c) {
                             search_knapsack_types(o), &c->eng, c->err);
 }
 
+long kv_search_sens_chunks(const kv_search_opts *o, const kv_model *m, int S) {
+    if (!o->sensitivity) return 0;
+    kv_sens_opts so = kv_search_sens_opts(o);
+    int *lv = NULL, K = 0, T = 0;
+    kv_error err = {0};
+    if (kv_sens_default_levels(&so, &lv, &K, &err)) return 0;
+    free(lv);
+    for (int t = 0; t < KV_CACHE_TYPES; t++) T += (so.types_mask >> t) & 1;
+    const int nh = m->cfg.n_layers * m->cfg.n_kv_heads,
+              calib = so.calib_chunks < S ? so.calib_chunks : S;
+    const int refine = so.full_curves || so.refine_chunks <= 0 || so.refine_chunks > calib
+                           ? calib
+                           : so.refine_chunks;
+    long hi0 = 0, hi1 = 0;
+    long lo0 = kv_sens_curve_evals(&so, nh, T > 0 ? T : 1, K, calib, 0, &hi0);
+    long lo1 = kv_sens_curve_evals(&so, nh, T > 0 ? T : 1, K, refine, 1, &hi1);
+    /* every round, each between what always runs and the most it can run */
+    long tokens = (lo0 + hi0) / 2 + (long)(so.max_rounds - 1) * ((lo1 + hi1) / 2) +
+                  (long)so.max_rounds * kv_sens_verify_evals(&so, S);
+    return tokens / o->context;
+}
+
+long kv_search_type_chunks(const kv_search_opts *o, int S, int HC) {
+    int n = 0;
+    for (int t = 0; t < KV_CACHE_TYPES; t++) n += (o->kv_types_mask >> t) & 1;
+    return (long)n * (S + HC);
+}
+
 /* Stage 4: the grid, exhaustive or by successive halving; sets the winning arm. */
 static int search_grid_eval(search_ctx *c) {
     const kv_search_opts *o = c->o;
     int rc = KV_OK;
-    long plan_grid = o->halving_eta >= 2
-                         ? halving_plan(c->n_uniq, o->halving_eta,
-                                        o->halving_min_chunks > 0 ? o->halving_min_chunks : 1, c->S)
-                         : (long)c->n_uniq * c->S;
+    long plan_grid =
+        o->halving_eta >= 2
+            ? kv_search_halving_chunks(c->n_uniq, o->halving_eta,
+                                       o->halving_min_chunks > 0 ? o->halving_min_chunks : 1, c->S)
+            : (long)c->n_uniq * c->S;
     if (o->halving_eta >= 2) plan_grid += c->S; /* at most: finishing the winner */
     c->work_total =
         plan_grid + (long)KV_SEARCH_N_BASE * c->S + (long)(1 + KV_SEARCH_N_BASE) * c->HC;
     for (int p = o->evict_block_search ? o->evict_block / 2 : 0; p >= 1; p /= 2)
         c->work_total += 2L * c->S; /* at most: the eviction-block ladder */
+    c->work_total += kv_search_sens_chunks(o, c->m, c->S) + kv_search_type_chunks(o, c->S, c->HC);
     if (o->halving_eta >= 2 && c->n_uniq > 1) {
         kv_sh_opts sh = {.eta = o->halving_eta,
                          .min_chunks =
@@ -596,6 +626,7 @@ static int search_sensitivity(search_ctx *c) {
     double uni = c->base_arm[1] >= 0 ? res->base_ppl[1] : NAN;
     rc = kv_sens_search(c->eng, c->m, c->ids, c->S, uni, &so, &res->sens, c->err);
     if (rc) return kv_fail_context(c->err, "sensitivity planning");
+    c->work_done += res->sens.token_evals / o->context; /* in chunk evaluations, for the ETA */
     res->have_sens = 1;
     res->sens_ppl = res->sens.ppl;
     if (res->best_chunks == c->S && res->sens.ppl < res->best_ppl) {
@@ -854,6 +885,8 @@ static int search_type_baselines(search_ctx *c) {
             for (int ch = 0; ch < n && !rc; ch++) {
                 rc = kv_engine_chunk_nll(e, c->ids + start + (long)ch * C, C, 1, b, NULL, &nll,
                                          NULL, c->err);
+                res->type_token_evals += C;
+                c->work_done++;
                 s += nll;
             }
             if (!rc && n > 0)
@@ -885,6 +918,9 @@ int kv_search_run(const kv_model *m, const kv_profile_inputs *prof, const int *i
     if (!rc) rc = search_heldout(&c);
     if (!rc) rc = search_type_baselines(&c);
     res->seconds = kv_now() - c.t0;
+    res->total_token_evals = res->grid_token_evals_all + res->sens.token_evals +
+                             res->ladder_token_evals + res->heldout_token_evals +
+                             res->type_token_evals;
     if (!rc && o->progress && !o->progress->quiet) {
         kv_progress_print(o->progress, 1, "search: done, %ld chunk evals in %.1fs", c.work_done,
                           res->seconds);

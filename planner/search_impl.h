@@ -30,6 +30,20 @@ kv_sens_opts kv_search_sens_opts(const kv_search_opts *o);
 int kv_search_engine(const kv_model *m, const kv_search_opts *o, kv_cache_type t, int block_size,
                      int p, int seqs, int type_mask, kv_engine **out, kv_error *err);
 
+/* The token work of the search's stages in chunk evaluations (one sequence of C tokens), for
+ * the progress ETA and `search --estimate`:
+ * kv_search_halving_chunks: successive halving of n distinct budgets with factor eta from c0
+ *   chunks up to cmax (each budget's chunks evaluated once, reused as it goes on);
+ * kv_search_sens_chunks: sensitivity planning (o->sensitivity) with S search chunks, a
+ *   projection: round 0's curves and o->sens.max_rounds - 1 refinement rounds, each midway
+ *   between what always runs and the most it can run (kv_sens_curve_evals), and a verification
+ *   per round (kv_sens_verify_evals);
+ * kv_search_type_chunks: the uniform caches of the KV types of o->kv_types_mask on the S search
+ *   and HC held-out chunks. */
+long kv_search_halving_chunks(int n, int eta, int c0, int cmax);
+long kv_search_sens_chunks(const kv_search_opts *o, const kv_model *m, int S);
+long kv_search_type_chunks(const kv_search_opts *o, int S, int HC);
+
 #ifdef __cplusplus
 }
 #endif

@@ -74,6 +74,11 @@ static int write_attrs(kv_h5 *f, const kv_search_opts *o, const kv_search_result
     if (!rc)
         rc = kv_h5_attr_i64(f, "/search", "token_evals_exhaustive", r->token_evals_exhaustive, err);
     if (!rc) rc = kv_h5_attr_i64(f, "/search", "distinct_budgets", r->distinct_budgets, err);
+    if (!rc) rc = kv_h5_attr_i64(f, "/search", "heldout_token_evals", r->heldout_token_evals, err);
+    if (!rc) rc = kv_h5_attr_i64(f, "/search", "type_token_evals", r->type_token_evals, err);
+    if (!rc)
+        rc = kv_h5_attr_i64(f, "/search", "token_evals_total",
+                            r->total_token_evals + (r->robust ? r->robust->token_evals : 0), err);
     if (!rc) rc = kv_h5_attr_f64(f, "/search", "best_perplexity", r->best_ppl, err);
     if (!rc) rc = kv_h5_attr_i64(f, "/search", "best_chunks", r->best_chunks, err);
     if (!rc)

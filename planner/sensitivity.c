@@ -24,6 +24,7 @@ void kv_sens_opts_default(kv_sens_opts *o, const kv_model *m) {
     o->batch = 32;
     o->calib_chunks = 2;
     o->max_rounds = 3;
+    o->refine_chunks = 1;
     o->objective = KV_SENS_OBJ_KL;
     o->kv_type = KV_TYPE_DEFAULT;
     o->types_mask = 0;
@@ -290,13 +291,26 @@ static int sens_set_base(const kv_model *m, const int *base, const kv_policy *ba
     return KV_OK;
 }
 
-/* Stage 3: which curve points (head, policy, level) run, into pert; returns their count. Points
- * below the policy's floor stay NaN; the base run itself has delta 0 (its KL is set at the
- * end). */
-static int sens_list_perturbations(const kv_sens_opts *o, kv_sens_curves *out, int *pert) {
-    const int nh = out->n_heads, T = out->n_types, Q = out->n_policies, K = out->n_levels;
-    const int C = o->context;
+/* Stage 3: which curve points (head, type, policy, level) a pass runs, into pert (their
+ * index); returns their count. want (NULL = every point) selects them among those not known
+ * yet; each one listed is marked in known. */
+static int sens_list_perturbations(kv_sens_curves *out, const unsigned char *want,
+                                   unsigned char *known, int *pert) {
+    const long n = (long)out->n_heads * out->n_types * out->n_policies * out->n_levels;
     int n_pert = 0;
+    for (long i = 0; i < n; i++) {
+        if (known[i] || (want && !want[i])) continue;
+        known[i] = 1;
+        pert[n_pert++] = (int)i;
+    }
+    return n_pert;
+}
+
+/* The points no pass runs: below a floor (NaN) or the base run (delta 0), known from the
+ * start. */
+static void sens_settle_free_points(const kv_sens_opts *o, kv_sens_curves *out,
+                                    unsigned char *known) {
+    const int nh = out->n_heads, T = out->n_types, Q = out->n_policies, K = out->n_levels;
     for (int h = 0; h < nh; h++)
         for (int ty = 0; ty < T; ty++)
             for (int q = 0; q < Q; q++)
@@ -305,15 +319,14 @@ static int sens_list_perturbations(const kv_sens_opts *o, kv_sens_curves *out, i
                     kv_policy pq = pol_at(o, q);
                     int fl = kv_policy_fixed_tokens(pq) + o->evict_block;
                     out->delta_nll[i] = out->kl[i] = NAN;
-                    if (tok < C && tok < fl) continue;
-                    if (tok == out->base[h] && pq == out->base_policy[h] &&
-                        out->types[ty] == out->base_type[h]) {
+                    if (tok < o->context && tok < fl) {
+                        known[i] = 1;
+                    } else if (tok == out->base[h] && pq == out->base_policy[h] &&
+                               out->types[ty] == out->base_type[h]) {
                         out->delta_nll[i] = 0.0;
-                        continue;
+                        known[i] = 1;
                     }
-                    pert[n_pert++] = i;
                 }
-    return n_pert;
 }
 
 /* Stage 5: the tasks' results res (per chunk: the base, then each perturbation batch; NLL sums
@@ -378,10 +391,47 @@ int kv_sens_measure(kv_engine *e, const kv_model *m, const int *ids, int n_chunk
                                  n_levels, o, out, err);
 }
 
-int kv_sens_measure_typed(kv_engine *e, const kv_model *m, const int *ids, int n_chunks,
-                          const int *base, const kv_policy *base_policy,
-                          const kv_cache_type *base_type, const int *levels_blocks, int n_levels,
-                          const kv_sens_opts *o, kv_sens_curves *out, kv_error *err) {
+/* Stage 4 for one pass: the points of want (NULL = all not known) as batched tasks
+ * (kvplan/tasks.h): per chunk, task 0 scores the base budgets and task 1 + b the perturbation
+ * batch b; every rank computes the reference of a chunk once (tasks come in index order). */
+static int sens_pass(sens_tasks *st, kv_sens_curves *out, const unsigned char *want,
+                     unsigned char *known, int *pert, kv_error *err) {
+    st->n_pert = sens_list_perturbations(out, want, known, pert);
+    if (st->n_pert == 0) return KV_OK;
+    st->per_chunk = 1 + (st->n_pert + st->B - 1) / st->B;
+    st->ref_chunk = -1;
+    const long n_tasks = (long)st->n_chunks * st->per_chunk;
+    double *res = kv_malloc((size_t)n_tasks * 2 * st->B * sizeof *res, "batch losses", err);
+    int rc = res ? sens_run(st, n_tasks, res, err) : KV_EINTERNAL;
+    if (!rc) sens_reduce(st, res, out);
+    free(res);
+    return rc;
+}
+
+/* Every point (full curves) or the sparse passes and the filled rest (planner/sensitivity.h
+ * "Sparse curves"); prev: a refinement round's previous curves. */
+static int sens_passes(sens_tasks *st, kv_sens_curves *out, const kv_sens_curves *prev,
+                       unsigned char *known, unsigned char *want, int *pert, kv_error *err) {
+    const kv_sens_opts *o = st->o;
+    sens_settle_free_points(o, out, known);
+    if (o->full_curves) return sens_pass(st, out, NULL, known, pert, err);
+    int rc = KV_OK;
+    for (int pass = 0; pass < 2 && !rc; pass++) {
+        int n = kv_sens_pick_points(out, o, pass, prev, known, want);
+        if (o->progress && !o->progress->quiet)
+            kv_progress_print(o->progress, 1, "sensitivity: pass %d measures %d curve points", pass,
+                              n);
+        rc = sens_pass(st, out, want, known, pert, err);
+    }
+    if (!rc) rc = kv_sens_fill_points(out, known, prev, err);
+    return rc;
+}
+
+static int sens_measure(kv_engine *e, const kv_model *m, const int *ids, int n_chunks,
+                        const int *base, const kv_policy *base_policy,
+                        const kv_cache_type *base_type, const int *levels_blocks, int n_levels,
+                        const kv_sens_curves *prev, const kv_sens_opts *o, kv_sens_curves *out,
+                        kv_error *err) {
     memset(out, 0, sizeof *out);
     int rc = check_opts(o, err);
     if (rc) return rc;
@@ -397,13 +447,12 @@ int kv_sens_measure_typed(kv_engine *e, const kv_model *m, const int *ids, int n
     kv_policy *set_policy = kv_malloc((size_t)B * nh * sizeof *set_policy, "batch policies", err);
     kv_cache_type *set_type = kv_malloc((size_t)B * nh * sizeof *set_type, "batch types", err);
     int *pert = kv_malloc(n * sizeof *pert + 1, "perturbations", err);
+    unsigned char *known = kv_calloc(n + 1, 1, "curve points", err);
+    unsigned char *want = kv_calloc(n + 1, 1, "curve points", err);
     float *ref =
         kv_malloc((size_t)C * m->cfg.vocab_size * sizeof *ref, "reference log-probabilities", err);
-    double *res = NULL;
-    if (!rc && (!set_budget || !set_policy || !set_type || !pert || !ref)) rc = KV_EINTERNAL;
-    /* Stage 4: the batched passes as tasks (kvplan/tasks.h): per chunk, task 0 scores the base
-     * budgets and task 1 + b the perturbation batch b; every rank computes the reference of a
-     * chunk once (tasks come in index order) */
+    if (!rc && (!set_budget || !set_policy || !set_type || !pert || !known || !want || !ref))
+        rc = KV_EINTERNAL;
     sens_tasks st = {.e = e,
                      .ids = ids,
                      .C = C,
@@ -419,23 +468,33 @@ int kv_sens_measure_typed(kv_engine *e, const kv_model *m, const int *ids, int n
                      .ref = ref,
                      .ref_chunk = -1,
                      .t0 = t0};
-    if (!rc) {
-        st.n_pert = sens_list_perturbations(o, out, pert);
-        st.per_chunk = 1 + (st.n_pert + B - 1) / B;
-        const long n_tasks = (long)n_chunks * st.per_chunk;
-        res = kv_malloc((size_t)n_tasks * 2 * B * sizeof *res, "batch losses", err);
-        rc = res ? sens_run(&st, n_tasks, res, err) : KV_EINTERNAL;
-    }
-    if (!rc) sens_reduce(&st, res, out);
+    if (!rc) rc = sens_passes(&st, out, prev, known, want, pert, err);
     free(set_budget);
     free(set_policy);
     free(set_type);
     free(pert);
+    free(known);
+    free(want);
     free(ref);
-    free(res);
     out->seconds = kv_now() - t0;
     if (rc) kv_sens_curves_free(out);
     return rc;
+}
+
+int kv_sens_measure_typed(kv_engine *e, const kv_model *m, const int *ids, int n_chunks,
+                          const int *base, const kv_policy *base_policy,
+                          const kv_cache_type *base_type, const int *levels_blocks, int n_levels,
+                          const kv_sens_opts *o, kv_sens_curves *out, kv_error *err) {
+    return sens_measure(e, m, ids, n_chunks, base, base_policy, base_type, levels_blocks, n_levels,
+                        NULL, o, out, err);
+}
+
+int kv_sens_measure_around(kv_engine *e, const kv_model *m, const int *ids, int n_chunks,
+                           const int *base, const kv_policy *base_policy,
+                           const kv_cache_type *base_type, const kv_sens_curves *prev,
+                           const kv_sens_opts *o, kv_sens_curves *out, kv_error *err) {
+    return sens_measure(e, m, ids, n_chunks, base, base_policy, base_type, prev->levels,
+                        prev->n_levels, o->full_curves ? NULL : prev, o, out, err);
 }
 
 /* ---------------------------------------------------------------- knapsack ---- */
@@ -763,6 +822,17 @@ static int ppl_task(void *user, long task, double *out, kv_error *err) {
                                        NULL, NULL, err);
 }
 
+/* The calibration chunks of a refinement round: o->refine_chunks (0: calib) of the calib
+ * chunks, all of them with full curves. */
+static int refine_chunks(const kv_sens_opts *o, int calib) {
+    if (o->full_curves || o->refine_chunks <= 0 || o->refine_chunks > calib) return calib;
+    return o->refine_chunks;
+}
+
+long kv_sens_verify_evals(const kv_sens_opts *o, int n_search) {
+    return (long)n_search * o->context;
+}
+
 /* Budgeted perplexity on the n_search search chunks (summed in chunk order). */
 static int search_ppl(kv_engine *e, int vocab, const int *ids, int n_search, const kv_sens_opts *o,
                       const int *budget, const kv_policy *policy, const kv_cache_type *type,
@@ -778,7 +848,7 @@ static int search_ppl(kv_engine *e, int vocab, const int *ids, int n_search, con
     for (int ch = 0; ch < n_search && !rc; ch++) s += v[ch];
     free(v);
     if (rc) return rc;
-    *evals += (long)n_search * C;
+    *evals += kv_sens_verify_evals(o, n_search);
     *ppl = kv_perplexity_from_nll(s, (long)n_search * (C - 1));
     return KV_OK;
 }
@@ -876,8 +946,8 @@ int kv_sens_search(kv_engine *e, const kv_model *m, const int *ids, int n_search
             rc = kv_sens_measure_typed(e, m, ids, calib, NULL, NULL, NULL, NULL, 0, o, &r->curves,
                                        err);
         } else {
-            rc = kv_sens_measure_typed(e, m, ids, calib, r->budget, r->policy, r->type,
-                                       r->curves.levels, r->curves.n_levels, o, &cur, err);
+            rc = kv_sens_measure_around(e, m, ids, refine_chunks(o, calib), r->budget, r->policy,
+                                        r->type, &r->curves, o, &cur, err);
             cv = &cur;
         }
         if (rc) break;

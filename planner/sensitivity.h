@@ -32,6 +32,22 @@
  * are re-measured around it (base = the solution) and the knapsack solved again while the
  * search perplexity improves, for at most max_rounds rounds. Every round is recorded.
  *
+ * Sparse curves (o->full_curves == 0, the default). Measuring every point costs
+ * n_heads * T * Q * K sequences per calibration chunk and round, most of a search's work. A
+ * measurement instead runs in passes over subsets of the points and fills the rest:
+ *   pass 0 (around uniform): every other level of each head's reference curve (its base type),
+ *     every third level of its other types' curves, always the top level and the base level;
+ *   pass 1: an unmeasured level of a reference curve whose measured neighbours differ by more
+ *     than KV_SENS_FLAT_TOL * base_kl (in the objective's curves: KL, NLL or both); where the
+ *     curve is flat it is interpolated linearly in blocks;
+ *   the other types' unmeasured levels: the reference curve plus the type's offset to it
+ *     (quantisation's cost, measured at its anchors) interpolated linearly in blocks.
+ * A refinement round (kv_sens_measure_around, on o->refine_chunks calibration chunks) runs
+ * passes 0 and 1 on the reference curves only (each head's base type is then its solution's
+ * type) and takes another type's curve as the new reference curve plus the offset between the
+ * two types in the previous curves. token_evals counts every sequence that ran (the reference
+ * prefill and the base budgets once per chunk and pass); nothing filled is counted.
+ *
  * Arrays are row-major; everything a result owns is freed by its _free function. No global
  * state.
  */
@@ -71,6 +87,44 @@ int kv_sens_measure_typed(kv_engine *e, const kv_model *m, const int *ids, int n
                           const int *base, const kv_policy *base_policy,
                           const kv_cache_type *base_type, const int *levels_blocks, int n_levels,
                           const kv_sens_opts *o, kv_sens_curves *out, kv_error *err);
+
+/* kv_sens_measure_typed around base budgets with the curves of a previous measurement `prev`
+ * (same heads, types, policies and levels) at prev's levels: sparse, the reference curves are
+ * measured and the other types' follow them with prev's offsets (the header's "Sparse
+ * curves"); with o->full_curves it is kv_sens_measure_typed. Errors: as kv_sens_measure_typed;
+ * KV_EINPUT when prev's shape differs. */
+int kv_sens_measure_around(kv_engine *e, const kv_model *m, const int *ids, int n_chunks,
+                           const int *base, const kv_policy *base_policy,
+                           const kv_cache_type *base_type, const kv_sens_curves *prev,
+                           const kv_sens_opts *o, kv_sens_curves *out, kv_error *err);
+
+/* A curve is flat between two measured levels when they differ by at most this fraction of the
+ * base budgets' KL (nats per token, about 1e-3 of the loss the uniform cache adds). */
+#define KV_SENS_FLAT_TOL 1e-3
+
+/* The points of a sparse pass (planner/sens_points.c): want [n_heads * T * Q * K] gets 1 for
+ * each point pass `pass` (0 or 1) runs, never one already known (known, same shape, 1 = measured
+ * or below a floor); pass 1 reads the values of c measured so far and c->base_kl. prev: the
+ * previous curves of a refinement round (pass 0 is then the window), NULL around uniform.
+ * Returns the number of points wanted. */
+int kv_sens_pick_points(const kv_sens_curves *c, const kv_sens_opts *o, int pass,
+                        const kv_sens_curves *prev, const unsigned char *known,
+                        unsigned char *want);
+/* Fill the points of c that are not known (interpolation and type offsets, or with prev the
+ * shifted previous curves; the header's "Sparse curves"). Errors: KV_EINPUT when prev's shape
+ * differs, KV_EINTERNAL for memory. */
+int kv_sens_fill_points(kv_sens_curves *c, const unsigned char *known, const kv_sens_curves *prev,
+                        kv_error *err);
+/* The token evaluations of one curve measurement (kv_sens_measure_typed, or with around != 0
+ * a refinement round's kv_sens_measure_around) of n_heads heads, n_types types and n_levels
+ * levels on n_chunks chunks of o->context: returned, what always runs (full curves: exact; sparse:
+ * pass 0, the base level's index taken as n_levels / 2); *at_most (may be NULL), the most it can
+ * run (sparse: every point pass 1 may add). For `search --estimate`: a round 0 is around
+ * = 0, each further round around = 1, plus kv_sens_verify_evals per solution. */
+long kv_sens_curve_evals(const kv_sens_opts *o, int n_heads, int n_types, int n_levels,
+                         int n_chunks, int around, long *at_most);
+/* The token evaluations of verifying one solution on n_search search chunks. */
+long kv_sens_verify_evals(const kv_sens_opts *o, int n_search);
 
 /* The default measured levels in blocks: every block multiple from the lowest policy floor
  * ceil((fixed + p) / b_s) to ceil(C / b_s) when there are at most max_levels, else a geometric

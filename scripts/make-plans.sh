@@ -2,8 +2,9 @@
 # Re-make the plans shipped in plans/: for each bundled model, a profile (similarity only,
 # no hardware figures, so the plans are reproducible on any machine), then `kvplan search` with
 # its defaults at R = 1/4, 1/8 and 1/16 with the sink policy at context 512: sensitivity
-# planning (measured per-head loss curves, knapsack, refinement) and the BaKlaVa grid
-# (exhaustive, 190 points); the better on the search tokens is the plan. The block size and the
+# planning (measured per-head loss curves, sparse: docs/planner-search.md; knapsack, refinement)
+# and the BaKlaVa grid (190 points by successive halving); the better on the search tokens is the
+# plan. The block size and the
 # Batch-Max eviction block are the search's defaults, chosen from R and C (b_s = p = 4 at
 # R = 1/16, 8 at 1/8, 16 at 1/4 for C = 512), so budget can move between heads at every ratio;
 # the plan's eviction block is then measured among p, p/2, ..., 1 on the search tokens.

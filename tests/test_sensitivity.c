@@ -128,6 +128,7 @@ static int measured_init(void) {
     so.max_levels = 6;
     so.batch = 16;
     so.calib_chunks = 1;
+    so.full_curves = 1; /* every point measured: test_curves checks them all */
     kv_plan full;
     rc = kv_plan_full(&model->cfg, CTX, 4, 4, KV_POLICY_SINK, &full, &err);
     if (!rc) {
@@ -597,6 +598,50 @@ static void test_typed_search(void) {
     kv_search_result_free(&r1);
 }
 
+/* Sparse curves (the default) against every point (full_curves, the old path) in the default
+ * search's sensitivity planning with the KV types f16, q8, q4 (stories260K, C 128, R 1/4,
+ * b_s = p = 4, 8 search + 8 held-out chunks, the default 3 rounds and 16 levels): at most a
+ * third of the token evaluations, a plan no worse than uniform on the search tokens, and
+ * held-out perplexity within 1% of the full path's plan. A second sparse run on two threads
+ * measures the same points and gives the same plan. */
+static void test_sparse_vs_full(void) {
+    CU_ASSERT_PTR_NOT_NULL_FATAL(model);
+    kv_error err = {0};
+    kv_search_opts o;
+    small_search_opts(&o);
+    o.kv_types_mask = TYPES3;
+    o.eval_tokens = 8 * CTX;
+    o.heldout_tokens = 8 * CTX;
+    o.sens.max_rounds = 3;
+    o.sens.max_levels = 16;
+    o.sens.calib_chunks = 2; /* the defaults: 2, refinement rounds on 1 */
+    o.n_threads = 1;
+    kv_search_result full, sparse, again;
+    o.sens.full_curves = 1;
+    CU_ASSERT_EQUAL_FATAL(kv_search_run(model, NULL, ids, n_ids, &o, &full, &err), KV_OK);
+    o.sens.full_curves = 0;
+    CU_ASSERT_EQUAL_FATAL(kv_search_run(model, NULL, ids, n_ids, &o, &sparse, &err), KV_OK);
+    o.n_threads = 2; /* the same search on two threads: the same points measured, same plan */
+    CU_ASSERT_EQUAL_FATAL(kv_search_run(model, NULL, ids, n_ids, &o, &again, &err), KV_OK);
+    long ef = full.total_token_evals, es = sparse.total_token_evals;
+    printf("\n    token evals: full curves %ld (curves %ld), sparse %ld (curves %ld): %.3f; "
+           "held-out %.4f vs %.4f (uniform %.4f); rounds %d vs %d\n",
+           ef, full.sens.token_evals, es, sparse.sens.token_evals, (double)es / ef,
+           full.heldout_ppl[0], sparse.heldout_ppl[0], full.heldout_ppl[2], full.sens.rounds,
+           sparse.sens.rounds);
+    CU_ASSERT(3 * es <= ef);
+    CU_ASSERT(sparse.best_ppl <= sparse.base_ppl[1]);
+    CU_ASSERT(fabs(sparse.heldout_ppl[0] / full.heldout_ppl[0] - 1.0) <= 0.01);
+    for (int h = 0; h < model->cfg.n_layers * model->cfg.n_kv_heads; h++) {
+        CU_ASSERT_EQUAL(sparse.tokens[h], again.tokens[h]);
+        CU_ASSERT_EQUAL(sparse.kv_types[h], again.kv_types[h]);
+    }
+    CU_ASSERT_EQUAL(sparse.sens.token_evals, again.sens.token_evals);
+    kv_search_result_free(&full);
+    kv_search_result_free(&sparse);
+    kv_search_result_free(&again);
+}
+
 /* The CLI: --allocation sensitivity writes a plan with per-head policies and curves; a ratio
  * that leaves no room is refused with the values to pass. */
 static void test_cli(void) {
@@ -688,6 +733,7 @@ int main(int argc, char **argv) {
         {"search_run", test_search_run},
         {"typed_curves", test_typed_curves},
         {"typed_search", test_typed_search},
+        {"sparse_vs_full", test_sparse_vs_full},
     };
     static const tu_test cli[] = {{"cli", test_cli}, {"cli_kv_type", test_cli_kv_type}};
     static const tu_suite suites[] = {

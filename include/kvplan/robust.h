@@ -120,6 +120,8 @@ typedef struct kv_robust_result {
     int n_texts;
     char **names;           /* [n_texts] owned copies */
     long *text_tokens;      /* [n_texts] */
+    long token_evals;       /* tokens the guard evaluated: per-text curves and every chunk's
+                               full, uniform and candidate figures */
     int *chunks;            /* [n_texts * 2] chunks of each part */
     double *full, *uniform; /* [n_texts * 2] perplexity: full cache, uniform b_s = p = 1 */
     double *plan;           /* [n_texts * 2] the chosen candidate (the shipped plan) */

@@ -185,6 +185,12 @@ typedef struct kv_search_result {
     int ladder_p[KV_SEARCH_MAX_LADDER];
     double ladder_plan_ppl[KV_SEARCH_MAX_LADDER], ladder_uniform_ppl[KV_SEARCH_MAX_LADDER];
     long ladder_token_evals;
+    /* token evaluations of the held-out figures (plan, baselines, the other allocation) and of
+     * the per-type uniform caches (search and held-out chunks); total_token_evals: every token
+     * the search evaluated (grid and baselines, sensitivity curves and verification, the
+     * eviction-block ladder, held-out, per-type uniforms; the guard's are its own,
+     * kv_robust_result.token_evals) */
+    long heldout_token_evals, type_token_evals, total_token_evals;
     /* per-text figures and the guard's decision (include/kvplan/robust.h), written as
      * /search/texts by kv_search_write when not NULL; not owned (the caller's) */
     const kv_robust_result *robust;

@@ -35,12 +35,17 @@ typedef struct kv_sens_opts {
     kv_policy policy; /* the base policy (every head in the uniform start) */
     kv_policy policies[KV_SENS_MAX_POLICIES]; /* candidate policies of a head (n_policies) */
     int n_policies;                           /* 0 = {policy} */
-    int max_levels;   /* measured levels per curve (default 16); all when fewer exist */
-    int batch;        /* perturbations per batched pass (default 32) */
-    int calib_chunks; /* calibration chunks: the first of the search chunks (default 2) */
-    int max_rounds;   /* solve rounds (1 = no refinement; default 3) */
+    int max_levels;    /* measured levels per curve (default 16); all when fewer exist */
+    int batch;         /* perturbations per batched pass (default 32) */
+    int calib_chunks;  /* calibration chunks: the first of the search chunks (default 2) */
+    int max_rounds;    /* solve rounds (1 = no refinement; default 3) */
+    int refine_chunks; /* calibration chunks of a refinement round's curves (the first of them;
+                        * 0 = calib_chunks; default 1; ignored with full_curves) */
     kv_sens_objective objective; /* what the knapsack minimises (default KL) */
-    kv_cache_type kv_type;       /* the base KV type: every head of the uniform start (f16) */
+    int full_curves;       /* 1: measure every curve point (every head, type, policy and level) in
+                            * every round, the costlier old path (--sens-full); 0 (default): measure a
+                            * subset and fill the rest (planner/sensitivity.h, "Sparse curves") */
+    kv_cache_type kv_type; /* the base KV type: every head of the uniform start (f16) */
     int types_mask;        /* bit t: a head may be stored in KV type t; 0 = the base type only (the
                             * tokens-only knapsack). The engine must hold blocks of every type
                             * (kv_engine_opts.type_mask). */
@@ -52,8 +57,9 @@ typedef struct kv_sens_opts {
 } kv_sens_opts;
 
 /* Defaults: R 0.5, C = model seq_len (256 without a model), b_s 16, p 16, sink, max_levels 16,
- * batch 32, 2 calibration chunks, 3 rounds, objective KL, base type f16, types_mask 0, no
- * progress, one process. */
+ * batch 32, 2 calibration chunks (1 in refinement rounds), 3 rounds, objective KL, sparse curves
+ * (full_curves 0), base
+ * type f16, types_mask 0, no progress, one process. */
 void kv_sens_opts_default(kv_sens_opts *o, const kv_model *m);
 
 typedef struct kv_sens_curves {
