@@ -262,6 +262,7 @@ static int make_kept_candidates(stage *s, const double *rise, kv_retrieval_resul
         int whole = 0;
         for (int h = 0; h < s->nh; h++) whole += s->budget[(size_t)k * s->nh + h] >= s->C;
         rr->weight[k] = NAN, rr->forced[k] = n, rr->whole[k] = whole, rr->kept[k] = kept;
+        rr->others[k] = others;
         rr->n_cand++;
     }
     free(rank);
@@ -461,8 +462,9 @@ static int choose(const stage *s, kv_retrieval_result *rr, kv_error *err) {
     if (rr->kept[k])
         snprintf(rr->decision, sizeof rr->decision,
                  "retrieval heads kept by attention: the %d costliest heads hold %d tokens under "
-                 "l2attn, the others by the knapsack",
-                 rr->forced[k], rr->kept[k]);
+                 "l2attn, the others %s%s",
+                 rr->forced[k], rr->kept[k], rr->others[k] < 0 ? "by the knapsack" : "alike in ",
+                 rr->others[k] < 0 ? "" : kv_type_name((kv_cache_type)rr->others[k]));
     else if (rr->forced[k])
         snprintf(rr->decision, sizeof rr->decision,
                  "retrieval heads whole: the %d costliest heads forced whole, the others by the "

@@ -176,6 +176,8 @@ typedef struct kv_retrieval_result {
     int kept[KV_RETRIEVAL_MAX_CAND];      /* tokens of each of the `forced` costliest heads
                                            * when they keep them by attention (policy l2attn),
                                            * 0: not such a candidate */
+    int others[KV_RETRIEVAL_MAX_CAND];    /* with kept: the other heads' KV type when all
+                                           * alike (a kv_cache_type), -1: by the knapsack */
     double cand_ppl[KV_RETRIEVAL_MAX_CAND];
     kv_probe_score cand[KV_RETRIEVAL_MAX_CAND];
     int chosen; /* candidate index kept, -1: the perplexity guard's plan */
@@ -200,9 +202,9 @@ int kv_retrieval_search(const kv_model *m, const int *ids, int n_chunks,
                         struct kv_search_result *res, kv_retrieval_result *rr, kv_error *err);
 void kv_retrieval_result_free(kv_retrieval_result *r);
 /* Write /search/retrieval: datasets baselines [4, 3] (full, uniform, guard, plan x accuracy,
- * answer NLL, search perplexity), candidates [K, 7] (weight, forced, whole, accuracy, NLL,
- * perplexity, kept), heads [L, H_kv] (the NLL rise used); attributes chosen, decision, tolerance,
- * probes, n_probes, window, heads_source. */
+ * answer NLL, search perplexity), candidates [K, 8] (weight, forced, whole, accuracy, NLL,
+ * perplexity, kept, others), heads [L, H_kv] (the NLL rise used); attributes chosen, decision,
+ * tolerance, probes, n_probes, window, heads_source. */
 int kv_retrieval_write(kv_h5 *f, const kv_retrieval_result *r, kv_error *err);
 
 KV_API_END
