@@ -66,13 +66,17 @@ static void print_search(FILE *out, const ki_file *f) {
         fprintf(out, "  %-10s %8.1f%%  %-12.4f %-10.4f\n", rows[r], 100 * b[r * 3], b[r * 3 + 1],
                 b[r * 3 + 2]);
     const double *c = ki_matrix(f, SR "/candidates", 0, &R, &C);
-    if (!c || C != 6) return;
+    if (!c || C < 6 || C > 8) return;
     int chosen = (int)ki_attr_num(f, SR, "chosen", -1);
-    fprintf(out, "  candidates (weight or heads forced whole; heads whole; accuracy; NLL; ppl):\n");
+    fprintf(out, "  candidates (weight, heads forced whole or heads x tokens kept by l2attn; heads "
+                 "whole; accuracy; NLL; ppl):\n");
     for (int k = 0; k < R; k++) {
-        const double *x = c + k * 6;
+        const double *x = c + k * C;
         if (isfinite(x[0]))
             fprintf(out, "  %s weight %-6g", k == chosen ? "*" : " ", x[0]);
+        else if (C >= 7 && x[6] > 0)
+            fprintf(out, "  %s l2attn %.0fx%-3.0f %-4s", k == chosen ? "*" : " ", x[1], x[6],
+                    C < 8 || x[7] < 0 ? "ks" : kv_type_name((kv_cache_type)x[7]));
         else
             fprintf(out, "  %s forced %-6.0f", k == chosen ? "*" : " ", x[1]);
         fprintf(out, " whole %-3.0f %5.1f%% %.4f %.4f\n", x[2], 100 * x[3], x[4], x[5]);

@@ -133,15 +133,16 @@ void kv_retrieval_result_free(kv_retrieval_result *r) {
 int kv_retrieval_write(kv_h5 *f, const kv_retrieval_result *r, kv_error *err) {
     const kv_probe_score *s[4] = {&r->full, &r->uniform, &r->guard, &r->plan};
     const double ppl[4] = {r->full_ppl, r->uniform_ppl, r->guard_ppl, r->plan_ppl};
-    double base[12], cand[KV_RETRIEVAL_MAX_CAND * 6];
+    double base[12], cand[KV_RETRIEVAL_MAX_CAND * 8];
     for (int i = 0; i < 4; i++)
         base[i * 3] = s[i]->accuracy, base[i * 3 + 1] = s[i]->nll, base[i * 3 + 2] = ppl[i];
     for (int k = 0; k < r->n_cand; k++) {
-        double *c = cand + k * 6;
+        double *c = cand + k * 8;
         c[0] = r->weight[k], c[1] = r->forced[k], c[2] = r->whole[k];
         c[3] = r->cand[k].accuracy, c[4] = r->cand[k].nll, c[5] = r->cand_ppl[k];
+        c[6] = r->kept[k], c[7] = r->kept[k] ? r->others[k] : -1;
     }
-    long d1[2] = {4, 3}, d2[2] = {r->n_cand, 6}, d3[2] = {r->heads.n_layers, r->heads.n_kv_heads};
+    long d1[2] = {4, 3}, d2[2] = {r->n_cand, 8}, d3[2] = {r->heads.n_layers, r->heads.n_kv_heads};
     const char *g = "/search/retrieval";
     int rc = kv_h5_write_f64(f, "/search/retrieval/baselines", 2, d1, base,
                              "accuracy (fraction), answer NLL (nats/token), perplexity", err);
@@ -159,7 +160,8 @@ int kv_retrieval_write(kv_h5 *f, const kv_retrieval_result *r, kv_error *err) {
                             "accuracy,answer_nll,search_perplexity", err);
     if (!rc && r->n_cand)
         rc = kv_h5_attr_str(f, "/search/retrieval/candidates", "columns",
-                            "weight,forced,whole,accuracy,answer_nll,search_perplexity", err);
+                            "weight,forced,whole,accuracy,answer_nll,search_perplexity,kept,others",
+                            err);
     if (!rc) rc = kv_h5_attr_i64(f, g, "chosen", r->chosen, err);
     if (!rc) rc = kv_h5_attr_str(f, g, "decision", r->decision, err);
     if (!rc) rc = kv_h5_attr_f64(f, g, "tolerance", r->tolerance, err);

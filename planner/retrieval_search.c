@@ -135,6 +135,140 @@ static int make_candidates(stage *s, const double *rise, kv_retrieval_result *rr
     return rc;
 }
 
+/* Shares of the context a head kept by attention holds in the second round (C/2, 7C/16, 3C/8),
+ * and the most heads kept so. */
+static const double kept_shares[] = {0.5, 0.4375, 0.375};
+#define N_KEPT ((int)(sizeof kept_shares / sizeof kept_shares[0]))
+#define KV_RETRIEVAL_MAX_KEPT 2
+
+/* The cheapest KV type the curves allow (bytes a token), and its index among the curves'. */
+static int cheapest_type(const kv_sens_curves *c) {
+    int best = 0;
+    for (int ty = 1; ty < c->n_types; ty++)
+        if (kv_type_token_bytes(c->types[ty], c->head_dim) <
+            kv_type_token_bytes(c->types[best], c->head_dim))
+            best = ty;
+    return best;
+}
+
+/* Pin the heads ranked below `n_kept` in curves cv to their lowest measured level of the
+ * cheapest type and the first policy (value 0, every other point NaN), so the knapsack gives
+ * them no more than that; returns those tokens (-1: no such level). */
+static int pin_kept(const stage *s, const int *rank, int n_kept, kv_sens_curves *cv) {
+    const int TQ = cv->n_types * cv->n_policies, K = cv->n_levels,
+              tq0 = cheapest_type(cv) * cv->n_policies;
+    int tokens = -1;
+    for (int h = 0; h < cv->n_heads; h++) {
+        if (rank[h] >= n_kept) continue;
+        int k0 = -1;
+        for (int k = 0; k < K && k0 < 0; k++)
+            if (isfinite(cv->kl[((size_t)h * TQ + tq0) * K + k])) k0 = k;
+        if (k0 < 0) return -1;
+        for (int tq = 0; tq < TQ; tq++)
+            for (int k = 0; k < K; k++) {
+                size_t x = ((size_t)h * TQ + tq) * K + k;
+                cv->delta_nll[x] = cv->kl[x] = tq == tq0 && k == k0 ? 0.0 : NAN;
+            }
+        tokens = level_tokens(s, cv->levels[k0]);
+    }
+    return tokens;
+}
+
+/* The other heads of a second-round candidate as DuoAttention's streaming heads: each the
+ * same sink + recent window of type t, the largest multiple of b_s that the bytes left after
+ * the n_kept heads allow; KV_EINPUT when that is below the policy's floor. */
+static int uniform_others(stage *s, int n_kept, int kept, kv_cache_type cheap, kv_cache_type t,
+                          int k, kv_error *err) {
+    const int nh = s->nh, hd = s->m->cfg.head_dim, bs = s->o->block_size;
+    double left = s->o->ratio * nh * s->C * (double)kv_type_token_bytes(KV_TYPE_F16, hd) -
+                  (double)n_kept * kept * (double)kv_type_token_bytes(cheap, hd);
+    long tok = (long)floor(left / ((double)(nh - n_kept) * kv_type_token_bytes(t, hd)) / bs) * bs;
+    if (tok < kv_policy_fixed_tokens(s->o->policy) + s->o->evict_block || nh == n_kept)
+        return kv_fail(err, KV_EINPUT, "retrieval: no room for the other heads");
+    for (int h = 0; h < nh; h++) {
+        const size_t x = (size_t)k * nh + h;
+        s->budget[x] = (int)(tok < s->C ? tok : s->C);
+        s->policy[x] = s->o->policy;
+        s->type[x] = t;
+    }
+    return KV_OK;
+}
+
+/* One candidate of the second round: the n_kept costliest heads keep `kept` tokens of the
+ * cheapest type by attention (l2attn); the other heads share the rest of the bytes by the
+ * knapsack (others < 0: retrieval weight 1, solved with those heads pinned to their floor
+ * and the ratio less their extra bytes) or all alike in KV type `others`. Row k of
+ * s->budget/policy/type; KV_EINPUT when nothing fits. */
+static int kept_candidate(stage *s, const double *rise, const int *rank, int n_kept, int kept,
+                          int others, int k, kv_error *err) {
+    const int nh = s->nh;
+    kv_sens_curves cv;
+    int rc = penalised(s, rise, rank, 1.0, 0, &cv, err);
+    if (rc) return rc;
+    const kv_cache_type cheap = cv.types[cheapest_type(&cv)];
+    int floor_tok = pin_kept(s, rank, n_kept, &cv);
+    kv_sens_opts so = s->so;
+    double full = (double)nh * s->C * (double)kv_type_token_bytes(KV_TYPE_F16, s->m->cfg.head_dim);
+    so.ratio -= n_kept * (double)(kept - floor_tok) *
+                (double)kv_type_token_bytes(cheap, s->m->cfg.head_dim) / full;
+    int *b = s->budget + (size_t)k * nh;
+    kv_policy *p = s->policy + (size_t)k * nh;
+    kv_cache_type *t = s->type + (size_t)k * nh;
+    if (floor_tok < 0 || floor_tok > kept || so.ratio <= 0)
+        rc = kv_fail(err, KV_EINPUT, "retrieval: %d heads of %d tokens do not fit", n_kept, kept);
+    if (!rc && others < 0) rc = kv_sens_allocate_typed(&cv, &so, b, p, t, NULL, err);
+    if (!rc && others >= 0)
+        rc = uniform_others(s, n_kept, kept, cheap, (kv_cache_type)others, k, err);
+    kv_sens_curves_free(&cv);
+    for (int h = 0; h < nh && !rc; h++)
+        if (rank[h] < n_kept) b[h] = kept, p[h] = KV_POLICY_L2ATTN, t[h] = cheap;
+    return rc;
+}
+
+/* Whether row k repeats one of rows 0..k-1. */
+static int is_dup(const stage *s, int k) {
+    const int nh = s->nh;
+    const size_t at = (size_t)k * nh;
+    for (int j = 0; j < k; j++) {
+        const size_t o = (size_t)j * nh;
+        if (!memcmp(s->budget + at, s->budget + o, (size_t)nh * sizeof *s->budget) &&
+            !memcmp(s->type + at, s->type + o, (size_t)nh * sizeof *s->type) &&
+            !memcmp(s->policy + at, s->policy + o, (size_t)nh * sizeof *s->policy))
+            return 1;
+    }
+    return 0;
+}
+
+/* The second round's candidates, appended after rr->n_cand. */
+static int make_kept_candidates(stage *s, const double *rise, kv_retrieval_result *rr,
+                                kv_error *err) {
+    int *rank = kv_malloc((size_t)s->nh * sizeof *rank, "ranks", err);
+    if (!rank) return KV_EINTERNAL;
+    rank_heads(rise, s->nh, rank);
+    int rc = KV_OK;
+    const int per_n = N_KEPT * (1 + KV_CACHE_TYPES);
+    for (int c = 0; c < KV_RETRIEVAL_MAX_KEPT * per_n && !rc; c++) {
+        const int n = 1 + c / per_n, i = c / (1 + KV_CACHE_TYPES) % N_KEPT;
+        const int others = c % (1 + KV_CACHE_TYPES) - 1; /* -1: the knapsack, else a type */
+        if (n >= s->nh || rr->n_cand >= KV_RETRIEVAL_MAX_CAND) break;
+        if (others >= 0 && !(s->so.types_mask & (1 << others)) && others != (int)s->o->kv_type)
+            continue;
+        const int k = rr->n_cand;
+        int kept = (int)floor(kept_shares[i] * s->C / s->o->block_size) * s->o->block_size;
+        kv_error e2 = {0};
+        int arc = kept_candidate(s, rise, rank, n, kept, others, k, &e2);
+        if (arc == KV_EINTERNAL) rc = kv_fail(err, arc, "%s", e2.msg);
+        if (arc || is_dup(s, k)) continue;
+        int whole = 0;
+        for (int h = 0; h < s->nh; h++) whole += s->budget[(size_t)k * s->nh + h] >= s->C;
+        rr->weight[k] = NAN, rr->forced[k] = n, rr->whole[k] = whole, rr->kept[k] = kept;
+        rr->others[k] = others;
+        rr->n_cand++;
+    }
+    free(rank);
+    return rc;
+}
+
 /* Search perplexity of n sets (rows of s->budget/policy/type from `first`) on the first
  * n_chunks chunks at ids, one batched pass per chunk. */
 static int sets_ppl(stage *s, const int *ids, int n_chunks, int first, int n, double *ppl,
@@ -273,6 +407,33 @@ static int stage_heads(stage *s, const kv_retrieval_opts *ro, kv_retrieval_resul
                                       &rr->heads, err);
 }
 
+/* Candidates [first, rr->n_cand) on the search chunks and the probes. */
+static int score_candidates(stage *s, const int *ids, int n_chunks, int first,
+                            kv_retrieval_result *rr, kv_error *err) {
+    int rc = KV_OK;
+    if (rr->n_cand > first)
+        rc = sets_ppl(s, ids, n_chunks, first, rr->n_cand - first, rr->cand_ppl + first, err);
+    for (int k = first; k < rr->n_cand && !rc; k++) {
+        rc = kv_probes_eval(s->e, s->m, s->probes, 0, s->n_probes, s->budget + (size_t)k * s->nh,
+                            s->policy + (size_t)k * s->nh, s->type + (size_t)k * s->nh,
+                            &rr->cand[k], err);
+        if (!rc && s->o->progress)
+            kv_progress_print(s->o->progress, 1,
+                              "retrieval: candidate %d/%d (%d whole, %d kept by l2attn): accuracy "
+                              "%.1f%%, answer NLL %.3f, search perplexity %.4f",
+                              k + 1, rr->n_cand, rr->whole[k], rr->kept[k] ? rr->forced[k] : 0,
+                              100 * rr->cand[k].accuracy, rr->cand[k].nll, rr->cand_ppl[k]);
+    }
+    return rc;
+}
+
+/* Whether a candidate's accuracy is within the tolerance of the full cache's. */
+static int any_within(const kv_retrieval_result *rr) {
+    for (int k = 0; k < rr->n_cand; k++)
+        if (rr->cand[k].accuracy >= rr->full.accuracy - rr->tolerance - 1e-9) return 1;
+    return 0;
+}
+
 /* Keep the guard's plan when it is within the tolerance, else the candidate with the lowest
  * search perplexity among those within it; KV_EINPUT when there is none. */
 static int choose(const stage *s, kv_retrieval_result *rr, kv_error *err) {
@@ -298,7 +459,13 @@ static int choose(const stage *s, kv_retrieval_result *rr, kv_error *err) {
                        100 * rr->guard.accuracy);
     const int k = rr->chosen;
     rr->plan = rr->cand[k], rr->plan_ppl = rr->cand_ppl[k];
-    if (rr->forced[k])
+    if (rr->kept[k])
+        snprintf(rr->decision, sizeof rr->decision,
+                 "retrieval heads kept by attention: the %d costliest heads hold %d tokens under "
+                 "l2attn, the others %s%s",
+                 rr->forced[k], rr->kept[k], rr->others[k] < 0 ? "by the knapsack" : "alike in ",
+                 rr->others[k] < 0 ? "" : kv_type_name((kv_cache_type)rr->others[k]));
+    else if (rr->forced[k])
         snprintf(rr->decision, sizeof rr->decision,
                  "retrieval heads whole: the %d costliest heads forced whole, the others by the "
                  "knapsack (%d whole)",
@@ -348,17 +515,11 @@ int kv_retrieval_search(const kv_model *m, const int *ids, int n_chunks,
     if (!rc && rr->guard.accuracy < rr->full.accuracy - rr->tolerance - 1e-9) {
         rc = stage_heads(&s, ro, rr, err);
         if (!rc) rc = make_candidates(&s, rr->heads.nll_rise, rr, err);
-        if (!rc && rr->n_cand) rc = sets_ppl(&s, ids, n_chunks, 0, rr->n_cand, rr->cand_ppl, err);
-        for (int k = 0; k < rr->n_cand && !rc; k++) {
-            rc = kv_probes_eval(s.e, m, probes, 0, s.n_probes, s.budget + (size_t)k * s.nh,
-                                s.policy + (size_t)k * s.nh, s.type + (size_t)k * s.nh,
-                                &rr->cand[k], err);
-            if (!rc && pg)
-                kv_progress_print(pg, 1,
-                                  "retrieval: candidate %d/%d (%d whole): accuracy %.1f%%, answer "
-                                  "NLL %.3f, search perplexity %.4f",
-                                  k + 1, rr->n_cand, rr->whole[k], 100 * rr->cand[k].accuracy,
-                                  rr->cand[k].nll, rr->cand_ppl[k]);
+        if (!rc) rc = score_candidates(&s, ids, n_chunks, 0, rr, err);
+        if (!rc && !any_within(rr)) {
+            int first = rr->n_cand;
+            rc = make_kept_candidates(&s, rr->heads.nll_rise, rr, err);
+            if (!rc) rc = score_candidates(&s, ids, n_chunks, first, rr, err);
         }
     }
     if (!rc) rc = choose(&s, rr, err);

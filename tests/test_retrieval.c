@@ -318,6 +318,90 @@ static void test_stage(void) {
     free(ids);
 }
 
+/* The second round at R = 1/16 of the F16 bytes (b_s = p = 2, f16/q8/q4): one head whole in q4
+ * is 40 % of the bytes and leaves the others at their floor, so no first-round candidate keeps
+ * the key on these probes; the plan keeps the two costliest heads compressed under l2attn
+ * (layer 4 KV heads 0 and 2, C/2 tokens or less, q4) and finds the key on most probes within
+ * the same bytes. */
+static void test_stage_kept(void) {
+    kv_error e = {0};
+    int n = 0;
+    int *ids = tu_text_tokens(g_m, tu_shared(TOK), 6000, &n);
+    CU_ASSERT_FATAL(n >= 2 * C);
+    kv_search_opts so;
+    kv_search_opts_default(&so, g_m);
+    so.ratio = 0.0625, so.context = C, so.block_size = 2, so.evict_block = 2;
+    so.kv_types_mask = (1 << KV_TYPE_F16) | (1 << KV_TYPE_Q8) | (1 << KV_TYPE_Q4);
+    so.sensitivity = 1, so.n_threads = 1, so.sens.max_levels = 6, so.sens.calib_chunks = 1;
+    const int nh = g_m->cfg.n_layers * g_m->cfg.n_kv_heads;
+    kv_search_result res;
+    memset(&res, 0, sizeof res);
+    res.tokens = calloc((size_t)nh, sizeof *res.tokens);
+    res.blocks = calloc((size_t)nh, sizeof *res.blocks);
+    res.policy = calloc((size_t)nh, sizeof *res.policy);
+    res.kv_types = calloc((size_t)nh, sizeof *res.kv_types);
+    res.evict_block = 2;
+    CU_ASSERT_EQUAL_FATAL(kv_uniform_budgets(nh, 0.0625, C, 2, res.tokens, res.blocks, &e), KV_OK);
+    for (int h = 0; h < nh; h++) res.kv_types[h] = KV_TYPE_F16;
+    kv_probes p = g_probes;
+    p.n = NP;
+    kv_retrieval_opts ro;
+    kv_retrieval_opts_default(&ro);
+    ro.tolerance = 0.3;
+    kv_retrieval_result rr;
+    int rc = kv_retrieval_search(g_m, ids, 2, &so, &p, &ro, 2, &res, &rr, &e);
+    if (!rc && rr.chosen >= 0)
+        printf(" [%d candidates; plan: %d heads x %d tokens l2attn, accuracy %.3f, ppl %.4f] ",
+               rr.n_cand, rr.forced[rr.chosen], rr.kept[rr.chosen], rr.plan.accuracy, rr.plan_ppl);
+    if (rc) fprintf(stderr, "stage: %s\n", e.msg);
+    CU_ASSERT_EQUAL_FATAL(rc, KV_OK);
+    CU_ASSERT(rr.full.accuracy >= 0.95);
+    CU_ASSERT(rr.guard.accuracy <= 0.1);
+    int first = 0, second = 0;
+    for (int k = 0; k < rr.n_cand; k++) {
+        if (rr.kept[k]) {
+            second++;
+            continue;
+        }
+        first++;
+        CU_ASSERT(rr.cand[k].accuracy < rr.full.accuracy - ro.tolerance); /* why round 2 ran */
+    }
+    CU_ASSERT(first >= 2);
+    CU_ASSERT(second >= 6);
+    CU_ASSERT_FATAL(rr.chosen >= 0);
+    CU_ASSERT(rr.kept[rr.chosen] > 0 && rr.kept[rr.chosen] <= C / 2);
+    CU_ASSERT(rr.plan.accuracy >= 0.6);
+    CU_ASSERT(rr.plan.accuracy >= rr.full.accuracy - ro.tolerance);
+    CU_ASSERT(strstr(rr.decision, "kept by attention") != NULL);
+    const int hd = g_m->cfg.head_dim;
+    double bytes = 0;
+    for (int h = 0; h < nh; h++) {
+        int kept = h == 16 || h == 18;
+        CU_ASSERT_EQUAL(res.policy[h] == KV_POLICY_L2ATTN, kept);
+        if (kept) CU_ASSERT_EQUAL(res.tokens[h], rr.kept[rr.chosen]);
+        if (kept) CU_ASSERT_EQUAL(res.kv_types[h], KV_TYPE_Q4);
+        bytes += (double)res.tokens[h] * (double)kv_type_token_bytes(res.kv_types[h], hd);
+    }
+    /* physical: the kept tokens fit 1/16 of the full F16 cache (the engine adds p a head) */
+    CU_ASSERT(bytes <= 0.0625 * nh * C * (double)kv_type_token_bytes(KV_TYPE_F16, hd) + 1e-9);
+    kv_probe_score again; /* the plan's accuracy re-earned on its own engine */
+    kv_engine *en = NULL;
+    kv_plan full;
+    CU_ASSERT_EQUAL_FATAL(kv_plan_full(&g_m->cfg, C, 2, 2, KV_POLICY_SINK, &full, &e), KV_OK);
+    kv_engine_opts eo = {.max_seqs = 1, .n_threads = 1, .type_mask = so.kv_types_mask};
+    rc = kv_engine_new(g_m, &full, &eo, &en, &e);
+    kv_plan_free(&full);
+    CU_ASSERT_EQUAL_FATAL(rc, KV_OK);
+    CU_ASSERT_EQUAL(
+        kv_probes_eval(en, g_m, &p, 0, NP, res.tokens, res.policy, res.kv_types, &again, &e),
+        KV_OK);
+    CU_ASSERT_EQUAL(again.hits, rr.plan.hits);
+    kv_engine_free(en);
+    kv_retrieval_result_free(&rr);
+    free(res.tokens), free(res.blocks), free(res.policy), free(res.kv_types);
+    free(ids);
+}
+
 /* The commands: eval --retrieval (text and JSON), a too-long probe file refused, probes -o. */
 static void test_cli(void) {
     char args[4096], *out = NULL;
@@ -403,6 +487,7 @@ int main(int argc, char **argv) {
         {"induction", test_induction},
         {"generate", test_generate},
         {"stage", test_stage},
+        {"stage_kept", test_stage_kept},
         {"search_cli", test_search_cli},
         {"cli", test_cli},
     };

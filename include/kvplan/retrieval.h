@@ -19,7 +19,13 @@
  * the knapsack again for several weights and with the k costliest heads forced whole
  * (DuoAttention's plan, the other heads' windows chosen by the knapsack), and keeps the plan
  * with the lowest search perplexity among those whose probe accuracy is at most `tolerance`
- * below the full cache's.
+ * below the full cache's. When none of those is within it (a ratio too small to keep a
+ * retrieval head whole), a second round keeps the k = 1, 2 costliest heads compressed by
+ * attention instead: each holds C/2, 7C/16 or 3C/8 tokens in the cheapest allowed KV type
+ * under the policy l2attn (KV-Compress, Rehg 2024: the entries with the least accumulated
+ * squared attention are evicted, so the entries a head looked at sharply survive in a small
+ * budget), and the other heads share the rest of the bytes by the knapsack or, as
+ * DuoAttention's streaming heads, all alike (one window, in each allowed KV type).
  *
  * Arrays [L, H_kv] are row-major (l * H_kv + j). Everything a struct owns is freed by its
  * _free function. No global state.
@@ -150,7 +156,7 @@ int kv_probes_copy(int n, int len, int answer, int vocab, uint64_t seed, kv_prob
                    kv_error *err);
 
 /* The search stage (see the top of this file). */
-#define KV_RETRIEVAL_MAX_CAND 12
+#define KV_RETRIEVAL_MAX_CAND 36
 typedef struct kv_retrieval_opts {
     double tolerance; /* accuracy a plan may lose against the full cache, in [0, 1] (0.05) */
     int max_probes;   /* calibration probes used (0: all) */
@@ -167,6 +173,11 @@ typedef struct kv_retrieval_result {
     double weight[KV_RETRIEVAL_MAX_CAND]; /* the retrieval weight (NaN: forced heads) */
     int forced[KV_RETRIEVAL_MAX_CAND];    /* heads forced whole (0: weight candidate) */
     int whole[KV_RETRIEVAL_MAX_CAND];     /* heads at the whole context in the solution */
+    int kept[KV_RETRIEVAL_MAX_CAND];      /* tokens of each of the `forced` costliest heads
+                                           * when they keep them by attention (policy l2attn),
+                                           * 0: not such a candidate */
+    int others[KV_RETRIEVAL_MAX_CAND];    /* with kept: the other heads' KV type when all
+                                           * alike (a kv_cache_type), -1: by the knapsack */
     double cand_ppl[KV_RETRIEVAL_MAX_CAND];
     kv_probe_score cand[KV_RETRIEVAL_MAX_CAND];
     int chosen; /* candidate index kept, -1: the perplexity guard's plan */
@@ -191,9 +202,9 @@ int kv_retrieval_search(const kv_model *m, const int *ids, int n_chunks,
                         struct kv_search_result *res, kv_retrieval_result *rr, kv_error *err);
 void kv_retrieval_result_free(kv_retrieval_result *r);
 /* Write /search/retrieval: datasets baselines [4, 3] (full, uniform, guard, plan x accuracy,
- * answer NLL, search perplexity), candidates [K, 6] (weight, forced, whole, accuracy, NLL,
- * perplexity), heads [L, H_kv] (the NLL rise used); attributes chosen, decision, tolerance,
- * probes, n_probes, window, heads_source. */
+ * answer NLL, search perplexity), candidates [K, 8] (weight, forced, whole, accuracy, NLL,
+ * perplexity, kept, others), heads [L, H_kv] (the NLL rise used); attributes chosen, decision,
+ * tolerance, probes, n_probes, window, heads_source. */
 int kv_retrieval_write(kv_h5 *f, const kv_retrieval_result *r, kv_error *err);
 
 KV_API_END
