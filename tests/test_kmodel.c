@@ -152,7 +152,7 @@ static void test_errors(void) {
     s.in = 100; /* not a multiple of 8 */
     CU_ASSERT_EQUAL(km_probe("kv_k_gemv_f16<1>", &s, &t, &err), KV_EINPUT);
     km_device d = km_h100_sxm();
-    km_code big = {"big", 255, 0, 0, 10, 1, 1};
+    km_code big = {"big", 255, 0, 0, 10, 10, 1, 1};
     km_trace tb = {.blocks = 1, .threads = 1024, .requests = 1, .dram_bytes = 128};
     km_result r;
     CU_ASSERT_EQUAL(km_predict(&d, &big, &tb, &r, &err), KV_EINPUT); /* 261 K registers */

@@ -35,6 +35,11 @@ km_device km_h100_sxm(void) {
     d.regs_sm = 65536;
     d.reg_unit = 256;
     d.smem_sm = (size_t)228 * 1024;
+    /* Assumed, not measured: 128 bytes (4 sectors) per clock per SM through L1, the data-path
+     * width of NVIDIA's SMs since Volta; at 1.98 GHz x 132 SMs that is the ~33 TB/s of L1
+     * bandwidth microbenchmarks report for H100. A request touching n sectors takes n / 4
+     * clocks of its SM's L1. */
+    d.l1_sectors = 4;
     d.smem_reserve = 1024;
     /* Step overheads, as bench_cuda_fake's count-based estimate has always charged them
      * (assumed: a launch every 3 us when no CUDA graph is used, 10 us per host wait). */
@@ -75,11 +80,13 @@ static int blocks_per_sm(const km_device *d, const km_code *c, const km_trace *t
 /* The formula (all counts of the whole launch):
  *   t_bw    = dram_bytes / hbm_bw
  *   t_issue = warp instructions / (SMs in use x min(schedulers, warps per SM) x clock), warp
- *             instructions = requests / loop_loads x loop_instrs (the loop's body per its loads)
+ *             instructions = requests / loop_loads x (loop_min + path x (loop_instrs -
+ *             loop_min)): the loop's body, on the run's path, per its loads
  *   t_lat   = waves x (requests per warp / loop_loads) x trips x latency: each iteration waits
  *             `trips` DRAM latencies, and a wave of resident warps overlaps its waits (Little's
  *             law: bytes in flight = resident warps x bytes per iteration)
- *   t       = max of the three. */
+ *   t_l1    = load sectors / (SMs in use x l1_sectors x clock)
+ *   t       = max of the four. */
 int km_predict(const km_device *d, const km_code *c, const km_trace *t, km_result *r,
                kv_error *err) {
     memset(r, 0, sizeof *r);
@@ -98,14 +105,18 @@ int km_predict(const km_device *d, const km_code *c, const km_trace *t, km_resul
     r->warps_sm = per_sm < resident ? per_sm : resident;
     double waves = ceil(t->blocks / ((double)d->sms * bps));
     double iters = t->requests / warps / c->loop_loads;
-    r->warp_instrs = t->requests / c->loop_loads * c->loop_instrs;
+    double path = t->path < 0 ? 0 : t->path > 1 ? 1 : t->path;
+    double body = c->loop_min + path * (c->loop_instrs - c->loop_min);
+    r->warp_instrs = t->requests / c->loop_loads * body;
     double sched = r->warps_sm < d->schedulers ? r->warps_sm : (double)d->schedulers;
     r->t_bw = t->dram_bytes / d->hbm_bw;
     r->t_issue = r->warp_instrs / (sms_used * sched * d->clock_hz);
     r->t_lat = waves * iters * c->trips * d->latency_s;
+    r->t_l1 = t->sectors / (sms_used * d->l1_sectors * d->clock_hz);
     r->t = r->t_bw, r->bound = "bandwidth";
     if (r->t_issue > r->t) r->t = r->t_issue, r->bound = "issue";
     if (r->t_lat > r->t) r->t = r->t_lat, r->bound = "latency";
+    if (r->t_l1 > r->t) r->t = r->t_l1, r->bound = "L1";
     r->hbm_frac = r->t > 0 ? r->t_bw / r->t : 0.0;
     r->sectors_req = t->sectors / t->requests;
     r->sector_eff = t->sectors > 0 ? t->req_bytes / (t->sectors * 32.0) : 0.0;

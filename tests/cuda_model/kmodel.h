@@ -12,13 +12,14 @@
  *     the full grid;
  *   - the compiled code (km_code_find, tests/cuda_model/kernel_code.inc, written by
  *     scripts/kernel-table.py from nvcc -ptx / ptxas -v for sm_90): registers, shared and
- *     stack bytes, the instructions and global loads of the kernel's main loop and the chain
- *     of dependent loads an iteration waits for (round trips).
+ *     stack bytes, the instructions (all paths and the shortest) and global loads of the
+ *     kernel's main loop and the chain of dependent loads an iteration waits for (round
+ *     trips). PTX, not SASS (no cuobjdump in this toolkit install): virtual instructions.
  * Output (km_predict): modelled time = max(DRAM bytes / HBM bandwidth, warp instructions /
  * issue rate, latency-bound time from the loads in flight (Little's law: each warp waits one
- * DRAM latency per round trip of each loop iteration, the resident warps overlapping)), with
- * the H100 SXM constants of km_h100_sxm. Everything here is modelled: nothing was measured on
- * a GPU. */
+ * DRAM latency per round trip of each loop iteration, the resident warps overlapping), load
+ * sectors / L1 throughput), with the H100 SXM constants of km_h100_sxm. Everything here is
+ * modelled: nothing was measured on a GPU. */
 #ifndef KVPLAN_TESTS_KMODEL_H
 #define KVPLAN_TESTS_KMODEL_H
 
@@ -42,6 +43,7 @@ typedef struct km_device {
     int max_warps_sm;    /* resident warps per SM */
     int max_blocks_sm;   /* resident thread blocks per SM */
     int regs_sm;         /* 32-bit registers per SM */
+    int l1_sectors;      /* 32-byte sectors the L1 / texture path moves per clock per SM */
     int reg_unit;        /* registers are allocated per warp in units of this many */
     size_t smem_sm;      /* shared memory per SM for blocks, bytes */
     size_t smem_reserve; /* shared memory the system reserves per block, bytes */
@@ -59,6 +61,7 @@ typedef struct km_code {
     int smem;         /* static shared memory per block, bytes */
     int stack;        /* stack frame per thread, bytes (local memory) */
     int loop_instrs;  /* PTX instructions of the main loop's body (all its paths) */
+    int loop_min;     /* of them, on the shortest path through the body */
     int loop_loads;   /* global loads in that body */
     int trips;        /* dependent round trips to memory per iteration */
 } km_code;
@@ -77,6 +80,9 @@ typedef struct km_trace {
     double req_bytes;      /* bytes the lanes of those requests asked for */
     double store_requests; /* warp-wide global stores executed */
     double dram_bytes;     /* distinct sectors loaded or stored over the launch x 32 */
+    double path;           /* the share of the loop body's optional code the run executes, in
+                            * [0, 1] (the probe knows the branches its shape takes): an
+                            * iteration issues loop_min + path x (loop_instrs - loop_min) */
 } km_trace;
 
 /* The model's answer for one launch. Times in seconds. */
@@ -84,13 +90,14 @@ typedef struct km_result {
     double t_bw;        /* dram_bytes / hbm_bw */
     double t_issue;     /* warp instructions / (SMs in use x schedulers x clock) */
     double t_lat;       /* waves x loop iterations per warp x round trips x latency */
-    double t;           /* the largest of the three */
+    double t_l1;        /* load sectors / (SMs in use x l1_sectors x clock) */
+    double t;           /* the largest of the four */
     double hbm_frac;    /* t_bw / t: the modelled fraction of HBM bandwidth */
     double sectors_req; /* sectors per load request */
     double sector_eff;  /* bytes requested / (sectors x 32): 1 when every fetched byte is used */
     double warps_sm;    /* resident warps per SM (occupancy x 64) */
     double warp_instrs; /* modelled warp instructions of the launch */
-    const char *bound;  /* "bandwidth", "issue" or "latency" */
+    const char *bound;  /* "bandwidth", "issue", "latency" or "L1" */
 } km_result;
 
 /* Model one launch of kernel `c` that executed `t` on device `d` (formulas in kmodel.c).

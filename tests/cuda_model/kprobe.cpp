@@ -71,6 +71,18 @@ int traced(km_tracer &tr, int gx, int gy, int block, size_t shm, const F &body, 
 
 const int kGemvRows = 8; /* output rows traced (one block each; the grid is one per row) */
 
+/* The share of a typed GEMV's loop iterations that take both chunks (the loop body's second
+ * half): thread tid starts at chunk tid and steps 2 x threads chunks; n chunks per row. */
+double two_chunk_share(int n, int threads) {
+    double all = 0, two = 0;
+    for (int tid = 0; tid < threads; tid++)
+        for (int c = tid; c < n; c += 2 * threads) {
+            all += 1;
+            two += c + threads < n;
+        }
+    return all > 0 ? two / all : 0.0;
+}
+
 /* kv_k_gemv_f16<1>: F16 weights [out, in], one row of x. */
 int gemv_f16(const km_shape *s, km_trace *t, kv_error *err) {
     if (s->in < 8 || s->in % 8 || s->out < 1)
@@ -87,6 +99,7 @@ int gemv_f16(const km_shape *s, km_trace *t, kv_error *err) {
         tr, rows, 1, KV_K_GEMV_THREADS, 0,
         [&] { kv_k_gemv_f16<1>(W, x.data(), y.data(), s->in, rows); }, err);
     if (!rc) *t = tr.result(s->out, rows, KV_K_GEMV_THREADS, 0);
+    t->path = two_chunk_share(s->in / 8, KV_K_GEMV_THREADS);
     return rc;
 }
 
@@ -115,6 +128,7 @@ template <typename Dot> int gemv_q(const km_shape *s, km_trace *t, kv_error *err
         },
         err);
     if (!rc) *t = tr.result(s->out, rows, KV_K_GEMV_THREADS, 0);
+    t->path = two_chunk_share(nb, KV_K_GEMV_THREADS);
     return rc;
 }
 
@@ -136,6 +150,7 @@ int gemv_generic(const km_shape *s, km_trace *t, kv_error *err) {
         [&] { kv_k_gemv(w.data(), s->wtype, rb, x.data(), y.data(), 1, s->in, rows); }, err);
     double full = (double)((s->out + threads / 32 - 1) / (threads / 32));
     if (!rc) *t = tr.result(full, blocks, threads, 0);
+    t->path = 1.0; /* every type's decoder counted: an upper bound of the issue */
     return rc;
 }
 
@@ -193,6 +208,7 @@ int flash_decode_f16(const km_shape *s, km_trace *t, kv_error *err) {
         },
         err);
     if (!rc) *t = tr.result((double)s->tasks * f.parts, f.parts, threads, shm);
+    t->path = (double)g / KV_K_FD_GROUP; /* the group loop, unrolled, left after g heads */
     return rc;
 }
 

@@ -86,6 +86,7 @@ km_trace km_tracer::result(double blocks, double traced_blocks, int threads,
     t.sectors = sectors_ * f;
     t.req_bytes = req_bytes_ * f;
     t.store_requests = stores_ * f;
+    t.path = 1.0;
     t.dram_bytes = 32.0 * ((double)distinct_[STREAM].size() * f + (double)distinct_[SHARED].size());
     return t;
 }

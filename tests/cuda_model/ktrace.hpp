@@ -43,7 +43,8 @@ class km_tracer {
     void end();
     /* The totals since the first begin, as a launch of `blocks` blocks of `threads` threads
      * with `dyn_smem` dynamic shared bytes whose traced part ran `traced_blocks` of them: counts
-     * scaled by blocks / traced_blocks, SHARED buffers' distinct bytes counted once. */
+     * scaled by blocks / traced_blocks, SHARED buffers' distinct bytes counted once; path 1
+     * (the probe sets the share of the loop's optional code its shape runs). */
     km_trace result(double blocks, double traced_blocks, int threads, size_t dyn_smem) const;
 
     /* Called by the coverage callbacks (ktrace.cpp): one access of `bytes` at p from `site`. */
