@@ -19,9 +19,12 @@
  * synchronisations, kernel launches and GEMMs, host-to-device bytes and copies, the attention
  * kernel's grid, the host's CPU time for a step (the least of the 3, measured here: the fake
  * device runs nothing, so this is the backend's and engine's own host work) and the pinned bytes
- * live; then a tokens/s estimate on the H100 preset from those counts (the weights as uploaded +
- * the f16 K/V + H2D bytes at 3.35 TB/s + 10 us per synchronisation + 3 us per launch) next to the
- * bandwidth limit (F16 weights + the K/V read once per step at 3.35 TB/s). Usage: bench_cuda_fake
+ * live; before them, the performance model's figures per kernel (tests/cuda_model/kmodel.h: the
+ * decode GEMVs and flash-decoding traced on the host shim, their compiled code, an H100 SXM;
+ * modelled, not measured), and per step the attention kernel's modelled fraction of HBM and the
+ * modelled tokens/s (the kernels' modelled times + 3 us per launch + 10 us per host wait; GEMMs
+ * at batch 32 at the roofline) next to the bandwidth limit (the weights as uploaded + the F16 K/V
+ * read once per step at 3.35 TB/s). Usage: bench_cuda_fake
  */
 #include "kvplan/engine.h"
 #include "backend/kvcuda.h"
