@@ -19,15 +19,19 @@
  * synchronisations, kernel launches and GEMMs, host-to-device bytes and copies, the attention
  * kernel's grid, the host's CPU time for a step (the least of the 3, measured here: the fake
  * device runs nothing, so this is the backend's and engine's own host work) and the pinned bytes
- * live; then a tokens/s estimate on the H100 preset from those counts (the weights as uploaded +
- * the f16 K/V + H2D bytes at 3.35 TB/s + 10 us per synchronisation + 3 us per launch) next to the
- * bandwidth limit (F16 weights + the K/V read once per step at 3.35 TB/s). Usage: bench_cuda_fake
+ * live; before them, the performance model's figures per kernel (tests/cuda_model/kmodel.h: the
+ * decode GEMVs and flash-decoding traced on the host shim, their compiled code, an H100 SXM;
+ * modelled, not measured), and per step the attention kernel's modelled fraction of HBM and the
+ * modelled tokens/s (the kernels' modelled times + 3 us per launch + 10 us per host wait; GEMMs
+ * at batch 32 at the roofline) next to the bandwidth limit (the weights as uploaded + the F16 K/V
+ * read once per step at 3.35 TB/s). Usage: bench_cuda_fake
  */
 #include "kvplan/engine.h"
 #include "backend/kvcuda.h"
 #include "kvplan/plan.h"
 #include "synthetic.h" /* tests/support/synthetic.c, shared with the tests */
 
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,6 +39,7 @@
 
 #ifdef KVPLAN_FAKE_CUDA
 #include "cuda_fake.h"
+#include "kmodel.h" /* tests/cuda_model: the kernels' performance model */
 #include "kvplan/backend.h"
 #include "kvplan/quant.h"
 
@@ -93,6 +98,74 @@ static double thread_cpu_seconds(void) {
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
+/* Kernel `name` probed at shape s and modelled on the H100 SXM (tests/cuda_model/kmodel.h);
+ * *t and *r filled. Returns 0, or 1 with the message on stderr. */
+static int model_kernel(const char *name, km_shape s, km_trace *t, km_result *r) {
+    kv_error err = {0};
+    km_device d = km_h100_sxm();
+    const km_code *c = km_code_find(name, &err);
+    if (!c || km_probe(name, &s, t, &err) || km_predict(&d, c, t, r, &err))
+        return fail("model", &err);
+    return 0;
+}
+
+/* Modelled seconds of one layer's (and the logits') decode GEMVs at batch 1 with F16 weights
+ * (kv_k_gemv_f16<1>: wq, wk, wv, wo, gate, up, down; the classifier), or, at larger batches,
+ * the GEMMs at the roofline (cuBLAS is not modelled: max(F16 weight bytes / HBM, FLOPs /
+ * tensor peak), optimistic). *logits: the classifier's. Returns 0, or 1 (message printed). */
+static int model_matmuls(const kv_config *c, int B, double *layer, double *logits) {
+    km_device d = km_h100_sxm();
+    int kvd = c->n_kv_heads * c->head_dim, qd = c->n_heads * c->head_dim;
+    const int shapes[5][2] = {{c->dim, qd},
+                              {c->dim, kvd},
+                              {qd, c->dim},
+                              {c->dim, c->hidden_dim},
+                              {c->hidden_dim, c->dim}};
+    const int count[5] = {1, 2, 1, 2, 1};
+    *layer = 0.0;
+    for (int i = 0; i < 5; i++) {
+        double in = shapes[i][0], out = shapes[i][1];
+        double roof = fmax(2.0 * in * out / d.hbm_bw, 2.0 * B * in * out / d.tensor_f16);
+        km_trace t;
+        km_result r;
+        if (B == 1 && model_kernel("kv_k_gemv_f16<1>",
+                                   (km_shape){.in = shapes[i][0], .out = shapes[i][1]}, &t, &r))
+            return 1;
+        *layer += count[i] * (B == 1 ? r.t : roof);
+    }
+    double in = c->dim, out = c->vocab_size;
+    *logits = fmax(2.0 * in * out / d.hbm_bw, 2.0 * B * in * out / d.tensor_f16);
+    km_trace t;
+    km_result r;
+    if (B == 1) {
+        if (model_kernel("kv_k_gemv_f16<1>", (km_shape){.in = c->dim, .out = c->vocab_size}, &t,
+                         &r))
+            return 1;
+        *logits = r.t;
+    }
+    return 0;
+}
+
+/* Modelled seconds of a decode step at batch B, context ctx: the layers' GEMVs / GEMMs and
+ * flash-decoding (kv_k_flash_decode<F16, 4>, B x H_kv tasks), the logits, and per launch and
+ * host wait the step overheads of km_h100_sxm (the small kernels — norms, RoPE, SwiGLU, adds,
+ * cache writes, the partition merge — are charged only their launch). *attn_frac: the attention
+ * kernel's modelled fraction of HBM. *rc: 0, or 1 when the model failed (message printed). */
+static double model_step(const kv_config *c, int B, int ctx, long launches, long syncs,
+                         double *attn_frac, int *rc) {
+    km_device d = km_h100_sxm();
+    double layer = 0.0, logits = 0.0;
+    km_trace t;
+    km_result r;
+    km_shape s = {
+        .ctx = ctx, .g = c->n_heads / c->n_kv_heads, .hd = c->head_dim, .tasks = B * c->n_kv_heads};
+    *rc =
+        model_matmuls(c, B, &layer, &logits) || model_kernel("kv_k_flash_decode<1, 4>", s, &t, &r);
+    if (*rc) return 0.0;
+    *attn_frac = r.hbm_frac;
+    return c->n_layers * (layer + r.t) + logits + launches * d.launch_s + syncs * d.sync_s;
+}
+
 /* One decode step's counters at batch B, context ctx on model m (count-only), printed as a row;
  * wratio: the weights' device bytes per file byte. Host ms: the wall time of the counted step on
  * this machine (nothing runs on the fake device, so it is the host's own work: packing, staging,
@@ -132,15 +205,60 @@ static int decode_row(const kv_model *m, int B, int ctx, double wratio, const in
     kvfake_counters k = kvfake_get();
     double kv = (double)B * ctx * c->n_layers * c->n_kv_heads * 2.0 * c->head_dim;
     double f16 = file_bytes(c, KV_DT_F16);
-    double bytes = wratio * f16 + kv * 2.0 + k.h2d_bytes; /* F16 weights and K/V */
-    double t = bytes / 3.35e12 + k.syncs * 10e-6 + (k.launches + k.gemms) * 3e-6;
-    double limit = (f16 + kv * 2.0) / 3.35e12; /* F16 weights, F16 K/V */
-    printf("%-4d %-5d %5d %6ld %8ld %6ld %6ld %11.0f %9ld %8.2f %9.1f %9.1f %9.1f %9.1f\n",
+    double limit = (wratio * f16 + kv * 2.0) / 3.35e12; /* F16 weights, F16 K/V at 3.35 TB/s */
+    double attn = 0.0;
+    int rc = 0;
+    double t = model_step(c, B, ctx, k.launches + k.gemms, k.syncs, &attn, &rc);
+    if (rc) return 1;
+    printf("%-4d %-5d %5d %6ld %8ld %6ld %6ld %11.0f %9ld %8.2f %9.1f %9.1f %7.0f%% %9.1f %9.1f\n",
            c->n_kv_heads, B, ctx, k.syncs, k.launches, k.gemms, k.h2d_copies, k.h2d_bytes,
            k.last_grid, (double)k.syncs / c->n_layers, host * 1e3, (double)k.pinned_live / 1e6,
-           B / t, B / limit);
+           100 * attn, B / t, B / limit);
     kv_engine_free(e);
     kv_plan_free(&plan);
+    return 0;
+}
+
+/* One modelled kernel row: bytes, sectors per request, the four bounds and the fraction of
+ * HBM. Returns 0, or 1 (message printed). */
+static int kernel_row(const char *label, const char *name, km_shape s) {
+    km_trace t;
+    km_result r;
+    if (model_kernel(name, s, &t, &r)) return 1;
+    printf("%-28s %9.2f %7.1f %5.2f %6.0f %8.1f %8.1f %8.1f %8.1f %8.1f %-9s %5.0f%%\n", label,
+           t.dram_bytes / 1e6, r.sectors_req, r.sector_eff, r.warps_sm, r.t_bw * 1e6,
+           r.t_issue * 1e6, r.t_lat * 1e6, r.t_l1 * 1e6, r.t * 1e6, r.bound, 100 * r.hbm_frac);
+    return 0;
+}
+
+/* The performance model's figures per kernel (tests/cuda_model/kmodel.h): the decode GEMVs at
+ * Llama-2-7B's shapes (batch 1) and flash-decoding at 4k for both model shapes. */
+static int kernel_rows(void) {
+    printf("== kernels, modelled for the %s (docs/cuda-kernels.md; nothing measured) ==\n",
+           km_h100_sxm().name);
+    printf("%-28s %9s %7s %5s %6s %8s %8s %8s %8s %8s %-9s %6s\n", "kernel (batch 1 unless noted)",
+           "DRAM MB", "sec/req", "eff", "warp/SM", "bw us", "issue us", "lat us", "L1 us",
+           "model us", "bound", "HBM");
+    const char *gemv[4] = {"kv_k_gemv_f16<1>", "kv_k_gemv_q<kv_q8_0_dot, 1>",
+                           "kv_k_gemv_q<kv_q4_0_dot, 1>", "kv_k_gemv"};
+    const char *tn[4] = {"F16", "Q8_0", "Q4_0", "Q4_K*"};
+    const int shapes[3][2] = {{4096, 4096}, {4096, 11008}, {11008, 4096}};
+    char label[64];
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 3; j++) {
+            snprintf(label, sizeof label, "GEMV %-5s %5dx%-5d", tn[i], shapes[j][1], shapes[j][0]);
+            km_shape s = {.in = shapes[j][0], .out = shapes[j][1], .wtype = KV_DT_Q4_K};
+            if (kernel_row(label, gemv[i], s)) return 1;
+        }
+    const int hkv[2] = {32, 8}, batch[2] = {1, 32};
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 2; j++) {
+            snprintf(label, sizeof label, "flash-decode 4k Hkv %-2d B %-2d", hkv[i], batch[j]);
+            km_shape s = {.ctx = 4096, .g = 32 / hkv[i], .hd = 128, .tasks = batch[j] * hkv[i]};
+            if (kernel_row(label, "kv_k_flash_decode<1, 4>", s)) return 1;
+        }
+    printf("(* Q4_K: the generic kv_k_gemv, a type switch per element; its issue counts every "
+           "type's decoder, an upper bound. eff: bytes asked / sectors x 32)\n");
     return 0;
 }
 
@@ -174,9 +292,13 @@ static int fake_rows(void) {
         free(m->layers);
         free(m);
     }
-    printf("%-4s %-5s %5s %6s %8s %6s %6s %11s %9s %8s %9s %9s %9s %9s\n", "Hkv", "batch", "ctx",
-           "syncs", "launches", "gemms", "H2D n", "H2D bytes", "attn grid", "syncs/L", "host ms",
-           "pinned MB", "est tok/s", "lim tok/s");
+    if (kernel_rows()) return 1;
+    printf("== decode steps: counted on the fake runtime; host ms measured here; attn %%HBM and "
+           "model tok/s modelled for the %s ==\n",
+           km_h100_sxm().name);
+    printf("%-4s %-5s %5s %6s %8s %6s %6s %11s %9s %8s %9s %9s %8s %9s %9s\n", "Hkv", "batch",
+           "ctx", "syncs", "launches", "gemms", "H2D n", "H2D bytes", "attn grid", "syncs/L",
+           "host ms", "pinned MB", "attn HBM", "model t/s", "lim tok/s");
     int *tok = malloc(sizeof(int) * 4096);
     uint64_t s = 11;
     for (int i = 0; i < 4096; i++) tok[i] = 3 + (int)(synth_next(&s) % 31000);

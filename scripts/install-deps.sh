@@ -7,7 +7,8 @@ set -euo pipefail
 pkgs=(build-essential cmake pkg-config
       libopenblas-dev libhdf5-dev hdf5-tools libgsl-dev libglpk-dev libcunit1-dev
       libcjson-dev libmicrohttpd-dev libpcre2-dev libpng-dev libcairo2-dev libssl-dev zlib1g-dev
-      libopenmpi-dev openmpi-bin time)
+      libopenmpi-dev openmpi-bin time
+      clang) # clang: the CUDA performance model's load tracer (tests/cuda_model/kprobe.cpp)
 for a in "$@"; do
     case "$a" in
         # Debian 12: clang is clang 14; libFuzzer (libclang_rt.fuzzer) is in libclang-rt-14-dev

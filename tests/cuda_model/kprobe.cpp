@@ -1,0 +1,283 @@
+/* Probes of the performance model (kmodel.h km_probe): each runs one kernel of the CUDA backend
+ * (cuda/kernels/kv_kernels.cuh, kv_quant.cuh) or a micro-kernel (kmodel_micro.cuh) on the host shim
+ * with its global buffers registered with a tracer (ktrace.hpp), at a small shape that keeps the
+ * full shape's row lengths (a few blocks), and scales the counts to the full grid.
+ *
+ * This file is compiled by clang with -fsanitize-coverage=trace-pc-guard,trace-loads,
+ * trace-stores and without vectorisation (a lane's loads stay the ones the source wrote); see
+ * CMakeLists.txt. Without that (KM_NO_TRACE) km_probe says the tracer is not in the build.
+ *
+ * A new kernel plugs in with a row of k_probes below (a function that sets up its buffers and
+ * launches it) and its instantiation in kmodel_kernels.cu (its compiled-code row, written by
+ * scripts/kernel-table.py). */
+#include "cuda_shim.hpp"
+
+#include "kernels/kv_kernels.cuh"
+#include "kernels/kv_quant.cuh"
+#include "kmodel.h"
+#include "kmodel_micro.cuh"
+#include "ktrace.hpp"
+#include "kvplan/quant.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+namespace {
+
+typedef int (*probe_fn)(const km_shape *s, km_trace *t, kv_error *err);
+
+/* A device buffer as cudaMalloc gives one: 256-byte aligned (the sector counts depend on it),
+ * n elements of T, each v. Owns its memory; throws std::bad_alloc. */
+template <typename T> class dbuf {
+  public:
+    dbuf(size_t n, T v) : n_(n) {
+        size_t bytes = (n * sizeof(T) + 255) / 256 * 256;
+        p_ = static_cast<T *>(std::aligned_alloc(256, bytes ? bytes : 256));
+        if (!p_) throw std::bad_alloc();
+        for (size_t i = 0; i < n; i++) p_[i] = v;
+    }
+    ~dbuf() {
+        std::free(p_);
+    }
+    dbuf(const dbuf &) = delete;
+    dbuf &operator=(const dbuf &) = delete;
+    T *data() {
+        return p_;
+    }
+    T &operator[](size_t i) {
+        return p_[i];
+    }
+    size_t size() const {
+        return n_;
+    }
+    size_t bytes() const {
+        return n_ * sizeof(T);
+    }
+
+  private:
+    T *p_;
+    size_t n_;
+};
+
+/* Run body as <<<(gx, gy), block, shm>>> with tr tracing it. */
+template <typename F>
+int traced(km_tracer &tr, int gx, int gy, int block, size_t shm, const F &body, kv_error *err) {
+    tr.begin();
+    int rc = kv_shim_launch(gx, gy, block, shm, body);
+    tr.end();
+    return rc ? kv_fail(err, KV_EINPUT, "km_probe: the shim refused the launch") : KV_OK;
+}
+
+const int kGemvRows = 8; /* output rows traced (one block each; the grid is one per row) */
+
+/* The share of a typed GEMV's loop iterations that take both chunks (the loop body's second
+ * half): thread tid starts at chunk tid and steps 2 x threads chunks; n chunks per row. */
+double two_chunk_share(int n, int threads) {
+    double all = 0, two = 0;
+    for (int tid = 0; tid < threads; tid++)
+        for (int c = tid; c < n; c += 2 * threads) {
+            all += 1;
+            two += c + threads < n;
+        }
+    return all > 0 ? two / all : 0.0;
+}
+
+/* kv_k_gemv_f16<1>: F16 weights [out, in], one row of x. */
+int gemv_f16(const km_shape *s, km_trace *t, kv_error *err) {
+    if (s->in < 8 || s->in % 8 || s->out < 1)
+        return kv_fail(err, KV_EINPUT, "km_probe: kv_k_gemv_f16 needs in %% 8 == 0, out >= 1");
+    int rows = s->out < kGemvRows ? s->out : kGemvRows;
+    dbuf<uint16_t> w((size_t)rows * s->in, 0x3c00); /* 1.0 */
+    dbuf<float> x((size_t)s->in, 0.5f), y((size_t)rows, 0.0f);
+    km_tracer tr;
+    tr.buffer(w.data(), w.bytes(), km_tracer::STREAM);
+    tr.buffer(x.data(), x.bytes(), km_tracer::SHARED);
+    tr.buffer(y.data(), y.bytes(), km_tracer::STREAM);
+    const unsigned char *W = reinterpret_cast<const unsigned char *>(w.data());
+    int rc = traced(
+        tr, rows, 1, KV_K_GEMV_THREADS, 0,
+        [&] { kv_k_gemv_f16<1>(W, x.data(), y.data(), s->in, rows); }, err);
+    if (!rc) *t = tr.result(s->out, rows, KV_K_GEMV_THREADS, 0);
+    t->path = two_chunk_share(s->in / 8, KV_K_GEMV_THREADS);
+    return rc;
+}
+
+/* kv_k_gemv_q<Dot, 1>: block-type weights against activations quantised once (the
+ * kv_k_quantize_q8 launch before it is not part of this probe). */
+template <typename Dot> int gemv_q(const km_shape *s, km_trace *t, kv_error *err) {
+    if (s->in < 32 || s->in % 32 || s->out < 1)
+        return kv_fail(err, KV_EINPUT, "km_probe: kv_k_gemv_q needs in %% 32 == 0, out >= 1");
+    int rows = s->out < kGemvRows ? s->out : kGemvRows, nb = s->in / 32;
+    size_t rb = (size_t)nb * Dot::bytes;
+    dbuf<unsigned char> w((size_t)rows * rb, 0);
+    dbuf<signed char> aq((size_t)s->in, 1);
+    dbuf<float> ad((size_t)nb, 0.01f), y((size_t)rows, 0.0f);
+    dbuf<int> as((size_t)nb, 32);
+    km_tracer tr;
+    tr.buffer(w.data(), w.bytes(), km_tracer::STREAM);
+    tr.buffer(aq.data(), aq.bytes(), km_tracer::SHARED);
+    tr.buffer(ad.data(), ad.bytes(), km_tracer::SHARED);
+    tr.buffer(as.data(), as.bytes(), km_tracer::SHARED);
+    tr.buffer(y.data(), y.bytes(), km_tracer::STREAM);
+    int rc = traced(
+        tr, rows, 1, KV_K_GEMV_THREADS, 0,
+        [&] {
+            kv_k_gemv_q<Dot, 1>(w.data(), rb, aq.data(), ad.data(), as.data(), y.data(), s->in,
+                                rows);
+        },
+        err);
+    if (!rc) *t = tr.result(s->out, rows, KV_K_GEMV_THREADS, 0);
+    t->path = two_chunk_share(nb, KV_K_GEMV_THREADS);
+    return rc;
+}
+
+/* kv_k_gemv (any weight type, a warp per output row), one row of x, weights of type s->wtype
+ * (e.g. KV_DT_Q4_K, which has no typed kernel yet). */
+int gemv_generic(const km_shape *s, km_trace *t, kv_error *err) {
+    size_t rb = 0;
+    if (s->out < 1 || kv_dtype_row_bytes((kv_dtype)s->wtype, s->in, "km_probe", &rb, err))
+        return kv_fail(err, KV_EINPUT, "km_probe: kv_k_gemv: bad type or row length");
+    const int threads = 128, rows = kGemvRows, blocks = rows / (threads / 32);
+    dbuf<unsigned char> w((size_t)rows * rb, 0);
+    dbuf<float> x((size_t)s->in, 0.5f), y((size_t)rows, 0.0f);
+    km_tracer tr;
+    tr.buffer(w.data(), w.bytes(), km_tracer::STREAM);
+    tr.buffer(x.data(), x.bytes(), km_tracer::SHARED);
+    tr.buffer(y.data(), y.bytes(), km_tracer::STREAM);
+    int rc = traced(
+        tr, blocks, 1, threads, 0,
+        [&] { kv_k_gemv(w.data(), s->wtype, rb, x.data(), y.data(), 1, s->in, rows); }, err);
+    double full = (double)((s->out + threads / 32 - 1) / (threads / 32));
+    if (!rc) *t = tr.result(full, blocks, threads, 0);
+    t->path = 1.0; /* every type's decoder counted: an upper bound of the issue */
+    return rc;
+}
+
+/* The buffers of one flash-decoding task: an F16 pool of ctx entries (block size 16, blocks in
+ * table order), its table, the task, g queries of hd and the partition outputs. */
+struct fd_task {
+    static const int bs = 16;
+    int nb, parts;
+    dbuf<unsigned char> pool;
+    dbuf<int> table;
+    dbuf<kv_k_attn_task> task;
+    dbuf<float> q, part, scratch;
+    kv_k_pool P;
+    explicit fd_task(const km_shape *s)
+        : nb((s->ctx + bs - 1) / bs), parts((s->ctx + KV_K_FD_PART - 1) / KV_K_FD_PART),
+          pool((size_t)nb * 2 * bs * kvt_row_bytes(KV_TYPE_F16, s->hd), 0), table((size_t)nb, 0),
+          task(1, kv_k_attn_task{0, 1, 0, s->ctx, 0, 0, 0}), q((size_t)s->g * s->hd, 0.1f),
+          part((size_t)parts * s->g * (s->hd + 2), 0.0f), scratch(1, 0.0f) {
+        for (int b = 0; b < nb; b++) table[(size_t)b] = b;
+        std::memset(&P, 0, sizeof P);
+        P.data = pool.data();
+        P.bs = bs;
+        P.hd = s->hd;
+        for (int t = 0; t <= KV_CACHE_TYPES; t++) {
+            P.type_first[t] = t <= KV_TYPE_F16 ? 0 : nb;
+            P.type_offset[t] = t <= KV_TYPE_F16 ? 0 : pool.bytes();
+        }
+    }
+};
+
+/* kv_k_flash_decode<F16, 4> (d_h 65..128): one task traced, scaled to s->tasks tasks. */
+int flash_decode_f16(const km_shape *s, km_trace *t, kv_error *err) {
+    if (s->hd <= 64 || s->hd > 128 || s->g < 1 || s->g > KV_K_FD_GROUP || s->ctx < 1 ||
+        s->tasks < 1)
+        return kv_fail(err, KV_EINPUT,
+                       "km_probe: kv_k_flash_decode<1, 4> needs 64 < hd <= 128, 1 <= g <= %d",
+                       KV_K_FD_GROUP);
+    fd_task f(s);
+    const int threads = 128, g = s->g, hd = s->hd;
+    size_t shm = (size_t)(threads / 32) * g * (2 + hd) * sizeof(float);
+    size_t np = (size_t)f.parts * g;
+    float *pm = f.part.data(), *ps = pm + np, *po = ps + np;
+    km_tracer tr;
+    tr.buffer(f.pool.data(), f.pool.bytes(), km_tracer::STREAM);
+    tr.buffer(f.table.data(), f.table.bytes(), km_tracer::STREAM);
+    tr.buffer(f.task.data(), f.task.bytes(), km_tracer::STREAM);
+    tr.buffer(f.q.data(), f.q.bytes(), km_tracer::STREAM);
+    tr.buffer(f.part.data(), f.part.bytes(), km_tracer::STREAM);
+    int rc = traced(
+        tr, 1, f.parts, threads, shm,
+        [&] {
+            kv_k_flash_decode<KV_TYPE_F16, 4>(f.P, f.table.data(), f.task.data(), f.q.data(),
+                                              g * hd, g, KV_K_FD_PART, f.parts, f.scratch.data(), 0,
+                                              pm, ps, po);
+        },
+        err);
+    if (!rc) *t = tr.result((double)s->tasks * f.parts, f.parts, threads, shm);
+    t->path = (double)g / KV_K_FD_GROUP; /* the group loop, unrolled, left after g heads */
+    return rc;
+}
+
+/* km_copy: s->n floats with stride s->stride, one element per thread. */
+int copy(const km_shape *s, km_trace *t, kv_error *err) {
+    if (s->n < 128 || s->n % 128 || s->stride < 1)
+        return kv_fail(err, KV_EINPUT, "km_probe: km_copy needs n a multiple of 128, stride >= 1");
+    dbuf<float> x((size_t)s->n * s->stride, 1.0f), y((size_t)s->n, 0.0f);
+    km_tracer tr;
+    tr.buffer(x.data(), x.bytes(), km_tracer::STREAM);
+    tr.buffer(y.data(), y.bytes(), km_tracer::STREAM);
+    int blocks = s->n / 128;
+    int rc = traced(
+        tr, blocks, 1, 128, 0, [&] { km_copy(x.data(), y.data(), s->n, s->stride); }, err);
+    if (!rc) *t = tr.result(blocks, blocks, 128, 0);
+    return rc;
+}
+
+/* km_chase: s->n threads (warps of one block each) following next[i] = (i + 32) mod n for
+ * s->stride hops: every request is coalesced, every load waits for the one before. */
+int chase(const km_shape *s, km_trace *t, kv_error *err) {
+    if (s->n < 64 || s->n % 32 || s->stride < 1)
+        return kv_fail(err, KV_EINPUT, "km_probe: km_chase needs n a multiple of 32, hops >= 1");
+    dbuf<int> next((size_t)s->n, 0), out((size_t)s->n, 0);
+    for (int i = 0; i < s->n; i++) next[(size_t)i] = (i + 32) % s->n;
+    km_tracer tr;
+    tr.buffer(next.data(), next.bytes(), km_tracer::STREAM);
+    tr.buffer(out.data(), out.bytes(), km_tracer::STREAM);
+    int blocks = s->n / 32;
+    int rc = traced(
+        tr, blocks, 1, 32, 0, [&] { km_chase(next.data(), out.data(), s->stride); }, err);
+    if (!rc) *t = tr.result(blocks, blocks, 32, 0);
+    return rc;
+}
+
+struct probe {
+    const char *name;
+    probe_fn run;
+};
+
+const probe k_probes[] = {
+    {"kv_k_gemv_f16<1>", gemv_f16},
+    {"kv_k_gemv_q<kv_q8_0_dot, 1>", gemv_q<kv_q8_0_dot>},
+    {"kv_k_gemv_q<kv_q4_0_dot, 1>", gemv_q<kv_q4_0_dot>},
+    {"kv_k_gemv", gemv_generic},
+    {"kv_k_flash_decode<1, 4>", flash_decode_f16},
+    {"km_copy", copy},
+    {"km_chase", chase},
+};
+
+} // namespace
+
+extern "C" int km_probe(const char *name, const km_shape *s, km_trace *t, kv_error *err) {
+    std::memset(t, 0, sizeof *t);
+#if defined(KM_NO_TRACE)
+    (void)s;
+    return kv_fail(err, KV_EINPUT,
+                   "km_probe: %s: this build has no load tracer (tests/cuda_model/kprobe.cpp needs "
+                   "clang++; scripts/install-deps.sh installs it)",
+                   name ? name : "(null)");
+#else
+    for (const probe &p : k_probes)
+        if (name && !std::strcmp(p.name, name)) try {
+                return p.run(s, t, err);
+            } catch (const std::bad_alloc &) {
+                return kv_fail(err, KV_EINTERNAL, "km_probe: %s: out of memory", name);
+            }
+    return kv_fail(err, KV_EINPUT,
+                   "km_probe: no probe for kernel '%s' (tests/cuda_model/kprobe.cpp)",
+                   name ? name : "(null)");
+#endif
+}

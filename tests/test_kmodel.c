@@ -1,0 +1,196 @@
+/* The CUDA kernels' performance model (tests/cuda_model/kmodel.h) on kernels whose answer is
+ * known: a coalesced copy fetches one 32-byte sector per 32 bytes requested, a copy with a
+ * stride of 8 floats eight times as many, a pointer chase (one load in flight per warp) is
+ * latency-bound at hops x latency; then the backend's own kernels (cuda/kernels/) at
+ * Llama-2-7B's shapes (Touvron et al. 2023: d 4096, FFN 11008, d_h 128), whose DRAM bytes are
+ * the weights / the K/V rows they read; and the compiled-code table against the kernels. */
+#include "kmodel.h"
+#include "testutil.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static km_trace probe(const char *name, km_shape s) {
+    km_trace t;
+    kv_error err = {0};
+    int rc = km_probe(name, &s, &t, &err);
+    if (rc) printf("\n    %s\n", err.msg);
+    CU_ASSERT_FATAL(rc == KV_OK);
+    return t;
+}
+
+static km_result predict(const char *name, const km_trace *t) {
+    kv_error err = {0};
+    km_device d = km_h100_sxm();
+    const km_code *c = km_code_find(name, &err);
+    CU_ASSERT_FATAL(c != NULL);
+    km_result r;
+    int rc = km_predict(&d, c, t, &r, &err);
+    if (rc) printf("\n    %s\n", err.msg);
+    CU_ASSERT_FATAL(rc == KV_OK);
+    return r;
+}
+
+/* 4-byte lanes, 32 lanes: 128 consecutive bytes per request = 4 sectors; every byte fetched
+ * once; one store request per warp. */
+static void test_copy_coalesced(void) {
+    const int n = 1 << 14;
+    km_trace t = probe("km_copy", (km_shape){.n = n, .stride = 1});
+    km_result r = predict("km_copy", &t);
+    CU_ASSERT_EQUAL(t.requests, n / 32);
+    CU_ASSERT_EQUAL(r.sectors_req, 4.0);
+    CU_ASSERT_EQUAL(r.sector_eff, 1.0); /* one sector per 32 B requested */
+    CU_ASSERT_EQUAL(t.dram_bytes, 2.0 * n * 4);
+    CU_ASSERT_EQUAL(t.store_requests, n / 32);
+    printf("\n    coalesced copy: %.2f sectors/request, %.2f sectors per 32 B asked, %s-bound",
+           r.sectors_req, 1.0 / r.sector_eff, r.bound);
+}
+
+/* Stride 8 floats: each lane's 4 bytes in its own sector, 32 per request; 8x the DRAM reads. */
+static void test_copy_strided(void) {
+    const int n = 1 << 14;
+    km_trace c = probe("km_copy", (km_shape){.n = n, .stride = 1});
+    km_trace s = probe("km_copy", (km_shape){.n = n, .stride = 8});
+    km_result rc = predict("km_copy", &c), rs = predict("km_copy", &s);
+    CU_ASSERT_EQUAL(rs.sectors_req, 32.0);
+    CU_ASSERT_EQUAL(rs.sectors_req / rc.sectors_req, 8.0);
+    CU_ASSERT_EQUAL(rs.sector_eff, 1.0 / 8);
+    CU_ASSERT_EQUAL(s.dram_bytes - n * 4.0, 8.0 * (c.dram_bytes - n * 4.0)); /* reads 8x */
+    CU_ASSERT(rs.t_bw > 4.0 * rc.t_bw);
+    printf("\n    strided copy: %.0f sectors/request (%.0fx), modelled %.3g us vs %.3g us",
+           rs.sectors_req, rs.sectors_req / rc.sectors_req, rs.t * 1e6, rc.t * 1e6);
+}
+
+/* One warp per block, each load's address the previous load's value: latency-bound, hops
+ * latencies (one wave: 64 warps fit the device at once). */
+static void test_chase_latency_bound(void) {
+    const int warps = 64, hops = 100;
+    km_trace t = probe("km_chase", (km_shape){.n = 32 * warps, .stride = hops});
+    kv_error err = {0};
+    const km_code *c = km_code_find("km_chase", &err);
+    CU_ASSERT_FATAL(c != NULL);
+    CU_ASSERT_EQUAL(c->trips, c->loop_loads); /* the table sees one load in flight */
+    km_result r = predict("km_chase", &t);
+    km_device d = km_h100_sxm();
+    CU_ASSERT_STRING_EQUAL(r.bound, "latency");
+    CU_ASSERT_EQUAL(t.requests, (double)warps * hops);
+    CU_ASSERT(fabs(r.t - hops * d.latency_s) <= 1e-9 * r.t);
+    CU_ASSERT(r.t > 100.0 * r.t_bw);
+    printf("\n    pointer chase: %s-bound, %.1f us = %d x %.0f ns", r.bound, r.t * 1e6, hops,
+           d.latency_s * 1e9);
+}
+
+/* The typed F16 GEMV at d x d: the DRAM bytes are the weights, x and y, each once; the weight
+ * loads are 16 B per lane, so the request count follows from the row: in x 2 / 512 weight
+ * requests + 2 x-loads per 16 B of weights. */
+static void test_gemv_f16(void) {
+    const int in = 4096, out = 4096;
+    km_trace t = probe("kv_k_gemv_f16<1>", (km_shape){.in = in, .out = out});
+    km_result r = predict("kv_k_gemv_f16<1>", &t);
+    CU_ASSERT_EQUAL(t.dram_bytes, (double)out * in * 2 + in * 4.0 + out * 4.0);
+    CU_ASSERT_EQUAL(t.requests, 3.0 * out * in * 2 / 512);
+    CU_ASSERT_EQUAL(t.blocks, out);
+    CU_ASSERT(r.hbm_frac > 0.0 && r.hbm_frac <= 1.0);
+    printf("\n    F16 GEMV 4096x4096: %.1f MB, %.1f sectors/request, %.0f%% of HBM (%s-bound)",
+           t.dram_bytes / 1e6, r.sectors_req, 100 * r.hbm_frac, r.bound);
+}
+
+/* Q8_0 and Q4_0 (typed, dp4a) and Q4_K (the generic kernel: a type switch per element): the
+ * weights' bytes are the file's (34 / 18 / 144 bytes per 32 / 32 / 256 weights); the generic
+ * kernel issues more instructions per weight byte than the typed ones. */
+static void test_gemv_block_types(void) {
+    const int in = 4096, out = 4096;
+    km_trace q8 = probe("kv_k_gemv_q<kv_q8_0_dot, 1>", (km_shape){.in = in, .out = out});
+    km_trace q4 = probe("kv_k_gemv_q<kv_q4_0_dot, 1>", (km_shape){.in = in, .out = out});
+    km_trace qk = probe("kv_k_gemv", (km_shape){.in = in, .out = out, .wtype = KV_DT_Q4_K});
+    double w8 = (double)out * in / 32 * 34, w4 = (double)out * in / 32 * 18;
+    double wk = (double)out * in / 256 * 144;
+    /* + the int8 activations, their scales (and for Q4_0 their sums: Q8_0's finish ignores
+     * them, so the compiled kernel never loads them), y */
+    CU_ASSERT_EQUAL(q8.dram_bytes, w8 + in + in / 32 * 4.0 + out * 4.0);
+    CU_ASSERT_EQUAL(q4.dram_bytes, w4 + in + in / 32 * 8.0 + out * 4.0);
+    CU_ASSERT_EQUAL(qk.dram_bytes, wk + in * 4.0 + out * 4.0);
+    km_result r8 = predict("kv_k_gemv_q<kv_q8_0_dot, 1>", &q8);
+    km_result r4 = predict("kv_k_gemv_q<kv_q4_0_dot, 1>", &q4);
+    km_result rk = predict("kv_k_gemv", &qk);
+    CU_ASSERT(rk.warp_instrs / wk > r4.warp_instrs / w4);
+    CU_ASSERT(rk.hbm_frac < r4.hbm_frac);
+    printf("\n    4096x4096 GEMV, modelled %% of HBM: Q8_0 %.0f%% (%s), Q4_0 %.0f%% (%s), Q4_K "
+           "generic %.0f%% (%s)",
+           100 * r8.hbm_frac, r8.bound, 100 * r4.hbm_frac, r4.bound, 100 * rk.hbm_frac, rk.bound);
+}
+
+/* Flash-decoding of one 4096-entry F16 head (d_h 128, a GQA group of 4): it reads each K and V
+ * row once (2 x 4096 x 256 bytes), plus its block table, query and partition outputs; 32
+ * tasks scale it 32x. */
+static void test_flash_decode(void) {
+    km_shape s = {.ctx = 4096, .g = 4, .hd = 128, .tasks = 1};
+    km_trace one = probe("kv_k_flash_decode<1, 4>", s);
+    s.tasks = 32;
+    km_trace many = probe("kv_k_flash_decode<1, 4>", s);
+    double kv = 2.0 * 4096 * 128 * 2, extra = one.dram_bytes - kv;
+    CU_ASSERT(extra >= 4096 / 16 * 4 && extra <= 64 * 1024); /* table, q, partitions */
+    CU_ASSERT_EQUAL(many.dram_bytes, 32 * one.dram_bytes);
+    CU_ASSERT_EQUAL(one.blocks, 16); /* 256-entry partitions */
+    km_result r = predict("kv_k_flash_decode<1, 4>", &many);
+    CU_ASSERT(r.sectors_req >= 1.0);
+    printf("\n    flash-decode 4k, g 4, 32 tasks: %.1f MB, %.2f sectors/request, %.0f%% of HBM "
+           "(%s-bound)",
+           many.dram_bytes / 1e6, r.sectors_req, 100 * r.hbm_frac, r.bound);
+}
+
+static void test_errors(void) {
+    kv_error err = {0};
+    CU_ASSERT(km_code_find("no_such_kernel", &err) == NULL);
+    CU_ASSERT(strstr(err.msg, "kernel-table.py") != NULL);
+    km_trace t;
+    km_shape s = {.in = 4096, .out = 4096};
+    CU_ASSERT_EQUAL(km_probe("no_such_kernel", &s, &t, &err), KV_EINPUT);
+    s.in = 100; /* not a multiple of 8 */
+    CU_ASSERT_EQUAL(km_probe("kv_k_gemv_f16<1>", &s, &t, &err), KV_EINPUT);
+    km_device d = km_h100_sxm();
+    km_code big = {"big", 255, 0, 0, 10, 10, 1, 1};
+    km_trace tb = {.blocks = 1, .threads = 1024, .requests = 1, .dram_bytes = 128};
+    km_result r;
+    CU_ASSERT_EQUAL(km_predict(&d, &big, &tb, &r, &err), KV_EINPUT); /* 261 K registers */
+    CU_ASSERT(strstr(err.msg, "does not fit") != NULL);
+}
+
+/* The checked-in table is what the kernels compile to now (when a CUDA toolkit is here). */
+static void test_table_current(void) {
+    if (access("/usr/local/cuda/bin/nvcc", X_OK) != 0) {
+        printf("\n    no CUDA toolkit: table not rechecked");
+        return;
+    }
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "python3 %s/scripts/kernel-table.py --check 2>&1", KVPLAN_SOURCE_DIR);
+    char *out = NULL;
+    int rc = tu_run_sh(cmd, &out);
+    if (rc) printf("\n    %s", out ? out : "");
+    CU_ASSERT_EQUAL(rc, 0);
+    free(out);
+}
+
+int main(int argc, char **argv) {
+    km_trace t;
+    kv_error err = {0};
+    km_shape s = {.n = 128, .stride = 1};
+    if (km_probe("km_copy", &s, &t, &err) && strstr(err.msg, "no load tracer")) {
+        printf("test_kmodel: skipped: %s\n", err.msg);
+        return 77;
+    }
+    const tu_test tests[] = {
+        {"coalesced copy: one sector per 32 B", test_copy_coalesced},
+        {"strided copy: 8x the sectors", test_copy_strided},
+        {"pointer chase: latency-bound", test_chase_latency_bound},
+        {"F16 GEMV at 4096x4096", test_gemv_f16},
+        {"Q8_0 / Q4_0 / Q4_K GEMV", test_gemv_block_types},
+        {"flash-decoding at 4k", test_flash_decode},
+        {"errors", test_errors},
+        {"compiled-code table is current", test_table_current},
+    };
+    return tu_main(argc, argv, "kmodel", tests, sizeof tests / sizeof tests[0]);
+}
