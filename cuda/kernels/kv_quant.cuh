@@ -311,6 +311,160 @@ KV_GLOBAL void kv_k_gemv_q(const unsigned char *W, size_t row_bytes, const signe
     }
 }
 
+/* Activations of a K-quant GEMV quantised once per call, as the CPU's integer dots take them
+ * (runtime/quant/quant_dot.h layout "K"): for every 256-element block b of x [rows, in] (in %
+ * 256 == 0, blocks numbered row-major), d[b] = max|x| / 127, q[256 b + j] = round-to-nearest-
+ * even(x / d) clamped to [-127, 127] (the CPU's quant_block: the same bytes), s16[16 b + g] =
+ * the sum of q over the block's elements 16 g .. 16 g + 15. One warp per block, 8 consecutive
+ * elements per lane; any grid. q: rows * in bytes, d: rows * in / 256 floats, s16: rows * in /
+ * 16 int16. */
+KV_GLOBAL void kv_k_quantize_q8k(const float *x, int rows, int in, signed char *q, float *d,
+                                 short *s16) {
+    int lane = kv_tid() % KV_WARP, nw = kv_bdim() / KV_WARP;
+    size_t total = (size_t)rows * (size_t)(in / 256);
+    for (size_t b = (size_t)kv_bid() * nw + (size_t)(kv_tid() / KV_WARP); b < total;
+         b += (size_t)kv_gdim() * nw) {
+        const float *xb = x + 256 * b + 8 * (size_t)lane;
+        float v[8], amax = 0.0f;
+        for (int k = 0; k < 8; k++) {
+            v[k] = xb[k];
+            float a = fabsf(v[k]);
+            amax = a > amax ? a : amax;
+        }
+        amax = kv_warp_max(amax);
+        float dd = amax / 127.0f, id = dd > 0.0f ? 1.0f / dd : 0.0f;
+        int sum = 0;
+        for (int k = 0; k < 8; k++) {
+            float t = rintf(v[k] * id);
+            int qi = t >= 127.0f ? 127 : t <= -127.0f ? -127 : (int)t;
+            q[256 * b + 8 * (size_t)lane + (size_t)k] = (signed char)qi;
+            sum += qi;
+        }
+        sum += kv_shfl_xor(sum, 1); /* lanes 2g and 2g + 1 hold group g's 16 elements */
+        if (lane % 2 == 0) s16[16 * b + (size_t)(lane / 2)] = (short)sum;
+        if (lane == 0) d[b] = dd;
+    }
+}
+
+/* Byte i (0 .. 11) of a K-quant's scale bytes held as three little-endian words (no indexed
+ * register array: a run-time index would put it in local memory). */
+KV_DEVICE int kv_q_k_byte(unsigned w0, unsigned w1, unsigned w2, int i) {
+    unsigned w = i < 4 ? w0 : i < 8 ? w1 : w2;
+    return (int)((w >> (8 * (i % 4))) & 255u);
+}
+
+/* One lane's share of a Q4_K super-block (144 bytes: f16 d, f16 dmin, 12 scale bytes, 128
+ * bytes of nibbles; element 64 c + l is the low nibble of byte 32 c + l, element 64 c + 32 + l
+ * its high nibble): lane t (0 .. 15) holds bytes 8 t .. 8 t + 7, i.e. 8 quants of sub-block
+ * 2c (lo) and 8 of sub-block 2c + 1 (hi), c = t / 4, with those two sub-blocks' 6-bit scales
+ * and mins decoded once (ggml get_scale_min_k4, quant_dot.c k_scale_min). */
+struct kv_q4k_lane {
+    int lo[2], hi[2], sc0, sc1, m0, m1;
+    float d, dmin;
+};
+
+KV_DEVICE void kv_q4k_load(const unsigned char *blk, int t, kv_q4k_lane *p) {
+    unsigned dm = kv_ld_u32(blk);
+    unsigned w0 = kv_ld_u32(blk + 16 + 8 * t), w1 = kv_ld_u32(blk + 20 + 8 * t);
+    unsigned s0 = kv_ld_u32(blk + 4), s1 = kv_ld_u32(blk + 8), s2 = kv_ld_u32(blk + 12);
+    p->d = kv_h2f(dm & 0xffffu);
+    p->dmin = kv_h2f(dm >> 16);
+    p->lo[0] = (int)(w0 & 0x0f0f0f0fu);
+    p->hi[0] = (int)((w0 >> 4) & 0x0f0f0f0fu);
+    p->lo[1] = (int)(w1 & 0x0f0f0f0fu);
+    p->hi[1] = (int)((w1 >> 4) & 0x0f0f0f0fu);
+    int c = t / 4, sc[2], mn[2];
+    for (int h = 0; h < 2; h++) {
+        int s = 2 * c + h;
+        if (s < 4) {
+            sc[h] = kv_q_k_byte(s0, s1, s2, s) & 63;
+            mn[h] = kv_q_k_byte(s0, s1, s2, s + 4) & 63;
+        } else {
+            int b4 = kv_q_k_byte(s0, s1, s2, s + 4);
+            sc[h] = (b4 & 15) | (kv_q_k_byte(s0, s1, s2, s - 4) >> 6) << 4;
+            mn[h] = (b4 >> 4) | (kv_q_k_byte(s0, s1, s2, s) >> 6) << 4;
+        }
+    }
+    p->sc0 = sc[0], p->sc1 = sc[1], p->m0 = mn[0], p->m1 = mn[1];
+}
+
+/* A lane's part of one row's exact integers for a super-block: *isc of sc * sum q qx over its
+ * 16 quants, *im of m * (activation sums): the even lanes take the 16-element sums s16 of their
+ * two groups (lanes 2k and 2k + 1 share one), the odd lanes 0. xq: the row's block quants, s16
+ * its 16 sums. */
+KV_DEVICE void kv_q4k_lane_dot(const kv_q4k_lane &p, int t, const signed char *xq, const short *s16,
+                               int *isc, int *im) {
+    int c = t / 4, off = 64 * c + 8 * (t % 4);
+    int x0 = (int)kv_ld_u32(xq + off), x1 = (int)kv_ld_u32(xq + off + 4);
+    int x2 = (int)kv_ld_u32(xq + off + 32), x3 = (int)kv_ld_u32(xq + off + 36);
+    int slo = kv_dp4a(p.lo[1], x1, kv_dp4a(p.lo[0], x0, 0));
+    int shi = kv_dp4a(p.hi[1], x3, kv_dp4a(p.hi[0], x2, 0));
+    *isc = p.sc0 * slo + p.sc1 * shi;
+    int g = 4 * c + (t % 4) / 2;
+    *im = t % 2 ? 0 : p.m0 * (int)s16[g] + p.m1 * (int)s16[g + 2];
+}
+
+/* The CPU's final sum of the 8 block-lane accumulators (quant_dot.c fin8). */
+KV_DEVICE float kv_fin8(const float *a) {
+    return kv_fadd_rn(kv_fadd_rn(kv_fadd_rn(a[0], a[4]), kv_fadd_rn(a[2], a[6])),
+                      kv_fadd_rn(kv_fadd_rn(a[1], a[5]), kv_fadd_rn(a[3], a[7])));
+}
+
+/* Q4_K weights against activations quantised by kv_k_quantize_q8k (aq, ad, as: rows x in / 256
+ * blocks), with the bits of the CPU's integer dots (quant_dot.c dotk45_c): per super-block b of
+ * W row o and row r of x the exact integers Isc = sum_s sc_s sum q qx and Im = sum_s m_s sum qx,
+ * f_b = (dx * d) * Isc - (dx * dmin) * Im (fp32, no FMA), added to accumulator b mod 8 in block
+ * order, y[r * out + o] = ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)).
+ * rows <= R (R a template parameter: the accumulators stay in registers), in % 256 == 0.
+ * Grid: a block of KV_K_GEMV_THREADS (128, required) threads per output row, grid-stride;
+ * 8 groups of 16 lanes, group j taking super-blocks j, j + 8, ... (the CPU's accumulator j), two
+ * per iteration with both loads issued first (kv_q4k_load: two 4-byte quant loads and the
+ * scales per lane), 4 dp4a per row, the group's integers summed by 4 shuffles; lanes past the
+ * row's end join the shuffles with zeros (the warp's two groups run the same trip count). */
+template <int R>
+KV_GLOBAL void kv_k_gemv_q4k(const unsigned char *W, size_t row_bytes, const signed char *aq,
+                             const float *ad, const short *as, float *y, int rows, int in,
+                             int out) {
+    KV_SHARED_ARRAY(float, red, R * 8);
+    int nb = in / 256, t = kv_tid() % 16, j = kv_tid() / 16, jw = j & ~1;
+    for (int o = kv_bid(); o < out; o += kv_gdim()) {
+        const unsigned char *wr = W + (size_t)o * row_bytes;
+        float acc[R];
+        for (int r = 0; r < R; r++) acc[r] = 0.0f;
+        for (int b0 = j, bw = jw; bw < nb; b0 += 16, bw += 16) {
+            kv_q4k_lane p[2];
+            KV_UNROLL
+            for (int u = 0; u < 2; u++)
+                if (b0 + 8 * u < nb) kv_q4k_load(wr + (size_t)(b0 + 8 * u) * 144, t, &p[u]);
+            KV_UNROLL
+            for (int u = 0; u < 2; u++) {
+                int b = b0 + 8 * u;
+                if (bw + 8 * u >= nb) break; /* uniform over the warp */
+                for (int r = 0; r < R && r < rows; r++) {
+                    size_t ab = (size_t)r * (size_t)nb + (size_t)b;
+                    int isc = 0, im = 0;
+                    if (b < nb) kv_q4k_lane_dot(p[u], t, aq + 256 * ab, as + 16 * ab, &isc, &im);
+                    for (int m = 8; m > 0; m /= 2) {
+                        isc += kv_shfl_xor(isc, m);
+                        im += kv_shfl_xor(im, m);
+                    }
+                    if (b >= nb) continue;
+                    float dx = ad[ab];
+                    float f = kv_fsub_rn(kv_fmul_rn(kv_fmul_rn(dx, p[u].d), (float)isc),
+                                         kv_fmul_rn(kv_fmul_rn(dx, p[u].dmin), (float)im));
+                    acc[r] = kv_fadd_rn(acc[r], f);
+                }
+            }
+        }
+        if (t == 0)
+            for (int r = 0; r < R && r < rows; r++) red[r * 8 + j] = acc[r];
+        kv_syncthreads();
+        if (kv_tid() < R && kv_tid() < rows)
+            y[(size_t)kv_tid() * (size_t)out + (size_t)o] = kv_fin8(red + kv_tid() * 8);
+        kv_syncthreads();
+    }
+}
+
 /* dst[r * in + i] = W[r0 + r, i] dequantised, r < n_rows: one thread per element; any grid. */
 KV_GLOBAL void kv_k_dequant_rows(const unsigned char *W, int t, size_t row_bytes, int in, int r0,
                                  int n_rows, float *dst) {
