@@ -143,8 +143,10 @@ KV_GLOBAL void kv_k_gemv(const unsigned char *W, int t, size_t row_bytes, const 
 }
 
 /* ---- decode GEMV per weight type (the type a template parameter, no switch in the loop) ----
- * Shapes of all three: y[r * out + o] = sum_i W[o, i] x[r, i] for r < R (the step's rows, 1 ..
- * KV_K_GEMV_ROWS, a template parameter: the accumulators stay in registers), o < out. Grid:
+ * Shapes of all: y[r * out + o] = sum_i W[o, i] x[r, i] for r < rows <= R (R a template
+ * parameter, 1 .. KV_K_GEMV_ROWS: the accumulators stay in registers; the launcher
+ * instantiates R = 1 .. 8, 16, 24, 32 and passes the step's rows), o < out. Each weight load
+ * serves every row of x (batches 2-32 read each weight byte once per step). Grid:
  * one block of kGemvThreads threads per output row (grid-stride over rows, any grid); each
  * thread takes every kGemvThreads-th chunk of the row, two chunks per iteration (two loads in
  * flight), and the block's partial sums meet in shared memory, warps in order, so a launch
@@ -153,17 +155,18 @@ KV_GLOBAL void kv_k_gemv(const unsigned char *W, int t, size_t row_bytes, const 
 /* Threads per block of the typed GEMV kernels (4 warps). */
 #define KV_K_GEMV_THREADS 128
 
-/* The R block sums of a GEMV row: thread partials acc[R] summed over the block (warp
- * butterfly, then warp totals in warp order by thread 0..R-1) into y[r * out + o]. red:
- * R * 32 floats of shared memory; ends with a barrier, so red can be reused at once. */
-template <int R> KV_DEVICE void kv_k_gemv_finish(float *acc, float *red, float *y, int out, int o) {
+/* The block sums of a GEMV row for rows r < rows <= R: thread partials acc[R] summed over the
+ * block (warp butterfly, then warp totals in warp order by thread 0..rows-1) into y[r * out +
+ * o]. red: R * 32 floats of shared memory; ends with a barrier, so red can be reused at once. */
+template <int R>
+KV_DEVICE void kv_k_gemv_finish(float *acc, float *red, float *y, int rows, int out, int o) {
     int lane = kv_tid() % KV_WARP, warp = kv_tid() / KV_WARP, nw = kv_bdim() / KV_WARP;
-    for (int r = 0; r < R; r++) {
+    for (int r = 0; r < R && r < rows; r++) {
         float v = kv_warp_sum(acc[r]);
         if (lane == 0) red[r * KV_WARP + warp] = v;
     }
     kv_syncthreads();
-    if (kv_tid() < R) {
+    if (kv_tid() < R && kv_tid() < rows) {
         float t = red[kv_tid() * KV_WARP];
         for (int w = 1; w < nw; w++) t += red[kv_tid() * KV_WARP + w];
         y[(size_t)kv_tid() * (size_t)out + (size_t)o] = t;
@@ -176,7 +179,8 @@ template <int R> KV_DEVICE void kv_k_gemv_finish(float *acc, float *red, float *
  * loads). The products are fp32 multiply-adds in chunk order per thread (the CPU's F16 GEMV
  * sums in its own order: the values agree to rounding). */
 template <int R>
-KV_GLOBAL void kv_k_gemv_f16(const unsigned char *W, const float *x, float *y, int in, int out) {
+KV_GLOBAL void kv_k_gemv_f16(const unsigned char *W, const float *x, float *y, int rows, int in,
+                             int out) {
     KV_SHARED_ARRAY(float, red, R *KV_WARP);
     int step = 8 * kv_bdim();
     for (int o = kv_bid(); o < out; o += kv_gdim()) {
@@ -196,7 +200,7 @@ KV_GLOBAL void kv_k_gemv_f16(const unsigned char *W, const float *x, float *y, i
                     w[2 * k] = kv_h2f(wv[u][k] & 0xffffu);
                     w[2 * k + 1] = kv_h2f(wv[u][k] >> 16);
                 }
-                for (int r = 0; r < R; r++) {
+                for (int r = 0; r < R && r < rows; r++) {
                     float xv[8];
                     const float *xr = x + (size_t)r * (size_t)in + (size_t)(i0 + u * step);
                     kv_load16(xr, reinterpret_cast<unsigned *>(xv));
@@ -205,7 +209,7 @@ KV_GLOBAL void kv_k_gemv_f16(const unsigned char *W, const float *x, float *y, i
                 }
             }
         }
-        kv_k_gemv_finish<R>(acc, red, y, out, o);
+        kv_k_gemv_finish<R>(acc, red, y, rows, out, o);
     }
 }
 
@@ -281,7 +285,7 @@ struct kv_q4_0_dot {
  * agree to the rounding of the additions only). */
 template <typename Dot, int R>
 KV_GLOBAL void kv_k_gemv_q(const unsigned char *W, size_t row_bytes, const signed char *aq,
-                           const float *ad, const int *as, float *y, int in, int out) {
+                           const float *ad, const int *as, float *y, int rows, int in, int out) {
     KV_SHARED_ARRAY(float, red, R *KV_WARP);
     int nb = in / 32;
     Dot dot;
@@ -297,7 +301,7 @@ KV_GLOBAL void kv_k_gemv_q(const unsigned char *W, size_t row_bytes, const signe
                 int b = b0 + u * kv_bdim();
                 int w[8];
                 float dw = dot.load(wr + (size_t)b * Dot::bytes, w);
-                for (int r = 0; r < R; r++) {
+                for (int r = 0; r < R && r < rows; r++) {
                     size_t ab = (size_t)r * (size_t)nb + (size_t)b;
                     int xq[8], I = 0;
                     kv_load16(aq + 32 * ab, reinterpret_cast<unsigned *>(xq));
@@ -307,7 +311,7 @@ KV_GLOBAL void kv_k_gemv_q(const unsigned char *W, size_t row_bytes, const signe
                 }
             }
         }
-        kv_k_gemv_finish<R>(acc, red, y, out, o);
+        kv_k_gemv_finish<R>(acc, red, y, rows, out, o);
     }
 }
 
