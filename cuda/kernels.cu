@@ -307,8 +307,9 @@ cudaError_t gemv_q(const unsigned char *W, size_t row_bytes, const float *x, flo
     return cudaGetLastError();
 }
 
-cudaError_t gemv_q4k(const unsigned char *W, size_t row_bytes, const float *x, float *y, int rows,
-                     int in, int out, void *act, cudaStream_t s) {
+template <typename K>
+cudaError_t gemv_qk(const unsigned char *W, size_t row_bytes, const float *x, float *y, int rows,
+                    int in, int out, void *act, cudaStream_t s) {
     size_t nb = (size_t)rows * (size_t)(in / 256);
     signed char *q = static_cast<signed char *>(act);
     float *d = reinterpret_cast<float *>(q + 256 * nb);
@@ -316,18 +317,20 @@ cudaError_t gemv_q4k(const unsigned char *W, size_t row_bytes, const float *x, f
     unsigned qblocks = nb / 4 > 4096 ? 4096u : (unsigned)(nb / 4 + 1);
     KV_LAUNCH(kv_k_quantize_q8k, qblocks, kThreads, 0, s)(x, rows, in, q, d, s16);
     unsigned blocks = out > 65535 ? 65535u : (unsigned)out;
-#define KV_GEMV_Q4K(R)                                                                             \
-    KV_LAUNCH(kv_k_gemv_q4k<R>, blocks, KV_K_GEMV_THREADS, 0, s)                                   \
-    (W, row_bytes, q, d, s16, y, rows, in, out)
-    KV_GEMV_ROWS_SWITCH(rows, KV_GEMV_Q4K)
-#undef KV_GEMV_Q4K
+#define KV_GEMV_QK(R)                                                                              \
+    do {                                                                                           \
+        auto *k_ = &kv_k_gemv_qk<K, R>;                                                            \
+        KV_LAUNCH(k_, blocks, KV_K_GEMV_THREADS, 0, s)(W, row_bytes, q, d, s16, y, rows, in, out); \
+    } while (0)
+    KV_GEMV_ROWS_SWITCH(rows, KV_GEMV_QK)
+#undef KV_GEMV_QK
     return cudaGetLastError();
 }
 
 } // namespace
 
 size_t gemv_act_bytes(int t, int rows, int in) {
-    if (t == KV_DT_Q4_K && in % 256 == 0) /* q, d per 256, s16 per 16 */
+    if ((t == KV_DT_Q4_K || t == KV_DT_Q6_K) && in % 256 == 0) /* q, d per 256, s16 per 16 */
         return (size_t)rows * ((size_t)in + (size_t)(in / 256) * 4 + (size_t)(in / 16) * 2);
     if ((t != KV_DT_Q8_0 && t != KV_DT_Q4_0) || in % 32) return 0;
     return (size_t)rows * (size_t)in + (size_t)rows * (size_t)(in / 32) * 8;
@@ -345,8 +348,10 @@ cudaError_t gemv(const void *W, int t, size_t row_bytes, const float *x, float *
 #undef KV_GEMV_F16
         return cudaGetLastError();
     }
-    if (act && t == KV_DT_Q4_K && gemv_act_bytes(t, rows, in) && rows <= KV_K_GEMV_ROWS)
-        return gemv_q4k(w, row_bytes, x, y, rows, in, out, act, s);
+    if (act && (t == KV_DT_Q4_K || t == KV_DT_Q6_K) && gemv_act_bytes(t, rows, in) &&
+        rows <= KV_K_GEMV_ROWS)
+        return t == KV_DT_Q4_K ? gemv_qk<kv_q4k_lane>(w, row_bytes, x, y, rows, in, out, act, s)
+                               : gemv_qk<kv_q6k_lane>(w, row_bytes, x, y, rows, in, out, act, s);
     if (act && gemv_act_bytes(t, rows, in) && rows <= KV_K_GEMV_ROWS)
         return t == KV_DT_Q8_0 ? gemv_q<kv_q8_0_dot>(w, row_bytes, x, y, rows, in, out, act, s)
                                : gemv_q<kv_q4_0_dot>(w, row_bytes, x, y, rows, in, out, act, s);

@@ -70,8 +70,9 @@ cudaError_t gemv(const void *W, int t, size_t row_bytes, const float *x, float *
                  int out, void *act, cudaStream_t s);
 /* Device scratch `act` that gemv needs for weights of type t at rows x in (0: none): the
  * activations quantised to 8 bits once per call for Q8_0 and Q4_0 (kv_k_quantize_q8, blocks of
- * 32) and Q4_K (kv_k_quantize_q8k, blocks of 256, in % 256 == 0). gemv's kernels: F16 (in % 8
- * == 0) kv_k_gemv_f16; Q8_0, Q4_0 kv_k_gemv_q and Q4_K kv_k_gemv_q4k with dp4a (given act);
+ * 32) and Q4_K, Q6_K (kv_k_quantize_q8k, blocks of 256, in % 256 == 0). gemv's kernels: F16
+ * (in % 8 == 0) kv_k_gemv_f16; Q8_0, Q4_0 kv_k_gemv_q and Q4_K, Q6_K kv_k_gemv_qk with dp4a
+ * (given act);
  * every other type (and the block types without act) the generic kv_k_gemv. */
 size_t gemv_act_bytes(int t, int rows, int in);
 cudaError_t dequant_rows(const void *W, int t, size_t row_bytes, int in, int r0, int n_rows,

@@ -1043,10 +1043,10 @@ void test_flash_wide_heads() {
                 worst_o, worst_s);
 }
 
-/* y [rows, out] of kv_k_quantize_q8k + kv_k_gemv_q4k<R> (rows <= R) on Q4_K weights W. */
-template <int R>
-std::vector<float> q4k_gemv(const std::vector<unsigned char> &W, size_t rb,
-                            const std::vector<float> &x, int rows, int in, int out) {
+/* y [rows, out] of kv_k_quantize_q8k + kv_k_gemv_qk<K, R> (rows <= R) on K-quant weights W. */
+template <typename K, int R>
+std::vector<float> qk_gemv(const std::vector<unsigned char> &W, size_t rb,
+                           const std::vector<float> &x, int rows, int in, int out) {
     size_t nb = (size_t)rows * (size_t)(in / 256);
     std::vector<signed char> q(256 * nb);
     std::vector<float> d(nb, NAN), y((size_t)rows * out, NAN);
@@ -1054,20 +1054,31 @@ std::vector<float> q4k_gemv(const std::vector<unsigned char> &W, size_t rb,
     launch(3, 64, 0,
            [&] { kv_k_quantize_q8k(x.data(), rows, in, q.data(), d.data(), s16.data()); });
     launch(3, KV_K_GEMV_THREADS, 0, [&] {
-        kv_k_gemv_q4k<R>(W.data(), rb, q.data(), d.data(), s16.data(), y.data(), rows, in, out);
+        kv_k_gemv_qk<K, R>(W.data(), rb, q.data(), d.data(), s16.data(), y.data(), rows, in, out);
     });
     return y;
 }
 
-/* The Q4_K decode GEMV (kv_k_quantize_q8k + kv_k_gemv_q4k) against the CPU's integer dots
- * (kv_qmatmul_int) on a [12, 2560] Q4_K matrix of stories260K's embedding values (10
- * super-blocks a row: groups 0 and 1 of the kernel take two, the others one, so the CPU's 8
- * block lanes and its final sum order are all exercised) and 1, 3, 8 rows of real layer inputs
- * (repeated to 2560 wide; and 13 and 32 rows, the batched kernels): the same quantised activations,
- * the same exact integers per super-block, the same fp32 expression, accumulators and final order,
- * so the results are
- * **bit-identical** (memcmp), and the quantised activation bytes and sums equal the CPU's. */
-void test_q4k_gemv_bits() {
+/* qk_gemv for the kernel the launcher picks at `rows` (R = rows up to 8, else 16 or 32). */
+template <typename K>
+std::vector<float> qk_gemv_rows(const std::vector<unsigned char> &W, size_t rb,
+                                const std::vector<float> &x, int rows, int in, int out) {
+    return rows == 1    ? qk_gemv<K, 1>(W, rb, x, rows, in, out)
+           : rows == 3  ? qk_gemv<K, 3>(W, rb, x, rows, in, out)
+           : rows == 8  ? qk_gemv<K, 8>(W, rb, x, rows, in, out)
+           : rows == 13 ? qk_gemv<K, 16>(W, rb, x, rows, in, out)
+                        : qk_gemv<K, 32>(W, rb, x, rows, in, out);
+}
+
+/* The K-quant decode GEMVs (kv_k_quantize_q8k + kv_k_gemv_qk, Q4_K and Q6_K) against the CPU's
+ * integer dots (kv_qmatmul_int) on a [12, 2560] matrix of stories260K's embedding values
+ * quantised by kv_quantize_row (10 super-blocks a row: groups 0 and 1 of the kernel take two,
+ * the others one, so the CPU's 8 block lanes and its final sum order are all exercised) and 1,
+ * 3, 8 rows of real layer inputs (repeated to 2560 wide; and 13 and 32 rows, the batched
+ * kernels): the same quantised activations, the same exact integers per super-block, the
+ * same fp32 expression, accumulators and final order, so the results are **bit-identical**
+ * (memcmp), and the quantised activation bytes and sums equal the CPU's. */
+void test_qk_gemv_bits() {
     kv_model *m = load(M260);
     const int out = 12, in = 2560, maxr = KV_K_GEMV_ROWS;
     const float *src = f32(m->tok_emb);
@@ -1081,25 +1092,28 @@ void test_q4k_gemv_bits() {
         for (size_t i = 0; i < (size_t)in; i++)
             x[r * in + i] = xin[((5 * r + i / dim) % ntok) * dim + i % dim];
     kv_error err = {};
-    size_t rb = 0;
-    CU_ASSERT_FATAL(kv_dtype_row_bytes(KV_DT_Q4_K, in, "test", &rb, &err) == KV_OK);
-    std::vector<unsigned char> W((size_t)out * rb);
-    for (int o = 0; o < out; o++)
-        CU_ASSERT_FATAL(kv_quantize_row(KV_DT_Q4_K, src + (size_t)o * in, &W[(size_t)o * rb], in,
-                                        &err) == KV_OK);
-    int same = 0, total = 0;
-    for (int rows : {1, 3, 8, 13, maxr}) {
-        std::vector<float> y = rows == 1    ? q4k_gemv<1>(W, rb, x, rows, in, out)
-                               : rows == 3  ? q4k_gemv<3>(W, rb, x, rows, in, out)
-                               : rows == 8  ? q4k_gemv<8>(W, rb, x, rows, in, out)
-                               : rows == 13 ? q4k_gemv<16>(W, rb, x, rows, in, out)
-                                            : q4k_gemv<32>(W, rb, x, rows, in, out);
-        std::vector<float> ref((size_t)rows * out, NAN);
-        std::vector<unsigned char> act((size_t)rows * kv_qdot_act_bytes(KV_DT_Q4_K, in));
-        kv_qmatmul_int(ref.data(), x.data(), W.data(), KV_DT_Q4_K, rows, in, out, act.data());
-        for (size_t k = 0; k < ref.size(); k++, total++)
-            same += std::memcmp(&y[k], &ref[k], sizeof(float)) == 0;
-        CU_ASSERT(std::memcmp(y.data(), ref.data(), ref.size() * sizeof(float)) == 0);
+    for (kv_dtype t : {KV_DT_Q4_K, KV_DT_Q6_K}) {
+        size_t rb = 0;
+        CU_ASSERT_FATAL(kv_dtype_row_bytes(t, in, "test", &rb, &err) == KV_OK);
+        std::vector<unsigned char> W((size_t)out * rb);
+        for (int o = 0; o < out; o++)
+            CU_ASSERT_FATAL(
+                kv_quantize_row(t, src + (size_t)o * in, &W[(size_t)o * rb], in, &err) == KV_OK);
+        int same = 0, total = 0;
+        for (int rows : {1, 3, 8, 13, maxr}) {
+            std::vector<float> y = t == KV_DT_Q4_K
+                                       ? qk_gemv_rows<kv_q4k_lane>(W, rb, x, rows, in, out)
+                                       : qk_gemv_rows<kv_q6k_lane>(W, rb, x, rows, in, out);
+            std::vector<float> ref((size_t)rows * out, NAN);
+            std::vector<unsigned char> act((size_t)rows * kv_qdot_act_bytes(t, in));
+            kv_qmatmul_int(ref.data(), x.data(), W.data(), t, rows, in, out, act.data());
+            for (size_t k = 0; k < ref.size(); k++, total++)
+                same += std::memcmp(&y[k], &ref[k], sizeof(float)) == 0;
+            CU_ASSERT(std::memcmp(y.data(), ref.data(), ref.size() * sizeof(float)) == 0);
+        }
+        std::printf("\n    %s [%d, %d], rows 1/3/8/13/32: %d of %d outputs bit-identical to the "
+                    "CPU's integer dots",
+                    kv_dtype_name(t), out, in, same, total);
     }
     /* the activation quantiser alone: bytes, scales and 16-sums equal the CPU's layout K */
     size_t ab = kv_qdot_act_bytes(KV_DT_Q4_K, in);
@@ -1113,10 +1127,6 @@ void test_q4k_gemv_bits() {
     CU_ASSERT(std::memcmp(q.data(), act.data(), q.size()) == 0);
     CU_ASSERT(std::memcmp(d.data(), act.data() + doff, d.size() * sizeof(float)) == 0);
     CU_ASSERT(std::memcmp(s16.data(), act.data() + soff, s16.size() * sizeof(short)) == 0);
-    std::printf(
-        "\n    Q4_K [%d, %d], rows 1/3/8/13/32: %d of %d outputs bit-identical to the CPU's "
-        "integer dots",
-        out, in, same, total);
     kv_model_free(m);
 }
 
@@ -1268,7 +1278,7 @@ int main(int argc, char **argv) {
         {"split-sequence decode launch plan", test_split_plan},
         {"typed weights: dequant, gather, gemv, 16-bit activations", test_typed_weights},
         {"flash-decoding at d_h 64/128/256, g 8", test_flash_wide_heads},
-        {"Q4_K GEMV: the CPU's integer-dot bits", test_q4k_gemv_bits},
+        {"K-quant GEMV (Q4_K, Q6_K): the CPU's integer-dot bits", test_qk_gemv_bits},
         {"tiled prefill attention (binary16 tensor-core tiles) vs the one-block kernel",
          test_prefill_tiled},
     };

@@ -357,26 +357,35 @@ KV_DEVICE int kv_q_k_byte(unsigned w0, unsigned w1, unsigned w2, int i) {
     return (int)((w >> (8 * (i % 4))) & 255u);
 }
 
-/* One lane's share of a Q4_K super-block (144 bytes: f16 d, f16 dmin, 12 scale bytes, 128
- * bytes of nibbles; element 64 c + l is the low nibble of byte 32 c + l, element 64 c + 32 + l
- * its high nibble): lane t (0 .. 15) holds bytes 8 t .. 8 t + 7, i.e. 8 quants of sub-block
- * 2c (lo) and 8 of sub-block 2c + 1 (hi), c = t / 4, with those two sub-blocks' 6-bit scales
- * and mins decoded once (ggml get_scale_min_k4, quant_dot.c k_scale_min). */
+/* A lane's share of a K-quant super-block for kv_k_gemv_qk: 16 lanes per super-block (lane t
+ * = 0 .. 15), each loading its quants and the scales it needs once (kv_qk_load), then per row
+ * of x two exact integers from 4 dp4a (kv_qk_dot: i0, i1; the group's sums are exact), and
+ * the CPU's fp32 expression of the super-block (kv_qk_finish). bytes: the super-block's size; two:
+ * whether i1 is used (else it is not summed over the group). */
+
+/* Q4_K (144 bytes: f16 d, f16 dmin, 12 scale bytes, 128 bytes of nibbles; element 64 c + l is
+ * the low nibble of byte 32 c + l, element 64 c + 32 + l its high nibble): lane t holds bytes
+ * 8 t .. 8 t + 7 (two 4-byte loads: the block is 16-byte aligned), i.e. 8 quants of sub-block
+ * 2c (lo) and 8 of sub-block 2c + 1 (hi), c = t / 4, and those two sub-blocks' 6-bit scales
+ * and mins (ggml get_scale_min_k4, quant_dot.c k_scale_min). i0 = Isc's part (sc * sum q qx),
+ * i1 = Im's part (m * the 16-sums s16: the even lanes take the sums of their two groups, lanes
+ * 2k and 2k + 1 sharing one); f = (dx * d) * Isc - (dx * dmin) * Im (quant_dot.c k_finish). */
 struct kv_q4k_lane {
+    static const int bytes = 144, two = 1;
     int lo[2], hi[2], sc0, sc1, m0, m1;
     float d, dmin;
 };
 
-KV_DEVICE void kv_q4k_load(const unsigned char *blk, int t, kv_q4k_lane *p) {
+KV_DEVICE void kv_qk_load(kv_q4k_lane &p, const unsigned char *blk, int t) {
     unsigned dm = kv_ld_u32(blk);
     unsigned w0 = kv_ld_u32(blk + 16 + 8 * t), w1 = kv_ld_u32(blk + 20 + 8 * t);
     unsigned s0 = kv_ld_u32(blk + 4), s1 = kv_ld_u32(blk + 8), s2 = kv_ld_u32(blk + 12);
-    p->d = kv_h2f(dm & 0xffffu);
-    p->dmin = kv_h2f(dm >> 16);
-    p->lo[0] = (int)(w0 & 0x0f0f0f0fu);
-    p->hi[0] = (int)((w0 >> 4) & 0x0f0f0f0fu);
-    p->lo[1] = (int)(w1 & 0x0f0f0f0fu);
-    p->hi[1] = (int)((w1 >> 4) & 0x0f0f0f0fu);
+    p.d = kv_h2f(dm & 0xffffu);
+    p.dmin = kv_h2f(dm >> 16);
+    p.lo[0] = (int)(w0 & 0x0f0f0f0fu);
+    p.hi[0] = (int)((w0 >> 4) & 0x0f0f0f0fu);
+    p.lo[1] = (int)(w1 & 0x0f0f0f0fu);
+    p.hi[1] = (int)((w1 >> 4) & 0x0f0f0f0fu);
     int c = t / 4, sc[2], mn[2];
     for (int h = 0; h < 2; h++) {
         int s = 2 * c + h;
@@ -389,23 +398,63 @@ KV_DEVICE void kv_q4k_load(const unsigned char *blk, int t, kv_q4k_lane *p) {
             mn[h] = (b4 >> 4) | (kv_q_k_byte(s0, s1, s2, s) >> 6) << 4;
         }
     }
-    p->sc0 = sc[0], p->sc1 = sc[1], p->m0 = mn[0], p->m1 = mn[1];
+    p.sc0 = sc[0], p.sc1 = sc[1], p.m0 = mn[0], p.m1 = mn[1];
 }
 
-/* A lane's part of one row's exact integers for a super-block: *isc of sc * sum q qx over its
- * 16 quants, *im of m * (activation sums): the even lanes take the 16-element sums s16 of their
- * two groups (lanes 2k and 2k + 1 share one), the odd lanes 0. xq: the row's block quants, s16
- * its 16 sums. */
-KV_DEVICE void kv_q4k_lane_dot(const kv_q4k_lane &p, int t, const signed char *xq, const short *s16,
-                               int *isc, int *im) {
+KV_DEVICE void kv_qk_dot(const kv_q4k_lane &p, int t, const signed char *xq, const short *s16,
+                         int *i0, int *i1) {
     int c = t / 4, off = 64 * c + 8 * (t % 4);
     int x0 = (int)kv_ld_u32(xq + off), x1 = (int)kv_ld_u32(xq + off + 4);
     int x2 = (int)kv_ld_u32(xq + off + 32), x3 = (int)kv_ld_u32(xq + off + 36);
     int slo = kv_dp4a(p.lo[1], x1, kv_dp4a(p.lo[0], x0, 0));
     int shi = kv_dp4a(p.hi[1], x3, kv_dp4a(p.hi[0], x2, 0));
-    *isc = p.sc0 * slo + p.sc1 * shi;
+    *i0 = p.sc0 * slo + p.sc1 * shi;
     int g = 4 * c + (t % 4) / 2;
-    *im = t % 2 ? 0 : p.m0 * (int)s16[g] + p.m1 * (int)s16[g + 2];
+    *i1 = t % 2 ? 0 : p.m0 * (int)s16[g] + p.m1 * (int)s16[g + 2];
+}
+
+KV_DEVICE float kv_qk_finish(const kv_q4k_lane &p, float dx, int isc, int im) {
+    return kv_fsub_rn(kv_fmul_rn(kv_fmul_rn(dx, p.d), (float)isc),
+                      kv_fmul_rn(kv_fmul_rn(dx, p.dmin), (float)im));
+}
+
+/* Q6_K (210 bytes: ql [128] low nibbles, qh [64] 2-bit highs, 16 int8 scales, f16 d at 208;
+ * for half h and l < 32 the elements 128 h + 32 p + l, p = 0 .. 3, are (ql[64 h + l + 32 (p &
+ * 1)] >> 4 (p >> 1)) & 15 | ((qh[32 h + l] >> 2 p) & 3) << 4, minus 32): lane t holds the 16
+ * elements of group G = t of 16 (h = t / 8, p = (t / 2) % 4, l from 16 (t % 2)): 16 bytes of ql
+ * and of qh as 16-bit loads (the 210-byte blocks allow no wider alignment), its int8 scale;
+ * i0 = sc_G * (sum q qx - 32 s16_G) (quant_dot.c i6k_c), f = (dx * d) * I. */
+struct kv_q6k_lane {
+    static const int bytes = 210, two = 0;
+    int q[4], sc;
+    float d;
+};
+
+KV_DEVICE void kv_qk_load(kv_q6k_lane &p, const unsigned char *blk, int t) {
+    int h = t / 8, part = (t / 2) % 4, l0 = 16 * (t % 2);
+    const unsigned char *ql = blk + 64 * h + 32 * (part & 1) + l0, *qh = blk + 128 + 32 * h + l0;
+    for (int k = 0; k < 4; k++) {
+        unsigned lw = (unsigned)kv_q_word(ql + 4 * k), hw = (unsigned)kv_q_word(qh + 4 * k);
+        unsigned lo = (part >> 1 ? lw >> 4 : lw) & 0x0f0f0f0fu;
+        p.q[k] = (int)(lo | ((hw >> (2 * part)) & 0x03030303u) << 4);
+    }
+    p.sc = (int)(signed char)blk[192 + t];
+    p.d = kv_q_hw(blk + 208);
+}
+
+KV_DEVICE void kv_qk_dot(const kv_q6k_lane &p, int t, const signed char *xq, const short *s16,
+                         int *i0, int *i1) {
+    unsigned xv[4];
+    kv_load16(xq + 16 * t, xv);
+    int s = 0;
+    for (int k = 0; k < 4; k++) s = kv_dp4a(p.q[k], (int)xv[k], s);
+    *i0 = p.sc * (s - 32 * (int)s16[t]);
+    *i1 = 0;
+}
+
+KV_DEVICE float kv_qk_finish(const kv_q6k_lane &p, float dx, int isum, int unused) {
+    (void)unused;
+    return kv_fmul_rn(kv_fmul_rn(dx, p.d), (float)isum);
 }
 
 /* The CPU's final sum of the 8 block-lane accumulators (quant_dot.c fin8). */
@@ -414,21 +463,20 @@ KV_DEVICE float kv_fin8(const float *a) {
                       kv_fadd_rn(kv_fadd_rn(a[1], a[5]), kv_fadd_rn(a[3], a[7])));
 }
 
-/* Q4_K weights against activations quantised by kv_k_quantize_q8k (aq, ad, as: rows x in / 256
- * blocks), with the bits of the CPU's integer dots (quant_dot.c dotk45_c): per super-block b of
- * W row o and row r of x the exact integers Isc = sum_s sc_s sum q qx and Im = sum_s m_s sum qx,
- * f_b = (dx * d) * Isc - (dx * dmin) * Im (fp32, no FMA), added to accumulator b mod 8 in block
- * order, y[r * out + o] = ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)).
- * rows <= R (R a template parameter: the accumulators stay in registers), in % 256 == 0.
- * Grid: a block of KV_K_GEMV_THREADS (128, required) threads per output row, grid-stride;
- * 8 groups of 16 lanes, group j taking super-blocks j, j + 8, ... (the CPU's accumulator j), two
- * per iteration with both loads issued first (kv_q4k_load: two 4-byte quant loads and the
- * scales per lane), 4 dp4a per row, the group's integers summed by 4 shuffles; lanes past the
- * row's end join the shuffles with zeros (the warp's two groups run the same trip count). */
-template <int R>
-KV_GLOBAL void kv_k_gemv_q4k(const unsigned char *W, size_t row_bytes, const signed char *aq,
-                             const float *ad, const short *as, float *y, int rows, int in,
-                             int out) {
+/* K-quant weights (K: kv_q4k_lane for Q4_K, kv_q6k_lane for Q6_K) against activations
+ * quantised by kv_k_quantize_q8k (aq, ad, as: rows x in / 256 blocks), with the bits of the
+ * CPU's integer dots (quant_dot.c dotk45_c, dot_q6_k_c): per super-block b of W row o and row
+ * r of x the exact integers of kv_qk_dot summed over the 16 lanes, f_b = kv_qk_finish (fp32,
+ * no FMA), added to accumulator b mod 8 in block order, y[r * out + o] = ((a0 + a4) + (a2 + a6))
+ * + ((a1 + a5) + (a3 + a7)). rows <= R (R a template parameter: the accumulators stay in
+ * registers), in % 256 == 0. Grid: a block of KV_K_GEMV_THREADS (128, required) threads per
+ * output row, grid-stride; 8 groups of 16 lanes, group j taking super-blocks j, j + 8, ... (the
+ * CPU's accumulator j), two per iteration with both loads issued first, 4 dp4a per row, the
+ * group's integers summed by 4 shuffles each; lanes past the row's end join the shuffles with
+ * zeros (the warp's two groups run the same trip count). */
+template <typename K, int R>
+KV_GLOBAL void kv_k_gemv_qk(const unsigned char *W, size_t row_bytes, const signed char *aq,
+                            const float *ad, const short *as, float *y, int rows, int in, int out) {
     KV_SHARED_ARRAY(float, red, R * 8);
     int nb = in / 256, t = kv_tid() % 16, j = kv_tid() / 16, jw = j & ~1;
     for (int o = kv_bid(); o < out; o += kv_gdim()) {
@@ -436,27 +484,23 @@ KV_GLOBAL void kv_k_gemv_q4k(const unsigned char *W, size_t row_bytes, const sig
         float acc[R];
         for (int r = 0; r < R; r++) acc[r] = 0.0f;
         for (int b0 = j, bw = jw; bw < nb; b0 += 16, bw += 16) {
-            kv_q4k_lane p[2];
+            K p[2];
             KV_UNROLL
             for (int u = 0; u < 2; u++)
-                if (b0 + 8 * u < nb) kv_q4k_load(wr + (size_t)(b0 + 8 * u) * 144, t, &p[u]);
+                if (b0 + 8 * u < nb) kv_qk_load(p[u], wr + (size_t)(b0 + 8 * u) * K::bytes, t);
             KV_UNROLL
             for (int u = 0; u < 2; u++) {
                 int b = b0 + 8 * u;
                 if (bw + 8 * u >= nb) break; /* uniform over the warp */
                 for (int r = 0; r < R && r < rows; r++) {
                     size_t ab = (size_t)r * (size_t)nb + (size_t)b;
-                    int isc = 0, im = 0;
-                    if (b < nb) kv_q4k_lane_dot(p[u], t, aq + 256 * ab, as + 16 * ab, &isc, &im);
+                    int i0 = 0, i1 = 0;
+                    if (b < nb) kv_qk_dot(p[u], t, aq + 256 * ab, as + 16 * ab, &i0, &i1);
                     for (int m = 8; m > 0; m /= 2) {
-                        isc += kv_shfl_xor(isc, m);
-                        im += kv_shfl_xor(im, m);
+                        i0 += kv_shfl_xor(i0, m);
+                        if (K::two) i1 += kv_shfl_xor(i1, m);
                     }
-                    if (b >= nb) continue;
-                    float dx = ad[ab];
-                    float f = kv_fsub_rn(kv_fmul_rn(kv_fmul_rn(dx, p[u].d), (float)isc),
-                                         kv_fmul_rn(kv_fmul_rn(dx, p[u].dmin), (float)im));
-                    acc[r] = kv_fadd_rn(acc[r], f);
+                    if (b < nb) acc[r] = kv_fadd_rn(acc[r], kv_qk_finish(p[u], ad[ab], i0, i1));
                 }
             }
         }
