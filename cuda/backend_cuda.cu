@@ -518,7 +518,7 @@ int attention_queue(cuda_backend *c, const kv_pool *p, const kv_attn_task *tasks
                     int l, kv_error *err) {
     kv_backend *b = &c->base;
     const kv_config *cfg = &b->model->cfg;
-    int bs = p->block_size, hd = cfg->head_dim, g = cfg->n_heads / cfg->n_kv_heads;
+    int bs = p->block_size, g = cfg->n_heads / cfg->n_kv_heads;
     long changes =
         l >= 0 ? kv_k_table_dirty(tasks, n_tasks, bs, c->tab_stride, c->tab_owner[l]) : -1;
     kv_k_meta_layout L;
