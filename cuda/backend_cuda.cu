@@ -447,13 +447,78 @@ int cuda_attention(kv_backend *b, const kv_pool *p, const kv_attn_task *tasks, i
     return rc;
 }
 
+/* Whether a prefill step takes the tiled kernel: d_h 16 / 32 / 64 / 128 and every task's head
+ * f16 (the kernel reads f16 rows as binary16 MMA operands, exactly). */
+bool prefill_tiled_ok(const kv_pool *p, const kv_attn_task *tasks, int n_tasks, int hd) {
+    if (!kvcu::prefill_tiled_fits(hd)) return false;
+    for (int i = 0; i < n_tasks; i++)
+        if (kv_pool_block_type(p, tasks[i].table[0]) != KV_TYPE_F16) return false;
+    return true;
+}
+
+/* The attention kernels of one step, on its metadata uploaded to d (layout L; tables: the
+ * block tables the kernels read): flash-decoding or split decode for decode steps; for
+ * prefill, the tiled tensor-core kernel (kv_prefill.cuh) when every head is f16 and d_h is 16,
+ * 32, 64 or 128, else the one-block kernel. */
+int attention_launch(cuda_backend *c, const kv_pool *p, const kv_attn_task *tasks, int n_tasks,
+                     const kv_k_meta_layout &L, const int *tables, char *d, kv_error *err) {
+    const kv_config *cfg = &c->base.model->cfg;
+    int bs = p->block_size, hd = cfg->head_dim, g = cfg->n_heads / cfg->n_kv_heads, rc = KV_OK;
+    /* a decode step: split each task's entries into chunks so that the grid fills the device
+     * (kv_k_split_plan; tracked heads get their statistics from kv_k_decode_stats); else one
+     * block per task */
+    int decode = 1;
+    for (int i = 0; i < n_tasks && decode; i++) decode = tasks[i].n == 1;
+    kv_k_split sp = kv_k_split_plan(n_tasks, L.longest, bs, c->sms);
+    const kv_k_attn_task *d_tasks = reinterpret_cast<const kv_k_attn_task *>(d);
+    const int *d_pos = reinterpret_cast<const int *>(d + L.o_pos);
+    float *d_acc = reinterpret_cast<float *>(d + L.o_acc);
+    float *d_acc2 = reinterpret_cast<float *>(d + L.o_acc2);
+    if (decode && kvcu::flash_decode_fits(g, hd)) {
+        /* flash-decoding: fixed partitions of KV_K_FD_PART entries, one launch per K/V type */
+        int parts = (L.longest + KV_K_FD_PART - 1) / KV_K_FD_PART;
+        unsigned types = 0;
+        for (int i = 0; i < n_tasks; i++) types |= 1u << kv_pool_block_type(p, tasks[i].table[0]);
+        rc = grow_dev(c->d_part, (size_t)n_tasks * parts * g * (size_t)(hd + 2) * sizeof(float),
+                      err);
+        if (rc) return rc;
+        CK(kvcu::flash_decode(dev_pool(p), tables, d_tasks, n_tasks, c->q, c->o, cfg->n_heads * hd,
+                              g, KV_K_FD_PART, parts, types, static_cast<float *>(c->d_scores.p),
+                              L.longest, static_cast<float *>(c->d_part.p), d_pos,
+                              L.tracked ? d_acc : nullptr, d_acc2, c->compute));
+    } else if (decode && sp.chunks > 1) {
+        rc = grow_dev(c->d_part, (size_t)n_tasks * sp.chunks * g * (size_t)(hd + 2) * sizeof(float),
+                      err);
+        if (rc) return rc;
+        CK(kvcu::decode_attention_split(dev_pool(p), tables, d_tasks, n_tasks, c->q, c->o,
+                                        cfg->n_heads * hd, g, sp.chunk, sp.chunks,
+                                        static_cast<float *>(c->d_scores.p), L.longest,
+                                        static_cast<float *>(c->d_part.p), d_pos,
+                                        L.tracked ? d_acc : nullptr, d_acc2, c->compute));
+    } else if (!decode && prefill_tiled_ok(p, tasks, n_tasks, hd)) {
+        int max_rows = 0;
+        for (int i = 0; i < n_tasks; i++)
+            max_rows = tasks[i].n * g > max_rows ? tasks[i].n * g : max_rows;
+        rc = grow_dev(c->d_part, (size_t)n_tasks * 2 * (size_t)max_rows * sizeof(float), err);
+        if (rc) return rc;
+        CK(kvcu::prefill_tiled(dev_pool(p), tables, d_tasks, n_tasks, max_rows, L.longest, c->q,
+                               c->o, cfg->n_heads * hd, g, static_cast<float *>(c->d_part.p), d_pos,
+                               L.tracked ? d_acc : nullptr, d_acc2, c->compute));
+    } else {
+        CK(kvcu::paged_attention(dev_pool(p), tables, d_tasks, n_tasks, d_pos, d_acc, d_acc2, c->q,
+                                 c->o, cfg->n_heads * hd, g, static_cast<float *>(c->d_scores.p),
+                                 L.longest, c->compute));
+    }
+    return KV_OK;
+}
+
 /* One attention step on layer l's resident tables (l < 0, or a table longer than the stride:
  * every table uploaded whole, as the step's own). */
 int attention_queue(cuda_backend *c, const kv_pool *p, const kv_attn_task *tasks, int n_tasks,
                     int l, kv_error *err) {
     kv_backend *b = &c->base;
     const kv_config *cfg = &b->model->cfg;
-    int bs = p->block_size, hd = cfg->head_dim, g = cfg->n_heads / cfg->n_kv_heads;
+    int bs = p->block_size, g = cfg->n_heads / cfg->n_kv_heads;
     long changes =
         l >= 0 ? kv_k_table_dirty(tasks, n_tasks, bs, c->tab_stride, c->tab_owner[l]) : -1;
     kv_k_meta_layout L;
@@ -488,42 +553,8 @@ int attention_queue(cuda_backend *c, const kv_pool *p, const kv_attn_task *tasks
         CK(kvcu::table_patch(tabs, tables, patches, c->compute));
         tables = tabs;
     }
-    /* a decode step: split each task's entries into chunks so that the grid fills the device
-     * (kv_k_split_plan; tracked heads get their statistics from kv_k_decode_stats); else one
-     * block per task */
-    int decode = 1;
-    for (int i = 0; i < n_tasks && decode; i++) decode = tasks[i].n == 1;
-    kv_k_split sp = kv_k_split_plan(n_tasks, L.longest, bs, c->sms);
-    const kv_k_attn_task *d_tasks = reinterpret_cast<const kv_k_attn_task *>(d);
-    const int *d_pos = reinterpret_cast<const int *>(d + L.o_pos);
-    float *d_acc = reinterpret_cast<float *>(d + L.o_acc);
-    float *d_acc2 = reinterpret_cast<float *>(d + L.o_acc2);
-    if (decode && kvcu::flash_decode_fits(g, hd)) {
-        /* flash-decoding: fixed partitions of KV_K_FD_PART entries, one launch per K/V type */
-        int parts = (L.longest + KV_K_FD_PART - 1) / KV_K_FD_PART;
-        unsigned types = 0;
-        for (int i = 0; i < n_tasks; i++) types |= 1u << kv_pool_block_type(p, tasks[i].table[0]);
-        rc = grow_dev(c->d_part, (size_t)n_tasks * parts * g * (size_t)(hd + 2) * sizeof(float),
-                      err);
-        if (rc) return rc;
-        CK(kvcu::flash_decode(dev_pool(p), tables, d_tasks, n_tasks, c->q, c->o, cfg->n_heads * hd,
-                              g, KV_K_FD_PART, parts, types, static_cast<float *>(c->d_scores.p),
-                              L.longest, static_cast<float *>(c->d_part.p), d_pos,
-                              L.tracked ? d_acc : nullptr, d_acc2, c->compute));
-    } else if (decode && sp.chunks > 1) {
-        rc = grow_dev(c->d_part, (size_t)n_tasks * sp.chunks * g * (size_t)(hd + 2) * sizeof(float),
-                      err);
-        if (rc) return rc;
-        CK(kvcu::decode_attention_split(dev_pool(p), tables, d_tasks, n_tasks, c->q, c->o,
-                                        cfg->n_heads * hd, g, sp.chunk, sp.chunks,
-                                        static_cast<float *>(c->d_scores.p), L.longest,
-                                        static_cast<float *>(c->d_part.p), d_pos,
-                                        L.tracked ? d_acc : nullptr, d_acc2, c->compute));
-    } else {
-        CK(kvcu::paged_attention(dev_pool(p), tables, d_tasks, n_tasks, d_pos, d_acc, d_acc2, c->q,
-                                 c->o, cfg->n_heads * hd, g, static_cast<float *>(c->d_scores.p),
-                                 L.longest, c->compute));
-    }
+    rc = attention_launch(c, p, tasks, n_tasks, L, tables, d, err);
+    if (rc) return rc;
     CK(cudaEventRecord(c->attn_done, c->compute));
     if (!L.tracked) return KV_OK;
     /* statistics back to the heads' host arrays, where the policies read them */

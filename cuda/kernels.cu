@@ -3,6 +3,7 @@
 #include "kernels.h"
 #include "kernels/kv_kernels.cuh"
 #include "kernels/kv_quant.cuh"
+#include "kernels/kv_prefill.cuh"
 
 namespace kvcu {
 
@@ -192,6 +193,42 @@ cudaError_t flash_decode(const kv_k_pool &pool, const int *tables, const kv_k_at
     return cudaGetLastError();
 }
 
+bool prefill_tiled_fits(int hd) {
+    return hd == 16 || hd == 32 || hd == 64 || hd == 128;
+}
+
+cudaError_t prefill_tiled(const kv_k_pool &pool, const int *tables, const kv_k_attn_task *tasks,
+                          int n_tasks, int max_rows, int longest, const float *q, float *o,
+                          int q_stride, int g, float *ml, const int *pos, float *acc, float *acc2,
+                          cudaStream_t s) {
+    if (n_tasks <= 0 || max_rows <= 0) return cudaSuccess;
+    dim3 grid((unsigned)n_tasks, (unsigned)((max_rows + KV_K_PT_BQ - 1) / KV_K_PT_BQ));
+    dim3 sgrid((unsigned)n_tasks, (unsigned)((longest + KV_K_PT_BK - 1) / KV_K_PT_BK));
+#define KV_PT(D)                                                                                   \
+    do {                                                                                           \
+        KV_LAUNCH(kv_k_prefill_tiled<D>, grid, KV_K_PT_THREADS, KV_K_PT_SHM(D), s)                 \
+        (pool, tables, tasks, q, o, q_stride, g, ml, max_rows);                                    \
+        if (acc) KV_LAUNCH(kv_k_prefill_stats<D>, sgrid, KV_K_PT_THREADS, KV_K_PT_STATS_SHM(D), s) \
+        (pool, tables, tasks, q, q_stride, g, ml, max_rows, pos, acc, acc2);                       \
+    } while (0)
+    switch (pool.hd) {
+    case 16:
+        KV_PT(16);
+        break;
+    case 32:
+        KV_PT(32);
+        break;
+    case 64:
+        KV_PT(64);
+        break;
+    default:
+        KV_PT(128);
+        break;
+    }
+#undef KV_PT
+    return cudaGetLastError();
+}
+
 cudaError_t gather_pass(const kv_k_pool &pool, const kv_k_move *moves, int n, void *scratch,
                         cudaStream_t s) {
     size_t total = (size_t)n * 8 * (size_t)pool.hd;
@@ -210,7 +247,8 @@ cudaError_t table_patch(int *tables, const int *patch, long n, cudaStream_t s) {
 
 namespace {
 
-/* kernel<R> for the step's rows (1 .. KV_K_GEMV_ROWS), as a launch of `blocks` blocks. */
+/* kernel<R> for the step's rows (1 .. KV_K_GEMV_ROWS): R = rows up to 8, then the next of 16,
+ * 24, 32 (the kernels take the rows at run time and keep R accumulators). */
 #define KV_GEMV_ROWS_SWITCH(rows, LAUNCH)                                                          \
     switch (rows) {                                                                                \
     case 1:                                                                                        \
@@ -234,12 +272,20 @@ namespace {
     case 7:                                                                                        \
         LAUNCH(7);                                                                                 \
         break;                                                                                     \
-    default:                                                                                       \
+    case 8:                                                                                        \
         LAUNCH(8);                                                                                 \
+        break;                                                                                     \
+    default:                                                                                       \
+        if (rows <= 16)                                                                            \
+            LAUNCH(16);                                                                            \
+        else if (rows <= 24)                                                                       \
+            LAUNCH(24);                                                                            \
+        else                                                                                       \
+            LAUNCH(32);                                                                            \
         break;                                                                                     \
     }
 
-static_assert(KV_K_GEMV_ROWS == 8, "the GEMV switch instantiates rows 1 .. 8");
+static_assert(KV_K_GEMV_ROWS == 32, "the GEMV switch instantiates rows up to 32");
 
 template <typename Dot>
 cudaError_t gemv_q(const unsigned char *W, size_t row_bytes, const float *x, float *y, int rows,
@@ -254,16 +300,38 @@ cudaError_t gemv_q(const unsigned char *W, size_t row_bytes, const float *x, flo
 #define KV_GEMV_Q(R)                                                                               \
     do {                                                                                           \
         auto *k_ = &kv_k_gemv_q<Dot, R>;                                                           \
-        KV_LAUNCH(k_, blocks, KV_K_GEMV_THREADS, 0, s)(W, row_bytes, q, d, sum, y, in, out);       \
+        KV_LAUNCH(k_, blocks, KV_K_GEMV_THREADS, 0, s)(W, row_bytes, q, d, sum, y, rows, in, out); \
     } while (0)
     KV_GEMV_ROWS_SWITCH(rows, KV_GEMV_Q)
 #undef KV_GEMV_Q
     return cudaGetLastError();
 }
 
+template <typename K>
+cudaError_t gemv_qk(const unsigned char *W, size_t row_bytes, const float *x, float *y, int rows,
+                    int in, int out, void *act, cudaStream_t s) {
+    size_t nb = (size_t)rows * (size_t)(in / 256);
+    signed char *q = static_cast<signed char *>(act);
+    float *d = reinterpret_cast<float *>(q + 256 * nb);
+    short *s16 = reinterpret_cast<short *>(d + nb);
+    unsigned qblocks = nb / 4 > 4096 ? 4096u : (unsigned)(nb / 4 + 1);
+    KV_LAUNCH(kv_k_quantize_q8k, qblocks, kThreads, 0, s)(x, rows, in, q, d, s16);
+    unsigned blocks = out > 65535 ? 65535u : (unsigned)out;
+#define KV_GEMV_QK(R)                                                                              \
+    do {                                                                                           \
+        auto *k_ = &kv_k_gemv_qk<K, R>;                                                            \
+        KV_LAUNCH(k_, blocks, KV_K_GEMV_THREADS, 0, s)(W, row_bytes, q, d, s16, y, rows, in, out); \
+    } while (0)
+    KV_GEMV_ROWS_SWITCH(rows, KV_GEMV_QK)
+#undef KV_GEMV_QK
+    return cudaGetLastError();
+}
+
 } // namespace
 
 size_t gemv_act_bytes(int t, int rows, int in) {
+    if ((t == KV_DT_Q4_K || t == KV_DT_Q6_K) && in % 256 == 0) /* q, d per 256, s16 per 16 */
+        return (size_t)rows * ((size_t)in + (size_t)(in / 256) * 4 + (size_t)(in / 16) * 2);
     if ((t != KV_DT_Q8_0 && t != KV_DT_Q4_0) || in % 32) return 0;
     return (size_t)rows * (size_t)in + (size_t)rows * (size_t)(in / 32) * 8;
 }
@@ -275,11 +343,15 @@ cudaError_t gemv(const void *W, int t, size_t row_bytes, const float *x, float *
     unsigned blocks = out > 65535 ? 65535u : (unsigned)out;
     if (t == KV_DT_F16 && in % 8 == 0 && rows <= KV_K_GEMV_ROWS) {
 #define KV_GEMV_F16(R)                                                                             \
-    KV_LAUNCH(kv_k_gemv_f16<R>, blocks, KV_K_GEMV_THREADS, 0, s)(w, x, y, in, out)
+    KV_LAUNCH(kv_k_gemv_f16<R>, blocks, KV_K_GEMV_THREADS, 0, s)(w, x, y, rows, in, out)
         KV_GEMV_ROWS_SWITCH(rows, KV_GEMV_F16)
 #undef KV_GEMV_F16
         return cudaGetLastError();
     }
+    if (act && (t == KV_DT_Q4_K || t == KV_DT_Q6_K) && gemv_act_bytes(t, rows, in) &&
+        rows <= KV_K_GEMV_ROWS)
+        return t == KV_DT_Q4_K ? gemv_qk<kv_q4k_lane>(w, row_bytes, x, y, rows, in, out, act, s)
+                               : gemv_qk<kv_q6k_lane>(w, row_bytes, x, y, rows, in, out, act, s);
     if (act && gemv_act_bytes(t, rows, in) && rows <= KV_K_GEMV_ROWS)
         return t == KV_DT_Q8_0 ? gemv_q<kv_q8_0_dot>(w, row_bytes, x, y, rows, in, out, act, s)
                                : gemv_q<kv_q4_0_dot>(w, row_bytes, x, y, rows, in, out, act, s);

@@ -51,6 +51,17 @@ cudaError_t flash_decode(const kv_k_pool &pool, const int *tables, const kv_k_at
                          int n_tasks, const float *q, float *o, int q_stride, int g, int part,
                          int parts, unsigned types, float *scratch, int scratch_stride,
                          float *part_buf, const int *pos, float *acc, float *acc2, cudaStream_t s);
+/* Tiled prefill attention (kernels/kv_prefill.cuh): usable when d_h is 16, 32, 64 or 128 and
+ * every task's heads are f16. kv_k_prefill_tiled over (n_tasks, ceil(max_rows / 64)) blocks
+ * (max_rows: the largest n * g of the tasks) into o, and, when acc is not NULL,
+ * kv_k_prefill_stats over (n_tasks, ceil(longest / 32)) blocks (longest: the largest len)
+ * for the tracked tasks (pos, acc, acc2 as for paged_attention). ml: n_tasks * 2 * max_rows
+ * floats of device scratch. Queries and P in binary16 (kv_prefill.cuh: the precision). */
+bool prefill_tiled_fits(int hd);
+cudaError_t prefill_tiled(const kv_k_pool &pool, const int *tables, const kv_k_attn_task *tasks,
+                          int n_tasks, int max_rows, int longest, const float *q, float *o,
+                          int q_stride, int g, float *ml, const int *pos, float *acc, float *acc2,
+                          cudaStream_t s);
 /* Weights in their type (kernels/kv_quant.cuh; W device bytes, rows of row_bytes bytes in
  * ggml type t). gemv: y [rows, out] = x [rows, in] W^T, rows <= KV_K_GEMV_ROWS. dequant_rows:
  * dst [n_rows, in] fp32 = rows r0 .. r0 + n_rows of W. to_16: dst [n] = x in binary16 (t F16)
@@ -58,9 +69,11 @@ cudaError_t flash_decode(const kv_k_pool &pool, const int *tables, const kv_k_at
 cudaError_t gemv(const void *W, int t, size_t row_bytes, const float *x, float *y, int rows, int in,
                  int out, void *act, cudaStream_t s);
 /* Device scratch `act` that gemv needs for weights of type t at rows x in (0: none): the
- * activations quantised to 8 bits once per call for Q8_0 and Q4_0 (kv_k_quantize_q8). gemv's
- * kernels: F16 (in % 8 == 0) kv_k_gemv_f16; Q8_0, Q4_0 kv_k_gemv_q with dp4a (given act);
- * every other type (and Q8_0 / Q4_0 without act) the generic kv_k_gemv. */
+ * activations quantised to 8 bits once per call for Q8_0 and Q4_0 (kv_k_quantize_q8, blocks of
+ * 32) and Q4_K, Q6_K (kv_k_quantize_q8k, blocks of 256, in % 256 == 0). gemv's kernels: F16
+ * (in % 8 == 0) kv_k_gemv_f16; Q8_0, Q4_0 kv_k_gemv_q and Q4_K, Q6_K kv_k_gemv_qk with dp4a
+ * (given act);
+ * every other type (and the block types without act) the generic kv_k_gemv. */
 size_t gemv_act_bytes(int t, int rows, int in);
 cudaError_t dequant_rows(const void *W, int t, size_t row_bytes, int in, int r0, int n_rows,
                          float *dst, cudaStream_t s);

@@ -21,6 +21,7 @@
 
 #include "../cuda/kernels/kv_kernels.cuh"
 #include "../cuda/kernels/kv_quant.cuh"
+#include "../cuda/kernels/kv_prefill.cuh"
 
 extern "C" {
 #include "kvplan/kvcache.h"
@@ -804,33 +805,34 @@ void test_gather() {
 }
 
 /* y [rows, out] of the typed GEMV kernels (kv_k_gemv_f16, or kv_k_quantize_q8 + kv_k_gemv_q)
- * for weight type t, rows 1 .. 8 via the template parameter R. */
+ * for weight type t, rows <= R (the template parameter, as the launcher picks it). */
 template <int R>
 std::vector<float> typed_gemv(kv_dtype t, const std::vector<unsigned char> &W, size_t rb,
-                              const std::vector<float> &x, int in, int out) {
-    std::vector<float> y((size_t)R * out, NAN);
+                              const std::vector<float> &x, int rows, int in, int out) {
+    std::vector<float> y((size_t)rows * out, NAN);
     if (t == KV_DT_F16) {
         launch(2, KV_K_GEMV_THREADS, 0,
-               [&] { kv_k_gemv_f16<R>(W.data(), x.data(), y.data(), in, out); });
+               [&] { kv_k_gemv_f16<R>(W.data(), x.data(), y.data(), rows, in, out); });
         return y;
     }
-    size_t nb = (size_t)R * (size_t)(in / 32);
+    size_t nb = (size_t)rows * (size_t)(in / 32);
     std::vector<signed char> q(32 * nb);
     std::vector<float> d(nb, NAN);
     std::vector<int> s(nb);
-    launch(3, 64, 0, [&] { kv_k_quantize_q8(x.data(), R, in, q.data(), d.data(), s.data()); });
+    launch(3, 64, 0, [&] { kv_k_quantize_q8(x.data(), rows, in, q.data(), d.data(), s.data()); });
     launch(2, KV_K_GEMV_THREADS, 0, [&] {
         if (t == KV_DT_Q8_0)
-            kv_k_gemv_q<kv_q8_0_dot, R>(W.data(), rb, q.data(), d.data(), s.data(), y.data(), in,
-                                        out);
+            kv_k_gemv_q<kv_q8_0_dot, R>(W.data(), rb, q.data(), d.data(), s.data(), y.data(), rows,
+                                        in, out);
         else
-            kv_k_gemv_q<kv_q4_0_dot, R>(W.data(), rb, q.data(), d.data(), s.data(), y.data(), in,
-                                        out);
+            kv_k_gemv_q<kv_q4_0_dot, R>(W.data(), rb, q.data(), d.data(), s.data(), y.data(), rows,
+                                        in, out);
     });
     return y;
 }
 
-/* The typed GEMV kernels of decode against the CPU, for 1, 3 and 8 rows: F16 against the double
+/* The typed GEMV kernels of decode against the CPU, for 1, 3, 8, 13 and 32 rows (13: the R = 16
+ * kernel with 3 rows idle; 32 the widest batch): F16 against the double
  * product of the weights (within 1e-5 of sum |w x|, fp32 sums in another order); Q8_0 and Q4_0
  * (activations quantised to 8 bits once, dp4a) against the CPU's integer dots
  * (kv_qmatmul_int: the same quantised activations and per-block terms, so they differ by the
@@ -838,10 +840,12 @@ std::vector<float> typed_gemv(kv_dtype t, const std::vector<unsigned char> &W, s
 void typed_gemv_case(kv_dtype t, const std::vector<unsigned char> &W, size_t rb,
                      const std::vector<float> &wf, const std::vector<float> &x, int in, int out) {
     double worst = 0.0;
-    for (int rows : {1, 3, 8}) {
-        std::vector<float> y = rows == 1   ? typed_gemv<1>(t, W, rb, x, in, out)
-                               : rows == 3 ? typed_gemv<3>(t, W, rb, x, in, out)
-                                           : typed_gemv<8>(t, W, rb, x, in, out);
+    for (int rows : {1, 3, 8, 13, KV_K_GEMV_ROWS}) {
+        std::vector<float> y = rows == 1    ? typed_gemv<1>(t, W, rb, x, rows, in, out)
+                               : rows == 3  ? typed_gemv<3>(t, W, rb, x, rows, in, out)
+                               : rows == 8  ? typed_gemv<8>(t, W, rb, x, rows, in, out)
+                               : rows == 13 ? typed_gemv<16>(t, W, rb, x, rows, in, out)
+                                            : typed_gemv<32>(t, W, rb, x, rows, in, out);
         std::vector<float> ref((size_t)rows * out, NAN);
         if (t != KV_DT_F16) {
             std::vector<unsigned char> act((size_t)rows * kv_qdot_act_bytes(t, in));
@@ -871,10 +875,10 @@ void typed_gemv_case(kv_dtype t, const std::vector<unsigned char> &W, size_t rb,
  *    CPU's expressions; 1e-6 of the row's largest value leaves room for a contracted
  *    multiply-add in the CPU's AVX2 build);
  *  - kv_k_gather_rows_typed (embedding lookup) vs kv_weight_row, the same bound;
- *  - kv_k_gemv for 1, 3 and 8 rows of x (real layer inputs, repeated to 512 wide) vs the
+ *  - kv_k_gemv for 1, 3 and 32 rows of x (real layer inputs, repeated to 512 wide) vs the
  *    double-precision product with the dequantised rows: within 1e-5 of sum |w x| (fp32
  *    accumulation over 512 terms in a warp's order);
- *  - kv_k_gemv_f16 and kv_k_gemv_q (Q8_0, Q4_0) for 1, 3 and 8 rows (typed_gemv_case);
+ *  - kv_k_gemv_f16 and kv_k_gemv_q (Q8_0, Q4_0) for 1, 3, 8, 13, 32 rows (typed_gemv_case);
  *  - kv_k_to_16: binary16 and bfloat16 bits equal kv_quantize_row's. */
 void test_typed_weights() {
     kv_model *m = load(M260);
@@ -882,12 +886,13 @@ void test_typed_weights() {
     const float *src = f32(m->tok_emb);
     /* row r of x: 8 consecutive real layer inputs (64 wide) side by side */
     std::vector<float> xin = layer_input(m, text_ids(600));
-    int dim = m->cfg.dim, per = in / dim;
-    CU_ASSERT_FATAL(xin.size() >= (size_t)KV_K_GEMV_ROWS * per * dim);
+    size_t dim = (size_t)m->cfg.dim, ntok = xin.size() / dim;
+    CU_ASSERT_FATAL(ntok >= 50);
+    /* row r: the layer inputs of tokens 5r, 5r + 1, ... (mod the text's) side by side */
     std::vector<float> x((size_t)KV_K_GEMV_ROWS * in);
-    for (int r = 0; r < KV_K_GEMV_ROWS; r++)
-        for (int i = 0; i < in; i++)
-            x[(size_t)r * in + i] = xin[((size_t)r * per + (size_t)(i / dim)) * dim + i % dim];
+    for (size_t r = 0; r < (size_t)KV_K_GEMV_ROWS; r++)
+        for (size_t i = 0; i < (size_t)in; i++)
+            x[r * in + i] = xin[((5 * r + i / dim) % ntok) * dim + i % dim];
     kv_error err = {};
     int types = 0;
     for (kv_dtype t : kv_dtype_all) {
@@ -933,7 +938,7 @@ void test_typed_weights() {
                 }
         }
         CU_ASSERT(eworst <= 1e-5);
-        std::printf("\n    %-5s dequant %.3g, gather %.3g, gemv (1/3/8 rows) %.3g of sum |w x|",
+        std::printf("\n    %-5s dequant %.3g, gather %.3g, gemv (1/3/32 rows) %.3g of sum |w x|",
                     kv_dtype_name(t), ed, eg, eworst);
         if (t == KV_DT_F16 || t == KV_DT_Q8_0 || t == KV_DT_Q4_0)
             typed_gemv_case(t, W, rb, cpu, x, in, out);
@@ -1038,6 +1043,198 @@ void test_flash_wide_heads() {
                 worst_o, worst_s);
 }
 
+/* y [rows, out] of kv_k_quantize_q8k + kv_k_gemv_qk<K, R> (rows <= R) on K-quant weights W. */
+template <typename K, int R>
+std::vector<float> qk_gemv(const std::vector<unsigned char> &W, size_t rb,
+                           const std::vector<float> &x, int rows, int in, int out) {
+    size_t nb = (size_t)rows * (size_t)(in / 256);
+    std::vector<signed char> q(256 * nb);
+    std::vector<float> d(nb, NAN), y((size_t)rows * out, NAN);
+    std::vector<short> s16(16 * nb);
+    launch(3, 64, 0,
+           [&] { kv_k_quantize_q8k(x.data(), rows, in, q.data(), d.data(), s16.data()); });
+    launch(3, KV_K_GEMV_THREADS, 0, [&] {
+        kv_k_gemv_qk<K, R>(W.data(), rb, q.data(), d.data(), s16.data(), y.data(), rows, in, out);
+    });
+    return y;
+}
+
+/* qk_gemv for the kernel the launcher picks at `rows` (R = rows up to 8, else 16 or 32). */
+template <typename K>
+std::vector<float> qk_gemv_rows(const std::vector<unsigned char> &W, size_t rb,
+                                const std::vector<float> &x, int rows, int in, int out) {
+    return rows == 1    ? qk_gemv<K, 1>(W, rb, x, rows, in, out)
+           : rows == 3  ? qk_gemv<K, 3>(W, rb, x, rows, in, out)
+           : rows == 8  ? qk_gemv<K, 8>(W, rb, x, rows, in, out)
+           : rows == 13 ? qk_gemv<K, 16>(W, rb, x, rows, in, out)
+                        : qk_gemv<K, 32>(W, rb, x, rows, in, out);
+}
+
+/* The K-quant decode GEMVs (kv_k_quantize_q8k + kv_k_gemv_qk, Q4_K and Q6_K) against the CPU's
+ * integer dots (kv_qmatmul_int) on a [12, 2560] matrix of stories260K's embedding values
+ * quantised by kv_quantize_row (10 super-blocks a row: groups 0 and 1 of the kernel take two,
+ * the others one, so the CPU's 8 block lanes and its final sum order are all exercised) and 1,
+ * 3, 8 rows of real layer inputs (repeated to 2560 wide; and 13 and 32 rows, the batched
+ * kernels): the same quantised activations, the same exact integers per super-block, the
+ * same fp32 expression, accumulators and final order, so the results are **bit-identical**
+ * (memcmp), and the quantised activation bytes and sums equal the CPU's. */
+void test_qk_gemv_bits() {
+    kv_model *m = load(M260);
+    const int out = 12, in = 2560, maxr = KV_K_GEMV_ROWS;
+    const float *src = f32(m->tok_emb);
+    CU_ASSERT_FATAL((size_t)m->cfg.vocab_size * m->cfg.dim >= (size_t)out * in);
+    std::vector<float> xin = layer_input(m, text_ids(600));
+    size_t dim = (size_t)m->cfg.dim, ntok = xin.size() / dim;
+    CU_ASSERT_FATAL(ntok >= 50);
+    /* row r: the layer inputs of tokens 5r, 5r + 1, ... (mod the text's) side by side */
+    std::vector<float> x((size_t)maxr * in);
+    for (size_t r = 0; r < (size_t)maxr; r++)
+        for (size_t i = 0; i < (size_t)in; i++)
+            x[r * in + i] = xin[((5 * r + i / dim) % ntok) * dim + i % dim];
+    kv_error err = {};
+    for (kv_dtype t : {KV_DT_Q4_K, KV_DT_Q6_K}) {
+        size_t rb = 0;
+        CU_ASSERT_FATAL(kv_dtype_row_bytes(t, in, "test", &rb, &err) == KV_OK);
+        std::vector<unsigned char> W((size_t)out * rb);
+        for (int o = 0; o < out; o++)
+            CU_ASSERT_FATAL(
+                kv_quantize_row(t, src + (size_t)o * in, &W[(size_t)o * rb], in, &err) == KV_OK);
+        int same = 0, total = 0;
+        for (int rows : {1, 3, 8, 13, maxr}) {
+            std::vector<float> y = t == KV_DT_Q4_K
+                                       ? qk_gemv_rows<kv_q4k_lane>(W, rb, x, rows, in, out)
+                                       : qk_gemv_rows<kv_q6k_lane>(W, rb, x, rows, in, out);
+            std::vector<float> ref((size_t)rows * out, NAN);
+            std::vector<unsigned char> act((size_t)rows * kv_qdot_act_bytes(t, in));
+            kv_qmatmul_int(ref.data(), x.data(), W.data(), t, rows, in, out, act.data());
+            for (size_t k = 0; k < ref.size(); k++, total++)
+                same += std::memcmp(&y[k], &ref[k], sizeof(float)) == 0;
+            CU_ASSERT(std::memcmp(y.data(), ref.data(), ref.size() * sizeof(float)) == 0);
+        }
+        std::printf("\n    %s [%d, %d], rows 1/3/8/13/32: %d of %d outputs bit-identical to the "
+                    "CPU's integer dots",
+                    kv_dtype_name(t), out, in, same, total);
+    }
+    /* the activation quantiser alone: bytes, scales and 16-sums equal the CPU's layout K */
+    size_t ab = kv_qdot_act_bytes(KV_DT_Q4_K, in);
+    std::vector<unsigned char> act(ab);
+    kv_qdot_quantize_act(KV_DT_Q4_K, x.data(), in, act.data());
+    std::vector<signed char> q((size_t)in);
+    std::vector<float> d((size_t)in / 256);
+    std::vector<short> s16((size_t)in / 16);
+    launch(2, 64, 0, [&] { kv_k_quantize_q8k(x.data(), 1, in, q.data(), d.data(), s16.data()); });
+    size_t doff = ((size_t)in + 63) / 64 * 64, soff = doff + d.size() * sizeof(float);
+    CU_ASSERT(std::memcmp(q.data(), act.data(), q.size()) == 0);
+    CU_ASSERT(std::memcmp(d.data(), act.data() + doff, d.size() * sizeof(float)) == 0);
+    CU_ASSERT(std::memcmp(s16.data(), act.data() + soff, s16.size() * sizeof(short)) == 0);
+    kv_model_free(m);
+}
+
+/* Tiled prefill attention (kv_k_prefill_tiled + kv_k_prefill_stats, tensor-core tiles in
+ * binary16) against the one-block kernel kv_k_paged_attention (checked against the CPU
+ * above), on shuffled tables of an f16 pool (K, V, queries from a fixed pseudo-random
+ * sequence, queries uniform in +-6, so the scores have a standard deviation of about 2): three
+ * tasks, a first prefill of 70 tokens, a chunk of 40 tokens after 60 cached entries (tracked:
+ * h2o/l2attn statistics) and 5 after 32, at d_h 16 / 64 / 128 and GQA groups 1 and 4 (query tiles
+ * of 64 rows cut across tokens and heads). The queries and P are rounded to binary16 (2^-11
+ * relative): outputs within 2e-3 of the largest |o|, statistics within 2e-3 absolute (each a sum of
+ * up to 160 weights). */
+void test_prefill_tiled() {
+    const int bs = 16, n_tasks = 3, ns[3] = {70, 40, 5}, lens[3] = {70, 100, 37};
+    double worst_o = 0.0, worst_s = 0.0;
+    uint32_t st = 777u;
+    auto rnd = [&st] {
+        st = st * 1664525u + 1013904223u;
+        return (float)((st >> 8) & 0xffff) / 32768.0f - 1.0f;
+    };
+    for (int hd : {16, 64, 128})
+        for (int g : {1, 4}) {
+            kv_error err = {};
+            kv_pool pool;
+            int counts[KV_CACHE_TYPES] = {0, 24, 0, 0};
+            CU_ASSERT_FATAL(kv_pool_init_typed(&pool, counts, bs, hd, &err) == KV_OK);
+            std::vector<unsigned char> data(kv_pool_storage_bytes(&pool));
+            kv_k_pool P = view(&pool, data.data());
+            size_t rb = kvt_row_bytes(KV_TYPE_F16, hd);
+            std::vector<float> row((size_t)hd);
+            for (int slot = 0; slot < 24 * bs; slot++)
+                for (int which = 0; which < 2; which++) {
+                    for (float &x : row) x = rnd();
+                    kvt_encode(KV_TYPE_F16, hd, row.data(),
+                               kv_k_row(P, KV_TYPE_F16, rb, slot, which));
+                }
+            std::vector<int> tables, pos;
+            std::vector<kv_k_attn_task> tasks;
+            int next = 0, rows = 0;
+            for (int i = 0; i < n_tasks; i++) {
+                kv_k_attn_task t = {rows, ns[i], 0, lens[i], (int)tables.size(), (int)pos.size(),
+                                    i < 2};
+                for (int b = 0; b < (lens[i] + bs - 1) / bs; b++)
+                    tables.push_back(23 - (next++ * 7) % 24 + pool.type_first[KV_TYPE_F16]);
+                for (int e = 0; e < lens[i]; e++) pos.push_back(e);
+                tasks.push_back(t);
+                rows += ns[i];
+            }
+            int qd = g * hd, max_rows = 70 * g;
+            const float qscale = 6.0f; /* scores q.k / sqrt(d_h) of standard deviation ~2 */
+            std::vector<float> q((size_t)rows * qd), o_ref(q.size(), NAN), o_t(q.size(), NAN);
+            for (float &x : q) x = qscale * rnd();
+            std::vector<float> acc(pos.size(), 0.0f), acc2(acc), acc_t(acc), acc2_t(acc);
+            std::vector<float> scratch((size_t)n_tasks * g * 100, NAN);
+            std::vector<float> ml((size_t)n_tasks * 2 * max_rows, NAN);
+            launch(n_tasks, 128, (size_t)qd * sizeof(float), [&] {
+                kv_k_paged_attention(P, tables.data(), tasks.data(), pos.data(), acc.data(),
+                                     acc2.data(), q.data(), o_ref.data(), qd, g, scratch.data(),
+                                     100);
+            });
+            int qt = (max_rows + KV_K_PT_BQ - 1) / KV_K_PT_BQ, kt = (100 + KV_K_PT_BK - 1) / 32;
+            auto pass1 = [&] {
+                if (hd == 16)
+                    kv_k_prefill_tiled<16>(P, tables.data(), tasks.data(), q.data(), o_t.data(), qd,
+                                           g, ml.data(), max_rows);
+                else if (hd == 64)
+                    kv_k_prefill_tiled<64>(P, tables.data(), tasks.data(), q.data(), o_t.data(), qd,
+                                           g, ml.data(), max_rows);
+                else
+                    kv_k_prefill_tiled<128>(P, tables.data(), tasks.data(), q.data(), o_t.data(),
+                                            qd, g, ml.data(), max_rows);
+            };
+            auto pass2 = [&] {
+                if (hd == 16)
+                    kv_k_prefill_stats<16>(P, tables.data(), tasks.data(), q.data(), qd, g,
+                                           ml.data(), max_rows, pos.data(), acc_t.data(),
+                                           acc2_t.data());
+                else if (hd == 64)
+                    kv_k_prefill_stats<64>(P, tables.data(), tasks.data(), q.data(), qd, g,
+                                           ml.data(), max_rows, pos.data(), acc_t.data(),
+                                           acc2_t.data());
+                else
+                    kv_k_prefill_stats<128>(P, tables.data(), tasks.data(), q.data(), qd, g,
+                                            ml.data(), max_rows, pos.data(), acc_t.data(),
+                                            acc2_t.data());
+            };
+            CU_ASSERT_FATAL(kv_shim_launch(n_tasks, qt, KV_K_PT_THREADS, KV_K_PT_SHM(hd), pass1) ==
+                            0);
+            CU_ASSERT_FATAL(
+                kv_shim_launch(n_tasks, kt, KV_K_PT_THREADS, KV_K_PT_STATS_SHM(hd), pass2) == 0);
+            double omax = 0.0;
+            for (float x : o_ref) omax = std::fmax(omax, std::fabs((double)x));
+            double eo = max_abs(o_t.data(), o_ref.data(), o_t.size()) / omax;
+            double es = std::fmax(max_abs(acc_t.data(), acc.data(), acc.size()),
+                                  max_abs(acc2_t.data(), acc2.data(), acc2.size()));
+            double amax = 0.0;
+            for (float x : acc) amax = std::fmax(amax, (double)x);
+            CU_ASSERT(eo <= 2e-3 && es <= 2e-3);
+            CU_ASSERT(amax > 1.0); /* the statistics were accumulated, not left at 0 */
+            worst_o = eo > worst_o ? eo : worst_o;
+            worst_s = es > worst_s ? es : worst_s;
+            kv_pool_destroy(&pool);
+        }
+    std::printf("\n    d_h 16/64/128, g 1/4, f16: outputs within %.3g of the largest, "
+                "statistics within %.3g",
+                worst_o, worst_s);
+}
+
 /* The shim itself: warp shuffles and block reductions give CUDA's answers. */
 void test_shim_primitives() {
     std::vector<float> sums(96), maxes(96), downs(96), bsum(96);
@@ -1082,6 +1279,9 @@ int main(int argc, char **argv) {
         {"split-sequence decode launch plan", test_split_plan},
         {"typed weights: dequant, gather, gemv, 16-bit activations", test_typed_weights},
         {"flash-decoding at d_h 64/128/256, g 8", test_flash_wide_heads},
+        {"K-quant GEMV (Q4_K, Q6_K): the CPU's integer-dot bits", test_qk_gemv_bits},
+        {"tiled prefill attention (binary16 tensor-core tiles) vs the one-block kernel",
+         test_prefill_tiled},
     };
     return tu_main(argc, argv, "cuda_kernels", tests, sizeof tests / sizeof tests[0]);
 }

@@ -16,6 +16,12 @@
  *   kv_dp4a(a, b, c)               c + the dot of a's and b's four signed bytes (__dp4a)
  *   kv_load16(p, v)                16 bytes at p (16-byte aligned on the device) into
  *                                  uint32_t v[4]: one 128-bit load (ld.global.v4)
+ *   kv_ld_u32(p)                   the 32-bit little-endian word at p (4-byte aligned on the
+ *                                  device: one ld.global.u32)
+ *   kv_fmul_rn(a, b), kv_fadd_rn(a, b), kv_fsub_rn(a, b)   one fp32 operation rounded to
+ *                                  nearest even that nvcc may not fuse into an FMA (__fmul_rn
+ *                                  ...): where a kernel must give the CPU's bits (the CPU
+ *                                  library is built without contraction)
  * and launchers (cuda/kernels.cu) write kernel<<<grid, block, shm, stream>>>(args) as
  *   KV_LAUNCH(kernel, grid, block, shm, stream)(args)
  * which is the triple-chevron launch under nvcc and, on the fake CUDA runtime
@@ -59,6 +65,12 @@ static __device__ __forceinline__ void kv_load16(const void *p, unsigned *v) {
     uint4 u = *reinterpret_cast<const uint4 *>(p);
     v[0] = u.x, v[1] = u.y, v[2] = u.z, v[3] = u.w;
 }
+static __device__ __forceinline__ unsigned kv_ld_u32(const void *p) {
+    return *reinterpret_cast<const unsigned *>(p);
+}
+#define kv_fmul_rn(a, b) __fmul_rn((a), (b))
+#define kv_fadd_rn(a, b) __fadd_rn((a), (b))
+#define kv_fsub_rn(a, b) __fsub_rn((a), (b))
 
 #elif defined(KV_HOST_SHIM)
 
@@ -103,6 +115,21 @@ typedef unsigned kv_shim_u32x4 __attribute__((vector_size(16), may_alias, aligne
 static inline void kv_load16(const void *p, unsigned *v) {
     kv_shim_u32x4 u = *static_cast<const kv_shim_u32x4 *>(p);
     v[0] = u[0], v[1] = u[1], v[2] = u[2], v[3] = u[3];
+}
+static inline unsigned kv_ld_u32(const void *p) {
+    const unsigned char *b = static_cast<const unsigned char *>(p);
+    return (unsigned)b[0] | (unsigned)b[1] << 8 | (unsigned)b[2] << 16 | (unsigned)b[3] << 24;
+}
+/* plain operations on the shim: its x86-64 build targets no FMA instruction (no -mfma or
+ * -march), so each is rounded once, as in the CPU library */
+static inline float kv_fmul_rn(float a, float b) {
+    return a * b;
+}
+static inline float kv_fadd_rn(float a, float b) {
+    return a + b;
+}
+static inline float kv_fsub_rn(float a, float b) {
+    return a - b;
 }
 
 #else

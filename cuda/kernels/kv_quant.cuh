@@ -143,8 +143,10 @@ KV_GLOBAL void kv_k_gemv(const unsigned char *W, int t, size_t row_bytes, const 
 }
 
 /* ---- decode GEMV per weight type (the type a template parameter, no switch in the loop) ----
- * Shapes of all three: y[r * out + o] = sum_i W[o, i] x[r, i] for r < R (the step's rows, 1 ..
- * KV_K_GEMV_ROWS, a template parameter: the accumulators stay in registers), o < out. Grid:
+ * Shapes of all: y[r * out + o] = sum_i W[o, i] x[r, i] for r < rows <= R (R a template
+ * parameter, 1 .. KV_K_GEMV_ROWS: the accumulators stay in registers; the launcher
+ * instantiates R = 1 .. 8, 16, 24, 32 and passes the step's rows), o < out. Each weight load
+ * serves every row of x (batches 2-32 read each weight byte once per step). Grid:
  * one block of kGemvThreads threads per output row (grid-stride over rows, any grid); each
  * thread takes every kGemvThreads-th chunk of the row, two chunks per iteration (two loads in
  * flight), and the block's partial sums meet in shared memory, warps in order, so a launch
@@ -153,17 +155,18 @@ KV_GLOBAL void kv_k_gemv(const unsigned char *W, int t, size_t row_bytes, const 
 /* Threads per block of the typed GEMV kernels (4 warps). */
 #define KV_K_GEMV_THREADS 128
 
-/* The R block sums of a GEMV row: thread partials acc[R] summed over the block (warp
- * butterfly, then warp totals in warp order by thread 0..R-1) into y[r * out + o]. red:
- * R * 32 floats of shared memory; ends with a barrier, so red can be reused at once. */
-template <int R> KV_DEVICE void kv_k_gemv_finish(float *acc, float *red, float *y, int out, int o) {
+/* The block sums of a GEMV row for rows r < rows <= R: thread partials acc[R] summed over the
+ * block (warp butterfly, then warp totals in warp order by thread 0..rows-1) into y[r * out +
+ * o]. red: R * 32 floats of shared memory; ends with a barrier, so red can be reused at once. */
+template <int R>
+KV_DEVICE void kv_k_gemv_finish(float *acc, float *red, float *y, int rows, int out, int o) {
     int lane = kv_tid() % KV_WARP, warp = kv_tid() / KV_WARP, nw = kv_bdim() / KV_WARP;
-    for (int r = 0; r < R; r++) {
+    for (int r = 0; r < R && r < rows; r++) {
         float v = kv_warp_sum(acc[r]);
         if (lane == 0) red[r * KV_WARP + warp] = v;
     }
     kv_syncthreads();
-    if (kv_tid() < R) {
+    if (kv_tid() < R && kv_tid() < rows) {
         float t = red[kv_tid() * KV_WARP];
         for (int w = 1; w < nw; w++) t += red[kv_tid() * KV_WARP + w];
         y[(size_t)kv_tid() * (size_t)out + (size_t)o] = t;
@@ -176,7 +179,8 @@ template <int R> KV_DEVICE void kv_k_gemv_finish(float *acc, float *red, float *
  * loads). The products are fp32 multiply-adds in chunk order per thread (the CPU's F16 GEMV
  * sums in its own order: the values agree to rounding). */
 template <int R>
-KV_GLOBAL void kv_k_gemv_f16(const unsigned char *W, const float *x, float *y, int in, int out) {
+KV_GLOBAL void kv_k_gemv_f16(const unsigned char *W, const float *x, float *y, int rows, int in,
+                             int out) {
     KV_SHARED_ARRAY(float, red, R *KV_WARP);
     int step = 8 * kv_bdim();
     for (int o = kv_bid(); o < out; o += kv_gdim()) {
@@ -196,7 +200,7 @@ KV_GLOBAL void kv_k_gemv_f16(const unsigned char *W, const float *x, float *y, i
                     w[2 * k] = kv_h2f(wv[u][k] & 0xffffu);
                     w[2 * k + 1] = kv_h2f(wv[u][k] >> 16);
                 }
-                for (int r = 0; r < R; r++) {
+                for (int r = 0; r < R && r < rows; r++) {
                     float xv[8];
                     const float *xr = x + (size_t)r * (size_t)in + (size_t)(i0 + u * step);
                     kv_load16(xr, reinterpret_cast<unsigned *>(xv));
@@ -205,7 +209,7 @@ KV_GLOBAL void kv_k_gemv_f16(const unsigned char *W, const float *x, float *y, i
                 }
             }
         }
-        kv_k_gemv_finish<R>(acc, red, y, out, o);
+        kv_k_gemv_finish<R>(acc, red, y, rows, out, o);
     }
 }
 
@@ -281,7 +285,7 @@ struct kv_q4_0_dot {
  * agree to the rounding of the additions only). */
 template <typename Dot, int R>
 KV_GLOBAL void kv_k_gemv_q(const unsigned char *W, size_t row_bytes, const signed char *aq,
-                           const float *ad, const int *as, float *y, int in, int out) {
+                           const float *ad, const int *as, float *y, int rows, int in, int out) {
     KV_SHARED_ARRAY(float, red, R *KV_WARP);
     int nb = in / 32;
     Dot dot;
@@ -297,7 +301,7 @@ KV_GLOBAL void kv_k_gemv_q(const unsigned char *W, size_t row_bytes, const signe
                 int b = b0 + u * kv_bdim();
                 int w[8];
                 float dw = dot.load(wr + (size_t)b * Dot::bytes, w);
-                for (int r = 0; r < R; r++) {
+                for (int r = 0; r < R && r < rows; r++) {
                     size_t ab = (size_t)r * (size_t)nb + (size_t)b;
                     int xq[8], I = 0;
                     kv_load16(aq + 32 * ab, reinterpret_cast<unsigned *>(xq));
@@ -307,7 +311,205 @@ KV_GLOBAL void kv_k_gemv_q(const unsigned char *W, size_t row_bytes, const signe
                 }
             }
         }
-        kv_k_gemv_finish<R>(acc, red, y, out, o);
+        kv_k_gemv_finish<R>(acc, red, y, rows, out, o);
+    }
+}
+
+/* Activations of a K-quant GEMV quantised once per call, as the CPU's integer dots take them
+ * (runtime/quant/quant_dot.h layout "K"): for every 256-element block b of x [rows, in] (in %
+ * 256 == 0, blocks numbered row-major), d[b] = max|x| / 127, q[256 b + j] = round-to-nearest-
+ * even(x / d) clamped to [-127, 127] (the CPU's quant_block: the same bytes), s16[16 b + g] =
+ * the sum of q over the block's elements 16 g .. 16 g + 15. One warp per block, 8 consecutive
+ * elements per lane; any grid. q: rows * in bytes, d: rows * in / 256 floats, s16: rows * in /
+ * 16 int16. */
+KV_GLOBAL void kv_k_quantize_q8k(const float *x, int rows, int in, signed char *q, float *d,
+                                 short *s16) {
+    int lane = kv_tid() % KV_WARP, nw = kv_bdim() / KV_WARP;
+    size_t total = (size_t)rows * (size_t)(in / 256);
+    for (size_t b = (size_t)kv_bid() * nw + (size_t)(kv_tid() / KV_WARP); b < total;
+         b += (size_t)kv_gdim() * nw) {
+        const float *xb = x + 256 * b + 8 * (size_t)lane;
+        float v[8], amax = 0.0f;
+        for (int k = 0; k < 8; k++) {
+            v[k] = xb[k];
+            float a = fabsf(v[k]);
+            amax = a > amax ? a : amax;
+        }
+        amax = kv_warp_max(amax);
+        float dd = amax / 127.0f, id = dd > 0.0f ? 1.0f / dd : 0.0f;
+        int sum = 0;
+        for (int k = 0; k < 8; k++) {
+            float t = rintf(v[k] * id);
+            int qi = t >= 127.0f ? 127 : t <= -127.0f ? -127 : (int)t;
+            q[256 * b + 8 * (size_t)lane + (size_t)k] = (signed char)qi;
+            sum += qi;
+        }
+        sum += kv_shfl_xor(sum, 1); /* lanes 2g and 2g + 1 hold group g's 16 elements */
+        if (lane % 2 == 0) s16[16 * b + (size_t)(lane / 2)] = (short)sum;
+        if (lane == 0) d[b] = dd;
+    }
+}
+
+/* Byte i (0 .. 11) of a K-quant's scale bytes held as three little-endian words (no indexed
+ * register array: a run-time index would put it in local memory). */
+KV_DEVICE int kv_q_k_byte(unsigned w0, unsigned w1, unsigned w2, int i) {
+    unsigned w = i < 4 ? w0 : i < 8 ? w1 : w2;
+    return (int)((w >> (8 * (i % 4))) & 255u);
+}
+
+/* A lane's share of a K-quant super-block for kv_k_gemv_qk: 16 lanes per super-block (lane t
+ * = 0 .. 15), each loading its quants and the scales it needs once (kv_qk_load), then per row
+ * of x two exact integers from 4 dp4a (kv_qk_dot: i0, i1; the group's sums are exact), and
+ * the CPU's fp32 expression of the super-block (kv_qk_finish). bytes: the super-block's size; two:
+ * whether i1 is used (else it is not summed over the group). */
+
+/* Q4_K (144 bytes: f16 d, f16 dmin, 12 scale bytes, 128 bytes of nibbles; element 64 c + l is
+ * the low nibble of byte 32 c + l, element 64 c + 32 + l its high nibble): lane t holds bytes
+ * 8 t .. 8 t + 7 (two 4-byte loads: the block is 16-byte aligned), i.e. 8 quants of sub-block
+ * 2c (lo) and 8 of sub-block 2c + 1 (hi), c = t / 4, and those two sub-blocks' 6-bit scales
+ * and mins (ggml get_scale_min_k4, quant_dot.c k_scale_min). i0 = Isc's part (sc * sum q qx),
+ * i1 = Im's part (m * the 16-sums s16: the even lanes take the sums of their two groups, lanes
+ * 2k and 2k + 1 sharing one); f = (dx * d) * Isc - (dx * dmin) * Im (quant_dot.c k_finish). */
+struct kv_q4k_lane {
+    static const int bytes = 144, two = 1;
+    int lo[2], hi[2], sc0, sc1, m0, m1;
+    float d, dmin;
+};
+
+KV_DEVICE void kv_qk_load(kv_q4k_lane &p, const unsigned char *blk, int t) {
+    unsigned dm = kv_ld_u32(blk);
+    unsigned w0 = kv_ld_u32(blk + 16 + 8 * t), w1 = kv_ld_u32(blk + 20 + 8 * t);
+    unsigned s0 = kv_ld_u32(blk + 4), s1 = kv_ld_u32(blk + 8), s2 = kv_ld_u32(blk + 12);
+    p.d = kv_h2f(dm & 0xffffu);
+    p.dmin = kv_h2f(dm >> 16);
+    p.lo[0] = (int)(w0 & 0x0f0f0f0fu);
+    p.hi[0] = (int)((w0 >> 4) & 0x0f0f0f0fu);
+    p.lo[1] = (int)(w1 & 0x0f0f0f0fu);
+    p.hi[1] = (int)((w1 >> 4) & 0x0f0f0f0fu);
+    int c = t / 4, sc[2], mn[2];
+    for (int h = 0; h < 2; h++) {
+        int s = 2 * c + h;
+        if (s < 4) {
+            sc[h] = kv_q_k_byte(s0, s1, s2, s) & 63;
+            mn[h] = kv_q_k_byte(s0, s1, s2, s + 4) & 63;
+        } else {
+            int b4 = kv_q_k_byte(s0, s1, s2, s + 4);
+            sc[h] = (b4 & 15) | (kv_q_k_byte(s0, s1, s2, s - 4) >> 6) << 4;
+            mn[h] = (b4 >> 4) | (kv_q_k_byte(s0, s1, s2, s) >> 6) << 4;
+        }
+    }
+    p.sc0 = sc[0], p.sc1 = sc[1], p.m0 = mn[0], p.m1 = mn[1];
+}
+
+KV_DEVICE void kv_qk_dot(const kv_q4k_lane &p, int t, const signed char *xq, const short *s16,
+                         int *i0, int *i1) {
+    int c = t / 4, off = 64 * c + 8 * (t % 4);
+    int x0 = (int)kv_ld_u32(xq + off), x1 = (int)kv_ld_u32(xq + off + 4);
+    int x2 = (int)kv_ld_u32(xq + off + 32), x3 = (int)kv_ld_u32(xq + off + 36);
+    int slo = kv_dp4a(p.lo[1], x1, kv_dp4a(p.lo[0], x0, 0));
+    int shi = kv_dp4a(p.hi[1], x3, kv_dp4a(p.hi[0], x2, 0));
+    *i0 = p.sc0 * slo + p.sc1 * shi;
+    int g = 4 * c + (t % 4) / 2;
+    *i1 = t % 2 ? 0 : p.m0 * (int)s16[g] + p.m1 * (int)s16[g + 2];
+}
+
+KV_DEVICE float kv_qk_finish(const kv_q4k_lane &p, float dx, int isc, int im) {
+    return kv_fsub_rn(kv_fmul_rn(kv_fmul_rn(dx, p.d), (float)isc),
+                      kv_fmul_rn(kv_fmul_rn(dx, p.dmin), (float)im));
+}
+
+/* Q6_K (210 bytes: ql [128] low nibbles, qh [64] 2-bit highs, 16 int8 scales, f16 d at 208;
+ * for half h and l < 32 the elements 128 h + 32 p + l, p = 0 .. 3, are (ql[64 h + l + 32 (p &
+ * 1)] >> 4 (p >> 1)) & 15 | ((qh[32 h + l] >> 2 p) & 3) << 4, minus 32): lane t holds the 16
+ * elements of group G = t of 16 (h = t / 8, p = (t / 2) % 4, l from 16 (t % 2)): 16 bytes of ql
+ * and of qh as 16-bit loads (the 210-byte blocks allow no wider alignment), its int8 scale;
+ * i0 = sc_G * (sum q qx - 32 s16_G) (quant_dot.c i6k_c), f = (dx * d) * I. */
+struct kv_q6k_lane {
+    static const int bytes = 210, two = 0;
+    int q[4], sc;
+    float d;
+};
+
+KV_DEVICE void kv_qk_load(kv_q6k_lane &p, const unsigned char *blk, int t) {
+    int h = t / 8, part = (t / 2) % 4, l0 = 16 * (t % 2);
+    const unsigned char *ql = blk + 64 * h + 32 * (part & 1) + l0, *qh = blk + 128 + 32 * h + l0;
+    for (int k = 0; k < 4; k++) {
+        unsigned lw = (unsigned)kv_q_word(ql + 4 * k), hw = (unsigned)kv_q_word(qh + 4 * k);
+        unsigned lo = (part >> 1 ? lw >> 4 : lw) & 0x0f0f0f0fu;
+        p.q[k] = (int)(lo | ((hw >> (2 * part)) & 0x03030303u) << 4);
+    }
+    p.sc = (int)(signed char)blk[192 + t];
+    p.d = kv_q_hw(blk + 208);
+}
+
+KV_DEVICE void kv_qk_dot(const kv_q6k_lane &p, int t, const signed char *xq, const short *s16,
+                         int *i0, int *i1) {
+    unsigned xv[4];
+    kv_load16(xq + 16 * t, xv);
+    int s = 0;
+    for (int k = 0; k < 4; k++) s = kv_dp4a(p.q[k], (int)xv[k], s);
+    *i0 = p.sc * (s - 32 * (int)s16[t]);
+    *i1 = 0;
+}
+
+KV_DEVICE float kv_qk_finish(const kv_q6k_lane &p, float dx, int isum, int unused) {
+    (void)unused;
+    return kv_fmul_rn(kv_fmul_rn(dx, p.d), (float)isum);
+}
+
+/* The CPU's final sum of the 8 block-lane accumulators (quant_dot.c fin8). */
+KV_DEVICE float kv_fin8(const float *a) {
+    return kv_fadd_rn(kv_fadd_rn(kv_fadd_rn(a[0], a[4]), kv_fadd_rn(a[2], a[6])),
+                      kv_fadd_rn(kv_fadd_rn(a[1], a[5]), kv_fadd_rn(a[3], a[7])));
+}
+
+/* K-quant weights (K: kv_q4k_lane for Q4_K, kv_q6k_lane for Q6_K) against activations
+ * quantised by kv_k_quantize_q8k (aq, ad, as: rows x in / 256 blocks), with the bits of the
+ * CPU's integer dots (quant_dot.c dotk45_c, dot_q6_k_c): per super-block b of W row o and row
+ * r of x the exact integers of kv_qk_dot summed over the 16 lanes, f_b = kv_qk_finish (fp32,
+ * no FMA), added to accumulator b mod 8 in block order, y[r * out + o] = ((a0 + a4) + (a2 + a6))
+ * + ((a1 + a5) + (a3 + a7)). rows <= R (R a template parameter: the accumulators stay in
+ * registers), in % 256 == 0. Grid: a block of KV_K_GEMV_THREADS (128, required) threads per
+ * output row, grid-stride; 8 groups of 16 lanes, group j taking super-blocks j, j + 8, ... (the
+ * CPU's accumulator j), two per iteration with both loads issued first, 4 dp4a per row, the
+ * group's integers summed by 4 shuffles each; lanes past the row's end join the shuffles with
+ * zeros (the warp's two groups run the same trip count). */
+template <typename K, int R>
+KV_GLOBAL void kv_k_gemv_qk(const unsigned char *W, size_t row_bytes, const signed char *aq,
+                            const float *ad, const short *as, float *y, int rows, int in, int out) {
+    KV_SHARED_ARRAY(float, red, R * 8);
+    int nb = in / 256, t = kv_tid() % 16, j = kv_tid() / 16, jw = j & ~1;
+    for (int o = kv_bid(); o < out; o += kv_gdim()) {
+        const unsigned char *wr = W + (size_t)o * row_bytes;
+        float acc[R];
+        for (int r = 0; r < R; r++) acc[r] = 0.0f;
+        for (int b0 = j, bw = jw; bw < nb; b0 += 16, bw += 16) {
+            K p[2];
+            KV_UNROLL
+            for (int u = 0; u < 2; u++)
+                if (b0 + 8 * u < nb) kv_qk_load(p[u], wr + (size_t)(b0 + 8 * u) * K::bytes, t);
+            KV_UNROLL
+            for (int u = 0; u < 2; u++) {
+                int b = b0 + 8 * u;
+                if (bw + 8 * u >= nb) break; /* uniform over the warp */
+                for (int r = 0; r < R && r < rows; r++) {
+                    size_t ab = (size_t)r * (size_t)nb + (size_t)b;
+                    int i0 = 0, i1 = 0;
+                    if (b < nb) kv_qk_dot(p[u], t, aq + 256 * ab, as + 16 * ab, &i0, &i1);
+                    for (int m = 8; m > 0; m /= 2) {
+                        i0 += kv_shfl_xor(i0, m);
+                        if (K::two) i1 += kv_shfl_xor(i1, m);
+                    }
+                    if (b < nb) acc[r] = kv_fadd_rn(acc[r], kv_qk_finish(p[u], ad[ab], i0, i1));
+                }
+            }
+        }
+        if (t == 0)
+            for (int r = 0; r < R && r < rows; r++) red[r * 8 + j] = acc[r];
+        kv_syncthreads();
+        if (kv_tid() < R && kv_tid() < rows)
+            y[(size_t)kv_tid() * (size_t)out + (size_t)o] = kv_fin8(red + kv_tid() * 8);
+        kv_syncthreads();
     }
 }
 

@@ -12,10 +12,11 @@
  * (KV-Compress "KVC-full", excluded window v = 10; KV_L2_EXCLUDED_WINDOW of the CPU). */
 #define KV_K_L2_WINDOW 10
 
-/* Rows of x at or below which the CUDA backend multiplies by the typed GEMV kernel (decode,
- * small batches; kernels/kv_quant.cuh kv_k_gemv, whose lanes keep this many accumulators);
- * above, prefill's 16-bit GEMM or dequantised tile + GEMM. */
-#define KV_K_GEMV_ROWS 8
+/* Rows of x at or below which the CUDA backend multiplies by the typed GEMV kernels (decode
+ * and batches up to 32: each weight row is read once in its type, never widened to an fp32
+ * tile; kernels/kv_quant.cuh, whose threads keep one accumulator per row); above, prefill's
+ * 16-bit GEMM or dequantised tile + GEMM. */
+#define KV_K_GEMV_ROWS 32
 
 /* Query heads of a GQA group the flash-decoding kernel (kv_kernels.cuh kv_k_flash_decode)
  * keeps in registers (larger groups take kv_k_decode_split). */

@@ -75,6 +75,11 @@ const void *kvfake_paged_attention_kernel(int split);
 /* The flash-decoding kernel (kv_k_flash_decode) a decode step launches for K/V type kv_type
  * (kv_cache_type) and head dimension hd, for kvfake_watch_grid. */
 const void *kvfake_flash_decode_kernel(int kv_type, int hd);
+/* The tiled prefill kernel (kv_k_prefill_tiled) a prefill of f16 heads launches at head
+ * dimension hd (16, 32, 64, 128), for kvfake_watch_grid. */
+const void *kvfake_prefill_tiled_kernel(int hd);
+/* Its statistics pass (kv_k_prefill_stats) at head dimension hd, for kvfake_watch_grid. */
+const void *kvfake_prefill_stats_kernel(int hd);
 /* Attention of one task (one entry, f32 pool, block size 16) for a GQA group of g query heads
  * of hd dims through the launchers (cuda/kernels.h paged_attention, or with split
  * decode_attention_split with one chunk); *max_err = max |o - v| over the group (an exact 0

@@ -29,6 +29,20 @@ extern "C" const void *kvfake_flash_decode_kernel(int kv_type, int hd) {
 #undef KV_FD_PICK
 }
 
+extern "C" const void *kvfake_prefill_tiled_kernel(int hd) {
+    return hd == 16   ? reinterpret_cast<const void *>(&kv_k_prefill_tiled<16>)
+           : hd == 32 ? reinterpret_cast<const void *>(&kv_k_prefill_tiled<32>)
+           : hd == 64 ? reinterpret_cast<const void *>(&kv_k_prefill_tiled<64>)
+                      : reinterpret_cast<const void *>(&kv_k_prefill_tiled<128>);
+}
+
+extern "C" const void *kvfake_prefill_stats_kernel(int hd) {
+    return hd == 16   ? reinterpret_cast<const void *>(&kv_k_prefill_stats<16>)
+           : hd == 32 ? reinterpret_cast<const void *>(&kv_k_prefill_stats<32>)
+           : hd == 64 ? reinterpret_cast<const void *>(&kv_k_prefill_stats<64>)
+                      : reinterpret_cast<const void *>(&kv_k_prefill_stats<128>);
+}
+
 extern "C" int kvfake_probe_wide_group(int g, int hd, int split, double *max_err) {
     const int bs = 16;
     size_t row = (size_t)hd * sizeof(float), block = 2 * (size_t)bs * row, gw = (size_t)g * hd;
