@@ -97,7 +97,7 @@ int gemv_f16(const km_shape *s, km_trace *t, kv_error *err) {
     const unsigned char *W = reinterpret_cast<const unsigned char *>(w.data());
     int rc = traced(
         tr, rows, 1, KV_K_GEMV_THREADS, 0,
-        [&] { kv_k_gemv_f16<1>(W, x.data(), y.data(), s->in, rows); }, err);
+        [&] { kv_k_gemv_f16<1>(W, x.data(), y.data(), 1, s->in, rows); }, err);
     if (!rc) *t = tr.result(s->out, rows, KV_K_GEMV_THREADS, 0);
     t->path = two_chunk_share(s->in / 8, KV_K_GEMV_THREADS);
     return rc;
@@ -123,8 +123,8 @@ template <typename Dot> int gemv_q(const km_shape *s, km_trace *t, kv_error *err
     int rc = traced(
         tr, rows, 1, KV_K_GEMV_THREADS, 0,
         [&] {
-            kv_k_gemv_q<Dot, 1>(w.data(), rb, aq.data(), ad.data(), as.data(), y.data(), s->in,
-                                rows);
+            kv_k_gemv_q<Dot, 1>(w.data(), rb, aq.data(), ad.data(), as.data(), y.data(), 1,
+                                s->in, rows);
         },
         err);
     if (!rc) *t = tr.result(s->out, rows, KV_K_GEMV_THREADS, 0);
