@@ -282,10 +282,11 @@ static int halving_round(void *user, const int *configs, int n, int n_chunks, kv
     return rc;
 }
 
-/* Chunk evaluations successive halving will run (with prefix reuse), for the ETA. */
-static long halving_plan(int n, int eta, int c0, int cmax) {
+long kv_search_halving_chunk_evals(int n, int eta, int c0, int cmax, int *last) {
     long total = 0;
-    int prev = 0, c = c0;
+    int prev = 0, c = c0 < cmax ? c0 : cmax;
+    if (last) *last = 0;
+    if (n < 1 || c < 1) return 0;
     for (;;) {
         total += (long)n * (c - prev);
         int keep = (n + eta - 1) / eta;
@@ -294,7 +295,31 @@ static long halving_plan(int n, int eta, int c0, int cmax) {
         prev = c;
         c = (long)c * eta > cmax ? cmax : c * eta;
     }
+    if (last) *last = c;
     return total;
+}
+
+long kv_search_chunk_plan(const kv_search_opts *o, const kv_search_arms *a, int S, int HC,
+                          kv_search_chunks *w) {
+    kv_search_chunks z;
+    if (!w) w = &z;
+    memset(w, 0, sizeof *w);
+    int halving = o->halving_eta >= 2 && a->distinct > 1, last = S;
+    if (halving) {
+        int c0 = o->halving_min_chunks > 0 ? o->halving_min_chunks : 1;
+        w->grid = kv_search_halving_chunk_evals(a->distinct, o->halving_eta, c0, S, &last);
+        w->grid += S - last; /* the winner finished on every search chunk */
+    } else {
+        w->grid = (long)a->distinct * S;
+    }
+    w->baselines = (long)a->base_new * S;
+    /* a baseline that is also a grid budget finishes the chunks halving left it (at most S) */
+    w->baselines_max = halving ? (long)a->base_distinct * S : w->baselines;
+    for (int p = o->evict_block_search ? o->evict_block / 2 : 0; p >= 1; p /= 2)
+        w->ladder_max += 2L * S; /* the plan candidate and uniform (once when equal) */
+    /* winner and baselines, and the other allocation when sensitivity planning runs */
+    w->heldout = (long)(1 + a->base + (o->sensitivity ? 1 : 0)) * HC;
+    return w->grid + w->baselines_max + w->ladder_max + w->heldout;
 }
 
 static int make_budget(const search_ctx *c, const kv_profile_inputs *prof, kv_alloc_kind kind,
@@ -334,6 +359,19 @@ static void config_params(const kv_search_opts *o, const kv_search_result *r, in
     *t = o->allocation == KV_ALLOC_BAKLAVA ? o->t_values[it] : NAN;
     *rr = o->allocation == KV_ALLOC_BAKLAVA ? o->r_values[ir] : NAN;
     *p = o->allocation == KV_ALLOC_UNIFORM ? NAN : o->p_values[ip];
+}
+
+/* The grid's shape (points, their arms) and its result arrays. */
+static int search_shape(search_ctx *c, const kv_search_opts *o, kv_search_result *res) {
+    res->n_p = o->allocation == KV_ALLOC_UNIFORM ? 1 : o->n_p;
+    res->n_t = o->allocation == KV_ALLOC_BAKLAVA ? o->n_t : 1;
+    res->n_r = o->allocation == KV_ALLOC_BAKLAVA ? o->n_r : 1;
+    c->n_cfg = res->n_p * res->n_t * res->n_r;
+    c->cfg_arm = kv_malloc((size_t)c->n_cfg * sizeof *c->cfg_arm, "grid arms", c->err);
+    c->uniq = kv_malloc((size_t)c->n_cfg * sizeof *c->uniq, "grid arms", c->err);
+    res->perplexity = kv_malloc((size_t)c->n_cfg * sizeof *res->perplexity, "grid", c->err);
+    res->chunks = kv_calloc((size_t)c->n_cfg, sizeof *res->chunks, "grid", c->err);
+    return c->cfg_arm && c->uniq && res->perplexity && res->chunks ? KV_OK : KV_EINTERNAL;
 }
 
 /* Stage 0: check the options and the text, size the search (S search chunks, HC held-out). */
@@ -383,17 +421,9 @@ static int search_setup(search_ctx *c, const kv_model *m, const kv_profile_input
     for (long i = 0; i < (long)(c->S + c->HC) * C; i++)
         if (ids[i] < 0 || ids[i] >= m->cfg.vocab_size)
             return kv_fail(err, KV_EINPUT, "token %ld has id %d outside the vocabulary", i, ids[i]);
-    res->n_p = o->allocation == KV_ALLOC_UNIFORM ? 1 : o->n_p;
-    res->n_t = o->allocation == KV_ALLOC_BAKLAVA ? o->n_t : 1;
-    res->n_r = o->allocation == KV_ALLOC_BAKLAVA ? o->n_r : 1;
     res->search_chunks = c->S;
     res->heldout_chunks = c->HC;
-    c->n_cfg = res->n_p * res->n_t * res->n_r;
-    c->cfg_arm = kv_malloc((size_t)c->n_cfg * sizeof *c->cfg_arm, "grid arms", err);
-    c->uniq = kv_malloc((size_t)c->n_cfg * sizeof *c->uniq, "grid arms", err);
-    res->perplexity = kv_malloc((size_t)c->n_cfg * sizeof *res->perplexity, "grid", err);
-    res->chunks = kv_calloc((size_t)c->n_cfg, sizeof *res->chunks, "grid", err);
-    if (!c->cfg_arm || !c->uniq || !res->perplexity || !res->chunks) return KV_EINTERNAL;
+    if (search_shape(c, o, res)) return KV_EINTERNAL;
     c->t0 = kv_now();
     c->best_seen = HUGE_VAL;
     return KV_OK;
@@ -465,19 +495,28 @@ static int search_engine(search_ctx *c) {
                             search_knapsack_types(o), &c->eng, c->err);
 }
 
+/* How many baselines there are, distinct, and not among the grid's budgets (those run on
+ * every search chunk after the grid; the others share a grid arm's chunks). */
+static void search_arms(const search_ctx *c, kv_search_arms *out) {
+    memset(out, 0, sizeof *out);
+    out->points = c->n_cfg;
+    out->distinct = c->n_uniq;
+    for (int b = 0; b < KV_SEARCH_N_BASE; b++) {
+        int a = c->base_arm[b], rep = 0;
+        for (int j = 0; j < b; j++) rep |= c->base_arm[j] == a;
+        out->base += a >= 0;
+        out->base_distinct += a >= 0 && !rep;
+        out->base_new += a >= c->n_uniq && !rep;
+    }
+}
+
 /* Stage 4: the grid, exhaustive or by successive halving; sets the winning arm. */
 static int search_grid_eval(search_ctx *c) {
     const kv_search_opts *o = c->o;
     int rc = KV_OK;
-    long plan_grid = o->halving_eta >= 2
-                         ? halving_plan(c->n_uniq, o->halving_eta,
-                                        o->halving_min_chunks > 0 ? o->halving_min_chunks : 1, c->S)
-                         : (long)c->n_uniq * c->S;
-    if (o->halving_eta >= 2) plan_grid += c->S; /* at most: finishing the winner */
-    c->work_total =
-        plan_grid + (long)KV_SEARCH_N_BASE * c->S + (long)(1 + KV_SEARCH_N_BASE) * c->HC;
-    for (int p = o->evict_block_search ? o->evict_block / 2 : 0; p >= 1; p /= 2)
-        c->work_total += 2L * c->S; /* at most: the eviction-block ladder */
+    kv_search_arms arms;
+    search_arms(c, &arms);
+    c->work_total = kv_search_chunk_plan(o, &arms, c->S, c->HC, NULL);
     if (o->halving_eta >= 2 && c->n_uniq > 1) {
         kv_sh_opts sh = {.eta = o->halving_eta,
                          .min_chunks =
@@ -867,6 +906,39 @@ static int search_type_baselines(search_ctx *c) {
     return rc;
 }
 
+static void search_ctx_free(search_ctx *c) {
+    kv_engine_free(c->eng);
+    for (int a = 0; a < c->n_arms; a++) {
+        free(c->arms[a].tokens);
+        free(c->arms[a].blocks);
+        free(c->arms[a].nll);
+    }
+    free(c->arms);
+    free(c->cfg_arm);
+    free(c->uniq);
+}
+
+int kv_search_count_budgets(const kv_model *m, const kv_profile_inputs *prof,
+                            const kv_search_opts *o, kv_search_arms *out, kv_error *err) {
+    search_ctx c;
+    memset(&c, 0, sizeof c);
+    kv_search_result res;
+    memset(&res, 0, sizeof res);
+    c.m = m, c.o = o, c.prof = prof, c.err = err, c.res = &res, c.S = 1, c.win_arm = -1;
+    c.nh = m->cfg.n_layers * m->cfg.n_kv_heads;
+    for (int b = 0; b < KV_SEARCH_N_BASE; b++) c.base_arm[b] = -1;
+    int rc = KV_OK;
+    if (o->allocation != KV_ALLOC_UNIFORM && !prof)
+        rc = kv_fail(err, KV_EINPUT, "allocation %s needs a profile", kv_alloc_name(o->allocation));
+    if (!rc) rc = search_shape(&c, o, &res);
+    if (!rc) rc = search_grid_budgets(&c);
+    if (!rc) rc = search_baseline_budgets(&c);
+    if (!rc) search_arms(&c, out);
+    search_ctx_free(&c);
+    kv_search_result_free(&res);
+    return rc;
+}
+
 int kv_search_run(const kv_model *m, const kv_profile_inputs *prof, const int *ids, long n_ids,
                   const kv_search_opts *o, kv_search_result *res, kv_error *err) {
     memset(res, 0, sizeof *res);
@@ -890,15 +962,7 @@ int kv_search_run(const kv_model *m, const kv_profile_inputs *prof, const int *i
                           res->seconds);
         kv_progress_done(o->progress);
     }
-    kv_engine_free(c.eng);
-    for (int a = 0; a < c.n_arms; a++) {
-        free(c.arms[a].tokens);
-        free(c.arms[a].blocks);
-        free(c.arms[a].nll);
-    }
-    free(c.arms);
-    free(c.cfg_arm);
-    free(c.uniq);
+    search_ctx_free(&c);
     if (rc) kv_search_result_free(res);
     return rc;
 }

@@ -30,6 +30,79 @@ kv_sens_opts kv_search_sens_opts(const kv_search_opts *o);
 int kv_search_engine(const kv_model *m, const kv_search_opts *o, kv_cache_type t, int block_size,
                      int p, int seqs, int type_mask, kv_engine **out, kv_error *err);
 
+/* Chunk evaluations successive halving runs with prefix reuse (a budget evaluated on c chunks
+ * and later on c' > c runs only the c' - c new ones): n configurations on c0 chunks, the best
+ * ceil(n / eta) kept and the chunks multiplied by eta (capped at cmax), until one is left or
+ * a round ran on cmax chunks (kv_successive_halving's schedule, planner/alloc.c). *last (may
+ * be NULL): the chunks of the last round. */
+long kv_search_halving_chunk_evals(int n, int eta, int c0, int cmax, int *last);
+
+/* The grid's and the baselines' budgets as kv_search_run builds them. */
+typedef struct kv_search_arms {
+    int points;        /* grid points */
+    int distinct;      /* distinct rounded budgets among them (what the grid evaluates) */
+    int base;          /* baselines: full, uniform, squeeze (with a profile) */
+    int base_distinct; /* distinct budgets among the baselines */
+    int base_new;      /* distinct baseline budgets that no grid point has */
+} kv_search_arms;
+
+/* The search's chunk evaluations (each C tokens) per stage, as kv_search_chunk_plan counts
+ * them; _max where the count depends on the data (the largest it can be). */
+typedef struct kv_search_chunks {
+    long grid;                     /* the grid (halving: + finishing the winner) */
+    long baselines, baselines_max; /* full, uniform, squeeze on the search chunks */
+    long ladder_max;               /* the eviction-block ladder (plan and uniform at p/2..1) */
+    long heldout;                  /* winner, baselines (and the other allocation) held out */
+} kv_search_chunks;
+
+/* The chunk evaluations of kv_search_run's grid, baseline, eviction-block and held-out stages
+ * for the budgets a (kv_search_count_budgets), S search and HC held-out chunks under options
+ * o, into *w (may be NULL); returns the largest total (the progress ETA's). The sensitivity
+ * stage counts its own (kv_sens_count). */
+long kv_search_chunk_plan(const kv_search_opts *o, const kv_search_arms *a, int S, int HC,
+                          kv_search_chunks *w);
+
+/* The grid's and the baselines' budgets as kv_search_run builds them (kv_plan_budgets per
+ * point, identical rounded budgets shared) into *out. m is read for its cfg only. Errors:
+ * those of kv_plan_budgets and kv_plan_from_budgets; KV_EINPUT when the allocation needs a
+ * profile and prof is NULL. */
+int kv_search_count_budgets(const kv_model *m, const kv_profile_inputs *prof,
+                            const kv_search_opts *o, kv_search_arms *out, kv_error *err);
+
+/* What the guard (kv_robust_guard, planner/robust.c) evaluates, in tokens. */
+typedef struct kv_search_guard_count {
+    long curve_evals;    /* the per-text loss curves (one calibration chunk per text) */
+    long evals;          /* every chunk under full, uniform and the candidates it always has */
+    long evals_max;      /* with the sensitivity knapsack's solution as a further source */
+    int sequences_max;   /* candidates scored in one batched pass, at most */
+} kv_search_guard_count;
+
+/* The guard's token evaluations for n_texts calibration texts and nc = S + HC chunks under
+ * the search's options o: the per-text curves (kv_sens_count on one chunk per text, with two
+ * texts or more and sensitivity planning) and per chunk C tokens for the full cache, the
+ * uniform one and each candidate (KV_ROBUST_N_LAMBDA blends per source). Whether the
+ * sensitivity knapsack's solution is a further source depends on the search (evals_max).
+ * m is read for its cfg only. Errors: those of kv_sens_count. */
+int kv_robust_guard_count(const kv_model *m, const kv_search_opts *o, int n_texts, int nc,
+                          kv_search_guard_count *out, kv_error *err);
+
+/* What the retrieval stage (kv_retrieval_search, planner/retrieval_search.c) evaluates. */
+typedef struct kv_search_retrieval_count {
+    long curve_evals;     /* loss curves measured there when the search has none */
+    long chunk_evals;     /* search chunks under full, uniform and the guard's plan, tokens */
+    long probe_evals;     /* probe passes (full, uniform, the plan), tokens */
+    long chunk_evals_max; /* with the candidates (when the plan loses retrieval) */
+    long probe_evals_max; /* with the head costs' and the candidates' probe passes */
+} kv_search_retrieval_count;
+
+/* The retrieval stage's token evaluations with probes p (the first ro->max_probes), S search
+ * chunks under options o; have_heads: the profile holds the heads' costs. A probe pass costs
+ * its prompt's prefill and one decode per answer token but the last. m is read for its cfg
+ * only. Errors: those of kv_sens_count. */
+int kv_retrieval_count(const kv_model *m, const kv_search_opts *o, const kv_probes *p,
+                       const kv_retrieval_opts *ro, int S, int have_heads,
+                       kv_search_retrieval_count *out, kv_error *err);
+
 #ifdef __cplusplus
 }
 #endif

@@ -338,6 +338,12 @@ static int sens_run(sens_tasks *st, long n_tasks, double *res, kv_error *err) {
     return rc;
 }
 
+/* Token evaluations of one calibration chunk with n_pert perturbations: the full cache's
+ * reference prefill, the base budgets and one sequence per perturbation, C tokens each. */
+static long chunk_evals(int n_pert, int C) {
+    return (2L + n_pert) * C;
+}
+
 static void sens_reduce(const sens_tasks *st, const double *res, kv_sens_curves *out) {
     const int B = st->B, C = st->C, n_pert = st->n_pert, n_batch = st->per_chunk - 1;
     const int n = out->n_heads * out->n_types * out->n_policies * out->n_levels;
@@ -347,7 +353,6 @@ static void sens_reduce(const sens_tasks *st, const double *res, kv_sens_curves 
         const double *r0 = res + (size_t)ch * st->per_chunk * 2 * B;
         base_nll_sum += r0[0];
         base_kl_sum += r0[B];
-        out->token_evals += 2L * C;
         for (int b = 0; b < n_batch; b++) {
             const double *rb = r0 + (size_t)(1 + b) * 2 * B;
             int b0 = b * B, ns = n_pert - b0 < B ? n_pert - b0 : B;
@@ -355,9 +360,9 @@ static void sens_reduce(const sens_tasks *st, const double *res, kv_sens_curves 
                 out->delta_nll[st->pert[b0 + s]] += rb[s];
                 out->kl[st->pert[b0 + s]] += rb[B + s];
             }
-            out->token_evals += (long)ns * C;
         }
     }
+    out->token_evals += st->n_chunks * chunk_evals(n_pert, C);
     double denom = (double)st->n_chunks * (C - 1);
     out->base_nll = base_nll_sum / denom;
     out->base_kl = base_kl_sum / denom;
@@ -435,6 +440,27 @@ int kv_sens_measure_typed(kv_engine *e, const kv_model *m, const int *ids, int n
     free(res);
     out->seconds = kv_now() - t0;
     if (rc) kv_sens_curves_free(out);
+    return rc;
+}
+
+int kv_sens_count(const kv_model *m, const kv_sens_opts *o, int n_chunks, long *token_evals,
+                  long *passes, kv_error *err) {
+    kv_sens_curves cv;
+    memset(&cv, 0, sizeof cv);
+    int rc = check_opts(o, err);
+    if (!rc) rc = sens_curves_init(m, NULL, 0, o, &cv, err);
+    if (!rc) rc = sens_set_base(m, NULL, NULL, NULL, o, &cv, err);
+    size_t n = (size_t)cv.n_heads * cv.n_types * cv.n_policies * cv.n_levels;
+    int *pert = rc ? NULL : kv_malloc(n * sizeof *pert + 1, "perturbations", err);
+    if (!rc && !pert) rc = KV_EINTERNAL;
+    if (!rc) {
+        int n_pert = sens_list_perturbations(o, &cv, pert);
+        *token_evals = (long)n_chunks * chunk_evals(n_pert, o->context);
+        /* per chunk: the reference prefill, the base pass, the perturbation batches */
+        *passes = (long)n_chunks * (2 + (n_pert + o->batch - 1) / o->batch);
+    }
+    free(pert);
+    kv_sens_curves_free(&cv);
     return rc;
 }
 

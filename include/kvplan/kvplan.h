@@ -14,6 +14,7 @@
 #include "kvplan/batch.h"
 #include "kvplan/common.h"
 #include "kvplan/engine.h"
+#include "kvplan/estimate.h"
 #include "kvplan/eval.h"
 #include "kvplan/generate.h"
 #include "kvplan/h5io.h"

@@ -1,0 +1,312 @@
+/* kvplan search --estimate: every stage's token evaluations, counted by the functions the
+ * search runs, and a projected wall time. See include/kvplan/estimate.h. */
+#include "kvplan/estimate.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvplan/engine.h"
+#include "kvplan/h5io.h"
+#include "kvplan/kvpr.h"
+#include "kvplan/plan.h"
+#include "planner/search_impl.h"
+#include "planner/sensitivity.h"
+
+static const char *const stage_names[KV_EST_STAGES] = {
+    "grid", "baselines", "curves", "refine", "verify", "ladder", "heldout", "kv_types", "guard",
+    "retrieval"};
+
+const char *kv_est_stage_name(int stage) {
+    return stage >= 0 && stage < KV_EST_STAGES ? stage_names[stage] : NULL;
+}
+
+/* ---------------------------------------------------------------- device presets ---- */
+
+/* The roofline's constants, in one place.
+ *
+ * | preset | peak FLOP/s | memory bandwidth | source |
+ * | h100   | 989.4e12    | 3.35e12 B/s      | planner/hwpresets.c h100-sxm (NVIDIA H100 datasheet, SXM, dense FP16) |
+ * | a100   | 312e12      | 1.555e12 B/s     | planner/hwpresets.c a100-40g-pcie4 (NVIDIA A100 datasheet, 40GB PCIe) |
+ * | cpu    | 100e9       | 11.2e9 B/s       | this project's 2-core AMD EPYC Zen 4 VM: cblas_sgemm on 2 threads (about 50 GFLOP/s a thread, docs/benchmarks.md) and the F16 GEMV read bandwidth 11.2 GB/s (docs/benchmarks.md) |
+ *
+ * Fractions of peak assumed reached by a prefill of C-token chunks: FLOPs 0.5 on a GPU (the
+ * model FLOP utilisation good prefill kernels reach on large GEMMs; FlashAttention-2 reports
+ * 50-73% of peak for attention, dense GEMMs sit near 70%, the rest of a layer lower) and 0.5
+ * on the CPU (OpenBLAS sgemm at these shapes against its peak); bandwidth 0.8 (STREAM-like
+ * reads reach about 80% of the datasheet figure). */
+#define GPU_FLOP_EFF 0.5
+#define CPU_FLOP_EFF 0.5
+#define BW_EFF 0.8
+#define CPU_PEAK_FLOPS 100e9
+#define CPU_MEM_BW 11.2e9
+/* query rows per tile of a fused attention kernel (FlashAttention-2's block size, Dao 2023) */
+#define ATTN_Q_TILE 128.0
+
+typedef struct est_preset {
+    const char *key, *hw_key; /* --device-preset, planner/hwpresets.c row (NULL: cpu here) */
+} est_preset;
+
+static const est_preset presets[] = {{"h100", "h100-sxm"}, {"a100", "a100-40g-pcie4"}, {"cpu", NULL}};
+#define N_PRESETS ((int)(sizeof presets / sizeof presets[0]))
+
+static int preset_figures(const char *key, kv_roofline *r, kv_error *err) {
+    for (int i = 0; i < N_PRESETS; i++) {
+        if (!key || strcmp(key, presets[i].key)) continue;
+        if (!presets[i].hw_key) {
+            r->peak_flops = CPU_PEAK_FLOPS;
+            r->mem_bw = CPU_MEM_BW;
+            r->flop_eff = CPU_FLOP_EFF;
+            snprintf(r->source, sizeof r->source,
+                     "preset cpu: 2-core AMD EPYC Zen 4 VM, %.0f GFLOP/s sgemm, %.1f GB/s "
+                     "(docs/benchmarks.md)",
+                     CPU_PEAK_FLOPS / 1e9, CPU_MEM_BW / 1e9);
+        } else {
+            kv_hw hw;
+            int rc = kv_hw_from_preset(presets[i].hw_key, &hw, err);
+            if (rc) return rc;
+            r->peak_flops = hw.v_gpu;
+            r->mem_bw = hw.mem_bw;
+            r->flop_eff = GPU_FLOP_EFF;
+            snprintf(r->source, sizeof r->source, "%s", hw.source);
+        }
+        r->bw_eff = BW_EFF;
+        return KV_OK;
+    }
+    return kv_fail(err, KV_EINPUT, "--device-preset '%s': unknown (known: h100, a100, cpu)",
+                   key ? key : "");
+}
+
+int kv_estimate_roofline(const kv_config *cfg, int context, int seq_per_pass, const char *preset,
+                         kv_roofline *out, kv_error *err) {
+    memset(out, 0, sizeof *out);
+    int rc = preset_figures(preset, out, err);
+    if (rc) return rc;
+    const double L = cfg->n_layers, H = cfg->n_heads, KVH = cfg->n_kv_heads, dh = cfg->head_dim;
+    const double dim = cfg->dim > 0 ? cfg->dim : H * dh, ffn = cfg->hidden_dim;
+    const double V = cfg->vocab_size, C = context, seqs = seq_per_pass > 0 ? seq_per_pass : 1;
+    /* weights: q, k, v, o; gate, up, down (SwiGLU); the classifier (the embedding is a row
+     * lookup, no FLOPs) */
+    const double layer = dim * H * dh + 2 * dim * KVH * dh + H * dh * dim + 3 * dim * ffn;
+    const double matmul = L * layer + dim * V;
+    out->flops = 2 * matmul + L * 4 * H * dh * (C / 2); /* QK^T and PV over C/2 keys */
+    out->weight_bytes = 2 * (matmul + V * dim) / (C * seqs);
+    /* K and V in F16: each token's written once and, in a fused attention kernel, the keys
+     * before it read once per query tile of ATTN_Q_TILE rows (C / 2 on average) */
+    out->kv_bytes = L * 2 * KVH * dh * 2 * (1 + (C / 2) / ATTN_Q_TILE);
+    double tc = out->flops / (out->peak_flops * out->flop_eff);
+    double tm = (out->weight_bytes + out->kv_bytes) / (out->mem_bw * out->bw_eff);
+    out->compute_bound = tc >= tm;
+    out->tokens_per_s = 1.0 / (tc > tm ? tc : tm);
+    return KV_OK;
+}
+
+int kv_estimate_parse_shape(const char *s, int context, kv_config *cfg, kv_error *err) {
+    static const char *const names[6] = {"L", "H", "KVH", "DH", "FFN", "VOCAB"};
+    long v[6];
+    const char *p = s ? s : "";
+    for (int i = 0; i < 6; i++) {
+        char *end = NULL;
+        v[i] = strtol(p, &end, 10);
+        if (end == p || v[i] < 1 || v[i] > (1L << 24) || (i < 5 && *end != ',') ||
+            (i == 5 && *end))
+            return kv_fail(err, KV_EINPUT,
+                           "--shape '%s': field %d (%s) is not a positive integer; expected "
+                           "L,H,KVH,DH,FFN,VOCAB, e.g. 32,32,8,128,14336,128256",
+                           s ? s : "", i + 1, names[i]);
+        p = end + 1;
+    }
+    if (v[1] % v[2])
+        return kv_fail(err, KV_EINPUT,
+                       "--shape '%s': H %ld is not a multiple of KVH %ld (grouped-query heads)",
+                       s, v[1], v[2]);
+    memset(cfg, 0, sizeof *cfg);
+    cfg->n_layers = (int)v[0], cfg->n_heads = (int)v[1], cfg->n_kv_heads = (int)v[2];
+    cfg->head_dim = (int)v[3], cfg->hidden_dim = (int)v[4], cfg->vocab_size = (int)v[5];
+    cfg->dim = cfg->n_heads * cfg->head_dim;
+    cfg->seq_len = context;
+    cfg->norm_eps = 1e-5f, cfg->rope_theta = 10000.0f;
+    cfg->bos_id = cfg->eos_id = -1;
+    snprintf(cfg->arch, sizeof cfg->arch, "llama");
+    return KV_OK;
+}
+
+/* ---------------------------------------------------------------- rates ---- */
+
+int kv_estimate_rate_profile(const char *path, double *tokens_per_s, kv_error *err) {
+    kv_h5 *f = NULL;
+    int rc = kv_h5_open_read(path, &f, err);
+    if (rc) return rc;
+    *tokens_per_s = 0;
+    if (!kv_h5_attr_exists(f, "/prompts", "profile_tokens_per_s"))
+        rc = kv_fail(err, KV_EINPUT,
+                     "%s: no /prompts@profile_tokens_per_s (profile it again with this kvplan)",
+                     path);
+    else
+        rc = kv_h5_read_attr_f64(f, "/prompts", "profile_tokens_per_s", tokens_per_s, err);
+    kv_h5_close(f);
+    if (!rc && !(*tokens_per_s > 0))
+        rc = kv_fail(err, KV_EINPUT, "%s: /prompts@profile_tokens_per_s is %g", path,
+                     *tokens_per_s);
+    return rc;
+}
+
+int kv_estimate_rate_calibrate(const kv_model *m, const kv_search_opts *o, const int *ids,
+                               int chunks, int seqs, double *tokens_per_s, kv_error *err) {
+    const int nh = m->cfg.n_layers * m->cfg.n_kv_heads, C = o->context;
+    if (seqs < 1 || seqs > 64) seqs = 1;
+    int *bud = kv_malloc((size_t)nh * sizeof *bud, "uniform budgets", err);
+    if (!bud) return KV_EINTERNAL;
+    kv_engine *e = NULL;
+    int rc = kv_uniform_budgets(nh, o->ratio, C, o->block_size, bud, NULL, err);
+    if (!rc)
+        rc = kv_search_engine(m, o, o->kv_type, o->block_size, o->evict_block, seqs, 0, &e, err);
+    const int *b[64];
+    double nll[64], t0 = 0;
+    for (int i = 0; i < seqs; i++) b[i] = bud;
+    /* chunk 0 once untimed (first touch of the engine's buffers), then `chunks` timed */
+    for (int ch = 0; ch <= chunks && !rc; ch++) {
+        if (ch == 1) t0 = kv_now();
+        int at = ch == 0 ? 0 : ch - 1;
+        rc = kv_engine_chunk_nll(e, ids + (long)at * C, C, seqs, b, NULL, nll, NULL, err);
+    }
+    double dt = kv_now() - t0;
+    if (!rc) *tokens_per_s = (double)chunks * seqs * C / (dt > 1e-9 ? dt : 1e-9);
+    kv_engine_free(e);
+    free(bud);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- counts ---- */
+
+static void row(kv_search_estimate *e, int s, long lo, long hi) {
+    e->stage[s].token_evals = lo;
+    e->stage[s].token_evals_max = hi > lo ? hi : lo;
+    e->stage[s].exact = hi <= lo;
+}
+
+/* The uniform caches of each --kv-types type (search_type_baselines): S + HC chunks each where
+ * the uniform budget at the plan's bytes stays at or above the policy's floor at eviction
+ * block p. */
+static int type_chunks(const kv_model *m, const kv_search_opts *o, int p, int S, int HC,
+                       long *chunks, kv_error *err) {
+    const int nh = m->cfg.n_layers * m->cfg.n_kv_heads, hd = m->cfg.head_dim, C = o->context;
+    *chunks = 0;
+    int *bud = kv_malloc((size_t)nh * sizeof *bud, "type baseline budgets", err);
+    if (!bud) return KV_EINTERNAL;
+    double Rb = o->ratio * (double)kv_type_token_bytes(o->kv_type, hd) /
+                (double)kv_type_token_bytes(KV_TYPE_F16, hd);
+    int rc = KV_OK;
+    for (int t = 0; t < KV_CACHE_TYPES && !rc; t++) {
+        if (!(o->kv_types_mask & (1 << t))) continue;
+        double tr = kv_type_token_ratio(Rb, (kv_cache_type)t, hd);
+        rc = kv_uniform_budgets(nh, tr > 1.0 ? 1.0 : tr, C, o->block_size, bud, NULL, err);
+        int below = 0, fl = kv_policy_fixed_tokens(o->policy) + p;
+        for (int i = 0; i < nh && !rc; i++) below |= bud[i] < C && bud[i] < fl;
+        if (!rc && !below) *chunks += S + HC;
+    }
+    free(bud);
+    return rc;
+}
+
+/* The grid, the baselines, the ladder, the held-out figures and the per-type caches. */
+static int count_search(const kv_model *m, const kv_profile_inputs *prof, const kv_search_opts *o,
+                        int S, int HC, kv_search_estimate *e, kv_error *err) {
+    const long C = o->context;
+    kv_search_arms a;
+    memset(&a, 0, sizeof a);
+    int rc = KV_OK;
+    if (prof || o->allocation == KV_ALLOC_UNIFORM) {
+        rc = kv_search_count_budgets(m, prof, o, &a, err);
+        e->distinct = a.distinct;
+    } else { /* no profile: every grid point counts as distinct, every baseline as new */
+        a.points = a.distinct = (o->allocation == KV_ALLOC_BAKLAVA ? o->n_t * o->n_r : 1) * o->n_p;
+        a.base = a.base_distinct = a.base_new = KV_SEARCH_N_BASE;
+        e->distinct = -1;
+    }
+    if (rc) return rc;
+    e->points = a.points;
+    kv_search_chunks w;
+    kv_search_chunk_plan(o, &a, S, HC, &w);
+    row(e, KV_EST_GRID, w.grid * C, w.grid * C);
+    e->stage[KV_EST_GRID].exact = prof || o->allocation == KV_ALLOC_UNIFORM;
+    row(e, KV_EST_BASELINES, w.baselines * C, w.baselines_max * C);
+    row(e, KV_EST_LADDER, w.ladder_max / 2 * C, w.ladder_max * C);
+    row(e, KV_EST_HELDOUT, w.heldout * C, w.heldout * C);
+    long lo = 0, hi = 0;
+    rc = type_chunks(m, o, o->evict_block, S, HC, &lo, err);
+    if (!rc) rc = type_chunks(m, o, o->evict_block_search ? 1 : o->evict_block, S, HC, &hi, err);
+    if (!rc) row(e, KV_EST_TYPES, lo * C, hi * C);
+    return rc;
+}
+
+/* Sensitivity planning (kv_sens_search): the first round's curves (exact), the refinement
+ * rounds' (at most max_rounds - 1, each counted around uniform: a round around the kept
+ * solution skips its own base points instead) and each round's verification on the S search
+ * chunks (one per objective; none when a solution repeats the kept one). */
+static int count_sens(const kv_model *m, const kv_search_opts *o, int S, kv_search_estimate *e,
+                      kv_error *err) {
+    if (!o->sensitivity) return KV_OK;
+    kv_sens_opts so = kv_search_sens_opts(o);
+    long curve = 0, passes = 0;
+    int calib = so.calib_chunks < S ? so.calib_chunks : S;
+    int rc = kv_sens_count(m, &so, calib, &curve, &passes, err);
+    if (rc) return rc;
+    const int rounds = so.max_rounds, n_obj = so.objective == KV_SENS_OBJ_BOTH ? 2 : 1;
+    e->curve_passes = passes;
+    e->sens_rounds = rounds;
+    row(e, KV_EST_CURVES, curve, curve);
+    row(e, KV_EST_REFINE, 0, (long)(rounds - 1) * curve);
+    row(e, KV_EST_VERIFY, 0, (long)rounds * n_obj * S * o->context);
+    return KV_OK;
+}
+
+int kv_search_estimate_count(const kv_model *m, const kv_profile_inputs *prof,
+                             const kv_search_opts *o, int n_texts, int S, int HC,
+                             const kv_probes *probes, const kv_retrieval_opts *ro, int have_heads,
+                             kv_search_estimate *out, kv_error *err) {
+    memset(out, 0, sizeof *out);
+    for (int s = 0; s < KV_EST_STAGES; s++) out->stage[s].exact = 1;
+    out->search_chunks = S, out->heldout_chunks = HC, out->context = o->context;
+    if (S < 1) return kv_fail(err, KV_EINPUT, "the estimate needs at least one search chunk");
+    int rc = count_search(m, prof, o, S, HC, out, err);
+    if (!rc) rc = count_sens(m, o, S, out, err);
+    kv_search_guard_count g;
+    if (!rc) rc = kv_robust_guard_count(m, o, n_texts, S + HC, &g, err);
+    if (!rc) row(out, KV_EST_GUARD, g.curve_evals + g.evals, g.curve_evals + g.evals_max);
+    if (!rc && probes) {
+        kv_search_retrieval_count r;
+        rc = kv_retrieval_count(m, o, probes, ro, S, have_heads, &r, err);
+        if (!rc)
+            row(out, KV_EST_RETRIEVAL, r.curve_evals + r.chunk_evals + r.probe_evals,
+                r.curve_evals + r.chunk_evals_max + r.probe_evals_max);
+    }
+    for (int s = 0; s < KV_EST_STAGES && !rc; s++) {
+        out->token_evals += out->stage[s].token_evals;
+        out->token_evals_max += out->stage[s].token_evals_max;
+    }
+    return rc;
+}
+
+/* The stages whose passes are batches of perturbations or candidates. */
+static int batched_stage(int s) {
+    return s == KV_EST_CURVES || s == KV_EST_REFINE || s == KV_EST_GUARD;
+}
+
+void kv_search_estimate_time(kv_search_estimate *e, double tokens_per_s, double batch_tokens_per_s,
+                             const char *source) {
+    if (!(batch_tokens_per_s > 0)) batch_tokens_per_s = tokens_per_s;
+    e->tokens_per_s = tokens_per_s;
+    e->batch_tokens_per_s = batch_tokens_per_s;
+    snprintf(e->rate_source, sizeof e->rate_source, "%s", source ? source : "");
+    e->seconds = e->seconds_max = 0;
+    for (int s = 0; s < KV_EST_STAGES; s++) {
+        kv_est_row *r = &e->stage[s];
+        double rate = batched_stage(s) ? batch_tokens_per_s : tokens_per_s;
+        r->seconds = rate > 0 ? (double)r->token_evals / rate : NAN;
+        r->seconds_max = rate > 0 ? (double)r->token_evals_max / rate : NAN;
+        e->seconds += r->seconds;
+        e->seconds_max += r->seconds_max;
+    }
+}
