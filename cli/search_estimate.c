@@ -8,6 +8,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Seconds each calibration forward runs at least (long enough that one descheduled pass on a
+ * shared machine does not set the rate). */
+#define CALIB_SECONDS 2.0
+
 /* The throughputs: the preset's roofline (--device-preset), else a calibration forward on the
  * search's engine (single sequence and a batch of the curves' size), with the profile's
  * figure named beside it. */
@@ -27,15 +31,16 @@ static int choose_rate(const kv_cli_estimate *e, kv_search_estimate *est, kv_err
     char pnote[96] = "";
     if (e->profile_path && !kv_estimate_rate_profile(e->profile_path, &prof, NULL))
         snprintf(pnote, sizeof pnote, "; the profile's full-cache forward: %.0f tokens/s", prof);
-    int chunks = e->S < 2 ? e->S : 2, seqs = e->so->sens.batch > 1 ? e->so->sens.batch : 1;
-    int rc = kv_estimate_rate_calibrate(e->m, e->so, e->ids, chunks, 1, &one, err);
+    int seqs = e->so->sens.batch > 1 ? e->so->sens.batch : 1;
+    int rc = kv_estimate_rate_calibrate(e->m, e->so, e->ids, e->S, 1, CALIB_SECONDS, &one, err);
     if (!rc && e->so->sensitivity)
-        rc = kv_estimate_rate_calibrate(e->m, e->so, e->ids, 1, seqs, &batch, err);
+        rc =
+            kv_estimate_rate_calibrate(e->m, e->so, e->ids, e->S, seqs, CALIB_SECONDS, &batch, err);
     if (rc) return rc;
     snprintf(src, sizeof src,
-             "calibration forward: %d search chunk(s) under the uniform budgets, 1 and %d "
+             "calibration forward: search chunks under the uniform budgets for %.0f s, 1 and %d "
              "sequences a pass%s",
-             chunks, e->so->sensitivity ? seqs : 1, pnote);
+             CALIB_SECONDS, e->so->sensitivity ? seqs : 1, pnote);
     kv_search_estimate_time(est, one, batch, src);
     return KV_OK;
 }
@@ -60,7 +65,7 @@ static void print_table(const kv_cli_estimate *e, const kv_search_estimate *est)
     }
     printf("%-12s %16ld %16ld %12.1f %12.1f\n", "total", est->token_evals, est->token_evals_max,
            est->seconds, est->seconds_max);
-    printf("rate         %.0f tokens/s (batched passes %.0f): %s\n", est->tokens_per_s,
+    printf("rate         %.4g tokens/s (batched passes %.4g): %s\n", est->tokens_per_s,
            est->batch_tokens_per_s, est->rate_source);
     if (est->sens_rounds > 1)
         printf("note         refine/verify: %d refinement solves at most (fewer when a round does "
@@ -76,8 +81,8 @@ static int print_json(const kv_cli_estimate *e, const kv_search_estimate *est, k
         return kv_fail(err, KV_EINTERNAL, "out of memory: JSON");
     }
     cJSON_AddStringToObject(root, "model", e->model_name);
-    int shape[6] = {c->n_layers, c->n_heads, c->n_kv_heads, c->head_dim, c->hidden_dim,
-                    c->vocab_size};
+    int shape[6] = {c->n_layers, c->n_heads,    c->n_kv_heads,
+                    c->head_dim, c->hidden_dim, c->vocab_size};
     cJSON_AddItemToObject(root, "shape", cJSON_CreateIntArray(shape, 6));
     cJSON_AddNumberToObject(root, "context", est->context);
     cJSON_AddNumberToObject(root, "ratio_tokens", e->so->ratio);
@@ -87,6 +92,14 @@ static int print_json(const kv_cli_estimate *e, const kv_search_estimate *est, k
     cJSON_AddNumberToObject(root, "heldout_chunks", est->heldout_chunks);
     cJSON_AddNumberToObject(root, "grid_points", est->points);
     cJSON_AddNumberToObject(root, "distinct_budgets", est->distinct);
+    /* the totals before the stages: a reader looking for the first "token_evals" gets them */
+    cJSON_AddNumberToObject(root, "token_evals", (double)est->token_evals);
+    cJSON_AddNumberToObject(root, "token_evals_max", (double)est->token_evals_max);
+    cJSON_AddNumberToObject(root, "seconds", est->seconds);
+    cJSON_AddNumberToObject(root, "seconds_max", est->seconds_max);
+    cJSON_AddNumberToObject(root, "tokens_per_s", est->tokens_per_s);
+    cJSON_AddNumberToObject(root, "batch_tokens_per_s", est->batch_tokens_per_s);
+    cJSON_AddStringToObject(root, "rate_source", est->rate_source);
     for (int s = 0; s < KV_EST_STAGES; s++) {
         const kv_est_row *r = &est->stage[s];
         cJSON *o = cJSON_CreateObject();
@@ -99,13 +112,6 @@ static int print_json(const kv_cli_estimate *e, const kv_search_estimate *est, k
         cJSON_AddItemToArray(st, o);
     }
     cJSON_AddItemToObject(root, "stages", st);
-    cJSON_AddNumberToObject(root, "token_evals", (double)est->token_evals);
-    cJSON_AddNumberToObject(root, "token_evals_max", (double)est->token_evals_max);
-    cJSON_AddNumberToObject(root, "seconds", est->seconds);
-    cJSON_AddNumberToObject(root, "seconds_max", est->seconds_max);
-    cJSON_AddNumberToObject(root, "tokens_per_s", est->tokens_per_s);
-    cJSON_AddNumberToObject(root, "batch_tokens_per_s", est->batch_tokens_per_s);
-    cJSON_AddStringToObject(root, "rate_source", est->rate_source);
     char *txt = cJSON_Print(root);
     cJSON_Delete(root);
     if (!txt) return kv_fail(err, KV_EINTERNAL, "out of memory: JSON");

@@ -7,17 +7,17 @@
 #include "kvplan/search.h"
 
 typedef struct kv_cli_estimate {
-    const kv_model *m;              /* the model, or one with only cfg (--shape) */
-    const char *model_name;         /* its path, or the --shape string */
-    const kv_profile_inputs *prof;  /* NULL: no profile */
-    const char *profile_path;       /* NULL: none */
-    const kv_search_opts *so;       /* the options the search would run with */
-    int n_texts, S, HC;             /* texts and their chunks as laid out */
-    const int *ids;                 /* the laid-out tokens (NULL with --shape) */
-    const kv_probes *probes;        /* --retrieval's, or NULL */
+    const kv_model *m;             /* the model, or one with only cfg (--shape) */
+    const char *model_name;        /* its path, or the --shape string */
+    const kv_profile_inputs *prof; /* NULL: no profile */
+    const char *profile_path;      /* NULL: none */
+    const kv_search_opts *so;      /* the options the search would run with */
+    int n_texts, S, HC;            /* texts and their chunks as laid out */
+    const int *ids;                /* the laid-out tokens (NULL with --shape) */
+    const kv_probes *probes;       /* --retrieval's, or NULL */
     const kv_retrieval_opts *ro;
-    int have_heads;                 /* the profile holds the heads' retrieval costs */
-    const char *preset;             /* --device-preset, or NULL */
+    int have_heads;     /* the profile holds the heads' retrieval costs */
+    const char *preset; /* --device-preset, or NULL */
     int json;
 } kv_cli_estimate;
 

@@ -334,8 +334,8 @@ int kv_retrieval_count(const kv_model *m, const kv_search_opts *o, const kv_prob
         so.types_mask = o->kv_types_mask;
         if (so.batch > KV_RETRIEVAL_MAX_CAND + 2) so.batch = KV_RETRIEVAL_MAX_CAND + 2;
         long passes = 0;
-        int rc = kv_sens_count(m, &so, so.calib_chunks > 0 ? so.calib_chunks : 1,
-                               &out->curve_evals, &passes, err);
+        int rc = kv_sens_count(m, &so, so.calib_chunks > 0 ? so.calib_chunks : 1, &out->curve_evals,
+                               NULL, &passes, err);
         if (rc) return rc;
     }
     int n = ro->max_probes > 0 && ro->max_probes < p->n ? ro->max_probes : p->n;

@@ -613,23 +613,22 @@ static void guard_adopt(guard *g) {
     }
 }
 
-int kv_robust_guard_count(const kv_model *m, const struct kv_search_opts *o, int n_texts,
-                          int nc, kv_search_guard_count *out, kv_error *err) {
+int kv_robust_guard_count(const kv_model *m, const struct kv_search_opts *o, int n_texts, int nc,
+                          kv_search_guard_count *out, kv_error *err) {
     memset(out, 0, sizeof *out);
     long passes = 0, curve = 0;
     /* the per-text knapsacks (text_knapsacks): two texts or more and sensitivity planning */
     int knap = n_texts >= 2 && o->sensitivity;
     if (knap) {
         kv_sens_opts so = sens_opts(o);
-        int rc = kv_sens_count(m, &so, 1, &curve, &passes, err);
+        int rc = kv_sens_count(m, &so, 1, &curve, NULL, &passes, err);
         if (rc) return rc;
     }
     out->curve_evals = curve * n_texts;
     /* sources (guard_sources): the plan, the mean and worst knapsacks and up to
      * KV_ROBUST_TEXT_SOURCES texts' own, and at most the sensitivity solution */
-    int n_src = 1 + (knap ? 2 + (n_texts < KV_ROBUST_TEXT_SOURCES ? n_texts
-                                                                    : KV_ROBUST_TEXT_SOURCES)
-                          : 0);
+    int n_src =
+        1 + (knap ? 2 + (n_texts < KV_ROBUST_TEXT_SOURCES ? n_texts : KV_ROBUST_TEXT_SOURCES) : 0);
     int n_src_max = n_src + (o->sensitivity ? 1 : 0);
     /* guard_measure: every chunk under the full cache, the uniform one and the candidates */
     out->evals = (long)nc * (2 + KV_ROBUST_N_LAMBDA * n_src) * o->context;

@@ -14,9 +14,9 @@
 #include "planner/search_impl.h"
 #include "planner/sensitivity.h"
 
-static const char *const stage_names[KV_EST_STAGES] = {
-    "grid", "baselines", "curves", "refine", "verify", "ladder", "heldout", "kv_types", "guard",
-    "retrieval"};
+static const char *const stage_names[KV_EST_STAGES] = {"grid",   "baselines", "curves",  "refine",
+                                                       "verify", "ladder",    "heldout", "kv_types",
+                                                       "guard",  "retrieval"};
 
 const char *kv_est_stage_name(int stage) {
     return stage >= 0 && stage < KV_EST_STAGES ? stage_names[stage] : NULL;
@@ -24,17 +24,22 @@ const char *kv_est_stage_name(int stage) {
 
 /* ---------------------------------------------------------------- device presets ---- */
 
-/* The roofline's constants, in one place.
+/* The roofline's constants, in one place (docs/search-estimate.md repeats them).
  *
- * | preset | peak FLOP/s | memory bandwidth | source |
- * | h100   | 989.4e12    | 3.35e12 B/s      | planner/hwpresets.c h100-sxm (NVIDIA H100 datasheet, SXM, dense FP16) |
- * | a100   | 312e12      | 1.555e12 B/s     | planner/hwpresets.c a100-40g-pcie4 (NVIDIA A100 datasheet, 40GB PCIe) |
- * | cpu    | 100e9       | 11.2e9 B/s       | this project's 2-core AMD EPYC Zen 4 VM: cblas_sgemm on 2 threads (about 50 GFLOP/s a thread, docs/benchmarks.md) and the F16 GEMV read bandwidth 11.2 GB/s (docs/benchmarks.md) |
+ * Peak FLOP/s and memory bandwidth per preset:
+ *  - h100: 989.4e12 FLOP/s, 3.35e12 B/s: planner/hwpresets.c's h100-sxm row (NVIDIA H100
+ *    Tensor Core GPU datasheet, SXM column, dense FP16);
+ *  - a100: 312e12 FLOP/s, 1.555e12 B/s: hwpresets.c's a100-40g-pcie4 row (NVIDIA A100
+ *    datasheet, 40GB PCIe column);
+ *  - cpu: 100e9 FLOP/s, 11.2e9 B/s: this project's 2-core AMD EPYC Zen 4 VM, as
+ *    docs/benchmarks.md measured it: sgemm of W [2048, 2048] x 512 rows (4.3 GFLOP) in 49-78 ms
+ *    on one thread with dequantised tiles, so about 50 GFLOP/s a thread, and the F16 GEMV read
+ *    bandwidth 11.2 GB/s.
  *
  * Fractions of peak assumed reached by a prefill of C-token chunks: FLOPs 0.5 on a GPU (the
- * model FLOP utilisation good prefill kernels reach on large GEMMs; FlashAttention-2 reports
- * 50-73% of peak for attention, dense GEMMs sit near 70%, the rest of a layer lower) and 0.5
- * on the CPU (OpenBLAS sgemm at these shapes against its peak); bandwidth 0.8 (STREAM-like
+ * model FLOP utilisation good prefill kernels reach: FlashAttention-2 reports 50-73% of peak
+ * for attention, dense GEMMs sit near 70%, the rest of a layer lower) and 0.5 on the CPU
+ * (OpenBLAS sgemm at these shapes against the figure above); bandwidth 0.8 (STREAM-like
  * reads reach about 80% of the datasheet figure). */
 #define GPU_FLOP_EFF 0.5
 #define CPU_FLOP_EFF 0.5
@@ -48,7 +53,8 @@ typedef struct est_preset {
     const char *key, *hw_key; /* --device-preset, planner/hwpresets.c row (NULL: cpu here) */
 } est_preset;
 
-static const est_preset presets[] = {{"h100", "h100-sxm"}, {"a100", "a100-40g-pcie4"}, {"cpu", NULL}};
+static const est_preset presets[] = {
+    {"h100", "h100-sxm"}, {"a100", "a100-40g-pcie4"}, {"cpu", NULL}};
 #define N_PRESETS ((int)(sizeof presets / sizeof presets[0]))
 
 static int preset_figures(const char *key, kv_roofline *r, kv_error *err) {
@@ -109,8 +115,12 @@ int kv_estimate_parse_shape(const char *s, int context, kv_config *cfg, kv_error
     for (int i = 0; i < 6; i++) {
         char *end = NULL;
         v[i] = strtol(p, &end, 10);
-        if (end == p || v[i] < 1 || v[i] > (1L << 24) || (i < 5 && *end != ',') ||
-            (i == 5 && *end))
+        if (end != p && !*end && i < 5)
+            return kv_fail(err, KV_EINPUT,
+                           "--shape '%s': %d fields; expected 6, L,H,KVH,DH,FFN,VOCAB, e.g. "
+                           "32,32,8,128,14336,128256",
+                           s, i + 1);
+        if (end == p || v[i] < 1 || v[i] > (1L << 24) || (i < 5 && *end != ',') || (i == 5 && *end))
             return kv_fail(err, KV_EINPUT,
                            "--shape '%s': field %d (%s) is not a positive integer; expected "
                            "L,H,KVH,DH,FFN,VOCAB, e.g. 32,32,8,128,14336,128256",
@@ -119,8 +129,8 @@ int kv_estimate_parse_shape(const char *s, int context, kv_config *cfg, kv_error
     }
     if (v[1] % v[2])
         return kv_fail(err, KV_EINPUT,
-                       "--shape '%s': H %ld is not a multiple of KVH %ld (grouped-query heads)",
-                       s, v[1], v[2]);
+                       "--shape '%s': H %ld is not a multiple of KVH %ld (grouped-query heads)", s,
+                       v[1], v[2]);
     memset(cfg, 0, sizeof *cfg);
     cfg->n_layers = (int)v[0], cfg->n_heads = (int)v[1], cfg->n_kv_heads = (int)v[2];
     cfg->head_dim = (int)v[3], cfg->hidden_dim = (int)v[4], cfg->vocab_size = (int)v[5];
@@ -147,15 +157,17 @@ int kv_estimate_rate_profile(const char *path, double *tokens_per_s, kv_error *e
         rc = kv_h5_read_attr_f64(f, "/prompts", "profile_tokens_per_s", tokens_per_s, err);
     kv_h5_close(f);
     if (!rc && !(*tokens_per_s > 0))
-        rc = kv_fail(err, KV_EINPUT, "%s: /prompts@profile_tokens_per_s is %g", path,
-                     *tokens_per_s);
+        rc =
+            kv_fail(err, KV_EINPUT, "%s: /prompts@profile_tokens_per_s is %g", path, *tokens_per_s);
     return rc;
 }
 
 int kv_estimate_rate_calibrate(const kv_model *m, const kv_search_opts *o, const int *ids,
-                               int chunks, int seqs, double *tokens_per_s, kv_error *err) {
+                               int n_chunks, int seqs, double min_seconds, double *tokens_per_s,
+                               kv_error *err) {
     const int nh = m->cfg.n_layers * m->cfg.n_kv_heads, C = o->context;
     if (seqs < 1 || seqs > 64) seqs = 1;
+    if (n_chunks < 1) return kv_fail(err, KV_EINPUT, "calibration: no search chunk");
     int *bud = kv_malloc((size_t)nh * sizeof *bud, "uniform budgets", err);
     if (!bud) return KV_EINTERNAL;
     kv_engine *e = NULL;
@@ -163,16 +175,17 @@ int kv_estimate_rate_calibrate(const kv_model *m, const kv_search_opts *o, const
     if (!rc)
         rc = kv_search_engine(m, o, o->kv_type, o->block_size, o->evict_block, seqs, 0, &e, err);
     const int *b[64];
-    double nll[64], t0 = 0;
+    double nll[64], t0 = 0, dt = 0;
     for (int i = 0; i < seqs; i++) b[i] = bud;
-    /* chunk 0 once untimed (first touch of the engine's buffers), then `chunks` timed */
-    for (int ch = 0; ch <= chunks && !rc; ch++) {
+    /* chunk 0 once untimed (first touch of the engine's buffers), then the chunks in turn
+     * until min_seconds have passed (at least one) */
+    long timed = 0;
+    for (long ch = 0; !rc && (ch <= 1 || dt < min_seconds); ch++) {
         if (ch == 1) t0 = kv_now();
-        int at = ch == 0 ? 0 : ch - 1;
-        rc = kv_engine_chunk_nll(e, ids + (long)at * C, C, seqs, b, NULL, nll, NULL, err);
+        rc = kv_engine_chunk_nll(e, ids + (ch % n_chunks) * C, C, seqs, b, NULL, nll, NULL, err);
+        if (ch >= 1) timed++, dt = kv_now() - t0;
     }
-    double dt = kv_now() - t0;
-    if (!rc) *tokens_per_s = (double)chunks * seqs * C / (dt > 1e-9 ? dt : 1e-9);
+    if (!rc) *tokens_per_s = (double)timed * seqs * C / (dt > 1e-9 ? dt : 1e-9);
     kv_engine_free(e);
     free(bud);
     return rc;
@@ -243,21 +256,21 @@ static int count_search(const kv_model *m, const kv_profile_inputs *prof, const 
 
 /* Sensitivity planning (kv_sens_search): the first round's curves (exact), the refinement
  * rounds' (at most max_rounds - 1, each counted around uniform: a round around the kept
- * solution skips its own base points instead) and each round's verification on the S search
- * chunks (one per objective; none when a solution repeats the kept one). */
+ * solution skips those of its heads whose budget is a measured level) and each round's verification
+ * on the S search chunks (one per objective; none when a solution repeats the kept one). */
 static int count_sens(const kv_model *m, const kv_search_opts *o, int S, kv_search_estimate *e,
                       kv_error *err) {
     if (!o->sensitivity) return KV_OK;
     kv_sens_opts so = kv_search_sens_opts(o);
-    long curve = 0, passes = 0;
+    long curve = 0, curve_max = 0, passes = 0;
     int calib = so.calib_chunks < S ? so.calib_chunks : S;
-    int rc = kv_sens_count(m, &so, calib, &curve, &passes, err);
+    int rc = kv_sens_count(m, &so, calib, &curve, &curve_max, &passes, err);
     if (rc) return rc;
     const int rounds = so.max_rounds, n_obj = so.objective == KV_SENS_OBJ_BOTH ? 2 : 1;
     e->curve_passes = passes;
     e->sens_rounds = rounds;
     row(e, KV_EST_CURVES, curve, curve);
-    row(e, KV_EST_REFINE, 0, (long)(rounds - 1) * curve);
+    row(e, KV_EST_REFINE, 0, (long)(rounds - 1) * curve_max);
     row(e, KV_EST_VERIFY, 0, (long)rounds * n_obj * S * o->context);
     return KV_OK;
 }

@@ -71,10 +71,10 @@ int kv_search_count_budgets(const kv_model *m, const kv_profile_inputs *prof,
 
 /* What the guard (kv_robust_guard, planner/robust.c) evaluates, in tokens. */
 typedef struct kv_search_guard_count {
-    long curve_evals;    /* the per-text loss curves (one calibration chunk per text) */
-    long evals;          /* every chunk under full, uniform and the candidates it always has */
-    long evals_max;      /* with the sensitivity knapsack's solution as a further source */
-    int sequences_max;   /* candidates scored in one batched pass, at most */
+    long curve_evals;  /* the per-text loss curves (one calibration chunk per text) */
+    long evals;        /* every chunk under full, uniform and the candidates it always has */
+    long evals_max;    /* with the sensitivity knapsack's solution as a further source */
+    int sequences_max; /* candidates scored in one batched pass, at most */
 } kv_search_guard_count;
 
 /* The guard's token evaluations for n_texts calibration texts and nc = S + HC chunks under

@@ -444,7 +444,7 @@ int kv_sens_measure_typed(kv_engine *e, const kv_model *m, const int *ids, int n
 }
 
 int kv_sens_count(const kv_model *m, const kv_sens_opts *o, int n_chunks, long *token_evals,
-                  long *passes, kv_error *err) {
+                  long *token_evals_max, long *passes, kv_error *err) {
     kv_sens_curves cv;
     memset(&cv, 0, sizeof cv);
     int rc = check_opts(o, err);
@@ -454,8 +454,11 @@ int kv_sens_count(const kv_model *m, const kv_sens_opts *o, int n_chunks, long *
     int *pert = rc ? NULL : kv_malloc(n * sizeof *pert + 1, "perturbations", err);
     if (!rc && !pert) rc = KV_EINTERNAL;
     if (!rc) {
-        int n_pert = sens_list_perturbations(o, &cv, pert);
+        int n_pert = sens_list_perturbations(o, &cv, pert), n_base = 0;
+        for (size_t i = 0; i < n; i++) n_base += cv.delta_nll[i] == 0.0; /* base points */
         *token_evals = (long)n_chunks * chunk_evals(n_pert, o->context);
+        if (token_evals_max)
+            *token_evals_max = (long)n_chunks * chunk_evals(n_pert + n_base, o->context);
         /* per chunk: the reference prefill, the base pass, the perturbation batches */
         *passes = (long)n_chunks * (2 + (n_pert + o->batch - 1) / o->batch);
     }

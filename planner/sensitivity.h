@@ -77,10 +77,12 @@ int kv_sens_measure_typed(kv_engine *e, const kv_model *m, const int *ids, int n
  * full cache's reference prefill, the base budgets, and one sequence per perturbation: every
  * (head, type, policy, level) point at or above its policy's floor that is not the head's base
  * point), *passes the forward passes (per chunk the reference, the base, ceil(n_pert / batch)
- * batched passes). The same perturbation list the measurement runs. m is read for its cfg
- * only. Errors: those of kv_sens_measure_typed's options and base budgets. */
+ * batched passes). The same perturbation list the measurement runs. *token_evals_max (may be
+ * NULL): the same with no point skipped as a base, what a refinement round around a solution
+ * between the measured levels costs at most. m is read for its cfg only. Errors: those of
+ * kv_sens_measure_typed's options and base budgets. */
 int kv_sens_count(const kv_model *m, const kv_sens_opts *o, int n_chunks, long *token_evals,
-                  long *passes, kv_error *err);
+                  long *token_evals_max, long *passes, kv_error *err);
 
 /* The default measured levels in blocks: every block multiple from the lowest policy floor
  * ceil((fixed + p) / b_s) to ceil(C / b_s) when there are at most max_levels, else a geometric

@@ -48,9 +48,9 @@ typedef enum kv_est_stage {
 const char *kv_est_stage_name(int stage);
 
 typedef struct kv_est_row {
-    long token_evals;     /* the least the stage runs (tokens) */
-    long token_evals_max; /* the most */
-    int exact;            /* 1: token_evals == token_evals_max whatever the data */
+    long token_evals;            /* the least the stage runs (tokens) */
+    long token_evals_max;        /* the most */
+    int exact;                   /* 1: token_evals == token_evals_max whatever the data */
     double seconds, seconds_max; /* at the estimate's throughput */
 } kv_est_row;
 
@@ -59,11 +59,11 @@ typedef struct kv_search_estimate {
     long token_evals, token_evals_max; /* sums over the stages */
     double seconds, seconds_max;
     int search_chunks, heldout_chunks, context;
-    int points;           /* grid points */
-    int distinct;         /* distinct rounded budgets among them; -1 unknown (no profile:
-                           * then every point counts as distinct, the most) */
-    long curve_passes;    /* forward passes of one round of curves */
-    int sens_rounds;      /* the refinement allows this many solves at most */
+    int points;                /* grid points */
+    int distinct;              /* distinct rounded budgets among them; -1 unknown (no profile:
+                                * then every point counts as distinct, the most) */
+    long curve_passes;         /* forward passes of one round of curves */
+    int sens_rounds;           /* the refinement allows this many solves at most */
     double tokens_per_s;       /* the throughput of single-sequence passes (tokens/s) */
     double batch_tokens_per_s; /* of batched passes (curves, refinement, guard) */
     char rate_source[256];
@@ -93,13 +93,14 @@ void kv_search_estimate_time(kv_search_estimate *e, double tokens_per_s, double 
  * (tokens/s of the profiler's full-cache forward). KV_EINPUT names the file when it has none. */
 int kv_estimate_rate_profile(const char *path, double *tokens_per_s, kv_error *err);
 
-/* A calibration forward: `chunks` search chunks of ids (each C = o->context tokens), each as
- * one pass of `seqs` sequences (1..64) under the uniform budgets at o's ratio, block size,
- * eviction block, policy and KV type, on the search's engine (o->device, o->n_threads), timed
- * after one untimed pass; *tokens_per_s = chunks * seqs * C / seconds. ids must hold
- * chunks * C valid tokens. Errors: those of the engine. */
+/* A calibration forward: passes of `seqs` sequences (1..64) under the uniform budgets at o's
+ * ratio, block size, eviction block, policy and KV type, on the search's engine (o->device,
+ * o->n_threads), over the n_chunks search chunks of ids (each C = o->context tokens) in turn:
+ * one untimed, then as many as take min_seconds (at least one); *tokens_per_s = timed passes *
+ * seqs * C / seconds. Errors: KV_EINPUT without a chunk; those of the engine. */
 int kv_estimate_rate_calibrate(const kv_model *m, const kv_search_opts *o, const int *ids,
-                               int chunks, int seqs, double *tokens_per_s, kv_error *err);
+                               int n_chunks, int seqs, double min_seconds, double *tokens_per_s,
+                               kv_error *err);
 
 /* The cost of one token of a C-token chunk by the simple roofline: FLOPs (2 per weight of the
  * layers and the classifier, 4 * H * d_h * C / 2 for attention over half a chunk on average),
@@ -107,15 +108,15 @@ int kv_estimate_rate_calibrate(const kv_model *m, const kv_search_opts *o, const
  * bytes (F16 K and V of the token written, and of half a chunk read once per query tile of 128
  * rows, as a fused attention kernel does). */
 typedef struct kv_roofline {
-    double flops;         /* per token */
-    double weight_bytes;  /* per token: all F16 weights / (C * seq_per_pass) */
-    double kv_bytes;      /* per token */
-    double peak_flops;    /* the preset's, FLOP/s */
-    double mem_bw;        /* the preset's, bytes/s */
+    double flops;            /* per token */
+    double weight_bytes;     /* per token: all F16 weights / (C * seq_per_pass) */
+    double kv_bytes;         /* per token */
+    double peak_flops;       /* the preset's, FLOP/s */
+    double mem_bw;           /* the preset's, bytes/s */
     double flop_eff, bw_eff; /* the fractions of peak assumed reached */
-    double tokens_per_s;  /* 1 / max(flops / (peak * flop_eff), bytes / (bw * bw_eff)) */
-    int compute_bound;    /* 1 when the FLOPs term is the larger */
-    char source[256];     /* the preset's figures and where they come from */
+    double tokens_per_s;     /* 1 / max(flops / (peak * flop_eff), bytes / (bw * bw_eff)) */
+    int compute_bound;       /* 1 when the FLOPs term is the larger */
+    char source[256];        /* the preset's figures and where they come from */
 } kv_roofline;
 
 /* The roofline throughput of model shape cfg (L, H, H_kv, d_h, FFN, vocab; dim = H * d_h when
