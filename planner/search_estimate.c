@@ -162,32 +162,65 @@ int kv_estimate_rate_profile(const char *path, double *tokens_per_s, kv_error *e
     return rc;
 }
 
+/* The calibration's sets: uniform budgets in every head; with several sets (the curves'
+ * batches) set s stores one head, s modulo the heads, in the s-th candidate type of
+ * o->kv_types_mask, as a perturbation does. types: [seqs * nh]. */
+static void calib_sets(const kv_search_opts *o, int nh, int seqs, kv_cache_type *types) {
+    kv_cache_type cand[KV_CACHE_TYPES];
+    int nt = 0;
+    for (int t = 0; t < KV_CACHE_TYPES; t++)
+        if (o->sensitivity && (o->kv_types_mask >> t) & 1) cand[nt++] = (kv_cache_type)t;
+    for (int i = 0; i < seqs * nh; i++) types[i] = o->kv_type;
+    for (int s = 0; s < seqs && seqs > 1 && nt > 0; s++) types[s * nh + s % nh] = cand[s % nt];
+}
+
+/* Time passes of the sets on e over the chunks in turn until min_seconds (at least one after
+ * an untimed first); *tps in tokens per second. ref: the KL reference of batched passes. */
+static int calib_time(kv_engine *e, const int *ids, int n_chunks, int C, int seqs,
+                      const int *const *b, const kv_cache_type *const *ty, const float *ref,
+                      double min_seconds, double *tps, kv_error *err) {
+    double nll[64], kl[64], t0 = 0, dt = 0;
+    long timed = 0;
+    int rc = KV_OK;
+    for (long ch = 0; !rc && (ch <= 1 || dt < min_seconds); ch++) {
+        if (ch == 1) t0 = kv_now();
+        rc = kv_engine_chunk_score_typed(e, ids + (ch % n_chunks) * C, C, seqs, b, NULL, ty, ref,
+                                         nll, ref ? kl : NULL, NULL, err);
+        if (ch >= 1) timed++, dt = kv_now() - t0;
+    }
+    if (!rc) *tps = (double)timed * seqs * C / (dt > 1e-9 ? dt : 1e-9);
+    return rc;
+}
+
 int kv_estimate_rate_calibrate(const kv_model *m, const kv_search_opts *o, const int *ids,
                                int n_chunks, int seqs, double min_seconds, double *tokens_per_s,
                                kv_error *err) {
-    const int nh = m->cfg.n_layers * m->cfg.n_kv_heads, C = o->context;
+    const int nh = m->cfg.n_layers * m->cfg.n_kv_heads, C = o->context, V = m->cfg.vocab_size;
     if (seqs < 1 || seqs > 64) seqs = 1;
     if (n_chunks < 1) return kv_fail(err, KV_EINPUT, "calibration: no search chunk");
     int *bud = kv_malloc((size_t)nh * sizeof *bud, "uniform budgets", err);
-    if (!bud) return KV_EINTERNAL;
+    kv_cache_type *typ = kv_malloc((size_t)seqs * nh * sizeof *typ, "calibration types", err);
+    /* the curves score KL against the full cache's log-probabilities: a uniform stand-in */
+    float *ref = seqs > 1 ? kv_malloc((size_t)C * V * sizeof *ref, "calibration ref", err) : NULL;
     kv_engine *e = NULL;
-    int rc = kv_uniform_budgets(nh, o->ratio, C, o->block_size, bud, NULL, err);
+    int rc = bud && typ && (seqs == 1 || ref) ? KV_OK : KV_EINTERNAL;
+    if (!rc) rc = kv_uniform_budgets(nh, o->ratio, C, o->block_size, bud, NULL, err);
+    int type_mask = seqs > 1 && o->sensitivity ? o->kv_types_mask : 0;
     if (!rc)
-        rc = kv_search_engine(m, o, o->kv_type, o->block_size, o->evict_block, seqs, 0, &e, err);
+        rc = kv_search_engine(m, o, o->kv_type, o->block_size, o->evict_block, seqs, type_mask, &e,
+                              err);
     const int *b[64];
-    double nll[64], t0 = 0, dt = 0;
-    for (int i = 0; i < seqs; i++) b[i] = bud;
-    /* chunk 0 once untimed (first touch of the engine's buffers), then the chunks in turn
-     * until min_seconds have passed (at least one) */
-    long timed = 0;
-    for (long ch = 0; !rc && (ch <= 1 || dt < min_seconds); ch++) {
-        if (ch == 1) t0 = kv_now();
-        rc = kv_engine_chunk_nll(e, ids + (ch % n_chunks) * C, C, seqs, b, NULL, nll, NULL, err);
-        if (ch >= 1) timed++, dt = kv_now() - t0;
+    const kv_cache_type *ty[64];
+    if (!rc) {
+        calib_sets(o, nh, seqs, typ);
+        for (int i = 0; i < seqs; i++) b[i] = bud, ty[i] = typ + (size_t)i * nh;
+        for (long i = 0; ref && i < (long)C * V; i++) ref[i] = (float)-log((double)V);
+        rc = calib_time(e, ids, n_chunks, C, seqs, b, ty, ref, min_seconds, tokens_per_s, err);
     }
-    if (!rc) *tokens_per_s = (double)timed * seqs * C / (dt > 1e-9 ? dt : 1e-9);
     kv_engine_free(e);
     free(bud);
+    free(typ);
+    free(ref);
     return rc;
 }
 

@@ -92,7 +92,10 @@ static void test_counts_match_search(void) {
         kv_robust_layout lay = {1, names, tokens, 8, 2, ct};
         kv_search_result res;
         kv_robust_result rob;
-        kv_retrieval_result rr;
+        kv_retrieval_result rr; /* filled only with probes */
+        memset(&res, 0, sizeof res);
+        memset(&rob, 0, sizeof rob);
+        memset(&rr, 0, sizeof rr);
         kv_alloc_params ap;
         kv_alloc_params_default(&ap);
         int rc = kv_search_plan(m, &prof, ids, 10 * 128, &lay, KV_ROBUST_MEAN, &o, NULL, NULL, &res,

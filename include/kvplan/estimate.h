@@ -11,10 +11,12 @@
  * whether the guard or the retrieval stage adds candidates), `token_evals` is the least the
  * stage runs and `token_evals_max` the most; `exact` says the count does not depend on data.
  *
- * Time: token evaluations / throughput. The throughput comes from the profile
- * (/prompts@profile_tokens_per_s, the profiler's full-cache forward), from a calibration forward
- * (one search chunk under the uniform budgets on the search's engine), or, for a model given
- * by shape only, from a per-token roofline on a device preset (kv_estimate_roofline).
+ * Time: token evaluations / throughput, per stage: single-sequence passes at one rate, the
+ * batched passes of the curves and the guard at another. With a model both come from a
+ * calibration forward on the search's own engine (kv_estimate_rate_calibrate); the profile's
+ * /prompts@profile_tokens_per_s (the profiler's full-cache forward) is read for comparison
+ * (kv_estimate_rate_profile). For a model given by shape only, from a per-token roofline on a
+ * device preset (kv_estimate_roofline).
  */
 #ifndef KVPLAN_ESTIMATE_H
 #define KVPLAN_ESTIMATE_H
@@ -96,8 +98,10 @@ int kv_estimate_rate_profile(const char *path, double *tokens_per_s, kv_error *e
 /* A calibration forward: passes of `seqs` sequences (1..64) under the uniform budgets at o's
  * ratio, block size, eviction block, policy and KV type, on the search's engine (o->device,
  * o->n_threads), over the n_chunks search chunks of ids (each C = o->context tokens) in turn:
- * one untimed, then as many as take min_seconds (at least one); *tokens_per_s = timed passes *
- * seqs * C / seconds. Errors: KV_EINPUT without a chunk; those of the engine. */
+ * one untimed, then as many as take min_seconds (at least one); with several sequences each
+ * stores one head in a --kv-types type and is scored for KL too, as the curves' passes are;
+ * *tokens_per_s = timed passes * seqs * C / seconds. Errors: KV_EINPUT without a chunk; those
+ * of the engine. */
 int kv_estimate_rate_calibrate(const kv_model *m, const kv_search_opts *o, const int *ids,
                                int n_chunks, int seqs, double min_seconds, double *tokens_per_s,
                                kv_error *err);
