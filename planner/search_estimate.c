@@ -162,16 +162,28 @@ int kv_estimate_rate_profile(const char *path, double *tokens_per_s, kv_error *e
     return rc;
 }
 
-/* The calibration's sets: uniform budgets in every head; with several sets (the curves'
- * batches) set s stores one head, s modulo the heads, in the s-th candidate type of
- * o->kv_types_mask, as a perturbation does. types: [seqs * nh]. */
-static void calib_sets(const kv_search_opts *o, int nh, int seqs, kv_cache_type *types) {
+/* The calibration's sets: uniform budgets in every head; with several sets (a batch of the
+ * curves) set s perturbs one head, s modulo the heads, as a curve point does: that head at
+ * the (s modulo K)-th of the curves' K levels, stored in the s-th candidate type of
+ * o->kv_types_mask. bud, types: [seqs * nh], bud's first row the uniform budgets on entry. */
+static int calib_sets(const kv_search_opts *o, int nh, int seqs, int *bud, kv_cache_type *types,
+                      kv_error *err) {
     kv_cache_type cand[KV_CACHE_TYPES];
-    int nt = 0;
+    int nt = 0, *lv = NULL, K = 0, rc = KV_OK;
     for (int t = 0; t < KV_CACHE_TYPES; t++)
         if (o->sensitivity && (o->kv_types_mask >> t) & 1) cand[nt++] = (kv_cache_type)t;
-    for (int i = 0; i < seqs * nh; i++) types[i] = o->kv_type;
-    for (int s = 0; s < seqs && seqs > 1 && nt > 0; s++) types[s * nh + s % nh] = cand[s % nt];
+    if (seqs > 1) {
+        kv_sens_opts so = kv_search_sens_opts(o);
+        rc = kv_sens_default_levels(&so, &lv, &K, err);
+    }
+    for (int i = 0; i < seqs * nh; i++) types[i] = o->kv_type, bud[i] = bud[i % nh];
+    for (int s = 0; s < seqs && seqs > 1 && !rc; s++) {
+        long tok = (long)lv[s % K] * o->block_size;
+        bud[s * nh + s % nh] = tok < o->context ? (int)tok : o->context;
+        if (nt > 0) types[s * nh + s % nh] = cand[s % nt];
+    }
+    free(lv);
+    return rc;
 }
 
 /* Time passes of the sets on e over the chunks in turn until min_seconds (at least one after
@@ -198,7 +210,7 @@ int kv_estimate_rate_calibrate(const kv_model *m, const kv_search_opts *o, const
     const int nh = m->cfg.n_layers * m->cfg.n_kv_heads, C = o->context, V = m->cfg.vocab_size;
     if (seqs < 1 || seqs > 64) seqs = 1;
     if (n_chunks < 1) return kv_fail(err, KV_EINPUT, "calibration: no search chunk");
-    int *bud = kv_malloc((size_t)nh * sizeof *bud, "uniform budgets", err);
+    int *bud = kv_malloc((size_t)seqs * nh * sizeof *bud, "calibration budgets", err);
     kv_cache_type *typ = kv_malloc((size_t)seqs * nh * sizeof *typ, "calibration types", err);
     /* the curves score KL against the full cache's log-probabilities: a uniform stand-in */
     float *ref = seqs > 1 ? kv_malloc((size_t)C * V * sizeof *ref, "calibration ref", err) : NULL;
@@ -211,9 +223,9 @@ int kv_estimate_rate_calibrate(const kv_model *m, const kv_search_opts *o, const
                               err);
     const int *b[64];
     const kv_cache_type *ty[64];
+    if (!rc) rc = calib_sets(o, nh, seqs, bud, typ, err);
     if (!rc) {
-        calib_sets(o, nh, seqs, typ);
-        for (int i = 0; i < seqs; i++) b[i] = bud, ty[i] = typ + (size_t)i * nh;
+        for (int i = 0; i < seqs; i++) b[i] = bud + (size_t)i * nh, ty[i] = typ + (size_t)i * nh;
         for (long i = 0; ref && i < (long)C * V; i++) ref[i] = (float)-log((double)V);
         rc = calib_time(e, ids, n_chunks, C, seqs, b, ty, ref, min_seconds, tokens_per_s, err);
     }

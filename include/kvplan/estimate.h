@@ -99,7 +99,8 @@ int kv_estimate_rate_profile(const char *path, double *tokens_per_s, kv_error *e
  * ratio, block size, eviction block, policy and KV type, on the search's engine (o->device,
  * o->n_threads), over the n_chunks search chunks of ids (each C = o->context tokens) in turn:
  * one untimed, then as many as take min_seconds (at least one); with several sequences each
- * stores one head in a --kv-types type and is scored for KL too, as the curves' passes are;
+ * perturbs one head (a level of the curves, a --kv-types type) and is scored for KL too, as
+ * the curves' passes are;
  * *tokens_per_s = timed passes * seqs * C / seconds. Errors: KV_EINPUT without a chunk; those
  * of the engine. */
 int kv_estimate_rate_calibrate(const kv_model *m, const kv_search_opts *o, const int *ids,
