@@ -66,9 +66,42 @@ static int within(const char *what, long v, long lo, long hi) {
     return 0;
 }
 
-/* The estimate's counts equal what a real search (kv_search_plan: search, guard) records:
- * exactly for the grid, the baselines and the first round of curves; within the estimate's
- * range for the refinement, the verification and the ladder. Then with successive halving. */
+/* The estimate's rows against what a real search (kv_search_plan: search, guard) records:
+ * exact where the count does not depend on the data, inside [least, most] where it does. */
+static void check_rows(const kv_search_estimate *est, const kv_search_result *res,
+                       const kv_robust_result *rob, int full) {
+    const kv_est_row *g = &est->stage[KV_EST_GRID], *b = &est->stage[KV_EST_BASELINES];
+    const kv_est_row *c = &est->stage[KV_EST_CURVES], *r = &est->stage[KV_EST_REFINE],
+                     *v = &est->stage[KV_EST_VERIFY], *h = &est->stage[KV_EST_HELDOUT],
+                     *t = &est->stage[KV_EST_TYPES], *l = &est->stage[KV_EST_LADDER],
+                     *gu = &est->stage[KV_EST_GUARD];
+    CU_ASSERT_EQUAL(est->distinct, res->distinct_budgets);
+    CU_ASSERT_EQUAL(est->points, 9);
+    CU_ASSERT(g->exact);
+    CU_ASSERT_EQUAL(g->token_evals, res->token_evals);
+    CU_ASSERT(within("grid + baselines", res->grid_token_evals_all, g->token_evals + b->token_evals,
+                     g->token_evals + b->token_evals_max));
+    /* round 0's curves: full, exact; sparse, the second pass depends on the curves */
+    CU_ASSERT_EQUAL(c->exact, full);
+    CU_ASSERT(c->token_evals > 0);
+    CU_ASSERT(within("curves", res->sens.curves.token_evals, c->token_evals, c->token_evals_max));
+    if (full) CU_ASSERT_EQUAL(c->token_evals, res->sens.curves.token_evals);
+    CU_ASSERT(within("sensitivity", res->sens.token_evals,
+                     c->token_evals + r->token_evals + v->token_evals,
+                     c->token_evals_max + r->token_evals_max + v->token_evals_max));
+    CU_ASSERT(within("ladder", res->ladder_token_evals, l->token_evals, l->token_evals_max));
+    CU_ASSERT(h->exact);
+    CU_ASSERT_EQUAL(h->token_evals, res->heldout_token_evals);
+    CU_ASSERT(within("kv types", res->type_token_evals, t->token_evals, t->token_evals_max));
+    CU_ASSERT(t->token_evals > 0);
+    CU_ASSERT(within("guard", rob->token_evals, gu->token_evals, gu->token_evals_max));
+    CU_ASSERT(within("total", res->total_token_evals + rob->token_evals, est->token_evals,
+                     est->token_evals_max));
+}
+
+/* Three searches of stories260K (C 128, 8 + 2 chunks): the default (sparse curves, the grid by
+ * successive halving, eta 3), the old path (--sens-full: full curves, the exhaustive grid) and
+ * the exhaustive grid alone (baselines exact). */
 static void test_counts_match_search(void) {
     kv_model *m = tu_load_model(model_path());
     kv_error e;
@@ -80,9 +113,10 @@ static void test_counts_match_search(void) {
     static const double tv[] = {0.6, 0.7, 0.8}, rv[] = {0.2, 0.5, 0.8}, pv[] = {0.5};
     kv_search_opts o;
     small_opts(m, &o, tv, rv, pv);
-    for (int halving = 0; halving < 2; halving++) {
-        o.halving_eta = halving ? 3 : 0;
-        o.sensitivity = !halving; /* the halving run checks the grid alone */
+    for (int run = 0; run < 3; run++) {
+        o.halving_eta = run == 0 ? 3 : 0;
+        o.sens.full_curves = run == 1;
+        o.sensitivity = run < 2;
         kv_search_estimate est;
         CU_ASSERT_EQUAL_FATAL(
             kv_search_estimate_count(m, &prof, &o, 1, 8, 2, NULL, NULL, 0, &est, &e), KV_OK);
@@ -102,31 +136,17 @@ static void test_counts_match_search(void) {
                                 &rob, &rr, &ap, &e);
         if (rc) fprintf(stderr, "%s\n", e.msg);
         CU_ASSERT_EQUAL_FATAL(rc, KV_OK);
-        const kv_est_row *g = &est.stage[KV_EST_GRID], *b = &est.stage[KV_EST_BASELINES];
-        CU_ASSERT_EQUAL(est.distinct, res.distinct_budgets);
-        CU_ASSERT_EQUAL(est.points, 9);
-        CU_ASSERT(g->exact);
-        CU_ASSERT_EQUAL(g->token_evals, res.token_evals);
-        CU_ASSERT(within("grid + baselines", res.grid_token_evals_all,
-                         g->token_evals + b->token_evals, g->token_evals + b->token_evals_max));
-        if (!halving) {
+        if (run < 2) {
+            check_rows(&est, &res, &rob, run == 1);
+        } else {
+            const kv_est_row *g = &est.stage[KV_EST_GRID], *b = &est.stage[KV_EST_BASELINES];
             CU_ASSERT_EQUAL(g->token_evals, (long)res.distinct_budgets * 8 * 128);
+            CU_ASSERT_EQUAL(g->token_evals, res.token_evals);
             CU_ASSERT(b->exact);
             CU_ASSERT_EQUAL(g->token_evals + b->token_evals, res.grid_token_evals_all);
-            const kv_est_row *c = &est.stage[KV_EST_CURVES], *r = &est.stage[KV_EST_REFINE],
-                             *v = &est.stage[KV_EST_VERIFY];
-            CU_ASSERT(c->exact);
-            CU_ASSERT_EQUAL(c->token_evals, res.sens.curves.token_evals);
-            CU_ASSERT(c->token_evals > 0);
-            CU_ASSERT(within("sensitivity", res.sens.token_evals,
-                             c->token_evals + r->token_evals + v->token_evals,
-                             c->token_evals + r->token_evals_max + v->token_evals_max));
-            CU_ASSERT(within("ladder", res.ladder_token_evals, est.stage[KV_EST_LADDER].token_evals,
-                             est.stage[KV_EST_LADDER].token_evals_max));
-        } else {
-            CU_ASSERT(res.token_evals < (long)res.distinct_budgets * 8 * 128);
             CU_ASSERT_EQUAL(est.stage[KV_EST_CURVES].token_evals_max, 0);
         }
+        if (run == 0) CU_ASSERT(res.token_evals < (long)res.distinct_budgets * 8 * 128);
         CU_ASSERT_EQUAL(est.token_evals_max >= est.token_evals, 1);
         kv_search_result_free(&res);
         kv_robust_result_free(&rob);
@@ -171,34 +191,58 @@ static void test_cli_matches_plan(void) {
     CU_ASSERT_DOUBLE_EQUAL(est_grid + est_base, (double)all, 0);
 }
 
-/* --shape without a model: the curves of a Llama-3-8B-shaped model (256 KV heads, three KV
- * types, the default levels) and the H100 roofline's throughput, by hand. */
-static void test_shape(void) {
+/* The curves' token_evals and the throughput of `search --estimate --shape ...` (extra
+ * options appended). */
+static void shape_run(const char *extra, double *curves, double *curves_max, double *tps) {
+    char args[1024];
+    snprintf(args, sizeof args,
+             "search --estimate --shape 32,32,8,128,14336,128256 --context 8192 --ratio 0.125 "
+             "--eval-tokens 32768 --heldout-tokens 8192 --device-preset h100 --json %s",
+             extra);
     char *out = NULL;
-    const char *args = "search --estimate --shape 32,32,8,128,14336,128256 --context 8192 "
-                       "--ratio 0.125 --eval-tokens 32768 --heldout-tokens 8192 "
-                       "--device-preset h100 --json";
     CU_ASSERT_EQUAL_FATAL(tu_run_kvplan(args, &out, 0), 0);
     const char *cv = out ? strstr(out, "\"curves\"") : NULL;
     CU_ASSERT_PTR_NOT_NULL_FATAL(cv);
-    double curves = tu_json_number(cv, "token_evals");
-    double tps = tu_json_number(out, "tokens_per_s");
+    *curves = tu_json_number(cv, "token_evals");
+    *curves_max = tu_json_number(cv, "token_evals_max");
+    *tps = tu_json_number(out, "tokens_per_s");
     free(out);
+}
+
+/* --shape without a model: the curves of a Llama-3-8B-shaped model (256 KV heads, three KV
+ * types, the default levels), full (--sens-full) and sparse (the default), and the H100
+ * roofline's throughput, by hand. */
+static void test_shape(void) {
+    double full = 0, full_max = 0, sparse = 0, sparse_max = 0, tps = 0;
+    shape_run("--sens-full", &full, &full_max, &tps);
+    shape_run("", &sparse, &sparse_max, &tps);
     /* the levels: b_s = p = 16 (R C = 1024 tokens), floor 4 + 16 tokens = 2 blocks to 512 */
     kv_sens_opts so;
     kv_sens_opts_default(&so, NULL);
     so.ratio = 0.125, so.context = 8192, so.block_size = 16, so.evict_block = 16;
-    int *lv = NULL, K = 0;
+    int *lv = NULL, K = 0, bi = -1;
     kv_error e;
     CU_ASSERT_EQUAL_FATAL(kv_sens_default_levels(&so, &lv, &K, &e), KV_OK);
-    int has_uniform = 0;
-    for (int k = 0; k < K; k++) has_uniform |= lv[k] == 64;
+    for (int k = 0; k < K; k++)
+        if (lv[k] == 64) bi = k;
     free(lv);
-    CU_ASSERT(has_uniform);
-    /* every (head, type, level) but each head's own base point (f16 at 64 blocks), on the first
-     * 2 of 4 search chunks, plus the reference and base passes */
+    CU_ASSERT_FATAL(bi >= 0);
+    /* full: every (head, type, level) but each head's own base point (f16 at 64 blocks), on the
+     * first 2 of 4 search chunks, plus the reference and base passes */
     long n_pert = 256L * 3 * K - 256;
-    CU_ASSERT_DOUBLE_EQUAL(curves, 2.0 * (2 + n_pert) * 8192, 0);
+    CU_ASSERT_DOUBLE_EQUAL(full, 2.0 * (2 + n_pert) * 8192, 0);
+    CU_ASSERT_DOUBLE_EQUAL(full_max, full, 0);
+    /* sparse pass 0: f16 at every other level, q8 and q4 at every third, all at the top and
+     * the base level (f16's base point is the base run); pass 1 at most every f16 point left */
+    long a2 = 0, a3 = 0;
+    for (int k = 0; k < K; k++) {
+        a2 += k % 2 == 0 || k == K - 1 || k == bi;
+        a3 += k % 3 == 0 || k == K - 1 || k == bi;
+    }
+    long pass0 = 256L * (a2 - 1 + 2 * a3), pass1 = 256L * (K - a2);
+    CU_ASSERT_DOUBLE_EQUAL(sparse, 2.0 * (2 + pass0) * 8192, 0);
+    CU_ASSERT_DOUBLE_EQUAL(sparse_max, sparse + 2.0 * (2 + pass1) * 8192, 0);
+    CU_ASSERT(sparse_max < full);
     /* compute-bound: 2 FLOPs a weight (layers + classifier) + attention over C/2 keys */
     double layer = 4096.0 * 4096 + 2 * 4096.0 * 1024 + 4096.0 * 4096 + 3 * 4096.0 * 14336;
     double flops = 2 * (32 * layer + 4096.0 * 128256) + 32 * 4 * 4096.0 * 4096;
