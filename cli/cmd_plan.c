@@ -33,7 +33,7 @@ int kv_plan_args_setup(const kv_plan_args *a, kv_model **m, kv_profile_inputs *p
     if (!(a->b.ratio > 0.0))
         return kv_fail(err, KV_EINPUT,
                        "--ratio R is required (0 < R <= 1 of the full F16 cache, up to 2 in f32)");
-    if (!a->out) return kv_fail(err, KV_EINPUT, "-o PLAN.h5 is required");
+    if (!a->out && !a->no_output) return kv_fail(err, KV_EINPUT, "-o PLAN.h5 is required");
     int rc = a->b.allocation ? kv_alloc_parse(a->b.allocation, &ap->kind, err) : KV_OK;
     if (rc) return rc;
     *policy = KV_POLICY_SINK;
@@ -42,7 +42,7 @@ int kv_plan_args_setup(const kv_plan_args *a, kv_model **m, kv_profile_inputs *p
         return kv_fail(err, KV_EINPUT, "--profile P is required for allocation %s",
                        kv_alloc_name(ap->kind));
     const char *inputs[] = {a->model, a->profile};
-    if ((rc = kv_check_output(a->out, "-o", inputs, 2, err))) return rc;
+    if (a->out && (rc = kv_check_output(a->out, "-o", inputs, 2, err))) return rc;
     if ((rc = kv_cli_load_model(a->model, m, err))) return rc;
     if ((rc = kv_budget_args_type(&a->b, &ap->kv_type, err))) return rc;
     /* the allocators share tokens: R in bytes over the full F16 cache -> a token fraction */

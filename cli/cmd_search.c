@@ -12,6 +12,7 @@
 #include "kvplan/search.h"
 #include "kvplan/tokenizer.h"
 #include "plan_args.h"
+#include "search_estimate.h"
 
 #ifndef KVPLAN_VERSION_STRING
 #define KVPLAN_VERSION_STRING "unknown"
@@ -27,7 +28,8 @@ typedef struct search_args {
     const char *retrieval;
     double retrieval_tol;
     long eval_tokens, heldout_tokens, halving, calib, levels, rounds, sbatch;
-    int resume, sens_full;
+    int resume, sens_full, estimate, json;
+    const char *shape, *device_preset;
     kv_plan_args a;
     kv_threads_args threads;
 } search_args;
@@ -95,6 +97,19 @@ static const kv_opt search_opts[] = {
     {"--retrieval-tolerance", NULL, KV_OPT_NUM, offsetof(search_args, retrieval_tol), "POINTS", 0,
      100, .def = "5",
      .help = "probe accuracy (percentage points) a plan may lose against the full cache"},
+    {"--estimate", NULL, KV_OPT_FLAG, offsetof(search_args, estimate),
+     .help = "print every stage's token evaluations (grid, baselines, sensitivity curves and "
+             "refinement, eviction-block ladder, held-out, KV-type caches, guard, retrieval) and "
+             "a projected wall time (a calibration forward on the search's engine, or "
+             "--device-preset's roofline), then exit without searching; -o is not needed"},
+    {"--shape", NULL, KV_OPT_STR, offsetof(search_args, shape), "L,H,KVH,DH,FFN,VOCAB",
+     .help = "with --estimate: a model given by its shape (layers, heads, KV heads, head dim, FFN "
+             "size, vocabulary) instead of --model; needs --context and --device-preset"},
+    {"--device-preset", NULL, KV_OPT_STR, offsetof(search_args, device_preset), "h100|a100|cpu",
+     .help = "with --estimate: project the time from this device's roofline per token (weights, "
+             "KV bytes and FLOPs; docs/search-estimate.md)"},
+    {"--json", NULL, KV_OPT_FLAG, offsetof(search_args, json),
+     .help = "with --estimate: print the estimate as JSON"},
     {"--resume", NULL, KV_OPT_FLAG, offsetof(search_args, resume),
      .help = "continue a killed run from its task log PLAN.h5.tasks (written as the run goes, "
              "removed when it finishes)"},
@@ -303,17 +318,8 @@ static int retrieval_opts(const search_args *s, const search_job *j, kv_retrieva
     return rc;
 }
 
-static int build_job(search_args *s, search_job *j, kv_error *err) {
-    kv_plan_args *a = &s->a;
-    /* the text and tokenizer are inputs too: checked before the (long) search starts */
-    int rc = collect_texts(s, j, err);
-    const char *inputs[5 + KV_ROBUST_MAX_TEXTS] = {a->model, a->profile, s->tokenizer, s->text_list,
-                                                   s->retrieval};
-    for (int t = 0; t < j->n_texts; t++) inputs[5 + t] = j->text_names[t];
-    if (!rc && a->out) rc = kv_check_output(a->out, "-o", inputs, 5 + j->n_texts, err);
-    if (!rc) rc = kv_robust_objective_parse(s->text_objective, &j->text_objective, err);
-    if (!rc && s->tokenizer) rc = kv_check_regular(s->tokenizer, "tokenizer", err);
-    /* --allocation both (default) / sensitivity / a grid allocation */
+/* --allocation both (default) / sensitivity / a grid allocation. */
+static void job_allocation(kv_plan_args *a, search_job *j) {
     j->sensitivity = 1;
     if (!a->b.allocation || !strcmp(a->b.allocation, "both"))
         a->b.allocation = "baklava";
@@ -321,12 +327,12 @@ static int build_job(search_args *s, search_job *j, kv_error *err) {
         a->b.allocation = "uniform"; /* the grid is then the uniform plan alone */
     else
         j->sensitivity = 0;
-    if (!rc)
-        rc = kv_plan_args_setup(a, &j->m, &j->prof, &j->have_prof, &j->ap, &j->policy,
-                                &j->evict_block, err);
-    if (!rc) rc = kv_cli_blas_ready(err);
-    if (!rc)
-        rc = kv_search_default_blocks(j->ap.ratio, j->ap.context, j->policy, (int)a->b.block_size,
+}
+
+/* The default blocks, the sensitivity objective and policies, and the grids. */
+static int job_grids(const search_args *s, search_job *j, kv_error *err) {
+    const kv_plan_args *a = &s->a;
+    int rc = kv_search_default_blocks(j->ap.ratio, j->ap.context, j->policy, (int)a->b.block_size,
                                       (int)a->b.evict_block, &j->ap.block_size, &j->evict_block,
                                       &j->ap.min_tokens, err);
     if (!rc) rc = parse_objective(s->sens_objective, &j->objective, err);
@@ -340,9 +346,66 @@ static int build_job(search_args *s, search_job *j, kv_error *err) {
                                                                      : STR(KV_SQUEEZE_DEFAULT_P));
         rc = kv_grid_parse(ps, "--p-grid", 0.0, 1.0, &j->pv, &j->np, err);
     }
+    return rc;
+}
+
+static int build_job(search_args *s, search_job *j, kv_error *err) {
+    kv_plan_args *a = &s->a;
+    /* the text and tokenizer are inputs too: checked before the (long) search starts */
+    int rc = collect_texts(s, j, err);
+    const char *inputs[5 + KV_ROBUST_MAX_TEXTS] = {a->model, a->profile, s->tokenizer, s->text_list,
+                                                   s->retrieval};
+    for (int t = 0; t < j->n_texts; t++) inputs[5 + t] = j->text_names[t];
+    if (!rc && a->out) rc = kv_check_output(a->out, "-o", inputs, 5 + j->n_texts, err);
+    if (!rc) rc = kv_robust_objective_parse(s->text_objective, &j->text_objective, err);
+    if (!rc && s->tokenizer) rc = kv_check_regular(s->tokenizer, "tokenizer", err);
+    job_allocation(a, j);
+    if (!rc)
+        rc = kv_plan_args_setup(a, &j->m, &j->prof, &j->have_prof, &j->ap, &j->policy,
+                                &j->evict_block, err);
+    if (!rc) rc = kv_cli_blas_ready(err);
+    if (!rc) rc = job_grids(s, j, err);
     if (!rc) rc = tokenize_text(s, j, err);
     if (!rc && s->retrieval) rc = read_probes(s, j, err);
     if (!rc && s->retrieval) rc = retrieval_opts(s, j, &j->heads, &j->ro, err);
+    return rc;
+}
+
+/* --estimate --shape: a model of that shape (cfg only), no profile and no text: the chunks
+ * are the layout's for texts long enough (kv_robust_lay_out). */
+static int shape_job(search_args *s, search_job *j, kv_error *err) {
+    kv_plan_args *a = &s->a;
+    if (!a->context)
+        return kv_fail(err, KV_EINPUT, "--shape needs --context C (tokens per search chunk)");
+    if (!s->device_preset)
+        return kv_fail(err, KV_EINPUT, "--shape needs --device-preset h100, a100 or cpu");
+    if (!(a->b.ratio > 0.0))
+        return kv_fail(err, KV_EINPUT, "--ratio R is required (0 < R <= 1 of the full F16 cache)");
+    j->m = kv_calloc(1, sizeof *j->m, "model shape", err);
+    if (!j->m) return KV_EINTERNAL;
+    int rc = kv_estimate_parse_shape(s->shape, (int)a->context, &j->m->cfg, err);
+    job_allocation(a, j);
+    kv_alloc_params_default(&j->ap);
+    if (!rc && (rc = kv_alloc_parse(a->b.allocation, &j->ap.kind, err))) return rc;
+    j->policy = KV_POLICY_SINK;
+    if (!rc && a->b.policy) rc = kv_policy_parse(a->b.policy, &j->policy, err);
+    if (!rc) rc = kv_budget_args_type(&a->b, &j->ap.kv_type, err);
+    if (!rc)
+        rc = kv_search_ratio_tokens(a->b.ratio, j->ap.kv_type, j->m->cfg.head_dim, &j->ap.ratio,
+                                    err);
+    j->ap.context = (int)a->context;
+    j->ap.layer_kind = KV_ALLOC_SQUEEZE;
+    j->ap.block_size = a->b.block_size ? (int)a->b.block_size : KV_DEFAULT_BLOCK_SIZE;
+    j->evict_block = a->b.evict_block ? (int)a->b.evict_block : KV_DEFAULT_EVICT_BLOCK;
+    j->ap.min_tokens = kv_policy_fixed_tokens(j->policy) + j->evict_block;
+    if (!rc) rc = job_grids(s, j, err);
+    j->n_texts = s->texts.n > 1 ? s->texts.n : 1;
+    long per_text = s->eval_tokens / j->n_texts / a->context;
+    j->S = (int)(j->n_texts * per_text);
+    j->HC = (int)(j->n_texts * (s->heldout_tokens / j->n_texts / a->context));
+    if (!rc && j->S < 1)
+        rc = kv_fail(err, KV_EINPUT, "--eval-tokens %ld is less than one chunk of %ld tokens",
+                     s->eval_tokens, a->context);
     return rc;
 }
 
@@ -616,10 +679,48 @@ static int write_plan(const search_args *s, const search_job *j, const kv_alloc_
                               res->tokens, so, res, err);
 }
 
+/* --estimate: the job as the search would run it, counted and timed, nothing searched. */
+static int run_estimate(search_args *s) {
+    kv_error err = {0};
+    search_job j;
+    memset(&j, 0, sizeof j);
+    kv_search_opts so;
+    kv_progress prog;
+    kv_progress_init(&prog, 1);
+    s->a.no_output = 1;
+    int rc = s->shape ? shape_job(s, &j, &err) : build_job(s, &j, &err);
+    if (!rc) rc = fill_opts(s, &j, &prog, &so, &err);
+    if (!rc) {
+        kv_cli_estimate e = {.m = j.m,
+                             .model_name = s->shape ? s->shape : s->a.model,
+                             .prof = j.have_prof ? &j.prof : NULL,
+                             .profile_path = s->a.profile,
+                             .so = &so,
+                             .n_texts = j.n_texts,
+                             .S = j.S,
+                             .HC = j.HC,
+                             .ids = j.ids,
+                             .probes = s->retrieval ? &j.probes : NULL,
+                             .ro = &j.ro,
+                             .have_heads = j.ro.heads != NULL,
+                             .preset = s->device_preset,
+                             .json = s->json};
+        rc = kv_cli_search_estimate(&e, &err);
+    }
+    job_free(&j);
+    return rc ? kv_cli_report("search", &err) : 0;
+}
+
 int kv_cmd_search(int argc, char **argv) {
     search_args s = {0};
     int code = kv_cli_parse(&kv_spec_search, argc, argv, &s);
     if (code >= 0) return code;
+    if (s.shape && !s.estimate) {
+        fprintf(stderr, "kvplan search: --shape describes a model for --estimate only; add "
+                        "--estimate\n");
+        return 1;
+    }
+    if (s.estimate && (s.shape || s.texts.n || s.text_list)) return run_estimate(&s);
     if (!s.texts.n && !s.text_list) {
         fprintf(stderr, "kvplan search: --text T (or --text-list FILE) is required\n");
         kv_cli_help(&kv_spec_search, stderr);

@@ -14,6 +14,7 @@ typedef struct kv_plan_args {
     const char *profile, *model, *out;
     long context; /* 0 = the model's seq_len */
     int quiet;
+    int no_output;    /* 1: no -o needed (search --estimate) */
     kv_budget_args b; /* ratio (required), allocation, policy, evict_block, block_size;
                        * search also device */
 } kv_plan_args;

@@ -491,6 +491,30 @@ static void adopt(const stage *s, int k, struct kv_search_result *res) {
     res->identical_to_uniform = 0;
 }
 
+int kv_retrieval_count(const kv_model *m, const kv_search_opts *o, const kv_probes *p,
+                       const kv_retrieval_opts *ro, int S, int have_heads,
+                       kv_search_retrieval_count *out, kv_error *err) {
+    memset(out, 0, sizeof *out);
+    const int C = o->context, nh = m->cfg.n_layers * m->cfg.n_kv_heads;
+    if (!o->sensitivity) { /* stage_open: curves around uniform, batch capped */
+        kv_sens_opts so = kv_search_sens_opts(o);
+        so.types_mask = o->kv_types_mask;
+        if (so.batch > KV_RETRIEVAL_MAX_CAND + 2) so.batch = KV_RETRIEVAL_MAX_CAND + 2;
+        int rc = kv_sens_count(m, &so, so.calib_chunks > 0 ? so.calib_chunks : 1, 0,
+                               &out->curve_evals, &out->curve_evals_max, NULL, err);
+        if (rc) return rc;
+    }
+    int n = ro->max_probes > 0 && ro->max_probes < p->n ? ro->max_probes : p->n;
+    long pass = 0; /* one pass over the probes: prefill the prompt, decode all answers but one */
+    for (int i = 0; i < n; i++) pass += p->off[i + 1] - p->off[i] - 1;
+    out->chunk_evals = 3L * S * C; /* score_baselines (full, uniform), score_guard */
+    out->probe_evals = 3 * pass;
+    out->chunk_evals_max = out->chunk_evals + (long)KV_RETRIEVAL_MAX_CAND * S * C;
+    out->probe_evals_max =
+        out->probe_evals + (have_heads ? 0 : (1L + nh) * pass) + KV_RETRIEVAL_MAX_CAND * pass;
+    return KV_OK;
+}
+
 int kv_retrieval_search(const kv_model *m, const int *ids, int n_chunks,
                         const struct kv_search_opts *o, const kv_probes *probes,
                         const kv_retrieval_opts *ro, int guard_block_size,

@@ -615,6 +615,31 @@ static void guard_adopt(guard *g) {
     }
 }
 
+int kv_robust_guard_count(const kv_model *m, const struct kv_search_opts *o, int n_texts, int nc,
+                          kv_search_guard_count *out, kv_error *err) {
+    memset(out, 0, sizeof *out);
+    long curve = 0, curve_max = 0;
+    /* the per-text knapsacks (text_knapsacks): two texts or more and sensitivity planning */
+    int knap = n_texts >= 2 && o->sensitivity;
+    if (knap) {
+        kv_sens_opts so = sens_opts(o);
+        int rc = kv_sens_count(m, &so, 1, 0, &curve, &curve_max, NULL, err);
+        if (rc) return rc;
+    }
+    out->curve_evals = curve * n_texts;
+    out->curve_evals_max = curve_max * n_texts;
+    /* sources (guard_sources): the plan, the mean and worst knapsacks and up to
+     * KV_ROBUST_TEXT_SOURCES texts' own, and at most the sensitivity solution */
+    int n_src =
+        1 + (knap ? 2 + (n_texts < KV_ROBUST_TEXT_SOURCES ? n_texts : KV_ROBUST_TEXT_SOURCES) : 0);
+    int n_src_max = n_src + (o->sensitivity ? 1 : 0);
+    /* guard_measure: every chunk under the full cache, the uniform one and the candidates */
+    out->evals = (long)nc * (2 + KV_ROBUST_N_LAMBDA * n_src) * o->context;
+    out->evals_max = (long)nc * (2 + KV_ROBUST_N_LAMBDA * n_src_max) * o->context;
+    out->sequences_max = KV_ROBUST_N_LAMBDA * n_src_max;
+    return KV_OK;
+}
+
 int kv_robust_guard(const kv_model *m, const int *ids, const kv_robust_layout *lay,
                     const struct kv_search_opts *o, kv_robust_objective obj,
                     struct kv_search_result *res, kv_robust_result *rr, kv_error *err) {

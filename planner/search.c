@@ -283,9 +283,11 @@ static int halving_round(void *user, const int *configs, int n, int n_chunks, kv
     return rc;
 }
 
-long kv_search_halving_chunks(int n, int eta, int c0, int cmax) {
+long kv_search_halving_chunk_evals(int n, int eta, int c0, int cmax, int *last) {
     long total = 0;
-    int prev = 0, c = c0;
+    int prev = 0, c = c0 < cmax ? c0 : cmax;
+    if (last) *last = 0;
+    if (n < 1 || c < 1) return 0;
     for (;;) {
         total += (long)n * (c - prev);
         int keep = (n + eta - 1) / eta;
@@ -294,7 +296,31 @@ long kv_search_halving_chunks(int n, int eta, int c0, int cmax) {
         prev = c;
         c = (long)c * eta > cmax ? cmax : c * eta;
     }
+    if (last) *last = c;
     return total;
+}
+
+long kv_search_chunk_plan(const kv_search_opts *o, const kv_search_arms *a, int S, int HC,
+                          kv_search_chunks *w) {
+    kv_search_chunks z;
+    if (!w) w = &z;
+    memset(w, 0, sizeof *w);
+    int halving = o->halving_eta >= 2 && a->distinct > 1, last = S;
+    if (halving) {
+        int c0 = o->halving_min_chunks > 0 ? o->halving_min_chunks : 1;
+        w->grid = kv_search_halving_chunk_evals(a->distinct, o->halving_eta, c0, S, &last);
+        w->grid += S - last; /* the winner finished on every search chunk */
+    } else {
+        w->grid = (long)a->distinct * S;
+    }
+    w->baselines = (long)a->base_new * S;
+    /* a baseline that is also a grid budget finishes the chunks halving left it (at most S) */
+    w->baselines_max = halving ? (long)a->base_distinct * S : w->baselines;
+    for (int p = o->evict_block_search ? o->evict_block / 2 : 0; p >= 1; p /= 2)
+        w->ladder_max += 2L * S; /* the plan candidate and uniform (once when equal) */
+    /* winner and baselines, and the other allocation when sensitivity planning runs */
+    w->heldout = (long)(1 + a->base + (o->sensitivity ? 1 : 0)) * HC;
+    return w->grid + w->baselines_max + w->ladder_max + w->heldout;
 }
 
 static int make_budget(const search_ctx *c, const kv_profile_inputs *prof, kv_alloc_kind kind,
@@ -334,6 +360,19 @@ static void config_params(const kv_search_opts *o, const kv_search_result *r, in
     *t = o->allocation == KV_ALLOC_BAKLAVA ? o->t_values[it] : NAN;
     *rr = o->allocation == KV_ALLOC_BAKLAVA ? o->r_values[ir] : NAN;
     *p = o->allocation == KV_ALLOC_UNIFORM ? NAN : o->p_values[ip];
+}
+
+/* The grid's shape (points, their arms) and its result arrays. */
+static int search_shape(search_ctx *c, const kv_search_opts *o, kv_search_result *res) {
+    res->n_p = o->allocation == KV_ALLOC_UNIFORM ? 1 : o->n_p;
+    res->n_t = o->allocation == KV_ALLOC_BAKLAVA ? o->n_t : 1;
+    res->n_r = o->allocation == KV_ALLOC_BAKLAVA ? o->n_r : 1;
+    c->n_cfg = res->n_p * res->n_t * res->n_r;
+    c->cfg_arm = kv_malloc((size_t)c->n_cfg * sizeof *c->cfg_arm, "grid arms", c->err);
+    c->uniq = kv_malloc((size_t)c->n_cfg * sizeof *c->uniq, "grid arms", c->err);
+    res->perplexity = kv_malloc((size_t)c->n_cfg * sizeof *res->perplexity, "grid", c->err);
+    res->chunks = kv_calloc((size_t)c->n_cfg, sizeof *res->chunks, "grid", c->err);
+    return c->cfg_arm && c->uniq && res->perplexity && res->chunks ? KV_OK : KV_EINTERNAL;
 }
 
 /* Stage 0: check the options and the text, size the search (S search chunks, HC held-out). */
@@ -383,17 +422,9 @@ static int search_setup(search_ctx *c, const kv_model *m, const kv_profile_input
     for (long i = 0; i < (long)(c->S + c->HC) * C; i++)
         if (ids[i] < 0 || ids[i] >= m->cfg.vocab_size)
             return kv_fail(err, KV_EINPUT, "token %ld has id %d outside the vocabulary", i, ids[i]);
-    res->n_p = o->allocation == KV_ALLOC_UNIFORM ? 1 : o->n_p;
-    res->n_t = o->allocation == KV_ALLOC_BAKLAVA ? o->n_t : 1;
-    res->n_r = o->allocation == KV_ALLOC_BAKLAVA ? o->n_r : 1;
     res->search_chunks = c->S;
     res->heldout_chunks = c->HC;
-    c->n_cfg = res->n_p * res->n_t * res->n_r;
-    c->cfg_arm = kv_malloc((size_t)c->n_cfg * sizeof *c->cfg_arm, "grid arms", err);
-    c->uniq = kv_malloc((size_t)c->n_cfg * sizeof *c->uniq, "grid arms", err);
-    res->perplexity = kv_malloc((size_t)c->n_cfg * sizeof *res->perplexity, "grid", err);
-    res->chunks = kv_calloc((size_t)c->n_cfg, sizeof *res->chunks, "grid", err);
-    if (!c->cfg_arm || !c->uniq || !res->perplexity || !res->chunks) return KV_EINTERNAL;
+    if (search_shape(c, o, res)) return KV_EINTERNAL;
     c->t0 = kv_now();
     c->best_seen = HUGE_VAL;
     return KV_OK;
@@ -465,49 +496,86 @@ static int search_engine(search_ctx *c) {
                             search_knapsack_types(o), &c->eng, c->err);
 }
 
-long kv_search_sens_chunks(const kv_search_opts *o, const kv_model *m, int S) {
-    if (!o->sensitivity) return 0;
+int kv_search_sens_count(const kv_model *m, const kv_search_opts *o, int S, kv_search_sens_work *w,
+                         kv_error *err) {
+    memset(w, 0, sizeof *w);
+    if (!o->sensitivity) return KV_OK;
     kv_sens_opts so = kv_search_sens_opts(o);
-    int *lv = NULL, K = 0, T = 0;
+    const int calib = so.calib_chunks < S ? so.calib_chunks : S;
+    int rc = kv_sens_count(m, &so, calib, 0, &w->curves, &w->curves_max, &w->passes, err);
+    if (!rc)
+        rc = kv_sens_count(m, &so, kv_sens_refine_chunks(&so, calib), 1, &w->round, &w->round_max,
+                           NULL, err);
+    w->rounds = so.max_rounds;
+    w->verify_one = kv_sens_verify_evals(&so, S);
+    w->verify_max =
+        (long)so.max_rounds * (so.objective == KV_SENS_OBJ_BOTH ? 2 : 1) * w->verify_one;
+    return rc;
+}
+
+long kv_search_sens_chunks(const kv_search_opts *o, const kv_model *m, int S) {
+    kv_search_sens_work w;
     kv_error err = {0};
-    if (kv_sens_default_levels(&so, &lv, &K, &err)) return 0;
-    free(lv);
-    for (int t = 0; t < KV_CACHE_TYPES; t++) T += (so.types_mask >> t) & 1;
-    const int nh = m->cfg.n_layers * m->cfg.n_kv_heads,
-              calib = so.calib_chunks < S ? so.calib_chunks : S;
-    const int refine = so.full_curves || so.refine_chunks <= 0 || so.refine_chunks > calib
-                           ? calib
-                           : so.refine_chunks;
-    long hi0 = 0, hi1 = 0;
-    long lo0 = kv_sens_curve_evals(&so, nh, T > 0 ? T : 1, K, calib, 0, &hi0);
-    long lo1 = kv_sens_curve_evals(&so, nh, T > 0 ? T : 1, K, refine, 1, &hi1);
+    if (!o->sensitivity || kv_search_sens_count(m, o, S, &w, &err)) return 0;
     /* every round, each between what always runs and the most it can run */
-    long tokens = (lo0 + hi0) / 2 + (long)(so.max_rounds - 1) * ((lo1 + hi1) / 2) +
-                  (long)so.max_rounds * kv_sens_verify_evals(&so, S);
+    long tokens = (w.curves + w.curves_max) / 2 +
+                  (long)(w.rounds - 1) * ((w.round + w.round_max) / 2) +
+                  (long)w.rounds * w.verify_one;
     return tokens / o->context;
 }
 
-long kv_search_type_chunks(const kv_search_opts *o, int S, int HC) {
-    int n = 0;
-    for (int t = 0; t < KV_CACHE_TYPES; t++) n += (o->kv_types_mask >> t) & 1;
-    return (long)n * (S + HC);
+int kv_search_type_chunks(const kv_model *m, const kv_search_opts *o, int p, int S, int HC,
+                          long *chunks, kv_error *err) {
+    const int nh = m->cfg.n_layers * m->cfg.n_kv_heads, hd = m->cfg.head_dim, C = o->context;
+    *chunks = 0;
+    if (!o->kv_types_mask) return KV_OK;
+    int *bud = kv_malloc((size_t)nh * sizeof *bud, "type baseline budgets", err);
+    if (!bud) return KV_EINTERNAL;
+    /* the plan's bytes, as search_type_baselines takes them */
+    double Rb = o->ratio * (double)kv_type_token_bytes(o->kv_type, hd) /
+                (double)kv_type_token_bytes(KV_TYPE_F16, hd);
+    int rc = KV_OK;
+    for (int t = 0; t < KV_CACHE_TYPES && !rc; t++) {
+        if (!(o->kv_types_mask & (1 << t))) continue;
+        double tr = kv_type_token_ratio(Rb, (kv_cache_type)t, hd);
+        rc = kv_uniform_budgets(nh, tr > 1.0 ? 1.0 : tr, C, o->block_size, bud, NULL, err);
+        int below = 0, fl = kv_policy_fixed_tokens(o->policy) + p;
+        for (int i = 0; i < nh && !rc; i++) below |= bud[i] < C && bud[i] < fl;
+        if (!rc && !below) *chunks += S + HC;
+    }
+    free(bud);
+    return rc;
+}
+
+/* How many baselines there are, distinct, and not among the grid's budgets (those run on
+ * every search chunk after the grid; the others share a grid arm's chunks). */
+static void search_arms(const search_ctx *c, kv_search_arms *out) {
+    memset(out, 0, sizeof *out);
+    out->points = c->n_cfg;
+    out->distinct = c->n_uniq;
+    for (int b = 0; b < KV_SEARCH_N_BASE; b++) {
+        int a = c->base_arm[b], rep = 0;
+        for (int j = 0; j < b; j++) rep |= c->base_arm[j] == a;
+        out->base += a >= 0;
+        out->base_distinct += a >= 0 && !rep;
+        out->base_new += a >= c->n_uniq && !rep;
+    }
 }
 
 /* Stage 4: the grid, exhaustive or by successive halving; sets the winning arm. */
 static int search_grid_eval(search_ctx *c) {
     const kv_search_opts *o = c->o;
     int rc = KV_OK;
-    long plan_grid =
-        o->halving_eta >= 2
-            ? kv_search_halving_chunks(c->n_uniq, o->halving_eta,
-                                       o->halving_min_chunks > 0 ? o->halving_min_chunks : 1, c->S)
-            : (long)c->n_uniq * c->S;
-    if (o->halving_eta >= 2) plan_grid += c->S; /* at most: finishing the winner */
-    c->work_total =
-        plan_grid + (long)KV_SEARCH_N_BASE * c->S + (long)(1 + KV_SEARCH_N_BASE) * c->HC;
-    for (int p = o->evict_block_search ? o->evict_block / 2 : 0; p >= 1; p /= 2)
-        c->work_total += 2L * c->S; /* at most: the eviction-block ladder */
-    c->work_total += kv_search_sens_chunks(o, c->m, c->S) + kv_search_type_chunks(o, c->S, c->HC);
+    kv_search_arms arms;
+    search_arms(c, &arms);
+    long types = 0;
+    kv_error terr = {0};
+    /* at most: the ladder may lower the eviction block to 1 */
+    if (kv_search_type_chunks(c->m, o, o->evict_block_search ? 1 : o->evict_block, c->S, c->HC,
+                              &types, &terr))
+        types = 0;
+    c->work_total = kv_search_chunk_plan(o, &arms, c->S, c->HC, NULL) +
+                    kv_search_sens_chunks(o, c->m, c->S) + types;
     if (o->halving_eta >= 2 && c->n_uniq > 1) {
         kv_sh_opts sh = {.eta = o->halving_eta,
                          .min_chunks =
@@ -900,6 +968,39 @@ static int search_type_baselines(search_ctx *c) {
     return rc;
 }
 
+static void search_ctx_free(search_ctx *c) {
+    kv_engine_free(c->eng);
+    for (int a = 0; a < c->n_arms; a++) {
+        free(c->arms[a].tokens);
+        free(c->arms[a].blocks);
+        free(c->arms[a].nll);
+    }
+    free(c->arms);
+    free(c->cfg_arm);
+    free(c->uniq);
+}
+
+int kv_search_count_budgets(const kv_model *m, const kv_profile_inputs *prof,
+                            const kv_search_opts *o, kv_search_arms *out, kv_error *err) {
+    search_ctx c;
+    memset(&c, 0, sizeof c);
+    kv_search_result res;
+    memset(&res, 0, sizeof res);
+    c.m = m, c.o = o, c.prof = prof, c.err = err, c.res = &res, c.S = 1, c.win_arm = -1;
+    c.nh = m->cfg.n_layers * m->cfg.n_kv_heads;
+    for (int b = 0; b < KV_SEARCH_N_BASE; b++) c.base_arm[b] = -1;
+    int rc = KV_OK;
+    if (o->allocation != KV_ALLOC_UNIFORM && !prof)
+        rc = kv_fail(err, KV_EINPUT, "allocation %s needs a profile", kv_alloc_name(o->allocation));
+    if (!rc) rc = search_shape(&c, o, &res);
+    if (!rc) rc = search_grid_budgets(&c);
+    if (!rc) rc = search_baseline_budgets(&c);
+    if (!rc) search_arms(&c, out);
+    search_ctx_free(&c);
+    kv_search_result_free(&res);
+    return rc;
+}
+
 int kv_search_run(const kv_model *m, const kv_profile_inputs *prof, const int *ids, long n_ids,
                   const kv_search_opts *o, kv_search_result *res, kv_error *err) {
     memset(res, 0, sizeof *res);
@@ -926,15 +1027,7 @@ int kv_search_run(const kv_model *m, const kv_profile_inputs *prof, const int *i
                           res->seconds);
         kv_progress_done(o->progress);
     }
-    kv_engine_free(c.eng);
-    for (int a = 0; a < c.n_arms; a++) {
-        free(c.arms[a].tokens);
-        free(c.arms[a].blocks);
-        free(c.arms[a].nll);
-    }
-    free(c.arms);
-    free(c.cfg_arm);
-    free(c.uniq);
+    search_ctx_free(&c);
     if (rc) kv_search_result_free(res);
     return rc;
 }

@@ -153,25 +153,3 @@ int kv_sens_fill_points(kv_sens_curves *c, const unsigned char *known, const kv_
     free(off);
     return KV_OK;
 }
-
-long kv_sens_curve_evals(const kv_sens_opts *o, int n_heads, int n_types, int n_levels,
-                         int n_chunks, int around, long *at_most) {
-    const int Q = o->n_policies > 0 ? o->n_policies : 1, K = n_levels;
-    long first = (long)n_heads * n_types * Q * K, rest = 0;
-    if (!o->full_curves) {
-        /* pass 0 per head and policy: the reference curve's anchors, the other types' (none
-         * in a refinement round); pass 1 at most every level left of the reference curve */
-        long ref = 0, other = 0;
-        for (int k = 0; k < K; k++) {
-            ref += k % 2 == 0 || k == K - 1;
-            other += k % 3 == 0 || k == K - 1;
-        }
-        long t1 = around ? 0 : n_types - 1;
-        first = (long)n_heads * Q * (ref + t1 * other);
-        rest = (long)n_heads * Q * (K - ref);
-    }
-    /* per chunk and pass: the reference prefill and the base budgets (one sequence each) */
-    const long per_chunk = first + 2L * (o->full_curves ? 1 : 2);
-    if (at_most) *at_most = (per_chunk + rest) * n_chunks * (long)o->context;
-    return per_chunk * n_chunks * (long)o->context;
-}

@@ -351,6 +351,12 @@ static int sens_run(sens_tasks *st, long n_tasks, double *res, kv_error *err) {
     return rc;
 }
 
+/* Token evaluations of one calibration chunk with n_pert perturbations: the full cache's
+ * reference prefill, the base budgets and one sequence per perturbation, C tokens each. */
+static long chunk_evals(int n_pert, int C) {
+    return (2L + n_pert) * C;
+}
+
 static void sens_reduce(const sens_tasks *st, const double *res, kv_sens_curves *out) {
     const int B = st->B, C = st->C, n_pert = st->n_pert, n_batch = st->per_chunk - 1;
     const int n = out->n_heads * out->n_types * out->n_policies * out->n_levels;
@@ -360,7 +366,6 @@ static void sens_reduce(const sens_tasks *st, const double *res, kv_sens_curves 
         const double *r0 = res + (size_t)ch * st->per_chunk * 2 * B;
         base_nll_sum += r0[0];
         base_kl_sum += r0[B];
-        out->token_evals += 2L * C;
         for (int b = 0; b < n_batch; b++) {
             const double *rb = r0 + (size_t)(1 + b) * 2 * B;
             int b0 = b * B, ns = n_pert - b0 < B ? n_pert - b0 : B;
@@ -368,9 +373,9 @@ static void sens_reduce(const sens_tasks *st, const double *res, kv_sens_curves 
                 out->delta_nll[st->pert[b0 + s]] += rb[s];
                 out->kl[st->pert[b0 + s]] += rb[B + s];
             }
-            out->token_evals += (long)ns * C;
         }
     }
+    out->token_evals += st->n_chunks * chunk_evals(n_pert, C);
     double denom = (double)st->n_chunks * (C - 1);
     out->base_nll = base_nll_sum / denom;
     out->base_kl = base_kl_sum / denom;
@@ -495,6 +500,62 @@ int kv_sens_measure_around(kv_engine *e, const kv_model *m, const int *ids, int 
                            const kv_sens_opts *o, kv_sens_curves *out, kv_error *err) {
     return sens_measure(e, m, ids, n_chunks, base, base_policy, base_type, prev->levels,
                         prev->n_levels, o->full_curves ? NULL : prev, o, out, err);
+}
+
+/* Per chunk, the tokens of a pass of n points (none: it does not run) and its forward passes. */
+static long pass_evals(long n, int C) {
+    return n > 0 ? chunk_evals((int)n, C) : 0;
+}
+
+/* The points of one measurement around cv's base (settled in known): *lo0 the first pass's
+ * least, *hi0 its most, *hi1 the second pass's most (none with full curves). around: the base
+ * is a solution not known yet (cv's base is none: no base point is known, each head may skip
+ * one). */
+static void count_points(const kv_sens_opts *o, kv_sens_curves *cv, int around,
+                         unsigned char *known, unsigned char *want, long *lo0, long *hi0,
+                         long *hi1) {
+    const long n = (long)cv->n_heads * cv->n_types * cv->n_policies * cv->n_levels;
+    *lo0 = *hi0 = *hi1 = 0;
+    if (o->full_curves) {
+        for (long i = 0; i < n; i++) *hi0 += !known[i];
+    } else {
+        *hi0 = kv_sens_pick_points(cv, o, 0, around ? cv : NULL, known, want);
+        for (long i = 0; i < n; i++) known[i] |= want[i];
+        /* the values are not measured (NaN): pass 1 wants every point it could */
+        *hi1 = kv_sens_pick_points(cv, o, 1, around ? cv : NULL, known, want);
+    }
+    *lo0 = around ? *hi0 - cv->n_heads : *hi0;
+    if (*lo0 < 0) *lo0 = 0;
+}
+
+int kv_sens_count(const kv_model *m, const kv_sens_opts *o, int n_chunks, int around, long *least,
+                  long *most, long *passes, kv_error *err) {
+    kv_sens_curves cv;
+    memset(&cv, 0, sizeof cv);
+    *least = *most = 0;
+    if (passes) *passes = 0;
+    int rc = check_opts(o, err);
+    if (!rc) rc = sens_curves_init(m, NULL, 0, o, &cv, err);
+    if (!rc) rc = sens_set_base(m, NULL, NULL, NULL, o, &cv, err);
+    const size_t n = (size_t)cv.n_heads * cv.n_types * cv.n_policies * cv.n_levels;
+    unsigned char *known = rc ? NULL : kv_calloc(n + 1, 1, "curve points", err);
+    unsigned char *want = rc ? NULL : kv_calloc(n + 1, 1, "curve points", err);
+    if (!rc && (!known || !want)) rc = KV_EINTERNAL;
+    if (!rc) {
+        /* around a solution: its base points are not known here (no budget is -1 tokens) */
+        for (int h = 0; around && h < cv.n_heads; h++) cv.base[h] = -1;
+        sens_settle_free_points(o, &cv, known);
+        long lo0, hi0, hi1;
+        count_points(o, &cv, around, known, want, &lo0, &hi0, &hi1);
+        const int C = o->context;
+        *least = (long)n_chunks * pass_evals(lo0, C);
+        *most = (long)n_chunks * (pass_evals(hi0, C) + pass_evals(hi1, C));
+        if (passes && lo0 > 0) *passes = (long)n_chunks * (2 + (lo0 + o->batch - 1) / o->batch);
+    }
+    free(known);
+    free(want);
+    kv_sens_curves_free(&cv);
+    return rc;
 }
 
 /* ---------------------------------------------------------------- knapsack ---- */
@@ -822,9 +883,7 @@ static int ppl_task(void *user, long task, double *out, kv_error *err) {
                                        NULL, NULL, err);
 }
 
-/* The calibration chunks of a refinement round: o->refine_chunks (0: calib) of the calib
- * chunks, all of them with full curves. */
-static int refine_chunks(const kv_sens_opts *o, int calib) {
+int kv_sens_refine_chunks(const kv_sens_opts *o, int calib) {
     if (o->full_curves || o->refine_chunks <= 0 || o->refine_chunks > calib) return calib;
     return o->refine_chunks;
 }
@@ -946,8 +1005,8 @@ int kv_sens_search(kv_engine *e, const kv_model *m, const int *ids, int n_search
             rc = kv_sens_measure_typed(e, m, ids, calib, NULL, NULL, NULL, NULL, 0, o, &r->curves,
                                        err);
         } else {
-            rc = kv_sens_measure_around(e, m, ids, refine_chunks(o, calib), r->budget, r->policy,
-                                        r->type, &r->curves, o, &cur, err);
+            rc = kv_sens_measure_around(e, m, ids, kv_sens_refine_chunks(o, calib), r->budget,
+                                        r->policy, r->type, &r->curves, o, &cur, err);
             cv = &cur;
         }
         if (rc) break;

@@ -115,16 +115,27 @@ int kv_sens_pick_points(const kv_sens_curves *c, const kv_sens_opts *o, int pass
  * differs, KV_EINTERNAL for memory. */
 int kv_sens_fill_points(kv_sens_curves *c, const unsigned char *known, const kv_sens_curves *prev,
                         kv_error *err);
-/* The token evaluations of one curve measurement (kv_sens_measure_typed, or with around != 0
- * a refinement round's kv_sens_measure_around) of n_heads heads, n_types types and n_levels
- * levels on n_chunks chunks of o->context: returned, what always runs (full curves: exact; sparse:
- * pass 0, the base level's index taken as n_levels / 2); *at_most (may be NULL), the most it can
- * run (sparse: every point pass 1 may add). For `search --estimate`: a round 0 is around
- * = 0, each further round around = 1, plus kv_sens_verify_evals per solution. */
-long kv_sens_curve_evals(const kv_sens_opts *o, int n_heads, int n_types, int n_levels,
-                         int n_chunks, int around, long *at_most);
 /* The token evaluations of verifying one solution on n_search search chunks. */
 long kv_sens_verify_evals(const kv_sens_opts *o, int n_search);
+/* The calibration chunks of a refinement round: o->refine_chunks (<= 0: calib) of the calib
+ * chunks, all calib of them with o->full_curves. */
+int kv_sens_refine_chunks(const kv_sens_opts *o, int calib);
+
+/* The token evaluations of one curve measurement on n_chunks calibration chunks of o->context
+ * tokens, the same point lists the measurement runs (sens_passes): around = 0, round 0's
+ * kv_sens_measure_typed around the uniform budgets at the default levels; around = 1, one
+ * refinement round's kv_sens_measure_around around a solution not known yet. Per chunk and
+ * pass: the full cache's reference prefill, the base budgets and one sequence per point, C
+ * tokens each; a pass with no point runs nothing.
+ * *least: what always runs (full curves around uniform, and the sparse pass 0 around uniform:
+ * exact; a refinement round: every head's base point among its anchors, which it skips).
+ * *most: the most it can run (sparse: pass 1 measures every unmeasured reference-curve point
+ * it can; a refinement round: no base point skipped). *passes (may be NULL): the forward
+ * passes of *least (per chunk and pass the reference, the base, ceil(points / o->batch)).
+ * m is read for its cfg only. Errors: those of kv_sens_measure_typed's options and uniform
+ * budgets; KV_EINTERNAL for memory. */
+int kv_sens_count(const kv_model *m, const kv_sens_opts *o, int n_chunks, int around, long *least,
+                  long *most, long *passes, kv_error *err);
 
 /* The default measured levels in blocks: every block multiple from the lowest policy floor
  * ceil((fixed + p) / b_s) to ceil(C / b_s) when there are at most max_levels, else a geometric

@@ -15,6 +15,7 @@
 #include "kvplan/chat.h"
 #include "kvplan/common.h"
 #include "kvplan/engine.h"
+#include "kvplan/estimate.h"
 #include "kvplan/eval.h"
 #include "kvplan/generate.h"
 #include "kvplan/h5io.h"
