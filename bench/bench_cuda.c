@@ -239,12 +239,16 @@ static int kernel_rows(void) {
     printf("%-28s %9s %7s %5s %6s %8s %8s %8s %8s %8s %-9s %6s\n", "kernel (batch 1 unless noted)",
            "DRAM MB", "sec/req", "eff", "warp/SM", "bw us", "issue us", "lat us", "L1 us",
            "model us", "bound", "HBM");
-    const char *gemv[4] = {"kv_k_gemv_f16<1>", "kv_k_gemv_q<kv_q8_0_dot, 1>",
-                           "kv_k_gemv_q<kv_q4_0_dot, 1>", "kv_k_gemv"};
-    const char *tn[4] = {"F16", "Q8_0", "Q4_0", "Q4_K*"};
+    const char *gemv[6] = {"kv_k_gemv_f16<1>",
+                           "kv_k_gemv_q<kv_q8_0_dot, 1>",
+                           "kv_k_gemv_q<kv_q4_0_dot, 1>",
+                           "kv_k_gemv_qk<kv_q4k_lane, 1>",
+                           "kv_k_gemv_qk<kv_q6k_lane, 1>",
+                           "kv_k_gemv"};
+    const char *tn[6] = {"F16", "Q8_0", "Q4_0", "Q4_K", "Q6_K", "Q4_K*"};
     const int shapes[3][2] = {{4096, 4096}, {4096, 11008}, {11008, 4096}};
     char label[64];
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < 6; i++)
         for (int j = 0; j < 3; j++) {
             snprintf(label, sizeof label, "GEMV %-5s %5dx%-5d", tn[i], shapes[j][1], shapes[j][0]);
             km_shape s = {.in = shapes[j][0], .out = shapes[j][1], .wtype = KV_DT_Q4_K};
@@ -257,8 +261,8 @@ static int kernel_rows(void) {
             km_shape s = {.ctx = 4096, .g = 32 / hkv[i], .hd = 128, .tasks = batch[j] * hkv[i]};
             if (kernel_row(label, "kv_k_flash_decode<1, 4>", s)) return 1;
         }
-    printf("(* Q4_K: the generic kv_k_gemv, a type switch per element; its issue counts every "
-           "type's decoder, an upper bound. eff: bytes asked / sectors x 32)\n");
+    printf("(* Q4_K on the generic kv_k_gemv, a type switch per element, for comparison; its issue "
+           "counts every type's decoder, an upper bound. eff: bytes asked / sectors x 32)\n");
     return 0;
 }
 

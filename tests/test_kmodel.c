@@ -98,7 +98,8 @@ static void test_gemv_f16(void) {
            t.dram_bytes / 1e6, r.sectors_req, 100 * r.hbm_frac, r.bound);
 }
 
-/* Q8_0 and Q4_0 (typed, dp4a) and Q4_K (the generic kernel: a type switch per element): the
+/* Q8_0 and Q4_0 (typed, dp4a), Q4_K on the generic kernel (a type switch per element) and Q4_K /
+ * Q6_K on the typed K-quant kernel: the
  * weights' bytes are the file's (34 / 18 / 144 bytes per 32 / 32 / 256 weights); the generic
  * kernel issues more instructions per weight byte than the typed ones. */
 static void test_gemv_block_types(void) {
@@ -118,9 +119,23 @@ static void test_gemv_block_types(void) {
     km_result rk = predict("kv_k_gemv", &qk);
     CU_ASSERT(rk.warp_instrs / wk > r4.warp_instrs / w4);
     CU_ASSERT(rk.hbm_frac < r4.hbm_frac);
+    /* the typed K-quant kernel: the file's 144 / 210 bytes per 256 weights, the int8
+     * activations, one scale per 256 and sixteen int16 sums per 256, y; fewer instructions per
+     * weight byte than the generic kernel */
+    km_trace tk = probe("kv_k_gemv_qk<kv_q4k_lane, 1>", (km_shape){.in = in, .out = out});
+    km_trace t6 = probe("kv_k_gemv_qk<kv_q6k_lane, 1>", (km_shape){.in = in, .out = out});
+    double act = in + in / 256 * 4.0 + in / 16 * 2.0 + out * 4.0;
+    CU_ASSERT_EQUAL(tk.dram_bytes, wk + act);
+    CU_ASSERT_EQUAL(t6.dram_bytes, (double)out * in / 256 * 210 + act);
+    km_result rt = predict("kv_k_gemv_qk<kv_q4k_lane, 1>", &tk);
+    km_result r6 = predict("kv_k_gemv_qk<kv_q6k_lane, 1>", &t6);
+    CU_ASSERT(rt.warp_instrs < rk.warp_instrs);
+    CU_ASSERT(rt.hbm_frac > rk.hbm_frac);
     printf("\n    4096x4096 GEMV, modelled %% of HBM: Q8_0 %.0f%% (%s), Q4_0 %.0f%% (%s), Q4_K "
-           "generic %.0f%% (%s)",
-           100 * r8.hbm_frac, r8.bound, 100 * r4.hbm_frac, r4.bound, 100 * rk.hbm_frac, rk.bound);
+           "generic %.0f%% (%s), Q4_K typed %.0f%% (%s, %.1f sectors/request), Q6_K typed %.0f%% "
+           "(%s)",
+           100 * r8.hbm_frac, r8.bound, 100 * r4.hbm_frac, r4.bound, 100 * rk.hbm_frac, rk.bound,
+           100 * rt.hbm_frac, rt.bound, rt.sectors_req, 100 * r6.hbm_frac, r6.bound);
 }
 
 /* Flash-decoding of one 4096-entry F16 head (d_h 128, a GQA group of 4): it reads each K and V

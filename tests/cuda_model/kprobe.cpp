@@ -123,8 +123,8 @@ template <typename Dot> int gemv_q(const km_shape *s, km_trace *t, kv_error *err
     int rc = traced(
         tr, rows, 1, KV_K_GEMV_THREADS, 0,
         [&] {
-            kv_k_gemv_q<Dot, 1>(w.data(), rb, aq.data(), ad.data(), as.data(), y.data(), 1,
-                                s->in, rows);
+            kv_k_gemv_q<Dot, 1>(w.data(), rb, aq.data(), ad.data(), as.data(), y.data(), 1, s->in,
+                                rows);
         },
         err);
     if (!rc) *t = tr.result(s->out, rows, KV_K_GEMV_THREADS, 0);
@@ -132,8 +132,39 @@ template <typename Dot> int gemv_q(const km_shape *s, km_trace *t, kv_error *err
     return rc;
 }
 
+/* kv_k_gemv_qk<K, 1>: K-quant weights (K::bytes per 256 weights) against activations quantised
+ * once to the CPU's layout K (the kv_k_quantize_q8k launch before it is not part of this probe):
+ * a block of KV_K_GEMV_THREADS per output row, 8 groups of 16 lanes over the super-blocks. */
+template <typename K> int gemv_qk(const km_shape *s, km_trace *t, kv_error *err) {
+    if (s->in < 256 || s->in % 256 || s->out < 1)
+        return kv_fail(err, KV_EINPUT, "km_probe: kv_k_gemv_qk needs in %% 256 == 0, out >= 1");
+    int rows = s->out < kGemvRows ? s->out : kGemvRows, nb = s->in / 256;
+    size_t rb = (size_t)nb * K::bytes;
+    dbuf<unsigned char> w((size_t)rows * rb, 0);
+    dbuf<signed char> aq((size_t)s->in, 1);
+    dbuf<float> ad((size_t)nb, 0.01f), y((size_t)rows, 0.0f);
+    dbuf<short> as((size_t)nb * 16, 16);
+    km_tracer tr;
+    tr.buffer(w.data(), w.bytes(), km_tracer::STREAM);
+    tr.buffer(aq.data(), aq.bytes(), km_tracer::SHARED);
+    tr.buffer(ad.data(), ad.bytes(), km_tracer::SHARED);
+    tr.buffer(as.data(), as.bytes(), km_tracer::SHARED);
+    tr.buffer(y.data(), y.bytes(), km_tracer::STREAM);
+    int rc = traced(
+        tr, rows, 1, KV_K_GEMV_THREADS, 0,
+        [&] {
+            kv_k_gemv_qk<K, 1>(w.data(), rb, aq.data(), ad.data(), as.data(), y.data(), 1, s->in,
+                               rows);
+        },
+        err);
+    if (!rc) *t = tr.result(s->out, rows, KV_K_GEMV_THREADS, 0);
+    /* each group of 16 lanes takes super-blocks j, j + 8, ... two per iteration */
+    t->path = two_chunk_share(nb, 8);
+    return rc;
+}
+
 /* kv_k_gemv (any weight type, a warp per output row), one row of x, weights of type s->wtype
- * (e.g. KV_DT_Q4_K, which has no typed kernel yet). */
+ * (any type; the K-quants have the typed kv_k_gemv_qk above). */
 int gemv_generic(const km_shape *s, km_trace *t, kv_error *err) {
     size_t rb = 0;
     if (s->out < 1 || kv_dtype_row_bytes((kv_dtype)s->wtype, s->in, "km_probe", &rb, err))
@@ -253,6 +284,8 @@ const probe k_probes[] = {
     {"kv_k_gemv_f16<1>", gemv_f16},
     {"kv_k_gemv_q<kv_q8_0_dot, 1>", gemv_q<kv_q8_0_dot>},
     {"kv_k_gemv_q<kv_q4_0_dot, 1>", gemv_q<kv_q4_0_dot>},
+    {"kv_k_gemv_qk<kv_q4k_lane, 1>", gemv_qk<kv_q4k_lane>},
+    {"kv_k_gemv_qk<kv_q6k_lane, 1>", gemv_qk<kv_q6k_lane>},
     {"kv_k_gemv", gemv_generic},
     {"kv_k_flash_decode<1, 4>", flash_decode_f16},
     {"km_copy", copy},
