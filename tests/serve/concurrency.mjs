@@ -35,12 +35,16 @@ const poller = (async () => {
 
 try {
   const t0 = Date.now();
+  let mainStops = 0; // answers of the 64 that ended on EOS (outcome "stop") rather than length
   const answers = Array.from({ length: N }, async (_, i) => {
     const s = await client.completions.create({
       model: MODEL, prompt: prompts[i % prompts.length], max_tokens: MAX_TOKENS, temperature: 0, stream: true,
     });
     let out = '';
-    for await (const ch of s) out += ch.choices[0]?.text ?? '';
+    for await (const ch of s) {
+      out += ch.choices[0]?.text ?? '';
+      if (ch.choices[0]?.finish_reason === 'stop') mainStops++;
+    }
     return out;
   });
   const leavers = Array.from({ length: LEAVERS }, async (_, i) => {
@@ -75,8 +79,13 @@ try {
     `admission by memory: at most ${m.kvplan_running_sequences_peak} at once, ` +
     `${m.kvplan_admission_waits_total} steps waited for bytes`);
   console.log(`    outcomes: ${JSON.stringify(Object.entries(m).filter(([k]) => k.startsWith("kvplan_requests_total")))}`);
-  check(m[`kvplan_requests_total{outcome="cancelled"}`] === LEAVERS,
-    `${LEAVERS} clients that left were cancelled`);
+  // a leaver whose sampled answer ends (EOS) in the step after its second token can finish
+  // before the server notices that its client left: then it is a "stop", not a cancel
+  const cancelled = m[`kvplan_requests_total{outcome="cancelled"}`];
+  const leftStops = m[`kvplan_requests_total{outcome="stop"}`] - mainStops;
+  check(cancelled >= LEAVERS / 2 && cancelled + leftStops === LEAVERS,
+    `${cancelled} of the ${LEAVERS} clients that left were cancelled (${leftStops} answers ` +
+    `ended on EOS before the server saw them leave)`);
   check(kv(m, 'in_use') === 0 && kv(m, 'reserved') === 0 && m.kvplan_running_sequences === 0,
     'nothing held after every client left');
   check(m.kvplan_time_to_first_token_seconds_count === N + LEAVERS, 'one time-to-first-token per request');
