@@ -667,8 +667,8 @@ static void test_table_dirty(void) {
     float acc[80], acc2[80];
     for (int i = 0; i < 80; i++) pos[i] = i, acc[i] = 0.5f, acc2[i] = 0.25f;
     kv_table_mirror m0 = {0, 0}, m1 = {0, 0};
-    kv_attn_task t[2] = {{0, 1, 0, 40, tab0, pos, acc, acc2, &m0},
-                         {1, 1, 1, 70, tab1, pos, NULL, NULL, &m1}};
+    kv_attn_task t[2] = {{0, 1, 0, 40, tab0, pos, acc, acc2, &m0, 0, 0, 3},
+                         {1, 1, 1, 70, tab1, pos, NULL, NULL, &m1, 0, 0, 5}};
     kv_table_mirror *owner[2] = {NULL, NULL};
     const int bs = 16, stride = 8;
     CU_ASSERT(kv_k_table_dirty(t, 2, bs, stride, owner) == 3 + 5);

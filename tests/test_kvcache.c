@@ -457,6 +457,145 @@ static void test_sink_eviction_moves_rows(void) {
     kv_model_free(m);
 }
 
+/* One cache on `pool` with the given budgets and the sink policy, or fails the test. */
+static void ring_cache(kv_cache *c, kv_pool *pool, int L, int Hk, const int *bud) {
+    kv_error err = {0};
+    CU_ASSERT_FATAL(kv_cache_init(c, pool, L, Hk, bud, KV_POLICY_SINK, &err) == KV_OK);
+}
+
+/* The window ring (pool.window_ring; kvplan/kvcache.h) against the compacted layout, head by
+ * head: the same eviction schedule on an f16 head and a q4 head of two pools, one compacting
+ * and one keeping a ring, with blocks of 4 new tokens (prefill), then 1 (decode), a budget
+ * raised on the live cache (the ring must grow: put back in order) and appends undone. After
+ * every step both heads hold the same positions, each entry reads the same K and V bits, and
+ * the same number of blocks; the ring's token-by-token steps owe no row move. */
+static void test_window_ring_head(void) {
+    kv_model *m = tu_load_shared(M260);
+    int hd = m->cfg.head_dim, dim = m->cfg.dim, bs = 8, bad = 0, ring_steps = 0;
+    long moves_ring = 0, moves_flat = 0;
+    kv_error err = {0};
+    const kv_cache_type types[2] = {KV_TYPE_F16, KV_TYPE_Q4};
+    for (int ti = 0; ti < 2; ti++) {
+        int counts[KV_CACHE_TYPES] = {0}, B = 29;
+        counts[types[ti]] = 64 / bs + 2;
+        kv_pool pool[2];
+        kv_cache c[2];
+        for (int r = 0; r < 2; r++) {
+            CU_ASSERT_FATAL(kv_pool_init_typed(&pool[r], counts, bs, hd, &err) == KV_OK);
+            pool[r].window_ring = r;
+            ring_cache(&c[r], &pool[r], 1, 1, &B);
+            CU_ASSERT_FATAL(kv_cache_set_types(&c[r], &types[ti], &err) == KV_OK);
+        }
+        int t = 0;
+        for (int step = 0; step < 160; step++) {
+            int n = step < 6 ? 4 : 1;
+            if (step == 100) { /* a larger budget: the ring grows in the plain layout */
+                B = 45;
+                for (int r = 0; r < 2; r++)
+                    CU_ASSERT_FATAL(kv_cache_set_budgets(&c[r], &B, NULL, 512, &err) == KV_OK);
+            }
+            for (int r = 0; r < 2; r++) {
+                kv_head *h = kv_cache_head(&c[r], 0, 0);
+                kv_moves mv = {0};
+                CU_ASSERT_FATAL(kv_head_schedule_room(&c[r], h, n, t + n - 1, &mv, &err) == 0);
+                kv_pool_apply_moves_host(&pool[r], mv.v, mv.n);
+                *(r ? &moves_ring : &moves_flat) += mv.n;
+                kv_moves_free(&mv);
+                for (int i = 0; i < n; i++) {
+                    const float *e = (const float *)m->tok_emb.data + (size_t)((t + i) % 500) * dim;
+                    CU_ASSERT_FATAL(kv_head_append(&c[r], h, e, e + hd, t + i, &err) == KV_OK);
+                }
+                if (step % 37 == 36) /* undo the step's appends, then redo them */
+                    kv_head_drop_from(&c[r], h, t);
+                ring_steps += r && h->wrot > 0;
+            }
+            if (step % 37 == 36) continue; /* the same tokens again */
+            t += n;
+            kv_head *a = kv_cache_head(&c[0], 0, 0), *b = kv_cache_head(&c[1], 0, 0);
+            bad += a->len != b->len || a->n_blocks != b->n_blocks;
+            bad += a->n_blocks != (a->len + bs - 1) / bs;
+            bad += kv_pool_bytes_in_use(&pool[0]) != kv_pool_bytes_in_use(&pool[1]);
+            for (int i = 0; i < a->len && i < b->len; i++) {
+                float ka[64], va[64], kb[64], vb[64];
+                kv_head_read(&pool[0], a, i, ka, va);
+                kv_head_read(&pool[1], b, i, kb, vb);
+                bad += a->pos[i] != b->pos[i];
+                bad += memcmp(ka, kb, (size_t)hd * sizeof *ka) || memcmp(va, vb, (size_t)hd * 4);
+            }
+        }
+        for (int r = 0; r < 2; r++) {
+            kv_cache_destroy(&c[r]);
+            CU_ASSERT_EQUAL(kv_pool_blocks_in_use(&pool[r]), 0);
+            kv_pool_destroy(&pool[r]);
+        }
+    }
+    printf("\n    row moves: compacted %ld, ring %ld; ring rotated after %d of 320 steps\n",
+           moves_flat, moves_ring, ring_steps);
+    CU_ASSERT_EQUAL(bad, 0);
+    CU_ASSERT(ring_steps > 200);
+    CU_ASSERT(moves_flat > 20 * moves_ring && moves_flat > 3000);
+    kv_model_free(m);
+}
+
+/* The forward pass over a window-ring pool gives the compacted pool's logits bit for bit: the
+ * bundled 1/8 plan's budgets and KV types (sink), 24 prompt tokens of TinyStories in blocks of
+ * p = 8, then token-by-token decoding of the text to position 480, on the CPU backend. The
+ * attention reads every ring in logical order, so every sum keeps its order. */
+static void test_window_ring_forward(void) {
+    kv_model *m = tu_load_shared(M260);
+    int n = 0;
+    int *ids = tu_text_tokens(m, tu_shared(TOK260), 4000, &n);
+    kv_plan plan;
+    kv_error err = {0};
+    char path[4096];
+    snprintf(path, sizeof path, "%s/plans/stories260K.r1-8.h5", KVPLAN_SOURCE_DIR);
+    CU_ASSERT_FATAL(kv_plan_read(path, &plan, &err) == KV_OK);
+    int L = m->cfg.n_layers, Hk = m->cfg.n_kv_heads, C = m->cfg.seq_len, V = m->cfg.vocab_size;
+    CU_ASSERT_FATAL(n > 480 && plan.n_layers == L && plan.n_kv_heads == Hk);
+    long counts[KV_CACHE_TYPES];
+    kv_cache_blocks_needed_typed(L, Hk, plan.budget, plan.kv_type, C, 8, 16, counts);
+    int ic[KV_CACHE_TYPES];
+    for (int k = 0; k < KV_CACHE_TYPES; k++) ic[k] = (int)counts[k];
+    kv_pool pool[2];
+    kv_cache c[2];
+    kv_workspace *ws = NULL;
+    CU_ASSERT_FATAL(kv_workspace_new(m, 8, C, &ws, &err) == KV_OK);
+    for (int r = 0; r < 2; r++) {
+        CU_ASSERT_FATAL(kv_pool_init_typed(&pool[r], ic, 16, m->cfg.head_dim, &err) == KV_OK);
+        pool[r].window_ring = r;
+        ring_cache(&c[r], &pool[r], L, Hk, plan.budget);
+        CU_ASSERT_FATAL(kv_cache_set_types(&c[r], plan.kv_type, &err) == KV_OK);
+    }
+    float *lg = malloc(2 * sizeof(float) * (size_t)V);
+    CU_ASSERT_FATAL(lg != NULL);
+    int bad = 0, rotated = 0;
+    for (int t = 0; t < 480;) {
+        int step = t < 24 ? 8 : 1;
+        for (int r = 0; r < 2; r++) {
+            kv_cache *cp = &c[r];
+            CU_ASSERT_FATAL(kv_forward(m, ws, &cp, 1, ids + t, step, KV_LOGITS_LAST,
+                                       lg + (size_t)r * V, NULL, &err) == KV_OK);
+        }
+        bad += memcmp(lg, lg + V, sizeof(float) * (size_t)V) != 0;
+        for (int i = 0; i < L * Hk; i++) rotated += c[1].heads[i].wrot > 0;
+        bad += kv_pool_bytes_in_use(&pool[0]) != kv_pool_bytes_in_use(&pool[1]);
+        t += step;
+    }
+    printf("\n    480 positions, 1/8 plan: logits identical at every step (%d differ); %d "
+           "(head, step) pairs with a rotated ring\n",
+           bad, rotated);
+    CU_ASSERT_EQUAL(bad, 0);
+    CU_ASSERT(rotated > 20 * 200);
+    for (int r = 0; r < 2; r++) {
+        kv_cache_destroy(&c[r]);
+        kv_pool_destroy(&pool[r]);
+    }
+    kv_workspace_free(ws);
+    kv_plan_free(&plan);
+    free(lg), free(ids);
+    kv_model_free(m);
+}
+
 static void test_block_accounting(void) {
     kv_model *m = tu_load_shared(M260);
     int n = 0;
@@ -847,6 +986,8 @@ int main(int argc, char **argv) {
         {"block accounting while streaming", test_block_accounting},
         {"sink eviction token by token moves the rows with the entries",
          test_sink_eviction_moves_rows},
+        {"window ring: the compacted layout's rows, no moves", test_window_ring_head},
+        {"window ring: forward logits bit for bit (1/8 plan)", test_window_ring_forward},
         {"every policy on both bundled models", test_policies_both_models},
         {"policy order: sink", test_policy_sink_order},
         {"policy order: h2o", test_policy_h2o_order},

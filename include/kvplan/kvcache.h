@@ -10,6 +10,16 @@
  * A head owns ceil(len / block_size) blocks; eviction keeps the survivors in their original
  * order, moves them to the front (MoveCache) and returns the trailing whole blocks to the
  * pool, so bytes in use follow the retained entries, not the evicted ones.
+ *
+ * Window ring (pools with window_ring set: the CPU backend's): a sink-policy head that evicts
+ * keeps its recent window as a ring inside the blocks it holds instead of moving it. Its first
+ * `wbase` entries (the sinks) stay in place; dropping the k oldest window entries advances the
+ * ring's start `wrot` by k and moves no row; a new entry goes to the slot after the newest.
+ * Entry e is then stored at kv_head_slot's slot, and readers visit the entries in logical
+ * order (entry 0, 1, ..., len - 1), so every sum over a head's entries has the order (and the
+ * bits) of the compacted layout. The head holds exactly the blocks the compacted layout would
+ * (ceil(len / block_size) at the end of every step): the ring is only used when the step's
+ * appends need no new block, otherwise the head is first put back in order.
  */
 #ifndef KVPLAN_KVCACHE_H
 #define KVPLAN_KVCACHE_H
@@ -105,6 +115,9 @@ typedef struct kv_pool {
     size_t type_offset[KV_CACHE_TYPES + 1]; /* [KV_CACHE_TYPES] = total storage bytes */
     int n_free_type[KV_CACHE_TYPES];
     size_t bytes_in_use, peak_bytes; /* stored bytes of the blocks in use (scales included) */
+    int window_ring; /* 1: sink-policy heads of this pool's caches keep their window as a ring
+                      * (see the top of this file; host storage only, set by the CPU backend's
+                      * storage); 0: every eviction compacts (device backends, kv_pool_init) */
 } kv_pool;
 
 /* One allocation of n_blocks f32 blocks of host storage. KV_EINTERNAL when memory runs out. */
@@ -159,6 +172,9 @@ typedef struct kv_head {
                              * only while track_stats (an untracked head's read as zeros) */
     float *acc2;            /* [cap] sum of squared attention weights (the same) */
     kv_table_mirror mirror; /* a device backend's copy of `table` (its dirty entries) */
+    int wbase;              /* window ring: entries [0, wbase) (the sinks) stay in place */
+    int wrot;               /* window ring: window entry k at wbase + (wrot + k) mod (n_blocks *
+                             * block_size - wbase); 0: plain layout, entry e at e */
 } kv_head;
 
 /* ---- one sequence's cache ---- */
@@ -194,9 +210,16 @@ void kv_cache_clear(kv_cache *c);
 static inline kv_head *kv_cache_head(kv_cache *c, int layer, int kv_head_idx) {
     return &c->heads[(size_t)layer * (size_t)c->n_kv_heads + (size_t)kv_head_idx];
 }
-/* Slot of entry `i` of head `h`: table[i / b_s] * b_s + i % b_s. */
+/* Slot of entry `i` of head `h`: table[e / b_s] * b_s + e % b_s for its stored entry e = i, or,
+ * while the head's window is a ring (wrot > 0), e = wbase + (wrot + i - wbase) mod
+ * (n_blocks * b_s - wbase) for i >= wbase. */
 static inline int kv_head_slot(const kv_pool *p, const kv_head *h, int i) {
-    return h->table[i / p->block_size] * p->block_size + i % p->block_size;
+    int bs = p->block_size;
+    if (h->wrot > 0 && i >= h->wbase) {
+        int cap = h->n_blocks * bs - h->wbase, k = i - h->wbase + h->wrot;
+        i = h->wbase + (k >= cap ? k - cap : k);
+    }
+    return h->table[i / bs] * bs + i % bs;
 }
 /* Host pointers to K and V of entry `i` of an f32 head `h` (host storage only; valid until the
  * next append or eviction). Any type: kv_head_read. */

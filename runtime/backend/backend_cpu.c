@@ -11,6 +11,7 @@
 #include "backend/backend_impl.h"
 
 #include "backend/ops.h"
+#include "cache/kvslot.h"
 #include "cache/kvtype.h"
 #include "kvplan/quant.h"
 
@@ -66,6 +67,7 @@ static void cpu_destroy(kv_backend *b) {
 
 static int cpu_storage_alloc(kv_backend *b, kv_pool *p, kv_error *err) {
     (void)b;
+    p->window_ring = 1; /* host storage: the attention below reads window rings */
     p->data = kv_malloc(kv_pool_storage_bytes(p), "KV block pool", err);
     return p->data ? KV_OK : KV_EINTERNAL;
 }
@@ -176,6 +178,36 @@ static int cpu_cache_write(kv_backend *b, kv_pool *p, const kv_slot_write *w, in
  * 8.4M: measured on 2 loaded cores, that fork made decode at context 2048 2-3x slower.) */
 #define KV_ATTN_PARALLEL_MACS 262144.0
 
+/* A run of a task's entries stored one after another inside one block: logical entries
+ * [e, e + n); K rows from k, each V row bs * rb bytes after its K row. */
+typedef struct attn_chunk {
+    const unsigned char *k;
+    int e, n;
+} attn_chunk;
+
+/* Most chunks a task can have: one per block it holds, plus the cuts of a window ring. */
+static inline int task_max_chunks(const kv_pool *p, const kv_attn_task *t) {
+    return (t->wrot ? t->n_blocks : (t->len + p->block_size - 1) / p->block_size) + 3;
+}
+
+/* Entries [0, t->len) of task t in logical order (the order of the compacted layout, whatever
+ * the head's window ring) as chunks into ch [task_max_chunks]; rb: bytes of a stored row.
+ * Returns the number of chunks. */
+static int task_chunks(const kv_pool *p, const kv_attn_task *t, size_t rb, attn_chunk *ch) {
+    int first[3], phys[3], count[3], bs = p->block_size, nc = 0;
+    int nr =
+        kv_ring_runs(t->len, t->wbase, t->wrot, t->n_blocks * bs - t->wbase, first, phys, count);
+    for (int r = 0; r < nr; r++)
+        for (int k = 0; k < count[r];) {
+            int ph = phys[r] + k, off = ph % bs, m = count[r] - k;
+            if (m > bs - off) m = bs - off;
+            ch[nc++] = (attn_chunk){kv_pool_block_ptr(p, t->table[ph / bs]) + (size_t)off * rb,
+                                    first[r] + k, m};
+            k += m;
+        }
+    return nc;
+}
+
 /* Attention of one (sequence, KV head) task: n new queries per query head of the group over
  * the head's first `len - n + i + 1` entries for query i (retained + causal new). Rows are
  * read in the head's stored type `ty` (the range of its blocks): f32 in place, the others
@@ -194,6 +226,8 @@ attend_task_hd(const cpu_backend *c, const kv_pool *p, const kv_attn_task *t, fl
     size_t rb = kvt_row_bytes(ty, hd);
     float inv = 1.0f / sqrtf((float)hd);
     float qv[g][hd], acc[g][hd], mx[g], rs[g];
+    attn_chunk ch[task_max_chunks(p, t)];
+    int nch = task_chunks(p, t, rb, ch);
     for (int i = 0; i < t->n; i++) {
         int n_ent = base + i + 1;
         int qpos = t->pos[base + i];
@@ -202,9 +236,9 @@ attend_task_hd(const cpu_backend *c, const kv_pool *p, const kv_attn_task *t, fl
             for (int d = 0; d < hd; d++) qv[gh][d] = q[d] * inv;
             mx[gh] = -INFINITY;
         }
-        for (int e0 = 0; e0 < n_ent; e0 += bs) {
-            const unsigned char *kb = kv_pool_block_ptr(p, t->table[e0 / bs]);
-            int cnt = n_ent - e0 < bs ? n_ent - e0 : bs;
+        for (int ci = 0; ci < nch && ch[ci].e < n_ent; ci++) {
+            const unsigned char *kb = ch[ci].k;
+            int e0 = ch[ci].e, cnt = n_ent - e0 < ch[ci].n ? n_ent - e0 : ch[ci].n;
             for (int e = 0; e < cnt; e++) {
                 float kr[hd];
                 const float *kk = kr;
@@ -239,9 +273,9 @@ attend_task_hd(const cpu_backend *c, const kv_pool *p, const kv_attn_task *t, fl
             rs[gh] = 1.0f / sum;
             for (int d = 0; d < hd; d++) acc[gh][d] = 0.0f;
         }
-        for (int e0 = 0; e0 < n_ent; e0 += bs) {
-            const unsigned char *vb = kv_pool_block_ptr(p, t->table[e0 / bs]) + (size_t)bs * rb;
-            int cnt = n_ent - e0 < bs ? n_ent - e0 : bs;
+        for (int ci = 0; ci < nch && ch[ci].e < n_ent; ci++) {
+            const unsigned char *vb = ch[ci].k + (size_t)bs * rb;
+            int e0 = ch[ci].e, cnt = n_ent - e0 < ch[ci].n ? n_ent - e0 : ch[ci].n;
             for (int e = 0; e < cnt; e++) {
                 float vr[hd];
                 const float *vv = vr;
@@ -344,7 +378,7 @@ kv_dot_parts(const float *q, const __m256 *kr, const int nc) {
  * operations and their order are those of a head-by-head pass (4 entries share the horizontal
  * adds; the maximum kept lane by lane, then folded). */
 KV_ATTN_AVX2 static inline __attribute__((always_inline)) void
-vec_scores(const unsigned char *const *blk, int n_ent, int bs, size_t rb, const int hd,
+vec_scores(const attn_chunk *ch, int nch, int n_ent, size_t rb, const int hd,
            const kv_cache_type ty, int g, const float *qv, float *scores, size_t stride,
            float *mx) {
     const int nc = hd / 8;
@@ -353,9 +387,9 @@ vec_scores(const unsigned char *const *blk, int n_ent, int bs, size_t rb, const 
         mx4[gh] = _mm_set1_ps(-INFINITY);
         mx[gh] = -INFINITY;
     }
-    for (int e0 = 0; e0 < n_ent; e0 += bs) {
-        const unsigned char *kb = blk[e0 / bs];
-        int cnt = n_ent - e0 < bs ? n_ent - e0 : bs, e = 0;
+    for (int ci = 0; ci < nch && ch[ci].e < n_ent; ci++) {
+        const unsigned char *kb = ch[ci].k;
+        int e0 = ch[ci].e, cnt = n_ent - e0 < ch[ci].n ? n_ent - e0 : ch[ci].n, e = 0;
         for (; e + 4 <= cnt; e += 4) {
             __m256 kr[4][hd / 8];
             for (int u = 0; u < 4; u++) kv_row8(kb + (size_t)(e + u) * rb, nc, ty, kr[u]);
@@ -390,15 +424,15 @@ vec_scores(const unsigned char *const *blk, int n_ent, int bs, size_t rb, const 
 /* out [g][hd] = sum over entries of w [g][stride] * V, per head entry after entry (acc += w * v:
  * a mul and an add), each V row decoded once for the g heads. */
 KV_ATTN_AVX2 static inline __attribute__((always_inline)) void
-vec_values(const unsigned char *const *blk, int n_ent, int bs, size_t rb, const int hd,
+vec_values(const attn_chunk *ch, int nch, int n_ent, int bs, size_t rb, const int hd,
            const kv_cache_type ty, int g, const float *scores, size_t stride, float *out) {
     const int nc = hd / 8;
     __m256 acc[g][hd / 8];
     for (int gh = 0; gh < g; gh++)
         for (int k = 0; k < nc; k++) acc[gh][k] = _mm256_setzero_ps();
-    for (int e0 = 0; e0 < n_ent; e0 += bs) {
-        const unsigned char *vb = blk[e0 / bs] + (size_t)bs * rb;
-        int cnt = n_ent - e0 < bs ? n_ent - e0 : bs;
+    for (int ci = 0; ci < nch && ch[ci].e < n_ent; ci++) {
+        const unsigned char *vb = ch[ci].k + (size_t)bs * rb;
+        int e0 = ch[ci].e, cnt = n_ent - e0 < ch[ci].n ? n_ent - e0 : ch[ci].n;
         for (int e = 0; e < cnt; e++) {
             __m256 vr[hd / 8];
             kv_row8(vb + (size_t)e * rb, nc, ty, vr);
@@ -430,16 +464,15 @@ attend_vec_hd(const cpu_backend *c, const kv_pool *p, const kv_attn_task *t, flo
     size_t rb = kvt_row_bytes(ty, hd);
     float inv = 1.0f / sqrtf((float)hd);
     float qv[g * hd], mx[g];
-    /* the blocks' addresses, looked up once per task rather than per block, head and pass */
-    int nb = (t->len + bs - 1) / bs;
-    const unsigned char *blk[nb > 0 ? nb : 1];
-    for (int b = 0; b < nb; b++) blk[b] = kv_pool_block_ptr(p, t->table[b]);
+    /* the rows' addresses, looked up once per task rather than per block, head and pass */
+    attn_chunk ch[task_max_chunks(p, t)];
+    int nch = task_chunks(p, t, rb, ch);
     for (int i = 0; i < t->n; i++) {
         int n_ent = base + i + 1;
         int qpos = t->pos[base + i];
         const float *q = c->q + (size_t)(t->row0 + i) * qd + (size_t)(j * g) * hd;
         for (int d = 0; d < g * hd; d++) qv[d] = q[d] * inv;
-        vec_scores(blk, n_ent, bs, rb, hd, ty, g, qv, scores, stride, mx);
+        vec_scores(ch, nch, n_ent, rb, hd, ty, g, qv, scores, stride, mx);
         for (int gh = 0; gh < g; gh++) {
             float *sc = scores + (size_t)gh * stride, sum = 0.0f;
             for (int e = 0; e < n_ent; e++) {
@@ -449,7 +482,7 @@ attend_vec_hd(const cpu_backend *c, const kv_pool *p, const kv_attn_task *t, flo
             float rs = 1.0f / sum;
             for (int e = 0; e < n_ent; e++) sc[e] = sc[e] * rs;
         }
-        vec_values(blk, n_ent, bs, rb, hd, ty, g, scores, stride,
+        vec_values(ch, nch, n_ent, bs, rb, hd, ty, g, scores, stride,
                    c->o + (size_t)(t->row0 + i) * qd + (size_t)(j * g) * hd);
         if (t->acc) /* per entry: head 0, 1, ... of the group, as head by head */
             for (int gh = 0; gh < g; gh++) {

@@ -14,10 +14,12 @@ extern "C" {
 
 /* One (sequence, KV head) of one layer step for the attention op: the n new queries of the
  * group's g query heads are rows row0 .. row0 + n - 1; query i attends entries 0 .. len - n + i
- * of the head (retained + the new ones, causal). table, pos, acc, acc2 are the head's host
- * metadata (kv_head); acc/acc2 are NULL when the head does not track statistics. mirror: the
- * head's kv_table_mirror, for a backend that keeps block tables on its device (NULL: unknown,
- * the whole table is uploaded). */
+ * of the head (retained + the new ones, causal), in that order. table, pos, acc, acc2 are the
+ * head's host metadata (kv_head); acc/acc2 are NULL when the head does not track statistics.
+ * mirror: the head's kv_table_mirror, for a backend that keeps block tables on its device
+ * (NULL: unknown, the whole table is uploaded). wbase, wrot, n_blocks: the head's window ring
+ * (kv_head; entry e is stored at kv_ring_entry(e, wbase, wrot, n_blocks * b_s - wbase),
+ * runtime/cache/kvslot.h); wrot = 0 (always on pools without window_ring): entry e at e. */
 typedef struct kv_attn_task {
     int row0, n, kv_head;
     int len;
@@ -25,6 +27,7 @@ typedef struct kv_attn_task {
     const int *pos;
     float *acc, *acc2;
     kv_table_mirror *mirror;
+    int wbase, wrot, n_blocks;
 } kv_attn_task;
 
 /* The new K/V row of one (row, KV head) goes to `slot` of the pool's storage. */

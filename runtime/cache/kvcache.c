@@ -303,6 +303,7 @@ void kv_cache_clear(kv_cache *c) {
     for (size_t i = 0; i < nh; i++) {
         head_release_blocks(c->pool, &c->heads[i], 0);
         c->heads[i].len = 0;
+        c->heads[i].wbase = c->heads[i].wrot = 0;
     }
     c->n_past = 0;
     c->failed = 0;
@@ -324,14 +325,39 @@ void kv_cache_destroy(kv_cache *c) {
 }
 
 float *kv_head_k(const kv_pool *p, const kv_head *h, int i) {
-    int b = h->table[i / p->block_size], s = i % p->block_size;
+    int slot = kv_head_slot(p, h, i), b = slot / p->block_size, s = slot % p->block_size;
     return p->data + ((size_t)b * 2 * (size_t)p->block_size + (size_t)s) * (size_t)p->head_dim;
 }
 
 float *kv_head_v(const kv_pool *p, const kv_head *h, int i) {
-    int b = h->table[i / p->block_size], s = i % p->block_size;
+    int slot = kv_head_slot(p, h, i), b = slot / p->block_size, s = slot % p->block_size;
     return p->data + ((size_t)b * 2 * (size_t)p->block_size + (size_t)p->block_size + (size_t)s) *
                          (size_t)p->head_dim;
+}
+
+/* Put a head whose window is a ring (wrot > 0) back in the plain layout, entry e stored at e:
+ * the window's K and V rows copied out in logical order and back, in host storage (a ring
+ * exists only on host pools). Rare: only when the head must take or give back a block. */
+static int head_unrotate(kv_cache *c, kv_head *h, kv_error *err) {
+    if (h->wrot == 0) return KV_OK;
+    kv_pool *p = c->pool;
+    if (!p->data)
+        return kv_fail(err, KV_EINTERNAL, "KV window ring on a pool without host storage");
+    int w = h->len - h->wbase;
+    size_t rb = kvt_row_bytes(h->type, p->head_dim);
+    unsigned char *tmp = malloc(2 * rb * (size_t)(w > 0 ? w : 1));
+    if (!tmp) return kv_fail(err, KV_EINTERNAL, "out of memory (KV window ring)");
+    for (int k = 0; k < w; k++)
+        for (int which = 0; which < 2; which++)
+            memcpy(tmp + (2 * (size_t)k + (size_t)which) * rb,
+                   kv_pool_slot_row(p, kv_head_slot(p, h, h->wbase + k), which), rb);
+    h->wrot = 0;
+    for (int k = 0; k < w; k++)
+        for (int which = 0; which < 2; which++)
+            memcpy(kv_pool_slot_row(p, kv_head_slot(p, h, h->wbase + k), which),
+                   tmp + (2 * (size_t)k + (size_t)which) * rb, rb);
+    free(tmp);
+    return KV_OK;
 }
 
 static int head_grow(kv_head *h, int need, kv_error *err) {
@@ -354,6 +380,8 @@ int kv_head_append_slot(kv_cache *c, kv_head *h, int pos, int *slot, kv_error *e
     int rc = head_grow(h, h->len + 1, err);
     if (rc) return rc;
     if (h->len == h->n_blocks * p->block_size) {
+        /* a full ring grows in the plain layout (kv_head_schedule_room avoids this in a step) */
+        if ((rc = head_unrotate(c, h, err))) return rc;
         if (h->n_blocks == h->cap_blocks) {
             int nc = h->cap_blocks ? 2 * h->cap_blocks : 8;
             int *t = realloc(h->table, (size_t)nc * sizeof *t);
@@ -386,8 +414,10 @@ int kv_head_append_slot(kv_cache *c, kv_head *h, int pos, int *slot, kv_error *e
 
 void kv_head_drop_from(kv_cache *c, kv_head *h, int first_pos) {
     while (h->len > 0 && h->pos[h->len - 1] >= first_pos) h->len--;
-    int bs = c->pool->block_size;
-    head_release_blocks(c->pool, h, (h->len + bs - 1) / bs);
+    int bs = c->pool->block_size, keep = (h->len + bs - 1) / bs;
+    /* a ring gives back blocks in the plain layout; out of memory: it keeps them */
+    if (keep < h->n_blocks && head_unrotate(c, h, NULL)) return;
+    head_release_blocks(c->pool, h, keep);
 }
 
 void kv_head_read(const kv_pool *p, const kv_head *h, int i, float *k, float *v) {
@@ -590,15 +620,44 @@ void kv_policy_select(kv_policy p, const int *pos, const float *acc, const float
     free(score);
 }
 
+/* The sink policy's metadata after dropping window entries [sinks, sinks + gap): pos (and the
+ * tracked sums) of the kept window slid down by memmove, an untracked head's sums zeroed as
+ * head_zero_stats + head_compact would leave them; len = n_keep. */
+static void sink_slide_meta(kv_head *h, int sinks, int gap, int n_keep) {
+    int slide = n_keep > sinks ? n_keep - sinks : 0;
+    memmove(h->pos + sinks, h->pos + sinks + gap, (size_t)slide * sizeof *h->pos);
+    if (h->track_stats) {
+        memmove(h->acc + sinks, h->acc + sinks + gap, (size_t)slide * sizeof *h->acc);
+        memmove(h->acc2 + sinks, h->acc2 + sinks + gap, (size_t)slide * sizeof *h->acc2);
+    } else if (n_keep > 0) {
+        memset(h->acc, 0, (size_t)n_keep * sizeof *h->acc);
+        memset(h->acc2, 0, (size_t)n_keep * sizeof *h->acc2);
+    }
+    h->len = n_keep;
+}
+
 /* The sink policy's eviction without a selection pass: it keeps entries [0, sinks) (positions
  * below KV_SINK_TOKENS, at most n_keep) and the most recent n_keep - sinks, the set
- * kv_policy_select(KV_POLICY_SINK) chooses, so the kept entries slide down by gap = len -
- * n_keep in one sweep: the moves appended as head_compact would append them, pos (and the
- * sums) shifted by memmove. The head's state afterwards is head_compact's. */
-static int head_evict_sink(kv_cache *c, kv_head *h, int n_keep, kv_moves *moves, kv_error *err) {
+ * kv_policy_select(KV_POLICY_SINK) chooses. On a window-ring pool, when the step's n_new
+ * appends need exactly the blocks the head holds, the ring's start advances by gap = len -
+ * n_keep and no row moves. Otherwise the kept entries slide down by gap in one sweep: the
+ * moves appended as head_compact would append them, the emptied blocks released. Either way
+ * the metadata is sink_slide_meta's and each entry reads the rows of the compacted layout. */
+static int head_evict_sink(kv_cache *c, kv_head *h, int n_keep, int n_new, kv_moves *moves,
+                           kv_error *err) {
     kv_pool *p = c->pool;
-    int sinks = 0, gap = h->len - n_keep;
+    int sinks = 0, gap = h->len - n_keep, bs = p->block_size;
     while (sinks < h->len && sinks < n_keep && h->pos[sinks] < KV_SINK_TOKENS) sinks++;
+    if (p->window_ring && (h->wrot == 0 || h->wbase == sinks) &&
+        (n_keep + n_new + bs - 1) / bs == h->n_blocks) {
+        int cap = h->n_blocks * bs - sinks;
+        if (h->wrot == 0) h->wbase = sinks;
+        h->wrot = (int)(((long)h->wrot + gap) % cap);
+        sink_slide_meta(h, sinks, gap, n_keep);
+        return KV_OK;
+    }
+    int rc = head_unrotate(c, h, err);
+    if (rc) return rc;
     int slide = n_keep > sinks ? n_keep - sinks : 0;
     if (moves->n + slide > moves->cap) {
         int nc = moves->cap ? 2 * moves->cap : 256;
@@ -608,7 +667,7 @@ static int head_evict_sink(kv_cache *c, kv_head *h, int n_keep, kv_moves *moves,
         moves->v = nv;
         moves->cap = nc;
     }
-    int bs = p->block_size, src = sinks + gap;
+    int src = sinks + gap;
     int db = sinks / bs, dof = sinks % bs, sb = src / bs, sof = src % bs; /* block, offset */
     for (int dst = sinks; dst < n_keep; dst++) {
         moves->v[moves->n++] =
@@ -622,22 +681,20 @@ static int head_evict_sink(kv_cache *c, kv_head *h, int n_keep, kv_moves *moves,
             sb++;
         }
     }
-    memmove(h->pos + sinks, h->pos + sinks + gap, (size_t)slide * sizeof *h->pos);
-    if (h->track_stats) {
-        memmove(h->acc + sinks, h->acc + sinks + gap, (size_t)slide * sizeof *h->acc);
-        memmove(h->acc2 + sinks, h->acc2 + sinks + gap, (size_t)slide * sizeof *h->acc2);
-    } else if (n_keep > 0) { /* head_zero_stats' zeros, compacted */
-        memset(h->acc, 0, (size_t)n_keep * sizeof *h->acc);
-        memset(h->acc2, 0, (size_t)n_keep * sizeof *h->acc2);
-    }
-    h->len = n_keep;
-    head_release_blocks(p, h, (n_keep + p->block_size - 1) / p->block_size);
+    sink_slide_meta(h, sinks, gap, n_keep);
+    head_release_blocks(p, h, (n_keep + bs - 1) / bs);
     return KV_OK;
 }
 
 int kv_head_schedule_room(kv_cache *c, kv_head *h, int n_new, int curr_pos, kv_moves *moves,
                           kv_error *err) {
-    if (h->len + n_new <= h->budget) return KV_OK;
+    if (h->len + n_new <= h->budget) {
+        /* appends that take a block find a ring put back in order (rows are written after) */
+        int bs = c->pool->block_size;
+        if (h->wrot && (h->len + n_new + bs - 1) / bs > h->n_blocks)
+            return head_unrotate(c, h, err);
+        return KV_OK;
+    }
     int fixed = kv_policy_fixed_tokens(h->policy);
     if (h->budget < n_new || (curr_pos >= fixed && h->budget < fixed + n_new))
         return kv_fail(err, KV_EINPUT,
@@ -645,12 +702,14 @@ int kv_head_schedule_room(kv_cache *c, kv_head *h, int n_new, int curr_pos, kv_m
                        "plus a block of %d new tokens; raise the budget or lower --evict-block",
                        h->budget, fixed, kv_policy_name(h->policy), n_new);
     int n_keep = h->budget - n_new;
-    if (h->policy == KV_POLICY_SINK) return head_evict_sink(c, h, n_keep, moves, err);
+    if (h->policy == KV_POLICY_SINK) return head_evict_sink(c, h, n_keep, n_new, moves, err);
+    int rc = head_unrotate(c, h, err); /* a policy changed on a live head */
+    if (rc) return rc;
     int *keep = malloc((size_t)(n_keep > 0 ? n_keep : 1) * sizeof *keep);
     if (!keep) return kv_fail(err, KV_EINTERNAL, "out of memory (eviction)");
     if (!h->track_stats) head_zero_stats(h); /* the sums an untracked head never took */
     kv_policy_select(h->policy, h->pos, h->acc, h->acc2, h->len, n_keep, curr_pos, keep);
-    int rc = head_compact(c, h, keep, n_keep, moves, err);
+    rc = head_compact(c, h, keep, n_keep, moves, err);
     free(keep);
     return rc;
 }

@@ -45,6 +45,43 @@ KV_HOSTDEV size_t kv_slot_v_offset(int slot, int bs, int hd) {
     return kv_slot_k_offset(slot, bs, hd) + (size_t)bs * (size_t)hd;
 }
 
+/* The window ring of a head (include/kvplan/kvcache.h, kv_head.wbase / wrot): entries below
+ * `wbase` (the sink tokens) sit at their own index; the window's entry k = e - wbase sits at
+ * wbase + (wrot + k) mod cap, where cap = blocks held x bs - wbase. wrot = 0 is the plain
+ * layout (entry e at e). Returns the physical entry of logical entry e < wbase + cap. */
+KV_HOSTDEV int kv_ring_entry(int e, int wbase, int wrot, int cap) {
+    if (wrot == 0 || e < wbase) return e;
+    int k = e - wbase + wrot;
+    return wbase + (k >= cap ? k - cap : k);
+}
+
+/* Entries [0, n) of a head in logical order as at most 3 runs stored one after another: run r
+ * is logical entries [first[r], first[r] + count[r]) at physical entries [phys[r], ...). The
+ * arrays hold 3 ints; returns the number of runs (0 for n = 0). */
+KV_HOSTDEV int kv_ring_runs(int n, int wbase, int wrot, int cap, int *first, int *phys,
+                            int *count) {
+    if (n <= 0) return 0;
+    if (wrot == 0 || n <= wbase) {
+        first[0] = phys[0] = 0;
+        count[0] = n;
+        return 1;
+    }
+    int r = 0, w = n - wbase, tail = cap - wrot; /* window entries; those before the wrap */
+    if (wbase > 0) {
+        first[r] = phys[r] = 0;
+        count[r++] = wbase;
+    }
+    first[r] = wbase;
+    phys[r] = wbase + wrot;
+    count[r++] = w < tail ? w : tail;
+    if (w > tail) {
+        first[r] = wbase + tail;
+        phys[r] = wbase;
+        count[r++] = w - tail;
+    }
+    return r;
+}
+
 /* Blocks holding n entries: ceil(n / bs). */
 KV_HOSTDEV int kv_blocks_for(int n, int bs) {
     return (n + bs - 1) / bs;

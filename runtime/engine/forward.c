@@ -106,7 +106,10 @@ int kv_forward_layer(kv_backend *b, kv_cache *const *seqs, int n_seqs, int n, in
                                                    .pos = h->pos,
                                                    .acc = h->track_stats ? h->acc : NULL,
                                                    .acc2 = h->track_stats ? h->acc2 : NULL,
-                                                   .mirror = &h->mirror};
+                                                   .mirror = &h->mirror,
+                                                   .wbase = h->wbase,
+                                                   .wrot = h->wrot,
+                                                   .n_blocks = h->n_blocks};
             c->step_lossy |= h->track_stats; /* attention adds to the old entries' acc */
         }
     }

@@ -321,7 +321,7 @@ int kv_kvpr_decode(kv_kvpr_exec *e, kv_kvpr_layer *layers, int token, float *log
         for (int j = 0; j < Hkv; j++) {
             kv_head *h = kv_cache_head(c0, l, j);
             while (h->n_blocks > 0) kv_pool_release_block(&e->pool, h->table[--h->n_blocks]);
-            h->len = 0;
+            h->len = h->wrot = 0;
         }
         if (!rc) lc->seq++;
     }
