@@ -1,14 +1,21 @@
 // Load generator for kvplan serve (bench/serve.sh): C workers, each streaming completions one
 // after another for D seconds (Node's fetch, no packages), then the server's /metrics.
 // Usage: node bench/serve_load.mjs BASE_URL CONCURRENCY SECONDS MAX_TOKENS PROMPTS_FILE
+// PROMPTS_FILE: one prompt per line, or "max_tokens<TAB>prompt" lines (bench/serve_prompts.mjs)
+// whose own max_tokens replaces MAX_TOKENS.
 // Prints one JSON line: generated tokens/s over the window, p50/p99 time to first token (ms,
 // client side, queueing included), p50/p99 inter-token latency (ms, the server's histogram:
-// a client reads several events at once), requests completed, and the server's peaks.
+// a client reads several events at once), requests completed, the server's prompt tokens
+// prefilled per second, and the server's peaks.
 import fs from 'node:fs';
 
 const [base, conc, secs, maxTokens, promptsFile] = process.argv.slice(2);
 const C = Number(conc), D = Number(secs) * 1000, MAXT = Number(maxTokens);
-const prompts = fs.readFileSync(promptsFile, 'utf8').split('\n').filter((l) => l.length > 0);
+const prompts = fs.readFileSync(promptsFile, 'utf8').split('\n').filter((l) => l.length > 0)
+  .map((l) => {
+    const m = l.match(/^(\d+)\t(.*)$/);
+    return m ? { max: Number(m[1]), text: m[2] } : { max: MAXT, text: l };
+  });
 const ttft = [], itl = [];
 let tokens = 0, done = 0, failed = 0;
 const t0 = performance.now(), end = t0 + D;
@@ -23,8 +30,9 @@ async function one(worker, k) {
       method: 'POST',
       headers: { 'Content-Type': 'application/json' },
       body: JSON.stringify({
-        model: 'stories260K', prompt: prompts[(worker * 7 + k) % prompts.length],
-        max_tokens: MAXT, temperature: 0.8, seed: worker * 1000 + k, stream: true,
+        model: 'stories260K', prompt: prompts[(worker * 7 + k) % prompts.length].text,
+        max_tokens: prompts[(worker * 7 + k) % prompts.length].max, temperature: 0.8,
+        seed: worker * 1000 + k, stream: true,
       }),
       signal: ac.signal,
     });
@@ -105,6 +113,7 @@ console.log(JSON.stringify({
   itl_p50_ms: hq('kvplan_inter_token_latency_seconds', 0.5),
   itl_p99_ms: hq('kvplan_inter_token_latency_seconds', 0.99),
   itl_client_mean_ms: itl.length ? itl.reduce((a, x) => a + x, 0) / itl.length : null,
+  prompt_tokens_per_s: metric('kvplan_prompt_tokens_total') / (D / 1000),
   peak_running: metric('kvplan_running_sequences_peak'),
   kv_peak: metric('kvplan_kv_bytes{kind="peak"}'),
   kv_reserved_peak: metric('kvplan_kv_bytes{kind="reserved_peak"}'),
