@@ -621,17 +621,15 @@ void kv_policy_select(kv_policy p, const int *pos, const float *acc, const float
 }
 
 /* The sink policy's metadata after dropping window entries [sinks, sinks + gap): pos (and the
- * tracked sums) of the kept window slid down by memmove, an untracked head's sums zeroed as
- * head_zero_stats + head_compact would leave them; len = n_keep. */
+ * tracked sums) of the kept window slid down by memmove; len = n_keep. An untracked head's
+ * sums are left as they are: nothing reads them (head_zero_stats zeroes them where reading
+ * starts). */
 static void sink_slide_meta(kv_head *h, int sinks, int gap, int n_keep) {
     int slide = n_keep > sinks ? n_keep - sinks : 0;
     memmove(h->pos + sinks, h->pos + sinks + gap, (size_t)slide * sizeof *h->pos);
     if (h->track_stats) {
         memmove(h->acc + sinks, h->acc + sinks + gap, (size_t)slide * sizeof *h->acc);
         memmove(h->acc2 + sinks, h->acc2 + sinks + gap, (size_t)slide * sizeof *h->acc2);
-    } else if (n_keep > 0) {
-        memset(h->acc, 0, (size_t)n_keep * sizeof *h->acc);
-        memset(h->acc2, 0, (size_t)n_keep * sizeof *h->acc2);
     }
     h->len = n_keep;
 }

@@ -406,13 +406,30 @@ static int covers(kv_cache *c, int n) {
     return 1;
 }
 
-/* One prefill piece of r (the engine's own step), sampling the first token after the last. */
-static int prefill_piece(kv_sched *s, rq *r, int *used, kv_error *err) {
+/* Tokens of r's next prefill piece (the engine's own step: the eviction block p when a head
+ * can go over budget, else the rest of the prompt); opens r's sequence first. */
+static int piece_tokens(kv_sched *s, rq *r, int *n, kv_error *err) {
     int rc = KV_OK;
     if (r->seq < 0 && (rc = kv_engine_seq_open(s->e, NULL, NULL, &r->seq, err))) return rc;
     kv_cache *c = kv_engine_cache(s->e, r->seq);
     int left = r->n_tokens - r->done, p = kv_engine_plan(s->e)->evict_block;
-    int n = covers(c, left) || left < p ? left : p;
+    *n = covers(c, left) || left < p ? left : p;
+    return KV_OK;
+}
+
+/* 1 when r prefills and its next piece is one token that rides in the step's batched decode
+ * call (decode_phase) instead of a forward call of its own: with the batch-invariant decode a
+ * row's arithmetic is that of a one-row forward, which is what a one-token piece is. */
+static int folds(kv_sched *s, rq *r) {
+    int n = 0;
+    return s->invariant && r->state == RQ_PREFILL && r->seq >= 0 &&
+           piece_tokens(s, r, &n, NULL) == KV_OK && n == 1;
+}
+
+/* One prefill piece of r (the engine's own step), sampling the first token after the last. */
+static int prefill_piece(kv_sched *s, rq *r, int *used, kv_error *err) {
+    int n = 0, rc = piece_tokens(s, r, &n, err);
+    if (rc) return rc;
     int last = r->done + n == r->n_tokens;
     rc = kv_engine_prefill(s->e, r->seq, r->tokens + r->done, n,
                            last ? KV_LOGITS_LAST : KV_LOGITS_NONE, s->logits, NULL, err);
@@ -431,12 +448,18 @@ static int prefill_piece(kv_sched *s, rq *r, int *used, kv_error *err) {
     return KV_OK;
 }
 
-/* Prefill pieces of the admitted requests, oldest first, within the step's token budget. */
+/* Prefill pieces of the admitted requests, oldest first, within the step's token budget; the
+ * one-token pieces (folds) are left to decode_phase, one per request and step. */
 static int prefill_phase(kv_sched *s, int *worked, kv_error *err) {
     int used = 0, rc = KV_OK;
     for (int i = 0; i < s->n_run && used < s->o.step_tokens;) {
         rq *r = s->run[i];
-        if (r->state != RQ_PREFILL) {
+        int n = 0;
+        if (r->state == RQ_PREFILL && (rc = piece_tokens(s, r, &n, err))) {
+            end_running(s, r, KV_FINISH_ERROR, err->msg);
+            return rc;
+        }
+        if (r->state != RQ_PREFILL || folds(s, r)) {
             i++;
             continue;
         }
@@ -453,11 +476,32 @@ static int prefill_phase(kv_sched *s, int *worked, kv_error *err) {
     return KV_OK;
 }
 
-/* One decode step of every decoding request, in forward calls of at most `group` rows (batch-
- * invariant ones where the engine has them). */
+/* After a batched call: a decoding request samples its next token from its row's logits; a
+ * folded prefill piece advances its prompt and, at the prompt's end, samples the first token
+ * (as prefill_piece). `failed`: the call failed, the request ends with the error. */
+static int row_done(kv_sched *s, rq *r, float *logits, int failed, kv_error *err) {
+    kv_finish why = KV_FINISH_ERROR;
+    int rc = failed;
+    if (!rc && r->state == RQ_PREFILL) {
+        r->done++;
+        pthread_mutex_lock(&s->mu);
+        s->st.prompt_tokens++;
+        pthread_mutex_unlock(&s->mu);
+        if (r->done < r->n_tokens) return KV_OK;
+        r->state = RQ_DECODE;
+    }
+    if (!rc) rc = emit_token(s, r, logits, &why, err);
+    if (rc) why = KV_FINISH_ERROR;
+    if (why != KV_FINISH_NONE) end_running(s, r, why, rc ? err->msg : NULL);
+    return rc;
+}
+
+/* One decode step of every decoding request, and the one-token prefill pieces (folds), in
+ * forward calls of at most `group` rows (batch-invariant ones where the engine has them). */
 static int decode_phase(kv_sched *s, int *worked, kv_error *err) {
     int n_dec = 0;
-    for (int i = 0; i < s->n_run; i++) n_dec += s->run[i]->state == RQ_DECODE;
+    for (int i = 0; i < s->n_run; i++)
+        n_dec += s->run[i]->state == RQ_DECODE || folds(s, s->run[i]);
     if (n_dec == 0) return KV_OK;
     *worked = 1;
     /* the requests of this step, in admission order (the array shrinks as they finish) */
@@ -465,22 +509,21 @@ static int decode_phase(kv_sched *s, int *worked, kv_error *err) {
     if (!todo) return kv_fail(err, KV_EINTERNAL, "scheduler: out of memory");
     int k = 0, rc = KV_OK;
     for (int i = 0; i < s->n_run; i++)
-        if (s->run[i]->state == RQ_DECODE) todo[k++] = s->run[i];
+        if (s->run[i]->state == RQ_DECODE || folds(s, s->run[i])) todo[k++] = s->run[i];
     for (int g0 = 0; g0 < n_dec && !rc; g0 += s->o.group) {
         int n = n_dec - g0 < s->o.group ? n_dec - g0 : s->o.group;
         for (int j = 0; j < n; j++) {
-            s->g_reqs[j] = todo[g0 + j];
-            s->g_seqs[j] = todo[g0 + j]->seq;
-            s->g_toks[j] = todo[g0 + j]->last;
+            rq *r = todo[g0 + j];
+            s->g_reqs[j] = r;
+            s->g_seqs[j] = r->seq;
+            s->g_toks[j] = r->state == RQ_PREFILL ? r->tokens[r->done] : r->last;
         }
         rc = s->invariant
                  ? kv_engine_decode_invariant(s->e, s->g_seqs, n, s->g_toks, s->logits, err)
                  : kv_engine_decode(s->e, s->g_seqs, n, s->g_toks, s->logits, err);
         for (int j = 0; j < n; j++) {
-            kv_finish why = KV_FINISH_ERROR;
-            if (!rc) rc = emit_token(s, s->g_reqs[j], s->logits + (size_t)j * s->vocab, &why, err);
-            if (rc) why = KV_FINISH_ERROR;
-            if (why != KV_FINISH_NONE) end_running(s, s->g_reqs[j], why, rc ? err->msg : NULL);
+            int r2 = row_done(s, s->g_reqs[j], s->logits + (size_t)j * s->vocab, rc, err);
+            if (!rc) rc = r2;
         }
     }
     free(todo);
