@@ -12,7 +12,10 @@
 # generated token (engine_cpu below: prefill included), and the load average before and after;
 # the JSON lines go to bench/out/serve.jsonl.
 # Usage: bench/serve.sh [BUILD_DIR]   Environment: WORKLOADS (default "short long"),
-# SECONDS_PER_POINT (default 6), MAX_TOKENS (short workload, default 448), CONCURRENCY
+# SECONDS_PER_POINT (default 6), WARMUP_SECONDS (default 4: the clients run that long before
+# the measured window, whose counts, histograms and engine CPU exclude the warm-up, so the
+# long prompts' first wave of prefill does not stand for the steady state), MAX_TOKENS (short
+# workload, default 448), CONCURRENCY
 # (default "1 8 32 128"), GROUP (--group, default 0: all), THREADS
 # (--threads, default: the server's default), REPEAT (default 1: each point that many times,
 # the configurations interleaved; the table shows the run of median tokens/s and the range),
@@ -24,6 +27,7 @@ bin=$build/kvplan
 shared=${KVPLAN_SHARED:-$root/../shared}
 model=$shared/models/stories260K/stories260K.bin
 secs=${SECONDS_PER_POINT:-6}
+warmup=${WARMUP_SECONDS:-4}
 max_tokens=${MAX_TOKENS:-448}
 concs=${CONCURRENCY:-"1 8 32 128"}
 group=${GROUP:-0}
@@ -50,17 +54,23 @@ threads=()
 [ -n "${DEVICE:-}" ] && threads+=(--device "$DEVICE")
 
 # CPU time of the server's busiest thread (the scheduler's: the engine runs on it with
-# --threads 1) per generated token, in microseconds: what a token costs the engine, whatever
-# else the machine runs (wall-clock tokens/s moves with the load of a shared machine).
-engine_cpu() { # pid, port
+# --threads 1) and the generated tokens so far: "TICKS GENERATED". Their differences over the
+# window give the engine's CPU per generated token (prefill included), in microseconds: what a
+# token costs the engine, whatever else the machine runs (wall-clock tokens/s moves with the
+# load of a shared machine).
+engine_ticks() { # pid, port
     local gen ticks=0 t c
     gen=$(curl -s "http://127.0.0.1:$2/metrics" | awk '/^kvplan_generated_tokens_total/ { print $2 }')
     for t in /proc/"$1"/task/*; do
         c=$(awk '{ print $14 + $15 }' "$t/stat" 2>/dev/null || echo 0)
         [ "${c:-0}" -gt "$ticks" ] && ticks=$c
     done
-    awk -v t="$ticks" -v g="${gen:-0}" -v hz="$(getconf CLK_TCK)" \
-        'BEGIN { if (g > 0) printf "%.1f", t / hz * 1e6 / g; else printf "null" }'
+    echo "$ticks ${gen:-0}"
+}
+engine_cpu() { # "TICKS GENERATED" at the window's start and end
+    awk -v a="$1" -v b="$2" -v hz="$(getconf CLK_TCK)" 'BEGIN {
+        split(a, x, " "); split(b, y, " "); g = y[2] - x[2]
+        if (g > 0) printf "%.1f", (y[1] - x[1]) / hz * 1e6 / g; else printf "null" }'
 }
 
 run_point() { # label, conc, plan args...
@@ -79,10 +89,16 @@ run_point() { # label, conc, plan args...
         sleep 0.1
     done
     [ -n "$port" ] || { cat "$work/err" >&2; kill "$pid"; exit 1; }
-    local line cpu
-    line=$(node "$root/bench/serve_load.mjs" "http://127.0.0.1:$port" "$conc" "$secs" \
-        "$max_tokens" "$work/$workload.txt")
-    cpu=$(engine_cpu "$pid" "$port")
+    local cpu t0
+    node "$root/bench/serve_load.mjs" "http://127.0.0.1:$port" "$conc" "$secs" \
+        "$max_tokens" "$work/$workload.txt" "$warmup" >"$work/line" &
+    local lp=$!
+    sleep "$warmup"
+    t0=$(engine_ticks "$pid" "$port")
+    wait "$lp"
+    cpu=$(engine_cpu "$t0" "$(engine_ticks "$pid" "$port")")
+    local line
+    line=$(cat "$work/line")
     kill -TERM "$pid"
     wait "$pid"
     echo "{\"workload\":\"$workload\",\"cache\":\"$label\",\"engine_us_per_token\":$cpu,${line#\{}" >>"$out"
@@ -121,7 +137,7 @@ for (const wl of [...new Set(all.map((r) => r.workload))]) {
   });
   rows.sort((a, b) => order.indexOf(a.cache) - order.indexOf(b.cache) || a.concurrency - b.concurrency);
   const mt = wl === "long" ? "min(256, 512 - prompt tokens), prompts of 256-384 tokens" : process.argv[3];
-  console.log(`\nworkload ${wl}: --kv-mem ${rows[0].kv_capacity} bytes; ${process.argv[2]} s per point, max_tokens ${mt}, ${rows[0].runs} run(s) per point`);
+  console.log(`\nworkload ${wl}: --kv-mem ${rows[0].kv_capacity} bytes; ${process.argv[2]} s per point after ${rows[0].warmup_s} s of warm-up, max_tokens ${mt}, ${rows[0].runs} run(s) per point`);
   console.log("| cache | clients | tokens/s (median) | range | prompt tok/s | engine CPU us/token | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | peak admitted | KV bytes peak |");
   console.log("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
   for (const r of rows)

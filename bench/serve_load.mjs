@@ -1,16 +1,19 @@
 // Load generator for kvplan serve (bench/serve.sh): C workers, each streaming completions one
 // after another for D seconds (Node's fetch, no packages), then the server's /metrics.
-// Usage: node bench/serve_load.mjs BASE_URL CONCURRENCY SECONDS MAX_TOKENS PROMPTS_FILE
+// Usage: node bench/serve_load.mjs BASE_URL CONCURRENCY SECONDS MAX_TOKENS PROMPTS_FILE [WARMUP]
 // PROMPTS_FILE: one prompt per line, or "max_tokens<TAB>prompt" lines (bench/serve_prompts.mjs)
-// whose own max_tokens replaces MAX_TOKENS.
-// Prints one JSON line: generated tokens/s over the window, p50/p99 time to first token (ms,
-// client side, queueing included), p50/p99 inter-token latency (ms, the server's histogram:
-// a client reads several events at once), requests completed, the server's prompt tokens
-// prefilled per second, and the server's peaks.
+// whose own max_tokens replaces MAX_TOKENS. WARMUP (seconds, default 0): the clients run that
+// long before the measured window of SECONDS, so that the window sees the steady state (the
+// first requests' prompts all prefilled at once are not counted).
+// Prints one JSON line, over the window: generated tokens/s, p50/p99 time to first token (ms,
+// client side, queueing included; requests sent in the window), p50/p99 inter-token latency
+// (ms, the server's histogram over the window: a client reads several events at once),
+// requests completed, the server's prompt tokens prefilled per second, and the server's peaks.
 import fs from 'node:fs';
 
-const [base, conc, secs, maxTokens, promptsFile] = process.argv.slice(2);
+const [base, conc, secs, maxTokens, promptsFile, warmup] = process.argv.slice(2);
 const C = Number(conc), D = Number(secs) * 1000, MAXT = Number(maxTokens);
+const W = Number(warmup || 0) * 1000;
 const prompts = fs.readFileSync(promptsFile, 'utf8').split('\n').filter((l) => l.length > 0)
   .map((l) => {
     const m = l.match(/^(\d+)\t(.*)$/);
@@ -18,7 +21,7 @@ const prompts = fs.readFileSync(promptsFile, 'utf8').split('\n').filter((l) => l
   });
 const ttft = [], itl = [];
 let tokens = 0, done = 0, failed = 0;
-const t0 = performance.now(), end = t0 + D;
+const t0 = performance.now() + W, end = t0 + D; /* the measured window [t0, end] */
 
 async function one(worker, k) {
   const ac = new AbortController();
@@ -54,13 +57,15 @@ async function one(worker, k) {
         if (!ch.choices.length || ch.choices[0].finish_reason) continue;
         const now = performance.now();
         if (now > end) continue;
-        if (last === 0) ttft.push(now - start);
-        else itl.push(now - last);
+        if (now >= t0) {
+          if (last === 0 && start >= t0) ttft.push(now - start);
+          else if (last !== 0) itl.push(now - last);
+          tokens++;
+        }
         last = now;
-        tokens++;
       }
     }
-    if (performance.now() <= end) done++;
+    if (performance.now() <= end && performance.now() >= t0) done++;
   } catch (err) {
     if (err.name !== 'AbortError') failed++;
   } finally {
@@ -72,22 +77,33 @@ async function worker(w) {
   for (let k = 0; performance.now() < end; k++) await one(w, k);
 }
 
+const metricsText = async () => (await fetch(`${base}/metrics`)).text();
+// the server's counters as the window opens (after the warm-up), to subtract
+let before = '';
+const snap = new Promise((resolve) => setTimeout(async () => {
+  before = await metricsText();
+  resolve();
+}, Math.max(0, t0 - performance.now())));
 await Promise.all(Array.from({ length: C }, (_, w) => worker(w)));
+await snap;
 const q = (a, p) => {
   if (!a.length) return null;
   const s = [...a].sort((x, y) => x - y);
   return s[Math.min(s.length - 1, Math.floor(p * s.length))];
 };
-const text = await (await fetch(`${base}/metrics`)).text();
-const metric = (name) => {
-  const m = text.match(new RegExp(`^${name.replace(/[{}"]/g, (c) => `\\${c}`)} (\\S+)$`, 'm'));
+const text = await metricsText();
+const metricIn = (t, name) => {
+  const m = t.match(new RegExp(`^${name.replace(/[{}"]/g, (c) => `\\${c}`)} (\\S+)$`, 'm'));
   return m ? Number(m[1]) : null;
 };
+const metric = (name) => metricIn(text, name);
 // a quantile of a /metrics histogram, interpolated within its bucket (as Prometheus's
 // histogram_quantile), in ms
+const buckets = (t, name) => [...t.matchAll(new RegExp(`^${name}_bucket\\{le="([^"]+)"\\} (\\S+)$`, 'gm'))]
+  .map((m) => [m[1] === '+Inf' ? Infinity : Number(m[1]), Number(m[2])]);
 const hq = (name, p) => {
-  const b = [...text.matchAll(new RegExp(`^${name}_bucket\\{le="([^"]+)"\\} (\\S+)$`, 'gm'))]
-    .map((m) => [m[1] === '+Inf' ? Infinity : Number(m[1]), Number(m[2])]);
+  const b0 = buckets(before, name);
+  const b = buckets(text, name).map(([le, cum], i) => [le, cum - (b0[i] ? b0[i][1] : 0)]);
   const total = b.length ? b[b.length - 1][1] : 0;
   if (!total) return null;
   let lo = 0, below = 0;
@@ -113,7 +129,9 @@ console.log(JSON.stringify({
   itl_p50_ms: hq('kvplan_inter_token_latency_seconds', 0.5),
   itl_p99_ms: hq('kvplan_inter_token_latency_seconds', 0.99),
   itl_client_mean_ms: itl.length ? itl.reduce((a, x) => a + x, 0) / itl.length : null,
-  prompt_tokens_per_s: metric('kvplan_prompt_tokens_total') / (D / 1000),
+  warmup_s: W / 1000,
+  prompt_tokens_per_s: (metric('kvplan_prompt_tokens_total') -
+    (metricIn(before, 'kvplan_prompt_tokens_total') || 0)) / (D / 1000),
   peak_running: metric('kvplan_running_sequences_peak'),
   kv_peak: metric('kvplan_kv_bytes{kind="peak"}'),
   kv_reserved_peak: metric('kvplan_kv_bytes{kind="reserved_peak"}'),
