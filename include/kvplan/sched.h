@@ -19,7 +19,10 @@
  *      call (the matmuls' per-row paths, register-blocked over 4 rows), elsewhere in forward
  *      calls of at most KV_SCHED_GROUP rows (larger calls switch to GEMMs whose rounding
  *      depends on the batch): a greedy request gives the same tokens as kv_generate /
- *      `kvplan run` alone.
+ *      `kvplan run` alone. With kv_engine_decode_invariant, a prefill step of one token (a
+ *      plan with p = 1, or a prompt's last token) is one more row of that call instead of a
+ *      forward call of its own (the same arithmetic: a one-row forward); such a request
+ *      advances one prompt token per step, never stalling the decoding ones.
  *   5. a finished request (EOS / BOS, max_new, or the event callback asked to stop) frees its
  *      sequence and reservation at once.
  * Sampling is kv_sample with the request's seed + 1 (kv_generate's first sequence).
@@ -94,7 +97,9 @@ typedef struct kv_sched_opts {
     size_t kv_mem;   /* KV bytes the admitted requests may reserve (> 0) */
     int max_queue;   /* queued (not yet admitted) requests at most (default 256) */
     int step_tokens; /* prompt tokens prefilled per step at most (default 64; one engine
-                      * prefill step always runs, so a larger step still progresses) */
+                      * prefill step always runs, so a larger step still progresses). With
+                      * kv_engine_decode_invariant, a one-token prefill step is a row of the
+                      * step's decode call instead: one per request and step, not counted */
     int max_running; /* admitted sequences at most (default: the engine's max_seqs) */
     int group;       /* decode rows per forward call at most (default: every running row in one
                       * call where the engine has kv_engine_decode_invariant, the CPU backend,
