@@ -515,8 +515,8 @@ static void guard_screen(guard *g) {
  * candidates is screening: the search's own plan and the chosen one are measured again alone,
  * as `kvplan eval` runs them (one sequence; a batched pass differs in the last digits), and
  * those figures decide; a chosen candidate that then loses somewhere is dropped and the next
- * best measured. Then the one-standard-error rule: another candidate replaces the search's own
- * plan only when it is better by more than the standard error of the difference. */
+ * best measured. se_margin records the standard error of the difference between the chosen
+ * candidate and the search's own plan (information: it does not veto the choice). */
 static int guard_choose(guard *g) {
     kv_robust_result *rr = g->rr;
     const int C = g->C, nc = g->nc, nh = g->nh, sets = g->sets, N = rr->n_texts;
@@ -546,10 +546,6 @@ static int guard_choose(guard *g) {
     int k = rr->chosen;
     if (!rc && k > 0 && k < sets && rr->passed[0] && g->alone[0]) {
         rr->se_margin = objective_diff_se(g->lay, C, ncand + k * nc, ncand);
-        if (rr->objective[0] - rr->objective[k] <= rr->se_margin) {
-            rr->kept_within_se = 1;
-            rr->chosen = 0;
-        }
     }
     return rc;
 }
@@ -566,11 +562,6 @@ static void guard_reason(kv_robust_result *rr) {
                      "(%s, %d chunks)",
                      rr->cand[i], rr->uniform[i], rr->names[i / 2],
                      i % 2 ? "held-out" : "calibration", rr->chunks[i]);
-    if (rr->kept_within_se)
-        snprintf(rr->reason, sizeof rr->reason,
-                 "kept: the best other candidate's objective is lower by less than the "
-                 "standard error of the difference (%.4f)",
-                 rr->se_margin);
     if (!rr->passed[0] && !rr->reason[0])
         snprintf(rr->reason, sizeof rr->reason,
                  "the plan's gain is within chunk-to-chunk noise: on some text a new %d-chunk "
@@ -771,7 +762,6 @@ int kv_robust_write(kv_h5 *f, const kv_robust_result *r, kv_error *err) {
     if (!rc) rc = kv_h5_attr_str(f, g, "decision", dec, err);
     if (!rc) rc = kv_h5_attr_f64(f, g, "lambda", r->lambda[r->chosen], err);
     if (!rc) rc = kv_h5_attr_str(f, g, "reason", r->reason, err);
-    if (!rc) rc = kv_h5_attr_i64(f, g, "kept_within_se", r->kept_within_se, err);
     if (!rc) rc = kv_h5_attr_f64(f, g, "se_margin", r->se_margin, err);
     if (!rc) rc = kv_h5_attr_i64(f, g, "uniform_block_size", r->uniform_block_size, err);
     if (!rc) rc = kv_h5_attr_i64(f, g, "uniform_evict_block", r->uniform_evict_block, err);

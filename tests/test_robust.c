@@ -265,22 +265,31 @@ static void test_two_texts(void) {
     double *bound = read_f64(f, "/search/texts/candidates/bound", dk);
     double *cand = read_f64(f, "/search/texts/candidates/perplexity", dc);
     double *passed = read_f64(f, "/search/texts/candidates/passed", dp);
+    long dob[KV_H5_MAX_RANK] = {0};
+    double *obj = read_f64(f, "/search/texts/candidates/objective", dob);
     kv_h5_close(f);
-    CU_ASSERT_FATAL(bound && cand && passed && dc[0] == dk[0] && dp[0] == dk[0]);
+    CU_ASSERT_FATAL(bound && cand && passed && obj && dc[0] == dk[0] && dp[0] == dk[0] &&
+                    dob[0] == dk[0]);
     int found = 0;
+    double best_obj = HUGE_VAL, written_obj = HUGE_VAL;
     for (long k = 0; k < dk[0]; k++) {
         if (passed[k] != 0.0) CU_ASSERT(bound[k] <= log1p(0.005));
+        if (obj[k] < best_obj) best_obj = obj[k];
         if (memcmp(cand + k * 4, plan, 4 * sizeof *plan) || passed[k] == 0.0) continue;
         CU_ASSERT_DOUBLE_EQUAL(bound[k], worst, 1e-7);
+        if (obj[k] < written_obj) written_obj = obj[k];
         found = 1;
     }
+    /* the written candidate is the best by the objective (no margin for the search's plan) */
+    printf("    written candidate's objective %.6f, best %.6f\n", written_obj, best_obj);
+    CU_ASSERT_DOUBLE_EQUAL(written_obj, best_obj, 1e-12);
     printf("    shipped candidate's bound %.5f (re-earned), at most %.5f\n", worst, log1p(0.005));
     CU_ASSERT(found);
     CU_ASSERT(worst <= log1p(0.005));
     int n_failed = 0, n_checked = check_transfer(tu_tmp("plan.h5"), &n_failed);
     printf("    transfer check: %d candidates fitted on both texts, %d failed it\n", n_checked,
            n_failed);
-    free(bound), free(cand), free(passed);
+    free(bound), free(cand), free(passed), free(obj);
     free(ids0), free(ids1);
     kv_model_free(m);
     free(full), free(uni), free(plan), free(chunks), free(tokens), free(names), free(decision);

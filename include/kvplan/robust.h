@@ -40,11 +40,9 @@
  * text); with two texts that is the knapsack fitted without text t, tested on t. It has seen
  * every calibration text, so only that check says whether its allocation carries to a kind of
  * text no calibration had.
- * Among the passing candidates the objective picks one, except that the search's own plan,
- * when it passes, is replaced only by a candidate better by more than the standard error of the
- * difference (the one-standard-error rule of model selection, Breiman et al., CART, 1984: the
- * search's pooled verification chose the plan, and a lower objective within the chunk noise
- * is no evidence against it):
+ * Among the passing candidates the objective picks the lowest (ties: the search's own plan,
+ * then the larger lambda; there is no standard-error margin in the search's plan's favour:
+ * docs/benchmarks.md "Search cost" measures what one cost on unseen text):
  *   mean   the mean over texts of log(ppl_cand / ppl_uniform) (all of a text's chunks),
  *   worst  the largest of those (max regret against uniform over the texts),
  *   both   mean + worst (the mean with a penalty on the worst text).
@@ -140,10 +138,10 @@ typedef struct kv_robust_result {
     int chosen;                           /* index of the chosen candidate */
     kv_robust_objective obj;
     int uniform_block_size, uniform_evict_block; /* the uniform compared with: 1, 1 or b_s, p */
-    char reason[512];   /* "" when the plan passed; else the first text and part it lost on */
-    int kept_within_se; /* 1: the plan passed and the best other candidate was better by no more
-                         * than the standard error of the difference (then the plan is kept) */
-    double se_margin;   /* that standard error (log ratio); 0 when not computed */
+    char reason[512]; /* "" when the plan passed; else the first text and part it lost on */
+    double se_margin; /* the standard error of the objective's difference between the chosen
+                       * candidate and the search's own plan (log ratio; information only);
+                       * 0 when not computed */
 } kv_robust_result;
 
 /* The guard (see the top of this file). Runs on m with the search's options o (ratio, C, b_s,
