@@ -4,9 +4,12 @@
 # average before and after; then per stage the estimate's CPU and wall seconds beside the
 # search's /search/timing record and the totals (bench/estimate_accuracy.py).
 # Usage: bench/estimate_accuracy.sh [CASE...]   CASE: MODEL:R[:extra search flags, comma-separated]
-#   (default: stories260K:16 stories260K:8 tinystories-656k:16). REPEAT=n runs each case n times.
+#   (default: stories260K:16 stories260K:8 tinystories-656k:16). REPEAT=n runs each case n times;
+#   KVPLAN_BIN: the kvplan binary (default build/kvplan).
 set -euo pipefail
 . "$(dirname "$0")/lib_acceptance.sh"
+kv=${KVPLAN_BIN:-$kv} # a copy of the binary, to rebuild meanwhile
+export KVPLAN_BIN=$kv
 text=$shared/text/tinystories_val_head.txt
 cases=("$@")
 [ ${#cases[@]} -gt 0 ] || cases=(stories260K:16 stories260K:8 tinystories-656k:16)

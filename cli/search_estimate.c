@@ -60,6 +60,8 @@ static void print_table(const kv_cli_estimate *e, const kv_search_estimate *est)
     printf("%-12s %12ld %12ld %9.1f %9.1f %9.1f %9.1f\n", "total", est->token_evals,
            est->token_evals_max, est->seconds, est->seconds_max, est->cpu_seconds,
            est->cpu_seconds_max);
+    printf("projected    %.1f s wall, %.1f CPU s (the most, with the guard's known sources)\n",
+           est->seconds_proj, est->cpu_seconds_proj);
     printf("rate         %s\n", est->rate_source);
     if (est->sens_rounds > 1)
         printf("note         refine/verify: %d refinement solves at most (fewer when a round does "
@@ -94,6 +96,8 @@ static int print_json(const kv_cli_estimate *e, const kv_search_estimate *est, k
     cJSON_AddNumberToObject(root, "cpu_seconds", est->cpu_seconds);
     cJSON_AddNumberToObject(root, "cpu_seconds_max", est->cpu_seconds_max);
     cJSON_AddNumberToObject(root, "cpu_share", est->cpu_share);
+    cJSON_AddNumberToObject(root, "seconds_projected", est->seconds_proj);
+    cJSON_AddNumberToObject(root, "cpu_seconds_projected", est->cpu_seconds_proj);
     cJSON_AddNumberToObject(root, "tokens_per_s", est->tokens_per_s);
     cJSON_AddNumberToObject(root, "batch_tokens_per_s", est->batch_tokens_per_s);
     cJSON_AddStringToObject(root, "rate_source", est->rate_source);
@@ -109,6 +113,9 @@ static int print_json(const kv_cli_estimate *e, const kv_search_estimate *est, k
         cJSON_AddNumberToObject(o, "cpu_seconds", r->cpu_seconds);
         cJSON_AddNumberToObject(o, "cpu_seconds_max", r->cpu_seconds_max);
         cJSON_AddNumberToObject(o, "tokens_per_s", r->tokens_per_s);
+        cJSON_AddNumberToObject(o, "token_evals_projected", (double)r->token_evals_proj);
+        cJSON_AddNumberToObject(o, "seconds_projected", r->seconds_proj);
+        cJSON_AddNumberToObject(o, "cpu_seconds_projected", r->cpu_seconds_proj);
         cJSON_AddItemToArray(st, o);
     }
     cJSON_AddItemToObject(root, "stages", st);

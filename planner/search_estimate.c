@@ -168,6 +168,7 @@ static void row(kv_search_estimate *e, int s, long lo, long hi) {
     e->stage[s].token_evals = lo;
     e->stage[s].token_evals_max = hi > lo ? hi : lo;
     e->stage[s].exact = hi <= lo;
+    e->stage[s].token_evals_proj = e->stage[s].token_evals_max;
 }
 
 /* The grid, the baselines, the ladder, the held-out figures and the per-type caches. */
@@ -233,6 +234,9 @@ int kv_search_estimate_count(const kv_model *m, const kv_profile_inputs *prof,
     kv_search_guard_count g;
     if (!rc) rc = kv_robust_guard_count(m, o, n_texts, S + HC, &g, err);
     if (!rc) row(out, KV_EST_GUARD, g.curve_evals + g.evals, g.curve_evals_max + g.evals_max);
+    /* the projection: the guard's sources known before the search (the sensitivity solution
+     * is a further one only when another plan beat it) */
+    if (!rc) out->stage[KV_EST_GUARD].token_evals_proj = g.curve_evals_max + g.evals;
     if (!rc && probes) {
         kv_search_retrieval_count r;
         rc = kv_retrieval_count(m, o, probes, ro, S, have_heads, &r, err);
@@ -259,13 +263,16 @@ void kv_search_estimate_time(kv_search_estimate *e, double tokens_per_s, double 
     e->batch_tokens_per_s = batch_tokens_per_s;
     snprintf(e->rate_source, sizeof e->rate_source, "%s", source ? source : "");
     e->seconds = e->seconds_max = e->cpu_seconds = e->cpu_seconds_max = e->cpu_share = 0;
+    e->seconds_proj = e->cpu_seconds_proj = 0;
     for (int s = 0; s < KV_EST_STAGES; s++) {
         kv_est_row *r = &e->stage[s];
         double rate = batched_stage(s) ? batch_tokens_per_s : tokens_per_s;
         r->seconds = rate > 0 ? (double)r->token_evals / rate : NAN;
         r->seconds_max = rate > 0 ? (double)r->token_evals_max / rate : NAN;
-        r->cpu_seconds = r->cpu_seconds_max = 0;
+        r->cpu_seconds = r->cpu_seconds_max = r->cpu_seconds_proj = 0;
+        r->seconds_proj = rate > 0 ? (double)r->token_evals_proj / rate : NAN;
         r->tokens_per_s = rate;
+        e->seconds_proj += r->seconds_proj;
         e->seconds += r->seconds;
         e->seconds_max += r->seconds_max;
     }
@@ -277,17 +284,22 @@ void kv_search_estimate_time_calibrated(kv_search_estimate *e, const kv_est_rate
     e->cpu_share = share;
     snprintf(e->rate_source, sizeof e->rate_source, "%s", source ? source : "");
     e->seconds = e->seconds_max = e->cpu_seconds = e->cpu_seconds_max = 0;
+    e->seconds_proj = e->cpu_seconds_proj = 0;
     for (int s = 0; s < KV_EST_STAGES; s++) {
         kv_est_row *w = &e->stage[s];
         double c = r->cpu_per_token[s],
                ch = r->cpu_per_token_max[s] > c ? r->cpu_per_token_max[s] : c;
         w->cpu_seconds = (double)w->token_evals * c;
         w->cpu_seconds_max = (double)w->token_evals_max * ch;
+        w->cpu_seconds_proj = (double)w->token_evals_proj * ch;
+        w->seconds_proj = w->cpu_seconds_proj / share;
         w->seconds = w->cpu_seconds / share;
         w->seconds_max = w->cpu_seconds_max / share;
         w->tokens_per_s = ch > 0 ? share / ch : NAN;
         e->cpu_seconds += w->cpu_seconds;
         e->cpu_seconds_max += w->cpu_seconds_max;
+        e->cpu_seconds_proj += w->cpu_seconds_proj;
+        e->seconds_proj += w->seconds_proj;
         e->seconds += w->seconds;
         e->seconds_max += w->seconds_max;
     }

@@ -11,12 +11,12 @@
  * whether the guard or the retrieval stage adds candidates), `token_evals` is the least the
  * stage runs and `token_evals_max` the most; `exact` says the count does not depend on data.
  *
- * Time: token evaluations / throughput, per stage: single-sequence passes at one rate, the
- * batched passes of the curves and the guard at another. With a model both come from a
- * calibration forward on the search's own engine (kv_estimate_rate_calibrate); the profile's
- * /prompts@profile_tokens_per_s (the profiler's full-cache forward) is read for comparison
- * (kv_estimate_rate_profile). For a model given by shape only, from a per-token roofline on a
- * device preset (kv_estimate_roofline).
+ * Time: token evaluations x each stage's cost per token. With a model the costs come from a
+ * calibration (kv_estimate_calibrate): real forwards at each stage's shape, timed in CPU
+ * seconds; the wall time is the CPU time over the CPU share the process got while calibrating.
+ * The profile's /prompts@profile_tokens_per_s (the profiler's full-cache forward) is read for
+ * comparison (kv_estimate_rate_profile). For a model given by shape only, one throughput from
+ * a per-token roofline on a device preset (kv_estimate_roofline, kv_search_estimate_time).
  */
 #ifndef KVPLAN_ESTIMATE_H
 #define KVPLAN_ESTIMATE_H
@@ -55,7 +55,11 @@ typedef struct kv_est_row {
     int exact;                           /* 1: token_evals == token_evals_max whatever the data */
     double seconds, seconds_max;         /* wall seconds at the estimate's throughput */
     double cpu_seconds, cpu_seconds_max; /* CPU seconds (calibrated; 0 from a roofline) */
-    double tokens_per_s;                 /* the stage's throughput, tokens per wall second */
+    /* the projection: the most, but the guard with only the sources known before the search
+     * (the sensitivity solution is a further one only when another plan beat it) */
+    long token_evals_proj;
+    double seconds_proj, cpu_seconds_proj;
+    double tokens_per_s; /* the stage's throughput, tokens per wall second */
 } kv_est_row;
 
 typedef struct kv_search_estimate {
@@ -70,7 +74,8 @@ typedef struct kv_search_estimate {
     int sens_rounds;           /* the refinement allows this many solves at most */
     double tokens_per_s;       /* the throughput of single-sequence passes (tokens/s) */
     double batch_tokens_per_s; /* of batched passes (curves, refinement, guard) */
-    double cpu_seconds, cpu_seconds_max; /* sums over the stages (calibrated; else 0) */
+    double cpu_seconds, cpu_seconds_max;   /* sums over the stages (calibrated; else 0) */
+    double seconds_proj, cpu_seconds_proj; /* the projection's sums (kv_est_row) */
     double cpu_share; /* CPU seconds per wall second assumed for the wall projection */
     char rate_source[256];
 } kv_search_estimate;
