@@ -13,9 +13,8 @@
 #include "planner/search_impl.h"
 #include "planner/sensitivity.h"
 
-/* CPU seconds a single-sequence probe is timed for at least (after one untimed pass); batched
- * probes time one pass after an untimed single-sequence pass. On stories260K the whole
- * calibration takes about 2 s of CPU. */
+/* CPU seconds a single-sequence probe is timed for at least; batched probes time one pass.
+ * On stories260K (C 512, batches of 32) the whole calibration takes about 2 CPU seconds. */
 #define PROBE_MIN_CPU 0.03
 #define MAX_SEQS 64
 
@@ -101,19 +100,22 @@ static int probe_sets(const calib *c, const probe *pr, int *bud, kv_cache_type *
     return rc;
 }
 
-/* Time probe pr: one untimed pass (a single sequence for a batch), then passes over the
- * search chunks in turn until PROBE_MIN_CPU (a batch: one pass). */
+/* Time probe pr over the search chunks in turn: a single sequence from its first pass (the
+ * search's stages pay their engines' first passes too) until PROBE_MIN_CPU; a batch, one pass
+ * after an untimed single-sequence pass (the batch's first pass then allocates as the later
+ * ones do). */
 static int probe_time(calib *c, kv_engine *e, probe *pr, const int *const *b,
                       const kv_cache_type *const *ty, const float *ref) {
-    double nll[MAX_SEQS], kl[MAX_SEQS], c0 = 0, cpu = 0;
+    double nll[MAX_SEQS], kl[MAX_SEQS], c0 = kv_cpu_now(), cpu = 0;
+    const int warm = pr->seqs > 1;
     long timed = 0;
     int rc = KV_OK;
-    for (long ch = 0; !rc && (ch <= 1 || (pr->seqs == 1 && cpu < PROBE_MIN_CPU)); ch++) {
-        int seqs = ch == 0 ? 1 : pr->seqs;
-        if (ch == 1) c0 = kv_cpu_now();
+    for (long ch = 0; !rc && (warm ? ch <= 1 : cpu < PROBE_MIN_CPU); ch++) {
+        int seqs = warm && ch == 0 ? 1 : pr->seqs;
+        if (warm && ch == 1) c0 = kv_cpu_now();
         rc = kv_engine_chunk_score_typed(e, c->ids + (ch % c->n_chunks) * c->C, c->C, seqs, b, NULL,
                                          ty, ref, nll, ref ? kl : NULL, NULL, c->err);
-        if (ch >= 1) timed += seqs, cpu = kv_cpu_now() - c0;
+        if (!warm || ch >= 1) timed += seqs, cpu = kv_cpu_now() - c0;
     }
     if (!rc) pr->cpu_tok = cpu / ((double)timed * c->C);
     return rc;

@@ -124,9 +124,9 @@ typedef struct kv_est_rates {
  * each ladder eviction block p/2 .. 1, each --kv-types type's uniform cache, the guard's
  * uniform cache (b_s = p = 1) and its batch of blends, and with sensitivity planning a batch of
  * --sens-batch curve points around uniform (round 0) and around the mixed stand-in
- * (refinement), scored for KL. Each shape: its own engine, one untimed pass, then passes for
- * 0.03 CPU seconds (a batch: one pass). Each stage's cost per token is the mix of shapes its
- * passes run (docs/search-estimate.md). Errors: KV_EINPUT without a chunk; those of the
+ * (refinement), scored for KL. Each shape: its own engine, passes for 0.03 CPU seconds (a
+ * batch: one pass after an untimed single sequence). Each stage's cost per token is the mix of
+ * shapes its passes run (docs/search-estimate.md). Errors: KV_EINPUT without a chunk; those of the
  * engine. */
 int kv_estimate_calibrate(const kv_model *m, const kv_search_opts *o, const int *ids, int n_chunks,
                           kv_est_rates *out, kv_error *err);
