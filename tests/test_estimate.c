@@ -134,10 +134,10 @@ static void measured_rows(const kv_search_result *res, const kv_robust_result *r
 /* The time model against a real search, in CPU seconds (the machine's load changes the wall
  * time, far less the work): the calibration's CPU cost per token of each stage (after the
  * ladder: at the eviction block it chose) times the token evaluations the search recorded for
- * it, against the CPU seconds the search recorded for the
- * stage, within 40 % in total and a factor of 2.5 for each stage of at least 0.1 s; the
- * stages' records cover the process's CPU over the search (cpu_total) within 10 %; and the
- * arithmetic of kv_search_estimate_time_calibrated. */
+ * it, against the CPU seconds the search recorded for the stage, within 40 % in total and a
+ * factor of 2.5 for each stage of at least 0.1 s; the stages' records cover the process's CPU
+ * over the search (cpu_total) within 10 %; and the arithmetic of
+ * kv_search_estimate_time_calibrated. */
 static void check_time_model(const kv_model *m, const kv_search_opts *o, const int *ids,
                              const kv_search_result *res, const kv_robust_result *rob,
                              double cpu_total, kv_search_estimate *est) {
@@ -257,6 +257,8 @@ static void test_cli_matches_plan(void) {
     double est_base = tu_json_number(base, "token_evals");
     CU_ASSERT(tu_json_number(out, "tokens_per_s") > 0);
     CU_ASSERT(tu_json_number(out, "seconds") > 0);
+    double proj_cpu = tu_json_number(out, "cpu_seconds_projected");
+    CU_ASSERT(proj_cpu > 0);
     free(out);
     snprintf(args, sizeof args, "%s -o %s", common, tu_tmp("plan.h5"));
     CU_ASSERT_EQUAL_FATAL(tu_run_kvplan(args, NULL, 0), 0);
@@ -266,6 +268,23 @@ static void test_cli_matches_plan(void) {
     long grid_evals = -1, all = -1;
     CU_ASSERT_EQUAL(kv_h5_read_attr_i64(f, "/search", "token_evals", &grid_evals, &e), KV_OK);
     CU_ASSERT_EQUAL(kv_h5_read_attr_i64(f, "/search", "grid_token_evals_all", &all, &e), KV_OK);
+    /* the stages' record: every stage that ran, wall and CPU; their CPU against the projection
+     * (no sensitivity, no per-type caches: grid, baselines, ladder, held-out, guard) */
+    double rec = 0;
+    for (int s = 0; s < KV_SEARCH_STAGES; s++) {
+        char w[48], c[48];
+        snprintf(w, sizeof w, "wall_%s", kv_search_stage_name(s));
+        snprintf(c, sizeof c, "cpu_%s", kv_search_stage_name(s));
+        int ran = s == KV_SEARCH_ST_GRID || s == KV_SEARCH_ST_HELDOUT || s == KV_SEARCH_ST_GUARD;
+        if (ran) CU_ASSERT(kv_h5_attr_exists(f, "/search/timing", w));
+        if (!kv_h5_attr_exists(f, "/search/timing", c)) continue;
+        double v = -1;
+        CU_ASSERT_EQUAL(kv_h5_read_attr_f64(f, "/search/timing", c, &v, &e), KV_OK);
+        CU_ASSERT(v >= 0);
+        rec += v > 0 ? v : 0;
+    }
+    fprintf(stderr, "cli: projected %.3f CPU s, the search recorded %.3f\n", proj_cpu, rec);
+    CU_ASSERT(rec > 0.4 * proj_cpu && rec < 2.5 * proj_cpu);
     kv_h5_close(f);
     CU_ASSERT_DOUBLE_EQUAL(est_grid, (double)grid_evals, 0);
     CU_ASSERT_DOUBLE_EQUAL(est_grid + est_base, (double)all, 0);
