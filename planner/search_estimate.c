@@ -291,7 +291,9 @@ void kv_search_estimate_time_calibrated(kv_search_estimate *e, const kv_est_rate
                ch = r->cpu_per_token_max[s] > c ? r->cpu_per_token_max[s] : c;
         w->cpu_seconds = (double)w->token_evals * c;
         w->cpu_seconds_max = (double)w->token_evals_max * ch;
-        w->cpu_seconds_proj = (double)w->token_evals_proj * ch;
+        /* the ladder's p is not known before it runs: the stages after it (the only ones
+         * whose costs differ) projected midway between the search's p and the least */
+        w->cpu_seconds_proj = (double)w->token_evals_proj * (c + ch) / 2;
         w->seconds_proj = w->cpu_seconds_proj / share;
         w->seconds = w->cpu_seconds / share;
         w->seconds_max = w->cpu_seconds_max / share;

@@ -160,6 +160,9 @@ static void check_time_model(const kv_model *m, const kv_search_opts *o, const i
         CU_ASSERT_DOUBLE_EQUAL(w->cpu_seconds_max, w->token_evals_max * r.cpu_per_token_max[s],
                                1e-9);
         CU_ASSERT_DOUBLE_EQUAL(w->seconds_max, w->cpu_seconds_max / r.cpu_share, 1e-9);
+        CU_ASSERT_DOUBLE_EQUAL(
+            w->cpu_seconds_proj,
+            w->token_evals_proj * (r.cpu_per_token[s] + r.cpu_per_token_max[s]) / 2, 1e-9);
         /* the stages after the ladder at the p it chose: the search's (least) or lower (most) */
         int after = s == KV_EST_HELDOUT || s == KV_EST_TYPES || s == KV_EST_GUARD;
         double cost = after && res->evict_block < o->evict_block ? r.cpu_per_token_max[s]

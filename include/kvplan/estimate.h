@@ -56,7 +56,8 @@ typedef struct kv_est_row {
     double seconds, seconds_max;         /* wall seconds at the estimate's throughput */
     double cpu_seconds, cpu_seconds_max; /* CPU seconds (calibrated; 0 from a roofline) */
     /* the projection: the most, but the guard with only the sources known before the search
-     * (the sensitivity solution is a further one only when another plan beat it) */
+     * (the sensitivity solution is a further one only when another plan beat it) and the
+     * stages after the eviction-block ladder priced midway between its p and the least */
     long token_evals_proj;
     double seconds_proj, cpu_seconds_proj;
     double tokens_per_s; /* the stage's throughput, tokens per wall second */
@@ -132,8 +133,8 @@ int kv_estimate_calibrate(const kv_model *m, const kv_search_opts *o, const int 
                           kv_est_rates *out, kv_error *err);
 
 /* Fill every stage's CPU seconds (token evaluations x r->cpu_per_token, the most x
- * r->cpu_per_token_max) and wall seconds (CPU / r->cpu_share), their sums, the stages'
- * throughputs (at the most) and the source (copied, cut to fit). */
+ * r->cpu_per_token_max, the projection x their mean) and wall seconds (CPU / r->cpu_share),
+ * their sums, the stages' throughputs (at the most) and the source (copied, cut to fit). */
 void kv_search_estimate_time_calibrated(kv_search_estimate *e, const kv_est_rates *r,
                                         const char *source);
 
