@@ -60,8 +60,8 @@ static void print_table(const kv_cli_estimate *e, const kv_search_estimate *est)
     printf("%-12s %12ld %12ld %9.1f %9.1f %9.1f %9.1f\n", "total", est->token_evals,
            est->token_evals_max, est->seconds, est->seconds_max, est->cpu_seconds,
            est->cpu_seconds_max);
-    printf("projected    %.1f s wall, %.1f CPU s (the most; the guard's known sources; the stages "
-           "after the ladder midway between its p and 1)\n",
+    printf("projected    %.1f s wall, %.1f CPU s (the most; midway: the guard's further source, "
+           "the stages after the ladder between its p and 1)\n",
            est->seconds_proj, est->cpu_seconds_proj);
     printf("rate         %s\n", est->rate_source);
     if (est->sens_rounds > 1)

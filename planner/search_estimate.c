@@ -234,9 +234,10 @@ int kv_search_estimate_count(const kv_model *m, const kv_profile_inputs *prof,
     kv_search_guard_count g;
     if (!rc) rc = kv_robust_guard_count(m, o, n_texts, S + HC, &g, err);
     if (!rc) row(out, KV_EST_GUARD, g.curve_evals + g.evals, g.curve_evals_max + g.evals_max);
-    /* the projection: the guard's sources known before the search (the sensitivity solution
-     * is a further one only when another plan beat it) */
-    if (!rc) out->stage[KV_EST_GUARD].token_evals_proj = g.curve_evals_max + g.evals;
+    /* the projection: the guard's further source (the sensitivity solution, a candidate only
+     * when another plan beat it) midway */
+    if (!rc)
+        out->stage[KV_EST_GUARD].token_evals_proj = g.curve_evals_max + (g.evals + g.evals_max) / 2;
     if (!rc && probes) {
         kv_search_retrieval_count r;
         rc = kv_retrieval_count(m, o, probes, ro, S, have_heads, &r, err);

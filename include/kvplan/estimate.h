@@ -55,9 +55,9 @@ typedef struct kv_est_row {
     int exact;                           /* 1: token_evals == token_evals_max whatever the data */
     double seconds, seconds_max;         /* wall seconds at the estimate's throughput */
     double cpu_seconds, cpu_seconds_max; /* CPU seconds (calibrated; 0 from a roofline) */
-    /* the projection: the most, but the guard with only the sources known before the search
-     * (the sensitivity solution is a further one only when another plan beat it) and the
-     * stages after the eviction-block ladder priced midway between its p and the least */
+    /* the projection: the most, but what depends on the search's outcome midway: the guard's
+     * further source (the sensitivity solution, a candidate only when another plan beat it)
+     * and the price of the stages after the eviction-block ladder (its p or the least) */
     long token_evals_proj;
     double seconds_proj, cpu_seconds_proj;
     double tokens_per_s; /* the stage's throughput, tokens per wall second */
