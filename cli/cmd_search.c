@@ -743,8 +743,10 @@ int kv_cmd_search(int argc, char **argv) {
     kv_progress_init(&prog, s.a.quiet || rank != 0); /* progress from rank 0 only */
     kv_search_opts so;
     char log_path[PATH_MAX + 64];
+    double t_in = kv_now(), cpu_in = kv_cpu_now();
     int rc = build_job(&s, &j, &err);
     if (!rc) rc = fill_opts(&s, &j, &prog, &so, &err);
+    t_in = kv_now() - t_in, cpu_in = kv_cpu_now() - cpu_in;
     if (!rc) rc = open_task_log(tasks, &s, &j, argc, argv, log_path, sizeof log_path, &err);
     /* run: the search, its chunk evaluations shared among the ranks */
     rc = kv_tasks_agree(tasks, rc, &err); /* no rank enters the search alone */
@@ -756,6 +758,7 @@ int kv_cmd_search(int argc, char **argv) {
         rc = kv_search_plan(j.m, j.have_prof ? &j.prof : NULL, j.ids, j.n_ids, &lay,
                             j.text_objective, &so, s.retrieval ? &j.probes : NULL, &j.ro, &res,
                             &rob, &rr, &ap, &err);
+        res.stage_wall[KV_SEARCH_ST_INPUTS] = t_in, res.stage_cpu[KV_SEARCH_ST_INPUTS] = cpu_in;
         if (!rc && rank == 0 && !s.a.quiet && kv_tasks_resumed(tasks) > 0)
             fprintf(stderr, "search: %ld chunk evaluations taken from %s\n",
                     kv_tasks_resumed(tasks), log_path);

@@ -8,10 +8,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Seconds each calibration forward runs at least (long enough that one descheduled pass on a
- * shared machine does not set the rate). */
-#define CALIB_SECONDS 2.0
-
 /* The throughputs: the preset's roofline (--device-preset), else a calibration forward on the
  * search's engine (single sequence and a batch of the curves' size), with the profile's
  * figure named beside it. */
@@ -27,21 +23,18 @@ static int choose_rate(const kv_cli_estimate *e, kv_search_estimate *est, kv_err
         kv_search_estimate_time(est, r.tokens_per_s, r.tokens_per_s, src);
         return KV_OK;
     }
-    double prof = 0, one = 0, batch = 0;
+    double prof = 0;
     char pnote[96] = "";
     if (e->profile_path && !kv_estimate_rate_profile(e->profile_path, &prof, NULL))
         snprintf(pnote, sizeof pnote, "; the profile's full-cache forward: %.0f tokens/s", prof);
-    int seqs = e->so->sens.batch > 1 ? e->so->sens.batch : 1;
-    int rc = kv_estimate_rate_calibrate(e->m, e->so, e->ids, e->S, 1, CALIB_SECONDS, &one, err);
-    if (!rc && e->so->sensitivity)
-        rc =
-            kv_estimate_rate_calibrate(e->m, e->so, e->ids, e->S, seqs, CALIB_SECONDS, &batch, err);
+    kv_est_rates r;
+    int rc = kv_estimate_calibrate(e->m, e->so, e->ids, e->S, &r, err);
     if (rc) return rc;
     snprintf(src, sizeof src,
-             "calibration forward: search chunks under the uniform budgets for %.0f s, 1 and %d "
-             "sequences a pass%s",
-             CALIB_SECONDS, e->so->sensitivity ? seqs : 1, pnote);
-    kv_search_estimate_time(est, one, batch, src);
+             "calibration: %d shapes of the search's passes in %.1f s (%.1f CPU s; %.2f CPU s a "
+             "wall s, the wall projection's)%s",
+             r.probes, r.seconds, r.cpu_seconds, r.cpu_share, pnote);
+    kv_search_estimate_time_calibrated(est, &r, src);
     return KV_OK;
 }
 
@@ -55,18 +48,22 @@ static void print_table(const kv_cli_estimate *e, const kv_search_estimate *est)
            est->context, e->so->block_size, e->so->evict_block, est->search_chunks,
            est->heldout_chunks, est->points, est->distinct < 0 ? est->points : est->distinct,
            est->distinct < 0 ? ", unknown without a profile: counted as all" : "");
-    printf("%-12s %16s %16s %12s %12s  %s\n", "stage", "token evals", "at most", "seconds",
-           "at most", "count");
+    printf("%-12s %12s %12s %9s %9s %9s %9s %10s  %s\n", "stage", "token evals", "at most",
+           "wall s", "at most", "CPU s", "at most", "tokens/s", "count");
     for (int s = 0; s < KV_EST_STAGES; s++) {
         const kv_est_row *r = &est->stage[s];
         if (!r->token_evals_max) continue;
-        printf("%-12s %16ld %16ld %12.1f %12.1f  %s\n", kv_est_stage_name(s), r->token_evals,
-               r->token_evals_max, r->seconds, r->seconds_max, r->exact ? "exact" : "range");
+        printf("%-12s %12ld %12ld %9.1f %9.1f %9.1f %9.1f %10.0f  %s\n", kv_est_stage_name(s),
+               r->token_evals, r->token_evals_max, r->seconds, r->seconds_max, r->cpu_seconds,
+               r->cpu_seconds_max, r->tokens_per_s, r->exact ? "exact" : "range");
     }
-    printf("%-12s %16ld %16ld %12.1f %12.1f\n", "total", est->token_evals, est->token_evals_max,
-           est->seconds, est->seconds_max);
-    printf("rate         %.4g tokens/s (batched passes %.4g): %s\n", est->tokens_per_s,
-           est->batch_tokens_per_s, est->rate_source);
+    printf("%-12s %12ld %12ld %9.1f %9.1f %9.1f %9.1f\n", "total", est->token_evals,
+           est->token_evals_max, est->seconds, est->seconds_max, est->cpu_seconds,
+           est->cpu_seconds_max);
+    printf("projected    %.1f s wall, %.1f CPU s (the most; midway: the guard's further source, "
+           "the stages after the ladder between its p and 1)\n",
+           est->seconds_proj, est->cpu_seconds_proj);
+    printf("rate         %s\n", est->rate_source);
     if (est->sens_rounds > 1)
         printf("note         refine/verify: %d refinement solves at most (fewer when a round does "
                "not improve); ladder, guard, retrieval: data-dependent parts at most\n",
@@ -97,6 +94,11 @@ static int print_json(const kv_cli_estimate *e, const kv_search_estimate *est, k
     cJSON_AddNumberToObject(root, "token_evals_max", (double)est->token_evals_max);
     cJSON_AddNumberToObject(root, "seconds", est->seconds);
     cJSON_AddNumberToObject(root, "seconds_max", est->seconds_max);
+    cJSON_AddNumberToObject(root, "cpu_seconds", est->cpu_seconds);
+    cJSON_AddNumberToObject(root, "cpu_seconds_max", est->cpu_seconds_max);
+    cJSON_AddNumberToObject(root, "cpu_share", est->cpu_share);
+    cJSON_AddNumberToObject(root, "seconds_projected", est->seconds_proj);
+    cJSON_AddNumberToObject(root, "cpu_seconds_projected", est->cpu_seconds_proj);
     cJSON_AddNumberToObject(root, "tokens_per_s", est->tokens_per_s);
     cJSON_AddNumberToObject(root, "batch_tokens_per_s", est->batch_tokens_per_s);
     cJSON_AddStringToObject(root, "rate_source", est->rate_source);
@@ -109,6 +111,12 @@ static int print_json(const kv_cli_estimate *e, const kv_search_estimate *est, k
         cJSON_AddBoolToObject(o, "exact", r->exact);
         cJSON_AddNumberToObject(o, "seconds", r->seconds);
         cJSON_AddNumberToObject(o, "seconds_max", r->seconds_max);
+        cJSON_AddNumberToObject(o, "cpu_seconds", r->cpu_seconds);
+        cJSON_AddNumberToObject(o, "cpu_seconds_max", r->cpu_seconds_max);
+        cJSON_AddNumberToObject(o, "tokens_per_s", r->tokens_per_s);
+        cJSON_AddNumberToObject(o, "token_evals_projected", (double)r->token_evals_proj);
+        cJSON_AddNumberToObject(o, "seconds_projected", r->seconds_proj);
+        cJSON_AddNumberToObject(o, "cpu_seconds_projected", r->cpu_seconds_proj);
         cJSON_AddItemToArray(st, o);
     }
     cJSON_AddItemToObject(root, "stages", st);

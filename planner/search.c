@@ -1001,23 +1001,59 @@ int kv_search_count_budgets(const kv_model *m, const kv_profile_inputs *prof,
     return rc;
 }
 
+static const char *const stage_names[KV_SEARCH_STAGES] = {
+    "inputs", "setup",   "grid",     "baselines", "curves",   "refine",
+    "ladder", "heldout", "kv_types", "guard",     "retrieval"};
+
+const char *kv_search_stage_name(int stage) {
+    return stage >= 0 && stage < KV_SEARCH_STAGES ? stage_names[stage] : NULL;
+}
+
+/* Charge the wall and CPU seconds since *t to stage st of res and move *t to now. */
+static void stage_mark(kv_search_result *res, int st, double t[2]) {
+    double w = kv_now(), cpu = kv_cpu_now();
+    res->stage_wall[st] += w - t[0];
+    res->stage_cpu[st] += cpu - t[1];
+    t[0] = w, t[1] = cpu;
+}
+
+/* The sensitivity stage's seconds since *t: round 0's curves (their own record) and the rest. */
+static void stage_mark_sens(kv_search_result *res, double t[2]) {
+    double w = kv_now(), cpu = kv_cpu_now();
+    double cw = res->have_sens ? res->sens.curves.seconds : 0;
+    double cc = res->have_sens ? res->sens.curves.cpu_seconds : 0;
+    res->stage_wall[KV_SEARCH_ST_CURVES] += cw;
+    res->stage_cpu[KV_SEARCH_ST_CURVES] += cc;
+    res->stage_wall[KV_SEARCH_ST_REFINE] += w - t[0] - cw;
+    res->stage_cpu[KV_SEARCH_ST_REFINE] += cpu - t[1] - cc;
+    t[0] = w, t[1] = cpu;
+}
+
 int kv_search_run(const kv_model *m, const kv_profile_inputs *prof, const int *ids, long n_ids,
                   const kv_search_opts *o, kv_search_result *res, kv_error *err) {
     memset(res, 0, sizeof *res);
     search_ctx c;
     memset(&c, 0, sizeof c);
+    double t[2] = {kv_now(), kv_cpu_now()};
     int rc = search_setup(&c, m, prof, ids, n_ids, o, res, err);
     if (!rc) rc = search_grid_budgets(&c);
     if (!rc) rc = search_baseline_budgets(&c);
     if (!rc) rc = search_engine(&c);
     rc = kv_tasks_agree(o->tasks, rc, err); /* under MPI: no rank runs tasks alone */
+    stage_mark(res, KV_SEARCH_ST_SETUP, t);
     if (!rc) rc = search_grid_eval(&c);
     if (!rc) rc = search_winner(&c);
+    stage_mark(res, KV_SEARCH_ST_GRID, t);
     if (!rc) rc = search_baselines_heldout(&c);
+    stage_mark(res, KV_SEARCH_ST_BASELINES, t);
     if (!rc) rc = search_sensitivity(&c);
+    stage_mark_sens(res, t);
     if (!rc) rc = search_evict_block(&c);
+    stage_mark(res, KV_SEARCH_ST_LADDER, t);
     if (!rc) rc = search_heldout(&c);
+    stage_mark(res, KV_SEARCH_ST_HELDOUT, t);
     if (!rc) rc = search_type_baselines(&c);
+    stage_mark(res, KV_SEARCH_ST_TYPES, t);
     res->seconds = kv_now() - c.t0;
     res->total_token_evals = res->grid_token_evals_all + res->sens.token_evals +
                              res->ladder_token_evals + res->heldout_token_evals +

@@ -162,86 +162,13 @@ int kv_estimate_rate_profile(const char *path, double *tokens_per_s, kv_error *e
     return rc;
 }
 
-/* The calibration's sets: uniform budgets in every head; with several sets (a batch of the
- * curves) set s perturbs one head, s modulo the heads, as a curve point does: that head at
- * the (s modulo K)-th of the curves' K levels, stored in the s-th candidate type of
- * o->kv_types_mask. bud, types: [seqs * nh], bud's first row the uniform budgets on entry. */
-static int calib_sets(const kv_search_opts *o, int nh, int seqs, int *bud, kv_cache_type *types,
-                      kv_error *err) {
-    kv_cache_type cand[KV_CACHE_TYPES];
-    int nt = 0, *lv = NULL, K = 0, rc = KV_OK;
-    for (int t = 0; t < KV_CACHE_TYPES; t++)
-        if (o->sensitivity && (o->kv_types_mask >> t) & 1) cand[nt++] = (kv_cache_type)t;
-    if (seqs > 1) {
-        kv_sens_opts so = kv_search_sens_opts(o);
-        rc = kv_sens_default_levels(&so, &lv, &K, err);
-    }
-    for (int i = 0; i < seqs * nh; i++) types[i] = o->kv_type, bud[i] = bud[i % nh];
-    for (int s = 0; s < seqs && seqs > 1 && !rc; s++) {
-        long tok = (long)lv[s % K] * o->block_size;
-        bud[s * nh + s % nh] = tok < o->context ? (int)tok : o->context;
-        if (nt > 0) types[s * nh + s % nh] = cand[s % nt];
-    }
-    free(lv);
-    return rc;
-}
-
-/* Time passes of the sets on e over the chunks in turn until min_seconds (at least one after
- * an untimed first); *tps in tokens per second. ref: the KL reference of batched passes. */
-static int calib_time(kv_engine *e, const int *ids, int n_chunks, int C, int seqs,
-                      const int *const *b, const kv_cache_type *const *ty, const float *ref,
-                      double min_seconds, double *tps, kv_error *err) {
-    double nll[64], kl[64], t0 = 0, dt = 0;
-    long timed = 0;
-    int rc = KV_OK;
-    for (long ch = 0; !rc && (ch <= 1 || dt < min_seconds); ch++) {
-        if (ch == 1) t0 = kv_now();
-        rc = kv_engine_chunk_score_typed(e, ids + (ch % n_chunks) * C, C, seqs, b, NULL, ty, ref,
-                                         nll, ref ? kl : NULL, NULL, err);
-        if (ch >= 1) timed++, dt = kv_now() - t0;
-    }
-    if (!rc) *tps = (double)timed * seqs * C / (dt > 1e-9 ? dt : 1e-9);
-    return rc;
-}
-
-int kv_estimate_rate_calibrate(const kv_model *m, const kv_search_opts *o, const int *ids,
-                               int n_chunks, int seqs, double min_seconds, double *tokens_per_s,
-                               kv_error *err) {
-    const int nh = m->cfg.n_layers * m->cfg.n_kv_heads, C = o->context, V = m->cfg.vocab_size;
-    if (seqs < 1 || seqs > 64) seqs = 1;
-    if (n_chunks < 1) return kv_fail(err, KV_EINPUT, "calibration: no search chunk");
-    int *bud = kv_malloc((size_t)seqs * nh * sizeof *bud, "calibration budgets", err);
-    kv_cache_type *typ = kv_malloc((size_t)seqs * nh * sizeof *typ, "calibration types", err);
-    /* the curves score KL against the full cache's log-probabilities: a uniform stand-in */
-    float *ref = seqs > 1 ? kv_malloc((size_t)C * V * sizeof *ref, "calibration ref", err) : NULL;
-    kv_engine *e = NULL;
-    int rc = bud && typ && (seqs == 1 || ref) ? KV_OK : KV_EINTERNAL;
-    if (!rc) rc = kv_uniform_budgets(nh, o->ratio, C, o->block_size, bud, NULL, err);
-    int type_mask = seqs > 1 && o->sensitivity ? o->kv_types_mask : 0;
-    if (!rc)
-        rc = kv_search_engine(m, o, o->kv_type, o->block_size, o->evict_block, seqs, type_mask, &e,
-                              err);
-    const int *b[64];
-    const kv_cache_type *ty[64];
-    if (!rc) rc = calib_sets(o, nh, seqs, bud, typ, err);
-    if (!rc) {
-        for (int i = 0; i < seqs; i++) b[i] = bud + (size_t)i * nh, ty[i] = typ + (size_t)i * nh;
-        for (long i = 0; ref && i < (long)C * V; i++) ref[i] = (float)-log((double)V);
-        rc = calib_time(e, ids, n_chunks, C, seqs, b, ty, ref, min_seconds, tokens_per_s, err);
-    }
-    kv_engine_free(e);
-    free(bud);
-    free(typ);
-    free(ref);
-    return rc;
-}
-
 /* ---------------------------------------------------------------- counts ---- */
 
 static void row(kv_search_estimate *e, int s, long lo, long hi) {
     e->stage[s].token_evals = lo;
     e->stage[s].token_evals_max = hi > lo ? hi : lo;
     e->stage[s].exact = hi <= lo;
+    e->stage[s].token_evals_proj = e->stage[s].token_evals_max;
 }
 
 /* The grid, the baselines, the ladder, the held-out figures and the per-type caches. */
@@ -307,6 +234,10 @@ int kv_search_estimate_count(const kv_model *m, const kv_profile_inputs *prof,
     kv_search_guard_count g;
     if (!rc) rc = kv_robust_guard_count(m, o, n_texts, S + HC, &g, err);
     if (!rc) row(out, KV_EST_GUARD, g.curve_evals + g.evals, g.curve_evals_max + g.evals_max);
+    /* the projection: the guard's further source (the sensitivity solution, a candidate only
+     * when another plan beat it) midway */
+    if (!rc)
+        out->stage[KV_EST_GUARD].token_evals_proj = g.curve_evals_max + (g.evals + g.evals_max) / 2;
     if (!rc && probes) {
         kv_search_retrieval_count r;
         rc = kv_retrieval_count(m, o, probes, ro, S, have_heads, &r, err);
@@ -332,13 +263,49 @@ void kv_search_estimate_time(kv_search_estimate *e, double tokens_per_s, double 
     e->tokens_per_s = tokens_per_s;
     e->batch_tokens_per_s = batch_tokens_per_s;
     snprintf(e->rate_source, sizeof e->rate_source, "%s", source ? source : "");
-    e->seconds = e->seconds_max = 0;
+    e->seconds = e->seconds_max = e->cpu_seconds = e->cpu_seconds_max = e->cpu_share = 0;
+    e->seconds_proj = e->cpu_seconds_proj = 0;
     for (int s = 0; s < KV_EST_STAGES; s++) {
         kv_est_row *r = &e->stage[s];
         double rate = batched_stage(s) ? batch_tokens_per_s : tokens_per_s;
         r->seconds = rate > 0 ? (double)r->token_evals / rate : NAN;
         r->seconds_max = rate > 0 ? (double)r->token_evals_max / rate : NAN;
+        r->cpu_seconds = r->cpu_seconds_max = r->cpu_seconds_proj = 0;
+        r->seconds_proj = rate > 0 ? (double)r->token_evals_proj / rate : NAN;
+        r->tokens_per_s = rate;
+        e->seconds_proj += r->seconds_proj;
         e->seconds += r->seconds;
         e->seconds_max += r->seconds_max;
     }
+}
+
+void kv_search_estimate_time_calibrated(kv_search_estimate *e, const kv_est_rates *r,
+                                        const char *source) {
+    double share = r->cpu_share > 0 ? r->cpu_share : 1.0;
+    e->cpu_share = share;
+    snprintf(e->rate_source, sizeof e->rate_source, "%s", source ? source : "");
+    e->seconds = e->seconds_max = e->cpu_seconds = e->cpu_seconds_max = 0;
+    e->seconds_proj = e->cpu_seconds_proj = 0;
+    for (int s = 0; s < KV_EST_STAGES; s++) {
+        kv_est_row *w = &e->stage[s];
+        double c = r->cpu_per_token[s],
+               ch = r->cpu_per_token_max[s] > c ? r->cpu_per_token_max[s] : c;
+        w->cpu_seconds = (double)w->token_evals * c;
+        w->cpu_seconds_max = (double)w->token_evals_max * ch;
+        /* the ladder's p is not known before it runs: the stages after it (the only ones
+         * whose costs differ) projected midway between the search's p and the least */
+        w->cpu_seconds_proj = (double)w->token_evals_proj * (c + ch) / 2;
+        w->seconds_proj = w->cpu_seconds_proj / share;
+        w->seconds = w->cpu_seconds / share;
+        w->seconds_max = w->cpu_seconds_max / share;
+        w->tokens_per_s = ch > 0 ? share / ch : NAN;
+        e->cpu_seconds += w->cpu_seconds;
+        e->cpu_seconds_max += w->cpu_seconds_max;
+        e->cpu_seconds_proj += w->cpu_seconds_proj;
+        e->seconds_proj += w->seconds_proj;
+        e->seconds += w->seconds;
+        e->seconds_max += w->seconds_max;
+    }
+    e->tokens_per_s = e->stage[KV_EST_GRID].tokens_per_s;
+    e->batch_tokens_per_s = e->stage[KV_EST_CURVES].tokens_per_s;
 }

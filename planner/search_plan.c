@@ -30,13 +30,19 @@ int kv_search_plan(const kv_model *m, const kv_profile_inputs *prof, const int *
                    kv_error *err) {
     int rc = kv_search_run(m, prof, ids, n_ids, o, res, err);
     /* the guard: per-text figures, fall back towards uniform where the plan loses */
+    double w = kv_now(), cpu = kv_cpu_now();
     if (!rc) rc = kv_robust_guard(m, ids, lay, o, obj, res, rob, err);
     if (!rc) res->robust = rob;
+    res->stage_wall[KV_SEARCH_ST_GUARD] = kv_now() - w;
+    res->stage_cpu[KV_SEARCH_ST_GUARD] = kv_cpu_now() - cpu;
     if (!rc && probes) {
         const kv_robust_result *g = res->robust;
         int guard_bs = g && g->source[g->chosen] < 0 ? g->uniform_block_size : o->block_size;
+        w = kv_now(), cpu = kv_cpu_now();
         rc = kv_retrieval_search(m, ids, lay->S, o, probes, ro, guard_bs, res, rr, err);
         if (!rc) res->retrieval = rr;
+        res->stage_wall[KV_SEARCH_ST_RETRIEVAL] = kv_now() - w;
+        res->stage_cpu[KV_SEARCH_ST_RETRIEVAL] = kv_cpu_now() - cpu;
     }
     if (!rc) plan_params(o, res, ap);
     return rc;

@@ -164,6 +164,23 @@ static int write_kv_types(kv_h5 *f, const kv_search_opts *o, const kv_search_res
     return rc;
 }
 
+/* /search/timing: wall_<stage> and cpu_<stage> (seconds) of every stage that ran. */
+static int write_timing(kv_h5 *f, const kv_search_result *r, kv_error *err) {
+    int rc = kv_h5_attr_str(f, "/search/timing", "description",
+                            "wall (monotonic clock) and CPU (user + system of the process) "
+                            "seconds of each search stage; docs/search-estimate.md",
+                            err);
+    for (int s = 0; s < KV_SEARCH_STAGES && !rc; s++) {
+        if (!(r->stage_wall[s] > 0) && !(r->stage_cpu[s] > 0)) continue;
+        char name[48];
+        snprintf(name, sizeof name, "wall_%s", kv_search_stage_name(s));
+        rc = kv_h5_attr_f64(f, "/search/timing", name, r->stage_wall[s], err);
+        snprintf(name, sizeof name, "cpu_%s", kv_search_stage_name(s));
+        if (!rc) rc = kv_h5_attr_f64(f, "/search/timing", name, r->stage_cpu[s], err);
+    }
+    return rc;
+}
+
 int kv_search_write(kv_h5 *f, const kv_search_opts *o, const kv_search_result *r, kv_error *err) {
     int rc = write_grid(f, o, r, err);
     if (!rc) rc = write_baselines(f, r, err);
@@ -173,6 +190,7 @@ int kv_search_write(kv_h5 *f, const kv_search_opts *o, const kv_search_result *r
     if (!rc && r->robust) rc = kv_robust_write(f, r->robust, err);
     if (!rc && r->retrieval) rc = kv_retrieval_write(f, r->retrieval, err);
     if (!rc) rc = kv_h5_attr_f64(f, "/search", "seconds", r->seconds, err);
+    if (!rc) rc = write_timing(f, r, err);
     return rc;
 }
 

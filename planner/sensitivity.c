@@ -443,7 +443,7 @@ static int sens_measure(kv_engine *e, const kv_model *m, const int *ids, int n_c
     if (n_chunks < 1) return kv_fail(err, KV_EINPUT, "sensitivity: no calibration chunk");
     if (o->batch > 64)
         return kv_fail(err, KV_EINPUT, "sensitivity: batch %d is more than 64 sequences", o->batch);
-    double t0 = kv_now();
+    double t0 = kv_now(), cpu0 = kv_cpu_now();
     rc = sens_curves_init(m, levels_blocks, n_levels, o, out, err);
     if (!rc) rc = sens_set_base(m, base, base_policy, base_type, o, out, err);
     const int nh = out->n_heads, C = o->context, B = o->batch;
@@ -482,6 +482,7 @@ static int sens_measure(kv_engine *e, const kv_model *m, const int *ids, int n_c
     free(want);
     free(ref);
     out->seconds = kv_now() - t0;
+    out->cpu_seconds = kv_cpu_now() - cpu0;
     if (rc) kv_sens_curves_free(out);
     return rc;
 }

@@ -99,6 +99,86 @@ static void check_rows(const kv_search_estimate *est, const kv_search_result *re
                      est->token_evals_max));
 }
 
+/* The search's record per estimate stage: token evaluations and CPU seconds (refine holds the
+ * refinement rounds and the verification: the search times them as one stage; verify gets
+ * one solution per round on the S search chunks, the rest is refine). */
+static void measured_rows(const kv_search_result *res, const kv_robust_result *rob, int S, int C,
+                          long tok[KV_EST_STAGES], double cpu[KV_EST_STAGES]) {
+    memset(tok, 0, KV_EST_STAGES * sizeof *tok);
+    memset(cpu, 0, KV_EST_STAGES * sizeof *cpu);
+    long sens_rest = res->sens.token_evals - res->sens.curves.token_evals;
+    long verify = (long)res->sens.rounds * S * C;
+    if (verify > sens_rest) verify = sens_rest;
+    tok[KV_EST_GRID] = res->token_evals;
+    tok[KV_EST_BASELINES] = res->grid_token_evals_all - res->token_evals;
+    tok[KV_EST_CURVES] = res->sens.curves.token_evals;
+    tok[KV_EST_REFINE] = sens_rest - verify;
+    tok[KV_EST_VERIFY] = verify;
+    tok[KV_EST_LADDER] = res->ladder_token_evals;
+    tok[KV_EST_HELDOUT] = res->heldout_token_evals;
+    tok[KV_EST_TYPES] = res->type_token_evals;
+    tok[KV_EST_GUARD] = rob->token_evals;
+    static const int st[KV_EST_STAGES] = {KV_SEARCH_ST_GRID,
+                                          KV_SEARCH_ST_BASELINES,
+                                          KV_SEARCH_ST_CURVES,
+                                          KV_SEARCH_ST_REFINE,
+                                          -1,
+                                          KV_SEARCH_ST_LADDER,
+                                          KV_SEARCH_ST_HELDOUT,
+                                          KV_SEARCH_ST_TYPES,
+                                          KV_SEARCH_ST_GUARD,
+                                          KV_SEARCH_ST_RETRIEVAL};
+    for (int s = 0; s < KV_EST_STAGES; s++) cpu[s] = st[s] >= 0 ? res->stage_cpu[st[s]] : 0;
+}
+
+/* The time model against a real search, in CPU seconds (the machine's load changes the wall
+ * time, far less the work): the calibration's CPU cost per token of each stage (after the
+ * ladder: at the eviction block it chose) times the token evaluations the search recorded for
+ * it, against the CPU seconds the search recorded for the stage, within 40 % in total and a
+ * factor of 2.5 for each stage of at least 0.1 s; the stages' records cover the process's CPU
+ * over the search (cpu_total) within 10 %; and the arithmetic of
+ * kv_search_estimate_time_calibrated. */
+static void check_time_model(const kv_model *m, const kv_search_opts *o, const int *ids,
+                             const kv_search_result *res, const kv_robust_result *rob,
+                             double cpu_total, kv_search_estimate *est) {
+    double rec = 0;
+    for (int s = 0; s < KV_SEARCH_STAGES; s++) rec += res->stage_cpu[s];
+    CU_ASSERT(fabs(rec - cpu_total) <= 0.1 * cpu_total + 0.02);
+    kv_est_rates r;
+    kv_error e;
+    CU_ASSERT_EQUAL_FATAL(kv_estimate_calibrate(m, o, ids, 8, &r, &e), KV_OK);
+    CU_ASSERT(r.cpu_share > 0);
+    kv_search_estimate_time_calibrated(est, &r, "test");
+    long tok[KV_EST_STAGES];
+    double cpu[KV_EST_STAGES], model = 0, meas = 0;
+    measured_rows(res, rob, 8, o->context, tok, cpu);
+    for (int s = 0; s < KV_EST_STAGES; s++) {
+        const kv_est_row *w = &est->stage[s];
+        CU_ASSERT(r.cpu_per_token[s] > 0);
+        CU_ASSERT_DOUBLE_EQUAL(w->cpu_seconds, w->token_evals * r.cpu_per_token[s], 1e-9);
+        CU_ASSERT(r.cpu_per_token_max[s] >= r.cpu_per_token[s]);
+        CU_ASSERT_DOUBLE_EQUAL(w->cpu_seconds_max, w->token_evals_max * r.cpu_per_token_max[s],
+                               1e-9);
+        CU_ASSERT_DOUBLE_EQUAL(w->seconds_max, w->cpu_seconds_max / r.cpu_share, 1e-9);
+        CU_ASSERT_DOUBLE_EQUAL(
+            w->cpu_seconds_proj,
+            w->token_evals_proj * (r.cpu_per_token[s] + r.cpu_per_token_max[s]) / 2, 1e-9);
+        /* the stages after the ladder at the p it chose: the search's (least) or lower (most) */
+        int after = s == KV_EST_HELDOUT || s == KV_EST_TYPES || s == KV_EST_GUARD;
+        double cost = after && res->evict_block < o->evict_block ? r.cpu_per_token_max[s]
+                                                                 : r.cpu_per_token[s];
+        double mod = tok[s] * cost;
+        if (s == KV_EST_REFINE) cpu[s] -= tok[KV_EST_VERIFY] * r.cpu_per_token[KV_EST_VERIFY];
+        if (s == KV_EST_VERIFY) cpu[s] = mod; /* timed with refine */
+        fprintf(stderr, "time model: %-9s %8ld tokens, modelled %.3f CPU s, recorded %.3f\n",
+                kv_est_stage_name(s), tok[s], mod, cpu[s]);
+        if (cpu[s] >= 0.1) CU_ASSERT(mod <= 2.5 * cpu[s] && cpu[s] <= 2.5 * mod);
+        model += mod, meas += cpu[s];
+    }
+    fprintf(stderr, "time model: total modelled %.3f CPU s, recorded %.3f\n", model, meas);
+    CU_ASSERT(fabs(model - meas) <= 0.4 * meas);
+}
+
 /* Three searches of stories260K (C 128, 8 + 2 chunks): the default (sparse curves, the grid by
  * successive halving, eta 3), the old path (--sens-full: full curves, the exhaustive grid) and
  * the exhaustive grid alone (baselines exact). */
@@ -132,10 +212,13 @@ static void test_counts_match_search(void) {
         memset(&rr, 0, sizeof rr);
         kv_alloc_params ap;
         kv_alloc_params_default(&ap);
+        double cpu0 = kv_cpu_now();
         int rc = kv_search_plan(m, &prof, ids, 10 * 128, &lay, KV_ROBUST_MEAN, &o, NULL, NULL, &res,
                                 &rob, &rr, &ap, &e);
+        cpu0 = kv_cpu_now() - cpu0;
         if (rc) fprintf(stderr, "%s\n", e.msg);
         CU_ASSERT_EQUAL_FATAL(rc, KV_OK);
+        if (run == 0) check_time_model(m, &o, ids, &res, &rob, cpu0, &est);
         if (run < 2) {
             check_rows(&est, &res, &rob, run == 1);
         } else {
@@ -177,6 +260,8 @@ static void test_cli_matches_plan(void) {
     double est_base = tu_json_number(base, "token_evals");
     CU_ASSERT(tu_json_number(out, "tokens_per_s") > 0);
     CU_ASSERT(tu_json_number(out, "seconds") > 0);
+    double proj_cpu = tu_json_number(out, "cpu_seconds_projected");
+    CU_ASSERT(proj_cpu > 0);
     free(out);
     snprintf(args, sizeof args, "%s -o %s", common, tu_tmp("plan.h5"));
     CU_ASSERT_EQUAL_FATAL(tu_run_kvplan(args, NULL, 0), 0);
@@ -186,6 +271,23 @@ static void test_cli_matches_plan(void) {
     long grid_evals = -1, all = -1;
     CU_ASSERT_EQUAL(kv_h5_read_attr_i64(f, "/search", "token_evals", &grid_evals, &e), KV_OK);
     CU_ASSERT_EQUAL(kv_h5_read_attr_i64(f, "/search", "grid_token_evals_all", &all, &e), KV_OK);
+    /* the stages' record: every stage that ran, wall and CPU; their CPU against the projection
+     * (no sensitivity, no per-type caches: grid, baselines, ladder, held-out, guard) */
+    double rec = 0;
+    for (int s = 0; s < KV_SEARCH_STAGES; s++) {
+        char w[48], c[48];
+        snprintf(w, sizeof w, "wall_%s", kv_search_stage_name(s));
+        snprintf(c, sizeof c, "cpu_%s", kv_search_stage_name(s));
+        int ran = s == KV_SEARCH_ST_GRID || s == KV_SEARCH_ST_HELDOUT || s == KV_SEARCH_ST_GUARD;
+        if (ran) CU_ASSERT(kv_h5_attr_exists(f, "/search/timing", w));
+        if (!kv_h5_attr_exists(f, "/search/timing", c)) continue;
+        double v = -1;
+        CU_ASSERT_EQUAL(kv_h5_read_attr_f64(f, "/search/timing", c, &v, &e), KV_OK);
+        CU_ASSERT(v >= 0);
+        rec += v > 0 ? v : 0;
+    }
+    fprintf(stderr, "cli: projected %.3f CPU s, the search recorded %.3f\n", proj_cpu, rec);
+    CU_ASSERT(rec > 0.4 * proj_cpu && rec < 2.5 * proj_cpu);
     kv_h5_close(f);
     CU_ASSERT_DOUBLE_EQUAL(est_grid, (double)grid_evals, 0);
     CU_ASSERT_DOUBLE_EQUAL(est_grid + est_base, (double)all, 0);

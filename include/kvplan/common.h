@@ -72,6 +72,8 @@ void kv_progress_done(kv_progress *p);
 
 /* Monotonic wall-clock time in seconds. */
 double kv_now(void);
+/* CPU seconds the process has used so far, user + system of all its threads (C11 clock()). */
+double kv_cpu_now(void);
 
 /* Largest file kv_read_file reads (1 GiB): text, tokenizer.json and config.json files are far
  * smaller; anything bigger is refused before it is read. */

@@ -11,12 +11,12 @@
  * whether the guard or the retrieval stage adds candidates), `token_evals` is the least the
  * stage runs and `token_evals_max` the most; `exact` says the count does not depend on data.
  *
- * Time: token evaluations / throughput, per stage: single-sequence passes at one rate, the
- * batched passes of the curves and the guard at another. With a model both come from a
- * calibration forward on the search's own engine (kv_estimate_rate_calibrate); the profile's
- * /prompts@profile_tokens_per_s (the profiler's full-cache forward) is read for comparison
- * (kv_estimate_rate_profile). For a model given by shape only, from a per-token roofline on a
- * device preset (kv_estimate_roofline).
+ * Time: token evaluations x each stage's cost per token. With a model the costs come from a
+ * calibration (kv_estimate_calibrate): real forwards at each stage's shape, timed in CPU
+ * seconds; the wall time is the CPU time over the CPU share the process got while calibrating.
+ * The profile's /prompts@profile_tokens_per_s (the profiler's full-cache forward) is read for
+ * comparison (kv_estimate_rate_profile). For a model given by shape only, one throughput from
+ * a per-token roofline on a device preset (kv_estimate_roofline, kv_search_estimate_time).
  */
 #ifndef KVPLAN_ESTIMATE_H
 #define KVPLAN_ESTIMATE_H
@@ -50,10 +50,17 @@ typedef enum kv_est_stage {
 const char *kv_est_stage_name(int stage);
 
 typedef struct kv_est_row {
-    long token_evals;            /* the least the stage runs (tokens) */
-    long token_evals_max;        /* the most */
-    int exact;                   /* 1: token_evals == token_evals_max whatever the data */
-    double seconds, seconds_max; /* at the estimate's throughput */
+    long token_evals;                    /* the least the stage runs (tokens) */
+    long token_evals_max;                /* the most */
+    int exact;                           /* 1: token_evals == token_evals_max whatever the data */
+    double seconds, seconds_max;         /* wall seconds at the estimate's throughput */
+    double cpu_seconds, cpu_seconds_max; /* CPU seconds (calibrated; 0 from a roofline) */
+    /* the projection: the most, but what depends on the search's outcome midway: the guard's
+     * further source (the sensitivity solution, a candidate only when another plan beat it)
+     * and the price of the stages after the eviction-block ladder (its p or the least) */
+    long token_evals_proj;
+    double seconds_proj, cpu_seconds_proj;
+    double tokens_per_s; /* the stage's throughput, tokens per wall second */
 } kv_est_row;
 
 typedef struct kv_search_estimate {
@@ -68,6 +75,9 @@ typedef struct kv_search_estimate {
     int sens_rounds;           /* the refinement allows this many solves at most */
     double tokens_per_s;       /* the throughput of single-sequence passes (tokens/s) */
     double batch_tokens_per_s; /* of batched passes (curves, refinement, guard) */
+    double cpu_seconds, cpu_seconds_max;   /* sums over the stages (calibrated; else 0) */
+    double seconds_proj, cpu_seconds_proj; /* the projection's sums (kv_est_row) */
+    double cpu_share; /* CPU seconds per wall second assumed for the wall projection */
     char rate_source[256];
 } kv_search_estimate;
 
@@ -95,17 +105,38 @@ void kv_search_estimate_time(kv_search_estimate *e, double tokens_per_s, double 
  * (tokens/s of the profiler's full-cache forward). KV_EINPUT names the file when it has none. */
 int kv_estimate_rate_profile(const char *path, double *tokens_per_s, kv_error *err);
 
-/* A calibration forward: passes of `seqs` sequences (1..64) under the uniform budgets at o's
- * ratio, block size, eviction block, policy and KV type, on the search's engine (o->device,
- * o->n_threads), over the n_chunks search chunks of ids (each C = o->context tokens) in turn:
- * one untimed, then as many as take min_seconds (at least one); with several sequences each
- * perturbs one head (a level of the curves, a --kv-types type) and is scored for KL too, as
- * the curves' passes are;
- * *tokens_per_s = timed passes * seqs * C / seconds. Errors: KV_EINPUT without a chunk; those
- * of the engine. */
-int kv_estimate_rate_calibrate(const kv_model *m, const kv_search_opts *o, const int *ids,
-                               int n_chunks, int seqs, double min_seconds, double *tokens_per_s,
-                               kv_error *err);
+/* What the calibration measured: each stage's cost per token evaluation in CPU seconds, and
+ * how much CPU the process got per wall second meanwhile. */
+typedef struct kv_est_rates {
+    /* CPU seconds per token evaluation, kv_est_stage order: at the search's eviction block p,
+     * and at the least p the eviction-block ladder may choose for the later stages */
+    double cpu_per_token[KV_EST_STAGES], cpu_per_token_max[KV_EST_STAGES];
+    double cpu_share;            /* CPU seconds per wall second while calibrating (<= threads) */
+    double seconds, cpu_seconds; /* the calibration's own wall and CPU seconds */
+    int probes;                  /* shapes measured */
+    kv_cache_type mixed_type;    /* the stand-in for the knapsack's mixed-type plans */
+} kv_est_rates;
+
+/* The calibration: real forwards of model m over the n_chunks search chunks of ids (each C =
+ * o->context tokens) at the shape of each stage of a search with options o, on engines as the
+ * search builds them (o->device, o->n_threads, policy), timed in CPU seconds (kv_cpu_now):
+ * single sequences under the uniform budgets (the grid), the full cache, a stand-in for the
+ * knapsack's mixed-type plans (every head in the middle candidate type at the plan's bytes),
+ * each ladder eviction block p/2 .. 1, each --kv-types type's uniform cache, the guard's
+ * uniform cache (b_s = p = 1) and its batch of blends, and with sensitivity planning a batch of
+ * --sens-batch curve points around uniform (round 0) and around the mixed stand-in
+ * (refinement), scored for KL. Each shape: its own engine, passes for 0.03 CPU seconds (a
+ * batch: one pass after an untimed single sequence). Each stage's cost per token is the mix of
+ * shapes its passes run (docs/search-estimate.md). Errors: KV_EINPUT without a chunk; those of the
+ * engine. */
+int kv_estimate_calibrate(const kv_model *m, const kv_search_opts *o, const int *ids, int n_chunks,
+                          kv_est_rates *out, kv_error *err);
+
+/* Fill every stage's CPU seconds (token evaluations x r->cpu_per_token, the most x
+ * r->cpu_per_token_max, the projection x their mean) and wall seconds (CPU / r->cpu_share),
+ * their sums, the stages' throughputs (at the most) and the source (copied, cut to fit). */
+void kv_search_estimate_time_calibrated(kv_search_estimate *e, const kv_est_rates *r,
+                                        const char *source);
 
 /* The cost of one token of a C-token chunk by the simple roofline: FLOPs (2 per weight of the
  * layers and the classifier, 4 * H * d_h * C / 2 for attention over half a chunk on average),

@@ -138,6 +138,27 @@ extern const char *const kv_search_base_names[KV_SEARCH_N_BASE]; /* full, unifor
 
 #define KV_SEARCH_MAX_LADDER 32 /* eviction blocks tried: p, p/2, ..., 1 for p < 2^31 */
 
+/* The stages whose wall and CPU seconds a search records (kv_search_result.stage_wall and
+ * stage_cpu, the plan's /search/timing), in the order they run. */
+typedef enum kv_search_stage {
+    KV_SEARCH_ST_INPUTS = 0, /* model, profile and texts read and tokenised (the caller's) */
+    KV_SEARCH_ST_SETUP,      /* the grid's and the baselines' budgets, the search's engine */
+    KV_SEARCH_ST_GRID,       /* the grid (exhaustive or by successive halving) */
+    KV_SEARCH_ST_BASELINES,  /* full, uniform, squeeze on the search chunks */
+    KV_SEARCH_ST_CURVES,     /* sensitivity: round 0's curves */
+    KV_SEARCH_ST_REFINE,     /* sensitivity: knapsacks, verification, refinement rounds */
+    KV_SEARCH_ST_LADDER,     /* the eviction-block ladder */
+    KV_SEARCH_ST_HELDOUT,    /* the held-out figures */
+    KV_SEARCH_ST_TYPES,      /* the uniform cache of each --kv-types type */
+    KV_SEARCH_ST_GUARD,      /* the guard over the texts (kv_search_plan) */
+    KV_SEARCH_ST_RETRIEVAL,  /* the retrieval stage (kv_search_plan, with probes) */
+    KV_SEARCH_STAGES
+} kv_search_stage;
+
+/* "inputs", "setup", "grid", "baselines", "curves", "refine", "ladder", "heldout", "kv_types",
+ * "guard", "retrieval"; NULL outside the range. */
+const char *kv_search_stage_name(int stage);
+
 typedef struct kv_search_result {
     int n_p, n_t, n_r;         /* grid shape (squeeze: n_t = n_r = 1; uniform: all 1) */
     double *perplexity;        /* [n_p * n_t * n_r] last perplexity of each point, NaN if never
@@ -197,6 +218,10 @@ typedef struct kv_search_result {
     /* the retrieval stage's record (include/kvplan/retrieval.h), written as /search/retrieval by
      * kv_search_write when not NULL; not owned (the caller's) */
     const struct kv_retrieval_result *retrieval;
+    /* wall seconds (kv_now) and CPU seconds (user + system, kv_cpu_now) of each stage,
+     * kv_search_stage order; 0 for a stage that did not run. kv_search_run fills setup ..
+     * kv_types, kv_search_plan guard and retrieval; inputs is the caller's to fill. */
+    double stage_wall[KV_SEARCH_STAGES], stage_cpu[KV_SEARCH_STAGES];
 } kv_search_result;
 
 /* Run the search on ids[0..n_ids) (tokenized text, BOS first). Needs at least one chunk of

@@ -80,7 +80,8 @@ typedef struct kv_sens_curves {
     double base_nll, base_kl; /* of the base budgets (mean per scored token) */
     long tokens;              /* calibration tokens (chunks x C) */
     long token_evals;         /* tokens evaluated for the curves */
-    double seconds;
+    double seconds;           /* wall seconds of the measurement (kv_now) */
+    double cpu_seconds;       /* CPU seconds of the process meanwhile (kv_cpu_now) */
 } kv_sens_curves;
 void kv_sens_curves_free(kv_sens_curves *c);
 

@@ -77,6 +77,10 @@ double kv_now(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+double kv_cpu_now(void) {
+    return (double)clock() / (double)CLOCKS_PER_SEC;
+}
+
 void kv_progress_init(kv_progress *p, int quiet) {
     p->quiet = quiet;
     p->min_interval_s = 0.5;
