@@ -28,6 +28,16 @@
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define KV_QK_X86 1
+#include <immintrin.h>
+
+/* The sum of the 8 lanes of v, ((v0 + v4) + (v2 + v6)) + ((v1 + v5) + (v3 + v7)) (the
+ * horizontal sum of the AVX2 fp32 dots and GEMVs). */
+__attribute__((target("avx2,fma,f16c"))) static inline float kv_qk_hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
 #endif
 
 #define KV_QK_DECLARE(T, ...)                                                                      \

@@ -150,9 +150,10 @@ static void k_pack_scale_min(uint8_t *sc, const int *scale, const int *min) {
     }
 }
 
-static inline void dq_q4_k(const uint8_t *b, float *y) {
+/* Q4_K and Q5_K (five: the fifth bits in qh[32] before qs). */
+static inline __attribute__((always_inline)) void dq_qk45(const uint8_t *b, float *y, int five) {
     float d = h2f(b), dmin = h2f(b + 2);
-    const uint8_t *sc = b + 4, *qs = b + 16;
+    const uint8_t *sc = b + 4, *qh = b + 16, *qs = b + (five ? 48 : 16);
     for (int c = 0; c < 4; c++) { /* 64 elements: sub-blocks 2c (low nibbles), 2c+1 (high) */
         int s0, m0, s1, m1;
         k_scale_min(sc, 2 * c, &s0, &m0);
@@ -161,29 +162,23 @@ static inline void dq_q4_k(const uint8_t *b, float *y) {
         float d1 = d * (float)s1, n1 = dmin * (float)m1;
         const uint8_t *q = qs + 32 * c;
         for (int l = 0; l < 32; l++) {
-            y[64 * c + l] = d0 * (float)(q[l] & 15) - n0;
-            y[64 * c + 32 + l] = d1 * (float)(q[l] >> 4) - n1;
-        }
-    }
-}
-
-static inline void dq_q5_k(const uint8_t *b, float *y) {
-    float d = h2f(b), dmin = h2f(b + 2);
-    const uint8_t *sc = b + 4, *qh = b + 16, *qs = b + 48;
-    for (int c = 0; c < 4; c++) {
-        int s0, m0, s1, m1;
-        k_scale_min(sc, 2 * c, &s0, &m0);
-        k_scale_min(sc, 2 * c + 1, &s1, &m1);
-        float d0 = d * (float)s0, n0 = dmin * (float)m0;
-        float d1 = d * (float)s1, n1 = dmin * (float)m1;
-        const uint8_t *q = qs + 32 * c;
-        for (int l = 0; l < 32; l++) {
-            int lo = (q[l] & 15) | ((qh[l] >> (2 * c)) & 1) << 4;
-            int hi = (q[l] >> 4) | ((qh[l] >> (2 * c + 1)) & 1) << 4;
+            int lo = q[l] & 15, hi = q[l] >> 4;
+            if (five) {
+                lo |= ((qh[l] >> (2 * c)) & 1) << 4;
+                hi |= ((qh[l] >> (2 * c + 1)) & 1) << 4;
+            }
             y[64 * c + l] = d0 * (float)lo - n0;
             y[64 * c + 32 + l] = d1 * (float)hi - n1;
         }
     }
+}
+
+static inline void dq_q4_k(const uint8_t *b, float *y) {
+    dq_qk45(b, y, 0);
+}
+
+static inline void dq_q5_k(const uint8_t *b, float *y) {
+    dq_qk45(b, y, 1);
 }
 
 static inline void dq_q6_k(const uint8_t *b, float *y) {
@@ -275,25 +270,31 @@ static float signed_absmax(const float *x, int n) {
     return best;
 }
 
-/* Type-0 with 2^(bits-1) negative levels: the largest-magnitude element maps to level 0 (value
- * -2^(bits-1) * d), so d = -max / 2^(bits-1) (the same choice as ggml's reference). */
-static void qz_type0(const float *x, uint8_t *b, int bits) {
-    int half = 1 << (bits - 1), top = (1 << bits) - 1;
-    float d = put_h(b, signed_absmax(x, QK) / (float)-half), id = d != 0 ? 1.0f / d : 0.0f;
-    int q[QK];
-    for (int j = 0; j < QK; j++) q[j] = clampi((int)lrintf(x[j] * id) + half, 0, top);
-    uint8_t *qs = b + (bits == 4 ? 2 : 6);
+/* The 32 codes q (0..31) of a block of a 32-element type L at b: low nibbles in qs (element j
+ * in the low nibble of byte j, 16 + j in its high nibble), fifth bits in qh when L has them. */
+static void put_codes(const int *q, uint8_t *b, kv_qblock L) {
+    uint8_t *qs = b + L.qs;
     uint32_t qh = 0;
     for (int j = 0; j < QK / 2; j++) {
         qs[j] = (uint8_t)((q[j] & 15) | (q[j + QK / 2] & 15) << 4);
         qh |= (uint32_t)(q[j] >> 4) << j | (uint32_t)(q[j + QK / 2] >> 4) << (j + 16);
     }
-    if (bits == 5)
-        for (int k = 0; k < 4; k++) b[2 + k] = (uint8_t)(qh >> (8 * k));
+    if (L.qh)
+        for (int k = 0; k < 4; k++) b[L.qh + k] = (uint8_t)(qh >> (8 * k));
+}
+
+/* Type-0 with 2^(bits-1) negative levels: the largest-magnitude element maps to level 0 (value
+ * -2^(bits-1) * d), so d = -max / 2^(bits-1) (the same choice as ggml's reference). */
+static void qz_type0(const float *x, uint8_t *b, int bits, kv_qblock L) {
+    int half = 1 << (bits - 1), top = (1 << bits) - 1;
+    float d = put_h(b, signed_absmax(x, QK) / (float)-half), id = d != 0 ? 1.0f / d : 0.0f;
+    int q[QK];
+    for (int j = 0; j < QK; j++) q[j] = clampi((int)lrintf(x[j] * id) + half, 0, top);
+    put_codes(q, b, L);
 }
 
 /* Type-1: x = d * q + m with m the block minimum and d = (max - min) / (2^bits - 1). */
-static void qz_type1(const float *x, uint8_t *b, int bits) {
+static void qz_type1(const float *x, uint8_t *b, int bits, kv_qblock L) {
     int top = (1 << bits) - 1;
     float mn = x[0], mx = x[0];
     for (int j = 1; j < QK; j++) mn = fminf(mn, x[j]), mx = fmaxf(mx, x[j]);
@@ -301,14 +302,7 @@ static void qz_type1(const float *x, uint8_t *b, int bits) {
     float id = d > 0 ? 1.0f / d : 0.0f;
     int q[QK];
     for (int j = 0; j < QK; j++) q[j] = clampi((int)lrintf((x[j] - m) * id), 0, top);
-    uint8_t *qs = b + (bits == 4 ? 4 : 8);
-    uint32_t qh = 0;
-    for (int j = 0; j < QK / 2; j++) {
-        qs[j] = (uint8_t)((q[j] & 15) | (q[j + QK / 2] & 15) << 4);
-        qh |= (uint32_t)(q[j] >> 4) << j | (uint32_t)(q[j + QK / 2] >> 4) << (j + 16);
-    }
-    if (bits == 5)
-        for (int k = 0; k < 4; k++) b[4 + k] = (uint8_t)(qh >> (8 * k));
+    put_codes(q, b, L);
 }
 
 /* Q4_K / Q5_K: per sub-block of 32 the range [min(0, lo), hi] is split in 2^bits - 1 steps;
@@ -390,10 +384,10 @@ QZ_ROW(F32, memcpy(b, x, 4))
 QZ_ROW(F16, put_u16(b, f2h(*x)))
 QZ_ROW(BF16, put_u16(b, f2bf(*x)))
 QZ_ROW(Q8_0, qz_q8_0(x, b))
-QZ_ROW(Q4_0, qz_type0(x, b, 4))
-QZ_ROW(Q5_0, qz_type0(x, b, 5))
-QZ_ROW(Q4_1, qz_type1(x, b, 4))
-QZ_ROW(Q5_1, qz_type1(x, b, 5))
+QZ_ROW(Q4_0, qz_type0(x, b, 4, QB(Q4_0)))
+QZ_ROW(Q5_0, qz_type0(x, b, 5, QB(Q5_0)))
+QZ_ROW(Q4_1, qz_type1(x, b, 4, QB(Q4_1)))
+QZ_ROW(Q5_1, qz_type1(x, b, 5, QB(Q5_1)))
 QZ_ROW(Q4_K, qz_qk_type1(x, b, 4))
 QZ_ROW(Q5_K, qz_qk_type1(x, b, 5))
 QZ_ROW(Q6_K, qz_q6_k(x, b))
@@ -464,12 +458,6 @@ float kv_qk_dot_avx2_F32(const uint8_t *w, const float *x, int64_t n) {
 
 /* ---- dot products, AVX2 + FMA + F16C ---- */
 #ifdef KV_QK_X86
-KV_AVX2 static inline float hsum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
 
 KV_AVX2 float kv_qk_dot_avx2_F16(const uint8_t *w, const float *x, int64_t n) {
     __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
@@ -481,7 +469,7 @@ KV_AVX2 float kv_qk_dot_avx2_F16(const uint8_t *w, const float *x, int64_t n) {
         a0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + i), a0);
         a1 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + i + 8), a1);
     }
-    float s = hsum8(_mm256_add_ps(a0, a1));
+    float s = kv_qk_hsum8(_mm256_add_ps(a0, a1));
     for (; i < n; i++) s += kv_f16_to_f32(kv_load_u16le(w + 2 * i)) * x[i];
     return s;
 }
@@ -498,7 +486,7 @@ KV_AVX2 float kv_qk_dot_avx2_BF16(const uint8_t *w, const float *x, int64_t n) {
         a0 = _mm256_fmadd_ps(bf16x8(w + 2 * i), _mm256_loadu_ps(x + i), a0);
         a1 = _mm256_fmadd_ps(bf16x8(w + 2 * i + 16), _mm256_loadu_ps(x + i + 8), a1);
     }
-    float s = hsum8(_mm256_add_ps(a0, a1));
+    float s = kv_qk_hsum8(_mm256_add_ps(a0, a1));
     for (; i < n; i++) s += kv_bf16_to_f32(kv_load_u16le(w + 2 * i)) * x[i];
     return s;
 }
@@ -520,7 +508,7 @@ KV_AVX2 float kv_qk_dot_avx2_Q8_0(const uint8_t *w, const float *x, int64_t n) {
         p = _mm256_fmadd_ps(i8x8(b + 26), _mm256_loadu_ps(xb + 24), p);
         acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(b)), p, acc);
     }
-    return hsum8(acc);
+    return kv_qk_hsum8(acc);
 }
 
 /* 16 unsigned nibbles (low or high halves of 8 bytes) as floats, twice: bytes p[0..8) */
@@ -546,7 +534,7 @@ KV_AVX2 float kv_qk_dot_avx2_Q4_0(const uint8_t *w, const float *x, int64_t n) {
                             _mm256_loadu_ps(xb + 24), p);
         acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(b)), p, acc);
     }
-    return hsum8(acc);
+    return kv_qk_hsum8(acc);
 }
 
 /* Q4_K: per sub-block s, sum = d*sc[s] * sum(nib * x) - dmin*m[s] * sum(x). */
@@ -583,7 +571,7 @@ KV_AVX2 float kv_qk_dot_avx2_Q4_K(const uint8_t *w, const float *x, int64_t n) {
             acc = _mm256_fnmadd_ps(_mm256_set1_ps(dmin * (float)m1), sx1, acc);
         }
     }
-    return hsum8(acc);
+    return kv_qk_hsum8(acc);
 }
 
 /* The other block types: the generic decoder (compiled here for AVX2) into a stack buffer,
@@ -601,7 +589,7 @@ KV_AVX2 float kv_qk_dot_avx2_Q4_K(const uint8_t *w, const float *x, int64_t n) {
                                      a1);                                                          \
             }                                                                                      \
         }                                                                                          \
-        return hsum8(_mm256_add_ps(a0, a1));                                                       \
+        return kv_qk_hsum8(_mm256_add_ps(a0, a1));                                                 \
     }
 BLOCK_DOT_AVX2(Q4_1, dq_q4_1, QK)
 BLOCK_DOT_AVX2(Q5_0, dq_q5_0, QK)
