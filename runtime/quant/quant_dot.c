@@ -188,12 +188,12 @@ static inline float fin8(const float *a) {
 /* Block bytes, offset of qs, of qh (5-bit types), whether a min m follows d, the constant
  * subtracted from q (8, 16 or 0): the type's row of quant_types.h in one value for the kernels. */
 typedef struct t32 {
-    int bytes, qs, qh, has_m, off;
+    int bytes, qs, qh, has_m, off, sgn;
 } t32;
 
 static inline t32 t32_of(kv_dtype t) {
     kv_qblock b = kv_qblock_get(t);
-    return (t32){b.bytes, b.qs, b.qh, b.has_min, b.zero};
+    return (t32){b.bytes, b.qs, b.qh, b.has_min, b.zero, b.sgn};
 }
 
 static inline uint32_t ld32(const uint8_t *p) {
@@ -211,8 +211,8 @@ static inline float f32blk(const uint8_t *b, int has_m, float dx, int32_t isum, 
 static inline int32_t i32blk_c(kv_dtype t, const uint8_t *b, const int8_t *x, int32_t s) {
     t32 L = t32_of(t);
     int32_t isum = 0;
-    if (t == KV_DT_Q8_0) {
-        const int8_t *w = (const int8_t *)(b + 2);
+    if (L.sgn) { /* Q8_0: signed codes */
+        const int8_t *w = (const int8_t *)(b + L.qs);
         for (int j = 0; j < QA; j++) isum += (int32_t)w[j] * x[j];
         return isum;
     }
@@ -358,8 +358,8 @@ float kv_qk_qdot_c_Q5_K(const uint8_t *w, const void *a, int n) {
 /* The 32 weights of block b (type t) in element order as bytes: signed for Q8_0, unsigned
  * (0..31) for the others. */
 #define W32_BODY                                                                                   \
-    if (t == KV_DT_Q8_0) return _mm256_loadu_si256((const __m256i *)(const void *)(b + 2));        \
     t32 L = t32_of(t);                                                                             \
+    if (L.sgn) return _mm256_loadu_si256((const __m256i *)(const void *)(b + L.qs));               \
     __m128i qs = _mm_loadu_si128((const __m128i *)(const void *)(b + L.qs));                       \
     __m256i v =                                                                                    \
         _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(qs, 4), qs), _mm256_set1_epi8(15));       \
@@ -377,7 +377,7 @@ float kv_qk_qdot_c_Q5_K(const uint8_t *w, const void *a, int n) {
 #define BLK_AVX2                                                                                   \
     __m256i x = _mm256_loadu_si256((const __m256i *)(const void *)xq);                             \
     __m256i w = w32(t, b);                                                                         \
-    if (t == KV_DT_Q8_0) {                                                                         \
+    if (t32_of(t).sgn) { /* signed codes: |w| times x with w's sign */                             \
         x = _mm256_sign_epi8(x, w);                                                                \
         w = _mm256_abs_epi8(w);                                                                    \
     }
