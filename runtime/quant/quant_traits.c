@@ -32,28 +32,21 @@
     },
 
 /* The rows of KV_QTYPES, then ggml's other ids by name (ggml.h enum ggml_type). */
+/* clang-format off */
 static const kv_qtraits kv_qtraits_table[KV_QTYPE_IDS] = {
-    KV_QTYPES(ROW)[4] = {.name = "Q4_2(removed)"},
-    [5] = {.name = "Q4_3(removed)"},
-    [9] = {.name = "Q8_1"},
-    [10] = {.name = "Q2_K"},
-    [11] = {.name = "Q3_K"},
-    [15] = {.name = "Q8_K"},
-    [16] = {.name = "IQ2_XXS"},
-    [17] = {.name = "IQ2_XS"},
-    [18] = {.name = "IQ3_XXS"},
-    [19] = {.name = "IQ1_S"},
-    [20] = {.name = "IQ4_NL"},
-    [21] = {.name = "IQ3_S"},
-    [22] = {.name = "IQ2_S"},
-    [23] = {.name = "IQ4_XS"},
-    [24] = {.name = "I8"},
-    [25] = {.name = "I16"},
-    [26] = {.name = "I32"},
-    [27] = {.name = "I64"},
-    [28] = {.name = "F64"},
-    [29] = {.name = "IQ1_M"},
+    KV_QTYPES(ROW)
+    [4] = {.name = "Q4_2(removed)"}, [5] = {.name = "Q4_3(removed)"}, [9] = {.name = "Q8_1"},
+    [10] = {.name = "Q2_K"},     [11] = {.name = "Q3_K"},   [15] = {.name = "Q8_K"},
+    [16] = {.name = "IQ2_XXS"},  [17] = {.name = "IQ2_XS"}, [18] = {.name = "IQ3_XXS"},
+    [19] = {.name = "IQ1_S"},    [20] = {.name = "IQ4_NL"}, [21] = {.name = "IQ3_S"},
+    [22] = {.name = "IQ2_S"},    [23] = {.name = "IQ4_XS"}, [24] = {.name = "I8"},
+    [25] = {.name = "I16"},      [26] = {.name = "I32"},    [27] = {.name = "I64"},
+    [28] = {.name = "F64"},      [29] = {.name = "IQ1_M"},
 };
+/* clang-format on */
+
+#define ONE(...) +1
+_Static_assert(0 KV_QTYPES(ONE) == KV_DT_COUNT, "one KV_QTYPES row per kv_dtype");
 
 static const kv_qtraits kv_qtraits_unknown = {.name = "unknown"};
 
