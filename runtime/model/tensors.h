@@ -2,8 +2,9 @@
  * projection, the FFN gate, ...) its name in GGUF (after "blk.N.") and in Hugging Face
  * safetensors (after "model.layers.N."), its shape in the model's sizes, and where the loaded
  * tensor goes in kv_layer_weights. Every consumer walks it: the GGUF and safetensors readers
- * (kv_layer_roles_each), the model's size arithmetic (model.c) and the CUDA backend's upload
- * (cuda/backend_cuda.cu, by role id), so a role is named and shaped once (as llama.cpp keeps
+ * (kv_layer_roles_each), the model's size arithmetic (model.c) and the CUDA uploads (the
+ * backend's layers, cuda/backend_cuda.cu, and the KVPR executor's K/V projections,
+ * cuda/kvpr_cuda.cu, both by role id), so a role is named and shaped once (as llama.cpp keeps
  * one map of tensor names per architecture). */
 #ifndef KVPLAN_MODEL_TENSORS_H
 #define KVPLAN_MODEL_TENSORS_H
