@@ -45,6 +45,7 @@
 #include "cache/kvslot.h"
 #include "kvplan/model.h"
 #include "kvplan/quant.h"
+#include "model/tensors.h"
 
 extern "C" {
 #include "backend/ops.h" /* kv_op_rope_tables: the CPU backend's tables, the same floats */
@@ -65,9 +66,11 @@ namespace {
 
 using kvcu::dev_weight;
 
+/* A layer on the device, by role (model/tensors.h, kv_role_id): the fp32 vectors in vec (a
+ * matrix role's entry and an absent bias nullptr), the matrices in their type in mat. */
 struct dev_layer {
-    float *attn_norm, *bq, *bk, *bv, *ffn_norm;
-    dev_weight wq, wk, wv, wo, w_gate, w_down, w_up;
+    float *vec[KV_ROLE_COUNT];
+    dev_weight mat[KV_ROLE_COUNT];
 };
 
 /* A device buffer and a pinned host buffer that grow on demand (bytes). */
@@ -225,9 +228,10 @@ void free_layers(cuda_backend *c) {
     if (!c->layers) return;
     for (int l = 0; l < c->base.model->cfg.n_layers; l++) {
         dev_layer &d = c->layers[l];
-        void *all[] = {d.attn_norm, d.wq.p, d.wk.p,     d.wv.p,     d.wo.p,     d.bq,
-                       d.bk,        d.bv,   d.ffn_norm, d.w_gate.p, d.w_down.p, d.w_up.p};
-        for (void *p : all) cudaFree(p);
+        for (int k = 0; k < KV_ROLE_COUNT; k++) {
+            cudaFree(d.vec[k]);
+            cudaFree(d.mat[k].p);
+        }
     }
     free(c->layers);
     c->layers = nullptr;
@@ -341,14 +345,15 @@ int cuda_qkv(kv_backend *b, int layer, int rows, const int *pos, kv_error *err) 
         memcpy(c->last_pos, pos, pbytes);
         c->last_rows = rows;
     }
-    CK(kvcu::rmsnorm(c->xb, c->x, nullptr, w.attn_norm, rows, dim, cfg->norm_eps, c->compute));
-    int rc = gemm(c, c->q, c->xb, w.wq, rows, dim, qd, err);
-    if (!rc) rc = gemm(c, c->k, c->xb, w.wk, rows, dim, kvd, err);
-    if (!rc) rc = gemm(c, c->v, c->xb, w.wv, rows, dim, kvd, err);
+    CK(kvcu::rmsnorm(c->xb, c->x, nullptr, w.vec[KV_ROLE_ATTN_NORM], rows, dim, cfg->norm_eps,
+                     c->compute));
+    int rc = gemm(c, c->q, c->xb, w.mat[KV_ROLE_WQ], rows, dim, qd, err);
+    if (!rc) rc = gemm(c, c->k, c->xb, w.mat[KV_ROLE_WK], rows, dim, kvd, err);
+    if (!rc) rc = gemm(c, c->v, c->xb, w.mat[KV_ROLE_WV], rows, dim, kvd, err);
     if (rc) return rc;
-    CK(kvcu::add_bias(c->q, w.bq, rows, qd, c->compute));
-    CK(kvcu::add_bias(c->k, w.bk, rows, kvd, c->compute));
-    CK(kvcu::add_bias(c->v, w.bv, rows, kvd, c->compute));
+    CK(kvcu::add_bias(c->q, w.vec[KV_ROLE_BQ], rows, qd, c->compute));
+    CK(kvcu::add_bias(c->k, w.vec[KV_ROLE_BK], rows, kvd, c->compute));
+    CK(kvcu::add_bias(c->v, w.vec[KV_ROLE_BV], rows, kvd, c->compute));
     int layout = cfg->rope_layout == KV_ROPE_ADJACENT ? KV_K_ROPE_ADJACENT : KV_K_ROPE_HALF;
     CK(kvcu::rope(c->q, rows, qd, H, hd, c->d_pos, c->rope_cos, c->rope_sin, layout, c->compute));
     CK(kvcu::rope(c->k, rows, kvd, Hkv, hd, c->d_pos, c->rope_cos, c->rope_sin, layout,
@@ -589,7 +594,7 @@ int cuda_out_residual(kv_backend *b, int layer, int rows, const kv_hooks *hooks,
     cuda_backend *c = cb(b);
     const kv_config *cfg = &b->model->cfg;
     int dim = cfg->dim, qd = cfg->n_heads * cfg->head_dim, kvd = cfg->n_kv_heads * cfg->head_dim;
-    int rc = gemm(c, c->xb2, c->o, c->layers[layer].wo, rows, qd, dim, err);
+    int rc = gemm(c, c->xb2, c->o, c->layers[layer].mat[KV_ROLE_WO], rows, qd, dim, err);
     if (rc) return rc;
     if (hooks && hooks->after_attn) {
         const float *src[4] = {c->x, c->o, c->v, c->xb2};
@@ -609,12 +614,13 @@ int cuda_ffn(kv_backend *b, int layer, int rows, const kv_hooks *hooks, kv_error
     const kv_config *cfg = &b->model->cfg;
     const dev_layer &w = c->layers[layer];
     int dim = cfg->dim, hid = cfg->hidden_dim;
-    CK(kvcu::rmsnorm(c->xb, c->x, nullptr, w.ffn_norm, rows, dim, cfg->norm_eps, c->compute));
-    int rc = gemm(c, c->hb, c->xb, w.w_gate, rows, dim, hid, err);
-    if (!rc) rc = gemm(c, c->hb2, c->xb, w.w_up, rows, dim, hid, err);
+    CK(kvcu::rmsnorm(c->xb, c->x, nullptr, w.vec[KV_ROLE_FFN_NORM], rows, dim, cfg->norm_eps,
+                     c->compute));
+    int rc = gemm(c, c->hb, c->xb, w.mat[KV_ROLE_W_GATE], rows, dim, hid, err);
+    if (!rc) rc = gemm(c, c->hb2, c->xb, w.mat[KV_ROLE_W_UP], rows, dim, hid, err);
     if (rc) return rc;
     CK(kvcu::swiglu(c->hb, c->hb2, (size_t)rows * hid, c->compute));
-    rc = gemm(c, c->xb, c->hb, w.w_down, rows, hid, dim, err);
+    rc = gemm(c, c->xb, c->hb, w.mat[KV_ROLE_W_DOWN], rows, hid, dim, err);
     if (rc) return rc;
     CK(kvcu::add(c->x, c->xb, (size_t)rows * dim, c->compute));
     if (hooks && hooks->after_block) {
@@ -662,6 +668,19 @@ const kv_backend_ops cuda_ops = {
     cuda_gather, cuda_cache_write, cuda_attention,     cuda_out_residual, cuda_ffn,   cuda_logits,
 };
 
+/* The layers' weights uploaded role by role from the table (model/tensors.h). */
+struct upload_walk {
+    dev_layer *layers;
+    kv_error *err;
+};
+int upload_role(const kv_role_tensor *t, void *user) {
+    const upload_walk *u = static_cast<const upload_walk *>(user);
+    dev_layer &d = u->layers[t->layer];
+    if (t->mat)
+        return upload_weight(&d.mat[t->id], *t->mat, (size_t)t->rows, (size_t)t->cols, u->err);
+    return upload(&d.vec[t->id], *t->vec, (size_t)t->cols, u->err);
+}
+
 int setup(cuda_backend *c, const kv_model *m, int max_rows, int max_ctx, kv_error *err) {
     const kv_config *cfg = &m->cfg;
     int n_dev = 0;
@@ -685,24 +704,9 @@ int setup(cuda_backend *c, const kv_model *m, int max_rows, int max_ctx, kv_erro
     /* weights, once */
     c->layers = static_cast<dev_layer *>(calloc((size_t)cfg->n_layers, sizeof(dev_layer)));
     if (!c->layers) return kv_fail(err, KV_EINTERNAL, "out of memory (CUDA backend layers)");
-    for (int l = 0; l < cfg->n_layers; l++) {
-        const kv_layer_weights &w = m->layers[l];
-        dev_layer &d = c->layers[l];
-        int rc = upload(&d.attn_norm, w.attn_norm, dim, err);
-        if (!rc) rc = upload_weight(&d.wq, w.wq, qd, dim, err);
-        if (!rc) rc = upload_weight(&d.wk, w.wk, kvd, dim, err);
-        if (!rc) rc = upload_weight(&d.wv, w.wv, kvd, dim, err);
-        if (!rc) rc = upload_weight(&d.wo, w.wo, dim, qd, err);
-        if (!rc) rc = upload(&d.bq, w.bq, qd, err);
-        if (!rc) rc = upload(&d.bk, w.bk, kvd, err);
-        if (!rc) rc = upload(&d.bv, w.bv, kvd, err);
-        if (!rc) rc = upload(&d.ffn_norm, w.ffn_norm, dim, err);
-        if (!rc) rc = upload_weight(&d.w_gate, w.w_gate, hid, dim, err);
-        if (!rc) rc = upload_weight(&d.w_down, w.w_down, dim, hid, err);
-        if (!rc) rc = upload_weight(&d.w_up, w.w_up, hid, dim, err);
-        if (rc) return rc;
-    }
-    int rc = upload_weight(&c->tok_emb, m->tok_emb, V, dim, err);
+    upload_walk uw = {c->layers, err};
+    int rc = kv_layer_roles_each(cfg, m->layers, upload_role, &uw);
+    if (!rc) rc = upload_weight(&c->tok_emb, m->tok_emb, V, dim, err);
     if (!rc) rc = upload(&c->final_norm, m->final_norm, dim, err);
     if (rc) return rc;
     if (m->classifier.data == m->tok_emb.data)

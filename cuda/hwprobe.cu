@@ -13,66 +13,51 @@
 
 namespace {
 
+/* The copy kinds' names, in kv_cuda_copy_kind order (kinds checked against KV_CUDA_D2D first). */
+const char *const copy_kind_names[] = {"host->device (pinned)", "host->device (pageable)",
+                                       "device->host (pinned)", "device->host (pageable)",
+                                       "device->device"};
+
 const char *copy_kind_name(kv_cuda_copy_kind k) {
-    switch (k) {
-    case KV_CUDA_H2D_PINNED:
-        return "host->device (pinned)";
-    case KV_CUDA_H2D_PAGEABLE:
-        return "host->device (pageable)";
-    case KV_CUDA_D2H_PINNED:
-        return "device->host (pinned)";
-    case KV_CUDA_D2H_PAGEABLE:
-        return "device->host (pageable)";
-    case KV_CUDA_D2D:
-        return "device->device";
-    }
-    return "?";
+    return copy_kind_names[k];
 }
 
-const char *dtype_name(kv_cuda_dtype t) {
-    switch (t) {
-    case KV_CUDA_FP32:
-        return "fp32";
-    case KV_CUDA_FP16:
-        return "fp16";
-    case KV_CUDA_BF16:
-        return "bf16";
-    }
-    return "?";
+/* Small deterministic values in [-0.06, 0.06] so that no type overflows, as T. */
+template <typename T> __device__ T from_f32(float v);
+template <> __device__ float from_f32<float>(float v) {
+    return v;
 }
-
-/* Small deterministic values in [-0.06, 0.06] so that no type overflows. */
-__global__ void fill_f32(float *x, size_t n) {
+template <> __device__ __half from_f32<__half>(float v) {
+    return __float2half(v);
+}
+template <> __device__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) {
+    return __float2bfloat16(v);
+}
+template <typename T> __global__ void fill_k(T *x, size_t n) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x)
-        x[i] = (float)((int)(i % 13) - 6) * 0.01f;
+        x[i] = from_f32<T>((float)((int)(i % 13) - 6) * 0.01f);
 }
-__global__ void fill_f16(__half *x, size_t n) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x)
-        x[i] = __float2half((float)((int)(i % 13) - 6) * 0.01f);
-}
-__global__ void fill_bf16(__nv_bfloat16 *x, size_t n) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x)
-        x[i] = __float2bfloat16((float)((int)(i % 13) - 6) * 0.01f);
-}
-
-cudaError_t fill(void *x, size_t n, kv_cuda_dtype t, cudaStream_t st) {
-    const int threads = 256, blocks = 1024;
-    switch (t) {
-    case KV_CUDA_FP32:
-        fill_f32<<<blocks, threads, 0, st>>>((float *)x, n);
-        break;
-    case KV_CUDA_FP16:
-        fill_f16<<<blocks, threads, 0, st>>>((__half *)x, n);
-        break;
-    case KV_CUDA_BF16:
-        fill_bf16<<<blocks, threads, 0, st>>>((__nv_bfloat16 *)x, n);
-        break;
-    }
+template <typename T> cudaError_t fill_as(void *x, size_t n, cudaStream_t st) {
+    fill_k<T><<<1024, 256, 0, st>>>(static_cast<T *>(x), n);
     return cudaGetLastError();
 }
+
+/* The GEMM probe's data types, one row each in kv_cuda_dtype order: name, cuBLAS type, bytes
+ * per element, the fill kernel. */
+struct gemm_dtype {
+    const char *name;
+    cudaDataType dt;
+    size_t esz;
+    cudaError_t (*fill)(void *x, size_t n, cudaStream_t st);
+};
+const gemm_dtype gemm_dtypes[] = {
+    {"fp32", CUDA_R_32F, 4, fill_as<float>},
+    {"fp16", CUDA_R_16F, 2, fill_as<__half>},
+    {"bf16", CUDA_R_16BF, 2, fill_as<__nv_bfloat16>},
+};
+static_assert(KV_CUDA_FP32 == 0 && KV_CUDA_FP16 == 1 && KV_CUDA_BF16 == 2,
+              "gemm_dtypes is in kv_cuda_dtype order");
 
 } // namespace
 
@@ -187,12 +172,14 @@ extern "C" int kv_cuda_probe_gemm(int dev, kv_cuda_dtype dtype, const int *m, co
     cudaStream_t st = NULL;
     cudaEvent_t ev0 = NULL, ev1 = NULL;
     cublasHandle_t h = NULL;
-    size_t max_a = 0, max_b = 0, max_c = 0, esz = 4;
-    cudaDataType dt = CUDA_R_32F;
+    size_t max_a = 0, max_b = 0, max_c = 0;
     const float alpha = 1.0f, beta = 0.0f;
     if ((int)dtype < 0 || (int)dtype > (int)KV_CUDA_BF16)
         return kv_fail(err, KV_EINPUT, "CUDA GEMM probe: unknown data type %d", (int)dtype);
-    snprintf(ctx, sizeof ctx, "GEMM probe %s", dtype_name(dtype));
+    const gemm_dtype &T = gemm_dtypes[dtype];
+    cudaDataType dt = T.dt;
+    size_t esz = T.esz;
+    snprintf(ctx, sizeof ctx, "GEMM probe %s", T.name);
     if (!m || !n || !k || !times || n_shapes < 1 || repeats < 1)
         return kv_fail(err, KV_EINPUT, "CUDA %s: need at least one shape and one repeat", ctx);
     for (int i = 0; i < n_shapes; i++) {
@@ -204,8 +191,6 @@ extern "C" int kv_cuda_probe_gemm(int dev, kv_cuda_dtype dtype, const int *m, co
         if (sb > max_b) max_b = sb;
         if (sc > max_c) max_c = sc;
     }
-    if (dtype == KV_CUDA_FP16) dt = CUDA_R_16F, esz = 2;
-    if (dtype == KV_CUDA_BF16) dt = CUDA_R_16BF, esz = 2;
 
     KV_CU_TRY(cudaSetDevice(dev), "cudaSetDevice");
     KV_CU_TRY(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), "cudaStreamCreate");
@@ -214,16 +199,16 @@ extern "C" int kv_cuda_probe_gemm(int dev, kv_cuda_dtype dtype, const int *m, co
     KV_CU_TRY(cudaMalloc(&a, max_a * esz), "cudaMalloc of A");
     KV_CU_TRY(cudaMalloc(&b, max_b * esz), "cudaMalloc of B");
     KV_CU_TRY(cudaMalloc(&c, max_c * esz), "cudaMalloc of C");
-    KV_CU_TRY(fill(a, max_a, dtype, st), "fill kernel for A");
-    KV_CU_TRY(fill(b, max_b, dtype, st), "fill kernel for B");
+    KV_CU_TRY(T.fill(a, max_a, st), "fill kernel for A");
+    KV_CU_TRY(T.fill(b, max_b, st), "fill kernel for B");
     KV_CU_TRY(cudaStreamSynchronize(st), "cudaStreamSynchronize");
     KV_CUBLAS_TRY(cublasCreate(&h), "cublasCreate");
     KV_CUBLAS_TRY(cublasSetStream(h, st), "cublasSetStream");
 
     for (int s = 0; s < n_shapes; s++) {
         /* Row-major C[m,n] = A[m,k] B[k,n] is column-major C^T[n,m] = B^T[n,k] A^T[k,m]. */
-        kv_progress_print(p, 0, "hardware: cuBLAS %s GEMM %dx%dx%d (%d/%d)", dtype_name(dtype),
-                          m[s], n[s], k[s], s + 1, n_shapes);
+        kv_progress_print(p, 0, "hardware: cuBLAS %s GEMM %dx%dx%d (%d/%d)", T.name, m[s], n[s],
+                          k[s], s + 1, n_shapes);
         for (int r = -1; r < repeats; r++) { /* r = -1: warm-up, not recorded */
             float ms = 0.0f;
             KV_CU_TRY(cudaEventRecord(ev0, st), "cudaEventRecord");

@@ -23,6 +23,7 @@
 
 #include "backend/kvcuda.h"
 #include "kvplan/quant.h"
+#include "model/tensors.h"
 
 extern "C" {
 #include "../runtime/backend/ops.h" /* kv_op_rope_tables */
@@ -56,8 +57,11 @@ struct kv_cuda_kvpr {
     int max_ctx;
     cudaStream_t compute, copy, down;
     cublasHandle_t blas;
-    kvcu::dev_weight *wk, *wv;  /* [n_layers] device weights in their file's type */
-    float **bk, **bv;           /* [n_layers] device biases (may be NULL) */
+    /* [n_layers * KV_ROLE_COUNT] by layer and role (model/tensors.h): the K and V projections
+     * in their file's type (mat) and their biases (vec, NULL when the model has none); the
+     * other roles stay empty */
+    kvcu::dev_weight *mat;
+    float **vec;
     kvcu::dev_scratch tile;     /* matmul scratch (compute stream) */
     float *rope_cos, *rope_sin; /* [max_ctx, d_h / 2] */
     int *d_pos;                 /* 0 .. max_ctx - 1 */
@@ -108,16 +112,12 @@ extern "C" void kv_cuda_kvpr_free(kv_cuda_kvpr *e) {
     if (e->copy) cudaStreamSynchronize(e->copy);
     if (e->down) cudaStreamSynchronize(e->down);
     int L = e->m->cfg.n_layers;
-    for (int l = 0; l < L; l++) {
-        if (e->wk) cudaFree(e->wk[l].p);
-        if (e->wv) cudaFree(e->wv[l].p);
-        if (e->bk) cudaFree(e->bk[l]);
-        if (e->bv) cudaFree(e->bv[l]);
+    for (int i = 0; i < L * KV_ROLE_COUNT; i++) {
+        if (e->mat) cudaFree(e->mat[i].p);
+        if (e->vec) cudaFree(e->vec[i]);
     }
-    delete[] e->wk;
-    delete[] e->wv;
-    free(e->bk);
-    free(e->bv);
+    delete[] e->mat;
+    free(e->vec);
     cudaFree(e->rope_cos);
     cudaFree(e->rope_sin);
     cudaFree(e->d_pos);
@@ -144,6 +144,26 @@ extern "C" void kv_cuda_kvpr_free(kv_cuda_kvpr *e) {
 
 namespace {
 
+/* The roles the executor recomputes K and V with. */
+int kv_role(kv_role_id id) {
+    return id == KV_ROLE_WK || id == KV_ROLE_WV || id == KV_ROLE_BK || id == KV_ROLE_BV;
+}
+
+/* Uploads one tensor of the table's walk (model/tensors.h) when it is a K/V role. */
+struct kv_walk {
+    kv_cuda_kvpr *e;
+    kv_error *err;
+};
+int upload_kv_role(const kv_role_tensor *t, void *user) {
+    const kv_walk *w = static_cast<const kv_walk *>(user);
+    if (!kv_role(t->id)) return KV_OK;
+    size_t i = (size_t)t->layer * KV_ROLE_COUNT + t->id;
+    if (t->mat)
+        return kvcu::upload_weight(&w->e->mat[i], *t->mat, (size_t)t->rows, (size_t)t->cols,
+                                   "CUDA KVPR", w->err);
+    return up(&w->e->vec[i], *t->vec, (size_t)t->cols, w->err);
+}
+
 int setup(kv_cuda_kvpr *e, kv_error *err) {
     const kv_config *c = &e->m->cfg;
     int L = c->n_layers, hd = c->head_dim;
@@ -157,20 +177,12 @@ int setup(kv_cuda_kvpr *e, kv_error *err) {
         cublasSetStream(e->blas, e->compute) != CUBLAS_STATUS_SUCCESS ||
         cublasSetMathMode(e->blas, CUBLAS_DEFAULT_MATH) != CUBLAS_STATUS_SUCCESS)
         return kv_fail(err, KV_EINTERNAL, "CUDA KVPR: cuBLAS initialisation failed");
-    e->wk = new (std::nothrow) kvcu::dev_weight[L];
-    e->wv = new (std::nothrow) kvcu::dev_weight[L];
-    e->bk = static_cast<float **>(calloc((size_t)L, sizeof(float *)));
-    e->bv = static_cast<float **>(calloc((size_t)L, sizeof(float *)));
-    if (!e->wk || !e->wv || !e->bk || !e->bv)
-        return kv_fail(err, KV_EINTERNAL, "out of memory (CUDA KVPR weights)");
-    for (int l = 0; l < L; l++) {
-        const kv_layer_weights &w = e->m->layers[l];
-        int rc = kvcu::upload_weight(&e->wk[l], w.wk, kvw, dim, "CUDA KVPR", err);
-        if (!rc) rc = kvcu::upload_weight(&e->wv[l], w.wv, kvw, dim, "CUDA KVPR", err);
-        if (!rc) rc = up(&e->bk[l], w.bk, kvw, err);
-        if (!rc) rc = up(&e->bv[l], w.bv, kvw, err);
-        if (rc) return rc;
-    }
+    e->mat = new (std::nothrow) kvcu::dev_weight[(size_t)L * KV_ROLE_COUNT];
+    e->vec = static_cast<float **>(calloc((size_t)L * KV_ROLE_COUNT, sizeof(float *)));
+    if (!e->mat || !e->vec) return kv_fail(err, KV_EINTERNAL, "out of memory (CUDA KVPR weights)");
+    kv_walk w = {e, err};
+    int rc = kv_layer_roles_each(c, e->m->layers, upload_kv_role, &w);
+    if (rc) return rc;
     /* RoPE tables as the CPU computes them (kv_op_rope_tables: double angles, float tables) */
     size_t half = (size_t)hd / 2, nt = ctx * half;
     float *cs = static_cast<float *>(malloc(nt * sizeof(float)));
@@ -184,7 +196,7 @@ int setup(kv_cuda_kvpr *e, kv_error *err) {
     }
     kv_op_rope_tables(c, (int)ctx, cs, sn);
     for (size_t p = 0; p < ctx; p++) pos[p] = (int)p;
-    int rc = up(&e->rope_cos, cs, nt, err);
+    rc = up(&e->rope_cos, cs, nt, err);
     if (!rc) rc = up(&e->rope_sin, sn, nt, err);
     if (!rc) {
         cudaError_t ce = cudaMalloc(&e->d_pos, ctx * sizeof(int));
@@ -289,14 +301,18 @@ int queue_layers(kv_cuda_kvpr *e, const kv_kvpr_layer *layers, int n, float *con
                            e->compute));
         CK(cudaEventRecord(s.r0, e->compute));
         if (l > 0) {
-            rc = kvcu::matmul(e->blas, e->compute, &e->tile, s.d_k, s.d_x, e->wk[lc.layer], l, dim,
-                              kvw, "CUDA KVPR", err);
+            rc = kvcu::matmul(e->blas, e->compute, &e->tile, s.d_k, s.d_x,
+                              e->mat[(size_t)lc.layer * KV_ROLE_COUNT + KV_ROLE_WK], l, dim, kvw,
+                              "CUDA KVPR", err);
             if (!rc)
-                rc = kvcu::matmul(e->blas, e->compute, &e->tile, s.d_v, s.d_x, e->wv[lc.layer], l,
-                                  dim, kvw, "CUDA KVPR", err);
+                rc = kvcu::matmul(e->blas, e->compute, &e->tile, s.d_v, s.d_x,
+                                  e->mat[(size_t)lc.layer * KV_ROLE_COUNT + KV_ROLE_WV], l, dim,
+                                  kvw, "CUDA KVPR", err);
             if (rc) return rc;
-            CK(kvcu::add_bias(s.d_k, e->bk[lc.layer], l, kvw, e->compute));
-            CK(kvcu::add_bias(s.d_v, e->bv[lc.layer], l, kvw, e->compute));
+            CK(kvcu::add_bias(s.d_k, e->vec[(size_t)lc.layer * KV_ROLE_COUNT + KV_ROLE_BK], l, kvw,
+                              e->compute));
+            CK(kvcu::add_bias(s.d_v, e->vec[(size_t)lc.layer * KV_ROLE_COUNT + KV_ROLE_BV], l, kvw,
+                              e->compute));
             CK(kvcu::rope(s.d_k, l, kvw, Hkv, hd, e->d_pos, e->rope_cos, e->rope_sin, layout,
                           e->compute));
         }

@@ -616,6 +616,16 @@ static float *cyclic_embedding_rows(const kv_model *m, int out, int in) {
     return wf;
 }
 
+/* The `out` rows of wf [out, in] quantised to type t (malloc'd, the caller frees); *rb gets the
+ * bytes of a row. */
+static unsigned char *quantize_rows(kv_dtype t, const float *wf, int out, int in, size_t *rb) {
+    CU_ASSERT_EQUAL_FATAL(kv_dtype_row_bytes(t, in, "w", rb, NULL), KV_OK);
+    unsigned char *w = malloc(*rb * out);
+    CU_ASSERT_FATAL(w != NULL);
+    for (int o = 0; o < out; o++) kv_quantize_row(t, wf + (size_t)o * in, w + *rb * o, in, NULL);
+    return w;
+}
+
 static void test_matmul(void) {
     kv_model *m = tu_load_shared(M656);
     /* W [1100, 1024]: rows of the 656K embedding (flattened, 256 rows of 1024) reused
@@ -631,9 +641,7 @@ static void test_matmul(void) {
     for (int ti = 0; ti < KV_DT_COUNT; ti++) {
         kv_dtype t = kv_dtype_all[ti];
         size_t rb = 0;
-        kv_dtype_row_bytes(t, in, "w", &rb, NULL);
-        unsigned char *w = malloc(rb * out);
-        for (int o = 0; o < out; o++) kv_quantize_row(t, wf + (size_t)o * in, w + rb * o, in, NULL);
+        unsigned char *w = quantize_rows(t, wf, out, in, &rb);
         kv_dequantize_row(t, w, deq, (int64_t)out * in, NULL);
         size_t sf = kv_qmatmul_scratch_floats(t, R, in, out);
         int integer = t != KV_DT_F32 && t != KV_DT_F16 && t != KV_DT_BF16;
@@ -746,8 +754,8 @@ static void test_matmul(void) {
 static void test_igemm(void) {
     kv_model *m = tu_load_shared(M656);
     int in = 1024, out = 100, rows_list[] = {1, 5, 17, 23};
-    const float *E = m->tok_emb.data, *X = m->layers[1].w_up.data;
-    float *wd = malloc((size_t)out * in * sizeof *wd);
+    const float *X = m->layers[1].w_up.data;
+    float *wf = cyclic_embedding_rows(m, out, in), *wd = malloc((size_t)out * in * sizeof *wd);
     float *y = malloc((size_t)23 * out * sizeof *y), *z = malloc((size_t)23 * out * sizeof *z);
     void *act = malloc(kv_qgemm_act_bytes(23, in)), *act1 = malloc(kv_qgemm_act_bytes(1, in));
     void *panel = malloc(kv_qgemm_panel_bytes(out, in));
@@ -758,10 +766,7 @@ static void test_igemm(void) {
         if (!kv_qgemm_covers(t)) continue;
         covered++;
         size_t rb = 0;
-        kv_dtype_row_bytes(t, in, "w", &rb, NULL);
-        unsigned char *w = malloc(rb * out);
-        for (int o = 0; o < out; o++)
-            kv_quantize_row(t, E + (size_t)(o % 256) * in, w + rb * o, in, NULL);
+        unsigned char *w = quantize_rows(t, wf, out, in, &rb);
         kv_dequantize_row(t, w, wd, (int64_t)out * in, NULL);
         for (int ri = 0; ri < 4; ri++) {
             int rows = rows_list[ri];
@@ -819,6 +824,7 @@ static void test_igemm(void) {
     free(z);
     free(y);
     free(wd);
+    free(wf);
     kv_model_free(m);
 }
 
@@ -869,9 +875,7 @@ static void test_matmul_pool(void) {
     for (int ti = 0; ti < KV_DT_COUNT; ti++) {
         kv_dtype t = kv_dtype_all[ti];
         size_t rb = 0;
-        kv_dtype_row_bytes(t, in, "w", &rb, NULL);
-        unsigned char *w = malloc(rb * out);
-        for (int o = 0; o < out; o++) kv_quantize_row(t, wf + (size_t)o * in, w + rb * o, in, NULL);
+        unsigned char *w = quantize_rows(t, wf, out, in, &rb);
         size_t sf = kv_qmatmul_scratch_threads(t, R, in, out, 3);
         float *scratch = sf ? malloc(sf * sizeof *scratch) : NULL;
         int rows_list[] = {1, 3, 4, 16, R, R};
@@ -931,9 +935,7 @@ static void test_matmul_rowwise(void) {
     for (int ti = 0; ti < KV_DT_COUNT; ti++) {
         kv_dtype t = kv_dtype_all[ti];
         size_t rb = 0;
-        kv_dtype_row_bytes(t, in, "w", &rb, NULL);
-        unsigned char *w = malloc(rb * out);
-        for (int o = 0; o < out; o++) kv_quantize_row(t, wf + (size_t)o * in, w + rb * o, in, NULL);
+        unsigned char *w = quantize_rows(t, wf, out, in, &rb);
         for (int c = 0; c < nr; c++, compared++)
             differ += rowwise_differ(X, w, t, rows_list[c], in, out, pool, y, y1);
         free(w);

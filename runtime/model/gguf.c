@@ -180,6 +180,21 @@ static int load_config(kv_gguf *g, kv_config *c, kv_error *err) {
     return KV_OK;
 }
 
+/* A layer's tensors, read role by role from the table (model/tensors.h). */
+typedef struct gguf_walk {
+    kv_model *m;
+    kv_gguf *g;
+    kv_error *err;
+} gguf_walk;
+
+static int load_role(const kv_role_tensor *t, void *user) {
+    const gguf_walk *w = user;
+    char name[96];
+    snprintf(name, sizeof name, "blk.%d.%s", t->layer, t->role->gguf);
+    return get_weight(w->m, w->g, name, (uint64_t)t->rows, (uint64_t)t->cols, t->optional,
+                      t->gguf_shape, t->vec, t->mat, w->err);
+}
+
 int kv_model_load_gguf(const char *path, kv_model **out, kv_error *err) {
     *out = NULL;
     kv_gguf *g = NULL;
@@ -232,20 +247,9 @@ int kv_model_load_gguf(const char *path, kv_model **out, kv_error *err) {
         m->classifier = m->tok_emb;
         m->cfg.tied_embeddings = 1;
     }
-    size_t n_roles;
-    const kv_tensor_role *roles = kv_layer_tensor_roles(&n_roles);
-    for (int l = 0; l < c.n_layers && !rc; l++) {
-        for (size_t k = 0; k < n_roles && !rc; k++) {
-            const kv_tensor_role *r = &roles[k];
-            const float **vec;
-            kv_weight *mat;
-            kv_tensor_role_slot(r, &m->layers[l], &vec, &mat);
-            char name[96];
-            snprintf(name, sizeof name, "blk.%d.%s", l, r->gguf);
-            rc = get_weight(m, g, name, (uint64_t)kv_tensor_dim_size(&c, r->rows),
-                            (uint64_t)kv_tensor_dim_size(&c, r->cols), r->bias && !c.attn_bias,
-                            r->gguf_shape, vec, mat, err);
-        }
+    if (!rc) {
+        gguf_walk w = {m, g, err};
+        rc = kv_layer_roles_each(&c, m->layers, load_role, &w);
     }
     if (!rc) { /* model_sha256 of the bytes loaded, which are the file's */
         const void *bytes = g->base;

@@ -63,26 +63,17 @@ static int rd_str(rd *r, const char **s, size_t *n, const char *field) {
     return KV_OK;
 }
 
+/* Bytes of a scalar value of each GGUF value type (GGUF spec, "gguf_metadata_value_type");
+ * 0 for a string, an array or an id past the spec. */
+static const unsigned char kv_gguf_scalar_bytes[] = {
+    [KV_GGUF_U8] = 1,    [KV_GGUF_I8] = 1,  [KV_GGUF_BOOL] = 1, [KV_GGUF_U16] = 2,
+    [KV_GGUF_I16] = 2,   [KV_GGUF_U32] = 4, [KV_GGUF_I32] = 4,  [KV_GGUF_F32] = 4,
+    [KV_GGUF_U64] = 8,   [KV_GGUF_I64] = 8, [KV_GGUF_F64] = 8,  [KV_GGUF_STRING] = 0,
+    [KV_GGUF_ARRAY] = 0,
+};
+
 static size_t scalar_size(uint32_t t) {
-    switch (t) {
-    case KV_GGUF_U8:
-    case KV_GGUF_I8:
-    case KV_GGUF_BOOL:
-        return 1;
-    case KV_GGUF_U16:
-    case KV_GGUF_I16:
-        return 2;
-    case KV_GGUF_U32:
-    case KV_GGUF_I32:
-    case KV_GGUF_F32:
-        return 4;
-    case KV_GGUF_U64:
-    case KV_GGUF_I64:
-    case KV_GGUF_F64:
-        return 8;
-    default:
-        return 0;
-    }
+    return t < sizeof kv_gguf_scalar_bytes ? kv_gguf_scalar_bytes[t] : 0;
 }
 
 static int skip_value(rd *r, uint32_t type, const char *key) {

@@ -438,6 +438,23 @@ static int list_shards(const char *dir, st_set *s, kv_error *err) {
     return rc;
 }
 
+/* A layer's tensors, read role by role from the table (model/tensors.h). */
+typedef struct hf_walk {
+    kv_model *m;
+    const st_set *s;
+    kv_error *err;
+} hf_walk;
+
+static int load_role(const kv_role_tensor *t, void *user) {
+    const hf_walk *w = user;
+    char name[128];
+    snprintf(name, sizeof name, "model.layers.%d.%s", t->layer, t->role->hf);
+    /* rows 0: st_weight's 1-D tensor */
+    long long rows = t->role->rows == KV_TDIM_ONE ? 0 : t->rows;
+    return st_weight(w->m, w->s, name, rows, t->cols, t->optional, t->hf_shape, t->vec, t->mat,
+                     w->err);
+}
+
 int kv_model_load_hf(const char *dir, kv_model **out, kv_error *err) {
     *out = NULL;
     char cfg_path[4200];
@@ -482,21 +499,9 @@ int kv_model_load_hf(const char *dir, kv_model **out, kv_error *err) {
                        &m->classifier, err);
     if (!rc && !m->classifier.data) m->classifier = m->tok_emb;
     if (!rc && m->classifier.data == m->tok_emb.data) m->cfg.tied_embeddings = 1;
-    size_t n_roles;
-    const kv_tensor_role *roles = kv_layer_tensor_roles(&n_roles);
-    for (int l = 0; l < c.n_layers && !rc; l++) {
-        for (size_t k = 0; k < n_roles && !rc; k++) {
-            const kv_tensor_role *r = &roles[k];
-            const float **vec;
-            kv_weight *mat;
-            kv_tensor_role_slot(r, &m->layers[l], &vec, &mat);
-            char name[128];
-            snprintf(name, sizeof name, "model.layers.%d.%s", l, r->hf);
-            /* rows 0: st_weight's 1-D tensor */
-            long long rows = r->rows == KV_TDIM_ONE ? 0 : kv_tensor_dim_size(&c, r->rows);
-            rc = st_weight(m, &s, name, rows, kv_tensor_dim_size(&c, r->cols),
-                           r->bias && !c.attn_bias, r->hf_shape, vec, mat, err);
-        }
+    if (!rc) {
+        hf_walk w = {m, &s, err};
+        rc = kv_layer_roles_each(&c, m->layers, load_role, &w);
     }
     if (!rc) {
         const char **paths = calloc((size_t)s.n_files + 1, sizeof *paths);

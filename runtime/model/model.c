@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "model/gguf_meta.h"
+#include "model/tensors.h"
 
 kv_model *kv_model_alloc(int n_layers, kv_error *err) {
     kv_model *m = kv_calloc(1, sizeof *m, "model", err);
@@ -85,11 +86,14 @@ int kv_config_check(const kv_config *c, const char *what, kv_error *err) {
     return KV_OK;
 }
 
+/* Parameters of one layer: every role of the table (model/tensors.h) that the config has. */
 static size_t layer_params(const kv_config *c) {
-    size_t d = (size_t)c->dim, q = (size_t)c->n_heads * c->head_dim,
-           kv = (size_t)c->n_kv_heads * c->head_dim, hid = (size_t)c->hidden_dim;
-    size_t n = 2 * d + q * d + 2 * kv * d + d * q + 3 * hid * d;
-    if (c->attn_bias) n += q + 2 * kv;
+    size_t n_roles, n = 0;
+    const kv_tensor_role *roles = kv_layer_tensor_roles(&n_roles);
+    for (size_t k = 0; k < n_roles; k++)
+        if (!(roles[k].bias && !c->attn_bias))
+            n += (size_t)kv_tensor_dim_size(c, roles[k].rows) *
+                 (size_t)kv_tensor_dim_size(c, roles[k].cols);
     return n;
 }
 
@@ -105,20 +109,20 @@ static size_t mat_bytes(kv_weight w, size_t rows, size_t cols) {
     return rows * (cols / (size_t)kv_dtype_block(w.type)) * kv_dtype_block_bytes(w.type);
 }
 
+/* Bytes of one tensor of the layers: a matrix in its type, a vector the model has in fp32. */
+static int tensor_bytes(const kv_role_tensor *t, void *user) {
+    size_t *n = user;
+    if (t->mat)
+        *n += mat_bytes(*t->mat, (size_t)t->rows, (size_t)t->cols);
+    else if (!t->optional)
+        *n += (size_t)t->cols * sizeof(float);
+    return 0;
+}
+
 /* Bytes of every matrix and fp32 vector of the layers, + the final norm. */
 static size_t layer_bytes(const kv_model *m) {
-    const kv_config *c = &m->cfg;
-    size_t d = (size_t)c->dim, q = (size_t)c->n_heads * c->head_dim,
-           kv = (size_t)c->n_kv_heads * c->head_dim, hid = (size_t)c->hidden_dim;
-    size_t n = d * sizeof(float);
-    for (int l = 0; l < c->n_layers; l++) {
-        const kv_layer_weights *w = &m->layers[l];
-        n += 2 * d * sizeof(float) + (c->attn_bias ? (q + 2 * kv) * sizeof(float) : 0);
-        n += mat_bytes(w->wq, q, d) + mat_bytes(w->wk, kv, d) + mat_bytes(w->wv, kv, d) +
-             mat_bytes(w->wo, d, q);
-        n += mat_bytes(w->w_gate, hid, d) + mat_bytes(w->w_up, hid, d) +
-             mat_bytes(w->w_down, d, hid);
-    }
+    size_t n = (size_t)m->cfg.dim * sizeof(float);
+    kv_layer_roles_each(&m->cfg, m->layers, tensor_bytes, &n);
     return n;
 }
 
@@ -140,18 +144,21 @@ size_t kv_model_resident_bytes(const kv_model *m) {
     return n;
 }
 
-/* Calls f(w, out, in, user) for every matrix of the model. */
+/* Calls f(w, out, in, user) for every matrix of the model: the classifier, then the layers'
+ * (model/tensors.h). */
+typedef struct matrix_walk {
+    void (*f)(kv_weight, int, int, void *);
+    void *user;
+} matrix_walk;
+static int matrix_one(const kv_role_tensor *t, void *user) {
+    const matrix_walk *w = user;
+    if (t->mat) w->f(*t->mat, (int)t->rows, (int)t->cols, w->user);
+    return 0;
+}
 static void each_matrix(const kv_model *m, void (*f)(kv_weight, int, int, void *), void *user) {
-    const kv_config *c = &m->cfg;
-    int d = c->dim, q = c->n_heads * c->head_dim, kv = c->n_kv_heads * c->head_dim,
-        hid = c->hidden_dim;
-    f(m->classifier, c->vocab_size, d, user);
-    for (int l = 0; l < c->n_layers; l++) {
-        const kv_layer_weights *w = &m->layers[l];
-        f(w->wq, q, d, user), f(w->wk, kv, d, user), f(w->wv, kv, d, user);
-        f(w->wo, d, q, user), f(w->w_gate, hid, d, user), f(w->w_up, hid, d, user);
-        f(w->w_down, d, hid, user);
-    }
+    f(m->classifier, m->cfg.vocab_size, m->cfg.dim, user);
+    matrix_walk w = {f, user};
+    kv_layer_roles_each(&m->cfg, m->layers, matrix_one, &w);
 }
 
 typedef struct scratch_need {

@@ -9,14 +9,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "quant/quant_traits.h"
+#include "quant/quant_kernels.h"
 #include "util/f16.h"
 
 #ifdef __clang__
 #pragma clang fp contract(off)
 #endif
 
-#if defined(__x86_64__) && defined(__GNUC__)
+#ifdef KV_QK_X86
 #define KV_QD_X86 1
 #include <cpuid.h>
 #include <immintrin.h>
@@ -89,23 +89,7 @@ const char *kv_isa_name(kv_isa isa) {
 /* ---- activation rows ---- */
 
 int kv_qdot_act_kind(kv_dtype t) {
-    switch (t) {
-    case KV_DT_Q8_0:
-    case KV_DT_Q4_0:
-    case KV_DT_Q4_1:
-    case KV_DT_Q5_0:
-    case KV_DT_Q5_1:
-        return 'A';
-    case KV_DT_Q4_K:
-    case KV_DT_Q5_K:
-    case KV_DT_Q6_K:
-        return 'K';
-    case KV_DT_F32:
-    case KV_DT_F16:
-    case KV_DT_BF16:
-        break;
-    }
-    return 0;
+    return kv_qblock_get(t).act;
 }
 
 static size_t up64(size_t v) {
@@ -202,14 +186,14 @@ static inline float fin8(const float *a) {
 /* ---- the 32-element types: weight block layout per type ---- */
 
 /* Block bytes, offset of qs, of qh (5-bit types), whether a min m follows d, the constant
- * subtracted from q (8, 16 or 0): quant_traits.h's facts in one value for the kernels. */
+ * subtracted from q (8, 16 or 0): the type's row of quant_types.h in one value for the kernels. */
 typedef struct t32 {
-    int bytes, qs, qh, has_m, off;
+    int bytes, qs, qh, has_m, off, sgn;
 } t32;
 
 static inline t32 t32_of(kv_dtype t) {
-    kv_qblock32 b = kv_qblock32_of(t);
-    return (t32){b.bytes, b.qs, b.qh, kv_qtype_has_min(t), kv_qtype_zero(t)};
+    kv_qblock b = kv_qblock_get(t);
+    return (t32){b.bytes, b.qs, b.qh, b.has_min, b.zero, b.sgn};
 }
 
 static inline uint32_t ld32(const uint8_t *p) {
@@ -227,8 +211,8 @@ static inline float f32blk(const uint8_t *b, int has_m, float dx, int32_t isum, 
 static inline int32_t i32blk_c(kv_dtype t, const uint8_t *b, const int8_t *x, int32_t s) {
     t32 L = t32_of(t);
     int32_t isum = 0;
-    if (t == KV_DT_Q8_0) {
-        const int8_t *w = (const int8_t *)(b + 2);
+    if (L.sgn) { /* Q8_0: signed codes */
+        const int8_t *w = (const int8_t *)(b + L.qs);
         for (int j = 0; j < QA; j++) isum += (int32_t)w[j] * x[j];
         return isum;
     }
@@ -335,7 +319,7 @@ static inline int32_t i6k_c(const uint8_t *blk, const int8_t *x, const int16_t *
     return isum;
 }
 
-static float dot_q6_k_c(const uint8_t *w, const void *act, int n) {
+float kv_qk_qdot_c_Q6_K(const uint8_t *w, const void *act, int n) {
     act_view a = act_of('K', act, n);
     float acc[8] = {0};
     for (int b = 0; b < n / QKB; b++) {
@@ -346,25 +330,25 @@ static float dot_q6_k_c(const uint8_t *w, const void *act, int n) {
     return fin8(acc);
 }
 
-static float dot_q8_0_c(const uint8_t *w, const void *a, int n) {
+float kv_qk_qdot_c_Q8_0(const uint8_t *w, const void *a, int n) {
     return dot32_c(KV_DT_Q8_0, w, a, n);
 }
-static float dot_q4_0_c(const uint8_t *w, const void *a, int n) {
+float kv_qk_qdot_c_Q4_0(const uint8_t *w, const void *a, int n) {
     return dot32_c(KV_DT_Q4_0, w, a, n);
 }
-static float dot_q4_1_c(const uint8_t *w, const void *a, int n) {
+float kv_qk_qdot_c_Q4_1(const uint8_t *w, const void *a, int n) {
     return dot32_c(KV_DT_Q4_1, w, a, n);
 }
-static float dot_q5_0_c(const uint8_t *w, const void *a, int n) {
+float kv_qk_qdot_c_Q5_0(const uint8_t *w, const void *a, int n) {
     return dot32_c(KV_DT_Q5_0, w, a, n);
 }
-static float dot_q5_1_c(const uint8_t *w, const void *a, int n) {
+float kv_qk_qdot_c_Q5_1(const uint8_t *w, const void *a, int n) {
     return dot32_c(KV_DT_Q5_1, w, a, n);
 }
-static float dot_q4_k_c(const uint8_t *w, const void *a, int n) {
+float kv_qk_qdot_c_Q4_K(const uint8_t *w, const void *a, int n) {
     return dotk45_c(4, w, a, n);
 }
-static float dot_q5_k_c(const uint8_t *w, const void *a, int n) {
+float kv_qk_qdot_c_Q5_K(const uint8_t *w, const void *a, int n) {
     return dotk45_c(5, w, a, n);
 }
 
@@ -374,8 +358,8 @@ static float dot_q5_k_c(const uint8_t *w, const void *a, int n) {
 /* The 32 weights of block b (type t) in element order as bytes: signed for Q8_0, unsigned
  * (0..31) for the others. */
 #define W32_BODY                                                                                   \
-    if (t == KV_DT_Q8_0) return _mm256_loadu_si256((const __m256i *)(const void *)(b + 2));        \
     t32 L = t32_of(t);                                                                             \
+    if (L.sgn) return _mm256_loadu_si256((const __m256i *)(const void *)(b + L.qs));               \
     __m128i qs = _mm_loadu_si128((const __m128i *)(const void *)(b + L.qs));                       \
     __m256i v =                                                                                    \
         _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(qs, 4), qs), _mm256_set1_epi8(15));       \
@@ -393,7 +377,7 @@ static float dot_q5_k_c(const uint8_t *w, const void *a, int n) {
 #define BLK_AVX2                                                                                   \
     __m256i x = _mm256_loadu_si256((const __m256i *)(const void *)xq);                             \
     __m256i w = w32(t, b);                                                                         \
-    if (t == KV_DT_Q8_0) {                                                                         \
+    if (t32_of(t).sgn) { /* signed codes: |w| times x with w's sign */                             \
         x = _mm256_sign_epi8(x, w);                                                                \
         w = _mm256_abs_epi8(w);                                                                    \
     }
@@ -485,36 +469,42 @@ KV_QD_AVX2 static inline __attribute__((always_inline)) void prefetch_ahead(cons
     return fin8(lane);
 
 KV_QD_AVX2 static inline __attribute__((always_inline)) float
-dot32_avx2(kv_dtype t, const uint8_t *w, const void *act, int n){DOT32_BODY(blk_avx2)} KV_QD_VNNI
-    static inline
-    __attribute__((always_inline)) float dot32_vnni(kv_dtype t, const uint8_t *w, const void *act,
-                                                    int n){DOT32_BODY(blk_vnni)}
+dot32_avx2(kv_dtype t, const uint8_t *w, const void *act, int n){DOT32_BODY(blk_avx2)}
 
+KV_QD_VNNI static inline
+    __attribute__((always_inline)) float dot32_vnni(kv_dtype t, const uint8_t *w, const void *act,
+                                                    int n) {
+    DOT32_BODY(blk_vnni)
+}
+
+/* The 32-element types' kernels: the bodies above with the type a constant (its facts fold). */
 #define DOT32_FN(name, attr, body, T)                                                              \
-    attr static float name(const uint8_t *w, const void *a, int n) {                               \
+    attr float name(const uint8_t *w, const void *a, int n) {                                      \
         return body(T, w, a, n);                                                                   \
     }
-DOT32_FN(dot_q8_0_avx2, KV_QD_AVX2, dot32_avx2, KV_DT_Q8_0)
-    DOT32_FN(dot_q4_0_avx2, KV_QD_AVX2, dot32_avx2, KV_DT_Q4_0)
-        DOT32_FN(dot_q4_1_avx2, KV_QD_AVX2, dot32_avx2, KV_DT_Q4_1)
-            DOT32_FN(dot_q5_0_avx2, KV_QD_AVX2, dot32_avx2, KV_DT_Q5_0)
-                DOT32_FN(dot_q5_1_avx2, KV_QD_AVX2, dot32_avx2, KV_DT_Q5_1)
-                    DOT32_FN(dot_q8_0_vnni, KV_QD_VNNI, dot32_vnni, KV_DT_Q8_0)
-                        DOT32_FN(dot_q4_1_vnni, KV_QD_VNNI, dot32_vnni, KV_DT_Q4_1)
-                            DOT32_FN(dot_q5_0_vnni, KV_QD_VNNI, dot32_vnni, KV_DT_Q5_0)
-                                DOT32_FN(dot_q5_1_vnni, KV_QD_VNNI, dot32_vnni, KV_DT_Q5_1)
+/* clang-format off */
+DOT32_FN(kv_qk_qdot_avx2_Q8_0, KV_QD_AVX2, dot32_avx2, KV_DT_Q8_0)
+DOT32_FN(kv_qk_qdot_avx2_Q4_0, KV_QD_AVX2, dot32_avx2, KV_DT_Q4_0)
+DOT32_FN(kv_qk_qdot_avx2_Q4_1, KV_QD_AVX2, dot32_avx2, KV_DT_Q4_1)
+DOT32_FN(kv_qk_qdot_avx2_Q5_0, KV_QD_AVX2, dot32_avx2, KV_DT_Q5_0)
+DOT32_FN(kv_qk_qdot_avx2_Q5_1, KV_QD_AVX2, dot32_avx2, KV_DT_Q5_1)
+DOT32_FN(kv_qk_qdot_vnni_Q8_0, KV_QD_VNNI, dot32_vnni, KV_DT_Q8_0)
+DOT32_FN(kv_qk_qdot_vnni_Q4_1, KV_QD_VNNI, dot32_vnni, KV_DT_Q4_1)
+DOT32_FN(kv_qk_qdot_vnni_Q5_0, KV_QD_VNNI, dot32_vnni, KV_DT_Q5_0)
+DOT32_FN(kv_qk_qdot_vnni_Q5_1, KV_QD_VNNI, dot32_vnni, KV_DT_Q5_1)
+/* clang-format on */
 
-    /* Q4_0 on AVX-512 VNNI, the decode kernel of the most downloaded 4-bit type: the same
-     * integers and float operations as dot32_vnni (so the same bits), with fewer shuffles,
-     * which bound that loop on AMD Zen 4 (two shuffle/shift pipes):
-     * - a block's 16 bytes are broadcast to both halves of a vector and masked with 0x0f
-     *   (low half: elements 0-15) and 0xf0 (high half: 16 x elements 16-31) instead of
-     *   shifted and inserted; vpdpbusd sums u8 x s8 in int32 without saturation (4 x 240 x 127
-     *   per lane), so the high half's sum is exactly 16 times the true one and an arithmetic
-     *   shift by 4 after the horizontal sums restores it;
-     * - the eight f16 scales of a group of 8 blocks (18 bytes each, so at 16-bit word offsets
-     *   0, 9, ..., 63 of the group's first 128 bytes) come out of one vpermt2w. */
-    KV_QD_VNNI static float dot_q4_0_vnni(const uint8_t *w, const void *act, int n) {
+/* Q4_0 on AVX-512 VNNI, the decode kernel of the most downloaded 4-bit type: the same
+ * integers and float operations as dot32_vnni (so the same bits), with fewer shuffles,
+ * which bound that loop on AMD Zen 4 (two shuffle/shift pipes):
+ * - a block's 16 bytes are broadcast to both halves of a vector and masked with 0x0f
+ *   (low half: elements 0-15) and 0xf0 (high half: 16 x elements 16-31) instead of
+ *   shifted and inserted; vpdpbusd sums u8 x s8 in int32 without saturation (4 x 240 x 127
+ *   per lane), so the high half's sum is exactly 16 times the true one and an arithmetic
+ *   shift by 4 after the horizontal sums restores it;
+ * - the eight f16 scales of a group of 8 blocks (18 bytes each, so at 16-bit word offsets
+ *   0, 9, ..., 63 of the group's first 128 bytes) come out of one vpermt2w. */
+KV_QD_VNNI float kv_qk_qdot_vnni_Q4_0(const uint8_t *w, const void *act, int n) {
     const t32 L = t32_of(KV_DT_Q4_0); /* 18-byte blocks, qs at 2, zero point 8 */
     act_view a = act_of('A', act, n);
     int nb = n / QA, b = 0;
@@ -649,17 +639,17 @@ dotk45_avx2(int bits, const uint8_t *w, const void *act, int n) {
     return fin8(lane);
 }
 
-KV_QD_AVX2 static float dot_q4_k_avx2(const uint8_t *w, const void *a, int n) {
+KV_QD_AVX2 float kv_qk_qdot_avx2_Q4_K(const uint8_t *w, const void *a, int n) {
     return dotk45_avx2(4, w, a, n);
 }
-KV_QD_AVX2 static float dot_q5_k_avx2(const uint8_t *w, const void *a, int n) {
+KV_QD_AVX2 float kv_qk_qdot_avx2_Q5_K(const uint8_t *w, const void *a, int n) {
     return dotk45_avx2(5, w, a, n);
 }
 
 /* Q6_K: the four 32-element quarters of each half as unsigned 6-bit bytes, maddubs with the
  * activations, madd with the int8 scales of their two groups of 16; minus 32 * the scaled
  * per-16 sums. */
-KV_QD_AVX2 static float dot_q6_k_avx2(const uint8_t *w, const void *act, int n) {
+KV_QD_AVX2 float kv_qk_qdot_avx2_Q6_K(const uint8_t *w, const void *act, int n) {
     act_view a = act_of('K', act, n);
     float lane[8] = {0};
     const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(3);
@@ -714,6 +704,17 @@ KV_QD_AVX2 static float dot_q6_k_avx2(const uint8_t *w, const void *act, int n) 
         lane[b & 7] = lane[b & 7] + (a.d[b] * h2f(blk + 208)) * (float)isum;
     }
     return fin8(lane);
+}
+
+/* The K-quants on AVX-512 VNNI: the AVX2 kernels (maddubs + madd with the scales). */
+KV_QD_VNNI float kv_qk_qdot_vnni_Q4_K(const uint8_t *w, const void *a, int n) {
+    return kv_qk_qdot_avx2_Q4_K(w, a, n);
+}
+KV_QD_VNNI float kv_qk_qdot_vnni_Q5_K(const uint8_t *w, const void *a, int n) {
+    return kv_qk_qdot_avx2_Q5_K(w, a, n);
+}
+KV_QD_VNNI float kv_qk_qdot_vnni_Q6_K(const uint8_t *w, const void *a, int n) {
+    return kv_qk_qdot_avx2_Q6_K(w, a, n);
 }
 #endif
 
@@ -791,118 +792,4 @@ void kv_qdot_quantize_act_isa(kv_dtype t, const float *x, int n, void *act, kv_i
 
 void kv_qdot_quantize_act(kv_dtype t, const float *x, int n, void *act) {
     kv_qdot_quantize_act_isa(t, x, n, act, kv_isa_best());
-}
-
-kv_qdot_fn kv_qdot_kernel(kv_dtype t, kv_isa isa) {
-    if (!kv_isa_available(isa)) return NULL;
-#ifdef KV_QD_X86
-    if (isa == KV_ISA_AVX512_VNNI) switch (t) {
-        case KV_DT_Q8_0:
-            return dot_q8_0_vnni;
-        case KV_DT_Q4_0:
-            return dot_q4_0_vnni;
-        case KV_DT_Q4_1:
-            return dot_q4_1_vnni;
-        case KV_DT_Q5_0:
-            return dot_q5_0_vnni;
-        case KV_DT_Q5_1:
-            return dot_q5_1_vnni;
-        default:
-            break; /* the K-quants: the AVX2 kernels (maddubs + madd with the scales) */
-        }
-    if (isa != KV_ISA_PORTABLE) switch (t) {
-        case KV_DT_Q8_0:
-            return dot_q8_0_avx2;
-        case KV_DT_Q4_0:
-            return dot_q4_0_avx2;
-        case KV_DT_Q4_1:
-            return dot_q4_1_avx2;
-        case KV_DT_Q5_0:
-            return dot_q5_0_avx2;
-        case KV_DT_Q5_1:
-            return dot_q5_1_avx2;
-        case KV_DT_Q4_K:
-            return dot_q4_k_avx2;
-        case KV_DT_Q5_K:
-            return dot_q5_k_avx2;
-        case KV_DT_Q6_K:
-            return dot_q6_k_avx2;
-        default:
-            return NULL;
-        }
-#endif
-    switch (t) {
-    case KV_DT_Q8_0:
-        return dot_q8_0_c;
-    case KV_DT_Q4_0:
-        return dot_q4_0_c;
-    case KV_DT_Q4_1:
-        return dot_q4_1_c;
-    case KV_DT_Q5_0:
-        return dot_q5_0_c;
-    case KV_DT_Q5_1:
-        return dot_q5_1_c;
-    case KV_DT_Q4_K:
-        return dot_q4_k_c;
-    case KV_DT_Q5_K:
-        return dot_q5_k_c;
-    case KV_DT_Q6_K:
-        return dot_q6_k_c;
-    default:
-        return NULL;
-    }
-}
-
-int kv_dot_row_q8(kv_dtype t, const void *w, const float *x, int64_t n, kv_isa isa, float *out,
-                  kv_error *err) {
-    size_t rb;
-    if (kv_dtype_row_bytes(t, n, "integer dot", &rb, err)) return KV_EINPUT;
-    if (!kv_qdot_act_kind(t))
-        return kv_fail(err, KV_EINPUT,
-                       "integer dot: weight type %s has no integer kernel (F32, F16 and BF16 "
-                       "use fp32 activations: kv_dot_row)",
-                       kv_dtype_name((uint32_t)t));
-    if (n > (1 << 30))
-        return kv_fail(err, KV_EINPUT,
-                       "integer dot: a row of %lld elements is too long (at most 2^30)",
-                       (long long)n);
-    kv_qdot_fn f = kv_qdot_kernel(t, isa);
-    if (!f)
-        return kv_fail(err, KV_EINPUT, "integer dot: this CPU cannot run the %s kernels",
-                       kv_isa_name(isa));
-    void *act = kv_malloc(kv_qdot_act_bytes(t, (int)n), "quantised activation row", err);
-    if (!act) return KV_EINTERNAL;
-    kv_qdot_quantize_act_isa(t, x, (int)n, act, isa);
-    *out = f(w, act, (int)n);
-    free(act);
-    return KV_OK;
-}
-
-/* Bytes of quantised activation rows per pass over the weights in kv_qmatmul_int (at most 16
- * rows): the rows of a pass stay in L1 (32 KiB) with the weight row that meets them all;
- * measured: 16 rows of 2048 (40 KiB) took 2x the time per dot of 8. */
-#define KV_QINT_TILE_BYTES 16384
-
-void kv_qmatmul_int_range(float *y, const void *act, const void *w, kv_dtype wt, int rows, int in,
-                          int out, int o0, int o1) {
-    size_t ab = kv_qdot_act_bytes(wt, in);
-    size_t rb = (size_t)(in / kv_dtype_block(wt)) * kv_dtype_block_bytes(wt);
-    const uint8_t *A = act, *W = w;
-    kv_qdot_fn f = kv_qdot_kernel(wt, kv_isa_best());
-    int tile = (int)(KV_QINT_TILE_BYTES / ab);
-    tile = tile < 1 ? 1 : tile > 16 ? 16 : tile;
-    for (int r0 = 0; r0 < rows; r0 += tile) {
-        int r1 = r0 + tile < rows ? r0 + tile : rows;
-        for (int o = o0; o < o1; o++)
-            for (int r = r0; r < r1; r++)
-                y[(size_t)r * out + o] = f(W + (size_t)o * rb, A + r * ab, in);
-    }
-}
-
-void kv_qmatmul_int(float *y, const float *x, const void *w, kv_dtype wt, int rows, int in, int out,
-                    void *act) {
-    size_t ab = kv_qdot_act_bytes(wt, in);
-    uint8_t *A = act;
-    for (int r = 0; r < rows; r++) kv_qdot_quantize_act(wt, x + (size_t)r * in, in, A + r * ab);
-    kv_qmatmul_int_range(y, act, w, wt, rows, in, out, 0, out);
 }

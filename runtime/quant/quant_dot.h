@@ -54,11 +54,13 @@ void kv_qdot_quantize_act_isa(kv_dtype t, const float *x, int n, void *act, kv_i
 /* One weight row w of type t (n elements) times a quantised activation row. */
 typedef float (*kv_qdot_fn)(const uint8_t *w, const void *act, int n);
 
-/* The kernel for type t on instruction set isa; NULL when t has no integer dot or the CPU lacks
- * the isa (kv_isa_available). */
+/* The kernel for type t on instruction set isa: the qdot entry of t's traits row
+ * (quant_traits.h; defined with the table, quant_traits.c); NULL when t has no integer dot or
+ * the CPU lacks the isa (kv_isa_available). */
 kv_qdot_fn kv_qdot_kernel(kv_dtype t, kv_isa isa);
 
-/* Paths of kv_qmatmul for quantised types, for the benchmark: the integer dots for every row
+/* Paths of kv_qmatmul for quantised types (defined in quant.c), for the benchmark: the integer
+ * dots for every row
  * (act: rows * kv_qdot_act_bytes bytes, caller-owned), or the dequantised F32 tile + sgemm
  * (scratch: kv_qmatmul_scratch_floats floats). */
 void kv_qmatmul_int(float *y, const float *x, const void *w, kv_dtype wt, int rows, int in, int out,

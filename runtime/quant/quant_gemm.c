@@ -17,7 +17,6 @@
 #include <string.h>
 
 #include "quant/quant_traits.h"
-#include "util/f16.h"
 
 #ifdef __clang__
 #pragma clang fp contract(off)
@@ -34,39 +33,24 @@
 #define REC 320 /* bytes of one strip's block record: 256 of u, 32 of a, 32 of m */
 #define NPAD 2  /* activation rows are padded to a multiple of this (the smallest tile height) */
 
-static inline float h2f(const uint8_t *p) {
-    return kv_f16_to_f32(kv_load_u16le(p));
-}
-
 static size_t up64(size_t v) {
     return (v + 63) / 64 * 64;
 }
 
 int kv_qgemm_covers(kv_dtype t) {
-    switch (t) {
-    case KV_DT_Q8_0:
-    case KV_DT_Q4_0:
-    case KV_DT_Q4_1:
-    case KV_DT_Q5_0:
-    case KV_DT_Q5_1:
-    case KV_DT_Q4_K:
-    case KV_DT_Q5_K:
-    case KV_DT_Q6_K:
-        return 1;
-    default:
-        return 0;
-    }
+    return kv_qtraits_get(t)->repack != NULL;
 }
 
 /* Q6_K: a scale per 16 weights, so per block of 32 two (a in a, the second in m's place) */
 static int two_scales(kv_dtype t) {
-    return t == KV_DT_Q6_K;
+    return kv_qblock_get(t).group == 16;
 }
 
 /* The integer subtracted from a code times the activation block's sum: the type's zero point,
- * and for Q8_0 the 128 its signed codes are biased by to be unsigned in the packed strips. */
+ * and for signed codes (Q8_0) the 128 they are biased by to be unsigned in the packed strips. */
 static int off_of(kv_dtype t) {
-    return t == KV_DT_Q8_0 ? 128 : kv_qtype_zero(t);
+    kv_qblock b = kv_qblock_get(t);
+    return b.sgn ? 128 : b.zero;
 }
 
 /* ---- activation rows: q int8 [in] at 0; at up64(in): d [nb], ds [nb] fp32, s [nb] int32 ---- */
@@ -191,141 +175,21 @@ void kv_qgemm_quantize(kv_dtype wt, const float *x, int rows, int in, void *act)
 
 /* ---- weights ---- */
 
-static void k_scale_min(const uint8_t *sc, int s, int *scale, int *min) {
-    if (s < 4) {
-        *scale = sc[s] & 63;
-        *min = sc[s + 4] & 63;
-    } else {
-        *scale = (sc[s + 4] & 15) | (sc[s - 4] >> 6) << 4;
-        *min = (sc[s + 4] >> 4) | (sc[s] >> 6) << 4;
-    }
-}
-
-/* Block b (of 32) of the W row `row` of type t: u [32], a, m (quant_gemm.h). */
-static void unpack_blk(kv_dtype t, const uint8_t *row, int b, uint8_t *u, float *a, float *m) {
-    const kv_qblock32 L = kv_qblock32_of(t); /* the 32-element types */
-    *m = 0.0f;
-    switch (t) {
-    case KV_DT_Q8_0: {
-        const uint8_t *blk = row + (size_t)b * (size_t)L.bytes;
-        for (int j = 0; j < QB; j++) u[j] = (uint8_t)(blk[L.qs + j] ^ 0x80u);
-        *a = h2f(blk);
-        return;
-    }
-    case KV_DT_Q4_0:
-    case KV_DT_Q4_1: {
-        const uint8_t *blk = row + (size_t)b * (size_t)L.bytes;
-        for (int j = 0; j < 16; j++) {
-            u[j] = blk[L.qs + j] & 15;
-            u[j + 16] = blk[L.qs + j] >> 4;
-        }
-        *a = h2f(blk);
-        if (t == KV_DT_Q4_1) *m = h2f(blk + 2);
-        return;
-    }
-    case KV_DT_Q5_0:
-    case KV_DT_Q5_1: {
-        int qh = L.qh;
-        const uint8_t *blk = row + (size_t)b * (size_t)L.bytes, *qs = blk + L.qs;
-        uint32_t h = (uint32_t)blk[qh] | (uint32_t)blk[qh + 1] << 8 | (uint32_t)blk[qh + 2] << 16 |
-                     (uint32_t)blk[qh + 3] << 24;
-        for (int j = 0; j < 16; j++) {
-            u[j] = (uint8_t)((qs[j] & 15) | ((h >> j) & 1u) << 4);
-            u[j + 16] = (uint8_t)((qs[j] >> 4) | ((h >> (j + 16)) & 1u) << 4);
-        }
-        *a = h2f(blk);
-        if (t == KV_DT_Q5_1) *m = h2f(blk + 2);
-        return;
-    }
-    case KV_DT_Q4_K:
-    case KV_DT_Q5_K: {
-        int five = t == KV_DT_Q5_K, sb = b / 8, s = b % 8, c = s / 2, sh = 4 * (s & 1);
-        const uint8_t *blk = row + (size_t)sb * (five ? 176u : 144u);
-        const uint8_t *qs = blk + (five ? 48 : 16) + 32 * c, *qh = blk + 16;
-        int sc, mn;
-        k_scale_min(blk + 4, s, &sc, &mn);
-        for (int j = 0; j < QB; j++) {
-            int v = (qs[j] >> sh) & 15;
-            if (five) v |= ((qh[j] >> s) & 1) << 4;
-            u[j] = (uint8_t)v;
-        }
-        *a = h2f(blk) * (float)sc;
-        *m = -(h2f(blk + 2) * (float)mn);
-        return;
-    }
-    case KV_DT_Q6_K: {
-        int sub = b % 8, h = sub / 4, qq = sub % 4;
-        const uint8_t *blk = row + (size_t)(b / 8) * 210u;
-        const uint8_t *ql = blk + 64 * h + 32 * (qq & 1), *qh = blk + 128 + 32 * h;
-        for (int j = 0; j < QB; j++)
-            u[j] = (uint8_t)(((ql[j] >> (4 * (qq >> 1))) & 15) | ((qh[j] >> (2 * qq)) & 3) << 4);
-        float d = h2f(blk + 208);
-        *a = d * (float)(int8_t)blk[192 + 2 * sub];
-        *m = d * (float)(int8_t)blk[192 + 2 * sub + 1]; /* the second half's scale */
-        return;
-    }
-    default:
-        memset(u, 0, QB);
-        *a = 0.0f;
-        return;
-    }
-}
-
-/* unpack_blk's a and m alone. */
-static inline void scale_blk(kv_dtype t, const uint8_t *row, int b, float *a, float *m) {
-    *m = 0.0f;
-    switch (t) {
-    case KV_DT_Q8_0:
-        *a = h2f(row + (size_t)b * 34);
-        return;
-    case KV_DT_Q4_0:
-        *a = h2f(row + (size_t)b * 18);
-        return;
-    case KV_DT_Q5_0:
-        *a = h2f(row + (size_t)b * 22);
-        return;
-    case KV_DT_Q4_1:
-    case KV_DT_Q5_1: {
-        const uint8_t *blk = row + (size_t)b * (t == KV_DT_Q4_1 ? 20u : 24u);
-        *a = h2f(blk);
-        *m = h2f(blk + 2);
-        return;
-    }
-    case KV_DT_Q4_K:
-    case KV_DT_Q5_K: {
-        const uint8_t *blk = row + (size_t)(b / 8) * (t == KV_DT_Q5_K ? 176u : 144u);
-        int sc, mn;
-        k_scale_min(blk + 4, b % 8, &sc, &mn);
-        *a = h2f(blk) * (float)sc;
-        *m = -(h2f(blk + 2) * (float)mn);
-        return;
-    }
-    case KV_DT_Q6_K: {
-        const uint8_t *blk = row + (size_t)(b / 8) * 210u;
-        float d = h2f(blk + 208);
-        *a = d * (float)(int8_t)blk[192 + 2 * (b % 8)];
-        *m = d * (float)(int8_t)blk[192 + 2 * (b % 8) + 1];
-        return;
-    }
-    default:
-        *a = 0.0f;
-        return;
-    }
-}
-
 static size_t wrow_bytes(kv_dtype t, int in) {
-    return (size_t)(in / kv_dtype_block(t)) * kv_dtype_block_bytes(t);
+    kv_qblock b = kv_qblock_get(t);
+    return (size_t)(in / b.block) * (size_t)b.bytes;
 }
 
 /* ---- the portable reference ---- */
 
 static float ref_one(kv_dtype t, const uint8_t *wrow, arow x, int in) {
-    int off = off_of(t), hm = kv_qtype_has_min(t), two = two_scales(t);
+    int off = off_of(t), hm = kv_qblock_get(t).has_min, two = two_scales(t);
+    kv_qrepack_fn repack = kv_qtraits_get(t)->repack;
     float acc = 0.0f;
     for (int b = 0; b < in / QB; b++) {
         uint8_t u[QB];
         float a, m;
-        unpack_blk(t, wrow, b, u, &a, &m);
+        repack(wrow, b, u, &a, &m);
         int32_t I = 0, I1 = 0;
         for (int j = 0; j < QB; j++) {
             int32_t p = ((int32_t)u[j] - off) * x.q[(size_t)b * QB + j];
@@ -360,126 +224,6 @@ size_t kv_qgemm_panel_bytes(int cs, int in) {
 
 /* ---- kernels ---- */
 #ifdef KV_QG_X86
-
-/* Block b of a W row: its 32 u as bytes (unpack_blk's u, in vector form). */
-KV_QG_AVX2 static inline __attribute__((always_inline)) __m256i
-u32_avx2(kv_dtype t, const uint8_t *row, int b) {
-    const __m256i m4 = _mm256_set1_epi8(15);
-    const kv_qblock32 L = kv_qblock32_of(t); /* the 32-element types */
-    switch (t) {
-    case KV_DT_Q8_0:
-        return _mm256_xor_si256(
-            _mm256_loadu_si256((const __m256i *)(const void *)(row + (size_t)b * L.bytes + L.qs)),
-            _mm256_set1_epi8((char)0x80));
-    case KV_DT_Q4_0:
-    case KV_DT_Q4_1: {
-        const uint8_t *blk = row + (size_t)b * (size_t)L.bytes;
-        __m128i qs = _mm_loadu_si128((const __m128i *)(const void *)(blk + L.qs));
-        return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(qs, 4), qs), m4);
-    }
-    case KV_DT_Q5_0:
-    case KV_DT_Q5_1: {
-        int qhoff = L.qh;
-        const uint8_t *blk = row + (size_t)b * (size_t)L.bytes;
-        __m128i qs = _mm_loadu_si128((const __m128i *)(const void *)(blk + L.qs));
-        __m256i v = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(qs, 4), qs), m4);
-        int32_t h;
-        memcpy(&h, blk + qhoff, 4);
-        /* byte j takes bit j of qh as its bit 4 */
-        const __m256i pick = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2,
-                                              2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
-        const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
-        __m256i rep = _mm256_shuffle_epi8(_mm256_set1_epi32(h), pick);
-        __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(rep, bit), bit);
-        return _mm256_or_si256(v, _mm256_and_si256(set, _mm256_set1_epi8(16)));
-    }
-    case KV_DT_Q4_K:
-    case KV_DT_Q5_K: {
-        int five = t == KV_DT_Q5_K, sb = b / 8, sub = b % 8, c = sub / 2;
-        const uint8_t *blk = row + (size_t)sb * (five ? 176u : 144u);
-        __m256i v =
-            _mm256_loadu_si256((const __m256i *)(const void *)(blk + (five ? 48 : 16) + 32 * c));
-        v = _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(4 * (sub & 1))), m4);
-        if (five) {
-            __m256i qh = _mm256_loadu_si256((const __m256i *)(const void *)(blk + 16));
-            __m256i hb =
-                _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(sub)), _mm256_set1_epi8(1));
-            v = _mm256_or_si256(v, _mm256_slli_epi16(hb, 4));
-        }
-        return v;
-    }
-    case KV_DT_Q6_K: {
-        int sub = b % 8, h = sub / 4, qq = sub % 4;
-        const uint8_t *blk = row + (size_t)(b / 8) * 210u;
-        __m256i l =
-            _mm256_loadu_si256((const __m256i *)(const void *)(blk + 64 * h + 32 * (qq & 1)));
-        __m256i hb = _mm256_loadu_si256((const __m256i *)(const void *)(blk + 128 + 32 * h));
-        l = _mm256_and_si256(_mm256_srl_epi16(l, _mm_cvtsi32_si128(4 * (qq >> 1))), m4);
-        hb = _mm256_and_si256(_mm256_srl_epi16(hb, _mm_cvtsi32_si128(2 * qq)), _mm256_set1_epi8(3));
-        return _mm256_or_si256(l, _mm256_slli_epi16(hb, 4));
-    }
-    default:
-        return _mm256_setzero_si256();
-    }
-}
-
-/* pack_strip with the u of 8 rows transposed as 8 x 8 dwords in registers. */
-KV_QG_AVX2 static void pack_strip_avx2(kv_dtype t, const uint8_t *W, size_t rb, int o, int o1,
-                                       int nb, uint8_t *P) {
-    int nv = o1 - o < 8 ? o1 - o : 8, kq = t == KV_DT_Q4_K || t == KV_DT_Q5_K;
-    float ka[8][8], km[8][8]; /* K-quants: a and m of the super-block's 8 sub-blocks, per row */
-    for (int b = 0; b < nb; b++) {
-        uint8_t *rec = P + (size_t)b * REC;
-        __m256i r[8];
-        float a[8], m[8];
-        if (kq && b % 8 == 0)
-            for (int i = 0; i < nv; i++) {
-                const uint8_t *blk =
-                    W + (size_t)(o + i) * rb + (size_t)(b / 8) * (t == KV_DT_Q5_K ? 176u : 144u);
-                float d = h2f(blk), dmin = h2f(blk + 2);
-                for (int sub = 0; sub < 8; sub++) {
-                    int sc, mn;
-                    k_scale_min(blk + 4, sub, &sc, &mn);
-                    ka[i][sub] = d * (float)sc;
-                    km[i][sub] = -(dmin * (float)mn);
-                }
-            }
-        for (int i = 0; i < 8; i++) {
-            if (i < nv) {
-                const uint8_t *row = W + (size_t)(o + i) * rb;
-                r[i] = u32_avx2(t, row, b);
-                if (kq) {
-                    a[i] = ka[i][b % 8];
-                    m[i] = km[i][b % 8];
-                } else {
-                    scale_blk(t, row, b, &a[i], &m[i]);
-                }
-            } else {
-                r[i] = _mm256_setzero_si256();
-                a[i] = m[i] = 0.0f;
-            }
-        }
-        __m256i t0 = _mm256_unpacklo_epi32(r[0], r[1]), t1 = _mm256_unpackhi_epi32(r[0], r[1]);
-        __m256i t2 = _mm256_unpacklo_epi32(r[2], r[3]), t3 = _mm256_unpackhi_epi32(r[2], r[3]);
-        __m256i t4 = _mm256_unpacklo_epi32(r[4], r[5]), t5 = _mm256_unpackhi_epi32(r[4], r[5]);
-        __m256i t6 = _mm256_unpacklo_epi32(r[6], r[7]), t7 = _mm256_unpackhi_epi32(r[6], r[7]);
-        __m256i u0 = _mm256_unpacklo_epi64(t0, t2), u1 = _mm256_unpackhi_epi64(t0, t2);
-        __m256i u2 = _mm256_unpacklo_epi64(t1, t3), u3 = _mm256_unpackhi_epi64(t1, t3);
-        __m256i u4 = _mm256_unpacklo_epi64(t4, t6), u5 = _mm256_unpackhi_epi64(t4, t6);
-        __m256i u6 = _mm256_unpacklo_epi64(t5, t7), u7 = _mm256_unpackhi_epi64(t5, t7);
-        __m256i *d = (__m256i *)(void *)rec;
-        _mm256_storeu_si256(d + 0, _mm256_permute2x128_si256(u0, u4, 0x20));
-        _mm256_storeu_si256(d + 1, _mm256_permute2x128_si256(u1, u5, 0x20));
-        _mm256_storeu_si256(d + 2, _mm256_permute2x128_si256(u2, u6, 0x20));
-        _mm256_storeu_si256(d + 3, _mm256_permute2x128_si256(u3, u7, 0x20));
-        _mm256_storeu_si256(d + 4, _mm256_permute2x128_si256(u0, u4, 0x31));
-        _mm256_storeu_si256(d + 5, _mm256_permute2x128_si256(u1, u5, 0x31));
-        _mm256_storeu_si256(d + 6, _mm256_permute2x128_si256(u2, u6, 0x31));
-        _mm256_storeu_si256(d + 7, _mm256_permute2x128_si256(u3, u7, 0x31));
-        memcpy(rec + 256, a, 32);
-        memcpy(rec + 288, m, 32);
-    }
-}
 
 static inline int32_t ld_i32(const int8_t *p) {
     int32_t v;
@@ -601,7 +345,7 @@ QG_TILE_AVX2(tile_avx2_2, 2)
 static void run_tiles(kv_isa isa, const uint8_t *P, size_t sstride, int strips, const uint8_t *A,
                       size_t arb, int r0, int r1, int in, kv_dtype wt, float *y, int out, int rows,
                       int o0, int o1) {
-    int nb = in / QB, hm = kv_qtype_has_min(wt), q8 = wt == KV_DT_Q8_0,
+    int nb = in / QB, hm = kv_qblock_get(wt).has_min, q8 = kv_qblock_get(wt).sgn,
         vnni = isa == KV_ISA_AVX512_VNNI;
     int two = two_scales(wt);
     int sm = vnni ? 2 : 1, big = vnni ? 6 : 4;
@@ -647,8 +391,8 @@ void kv_qgemm_range(float *y, const void *act, const void *w, kv_dtype wt, int r
         int nb = in / QB, strips = (o1 - o0 + 15) / 16 * 2;
         size_t sstride = (size_t)nb * REC;
         uint8_t *P = panel;
-        for (int s = 0; s < strips; s++)
-            pack_strip_avx2(wt, W, rb, o0 + 8 * s, o1, nb, P + s * sstride);
+        kv_qpack_fn pack = kv_qtraits_get(wt)->pack[isa];
+        for (int s = 0; s < strips; s++) pack(W, rb, o0 + 8 * s, o1, nb, P + s * sstride);
         int rp = (rows + NPAD - 1) / NPAD * NPAD;
         int xb = (int)(QG_XBLOCK_BYTES / arb) / NPAD * NPAD;
         if (xb < NPAD) xb = NPAD;
