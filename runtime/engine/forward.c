@@ -151,7 +151,9 @@ int kv_forward(const kv_model *m, kv_backend *b, kv_cache *const *seqs, int n_se
         rc = kv_forward_layer(b, seqs, n_seqs, n, l, hooks, err);
     /* the logits before n_past moves: a step whose logits fail is undone like any other */
     if (!rc) rc = kv_forward_logits(b, n_seqs, n, mode, logits, err);
+    if (!rc && b->ops->end_step) rc = b->ops->end_step(b, 1, err);
     if (rc) {
+        if (b->ops->end_step) b->ops->end_step(b, 0, NULL);
         forward_undo(seqs, n_seqs, l - 1);
         return rc;
     }
