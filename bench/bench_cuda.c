@@ -24,7 +24,9 @@
  * modelled, not measured), and per step the attention kernel's modelled fraction of HBM and the
  * modelled tokens/s (the kernels' modelled times + 3 us per launch + 10 us per host wait; GEMMs
  * at batch 32 at the roofline) next to the bandwidth limit (the weights as uploaded + the F16 K/V
- * read once per step at 3.35 TB/s). Usage: bench_cuda_fake
+ * read once per step at 3.35 TB/s); the same for R = 1/4 h2o plans (tracked heads, evicting
+ * each step). Usage: bench_cuda_fake [--profile HKV B CTX sink|h2o STEPS] (one row, STEPS
+ * steps: for perf record).
  */
 #include "kvplan/engine.h"
 #include "backend/kvcuda.h"
@@ -166,15 +168,32 @@ static double model_step(const kv_config *c, int B, int ctx, long launches, long
     return c->n_layers * (layer + r.t) + logits + launches * d.launch_s + syncs * d.sync_s;
 }
 
+/* The plan of a decode row at context ctx: the full cache (sink, nothing tracked) when h2o is
+ * 0, else uniform R = 1/4 under h2o (every head tracks statistics and, at its budget, evicts
+ * by them each step). *prompt: the prefill's tokens (ctx - 1 - steps, so that the last of
+ * `steps` timed steps after one more reaches the context; for h2o the budget - 2, so the
+ * prefill evicts nothing and the timed steps all evict). */
+static int row_plan(const kv_config *c, int ctx, int h2o, int steps, kv_plan *plan, int *prompt,
+                    kv_error *err) {
+    int rc = h2o ? kv_plan_uniform(c, 0.25, ctx, 16, 16, KV_POLICY_H2O, plan, err)
+                 : kv_plan_full(c, ctx, 16, 16, KV_POLICY_SINK, plan, err);
+    if (rc) return fail("plan", err);
+    *prompt = h2o ? plan->budget[0] - 2 : ctx - 1 - steps;
+    return 0;
+}
+
 /* One decode step's counters at batch B, context ctx on model m (count-only), printed as a row;
- * wratio: the weights' device bytes per file byte. Host ms: the wall time of the counted step on
- * this machine (nothing runs on the fake device, so it is the host's own work: packing, staging,
- * the engine's bookkeeping); pinned MB: pinned host memory live after it. */
-static int decode_row(const kv_model *m, int B, int ctx, double wratio, const int *tok,
-                      float *logits, kv_error *err) {
+ * wratio: the weights' device bytes per file byte; h2o: row_plan's. Host ms: the thread CPU
+ * time of the counted step on this machine (nothing runs on the fake device, so it is the
+ * host's own work: packing, staging, the engine's bookkeeping), the least of `steps` (3 in the
+ * table; --profile runs more); pinned MB: pinned host memory live after it. */
+static int decode_row(const kv_model *m, int B, int ctx, int h2o, int steps, double wratio,
+                      const int *tok, float *logits, kv_error *err) {
     const kv_config *c = &m->cfg;
     kv_plan plan;
-    if (kv_plan_full(c, ctx, 16, 16, KV_POLICY_SINK, &plan, err)) return fail("plan", err);
+    int prompt = 0;
+    if (row_plan(c, ctx, h2o, steps, &plan, &prompt, err)) return 1;
+    int kvlen = h2o ? plan.budget[0] : ctx; /* the entries each head attends */
     kvfake_reset();
     kvfake_set_count_only(1);
     kvfake_watch_grid(kvfake_paged_attention_kernel(0));
@@ -188,14 +207,16 @@ static int decode_row(const kv_model *m, int B, int ctx, double wratio, const in
     int seqs[32];
     for (int q = 0; q < B; q++)
         if (kv_engine_seq_open(e, NULL, NULL, &seqs[q], err) ||
-            kv_engine_prefill(e, seqs[q], tok, ctx - 4, KV_LOGITS_NONE, NULL, NULL, err))
+            kv_engine_prefill(e, seqs[q], tok, prompt, KV_LOGITS_NONE, NULL, NULL, err))
             return fail("prefill", err);
     /* the steps after the first are counted: the first after the separate prefills also
-     * uploads the batch's whole block tables once (resident from then on); host time: the
-     * least thread CPU time of the 3 (this machine's 2 cores are shared), counters: the last */
-    if (kv_engine_decode(e, seqs, B, tok, logits, err)) return fail("decode", err);
+     * uploads the batch's whole block tables once (resident from then on; h2o: the first two
+     * fill the budget); host time: the least thread CPU time of the counted steps (this
+     * machine's 2 cores are shared), counters: the last */
+    for (int r = 0; r < (h2o ? 3 : 1); r++)
+        if (kv_engine_decode(e, seqs, B, tok, logits, err)) return fail("decode", err);
     double host = 1e30;
-    for (int r = 0; r < 3; r++) {
+    for (int r = 0; r < steps; r++) {
         kvfake_zero_traffic();
         double t0 = thread_cpu_seconds();
         if (kv_engine_decode(e, seqs, B, tok, logits, err)) return fail("decode", err);
@@ -203,17 +224,18 @@ static int decode_row(const kv_model *m, int B, int ctx, double wratio, const in
         host = dt < host ? dt : host;
     }
     kvfake_counters k = kvfake_get();
-    double kv = (double)B * ctx * c->n_layers * c->n_kv_heads * 2.0 * c->head_dim;
+    double kv = (double)B * kvlen * c->n_layers * c->n_kv_heads * 2.0 * c->head_dim;
     double f16 = file_bytes(c, KV_DT_F16);
     double limit = (wratio * f16 + kv * 2.0) / 3.35e12; /* F16 weights, F16 K/V at 3.35 TB/s */
     double attn = 0.0;
     int rc = 0;
-    double t = model_step(c, B, ctx, k.launches + k.gemms, k.syncs, &attn, &rc);
+    double t = model_step(c, B, kvlen, k.launches + k.gemms, k.syncs, &attn, &rc);
     if (rc) return 1;
-    printf("%-4d %-5d %5d %6ld %8ld %6ld %6ld %11.0f %9ld %8.2f %9.1f %9.1f %7.0f%% %9.1f %9.1f\n",
-           c->n_kv_heads, B, ctx, k.syncs, k.launches, k.gemms, k.h2d_copies, k.h2d_bytes,
-           k.last_grid, (double)k.syncs / c->n_layers, host * 1e3, (double)k.pinned_live / 1e6,
-           100 * attn, B / t, B / limit);
+    printf("%-4d %-5d %5d %-4s %6ld %8ld %6ld %6ld %11.0f %9ld %8.2f %9.2f %9.1f %7.0f%% %9.1f "
+           "%9.1f\n",
+           c->n_kv_heads, B, ctx, h2o ? "h2o" : "sink", k.syncs, k.launches, k.gemms, k.h2d_copies,
+           k.h2d_bytes, k.last_grid, (double)k.syncs / c->n_layers, host * 1e3,
+           (double)k.pinned_live / 1e6, 100 * attn, B / t, B / limit);
     kv_engine_free(e);
     kv_plan_free(&plan);
     return 0;
@@ -266,6 +288,38 @@ static int kernel_rows(void) {
     return 0;
 }
 
+/* --profile HKV B CTX sink|h2o STEPS: one decode row of `steps` timed steps (e.g. under perf
+ * record: the host's work per step without the table's other rows). Returns the exit code. */
+static int profile_row(char **argv) {
+    int hkv = atoi(argv[0]), B = atoi(argv[1]), ctx = atoi(argv[2]), steps = atoi(argv[4]);
+    int h2o = !strcmp(argv[3], "h2o");
+    if ((hkv != 8 && hkv != 32) || B < 1 || B > 32 || ctx < 64 || ctx > 4096 || steps < 1 ||
+        steps > ctx / 2 || (!h2o && strcmp(argv[3], "sink")))
+        return fprintf(stderr, "bench_cuda_fake: --profile HKV (8|32) B (1-32) CTX (64-4096) "
+                               "sink|h2o STEPS (1 .. CTX / 2)\n"),
+               2;
+    size_t zbytes = (size_t)32000 * 4096 * 4;
+    void *zero = mmap(NULL, zbytes, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    float *ones = malloc(sizeof(float) * 11008), *logits = malloc(sizeof(float) * 32 * 32000);
+    int *tok = malloc(sizeof(int) * 4096);
+    if (zero == MAP_FAILED || !ones || !logits || !tok)
+        return fprintf(stderr, "bench_cuda_fake: out of memory\n"), 2;
+    for (int i = 0; i < 11008; i++) ones[i] = 1.0f;
+    uint64_t s = 11;
+    for (int i = 0; i < 4096; i++) tok[i] = 3 + (int)(synth_next(&s) % 31000);
+    kv_model *m = fake_7b(KV_DT_F16, hkv, zero, ones);
+    kv_error err = {0};
+    int rc = !m || decode_row(m, B, ctx, h2o, steps, 1.0, tok, logits, &err);
+    if (m) free(m->layers);
+    free(m);
+    free(tok);
+    free(logits);
+    free(ones);
+    munmap(zero, zbytes);
+    kvfake_reset();
+    return rc;
+}
+
 static int fake_rows(void) {
     printf("== fake CUDA runtime, count-only (the real cuda/ backend, nothing executed) ==\n");
     size_t zbytes = (size_t)32000 * 4096 * 4;
@@ -300,9 +354,9 @@ static int fake_rows(void) {
     printf("== decode steps: counted on the fake runtime; host ms measured here; attn %%HBM and "
            "model tok/s modelled for the %s ==\n",
            km_h100_sxm().name);
-    printf("%-4s %-5s %5s %6s %8s %6s %6s %11s %9s %8s %9s %9s %8s %9s %9s\n", "Hkv", "batch",
-           "ctx", "syncs", "launches", "gemms", "H2D n", "H2D bytes", "attn grid", "syncs/L",
-           "host ms", "pinned MB", "attn HBM", "model t/s", "lim tok/s");
+    printf("%-4s %-5s %5s %-4s %6s %8s %6s %6s %11s %9s %8s %9s %9s %8s %9s %9s\n", "Hkv", "batch",
+           "ctx", "plan", "syncs", "launches", "gemms", "H2D n", "H2D bytes", "attn grid",
+           "syncs/L", "host ms", "pinned MB", "attn HBM", "model t/s", "lim tok/s");
     int *tok = malloc(sizeof(int) * 4096);
     uint64_t s = 11;
     for (int i = 0; i < 4096; i++) tok[i] = 3 + (int)(synth_next(&s) % 31000);
@@ -313,11 +367,15 @@ static int fake_rows(void) {
         if (!m || !tok || !logits) return fprintf(stderr, "bench_cuda_fake: out of memory\n"), 2;
         for (int bi = 0; bi < 2; bi++)
             for (int ci = 0; ci < 2; ci++)
-                if (decode_row(m, batches[bi], ctxs[ci], wratio, tok, logits, &err)) return 1;
+                if (decode_row(m, batches[bi], ctxs[ci], 0, 3, wratio, tok, logits, &err)) return 1;
+        for (int bi = 0; bi < 2; bi++)
+            if (decode_row(m, batches[bi], 4096, 1, 3, wratio, tok, logits, &err)) return 1;
         free(m->layers);
         free(m);
     }
-    printf("(device: %d SMs; attention grid: blocks of the decode step's attention kernel)\n",
+    printf("(device: %d SMs; attention grid: blocks of the decode step's attention kernel; "
+           "sink: the full cache; h2o: uniform R = 1/4 of the context, every head tracked and "
+           "evicting each step, its model and limit at the budget's length)\n",
            kvfake_sm_count());
     free(tok);
     free(logits);
@@ -343,8 +401,11 @@ static int fail(const char *what, kv_error *err) {
 
 int main(int argc, char **argv) {
 #ifdef KVPLAN_FAKE_CUDA
-    (void)argc;
-    (void)argv;
+    if (argc == 7 && !strcmp(argv[1], "--profile")) return profile_row(argv + 2);
+    if (argc > 1) {
+        fprintf(stderr, "usage: bench_cuda_fake [--profile HKV B CTX sink|h2o STEPS]\n");
+        return 2;
+    }
     return fake_rows();
 #endif
     int context = 2048, decode = 64;

@@ -23,8 +23,9 @@
  *   heads only, positions and statistics are packed into pinned host memory and mirrored to the
  * device with one asynchronous copy on the copy stream; the compute stream waits for it on an
  * event. A decode step that opens no block and evicts nothing uploads no table entry. The
- *   statistics come back with one copy and are written into the heads' host arrays, where the
- *   policies read them.
+ *   statistics come back with one copy per layer into the staging arena, queued without a
+ *   wait; they are written into the heads' host arrays (where the policies read them, in the
+ *   next step) at the step's next wait: the logits, or end_step when the step has none.
  * - Host-to-device staging (token ids, positions, cache-write and move lists, attention
  *   metadata) goes to a bounded pinned arena (kStageBound) that is only appended to within a
  *   step and rewound where
@@ -73,6 +74,14 @@ struct dev_layer {
     dev_weight mat[KV_ROLE_COUNT];
 };
 
+/* A tracked head's statistics on their way back: len floats of acc and acc2 in the staging
+ * arena (src, src2), for the head's host arrays (acc, acc2; the head's, not owned). */
+struct stat_back {
+    float *acc, *acc2;
+    const float *src, *src2;
+    int len;
+};
+
 /* A device buffer and a pinned host buffer that grow on demand (bytes). */
 struct dbuf {
     void *p = nullptr;
@@ -111,6 +120,9 @@ struct cuda_backend {
     int stamp_slots, stamp_gen;
     int *pass_start; /* [cap + 1] */
     int pass_cap;
+    /* statistics copied back this step, not yet in the heads' arrays (stats_flush) */
+    stat_back *back;
+    int n_back, cap_back;
     /* block tables resident on the device, per layer: task i's table at i * tab_stride of
      * d_tabs[l]; tab_owner[l][i] is the head mirror (kv_table_mirror) that copy was uploaded
      * for (NULL: unknown), for tab_cap[l] tasks; a step uploads only the entries the engine
@@ -170,6 +182,8 @@ int grow_pinned(dbuf &b, size_t bytes, kv_error *err) {
     return KV_OK;
 }
 
+void stage_rewind(cuda_backend *c);
+
 /* The staging arena grows (doubling) up to this many bytes; past it, a full arena is reused from
  * the start after a wait instead of growing. Only one request larger than this (one layer's
  * statistics of very many tracked entries) makes it larger, to that request's size. */
@@ -186,6 +200,7 @@ int stage(cuda_backend *c, const void *src, size_t bytes, char **out, kv_error *
     if (off + bytes > c->stage.cap) {
         CK(cudaStreamSynchronize(c->compute));
         CK(cudaStreamSynchronize(c->copy));
+        stage_rewind(c); /* statistics that came back into it are taken out first */
         size_t want = 2 * (off + bytes) < kStageBound ? 2 * (off + bytes) : kStageBound;
         int rc = grow_pinned(c->stage, want > bytes ? want : bytes, err);
         if (rc) return rc;
@@ -197,9 +212,16 @@ int stage(cuda_backend *c, const void *src, size_t bytes, char **out, kv_error *
     return KV_OK;
 }
 
-/* The host waited for the compute stream: every copy from the arena has run (copy-stream
- * copies are all awaited by compute-stream work), so it can be reused from the start. */
+/* The host waited for the compute stream: every copy to and from the arena has run
+ * (copy-stream copies are all awaited by compute-stream work), so the statistics that came
+ * back are copied into the heads' host arrays and the arena can be reused from the start. */
 void stage_rewind(cuda_backend *c) {
+    for (int i = 0; i < c->n_back; i++) {
+        const stat_back &s = c->back[i];
+        memcpy(s.acc, s.src, (size_t)s.len * sizeof(float));
+        memcpy(s.acc2, s.src2, (size_t)s.len * sizeof(float));
+    }
+    c->n_back = 0;
     c->stage_used = 0;
 }
 
@@ -261,6 +283,7 @@ void cuda_destroy(kv_backend *b) {
     cudaFreeHost(c->h_out.p);
     free(c->stamp);
     free(c->pass_start);
+    free(c->back);
     if (c->d_tabs && c->tab_owner)
         for (int l = 0; l < c->base.model->cfg.n_layers; l++) {
             cudaFree(c->d_tabs[l].p);
@@ -318,6 +341,9 @@ kv_k_pool dev_pool(const kv_pool *p) {
 
 int cuda_embed(kv_backend *b, const int *tokens, int rows, kv_error *err) {
     cuda_backend *c = cb(b);
+    /* a step begins: statistics of one that never reached its end (layers driven without
+     * kv_forward, a failure) are dropped, never written into arrays that may be gone */
+    c->n_back = 0;
     char *h = nullptr;
     int rc = stage(c, tokens, (size_t)rows * sizeof(int), &h, err);
     if (rc) return rc;
@@ -429,6 +455,27 @@ int tab_reserve(cuda_backend *c, int l, int n, kv_error *err) {
 
 int attention_queue(cuda_backend *c, const kv_pool *p, const kv_attn_task *tasks, int n_tasks,
                     int l, kv_error *err);
+
+/* Note the tracked tasks' statistics, on their way back into the arena's buffer h (layout L,
+ * its packed tasks' meta_off), for stage_rewind. KV_EINTERNAL out of memory. */
+int stats_defer(cuda_backend *c, const kv_attn_task *tasks, int n_tasks, const kv_k_meta_layout *L,
+                const char *h, kv_error *err) {
+    if (c->n_back + n_tasks > c->cap_back) {
+        int cap = 2 * (c->n_back + n_tasks);
+        stat_back *nb = static_cast<stat_back *>(realloc(c->back, (size_t)cap * sizeof *nb));
+        if (!nb) return kv_fail(err, KV_EINTERNAL, "out of memory (CUDA backend statistics)");
+        c->back = nb;
+        c->cap_back = cap;
+    }
+    const kv_k_attn_task *ht = reinterpret_cast<const kv_k_attn_task *>(h);
+    const float *acc = reinterpret_cast<const float *>(h + L->o_acc);
+    const float *acc2 = reinterpret_cast<const float *>(h + L->o_acc2);
+    for (int i = 0; i < n_tasks; i++)
+        if (tasks[i].acc)
+            c->back[c->n_back++] = {tasks[i].acc, tasks[i].acc2, acc + ht[i].meta_off,
+                                    acc2 + ht[i].meta_off, tasks[i].len};
+    return KV_OK;
+}
 
 int cuda_attention(kv_backend *b, const kv_pool *p, const kv_attn_task *tasks, int n_tasks,
                    kv_error *err) {
@@ -562,13 +609,12 @@ int attention_queue(cuda_backend *c, const kv_pool *p, const kv_attn_task *tasks
     if (rc) return rc;
     CK(cudaEventRecord(c->attn_done, c->compute));
     if (!L.tracked) return KV_OK;
-    /* statistics back to the heads' host arrays, where the policies read them */
+    /* statistics back into the arena where they were staged, no wait: the policies read them
+     * in a later step, and stage_rewind writes them into the heads' host arrays at the step's
+     * next wait (the logits, end_step, a hook, a full arena) */
     CK(cudaMemcpyAsync(h + L.o_acc, d + L.o_acc, L.total - L.o_acc, cudaMemcpyDeviceToHost,
                        c->compute));
-    CK(cudaStreamSynchronize(c->compute));
-    kv_k_meta_unpack_stats(tasks, n_tasks, &L, h);
-    stage_rewind(c);
-    return KV_OK;
+    return stats_defer(c, tasks, n_tasks, &L, h, err);
 }
 
 /* Copy device activations to the pinned output buffer: n arrays of floats. */
@@ -663,9 +709,24 @@ int cuda_logits(kv_backend *b, const int *rows, int n_sel, float *out, kv_error 
     return KV_OK;
 }
 
+/* The step's end: statistics still on their way back are awaited and written into the heads'
+ * arrays (one wait, only when the step had no logits to wait for); after a failed step they
+ * are dropped. */
+int cuda_end_step(kv_backend *b, int ok, kv_error *err) {
+    cuda_backend *c = cb(b);
+    if (!ok || !c->n_back) {
+        c->n_back = 0;
+        return KV_OK;
+    }
+    CK(cudaStreamSynchronize(c->compute));
+    stage_rewind(c);
+    return KV_OK;
+}
+
 const kv_backend_ops cuda_ops = {
-    "cuda",      cuda_destroy,     cuda_storage_alloc, cuda_storage_free, cuda_embed, cuda_qkv,
-    cuda_gather, cuda_cache_write, cuda_attention,     cuda_out_residual, cuda_ffn,   cuda_logits,
+    "cuda",   cuda_destroy, cuda_storage_alloc, cuda_storage_free, cuda_embed,
+    cuda_qkv, cuda_gather,  cuda_cache_write,   cuda_attention,    cuda_out_residual,
+    cuda_ffn, cuda_logits,  cuda_end_step,
 };
 
 /* The layers' weights uploaded role by role from the table (model/tensors.h). */

@@ -1,8 +1,9 @@
 /* Host side of one attention step of a device backend: the engine's tasks (host block tables,
  * positions and statistics, include/kvplan/backend.h) packed into one contiguous buffer that
- * is mirrored to the device with a single copy, and the statistics written back after the
- * kernel. Used by the CUDA backend (cuda/backend_cuda.cu), which the tests run on the fake
- * CUDA runtime (tests/cuda_fake/), so the packing the GPU relies on runs there too.
+ * is mirrored to the device with a single copy; the statistics come back into the same
+ * buffer (the backend writes them into the heads' arrays at its next wait). Used by the CUDA
+ * backend (cuda/backend_cuda.cu), which the tests run on the fake CUDA runtime
+ * (tests/cuda_fake/), so the packing the GPU relies on runs there too.
  * C and C++; no CUDA needed.
  *
  * Buffer layout, each section 16-byte aligned:
@@ -158,19 +159,6 @@ static inline void kv_k_meta_pack(const kv_attn_task *t, int n, int bs, const kv
         ti += nb;
     }
     kv_k_meta_pack_stats(t, n, L, h, ht);
-}
-
-/* Write the statistics sections of buf back into the tracked tasks' host arrays. */
-static inline void kv_k_meta_unpack_stats(const kv_attn_task *t, int n, const kv_k_meta_layout *L,
-                                          const void *buf) {
-    const char *h = (const char *)buf;
-    const kv_k_attn_task *ht = (const kv_k_attn_task *)h;
-    const float *acc = (const float *)(h + L->o_acc), *acc2 = (const float *)(h + L->o_acc2);
-    for (int i = 0; i < n; i++) {
-        if (!t[i].acc) continue;
-        memcpy(t[i].acc, acc + ht[i].meta_off, (size_t)t[i].len * sizeof(float));
-        memcpy(t[i].acc2, acc2 + ht[i].meta_off, (size_t)t[i].len * sizeof(float));
-    }
 }
 
 #endif

@@ -59,6 +59,12 @@ typedef struct kv_backend_ops {
     int (*ffn)(kv_backend *b, int layer, int rows, const kv_hooks *hooks, kv_error *err);
     /* out [n_sel, vocab] = classifier(RMSNorm(x[rows[i]])) for the selected rows. */
     int (*logits)(kv_backend *b, const int *rows, int n_sel, float *out, kv_error *err);
+    /* Optional (NULL: nothing to do). The end of a kv_forward step: ok = 1 after every layer
+     * and the logits succeeded (results a backend still holds, e.g. attention statistics on
+     * their way back, reach the heads' host arrays before it returns; KV_EINTERNAL when that
+     * fails), ok = 0 after a failure (what is on its way back is dropped: the step's tracked
+     * sequences are marked failed). */
+    int (*end_step)(kv_backend *b, int ok, kv_error *err);
 } kv_backend_ops;
 
 /* The common head of every backend instance; a backend embeds it first in its own struct. */

@@ -44,12 +44,16 @@ int kv_forward_embed(kv_backend *b, kv_cache *const *seqs, int n_seqs, const int
     return b->ops->embed(b, tokens, rows, err);
 }
 
-/* Ask for the cache lines the head's next append writes (pos at len; acc / acc2 when tracked), so
- * that the append loop below finds them in cache: at batch 32 with 32 KV heads a layer appends to
- * 1024 heads whose metadata lie far apart, and one cache miss after another was most of a
- * decode step's host time. A hint only (a prefetch never faults). */
-static void prefetch_append(const kv_head *h) {
+/* Ask for the cache lines the head's next append reads and writes (its block id in the table;
+ * pos at len; acc / acc2 when tracked). At batch 32 with 32 KV heads a layer appends to 1024
+ * heads whose metadata lie in different pages, and the misses (mostly the page walks of those
+ * pages: more of them than the TLB holds) were most of a decode step's host time. The append
+ * loop asks for the head a few places ahead, so that the translation is still in the TLB when
+ * the append writes. A hint only (a prefetch never faults). */
+static void prefetch_append(const kv_head *h, int bs) {
 #if defined(__GNUC__) || defined(__clang__)
+    if (h->len < h->n_blocks * bs) /* the slot's block id (kv_head_slot) */
+        __builtin_prefetch(h->table + h->len / bs, 0);
     if (h->len < h->cap) {
         __builtin_prefetch(h->pos + h->len, 1);
         if (h->track_stats) { /* an untracked head's append writes pos only */
@@ -59,8 +63,12 @@ static void prefetch_append(const kv_head *h) {
     }
 #else
     (void)h;
+    (void)bs;
 #endif
 }
+
+static int append_tasks(kv_backend *b, kv_cache *const *seqs, int n_seqs, int n, int l, int *nw,
+                        kv_error *err);
 
 int kv_forward_layer(kv_backend *b, kv_cache *const *seqs, int n_seqs, int n, int l,
                      const kv_hooks *hooks, kv_error *err) {
@@ -81,22 +89,37 @@ int kv_forward_layer(kv_backend *b, kv_cache *const *seqs, int n_seqs, int n, in
             int len = h->len;
             rc = kv_head_schedule_room(c, h, n, c->n_past + n - 1, &b->moves, err);
             c->step_lossy |= h->len != len; /* evicted entries cannot be restored */
-            prefetch_append(h);
             if (rc) return kv_fail_context(err, "layer %d KV head %d", l, j);
         }
     }
     if (b->moves.n > 0 && (rc = ops->gather(b, pool, b->moves.v, b->moves.n, err))) return rc;
-    /* the new tokens' K/V into their slots, and one attention task per (sequence, KV head) */
     int nw = 0;
+    if ((rc = append_tasks(b, seqs, n_seqs, n, l, &nw, err))) return rc;
+    if ((rc = ops->cache_write(b, pool, b->writes, nw, err))) return rc;
+    if ((rc = ops->attention(b, pool, b->tasks, n_seqs * Hkv, err))) return rc;
+    if ((rc = ops->out_residual(b, l, rows, hooks, err))) return rc;
+    return ops->ffn(b, l, rows, hooks, err);
+}
+
+/* Layer l of a step: the n new tokens' slots appended to every (sequence, KV head) with their
+ * writes in b->writes (*nw of them), and one attention task per (sequence, KV head) in b->tasks.
+ * The errors of kv_head_append_slot. */
+static int append_tasks(kv_backend *b, kv_cache *const *seqs, int n_seqs, int n, int l, int *nw,
+                        kv_error *err) {
+    int Hkv = b->model->cfg.n_kv_heads, bs = seqs[0]->pool->block_size, ahead = 4;
+    for (int k = 0; k < ahead && k < n_seqs * Hkv; k++)
+        prefetch_append(kv_cache_head(seqs[k / Hkv], l, k % Hkv), bs);
     for (int s = 0; s < n_seqs; s++) {
         kv_cache *c = seqs[s];
         for (int j = 0; j < Hkv; j++) {
+            int k = s * Hkv + j + ahead;
+            if (k < n_seqs * Hkv) prefetch_append(kv_cache_head(seqs[k / Hkv], l, k % Hkv), bs);
             kv_head *h = kv_cache_head(c, l, j);
             for (int i = 0; i < n; i++) {
                 int slot = 0;
-                rc = kv_head_append_slot(c, h, c->n_past + i, &slot, err);
+                int rc = kv_head_append_slot(c, h, c->n_past + i, &slot, err);
                 if (rc) return rc;
-                b->writes[nw++] = (kv_slot_write){s * n + i, j, slot};
+                b->writes[(*nw)++] = (kv_slot_write){s * n + i, j, slot};
             }
             b->tasks[s * Hkv + j] = (kv_attn_task){.row0 = s * n,
                                                    .n = n,
@@ -113,10 +136,7 @@ int kv_forward_layer(kv_backend *b, kv_cache *const *seqs, int n_seqs, int n, in
             c->step_lossy |= h->track_stats; /* attention adds to the old entries' acc */
         }
     }
-    if ((rc = ops->cache_write(b, pool, b->writes, nw, err))) return rc;
-    if ((rc = ops->attention(b, pool, b->tasks, n_seqs * Hkv, err))) return rc;
-    if ((rc = ops->out_residual(b, l, rows, hooks, err))) return rc;
-    return ops->ffn(b, l, rows, hooks, err);
+    return KV_OK;
 }
 
 int kv_forward_logits(kv_backend *b, int n_seqs, int n, kv_logits_mode mode, float *logits,
@@ -154,7 +174,9 @@ int kv_forward(const kv_model *m, kv_backend *b, kv_cache *const *seqs, int n_se
         rc = kv_forward_layer(b, seqs, n_seqs, n, l, hooks, err);
     /* the logits before n_past moves: a step whose logits fail is undone like any other */
     if (!rc) rc = kv_forward_logits(b, n_seqs, n, mode, logits, err);
+    if (!rc && b->ops->end_step) rc = b->ops->end_step(b, 1, err);
     if (rc) {
+        if (b->ops->end_step) b->ops->end_step(b, 0, NULL);
         forward_undo(seqs, n_seqs, l - 1);
         return rc;
     }

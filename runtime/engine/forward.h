@@ -37,6 +37,7 @@ void kv_workspace_free(kv_workspace *ws);
  * advances by n. The caches' pool storage must belong to `b` (kv_backend_pool_init; host
  * pools from kv_pool_init serve the CPU backend). logits: NONE (may be NULL), LAST ->
  * [n_seqs, vocab] (the last new token of each sequence), ALL -> [n_seqs * n, vocab], host.
+ * The heads' statistics are in their host arrays when it returns (the backend's end_step).
  * Errors: KV_EINPUT for a token id out of range, a position beyond max_ctx, a budget too small
  * for the block; KV_EINTERNAL when the block pool is exhausted. */
 int kv_forward(const kv_model *m, kv_backend *b, kv_cache *const *seqs, int n_seqs,
@@ -45,8 +46,9 @@ int kv_forward(const kv_model *m, kv_backend *b, kv_cache *const *seqs, int n_se
 
 /* The driver's pieces, for executors that run the same layer step around their own cache
  * handling (the KVPR executor): embed checks ids and positions and loads x; one layer step
- * as described above; logits as in kv_forward. kv_forward = embed, every layer, n_past += n,
- * logits. */
+ * as described above; logits as in kv_forward. kv_forward = embed, every layer, logits, the
+ * backend's end_step, n_past += n. A caller of the pieces gets the statistics of tracked heads
+ * into their host arrays only through the logits (a device backend may deliver them there). */
 int kv_forward_embed(kv_backend *b, kv_cache *const *seqs, int n_seqs, const int *tokens, int n,
                      kv_error *err);
 int kv_forward_layer(kv_backend *b, kv_cache *const *seqs, int n_seqs, int n, int layer,
