@@ -48,6 +48,9 @@
 
 static int fail(const char *what, kv_error *err);
 
+/* The flash-decoding kernel the model rows probe: F16 K/V, d_h 128. */
+#define KM_FLASH_DECODE "kv_k_flash_decode<1, 128>"
+
 /* Llama-2-7B's shape with n_kv KV heads (32: Llama-2-7B itself; 8: a GQA-8 7B); every matrix
  * of type t reading the zero pages at `zero` (never written, so never backed), norms `ones`.
  * Owned: the struct and its layers. */
@@ -159,8 +162,7 @@ static double model_step(const kv_config *c, int B, int ctx, long launches, long
     km_result r;
     km_shape s = {
         .ctx = ctx, .g = c->n_heads / c->n_kv_heads, .hd = c->head_dim, .tasks = B * c->n_kv_heads};
-    *rc =
-        model_matmuls(c, B, &layer, &logits) || model_kernel("kv_k_flash_decode<1, 4>", s, &t, &r);
+    *rc = model_matmuls(c, B, &layer, &logits) || model_kernel(KM_FLASH_DECODE, s, &t, &r);
     if (*rc) return 0.0;
     *attn_frac = r.hbm_frac;
     return c->n_layers * (layer + r.t) + logits + launches * d.launch_s + syncs * d.sync_s;
@@ -254,13 +256,16 @@ static int kernel_rows(void) {
             km_shape s = {.in = shapes[j][0], .out = shapes[j][1], .wtype = KV_DT_Q4_K};
             if (kernel_row(label, gemv[i], s)) return 1;
         }
-    const int hkv[2] = {32, 8}, batch[2] = {1, 32};
+    const int hkv[2] = {32, 8}, batch[2] = {1, 32}, ctx[2] = {1024, 4096};
     for (int i = 0; i < 2; i++)
-        for (int j = 0; j < 2; j++) {
-            snprintf(label, sizeof label, "flash-decode 4k Hkv %-2d B %-2d", hkv[i], batch[j]);
-            km_shape s = {.ctx = 4096, .g = 32 / hkv[i], .hd = 128, .tasks = batch[j] * hkv[i]};
-            if (kernel_row(label, "kv_k_flash_decode<1, 4>", s)) return 1;
-        }
+        for (int j = 0; j < 2; j++)
+            for (int k = 0; k < 2; k++) {
+                snprintf(label, sizeof label, "flash-decode %dk Hkv %-2d B %-2d", ctx[k] / 1024,
+                         hkv[i], batch[j]);
+                km_shape s = {
+                    .ctx = ctx[k], .g = 32 / hkv[i], .hd = 128, .tasks = batch[j] * hkv[i]};
+                if (kernel_row(label, KM_FLASH_DECODE, s)) return 1;
+            }
     printf("(* Q4_K on the generic kv_k_gemv, a type switch per element, for comparison; its issue "
            "counts every type's decoder, an upper bound. eff: bytes asked / sectors x 32)\n");
     return 0;

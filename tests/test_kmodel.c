@@ -143,14 +143,14 @@ static void test_gemv_block_types(void) {
  * tasks scale it 32x. */
 static void test_flash_decode(void) {
     km_shape s = {.ctx = 4096, .g = 4, .hd = 128, .tasks = 1};
-    km_trace one = probe("kv_k_flash_decode<1, 4>", s);
+    km_trace one = probe("kv_k_flash_decode<1, 128>", s);
     s.tasks = 32;
-    km_trace many = probe("kv_k_flash_decode<1, 4>", s);
+    km_trace many = probe("kv_k_flash_decode<1, 128>", s);
     double kv = 2.0 * 4096 * 128 * 2, extra = one.dram_bytes - kv;
     CU_ASSERT(extra >= 4096 / 16 * 4 && extra <= 64 * 1024); /* table, q, partitions */
     CU_ASSERT_EQUAL(many.dram_bytes, 32 * one.dram_bytes);
     CU_ASSERT_EQUAL(one.blocks, 16); /* 256-entry partitions */
-    km_result r = predict("kv_k_flash_decode<1, 4>", &many);
+    km_result r = predict("kv_k_flash_decode<1, 128>", &many);
     CU_ASSERT(r.sectors_req >= 1.0);
     printf("\n    flash-decode 4k, g 4, 32 tasks: %.1f MB, %.2f sectors/request, %.0f%% of HBM "
            "(%s-bound)",

@@ -117,7 +117,7 @@ typedef struct km_shape {
 
 /* Run kernel `name` (a row of the probe table in kprobe.cpp: "kv_k_gemv_f16<1>",
  * "kv_k_gemv_q<kv_q8_0_dot, 1>", "kv_k_gemv_q<kv_q4_0_dot, 1>", "kv_k_gemv",
- * "kv_k_flash_decode<1, 4>", "km_copy", "km_chase") on the host shim with its loads and stores
+ * "kv_k_flash_decode<1, 128>", "km_copy", "km_chase") on the host shim with its loads and stores
  * traced, at a small shape with the full shape's row lengths (a few blocks), and fill *t with
  * its counts scaled to shape *s's grid. Returns KV_OK; KV_EINPUT when the kernel has no probe,
  * the shape is out of the probe's range, or the tracer is not in this build (compiled without

@@ -13,6 +13,7 @@
 #include "cuda_shim.hpp"
 
 #include "kernels/kv_kernels.cuh"
+#include "kernels/kv_flash.cuh"
 #include "kernels/kv_quant.cuh"
 #include "kmodel.h"
 #include "kmodel_micro.cuh"
@@ -212,16 +213,18 @@ struct fd_task {
     }
 };
 
-/* kv_k_flash_decode<F16, 4> (d_h 65..128): one task traced, scaled to s->tasks tasks. */
+/* kv_k_flash_decode<F16, 128> (d_h 65..128, block size 16): one task traced, scaled to s->tasks
+ * tasks. */
 int flash_decode_f16(const km_shape *s, km_trace *t, kv_error *err) {
-    if (s->hd <= 64 || s->hd > 128 || s->g < 1 || s->g > KV_K_FD_GROUP || s->ctx < 1 ||
+    if (s->hd <= 64 || s->hd > 128 || s->hd % 8 || s->g < 1 || s->g > KV_K_FD_GROUP || s->ctx < 1 ||
         s->tasks < 1)
         return kv_fail(err, KV_EINPUT,
-                       "km_probe: kv_k_flash_decode<1, 4> needs 64 < hd <= 128, 1 <= g <= %d",
+                       "km_probe: kv_k_flash_decode<1, 128> needs 64 < hd <= 128, hd %% 8 == 0, "
+                       "1 <= g <= %d",
                        KV_K_FD_GROUP);
     fd_task f(s);
-    const int threads = 128, g = s->g, hd = s->hd;
-    size_t shm = (size_t)(threads / 32) * g * (2 + hd) * sizeof(float);
+    const int threads = KV_K_FD_THREADS, g = s->g, hd = s->hd, sh = 4; /* bs 16 */
+    size_t shm = kv_k_fd_shm(threads, g, hd, KV_K_FD_PART, sh);
     size_t np = (size_t)f.parts * g;
     float *pm = f.part.data(), *ps = pm + np, *po = ps + np;
     km_tracer tr;
@@ -233,9 +236,9 @@ int flash_decode_f16(const km_shape *s, km_trace *t, kv_error *err) {
     int rc = traced(
         tr, 1, f.parts, threads, shm,
         [&] {
-            kv_k_flash_decode<KV_TYPE_F16, 4>(f.P, f.table.data(), f.task.data(), f.q.data(),
-                                              g * hd, g, KV_K_FD_PART, f.parts, f.scratch.data(), 0,
-                                              pm, ps, po);
+            kv_k_flash_decode<KV_TYPE_F16, 128>(f.P, f.table.data(), f.task.data(), f.q.data(),
+                                                g * hd, g, KV_K_FD_PART, f.parts, sh,
+                                                f.scratch.data(), 0, pm, ps, po);
         },
         err);
     if (!rc) *t = tr.result((double)s->tasks * f.parts, f.parts, threads, shm);
@@ -287,7 +290,7 @@ const probe k_probes[] = {
     {"kv_k_gemv_qk<kv_q4k_lane, 1>", gemv_qk<kv_q4k_lane>},
     {"kv_k_gemv_qk<kv_q6k_lane, 1>", gemv_qk<kv_q6k_lane>},
     {"kv_k_gemv", gemv_generic},
-    {"kv_k_flash_decode<1, 4>", flash_decode_f16},
+    {"kv_k_flash_decode<1, 128>", flash_decode_f16},
     {"km_copy", copy},
     {"km_chase", chase},
 };
