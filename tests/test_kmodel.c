@@ -157,6 +157,28 @@ static void test_flash_decode(void) {
            many.dram_bytes / 1e6, r.sectors_req, 100 * r.hbm_frac, r.bound);
 }
 
+/* Tiled prefill attention of a 4096-token first prefill, GQA group 4, 8 tasks: the tensor-core
+ * work the probe counts is exactly 128 warp MMAs (S and PV, 4 warps x 32) per (query tile, KV
+ * tile) the causal loop visits, and the DRAM bytes exactly the queries, outputs and row
+ * statistics once per block plus each task's K/V and table once. */
+static void test_prefill(void) {
+    km_shape s = {.ctx = 4096, .g = 4, .hd = 128, .tasks = 8};
+    km_trace t = probe("kv_k_prefill_tiled<128>", s);
+    double tiles = 0.0; /* query tile y (64 rows = 16 tokens) sees 16 (y + 1) entries */
+    for (int y = 0; y < 4096 * 4 / 64; y++) tiles += (16 * (y + 1) + 31) / 32;
+    CU_ASSERT_EQUAL(t.blocks, 8 * 256);
+    CU_ASSERT_EQUAL(t.mma_flops, 8 * tiles * 128 * 2.0 * 16 * 16 * 16);
+    double qo = 2.0 * 64 * 128 * 4, ml = 2 * 64 * 4, task = 32; /* per block */
+    double kv = 8 * (4096.0 * 2 * 256 + 4096 / 16 * 4);
+    CU_ASSERT_EQUAL(t.dram_bytes, 8 * 256 * (qo + ml + task) + kv);
+    km_result r = predict("kv_k_prefill_tiled<128>", &t);
+    CU_ASSERT(r.t > 0 && r.t < 50e-3); /* the target: <= 50 ms per layer (modelled) */
+    CU_ASSERT(r.t_tensor <= r.t);
+    printf("\n    prefill 4k, g 4, 8 tasks: %.1f GFLOP, %.1f MB, %.3f ms (%s-bound), %.0f%% of "
+           "the tensor peak",
+           t.mma_flops / 1e9, t.dram_bytes / 1e6, r.t * 1e3, r.bound, 100 * r.tensor_frac);
+}
+
 static void test_errors(void) {
     kv_error err = {0};
     CU_ASSERT(km_code_find("no_such_kernel", &err) == NULL);
@@ -204,6 +226,7 @@ int main(int argc, char **argv) {
         {"F16 GEMV at 4096x4096", test_gemv_f16},
         {"Q8_0 / Q4_0 / Q4_K GEMV", test_gemv_block_types},
         {"flash-decoding at 4k", test_flash_decode},
+        {"tiled prefill at 4k", test_prefill},
         {"errors", test_errors},
         {"compiled-code table is current", test_table_current},
     };
