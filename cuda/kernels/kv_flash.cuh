@@ -34,6 +34,12 @@
 /* Threads of a flash-decoding block: 8 warps. */
 #define KV_K_FD_THREADS 256
 
+/* The online softmax runs in base 2 (scores scaled by log2 e with the queries, exp2 for every
+ * exponential: one hardware instruction on the device, as FlashAttention-2 and llama.cpp do);
+ * the partition maxima and raw scores it writes are back in natural units (x ln 2). */
+#define KV_FD_LOG2E 1.4426950408889634f
+#define KV_FD_LN2 0.6931471805599453f
+
 /* binary16 bits h (low 16 bits) as fp32, exact: one cvt on the device, util/f16.h on the shim. */
 KV_DEVICE float kv_fd_h2f(unsigned h) {
 #if defined(__CUDACC__)
@@ -141,10 +147,10 @@ KV_DEVICE void kv_fd_update(kv_fd_state<TY, D> &S, int gh, const float *s, float
     KV_UNROLL
     for (int u = 0; u < St::U; u++) mn = s[u] > mn ? s[u] : mn;
     if (mn == -INFINITY) return; /* nothing seen yet and nothing new */
-    float al = expf(S.m[gh] - mn), p[St::U], ps = 0.0f;
+    float al = exp2f(S.m[gh] - mn), p[St::U], ps = 0.0f;
     KV_UNROLL
     for (int u = 0; u < St::U; u++) {
-        p[u] = expf(s[u] - mn);
+        p[u] = exp2f(s[u] - mn);
         ps += p[u];
     }
     S.l[gh] = S.l[gh] * al + ps;
@@ -201,7 +207,8 @@ KV_DEVICE void kv_fd_walk(const kv_k_pool &P, const int *tb, int sh, int e0, int
             kv_fd_scores<TY, D>(S, gh, kx, ok, s);
             if (raw && c == 0)
                 for (int u = 0; u < St::U; u++)
-                    if (ok[u]) raw[(size_t)gh * stride + base + u * St::EPW + sub] = s[u];
+                    if (ok[u])
+                        raw[(size_t)gh * stride + base + u * St::EPW + sub] = s[u] * KV_FD_LN2;
             kv_fd_update<TY, D>(S, gh, s, vx);
         }
     }
@@ -220,8 +227,8 @@ KV_DEVICE void kv_fd_store(kv_fd_state<TY, D> &S, int g, int hd, float *sh) {
         for (int w = St::LPE; w < KV_WARP; w *= 2) {
             float mo = kv_shfl_xor(S.m[gh], w), lo = kv_shfl_xor(S.l[gh], w);
             float mn = mo > S.m[gh] ? mo : S.m[gh];
-            float fa = S.m[gh] == -INFINITY ? 0.0f : expf(S.m[gh] - mn);
-            float fb = mo == -INFINITY ? 0.0f : expf(mo - mn);
+            float fa = S.m[gh] == -INFINITY ? 0.0f : exp2f(S.m[gh] - mn);
+            float fb = mo == -INFINITY ? 0.0f : exp2f(mo - mn);
             S.l[gh] = S.l[gh] * fa + lo * fb;
             KV_UNROLL
             for (int k = 0; k < 8; k++)
@@ -255,13 +262,13 @@ KV_DEVICE void kv_fd_merge_warps(const float *sh, int g, int hd, size_t pi0, flo
         for (int w = 0; w < nw; w++) {
             const float *st = sh + (size_t)w * ws + gh * (2 + hd);
             if (st[1] == 0.0f) continue; /* a warp that saw no entry */
-            float f = expf(st[0] - M);
+            float f = exp2f(st[0] - M);
             Ssum += st[1] * f;
             O += st[2 + d] * f;
         }
         part_o[(pi0 + (size_t)gh) * hd + d] = O;
         if (d == 0) {
-            part_m[pi0 + gh] = M;
+            part_m[pi0 + gh] = M * KV_FD_LN2; /* back to natural units for the merge */
             part_s[pi0 + gh] = Ssum;
         }
     }
@@ -309,7 +316,7 @@ KV_GLOBAL void kv_k_flash_decode(kv_k_pool P, const int *tables, const kv_k_attn
     kv_syncthreads();
     kv_fd_state<TY, D> S;
     int ch = lane % kv_fd_state<TY, D>::LPE;
-    float inv = 1.0f / sqrtf((float)hd);
+    float inv = KV_FD_LOG2E / sqrtf((float)hd); /* scores in base-2 units */
     KV_UNROLL
     for (int gh = 0; gh < KV_K_FD_GROUP; gh++) {
         KV_UNROLL
