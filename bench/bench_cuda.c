@@ -50,6 +50,9 @@
 
 static int fail(const char *what, kv_error *err);
 
+/* The flash-decoding kernel the model rows probe: F16 K/V, d_h 128. */
+#define KM_FLASH_DECODE "kv_k_flash_decode<1, 128>"
+
 /* Llama-2-7B's shape with n_kv KV heads (32: Llama-2-7B itself; 8: a GQA-8 7B); every matrix
  * of type t reading the zero pages at `zero` (never written, so never backed), norms `ones`.
  * Owned: the struct and its layers. */
@@ -161,8 +164,7 @@ static double model_step(const kv_config *c, int B, int ctx, long launches, long
     km_result r;
     km_shape s = {
         .ctx = ctx, .g = c->n_heads / c->n_kv_heads, .hd = c->head_dim, .tasks = B * c->n_kv_heads};
-    *rc =
-        model_matmuls(c, B, &layer, &logits) || model_kernel("kv_k_flash_decode<1, 4>", s, &t, &r);
+    *rc = model_matmuls(c, B, &layer, &logits) || model_kernel(KM_FLASH_DECODE, s, &t, &r);
     if (*rc) return 0.0;
     *attn_frac = r.hbm_frac;
     return c->n_layers * (layer + r.t) + logits + launches * d.launch_s + syncs * d.sync_s;
@@ -253,6 +255,29 @@ static int kernel_row(const char *label, const char *name, km_shape s) {
     return 0;
 }
 
+/* The tiled prefill attention (kv_k_prefill_tiled<128>, F16 K/V) of one layer over a first
+ * prefill of 4096 tokens, both model shapes, modelled: its DRAM bytes, the five bounds, the
+ * modelled time, its tensor-core FLOP/s and fraction of the tensor peak. Returns 0, or 1. */
+static int prefill_rows(void) {
+    printf("%-28s %9s %7s %6s %8s %8s %8s %8s %9s %9s %-9s %8s %6s\n", "prefill attention, 1 layer",
+           "DRAM MB", "sec/req", "warp/SM", "bw us", "issue us", "lat us", "L1 us", "tensor us",
+           "model ms", "bound", "TFLOP/s", "tensor");
+    const int hkv[2] = {32, 8};
+    for (int i = 0; i < 2; i++) {
+        km_shape s = {.ctx = 4096, .g = 32 / hkv[i], .hd = 128, .tasks = hkv[i]};
+        km_trace t;
+        km_result r;
+        char label[64];
+        snprintf(label, sizeof label, "prefill 4k Hkv %-2d B 1", hkv[i]);
+        if (model_kernel("kv_k_prefill_tiled<128>", s, &t, &r)) return 1;
+        printf("%-28s %9.2f %7.1f %6.0f %8.1f %8.1f %8.1f %8.1f %9.1f %9.3f %-9s %8.1f %5.0f%%\n",
+               label, t.dram_bytes / 1e6, r.sectors_req, r.warps_sm, r.t_bw * 1e6, r.t_issue * 1e6,
+               r.t_lat * 1e6, r.t_l1 * 1e6, r.t_tensor * 1e6, r.t * 1e3, r.bound,
+               t.mma_flops / r.t / 1e12, 100 * r.tensor_frac);
+    }
+    return 0;
+}
+
 /* The performance model's figures per kernel (tests/cuda_model/kmodel.h): the decode GEMVs at
  * Llama-2-7B's shapes (batch 1) and flash-decoding at 4k for both model shapes. */
 static int kernel_rows(void) {
@@ -276,13 +301,17 @@ static int kernel_rows(void) {
             km_shape s = {.in = shapes[j][0], .out = shapes[j][1], .wtype = KV_DT_Q4_K};
             if (kernel_row(label, gemv[i], s)) return 1;
         }
-    const int hkv[2] = {32, 8}, batch[2] = {1, 32};
+    const int hkv[2] = {32, 8}, batch[2] = {1, 32}, ctx[2] = {1024, 4096};
     for (int i = 0; i < 2; i++)
-        for (int j = 0; j < 2; j++) {
-            snprintf(label, sizeof label, "flash-decode 4k Hkv %-2d B %-2d", hkv[i], batch[j]);
-            km_shape s = {.ctx = 4096, .g = 32 / hkv[i], .hd = 128, .tasks = batch[j] * hkv[i]};
-            if (kernel_row(label, "kv_k_flash_decode<1, 4>", s)) return 1;
-        }
+        for (int j = 0; j < 2; j++)
+            for (int k = 0; k < 2; k++) {
+                snprintf(label, sizeof label, "flash-decode %dk Hkv %-2d B %-2d", ctx[k] / 1024,
+                         hkv[i], batch[j]);
+                km_shape s = {
+                    .ctx = ctx[k], .g = 32 / hkv[i], .hd = 128, .tasks = batch[j] * hkv[i]};
+                if (kernel_row(label, KM_FLASH_DECODE, s)) return 1;
+            }
+    if (prefill_rows()) return 1;
     printf("(* Q4_K on the generic kv_k_gemv, a type switch per element, for comparison; its issue "
            "counts every type's decoder, an upper bound. eff: bytes asked / sectors x 32)\n");
     return 0;

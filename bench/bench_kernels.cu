@@ -178,7 +178,7 @@ int bench_decode(int hkv, int B, int ctx, cudaStream_t s) {
     std::snprintf(label, sizeof label, "decode attn %dk Hkv %-2d B %-2d", ctx / 1024, hkv, B);
     km_shape ks = {};
     ks.ctx = ctx, ks.g = g, ks.hd = hd, ks.tasks = n_tasks;
-    row(label, a.kv_bytes, 4.0 * hd * 32.0 * B * ctx, secs, "kv_k_flash_decode<1, 4>", ks);
+    row(label, a.kv_bytes, 4.0 * hd * 32.0 * B * ctx, secs, "kv_k_flash_decode<1, 128>", ks);
     return 0;
 }
 

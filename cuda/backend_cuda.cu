@@ -526,7 +526,7 @@ int attention_launch(cuda_backend *c, const kv_pool *p, const kv_attn_task *task
     const int *d_pos = reinterpret_cast<const int *>(d + L.o_pos);
     float *d_acc = reinterpret_cast<float *>(d + L.o_acc);
     float *d_acc2 = reinterpret_cast<float *>(d + L.o_acc2);
-    if (decode && kvcu::flash_decode_fits(g, hd)) {
+    if (decode && kvcu::flash_decode_fits(g, hd, bs)) {
         /* flash-decoding: fixed partitions of KV_K_FD_PART entries, one launch per K/V type */
         int parts = (L.longest + KV_K_FD_PART - 1) / KV_K_FD_PART;
         unsigned types = 0;

@@ -2,6 +2,7 @@
  * cuda/kernels/kv_kernels.cuh, shared with the tests' host shim. */
 #include "kernels.h"
 #include "kernels/kv_kernels.cuh"
+#include "kernels/kv_flash.cuh"
 #include "kernels/kv_quant.cuh"
 #include "kernels/kv_prefill.cuh"
 
@@ -118,41 +119,51 @@ cudaError_t decode_attention_split(const kv_k_pool &pool, const int *tables,
     return cudaGetLastError();
 }
 
-bool flash_decode_fits(int g, int hd) {
-    return g >= 1 && g <= KV_K_FD_GROUP && hd >= 1 && hd <= 256;
+bool flash_decode_fits(int g, int hd, int bs) {
+    return g >= 1 && g <= KV_K_FD_GROUP && hd >= 8 && hd <= 256 && hd % 8 == 0 && bs >= 1 &&
+           (bs & (bs - 1)) == 0;
 }
 
 namespace {
 
-/* kv_k_flash_decode<TY, EPL> with EPL = the lanes' dimensions for d_h (<= 32 EPL). */
+/* kv_k_flash_decode<TY, D> with D the power of two from 8 to 256 at or above d_h. */
 template <int TY>
 cudaError_t flash_type(const kv_k_pool &P, const int *tables, const kv_k_attn_task *tasks,
                        int n_tasks, const float *q, int q_stride, int g, int part, int parts,
                        float *scratch, int stride, float *pm, float *ps, float *po,
                        cudaStream_t s) {
     dim3 grid((unsigned)n_tasks, (unsigned)parts);
-    size_t shm = (size_t)(kThreads / 32) * (size_t)g * (size_t)(2 + P.hd) * sizeof(float);
-    int epl = P.hd <= 32 ? 1 : P.hd <= 64 ? 2 : P.hd <= 128 ? 4 : 8;
-#define KV_FD(E)                                                                                   \
+    int sh = 0;
+    while ((1 << sh) < P.bs) sh++;
+    size_t shm = kv_k_fd_shm(KV_K_FD_THREADS, g, P.hd, part, sh);
+    int d = 8;
+    while (d < P.hd) d *= 2;
+#define KV_FD(D)                                                                                   \
     do {                                                                                           \
-        auto *k_ = &kv_k_flash_decode<TY, E>;                                                      \
+        auto *k_ = &kv_k_flash_decode<TY, D>;                                                      \
         cudaError_t e_ = allow_shared(k_, shm);                                                    \
         if (e_ != cudaSuccess) return e_;                                                          \
-        KV_LAUNCH(k_, grid, kThreads, shm, s)                                                      \
-        (P, tables, tasks, q, q_stride, g, part, parts, scratch, stride, pm, ps, po);              \
+        KV_LAUNCH(k_, grid, KV_K_FD_THREADS, shm, s)                                               \
+        (P, tables, tasks, q, q_stride, g, part, parts, sh, scratch, stride, pm, ps, po);          \
     } while (0)
-    switch (epl) {
-    case 1:
-        KV_FD(1);
+    switch (d) {
+    case 8:
+        KV_FD(8);
         break;
-    case 2:
-        KV_FD(2);
+    case 16:
+        KV_FD(16);
         break;
-    case 4:
-        KV_FD(4);
+    case 32:
+        KV_FD(32);
+        break;
+    case 64:
+        KV_FD(64);
+        break;
+    case 128:
+        KV_FD(128);
         break;
     default:
-        KV_FD(8);
+        KV_FD(256);
         break;
     }
 #undef KV_FD

@@ -40,13 +40,13 @@ cudaError_t decode_attention_split(const kv_k_pool &pool, const int *tables,
                                    float *o, int q_stride, int g, int chunk, int chunks,
                                    float *scratch, int scratch_stride, float *part, const int *pos,
                                    float *acc, float *acc2, cudaStream_t s);
-/* Flash-decoding (kv_kernels.cuh kv_k_flash_decode): usable when g <= KV_K_FD_GROUP and
- * d_h <= 256. Every task must have n = 1; partitions of `part` entries, `parts` of them (the
- * longest task's); types: bit t set when some task's K/V type is t (one launch per type).
- * Then kv_k_decode_merge into o and, when acc is not NULL, kv_k_decode_stats_raw (raw scores
- * in scratch: n_tasks * g * scratch_stride floats). part_buf: n_tasks * parts * g * (hd + 2)
- * floats. */
-bool flash_decode_fits(int g, int hd);
+/* Flash-decoding (kernels/kv_flash.cuh kv_k_flash_decode): usable when g <= KV_K_FD_GROUP,
+ * d_h is a multiple of 8 up to 256 and the block size bs a power of two. Every task must have n =
+ * 1; partitions of `part` entries, `parts` of them (the longest task's); types: bit t set when some
+ * task's K/V type is t (one launch per type). Then kv_k_decode_merge into o and, when acc is not
+ * NULL, kv_k_decode_stats_raw (raw scores in scratch: n_tasks * g * scratch_stride floats).
+ * part_buf: n_tasks * parts * g * (hd + 2) floats. */
+bool flash_decode_fits(int g, int hd, int bs);
 cudaError_t flash_decode(const kv_k_pool &pool, const int *tables, const kv_k_attn_task *tasks,
                          int n_tasks, const float *q, float *o, int q_stride, int g, int part,
                          int parts, unsigned types, float *scratch, int scratch_stride,

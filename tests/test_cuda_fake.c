@@ -42,6 +42,7 @@
 #include "offload/kvpr_exec.h"
 #include "kvplan/plan.h"
 #include "kvplan/quant.h"
+#include "synthetic.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -1116,6 +1117,58 @@ static int model_cleanup(void) {
     return 0;
 }
 
+/* Chunked prefill on CUDA: with no max_step the engine steps at most 512 rows, so the backend's
+ * activations are sized for 512 rows, not the context. A synthetic model with a 1200-token
+ * context (fp32, d_h 16, GQA 2): a 1100-token prompt prefilled by the default engine runs in
+ * 3 steps (fp32 weights: 7 cuBLAS GEMMs a layer a step, and the logits' once), its engine holds
+ * less device memory than one sized for 1200 rows, and the last token's logits equal the
+ * one-step prefill's to rounding. */
+static void test_chunked_prefill(void) {
+    kv_error err = {0};
+    kv_model *m = synth_model((synth_shape){64, 2, 4, 2, 128, 256, 1200}, 1, 7, &err);
+    CU_ASSERT_FATAL(m != NULL);
+    const int n = 1100, V = 256;
+    int ids[1100];
+    uint64_t st = 3;
+    for (int i = 0; i < n; i++) ids[i] = (int)(synth_next(&st) % V);
+    float lg[2][256];
+    size_t live[2];
+    long gemms[2];
+    for (int k = 0; k < 2; k++) {
+        kv_plan plan;
+        CU_ASSERT_FATAL(kv_plan_full(&m->cfg, 1200, 16, 16, KV_POLICY_SINK, &plan, &err) == KV_OK);
+        kvfake_reset();
+        kv_engine_opts o = {0};
+        o.device = KV_DEVICE_CUDA;
+        o.max_step = k ? 1200 : 0; /* 0: the default, 512 on CUDA */
+        kv_engine *e = NULL;
+        int seq = 0;
+        CU_ASSERT_FATAL(kv_engine_new(m, &plan, &o, &e, &err) == KV_OK);
+        live[k] = kvfake_get().device_live;
+        CU_ASSERT_FATAL(kv_engine_seq_open(e, NULL, NULL, &seq, &err) == KV_OK);
+        kvfake_zero_traffic();
+        CU_ASSERT_FATAL(kv_engine_prefill(e, seq, ids, n, KV_LOGITS_LAST, lg[k], NULL, &err) ==
+                        KV_OK);
+        gemms[k] = kvfake_get().gemms;
+        kv_engine_free(e);
+        kv_plan_free(&plan);
+        CU_ASSERT(nothing_allocated());
+    }
+    double big = 0.0, diff = 0.0;
+    for (int v = 0; v < V; v++) {
+        big = fmax(big, fabs(lg[1][v]));
+        diff = fmax(diff, fabs(lg[0][v] - lg[1][v]));
+    }
+    CU_ASSERT(live[0] < live[1]);
+    CU_ASSERT_EQUAL(gemms[1], 7 * 2 + 1);     /* one step: 2 layers, then the logits */
+    CU_ASSERT_EQUAL(gemms[0], 3 * 7 * 2 + 1); /* 3 steps of 512, 512 and 76 rows */
+    CU_ASSERT(big > 0.0 && diff <= 1e-5 * big);
+    printf("\n    1100-token prefill: 512-row steps hold %.2f MB on the device, one step %.2f MB; "
+           "GEMMs %ld vs %ld; last logits within %.2g of the largest",
+           live[0] / 1e6, live[1] / 1e6, gemms[0], gemms[1], diff / big);
+    kv_model_free(m);
+}
+
 int main(int argc, char **argv) {
     static const tu_test tests[] = {
         {"OOM sweep: backend creation", test_oom_backend_creation},
@@ -1132,6 +1185,7 @@ int main(int argc, char **argv) {
         {"attention above 48 KiB of shared memory", test_attention_wide_group},
         {"weights in their type: 656K F16 / Q8_0 / BF16 / Q4_0 vs the CPU",
          test_typed_weights_656k},
+        {"chunked prefill: 512-row steps on CUDA", test_chunked_prefill},
     };
     static const tu_suite suite = {"cuda_fake", model_init, model_cleanup, tests,
                                    sizeof tests / sizeof tests[0]};

@@ -20,6 +20,7 @@
 #include "cuda_shim.hpp"
 
 #include "../cuda/kernels/kv_kernels.cuh"
+#include "../cuda/kernels/kv_flash.cuh"
 #include "../cuda/kernels/kv_quant.cuh"
 #include "../cuda/kernels/kv_prefill.cuh"
 
@@ -369,22 +370,27 @@ kv_k_pool view(const kv_pool *p, void *data) {
     return v;
 }
 
-/* kv_k_flash_decode for K/V type ty at the pool's d_h (EPL 1, 2, 4 or 8 dimensions a lane),
- * grid (n_tasks, parts), as the launcher (cuda/kernels.cu flash_type) picks it. */
+/* kv_k_flash_decode for K/V type ty at the pool's d_h (D: the power of two from 8 to 256 at
+ * or above it), grid (n_tasks, parts), as the launcher (cuda/kernels.cu flash_type) picks it;
+ * the pool's block size a power of two. */
 template <int TY>
 int flash_launch_t(const kv_k_pool &P, const int *tables, const kv_k_attn_task *tasks, int n_tasks,
                    const float *q, int q_stride, int g, int part, int parts, float *scratch,
                    int stride, float *pm, float *ps, float *po, int block) {
-    size_t shm = (size_t)(block / 32) * (size_t)g * (size_t)(2 + P.hd) * sizeof(float);
+    int sh = 0;
+    while ((1 << sh) < P.bs) sh++;
+    size_t shm = kv_k_fd_shm(block, g, P.hd, part, sh);
     auto run = [&](auto kernel) {
         return kv_shim_launch(n_tasks, parts, block, shm, [&] {
-            kernel(P, tables, tasks, q, q_stride, g, part, parts, scratch, stride, pm, ps, po);
+            kernel(P, tables, tasks, q, q_stride, g, part, parts, sh, scratch, stride, pm, ps, po);
         });
     };
-    if (P.hd <= 32) return run(kv_k_flash_decode<TY, 1>);
-    if (P.hd <= 64) return run(kv_k_flash_decode<TY, 2>);
-    if (P.hd <= 128) return run(kv_k_flash_decode<TY, 4>);
-    return run(kv_k_flash_decode<TY, 8>);
+    if (P.hd <= 8) return run(kv_k_flash_decode<TY, 8>);
+    if (P.hd <= 16) return run(kv_k_flash_decode<TY, 16>);
+    if (P.hd <= 32) return run(kv_k_flash_decode<TY, 32>);
+    if (P.hd <= 64) return run(kv_k_flash_decode<TY, 64>);
+    if (P.hd <= 128) return run(kv_k_flash_decode<TY, 128>);
+    return run(kv_k_flash_decode<TY, 256>);
 }
 
 int flash_launch(kv_cache_type ty, const kv_k_pool &P, const int *tables,

@@ -82,7 +82,12 @@ KV_DEVICE void kv_mma_zero(kv_mma_c &c) {
     for (int i = 0; i < 16; i++)
         for (int n = 0; n < 16; n++) c.v[i][n] = 0.0f;
 }
+/* Called once per lane per emulated MMA when defined: the CUDA performance model's tracer
+ * (tests/cuda_model/ktrace.cpp) counts the tensor-core work this way; a weak reference, so
+ * other shim builds need not define it. */
+extern "C" void kv_shim_mma_hook(void) __attribute__((weak));
 KV_DEVICE void kv_mma(kv_mma_c &c, const kv_mma_tile &a, const kv_mma_tile &b) {
+    if (kv_shim_mma_hook) kv_shim_mma_hook();
     for (int i = 0; i < 16; i++)
         for (int n = 0; n < 16; n++) {
             float s = c.v[i][n];

@@ -33,8 +33,10 @@ typedef struct kv_engine_opts {
     kv_device device; /* auto (default), cpu or cuda */
     int max_seqs;     /* sequences alive at once (default 1) */
     int max_ctx;      /* positions per sequence (default: the plan's context C) */
-    int max_step;     /* most rows of one forward step (default: max_ctx, so a prompt or a
-                       * chunk that no head can evict from runs in one step) */
+    int max_step;     /* most rows of one forward step (default: max_ctx on the CPU, so a
+                       * prompt or a chunk that no head can evict from runs in one step; on
+                       * CUDA at most 512: longer prompts are prefilled in 512-token chunks,
+                       * which bounds the device's activations) */
     long seq_blocks;  /* blocks reserved per sequence (default: what the plan's budgets need,
                        * kv_cache_blocks_needed; pass more when sequences get larger budgets) */
     int n_threads;    /* CPU threads of the backend's pool (default 0: the CPUs available,

@@ -53,6 +53,23 @@ void kv_engine_free(kv_engine *e) {
     free(e);
 }
 
+/* Rows of one forward step on a CUDA device when the caller sets no max_step: a longer prompt
+ * is prefilled in chunks of this many tokens (chunked prefill), so the backend's activations
+ * (rows x (dim + q/k/v + FFN widths) floats on the device) and the engine's logits scratch (rows
+ * x vocab floats) are sized for 512 rows, not for the whole context. 512 rows keep the 7B-size
+ * GEMMs compute-bound (arithmetic intensity far above the device's ridge point). */
+#define KV_ENGINE_CUDA_STEP 512
+
+/* The default max_step: the context on the CPU, at most KV_ENGINE_CUDA_STEP on CUDA. */
+static int default_step(kv_device dev, int max_ctx) {
+    kv_device d = KV_DEVICE_CPU;
+    kv_error ignored = {0}; /* an unavailable device fails later, in the backend's creation */
+    if (kv_device_resolve(dev, &d, &ignored) == KV_OK && d == KV_DEVICE_CUDA &&
+        max_ctx > KV_ENGINE_CUDA_STEP)
+        return KV_ENGINE_CUDA_STEP;
+    return max_ctx;
+}
+
 int kv_engine_new(const kv_model *m, const kv_plan *plan, const kv_engine_opts *opts,
                   kv_engine **out, kv_error *err) {
     *out = NULL;
@@ -66,7 +83,7 @@ int kv_engine_new(const kv_model *m, const kv_plan *plan, const kv_engine_opts *
     e->m = m;
     e->max_seqs = o.max_seqs > 0 ? o.max_seqs : 1;
     e->max_ctx = o.max_ctx > 0 ? o.max_ctx : plan->context;
-    e->max_step = o.max_step > 0 ? o.max_step : e->max_ctx;
+    e->max_step = o.max_step > 0 ? o.max_step : default_step(o.device, e->max_ctx);
     if (e->max_step > e->max_ctx) e->max_step = e->max_ctx;
     rc = kv_plan_copy(&e->plan, plan, err);
     if (rc) {

@@ -12,10 +12,12 @@ extern "C" const void *kvfake_paged_attention_kernel(int split) {
 /* The flash-decoding kernel the launcher picks for K/V type kv_type and head dimension hd. */
 extern "C" const void *kvfake_flash_decode_kernel(int kv_type, int hd) {
 #define KV_FD_PICK(TY)                                                                             \
-    (hd <= 32    ? reinterpret_cast<const void *>(&kv_k_flash_decode<TY, 1>)                       \
-     : hd <= 64  ? reinterpret_cast<const void *>(&kv_k_flash_decode<TY, 2>)                       \
-     : hd <= 128 ? reinterpret_cast<const void *>(&kv_k_flash_decode<TY, 4>)                       \
-                 : reinterpret_cast<const void *>(&kv_k_flash_decode<TY, 8>))
+    (hd <= 8     ? reinterpret_cast<const void *>(&kv_k_flash_decode<TY, 8>)                       \
+     : hd <= 16  ? reinterpret_cast<const void *>(&kv_k_flash_decode<TY, 16>)                      \
+     : hd <= 32  ? reinterpret_cast<const void *>(&kv_k_flash_decode<TY, 32>)                      \
+     : hd <= 64  ? reinterpret_cast<const void *>(&kv_k_flash_decode<TY, 64>)                      \
+     : hd <= 128 ? reinterpret_cast<const void *>(&kv_k_flash_decode<TY, 128>)                     \
+                 : reinterpret_cast<const void *>(&kv_k_flash_decode<TY, 256>))
     switch (kv_type) {
     case KV_TYPE_F16:
         return KV_FD_PICK(KV_TYPE_F16);

@@ -20,6 +20,9 @@ km_device km_h100_sxm(void) {
      * 989.4e12 / (132 x 2048 x 2) = 1.83 GHz. The datasheet's 67 TFLOP/s FP32 implies the
      * 1.98 GHz maximum boost; the lower clock is taken (the issue bound is conservative). */
     d.clock_hz = 1.83e9;
+    /* NVIDIA H100 Tensor Core GPU datasheet, H100 SXM: FP16 / BF16 Tensor Core 1,979 TFLOP/s
+     * "with sparsity", i.e. 989.4 TFLOP/s dense; Hopper's SXM part runs F16 inputs with FP32
+     * accumulation at that full rate (Hopper whitepaper, table of peak throughputs). */
     d.tensor_f16 = 989.4e12;
     /* Assumed, not measured: pointer-chasing microbenchmarks of Hopper (Chips and Cheese,
      * "Nvidia's H100: Funny L2, and Tons of Bandwidth", 2023; Luo et al., "Benchmarking and
@@ -86,7 +89,8 @@ static int blocks_per_sm(const km_device *d, const km_code *c, const km_trace *t
  *             `trips` DRAM latencies, and a wave of resident warps overlaps its waits (Little's
  *             law: bytes in flight = resident warps x bytes per iteration)
  *   t_l1    = load sectors / (SMs in use x l1_sectors x clock)
- *   t       = max of the four. */
+ *   t_tensor = tensor-core FLOPs / (tensor_f16 x SMs in use / SMs)
+ *   t       = max of the five. */
 int km_predict(const km_device *d, const km_code *c, const km_trace *t, km_result *r,
                kv_error *err) {
     memset(r, 0, sizeof *r);
@@ -117,7 +121,10 @@ int km_predict(const km_device *d, const km_code *c, const km_trace *t, km_resul
     if (r->t_issue > r->t) r->t = r->t_issue, r->bound = "issue";
     if (r->t_lat > r->t) r->t = r->t_lat, r->bound = "latency";
     if (r->t_l1 > r->t) r->t = r->t_l1, r->bound = "L1";
+    r->t_tensor = t->mma_flops / (d->tensor_f16 * sms_used / d->sms);
+    if (r->t_tensor > r->t) r->t = r->t_tensor, r->bound = "tensor";
     r->hbm_frac = r->t > 0 ? r->t_bw / r->t : 0.0;
+    r->tensor_frac = r->t > 0 ? r->t_tensor / r->t : 0.0;
     r->sectors_req = t->sectors / t->requests;
     r->sector_eff = t->sectors > 0 ? t->req_bytes / (t->sectors * 32.0) : 0.0;
     return KV_OK;

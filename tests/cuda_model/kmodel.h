@@ -80,6 +80,7 @@ typedef struct km_trace {
     double req_bytes;      /* bytes the lanes of those requests asked for */
     double store_requests; /* warp-wide global stores executed */
     double dram_bytes;     /* distinct sectors loaded or stored over the launch x 32 */
+    double mma_flops;      /* tensor-core FLOPs (16 x 16 x 16 MMAs x 2 x 4096) */
     double path;           /* the share of the loop body's optional code the run executes, in
                             * [0, 1] (the probe knows the branches its shape takes): an
                             * iteration issues loop_min + path x (loop_instrs - loop_min) */
@@ -91,13 +92,15 @@ typedef struct km_result {
     double t_issue;     /* warp instructions / (SMs in use x schedulers x clock) */
     double t_lat;       /* waves x loop iterations per warp x round trips x latency */
     double t_l1;        /* load sectors / (SMs in use x l1_sectors x clock) */
-    double t;           /* the largest of the four */
+    double t_tensor;    /* mma_flops / (tensor_f16 x SMs in use / SMs) */
+    double t;           /* the largest of the five */
+    double tensor_frac; /* t_tensor / t: the modelled fraction of the tensor-core peak */
     double hbm_frac;    /* t_bw / t: the modelled fraction of HBM bandwidth */
     double sectors_req; /* sectors per load request */
     double sector_eff;  /* bytes requested / (sectors x 32): 1 when every fetched byte is used */
     double warps_sm;    /* resident warps per SM (occupancy x 64) */
     double warp_instrs; /* modelled warp instructions of the launch */
-    const char *bound;  /* "bandwidth", "issue", "latency" or "L1" */
+    const char *bound;  /* "bandwidth", "issue", "latency", "L1" or "tensor" */
 } km_result;
 
 /* Model one launch of kernel `c` that executed `t` on device `d` (formulas in kmodel.c).
@@ -117,7 +120,7 @@ typedef struct km_shape {
 
 /* Run kernel `name` (a row of the probe table in kprobe.cpp: "kv_k_gemv_f16<1>",
  * "kv_k_gemv_q<kv_q8_0_dot, 1>", "kv_k_gemv_q<kv_q4_0_dot, 1>", "kv_k_gemv",
- * "kv_k_flash_decode<1, 4>", "km_copy", "km_chase") on the host shim with its loads and stores
+ * "kv_k_flash_decode<1, 128>", "km_copy", "km_chase") on the host shim with its loads and stores
  * traced, at a small shape with the full shape's row lengths (a few blocks), and fill *t with
  * its counts scaled to shape *s's grid. Returns KV_OK; KV_EINPUT when the kernel has no probe,
  * the shape is out of the probe's range, or the tracer is not in this build (compiled without

@@ -13,6 +13,8 @@
 #include "cuda_shim.hpp"
 
 #include "kernels/kv_kernels.cuh"
+#include "kernels/kv_flash.cuh"
+#include "kernels/kv_prefill.cuh"
 #include "kernels/kv_quant.cuh"
 #include "kmodel.h"
 #include "kmodel_micro.cuh"
@@ -212,16 +214,18 @@ struct fd_task {
     }
 };
 
-/* kv_k_flash_decode<F16, 4> (d_h 65..128): one task traced, scaled to s->tasks tasks. */
+/* kv_k_flash_decode<F16, 128> (d_h 65..128, block size 16): one task traced, scaled to s->tasks
+ * tasks. */
 int flash_decode_f16(const km_shape *s, km_trace *t, kv_error *err) {
-    if (s->hd <= 64 || s->hd > 128 || s->g < 1 || s->g > KV_K_FD_GROUP || s->ctx < 1 ||
+    if (s->hd <= 64 || s->hd > 128 || s->hd % 8 || s->g < 1 || s->g > KV_K_FD_GROUP || s->ctx < 1 ||
         s->tasks < 1)
         return kv_fail(err, KV_EINPUT,
-                       "km_probe: kv_k_flash_decode<1, 4> needs 64 < hd <= 128, 1 <= g <= %d",
+                       "km_probe: kv_k_flash_decode<1, 128> needs 64 < hd <= 128, hd %% 8 == 0, "
+                       "1 <= g <= %d",
                        KV_K_FD_GROUP);
     fd_task f(s);
-    const int threads = 128, g = s->g, hd = s->hd;
-    size_t shm = (size_t)(threads / 32) * g * (2 + hd) * sizeof(float);
+    const int threads = KV_K_FD_THREADS, g = s->g, hd = s->hd, sh = 4; /* bs 16 */
+    size_t shm = kv_k_fd_shm(threads, g, hd, KV_K_FD_PART, sh);
     size_t np = (size_t)f.parts * g;
     float *pm = f.part.data(), *ps = pm + np, *po = ps + np;
     km_tracer tr;
@@ -233,14 +237,96 @@ int flash_decode_f16(const km_shape *s, km_trace *t, kv_error *err) {
     int rc = traced(
         tr, 1, f.parts, threads, shm,
         [&] {
-            kv_k_flash_decode<KV_TYPE_F16, 4>(f.P, f.table.data(), f.task.data(), f.q.data(),
-                                              g * hd, g, KV_K_FD_PART, f.parts, f.scratch.data(), 0,
-                                              pm, ps, po);
+            kv_k_flash_decode<KV_TYPE_F16, 128>(f.P, f.table.data(), f.task.data(), f.q.data(),
+                                                g * hd, g, KV_K_FD_PART, f.parts, sh,
+                                                f.scratch.data(), 0, pm, ps, po);
         },
         err);
     if (!rc) *t = tr.result((double)s->tasks * f.parts, f.parts, threads, shm);
     t->path = (double)g / KV_K_FD_GROUP; /* the group loop, unrolled, left after g heads */
     return rc;
+}
+
+/* One tiled-prefill task traced: an F16 head of `len` entries (block size 16), whose last 64 /
+ * g tokens are the new ones (one query tile of g heads x 64 / g tokens, which reads every KV
+ * tile of the head), a GQA group of g, d_h 128. Fills *t unscaled (one block), *kv the distinct
+ * bytes of the pool and table (read by every block of a task, fetched once). */
+int prefill_block(int len, int g, km_trace *t, double *kv, kv_error *err) {
+    const int bs = 16, hd = 128, n = KV_K_PT_BQ / g, nb = (len + bs - 1) / bs;
+    size_t rb = kvt_row_bytes(KV_TYPE_F16, hd);
+    dbuf<unsigned char> pool((size_t)nb * 2 * bs * rb, 0x3c); /* small positive halves */
+    dbuf<int> table((size_t)nb, 0);
+    for (int b = 0; b < nb; b++) table[(size_t)b] = b;
+    dbuf<kv_k_attn_task> task(1, kv_k_attn_task{0, n, 0, len, 0, 0, 0});
+    dbuf<float> q((size_t)n * g * hd, 0.1f), o((size_t)n * g * hd, 0.0f), ml(2 * (size_t)n * g, 0);
+    kv_k_pool P;
+    std::memset(&P, 0, sizeof P);
+    P.data = pool.data();
+    P.bs = bs;
+    P.hd = hd;
+    for (int k = 0; k <= KV_CACHE_TYPES; k++) {
+        P.type_first[k] = k <= KV_TYPE_F16 ? 0 : nb;
+        P.type_offset[k] = k <= KV_TYPE_F16 ? 0 : pool.bytes();
+    }
+    km_tracer tr;
+    tr.buffer(pool.data(), pool.bytes(), km_tracer::SHARED);
+    tr.buffer(table.data(), table.bytes(), km_tracer::SHARED);
+    tr.buffer(task.data(), task.bytes(), km_tracer::STREAM);
+    tr.buffer(q.data(), q.bytes(), km_tracer::STREAM);
+    tr.buffer(o.data(), o.bytes(), km_tracer::STREAM);
+    tr.buffer(ml.data(), ml.bytes(), km_tracer::STREAM);
+    int rc = traced(
+        tr, 1, 1, KV_K_PT_THREADS, KV_K_PT_SHM(hd),
+        [&] {
+            kv_k_prefill_tiled<128>(P, table.data(), task.data(), q.data(), o.data(), g * hd, g,
+                                    ml.data(), n * g);
+        },
+        err);
+    if (rc) return rc;
+    *t = tr.result(1, 1, KV_K_PT_THREADS, KV_K_PT_SHM(hd));
+    *kv = tr.distinct_bytes(km_tracer::SHARED);
+    return KV_OK;
+}
+
+/* kv_k_prefill_tiled<128> (F16 K/V, d_h 128) over a first prefill of s->ctx tokens of s->tasks
+ * (sequence, KV head) tasks with GQA group s->g (grid: tasks x ceil(ctx g / 64) query tiles;
+ * the query tile y reads the KV tiles up to its last token: causal skipping). Two query tiles
+ * are traced, reading 16 and 32 KV tiles: their difference is the per-KV-tile part of every
+ * count (loads, sectors, MMAs), the rest the per-block part; the launch's counts are blocks x
+ * per block + (the grid's KV tiles) x per KV tile. DRAM: every block's own queries, outputs
+ * and row statistics, plus each task's K/V and table once (L2 serves the other query tiles:
+ * at 4k a task's K/V are 2 MiB). */
+int prefill_tiled_f16(const km_shape *s, km_trace *t, kv_error *err) {
+    if (s->hd != 128 || s->g < 1 || KV_K_PT_BQ % s->g || s->ctx < 64 || s->tasks < 1)
+        return kv_fail(err, KV_EINPUT,
+                       "km_probe: kv_k_prefill_tiled<128> needs hd 128, g dividing %d, ctx >= 64",
+                       KV_K_PT_BQ);
+    const int la = 16 * KV_K_PT_BK, lb = 32 * KV_K_PT_BK;
+    km_trace a, b;
+    double kva = 0, kvb = 0;
+    int rc = prefill_block(la, s->g, &a, &kva, err);
+    if (!rc) rc = prefill_block(lb, s->g, &b, &kvb, err);
+    if (rc) return rc;
+    long rows = (long)s->ctx * s->g, tiles = 0, blocks = (rows + KV_K_PT_BQ - 1) / KV_K_PT_BQ;
+    for (long y = 0; y < blocks; y++) {
+        long last = (y + 1) * KV_K_PT_BQ < rows ? (y + 1) * KV_K_PT_BQ - 1 : rows - 1;
+        tiles += (last / s->g + 1 + KV_K_PT_BK - 1) / KV_K_PT_BK;
+    }
+    double nb = (double)blocks * s->tasks, nt = (double)tiles * s->tasks;
+    auto mix = [&](double va, double vb) {
+        double per_tile = (vb - va) / 16.0, per_block = va - 16.0 * per_tile;
+        return nb * per_block + nt * per_tile;
+    };
+    *t = a;
+    t->blocks = nb;
+    t->requests = mix(a.requests, b.requests);
+    t->sectors = mix(a.sectors, b.sectors);
+    t->req_bytes = mix(a.req_bytes, b.req_bytes);
+    t->store_requests = mix(a.store_requests, b.store_requests);
+    t->mma_flops = mix(a.mma_flops, b.mma_flops);
+    t->dram_bytes = nb * (a.dram_bytes - kva) + s->tasks * kvb / lb * s->ctx;
+    t->path = 1.0;
+    return KV_OK;
 }
 
 /* km_copy: s->n floats with stride s->stride, one element per thread. */
@@ -287,7 +373,8 @@ const probe k_probes[] = {
     {"kv_k_gemv_qk<kv_q4k_lane, 1>", gemv_qk<kv_q4k_lane>},
     {"kv_k_gemv_qk<kv_q6k_lane, 1>", gemv_qk<kv_q6k_lane>},
     {"kv_k_gemv", gemv_generic},
-    {"kv_k_flash_decode<1, 4>", flash_decode_f16},
+    {"kv_k_flash_decode<1, 128>", flash_decode_f16},
+    {"kv_k_prefill_tiled<128>", prefill_tiled_f16},
     {"km_copy", copy},
     {"km_chase", chase},
 };

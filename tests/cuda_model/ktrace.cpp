@@ -87,13 +87,22 @@ km_trace km_tracer::result(double blocks, double traced_blocks, int threads,
     t.req_bytes = req_bytes_ * f;
     t.store_requests = stores_ * f;
     t.path = 1.0;
+    t.mma_flops = mma_lanes_ / 32.0 * (2.0 * 16 * 16 * 16) * f; /* a warp MMA: 16^3 FMAs */
     t.dram_bytes = 32.0 * ((double)distinct_[STREAM].size() * f + (double)distinct_[SHARED].size());
     return t;
+}
+
+double km_tracer::distinct_bytes(role r) const {
+    return 32.0 * (double)distinct_[r].size();
 }
 
 /* ---- the coverage callbacks (clang SanitizerCoverage, "Tracing data flow": trace-loads /
  * trace-stores need a base mode, trace-pc-guard here, whose guards are left alone) ---- */
 extern "C" {
+
+void kv_shim_mma_hook(void) {
+    if (t_active) t_active->mma();
+}
 
 void __sanitizer_cov_trace_pc_guard_init(uint32_t *, uint32_t *) {}
 void __sanitizer_cov_trace_pc_guard(uint32_t *) {}

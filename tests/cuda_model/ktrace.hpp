@@ -47,6 +47,15 @@ class km_tracer {
      * (the probe sets the share of the loop's optional code its shape runs). */
     km_trace result(double blocks, double traced_blocks, int threads, size_t dyn_smem) const;
 
+    /* The distinct bytes of role r's buffers touched since the first begin (unscaled). */
+    double distinct_bytes(role r) const;
+
+    /* Called by the shim's MMA emulation (kv_prefill.cuh, through kv_shim_mma_hook): one lane
+     * of a warp ran one 16 x 16 x 16 MMA. */
+    void mma() {
+        mma_lanes_ += 1;
+    }
+
     /* Called by the coverage callbacks (ktrace.cpp): one access of `bytes` at p from `site`. */
     void access(const void *p, int bytes, uintptr_t site, bool store);
 
@@ -67,7 +76,7 @@ class km_tracer {
     std::unordered_map<uint64_t, request> pending_;     /* (warp, site, k) -> its request */
     std::unordered_map<uintptr_t, uint32_t> sites_;     /* return address -> site id */
     std::unordered_set<uint64_t> distinct_[2];          /* sectors per role */
-    double requests_ = 0, sectors_ = 0, req_bytes_ = 0, stores_ = 0;
+    double requests_ = 0, sectors_ = 0, req_bytes_ = 0, stores_ = 0, mma_lanes_ = 0;
 };
 
 #endif
