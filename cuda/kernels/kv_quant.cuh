@@ -252,14 +252,16 @@ template <int N> KV_DEVICE void kv_q_words(const unsigned char *p, int *w) {
     for (int k = 0; k < N; k++) w[k] = (int)(odd ? v[k] >> 16 | v[k + 1] << 16 : v[k]);
 }
 
-/* A weight block's half for kv_k_gemv_q: two lanes per block (h = 0, 1), each loading its half's
- * 4 words of signed bytes and the block's f16 scale (load) and its 16 activation values of each
- * row (act: one 16-byte load), 4 dp4a; the pair's integers summed (one shuffle) give the CPU's
- * exact per-block integer I, and finish its float expression. */
-/* Q8_0 (34 bytes: f16 d, 32 int8): half h holds elements 16 h .. 16 h + 15; the CPU's
+/* A weight block for kv_k_gemv_q, as `lanes` lanes share it (h = 0 .. lanes - 1): load gives a
+ * lane its `words` words of signed bytes (elements 32 h / lanes onward, in element order) and
+ * the block's f16 scale; per row of x the lane dots them with the same elements' activations
+ * (words / 4 16-byte loads, `words` dp4a), the lanes' integers summed (a shuffle when lanes =
+ * 2) give the CPU's exact per-block integer I, and finish is its float expression. */
+/* Q8_0 (34 bytes: f16 d, 32 int8): two lanes per block, half h holding elements 16 h .. 16 h +
+ * 15 (two lanes per block: a warp's loads span 16 blocks, ~17 sectors per request); the CPU's
  * f = (dw * dx) * I, I = sum qw qx. */
 struct kv_q8_0_dot {
-    static const int bytes = 34;
+    static const int bytes = 34, lanes = 2, words = 4;
     KV_DEVICE float load(const unsigned char *blk, int h, int *w) {
         kv_q_words<4>(blk + 2 + 16 * h, w);
         return kv_q_hw(blk);
@@ -270,14 +272,19 @@ struct kv_q8_0_dot {
     }
 };
 
-/* Q4_0 (18 bytes: f16 d, 16 bytes of nibbles, elements j and j + 16 in byte j): both lanes load
- * the 16 nibble bytes (the same sectors), half 0 keeps the low nibbles (elements 0 .. 15),
- * half 1 the high ones (16 .. 31); the CPU's f = (dw * dx) * I, I = sum nib qx - 8 s. */
+/* Q4_0 (18 bytes: f16 d, 16 bytes of nibbles, elements j and j + 16 in byte j): a lane per
+ * block (its 16 nibble bytes as 4 words: elements 0 .. 15 the low nibbles, 16 .. 31 the high
+ * ones); the CPU's f = (dw * dx) * I, I = sum nib qx - 8 s. */
 struct kv_q4_0_dot {
-    static const int bytes = 18;
+    static const int bytes = 18, lanes = 1, words = 8;
     KV_DEVICE float load(const unsigned char *blk, int h, int *w) {
-        kv_q_words<4>(blk + 2, w);
-        for (int k = 0; k < 4; k++) w[k] = (int)(((unsigned)w[k] >> (4 * h)) & 0x0f0f0f0fu);
+        (void)h;
+        int v[4];
+        kv_q_words<4>(blk + 2, v);
+        for (int k = 0; k < 4; k++) {
+            w[k] = (int)((unsigned)v[k] & 0x0f0f0f0fu);
+            w[k + 4] = (int)(((unsigned)v[k] >> 4) & 0x0f0f0f0fu);
+        }
         return kv_q_hw(blk);
     }
     KV_DEVICE float finish(float dw, float dx, int I, int sx) {
@@ -286,25 +293,26 @@ struct kv_q4_0_dot {
 };
 
 /* Block-type weights (Dot: kv_q8_0_dot, kv_q4_0_dot; blocks of 32) against activations
- * quantised by kv_k_quantize_q8 (q, d, s). A block of KV_K_GEMV_THREADS per output row, two
- * lanes per weight block (a warp's 16 blocks consecutive: its 4-byte loads touch ~17 sectors
- * per request), two blocks per lane per iteration with both loads issued first; per row of x
- * one 16-byte activation load, 4 dp4a, one shuffle for the block's exact integer and the CPU's
- * float expression per block, summed per thread in block order, then over the block (the CPU
- * sums the same per-block terms in 8 interleaved lanes: the values agree to the rounding of
- * the additions only). The loop is uniform over a warp (the pair's shuffle needs every lane). */
+ * quantised by kv_k_quantize_q8 (q, d, s). A block of KV_K_GEMV_THREADS per output row,
+ * Dot::lanes lanes per weight block (a warp's blocks consecutive), two blocks per lane per
+ * iteration with both loads issued first; per row of x the block's exact integer (dp4a, a
+ * shuffle between two lanes) and the CPU's float expression per block, summed per thread in
+ * block order, then over the block (the CPU sums the same per-block terms in 8 interleaved
+ * lanes: the values agree to the rounding of the additions only). The loop is uniform over a
+ * warp (the lanes' shuffle needs every lane). */
 template <typename Dot, int R>
 KV_GLOBAL void kv_k_gemv_q(const unsigned char *W, size_t row_bytes, const signed char *aq,
                            const float *ad, const int *as, float *y, int rows, int in, int out) {
     KV_SHARED_ARRAY(float, red, R *KV_WARP);
-    int nb = in / 32, h = kv_tid() % 2, step = kv_bdim() / 2, lead = kv_tid() % KV_WARP / 2;
+    const int L = Dot::lanes, NW = Dot::words;
+    int nb = in / 32, h = kv_tid() % L, step = kv_bdim() / L, lead = kv_tid() % KV_WARP / L;
     Dot dot;
     for (int o = kv_bid(); o < out; o += kv_gdim()) {
         const unsigned char *wr = W + (size_t)o * row_bytes;
         float acc[R];
         for (int r = 0; r < R; r++) acc[r] = 0.0f;
-        for (int b0 = kv_tid() / 2; b0 - lead < nb; b0 += 2 * step) {
-            int w[2][4] = {{0}};
+        for (int b0 = kv_tid() / L; b0 - lead < nb; b0 += 2 * step) {
+            int w[2][NW] = {{0}};
             float dw[2] = {0.0f, 0.0f};
             KV_UNROLL
             for (int u = 0; u < 2; u++)
@@ -318,11 +326,12 @@ KV_GLOBAL void kv_k_gemv_q(const unsigned char *W, size_t row_bytes, const signe
                     size_t ab = (size_t)r * (size_t)nb + (size_t)(ok ? b : 0);
                     int I = 0;
                     if (ok) {
-                        unsigned xv[4];
-                        kv_load16(aq + 32 * ab + 16 * h, xv);
-                        for (int k = 0; k < 4; k++) I = kv_dp4a(w[u][k], xv[k], I);
+                        unsigned xv[NW];
+                        for (int k = 0; k < NW / 4; k++)
+                            kv_load16(aq + 32 * ab + 4 * NW * h + 16 * k, xv + 4 * k);
+                        for (int k = 0; k < NW; k++) I = kv_dp4a(w[u][k], xv[k], I);
                     }
-                    I += kv_shfl_xor(I, 1);
+                    if (L == 2) I += kv_shfl_xor(I, 1);
                     if (ok && h == 0) acc[r] += dot.finish(dw[u], ad[ab], I, as[ab]);
                 }
             }

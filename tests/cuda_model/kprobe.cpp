@@ -117,7 +117,7 @@ template <typename Dot> struct gq_q32 { /* kv_k_gemv_q<Dot, R>: Q8_0, Q4_0 */
         kv_k_gemv_q<Dot, R>(w, rb, q, d, s, y, R, in, out);
     }
     static double path(int nb) {
-        return two_chunk_share(nb, threads / 2); /* two lanes per block */
+        return two_chunk_share(nb, threads / Dot::lanes); /* Dot::lanes lanes per block */
     }
 };
 struct gq_q4k { /* kv_k_gemv_q4k<R>: a lane per super-block, 8 lanes per output row */
