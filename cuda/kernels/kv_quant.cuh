@@ -306,6 +306,9 @@ KV_GLOBAL void kv_k_gemv_q(const unsigned char *W, size_t row_bytes, const signe
     KV_SHARED_ARRAY(float, red, R *KV_WARP);
     const int L = Dot::lanes, NW = Dot::words;
     int nb = in / 32, h = kv_tid() % L, step = kv_bdim() / L, lead = kv_tid() % KV_WARP / L;
+    /* the block's term once: lane h = 0 adds it (x 1, exact), the others add 0 (a product, not
+     * a branch on h: every lane runs the same instructions) */
+    float keep = h ? 0.0f : 1.0f;
     Dot dot;
     for (int o = kv_bid(); o < out; o += kv_gdim()) {
         const unsigned char *wr = W + (size_t)o * row_bytes;
@@ -332,7 +335,7 @@ KV_GLOBAL void kv_k_gemv_q(const unsigned char *W, size_t row_bytes, const signe
                         for (int k = 0; k < NW; k++) I = kv_dp4a(w[u][k], xv[k], I);
                     }
                     if (L == 2) I += kv_shfl_xor(I, 1);
-                    if (ok && h == 0) acc[r] += dot.finish(dw[u], ad[ab], I, as[ab]);
+                    if (ok) acc[r] += keep * dot.finish(dw[u], ad[ab], I, as[ab]);
                 }
             }
         }
