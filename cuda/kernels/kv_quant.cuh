@@ -488,7 +488,7 @@ KV_GLOBAL void kv_k_gemv_q4k(const unsigned char *W, size_t row_bytes, const sig
  * for half h and l < 32 the elements 128 h + 32 p + l, p = 0 .. 3, are (ql[64 h + l + 32 (p &
  * 1)] >> 4 (p >> 1)) & 15 | ((qh[32 h + l] >> 2 p) & 3) << 4, minus 32): lane t holds the 16
  * elements of group G = t of 16 (h = t / 8, p = (t / 2) % 4, l from 16 (t % 2)): 16 bytes of ql
- * and of qh (kv_q_words: the 210-byte blocks are 2-byte aligned), its int8 scale;
+ * and of qh as 16-bit loads (the 210-byte blocks allow no wider alignment), its int8 scale;
  * i0 = sc_G * (sum q qx - 32 s16_G) (quant_dot.c i6k_c), f = (dx * d) * I. */
 struct kv_q6k_lane {
     static const int bytes = 210;
@@ -499,11 +499,9 @@ struct kv_q6k_lane {
 KV_DEVICE void kv_qk_load(kv_q6k_lane &p, const unsigned char *blk, int t) {
     int h = t / 8, part = (t / 2) % 4, l0 = 16 * (t % 2);
     const unsigned char *ql = blk + 64 * h + 32 * (part & 1) + l0, *qh = blk + 128 + 32 * h + l0;
-    int lv[4], hv[4];
-    kv_q_words<4>(ql, lv);
-    kv_q_words<4>(qh, hv);
     for (int k = 0; k < 4; k++) {
-        unsigned lw = (unsigned)lv[k], hw = (unsigned)hv[k];
+        unsigned lw = kv_ld_u16(ql + 4 * k) | kv_ld_u16(ql + 4 * k + 2) << 16;
+        unsigned hw = kv_ld_u16(qh + 4 * k) | kv_ld_u16(qh + 4 * k + 2) << 16;
         unsigned lo = (part >> 1 ? lw >> 4 : lw) & 0x0f0f0f0fu;
         p.q[k] = (int)(lo | ((hw >> (2 * part)) & 0x03030303u) << 4);
     }
