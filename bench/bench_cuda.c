@@ -278,6 +278,31 @@ static int prefill_rows(void) {
     return 0;
 }
 
+/* The decode GEMV rows of kernel_rows: every typed kernel at batch 1 at Llama-2-7B's shapes
+ * (q/k/v/o 4096 -> 4096, gate/up 4096 -> 11008, down 11008 -> 4096) and the GQA-8 7B's k/v
+ * (4096 -> 1024), then at batch 8 and 32 (the R = 8, 32 kernels) at 4096 -> 4096; Q4_K on the
+ * generic kernel for comparison. Returns 0, or 1 (message printed). */
+static int gemv_rows(void) {
+    const char *kern[5] = {"kv_k_gemv_f16<%d>", "kv_k_gemv_q<kv_q8_0_dot, %d>",
+                           "kv_k_gemv_q<kv_q4_0_dot, %d>", "kv_k_gemv_q4k<%d>",
+                           "kv_k_gemv_qk<kv_q6k_lane, %d>"};
+    const char *tn[5] = {"F16", "Q8_0", "Q4_0", "Q4_K", "Q6_K"};
+    const int shapes[4][2] = {{4096, 4096}, {4096, 11008}, {11008, 4096}, {4096, 1024}};
+    const int batch[3] = {1, 8, 32};
+    char label[64], name[64];
+    for (int i = 0; i < 5; i++)
+        for (int b = 0; b < 3; b++)
+            for (int j = 0; j < (b ? 1 : 4); j++) {
+                snprintf(label, sizeof label, "GEMV %-5s %5dx%-5d%s", tn[i], shapes[j][1],
+                         shapes[j][0], b ? (b == 1 ? " B8" : " B32") : "");
+                snprintf(name, sizeof name, kern[i], batch[b]);
+                km_shape s = {.in = shapes[j][0], .out = shapes[j][1]};
+                if (kernel_row(label, name, s)) return 1;
+            }
+    km_shape s = {.in = 4096, .out = 4096, .wtype = KV_DT_Q4_K};
+    return kernel_row("GEMV Q4_K*  4096x4096", "kv_k_gemv", s);
+}
+
 /* The performance model's figures per kernel (tests/cuda_model/kmodel.h): the decode GEMVs at
  * Llama-2-7B's shapes (batch 1) and flash-decoding at 4k for both model shapes. */
 static int kernel_rows(void) {
@@ -286,21 +311,8 @@ static int kernel_rows(void) {
     printf("%-28s %9s %7s %5s %6s %8s %8s %8s %8s %8s %-9s %6s\n", "kernel (batch 1 unless noted)",
            "DRAM MB", "sec/req", "eff", "warp/SM", "bw us", "issue us", "lat us", "L1 us",
            "model us", "bound", "HBM");
-    const char *gemv[6] = {"kv_k_gemv_f16<1>",
-                           "kv_k_gemv_q<kv_q8_0_dot, 1>",
-                           "kv_k_gemv_q<kv_q4_0_dot, 1>",
-                           "kv_k_gemv_qk<kv_q4k_lane, 1>",
-                           "kv_k_gemv_qk<kv_q6k_lane, 1>",
-                           "kv_k_gemv"};
-    const char *tn[6] = {"F16", "Q8_0", "Q4_0", "Q4_K", "Q6_K", "Q4_K*"};
-    const int shapes[3][2] = {{4096, 4096}, {4096, 11008}, {11008, 4096}};
+    if (gemv_rows()) return 1;
     char label[64];
-    for (int i = 0; i < 6; i++)
-        for (int j = 0; j < 3; j++) {
-            snprintf(label, sizeof label, "GEMV %-5s %5dx%-5d", tn[i], shapes[j][1], shapes[j][0]);
-            km_shape s = {.in = shapes[j][0], .out = shapes[j][1], .wtype = KV_DT_Q4_K};
-            if (kernel_row(label, gemv[i], s)) return 1;
-        }
     const int hkv[2] = {32, 8}, batch[2] = {1, 32}, ctx[2] = {1024, 4096};
     for (int i = 0; i < 2; i++)
         for (int j = 0; j < 2; j++)

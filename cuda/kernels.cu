@@ -6,6 +6,8 @@
 #include "kernels/kv_quant.cuh"
 #include "kernels/kv_prefill.cuh"
 
+#include <type_traits>
+
 namespace kvcu {
 
 namespace {
@@ -258,93 +260,105 @@ cudaError_t table_patch(int *tables, const int *patch, long n, cudaStream_t s) {
 
 namespace {
 
-/* kernel<R> for the step's rows (1 .. KV_K_GEMV_ROWS): R = rows up to 8, then the next of 16,
- * 24, 32 (the kernels take the rows at run time and keep R accumulators). */
-#define KV_GEMV_ROWS_SWITCH(rows, LAUNCH)                                                          \
-    switch (rows) {                                                                                \
-    case 1:                                                                                        \
-        LAUNCH(1);                                                                                 \
-        break;                                                                                     \
-    case 2:                                                                                        \
-        LAUNCH(2);                                                                                 \
-        break;                                                                                     \
-    case 3:                                                                                        \
-        LAUNCH(3);                                                                                 \
-        break;                                                                                     \
-    case 4:                                                                                        \
-        LAUNCH(4);                                                                                 \
-        break;                                                                                     \
-    case 5:                                                                                        \
-        LAUNCH(5);                                                                                 \
-        break;                                                                                     \
-    case 6:                                                                                        \
-        LAUNCH(6);                                                                                 \
-        break;                                                                                     \
-    case 7:                                                                                        \
-        LAUNCH(7);                                                                                 \
-        break;                                                                                     \
-    case 8:                                                                                        \
-        LAUNCH(8);                                                                                 \
-        break;                                                                                     \
-    default:                                                                                       \
-        if (rows <= 16)                                                                            \
-            LAUNCH(16);                                                                            \
-        else if (rows <= 24)                                                                       \
-            LAUNCH(24);                                                                            \
-        else                                                                                       \
-            LAUNCH(32);                                                                            \
-        break;                                                                                     \
+/* f(std::integral_constant<int, R>()) for the GEMV kernel R that serves the step's rows (1 ..
+ * KV_K_GEMV_ROWS): R = rows up to 8, then the next of 16, 24, 32 (the kernels take the rows at
+ * run time and keep R accumulators). One dispatch for every typed GEMV. */
+template <typename F> void for_rows(int rows, F &&f) {
+    switch (rows) {
+    case 1:
+        f(std::integral_constant<int, 1>());
+        break;
+    case 2:
+        f(std::integral_constant<int, 2>());
+        break;
+    case 3:
+        f(std::integral_constant<int, 3>());
+        break;
+    case 4:
+        f(std::integral_constant<int, 4>());
+        break;
+    case 5:
+        f(std::integral_constant<int, 5>());
+        break;
+    case 6:
+        f(std::integral_constant<int, 6>());
+        break;
+    case 7:
+        f(std::integral_constant<int, 7>());
+        break;
+    case 8:
+        f(std::integral_constant<int, 8>());
+        break;
+    default:
+        if (rows <= 16)
+            f(std::integral_constant<int, 16>());
+        else if (rows <= 24)
+            f(std::integral_constant<int, 24>());
+        else
+            f(std::integral_constant<int, 32>());
+        break;
     }
-
-static_assert(KV_K_GEMV_ROWS == 32, "the GEMV switch instantiates rows up to 32");
-
-template <typename Dot>
-cudaError_t gemv_q(const unsigned char *W, size_t row_bytes, const float *x, float *y, int rows,
-                   int in, int out, void *act, cudaStream_t s) {
-    size_t nb = (size_t)rows * (size_t)(in / 32);
-    signed char *q = static_cast<signed char *>(act);
-    float *d = reinterpret_cast<float *>(q + 32 * nb);
-    int *sum = reinterpret_cast<int *>(d + nb);
-    unsigned qblocks = nb / 4 > 4096 ? 4096u : (unsigned)(nb / 4 + 1);
-    KV_LAUNCH(kv_k_quantize_q8, qblocks, kThreads, 0, s)(x, rows, in, q, d, sum);
-    unsigned blocks = out > 65535 ? 65535u : (unsigned)out;
-#define KV_GEMV_Q(R)                                                                               \
-    do {                                                                                           \
-        auto *k_ = &kv_k_gemv_q<Dot, R>;                                                           \
-        KV_LAUNCH(k_, blocks, KV_K_GEMV_THREADS, 0, s)(W, row_bytes, q, d, sum, y, rows, in, out); \
-    } while (0)
-    KV_GEMV_ROWS_SWITCH(rows, KV_GEMV_Q)
-#undef KV_GEMV_Q
-    return cudaGetLastError();
 }
 
-template <typename K>
-cudaError_t gemv_qk(const unsigned char *W, size_t row_bytes, const float *x, float *y, int rows,
-                    int in, int out, void *act, cudaStream_t s) {
-    size_t nb = (size_t)rows * (size_t)(in / 256);
+static_assert(KV_K_GEMV_ROWS == 32, "for_rows instantiates rows up to 32");
+
+/* Elements per quantised activation block of a typed block GEMV: 256 for the K-quants (the
+ * CPU's layout "K"), 32 for Q8_0 and Q4_0 (layout "A"). */
+int act_block(int t) {
+    return t == KV_DT_Q4_K || t == KV_DT_Q6_K ? 256 : 32;
+}
+
+/* Byte offset in `act` of the per-block sums (after q and the scales, 16-byte aligned: the
+ * K-quant kernels load 16 sums at a time). */
+size_t act_sums_at(int t, int rows, int in) {
+    size_t nb = (size_t)rows * (size_t)(in / act_block(t));
+    return nb * (size_t)act_block(t) + (4 * nb + 15) / 16 * 16;
+}
+
+/* The block types' GEMV: x quantised once into act (kv_k_quantize_q8 or _q8k), then the typed
+ * kernel for t (Q8_0, Q4_0, Q4_K, Q6_K) at R = for_rows(rows). */
+cudaError_t gemv_quant(int t, const unsigned char *W, size_t rb, const float *x, float *y, int rows,
+                       int in, int out, void *act, cudaStream_t s) {
+    size_t nb = (size_t)rows * (size_t)(in / act_block(t));
     signed char *q = static_cast<signed char *>(act);
-    float *d = reinterpret_cast<float *>(q + 256 * nb);
-    short *s16 = reinterpret_cast<short *>(d + nb);
+    float *d = reinterpret_cast<float *>(q + nb * (size_t)act_block(t));
+    void *sums = q + act_sums_at(t, rows, in);
     unsigned qblocks = nb / 4 > 4096 ? 4096u : (unsigned)(nb / 4 + 1);
-    KV_LAUNCH(kv_k_quantize_q8k, qblocks, kThreads, 0, s)(x, rows, in, q, d, s16);
-    unsigned blocks = out > 65535 ? 65535u : (unsigned)out;
-#define KV_GEMV_QK(R)                                                                              \
-    do {                                                                                           \
-        auto *k_ = &kv_k_gemv_qk<K, R>;                                                            \
-        KV_LAUNCH(k_, blocks, KV_K_GEMV_THREADS, 0, s)(W, row_bytes, q, d, s16, y, rows, in, out); \
-    } while (0)
-    KV_GEMV_ROWS_SWITCH(rows, KV_GEMV_QK)
-#undef KV_GEMV_QK
+    if (act_block(t) == 32)
+        KV_LAUNCH(kv_k_quantize_q8, qblocks, kThreads, 0, s)(x, rows, in, q, d, (int *)sums);
+    else
+        KV_LAUNCH(kv_k_quantize_q8k, qblocks, kThreads, 0, s)(x, rows, in, q, d, (short *)sums);
+    int per = KV_K_GEMV_Q4K_THREADS / 8; /* Q4_K: output rows per block */
+    size_t qkb = ((size_t)out + per - 1) / per;
+    unsigned blocks = out > 65535 ? 65535u : (unsigned)out, q4kb = qkb > 65535 ? 65535u : qkb;
+    const int *si = static_cast<const int *>(sums);
+    const short *ss = static_cast<const short *>(sums);
+    for_rows(rows, [&](auto rc) {
+        constexpr int R = decltype(rc)::value;
+        if (t == KV_DT_Q8_0) {
+            auto *k = &kv_k_gemv_q<kv_q8_0_dot, R>;
+            KV_LAUNCH(k, blocks, KV_K_GEMV_THREADS, 0, s)(W, rb, q, d, si, y, rows, in, out);
+        } else if (t == KV_DT_Q4_0) {
+            auto *k = &kv_k_gemv_q<kv_q4_0_dot, R>;
+            KV_LAUNCH(k, blocks, KV_K_GEMV_THREADS, 0, s)(W, rb, q, d, si, y, rows, in, out);
+        } else if (t == KV_DT_Q4_K) {
+            KV_LAUNCH(kv_k_gemv_q4k<R>, q4kb, KV_K_GEMV_Q4K_THREADS, 0, s)
+            (W, rb, q, d, ss, y, rows, in, out);
+        } else {
+            auto *k = &kv_k_gemv_qk<kv_q6k_lane, R>;
+            KV_LAUNCH(k, blocks, KV_K_GEMV_THREADS, 0, s)(W, rb, q, d, ss, y, rows, in, out);
+        }
+    });
     return cudaGetLastError();
 }
 
 } // namespace
 
 size_t gemv_act_bytes(int t, int rows, int in) {
-    if ((t == KV_DT_Q4_K || t == KV_DT_Q6_K) && in % 256 == 0) /* q, d per 256, s16 per 16 */
-        return (size_t)rows * ((size_t)in + (size_t)(in / 256) * 4 + (size_t)(in / 16) * 2);
-    if ((t != KV_DT_Q8_0 && t != KV_DT_Q4_0) || in % 32) return 0;
-    return (size_t)rows * (size_t)in + (size_t)rows * (size_t)(in / 32) * 8;
+    int k = t == KV_DT_Q4_K || t == KV_DT_Q6_K || t == KV_DT_Q8_0 || t == KV_DT_Q4_0;
+    if (!k || in % act_block(t)) return 0;
+    /* q, the scales, then an int sum per 32 (layout A) or an int16 sum per 16 (layout K) */
+    return act_sums_at(t, rows, in) + (size_t)rows * (size_t)in / 8;
 }
 
 cudaError_t gemv(const void *W, int t, size_t row_bytes, const float *x, float *y, int rows, int in,
@@ -353,19 +367,14 @@ cudaError_t gemv(const void *W, int t, size_t row_bytes, const float *x, float *
     const unsigned char *w = static_cast<const unsigned char *>(W);
     unsigned blocks = out > 65535 ? 65535u : (unsigned)out;
     if (t == KV_DT_F16 && in % 8 == 0 && rows <= KV_K_GEMV_ROWS) {
-#define KV_GEMV_F16(R)                                                                             \
-    KV_LAUNCH(kv_k_gemv_f16<R>, blocks, KV_K_GEMV_THREADS, 0, s)(w, x, y, rows, in, out)
-        KV_GEMV_ROWS_SWITCH(rows, KV_GEMV_F16)
-#undef KV_GEMV_F16
+        for_rows(rows, [&](auto rc) {
+            KV_LAUNCH(kv_k_gemv_f16<decltype(rc)::value>, blocks, KV_K_GEMV_THREADS, 0, s)
+            (w, x, y, rows, in, out);
+        });
         return cudaGetLastError();
     }
-    if (act && (t == KV_DT_Q4_K || t == KV_DT_Q6_K) && gemv_act_bytes(t, rows, in) &&
-        rows <= KV_K_GEMV_ROWS)
-        return t == KV_DT_Q4_K ? gemv_qk<kv_q4k_lane>(w, row_bytes, x, y, rows, in, out, act, s)
-                               : gemv_qk<kv_q6k_lane>(w, row_bytes, x, y, rows, in, out, act, s);
     if (act && gemv_act_bytes(t, rows, in) && rows <= KV_K_GEMV_ROWS)
-        return t == KV_DT_Q8_0 ? gemv_q<kv_q8_0_dot>(w, row_bytes, x, y, rows, in, out, act, s)
-                               : gemv_q<kv_q4_0_dot>(w, row_bytes, x, y, rows, in, out, act, s);
+        return gemv_quant(t, w, row_bytes, x, y, rows, in, out, act, s);
     size_t wb = ((size_t)out + kThreads / 32 - 1) / (kThreads / 32); /* a warp per output */
     if (wb > 65535) wb = 65535;
     KV_LAUNCH(kv_k_gemv, (unsigned)wb, kThreads, 0, s)(w, t, row_bytes, x, y, rows, in, out);

@@ -810,31 +810,71 @@ void test_gather() {
     kv_model_free(m);
 }
 
-/* y [rows, out] of the typed GEMV kernels (kv_k_gemv_f16, or kv_k_quantize_q8 + kv_k_gemv_q)
- * for weight type t, rows <= R (the template parameter, as the launcher picks it). */
+/* y [rows, out] of the typed GEMV kernel for weight type t at R (rows <= R), as kvcu::gemv
+ * launches it: kv_k_gemv_f16 (F16), kv_k_quantize_q8 + kv_k_gemv_q (Q8_0, Q4_0),
+ * kv_k_quantize_q8k + kv_k_gemv_q4k (Q4_K) or kv_k_gemv_qk (Q6_K), on a grid of 3 blocks (Q4_K:
+ * 1 block of 8 output rows), so the grid-stride loops run. */
 template <int R>
 std::vector<float> typed_gemv(kv_dtype t, const std::vector<unsigned char> &W, size_t rb,
                               const std::vector<float> &x, int rows, int in, int out) {
     std::vector<float> y((size_t)rows * out, NAN);
     if (t == KV_DT_F16) {
-        launch(2, KV_K_GEMV_THREADS, 0,
+        launch(3, KV_K_GEMV_THREADS, 0,
                [&] { kv_k_gemv_f16<R>(W.data(), x.data(), y.data(), rows, in, out); });
         return y;
     }
-    size_t nb = (size_t)rows * (size_t)(in / 32);
-    std::vector<signed char> q(32 * nb);
+    int qk = t == KV_DT_Q4_K || t == KV_DT_Q6_K ? 256 : 32;
+    size_t nb = (size_t)rows * (size_t)(in / qk);
+    std::vector<signed char> q(qk * nb);
     std::vector<float> d(nb, NAN);
     std::vector<int> s(nb);
-    launch(3, 64, 0, [&] { kv_k_quantize_q8(x.data(), rows, in, q.data(), d.data(), s.data()); });
-    launch(2, KV_K_GEMV_THREADS, 0, [&] {
+    std::vector<short> s16(16 * nb);
+    if (qk == 32)
+        launch(3, 64, 0,
+               [&] { kv_k_quantize_q8(x.data(), rows, in, q.data(), d.data(), s.data()); });
+    else
+        launch(3, 64, 0,
+               [&] { kv_k_quantize_q8k(x.data(), rows, in, q.data(), d.data(), s16.data()); });
+    const unsigned char *w = W.data();
+    int threads = t == KV_DT_Q4_K ? KV_K_GEMV_Q4K_THREADS : KV_K_GEMV_THREADS;
+    launch(t == KV_DT_Q4_K ? 1 : 3, threads, 0, [&] {
         if (t == KV_DT_Q8_0)
-            kv_k_gemv_q<kv_q8_0_dot, R>(W.data(), rb, q.data(), d.data(), s.data(), y.data(), rows,
-                                        in, out);
+            kv_k_gemv_q<kv_q8_0_dot, R>(w, rb, q.data(), d.data(), s.data(), y.data(), rows, in,
+                                        out);
+        else if (t == KV_DT_Q4_0)
+            kv_k_gemv_q<kv_q4_0_dot, R>(w, rb, q.data(), d.data(), s.data(), y.data(), rows, in,
+                                        out);
+        else if (t == KV_DT_Q4_K)
+            kv_k_gemv_q4k<R>(w, rb, q.data(), d.data(), s16.data(), y.data(), rows, in, out);
         else
-            kv_k_gemv_q<kv_q4_0_dot, R>(W.data(), rb, q.data(), d.data(), s.data(), y.data(), rows,
-                                        in, out);
+            kv_k_gemv_qk<kv_q6k_lane, R>(w, rb, q.data(), d.data(), s16.data(), y.data(), rows, in,
+                                         out);
     });
     return y;
+}
+
+/* typed_gemv for the kernel the launcher picks at `rows` of the test's (1, 3, 8, 13, 32): R =
+ * rows up to 8, else 16 or 32. */
+std::vector<float> typed_gemv_rows(kv_dtype t, const std::vector<unsigned char> &W, size_t rb,
+                                   const std::vector<float> &x, int rows, int in, int out) {
+    return rows == 1    ? typed_gemv<1>(t, W, rb, x, rows, in, out)
+           : rows == 3  ? typed_gemv<3>(t, W, rb, x, rows, in, out)
+           : rows == 8  ? typed_gemv<8>(t, W, rb, x, rows, in, out)
+           : rows == 13 ? typed_gemv<16>(t, W, rb, x, rows, in, out)
+                        : typed_gemv<32>(t, W, rb, x, rows, in, out);
+}
+
+/* KV_K_GEMV_ROWS rows of x, in wide, from real layer inputs of stories260K: row r is the layer
+ * inputs of tokens 5r, 5r + 1, ... (mod the text's) side by side. */
+std::vector<float> gemv_inputs(const kv_model *m, int in) {
+    std::vector<float> xin = layer_input(m, text_ids(600));
+    size_t dim = (size_t)m->cfg.dim, ntok = xin.size() / dim;
+    CU_ASSERT_FATAL(ntok >= 50);
+    std::vector<float> x((size_t)KV_K_GEMV_ROWS * in);
+    for (size_t r = 0; r < (size_t)KV_K_GEMV_ROWS; r++)
+        for (size_t i = 0; i < (size_t)in; i++)
+            x[r * in + i] = xin[((5 * r + i / dim) % ntok) * dim + i % dim];
+    return x;
 }
 
 /* The typed GEMV kernels of decode against the CPU, for 1, 3, 8, 13 and 32 rows (13: the R = 16
@@ -847,11 +887,7 @@ void typed_gemv_case(kv_dtype t, const std::vector<unsigned char> &W, size_t rb,
                      const std::vector<float> &wf, const std::vector<float> &x, int in, int out) {
     double worst = 0.0;
     for (int rows : {1, 3, 8, 13, KV_K_GEMV_ROWS}) {
-        std::vector<float> y = rows == 1    ? typed_gemv<1>(t, W, rb, x, rows, in, out)
-                               : rows == 3  ? typed_gemv<3>(t, W, rb, x, rows, in, out)
-                               : rows == 8  ? typed_gemv<8>(t, W, rb, x, rows, in, out)
-                               : rows == 13 ? typed_gemv<16>(t, W, rb, x, rows, in, out)
-                                            : typed_gemv<32>(t, W, rb, x, rows, in, out);
+        std::vector<float> y = typed_gemv_rows(t, W, rb, x, rows, in, out);
         std::vector<float> ref((size_t)rows * out, NAN);
         if (t != KV_DT_F16) {
             std::vector<unsigned char> act((size_t)rows * kv_qdot_act_bytes(t, in));
@@ -890,15 +926,7 @@ void test_typed_weights() {
     kv_model *m = load(M260);
     const int out = 6, in = 512;
     const float *src = f32(m->tok_emb);
-    /* row r of x: 8 consecutive real layer inputs (64 wide) side by side */
-    std::vector<float> xin = layer_input(m, text_ids(600));
-    size_t dim = (size_t)m->cfg.dim, ntok = xin.size() / dim;
-    CU_ASSERT_FATAL(ntok >= 50);
-    /* row r: the layer inputs of tokens 5r, 5r + 1, ... (mod the text's) side by side */
-    std::vector<float> x((size_t)KV_K_GEMV_ROWS * in);
-    for (size_t r = 0; r < (size_t)KV_K_GEMV_ROWS; r++)
-        for (size_t i = 0; i < (size_t)in; i++)
-            x[r * in + i] = xin[((5 * r + i / dim) % ntok) * dim + i % dim];
+    std::vector<float> x = gemv_inputs(m, in);
     kv_error err = {};
     int types = 0;
     for (kv_dtype t : kv_dtype_all) {
@@ -1049,37 +1077,11 @@ void test_flash_wide_heads() {
                 worst_o, worst_s);
 }
 
-/* y [rows, out] of kv_k_quantize_q8k + kv_k_gemv_qk<K, R> (rows <= R) on K-quant weights W. */
-template <typename K, int R>
-std::vector<float> qk_gemv(const std::vector<unsigned char> &W, size_t rb,
-                           const std::vector<float> &x, int rows, int in, int out) {
-    size_t nb = (size_t)rows * (size_t)(in / 256);
-    std::vector<signed char> q(256 * nb);
-    std::vector<float> d(nb, NAN), y((size_t)rows * out, NAN);
-    std::vector<short> s16(16 * nb);
-    launch(3, 64, 0,
-           [&] { kv_k_quantize_q8k(x.data(), rows, in, q.data(), d.data(), s16.data()); });
-    launch(3, KV_K_GEMV_THREADS, 0, [&] {
-        kv_k_gemv_qk<K, R>(W.data(), rb, q.data(), d.data(), s16.data(), y.data(), rows, in, out);
-    });
-    return y;
-}
-
-/* qk_gemv for the kernel the launcher picks at `rows` (R = rows up to 8, else 16 or 32). */
-template <typename K>
-std::vector<float> qk_gemv_rows(const std::vector<unsigned char> &W, size_t rb,
-                                const std::vector<float> &x, int rows, int in, int out) {
-    return rows == 1    ? qk_gemv<K, 1>(W, rb, x, rows, in, out)
-           : rows == 3  ? qk_gemv<K, 3>(W, rb, x, rows, in, out)
-           : rows == 8  ? qk_gemv<K, 8>(W, rb, x, rows, in, out)
-           : rows == 13 ? qk_gemv<K, 16>(W, rb, x, rows, in, out)
-                        : qk_gemv<K, 32>(W, rb, x, rows, in, out);
-}
-
-/* The K-quant decode GEMVs (kv_k_quantize_q8k + kv_k_gemv_qk, Q4_K and Q6_K) against the CPU's
- * integer dots (kv_qmatmul_int) on a [12, 2560] matrix of stories260K's embedding values
- * quantised by kv_quantize_row (10 super-blocks a row: groups 0 and 1 of the kernel take two,
- * the others one, so the CPU's 8 block lanes and its final sum order are all exercised) and 1,
+/* The K-quant decode GEMVs (kv_k_quantize_q8k + kv_k_gemv_q4k for Q4_K, kv_k_gemv_qk for Q6_K)
+ * against the CPU's integer dots (kv_qmatmul_int) on a [12, 2560] matrix of stories260K's
+ * embedding values quantised by kv_quantize_row (10 super-blocks a row: lanes / groups 0 and 1
+ * of the kernels take two, the others one, so the CPU's 8 block lanes and its final sum order
+ * are all exercised; Q4_K's second pass over output rows has 4 idle rows) and 1,
  * 3, 8 rows of real layer inputs (repeated to 2560 wide; and 13 and 32 rows, the batched
  * kernels): the same quantised activations, the same exact integers per super-block, the
  * same fp32 expression, accumulators and final order, so the results are **bit-identical**
@@ -1089,14 +1091,7 @@ void test_qk_gemv_bits() {
     const int out = 12, in = 2560, maxr = KV_K_GEMV_ROWS;
     const float *src = f32(m->tok_emb);
     CU_ASSERT_FATAL((size_t)m->cfg.vocab_size * m->cfg.dim >= (size_t)out * in);
-    std::vector<float> xin = layer_input(m, text_ids(600));
-    size_t dim = (size_t)m->cfg.dim, ntok = xin.size() / dim;
-    CU_ASSERT_FATAL(ntok >= 50);
-    /* row r: the layer inputs of tokens 5r, 5r + 1, ... (mod the text's) side by side */
-    std::vector<float> x((size_t)maxr * in);
-    for (size_t r = 0; r < (size_t)maxr; r++)
-        for (size_t i = 0; i < (size_t)in; i++)
-            x[r * in + i] = xin[((5 * r + i / dim) % ntok) * dim + i % dim];
+    std::vector<float> x = gemv_inputs(m, in);
     kv_error err = {};
     for (kv_dtype t : {KV_DT_Q4_K, KV_DT_Q6_K}) {
         size_t rb = 0;
@@ -1107,9 +1102,7 @@ void test_qk_gemv_bits() {
                 kv_quantize_row(t, src + (size_t)o * in, &W[(size_t)o * rb], in, &err) == KV_OK);
         int same = 0, total = 0;
         for (int rows : {1, 3, 8, 13, maxr}) {
-            std::vector<float> y = t == KV_DT_Q4_K
-                                       ? qk_gemv_rows<kv_q4k_lane>(W, rb, x, rows, in, out)
-                                       : qk_gemv_rows<kv_q6k_lane>(W, rb, x, rows, in, out);
+            std::vector<float> y = typed_gemv_rows(t, W, rb, x, rows, in, out);
             std::vector<float> ref((size_t)rows * out, NAN);
             std::vector<unsigned char> act((size_t)rows * kv_qdot_act_bytes(t, in));
             kv_qmatmul_int(ref.data(), x.data(), W.data(), t, rows, in, out, act.data());

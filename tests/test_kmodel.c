@@ -98,10 +98,12 @@ static void test_gemv_f16(void) {
            t.dram_bytes / 1e6, r.sectors_req, 100 * r.hbm_frac, r.bound);
 }
 
-/* Q8_0 and Q4_0 (typed, dp4a), Q4_K on the generic kernel (a type switch per element) and Q4_K /
- * Q6_K on the typed K-quant kernel: the
- * weights' bytes are the file's (34 / 18 / 144 bytes per 32 / 32 / 256 weights); the generic
- * kernel issues more instructions per weight byte than the typed ones. */
+/* Q8_0 and Q4_0 (typed, dp4a), Q4_K on the generic kernel (a type switch per element) and on
+ * its typed kernel (kv_k_gemv_q4k: a lane per super-block), Q6_K on the typed K-quant kernel:
+ * the weights' bytes are the file's (34 / 18 / 144 / 210 bytes per 32 / 32 / 256 / 256
+ * weights), each once, whatever the rows of x; the generic kernel issues more instructions per
+ * weight byte than the typed ones; the typed Q8_0 and Q4_K kernels are modelled at >= 70 % of
+ * HBM at batch 1. */
 static void test_gemv_block_types(void) {
     const int in = 4096, out = 4096;
     km_trace q8 = probe("kv_k_gemv_q<kv_q8_0_dot, 1>", (km_shape){.in = in, .out = out});
@@ -122,15 +124,21 @@ static void test_gemv_block_types(void) {
     /* the typed K-quant kernel: the file's 144 / 210 bytes per 256 weights, the int8
      * activations, one scale per 256 and sixteen int16 sums per 256, y; fewer instructions per
      * weight byte than the generic kernel */
-    km_trace tk = probe("kv_k_gemv_qk<kv_q4k_lane, 1>", (km_shape){.in = in, .out = out});
+    km_trace tk = probe("kv_k_gemv_q4k<1>", (km_shape){.in = in, .out = out});
+    km_trace tk32 = probe("kv_k_gemv_q4k<32>", (km_shape){.in = in, .out = out});
+    km_trace q832 = probe("kv_k_gemv_q<kv_q8_0_dot, 32>", (km_shape){.in = in, .out = out});
     km_trace t6 = probe("kv_k_gemv_qk<kv_q6k_lane, 1>", (km_shape){.in = in, .out = out});
     double act = in + in / 256 * 4.0 + in / 16 * 2.0 + out * 4.0;
     CU_ASSERT_EQUAL(tk.dram_bytes, wk + act);
     CU_ASSERT_EQUAL(t6.dram_bytes, (double)out * in / 256 * 210 + act);
-    km_result rt = predict("kv_k_gemv_qk<kv_q4k_lane, 1>", &tk);
+    /* 32 rows of x: the weights once, 32 x the activations and y */
+    CU_ASSERT_EQUAL(tk32.dram_bytes, wk + 32 * act);
+    CU_ASSERT_EQUAL(q832.dram_bytes, w8 + 32 * (in + in / 32 * 4.0 + out * 4.0));
+    km_result rt = predict("kv_k_gemv_q4k<1>", &tk);
     km_result r6 = predict("kv_k_gemv_qk<kv_q6k_lane, 1>", &t6);
     CU_ASSERT(rt.warp_instrs < rk.warp_instrs);
     CU_ASSERT(rt.hbm_frac > rk.hbm_frac);
+    CU_ASSERT(rt.hbm_frac >= 0.7 && r8.hbm_frac >= 0.7);
     printf("\n    4096x4096 GEMV, modelled %% of HBM: Q8_0 %.0f%% (%s), Q4_0 %.0f%% (%s), Q4_K "
            "generic %.0f%% (%s), Q4_K typed %.0f%% (%s, %.1f sectors/request), Q6_K typed %.0f%% "
            "(%s)",

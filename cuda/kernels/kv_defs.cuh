@@ -114,11 +114,14 @@ static inline int kv_dp4a(int a, int b, int c) {
 typedef unsigned kv_shim_u32x4 __attribute__((vector_size(16), may_alias, aligned(1)));
 static inline void kv_load16(const void *p, unsigned *v) {
     kv_shim_u32x4 u = *static_cast<const kv_shim_u32x4 *>(p);
+    __asm__("" : "+x"(u)); /* the whole vector used: the load is not split into four */
     v[0] = u[0], v[1] = u[1], v[2] = u[2], v[3] = u[3];
 }
+/* One 4-byte load, as on the device (kv_ld_u16's reason). */
 static inline unsigned kv_ld_u32(const void *p) {
-    const unsigned char *b = static_cast<const unsigned char *>(p);
-    return (unsigned)b[0] | (unsigned)b[1] << 8 | (unsigned)b[2] << 16 | (unsigned)b[3] << 24;
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
 }
 /* plain operations on the shim: its x86-64 build targets no FMA instruction (no -mfma or
  * -march), so each is rounded once, as in the CPU library */

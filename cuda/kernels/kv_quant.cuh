@@ -154,6 +154,8 @@ KV_GLOBAL void kv_k_gemv(const unsigned char *W, int t, size_t row_bytes, const 
 
 /* Threads per block of the typed GEMV kernels (4 warps). */
 #define KV_K_GEMV_THREADS 128
+/* Threads per block of kv_k_gemv_q4k (8 lanes per output row: 8 rows a block). */
+#define KV_K_GEMV_Q4K_THREADS 64
 
 /* The block sums of a GEMV row for rows r < rows <= R: thread partials acc[R] summed over the
  * block (warp butterfly, then warp totals in warp order by thread 0..rows-1) into y[r * out +
@@ -239,19 +241,29 @@ KV_GLOBAL void kv_k_quantize_q8(const float *x, int rows, int in, signed char *q
     }
 }
 
-/* A 32-bit word of weight quants at p (2-byte aligned: the blocks are 34 and 18 bytes): two
- * 16-bit loads. */
-KV_DEVICE int kv_q_word(const unsigned char *p) {
-    return (int)(kv_ld_u16(p) | kv_ld_u16(p + 2) << 16);
+/* N 32-bit words of weight quants from p (2-byte aligned: the blocks are 34 and 18 bytes) by
+ * 4-byte aligned loads: N words from p rounded down to 4 bytes and, when p is 2 mod 4, its last
+ * 2 bytes by one 16-bit load (never past p + 4 N), the words then shifted by 16 bits. */
+template <int N> KV_DEVICE void kv_q_words(const unsigned char *p, int *w) {
+    unsigned odd = (unsigned)((uintptr_t)p & 2u), v[N + 1];
+    const unsigned char *base = p - odd;
+    for (int k = 0; k < N; k++) v[k] = kv_ld_u32(base + 4 * k);
+    v[N] = odd ? kv_ld_u16(base + 4 * N) : 0u;
+    for (int k = 0; k < N; k++) w[k] = (int)(odd ? v[k] >> 16 | v[k + 1] << 16 : v[k]);
 }
 
-/* A weight block's 32 quants as 8 words of 4 signed bytes in element order, and its scale:
- * loaded once per block, then dotted with every row's activation block (kv_k_gemv_q). */
-/* Q8_0 (34 bytes: f16 d, 32 int8): the CPU's f = (dw * dx) * I, I = sum qw qx. */
+/* A weight block for kv_k_gemv_q, as `lanes` lanes share it (h = 0 .. lanes - 1): load gives a
+ * lane its `words` words of signed bytes (elements 32 h / lanes onward, in element order) and
+ * the block's f16 scale; per row of x the lane dots them with the same elements' activations
+ * (words / 4 16-byte loads, `words` dp4a), the lanes' integers summed (a shuffle when lanes =
+ * 2) give the CPU's exact per-block integer I, and finish is its float expression. */
+/* Q8_0 (34 bytes: f16 d, 32 int8): two lanes per block, half h holding elements 16 h .. 16 h +
+ * 15 (two lanes per block: a warp's loads span 16 blocks, ~17 sectors per request); the CPU's
+ * f = (dw * dx) * I, I = sum qw qx. */
 struct kv_q8_0_dot {
-    static const int bytes = 34;
-    KV_DEVICE float load(const unsigned char *blk, int *w) {
-        for (int k = 0; k < 8; k++) w[k] = kv_q_word(blk + 2 + 4 * k);
+    static const int bytes = 34, lanes = 2, words = 4;
+    KV_DEVICE float load(const unsigned char *blk, int h, int *w) {
+        kv_q_words<4>(blk + 2 + 16 * h, w);
         return kv_q_hw(blk);
     }
     KV_DEVICE float finish(float dw, float dx, int I, int sx) {
@@ -260,15 +272,18 @@ struct kv_q8_0_dot {
     }
 };
 
-/* Q4_0 (18 bytes: f16 d, 16 bytes of nibbles, elements j and j + 16 in byte j): the CPU's
- * f = (dw * dx) * I, I = sum nib qx - 8 s (the nibbles unsigned, the 8 taken out by s). */
+/* Q4_0 (18 bytes: f16 d, 16 bytes of nibbles, elements j and j + 16 in byte j): a lane per
+ * block (its 16 nibble bytes as 4 words: elements 0 .. 15 the low nibbles, 16 .. 31 the high
+ * ones); the CPU's f = (dw * dx) * I, I = sum nib qx - 8 s. */
 struct kv_q4_0_dot {
-    static const int bytes = 18;
-    KV_DEVICE float load(const unsigned char *blk, int *w) {
+    static const int bytes = 18, lanes = 1, words = 8;
+    KV_DEVICE float load(const unsigned char *blk, int h, int *w) {
+        (void)h;
+        int v[4];
+        kv_q_words<4>(blk + 2, v);
         for (int k = 0; k < 4; k++) {
-            int v = kv_q_word(blk + 2 + 4 * k);
-            w[k] = v & 0x0f0f0f0f;
-            w[k + 4] = (v >> 4) & 0x0f0f0f0f;
+            w[k] = (int)((unsigned)v[k] & 0x0f0f0f0fu);
+            w[k + 4] = (int)(((unsigned)v[k] >> 4) & 0x0f0f0f0fu);
         }
         return kv_q_hw(blk);
     }
@@ -278,36 +293,49 @@ struct kv_q4_0_dot {
 };
 
 /* Block-type weights (Dot: kv_q8_0_dot, kv_q4_0_dot; blocks of 32) against activations
- * quantised by kv_k_quantize_q8 (q, d, s): each chunk is one weight block against each row's
- * activation block (8 int words loaded once per row, 4-byte aligned), an exact integer dot
- * (dp4a) and the CPU's float expression per block, summed per thread in block order and then
- * over the block (the CPU sums the same per-block terms in 8 interleaved lanes: the values
- * agree to the rounding of the additions only). */
+ * quantised by kv_k_quantize_q8 (q, d, s). A block of KV_K_GEMV_THREADS per output row,
+ * Dot::lanes lanes per weight block (a warp's blocks consecutive), two blocks per lane per
+ * iteration with both loads issued first; per row of x the block's exact integer (dp4a, a
+ * shuffle between two lanes) and the CPU's float expression per block, summed per thread in
+ * block order, then over the block (the CPU sums the same per-block terms in 8 interleaved
+ * lanes: the values agree to the rounding of the additions only). The loop is uniform over a
+ * warp (the lanes' shuffle needs every lane). */
 template <typename Dot, int R>
 KV_GLOBAL void kv_k_gemv_q(const unsigned char *W, size_t row_bytes, const signed char *aq,
                            const float *ad, const int *as, float *y, int rows, int in, int out) {
     KV_SHARED_ARRAY(float, red, R *KV_WARP);
-    int nb = in / 32;
+    const int L = Dot::lanes, NW = Dot::words;
+    int nb = in / 32, h = kv_tid() % L, step = kv_bdim() / L, lead = kv_tid() % KV_WARP / L;
+    /* the block's term once: lane h = 0 adds it (x 1, exact), the others add 0 (a product, not
+     * a branch on h: every lane runs the same instructions) */
+    float keep = h ? 0.0f : 1.0f;
     Dot dot;
     for (int o = kv_bid(); o < out; o += kv_gdim()) {
         const unsigned char *wr = W + (size_t)o * row_bytes;
         float acc[R];
         for (int r = 0; r < R; r++) acc[r] = 0.0f;
-        for (int b0 = kv_tid(); b0 < nb; b0 += 2 * kv_bdim()) {
-            int n = b0 + kv_bdim() < nb ? 2 : 1;
+        for (int b0 = kv_tid() / L; b0 - lead < nb; b0 += 2 * step) {
+            int w[2][NW] = {{0}};
+            float dw[2] = {0.0f, 0.0f};
+            KV_UNROLL
+            for (int u = 0; u < 2; u++)
+                if (b0 + u * step < nb)
+                    dw[u] = dot.load(wr + (size_t)(b0 + u * step) * Dot::bytes, h, w[u]);
             KV_UNROLL
             for (int u = 0; u < 2; u++) {
-                if (u == n) break;
-                int b = b0 + u * kv_bdim();
-                int w[8];
-                float dw = dot.load(wr + (size_t)b * Dot::bytes, w);
+                int b = b0 + u * step, ok = b < nb;
+                if (b - lead >= nb) break; /* uniform over the warp */
                 for (int r = 0; r < R && r < rows; r++) {
-                    size_t ab = (size_t)r * (size_t)nb + (size_t)b;
-                    int xq[8], I = 0;
-                    kv_load16(aq + 32 * ab, reinterpret_cast<unsigned *>(xq));
-                    kv_load16(aq + 32 * ab + 16, reinterpret_cast<unsigned *>(xq + 4));
-                    for (int k = 0; k < 8; k++) I = kv_dp4a(w[k], xq[k], I);
-                    acc[r] += dot.finish(dw, ad[ab], I, as[ab]);
+                    size_t ab = (size_t)r * (size_t)nb + (size_t)(ok ? b : 0);
+                    int I = 0;
+                    if (ok) {
+                        unsigned xv[NW];
+                        for (int k = 0; k < NW / 4; k++)
+                            kv_load16(aq + 32 * ab + 4 * NW * h + 16 * k, xv + 4 * k);
+                        for (int k = 0; k < NW; k++) I = kv_dp4a(w[u][k], xv[k], I);
+                    }
+                    if (L == 2) I += kv_shfl_xor(I, 1);
+                    if (ok) acc[r] += keep * dot.finish(dw[u], ad[ab], I, as[ab]);
                 }
             }
         }
@@ -350,82 +378,120 @@ KV_GLOBAL void kv_k_quantize_q8k(const float *x, int rows, int in, signed char *
     }
 }
 
-/* Byte i (0 .. 11) of a K-quant's scale bytes held as three little-endian words (no indexed
- * register array: a run-time index would put it in local memory). */
-KV_DEVICE int kv_q_k_byte(unsigned w0, unsigned w1, unsigned w2, int i) {
-    unsigned w = i < 4 ? w0 : i < 8 ? w1 : w2;
-    return (int)((w >> (8 * (i % 4))) & 255u);
-}
-
-/* A lane's share of a K-quant super-block for kv_k_gemv_qk: 16 lanes per super-block (lane t
- * = 0 .. 15), each loading its quants and the scales it needs once (kv_qk_load), then per row
- * of x two exact integers from 4 dp4a (kv_qk_dot: i0, i1; the group's sums are exact), and
- * the CPU's fp32 expression of the super-block (kv_qk_finish). bytes: the super-block's size; two:
- * whether i1 is used (else it is not summed over the group). */
-
-/* Q4_K (144 bytes: f16 d, f16 dmin, 12 scale bytes, 128 bytes of nibbles; element 64 c + l is
- * the low nibble of byte 32 c + l, element 64 c + 32 + l its high nibble): lane t holds bytes
- * 8 t .. 8 t + 7 (two 4-byte loads: the block is 16-byte aligned), i.e. 8 quants of sub-block
- * 2c (lo) and 8 of sub-block 2c + 1 (hi), c = t / 4, and those two sub-blocks' 6-bit scales
- * and mins (ggml get_scale_min_k4, quant_dot.c k_scale_min). i0 = Isc's part (sc * sum q qx),
- * i1 = Im's part (m * the 16-sums s16: the even lanes take the sums of their two groups, lanes
- * 2k and 2k + 1 sharing one); f = (dx * d) * Isc - (dx * dmin) * Im (quant_dot.c k_finish). */
-struct kv_q4k_lane {
-    static const int bytes = 144, two = 1;
-    int lo[2], hi[2], sc0, sc1, m0, m1;
+/* A Q4_K super-block (144 bytes: f16 d, f16 dmin, 12 bytes of 6-bit scales and mins, 128 bytes
+ * of nibbles; element 64 c + l is the low nibble of byte 32 c + l, element 64 c + 32 + l its
+ * high nibble) as one lane of kv_k_gemv_q4k holds it: the 8 scales and 8 mins decoded once
+ * (ggml get_scale_min_k4, quant_dot.c k_scale_min, for all 8 sub-blocks at once: sc bytes 0-3
+ * and 4-7 in sc[0], sc[1], the mins in mn[0], mn[1]) and the nibble bytes as 32 words. */
+struct kv_q4k_blk {
+    unsigned q[32], sc[2], mn[2];
     float d, dmin;
 };
 
-KV_DEVICE void kv_qk_load(kv_q4k_lane &p, const unsigned char *blk, int t) {
-    unsigned dm = kv_ld_u32(blk);
-    unsigned w0 = kv_ld_u32(blk + 16 + 8 * t), w1 = kv_ld_u32(blk + 20 + 8 * t);
-    unsigned s0 = kv_ld_u32(blk + 4), s1 = kv_ld_u32(blk + 8), s2 = kv_ld_u32(blk + 12);
-    p.d = kv_h2f(dm & 0xffffu);
-    p.dmin = kv_h2f(dm >> 16);
-    p.lo[0] = (int)(w0 & 0x0f0f0f0fu);
-    p.hi[0] = (int)((w0 >> 4) & 0x0f0f0f0fu);
-    p.lo[1] = (int)(w1 & 0x0f0f0f0fu);
-    p.hi[1] = (int)((w1 >> 4) & 0x0f0f0f0fu);
-    int c = t / 4, sc[2], mn[2];
-    for (int h = 0; h < 2; h++) {
-        int s = 2 * c + h;
-        if (s < 4) {
-            sc[h] = kv_q_k_byte(s0, s1, s2, s) & 63;
-            mn[h] = kv_q_k_byte(s0, s1, s2, s + 4) & 63;
-        } else {
-            int b4 = kv_q_k_byte(s0, s1, s2, s + 4);
-            sc[h] = (b4 & 15) | (kv_q_k_byte(s0, s1, s2, s - 4) >> 6) << 4;
-            mn[h] = (b4 >> 4) | (kv_q_k_byte(s0, s1, s2, s) >> 6) << 4;
+/* v: the super-block's nine 16-byte words as loaded (kv_k_gemv_q4k). */
+KV_DEVICE void kv_q4k_decode(const unsigned (*v)[4], kv_q4k_blk &b) {
+    const unsigned m6 = 0x3f3f3f3fu, m4 = 0x0f0f0f0fu, m2 = 0x03030303u;
+    unsigned s0 = v[0][1], s1 = v[0][2], s2 = v[0][3];
+    b.d = kv_h2f(v[0][0] & 0xffffu);
+    b.dmin = kv_h2f(v[0][0] >> 16);
+    b.sc[0] = s0 & m6;                                  /* sub-blocks 0-3: bytes 0-3, low 6 bits */
+    b.mn[0] = s1 & m6;                                  /* their mins: bytes 4-7 */
+    b.sc[1] = (s2 & m4) | ((s0 >> 6) & m2) << 4;        /* 4-7: bytes 8-11 low, 0-3 top bits */
+    b.mn[1] = ((s2 >> 4) & m4) | ((s1 >> 6) & m2) << 4; /* 8-11 high, 4-7 top bits */
+    for (int k = 0; k < 32; k++) b.q[k] = v[1 + k / 4][k % 4];
+}
+
+/* The CPU's fp32 term of super-block b against one row's activation block (xq: 256 int8,
+ * s16: its 16 sums, dx its scale): Isc = sum_s sc_s sum q x, Im = sum_s m_s (s16[2s] +
+ * s16[2s + 1]) as exact integers (64 dp4a), f = (dx d) Isc - (dx dmin) Im (quant_dot.c
+ * dotk45_c, k_finish) without FMA. */
+KV_DEVICE float kv_q4k_row(const kv_q4k_blk &b, const signed char *xq, const short *s16, float dx) {
+    unsigned sv[8];
+    kv_load16(s16, sv);
+    kv_load16(s16 + 8, sv + 4);
+    int isc = 0, im = 0;
+    for (int c = 0; c < 4; c++) {
+        unsigned xv[16];
+        for (int k = 0; k < 4; k++) kv_load16(xq + 64 * c + 16 * k, xv + 4 * k);
+        int lo = 0, hi = 0;
+        for (int k = 0; k < 8; k++) {
+            lo = kv_dp4a(b.q[8 * c + k] & 0x0f0f0f0fu, xv[k], lo);
+            hi = kv_dp4a((b.q[8 * c + k] >> 4) & 0x0f0f0f0fu, xv[8 + k], hi);
+        }
+        int sh = 16 * (c % 2);
+        isc +=
+            (int)((b.sc[c / 2] >> sh) & 255u) * lo + (int)((b.sc[c / 2] >> (sh + 8)) & 255u) * hi;
+        for (int k = 0; k < 2; k++) {
+            unsigned w = sv[2 * c + k];
+            int pair = (int)(short)(w & 0xffffu) + (int)(short)(w >> 16);
+            im += (int)((b.mn[c / 2] >> (sh + 8 * k)) & 255u) * pair;
         }
     }
-    p.sc0 = sc[0], p.sc1 = sc[1], p.m0 = mn[0], p.m1 = mn[1];
+    return kv_fsub_rn(kv_fmul_rn(kv_fmul_rn(dx, b.d), (float)isc),
+                      kv_fmul_rn(kv_fmul_rn(dx, b.dmin), (float)im));
 }
 
-KV_DEVICE void kv_qk_dot(const kv_q4k_lane &p, int t, const signed char *xq, const short *s16,
-                         int *i0, int *i1) {
-    int c = t / 4, off = 64 * c + 8 * (t % 4);
-    int x0 = (int)kv_ld_u32(xq + off), x1 = (int)kv_ld_u32(xq + off + 4);
-    int x2 = (int)kv_ld_u32(xq + off + 32), x3 = (int)kv_ld_u32(xq + off + 36);
-    int slo = kv_dp4a(p.lo[1], x1, kv_dp4a(p.lo[0], x0, 0));
-    int shi = kv_dp4a(p.hi[1], x3, kv_dp4a(p.hi[0], x2, 0));
-    *i0 = p.sc0 * slo + p.sc1 * shi;
-    int g = 4 * c + (t % 4) / 2;
-    *i1 = t % 2 ? 0 : p.m0 * (int)s16[g] + p.m1 * (int)s16[g + 2];
+/* Q4_K weights against activations quantised by kv_k_quantize_q8k (aq, ad, as: rows x in / 256
+ * blocks), with the bits of the CPU's integer dots (quant_dot.c dotk45_c): lane (row, j) of a
+ * block takes output row kv_bid() * (kv_bdim() / 8) + kv_tid() / 8 and its super-blocks j, j + 8,
+ * j + 16, ... in order (j = kv_tid() % 8: the CPU's accumulator j), a whole super-block per
+ * lane (nine 16-byte loads, two super-blocks per iteration, all 18 loads issued first), its
+ * scales decoded once for every row of x; per row f_b = kv_q4k_row added to the lane's
+ * accumulator, then y[r * out + o] = ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)) by three
+ * shuffles over the 8 lanes (quant_dot.c fin8). No cross-lane work in the loop, no shared
+ * memory. rows <= R (the accumulators in registers), in % 256 == 0, rows of row_bytes bytes
+ * 16-byte aligned; blockDim a multiple of 32, any grid. */
+template <int R>
+KV_GLOBAL void kv_k_gemv_q4k(const unsigned char *W, size_t row_bytes, const signed char *aq,
+                             const float *ad, const short *as, float *y, int rows, int in,
+                             int out) {
+    int nb = in / 256, j = kv_tid() % 8, per = kv_bdim() / 8;
+    for (int o0 = kv_bid() * per; o0 < out; o0 += kv_gdim() * per) {
+        int o = o0 + kv_tid() / 8, live = o < out;
+        const unsigned char *wr = W + (size_t)(live ? o : out - 1) * row_bytes;
+        float acc[R];
+        for (int r = 0; r < R; r++) acc[r] = 0.0f;
+        for (int b0 = j; b0 < nb; b0 += 16) {
+            unsigned v[2][9][4];
+            KV_UNROLL
+            for (int u = 0; u < 2; u++)
+                if (b0 + 8 * u < nb)
+                    for (int k = 0; k < 9; k++)
+                        kv_load16(wr + (size_t)(b0 + 8 * u) * 144 + 16 * k, v[u][k]);
+            KV_UNROLL
+            for (int u = 0; u < 2; u++) {
+                int b = b0 + 8 * u;
+                if (b >= nb) break;
+                kv_q4k_blk blk;
+                kv_q4k_decode(v[u], blk);
+                for (int r = 0; r < R && r < rows; r++) {
+                    size_t ab = (size_t)r * (size_t)nb + (size_t)b;
+                    acc[r] =
+                        kv_fadd_rn(acc[r], kv_q4k_row(blk, aq + 256 * ab, as + 16 * ab, ad[ab]));
+                }
+            }
+        }
+        KV_UNROLL
+        for (int r = 0; r < R && r < rows; r++) {
+            float a = acc[r];
+            for (int m = 4; m > 0; m /= 2) a = kv_fadd_rn(a, kv_shfl_xor(a, m));
+            if (j == 0 && live) y[(size_t)r * (size_t)out + (size_t)o] = a;
+        }
+    }
 }
 
-KV_DEVICE float kv_qk_finish(const kv_q4k_lane &p, float dx, int isc, int im) {
-    return kv_fsub_rn(kv_fmul_rn(kv_fmul_rn(dx, p.d), (float)isc),
-                      kv_fmul_rn(kv_fmul_rn(dx, p.dmin), (float)im));
-}
-
-/* Q6_K (210 bytes: ql [128] low nibbles, qh [64] 2-bit highs, 16 int8 scales, f16 d at 208;
+/* A lane's share of a Q6_K super-block for kv_k_gemv_qk: 16 lanes per super-block (lane t =
+ * 0 .. 15), each loading its quants and scale once (kv_qk_load), then per row of x one exact
+ * integer from 4 dp4a (kv_qk_dot, summed over the group) and the CPU's fp32 expression of the
+ * super-block (kv_qk_finish). bytes: the super-block's size.
+ * Q6_K (210 bytes: ql [128] low nibbles, qh [64] 2-bit highs, 16 int8 scales, f16 d at 208;
  * for half h and l < 32 the elements 128 h + 32 p + l, p = 0 .. 3, are (ql[64 h + l + 32 (p &
  * 1)] >> 4 (p >> 1)) & 15 | ((qh[32 h + l] >> 2 p) & 3) << 4, minus 32): lane t holds the 16
  * elements of group G = t of 16 (h = t / 8, p = (t / 2) % 4, l from 16 (t % 2)): 16 bytes of ql
  * and of qh as 16-bit loads (the 210-byte blocks allow no wider alignment), its int8 scale;
  * i0 = sc_G * (sum q qx - 32 s16_G) (quant_dot.c i6k_c), f = (dx * d) * I. */
 struct kv_q6k_lane {
-    static const int bytes = 210, two = 0;
+    static const int bytes = 210;
     int q[4], sc;
     float d;
 };
@@ -434,7 +500,8 @@ KV_DEVICE void kv_qk_load(kv_q6k_lane &p, const unsigned char *blk, int t) {
     int h = t / 8, part = (t / 2) % 4, l0 = 16 * (t % 2);
     const unsigned char *ql = blk + 64 * h + 32 * (part & 1) + l0, *qh = blk + 128 + 32 * h + l0;
     for (int k = 0; k < 4; k++) {
-        unsigned lw = (unsigned)kv_q_word(ql + 4 * k), hw = (unsigned)kv_q_word(qh + 4 * k);
+        unsigned lw = kv_ld_u16(ql + 4 * k) | kv_ld_u16(ql + 4 * k + 2) << 16;
+        unsigned hw = kv_ld_u16(qh + 4 * k) | kv_ld_u16(qh + 4 * k + 2) << 16;
         unsigned lo = (part >> 1 ? lw >> 4 : lw) & 0x0f0f0f0fu;
         p.q[k] = (int)(lo | ((hw >> (2 * part)) & 0x03030303u) << 4);
     }
@@ -443,17 +510,15 @@ KV_DEVICE void kv_qk_load(kv_q6k_lane &p, const unsigned char *blk, int t) {
 }
 
 KV_DEVICE void kv_qk_dot(const kv_q6k_lane &p, int t, const signed char *xq, const short *s16,
-                         int *i0, int *i1) {
+                         int *i0) {
     unsigned xv[4];
     kv_load16(xq + 16 * t, xv);
     int s = 0;
     for (int k = 0; k < 4; k++) s = kv_dp4a(p.q[k], (int)xv[k], s);
     *i0 = p.sc * (s - 32 * (int)s16[t]);
-    *i1 = 0;
 }
 
-KV_DEVICE float kv_qk_finish(const kv_q6k_lane &p, float dx, int isum, int unused) {
-    (void)unused;
+KV_DEVICE float kv_qk_finish(const kv_q6k_lane &p, float dx, int isum) {
     return kv_fmul_rn(kv_fmul_rn(dx, p.d), (float)isum);
 }
 
@@ -463,16 +528,16 @@ KV_DEVICE float kv_fin8(const float *a) {
                       kv_fadd_rn(kv_fadd_rn(a[1], a[5]), kv_fadd_rn(a[3], a[7])));
 }
 
-/* K-quant weights (K: kv_q4k_lane for Q4_K, kv_q6k_lane for Q6_K) against activations
- * quantised by kv_k_quantize_q8k (aq, ad, as: rows x in / 256 blocks), with the bits of the
- * CPU's integer dots (quant_dot.c dotk45_c, dot_q6_k_c): per super-block b of W row o and row
- * r of x the exact integers of kv_qk_dot summed over the 16 lanes, f_b = kv_qk_finish (fp32,
- * no FMA), added to accumulator b mod 8 in block order, y[r * out + o] = ((a0 + a4) + (a2 + a6))
+/* Q6_K weights (K: kv_q6k_lane) against activations quantised by kv_k_quantize_q8k (aq, ad,
+ * as: rows x in / 256 blocks), with the bits of the CPU's integer dots (quant_dot.c dot_q6_k_c):
+ * per super-block b of W row o and row r of x the exact integers of kv_qk_dot summed over the 16
+ * lanes, f_b = kv_qk_finish (fp32, no FMA), added to accumulator b mod 8 in block order, y[r * out
+ * + o] = ((a0 + a4) + (a2 + a6))
  * + ((a1 + a5) + (a3 + a7)). rows <= R (R a template parameter: the accumulators stay in
  * registers), in % 256 == 0. Grid: a block of KV_K_GEMV_THREADS (128, required) threads per
  * output row, grid-stride; 8 groups of 16 lanes, group j taking super-blocks j, j + 8, ... (the
  * CPU's accumulator j), two per iteration with both loads issued first, 4 dp4a per row, the
- * group's integers summed by 4 shuffles each; lanes past the row's end join the shuffles with
+ * group's integer summed by 4 shuffles; lanes past the row's end join the shuffles with
  * zeros (the warp's two groups run the same trip count). */
 template <typename K, int R>
 KV_GLOBAL void kv_k_gemv_qk(const unsigned char *W, size_t row_bytes, const signed char *aq,
@@ -494,13 +559,10 @@ KV_GLOBAL void kv_k_gemv_qk(const unsigned char *W, size_t row_bytes, const sign
                 if (bw + 8 * u >= nb) break; /* uniform over the warp */
                 for (int r = 0; r < R && r < rows; r++) {
                     size_t ab = (size_t)r * (size_t)nb + (size_t)b;
-                    int i0 = 0, i1 = 0;
-                    if (b < nb) kv_qk_dot(p[u], t, aq + 256 * ab, as + 16 * ab, &i0, &i1);
-                    for (int m = 8; m > 0; m /= 2) {
-                        i0 += kv_shfl_xor(i0, m);
-                        if (K::two) i1 += kv_shfl_xor(i1, m);
-                    }
-                    if (b < nb) acc[r] = kv_fadd_rn(acc[r], kv_qk_finish(p[u], ad[ab], i0, i1));
+                    int i0 = 0;
+                    if (b < nb) kv_qk_dot(p[u], t, aq + 256 * ab, as + 16 * ab, &i0);
+                    for (int m = 8; m > 0; m /= 2) i0 += kv_shfl_xor(i0, m);
+                    if (b < nb) acc[r] = kv_fadd_rn(acc[r], kv_qk_finish(p[u], ad[ab], i0));
                 }
             }
         }

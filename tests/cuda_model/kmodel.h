@@ -118,9 +118,10 @@ typedef struct km_shape {
     int n, stride;  /* km_copy: elements, stride; km_chase: threads (n), hops (stride) */
 } km_shape;
 
-/* Run kernel `name` (a row of the probe table in kprobe.cpp: "kv_k_gemv_f16<1>",
- * "kv_k_gemv_q<kv_q8_0_dot, 1>", "kv_k_gemv_q<kv_q4_0_dot, 1>", "kv_k_gemv",
- * "kv_k_flash_decode<1, 128>", "km_copy", "km_chase") on the host shim with its loads and stores
+/* Run kernel `name` (a row of the probe table in kprobe.cpp: the typed GEMVs at R = 1, 8 or 32
+ * rows of x, "kv_k_gemv_f16<R>", "kv_k_gemv_q<kv_q8_0_dot, R>", "kv_k_gemv_q<kv_q4_0_dot, R>",
+ * "kv_k_gemv_q4k<R>", "kv_k_gemv_qk<kv_q6k_lane, R>"; "kv_k_gemv", "kv_k_flash_decode<1, 128>",
+ * "kv_k_prefill_tiled<128>", "km_copy", "km_chase") on the host shim with its loads and stores
  * traced, at a small shape with the full shape's row lengths (a few blocks), and fill *t with
  * its counts scaled to shape *s's grid. Returns KV_OK; KV_EINPUT when the kernel has no probe,
  * the shape is out of the probe's range, or the tracer is not in this build (compiled without

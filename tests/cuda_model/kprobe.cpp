@@ -21,6 +21,7 @@
 #include "ktrace.hpp"
 #include "kvplan/quant.h"
 
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -71,7 +72,7 @@ int traced(km_tracer &tr, int gx, int gy, int block, size_t shm, const F &body, 
     return rc ? kv_fail(err, KV_EINPUT, "km_probe: the shim refused the launch") : KV_OK;
 }
 
-const int kGemvRows = 8; /* output rows traced (one block each; the grid is one per row) */
+const int kGemvBlocks = 8; /* thread blocks traced (one output row each; Q4_K: 8 rows each) */
 
 /* The share of a typed GEMV's loop iterations that take both chunks (the loop body's second
  * half): thread tid starts at chunk tid and steps 2 x threads chunks; n chunks per row. */
@@ -85,13 +86,13 @@ double two_chunk_share(int n, int threads) {
     return all > 0 ? two / all : 0.0;
 }
 
-/* kv_k_gemv_f16<1>: F16 weights [out, in], one row of x. */
-int gemv_f16(const km_shape *s, km_trace *t, kv_error *err) {
+/* kv_k_gemv_f16<R>: F16 weights [out, in], R rows of x. */
+template <int R> int gemv_f16(const km_shape *s, km_trace *t, kv_error *err) {
     if (s->in < 8 || s->in % 8 || s->out < 1)
         return kv_fail(err, KV_EINPUT, "km_probe: kv_k_gemv_f16 needs in %% 8 == 0, out >= 1");
-    int rows = s->out < kGemvRows ? s->out : kGemvRows;
+    int rows = s->out < kGemvBlocks ? s->out : kGemvBlocks;
     dbuf<uint16_t> w((size_t)rows * s->in, 0x3c00); /* 1.0 */
-    dbuf<float> x((size_t)s->in, 0.5f), y((size_t)rows, 0.0f);
+    dbuf<float> x((size_t)R * s->in, 0.5f), y((size_t)R * rows, 0.0f);
     km_tracer tr;
     tr.buffer(w.data(), w.bytes(), km_tracer::STREAM);
     tr.buffer(x.data(), x.bytes(), km_tracer::SHARED);
@@ -99,53 +100,67 @@ int gemv_f16(const km_shape *s, km_trace *t, kv_error *err) {
     const unsigned char *W = reinterpret_cast<const unsigned char *>(w.data());
     int rc = traced(
         tr, rows, 1, KV_K_GEMV_THREADS, 0,
-        [&] { kv_k_gemv_f16<1>(W, x.data(), y.data(), 1, s->in, rows); }, err);
+        [&] { kv_k_gemv_f16<R>(W, x.data(), y.data(), R, s->in, rows); }, err);
     if (!rc) *t = tr.result(s->out, rows, KV_K_GEMV_THREADS, 0);
     t->path = two_chunk_share(s->in / 8, KV_K_GEMV_THREADS);
     return rc;
 }
 
-/* kv_k_gemv_q<Dot, 1>: block-type weights against activations quantised once (the
- * kv_k_quantize_q8 launch before it is not part of this probe). */
-template <typename Dot> int gemv_q(const km_shape *s, km_trace *t, kv_error *err) {
-    if (s->in < 32 || s->in % 32 || s->out < 1)
-        return kv_fail(err, KV_EINPUT, "km_probe: kv_k_gemv_q needs in %% 32 == 0, out >= 1");
-    int rows = s->out < kGemvRows ? s->out : kGemvRows, nb = s->in / 32;
-    size_t rb = (size_t)nb * Dot::bytes;
-    dbuf<unsigned char> w((size_t)rows * rb, 0);
-    dbuf<signed char> aq((size_t)s->in, 1);
-    dbuf<float> ad((size_t)nb, 0.01f), y((size_t)rows, 0.0f);
-    dbuf<int> as((size_t)nb, 32);
-    km_tracer tr;
-    tr.buffer(w.data(), w.bytes(), km_tracer::STREAM);
-    tr.buffer(aq.data(), aq.bytes(), km_tracer::SHARED);
-    tr.buffer(ad.data(), ad.bytes(), km_tracer::SHARED);
-    tr.buffer(as.data(), as.bytes(), km_tracer::SHARED);
-    tr.buffer(y.data(), y.bytes(), km_tracer::STREAM);
-    int rc = traced(
-        tr, rows, 1, KV_K_GEMV_THREADS, 0,
-        [&] {
-            kv_k_gemv_q<Dot, 1>(w.data(), rb, aq.data(), ad.data(), as.data(), y.data(), 1, s->in,
-                                rows);
-        },
-        err);
-    if (!rc) *t = tr.result(s->out, rows, KV_K_GEMV_THREADS, 0);
-    t->path = two_chunk_share(nb, KV_K_GEMV_THREADS);
-    return rc;
-}
+/* The block-type GEMV kernels for the probe below, one traits struct each: the weight block
+ * (elements, bytes), the activation layout (elements per block: 32 with an int sum, or 256 with
+ * 16 int16 sums), threads and output rows per thread block, the launch of the kernel at R, and
+ * the share of its loop iterations that take both weight loads (km_trace path). */
+template <typename Dot> struct gq_q32 { /* kv_k_gemv_q<Dot, R>: Q8_0, Q4_0 */
+    typedef int sum_t;
+    static const int qk = 32, sums = 1, bytes = Dot::bytes, threads = KV_K_GEMV_THREADS, per = 1;
+    template <int R>
+    static void run(const unsigned char *w, size_t rb, const signed char *q, const float *d,
+                    const sum_t *s, float *y, int in, int out) {
+        kv_k_gemv_q<Dot, R>(w, rb, q, d, s, y, R, in, out);
+    }
+    static double path(int nb) {
+        return two_chunk_share(nb, threads / Dot::lanes); /* Dot::lanes lanes per block */
+    }
+};
+struct gq_q4k { /* kv_k_gemv_q4k<R>: a lane per super-block, 8 lanes per output row */
+    typedef short sum_t;
+    static const int qk = 256, sums = 16, bytes = 144, threads = KV_K_GEMV_Q4K_THREADS;
+    static const int per = KV_K_GEMV_Q4K_THREADS / 8;
+    template <int R>
+    static void run(const unsigned char *w, size_t rb, const signed char *q, const float *d,
+                    const sum_t *s, float *y, int in, int out) {
+        kv_k_gemv_q4k<R>(w, rb, q, d, s, y, R, in, out);
+    }
+    static double path(int nb) {
+        return two_chunk_share(nb, 8); /* lane j: super-blocks j, j + 8 per iteration */
+    }
+};
+struct gq_q6k { /* kv_k_gemv_qk<kv_q6k_lane, R>: 16 lanes per super-block */
+    typedef short sum_t;
+    static const int qk = 256, sums = 16, bytes = 210, threads = KV_K_GEMV_THREADS, per = 1;
+    template <int R>
+    static void run(const unsigned char *w, size_t rb, const signed char *q, const float *d,
+                    const sum_t *s, float *y, int in, int out) {
+        kv_k_gemv_qk<kv_q6k_lane, R>(w, rb, q, d, s, y, R, in, out);
+    }
+    static double path(int nb) {
+        return two_chunk_share(nb, 8); /* group j: super-blocks j, j + 8 per iteration */
+    }
+};
 
-/* kv_k_gemv_qk<K, 1>: K-quant weights (K::bytes per 256 weights) against activations quantised
- * once to the CPU's layout K (the kv_k_quantize_q8k launch before it is not part of this probe):
- * a block of KV_K_GEMV_THREADS per output row, 8 groups of 16 lanes over the super-blocks. */
-template <typename K> int gemv_qk(const km_shape *s, km_trace *t, kv_error *err) {
-    if (s->in < 256 || s->in % 256 || s->out < 1)
-        return kv_fail(err, KV_EINPUT, "km_probe: kv_k_gemv_qk needs in %% 256 == 0, out >= 1");
-    int rows = s->out < kGemvRows ? s->out : kGemvRows, nb = s->in / 256;
-    size_t rb = (size_t)nb * K::bytes;
+/* A block-type GEMV (G: gq_q32<Dot>, gq_q4k, gq_q6k) at R rows of x against activations
+ * quantised once (the quantiser's launch before it is not part of this probe): kGemvBlocks
+ * thread blocks traced, scaled to the full grid. */
+template <typename G, int R> int gemv_block(const km_shape *s, km_trace *t, kv_error *err) {
+    if (s->in < G::qk || s->in % G::qk || s->out < 1)
+        return kv_fail(err, KV_EINPUT, "km_probe: this GEMV needs in %% %d == 0, out >= 1", G::qk);
+    int want = kGemvBlocks * G::per, rows = s->out < want ? s->out : want, nb = s->in / G::qk;
+    int blocks = (rows + G::per - 1) / G::per;
+    size_t rb = (size_t)nb * G::bytes;
     dbuf<unsigned char> w((size_t)rows * rb, 0);
-    dbuf<signed char> aq((size_t)s->in, 1);
-    dbuf<float> ad((size_t)nb, 0.01f), y((size_t)rows, 0.0f);
-    dbuf<short> as((size_t)nb * 16, 16);
+    dbuf<signed char> aq((size_t)R * s->in, 1);
+    dbuf<float> ad((size_t)R * nb, 0.01f), y((size_t)R * rows, 0.0f);
+    dbuf<typename G::sum_t> as((size_t)R * nb * G::sums, 16);
     km_tracer tr;
     tr.buffer(w.data(), w.bytes(), km_tracer::STREAM);
     tr.buffer(aq.data(), aq.bytes(), km_tracer::SHARED);
@@ -153,15 +168,15 @@ template <typename K> int gemv_qk(const km_shape *s, km_trace *t, kv_error *err)
     tr.buffer(as.data(), as.bytes(), km_tracer::SHARED);
     tr.buffer(y.data(), y.bytes(), km_tracer::STREAM);
     int rc = traced(
-        tr, rows, 1, KV_K_GEMV_THREADS, 0,
+        tr, blocks, 1, G::threads, 0,
         [&] {
-            kv_k_gemv_qk<K, 1>(w.data(), rb, aq.data(), ad.data(), as.data(), y.data(), 1, s->in,
+            G::template run<R>(w.data(), rb, aq.data(), ad.data(), as.data(), y.data(), s->in,
                                rows);
         },
         err);
-    if (!rc) *t = tr.result(s->out, rows, KV_K_GEMV_THREADS, 0);
-    /* each group of 16 lanes takes super-blocks j, j + 8, ... two per iteration */
-    t->path = two_chunk_share(nb, 8);
+    double full = ((double)s->out + G::per - 1) / G::per;
+    if (!rc) *t = tr.result(std::floor(full), blocks, G::threads, 0);
+    t->path = G::path(nb);
     return rc;
 }
 
@@ -171,7 +186,7 @@ int gemv_generic(const km_shape *s, km_trace *t, kv_error *err) {
     size_t rb = 0;
     if (s->out < 1 || kv_dtype_row_bytes((kv_dtype)s->wtype, s->in, "km_probe", &rb, err))
         return kv_fail(err, KV_EINPUT, "km_probe: kv_k_gemv: bad type or row length");
-    const int threads = 128, rows = kGemvRows, blocks = rows / (threads / 32);
+    const int threads = 128, rows = kGemvBlocks, blocks = rows / (threads / 32);
     dbuf<unsigned char> w((size_t)rows * rb, 0);
     dbuf<float> x((size_t)s->in, 0.5f), y((size_t)rows, 0.0f);
     km_tracer tr;
@@ -367,11 +382,22 @@ struct probe {
 };
 
 const probe k_probes[] = {
-    {"kv_k_gemv_f16<1>", gemv_f16},
-    {"kv_k_gemv_q<kv_q8_0_dot, 1>", gemv_q<kv_q8_0_dot>},
-    {"kv_k_gemv_q<kv_q4_0_dot, 1>", gemv_q<kv_q4_0_dot>},
-    {"kv_k_gemv_qk<kv_q4k_lane, 1>", gemv_qk<kv_q4k_lane>},
-    {"kv_k_gemv_qk<kv_q6k_lane, 1>", gemv_qk<kv_q6k_lane>},
+    /* the typed GEMVs at R = 1, 8, 32 rows of x */
+    {"kv_k_gemv_f16<1>", gemv_f16<1>},
+    {"kv_k_gemv_q<kv_q8_0_dot, 1>", gemv_block<gq_q32<kv_q8_0_dot>, 1>},
+    {"kv_k_gemv_q<kv_q4_0_dot, 1>", gemv_block<gq_q32<kv_q4_0_dot>, 1>},
+    {"kv_k_gemv_q4k<1>", gemv_block<gq_q4k, 1>},
+    {"kv_k_gemv_qk<kv_q6k_lane, 1>", gemv_block<gq_q6k, 1>},
+    {"kv_k_gemv_f16<8>", gemv_f16<8>},
+    {"kv_k_gemv_q<kv_q8_0_dot, 8>", gemv_block<gq_q32<kv_q8_0_dot>, 8>},
+    {"kv_k_gemv_q<kv_q4_0_dot, 8>", gemv_block<gq_q32<kv_q4_0_dot>, 8>},
+    {"kv_k_gemv_q4k<8>", gemv_block<gq_q4k, 8>},
+    {"kv_k_gemv_qk<kv_q6k_lane, 8>", gemv_block<gq_q6k, 8>},
+    {"kv_k_gemv_f16<32>", gemv_f16<32>},
+    {"kv_k_gemv_q<kv_q8_0_dot, 32>", gemv_block<gq_q32<kv_q8_0_dot>, 32>},
+    {"kv_k_gemv_q<kv_q4_0_dot, 32>", gemv_block<gq_q32<kv_q4_0_dot>, 32>},
+    {"kv_k_gemv_q4k<32>", gemv_block<gq_q4k, 32>},
+    {"kv_k_gemv_qk<kv_q6k_lane, 32>", gemv_block<gq_q6k, 32>},
     {"kv_k_gemv", gemv_generic},
     {"kv_k_flash_decode<1, 128>", flash_decode_f16},
     {"kv_k_prefill_tiled<128>", prefill_tiled_f16},
