@@ -9,7 +9,8 @@
 # Prints a markdown table per workload: generated tokens/s, prompt tokens prefilled per second,
 # p50/p99 time to first token and inter-token latency (client side), the most sequences
 # admitted at once and the KV bytes peak (the server's /metrics), the engine's CPU time per
-# generated token (engine_cpu below: prefill included), and the load average before and after;
+# generated token (engine_cpu below: prefill included), the attention work per generated token
+# (kvplan_attention_entries_total: query row x KV head x cached entry), and the load average;
 # the JSON lines go to bench/out/serve.jsonl.
 # Usage: bench/serve.sh [BUILD_DIR]   Environment: WORKLOADS (default "short long"),
 # SECONDS_PER_POINT (default 6), WARMUP_SECONDS (default 4: the clients run that long before
@@ -138,17 +139,18 @@ for (const wl of [...new Set(all.map((r) => r.workload))]) {
   rows.sort((a, b) => order.indexOf(a.cache) - order.indexOf(b.cache) || a.concurrency - b.concurrency);
   const mt = wl === "long" ? "min(256, 512 - prompt tokens), prompts of 256-384 tokens" : process.argv[3];
   console.log(`\nworkload ${wl}: --kv-mem ${rows[0].kv_capacity} bytes; ${process.argv[2]} s per point after ${rows[0].warmup_s} s of warm-up, max_tokens ${mt}, ${rows[0].runs} run(s) per point`);
-  console.log("| cache | clients | tokens/s (median) | range | prompt tok/s | engine CPU us/token | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | peak admitted | KV bytes peak |");
-  console.log("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+  console.log("| cache | clients | tokens/s (median) | range | prompt tok/s | engine CPU us/token | attended / token | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | peak admitted | KV bytes peak |");
+  console.log("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
   for (const r of rows)
-    console.log(`| ${r.cache} | ${r.concurrency} | ${f(r.tokens_per_s, 0)} | ${f(r.lo, 0)}-${f(r.hi, 0)} | ${f(r.prompt_tokens_per_s, 0)} | ${f(r.engine_us_per_token)} | ${f(r.ttft_p50_ms)} | ${f(r.ttft_p99_ms)} | ${f(r.itl_p50_ms, 2)} | ${f(r.itl_p99_ms, 2)} | ${r.peak_running} | ${r.kv_peak} |`);
+    console.log(`| ${r.cache} | ${r.concurrency} | ${f(r.tokens_per_s, 0)} | ${f(r.lo, 0)}-${f(r.hi, 0)} | ${f(r.prompt_tokens_per_s, 0)} | ${f(r.engine_us_per_token)} | ${f(r.attended_per_token, 0)} | ${f(r.ttft_p50_ms)} | ${f(r.ttft_p99_ms)} | ${f(r.itl_p50_ms, 2)} | ${f(r.itl_p99_ms, 2)} | ${r.peak_running} | ${r.kv_peak} |`);
   const at = (c, n) => rows.find((r) => r.cache === c && r.concurrency === n);
   const hi = Math.max(...rows.map((r) => r.concurrency));
   const a = at("full", hi), b = at("R=1/8", hi);
   if (a && b)
     console.log(`\n${wl}, at ${hi} clients, R=1/8 vs full: ${(b.peak_running / a.peak_running).toFixed(2)}x sequences admitted, ` +
       `${(b.tokens_per_s / a.tokens_per_s).toFixed(2)}x generated tokens/s (medians), ` +
-      `${(a.engine_us_per_token / b.engine_us_per_token).toFixed(2)}x tokens per engine CPU second`);
+      `${(a.engine_us_per_token / b.engine_us_per_token).toFixed(2)}x tokens per engine CPU second, ` +
+      `${(a.attended_per_token / b.attended_per_token).toFixed(2)}x less attention work per generated token`);
 }
 ' "$out" "$secs" "$max_tokens"
 echo "load average (1, 5, 15 min): $load_before before, $(cut -d' ' -f1-3 /proc/loadavg) after"

@@ -133,6 +133,12 @@ console.log(JSON.stringify({
   warmup_s: W / 1000,
   prompt_tokens_per_s: (metric('kvplan_prompt_tokens_total') -
     (metricIn(before, 'kvplan_prompt_tokens_total') || 0)) / (D / 1000),
+  // attention work per generated token over the window: (query row, KV head, entry) triples
+  attended_per_token: (() => {
+    const g = metric('kvplan_generated_tokens_total') - (metricIn(before, 'kvplan_generated_tokens_total') || 0);
+    const a = metric('kvplan_attention_entries_total') - (metricIn(before, 'kvplan_attention_entries_total') || 0);
+    return g > 0 ? a / g : null;
+  })(),
   peak_running: metric('kvplan_running_sequences_peak'),
   kv_peak: metric('kvplan_kv_bytes{kind="peak"}'),
   kv_reserved_peak: metric('kvplan_kv_bytes{kind="reserved_peak"}'),

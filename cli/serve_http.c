@@ -246,12 +246,19 @@ static enum MHD_Result send_error(struct MHD_Connection *c, server *s, unsigned 
 static void addf(char **b, size_t *len, size_t *cap, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 static void addf(char **b, size_t *len, size_t *cap, const char *fmt, ...) {
-    char tmp[512];
-    va_list ap;
+    char tmp[512], *big = NULL;
+    va_list ap, again;
     va_start(ap, fmt);
+    va_copy(again, ap);
     int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
     va_end(ap);
-    if (n > 0) buf_add(b, len, cap, tmp, (size_t)n < sizeof tmp ? (size_t)n : sizeof tmp - 1);
+    if (n >= (int)sizeof tmp && (big = malloc((size_t)n + 1))) /* longer: format it again */
+        vsnprintf(big, (size_t)n + 1, fmt, again);
+    va_end(again);
+    if (n > 0)
+        buf_add(b, len, cap, big ? big : tmp,
+                (size_t)n < sizeof tmp || big ? (size_t)n : sizeof tmp - 1);
+    free(big);
 }
 
 static void add_hist(char **b, size_t *len, size_t *cap, const char *name, const char *help,
@@ -321,6 +328,11 @@ static char *metrics_text(server *s) {
          (unsigned long long)st.refused_queue_full, (unsigned long long)st.refused_stopping,
          (unsigned long long)st.refused_too_big, (unsigned long long)st.admission_waits,
          (unsigned long long)st.steps);
+    addf(&b, &len, &cap,
+         "# HELP kvplan_attention_entries_total Attention work: (query row, KV head, cached "
+         "entry) triples the steps attended.\n# TYPE kvplan_attention_entries_total counter\n"
+         "kvplan_attention_entries_total %llu\n",
+         (unsigned long long)st.attended);
     add_hist(&b, &len, &cap, "kvplan_time_to_first_token_seconds",
              "From the request's arrival to its first token.", &st.ttft);
     add_hist(&b, &len, &cap, "kvplan_inter_token_latency_seconds",

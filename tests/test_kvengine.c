@@ -20,7 +20,8 @@ static int *text_tokens(const kv_model *m, int *n) {
 }
 
 /* A plan whose layer-0 heads use sink, layer-1 heads h2o and the rest l2attn: after a prefill
- * of 200 tokens with budget 48 and p = 1, every head holds what its own policy keeps. */
+ * of 200 tokens with budget 48 and p = 1, every head holds what its own policy keeps, and
+ * the steps attended min(t + 1, 48) entries per head for token t. */
 static void test_per_head_policies(void) {
     kv_model *m = tu_load_shared(M260);
     int n = 0, *ids = text_tokens(m, &n);
@@ -43,6 +44,11 @@ static void test_per_head_policies(void) {
     int seq = -1, T = 200;
     CU_ASSERT_FATAL(kv_engine_seq_open(e, NULL, NULL, &seq, &err) == KV_OK);
     CU_ASSERT_FATAL(kv_engine_prefill(e, seq, ids, T, KV_LOGITS_NONE, NULL, NULL, &err) == KV_OK);
+    /* the attention work the budget leaves: token t attends min(t + 1, B) entries per head
+     * (p = 1: one token a step, appended after the eviction) */
+    unsigned long long work = 0;
+    for (int t = 0; t < T; t++) work += (unsigned long long)(t + 1 < B ? t + 1 : B);
+    CU_ASSERT_EQUAL(kv_backend_attended(kv_engine_backend(e)), (unsigned long long)nh * work);
     kv_cache *c = kv_engine_cache(e, seq);
     for (int i = 0; i < nh; i++) {
         const kv_head *h = &c->heads[i];

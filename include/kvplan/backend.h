@@ -71,6 +71,12 @@ int kv_backend_new(const kv_model *m, kv_device dev, int max_rows, int max_ctx, 
 int kv_backend_new_threads(const kv_model *m, kv_device dev, int max_rows, int max_ctx,
                            int n_threads, kv_backend **out, kv_error *err);
 void kv_backend_free(kv_backend *b);
+/* Attention work the backend's steps have held since it was created: the (query row, KV head,
+ * cached entry) triples of every attention task, a task of n new rows over len entries counting
+ * n * len - n * (n - 1) / 2 (causal). It measures what a KV budget removes: the plan's tokens
+ * attend fewer entries, the rest of a token's work (matmuls, sampling) is the same. Read on
+ * the thread that runs the steps (no lock). */
+unsigned long long kv_backend_attended(const kv_backend *b);
 
 /* A pool of n_blocks blocks whose storage lives where backend `b` computes (host memory for
  * the CPU backend). Release with kv_backend_pool_destroy. */

@@ -125,6 +125,7 @@ typedef struct kv_sched_stats {
     uint64_t submitted, refused_queue_full, refused_stopping, refused_too_big, admitted;
     uint64_t finished[KV_FINISH_ERROR + 1]; /* by reason (index KV_FINISH_*) */
     uint64_t prompt_tokens, generated_tokens, steps, admission_waits;
+    uint64_t attended;       /* attention work of every step: kv_backend_attended of the engine's */
     kv_sched_hist ttft, itl; /* time to first token (from submit), inter-token latency */
 } kv_sched_stats;
 

@@ -57,6 +57,10 @@ void kv_backend_base_free(kv_backend *b) {
     b->writes = NULL;
 }
 
+unsigned long long kv_backend_attended(const kv_backend *b) {
+    return b ? b->attended : 0;
+}
+
 void kv_backend_free(kv_backend *b) {
     if (!b) return;
     kv_backend_base_free(b);

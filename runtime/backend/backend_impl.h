@@ -83,6 +83,7 @@ struct kv_backend {
      * that row alone, for any number of rows, sets rowwise_capable; the engine sets rowwise for
      * the steps that want it (kv_engine_decode_invariant) */
     int rowwise_capable, rowwise;
+    unsigned long long attended; /* kv_backend_attended: (row, KV head, entry) triples */
 };
 
 /* For backend implementations: fill the common head and allocate the driver's scratch.

@@ -134,6 +134,8 @@ static int append_tasks(kv_backend *b, kv_cache *const *seqs, int n_seqs, int n,
                                                    .wrot = h->wrot,
                                                    .n_blocks = h->n_blocks};
             c->step_lossy |= h->track_stats; /* attention adds to the old entries' acc */
+            b->attended += (unsigned long long)n * (unsigned long long)h->len -
+                           (unsigned long long)n * (unsigned long long)(n - 1) / 2;
         }
     }
     return KV_OK;

@@ -553,8 +553,10 @@ int kv_sched_step(kv_sched *s, int *worked, kv_error *err) {
     int rc2 = decode_phase(s, &w, err);
     if (!rc) rc = rc2;
     size_t in_use = kv_engine_bytes_in_use(s->e), peak = kv_engine_bytes_peak(s->e);
+    uint64_t attended = kv_backend_attended(kv_engine_backend(s->e));
     pthread_mutex_lock(&s->mu);
     s->st.steps += (uint64_t)w;
+    s->st.attended = attended;
     s->st.kv_in_use = in_use;
     s->st.kv_peak = peak;
     pthread_mutex_unlock(&s->mu);

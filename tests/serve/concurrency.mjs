@@ -89,6 +89,12 @@ try {
   check(kv(m, 'in_use') === 0 && kv(m, 'reserved') === 0 && m.kvplan_running_sequences === 0,
     'nothing held after every client left');
   check(m.kvplan_time_to_first_token_seconds_count === N + LEAVERS, 'one time-to-first-token per request');
+  // each fed token (a prompt has at least one) attends at least itself in every (layer, KV head):
+  // 5 x 4 of them
+  check(m.kvplan_steps_total > 0 &&
+    m.kvplan_attention_entries_total >= 20 * m.kvplan_generated_tokens_total,
+    `attention work on /metrics: ${m.kvplan_attention_entries_total} entries over ` +
+    `${m.kvplan_steps_total} steps`);
 } finally {
   polling = false;
   srv.proc.kill('SIGTERM');
