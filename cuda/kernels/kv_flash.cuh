@@ -26,10 +26,7 @@
 #define KVPLAN_CUDA_KV_FLASH_CUH
 
 #include "kv_kernels.cuh"
-
-#if defined(__CUDACC__)
-#include <cuda_fp16.h>
-#endif
+#include "kv_quant.cuh" /* kv_h2f */
 
 /* Threads of a flash-decoding block: 8 warps. */
 #define KV_K_FD_THREADS 256
@@ -39,15 +36,6 @@
  * the partition maxima and raw scores it writes are back in natural units (x ln 2). */
 #define KV_FD_LOG2E 1.4426950408889634f
 #define KV_FD_LN2 0.6931471805599453f
-
-/* binary16 bits h (low 16 bits) as fp32, exact: one cvt on the device, util/f16.h on the shim. */
-KV_DEVICE float kv_fd_h2f(unsigned h) {
-#if defined(__CUDACC__)
-    return __half2float(__ushort_as_half((unsigned short)h));
-#else
-    return kv_f16_to_f32((uint16_t)h);
-#endif
-}
 
 /* Per K/V type: the words a lane loads for its chunk of 8 values of a row (W of them, plus one
  * scale word for the quantised types), how it loads them, and how it decodes them into the
@@ -72,8 +60,8 @@ template <> struct kv_fd_row<KV_TYPE_F16> {
     }
     KV_DEVICE void decode(const unsigned *w, float *x) {
         for (int k = 0; k < 4; k++) {
-            x[2 * k] = kv_fd_h2f(w[k] & 0xffffu);
-            x[2 * k + 1] = kv_fd_h2f(w[k] >> 16);
+            x[2 * k] = kv_h2f(w[k] & 0xffffu);
+            x[2 * k + 1] = kv_h2f(w[k] >> 16);
         }
     }
 };
@@ -86,7 +74,7 @@ template <> struct kv_fd_row<KV_TYPE_Q8> {
         w[4] = kv_ld_u16(row);
     }
     KV_DEVICE void decode(const unsigned *w, float *x) {
-        float s = kv_fd_h2f(w[4]);
+        float s = kv_h2f(w[4]);
         for (int k = 0; k < 8; k++)
             x[k] = s * (float)(signed char)(unsigned char)(w[k / 2] >> (8 * (k & 1)));
     }
@@ -101,7 +89,7 @@ template <> struct kv_fd_row<KV_TYPE_Q4> {
         w[1] = kv_ld_u32(row);
     }
     KV_DEVICE void decode(const unsigned *w, float *x) {
-        float s = kv_fd_h2f(w[1] & 0xffffu), m = kv_fd_h2f(w[1] >> 16);
+        float s = kv_h2f(w[1] & 0xffffu), m = kv_h2f(w[1] >> 16);
         for (int k = 0; k < 8; k++) x[k] = m + s * (float)((w[0] >> (4 * k)) & 15u);
     }
 };
