@@ -534,9 +534,11 @@ static int guard_choose(guard *g) {
         const int *bk[1] = {g->cb + k * nh};
         const kv_policy *pk[1] = {g->spol + (k / KV_ROBUST_N_LAMBDA) * nh};
         const kv_cache_type *tk[1] = {g->styp + (k / KV_ROBUST_N_LAMBDA) * nh};
-        for (int ch = 0; ch < nc && !rc; ch++)
+        for (int ch = 0; ch < nc && !rc; ch++) {
             rc = kv_engine_chunk_score_typed(g->ep, g->ids + (long)ch * C, C, 1, bk, pk, tk, NULL,
                                              &cn[ch], NULL, NULL, g->err);
+            if (!rc) rr->token_evals += C; /* the guard's count holds its passes alone too */
+        }
         if (rc) break;
         text_ppl(g->lay, C, cn, row);
         rr->bound[k] = pred_bound(g->lay, C, cn, nu);
@@ -627,6 +629,10 @@ int kv_robust_guard_count(const kv_model *m, const struct kv_search_opts *o, int
     /* guard_measure: every chunk under the full cache, the uniform one and the candidates */
     out->evals = (long)nc * (2 + KV_ROBUST_N_LAMBDA * n_src) * o->context;
     out->evals_max = (long)nc * (2 + KV_ROBUST_N_LAMBDA * n_src_max) * o->context;
+    /* guard_choose: the plan alone on every chunk, then the chosen candidate when it is
+     * another; each candidate at most once */
+    out->alone_evals = (long)nc * o->context;
+    out->alone_evals_max = (long)nc * KV_ROBUST_N_LAMBDA * n_src_max * o->context;
     out->sequences_max = KV_ROBUST_N_LAMBDA * n_src_max;
     return KV_OK;
 }

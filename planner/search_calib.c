@@ -224,8 +224,8 @@ static int probe_list(const kv_search_opts *o, probe *pr, int *n_ladder) {
 /* Each stage's CPU seconds per token from the probes, the mix of sets the stage runs: lo at
  * the search's p, hi at the least p the ladder may choose (held-out, per-type caches, guard;
  * the per-type caches and the guard measured at hi, scaled by the uniform cache's p : 1 ratio
- * for lo). The guard also measures the plan and its chosen candidate alone on every chunk
- * (guard_choose; not in its token count): lo one, hi two single-sequence passes per chunk. */
+ * for lo). The guard's tokens are its batched passes (G sets a chunk) and its single-sequence
+ * passes alone (guard_choose), 1.5 a chunk as its projection counts them: one blended cost. */
 static void stage_costs(const probe *pr, int n, int n_ladder, const kv_search_opts *o, double *lo,
                         double *hi) {
     const double U = pr[PR_U].cpu_tok, F = pr[PR_F].cpu_tok, X = pr[PR_X].cpu_tok;
@@ -245,12 +245,12 @@ static void stage_costs(const probe *pr, int n, int n_ladder, const kv_search_op
     lo[KV_EST_LADDER] = n_ladder > 0 ? lad : U;   /* plan candidate, uniform */
     lo[KV_EST_HELDOUT] = (F + 2 * U + 2 * X) / 5; /* + the other allocation */
     lo[KV_EST_TYPES] = nt > 0 ? typ * sc : U;
-    lo[KV_EST_GUARD] = pr[PR_GUARD].cpu_tok * sc + X / G; /* full, uniform, blends; alone */
+    lo[KV_EST_GUARD] = (G * pr[PR_GUARD].cpu_tok * sc + 1.5 * X) / (G + 1.5); /* + alone */
     lo[KV_EST_RETRIEVAL] = U;
     memcpy(hi, lo, KV_EST_STAGES * sizeof *hi);
     hi[KV_EST_HELDOUT] = (F + 2 * U1 + 2 * X1) / 5;
     hi[KV_EST_TYPES] = nt > 0 ? typ : U;
-    hi[KV_EST_GUARD] = pr[PR_GUARD].cpu_tok + 2 * X1 / G;
+    hi[KV_EST_GUARD] = (G * pr[PR_GUARD].cpu_tok + 1.5 * X1) / (G + 1.5);
 }
 
 int kv_estimate_calibrate(const kv_model *m, const kv_search_opts *o, const int *ids, int n_chunks,

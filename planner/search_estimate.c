@@ -233,11 +233,15 @@ int kv_search_estimate_count(const kv_model *m, const kv_profile_inputs *prof,
     if (!rc) rc = count_sens(m, o, S, out, err);
     kv_search_guard_count g;
     if (!rc) rc = kv_robust_guard_count(m, o, n_texts, S + HC, &g, err);
-    if (!rc) row(out, KV_EST_GUARD, g.curve_evals + g.evals, g.curve_evals_max + g.evals_max);
-    /* the projection: the guard's further source (the sensitivity solution, a candidate only
-     * when another plan beat it) midway */
     if (!rc)
-        out->stage[KV_EST_GUARD].token_evals_proj = g.curve_evals_max + (g.evals + g.evals_max) / 2;
+        row(out, KV_EST_GUARD, g.curve_evals + g.evals + g.alone_evals,
+            g.curve_evals_max + g.evals_max + g.alone_evals_max);
+    /* the projection: the guard's further source (the sensitivity solution, a candidate only
+     * when another plan beat it) midway, and 1.5 passes alone (the plan; its chosen candidate
+     * when another is chosen, as often as not) */
+    if (!rc)
+        out->stage[KV_EST_GUARD].token_evals_proj =
+            g.curve_evals_max + (g.evals + g.evals_max) / 2 + g.alone_evals * 3 / 2;
     if (!rc && probes) {
         kv_search_retrieval_count r;
         rc = kv_retrieval_count(m, o, probes, ro, S, have_heads, &r, err);

@@ -108,6 +108,10 @@ typedef struct kv_search_guard_count {
     long curve_evals_max; /* the most (sparse curves: the second pass depends on the data) */
     long evals;           /* every chunk under full, uniform and the candidates it always has */
     long evals_max;       /* with the sensitivity knapsack's solution as a further source */
+    long alone_evals;     /* guard_choose's single-sequence passes over every chunk: the plan
+                           * itself, always (least) */
+    long alone_evals_max; /* every candidate once (most; a chosen candidate that loses when
+                           * measured alone makes the next best measured) */
     int sequences_max;    /* candidates scored in one batched pass, at most */
 } kv_search_guard_count;
 
