@@ -783,12 +783,12 @@ static void h2o_decode_logits(kv_device dev, const int *ids, float *out, float *
 /* Decode steps of a policy with statistics (h2o, R = 1/4) take flash-decoding: fixed
  * partitions of KV_K_FD_PART entries, so heads of at most 136 entries make one partition each
  * and the grid is the tasks (the partition does not shrink to fill the device), and the host
- * waits once per step: the statistics come back without a wait and reach the heads' arrays at
- * the logits' wait (the policy reads them in the next step). The values: 100 decode steps, 72
- * of them evicting by the statistics flash-decoding accumulated (kv_k_decode_stats_raw), give
- * the CPU's logits within 5e-3 of the largest (f16 K/V, as the conformance suite's per-op
- * bound), and every head's acc equals the CPU's within 2e-3 of the largest, after the chunked
- * prefill (steps without logits: written at the step's end) and after the last decode step. */
+ * waits once per step: the statistics stay on the device by slot, where the eviction kernel
+ * reads them. The values: 100 decode steps, 72 of them evicting by the statistics
+ * flash-decoding accumulated (kv_k_decode_stats_raw), give the CPU's logits within 5e-3 of the
+ * largest (f16 K/V, as the conformance suite's per-op bound), and every head's acc, read back
+ * (kv_backend_read_head_meta), equals the CPU's within 2e-3 of the largest, after the chunked
+ * prefill (steps without logits) and after the last decode step. */
 static void test_decode_step_tracked(void) {
     const kv_config *cfg = &g_model->cfg;
     int n = 0;
