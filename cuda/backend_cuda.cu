@@ -180,7 +180,7 @@ void stage_rewind(cuda_backend *c);
 
 /* The staging arena grows (doubling) up to this many bytes; past it, a full arena is reused from
  * the start after a wait instead of growing. Only one request larger than this (one layer's
- * statistics of very many tracked entries) makes it larger, to that request's size. */
+ * eviction records of very many heads) makes it larger, to that request's size. */
 constexpr size_t kStageBound = (size_t)64 << 20;
 
 /* `bytes` of the pinned staging arena (16-byte aligned) at *out, filled from src unless src is
