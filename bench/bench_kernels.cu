@@ -121,7 +121,7 @@ int bench_gemv(kv_dtype t, const char *tname, const char *kname, int in, int out
 /* The F16 pool, tables and tasks of n_tasks heads of ctx entries each (d_h 128, block size
  * 16), one new token each; q/o rows of q_stride floats. */
 struct attn_setup {
-    kv_k_pool P;
+    kv_k_pool P = {};
     int *tables;
     kv_k_attn_task *tasks;
     float *q, *o, *scratch;

@@ -15,24 +15,27 @@
  * - The K/V block storage lives on the device in the CPU layout and in each head's stored type
  *   (f32, f16, q8, q4: runtime/cache/kvtype.h, the same codec on both devices), so the bytes
  *   in use equal the CPU backend's; attention decodes rows as it reads them (no fp32 copy of
- *   the cache). The pool's metadata (free list, block tables, positions, statistics) stays on
+ *   the cache). Beside them, by slot, each entry's position and attention sums (pos, acc,
+ *   acc2: the pool has device_meta): the cache write sets them, the attention kernels of
+ *   tracked heads accumulate there, the gather moves them with the rows, and the evictions of
+ *   h2o / avgattn / l2attn heads are chosen and compacted on the device (cuda_evict,
+ *   kernels/kv_evict.cuh: kv_policy_select's choice). The free list and block tables stay on
  *   the host.
  * - Block tables are resident on the device, one array per layer (task i's table at a fixed
  *   stride): per attention step the tasks, the table entries the engine marked dirty since the
- *   copy was made (kv_table_mirror; kv_pack.h, scattered by kv_k_table_patch) and, for tracked
- *   heads only, positions and statistics are packed into pinned host memory and mirrored to the
- * device with one asynchronous copy on the copy stream; the compute stream waits for it on an
- * event. A decode step that opens no block and evicts nothing uploads no table entry. The
- *   statistics come back with one copy per layer into the staging arena, queued without a
- *   wait; they are written into the heads' host arrays (where the policies read them, in the
- *   next step) at the step's next wait: the logits, or end_step when the step has none.
+ *   copy was made (kv_table_mirror; kv_pack.h, scattered by kv_k_table_patch) are packed into
+ *   pinned host memory and mirrored to the device with one asynchronous copy on the copy
+ *   stream; the compute stream waits for it on an event. A decode step that opens no block
+ *   uploads no table entry; an evicting one uploads its eviction records (the heads' tables
+ *   before the eviction), never per-entry positions or statistics, and nothing comes back.
  * - Host-to-device staging (token ids, positions, cache-write and move lists, attention
  *   metadata) goes to a bounded pinned arena (kStageBound) that is only appended to within a
  *   step and rewound where
- *   the host has waited for the compute stream anyway (the logits, the statistics, a hook): no
+ *   the host has waited for the compute stream anyway (the logits, a read-back, a hook): no
  *   staging buffer is rewritten while a queued copy may still read it, without a wait per
  *   copy. The positions of a step are uploaded once, not once per layer. A decode step of an
- *   untracked policy therefore waits for the device once (the logits), see bench_cuda_fake.
+ *   tracked or untracked policy therefore waits for the device once (the logits), see
+ *   bench_cuda_fake.
  * - Kernels: cuda/kernels/kv_kernels.cuh (checked against the CPU on the host shim by
  *   tests/test_cuda_kernels.cpp).
  * Errors: every CUDA / cuBLAS failure becomes KV_EINTERNAL naming the call; nothing exits.
@@ -74,14 +77,6 @@ struct dev_layer {
     dev_weight mat[KV_ROLE_COUNT];
 };
 
-/* A tracked head's statistics on their way back: len floats of acc and acc2 in the staging
- * arena (src, src2), for the head's host arrays (acc, acc2; the head's, not owned). */
-struct stat_back {
-    float *acc, *acc2;
-    const float *src, *src2;
-    int len;
-};
-
 /* A device buffer and a pinned host buffer that grow on demand (bytes). */
 struct dbuf {
     void *p = nullptr;
@@ -120,9 +115,8 @@ struct cuda_backend {
     int stamp_slots, stamp_gen;
     int *pass_start; /* [cap + 1] */
     int pass_cap;
-    /* statistics copied back this step, not yet in the heads' arrays (stats_flush) */
-    stat_back *back;
-    int n_back, cap_back;
+    dbuf d_evict;   /* eviction records and their block tables */
+    dbuf d_ev_work; /* eviction scores and masks */
     /* block tables resident on the device, per layer: task i's table at i * tab_stride of
      * d_tabs[l]; tab_owner[l][i] is the head mirror (kv_table_mirror) that copy was uploaded
      * for (NULL: unknown), for tab_cap[l] tasks; a step uploads only the entries the engine
@@ -186,7 +180,7 @@ void stage_rewind(cuda_backend *c);
 
 /* The staging arena grows (doubling) up to this many bytes; past it, a full arena is reused from
  * the start after a wait instead of growing. Only one request larger than this (one layer's
- * statistics of very many tracked entries) makes it larger, to that request's size. */
+ * eviction records of very many heads) makes it larger, to that request's size. */
 constexpr size_t kStageBound = (size_t)64 << 20;
 
 /* `bytes` of the pinned staging arena (16-byte aligned) at *out, filled from src unless src is
@@ -200,7 +194,7 @@ int stage(cuda_backend *c, const void *src, size_t bytes, char **out, kv_error *
     if (off + bytes > c->stage.cap) {
         CK(cudaStreamSynchronize(c->compute));
         CK(cudaStreamSynchronize(c->copy));
-        stage_rewind(c); /* statistics that came back into it are taken out first */
+        stage_rewind(c);
         size_t want = 2 * (off + bytes) < kStageBound ? 2 * (off + bytes) : kStageBound;
         int rc = grow_pinned(c->stage, want > bytes ? want : bytes, err);
         if (rc) return rc;
@@ -212,16 +206,9 @@ int stage(cuda_backend *c, const void *src, size_t bytes, char **out, kv_error *
     return KV_OK;
 }
 
-/* The host waited for the compute stream: every copy to and from the arena has run
- * (copy-stream copies are all awaited by compute-stream work), so the statistics that came
- * back are copied into the heads' host arrays and the arena can be reused from the start. */
+/* The host waited for the compute stream: every copy from the arena has run (copy-stream
+ * copies are all awaited by compute-stream work), so the arena can be reused from the start. */
 void stage_rewind(cuda_backend *c) {
-    for (int i = 0; i < c->n_back; i++) {
-        const stat_back &s = c->back[i];
-        memcpy(s.acc, s.src, (size_t)s.len * sizeof(float));
-        memcpy(s.acc2, s.src2, (size_t)s.len * sizeof(float));
-    }
-    c->n_back = 0;
     c->stage_used = 0;
 }
 
@@ -280,10 +267,11 @@ void cuda_destroy(kv_backend *b) {
     cudaFree(c->d_part.p);
     cudaFree(c->d_list.p);
     cudaFree(c->d_move_scratch.p);
+    cudaFree(c->d_evict.p);
+    cudaFree(c->d_ev_work.p);
     cudaFreeHost(c->h_out.p);
     free(c->stamp);
     free(c->pass_start);
-    free(c->back);
     if (c->d_tabs && c->tab_owner)
         for (int l = 0; l < c->base.model->cfg.n_layers; l++) {
             cudaFree(c->d_tabs[l].p);
@@ -300,14 +288,23 @@ void cuda_destroy(kv_backend *b) {
     delete c;
 }
 
+/* Bytes of a pool's K/V storage, 16-byte aligned: the per-slot metadata follow. */
+size_t meta_at(const kv_pool *p) {
+    return kv_k_align16(kv_pool_storage_bytes(p));
+}
+
 /* The pool's K/V storage on the device: every block of every type at its stored bytes
- * (kv_pool_storage_bytes, the CPU's layout), so bytes in use equal the CPU backend's. */
+ * (kv_pool_storage_bytes, the CPU's layout), so bytes in use equal the CPU backend's; then the
+ * per-slot metadata (pos, acc, acc2: 12 bytes a slot; kv_k_pool), so the pool has device_meta:
+ * positions and statistics never travel per step and the evictions run here (cuda_evict). */
 int cuda_storage_alloc(kv_backend *b, kv_pool *p, kv_error *err) {
     cuda_backend *c = cb(b);
     void *s = nullptr;
-    CK(cudaMalloc(&s, kv_pool_storage_bytes(p)));
+    size_t n_slots = (size_t)p->n_blocks * (size_t)p->block_size;
+    CK(cudaMalloc(&s, meta_at(p) + n_slots * (sizeof(int) + 2 * sizeof(float))));
     p->storage = s;
     p->data = nullptr;
+    p->device_meta = 1;
     int slots = p->n_blocks * p->block_size;
     if (slots > c->stamp_slots) {
         int *st = static_cast<int *>(calloc((size_t)slots, sizeof(int)));
@@ -336,14 +333,15 @@ kv_k_pool dev_pool(const kv_pool *p) {
         d.type_first[t] = p->type_first[t];
         d.type_offset[t] = p->type_offset[t];
     }
+    size_t slots = (size_t)p->n_blocks * (size_t)p->block_size;
+    d.pos = reinterpret_cast<int *>(d.data + meta_at(p));
+    d.acc = reinterpret_cast<float *>(d.pos + slots);
+    d.acc2 = d.acc + slots;
     return d;
 }
 
 int cuda_embed(kv_backend *b, const int *tokens, int rows, kv_error *err) {
     cuda_backend *c = cb(b);
-    /* a step begins: statistics of one that never reached its end (layers driven without
-     * kv_forward, a failure) are dropped, never written into arrays that may be gone */
-    c->n_back = 0;
     char *h = nullptr;
     int rc = stage(c, tokens, (size_t)rows * sizeof(int), &h, err);
     if (rc) return rc;
@@ -415,7 +413,7 @@ int cuda_gather(kv_backend *b, kv_pool *p, const kv_move *moves, int n, kv_error
     const kv_k_move *mv = reinterpret_cast<const kv_k_move *>(moves);
     int passes = kv_k_split_moves(mv, n, c->stamp, &c->stamp_gen, c->pass_start);
     int rc = stage_list(c, moves, (size_t)n * sizeof(kv_move), err);
-    if (!rc) rc = grow_dev(c->d_move_scratch, (size_t)n * 8 * p->head_dim, err);
+    if (!rc) rc = grow_dev(c->d_move_scratch, kvcu::gather_scratch_bytes(n, p->head_dim), err);
     if (rc) return rc;
     const kv_k_move *dmv = static_cast<const kv_k_move *>(c->d_list.p);
     kv_k_pool dp = dev_pool(p);
@@ -432,7 +430,7 @@ int cuda_cache_write(kv_backend *b, kv_pool *p, const kv_slot_write *w, int n, k
     if (rc) return rc;
     int kvd = b->model->cfg.n_kv_heads * p->head_dim;
     CK(kvcu::cache_write(dev_pool(p), static_cast<const kv_k_write *>(c->d_list.p), n, c->k, c->v,
-                         kvd, c->compute));
+                         kvd, c->d_pos, c->compute));
     return KV_OK;
 }
 
@@ -455,27 +453,6 @@ int tab_reserve(cuda_backend *c, int l, int n, kv_error *err) {
 
 int attention_queue(cuda_backend *c, const kv_pool *p, const kv_attn_task *tasks, int n_tasks,
                     int l, kv_error *err);
-
-/* Note the tracked tasks' statistics, on their way back into the arena's buffer h (layout L,
- * its packed tasks' meta_off), for stage_rewind. KV_EINTERNAL out of memory. */
-int stats_defer(cuda_backend *c, const kv_attn_task *tasks, int n_tasks, const kv_k_meta_layout *L,
-                const char *h, kv_error *err) {
-    if (c->n_back + n_tasks > c->cap_back) {
-        int cap = 2 * (c->n_back + n_tasks);
-        stat_back *nb = static_cast<stat_back *>(realloc(c->back, (size_t)cap * sizeof *nb));
-        if (!nb) return kv_fail(err, KV_EINTERNAL, "out of memory (CUDA backend statistics)");
-        c->back = nb;
-        c->cap_back = cap;
-    }
-    const kv_k_attn_task *ht = reinterpret_cast<const kv_k_attn_task *>(h);
-    const float *acc = reinterpret_cast<const float *>(h + L->o_acc);
-    const float *acc2 = reinterpret_cast<const float *>(h + L->o_acc2);
-    for (int i = 0; i < n_tasks; i++)
-        if (tasks[i].acc)
-            c->back[c->n_back++] = {tasks[i].acc, tasks[i].acc2, acc + ht[i].meta_off,
-                                    acc2 + ht[i].meta_off, tasks[i].len};
-    return KV_OK;
-}
 
 int cuda_attention(kv_backend *b, const kv_pool *p, const kv_attn_task *tasks, int n_tasks,
                    kv_error *err) {
@@ -523,9 +500,10 @@ int attention_launch(cuda_backend *c, const kv_pool *p, const kv_attn_task *task
     for (int i = 0; i < n_tasks && decode; i++) decode = tasks[i].n == 1;
     kv_k_split sp = kv_k_split_plan(n_tasks, L.longest, bs, c->sms);
     const kv_k_attn_task *d_tasks = reinterpret_cast<const kv_k_attn_task *>(d);
-    const int *d_pos = reinterpret_cast<const int *>(d + L.o_pos);
-    float *d_acc = reinterpret_cast<float *>(d + L.o_acc);
-    float *d_acc2 = reinterpret_cast<float *>(d + L.o_acc2);
+    kv_k_pool dp = dev_pool(p); /* slot_meta: the kernels read the pool's per-slot metadata */
+    const int *d_pos = L.slot_meta ? dp.pos : reinterpret_cast<const int *>(d + L.o_pos);
+    float *d_acc = L.slot_meta ? dp.acc : reinterpret_cast<float *>(d + L.o_acc);
+    float *d_acc2 = L.slot_meta ? dp.acc2 : reinterpret_cast<float *>(d + L.o_acc2);
     if (decode && kvcu::flash_decode_fits(g, hd, bs)) {
         /* flash-decoding: fixed partitions of KV_K_FD_PART entries, one launch per K/V type */
         int parts = (L.longest + KV_K_FD_PART - 1) / KV_K_FD_PART;
@@ -575,9 +553,9 @@ int attention_queue(cuda_backend *c, const kv_pool *p, const kv_attn_task *tasks
         l >= 0 ? kv_k_table_dirty(tasks, n_tasks, bs, c->tab_stride, c->tab_owner[l]) : -1;
     kv_k_meta_layout L;
     if (changes >= 0)
-        kv_k_meta_plan_resident(tasks, n_tasks, bs, changes, &L);
+        kv_k_meta_plan_resident(tasks, n_tasks, bs, changes, p->device_meta, &L);
     else
-        kv_k_meta_plan(tasks, n_tasks, bs, &L);
+        kv_k_meta_plan(tasks, n_tasks, bs, p->device_meta, &L);
     int rc = grow_dev(c->d_meta, L.total, err);
     if (!rc) rc = grow_dev(c->d_scores, (size_t)n_tasks * g * L.longest * sizeof(float), err);
     char *h = nullptr;
@@ -591,8 +569,8 @@ int attention_queue(cuda_backend *c, const kv_pool *p, const kv_attn_task *tasks
         kv_k_meta_pack(tasks, n_tasks, bs, &L, h);
     /* one mirror copy per step on the copy stream, after the previous step's attention has
      * read the device buffer; compute waits for it */
-    /* positions and statistics only where a head tracks them: the kernels read nothing else
-     * (the RoPE positions are d_pos) */
+    /* positions and statistics only where a head tracks them and the pool has no per-slot
+     * metadata (never for the pools of cuda_storage_alloc): the RoPE positions are d_pos */
     size_t up = L.tracked ? L.total : L.o_pos;
     CK(cudaStreamWaitEvent(c->copy, c->attn_done, 0));
     CK(cudaMemcpyAsync(c->d_meta.p, h, up, cudaMemcpyHostToDevice, c->copy));
@@ -608,13 +586,12 @@ int attention_queue(cuda_backend *c, const kv_pool *p, const kv_attn_task *tasks
     rc = attention_launch(c, p, tasks, n_tasks, L, tables, d, err);
     if (rc) return rc;
     CK(cudaEventRecord(c->attn_done, c->compute));
-    if (!L.tracked) return KV_OK;
-    /* statistics back into the arena where they were staged, no wait: the policies read them
-     * in a later step, and stage_rewind writes them into the heads' host arrays at the step's
-     * next wait (the logits, end_step, a hook, a full arena) */
-    CK(cudaMemcpyAsync(h + L.o_acc, d + L.o_acc, L.total - L.o_acc, cudaMemcpyDeviceToHost,
-                       c->compute));
-    return stats_defer(c, tasks, n_tasks, &L, h, err);
+    /* the statistics stay where they were accumulated: by slot in the pool, for cuda_evict */
+    if (L.tracked && !L.slot_meta)
+        return kv_fail(err, KV_EINTERNAL,
+                       "CUDA backend: tracked heads on a pool without "
+                       "per-slot metadata");
+    return KV_OK;
 }
 
 /* Copy device activations to the pinned output buffer: n arrays of floats. */
@@ -709,24 +686,67 @@ int cuda_logits(kv_backend *b, const int *rows, int n_sel, float *out, kv_error 
     return KV_OK;
 }
 
-/* The step's end: statistics still on their way back are awaited and written into the heads'
- * arrays (one wait, only when the step had no logits to wait for); after a failed step they
- * are dropped. */
-int cuda_end_step(kv_backend *b, int ok, kv_error *err) {
+/* The layer's evictions (kv_head_schedule_room's records on a device_meta pool): the records
+ * and their tables staged and copied up in one copy, then kv_k_evict, one block per record,
+ * on the compute stream before the layer's gather and cache writes. No wait. */
+int cuda_evict(kv_backend *b, kv_pool *p, const kv_evict *ev, int n, const int *tab,
+               kv_error *err) {
     cuda_backend *c = cb(b);
-    if (!ok || !c->n_back) {
-        c->n_back = 0;
-        return KV_OK;
+    if (n <= 0) return KV_OK;
+    long n_tab = 0;
+    for (int i = 0; i < n; i++) {
+        long end = ev[i].tab_off + kv_blocks_for(ev[i].len, p->block_size);
+        n_tab = end > n_tab ? end : n_tab;
+    }
+    size_t eb = kv_k_align16((size_t)n * sizeof(kv_evict)), tb = (size_t)n_tab * sizeof(int);
+    size_t work = (size_t)n_tab * (size_t)p->block_size;
+    int rc = grow_dev(c->d_evict, eb + tb, err);
+    if (!rc) rc = grow_dev(c->d_ev_work, work * (sizeof(float) + 1), err);
+    char *h = nullptr;
+    if (!rc) rc = stage(c, nullptr, eb + tb, &h, err);
+    if (rc) return rc;
+    memcpy(h, ev, (size_t)n * sizeof(kv_evict));
+    memcpy(h + eb, tab, tb);
+    CK(cudaMemcpyAsync(c->d_evict.p, h, eb + tb, cudaMemcpyHostToDevice, c->compute));
+    char *d = static_cast<char *>(c->d_evict.p);
+    float *score = static_cast<float *>(c->d_ev_work.p);
+    unsigned char *mask = reinterpret_cast<unsigned char *>(score + work);
+    CK(kvcu::evict(dev_pool(p), reinterpret_cast<const kv_evict *>(d), n,
+                   reinterpret_cast<const int *>(d + eb), score, mask, c->compute));
+    return KV_OK;
+}
+
+/* Head h's per-slot positions and statistics into its host arrays (kv_backend_read_head_meta):
+ * each of its blocks' pos / acc / acc2 copied into pinned memory, one wait, then its len
+ * entries taken from their slots. */
+int cuda_read_meta(kv_backend *b, const kv_pool *p, kv_head *h, kv_error *err) {
+    cuda_backend *c = cb(b);
+    int bs = p->block_size, nb = kv_blocks_for(h->len, bs);
+    size_t per = (size_t)nb * (size_t)bs;
+    int rc = grow_pinned(c->h_out, per * 3 * sizeof(float), err);
+    if (rc) return rc;
+    kv_k_pool dp = dev_pool(p);
+    int *hp = static_cast<int *>(c->h_out.p);
+    float *ha = reinterpret_cast<float *>(hp + per), *ha2 = ha + per;
+    size_t fb = (size_t)bs * sizeof(float);
+    for (int k = 0; k < nb; k++) {
+        size_t s0 = (size_t)h->table[k] * (size_t)bs, o = (size_t)k * (size_t)bs;
+        CK(cudaMemcpyAsync(hp + o, dp.pos + s0, fb, cudaMemcpyDeviceToHost, c->compute));
+        CK(cudaMemcpyAsync(ha + o, dp.acc + s0, fb, cudaMemcpyDeviceToHost, c->compute));
+        CK(cudaMemcpyAsync(ha2 + o, dp.acc2 + s0, fb, cudaMemcpyDeviceToHost, c->compute));
     }
     CK(cudaStreamSynchronize(c->compute));
     stage_rewind(c);
+    memcpy(h->pos, hp, (size_t)h->len * sizeof(int));
+    memcpy(h->acc, ha, (size_t)h->len * sizeof(float));
+    memcpy(h->acc2, ha2, (size_t)h->len * sizeof(float));
     return KV_OK;
 }
 
 const kv_backend_ops cuda_ops = {
-    "cuda",   cuda_destroy, cuda_storage_alloc, cuda_storage_free, cuda_embed,
-    cuda_qkv, cuda_gather,  cuda_cache_write,   cuda_attention,    cuda_out_residual,
-    cuda_ffn, cuda_logits,  cuda_end_step,
+    "cuda",      cuda_destroy,     cuda_storage_alloc, cuda_storage_free, cuda_embed, cuda_qkv,
+    cuda_gather, cuda_cache_write, cuda_attention,     cuda_out_residual, cuda_ffn,   cuda_logits,
+    nullptr,     cuda_evict,       cuda_read_meta,
 };
 
 /* The layers' weights uploaded role by role from the table (model/tensors.h). */

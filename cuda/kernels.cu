@@ -5,6 +5,7 @@
 #include "kernels/kv_flash.cuh"
 #include "kernels/kv_quant.cuh"
 #include "kernels/kv_prefill.cuh"
+#include "kernels/kv_evict.cuh"
 
 #include <type_traits>
 
@@ -76,10 +77,10 @@ cudaError_t gather_rows(float *out, const float *src, const int *idx, int rows, 
 }
 
 cudaError_t cache_write(const kv_k_pool &pool, const kv_k_write *writes, int n, const float *k,
-                        const float *v, int kv_stride, cudaStream_t s) {
+                        const float *v, int kv_stride, const int *row_pos, cudaStream_t s) {
     if (n <= 0) return cudaSuccess;
     KV_LAUNCH(kv_k_cache_write, grid_for(2 * (size_t)n), kThreads, 0, s)
-    (pool, writes, n, k, v, kv_stride);
+    (pool, writes, n, k, v, kv_stride, row_pos);
     return cudaGetLastError();
 }
 
@@ -116,7 +117,7 @@ cudaError_t decode_attention_split(const kv_k_pool &pool, const int *tables,
     if (acc) { /* the statistics of the tracked tasks */
         KV_LAUNCH(kv_k_decode_stats, dim3((unsigned)n_tasks, (unsigned)chunks), kThreads,
                   (size_t)g * sizeof(float), s)
-        (tasks, g, chunk, chunks, scratch, scratch_stride, pm, ps, pos, acc, acc2);
+        (tasks, g, chunk, chunks, scratch, scratch_stride, pm, ps, tables, pool.bs, pos, acc, acc2);
     }
     return cudaGetLastError();
 }
@@ -201,7 +202,7 @@ cudaError_t flash_decode(const kv_k_pool &pool, const int *tables, const kv_k_at
     if (acc) {
         KV_LAUNCH(kv_k_decode_stats_raw, dim3((unsigned)n_tasks, (unsigned)parts), kThreads,
                   2 * (size_t)g * sizeof(float), s)
-        (tasks, g, part, parts, scratch, scratch_stride, pm, ps, pos, acc, acc2);
+        (tasks, g, part, parts, scratch, scratch_stride, pm, ps, tables, pool.bs, pos, acc, acc2);
     }
     return cudaGetLastError();
 }
@@ -246,9 +247,25 @@ cudaError_t gather_pass(const kv_k_pool &pool, const kv_k_move *moves, int n, vo
                         cudaStream_t s) {
     size_t total = (size_t)n * 8 * (size_t)pool.hd;
     if (!total) return cudaSuccess;
+    if (pool.pos) total += (size_t)n * sizeof(kv_k_gather_meta); /* the metadata threads */
     unsigned char *sc = static_cast<unsigned char *>(scratch);
     KV_LAUNCH(kv_k_gather_read, grid_for(total), kThreads, 0, s)(pool, moves, n, sc);
     KV_LAUNCH(kv_k_gather_write, grid_for(total), kThreads, 0, s)(pool, moves, n, sc);
+    return cudaGetLastError();
+}
+
+size_t gather_scratch_bytes(int n, int hd) {
+    size_t rows = (size_t)n * 8 * (size_t)hd;
+    return (rows + 15) / 16 * 16 + (size_t)n * sizeof(kv_k_gather_meta);
+}
+
+cudaError_t evict(const kv_k_pool &pool, const kv_evict *ev, int n, const int *tab, float *score,
+                  unsigned char *mask, cudaStream_t s) {
+    if (n <= 0) return cudaSuccess;
+    size_t shm = evict_shared_bytes(pool.hd);
+    cudaError_t e = allow_shared(kv_k_evict, shm);
+    if (e != cudaSuccess) return e;
+    KV_LAUNCH(kv_k_evict, n, KV_K_EV_THREADS, shm, s)(pool, ev, tab, score, mask);
     return cudaGetLastError();
 }
 

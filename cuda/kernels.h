@@ -23,9 +23,10 @@ cudaError_t add(float *x, const float *y, size_t n, cudaStream_t s);
 cudaError_t add_bias(float *y, const float *b, int rows, int n, cudaStream_t s);
 cudaError_t gather_rows(float *out, const float *src, const int *idx, int rows, int dim,
                         cudaStream_t s);
-/* K/V rows encoded in their block's stored type (pool: the typed pool's device view). */
+/* K/V rows encoded in their block's stored type (pool: the typed pool's device view); with
+ * per-slot metadata (pool.pos) each slot's position from row_pos [rows] and zero sums. */
 cudaError_t cache_write(const kv_k_pool &pool, const kv_k_write *writes, int n, const float *k,
-                        const float *v, int kv_stride, cudaStream_t s);
+                        const float *v, int kv_stride, const int *row_pos, cudaStream_t s);
 /* scratch: n_tasks * g * scratch_stride floats. K/V read in their stored type. */
 cudaError_t paged_attention(const kv_k_pool &pool, const int *tables, const kv_k_attn_task *tasks,
                             int n_tasks, const int *pos, float *acc, float *acc2, const float *q,
@@ -82,8 +83,17 @@ cudaError_t gather_rows_typed(float *out, const void *W, int t, size_t row_bytes
                               int rows, int dim, cudaStream_t s);
 /* Resident block tables: tables[patch[2k]] = patch[2k + 1], k < n (device pointers). */
 cudaError_t table_patch(int *tables, const int *patch, long n, cudaStream_t s);
-/* One pass of kv_k_split_moves: moves [n] (device), scratch n * 8 * hd bytes (two rows of the
- * widest type per move). */
+/* One pass of kv_k_split_moves: moves [n] (device), scratch gather_scratch_bytes(n, hd) (two
+ * rows of the widest type per move, then each move's pos / acc / acc2 when pool.pos). */
+size_t gather_scratch_bytes(int n, int hd);
+/* The evictions of one layer (kernels/kv_evict.cuh kv_k_evict, one block per record): ev [n]
+ * and their block tables tab (device), score / mask scratch of (the records' table entries) *
+ * bs floats / bytes. pool must carry per-slot metadata. */
+constexpr size_t evict_shared_bytes(int hd) {
+    return (size_t)KV_K_EV_CHUNK * 2 * 4 * (size_t)hd; /* K and V rows, f32 at most */
+}
+cudaError_t evict(const kv_k_pool &pool, const kv_evict *ev, int n, const int *tab, float *score,
+                  unsigned char *mask, cudaStream_t s);
 cudaError_t gather_pass(const kv_k_pool &pool, const kv_k_move *moves, int n, void *scratch,
                         cudaStream_t s);
 } // namespace kvcu

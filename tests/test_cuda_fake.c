@@ -674,7 +674,7 @@ static void test_table_dirty(void) {
     const int bs = 16, stride = 8;
     CU_ASSERT(kv_k_table_dirty(t, 2, bs, stride, owner) == 3 + 5);
     kv_k_meta_layout L;
-    kv_k_meta_plan_resident(t, 2, bs, 8, &L);
+    kv_k_meta_plan_resident(t, 2, bs, 8, 0, &L);
     CU_ASSERT(L.o_acc - L.o_pos == kv_k_align16(40 * sizeof(int))); /* the tracked task only */
     char *buf = malloc(L.total);
     CU_ASSERT_FATAL(buf != NULL);
@@ -687,7 +687,7 @@ static void test_table_dirty(void) {
     m0.dirty = 3;
     CU_ASSERT(kv_k_table_dirty(t, 2, bs, stride, owner) == 1);
     free(buf);
-    kv_k_meta_plan_resident(t, 2, bs, 1, &L);
+    kv_k_meta_plan_resident(t, 2, bs, 1, 0, &L);
     buf = malloc(L.total);
     CU_ASSERT_FATAL(buf != NULL);
     CU_ASSERT(kv_k_meta_pack_resident(t, 2, bs, stride, owner, &L, buf) == 1);
@@ -737,14 +737,17 @@ static double rel_to_max(const float *a, const float *b, size_t n) {
 }
 
 /* Every head's acc of sequence seq into out [L * H_kv * seq_len] (head i's at i * seq_len,
- * zeros past its length). */
+ * zeros past its length), read back from the device where the backend keeps them by slot
+ * (kv_backend_read_head_meta: one wait per head; nothing for the CPU's host arrays). */
 static void heads_acc(kv_engine *e, int seq, float *out) {
     const kv_config *cfg = &g_model->cfg;
     kv_cache *c = kv_engine_cache(e, seq);
     size_t n = (size_t)cfg->n_layers * cfg->n_kv_heads;
     memset(out, 0, n * (size_t)cfg->seq_len * sizeof(float));
+    kv_error err = {0};
     for (size_t i = 0; i < n; i++) {
-        const kv_head *h = &c->heads[i];
+        kv_head *h = &c->heads[i];
+        CU_ASSERT_FATAL(kv_backend_read_head_meta(kv_engine_backend(e), c->pool, h, &err) == KV_OK);
         CU_ASSERT_FATAL(h->len <= cfg->seq_len && h->track_stats);
         memcpy(out + i * (size_t)cfg->seq_len, h->acc, (size_t)h->len * sizeof(float));
     }
@@ -780,12 +783,12 @@ static void h2o_decode_logits(kv_device dev, const int *ids, float *out, float *
 /* Decode steps of a policy with statistics (h2o, R = 1/4) take flash-decoding: fixed
  * partitions of KV_K_FD_PART entries, so heads of at most 136 entries make one partition each
  * and the grid is the tasks (the partition does not shrink to fill the device), and the host
- * waits once per step: the statistics come back without a wait and reach the heads' arrays at
- * the logits' wait (the policy reads them in the next step). The values: 100 decode steps, 72
- * of them evicting by the statistics flash-decoding accumulated (kv_k_decode_stats_raw), give
- * the CPU's logits within 5e-3 of the largest (f16 K/V, as the conformance suite's per-op
- * bound), and every head's acc equals the CPU's within 2e-3 of the largest, after the chunked
- * prefill (steps without logits: written at the step's end) and after the last decode step. */
+ * waits once per step: the statistics stay on the device by slot, where the eviction kernel
+ * reads them. The values: 100 decode steps, 72 of them evicting by the statistics
+ * flash-decoding accumulated (kv_k_decode_stats_raw), give the CPU's logits within 5e-3 of the
+ * largest (f16 K/V, as the conformance suite's per-op bound), and every head's acc, read back
+ * (kv_backend_read_head_meta), equals the CPU's within 2e-3 of the largest, after the chunked
+ * prefill (steps without logits) and after the last decode step. */
 static void test_decode_step_tracked(void) {
     const kv_config *cfg = &g_model->cfg;
     int n = 0;
@@ -828,6 +831,87 @@ static void test_decode_step_tracked(void) {
         free(acc[d][0]);
         free(acc[d][1]);
     }
+    free(ids);
+}
+
+/* Batch B = 8 of R = 1/4 plans under policy pol (budget 128): 8 sequences prefilled with
+ * 130-151 tokens of the text (the prefill already evicts), then S decode steps of the batch,
+ * each evicting one entry from every head of every sequence; the logits of every step into
+ * out [S * B * vocab]. On CUDA the host waits and H2D bytes of the worst decode step into
+ * worst[0], worst[1] (NULL: not counted). */
+enum { EB_B = 8, EB_S = 12 };
+static void batch_evict_logits(kv_device dev, kv_policy pol, const int *ids, float *out,
+                               double *worst) {
+    const kv_config *cfg = &g_model->cfg;
+    kv_plan plan;
+    kv_error err = {0};
+    CU_ASSERT_FATAL(kv_plan_uniform(cfg, 0.25, cfg->seq_len, 8, 4, pol, &plan, &err) == KV_OK);
+    kv_engine_opts o = {0};
+    o.device = dev;
+    o.max_seqs = EB_B;
+    kv_engine *e = NULL;
+    int seqs[EB_B], toks[EB_B], len[EB_B];
+    CU_ASSERT_FATAL(kv_engine_new(g_model, &plan, &o, &e, &err) == KV_OK);
+    for (int b = 0; b < EB_B; b++) {
+        len[b] = 130 + 3 * b;
+        CU_ASSERT_FATAL(kv_engine_seq_open(e, NULL, NULL, &seqs[b], &err) == KV_OK);
+        CU_ASSERT_FATAL(kv_engine_prefill(e, seqs[b], ids + 17 * b, len[b], KV_LOGITS_NONE, NULL,
+                                          NULL, &err) == KV_OK);
+    }
+    if (worst) worst[0] = worst[1] = 0.0;
+    size_t V = (size_t)cfg->vocab_size;
+    for (int s = 0; s < EB_S; s++) {
+        for (int b = 0; b < EB_B; b++) toks[b] = ids[17 * b + len[b] + s];
+        kvfake_zero_traffic();
+        CU_ASSERT_FATAL(kv_engine_decode(e, seqs, EB_B, toks, out + (size_t)s * EB_B * V, &err) ==
+                        KV_OK);
+        kvfake_counters k = kvfake_get();
+        if (worst && k.syncs > worst[0]) worst[0] = (double)k.syncs;
+        if (worst && k.h2d_bytes > worst[1]) worst[1] = k.h2d_bytes;
+    }
+    for (int b = 0; b < EB_B; b++) /* every head is at its budget: each step evicted */
+        CU_ASSERT(kv_engine_cache(e, seqs[b])->heads[0].len == plan.budget[0]);
+    kv_engine_free(e);
+    kv_plan_free(&plan);
+}
+
+/* Tracked policies at batch 8 on CUDA keep their positions and statistics on the device by
+ * slot and choose and compact there (kv_k_evict): h2o, avgattn and l2attn decode steps that
+ * evict from all 8 x 20 heads each give the CPU backend's logits (within 5e-3 of the largest,
+ * the per-op bound of f16 K/V), the host waits for the device once per step, and a step
+ * uploads less than 4 bytes per retained entry (the positions alone would be 4: nothing per
+ * entry is staged; the eviction records carry the heads' block tables). */
+static void test_batch_evict_on_device(void) {
+    const kv_config *cfg = &g_model->cfg;
+    int n = 0;
+    int *ids = tu_text_tokens(g_model, tu_shared(TOK260), 0, &n);
+    CU_ASSERT_FATAL(n >= 17 * EB_B + 151 + EB_S);
+    size_t V = (size_t)cfg->vocab_size, nl = (size_t)EB_S * EB_B * V;
+    float *lg[2] = {malloc(sizeof(float) * nl), malloc(sizeof(float) * nl)};
+    CU_ASSERT_FATAL(lg[0] && lg[1]);
+    const kv_policy pols[3] = {KV_POLICY_H2O, KV_POLICY_AVGATTN, KV_POLICY_L2ATTN};
+    for (int k = 0; k < 3; k++) {
+        double w[2];
+        batch_evict_logits(KV_DEVICE_CPU, pols[k], ids, lg[0], NULL);
+        kvfake_reset();
+        batch_evict_logits(KV_DEVICE_CUDA, pols[k], ids, lg[1], w);
+        CU_ASSERT(nothing_allocated());
+        double worst = 0.0;
+        for (size_t r = 0; r < (size_t)EB_S * EB_B; r++) {
+            double e = rel_to_max(lg[1] + r * V, lg[0] + r * V, V);
+            worst = e > worst || e != e ? e : worst;
+        }
+        double entries = (double)EB_B * cfg->n_layers * cfg->n_kv_heads * 128;
+        printf("\n    %s, batch %d, %d decode steps evicting from every head: logits within %.3g "
+               "of the cpu's largest, at most %.0f host waits and %.0f H2D bytes a step (%.0f "
+               "entries retained)",
+               kv_policy_name(pols[k]), EB_B, EB_S, worst, w[0], w[1], entries);
+        CU_ASSERT(worst <= 5e-3);
+        CU_ASSERT(w[0] == 1.0);
+        CU_ASSERT(w[1] < 4.0 * entries);
+    }
+    free(lg[0]);
+    free(lg[1]);
     free(ids);
 }
 
@@ -1179,6 +1263,8 @@ int main(int argc, char **argv) {
         {"--device auto says why it fell back", test_device_auto_says_why},
         {"decode step: one sync, positions once, H2D bytes flat", test_decode_step_counters},
         {"decode step with statistics: flash-decoding", test_decode_step_tracked},
+        {"tracked policies at batch 8: eviction on the device, one wait",
+         test_batch_evict_on_device},
         {"a failed step is undone, or its sequence marked failed", test_failed_step_atomic},
         {"pool slot ids fit an int", test_pool_slot_ids_fit},
         {"resident block tables: dirty entries only", test_table_dirty},

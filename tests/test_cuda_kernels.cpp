@@ -23,6 +23,7 @@
 #include "../cuda/kernels/kv_flash.cuh"
 #include "../cuda/kernels/kv_quant.cuh"
 #include "../cuda/kernels/kv_prefill.cuh"
+#include "../cuda/kernels/kv_evict.cuh"
 
 extern "C" {
 #include "kvplan/kvcache.h"
@@ -360,6 +361,7 @@ void mirror_tasks(mirror &d, const kv_pool *p, kv_cache *const *seqs, int n_seqs
 /* The kernels' view (kv_k_pool) of a host pool's block ranges over storage `data`. */
 kv_k_pool view(const kv_pool *p, void *data) {
     kv_k_pool v;
+    std::memset(&v, 0, sizeof v); /* no per-slot metadata */
     v.data = static_cast<unsigned char *>(data);
     v.bs = p->block_size;
     v.hd = p->head_dim;
@@ -432,8 +434,8 @@ std::vector<float> flash_step(kv_cache_type ty, const kv_k_pool &P, const mirror
     if (track)
         CU_ASSERT_FATAL(kv_shim_launch(n_tasks, parts, block, 2 * (size_t)g * sizeof(float), [&] {
                             kv_k_decode_stats_raw(d.tasks.data(), g, part, parts, scratch.data(),
-                                                  longest, fm, fs, d.pos.data(), acc.data(),
-                                                  acc2.data());
+                                                  longest, fm, fs, d.tables.data(), P.bs,
+                                                  d.pos.data(), acc.data(), acc2.data());
                         }) == 0);
     return o;
 }
@@ -501,8 +503,9 @@ void run_attention_case(const kv_model *m, int n_kv, kv_policy pol, int track, i
         mirror_tasks(d, &pool, sp, n_seqs, n);
         int n_tasks = (int)d.tasks.size(), n_writes = (int)d.writes.size();
         kv_k_pool P = view(&pool, d.pool.data());
-        launch(2, block, 0,
-               [&] { kv_k_cache_write(P, d.writes.data(), n_writes, k.data(), v.data(), kvd); });
+        launch(2, block, 0, [&] {
+            kv_k_cache_write(P, d.writes.data(), n_writes, k.data(), v.data(), kvd, nullptr);
+        });
         /* the storage after the writes equals the CPU's, every byte of every slot */
         CU_ASSERT(std::memcmp(d.pool.data(), host, pool_bytes) == 0);
         int longest = 0;
@@ -550,8 +553,8 @@ void run_attention_case(const kv_model *m, int n_kv, kv_policy pol, int track, i
                 CU_ASSERT_FATAL(
                     kv_shim_launch(n_tasks, sp.chunks, block, (size_t)a.g * sizeof(float), [&] {
                         kv_k_decode_stats(d.tasks.data(), a.g, sp.chunk, sp.chunks, scratch.data(),
-                                          longest, pm, ps, d.pos.data(), acc_split.data(),
-                                          acc2_split.data());
+                                          longest, pm, ps, d.tables.data(), P.bs, d.pos.data(),
+                                          acc_split.data(), acc2_split.data());
                     }) == 0);
             split_done = true;
             double es = max_abs(o_split.data(), o_cpu.data(), o_split.size()) / omax;
@@ -680,7 +683,8 @@ void test_attention_reproducible() {
     mirror d;
     int n_blocks = kv_blocks_for(len, bs);
     std::vector<float> fpool((size_t)n_blocks * 2 * bs * hd, 0.0f); /* all f32 */
-    kv_k_pool P = {reinterpret_cast<unsigned char *>(fpool.data()), bs, hd, {}, {}};
+    kv_k_pool P = {
+        reinterpret_cast<unsigned char *>(fpool.data()), bs, hd, {}, {}, nullptr, nullptr, nullptr};
     for (int t = 1; t <= KV_CACHE_TYPES; t++) {
         P.type_first[t] = n_blocks;
         P.type_offset[t] = fpool.size() * sizeof(float);
@@ -732,6 +736,134 @@ int shim_gather(const kv_pool *hp, std::vector<unsigned char> &pool,
         launch(2, 32, 0, [&] { kv_k_gather_write(P, pm, n, scratch.data()); });
     }
     return passes;
+}
+
+/* One launch of kv_k_evict over the heads of c (head j keeps nk[j] of its len entries at
+ * curr_pos under policy pol) on a copy of the host pool `pool` with per-slot metadata taken
+ * from the heads' host arrays; against kv_policy_select on the same arrays: the first nk[j]
+ * entries of each head on the device must be the kept entries in order (position, acc, acc2
+ * bit for bit, K and V bytes). Returns the entries that differ; *kept counts those compared. */
+long evict_check(kv_cache *c, int n_heads, kv_policy pol, const int *nk, int curr_pos, long *kept) {
+    kv_pool *p = c->pool;
+    int bs = p->block_size, n_slots = p->n_blocks * bs;
+    const unsigned char *hostb = reinterpret_cast<const unsigned char *>(p->data);
+    std::vector<unsigned char> dev(hostb, hostb + kv_pool_storage_bytes(p));
+    std::vector<int> dpos((size_t)n_slots, -1), tab;
+    std::vector<float> dacc((size_t)n_slots, NAN), dacc2((size_t)n_slots, NAN);
+    std::vector<kv_evict> ev;
+    for (int j = 0; j < n_heads; j++) {
+        kv_head *h = kv_cache_head(c, 0, j);
+        for (int i = 0; i < h->len; i++) {
+            int slot = kv_head_slot(p, h, i);
+            dpos[(size_t)slot] = h->pos[i];
+            dacc[(size_t)slot] = h->acc[i];
+            dacc2[(size_t)slot] = h->acc2[i];
+        }
+        ev.push_back(kv_evict{(int)tab.size(), h->len, nk[j], (int)pol, curr_pos});
+        tab.insert(tab.end(), h->table, h->table + h->n_blocks);
+    }
+    kv_k_pool P = view(p, dev.data());
+    P.pos = dpos.data();
+    P.acc = dacc.data();
+    P.acc2 = dacc2.data();
+    std::vector<float> score(tab.size() * (size_t)bs);
+    std::vector<unsigned char> mask(score.size());
+    size_t shm = (size_t)KV_K_EV_CHUNK * 2 * 4 * (size_t)p->head_dim;
+    CU_ASSERT_FATAL(launch((int)ev.size(), KV_K_EV_THREADS, shm, [&] {
+                        kv_k_evict(P, ev.data(), tab.data(), score.data(), mask.data());
+                    }) == 0);
+    long bad = 0;
+    for (int j = 0; j < n_heads; j++) {
+        kv_head *h = kv_cache_head(c, 0, j);
+        std::vector<int> keep((size_t)h->len);
+        kv_policy_select(pol, h->pos, h->acc, h->acc2, h->len, nk[j], curr_pos, keep.data());
+        size_t rb = kv_type_row_bytes(h->type, p->head_dim);
+        for (int i = 0; i < nk[j]; i++) {
+            int d = kv_head_slot(p, h, i), s = kv_head_slot(p, h, keep[(size_t)i]);
+            int same = dpos[(size_t)d] == h->pos[keep[(size_t)i]] &&
+                       std::memcmp(&dacc[(size_t)d], &h->acc[keep[(size_t)i]], 4) == 0 &&
+                       std::memcmp(&dacc2[(size_t)d], &h->acc2[keep[(size_t)i]], 4) == 0;
+            for (int which = 0; which < 2; which++)
+                same &= std::memcmp(dev.data() + (kv_pool_slot_row(p, d, which) - hostb),
+                                    kv_pool_slot_row(p, s, which), rb) == 0;
+            bad += !same;
+        }
+        *kept += nk[j];
+    }
+    return bad;
+}
+
+/* Statistics of the policy test: real ones (adv 0) as they are; adv 1 exact ties (a few
+ * distinct values; avgattn: acc proportional to its denominator, so every score is 0.125);
+ * adv 2 zeros of both signs. */
+void evict_stats(kv_head *h, int adv, int curr_pos) {
+    for (int i = 0; adv && i < h->len; i++) {
+        if (adv == 1) {
+            h->acc[i] = h->policy == KV_POLICY_AVGATTN ? 0.125f * (float)(curr_pos + 1 - h->pos[i])
+                                                       : 0.5f * (float)(i % 3);
+            h->acc2[i] = 0.25f * (float)((i * 7) % 4);
+        } else {
+            h->acc[i] = h->acc2[i] = (i & 1) ? -0.0f : 0.0f;
+        }
+    }
+}
+
+/* Eviction on the device (kv_evict.cuh kv_k_evict) against the host's kv_policy_select: four
+ * heads of stories260K's real K/V (one per KV type: f32, f16, q8, q4) at ascending positions
+ * with gaps, their statistics from real attention (cpu_attend) or adversarial (evict_stats:
+ * exact ties, signed zeros), for h2o, avgattn and l2attn, each head keeping len - 1 (one
+ * evicted: the argmin), 3/5, 1/3 and 2 of its entries (l2attn: more protected entries than
+ * kept). Every kept set, order, metadata and row is identical. */
+void test_evict_select() {
+    kv_model *m = load(M260);
+    qkv a = real_qkv(m, text_ids(600), 4);
+    const int bs = 4, hd = a.hd, n_kv = 4, kvd = n_kv * hd;
+    kv_error err = {};
+    kv_pool pool;
+    const int counts[KV_CACHE_TYPES] = {24, 24, 24, 24};
+    CU_ASSERT_FATAL(kv_pool_init_typed(&pool, counts, bs, hd, &err) == KV_OK);
+    const kv_policy pols[3] = {KV_POLICY_H2O, KV_POLICY_AVGATTN, KV_POLICY_L2ATTN};
+    long bad = 0, kept = 0, records = 0;
+    for (kv_policy pol : pols)
+        for (int adv = 0; adv < 3; adv++) {
+            kv_cache c;
+            CU_ASSERT_FATAL(kv_cache_init(&c, &pool, 1, n_kv, nullptr, pol, &err) == KV_OK);
+            const int lens[n_kv] = {41, 29, 33, 18};
+            for (int j = 0; j < n_kv; j++) kv_cache_head(&c, 0, j)->type = (kv_cache_type)j;
+            for (int t = 0; t < 41; t++)
+                for (int j = 0; j < n_kv; j++) {
+                    if (t >= lens[j]) continue;
+                    kv_head *h = kv_cache_head(&c, 0, j);
+                    h->track_stats = 1;
+                    CU_ASSERT_FATAL(kv_head_append(&c, h, &a.k[(size_t)t * kvd + j * hd],
+                                                   &a.v[(size_t)t * kvd + j * hd], t + t / 3,
+                                                   &err) == KV_OK);
+                }
+            int curr_pos = 41 + 41 / 3 + 2;
+            for (int j = 0; j < n_kv; j++) {
+                kv_head *h = kv_cache_head(&c, 0, j);
+                std::vector<float> o((size_t)h->len * a.H * hd);
+                cpu_attend(&c, h, j, a.g, hd, h->len, a.q.data(), o.data(), a.H * hd, 0);
+                evict_stats(h, adv, curr_pos);
+            }
+            for (int v = 0; v < 4; v++) {
+                int nk[n_kv];
+                for (int j = 0; j < n_kv; j++) {
+                    int len = lens[j], k = (j + v) % 4;
+                    nk[j] = k == 0 ? len - 1 : k == 1 ? len * 3 / 5 : k == 2 ? len / 3 : 2;
+                }
+                bad += evict_check(&c, n_kv, pol, nk, curr_pos, &kept);
+                records += n_kv;
+            }
+            kv_cache_destroy(&c);
+        }
+    std::printf("\n    %ld evictions (h2o, avgattn, l2attn; real, tied and zero statistics): "
+                "%ld kept entries compared, %ld differ from kv_policy_select's",
+                records, kept, bad);
+    CU_ASSERT(bad == 0);
+    CU_ASSERT(kept > 1000);
+    kv_pool_destroy(&pool);
+    kv_model_free(m);
 }
 
 /* Gather: the eviction schedule's move lists (kv_head_schedule_room: a policy's survivors
@@ -1059,8 +1191,8 @@ void test_flash_wide_heads() {
             });
             CU_ASSERT_FATAL(kv_shim_launch(n_tasks, parts, 128, 2 * (size_t)g * sizeof(float), [&] {
                                 kv_k_decode_stats_raw(tasks.data(), g, part, parts, scratch.data(),
-                                                      517, fm, fs, pos.data(), acc_f.data(),
-                                                      acc2_f.data());
+                                                      517, fm, fs, tables.data(), bs, pos.data(),
+                                                      acc_f.data(), acc2_f.data());
                             }) == 0);
             double omax = 0.0;
             for (float x : o_ref) omax = std::fmax(omax, std::fabs((double)x));
@@ -1275,6 +1407,7 @@ int main(int argc, char **argv) {
         {"cache write + paged attention, TinyStories-656K d_h 16, f32/q4/f16", test_attention_656k},
         {"paged attention is reproducible, weights sum to 1", test_attention_reproducible},
         {"gather (eviction move lists) vs the CPU", test_gather},
+        {"eviction on the device: kv_policy_select's kept sets", test_evict_select},
         {"split-sequence decode launch plan", test_split_plan},
         {"typed weights: dequant, gather, gemv, 16-bit activations", test_typed_weights},
         {"flash-decoding at d_h 64/128/256, g 8", test_flash_wide_heads},

@@ -22,6 +22,8 @@
  *                                  nearest even that nvcc may not fuse into an FMA (__fmul_rn
  *                                  ...): where a kernel must give the CPU's bits (the CPU
  *                                  library is built without contraction)
+ *   kv_fdiv_rn(a, b)               an IEEE fp32 division rounded to nearest even (__fdiv_rn:
+ *                                  the host's a / b whatever the compiler's -prec-div)
  * and launchers (cuda/kernels.cu) write kernel<<<grid, block, shm, stream>>>(args) as
  *   KV_LAUNCH(kernel, grid, block, shm, stream)(args)
  * which is the triple-chevron launch under nvcc and, on the fake CUDA runtime
@@ -71,6 +73,7 @@ static __device__ __forceinline__ unsigned kv_ld_u32(const void *p) {
 #define kv_fmul_rn(a, b) __fmul_rn((a), (b))
 #define kv_fadd_rn(a, b) __fadd_rn((a), (b))
 #define kv_fsub_rn(a, b) __fsub_rn((a), (b))
+#define kv_fdiv_rn(a, b) __fdiv_rn((a), (b))
 
 #elif defined(KV_HOST_SHIM)
 
@@ -133,6 +136,9 @@ static inline float kv_fadd_rn(float a, float b) {
 }
 static inline float kv_fsub_rn(float a, float b) {
     return a - b;
+}
+static inline float kv_fdiv_rn(float a, float b) {
+    return a / b;
 }
 
 #else

@@ -121,13 +121,20 @@ KV_DEVICE unsigned char *kv_k_row(const kv_k_pool &P, kv_cache_type ty, size_t r
                rb;
 }
 
+/* Index of entry e's pos / acc / acc2 for task t: meta_off + e, or, for meta_off < 0 (the
+ * pool's per-slot metadata), its slot (block table `table`, block size bs). */
+KV_DEVICE int kv_k_meta_at(const kv_k_attn_task &t, const int *table, int bs, int e) {
+    return t.meta_off >= 0 ? t.meta_off + e : kv_slot_of_entry(table, e, bs);
+}
+
 /* Cache write (the engine's cache_write op): K and V of row writes[w].row, KV head
  * writes[w].kv_head (row stride kv_stride floats in k and v) are encoded into slot
  * writes[w].slot in its block's type with kvt_encode (runtime/cache/kvtype.h: the CPU's
- * codec, so the stored bytes equal the CPU backend's). One thread per (write, K|V) row; any
- * grid. */
+ * codec, so the stored bytes equal the CPU backend's). With per-slot metadata (P.pos) the
+ * slot's position becomes row_pos[row] and its acc / acc2 zero. One thread per (write, K|V)
+ * row; any grid. */
 KV_GLOBAL void kv_k_cache_write(kv_k_pool P, const kv_k_write *writes, int n, const float *k,
-                                const float *v, int kv_stride) {
+                                const float *v, int kv_stride, const int *row_pos) {
     size_t total = 2 * (size_t)n;
     for (size_t x = (size_t)kv_bid() * kv_bdim() + kv_tid(); x < total;
          x += (size_t)kv_gdim() * kv_bdim()) {
@@ -137,6 +144,11 @@ KV_GLOBAL void kv_k_cache_write(kv_k_pool P, const kv_k_write *writes, int n, co
         size_t src = (size_t)w.row * (size_t)kv_stride + (size_t)w.kv_head * (size_t)P.hd;
         kvt_encode(ty, P.hd, (which ? v : k) + src,
                    kv_k_row(P, ty, kvt_row_bytes(ty, P.hd), w.slot, which));
+        if (P.pos && !which) {
+            P.pos[w.slot] = row_pos[w.row];
+            P.acc[w.slot] = 0.0f;
+            P.acc2[w.slot] = 0.0f;
+        }
     }
 }
 
@@ -207,7 +219,8 @@ KV_DEVICE void kv_k_weighted_v(const kv_k_pool &P, kv_cache_type ty, const int *
  * acc[e] += w and, when pos(query) - pos(e) >= KV_K_L2_WINDOW, acc2[e] += w^2: each entry
  * is updated by one thread in the CPU's order (no atomics), so the statistics are
  * reproducible and equal the CPU's up to the softmax's rounding.
- * Entry e of a task: block tables[table_off + e / bs], metadata pos/acc/acc2[meta_off + e]
+ * Entry e of a task: block tables[table_off + e / bs], metadata pos/acc/acc2 at
+ * kv_k_meta_at (meta_off + e, or its slot in the pool's per-slot arrays)
  * (read only with task.track: a step without statistics need not upload them).
  * q and o: [rows, q_stride] with query head h at h*hd. scratch: g * scratch_stride floats per
  * task (scratch_stride >= the longest len) for the scores. Dynamic shared memory: g*hd floats
@@ -220,14 +233,14 @@ KV_GLOBAL void kv_k_paged_attention(kv_k_pool P, const int *tables, const kv_k_a
     KV_SHARED_ARRAY(float, red, 32);
     kv_k_attn_task t = tasks[kv_bid()];
     const int *table = tables + t.table_off;
-    const int *tpos = pos + t.meta_off;
     kv_cache_type ty = kv_k_block_type(P, table[0]);
     float *sc = scratch + (size_t)kv_bid() * (size_t)g * (size_t)scratch_stride;
     int hd = P.hd, base = t.len - t.n, gw = g * hd;
     float inv = 1.0f / sqrtf((float)hd);
     for (int i = 0; i < t.n; i++) {
         int n_ent = base + i + 1;
-        int qpos = t.track ? tpos[base + i] : 0; /* positions are uploaded for tracked heads */
+        /* positions are read for tracked heads only */
+        int qpos = t.track ? pos[kv_k_meta_at(t, table, P.bs, base + i)] : 0;
         const float *qrow = q + (size_t)(t.row0 + i) * (size_t)q_stride + (size_t)t.kv_head * gw;
         float *orow = o + (size_t)(t.row0 + i) * (size_t)q_stride + (size_t)t.kv_head * gw;
         for (int x = kv_tid(); x < gw; x += kv_bdim()) qs[x] = qrow[x] * inv;
@@ -246,15 +259,16 @@ KV_GLOBAL void kv_k_paged_attention(kv_k_pool P, const int *tables, const kv_k_a
         kv_k_weighted_v(P, ty, table, 0, n_ent, sc, scratch_stride, g, orow);
         if (t.track)
             for (int e = kv_tid(); e < n_ent; e += kv_bdim()) {
-                int counted = qpos - tpos[e] >= KV_K_L2_WINDOW;
-                float a = acc[t.meta_off + e], a2 = acc2[t.meta_off + e];
+                int mi = kv_k_meta_at(t, table, P.bs, e);
+                int counted = qpos - pos[mi] >= KV_K_L2_WINDOW;
+                float a = acc[mi], a2 = acc2[mi];
                 for (int gh = 0; gh < g; gh++) {
                     float w = sc[(size_t)gh * scratch_stride + e];
                     a += w;
                     if (counted) a2 += w * w;
                 }
-                acc[t.meta_off + e] = a;
-                acc2[t.meta_off + e] = a2;
+                acc[mi] = a;
+                acc2[mi] = a2;
             }
         kv_syncthreads(); /* qs and sc are rewritten by the next query */
     }
@@ -370,7 +384,8 @@ KV_DEVICE void kv_k_merged_ms(int b, int gh, int g, int chunks, const float *par
  * floats. */
 KV_GLOBAL void kv_k_decode_stats(const kv_k_attn_task *tasks, int g, int chunk, int chunks,
                                  const float *scratch, int scratch_stride, const float *part_m,
-                                 const float *part_s, const int *pos, float *acc, float *acc2) {
+                                 const float *part_s, const int *tables, int bs, const int *pos,
+                                 float *acc, float *acc2) {
     KV_DYNAMIC_SHARED(float, fac); /* [g]: exp(m_c - M) / S per query head */
     int b = kv_bid(), c = kv_bid_y();
     kv_k_attn_task t = tasks[b];
@@ -384,18 +399,19 @@ KV_GLOBAL void kv_k_decode_stats(const kv_k_attn_task *tasks, int g, int chunk, 
     }
     kv_syncthreads();
     const float *sc = scratch + (size_t)b * (size_t)g * (size_t)scratch_stride;
-    const int *tpos = pos + t.meta_off;
-    int qpos = tpos[t.len - 1];
+    const int *table = tables + t.table_off;
+    int qpos = pos[kv_k_meta_at(t, table, bs, t.len - 1)];
     for (int e = e0 + kv_tid(); e < e1; e += kv_bdim()) {
-        int counted = qpos - tpos[e] >= KV_K_L2_WINDOW;
-        float a = acc[t.meta_off + e], a2 = acc2[t.meta_off + e];
+        int mi = kv_k_meta_at(t, table, bs, e);
+        int counted = qpos - pos[mi] >= KV_K_L2_WINDOW;
+        float a = acc[mi], a2 = acc2[mi];
         for (int gh = 0; gh < g; gh++) {
             float w = sc[(size_t)gh * scratch_stride + e] * fac[gh];
             a += w;
             if (counted) a2 += w * w;
         }
-        acc[t.meta_off + e] = a;
-        acc2[t.meta_off + e] = a2;
+        acc[mi] = a;
+        acc2[mi] = a2;
     }
 }
 
@@ -408,7 +424,8 @@ KV_GLOBAL void kv_k_decode_stats(const kv_k_attn_task *tasks, int g, int chunk, 
  * in order, one thread per entry. */
 KV_GLOBAL void kv_k_decode_stats_raw(const kv_k_attn_task *tasks, int g, int part, int parts,
                                      const float *scratch, int scratch_stride, const float *part_m,
-                                     const float *part_s, const int *pos, float *acc, float *acc2) {
+                                     const float *part_s, const int *tables, int bs, const int *pos,
+                                     float *acc, float *acc2) {
     KV_DYNAMIC_SHARED(float, ms); /* [g][M, S] */
     int b = kv_bid(), c = kv_bid_y();
     kv_k_attn_task t = tasks[b];
@@ -418,18 +435,19 @@ KV_GLOBAL void kv_k_decode_stats_raw(const kv_k_attn_task *tasks, int g, int par
         kv_k_merged_ms(b, gh, g, parts, part_m, part_s, &ms[2 * gh], &ms[2 * gh + 1]);
     kv_syncthreads();
     const float *sc = scratch + (size_t)b * (size_t)g * (size_t)scratch_stride;
-    const int *tpos = pos + t.meta_off;
-    int qpos = tpos[t.len - 1];
+    const int *table = tables + t.table_off;
+    int qpos = pos[kv_k_meta_at(t, table, bs, t.len - 1)];
     for (int e = e0 + kv_tid(); e < e1; e += kv_bdim()) {
-        int counted = qpos - tpos[e] >= KV_K_L2_WINDOW;
-        float a = acc[t.meta_off + e], a2 = acc2[t.meta_off + e];
+        int mi = kv_k_meta_at(t, table, bs, e);
+        int counted = qpos - pos[mi] >= KV_K_L2_WINDOW;
+        float a = acc[mi], a2 = acc2[mi];
         for (int gh = 0; gh < g; gh++) {
             float w = expf(sc[(size_t)gh * scratch_stride + e] - ms[2 * gh]) / ms[2 * gh + 1];
             a += w;
             if (counted) a2 += w * w;
         }
-        acc[t.meta_off + e] = a;
-        acc2[t.meta_off + e] = a2;
+        acc[mi] = a;
+        acc2[mi] = a2;
     }
 }
 
@@ -446,7 +464,13 @@ KV_GLOBAL void kv_k_table_patch(int *tables, const int *patch, long n) {
  * [n][K|V][4 hd] bytes, then kv_k_gather_write (launched after it on the same stream) copies
  * scratch to the destinations. Within a pass no move reads or rewrites a slot an earlier one
  * wrote, so this equals applying the moves in order (kv_pool_apply_moves_host). One thread
- * per byte of the widest (f32) row; bytes past a row's own size are skipped; any grid. */
+ * per byte of the widest (f32) row; bytes past a row's own size are skipped; any grid. With
+ * per-slot metadata (P.pos) each move's pos / acc / acc2 travel too, through scratch after the
+ * rows (16-byte aligned; kv_k_gather_scratch_bytes). */
+struct kv_k_gather_meta {
+    int pos;
+    float acc, acc2;
+};
 KV_GLOBAL void kv_k_gather_read(kv_k_pool P, const kv_k_move *moves, int n,
                                 unsigned char *scratch) {
     size_t row = 4 * (size_t)P.hd, total = (size_t)n * 2 * row;
@@ -459,6 +483,10 @@ KV_GLOBAL void kv_k_gather_read(kv_k_pool P, const kv_k_move *moves, int n,
         size_t rb = kvt_row_bytes(ty, P.hd);
         if (byte < rb) scratch[x] = kv_k_row(P, ty, rb, slot, which)[byte];
     }
+    if (!P.pos) return;
+    kv_k_gather_meta *meta = reinterpret_cast<kv_k_gather_meta *>(scratch + (total + 15) / 16 * 16);
+    for (int m = kv_bid() * kv_bdim() + kv_tid(); m < n; m += kv_gdim() * kv_bdim())
+        meta[m] = {P.pos[moves[m].src], P.acc[moves[m].src], P.acc2[moves[m].src]};
 }
 
 KV_GLOBAL void kv_k_gather_write(kv_k_pool P, const kv_k_move *moves, int n,
@@ -472,6 +500,14 @@ KV_GLOBAL void kv_k_gather_write(kv_k_pool P, const kv_k_move *moves, int n,
         kv_cache_type ty = kv_k_block_type(P, slot / P.bs);
         size_t rb = kvt_row_bytes(ty, P.hd);
         if (byte < rb) kv_k_row(P, ty, rb, slot, which)[byte] = scratch[x];
+    }
+    if (!P.pos) return;
+    const kv_k_gather_meta *meta =
+        reinterpret_cast<const kv_k_gather_meta *>(scratch + (total + 15) / 16 * 16);
+    for (int m = kv_bid() * kv_bdim() + kv_tid(); m < n; m += kv_gdim() * kv_bdim()) {
+        P.pos[moves[m].dst] = meta[m].pos;
+        P.acc[moves[m].dst] = meta[m].acc;
+        P.acc2[moves[m].dst] = meta[m].acc2;
     }
 }
 

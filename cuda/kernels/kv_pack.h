@@ -1,7 +1,8 @@
 /* Host side of one attention step of a device backend: the engine's tasks (host block tables,
- * positions and statistics, include/kvplan/backend.h) packed into one contiguous buffer that
- * is mirrored to the device with a single copy; the statistics come back into the same
- * buffer (the backend writes them into the heads' arrays at its next wait). Used by the CUDA
+ * and, for a pool without per-slot device metadata, positions and statistics,
+ * include/kvplan/backend.h) packed into one contiguous buffer that is mirrored to the device
+ * with a single copy. The CUDA backend's pools keep positions and statistics by slot on the
+ * device (slot_meta): its buffer is the tasks and the table patches only. Used by the CUDA
  * backend (cuda/backend_cuda.cu), which the tests run on the fake CUDA runtime
  * (tests/cuda_fake/), so the packing the GPU relies on runs there too.
  * C and C++; no CUDA needed.
@@ -33,6 +34,8 @@ typedef struct kv_k_meta_layout {
     size_t o_tab, o_pos, o_acc, o_acc2, total; /* byte offsets and size of the buffer */
     int longest;                               /* the longest task's len (score rows) */
     int tracked;                               /* some task accumulates statistics */
+    int slot_meta; /* 1: the pool keeps pos / acc / acc2 by slot (device_meta): no entry is staged,
+                    * every task's meta_off is -1 (kv_k_meta_at reads them at the entry's slot) */
 } kv_k_meta_layout;
 
 static inline size_t kv_k_align16(size_t b) {
@@ -41,15 +44,17 @@ static inline size_t kv_k_align16(size_t b) {
 
 /* Sizes and offsets for n tasks at block size bs, with `table_ints` ints in the table section
  * (-1: every task's whole table). The pos / acc / acc2 sections hold the tracked tasks'
- * entries only: the kernels read no other task's (RoPE's positions are the step's rows). */
+ * entries only: the kernels read no other task's (RoPE's positions are the step's rows); with
+ * slot_meta (a pool with device_meta) they are empty. */
 static inline void kv_k_meta_plan_ints(const kv_attn_task *t, int n, int bs, long table_ints,
-                                       kv_k_meta_layout *L) {
+                                       int slot_meta, kv_k_meta_layout *L) {
     size_t n_table = 0, n_meta = 0;
     L->longest = 0;
     L->tracked = 0;
+    L->slot_meta = slot_meta;
     for (int i = 0; i < n; i++) {
         if (table_ints < 0) n_table += (size_t)kv_blocks_for(t[i].len, bs);
-        if (t[i].acc) n_meta += (size_t)t[i].len;
+        if (t[i].acc && !slot_meta) n_meta += (size_t)t[i].len;
         L->longest = t[i].len > L->longest ? t[i].len : L->longest;
         L->tracked |= t[i].acc != NULL;
     }
@@ -62,8 +67,9 @@ static inline void kv_k_meta_plan_ints(const kv_attn_task *t, int n, int bs, lon
 }
 
 /* Sizes and offsets for n tasks at block size bs (whole tables uploaded). */
-static inline void kv_k_meta_plan(const kv_attn_task *t, int n, int bs, kv_k_meta_layout *L) {
-    kv_k_meta_plan_ints(t, n, bs, -1, L);
+static inline void kv_k_meta_plan(const kv_attn_task *t, int n, int bs, int slot_meta,
+                                  kv_k_meta_layout *L) {
+    kv_k_meta_plan_ints(t, n, bs, -1, slot_meta, L);
 }
 
 /* The first table entry of task i that the device copy at task index i may lack: the head's
@@ -93,16 +99,21 @@ static inline long kv_k_table_dirty(const kv_attn_task *t, int n, int bs, int st
 
 /* Sizes and offsets with `dirty` (kv_k_table_dirty) patches of 2 ints. */
 static inline void kv_k_meta_plan_resident(const kv_attn_task *t, int n, int bs, long dirty,
-                                           kv_k_meta_layout *L) {
-    kv_k_meta_plan_ints(t, n, bs, 2 * dirty, L);
+                                           int slot_meta, kv_k_meta_layout *L) {
+    kv_k_meta_plan_ints(t, n, bs, 2 * dirty, slot_meta, L);
 }
 
-/* The tracked tasks' positions and statistics into their sections, meta_off set in ht. */
+/* The tracked tasks' positions and statistics into their sections, meta_off set in ht (-1
+ * for every task with slot_meta: nothing is copied). */
 static inline void kv_k_meta_pack_stats(const kv_attn_task *t, int n, const kv_k_meta_layout *L,
                                         char *h, kv_k_attn_task *ht) {
     int *pos = (int *)(h + L->o_pos);
     float *acc = (float *)(h + L->o_acc), *acc2 = (float *)(h + L->o_acc2);
     int mi = 0;
+    if (L->slot_meta) {
+        for (int i = 0; i < n; i++) ht[i].meta_off = -1;
+        return;
+    }
     for (int i = 0; i < n; i++) {
         ht[i].meta_off = mi;
         if (!t[i].acc) continue;

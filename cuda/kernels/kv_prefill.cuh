@@ -289,7 +289,7 @@ KV_GLOBAL void kv_k_prefill_tiled(kv_k_pool P, const int *tables, const kv_k_att
  * tiles); block (b, y) takes entries k0 = y * BK .. k0 + BK - 1 of task b, recomputes their
  * scores against every query tile that sees them (the same MMAs as pass 1) and, one thread per
  * entry, for the rows in order (token i, then head gh: the CPU's order) adds w = exp(s - M) *
- * (1 / L) to acc[meta_off + e] and, when pos(query) - pos(e) >= KV_K_L2_WINDOW, w^2 to acc2,
+ * (1 / L) to acc at kv_k_meta_at(e) and, when pos(query) - pos(e) >= KV_K_L2_WINDOW, w^2 to acc2,
  * where the row sees the entry (e <= len - n + i). M, L: ml from pass 1. Block:
  * KV_K_PT_THREADS; dynamic shared memory KV_K_PT_STATS_SHM(D). */
 template <int D>
@@ -304,12 +304,12 @@ KV_GLOBAL void kv_k_prefill_stats(kv_k_pool P, const int *tables, const kv_k_att
     float *s_all = reinterpret_cast<float *>(ks + KV_K_PT_BK * D);
     int warp = kv_tid() / KV_WARP, e = k0 + kv_tid();
     const int *table = tables + t.table_off;
-    const int *tpos = pos + t.meta_off;
     const float *mt = ml + (size_t)kv_bid() * 2 * (size_t)ml_stride, *lt = mt + ml_stride;
     kv_pt_load_kv<D>(P, table, k0, t.len, 0, ks);
     int mine = kv_tid() < KV_K_PT_BK && e < t.len;
-    float a = mine ? acc[t.meta_off + e] : 0.0f, a2 = mine ? acc2[t.meta_off + e] : 0.0f;
-    int epos = mine ? tpos[e] : 0;
+    int mi = mine ? kv_k_meta_at(t, table, P.bs, e) : 0;
+    float a = mine ? acc[mi] : 0.0f, a2 = mine ? acc2[mi] : 0.0f;
+    int epos = mine ? pos[mi] : 0;
     /* the first row that sees entry k0: token k0 - base (or 0) */
     int first = k0 > base ? (k0 - base) * g : 0;
     for (int r0 = first / KV_K_PT_BQ * KV_K_PT_BQ; r0 < rows; r0 += KV_K_PT_BQ) {
@@ -323,12 +323,12 @@ KV_GLOBAL void kv_k_prefill_stats(kv_k_pool P, const int *tables, const kv_k_att
             if (e > base + i) continue;
             float w = expf(s_all[(r - r0) * KV_K_PT_BK + kv_tid()] - mt[r]) * (1.0f / lt[r]);
             a += w;
-            if (tpos[base + i] - epos >= KV_K_L2_WINDOW) a2 += w * w;
+            if (pos[kv_k_meta_at(t, table, P.bs, base + i)] - epos >= KV_K_L2_WINDOW) a2 += w * w;
         }
     }
     if (mine) {
-        acc[t.meta_off + e] = a;
-        acc2[t.meta_off + e] = a2;
+        acc[mi] = a;
+        acc2[mi] = a2;
     }
 }
 

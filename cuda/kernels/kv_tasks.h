@@ -24,6 +24,12 @@
 /* Entries per partition of flash-decoding: a fixed size, not a fraction of the device. */
 #define KV_K_FD_PART 256
 
+/* Threads of the eviction kernel (kv_evict.cuh; a power of two: its argmin / argmax is a tree
+ * over them) and the entries it moves per round of its compaction (their K and V rows staged
+ * in shared memory). */
+#define KV_K_EV_THREADS 128
+#define KV_K_EV_CHUNK 32
+
 /* Layouts of RoPE pairs (include/kvplan/model.h kv_rope_layout). */
 #define KV_K_ROPE_ADJACENT 0
 #define KV_K_ROPE_HALF 1
@@ -37,7 +43,9 @@ typedef struct kv_k_attn_task {
     int kv_head;   /* j; its GQA group is query heads j*g .. j*g + g-1 */
     int len;       /* entries after this step's append (retained + new) */
     int table_off; /* offset of the head's block table in tables[] */
-    int meta_off;  /* offset of its entries' pos / acc / acc2 in those arrays */
+    int meta_off;  /* offset of its entries' pos / acc / acc2 in those arrays; -1: they are
+                    * indexed by slot (the pool's per-slot metadata, kv_k_pool pos / acc /
+                    * acc2, passed as those arrays): entry e's at its slot */
     int track;     /* accumulate acc / acc2 for this head */
 } kv_k_attn_task;
 
@@ -50,6 +58,12 @@ typedef struct kv_k_pool {
     int bs, hd;          /* block size (tokens), head dimension */
     int type_first[KV_CACHE_TYPES + 1];
     size_t type_offset[KV_CACHE_TYPES + 1];
+    /* per-slot metadata [bs * blocks] (a pool with device_meta) or all NULL: the position of
+     * the token a slot holds (set by kv_k_cache_write) and its attention sums (zeroed there,
+     * accumulated by the attention kernels of tracked heads); moved with the rows by the
+     * gather and the eviction (kv_evict.cuh) */
+    int *pos;
+    float *acc, *acc2;
 } kv_k_pool;
 
 /* One new K/V row: (row, KV head) of the step's k / v goes to `slot` of the pool (the

@@ -88,6 +88,12 @@ int kv_backend_pool_init(kv_backend *b, kv_pool *p, int n_blocks, int block_size
 int kv_backend_pool_init_typed(kv_backend *b, kv_pool *p, const int *counts, int block_size,
                                int head_dim, kv_error *err);
 void kv_backend_pool_destroy(kv_backend *b, kv_pool *p);
+/* Head h's positions and statistics into its host arrays h->pos, acc, acc2 [h->len] (the entry
+ * order) from wherever backend b keeps them: a pool with device_meta (the CUDA backend) holds
+ * them by slot on its device, and this copies them back with one wait; a host pool's arrays
+ * already hold them (nothing is done). For tests and inspection, never per step. KV_EINTERNAL
+ * when the copy fails or memory runs out. */
+int kv_backend_read_head_meta(kv_backend *b, const kv_pool *p, kv_head *h, kv_error *err);
 
 KV_API_END
 #ifdef __cplusplus

@@ -118,6 +118,11 @@ typedef struct kv_pool {
     int window_ring; /* 1: sink-policy heads of this pool's caches keep their window as a ring
                       * (see the top of this file; host storage only, set by the CPU backend's
                       * storage); 0: every eviction compacts (device backends, kv_pool_init) */
+    int device_meta; /* 1: the storage keeps each slot's position and statistics beside its K/V
+                      * (pos, acc, acc2 by slot, set by the cache write, moved by the gather;
+                      * set by the CUDA backend's storage): kv_head_schedule_room records the
+                      * evictions of selecting policies (not sink) for the backend's evict op
+                      * instead of choosing on the host (kv_evict) */
 } kv_pool;
 
 /* One allocation of n_blocks f32 blocks of host storage. KV_EINTERNAL when memory runs out. */
@@ -170,7 +175,13 @@ typedef struct kv_head {
     int *pos;               /* [cap] position id each entry came from */
     float *acc;             /* [cap] sum of attention weights (summed over the GQA group); kept
                              * only while track_stats (an untracked head's read as zeros) */
-    float *acc2;            /* [cap] sum of squared attention weights (the same) */
+    float *acc2;            /* [cap] sum of squared attention weights (the same)
+                             * On a pool with device_meta, pos, acc and acc2 of a head whose
+                             * policy is not sink are NOT maintained on the host: the device
+                             * holds them by slot, accumulates and compacts them (only the
+                             * appended entries' pos are written here, which kv_head_drop_from
+                             * reads); kv_backend_read_head_meta copies them into these arrays
+                             * (one wait) for whoever needs them on the host. */
     kv_table_mirror mirror; /* a device backend's copy of `table` (its dirty entries) */
     int wbase;              /* window ring: entries [0, wbase) (the sinks) stay in place */
     int wrot;               /* window ring: window entry k at wbase + (wrot + k) mod (n_blocks *
@@ -237,10 +248,24 @@ typedef struct kv_move {
     int src, dst;
 } kv_move;
 
-/* A growing move list (owned arrays; kv_moves_free). */
+/* One eviction left to a device backend (pools with device_meta): the head's `len` entries,
+ * stored at its block table as it was (tab[tab_off .. tab_off + ceil(len / b_s)) of the
+ * kv_moves' table list), keep the n_keep that kv_policy_select(policy, ..., curr_pos) chooses
+ * from the head's device pos / acc / acc2, compacted to the front in order (K/V rows and the
+ * per-slot metadata). The head's host len and blocks already say n_keep. */
+typedef struct kv_evict {
+    int tab_off, len, n_keep, policy, curr_pos;
+} kv_evict;
+
+/* A growing move list (owned arrays; kv_moves_free), with the evictions a device backend runs
+ * before the moves (ev [n_ev], their block tables in tab [n_tab]). */
 typedef struct kv_moves {
     kv_move *v;
     int n, cap;
+    kv_evict *ev;
+    int n_ev, cap_ev;
+    int *tab;
+    int n_tab, cap_tab;
 } kv_moves;
 void kv_moves_free(kv_moves *m);
 
@@ -248,7 +273,10 @@ void kv_moves_free(kv_moves *m);
  * `curr_pos` (the last new token's id): when len + n_new > budget, the head's policy chooses the
  * survivors, the metadata (pos, acc, acc2) is compacted to the front, the emptied trailing
  * blocks go back to the pool, and the K/V copies the storage still owes are appended to `moves`
- * (the backend applies them with one gather). KV_EINPUT when budget < fixed part + n_new;
+ * (the backend applies them with one gather). On a pool with device_meta a head whose policy
+ * is not sink is not chosen for here: a kv_evict (its table as it is) is appended to `moves`
+ * for the backend's evict op, len = n_keep and the same trailing blocks are released, so the
+ * pool's accounting is the host path's. KV_EINPUT when budget < fixed part + n_new;
  * KV_EINTERNAL out of memory. */
 int kv_head_schedule_room(kv_cache *c, kv_head *h, int n_new, int curr_pos, kv_moves *moves,
                           kv_error *err);

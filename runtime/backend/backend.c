@@ -82,6 +82,11 @@ int kv_backend_pool_init_typed(kv_backend *b, kv_pool *p, const int *counts, int
     return rc;
 }
 
+int kv_backend_read_head_meta(kv_backend *b, const kv_pool *p, kv_head *h, kv_error *err) {
+    if (!p->device_meta || !b->ops->read_meta || h->len <= 0) return KV_OK;
+    return b->ops->read_meta(b, p, h, err);
+}
+
 void kv_backend_pool_destroy(kv_backend *b, kv_pool *p) {
     if (b && b->ops->storage_free) b->ops->storage_free(b, p);
     kv_pool_destroy(p);

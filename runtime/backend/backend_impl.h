@@ -65,6 +65,16 @@ typedef struct kv_backend_ops {
      * fails), ok = 0 after a failure (what is on its way back is dropped: the step's tracked
      * sequences are marked failed). */
     int (*end_step)(kv_backend *b, int ok, kv_error *err);
+    /* Optional (NULL: the pool never records evictions, e.g. the CPU's host path). Run the
+     * evictions kv_head_schedule_room recorded for a pool with device_meta (ev [n], their block
+     * tables tab; include/kvplan/kvcache.h kv_evict), before the layer's gather and cache
+     * writes: each head keeps kv_policy_select's entries, compacted to the front with their
+     * per-slot metadata. No wait. */
+    int (*evict)(kv_backend *b, kv_pool *pool, const kv_evict *ev, int n, const int *tab,
+                 kv_error *err);
+    /* Optional (NULL: the heads' host arrays are the metadata). Copy the per-slot positions and
+     * statistics of head h's len entries into h->pos, acc, acc2 (one wait). */
+    int (*read_meta)(kv_backend *b, const kv_pool *pool, kv_head *h, kv_error *err);
 } kv_backend_ops;
 
 /* The common head of every backend instance; a backend embeds it first in its own struct. */

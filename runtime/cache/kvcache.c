@@ -491,7 +491,38 @@ int kv_head_append(kv_cache *c, kv_head *h, const float *k, const float *v, int 
 
 void kv_moves_free(kv_moves *m) {
     free(m->v);
+    free(m->ev);
+    free(m->tab);
     memset(m, 0, sizeof *m);
+}
+
+/* Record head h's eviction to n_keep entries for the backend (pool with device_meta): its
+ * table as it is, len, n_keep, policy, curr_pos appended to m; then len = n_keep and the
+ * emptied trailing blocks released, as head_compact would. KV_EINTERNAL out of memory. */
+static int head_record_evict(kv_cache *c, kv_head *h, int n_keep, int curr_pos, kv_moves *m,
+                             kv_error *err) {
+    int bs = c->pool->block_size, nb = (h->len + bs - 1) / bs;
+    if (m->n_ev == m->cap_ev) {
+        int nc = m->cap_ev ? 2 * m->cap_ev : 64;
+        kv_evict *nv = realloc(m->ev, (size_t)nc * sizeof *nv);
+        if (!nv) return kv_fail(err, KV_EINTERNAL, "out of memory (eviction records)");
+        m->ev = nv;
+        m->cap_ev = nc;
+    }
+    if (m->n_tab + nb > m->cap_tab) {
+        int nc = m->cap_tab ? 2 * m->cap_tab : 1024;
+        while (nc < m->n_tab + nb) nc *= 2;
+        int *nt = realloc(m->tab, (size_t)nc * sizeof *nt);
+        if (!nt) return kv_fail(err, KV_EINTERNAL, "out of memory (eviction records)");
+        m->tab = nt;
+        m->cap_tab = nc;
+    }
+    memcpy(m->tab + m->n_tab, h->table, (size_t)nb * sizeof *m->tab);
+    m->ev[m->n_ev++] = (kv_evict){m->n_tab, h->len, n_keep, (int)h->policy, curr_pos};
+    m->n_tab += nb;
+    h->len = n_keep;
+    head_release_blocks(c->pool, h, (n_keep + bs - 1) / bs);
+    return KV_OK;
 }
 
 static int moves_push(kv_moves *m, int src, int dst, kv_error *err) {
@@ -701,6 +732,7 @@ int kv_head_schedule_room(kv_cache *c, kv_head *h, int n_new, int curr_pos, kv_m
                        h->budget, fixed, kv_policy_name(h->policy), n_new);
     int n_keep = h->budget - n_new;
     if (h->policy == KV_POLICY_SINK) return head_evict_sink(c, h, n_keep, n_new, moves, err);
+    if (c->pool->device_meta) return head_record_evict(c, h, n_keep, curr_pos, moves, err);
     int rc = head_unrotate(c, h, err); /* a policy changed on a live head */
     if (rc) return rc;
     int *keep = malloc((size_t)(n_keep > 0 ? n_keep : 1) * sizeof *keep);

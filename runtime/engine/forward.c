@@ -81,7 +81,7 @@ int kv_forward_layer(kv_backend *b, kv_cache *const *seqs, int n_seqs, int n, in
     int rc = ops->qkv(b, l, rows, b->row_pos, err);
     if (rc) return rc;
     /* Batch-Max Alg. 1: every head's eviction schedule (plain C), then one gather */
-    b->moves.n = 0;
+    b->moves.n = b->moves.n_ev = b->moves.n_tab = 0;
     for (int s = 0; s < n_seqs; s++) {
         kv_cache *c = seqs[s];
         for (int j = 0; j < Hkv; j++) {
@@ -91,6 +91,13 @@ int kv_forward_layer(kv_backend *b, kv_cache *const *seqs, int n_seqs, int n, in
             c->step_lossy |= h->len != len; /* evicted entries cannot be restored */
             if (rc) return kv_fail_context(err, "layer %d KV head %d", l, j);
         }
+    }
+    if (b->moves.n_ev > 0) { /* the evictions left to the device, before any row moves */
+        if (!ops->evict)
+            return kv_fail(err, KV_EINTERNAL, "backend %s recorded evictions it cannot run",
+                           ops->name);
+        rc = ops->evict(b, pool, b->moves.ev, b->moves.n_ev, b->moves.tab, err);
+        if (rc) return rc;
     }
     if (b->moves.n > 0 && (rc = ops->gather(b, pool, b->moves.v, b->moves.n, err))) return rc;
     int nw = 0;

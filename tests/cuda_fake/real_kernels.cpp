@@ -1,5 +1,7 @@
 /* cuda/kernels.cu, unchanged, compiled by the host C++ compiler against the fake CUDA runtime
  * (tests/cuda_fake/include first on the include path). */
+#include <cstring>
+
 #include "../../cuda/kernels.cu"
 
 /* The host function of the attention kernel of a decode step (split or not), as KV_LAUNCH
@@ -49,6 +51,7 @@ extern "C" int kvfake_probe_wide_group(int g, int hd, int split, double *max_err
     const int bs = 16;
     size_t row = (size_t)hd * sizeof(float), block = 2 * (size_t)bs * row, gw = (size_t)g * hd;
     kv_k_pool P;
+    std::memset(&P, 0, sizeof P);
     P.bs = bs;
     P.hd = hd;
     for (int t = 0; t <= KV_CACHE_TYPES; t++) {
