@@ -178,15 +178,17 @@ typedef struct kv_head {
 } kv_head;
 
 /* ---- one sequence's cache ---- */
+struct kv_arena; /* runtime/cache/kvarena.h: where the heads' table, pos, acc, acc2 live */
 typedef struct kv_cache {
     kv_pool *pool; /* shared, not owned */
     int n_layers, n_kv_heads;
-    kv_head *heads; /* [n_layers * n_kv_heads], owned */
-    int n_past;     /* tokens processed so far (next position id) */
-    int failed;     /* a step failed after changing what it cannot restore (an eviction,
-                     * accumulated statistics): kv_forward refuses the sequence until
-                     * kv_cache_clear */
-    int step_lossy; /* during a kv_forward step: it has evicted or accumulated statistics */
+    kv_head *heads;         /* [n_layers * n_kv_heads], owned */
+    struct kv_arena *arena; /* owned: the heads' arrays (huge-page regions; see kvarena.h) */
+    int n_past;             /* tokens processed so far (next position id) */
+    int failed;             /* a step failed after changing what it cannot restore (an eviction,
+                             * accumulated statistics): kv_forward refuses the sequence until
+                             * kv_cache_clear */
+    int step_lossy;         /* during a kv_forward step: it has evicted or accumulated statistics */
 } kv_cache;
 
 /* Initialise a sequence cache on `pool` with budgets [L * H_kv] tokens (NULL: unbounded, the
