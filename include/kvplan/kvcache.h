@@ -160,9 +160,13 @@ typedef struct kv_table_mirror {
 typedef struct kv_head {
     int *table; /* block ids, [cap_blocks] */
     int n_blocks, cap_blocks;
-    int len;                /* retained entries */
-    int budget;             /* max retained entries after a step (tokens) */
-    kv_policy policy;       /* how this head evicts (a plan may give each head its own) */
+    int last_block;   /* table[n_blocks - 1] while n_blocks > 0 (the block appends write into, read
+                       * without the table's line); set where blocks are taken or released
+                       * (kv_head_append_slot, eviction, kv_cache_clear): code that changes table or
+                       * n_blocks by other means must set it too */
+    int len;          /* retained entries */
+    int budget;       /* max retained entries after a step (tokens) */
+    kv_policy policy; /* how this head evicts (a plan may give each head its own) */
     kv_cache_type type;     /* storage type of its K/V rows (its blocks come from that range) */
     int track_stats;        /* accumulate acc/acc2 in attention (the policy needs them and the head
                              * can be over budget) */

@@ -217,7 +217,7 @@ int kv_arena_give(kv_arena *a, int space, void *p, size_t got, kv_error *err) {
         return KV_OK;
     }
     int k = arena_class(got);
-    if (!a || space < 0 || space >= KV_ARENA_SPACES || k < 0 || ((size_t)1 << k) != got)
+    if (!a || space < 0 || space >= KV_ARENA_SPACES || k < 0)
         return kv_fail(err, KV_EINTERNAL, "KV cache arena: a block of %zu bytes is not its own",
                        got);
     if (list_push(&a->space[space].free_[k], p))

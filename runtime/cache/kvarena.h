@@ -53,9 +53,9 @@ void kv_arena_free(kv_arena *a);
 void *kv_arena_take(kv_arena *a, int space, size_t bytes, size_t *got, const char *what,
                     kv_error *err);
 
-/* Give back a block taken from the same space with size `got` (NULL: no-op). Its bytes are not
- * touched. KV_EINTERNAL only when the free list cannot grow (the block is then lost until
- * kv_arena_free, never unsafe). */
+/* Give back a block taken from the same space; `got` is its size or the bytes asked for (the
+ * same class). NULL: no-op. Its bytes are not touched. KV_EINTERNAL only when the free list cannot
+ * grow (the block is then lost until kv_arena_free, never unsafe). */
 int kv_arena_give(kv_arena *a, int space, void *p, size_t got, kv_error *err);
 
 /* Bytes of regions the arena holds now (0 under ASan), for tests and reports. */
