@@ -383,12 +383,12 @@ static int head_unrotate(kv_cache *c, kv_head *h, kv_error *err) {
 }
 
 /* Capacity a head's arrays grow to for `need` entries: doubling from 64 as realloc growth did,
- * or, on the first growth of a head with a budget (at most 2^20), the power of two holding the
- * budget at once (kv_head_schedule_room keeps len <= budget), so a budgeted head takes one
- * block instead of a chain of doublings. */
+ * or, on the first growth of a head with a budget of at most 2^16 entries, the power of two
+ * holding the budget at once (kv_head_schedule_room keeps len <= budget), so a budgeted head
+ * takes one block instead of a chain of doublings. */
 static int head_cap_for(const kv_head *h, int need) {
     int cap = h->cap ? h->cap : 64;
-    if (!h->cap && h->budget > need && h->budget <= (1 << 20)) need = h->budget;
+    if (!h->cap && h->budget > need && h->budget <= (1 << 16)) need = h->budget;
     while (cap < need) cap *= 2;
     return cap;
 }
@@ -436,7 +436,7 @@ static int head_grow(kv_cache *c, kv_head *h, int need, kv_error *err) {
 static int head_grow_table(kv_cache *c, kv_head *h, kv_error *err) {
     if (h->n_blocks < h->cap_blocks) return KV_OK;
     int bs = c->pool->block_size, nc = h->cap_blocks ? 2 * h->cap_blocks : 16;
-    if (!h->cap_blocks && h->budget <= (1 << 20))
+    if (!h->cap_blocks && h->budget <= (1 << 16))
         while (nc < (h->budget + bs - 1) / bs) nc *= 2;
     size_t got = 0;
     int *t =
