@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "kvplan/eval.h"
+#include "cache/kvarena.h"
 #include "engine/forward.h"
 #include "kvplan/h5io.h"
 #include "kvplan/kvcache.h"
@@ -643,6 +644,98 @@ static void test_block_accounting(void) {
     kv_model_free(m);
 }
 
+/* Bytes realloc growth would hold for the cache: every head's arrays at their capacities (pos,
+ * acc, acc2; the block table) and the heads. */
+static size_t held_bytes(const kv_cache *c) {
+    size_t n = 0, nh = (size_t)c->n_layers * (size_t)c->n_kv_heads;
+    for (size_t i = 0; i < nh; i++)
+        n += (size_t)c->heads[i].cap * 3 * sizeof(int) +
+             (size_t)c->heads[i].cap_blocks * sizeof(int);
+    return n + nh * sizeof(kv_head);
+}
+
+/* Entries of a full-cache head: positions 0 .. len - 1, in distinct slots of the pool. Returns
+ * the number of violations. */
+static int full_head_bad(const kv_pool *pool, const kv_head *h, int len, unsigned char *seen) {
+    int bad = h->len != len || h->n_blocks != (len + 15) / 16;
+    for (int e = 0; e < h->len && !bad; e++) {
+        int s = kv_head_slot(pool, h, e);
+        bad += h->pos[e] != e || s < 0 || s >= pool->n_blocks * pool->block_size || seen[s]++;
+    }
+    return bad;
+}
+
+/* One step of p tokens for cache c, its last logits in `out`. */
+static void arena_step(const kv_model *m, kv_workspace *ws, kv_cache *c, const int *ids, int p,
+                       float *out) {
+    kv_error err = {0};
+    int rc = kv_forward(m, ws, &c, 1, ids, p, KV_LOGITS_LAST, out, NULL, &err);
+    if (rc) fprintf(stderr, "forward: %s\n", err.msg);
+    CU_ASSERT_FATAL(rc == KV_OK);
+}
+
+/* The heads' arrays come from one arena per cache (runtime/cache/kvarena.h). Streaming the
+ * whole context of real text, a full cache (its arrays doubling from 64 entries through several
+ * regions) keeps positions 0 .. t - 1 in distinct slots, and an h2o cache whose budgets are
+ * raised to unbounded at t = 128 (arrays first sized by the budget, then grown on the live cache)
+ * keeps appending; the arena reserves at most 4x what realloc growth would hold (doubling
+ * leaves at most 1x in smaller blocks, a new region is at most all before it) + its first two
+ * regions. After kv_cache_clear the reused arrays give the first pass's logits bit for bit, and
+ * destroying both caches returns every block. */
+static void test_arena_growth(void) {
+    kv_model *m = tu_load_shared(M260);
+    int n = 0, *ids = tu_text_tokens(m, tu_shared(TOK260), 8000, &n);
+    int L = m->cfg.n_layers, Hk = m->cfg.n_kv_heads, nh = L * Hk, C = m->cfg.seq_len, p = 8;
+    int V = m->cfg.vocab_size, keep = 8;
+    CU_ASSERT_FATAL(n >= C);
+    kv_error err = {0};
+    kv_pool pool;
+    long nb = 2 * kv_cache_blocks_needed(L, Hk, NULL, C, p, 16);
+    CU_ASSERT_FATAL(kv_pool_init(&pool, (int)nb, 16, m->cfg.head_dim, &err) == KV_OK);
+    int *bud = malloc(sizeof(int) * (size_t)nh);
+    float *la = malloc(sizeof(float) * (size_t)V), *lb = malloc(sizeof(float) * (size_t)V);
+    float *hist = malloc(sizeof(float) * (size_t)V * (size_t)keep);
+    unsigned char *seen = calloc((size_t)nb * 16, 1);
+    CU_ASSERT_FATAL(bud && la && lb && hist && seen);
+    for (int i = 0; i < nh; i++) bud[i] = 24 + 9 * (i % 7);
+    kv_cache a, b;
+    CU_ASSERT_FATAL(kv_cache_init(&a, &pool, L, Hk, bud, KV_POLICY_H2O, &err) == KV_OK);
+    CU_ASSERT_FATAL(kv_cache_init(&b, &pool, L, Hk, NULL, KV_POLICY_SINK, &err) == KV_OK);
+    kv_workspace *ws = NULL;
+    CU_ASSERT_FATAL(kv_workspace_new(m, p, C, &ws, &err) == KV_OK);
+    int bad = 0, grown = 0;
+    for (int t = 0; t + p <= C; t += p) {
+        if (t == 128) CU_ASSERT_FATAL(kv_cache_set_budgets(&a, NULL, NULL, C, &err) == KV_OK);
+        int len_a = a.heads[0].len;
+        arena_step(m, ws, &a, ids + t, p, la);
+        arena_step(m, ws, &b, ids + t, p, lb);
+        bad += t >= 128 && a.heads[0].len != len_a + p;
+        bad += a.heads[0].pos[a.heads[0].len - 1] != t + p - 1;
+        memset(seen, 0, (size_t)nb * 16);
+        for (int i = 0; i < nh; i++) bad += full_head_bad(&pool, &b.heads[i], t + p, seen);
+        if (t / p < keep) memcpy(hist + (size_t)(t / p) * V, lb, sizeof(float) * (size_t)V);
+        grown += t >= 128 && a.heads[0].cap > bud[0];
+    }
+    CU_ASSERT_EQUAL(bad, 0);
+    CU_ASSERT(grown > 0);
+    size_t res = kv_arena_reserved(b.arena), held = held_bytes(&b);
+    printf("\n    full cache: arena %zu bytes reserved, realloc would hold %zu (%.2fx)\n", res,
+           held, (double)res / (double)held);
+    if (kv_arena_pooled()) CU_ASSERT(res >= held && res <= 4 * held + 2 * (64u << 10));
+    kv_cache_clear(&b);
+    for (int k = 0; k < keep; k++) {
+        arena_step(m, ws, &b, ids + k * p, p, lb);
+        CU_ASSERT(memcmp(lb, hist + (size_t)k * V, sizeof(float) * (size_t)V) == 0);
+    }
+    kv_workspace_free(ws);
+    kv_cache_destroy(&a);
+    kv_cache_destroy(&b);
+    CU_ASSERT_EQUAL(kv_pool_blocks_in_use(&pool), 0);
+    kv_pool_destroy(&pool);
+    free(bud), free(la), free(lb), free(hist), free(seen), free(ids);
+    kv_model_free(m);
+}
+
 /* Every policy runs on both bundled models under R = 1/4 and 1/8 (p = 16): finite perplexity
  * near the full cache's, within the memory bound, and the four policies give four different
  * results (they evict different entries). `lo` bounds how much better than the full cache a
@@ -984,6 +1077,7 @@ int main(int argc, char **argv) {
          test_attention_statistics},
         {"kv_bytes_peak <= plan arithmetic + one block per head", test_peak_bytes_follow_the_plan},
         {"block accounting while streaming", test_block_accounting},
+        {"arena: full and live-raised caches grow, clear reuses bit for bit", test_arena_growth},
         {"sink eviction token by token moves the rows with the entries",
          test_sink_eviction_moves_rows},
         {"window ring: the compacted layout's rows, no moves", test_window_ring_head},

@@ -165,9 +165,13 @@ typedef struct kv_table_mirror {
 typedef struct kv_head {
     int *table; /* block ids, [cap_blocks] */
     int n_blocks, cap_blocks;
-    int len;                /* retained entries */
-    int budget;             /* max retained entries after a step (tokens) */
-    kv_policy policy;       /* how this head evicts (a plan may give each head its own) */
+    int last_block;   /* table[n_blocks - 1] while n_blocks > 0 (the block appends write into, read
+                       * without the table's line); set where blocks are taken or released
+                       * (kv_head_append_slot, eviction, kv_cache_clear): code that changes table or
+                       * n_blocks by other means must set it too */
+    int len;          /* retained entries */
+    int budget;       /* max retained entries after a step (tokens) */
+    kv_policy policy; /* how this head evicts (a plan may give each head its own) */
     kv_cache_type type;     /* storage type of its K/V rows (its blocks come from that range) */
     int track_stats;        /* accumulate acc/acc2 in attention (the policy needs them and the head
                              * can be over budget) */
@@ -189,15 +193,17 @@ typedef struct kv_head {
 } kv_head;
 
 /* ---- one sequence's cache ---- */
+struct kv_arena; /* runtime/cache/kvarena.h: where the heads' table, pos, acc, acc2 live */
 typedef struct kv_cache {
     kv_pool *pool; /* shared, not owned */
     int n_layers, n_kv_heads;
-    kv_head *heads; /* [n_layers * n_kv_heads], owned */
-    int n_past;     /* tokens processed so far (next position id) */
-    int failed;     /* a step failed after changing what it cannot restore (an eviction,
-                     * accumulated statistics): kv_forward refuses the sequence until
-                     * kv_cache_clear */
-    int step_lossy; /* during a kv_forward step: it has evicted or accumulated statistics */
+    kv_head *heads;         /* [n_layers * n_kv_heads], owned */
+    struct kv_arena *arena; /* owned: the heads' arrays (huge-page regions; see kvarena.h) */
+    int n_past;             /* tokens processed so far (next position id) */
+    int failed;             /* a step failed after changing what it cannot restore (an eviction,
+                             * accumulated statistics): kv_forward refuses the sequence until
+                             * kv_cache_clear */
+    int step_lossy;         /* during a kv_forward step: it has evicted or accumulated statistics */
 } kv_cache;
 
 /* Initialise a sequence cache on `pool` with budgets [L * H_kv] tokens (NULL: unbounded, the

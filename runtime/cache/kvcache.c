@@ -5,8 +5,10 @@
  * StreamingLLM (attention sinks + recent window). */
 #include "kvplan/kvcache.h"
 
+#include "cache/kvarena.h"
 #include "cache/kvtype.h"
 
+#include <assert.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -233,8 +235,17 @@ int kv_cache_init(kv_cache *c, kv_pool *pool, int n_layers, int n_kv_heads, cons
                   kv_policy policy, kv_error *err) {
     memset(c, 0, sizeof *c);
     size_t nh = (size_t)n_layers * (size_t)n_kv_heads;
-    c->heads = kv_calloc(nh, sizeof *c->heads, "KV cache heads", err);
-    if (!c->heads) return KV_EINTERNAL;
+    if (kv_arena_new(&c->arena, err)) return KV_EINTERNAL;
+    /* the heads themselves from the arena's hot space too: the append loop reads them all */
+    size_t got = 0;
+    c->heads =
+        kv_arena_take(c->arena, KV_ARENA_HOT, nh * sizeof *c->heads, &got, "KV cache heads", err);
+    if (c->heads) memset(c->heads, 0, nh * sizeof *c->heads);
+    if (!c->heads) {
+        kv_arena_free(c->arena);
+        c->arena = NULL;
+        return KV_EINTERNAL;
+    }
     c->pool = pool;
     c->n_layers = n_layers;
     c->n_kv_heads = n_kv_heads;
@@ -247,8 +258,10 @@ int kv_cache_init(kv_cache *c, kv_pool *pool, int n_layers, int n_kv_heads, cons
     /* the old rule: statistics whenever there are budgets and the policy needs them */
     int rc = kv_cache_set_budgets(c, budget, NULL, budget ? KV_BUDGET_UNBOUNDED : 0, err);
     if (rc) {
-        free(c->heads);
+        kv_arena_give(c->arena, KV_ARENA_HOT, c->heads, nh * sizeof *c->heads, NULL);
         c->heads = NULL;
+        kv_arena_free(c->arena);
+        c->arena = NULL;
     }
     return rc;
 }
@@ -295,6 +308,7 @@ int kv_cache_set_types(kv_cache *c, const kv_cache_type *types, kv_error *err) {
 
 static void head_release_blocks(kv_pool *p, kv_head *h, int keep_blocks) {
     while (h->n_blocks > keep_blocks) pool_give(p, h->table[--h->n_blocks]);
+    if (h->n_blocks > 0) h->last_block = h->table[h->n_blocks - 1];
 }
 
 void kv_cache_clear(kv_cache *c) {
@@ -310,17 +324,25 @@ void kv_cache_clear(kv_cache *c) {
     c->step_lossy = 0;
 }
 
+/* The head's arrays back to the cache's arena (under ASan each is freed; otherwise they join
+ * the arena's free lists, which kv_arena_free drops with the regions). */
+static void head_free_arrays(kv_cache *c, kv_head *h) {
+    kv_arena_give(c->arena, KV_ARENA_HOT, h->table, (size_t)h->cap_blocks * sizeof *h->table, NULL);
+    kv_arena_give(c->arena, KV_ARENA_HOT, h->pos, (size_t)h->cap * sizeof *h->pos, NULL);
+    kv_arena_give(c->arena, KV_ARENA_STATS, h->acc, (size_t)h->cap * sizeof *h->acc, NULL);
+    kv_arena_give(c->arena, KV_ARENA_STATS, h->acc2, (size_t)h->cap * sizeof *h->acc2, NULL);
+    h->table = h->pos = NULL;
+    h->acc = h->acc2 = NULL;
+    h->cap = h->cap_blocks = 0;
+}
+
 void kv_cache_destroy(kv_cache *c) {
     if (!c->heads) return;
     kv_cache_clear(c);
     size_t nh = (size_t)c->n_layers * (size_t)c->n_kv_heads;
-    for (size_t i = 0; i < nh; i++) {
-        free(c->heads[i].table);
-        free(c->heads[i].pos);
-        free(c->heads[i].acc);
-        free(c->heads[i].acc2);
-    }
-    free(c->heads);
+    for (size_t i = 0; i < nh; i++) head_free_arrays(c, &c->heads[i]);
+    kv_arena_give(c->arena, KV_ARENA_HOT, c->heads, nh * sizeof *c->heads, NULL);
+    kv_arena_free(c->arena);
     memset(c, 0, sizeof *c);
 }
 
@@ -360,35 +382,81 @@ static int head_unrotate(kv_cache *c, kv_head *h, kv_error *err) {
     return KV_OK;
 }
 
-static int head_grow(kv_head *h, int need, kv_error *err) {
-    if (need <= h->cap) return KV_OK;
+/* Capacity a head's arrays grow to for `need` entries: doubling from 64 as realloc growth did,
+ * or, on the first growth of a head with a budget of at most 2^16 entries, the power of two
+ * holding the budget at once (kv_head_schedule_room keeps len <= budget), so a budgeted head
+ * takes one block instead of a chain of doublings. */
+static int head_cap_for(const kv_head *h, int need) {
     int cap = h->cap ? h->cap : 64;
+    if (!h->cap && h->budget > need && h->budget <= (1 << 16)) need = h->budget;
     while (cap < need) cap *= 2;
-    int *pos = realloc(h->pos, (size_t)cap * sizeof *pos);
-    if (pos) h->pos = pos;
-    float *acc = realloc(h->acc, (size_t)cap * sizeof *acc);
-    if (acc) h->acc = acc;
-    float *acc2 = realloc(h->acc2, (size_t)cap * sizeof *acc2);
-    if (acc2) h->acc2 = acc2;
-    if (!pos || !acc || !acc2) return kv_fail(err, KV_EINTERNAL, "out of memory (KV metadata)");
-    h->cap = cap;
+    return cap;
+}
+
+/* Per-entry arrays (pos, acc, acc2) of at least `need` entries, from the cache's arena
+ * (runtime/cache/kvarena.h): entries [0, len) of pos are copied, and of acc / acc2 only while
+ * the head tracks statistics (an untracked head's sums are never read before head_zero_stats
+ * zeroes them, so their pages need not be touched). KV_EINTERNAL when memory runs out; the head
+ * is then unchanged. */
+static int head_grow(kv_cache *c, kv_head *h, int need, kv_error *err) {
+    if (need <= h->cap) return KV_OK;
+    int cap = head_cap_for(h, need);
+    size_t bytes = (size_t)cap * sizeof(int), got[3] = {0, 0, 0};
+    int *pos = kv_arena_take(c->arena, KV_ARENA_HOT, bytes, &got[0], "KV metadata", err);
+    float *acc =
+        pos ? kv_arena_take(c->arena, KV_ARENA_STATS, bytes, &got[1], "KV metadata", err) : NULL;
+    float *acc2 =
+        acc ? kv_arena_take(c->arena, KV_ARENA_STATS, bytes, &got[2], "KV metadata", err) : NULL;
+    if (!acc2) {
+        kv_arena_give(c->arena, KV_ARENA_HOT, pos, got[0], NULL);
+        kv_arena_give(c->arena, KV_ARENA_STATS, acc, got[1], NULL);
+        return KV_EINTERNAL;
+    }
+    size_t live = (size_t)h->len;
+    if (live) memcpy(pos, h->pos, live * sizeof *pos);
+    if (live && h->track_stats) {
+        memcpy(acc, h->acc, live * sizeof *acc);
+        memcpy(acc2, h->acc2, live * sizeof *acc2);
+    }
+    size_t old = (size_t)h->cap * sizeof(int);
+    kv_arena_give(c->arena, KV_ARENA_HOT, h->pos, old, NULL);
+    kv_arena_give(c->arena, KV_ARENA_STATS, h->acc, old, NULL);
+    kv_arena_give(c->arena, KV_ARENA_STATS, h->acc2, old, NULL);
+    h->pos = pos;
+    h->acc = acc;
+    h->acc2 = acc2;
+    h->cap = (int)(got[0] / sizeof(int));
+    return KV_OK;
+}
+
+/* Room in the block table for one more block: doubling from 16 entries (one 64-byte arena
+ * block), or on the first growth of a budgeted head at once the blocks of its budget (the
+ * most it holds after kv_head_schedule_room). Entries [0, n_blocks) are copied, so a device
+ * mirror's clean entries stay equal. KV_EINTERNAL when memory runs out (head unchanged). */
+static int head_grow_table(kv_cache *c, kv_head *h, kv_error *err) {
+    if (h->n_blocks < h->cap_blocks) return KV_OK;
+    int bs = c->pool->block_size, nc = h->cap_blocks ? 2 * h->cap_blocks : 16;
+    if (!h->cap_blocks && h->budget <= (1 << 16))
+        while (nc < (h->budget + bs - 1) / bs) nc *= 2;
+    size_t got = 0;
+    int *t =
+        kv_arena_take(c->arena, KV_ARENA_HOT, (size_t)nc * sizeof *t, &got, "block table", err);
+    if (!t) return KV_EINTERNAL;
+    if (h->n_blocks) memcpy(t, h->table, (size_t)h->n_blocks * sizeof *t);
+    kv_arena_give(c->arena, KV_ARENA_HOT, h->table, (size_t)h->cap_blocks * sizeof *t, NULL);
+    h->table = t;
+    h->cap_blocks = (int)(got / sizeof *t);
     return KV_OK;
 }
 
 int kv_head_append_slot(kv_cache *c, kv_head *h, int pos, int *slot, kv_error *err) {
     kv_pool *p = c->pool;
-    int rc = head_grow(h, h->len + 1, err);
+    int rc = head_grow(c, h, h->len + 1, err);
     if (rc) return rc;
     if (h->len == h->n_blocks * p->block_size) {
         /* a full ring grows in the plain layout (kv_head_schedule_room avoids this in a step) */
         if ((rc = head_unrotate(c, h, err))) return rc;
-        if (h->n_blocks == h->cap_blocks) {
-            int nc = h->cap_blocks ? 2 * h->cap_blocks : 8;
-            int *t = realloc(h->table, (size_t)nc * sizeof *t);
-            if (!t) return kv_fail(err, KV_EINTERNAL, "out of memory (block table)");
-            h->table = t;
-            h->cap_blocks = nc;
-        }
+        if ((rc = head_grow_table(c, h, err))) return rc;
         int b = pool_take(p, h->type);
         if (b < 0)
             return kv_fail(err, KV_EINTERNAL,
@@ -400,15 +468,20 @@ int kv_head_append_slot(kv_cache *c, kv_head *h, int pos, int *slot, kv_error *e
                                : 0,
                            kv_type_name(h->type));
         h->table[h->n_blocks++] = b;
+        h->last_block = b;
         if (h->mirror.dirty > h->n_blocks - 1) h->mirror.dirty = h->n_blocks - 1;
     }
-    int i = h->len++;
+    int i = h->len++, last = (h->n_blocks - 1) * p->block_size; /* first entry of the last block */
     h->pos[i] = pos;
     if (h->track_stats) { /* untracked: head_zero_stats where they are read */
         h->acc[i] = 0.0f;
         h->acc2[i] = 0.0f;
     }
-    *slot = kv_head_slot(p, h, i);
+    /* kv_head_slot's slot; an entry of the last block of a plain head from last_block, without
+     * a load of the table's line (one per head per step: a third of a decode step's lines) */
+    assert(h->table[h->n_blocks - 1] == h->last_block);
+    *slot = h->wrot == 0 && i >= last ? h->last_block * p->block_size + (i - last)
+                                      : kv_head_slot(p, h, i);
     return KV_OK;
 }
 

@@ -44,15 +44,16 @@ int kv_forward_embed(kv_backend *b, kv_cache *const *seqs, int n_seqs, const int
     return b->ops->embed(b, tokens, rows, err);
 }
 
-/* Ask for the cache lines the head's next append reads and writes (its block id in the table;
- * pos at len; acc / acc2 when tracked). At batch 32 with 32 KV heads a layer appends to 1024
+/* Ask for the cache lines the head's next append reads and writes (pos at len; acc / acc2 when
+ * tracked; its block id in the table only for a window ring: a plain head's append takes it
+ * from kv_head.last_block). At batch 32 with 32 KV heads a layer appends to 1024
  * heads whose metadata lie in different pages, and the misses (mostly the page walks of those
  * pages: more of them than the TLB holds) were most of a decode step's host time. The append
  * loop asks for the head a few places ahead, so that the translation is still in the TLB when
  * the append writes. A hint only (a prefetch never faults). */
 static void prefetch_append(const kv_head *h, int bs) {
 #if defined(__GNUC__) || defined(__clang__)
-    if (h->len < h->n_blocks * bs) /* the slot's block id (kv_head_slot) */
+    if (h->wrot > 0 && h->len < h->n_blocks * bs) /* a ring's block id (kv_head_slot) */
         __builtin_prefetch(h->table + h->len / bs, 0);
     if (h->len < h->cap) {
         __builtin_prefetch(h->pos + h->len, 1);
