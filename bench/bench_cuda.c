@@ -170,17 +170,23 @@ static double model_step(const kv_config *c, int B, int ctx, long launches, long
     return c->n_layers * (layer + r.t) + logits + launches * d.launch_s + syncs * d.sync_s;
 }
 
+/* Untimed decode steps before the timed ones: the first after the separate prefills uploads
+ * the batch's whole block tables (resident from then on; h2o: the first two fill the budget),
+ * and the next few run with the host caches and TLB the prefills left (at Llama-2-7B batch 32,
+ * 4k about 5, 4, 3 ms, then ~1.8 ms from the fifth step on): a decode step in steady state. */
+#define WARM_STEPS 5
+
 /* The plan of a decode row at context ctx: the full cache (sink, nothing tracked) when h2o is
  * 0, else uniform R = 1/4 under h2o (every head tracks statistics and, at its budget, evicts
- * by them each step). *prompt: the prefill's tokens (ctx - 1 - steps, so that the last of
- * `steps` timed steps after one more reaches the context; for h2o the budget - 2, so the
- * prefill evicts nothing and the timed steps all evict). */
+ * by them each step). *prompt: the prefill's tokens (ctx - 1 - WARM_STEPS - steps, so that
+ * the last of `steps` timed steps after the warm ones reaches the context; for h2o the budget
+ * - 2, so the prefill evicts nothing and the timed steps all evict). */
 static int row_plan(const kv_config *c, int ctx, int h2o, int steps, kv_plan *plan, int *prompt,
                     kv_error *err) {
     int rc = h2o ? kv_plan_uniform(c, 0.25, ctx, 16, 16, KV_POLICY_H2O, plan, err)
                  : kv_plan_full(c, ctx, 16, 16, KV_POLICY_SINK, plan, err);
     if (rc) return fail("plan", err);
-    *prompt = h2o ? plan->budget[0] - 2 : ctx - 1 - steps;
+    *prompt = h2o ? plan->budget[0] - 2 : ctx - 1 - WARM_STEPS - steps;
     return 0;
 }
 
@@ -188,7 +194,7 @@ static int row_plan(const kv_config *c, int ctx, int h2o, int steps, kv_plan *pl
  * wratio: the weights' device bytes per file byte; h2o: row_plan's. Host ms: the thread CPU
  * time of the counted step on this machine (nothing runs on the fake device, so it is the
  * host's own work: packing, staging, the engine's bookkeeping), the least of `steps` (3 in the
- * table; --profile runs more); pinned MB: pinned host memory live after it. */
+ * table; --profile runs more) after WARM_STEPS; pinned MB: pinned host memory live after it. */
 static int decode_row(const kv_model *m, int B, int ctx, int h2o, int steps, double wratio,
                       const int *tok, float *logits, kv_error *err) {
     const kv_config *c = &m->cfg;
@@ -211,11 +217,9 @@ static int decode_row(const kv_model *m, int B, int ctx, int h2o, int steps, dou
         if (kv_engine_seq_open(e, NULL, NULL, &seqs[q], err) ||
             kv_engine_prefill(e, seqs[q], tok, prompt, KV_LOGITS_NONE, NULL, NULL, err))
             return fail("prefill", err);
-    /* the steps after the first are counted: the first after the separate prefills also
-     * uploads the batch's whole block tables once (resident from then on; h2o: the first two
-     * fill the budget); host time: the least thread CPU time of the counted steps (this
-     * machine's 2 cores are shared), counters: the last */
-    for (int r = 0; r < (h2o ? 3 : 1); r++)
+    /* the steps after WARM_STEPS are counted; host time: the least thread CPU time of the
+     * counted steps (this machine's 2 cores are shared), counters: the last */
+    for (int r = 0; r < WARM_STEPS; r++)
         if (kv_engine_decode(e, seqs, B, tok, logits, err)) return fail("decode", err);
     double host = 1e30;
     for (int r = 0; r < steps; r++) {
