@@ -111,6 +111,7 @@ struct cuda_backend {
     dbuf d_list;         /* cache writes / moves */
     dbuf d_move_scratch; /* gather pass scratch */
     dbuf h_out;          /* logits and hook copies */
+    dbuf h_logits;       /* the caller's logits buffer (cuda_out_buffer): copied into directly */
     int *stamp;          /* [n_slots] for kv_k_split_moves */
     int stamp_slots, stamp_gen;
     int *pass_start; /* [cap + 1] */
@@ -270,6 +271,7 @@ void cuda_destroy(kv_backend *b) {
     cudaFree(c->d_evict.p);
     cudaFree(c->d_ev_work.p);
     cudaFreeHost(c->h_out.p);
+    cudaFreeHost(c->h_logits.p);
     free(c->stamp);
     free(c->pass_start);
     if (c->d_tabs && c->tab_owner)
@@ -675,15 +677,25 @@ int cuda_logits(kv_backend *b, const int *rows, int n_sel, float *out, kv_error 
     float *dl = static_cast<float *>(c->d_scores.p);
     rc = gemm(c, dl, c->sel, c->classifier, n_sel, dim, V, err);
     if (rc) return rc;
-    /* through pinned memory: a copy to the caller's pageable buffer would be a second wait */
+    /* through pinned memory: a copy to the caller's pageable buffer would be a second wait;
+     * into out itself when it is the pinned buffer cuda_out_buffer gave (no host copy) */
     size_t lb = (size_t)n_sel * V * sizeof(float);
-    rc = grow_pinned(c->h_out, lb, err);
-    if (rc) return rc;
-    CK(cudaMemcpyAsync(c->h_out.p, dl, lb, cudaMemcpyDeviceToHost, c->compute));
+    bool direct = out == c->h_logits.p && lb <= c->h_logits.cap;
+    if (!direct && (rc = grow_pinned(c->h_out, lb, err))) return rc;
+    void *land = direct ? static_cast<void *>(out) : c->h_out.p;
+    CK(cudaMemcpyAsync(land, dl, lb, cudaMemcpyDeviceToHost, c->compute));
     CK(cudaStreamSynchronize(c->compute));
-    memcpy(out, c->h_out.p, lb);
+    if (!direct) memcpy(out, c->h_out.p, lb);
     stage_rewind(c);
     return KV_OK;
+}
+
+/* A pinned logits buffer of n floats for the caller (kv_backend_ops.out_buffer): cuda_logits
+ * copies into it from the device directly. Grown (and so moved) only by a larger request. */
+float *cuda_out_buffer(kv_backend *b, size_t n, kv_error *err) {
+    cuda_backend *c = cb(b);
+    if (grow_pinned(c->h_logits, n * sizeof(float), err)) return nullptr;
+    return static_cast<float *>(c->h_logits.p);
 }
 
 /* The layer's evictions (kv_head_schedule_room's records on a device_meta pool): the records
@@ -746,7 +758,7 @@ int cuda_read_meta(kv_backend *b, const kv_pool *p, kv_head *h, kv_error *err) {
 const kv_backend_ops cuda_ops = {
     "cuda",      cuda_destroy,     cuda_storage_alloc, cuda_storage_free, cuda_embed, cuda_qkv,
     cuda_gather, cuda_cache_write, cuda_attention,     cuda_out_residual, cuda_ffn,   cuda_logits,
-    nullptr,     cuda_evict,       cuda_read_meta,
+    nullptr,     cuda_evict,       cuda_read_meta,     cuda_out_buffer,
 };
 
 /* The layers' weights uploaded role by role from the table (model/tensors.h). */

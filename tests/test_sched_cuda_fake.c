@@ -1,7 +1,8 @@
 /* The scheduler (kvplan/sched.h) on the real CUDA backend over the fake CUDA runtime
  * (tests/cuda_fake/), stories260K: several requests arriving while others run, admitted two at a
  * time by kv_mem, give the same tokens as each request alone on the CPU (kv_generate) and as
- * alone on the CUDA backend; every block and every device byte is back afterwards. */
+ * alone on the CUDA backend (the scheduler decoding into the engine's pinned logits buffer);
+ * every block and every device byte is back afterwards. */
 #include "testutil.h"
 
 #include "cuda_fake.h"
@@ -103,6 +104,12 @@ static void run_case(const kv_model *m, const kv_tokenizer *tok, const kv_plan *
         CU_ASSERT(memcmp(g[i].toks, cpu, sizeof(int) * (size_t)nc) == 0);
     }
     kv_sched_free(s);
+    /* the scheduler decoded into the engine's logits buffer (the backend's pinned memory, which
+     * the device-to-host copy fills directly): a smaller request gets the same buffer */
+    kv_error e2 = {0};
+    float *lb = kv_engine_logits_buffer(e, 2, &e2), *lb1 = kv_engine_logits_buffer(e, 1, &e2);
+    CU_ASSERT(lb != NULL && lb1 == lb);
+    CU_ASSERT(kv_engine_logits_buffer(e, 0, &e2) == NULL && e2.code == KV_EINPUT);
     kv_engine_free(e);
     kvfake_counters c = kvfake_get();
     CU_ASSERT(c.device_live == 0 && c.pinned_live == 0);

@@ -62,6 +62,13 @@ const kv_plan *kv_engine_plan(const kv_engine *e);
 kv_backend *kv_engine_backend(kv_engine *e);
 /* Sequences the engine can hold open at once (opts.max_seqs). */
 int kv_engine_max_seqs(const kv_engine *e);
+/* A host buffer for [rows, vocab] logits, owned by the engine (valid until kv_engine_free or a
+ * call with more rows), to pass as kv_engine_decode / prefill's `logits`: the backend writes it
+ * without a host copy (the CUDA backend: pinned memory its device-to-host copy lands in, which
+ * saves copying the batch's logits, 4 MiB a step at batch 32 and a 32000-token vocabulary; the
+ * CPU backend: plain memory). Any other buffer works as before. NULL with err: KV_EINPUT for
+ * rows < 1, KV_EINTERNAL out of memory. */
+float *kv_engine_logits_buffer(kv_engine *e, int rows, kv_error *err);
 /* The device that runs (cpu or cuda, after auto was resolved). */
 kv_device kv_engine_device(const kv_engine *e);
 

@@ -75,6 +75,11 @@ typedef struct kv_backend_ops {
     /* Optional (NULL: the heads' host arrays are the metadata). Copy the per-slot positions and
      * statistics of head h's len entries into h->pos, acc, acc2 (one wait). */
     int (*read_meta)(kv_backend *b, const kv_pool *pool, kv_head *h, kv_error *err);
+    /* Optional (NULL: the caller's own memory is as good). A host buffer of n_floats floats,
+     * owned by the backend until it is freed, that `logits` fills without a host copy when it
+     * is passed as out (the CUDA backend: pinned memory its device-to-host copy lands in). A
+     * second call returns the same buffer when it is large enough. NULL with err on failure. */
+    float *(*out_buffer)(kv_backend *b, size_t n_floats, kv_error *err);
 } kv_backend_ops;
 
 /* The common head of every backend instance; a backend embeds it first in its own struct. */

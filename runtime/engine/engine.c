@@ -20,6 +20,8 @@ struct kv_engine {
     kv_cache **ptrs; /* [max_seqs] scratch for batched steps */
     int *tok;        /* [max_seqs * max_step] scratch tokens */
     float *logits;   /* [max_step * vocab] scratch for chunk scoring */
+    float *out;      /* kv_engine_logits_buffer's when the backend has none (owned) */
+    size_t out_n;
 };
 
 const kv_plan *kv_engine_plan(const kv_engine *e) {
@@ -28,6 +30,25 @@ const kv_plan *kv_engine_plan(const kv_engine *e) {
 kv_backend *kv_engine_backend(kv_engine *e) {
     return e->be;
 }
+float *kv_engine_logits_buffer(kv_engine *e, int rows, kv_error *err) {
+    if (rows < 1) {
+        kv_fail(err, KV_EINPUT, "logits buffer: %d rows", rows);
+        return NULL;
+    }
+    size_t n = (size_t)rows * (size_t)e->m->cfg.vocab_size;
+    if (e->be->ops->out_buffer) return e->be->ops->out_buffer(e->be, n, err);
+    if (n > e->out_n) {
+        float *p = realloc(e->out, n * sizeof *p);
+        if (!p) {
+            kv_fail(err, KV_EINTERNAL, "out of memory (logits buffer of %zu floats)", n);
+            return NULL;
+        }
+        e->out = p;
+        e->out_n = n;
+    }
+    return e->out;
+}
+
 int kv_engine_max_seqs(const kv_engine *e) {
     return e->max_seqs;
 }
@@ -50,6 +71,7 @@ void kv_engine_free(kv_engine *e) {
     free(e->ptrs);
     free(e->tok);
     free(e->logits);
+    free(e->out);
     free(e);
 }
 

@@ -47,7 +47,7 @@ struct kv_sched {
     double drain_deadline;
     kv_sched_stats st; /* counters (under mu) */
     int invariant;     /* the engine has kv_engine_decode_invariant (any group, same bits) */
-    float *logits;     /* [group, vocab] */
+    float *logits;     /* [group, vocab]: the engine's (kv_engine_logits_buffer), not owned */
     void *scratch;     /* kv_sample's */
     int *g_seqs, *g_toks;
     rq **g_reqs;
@@ -122,7 +122,7 @@ int kv_sched_new(kv_engine *e, const kv_model *m, const kv_tokenizer *tok,
     s->st.kv_capacity = s->o.kv_mem;
     size_t g = (size_t)s->o.group, R = (size_t)s->o.max_running;
     s->run = calloc(R, sizeof *s->run);
-    s->logits = malloc(g * (size_t)s->vocab * sizeof *s->logits);
+    s->logits = kv_engine_logits_buffer(e, (int)g, NULL); /* no host copy on a device */
     s->scratch = malloc((size_t)s->vocab * 2 * sizeof(float) * 2);
     s->g_seqs = calloc(g, sizeof *s->g_seqs);
     s->g_toks = calloc(g, sizeof *s->g_toks);
@@ -133,7 +133,6 @@ int kv_sched_new(kv_engine *e, const kv_model *m, const kv_tokenizer *tok,
         if (cv_ok) pthread_cond_destroy(&s->cv);
         if (mu_ok) pthread_mutex_destroy(&s->mu);
         free(s->run);
-        free(s->logits);
         free(s->scratch);
         free(s->g_seqs);
         free(s->g_toks);
@@ -193,7 +192,6 @@ void kv_sched_free(kv_sched *s) {
     pthread_cond_destroy(&s->cv);
     pthread_mutex_destroy(&s->mu);
     free(s->run);
-    free(s->logits);
     free(s->scratch);
     free(s->g_seqs);
     free(s->g_toks);
