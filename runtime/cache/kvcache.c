@@ -569,6 +569,16 @@ void kv_moves_free(kv_moves *m) {
     memset(m, 0, sizeof *m);
 }
 
+/* A grown copy of array v (*cap elements of elem bytes) holding at least need > *cap: the
+ * capacity doubles from `first`. NULL (v untouched) when memory runs out; else *cap is set. */
+static void *grow_buf(void *v, int *cap, int need, size_t elem, int first) {
+    int nc = *cap ? 2 * *cap : first;
+    while (nc < need) nc *= 2;
+    void *nv = realloc(v, (size_t)nc * elem);
+    if (nv) *cap = nc;
+    return nv;
+}
+
 /* Record head h's eviction to n_keep entries for the backend (pool with device_meta): its
  * table as it is, len, n_keep, policy, curr_pos appended to m; then len = n_keep and the
  * emptied trailing blocks released, as head_compact would. KV_EINTERNAL out of memory. */
@@ -576,19 +586,14 @@ static int head_record_evict(kv_cache *c, kv_head *h, int n_keep, int curr_pos, 
                              kv_error *err) {
     int bs = c->pool->block_size, nb = (h->len + bs - 1) / bs;
     if (m->n_ev == m->cap_ev) {
-        int nc = m->cap_ev ? 2 * m->cap_ev : 64;
-        kv_evict *nv = realloc(m->ev, (size_t)nc * sizeof *nv);
+        kv_evict *nv = grow_buf(m->ev, &m->cap_ev, m->n_ev + 1, sizeof *nv, 64);
         if (!nv) return kv_fail(err, KV_EINTERNAL, "out of memory (eviction records)");
         m->ev = nv;
-        m->cap_ev = nc;
     }
     if (m->n_tab + nb > m->cap_tab) {
-        int nc = m->cap_tab ? 2 * m->cap_tab : 1024;
-        while (nc < m->n_tab + nb) nc *= 2;
-        int *nt = realloc(m->tab, (size_t)nc * sizeof *nt);
+        int *nt = grow_buf(m->tab, &m->cap_tab, m->n_tab + nb, sizeof *nt, 1024);
         if (!nt) return kv_fail(err, KV_EINTERNAL, "out of memory (eviction records)");
         m->tab = nt;
-        m->cap_tab = nc;
     }
     memcpy(m->tab + m->n_tab, h->table, (size_t)nb * sizeof *m->tab);
     m->ev[m->n_ev++] = (kv_evict){m->n_tab, h->len, n_keep, (int)h->policy, curr_pos};
@@ -600,11 +605,9 @@ static int head_record_evict(kv_cache *c, kv_head *h, int n_keep, int curr_pos, 
 
 static int moves_push(kv_moves *m, int src, int dst, kv_error *err) {
     if (m->n == m->cap) {
-        int nc = m->cap ? 2 * m->cap : 256;
-        kv_move *nv = realloc(m->v, (size_t)nc * sizeof *nv);
+        kv_move *nv = grow_buf(m->v, &m->cap, m->n + 1, sizeof *nv, 256);
         if (!nv) return kv_fail(err, KV_EINTERNAL, "out of memory (eviction move list)");
         m->v = nv;
-        m->cap = nc;
     }
     m->v[m->n++] = (kv_move){src, dst};
     return KV_OK;
@@ -762,12 +765,9 @@ static int head_evict_sink(kv_cache *c, kv_head *h, int n_keep, int n_new, kv_mo
     if (rc) return rc;
     int slide = n_keep > sinks ? n_keep - sinks : 0;
     if (moves->n + slide > moves->cap) {
-        int nc = moves->cap ? 2 * moves->cap : 256;
-        while (nc < moves->n + slide) nc *= 2;
-        kv_move *nv = realloc(moves->v, (size_t)nc * sizeof *nv);
+        kv_move *nv = grow_buf(moves->v, &moves->cap, moves->n + slide, sizeof *nv, 256);
         if (!nv) return kv_fail(err, KV_EINTERNAL, "out of memory (eviction move list)");
         moves->v = nv;
-        moves->cap = nc;
     }
     int src = sinks + gap;
     int db = sinks / bs, dof = sinks % bs, sb = src / bs, sof = src % bs; /* block, offset */
